@@ -1,0 +1,1 @@
+"""Baseline methods: SimpleCIL, L2P and EASE, one method per file."""

@@ -1,0 +1,55 @@
+"""SimpleCIL: prototype classifier on a frozen pre-trained model.
+
+Paper: Zhou et al., "Revisiting Class-Incremental Learning with Pre-Trained Models: Generalizability and
+Adaptivity are All You Need", arXiv 2303.07338 (IJCV 2024).
+Reference implementation checked: LAMDA-PILOT ``models/simplecil.py`` (``replace_fc``) with
+``backbone/linears.py`` ``CosineLinear``.
+
+Algorithm: no training. For each new class c, the head row w_c is the mean of the raw (unnormalised)
+frozen [CLS] features of c's training images under the test transform; prediction is
+argmax_c sigma * cos(f, w_c) with sigma = 1 (PILOT's learnable scale is never trained here, so it stays 1).
+
+Deviations from the paper / reference code:
+- Features come from clbench's feature cache (computed once per image); PILOT recomputes them each task.
+  Same numbers, fewer forward passes.
+- The reference runs ViT-B/16 IN-1k; clbench runs whatever backbone the benchmark names (the embedded
+  benchmark uses the offline DINOv2 ViT-S/14). The backbone is recorded in every result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from clbench.blocks import CosineHead, class_means
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+
+
+@dataclass(frozen=True)
+class SimpleCILConfig:
+    """SimpleCIL has no hyperparameters beyond the backbone; kept for the uniform --set interface."""
+
+
+class SimpleCIL(Strategy):
+    name = "simplecil"
+    Config = SimpleCILConfig
+
+    def __init__(self, config: SimpleCILConfig, ctx: Context) -> None:
+        super().__init__(config, ctx)
+        self.head = CosineHead(ctx.backbone.num_features, learn_sigma=False)
+        self._added: list[int] = []
+
+    def learn_task(self, task: Task) -> None:
+        self.head.grow(task.n_seen)
+        prototypes = class_means(task.train.features, task.train.labels, task.classes)  # (C_t, d)
+        self.head.set_rows(task.classes, prototypes)
+        self._added.append(prototypes.numel())
+
+    @torch.no_grad()
+    def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
+        return self.head(split.features)  # (N, n_seen); each row uses only its own feature
+
+    def param_counts(self) -> ParamCounts:
+        return ParamCounts(added_per_task=list(self._added), trainable_per_task=[0] * len(self._added),
+                           head=self.head.weight.numel())

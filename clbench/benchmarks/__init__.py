@@ -1,0 +1,57 @@
+"""The benchmark registry. Specs are plain data; loading happens in :func:`build_benchmark`.
+
+Each spec names the function that reads its images (``load``), so registering costs nothing and
+``clbench list`` needs neither torch nor Avalanche.
+"""
+
+from __future__ import annotations
+
+from clbench.benchmarks.base import Benchmark, BenchmarkSpec, build_benchmark
+from clbench.registry import Registry
+
+BENCHMARKS: Registry[BenchmarkSpec] = Registry("benchmark")
+
+
+def register(spec: BenchmarkSpec) -> BenchmarkSpec:
+    BENCHMARKS.register(spec.name, spec)
+    return spec
+
+
+DEFAULT_BENCH = "emoji"
+
+register(
+    BenchmarkSpec(
+        name="emoji",
+        summary="Embedded: 36 Unicode emoji subcategories, Noto + Twemoji art, grouped split (ships with clbench)",
+        load="clbench.benchmarks.emoji:load",
+        init_cls=6,
+        increment=6,
+        backbone="vit_small_patch14_dinov2",
+        n_classes=36,
+        img_size=224,
+        licence="Noto Emoji Apache-2.0; Twemoji CC-BY-4.0 (see clbench/data/NOTICE)",
+        source_info="rebuild with: python -m clbench.benchmarks.build_emoji",
+    )
+)
+
+register(
+    BenchmarkSpec(
+        name="fashion-mnist",
+        summary="Fashion-MNIST, official 60k/10k split, 10 classes (Debian dataset-fashion-mnist or --data-root)",
+        load="clbench.benchmarks.fashion_mnist:load",
+        init_cls=2,
+        increment=2,
+        backbone="vit_small_patch14_dinov2",
+        n_classes=10,
+        img_size=224,
+        data_env="CLBENCH_FASHION_MNIST",
+        licence="MIT (Zalando Research)",
+        source_info=(
+            "Fashion-MNIST is read from --data-root, $CLBENCH_FASHION_MNIST or /usr/share/datasets/fashion-mnist "
+            "(Debian: apt-get install dataset-fashion-mnist); the folder must hold "
+            "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]; with network access torchvision downloads it"
+        ),
+    )
+)
+
+__all__ = ["BENCHMARKS", "DEFAULT_BENCH", "Benchmark", "BenchmarkSpec", "build_benchmark", "register"]

@@ -1,0 +1,205 @@
+"""Benchmark descriptions, image sources and class-incremental splits.
+
+Nothing here imports torch or Avalanche: a :class:`BenchmarkSpec` is cheap to register and list. A spec's
+``load`` target returns the raw train/test :class:`ImageSource` objects; :func:`build_benchmark` applies the
+class order (the literature's ``np.random.seed(1993); np.random.permutation(n)``), remaps labels to arrival
+order and cuts the task sizes. The Avalanche view of a benchmark lives in :mod:`clbench.benchmarks.streams`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from clbench.errors import ClbenchError
+
+LITERATURE_ORDER_SEED = 1993  # PILOT / PyCIL / TOSCA: np.random.seed(1993); np.random.permutation(n)
+
+
+class ImageSource(ABC):
+    """A labelled list of images addressed by index. ``labels`` are the source's own class ids."""
+
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @abstractmethod
+    def image(self, i: int):  # -> PIL.Image.Image in RGB
+        """Decode image ``i`` as an RGB PIL image; raise ClbenchError naming the file if it cannot."""
+
+    @abstractmethod
+    def fingerprint(self) -> str:
+        """A short digest identifying the content (used in feature-cache keys)."""
+
+
+class ArraySource(ImageSource):
+    """Images held in a uint8 array (N, H, W, 3) or (N, H, W) (grey, expanded to RGB)."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, name: str) -> None:
+        if images.dtype != np.uint8 or images.ndim not in (3, 4):
+            raise ValueError(f"{name}: images must be uint8 (N,H,W[,3]), got {images.dtype} {images.shape}")
+        if images.shape[0] != labels.shape[0]:
+            raise ValueError(f"{name}: {images.shape[0]} images but {labels.shape[0]} labels")
+        self.images = images
+        self.labels = labels.astype(np.int64)
+        self.name = name
+        self._fp: str | None = None
+
+    def image(self, i: int):
+        from PIL import Image
+
+        a = self.images[i]
+        img = Image.fromarray(a)
+        return img.convert("RGB") if a.ndim == 2 else img
+
+    def fingerprint(self) -> str:
+        if self._fp is None:
+            h = hashlib.sha256()
+            h.update(str(self.images.shape).encode())
+            h.update(np.ascontiguousarray(self.images).tobytes())
+            h.update(self.labels.tobytes())
+            self._fp = h.hexdigest()[:16]
+        return self._fp
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """Everything a benchmark needs, with the split and transforms the literature uses for it."""
+
+    name: str
+    summary: str
+    load: str  # "module:function"; function(data_root: Path | None) -> (train, test, class_names)
+    init_cls: int  # default classes in the first task (B0 IncK: init_cls = increment = K)
+    increment: int  # default classes per later task
+    backbone: str  # default backbone name in the backbone registry
+    n_classes: int | None = None  # expected class count; None when discovered from the data
+    img_size: int = 224  # network input size
+    resize: int | None = None  # eval: Resize(resize) + CenterCrop(img_size); None: Resize(img_size) only
+    normalize: bool = True  # apply the backbone's mean/std (the TOSCA/PILOT reference code does not)
+    data_env: str | None = None  # environment variable naming the data root
+    needs_data_root: bool = False
+    source_info: str = ""  # where the data is published and its layout (printed by errors / data check)
+    licence: str = ""
+
+
+def literature_class_order(n_classes: int, seed: int = LITERATURE_ORDER_SEED) -> list[int]:
+    """``np.random.seed(seed); np.random.permutation(n)`` without touching numpy's global RNG."""
+    return [int(c) for c in np.random.RandomState(seed).permutation(n_classes)]
+
+
+def task_sizes(n_classes: int, init_cls: int, increment: int) -> list[int]:
+    """PILOT's split: ``[init_cls] + [increment] * k`` plus a final smaller task for any remainder."""
+    if init_cls < 1 or increment < 1:
+        raise ClbenchError(f"--init-cls and --increment must be >= 1 (got {init_cls} and {increment})")
+    if init_cls > n_classes:
+        raise ClbenchError(
+            f"--init-cls {init_cls} is larger than the benchmark's {n_classes} classes",
+            f"use a value <= {n_classes}",
+        )
+    if init_cls < n_classes and increment > n_classes - init_cls:
+        raise ClbenchError(
+            f"--increment {increment} is larger than the {n_classes - init_cls} classes left after the first task",
+            f"use --increment <= {n_classes - init_cls}",
+        )
+    sizes = [init_cls]
+    left = n_classes - init_cls
+    while left > 0:
+        sizes.append(min(increment, left))
+        left -= sizes[-1]
+    return sizes
+
+
+@dataclass
+class Benchmark:
+    """A benchmark with its class order applied: labels are positions in ``class_order`` (arrival order)."""
+
+    spec: BenchmarkSpec
+    class_names: list[str]  # source order
+    class_order: list[int]  # source class id at each arrival position
+    task_sizes: list[int]
+    train: ImageSource
+    test: ImageSource
+    train_y: np.ndarray = field(init=False)
+    test_y: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        remap = np.full(len(self.class_names), -1, dtype=np.int64)
+        remap[np.asarray(self.class_order)] = np.arange(len(self.class_order))
+        self.train_y = remap[self.train.labels]
+        self.test_y = remap[self.test.labels]
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.class_order)
+
+    @property
+    def n_tasks(self) -> int:
+        return len(self.task_sizes)
+
+    def task_of_label(self) -> np.ndarray:
+        """Array mapping an arrival-order label to its task index."""
+        return np.repeat(np.arange(self.n_tasks), self.task_sizes)
+
+    def classes_of_task(self, t: int) -> list[int]:
+        start = sum(self.task_sizes[:t])
+        return list(range(start, start + self.task_sizes[t]))
+
+
+def resolve_data_root(spec: BenchmarkSpec, data_root: str | Path | None) -> Path | None:
+    """The data root from ``--data-root`` or the spec's environment variable; checked to exist."""
+    root = data_root or (os.environ.get(spec.data_env) if spec.data_env else None)
+    if root is None:
+        if spec.needs_data_root:
+            env = f" or set {spec.data_env}" if spec.data_env else ""
+            raise ClbenchError(
+                f"benchmark {spec.name!r} needs its data: pass --data-root DIR{env}", spec.source_info or None
+            )
+        return None
+    path = Path(root).expanduser()
+    if not path.exists():
+        raise ClbenchError(f"--data-root {path} does not exist", spec.source_info or None)
+    return path
+
+
+def check_labels(name: str, source: ImageSource, n_classes: int) -> None:
+    """Every label must be a valid class id of the benchmark."""
+    if len(source) == 0:
+        raise ClbenchError(f"{name} has no images")
+    lo, hi = int(source.labels.min()), int(source.labels.max())
+    if lo < 0 or hi >= n_classes:
+        raise ClbenchError(f"{name} has labels in [{lo}, {hi}] but the benchmark has {n_classes} classes")
+
+
+def build_benchmark(
+    spec: BenchmarkSpec,
+    data_root: str | Path | None = None,
+    init_cls: int | None = None,
+    increment: int | None = None,
+    class_order_seed: int = LITERATURE_ORDER_SEED,
+) -> Benchmark:
+    """Load a benchmark's images and apply class order and task split."""
+    module, _, attr = spec.load.partition(":")
+    loader = getattr(importlib.import_module(module), attr)
+    train, test, class_names = loader(resolve_data_root(spec, data_root))
+    n = len(class_names)
+    if spec.n_classes is not None and n != spec.n_classes:
+        raise ClbenchError(
+            f"benchmark {spec.name!r} should have {spec.n_classes} classes but the data has {n}",
+            spec.source_info or None,
+        )
+    check_labels(f"{spec.name} train split", train, n)
+    check_labels(f"{spec.name} test split", test, n)
+    missing = sorted(set(range(n)) - set(np.unique(train.labels).tolist()))
+    if missing:
+        raise ClbenchError(
+            f"{spec.name}: {len(missing)} classes have no training images (e.g. {class_names[missing[0]]!r})"
+        )
+    sizes = task_sizes(n, init_cls or spec.init_cls, increment or spec.increment)
+    return Benchmark(spec, class_names, literature_class_order(n, class_order_seed), sizes, train, test)

@@ -1,0 +1,139 @@
+"""``clbench``: parses flags into typed configs and calls the harness or the reports. No other logic.
+
+Imports of torch, timm and Avalanche happen inside the command functions so that ``clbench --help`` and
+``clbench list`` answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from clbench import __version__
+from clbench.errors import ClbenchError
+
+
+def _kv(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    from clbench.catalog import DEFAULT_BENCH
+
+    p.add_argument("--strategy", required=True, help="method to run (see `clbench list`)")
+    p.add_argument("--bench", default=DEFAULT_BENCH, help=f"benchmark (default: {DEFAULT_BENCH}, embedded)")
+    p.add_argument("--backbone", help="backbone name (default: the benchmark's)")
+    p.add_argument("--weights", default="auto",
+                   help="auto | offline | hub | random | PATH to a safetensors/state-dict file (default: auto)")
+    p.add_argument("--data-root", help="data folder for benchmarks that are not embedded")
+    p.add_argument("--init-cls", type=int, help="classes in the first task (default: the benchmark's split)")
+    p.add_argument("--increment", type=int, help="classes per later task (default: the benchmark's split)")
+    p.add_argument("--seed", type=int, default=1993, help="seed of every RNG in the run (default: 1993)")
+    p.add_argument("--class-order-seed", type=int, default=1993,
+                   help="seed of the class-order permutation (default: 1993, the literature's order)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (GPU if present)")
+    p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True,
+                   help="bf16 autocast for the frozen backbone (default: on)")
+    p.add_argument("--protocol", default="per-sample",
+                   help="per-sample (default) | reference (a reference implementation's batch behaviour) | both")
+    p.add_argument("--profile", help="a strategy's named profile, e.g. quick (see `clbench list`)")
+    p.add_argument("--set", dest="overrides", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+                   help="override one strategy setting (repeatable), e.g. --set epochs=5")
+    p.add_argument("--img-size", type=int, help="network input size (default: the benchmark's)")
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="apply the backbone's mean/std (default: the benchmark's choice)")
+    p.add_argument("--batch-size", type=int, default=64, help="feature-extraction batch (default: 64)")
+    p.add_argument("--out", help="run folder (default: runs/<strategy>-<bench>-s<seed>-<time>)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
+    p.add_argument("--no-feature-cache", dest="feature_cache", action="store_false",
+                   help="recompute frozen features instead of using the on-disk cache")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from clbench.harness import RunConfig, run
+    from clbench.ui import RichReporter, print_result
+
+    cfg = RunConfig(
+        strategy=args.strategy, bench=args.bench, backbone=args.backbone, weights=args.weights,
+        data_root=args.data_root, init_cls=args.init_cls, increment=args.increment, seed=args.seed,
+        class_order_seed=args.class_order_seed, device=args.device, autocast=args.autocast,
+        protocol=args.protocol, profile=args.profile, overrides=tuple(args.overrides), out=args.out,
+        overwrite=args.overwrite, batch_size=args.batch_size, img_size=args.img_size, normalize=args.normalize,
+        feature_cache=args.feature_cache,
+    )
+    with RichReporter() as reporter:
+        record = run(cfg, reporter)
+    print_result(record)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
+
+    print("strategies:")
+    for name in STRATEGIES.names():
+        print(f"  {name}")
+    print("benchmarks:")
+    for name in BENCHMARKS.names():
+        s = BENCHMARKS.get(name)
+        print(f"  {name:<16} B{s.init_cls} Inc{s.increment}  {s.summary}")
+    print("backbones:")
+    for name in BACKBONES.names():
+        print(f"  {name:<44} {BACKBONES.get(name).summary}")
+    return 0
+
+
+def cmd_weights(args: argparse.Namespace) -> int:
+    from clbench.weights_info import print_weights
+
+    print_weights()
+    return 0
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | None, Callable[[argparse.Namespace], int]]] = {
+    "run": ("run one strategy on one benchmark and write its record", _add_run_args, cmd_run),
+    "list": ("list registered strategies, benchmarks and backbones", None, cmd_list),
+    "weights": ("list backbones, whether their weights are available offline here, and how to get them", None,
+                cmd_weights),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="clbench",
+        description="Class-incremental learning on frozen pre-trained ViTs: SimpleCIL, L2P, EASE and TOSCA.",
+        epilog="example: clbench run --strategy simplecil   (embedded benchmark, offline ViT-S/14)",
+    )
+    parser.add_argument("--version", action="version", version=f"clbench {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_text, add_args, func) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if add_args:
+            add_args(p)
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except ClbenchError as e:
+        print(f"clbench: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("clbench: interrupted; the run folder keeps its last per-task record (complete: false)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Metrics of class-incremental learning: pure functions of accuracy matrices and predictions.
+
+Definitions (printed in every report, see :data:`DEFINITIONS`):
+
+- ``R[t][j]``: top-1 accuracy (percent) on task ``j``'s test classes after learning task ``t`` (``j <= t``),
+  predicting over all classes seen so far (class-incremental: no task id is given).
+- ``A_t``: top-1 accuracy on the test images of all classes seen after task ``t``. It weights tasks by
+  their number of test images, so it is computed from predictions, not as a mean of ``R[t]``.
+- ``last_acc = A_T``; ``avg_acc`` (average incremental accuracy, PILOT's "Average Accuracy") ``= mean_t A_t``.
+- ``forgetting`` (Chaudhry et al. 2018, as in PILOT): mean over old tasks ``j < T`` of
+  ``max_{t<T} R[t][j] - R[T][j]``. Avalanche's "forgetting" is first minus last instead; we report that as
+  ``forgetting_first_last`` so the two are never confused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+DEFINITIONS: dict[str, str] = {
+    "R[t][j]": "top-1 accuracy (%) on task j's test classes after learning task t, over all seen classes (no task id)",
+    "A_t": "top-1 accuracy (%) on the test images of all classes seen after task t",
+    "last_acc": "A_T, accuracy after the last task",
+    "avg_acc": "average incremental accuracy: mean over tasks t of A_t",
+    "forgetting": "mean over old tasks j of (max_{t<T} R[t][j] - R[T][j]) (Chaudhry et al.; PILOT)",
+    "forgetting_first_last": "mean over old tasks j of (R[j][j] - R[T][j]) (Avalanche's definition)",
+    "old_acc / new_acc": "accuracy after task t on classes of earlier tasks / of task t",
+}
+
+
+def accuracy(pred: np.ndarray, target: np.ndarray) -> float:
+    """Percentage of ``pred == target``; NaN for an empty set."""
+    pred, target = np.asarray(pred), np.asarray(target)
+    if target.size == 0:
+        return float("nan")
+    return float((pred == target).mean() * 100.0)
+
+
+def topk_accuracy(logits: np.ndarray, target: np.ndarray, k: int = 5) -> float:
+    """Percentage of samples whose target is among the ``k`` highest logits (all of them if fewer)."""
+    logits = np.asarray(logits)
+    if logits.shape[0] == 0:
+        return float("nan")
+    k = min(k, logits.shape[1])
+    top = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+    return float((top == np.asarray(target)[:, None]).any(axis=1).mean() * 100.0)
+
+
+def task_row(pred: np.ndarray, target: np.ndarray, sample_task: np.ndarray, n_tasks_seen: int) -> list[float]:
+    """One row of the accuracy matrix: accuracy per task ``0..n_tasks_seen-1``."""
+    return [accuracy(pred[sample_task == j], target[sample_task == j]) for j in range(n_tasks_seen)]
+
+
+def last_acc(curve: Sequence[float]) -> float:
+    return float(curve[-1])
+
+
+def avg_acc(curve: Sequence[float]) -> float:
+    return float(np.mean(curve))
+
+
+def _lower_triangle(matrix: Sequence[Sequence[float]]) -> np.ndarray:
+    """Square float array from a ragged lower-triangular matrix, NaN above the diagonal."""
+    n = len(matrix)
+    out = np.full((n, n), np.nan)
+    for t, row in enumerate(matrix):
+        if len(row) != t + 1:
+            raise ValueError(f"accuracy matrix row {t} has {len(row)} entries, expected {t + 1}")
+        out[t, : t + 1] = row
+    return out
+
+
+def forgetting(matrix: Sequence[Sequence[float]]) -> float:
+    """Chaudhry/PILOT forgetting: mean over old tasks of (best earlier accuracy - final accuracy).
+
+    NaN when there is only one task (nothing can be forgotten).
+    """
+    r = _lower_triangle(matrix)
+    n = r.shape[0]
+    if n < 2:
+        return float("nan")
+    drops = [np.nanmax(r[j : n - 1, j]) - r[n - 1, j] for j in range(n - 1)]
+    return float(np.mean(drops))
+
+
+def forgetting_first_last(matrix: Sequence[Sequence[float]]) -> float:
+    """Avalanche-style forgetting: mean over old tasks of (accuracy right after learning it - final)."""
+    r = _lower_triangle(matrix)
+    n = r.shape[0]
+    if n < 2:
+        return float("nan")
+    return float(np.mean([r[j, j] - r[n - 1, j] for j in range(n - 1)]))

@@ -1,0 +1,134 @@
+"""The whole method contract: what a strategy gets per task and what it must return.
+
+A strategy is built once per run with its frozen config dataclass and a :class:`Context` (the frozen
+backbone, device, autocast, seed). The harness then calls, for each task ``t`` of the stream:
+
+1. ``learn_task(task)``: ``task.train`` is a :class:`Split` of the task's training images, with their cached
+   frozen features and labels in arrival order (``task.classes`` are new; ``task.n_seen`` classes in all).
+2. ``predict(split, protocol)``: logits (N, n_seen) for every image of ``split``. Under the default
+   ``per-sample`` protocol a row may depend only on its own image (the harness tests this); a strategy may
+   also offer a ``reference`` protocol that reproduces a reference implementation's batch behaviour.
+3. ``param_counts()``: added and trainable parameters (see :class:`ParamCounts`).
+
+Strategies never see test labels, never reseed global RNGs (use ``ctx.generator()``), and must leave the
+backbone untouched (bit-identical after a run; the contract tests check it).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from clbench.backbones import FrozenBackbone
+from clbench.benchmarks.base import ImageSource
+from clbench.features import TransformedImages
+
+PER_SAMPLE = "per-sample"
+REFERENCE = "reference"
+
+
+@dataclass
+class Split:
+    """Images of one benchmark split chosen by index, in a fixed order, with frozen features and labels."""
+
+    source: ImageSource
+    indices: np.ndarray  # (N,) positions in ``source``
+    labels: torch.Tensor  # (N,) long, arrival-order labels
+    features: torch.Tensor  # (N, d) float32 frozen [CLS] features (eval transform)
+    eval_transform: Callable
+    train_transform: Callable
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+    def subset(self, positions) -> "Split":
+        pos = torch.as_tensor(np.asarray(positions), dtype=torch.long)
+        return Split(self.source, self.indices[pos.numpy()], self.labels[pos], self.features[pos],
+                     self.eval_transform, self.train_transform)
+
+    def image_loader(self, batch_size: int, augment: bool, shuffle: bool = False,
+                     generator: torch.Generator | None = None) -> DataLoader:
+        """Batches of (images, labels, positions) through the train (``augment``) or eval transform."""
+        ds = TransformedImages(self.source, self.train_transform if augment else self.eval_transform, self.indices)
+        labels = self.labels
+
+        def collate(items):
+            x = torch.stack([a for a, _ in items])
+            pos = torch.tensor([k for _, k in items])
+            return x, labels[pos], pos
+
+        return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, generator=generator, collate_fn=collate)
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    classes: list[int]  # new classes of this task (arrival-order labels)
+    n_seen: int  # classes seen after this task
+    train: Split
+
+
+@dataclass
+class Context:
+    backbone: FrozenBackbone
+    device: torch.device
+    autocast: bool
+    seed: int
+    log: Callable[[str], None] = print
+    progress: Callable[[str, int], Callable[[int], None]] | None = None  # (description, total) -> advance(n)
+
+    def generator(self, salt: int = 0) -> torch.Generator:
+        """A private RNG for shuffling/initialisation: reproducible, never the global one."""
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + salt)
+
+
+@dataclass
+class ParamCounts:
+    """Parameter accounting, recorded in ``result.json``.
+
+    ``added_per_task[t]``: parameters stored because of task t beyond the frozen backbone (modules, prompts,
+    adapters, head rows). ``trainable_per_task[t]``: parameters the optimiser updated during task t.
+    """
+
+    added_per_task: list[int] = field(default_factory=list)
+    trainable_per_task: list[int] = field(default_factory=list)
+    head: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Strategy(ABC):
+    """Base class of every method. Subclasses set ``name``, ``Config`` and implement the three methods."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type]
+    protocols: ClassVar[tuple[str, ...]] = (PER_SAMPLE,)
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {}  # named config overrides, e.g. a CPU "quick" profile
+    needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
+
+    def __init__(self, config: Any, ctx: Context) -> None:
+        self.cfg = config
+        self.ctx = ctx
+
+    @abstractmethod
+    def learn_task(self, task: Task) -> None: ...
+
+    @abstractmethod
+    def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
+        """Logits (N, n_seen) on the CPU, float32."""
+
+    @abstractmethod
+    def param_counts(self) -> ParamCounts: ...
+
+    def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
+        """Optional per-evaluation diagnostics (e.g. routing accuracy) stored in the record."""
+        return {}
+
+    def adapted_features(self, split: Split) -> torch.Tensor | None:
+        """Optional features after the method's adaptation, for t-SNE figures."""
+        return None
