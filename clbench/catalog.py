@@ -14,6 +14,9 @@ from clbench.registry import Registry
 
 STRATEGIES: Registry[Any] = Registry("strategy")
 STRATEGIES.register_lazy("simplecil", "baselines.simplecil:SimpleCIL")
+STRATEGIES.register_lazy("l2p", "baselines.l2p:L2P")
+STRATEGIES.register_lazy("ease", "baselines.ease:EASE")
+STRATEGIES.register_lazy("tosca", "tosca.strategy:TOSCA")
 
 @dataclass(frozen=True)
 class BackboneSpec:

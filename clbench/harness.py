@@ -27,6 +27,7 @@ from clbench.io import atomic_write_json
 from clbench.results import RESULT_FILE, SCHEMA_VERSION, command_line, git_revision, library_versions, peak_rss_mb
 
 PROTOCOL_CHOICES = ("per-sample", "reference", "both")
+RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size"})  # profile keys that set the run, not the strategy config
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def make_strategy_config(strategy_cls: type, profile: str | None, overrides: tup
         if profile not in strategy_cls.profiles:
             valid = ", ".join(strategy_cls.profiles) or "none"
             raise ClbenchError(f"strategy {strategy_cls.name} has no profile {profile!r}; valid profiles: {valid}")
-        values.update(strategy_cls.profiles[profile])
+        values.update({k: v for k, v in strategy_cls.profiles[profile].items() if k not in RUN_LEVEL_PROFILE_KEYS})
     for key, value in overrides:
         if key not in fields:
             import difflib
@@ -173,6 +174,15 @@ class _ProtocolLog:
     new: list[float] = field(default_factory=list)
     top5: list[float] = field(default_factory=list)
 
+    def add(self, logits: torch.Tensor, y: np.ndarray, sample_task: np.ndarray, t: int) -> None:
+        pred = logits.argmax(dim=1).numpy()
+        self.matrix.append(metrics.task_row(pred, y, sample_task, t + 1))
+        self.curve.append(metrics.accuracy(pred, y))
+        old = sample_task < t
+        self.old.append(metrics.accuracy(pred[old], y[old]) if old.any() else float("nan"))
+        self.new.append(metrics.accuracy(pred[~old], y[~old]))
+        self.top5.append(metrics.topk_accuracy(logits.numpy(), y, 5))
+
     def summary(self) -> dict[str, Any]:
         return {
             "accuracy_matrix": self.matrix,
@@ -198,16 +208,59 @@ def _protocols(cfg: RunConfig, strategy_cls: type) -> list[str]:
     return wanted
 
 
-def run(cfg: RunConfig, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Run one configuration end to end and return the (complete) record."""
-    from clbench.backbones import load_backbone
-    from clbench.benchmarks import build_benchmark
-    from clbench.features import FeatureCache, cache_key, extract
-    from clbench.strategy import Context, Split, Task
-    from clbench.transforms import TransformSpec
+@dataclass
+class Step:
+    """One task of the stream: what the strategy learns from and what it is evaluated on afterwards."""
 
-    rep = reporter or Reporter()
-    t_start = time.perf_counter()
+    task: Any  # clbench.strategy.Task
+    test: Any  # clbench.strategy.Split of every seen class's test images, class by class
+    sample_task: np.ndarray  # (N_test,) the task each test image belongs to
+
+
+@dataclass
+class Session:
+    """A prepared run: benchmark, frozen backbone, transforms, cached features and the strategy."""
+
+    cfg: RunConfig
+    spec: Any
+    bench: Any
+    backbone: Any
+    eval_tf: Any
+    train_tf: Any
+    features: dict[str, torch.Tensor]
+    cache_events: list[str]
+    t_features: float
+    strategy: Any
+    protocols: list[str]
+
+    def split(self, which: str, indices: np.ndarray):
+        from clbench.strategy import Split
+
+        source, y = (self.bench.train, self.bench.train_y) if which == "train" else (self.bench.test, self.bench.test_y)
+        idx = np.asarray(indices, dtype=np.int64)
+        return Split(source, idx, torch.as_tensor(y[idx]), self.features[which][idx], self._eval, self._train)
+
+    def __post_init__(self) -> None:
+        self._eval, self._train = self.eval_tf.build(), self.train_tf.build()
+
+    def steps(self):
+        """The Avalanche train stream as :class:`Step` objects (the test split covers all seen classes)."""
+        from clbench.benchmarks.streams import avalanche_benchmark, experience_classes, experience_indices
+        from clbench.strategy import Task
+
+        task_of = self.bench.task_of_label()
+        n_seen = 0
+        for exp in avalanche_benchmark(self.bench).train_stream:
+            classes = experience_classes(exp)
+            n_seen += len(classes)
+            task = Task(exp.current_experience, classes, n_seen, self.split("train", experience_indices(exp)))
+            seen = np.flatnonzero(self.bench.test_y < n_seen)
+            seen = seen[np.argsort(self.bench.test_y[seen], kind="stable")]  # class by class, as the reference
+            yield Step(task, self.split("test", seen), task_of[self.bench.test_y[seen]])
+
+
+def resolve(cfg: RunConfig):
+    """Check every name and setting of ``cfg`` (cheap; nothing is loaded). Raises ClbenchError."""
     strategy_cls = STRATEGIES.get(cfg.strategy)
     spec = BENCHMARKS.get(cfg.bench)
     backbone_name = BACKBONES.check(cfg.backbone or spec.backbone)
@@ -217,141 +270,149 @@ def run(cfg: RunConfig, reporter: Reporter | None = None) -> dict[str, Any]:
         vits = [n for n in BACKBONES.names() if BACKBONES.get(n).family == "vit"]
         raise ClbenchError(f"{strategy_cls.name} enters the transformer's layers and needs a ViT backbone; "
                            f"{backbone_name} is not one", f"choose one of: {', '.join(vits)}")
+    if cfg.batch_size < 1:
+        raise ClbenchError(f"--batch-size must be >= 1 (got {cfg.batch_size})")
+    resolve_device(cfg.device)
+    return strategy_cls, spec, backbone_name, protocols, strategy_cfg
+
+
+def prepare(cfg: RunConfig, reporter: Reporter | None = None) -> Session:
+    """Resolve every name, load the benchmark and backbone, compute (or load) the frozen features once, and
+    build the strategy. Raises ClbenchError for any bad input before anything long starts."""
+    from clbench.backbones import load_backbone
+    from clbench.benchmarks import build_benchmark
+    from clbench.features import FeatureCache, cache_key, extract
+    from clbench.strategy import Context
+    from clbench.transforms import TransformSpec
+
+    rep = reporter or Reporter()
+    strategy_cls, spec, backbone_name, protocols, strategy_cfg = resolve(cfg)
     device = resolve_device(cfg.device)
+
+    rep.log(f"benchmark {spec.name}: loading")
+    bench = build_benchmark(spec, cfg.data_root, cfg.init_cls, cfg.increment, cfg.class_order_seed)
+    rep.log(f"backbone {backbone_name} (weights: {cfg.weights})")
+    profile_img = strategy_cls.profiles.get(cfg.profile, {}).get("img_size") if cfg.profile else None
+    backbone = load_backbone(backbone_name, cfg.weights, cfg.img_size or profile_img or spec.img_size,
+                             seed=cfg.seed).to(device)
+    normalize = spec.normalize if cfg.normalize is None else cfg.normalize
+    mean, std = (backbone.mean, backbone.std) if normalize else (None, None)
+    img = backbone.img_size
+    resize = round(spec.resize * img / spec.img_size) if spec.resize else None
+    eval_tf = TransformSpec(img, resize, mean, std)
+    train_tf = TransformSpec(img, resize, mean, std, train=True)
+
+    # Frozen features, once per image: cached across runs and strategies.
+    t0 = time.perf_counter()
+    cache = FeatureCache(enabled=cfg.feature_cache)
+    feats: dict[str, torch.Tensor] = {}
+    for split_name, source in (("train", bench.train), ("test", bench.test)):
+        key = cache_key(backbone=backbone_name, digest=backbone.digest, bench=spec.name, split=split_name,
+                        data=source.fingerprint(), transform=eval_tf.identity(), autocast=bool(cfg.autocast),
+                        device=device.type)
+
+        def compute(source=source, split_name=split_name):
+            adv = rep.progress(f"features {split_name} ({len(source)} images)", len(source))
+            return extract(backbone, source, eval_tf.build(), device, cfg.autocast, cfg.batch_size, progress=adv)
+
+        feats[split_name], hit = cache.get_or_compute(key, compute)
+        rep.log(f"features {split_name}: {'cache hit' if hit else 'computed'} {tuple(feats[split_name].shape)}")
+    t_features = time.perf_counter() - t0
+
+    ctx = Context(backbone=backbone, device=device, autocast=cfg.autocast, seed=cfg.seed, log=rep.log,
+                  progress=rep.progress)
+    strategy = strategy_cls(strategy_cfg, ctx)
+    return Session(cfg, spec, bench, backbone, eval_tf, train_tf, feats, cache.events, t_features, strategy, protocols)
+
+
+def run(cfg: RunConfig, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Run one configuration end to end, writing the record after every task; return the complete record."""
+    from clbench.backbones import state_digest
+
+    rep = reporter or Reporter()
+    t_start = time.perf_counter()
+    resolve(cfg)  # every bad name or setting fails here, before a run folder is made
     run_dir = RunDir(Path(cfg.out) if cfg.out else default_run_dir(cfg), cfg.overwrite)
+    np_rng_state = np.random.get_state()
     try:
         (run_dir.path / RESULT_FILE).unlink(missing_ok=True)
         torch.manual_seed(cfg.seed)  # the run owns the seed; strategies draw from ctx.generator()
-        np_rng_state = np.random.get_state()
-
-        rep.log(f"benchmark {spec.name}: loading")
-        bench = build_benchmark(spec, cfg.data_root, cfg.init_cls, cfg.increment, cfg.class_order_seed)
-        rep.log(f"backbone {backbone_name} (weights: {cfg.weights})")
-        backbone = load_backbone(backbone_name, cfg.weights, cfg.img_size or spec.img_size, seed=cfg.seed).to(device)
-        normalize = spec.normalize if cfg.normalize is None else cfg.normalize
-        mean, std = (backbone.mean, backbone.std) if normalize else (None, None)
-        img = backbone.img_size
-        resize = round(spec.resize * img / spec.img_size) if spec.resize else None
-        eval_tf = TransformSpec(img, resize, mean, std)
-        train_tf = TransformSpec(img, resize, mean, std, train=True)
-
-        # -- frozen features, once per image (cached across runs and strategies)
-        t0 = time.perf_counter()
-        cache = FeatureCache(enabled=cfg.feature_cache)
-        feats: dict[str, torch.Tensor] = {}
-        for split_name, source in (("train", bench.train), ("test", bench.test)):
-            key = cache_key(backbone=backbone_name, digest=backbone.digest, bench=spec.name,
-                            split=split_name, data=source.fingerprint(), transform=eval_tf.identity(),
-                            autocast=bool(cfg.autocast), device=device.type)
-            advance = None
-
-            def compute(source=source, split_name=split_name):
-                adv = rep.progress(f"features {split_name} ({len(source)} images)", len(source))
-                return extract(backbone, source, eval_tf.build(), device, cfg.autocast, cfg.batch_size, progress=adv)
-
-            feats[split_name], hit = cache.get_or_compute(key, compute)
-            rep.log(f"features {split_name}: {'cache hit' if hit else 'computed'} {tuple(feats[split_name].shape)}")
-            del advance
-        t_features = time.perf_counter() - t0
-
-        # -- the stream
-        from clbench.benchmarks.streams import avalanche_benchmark, experience_classes, experience_indices
-
-        stream = avalanche_benchmark(bench)
-        ctx = Context(backbone=backbone, device=device, autocast=cfg.autocast, seed=cfg.seed, log=rep.log,
-                      progress=rep.progress)
-        strategy = strategy_cls(strategy_cfg, ctx)
-        train_labels = torch.as_tensor(bench.train_y)
-        test_labels = torch.as_tensor(bench.test_y)
-        eval_build, train_build = eval_tf.build(), train_tf.build()
-
-        def split_of(source, labels, features, idx):
-            return Split(source, idx, labels[idx], features[idx], eval_build, train_build)
-
-        task_of = bench.task_of_label()
+        session = prepare(cfg, rep)
+        strategy, bench, protocols = session.strategy, session.bench, session.protocols
         logs = {p: _ProtocolLog() for p in protocols}
         per_task: list[dict[str, Any]] = []
         t_train = t_eval = 0.0
-        n_seen = 0
         record: dict[str, Any] = {}
-        for exp in stream.train_stream:
-            t = exp.current_experience
-            classes = experience_classes(exp)
-            n_seen += len(classes)
-            task = Task(t, classes, n_seen, split_of(bench.train, train_labels, feats["train"], experience_indices(exp)))
-            rep.log(f"task {t + 1}/{bench.n_tasks}: classes {classes[0]}..{classes[-1]} ({len(task.train)} images)")
+        for step in session.steps():
+            task, t = step.task, step.task.id
+            rep.log(f"task {t + 1}/{bench.n_tasks}: classes {task.classes[0]}..{task.classes[-1]} "
+                    f"({len(task.train)} images)")
             t0 = time.perf_counter()
             strategy.learn_task(task)
             dt_train = time.perf_counter() - t0
             t_train += dt_train
 
             t0 = time.perf_counter()
-            seen = np.flatnonzero(bench.test_y < n_seen)
-            seen = seen[np.argsort(bench.test_y[seen], kind="stable")]  # class by class, as the reference builds it
-            test_split = split_of(bench.test, test_labels, feats["test"], seen)
-            y = bench.test_y[seen]
-            sample_task = task_of[y]
-            entry: dict[str, Any] = {"task": t, "classes": classes, "train_s": dt_train}
+            y = step.test.labels.numpy()
+            entry: dict[str, Any] = {"task": t, "classes": task.classes, "train_s": dt_train}
             for p in protocols:
-                logits = strategy.predict(test_split, p)
-                if logits.shape != (len(seen), n_seen):
-                    raise RuntimeError(f"{strategy_cls.name}.predict returned {tuple(logits.shape)}, "
-                                       f"expected {(len(seen), n_seen)}")
+                logits = strategy.predict(step.test, p)
+                if logits.shape != (len(y), task.n_seen):
+                    raise RuntimeError(f"{cfg.strategy}.predict returned {tuple(logits.shape)}, "
+                                       f"expected {(len(y), task.n_seen)}")
                 if not torch.isfinite(logits).all():
-                    raise ClbenchError(f"{strategy_cls.name} produced NaN/inf logits after task {t}")
-                pred = logits.argmax(dim=1).numpy()
-                lg = logs[p]
-                lg.matrix.append(metrics.task_row(pred, y, sample_task, t + 1))
-                lg.curve.append(metrics.accuracy(pred, y))
-                old = sample_task < t
-                lg.old.append(metrics.accuracy(pred[old], y[old]) if old.any() else float("nan"))
-                lg.new.append(metrics.accuracy(pred[~old], y[~old]))
-                lg.top5.append(metrics.topk_accuracy(logits.numpy(), y, 5))
-            entry["diagnostics"] = strategy.diagnostics(test_split, sample_task)
+                    raise ClbenchError(f"{cfg.strategy} produced NaN/inf logits after task {t}")
+                logs[p].add(logits, y, step.sample_task, t)
+            entry["diagnostics"] = strategy.diagnostics(step.test, step.sample_task)
             dt_eval = time.perf_counter() - t0
             t_eval += dt_eval
             entry["eval_s"] = dt_eval
             per_task.append(entry)
             main = logs[protocols[0]]
             rep.log(f"  A_{t + 1} = {main.curve[-1]:.2f}%  (old {main.old[-1]:.2f}, new {main.new[-1]:.2f})")
-
-            record = _record(cfg, strategy_cls, strategy_cfg, spec, bench, backbone, protocols, logs, per_task,
-                             strategy.param_counts(), run_dir.path, cache.events, device,
-                             {"features": t_features, "train": t_train, "eval": t_eval,
+            record = _record(cfg, session, logs, per_task, run_dir.path,
+                             {"features": session.t_features, "train": t_train, "eval": t_eval,
                               "total": time.perf_counter() - t_start}, complete=False)
             atomic_write_json(run_dir.path / RESULT_FILE, record)
 
+        if state_digest(session.backbone.model) != session.backbone.digest:
+            raise RuntimeError(f"{cfg.strategy} changed the frozen backbone's weights; the run is not valid")
         if cfg.save_features:
-            _save_features(run_dir.path, feats["test"], bench, strategy, split_of(
-                bench.test, test_labels, feats["test"], np.arange(len(bench.test))))
+            _save_features(run_dir.path, session, strategy)
         record["time_s"]["total"] = time.perf_counter() - t_start
         record["peak_rss_mb"] = peak_rss_mb()
         record["complete"] = True
         record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         atomic_write_json(run_dir.path / RESULT_FILE, record)
-        np.random.set_state(np_rng_state)
         return record
     finally:
+        np.random.set_state(np_rng_state)
         run_dir.release()
 
 
-def _save_features(path: Path, frozen: torch.Tensor, bench, strategy, split) -> None:
+def _save_features(path: Path, session: Session, strategy) -> None:
     """Test features for t-SNE figures: frozen and (when the method has them) adapted, fp16."""
-    adapted = strategy.adapted_features(split)
-    arrays = {"frozen": frozen.half().numpy(), "labels": bench.test_y, "tasks": bench.task_of_label()[bench.test_y]}
-    if adapted is not None:
-        arrays["adapted"] = adapted.half().numpy()
     import io
 
     from clbench.io import atomic_write_bytes
 
+    bench = session.bench
+    split = session.split("test", np.arange(len(bench.test)))
+    adapted = strategy.adapted_features(split)
+    arrays = {"frozen": session.features["test"].half().numpy(), "labels": bench.test_y,
+              "tasks": bench.task_of_label()[bench.test_y]}
+    if adapted is not None:
+        arrays["adapted"] = adapted.half().numpy()
     buf = io.BytesIO()
     np.savez_compressed(buf, **arrays)
     atomic_write_bytes(path / "features.npz", buf.getvalue())
 
 
-def _record(cfg, strategy_cls, strategy_cfg, spec, bench, backbone, protocols, logs, per_task, params, run_path,
-            cache_events, device, times, complete) -> dict[str, Any]:
+def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], per_task: list[dict[str, Any]],
+            run_path: Path, times: dict[str, float], complete: bool) -> dict[str, Any]:
+    strategy, spec, bench, backbone, protocols = (session.strategy, session.spec, session.bench, session.backbone,
+                                                  session.protocols)
+    params = strategy.param_counts()
     main = logs[protocols[0]].summary()
     added = list(params.added_per_task)
     trainable = list(params.trainable_per_task)
@@ -361,8 +422,8 @@ def _record(cfg, strategy_cls, strategy_cfg, spec, bench, backbone, protocols, l
         "complete": complete,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": command_line(),
-        "strategy": strategy_cls.name,
-        "strategy_config": dataclasses.asdict(strategy_cfg),
+        "strategy": strategy.name,
+        "strategy_config": dataclasses.asdict(strategy.cfg),
         "profile": cfg.profile,
         "bench": spec.name,
         "n_classes": bench.n_classes,
@@ -374,9 +435,9 @@ def _record(cfg, strategy_cls, strategy_cfg, spec, bench, backbone, protocols, l
         "weights_source": backbone.weights_source,
         "weights_digest": backbone.digest,
         "img_size": backbone.img_size,
-        "normalize": spec.normalize if cfg.normalize is None else cfg.normalize,
+        "transform": session.eval_tf.identity(),
         "seed": cfg.seed,
-        "device": device.type,
+        "device": next(backbone.model.parameters()).device.type,
         "autocast": cfg.autocast,
         "protocol": protocols[0],
         **main,
@@ -392,7 +453,7 @@ def _record(cfg, strategy_cls, strategy_cfg, spec, bench, backbone, protocols, l
         },
         "time_s": times,
         "per_task": per_task,
-        "feature_cache": cache_events,
+        "feature_cache": session.cache_events,
         "peak_rss_mb": peak_rss_mb(),
         "versions": library_versions(),
         "git_revision": git_revision(),

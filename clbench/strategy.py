@@ -83,9 +83,13 @@ class Context:
     log: Callable[[str], None] = print
     progress: Callable[[str, int], Callable[[int], None]] | None = None  # (description, total) -> advance(n)
 
+    def seed_for(self, salt: int = 0) -> int:
+        """A reproducible seed derived from the run seed and a purpose-specific salt."""
+        return (self.seed * 1_000_003 + salt) % (2**63)
+
     def generator(self, salt: int = 0) -> torch.Generator:
         """A private RNG for shuffling/initialisation: reproducible, never the global one."""
-        return torch.Generator().manual_seed(self.seed * 1_000_003 + salt)
+        return torch.Generator().manual_seed(self.seed_for(salt))
 
 
 @dataclass

@@ -1,0 +1,40 @@
+"""Shared fixtures: an isolated clbench cache, and a prepared session on the tiny random ViT.
+
+Tests run offline on the CPU. ``vit_micro`` (4 blocks, 64-d, 32 px, random weights) exercises the mechanics
+in seconds; tests marked ``slow`` use the real offline DINOv2 ViT-S/14 and the real embedded data.
+Set ``CLBENCH_TEST_CACHE`` to share converted weights and feature caches between test sessions (CI does).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+MICRO = dict(bench="emoji", backbone="vit_micro", weights="random")
+
+
+@pytest.fixture(scope="session")
+def cache_root(tmp_path_factory) -> Path:
+    shared = os.environ.get("CLBENCH_TEST_CACHE")
+    return Path(shared) if shared else tmp_path_factory.mktemp("clbench-cache")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(cache_root, monkeypatch):
+    monkeypatch.setenv("CLBENCH_CACHE", str(cache_root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def micro_session_factory(cache_root):
+    """Build prepared sessions on the micro ViT (features computed once per session via the cache)."""
+    from clbench.harness import RunConfig, prepare
+
+    def make(strategy: str = "simplecil", **kw):
+        os.environ["CLBENCH_CACHE"] = str(cache_root)
+        cfg = RunConfig(strategy=strategy, **{**MICRO, **kw})
+        return prepare(cfg)
+
+    return make

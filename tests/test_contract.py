@@ -1,0 +1,58 @@
+"""Contract tests run over every registered strategy, on the tiny random ViT and the embedded data."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from clbench.backbones import state_digest
+from clbench.catalog import STRATEGIES
+from clbench.harness import RunConfig, run
+
+FAST = {"epochs": "1"}  # keeps training strategies to seconds on the micro ViT
+
+
+def _overrides(name: str) -> tuple[tuple[str, str], ...]:
+    fields = {f.name for f in dataclasses.fields(STRATEGIES.get(name).Config)}
+    return tuple((k, v) for k, v in FAST.items() if k in fields)
+
+
+@pytest.fixture(params=STRATEGIES.names())
+def strategy_name(request):
+    return request.param
+
+
+def test_session_contract(strategy_name, micro_session_factory):
+    """Shapes, finite logits, per-sample invariance, backbone untouched, parameter accounting."""
+    s = micro_session_factory(strategy_name, init_cls=18, increment=9, overrides=_overrides(strategy_name))
+    before = state_digest(s.backbone.model)
+    n_tasks = 0
+    for step in s.steps():
+        s.strategy.learn_task(step.task)
+        n_tasks += 1
+        logits = s.strategy.predict(step.test)
+        assert logits.shape == (len(step.test), step.task.n_seen)
+        assert torch.isfinite(logits).all()
+        # per-sample: a shuffled subset in other batches gives the same rows
+        perm = np.random.default_rng(0).permutation(len(step.test))[: len(step.test) // 2]
+        sub = s.strategy.predict(step.test.subset(perm))
+        torch.testing.assert_close(sub, logits[torch.as_tensor(perm)], rtol=1e-4, atol=1e-4)
+        assert torch.equal(sub.argmax(1), logits[torch.as_tensor(perm)].argmax(1))
+    assert n_tasks == 3
+    assert state_digest(s.backbone.model) == before
+    pc = s.strategy.param_counts()
+    assert len(pc.added_per_task) == n_tasks and len(pc.trainable_per_task) == n_tasks
+
+
+def test_same_seed_same_matrix(strategy_name, tmp_path):
+    cfg = dict(strategy=strategy_name, bench="emoji", backbone="vit_micro", weights="random", init_cls=18,
+               increment=9, overrides=_overrides(strategy_name), save_features=False)
+    a = run(RunConfig(**cfg, out=str(tmp_path / "a")))
+    b = run(RunConfig(**cfg, out=str(tmp_path / "b")))
+    assert a["complete"] and b["complete"]
+    assert a["accuracy_matrix"] == b["accuracy_matrix"]
+    assert a["params"] == b["params"]
+    assert len(a["accuracy_matrix"]) == 3 and all(len(r) == i + 1 for i, r in enumerate(a["accuracy_matrix"]))

@@ -1,0 +1,41 @@
+import math
+
+import numpy as np
+import pytest
+
+from clbench import metrics
+
+
+def test_forgetting_hand_computed():
+    # R[t][j]: task 0 goes 80 -> 90 -> 60, task 1 goes 70 -> 50.
+    r = [[80.0], [90.0, 70.0], [60.0, 50.0, 40.0]]
+    # max earlier minus final: task0 max(80, 90) - 60 = 30; task1 70 - 50 = 20 -> mean 25
+    assert metrics.forgetting(r) == pytest.approx(25.0)
+    # first minus final: task0 80 - 60 = 20; task1 70 - 50 = 20 -> 20
+    assert metrics.forgetting_first_last(r) == pytest.approx(20.0)
+
+
+def test_forgetting_single_task_is_nan():
+    assert math.isnan(metrics.forgetting([[50.0]]))
+
+
+def test_forgetting_rejects_ragged_rows():
+    with pytest.raises(ValueError):
+        metrics.forgetting([[1.0], [1.0]])
+
+
+def test_curve_metrics_and_task_row():
+    assert metrics.avg_acc([50.0, 70.0, 90.0]) == pytest.approx(70.0)
+    assert metrics.last_acc([50.0, 70.0, 90.0]) == 90.0
+    pred = np.array([0, 1, 2, 2, 3, 0])
+    y = np.array([0, 1, 2, 3, 3, 1])
+    task = np.array([0, 0, 1, 1, 1, 0])
+    assert metrics.task_row(pred, y, task, 2) == pytest.approx([2 / 3 * 100, 2 / 3 * 100])
+    assert metrics.accuracy(pred, y) == pytest.approx(4 / 6 * 100)
+
+
+def test_topk():
+    logits = np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.05]])
+    assert metrics.topk_accuracy(logits, np.array([0, 2]), k=1) == 0.0
+    assert metrics.topk_accuracy(logits, np.array([0, 2]), k=2) == 50.0
+    assert metrics.topk_accuracy(logits, np.array([0, 2]), k=5) == 100.0

@@ -1,0 +1,292 @@
+"""TOSCA: Sculpting [CLS] Features for Pre-Trained Model-Based Class-Incremental Learning.
+
+Paper: arXiv 2502.14762 (v2 "Unlocking [CLS] Features for Continual Post-Training", TMLR 2026).
+Reference implementation checked: the authors' code (a LAMDA-PILOT fork; root commit 176f123 of
+ladka6/tosca-eval), ``models/tosca.py`` and its ``SimpleVitNet``/``CosineLinear``.
+
+Algorithm (per task t):
+1. A fresh LuCA module (:mod:`tosca.luca`) on the frozen final [CLS] feature z. Module 0 keeps PyTorch's
+   default init; later modules are re-initialised as the reference does (xavier weights, zero biases).
+2. The cosine head grows by the task's classes (new rows zero; the very first head is CosineLinear's uniform
+   init, as in the reference). SGD (lr 0.025, momentum 0.9, no weight decay, cosine to 1e-8) for 20 epochs,
+   batch 48, on cross-entropy over all seen classes + 5e-4 * sum |p| over LuCA_t's parameters; the optimiser
+   updates LuCA_t and the whole head (all rows and the scale), as in the reference.
+3. The rows of task t's classes are set to the mean LuCA_t feature of their training images (test transform).
+4. LuCA_t is frozen for good.
+
+Inference without a task id: every stored module runs on z, logits_i = head(LuCA_i(z)), and the module
+with the lowest softmax entropy is chosen. Protocols:
+- ``per-sample`` (default, sound): the choice is made per image; a prediction depends on its own image only.
+- ``reference``: the official rule. Batches of ``ref_eval_batch`` (48) consecutive test images in class
+  order (the reference's unshuffled, class-by-class test loader) and one module per batch, the one with the
+  lowest batch-mean entropy. A batch then mostly holds one task, so the task identity leaks through batch
+  composition; clbench reports the gap to ``per-sample`` when run with ``--protocol both``.
+
+Speed: the backbone runs once per image (features come from clbench's cache); all T modules run in one
+batched computation over stacked weights (:func:`stacked_forward`), with no reload from disk. The reference
+reruns the full ViT once per module per batch and reloads each module from disk.
+
+Deviations from the paper / reference code:
+- ``train_mode="cached"`` (default) trains on cached frozen features without image augmentation, one
+  backbone pass per image. ``train_mode="augment"`` reproduces the reference's RandomResizedCrop(scale
+  0.05-1) + flip through the frozen backbone every epoch. The accuracy difference is measured in the README.
+- Per-sample routing is the default; the reference's batch routing is the named ``reference`` protocol.
+- The reference checkpoints each module to disk and reloads it per batch; clbench keeps them stacked in memory.
+- Defaults follow the paper's ViT-B/16 setting; on the embedded benchmark the backbone is the offline
+  DINOv2 ViT-S/14 (d = 384, r = 24), recorded in every result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from clbench.blocks import CosineHead, check_finite, class_means, cosine_lr, minibatches, n_params
+from clbench.features import autocast_ctx
+from clbench.strategy import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
+from tosca.luca import VARIANTS, LuCA
+
+
+@dataclass(frozen=True)
+class TOSCAConfig:
+    ratio: int = 16  # bottleneck r = d / ratio (paper: r = 48 for d = 768)
+    variant: Literal["luca", "adapter", "calibrator", "tosca_r"] = "luca"  # paper's best: adapter then calibrator
+    l1: float = 5e-4  # weight of sum |p| over the task's module (reference args["l1"])
+    lr: float = 0.025  # SGD learning rate (reference config)
+    momentum: float = 0.9  # SGD momentum (reference get_optimizer)
+    weight_decay: float = 0.0  # reference config
+    epochs: int = 20  # reference config
+    batch_size: int = 48  # reference config
+    eta_min: float = 1e-8  # cosine schedule floor (reference get_scheduler)
+    train_mode: Literal["cached", "augment"] = "cached"  # clbench default: cached features (see docstring)
+    ref_eval_batch: int = 48  # reference test-loader batch for the ``reference`` protocol
+    eval_batch: int = 4096  # per-sample evaluation chunk (any value gives identical predictions)
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}")
+        if self.train_mode not in ("cached", "augment"):
+            raise ValueError("train_mode must be 'cached' or 'augment'")
+        for name in ("ratio", "epochs", "batch_size", "ref_eval_batch", "eval_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.epochs > 10_000:
+            raise ValueError("epochs must be <= 10000")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError("lr must be a positive finite number")
+        if self.l1 < 0:
+            raise ValueError("l1 must be >= 0")
+
+
+def stacked_forward(modules: list[LuCA], z: torch.Tensor) -> torch.Tensor:
+    """All T modules on the same features in one batched computation: (B, d) -> (T, B, d).
+
+    Equivalent to ``torch.stack([m(z) for m in modules])`` (tested), without a Python loop per batch.
+    """
+    def stack(get):
+        return torch.stack([get(m) for m in modules])
+
+    variant, eps = modules[0].variant, modules[0].norm.eps
+    wd, bd = stack(lambda m: m.down.weight), stack(lambda m: m.down.bias)  # (T, r, d), (T, r)
+    wu, bu = stack(lambda m: m.up.weight), stack(lambda m: m.up.bias)  # (T, d, r), (T, d)
+    w1, w2 = stack(lambda m: m.gate_in.weight), stack(lambda m: m.gate_out.weight)  # (T, r, d), (T, d, r)
+    gamma, beta = stack(lambda m: m.norm.weight), stack(lambda m: m.norm.bias)  # (T, d)
+
+    def norm(x):  # (T, B, d) per-module affine LayerNorm
+        return F.layer_norm(x, x.shape[-1:], eps=eps) * gamma[:, None] + beta[:, None]
+
+    def gate(h):  # (T, B, d) -> (T, B, d)
+        return torch.sigmoid(torch.einsum("tbr,tdr->tbd", F.relu(torch.einsum("tbd,trd->tbr", h, w1)), w2))
+
+    mlp = torch.einsum("tbr,tdr->tbd", F.gelu(torch.einsum("bd,trd->tbr", z, wd) + bd[:, None]), wu) + bu[:, None]
+    zt = z.expand(len(modules), *z.shape)
+    if variant == "luca":
+        h = norm(zt + mlp)
+        return h * gate(h)
+    if variant == "adapter":
+        return norm(mlp)
+    if variant == "calibrator":
+        return zt * gate(zt)
+    return zt * gate(zt) + norm(mlp)
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax entropy over the last dim, with the reference's +1e-9 inside the log."""
+    p = F.softmax(logits, dim=-1)
+    return -(p * torch.log(p + 1e-9)).sum(dim=-1)
+
+
+def route_per_sample(all_logits: torch.Tensor) -> torch.Tensor:
+    """(T, B, C) -> chosen module per sample (B,): lowest entropy for that sample."""
+    return entropy(all_logits).argmin(dim=0)
+
+
+def route_reference(all_logits: torch.Tensor, batch: int) -> torch.Tensor:
+    """(T, N, C) -> chosen module per sample: consecutive batches of ``batch`` samples share the module with
+    the lowest batch-mean entropy (the official ``get_lowentropy_logits``)."""
+    ent = entropy(all_logits)  # (T, N)
+    choice = torch.empty(ent.shape[1], dtype=torch.long)
+    for start in range(0, ent.shape[1], batch):
+        choice[start : start + batch] = ent[:, start : start + batch].mean(dim=1).argmin()
+    return choice
+
+
+class TOSCA(Strategy):
+    name = "tosca"
+    Config = TOSCAConfig
+    protocols = (PER_SAMPLE, REFERENCE)
+
+    def __init__(self, config: TOSCAConfig, ctx: Context) -> None:
+        super().__init__(config, ctx)
+        d = ctx.backbone.num_features
+        if d % config.ratio:
+            raise ValueError(f"ratio {config.ratio} does not divide the backbone width {d}")
+        self.d = d
+        self.modules_: nn.ModuleList = nn.ModuleList()
+        self.head = CosineHead(d)
+        self._trainable: list[int] = []
+
+    # ------------------------------------------------------------------------------------------ learning
+    def _new_module(self, task_id: int) -> LuCA:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.ctx.seed_for(1000 + task_id))  # module init without touching the global RNG
+            module = LuCA(self.d, self.cfg.ratio, self.cfg.variant)
+            if task_id > 0:
+                module.reset_like_reference()
+        return module.to(self.ctx.device)
+
+    def _grow_head(self, task: Task) -> None:
+        first = self.head.n_classes == 0
+        self.head.grow(task.n_seen)
+        if first:  # the reference's first CosineLinear: uniform(-1/sqrt(d), 1/sqrt(d)) rows
+            bound = 1.0 / math.sqrt(self.d)
+            g = self.ctx.generator(salt=999)
+            with torch.no_grad():
+                self.head.weight.copy_((torch.rand(self.head.weight.shape, generator=g) * 2 - 1) * bound)
+        self.head.to(self.ctx.device)
+
+    def _batches(self, task: Task, epoch: int):
+        """Training batches of (features z, labels) for one epoch."""
+        g = self.ctx.generator(salt=10_000 * task.id + epoch)
+        if self.cfg.train_mode == "cached":
+            z_all, y_all = task.train.features, task.train.labels
+            for idx in minibatches(len(z_all), self.cfg.batch_size, g):
+                yield z_all[idx].to(self.ctx.device), y_all[idx].to(self.ctx.device)
+            return
+        for x, y, _ in task.train.image_loader(self.cfg.batch_size, augment=True, shuffle=True, generator=g):
+            with torch.no_grad(), autocast_ctx(self.ctx.device, self.ctx.autocast):
+                z = self.ctx.backbone(x.to(self.ctx.device))
+            yield z.float(), y.to(self.ctx.device)
+
+    def learn_task(self, task: Task) -> None:
+        cfg = self.cfg
+        module = self._new_module(task.id)
+        self._grow_head(task)
+        params = list(module.parameters()) + list(self.head.parameters())
+        optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        scheduler = cosine_lr(optimizer, cfg.epochs, cfg.eta_min)
+        steps = cfg.epochs * math.ceil(len(task.train) / cfg.batch_size)
+        advance = self.ctx.progress(f"tosca task {task.id + 1} training", steps) if self.ctx.progress else None
+        module.train()
+        for epoch in range(cfg.epochs):
+            for z, y in self._batches(task, epoch):
+                logits = self.head(module(z))
+                loss = F.cross_entropy(logits, y) + cfg.l1 * sum(p.abs().sum() for p in module.parameters())
+                check_finite(loss, f"tosca task {task.id} epoch {epoch}")
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                if advance:
+                    advance(1)
+            scheduler.step()
+        module.eval()
+        for p in module.parameters():
+            p.requires_grad_(False)
+        self.modules_.append(module)
+        self._trainable.append(n_params(module) + n_params(self.head, trainable_only=True))
+        with torch.no_grad():  # prototypes of the task's classes in its own module's space
+            feats = module(task.train.features.to(self.ctx.device)).cpu()
+            self.head.set_rows(task.classes, class_means(feats, task.train.labels, task.classes))
+
+    # ------------------------------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def all_logits(self, split: Split) -> torch.Tensor:
+        """(T, N, C) logits of every module on every image, one batched computation per chunk."""
+        out = []
+        for start in range(0, len(split), self.cfg.eval_batch):
+            z = split.features[start : start + self.cfg.eval_batch].to(self.ctx.device)
+            out.append(self.head(stacked_forward(list(self.modules_), z)).cpu())
+        return torch.cat(out, dim=1)
+
+    def routes(self, all_logits: torch.Tensor, protocol: str) -> torch.Tensor:
+        if protocol == PER_SAMPLE:
+            return route_per_sample(all_logits)
+        if protocol == REFERENCE:
+            return route_reference(all_logits, self.cfg.ref_eval_batch)
+        raise ValueError(f"unknown protocol {protocol!r}")
+
+    @torch.no_grad()
+    def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
+        all_logits = self.all_logits(split)
+        choice = self.routes(all_logits, protocol)
+        return all_logits[choice, torch.arange(all_logits.shape[1])]
+
+    @torch.no_grad()
+    def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
+        """Routing accuracy per task, chosen-module histogram, oracle-routing accuracy, module similarity."""
+        all_logits = self.all_logits(split)
+        T = all_logits.shape[0]
+        y = split.labels.numpy()
+        true = torch.as_tensor(true_task)
+        out: dict[str, Any] = {}
+        for protocol in self.protocols:
+            choice = self.routes(all_logits, protocol)
+            pred = all_logits[choice, torch.arange(len(y))].argmax(1).numpy()
+            c = choice.numpy()
+            out[protocol] = {
+                "routing_acc": float((c == true_task).mean() * 100),
+                "routing_acc_per_task": [float((c[true_task == j] == j).mean() * 100) for j in range(T)],
+                "chosen_hist": np.bincount(c, minlength=T).tolist(),
+                "newest_module_share": float((c == T - 1).mean() * 100),
+                "acc": float((pred == y).mean() * 100),
+            }
+        oracle = all_logits[true, torch.arange(len(y))].argmax(1).numpy()
+        out["oracle_acc"] = float((oracle == y).mean() * 100)
+        out["module_cosine_similarity"] = self.module_similarity()
+        return out
+
+    def module_similarity(self) -> float | None:
+        """Mean pairwise cosine similarity between the modules' flattened parameters (paper: near-orthogonal)."""
+        if len(self.modules_) < 2:
+            return None
+        flat = F.normalize(torch.stack([torch.cat([p.flatten() for p in m.parameters()]) for m in self.modules_]), dim=1)
+        sim = flat @ flat.T
+        T = len(self.modules_)
+        return float((sim.sum() - sim.diagonal().sum()) / (T * (T - 1)))
+
+    @torch.no_grad()
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """Each image through the module it is routed to (per-sample), for t-SNE figures."""
+        z = split.features.to(self.ctx.device)
+        stacked = stacked_forward(list(self.modules_), z)  # (T, N, d)
+        choice = route_per_sample(self.head(stacked))
+        return stacked[choice.to(stacked.device), torch.arange(len(z))].cpu()
+
+    def param_counts(self) -> ParamCounts:
+        per_module = n_params(self.modules_[0]) if len(self.modules_) else 0
+        r = self.d // self.cfg.ratio
+        n_blocks = len(getattr(self.ctx.backbone.model, "blocks", [])) or 12
+        ease_set = n_blocks * (2 * self.d * 64 + 64 + self.d)  # one EASE adapter set (bottleneck 64) on this backbone
+        return ParamCounts(
+            added_per_task=[per_module] * len(self.modules_),
+            trainable_per_task=list(self._trainable),
+            head=self.head.weight.numel() + self.head.sigma.numel(),
+            extra={"module": per_module, "bottleneck": r, "ease_adapter_set": ease_set,
+                   "ease_set_over_module": ease_set / per_module if per_module else None},
+        )
