@@ -7,7 +7,6 @@ Imports of torch, timm and Avalanche happen inside the command functions so that
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -95,12 +94,41 @@ def cmd_weights(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_perf_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("which", choices=["tosca-routing"], help="which benchmark to measure")
+    p.add_argument("--backbone", default="vit_small_patch14_dinov2", help="backbone whose forward pass is the unit")
+    p.add_argument("--img-size", type=int, default=112, help="input size (default: 112, the embedded benchmark's)")
+    p.add_argument("--out", help="write the measurements to this JSON file")
+
+
+def cmd_perf(args: argparse.Namespace) -> int:
+    from clbench.io import atomic_write_json
+    from clbench.perf import tosca_routing
+    from clbench.results import git_revision, library_versions
+
+    result = tosca_routing(backbone=args.backbone, img_size=args.img_size)
+    result.update(git_revision=git_revision(), versions=library_versions(), command=" ".join(sys.argv))
+    if args.out:
+        from pathlib import Path
+
+        atomic_write_json(Path(args.out), result)
+        print(f"wrote {args.out}")
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | None, Callable[[argparse.Namespace], int]]] = {
     "run": ("run one strategy on one benchmark and write its record", _add_run_args, cmd_run),
     "list": ("list registered strategies, benchmarks and backbones", None, cmd_list),
     "weights": ("list backbones, whether their weights are available offline here, and how to get them", None,
                 cmd_weights),
+    "perf": ("measure speed ratios (e.g. TOSCA routing vs backbone cost) and record them", _add_perf_args, cmd_perf),
 }
+
+
+def _all_commands() -> dict:
+    from clbench.report.commands import COMMANDS as REPORT_COMMANDS
+
+    return {**COMMANDS, **REPORT_COMMANDS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"clbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (help_text, add_args, func) in COMMANDS.items():
+    for name, (help_text, add_args, func) in _all_commands().items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if add_args:
             add_args(p)

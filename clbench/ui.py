@@ -45,14 +45,23 @@ def _fmt(x: Any, nd: int = 2) -> str:
 def print_result(record: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     p, t = record["params"], record["time_s"]
-    summary = Table(title=f"{record['strategy']} on {record['bench']} ({record['backbone']}, seed {record['seed']}, "
-                          f"protocol {record['protocol']})")
-    for col in ("final acc %", "avg inc acc %", "forgetting", "added params", "trainable", "backbone params",
-                "features s", "train s", "eval s", "total s"):
-        summary.add_column(col, justify="right")
-    summary.add_row(_fmt(record["last_acc"]), _fmt(record["avg_acc"]), _fmt(record["forgetting"]),
-                    _fmt(p["added_total"]), _fmt(p["trainable"]), _fmt(p["backbone"]), _fmt(t["features"], 1),
-                    _fmt(t["train"], 1), _fmt(t["eval"], 1), _fmt(t["total"], 1))
+    summary = Table(title=f"{record['strategy']} on {record['bench']}: {record['backbone']} "
+                          f"({record['weights_source']}), seed {record['seed']}, protocol {record['protocol']}")
+    summary.add_column("metric")
+    summary.add_column("value", justify="right")
+    rows = [
+        ("final accuracy A_T (%)", _fmt(record["last_acc"])),
+        ("average incremental accuracy (%)", _fmt(record["avg_acc"])),
+        ("forgetting (max - last, points)", _fmt(record["forgetting"])),
+        ("added parameters (total)", _fmt(p["added_total"])),
+        ("trainable parameters (max per task)", _fmt(p["trainable"])),
+        ("backbone parameters (frozen)", _fmt(p["backbone"])),
+        ("wall-clock features / train / eval (s)", f"{t['features']:.1f} / {t['train']:.1f} / {t['eval']:.1f}"),
+        ("wall-clock total (s)", _fmt(t["total"], 1)),
+        ("peak memory (MB)", _fmt(record.get("peak_rss_mb"), 0)),
+    ]
+    for k, v in rows:
+        summary.add_row(k, v)
     console.print(summary)
     if record.get("protocol_gap"):
         g = record["protocol_gap"]

@@ -53,7 +53,7 @@ def _folder_with_files(folder: Path) -> bool:
 
 
 def _download() -> Path:
-    from clbench.offline_weights import cache_dir
+    from clbench.io import cache_dir
 
     target = cache_dir() / "data" / "fashion-mnist"
     try:

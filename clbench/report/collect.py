@@ -1,0 +1,338 @@
+"""Find run folders, load their complete records, and say why the others cannot be used.
+
+A path given by the user is a run folder (it holds ``result.json``), a record file, or a parent folder whose run
+folders lie up to two levels below. Every folder that cannot be used (no record, ``complete: false``, another schema,
+unreadable JSON, missing fields) becomes a :class:`Skipped` entry with the reason; it is never averaged in.
+
+Grouping keys keep apart what must not be averaged together: benchmark and split, backbone (name, input size and
+weights), strategy configuration and evaluation protocol are all part of a row's key; only seeds are averaged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from clbench.errors import ClbenchError
+from clbench.results import RESULT_FILE, load_record
+
+SEARCH_DEPTH = 2  # a parent folder is searched for run folders this many levels down
+DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order; other orders are named in the benchmark label
+RUN_MARKERS = (".lock", "features.npz")  # files the harness writes in a run folder before its first record
+
+# Fields a record must have for every table and figure; a record without one is skipped, naming it.
+REQUIRED_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("strategy",), ("bench",), ("backbone",), ("seed",), ("protocol",), ("task_sizes",), ("acc_curve",),
+    ("accuracy_matrix",), ("last_acc",), ("avg_acc",), ("params", "added_total"), ("params", "trainable"),
+    ("time_s", "features"), ("time_s", "train"), ("time_s", "eval"), ("time_s", "total"),
+)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A path that holds no usable record, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Run:
+    """One complete run record. ``run_id`` is unique within its collection; ``variant`` names the strategy
+    configuration (the strategy name, plus the profile and a config digest when runs of one strategy differ)."""
+
+    path: Path  # the run folder
+    record: dict[str, Any]
+    run_id: str
+    variant: str
+
+    # --------------------------------------------------------------------------------------- record fields
+    @property
+    def strategy(self) -> str:
+        return str(self.record["strategy"])
+
+    @property
+    def seed(self) -> int:
+        return int(self.record["seed"])
+
+    @property
+    def task_sizes(self) -> list[int]:
+        return [int(n) for n in self.record["task_sizes"]]
+
+    @property
+    def protocols(self) -> list[str]:
+        """Evaluation protocols of this run, the main one (``record["protocol"]``) first."""
+        main = str(self.record["protocol"])
+        others = [p for p in self.record.get("protocols", {}) if p != main]
+        return [main, *others]
+
+    def summary(self, protocol: str) -> dict[str, Any]:
+        """Metrics of one protocol: ``accuracy_matrix``, ``acc_curve``, ``last_acc``, ``avg_acc``, ``forgetting``..."""
+        per_protocol = self.record.get("protocols") or {}
+        if protocol in per_protocol:
+            return per_protocol[protocol]
+        if protocol == self.record["protocol"]:
+            return self.record
+        raise KeyError(f"run {self.run_id} has no protocol {protocol!r}")
+
+    @property
+    def classes_seen(self) -> list[int]:
+        """Cumulative number of classes after each task (the x axis of accuracy curves)."""
+        out, n = [], 0
+        for size in self.task_sizes:
+            n += size
+            out.append(n)
+        return out
+
+    # --------------------------------------------------------------------------------------- labels
+    @property
+    def bench_label(self) -> str:
+        return bench_label(self.record)
+
+    @property
+    def backbone_label(self) -> str:
+        img = self.record.get("img_size")
+        return f"{self.record['backbone']} {img}px" if img else str(self.record["backbone"])
+
+    @property
+    def weights_label(self) -> str:
+        """``random init`` for randomly initialised backbones (the init follows the seed, so seeds still average),
+        else the short weights digest: two different pretrained weights are two backbones."""
+        if str(self.record.get("weights_source", "")).startswith("random"):
+            return "random init"
+        return digest_short(self.record.get("weights_digest"))
+
+    @property
+    def git_short(self) -> str:
+        return git_short(self.record.get("git_revision"))
+
+    @property
+    def time_protocols(self) -> str:
+        """The protocols evaluated in the run (its eval time covers all of them)."""
+        return "+".join(self.protocols)
+
+    def has_features(self) -> bool:
+        return (self.path / "features.npz").is_file()
+
+
+class AccKey(NamedTuple):
+    """What may be averaged over seeds for accuracy: everything but the seed."""
+
+    bench: str
+    backbone: str
+    weights: str
+    strategy: str  # the variant label
+    protocol: str
+
+
+class RunKey(NamedTuple):
+    """What may be averaged over seeds for cost (time, memory, parameters): the run's configuration."""
+
+    bench: str
+    backbone: str
+    weights: str
+    strategy: str
+    protocols: str  # "+"-joined: eval time covers every protocol evaluated
+
+
+def acc_key(run: Run, protocol: str) -> AccKey:
+    return AccKey(run.bench_label, run.backbone_label, run.weights_label, run.variant, protocol)
+
+
+def run_key(run: Run) -> RunKey:
+    return RunKey(run.bench_label, run.backbone_label, run.weights_label, run.variant, run.time_protocols)
+
+
+@dataclass
+class Collection:
+    runs: list[Run] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # warnings shown in reports (e.g. changed metric definitions)
+
+    def acc_groups(self) -> dict[AccKey, list[Run]]:
+        """Runs per accuracy row, in display order (benchmark, backbone, strategy, protocol)."""
+        groups: dict[AccKey, list[Run]] = defaultdict(list)
+        for run in self.runs:
+            for p in run.protocols:
+                groups[acc_key(run, p)].append(run)
+        return {k: groups[k] for k in sorted(groups, key=_acc_sort_key)}
+
+    def run_groups(self) -> dict[RunKey, list[Run]]:
+        groups: dict[RunKey, list[Run]] = defaultdict(list)
+        for run in self.runs:
+            groups[run_key(run)].append(run)
+        return {k: groups[k] for k in sorted(groups)}
+
+    def benches(self) -> list[str]:
+        return sorted({r.bench_label for r in self.runs})
+
+    def select(self, bench: str) -> Collection:
+        """The runs on benchmark ``bench`` (its name, or a label such as ``emoji B6 Inc6``)."""
+        runs = [r for r in self.runs if bench in (r.record["bench"], r.bench_label)]
+        return Collection(runs, list(self.skipped), list(self.notes))
+
+
+def _acc_sort_key(key: AccKey) -> tuple:
+    protocol_rank = {"per-sample": 0, "reference": 1}.get(key.protocol, 2)
+    return (key.bench, key.backbone, key.weights, key.strategy, protocol_rank, key.protocol)
+
+
+# ------------------------------------------------------------------------------------------- labels
+def bench_label(record: dict[str, Any]) -> str:
+    """``emoji B6 Inc6``: the benchmark and its split (and class order when it is not the literature's)."""
+    sizes = [int(n) for n in record.get("task_sizes", [])]
+    label = str(record["bench"])
+    if sizes:
+        inc = sizes[1] if len(sizes) > 1 else sizes[0]
+        label += f" B{sizes[0]} Inc{inc}" if sizes[0] != inc else f" B0 Inc{inc}"
+        if len(sizes) > 2 and sizes[-1] != inc:
+            label += f"+{sizes[-1]}"
+    order_seed = record.get("class_order_seed", DEFAULT_CLASS_ORDER_SEED)
+    if order_seed != DEFAULT_CLASS_ORDER_SEED:
+        label += f" order{order_seed}"
+    return label
+
+
+def digest_short(digest: Any) -> str:
+    return str(digest)[:12] if digest else "unknown"
+
+
+def git_short(rev: Any) -> str:
+    rev = str(rev or "unknown")
+    base, _, dirty = rev.partition("+")
+    return base[:12] + (f"+{dirty}" if dirty else "")
+
+
+def config_digest(record: dict[str, Any]) -> str:
+    text = json.dumps(record.get("strategy_config", {}), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:6]
+
+
+# ------------------------------------------------------------------------------------------- loading
+def find_run_dirs(paths: list[str | Path]) -> tuple[list[Path], list[Skipped]]:
+    """Record files (``.../result.json``) under ``paths``, and the run-like folders that have none."""
+    found: list[Path] = []
+    skipped: list[Skipped] = []
+    for given in paths:
+        p = Path(given)
+        if not p.exists():
+            raise ClbenchError(f"{p}: no such file or folder", "give run folders (holding result.json) or their parent")
+        if p.is_file():
+            found.append(p)
+            continue
+        if (p / RESULT_FILE).exists():
+            found.append(p / RESULT_FILE)
+            continue
+        below = _search(p, SEARCH_DEPTH)
+        if not below[0] and not below[1]:
+            skipped.append(Skipped(str(p), f"no {RESULT_FILE} here or up to {SEARCH_DEPTH} levels below"))
+        found.extend(below[0])
+        skipped.extend(below[1])
+    return found, skipped
+
+
+def _search(folder: Path, depth: int) -> tuple[list[Path], list[Skipped]]:
+    found: list[Path] = []
+    skipped: list[Skipped] = []
+    try:
+        children = sorted(c for c in folder.iterdir() if c.is_dir() and not c.name.startswith("."))
+    except OSError as e:
+        return [], [Skipped(str(folder), f"cannot list the folder ({e.strerror or e})")]
+    for child in children:
+        if (child / RESULT_FILE).exists():
+            found.append(child / RESULT_FILE)
+        elif any((child / m).exists() for m in RUN_MARKERS):
+            skipped.append(Skipped(str(child), f"no {RESULT_FILE} (the run stopped before its first task ended)"))
+        elif depth > 1:
+            sub = _search(child, depth - 1)
+            found.extend(sub[0])
+            skipped.extend(sub[1])
+    return found, skipped
+
+
+def _missing_fields(data: dict[str, Any]) -> list[str]:
+    missing = []
+    for path in REQUIRED_FIELDS:
+        node: Any = data
+        for part in path:
+            if not isinstance(node, dict) or part not in node:
+                missing.append(".".join(path))
+                break
+            node = node[part]
+    return missing
+
+
+def _load(path: Path) -> dict[str, Any] | str:
+    """The record at ``path``, or the reason it cannot be used."""
+    try:
+        data = load_record(path).data
+    except ClbenchError as e:
+        reason = str(e)
+        return reason.split(": ", 1)[1] if reason.startswith(str(path)) else reason
+    except (OSError, ValueError, AttributeError, TypeError) as e:  # binary garbage, a JSON list, ...
+        return f"not a readable JSON record ({type(e).__name__}: {e})"
+    missing = _missing_fields(data)
+    if missing:
+        return f"record lacks {', '.join(missing)}"
+    if len(data["acc_curve"]) != len(data["task_sizes"]):
+        return f"accuracy curve has {len(data['acc_curve'])} points for {len(data['task_sizes'])} tasks"
+    return data
+
+
+def collect(paths: list[str | Path]) -> Collection:
+    """Load every record under ``paths``. Raises ClbenchError only for paths that do not exist."""
+    from clbench import metrics
+
+    files, skipped = find_run_dirs(paths)
+    loaded: list[tuple[Path, dict[str, Any]]] = []
+    seen: set[Path] = set()
+    for f in files:
+        key = f.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        data = _load(f)
+        if isinstance(data, str):
+            skipped.append(Skipped(str(f.parent if f.name == RESULT_FILE else f), data))
+        else:
+            loaded.append((f.parent, data))
+
+    ids = Counter(str(d.get("run_id") or folder.name) for folder, d in loaded)
+    variants = _variant_labels([d for _, d in loaded])
+    runs: list[Run] = []
+    taken: set[str] = set()
+    for folder, data in loaded:
+        rid = str(data.get("run_id") or folder.name)
+        if ids[rid] > 1:  # two folders with one name: add the parent folder's name
+            rid = f"{folder.parent.name}/{rid}"
+        base, i = rid, 2
+        while rid in taken:
+            rid, i = f"{base}#{i}", i + 1
+        taken.add(rid)
+        runs.append(Run(folder, data, rid, variants[id(data)]))
+    runs.sort(key=lambda r: (r.bench_label, r.backbone_label, r.variant, r.seed, r.run_id))
+
+    notes = []
+    changed = [r.run_id for r in runs if r.record.get("metric_definitions") not in (None, metrics.DEFINITIONS)]
+    if changed:
+        notes.append("metric definitions in these records differ from this clbench's: " + ", ".join(changed))
+    return Collection(runs, sorted(skipped, key=lambda s: s.path), notes)
+
+
+def _variant_labels(records: list[dict[str, Any]]) -> dict[int, str]:
+    """``tosca``; ``tosca:quick`` for a profile; ``tosca[1a2b3c]`` when runs of one strategy and profile have
+    different settings, so that different configurations are never averaged together."""
+    digests: dict[tuple[str, Any], set[str]] = defaultdict(set)
+    for d in records:
+        digests[(d["strategy"], d.get("profile"))].add(config_digest(d))
+    out = {}
+    for d in records:
+        label = str(d["strategy"]) + (f":{d['profile']}" if d.get("profile") else "")
+        if len(digests[(d["strategy"], d.get("profile"))]) > 1:
+            label += f"[{config_digest(d)}]"
+        out[id(d)] = label
+    return out

@@ -1,0 +1,475 @@
+"""Report figures (matplotlib + seaborn), each saved as PNG and SVG with a caption naming its runs.
+
+No pyplot: figures are plain :class:`matplotlib.figure.Figure` objects, so making a report changes no global
+backend or style of the calling process. Colours follow the strategy across every figure; line style follows
+the protocol (per-sample solid, reference dashed); marker follows the backbone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from clbench.report.collect import AccKey, Collection, Run
+from clbench.report.tables import last_diagnostics, routing_protocols
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+FIG_DIR = "figures"
+FORMATS = ("png", "svg")
+PNG_DPI = 110
+TSNE_MAX_POINTS = 1500  # t-SNE cost grows with n log n; 1500 points keep a report under a minute on a CPU
+TSNE_SEED = 0  # fixed random_state and subsample seed: the same records give the same picture
+PROTOCOL_STYLE = {"per-sample": "-", "reference": "--"}
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+PHASE_COLORS = {"features": "#8da0cb", "train": "#fc8d62", "eval": "#66c2a5", "other": "#cccccc"}
+RC = {  # a quiet paper style; set per figure through rc_context, never globally
+    "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
+    "font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "svg.hashsalt": "clbench-report",
+    "svg.fonttype": "none",
+}
+
+
+@dataclass
+class FigureOut:
+    """A saved figure: files relative to the report folder, its caption and the runs it shows."""
+
+    name: str
+    title: str
+    caption: str
+    runs: list[str]
+    files: dict[str, str] = field(default_factory=dict)  # format -> path relative to the report folder
+
+
+# ------------------------------------------------------------------------------------------- helpers
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-").lower() or "x"
+
+
+def provenance(runs: Sequence[Run]) -> str:
+    """``Runs: a, b. Git: 1234abcd. Backbone weights: 4d4897b0fc05.``: what a figure or number came from."""
+    ids = ", ".join(r.run_id for r in runs)
+    revs = ", ".join(sorted({r.git_short for r in runs}))
+    digests = ", ".join(sorted({str(r.record.get("weights_digest") or "unknown")[:12] for r in runs}))
+    return f"Runs: {ids}. Git: {revs}. Backbone weights: {digests}."
+
+
+def _unique_runs(groups: Sequence[Sequence[Run]]) -> list[Run]:
+    seen: dict[str, Run] = {}
+    for runs in groups:
+        for r in runs:
+            seen.setdefault(r.run_id, r)
+    return list(seen.values())
+
+
+def strategy_colors(coll: Collection) -> dict[str, Any]:
+    import seaborn as sns
+
+    variants = sorted({r.variant for r in coll.runs})
+    palette = sns.color_palette("colorblind", max(len(variants), 1))
+    return {v: palette[i % len(palette)] for i, v in enumerate(variants)}
+
+
+def _new_figure(ncols: int, nrows: int, w: float, h: float) -> tuple[Figure, list[Axes]]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, list(axes.flat)
+
+
+def _save(fig: Figure, out_dir: Path, name: str, title: str, caption: str, runs: Sequence[Run]) -> FigureOut:
+    (out_dir / FIG_DIR).mkdir(parents=True, exist_ok=True)
+    files = {}
+    for fmt in FORMATS:
+        rel = f"{FIG_DIR}/{name}.{fmt}"
+        meta = {"Title": title, "Description": caption}
+        if fmt == "svg":
+            meta["Date"] = None  # reproducible SVG
+        fig.savefig(out_dir / rel, format=fmt, dpi=PNG_DPI, metadata=meta)
+        files[fmt] = rel
+    return FigureOut(name, title, caption, [r.run_id for r in runs], files)
+
+
+def _panel_grid(n: int, max_cols: int = 3) -> tuple[int, int]:
+    ncols = max(1, min(max_cols, n))
+    return ncols, math.ceil(n / ncols)
+
+
+def _hide_unused(axes: list[Axes], used: int) -> None:
+    for ax in axes[used:]:
+        ax.set_visible(False)
+
+
+def _mean_std_curves(curves: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
+    n = min(len(c) for c in curves)
+    arr = np.array([[np.nan if v is None else v for v in c[:n]] for c in curves], dtype=float)  # (runs, T)
+    mean = _nanmean(arr)
+    count = np.sum(~np.isnan(arr), axis=0)
+    sq = np.nansum((arr - mean) ** 2, axis=0)
+    std = np.where(count > 1, np.sqrt(sq / np.maximum(count - 1, 1)), 0.0)  # sample std; 0 for a single run
+    return mean, std
+
+
+def _legend_below(ax: Axes) -> None:
+    """Legend under the panel: labels name strategy, protocol and backbone and may be long."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False, ncol=1)
+
+
+def _line_label(key: AccKey, n: int, several_backbones: bool) -> str:
+    label = f"{key.strategy}, {key.protocol}"
+    if several_backbones:
+        label += f", {key.backbone} ({key.weights})"
+    return f"{label} (n={n})"
+
+
+# ------------------------------------------------------------------------------------------- figures
+def accuracy_curves(coll: Collection, out_dir: Path, name: str = "accuracy_curves",
+                    title: str = "Accuracy after each task") -> FigureOut | None:
+    """A_t against the number of classes seen: one panel per benchmark, one line per strategy (x backbone x
+    protocol), the mean over seeds with a band of one standard deviation."""
+    import matplotlib
+
+    groups = coll.acc_groups()
+    benches = coll.benches()
+    if not benches:
+        return None
+    colors = strategy_colors(coll)
+    with matplotlib.rc_context(RC):
+        ncols, nrows = _panel_grid(len(benches))
+        fig, axes = _new_figure(ncols, nrows, 6.0 if ncols == 1 else 5.0, 4.6)
+        for ax, bench in zip(axes, benches):
+            keys = [k for k in groups if k.bench == bench]
+            backbones = sorted({(k.backbone, k.weights) for k in keys})
+            for key in keys:
+                runs = groups[key]
+                mean, std = _mean_std_curves([r.summary(key.protocol)["acc_curve"] for r in runs])
+                x = np.array(runs[0].classes_seen[: len(mean)])
+                marker = MARKERS[backbones.index((key.backbone, key.weights)) % len(MARKERS)]
+                ax.plot(x, mean, PROTOCOL_STYLE.get(key.protocol, ":"), marker=marker, ms=3.5, lw=1.6,
+                        color=colors[key.strategy], label=_line_label(key, len(runs), len(backbones) > 1))
+                if len(runs) > 1:
+                    ax.fill_between(x, mean - std, mean + std, color=colors[key.strategy], alpha=0.15, lw=0)
+            ax.set_title(bench)
+            ax.set_xlabel("number of classes seen")
+            ax.set_ylabel("accuracy A_t (%)")
+            _legend_below(ax)
+        _hide_unused(axes, len(benches))
+        runs = _unique_runs(list(groups.values()))
+        caption = (f"{title}: A_t (%) after each task against the number of classes seen; lines are means over "
+                   f"seeds, bands ± one standard deviation; solid = per-sample protocol, dashed = reference. "
+                   + provenance(runs))
+        return _save(fig, out_dir, name, title, caption, runs)
+
+
+def accuracy_matrices(coll: Collection, out_dir: Path) -> list[FigureOut]:
+    """Heatmaps of R[t][j] (mean over seeds) per strategy: one figure per benchmark, one panel per row key."""
+    import matplotlib
+    import seaborn as sns
+
+    groups = coll.acc_groups()
+    out = []
+    for bench in coll.benches():
+        keys = [k for k in groups if k.bench == bench]
+        several_backbones = len({(k.backbone, k.weights) for k in keys}) > 1
+        with matplotlib.rc_context({**RC, "axes.grid": False}):
+            ncols, nrows = _panel_grid(len(keys))
+            fig, axes = _new_figure(ncols, nrows, 4.2, 3.6)
+            for ax, key in zip(axes, keys):
+                mats = [_square(r.summary(key.protocol)["accuracy_matrix"]) for r in groups[key]]
+                n = min(m.shape[0] for m in mats)
+                mean = _nanmean(np.stack([m[:n, :n] for m in mats]))  # (T, T), NaN above the diagonal
+                labels = [str(i + 1) for i in range(n)]
+                sns.heatmap(mean, mask=np.isnan(mean), vmin=0, vmax=100, cmap="viridis", annot=n <= 10,
+                            fmt=".0f", annot_kws={"fontsize": 7}, square=True, ax=ax, xticklabels=labels,
+                            yticklabels=labels, cbar_kws={"label": "accuracy (%)", "shrink": 0.8})
+                ax.set_xlabel("task j (test classes)")
+                ax.set_ylabel("after learning task t")
+                t = f"{key.strategy}, {key.protocol} (n={len(groups[key])})"
+                ax.set_title(t + (f"\n{key.backbone} ({key.weights})" if several_backbones else ""))
+            _hide_unused(axes, len(keys))
+            runs = _unique_runs([groups[k] for k in keys])
+            title = f"Accuracy matrices, {bench}"
+            caption = (f"{title}: R[t][j] (%), accuracy on task j's classes after learning task t, mean over seeds. "
+                       + provenance(runs))
+            out.append(_save(fig, out_dir, f"accuracy_matrix_{slug(bench)}", title, caption, runs))
+    return out
+
+
+def _nanmean(stack: np.ndarray) -> np.ndarray:
+    """Mean over axis 0 ignoring NaN; NaN (without a warning) where every value is NaN."""
+    count = np.sum(~np.isnan(stack), axis=0)
+    total = np.nansum(stack, axis=0)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def _count_label(x: float, _pos: Any = None) -> str:
+    """1, 10, 100, 1k, 10k, 1M: parameter counts on a log axis."""
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:g}{suffix}"
+    return f"{x:g}"
+
+
+def _square(matrix: Sequence[Sequence[float]]) -> np.ndarray:
+    n = len(matrix)
+    out = np.full((n, n), np.nan)
+    for t, row in enumerate(matrix):
+        out[t, : len(row)] = [np.nan if v is None else v for v in row]
+    return out
+
+
+def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
+    """Final accuracy (mean ± std over seeds) against parameters added to the frozen backbone (log scale)."""
+    import matplotlib
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    groups = coll.acc_groups()
+    benches = coll.benches()
+    if not benches:
+        return None
+    colors = strategy_colors(coll)
+    with matplotlib.rc_context(RC):
+        ncols, nrows = _panel_grid(len(benches))
+        fig, axes = _new_figure(ncols, nrows, 6.0 if ncols == 1 else 5.0, 4.6)
+        for ax, bench in zip(axes, benches):
+            keys = [k for k in groups if k.bench == bench]
+            backbones = sorted({(k.backbone, k.weights) for k in keys})
+            xs = []
+            for key in keys:
+                runs = groups[key]
+                acc = [r.summary(key.protocol)["last_acc"] for r in runs]
+                added = float(np.mean([r.record["params"]["added_total"] for r in runs]))
+                x = max(added, 1.0)  # log axis: a method that adds nothing sits at 1
+                xs.append(x)
+                std = float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0
+                marker = MARKERS[backbones.index((key.backbone, key.weights)) % len(MARKERS)]
+                ax.errorbar([x], [float(np.mean(acc))], yerr=[std], fmt=marker, ms=6, capsize=3,
+                            color=colors[key.strategy], mfc="white" if key.protocol != "per-sample" else None,
+                            label=_line_label(key, len(runs), len(backbones) > 1))
+                ax.annotate(key.strategy + ("" if added > 0 else " (adds 0)"), (x, float(np.mean(acc))),
+                            textcoords="offset points", xytext=(5, 4), fontsize=7)
+            ax.set_xscale("log")
+            ax.set_xlim(min(xs) / 2.5, max(xs) * 4)  # at least a decade, room for the point labels
+            ax.xaxis.set_major_formatter(FuncFormatter(_count_label))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_title(bench)
+            ax.set_xlabel("parameters added to the frozen backbone (log)")
+            ax.set_ylabel("final accuracy A_T (%)")
+            _legend_below(ax)
+        _hide_unused(axes, len(benches))
+        runs = _unique_runs(list(groups.values()))
+        title = "Final accuracy against added parameters"
+        caption = (f"{title}: mean ± std over seeds; filled markers = per-sample protocol, open = other protocols. "
+                   + provenance(runs))
+        return _save(fig, out_dir, "accuracy_vs_params", title, caption, runs)
+
+
+def _phase_seconds(t: dict[str, float], phase: str) -> float:
+    if phase == "other":  # loading the backbone and data, building the strategy: total minus the timed phases
+        return max(0.0, t["total"] - t["features"] - t["train"] - t["eval"])
+    return float(t[phase])
+
+
+def wall_clock(coll: Collection, out_dir: Path) -> FigureOut | None:
+    """Seconds per run (mean over seeds) split into frozen-feature extraction, training and evaluation."""
+    import matplotlib
+
+    groups = coll.run_groups()
+    if not groups:
+        return None
+    keys = list(groups)[::-1]  # barh draws bottom-up; keep table order top-down
+    with matplotlib.rc_context({**RC, "axes.grid": False}):
+        fig, (ax,) = _new_figure(1, 1, 9.0, 1.2 + 0.42 * len(keys))
+        labels = []
+        for i, key in enumerate(keys):
+            runs = groups[key]
+            left = 0.0
+            for phase, color in PHASE_COLORS.items():
+                sec = float(np.mean([_phase_seconds(r.record["time_s"], phase) for r in runs]))
+                ax.barh(i, sec, left=left, color=color, label=phase if i == 0 else None, height=0.65)
+                left += sec
+            ax.text(left, i, f" {left:,.1f} s", va="center", fontsize=7)
+            labels.append(f"{key.bench} | {key.strategy} | {key.backbone} | {key.protocols} (n={len(runs)})")
+        ax.set_yticks(range(len(keys)), labels)
+        ax.set_xlabel("wall-clock seconds per run (mean over seeds)")
+        ax.margins(x=0.15)
+        ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, frameon=False)
+        runs = _unique_runs(list(groups.values()))
+        title = "Wall-clock time per run"
+        caption = (f"{title}: features = frozen-feature extraction (near 0 on a feature-cache hit), train, eval "
+                   f"(every protocol the run evaluated), other = the rest of the run's total (loading backbone and "
+                   f"data). " + provenance(runs))
+        return _save(fig, out_dir, "wall_clock", title, caption, runs)
+
+
+def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
+    """For strategies that route between per-task modules: routing accuracy per task after the last task, and
+    accuracy with the chosen modules against accuracy with each image's own task's module (oracle)."""
+    import matplotlib
+
+    groups = {k: [r for r in runs if routing_protocols(r)] for k, runs in coll.run_groups().items()}
+    groups = {k: runs for k, runs in groups.items() if runs}
+    if not groups:
+        return None
+    with matplotlib.rc_context(RC):
+        fig, axes = _new_figure(2, len(groups), 5.0, 3.4)
+        for row, (key, runs) in enumerate(groups.items()):
+            ax_bar, ax_curve = axes[2 * row], axes[2 * row + 1]
+            protocols = routing_protocols(runs[0])
+            width = 0.8 / len(protocols)
+            for i, p in enumerate(protocols):
+                per_task = np.array([last_diagnostics(r)[p]["routing_acc_per_task"] for r in runs], dtype=float)
+                x = np.arange(per_task.shape[1])
+                err = per_task.std(axis=0, ddof=1) if len(runs) > 1 else None
+                ax_bar.bar(x + (i - (len(protocols) - 1) / 2) * width, per_task.mean(axis=0), width, yerr=err,
+                           capsize=2, label=p, color=f"C{i}")
+                diag_curves = [[(t.get("diagnostics") or {}).get(p, {}).get("acc") for t in r.record["per_task"]]
+                               for r in runs]
+                mean, std = _mean_std_curves(diag_curves)
+                xs = np.array(runs[0].classes_seen[: len(mean)])
+                ax_curve.plot(xs, mean, PROTOCOL_STYLE.get(p, ":"), marker="o", ms=3, color=f"C{i}",
+                              label=f"routed, {p}")
+                if len(runs) > 1:
+                    ax_curve.fill_between(xs, mean - std, mean + std, color=f"C{i}", alpha=0.15, lw=0)
+            ax_bar.set_xticks(x, [str(j + 1) for j in x])
+            ax_bar.set_ylim(0, 105)
+            ax_bar.set_xlabel("task j (test images of task j)")
+            ax_bar.set_ylabel("routed to module j (%)")
+            ax_bar.set_title(f"{key.strategy} on {key.bench}: routing after the last task (n={len(runs)})")
+            ax_bar.legend(frameon=False)
+            oracle = [[(t.get("diagnostics") or {}).get("oracle_acc") for t in r.record["per_task"]] for r in runs]
+            mean, std = _mean_std_curves(oracle)
+            xs = np.array(runs[0].classes_seen[: len(mean)])
+            ax_curve.plot(xs, mean, ":", marker="s", ms=3, color="black", label="oracle (own task's module)")
+            ax_curve.set_xlabel("number of classes seen")
+            ax_curve.set_ylabel("accuracy (%)")
+            ax_curve.set_title(f"routed vs oracle accuracy, {key.backbone}")
+            ax_curve.legend(frameon=False)
+        runs = _unique_runs(list(groups.values()))
+        title = "Routing between per-task modules"
+        caption = (f"{title}: left, share of each task's test images routed to that task's module after the last "
+                   f"task (mean ± std over seeds); right, accuracy with the routed modules and with each image's own "
+                   f"task's module (oracle) after each task. " + provenance(runs))
+        return _save(fig, out_dir, "routing", title, caption, runs)
+
+
+# ------------------------------------------------------------------------------------------- t-SNE
+def load_features(run: Run) -> dict[str, np.ndarray]:
+    """``features.npz`` beside the record: ``frozen`` (N, d), ``labels`` (N,), ``tasks`` (N,), maybe ``adapted``."""
+    with np.load(run.path / "features.npz", allow_pickle=False) as z:
+        data = {k: z[k] for k in z.files}
+    missing = {"frozen", "labels", "tasks"} - set(data)
+    if missing:
+        raise ValueError(f"features.npz lacks {', '.join(sorted(missing))}")
+    return data
+
+
+def subsample(n: int, max_points: int = TSNE_MAX_POINTS, seed: int = TSNE_SEED) -> np.ndarray:
+    """Sorted indices of at most ``max_points`` of ``n`` points, the same for the same ``n``."""
+    if n <= max_points:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, max_points, replace=False))
+
+
+def tsne_embed(x: np.ndarray, seed: int = TSNE_SEED) -> np.ndarray:
+    """(N, d) -> (N, 2): scikit-learn t-SNE of the L2-normalised features (cosine geometry, as the heads see it)."""
+    from sklearn.manifold import TSNE
+    from threadpoolctl import threadpool_limits
+
+    x = x.astype(np.float32)
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    perplexity = float(min(30.0, max(2.0, (len(x) - 1) / 3)))
+    tsne = TSNE(n_components=2, init="pca", random_state=seed, perplexity=perplexity, learning_rate="auto")
+    # One OpenMP thread: on a shared machine, spinning OpenMP threads made a 1000-point t-SNE 7x slower
+    # (49 s against 6.6 s on 2 busy cores); at <= 1500 points one thread is fast enough anywhere.
+    with threadpool_limits(limits=1, user_api="openmp"):
+        return tsne.fit_transform(x)
+
+
+def tsne(coll: Collection, out_dir: Path, max_points: int = TSNE_MAX_POINTS) -> tuple[list[FigureOut], list[str]]:
+    """t-SNE of test features, frozen and (when the method has them) adapted, coloured by class and by task:
+    one figure per run configuration, from its first seed that saved ``features.npz``. Returns figures and notes
+    (why a configuration has none)."""
+    import matplotlib
+
+    figures: list[FigureOut] = []
+    notes: list[str] = []
+    cache: dict[str, np.ndarray] = {}  # identical frozen features (one backbone, many strategies) embed once
+    for key, runs in coll.run_groups().items():
+        run = next((r for r in sorted(runs, key=lambda r: r.seed) if r.has_features()), None)
+        if run is None:
+            notes.append(f"no t-SNE for {key.strategy} on {key.bench} ({key.backbone}): no features.npz beside "
+                         f"the records of {', '.join(r.run_id for r in runs)}")
+            continue
+        try:
+            data = load_features(run)
+        except (OSError, ValueError, KeyError) as e:
+            notes.append(f"no t-SNE for run {run.run_id}: features.npz is unreadable ({e})")
+            continue
+        idx = subsample(len(data["labels"]), max_points)
+        labels, tasks = data["labels"][idx], data["tasks"][idx]
+        kinds = [k for k in ("frozen", "adapted") if k in data]
+        emb = {}
+        for kind in kinds:
+            x = np.asarray(data[kind][idx], dtype=np.float32)
+            h = hashlib.sha256(x.tobytes()).hexdigest()
+            if h not in cache:
+                cache[h] = tsne_embed(x)
+            emb[kind] = cache[h]
+        with matplotlib.rc_context({**RC, "axes.grid": False}):
+            fig, axes = _new_figure(2, len(kinds), 4.2, 3.8)
+            for row, kind in enumerate(kinds):
+                e = emb[kind]
+                ax_c, ax_t = axes[2 * row], axes[2 * row + 1]
+                ax_c.scatter(e[:, 0], e[:, 1], c=labels, cmap="turbo", s=5, linewidths=0)
+                ax_c.set_title(f"{kind} features, coloured by class ({len(np.unique(labels))} classes)")
+                n_tasks = int(tasks.max()) + 1
+                cmap = matplotlib.colormaps["tab10" if n_tasks <= 10 else "tab20"]
+                for t in range(n_tasks):
+                    m = tasks == t
+                    ax_t.scatter(e[m, 0], e[m, 1], color=cmap(t % cmap.N), s=5, linewidths=0, label=f"task {t + 1}")
+                ax_t.set_title(f"{kind} features, coloured by task")
+                ax_t.legend(frameon=False, markerscale=2.5, fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
+                for ax in (ax_c, ax_t):
+                    ax.set_xticks([])
+                    ax.set_yticks([])
+                    ax.spines[:].set_visible(False)
+            title = f"t-SNE of test features, {key.strategy} on {key.bench}"
+            fig.suptitle(f"{title} (run {run.run_id}, {key.backbone})")
+            caption = (f"{title} ({key.backbone}, {key.weights}; run {run.run_id}, seed {run.seed}): "
+                       f"{len(idx)} of {len(data['labels'])} test images, L2-normalised features, scikit-learn "
+                       f"t-SNE (init pca, random_state {TSNE_SEED})"
+                       + ("; adapted = each image through the module it is routed to" if "adapted" in kinds else "")
+                       + ". " + provenance([run]))
+            figures.append(_save(fig, out_dir, f"tsne_{slug(run.run_id)}", title, caption, [run]))
+    return figures, notes
+
+
+# ------------------------------------------------------------------------------------------- all
+def make_figures(coll: Collection, out_dir: Path, with_tsne: bool = True,
+                 tsne_points: int = TSNE_MAX_POINTS) -> tuple[list[FigureOut], list[str]]:
+    """Every figure of a report, saved under ``out_dir/figures``; returns them and notes on what is absent."""
+    figs: list[FigureOut] = []
+    notes: list[str] = []
+    for make in (accuracy_curves, accuracy_vs_params, wall_clock, routing):
+        f = make(coll, out_dir)
+        if f is not None:
+            figs.append(f)
+    figs[1:1] = accuracy_matrices(coll, out_dir)
+    if with_tsne:
+        t_figs, t_notes = tsne(coll, out_dir, tsne_points)
+        figs += t_figs
+        notes += t_notes
+    else:
+        notes.append("t-SNE figures were not made (--no-tsne)")
+    return figs, notes

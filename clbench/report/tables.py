@@ -1,0 +1,331 @@
+"""Report tables (pandas) and their Markdown / HTML rendering.
+
+Each table is a :class:`Section`: a title, a DataFrame of display strings, and the notes printed under it. The same
+sections make ``README.md``, ``index.html`` and the golden file of the tests, so the three never disagree.
+
+Rows: one per benchmark (with split) x backbone (name, input size, weights) x strategy configuration x protocol.
+Only seeds are averaged (mean ± sample standard deviation, n shown); every row names the runs it came from.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from clbench.report.collect import Collection, Run, digest_short
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# What each evaluation protocol means; printed under tables that show the protocol column.
+PROTOCOL_NOTES: dict[str, str] = {
+    "per-sample": "per-sample: every test image is predicted on its own (the sound default)",
+    "reference": ("reference: the reference implementation's batch behaviour (class-by-class test batches, one "
+                  "routing decision per batch), reported to show the gap"),
+}
+FORGETTING_NOTE = "forgetting column: Chaudhry / PILOT definition (max earlier R[t][j] minus final R[T][j])"
+COST_NOTE = ("added params: parameters stored on top of the frozen backbone after the last task (modules, prompts, "
+             "head); trainable: the most trained at once in one task. Times are seconds per run (mean over seeds): "
+             "features = frozen-feature extraction (near 0 when the on-disk feature cache hit), train, eval (covers "
+             "every protocol the run evaluated); peak RSS = the largest over the runs")
+
+
+@dataclass
+class Section:
+    """One titled table with notes; ``definitions`` are (term, meaning) pairs printed as a list."""
+
+    title: str
+    anchor: str
+    table: pd.DataFrame | None
+    intro: str = ""
+    notes: list[str] = field(default_factory=list)
+    definitions: list[tuple[str, str]] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------- number formats
+def _finite(values: Iterable[Any]) -> list[float]:
+    out = []
+    for v in values:
+        if v is None:
+            continue
+        v = float(v)
+        if not math.isnan(v):
+            out.append(v)
+    return out
+
+
+def mean_std(values: Iterable[Any]) -> tuple[float, float, int]:
+    """Mean, sample standard deviation (NaN for n < 2) and n of the finite values."""
+    vals = _finite(values)
+    n = len(vals)
+    if n == 0:
+        return math.nan, math.nan, 0
+    mean = sum(vals) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else math.nan
+    return mean, std, n
+
+
+def fmt_mean_std(values: Iterable[Any], nd: int = 2) -> str:
+    mean, std, n = mean_std(values)
+    if n == 0:
+        return "-"
+    return f"{mean:.{nd}f}" if n == 1 else f"{mean:.{nd}f} ± {std:.{nd}f}"
+
+
+def fmt_signed_mean_std(values: Iterable[Any], nd: int = 2) -> str:
+    mean, std, n = mean_std(values)
+    if n == 0:
+        return "-"
+    return f"{mean:+.{nd}f}" if n == 1 else f"{mean:+.{nd}f} ± {std:.{nd}f}"
+
+
+def fmt_int_range(values: Iterable[Any]) -> str:
+    vals = sorted({int(v) for v in values if v is not None})
+    if not vals:
+        return "-"
+    return f"{vals[0]:,}" if len(vals) == 1 else f"{vals[0]:,}–{vals[-1]:,}"
+
+
+def fmt_float(value: float, nd: int = 1) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:,.{nd}f}"
+
+
+def seeds_cell(runs: Sequence[Run]) -> str:
+    return f"{len(runs)} ({', '.join(str(s) for s in sorted(r.seed for r in runs))})"
+
+
+def run_ids(runs: Sequence[Run]) -> str:
+    return ", ".join(r.run_id for r in runs)
+
+
+# ------------------------------------------------------------------------------------------- tables
+def summary_frame(coll: Collection) -> pd.DataFrame:
+    """Numbers per row (means, standard deviations, n): the machine-readable summary."""
+    import pandas as pd
+
+    rows = []
+    for key, runs in coll.acc_groups().items():
+        s = [r.summary(key.protocol) for r in runs]
+        row: dict[str, Any] = dict(key._asdict())
+        for metric in ("last_acc", "avg_acc", "forgetting"):
+            mean, std, _ = mean_std(x.get(metric) for x in s)
+            row[f"{metric}_mean"], row[f"{metric}_std"] = mean, std
+        row["n"] = len(runs)
+        row["seeds"] = sorted(r.seed for r in runs)
+        row["added_params"] = sorted({int(r.record["params"]["added_total"]) for r in runs})
+        row["trainable_params"] = sorted({int(r.record["params"]["trainable"]) for r in runs})
+        for phase in ("features", "train", "eval", "total"):
+            row[f"time_{phase}_s"] = mean_std(r.record["time_s"][phase] for r in runs)[0]
+        rss = _finite(r.record.get("peak_rss_mb") for r in runs)
+        row["peak_rss_mb"] = max(rss) if rss else math.nan
+        row["runs"] = [r.run_id for r in runs]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summary_table(coll: Collection) -> pd.DataFrame:
+    import pandas as pd
+
+    rows = []
+    for key, runs in coll.acc_groups().items():
+        s = [r.summary(key.protocol) for r in runs]
+        rss = _finite(r.record.get("peak_rss_mb") for r in runs)
+        rows.append({
+            "benchmark": key.bench,
+            "strategy": key.strategy,
+            "backbone": key.backbone,
+            "weights": key.weights,
+            "protocol": key.protocol,
+            "n (seeds)": seeds_cell(runs),
+            "final acc %": fmt_mean_std(x["last_acc"] for x in s),
+            "avg inc acc %": fmt_mean_std(x["avg_acc"] for x in s),
+            "forgetting": fmt_mean_std(x.get("forgetting") for x in s),
+            "added params": fmt_int_range(r.record["params"]["added_total"] for r in runs),
+            "trainable params": fmt_int_range(r.record["params"]["trainable"] for r in runs),
+            "features s": fmt_float(mean_std(r.record["time_s"]["features"] for r in runs)[0]),
+            "train s": fmt_float(mean_std(r.record["time_s"]["train"] for r in runs)[0]),
+            "eval s": fmt_float(mean_std(r.record["time_s"]["eval"] for r in runs)[0]),
+            "peak RSS MB": fmt_float(max(rss) if rss else math.nan, 0),
+            "runs": run_ids(runs),
+        })
+    return pd.DataFrame(rows)
+
+
+def gap_table(coll: Collection) -> pd.DataFrame:
+    """Reference minus per-sample protocol, for runs that evaluated both (records with ``protocol_gap``)."""
+    import pandas as pd
+
+    rows = []
+    for key, runs in coll.run_groups().items():
+        with_gap = [r for r in runs if isinstance(r.record.get("protocol_gap"), dict)]
+        if not with_gap:
+            continue
+        gaps = [r.record["protocol_gap"] for r in with_gap]
+        rows.append({
+            "benchmark": key.bench,
+            "strategy": key.strategy,
+            "backbone": key.backbone,
+            "weights": key.weights,
+            "n (seeds)": seeds_cell(with_gap),
+            "final acc gap (points)": fmt_signed_mean_std(g.get("last_acc") for g in gaps),
+            "avg inc acc gap (points)": fmt_signed_mean_std(g.get("avg_acc") for g in gaps),
+            "runs": run_ids(with_gap),
+        })
+    return pd.DataFrame(rows)
+
+
+def last_diagnostics(run: Run) -> dict[str, Any]:
+    per_task = run.record.get("per_task") or []
+    diag = per_task[-1].get("diagnostics") if per_task else None
+    return diag if isinstance(diag, dict) else {}
+
+
+def routing_protocols(run: Run) -> list[str]:
+    """Protocols whose diagnostics report routing (a strategy that routes between per-task modules)."""
+    diag = last_diagnostics(run)
+    return [p for p in run.protocols if isinstance(diag.get(p), dict) and "routing_acc" in diag[p]]
+
+
+def routing_table(coll: Collection) -> pd.DataFrame:
+    """After the last task: how often the chosen module is the image's own task's, and the accuracy with the
+    chosen module versus with the true task's module (oracle routing)."""
+    import pandas as pd
+
+    rows = []
+    for key, runs in coll.acc_groups().items():
+        runs = [r for r in runs if key.protocol in routing_protocols(r)]
+        if not runs:
+            continue
+        d = [last_diagnostics(r) for r in runs]
+        rows.append({
+            "benchmark": key.bench,
+            "strategy": key.strategy,
+            "backbone": key.backbone,
+            "protocol": key.protocol,
+            "n (seeds)": seeds_cell(runs),
+            "routing acc %": fmt_mean_std(x[key.protocol]["routing_acc"] for x in d),
+            "routed acc %": fmt_mean_std(x[key.protocol].get("acc") for x in d),
+            "oracle-routed acc %": fmt_mean_std(x.get("oracle_acc") for x in d),
+            "newest module share %": fmt_mean_std(x[key.protocol].get("newest_module_share") for x in d),
+            "module cosine sim.": fmt_mean_std((x.get("module_cosine_similarity") for x in d), 3),
+            "runs": run_ids(runs),
+        })
+    return pd.DataFrame(rows)
+
+
+def runs_table(coll: Collection) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame([{
+        "run id": r.run_id,
+        "strategy": r.variant,
+        "benchmark": r.bench_label,
+        "backbone": r.backbone_label,
+        "weights digest": digest_short(r.record.get("weights_digest"))
+        + (" (random init)" if r.weights_label == "random init" else ""),
+        "seed": str(r.seed),
+        "protocol": ", ".join(r.protocols),
+        "git revision": r.git_short,
+        "command": str(r.record.get("command", "")),
+    } for r in coll.runs])
+
+
+def skipped_table(coll: Collection) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame([{"path": s.path, "reason": s.reason} for s in coll.skipped], columns=["path", "reason"])
+
+
+def metric_definitions() -> list[tuple[str, str]]:
+    from clbench import metrics
+
+    return list(metrics.DEFINITIONS.items())
+
+
+def provenance_notes(coll: Collection) -> list[str]:
+    """Rows whose runs come from several git revisions, or repeat a seed: averaged, but said so."""
+    notes = []
+    for key, runs in coll.run_groups().items():
+        what = f"{key.strategy} on {key.bench} ({key.backbone}, {key.protocols})"
+        revs = sorted({r.git_short for r in runs})
+        if len(revs) > 1:
+            notes.append(f"{what} averages runs made at different git revisions: {', '.join(revs)}")
+        seeds = [r.seed for r in runs]
+        repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+        if repeated:
+            notes.append(f"{what} averages repeated runs of seed(s) {', '.join(map(str, repeated))}")
+    return notes
+
+
+def sections(coll: Collection) -> list[Section]:
+    """Every table of a report, in order."""
+    summary = summary_table(coll)
+    protocols = sorted({p for r in coll.runs for p in r.protocols})
+    out = [Section(
+        "Summary", "summary", summary,
+        intro="One row per benchmark x strategy x backbone x protocol; mean ± sample std over seeds.",
+        notes=[*(PROTOCOL_NOTES.get(p, f"{p}: a protocol named by the strategy") for p in protocols),
+               FORGETTING_NOTE, COST_NOTE, *coll.notes, *provenance_notes(coll)],
+        definitions=metric_definitions(),
+    )]
+    gap = gap_table(coll)
+    if len(gap):
+        out.append(Section("Reference-protocol gap", "protocol-gap", gap,
+                           intro="Reference protocol minus per-sample protocol, in accuracy points, for runs that "
+                                 "evaluated both."))
+    routing = routing_table(coll)
+    if len(routing):
+        out.append(Section("Routing diagnostics (after the last task)", "routing", routing,
+                           intro="Routing accuracy: share of test images sent to their own task's module. Oracle: "
+                                 "accuracy when every image uses its own task's module."))
+    out.append(Section("Runs", "runs", runs_table(coll), intro="Every run the numbers and figures above come from."))
+    out.append(Section("Skipped", "skipped", skipped_table(coll) if coll.skipped else None,
+                       intro="Folders without a complete record; none of them is averaged in." if coll.skipped
+                       else "No folder was skipped."))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- rendering
+def _md_cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    """A GitHub Markdown table (no tabulate dependency); numbers are already display strings."""
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(_md_cell(c) for c in cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def to_html(df: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
+                     for row in df.itertuples(index=False))
+    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
+
+
+def section_markdown(sec: Section, level: int = 2) -> str:
+    parts = [f"{'#' * level} {sec.title}", ""]
+    if sec.intro:
+        parts += [sec.intro, ""]
+    if sec.table is not None and len(sec.table):
+        parts += [to_markdown(sec.table), ""]
+    for note in sec.notes:
+        parts.append(f"- {note}")
+    if sec.notes:
+        parts.append("")
+    if sec.definitions:
+        parts += ["Metric definitions:", ""]
+        parts += [f"- `{term}`: {meaning}" for term, meaning in sec.definitions]
+        parts.append("")
+    return "\n".join(parts)
+
+
+def markdown_tables(coll: Collection) -> str:
+    """Every table of the report as Markdown (the content the golden-file test compares)."""
+    return "\n".join(section_markdown(s) for s in sections(coll)).rstrip() + "\n"
