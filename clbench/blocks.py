@@ -3,6 +3,7 @@ mini-batching over cached features, and parameter counting."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator, Sequence
 
@@ -87,6 +88,93 @@ def n_params(*modules: nn.Module | nn.Parameter | torch.Tensor, trainable_only: 
     return total
 
 
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run a block with ``n`` intra-op threads. Steps on cached features are tiny (a 48 x 384 batch through a
+    bottleneck): with 2 threads OpenMP's hand-offs cost more than the arithmetic, measured 8x slower on these
+    2-core machines and far worse when the other core is busy."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def check_finite(loss: torch.Tensor, where: str) -> None:
-    if not math.isfinite(float(loss)):
+    if not math.isfinite(float(loss.detach())):
         raise ClbenchError(f"loss became {float(loss)} in {where}", "lower the learning rate (--set lr=...) or check the data")
+
+
+# ----------------------------------------------------------------------------------------------- a timm ViT by hand
+# L2P inserts prompt tokens after the prefix tokens and EASE adds an adapter beside every block's MLP. Both call
+# the frozen timm modules one by one as plain functions (no hooks, no patched ``forward``, nothing assigned to the
+# model), so the backbone stays bit-identical and shared with the feature cache. With nothing inserted and no
+# adapter, ``vit_forward_tokens`` + ``model.forward_head(..., pre_logits=True)`` equals ``FrozenBackbone.forward``.
+
+_BLOCK_PARTS = ("norm1", "attn", "ls1", "drop_path1", "norm2", "mlp", "ls2", "drop_path2")
+
+
+def check_vit_blocks(model: nn.Module) -> None:
+    """Raise :class:`ClbenchError` unless ``model`` is a timm VisionTransformer with pre-norm ``Block``s."""
+    blocks = getattr(model, "blocks", None)
+    missing = [a for a in ("patch_embed", "_pos_embed", "patch_drop", "norm_pre", "norm", "num_prefix_tokens")
+               if not hasattr(model, a)]
+    if blocks is None or missing or len(blocks) == 0:
+        raise ClbenchError(f"{type(model).__name__} is not a timm VisionTransformer (missing {missing or ['blocks']})",
+                           "choose a ViT backbone")
+    for i, block in enumerate(blocks):
+        absent = [p for p in _BLOCK_PARTS if not hasattr(block, p)]
+        if absent:
+            raise ClbenchError(f"block {i} ({type(block).__name__}) is not a pre-norm timm Block "
+                               f"(no {', '.join(absent)})",
+                               "prompt/adapter methods support timm VisionTransformer models built from Block")
+
+
+def vit_inserted_position(model: nn.Module) -> torch.Tensor:
+    """(1, 1, d) position embedding for tokens inserted after the prefix tokens.
+
+    PILOT's L2P ViT grows its position table by repeating the [CLS] entry for every prompt slot
+    (``resize_pos_embed`` in ``backbone/vit_l2p.py``), so a prompt token gets the [CLS] position. Models whose
+    table has no [CLS] entry (``no_embed_class``) or no table give zeros.
+    """
+    pos = getattr(model, "pos_embed", None)
+    d = int(model.num_features)
+    if pos is None or getattr(model, "no_embed_class", False) or getattr(model, "cls_token", None) is None:
+        return torch.zeros(1, 1, d, device=model.patch_embed.proj.weight.device)
+    return pos[:, :1].detach()
+
+
+def vit_tokens(model: nn.Module, images: torch.Tensor, inserted: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, N, d) tokens entering the first block, as timm's ``forward_features`` builds them; ``inserted``
+    (B, P, d) tokens (position already added) go right after the prefix tokens ([CLS], registers), before
+    ``norm_pre``: the sequence is [prefix, inserted, patches]."""
+    x = model.patch_embed(images)
+    x = model._pos_embed(x)  # prefix tokens + position table (timm handles dynamic sizes and no_embed_class)
+    x = model.patch_drop(x)
+    if inserted is not None:
+        n = int(model.num_prefix_tokens)
+        x = torch.cat([x[:, :n], inserted.to(x.dtype), x[:, n:]], dim=1)
+    return model.norm_pre(x)
+
+
+def vit_block(block: nn.Module, x: torch.Tensor,
+              beside_mlp: nn.Module | None = None) -> torch.Tensor:
+    """One timm ``Block``: x += ls1(attn(norm1(x))); x += ls2(mlp(norm2(x))) [+ beside_mlp(x)].
+
+    ``beside_mlp`` (an adapter) reads the residual stream after attention, before ``norm2``, and its output
+    is added outside ``ls2`` (PILOT's ``vit_ease.py``: ``adapt(x)`` on the pre-norm x, summed with the MLP output).
+    """
+    x = x + block.drop_path1(block.ls1(block.attn(block.norm1(x))))
+    out = x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
+    return out if beside_mlp is None else out + beside_mlp(x)
+
+
+def vit_forward_tokens(model: nn.Module, x: torch.Tensor,
+                       beside_mlp: Sequence[nn.Module] | None = None) -> torch.Tensor:
+    """All blocks (optionally with one ``beside_mlp`` module per block), then the final norm: (B, N, d)."""
+    if beside_mlp is not None and len(beside_mlp) != len(model.blocks):
+        raise ValueError(f"{len(beside_mlp)} adapters for {len(model.blocks)} blocks")
+    for i, block in enumerate(model.blocks):
+        x = vit_block(block, x, None if beside_mlp is None else beside_mlp[i])
+    return model.norm(x)

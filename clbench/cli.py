@@ -95,18 +95,24 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 
 def _add_perf_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("which", choices=["tosca-routing"], help="which benchmark to measure")
-    p.add_argument("--backbone", default="vit_small_patch14_dinov2", help="backbone whose forward pass is the unit")
+    p.add_argument("which", choices=["tosca-routing", "feature-probe"], help="which measurement")
+    p.add_argument("--backbone", default="vit_small_patch14_dinov2", help="backbone (default: the offline ViT-S/14)")
     p.add_argument("--img-size", type=int, default=112, help="input size (default: 112, the embedded benchmark's)")
+    p.add_argument("--bench", default="emoji", help="benchmark for feature-probe (default: emoji)")
+    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="feature-probe: apply the backbone's mean/std (default: the benchmark's choice)")
     p.add_argument("--out", help="write the measurements to this JSON file")
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
     from clbench.io import atomic_write_json
-    from clbench.perf import tosca_routing
+    from clbench.perf import feature_probe, tosca_routing
     from clbench.results import git_revision, library_versions
 
-    result = tosca_routing(backbone=args.backbone, img_size=args.img_size)
+    if args.which == "tosca-routing":
+        result = tosca_routing(backbone=args.backbone, img_size=args.img_size)
+    else:
+        result = feature_probe(args.bench, args.backbone, args.img_size, args.normalize)
     result.update(git_revision=git_revision(), versions=library_versions(), command=" ".join(sys.argv))
     if args.out:
         from pathlib import Path

@@ -1,6 +1,9 @@
 """Speed benchmarks that measure and record (``clbench perf``); ratios are measured within one run so they
 hold on noisy machines. Results go to a JSON file (``reports/perf/`` for the committed ones).
 
+- ``feature-probe``: how well a backbone's frozen features separate a benchmark's classes at a given input
+  size and normalisation (nearest-class-mean and logistic-regression accuracy on all classes at once); used
+  to choose the embedded benchmark's input size.
 - ``tosca-routing``: TOSCA's inference cost per image for T = 1, 5, 10, 20 task modules on synthetic
   features, as a share of one backbone forward pass (target: 20 modules add < 5 %), and the speed-up of
   one-backbone-pass stacked routing over the reference's loop that reruns the backbone once per module
@@ -101,3 +104,26 @@ def tosca_routing(backbone: str = "vit_small_patch14_dinov2", weights: str = "ra
         "ours_s_T10": t_ours, "reference_loop_s_T10": t_ref,
         "targets": {"added_share_at_T20": "< 0.05", "speedup_T10": ">= 8"},
     }
+
+
+def feature_probe(bench: str = "emoji", backbone: str | None = None, img_size: int | None = None,
+                  normalize: bool | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Nearest-class-mean (cosine) and linear-probe accuracy of frozen features, all classes at once."""
+    import torch.nn.functional as F
+    from sklearn.linear_model import LogisticRegression
+
+    from clbench.harness import RunConfig, prepare
+
+    s = prepare(RunConfig(strategy="simplecil", bench=bench, backbone=backbone, img_size=img_size,
+                          normalize=normalize))
+    ftr, fte = F.normalize(s.features["train"], dim=1), F.normalize(s.features["test"], dim=1)
+    ytr, yte = torch.as_tensor(s.bench.train_y), torch.as_tensor(s.bench.test_y)
+    protos = torch.stack([ftr[ytr == c].mean(0) for c in range(s.bench.n_classes)])
+    ncm = float(((fte @ F.normalize(protos, dim=1).T).argmax(1) == yte).float().mean() * 100)
+    clf = LogisticRegression(max_iter=2000).fit(ftr.numpy(), ytr.numpy())
+    linear = float(clf.score(fte.numpy(), yte.numpy()) * 100)
+    log(f"{bench} {s.backbone.spec.name} @ {s.backbone.img_size} ({s.eval_tf.identity()}): "
+        f"nearest-class-mean {ncm:.2f} %, linear probe {linear:.2f} %")
+    return {"benchmark": "feature-probe", "bench": bench, "backbone": s.backbone.spec.name,
+            "weights_digest": s.backbone.digest, "img_size": s.backbone.img_size,
+            "transform": s.eval_tf.identity(), "ncm_acc": ncm, "linear_probe_acc": linear}

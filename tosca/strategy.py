@@ -47,7 +47,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clbench.blocks import CosineHead, check_finite, class_means, cosine_lr, minibatches, n_params
+import contextlib
+
+from clbench.blocks import CosineHead, check_finite, class_means, cosine_lr, minibatches, n_params, torch_threads
 from clbench.features import autocast_ctx
 from clbench.strategy import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
 from tosca.luca import VARIANTS, LuCA
@@ -194,6 +196,20 @@ class TOSCA(Strategy):
         steps = cfg.epochs * math.ceil(len(task.train) / cfg.batch_size)
         advance = self.ctx.progress(f"tosca task {task.id + 1} training", steps) if self.ctx.progress else None
         module.train()
+        small = cfg.train_mode == "cached" and self.ctx.device.type == "cpu"
+        with torch_threads(1) if small else contextlib.nullcontext():
+            self._train_epochs(task, module, optimizer, scheduler, advance)
+        module.eval()
+        for p in module.parameters():
+            p.requires_grad_(False)
+        self.modules_.append(module)
+        self._trainable.append(n_params(module) + n_params(self.head, trainable_only=True))
+        with torch.no_grad():  # prototypes of the task's classes in its own module's space
+            feats = module(task.train.features.to(self.ctx.device)).cpu()
+            self.head.set_rows(task.classes, class_means(feats, task.train.labels, task.classes))
+
+    def _train_epochs(self, task: Task, module: LuCA, optimizer, scheduler, advance) -> None:
+        cfg = self.cfg
         for epoch in range(cfg.epochs):
             for z, y in self._batches(task, epoch):
                 logits = self.head(module(z))
@@ -205,14 +221,6 @@ class TOSCA(Strategy):
                 if advance:
                     advance(1)
             scheduler.step()
-        module.eval()
-        for p in module.parameters():
-            p.requires_grad_(False)
-        self.modules_.append(module)
-        self._trainable.append(n_params(module) + n_params(self.head, trainable_only=True))
-        with torch.no_grad():  # prototypes of the task's classes in its own module's space
-            feats = module(task.train.features.to(self.ctx.device)).cpu()
-            self.head.set_rows(task.classes, class_means(feats, task.train.labels, task.classes))
 
     # ------------------------------------------------------------------------------------------ inference
     @torch.no_grad()
