@@ -80,7 +80,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("benchmarks:")
     for name in BENCHMARKS.names():
         s = BENCHMARKS.get(name)
-        print(f"  {name:<16} B{s.init_cls} Inc{s.increment}  {s.summary}")
+        split = f"B0 Inc{s.increment}" if s.init_cls == s.increment else f"B{s.init_cls} Inc{s.increment}"
+        print(f"  {name:<16} {split:<11} {s.summary}")
     print("backbones:")
     for name in BACKBONES.names():
         print(f"  {name:<44} {BACKBONES.get(name).summary}")
@@ -150,6 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
         if add_args:
             add_args(p)
         p.set_defaults(func=func)
+    from clbench.datacheck import add_data_check_args, cmd_data_check
+
+    data = sub.add_parser("data", help="data utilities: `clbench data check BENCH --data-root DIR`")
+    data_sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND")
+    check = data_sub.add_parser("check", help="validate a data root before a long run",
+                                description="validate a data root before a long run: classes, images per split, "
+                                            "unreadable files, train/test duplicates")
+    add_data_check_args(check)
+    check.set_defaults(func=cmd_data_check)
     return parser
 
 

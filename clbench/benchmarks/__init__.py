@@ -28,7 +28,9 @@ register(
         increment=6,
         backbone="vit_small_patch14_dinov2",
         n_classes=36,
-        img_size=224,
+        # The images are 64 px: 112 px (8x8 patches of 14) upsamples less than 224 and measured better with
+        # the offline ViT-S/14 (nearest-class-mean 28.6 % vs 23.4 %, linear probe 44.9 % vs 39.9 %), 4x cheaper.
+        img_size=112,
         licence="Noto Emoji Apache-2.0; Twemoji CC-BY-4.0 (see clbench/data/NOTICE)",
         source_info="rebuild with: python -m clbench.benchmarks.build_emoji",
     )
@@ -55,3 +57,4 @@ register(
 )
 
 __all__ = ["BENCHMARKS", "DEFAULT_BENCH", "Benchmark", "BenchmarkSpec", "build_benchmark", "register"]
+import clbench.benchmarks.literature  # noqa: E402,F401  (registers the literature presets)

@@ -1,0 +1,116 @@
+"""CIFAR-100 (Krizhevsky 2009): the official 50k/10k split, 100 fine classes, 32x32 RGB.
+
+Read from torchvision's on-disk format, ``cifar-100-python/{train,test,meta}`` (pickles: ``data`` uint8 (N, 3072)
+in channel-major order, ``fine_labels``; ``fine_label_names`` in ``meta``), found in ``--data-root`` (or
+``$CLBENCH_CIFAR100``), either as that folder or its parent. Without a data root it is read from the clbench cache,
+and downloaded there by torchvision when the machine is online (as PILOT's ``iCIFAR224`` does). The images are
+upsampled to the network's input size by the benchmark's transforms, as in the reference code.
+
+The pickles are read with an unpickler that only builds numpy arrays, lists, dicts and strings, so a tampered
+data folder cannot run code.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+from clbench.benchmarks.base import ArraySource
+from clbench.errors import ClbenchError
+
+FOLDER = "cifar-100-python"
+FILES = ("train", "test", "meta")
+N_CLASSES = 100
+# What a numpy array needs to unpickle (numpy 1 and 2 module names, protocols 2 to 5); nothing else is allowed.
+_ALLOWED = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+}
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _read_pickle(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            obj = _ArrayUnpickler(f, encoding="latin1").load()  # the official files are Python 2 pickles
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError) as e:
+        raise ClbenchError(
+            f"cannot read CIFAR-100 file {path}: {e}",
+            "delete the cifar-100-python folder and download it again (torchvision's CIFAR100(download=True))",
+        ) from None
+    if not isinstance(obj, dict):
+        raise ClbenchError(f"{path} is not a CIFAR-100 pickle (expected a dict, got {type(obj).__name__})")
+    return {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
+
+
+def locate(data_root: Path | None) -> Path | None:
+    """The ``cifar-100-python`` folder in ``data_root`` (that folder or its parent) or the cache; None if absent."""
+    if data_root is not None:
+        candidates = [data_root, data_root / FOLDER]
+    else:
+        from clbench.io import cache_dir
+
+        candidates = [cache_dir() / "data" / "cifar100" / FOLDER]
+    for c in candidates:
+        if all((c / f).is_file() for f in FILES):
+            return c
+    return None
+
+
+def _download() -> Path:
+    from clbench.io import cache_dir
+
+    target = cache_dir() / "data" / "cifar100"
+    try:
+        import torchvision
+
+        torchvision.datasets.CIFAR100(str(target), train=True, download=True)
+        torchvision.datasets.CIFAR100(str(target), train=False, download=True)
+    except Exception as e:  # network errors come in many types
+        raise ClbenchError(
+            f"CIFAR-100 not found and the download failed ({type(e).__name__}: {e})",
+            "pass --data-root DIR holding cifar-100-python/{train,test,meta} (torchvision's format; "
+            "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz unpacked)",
+        ) from None
+    return target / FOLDER
+
+
+def _split(folder: Path, split: str) -> ArraySource:
+    d = _read_pickle(folder / split)
+    if "data" not in d or "fine_labels" not in d:
+        raise ClbenchError(f"{folder / split} lacks 'data' or 'fine_labels': not a CIFAR-100 pickle")
+    x = np.asarray(d["data"])
+    y = np.asarray(d["fine_labels"], dtype=np.int64)
+    if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3 * 32 * 32 or x.shape[0] != y.shape[0]:
+        raise ClbenchError(
+            f"{folder / split}: expected uint8 data (N, 3072) and N labels, got {x.dtype} {x.shape} and {y.shape[0]}"
+        )
+    images = x.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # (N, 3072) channel-major -> (N, 32, 32, 3)
+    return ArraySource(np.ascontiguousarray(images), y, f"cifar100/{split}")
+
+
+def load(data_root: Path | None) -> tuple[ArraySource, ArraySource, list[str]]:
+    folder = locate(data_root)
+    if folder is None:
+        if data_root is not None:
+            raise ClbenchError(
+                f"{data_root} holds no CIFAR-100 in torchvision's format",
+                f"expected {data_root}/{FOLDER}/{{train,test,meta}}; or omit --data-root to download it into the "
+                "clbench cache",
+            )
+        folder = _download()
+    names = [str(n) for n in _read_pickle(folder / "meta").get("fine_label_names", [])]
+    if len(names) != N_CLASSES:
+        raise ClbenchError(f"{folder / 'meta'}: expected {N_CLASSES} fine_label_names, found {len(names)}")
+    train, test = _split(folder, "train"), _split(folder, "test")
+    return train, test, names

@@ -1,0 +1,282 @@
+"""ImageFolder trees: ``<root>/train/<class>/<image>`` and ``<root>/test/<class>/<image>``.
+
+This is the layout of PILOT's pre-sampled benchmarks (CUB-200, ImageNet-R/A, ObjectNet, OmniBenchmark, VTAB; read
+with torchvision ``ImageFolder`` in LAMDA-PILOT ``utils/data.py``) and of the generic ``folder`` benchmark. Class
+discovery follows ``ImageFolder``: class names are the sorted sub-folder names of ``train/``; images are the files
+with an ImageFolder extension found by a sorted recursive walk of each class folder. Labels come from the names of
+the train classes, so a test split can never be silently relabelled (PILOT builds two independent ImageFolders and
+would be, if the two folders held different class sets).
+
+Deviations from ``ImageFolder`` (both would crash or mislabel a run): hidden folders and files (``.ipynb_checkpoints``,
+macOS ``._x.jpg`` resource forks) are ignored, and every structural problem below is an error found in the first
+seconds, before any image is decoded: a missing ``train/`` or ``test/``, an empty class folder, a class in only one
+split, no images at all, and (for presets) the wrong class count. :func:`scan_tree` collects all of them (``clbench
+data check`` prints the list); :func:`load_tree` raises the first as a :class:`~clbench.errors.ClbenchError`.
+
+Nothing here imports torch; PIL is imported when an image is decoded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from clbench.benchmarks.base import ImageSource
+from clbench.errors import ClbenchError
+
+SPLITS = ("train", "test")
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # = torchvision's
+LAYOUT = "DIR/train/<class>/<image> and DIR/test/<class>/<image> (ImageFolder layout, the same class folders in both)"
+
+
+def decode_image(path: Path, data: bytes | None = None, verify: bool = False):
+    """Open and fully decode ``path`` (or its bytes ``data``) as an RGB PIL image; ``verify`` first runs PIL's
+    ``verify()`` (structure and checksums) as well.
+
+    PIL's decompression-bomb check (a file declaring more than ``Image.MAX_IMAGE_PIXELS`` pixels; one Openclipart PNG
+    declares 623 megapixels) becomes a ClbenchError naming the file instead of a warning or a PIL exception; so does
+    any file PIL cannot decode (truncated, not an image, a corrupt chunk).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    def source():
+        return io.BytesIO(data) if data is not None else path
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            if verify:
+                with Image.open(source()) as im:
+                    im.verify()  # a verified image cannot be decoded: open it again below
+            with Image.open(source()) as im:
+                im.load()  # the pixels: verify() alone misses truncated JPEGs
+                return im.convert("RGB")
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
+        raise ClbenchError(
+            f"image {path} is too large to decode safely ({e})",
+            "delete or downscale the file; PIL refuses images above Image.MAX_IMAGE_PIXELS "
+            f"({Image.MAX_IMAGE_PIXELS:,} pixels) as possible decompression bombs",
+        ) from None
+    except UnidentifiedImageError:
+        reason = "not an image file PIL can identify"
+    except Exception as e:  # PIL's format plugins raise OSError, SyntaxError, ValueError, struct.error, ...
+        reason = f"{type(e).__name__}: {e}"
+    raise ClbenchError(
+        f"cannot decode image {path}: {reason}", "replace or delete the file; `clbench data check` lists every bad file"
+    )
+
+
+def verify_image(path: Path, data: bytes) -> str | None:
+    """None if ``data`` (the bytes of ``path``) passes PIL ``verify()`` and a full decode, else the reason."""
+    try:
+        decode_image(path, data, verify=True)
+    except ClbenchError as e:
+        return str(e).split("\n")[0]
+    return None
+
+
+class FileSource(ImageSource):
+    """Images addressed by path relative to ``root``; ``labels`` are indices into the sorted class names."""
+
+    def __init__(self, root: Path, paths: list[str], labels: np.ndarray, name: str) -> None:
+        if len(paths) != labels.shape[0]:
+            raise ValueError(f"{name}: {len(paths)} paths but {labels.shape[0]} labels")
+        self.root = Path(root)
+        self.paths = list(paths)  # relative, e.g. "train/cat/0001.jpg"
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.name = name
+        self._fp: str | None = None
+
+    def path(self, i: int) -> Path:
+        return self.root / self.paths[i]
+
+    def image(self, i: int):
+        return decode_image(self.path(i))
+
+    def fingerprint(self) -> str:
+        """Digest of (relative path, label, size, mtime) of every file: cheap (one stat per file, no reads), and it
+        changes when a file is added, removed, renamed, relabelled or rewritten."""
+        if self._fp is None:
+            h = hashlib.sha256()
+            for rel, label in zip(self.paths, self.labels.tolist()):
+                try:
+                    st = os.stat(self.root / rel)
+                except OSError as e:
+                    raise ClbenchError(f"cannot read {self.root / rel}: {e.strerror or e}") from None
+                h.update(f"{rel}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            self._fp = h.hexdigest()[:16]
+        return self._fp
+
+
+@dataclass
+class TreeScan:
+    """What a walk of ``<root>/{train,test}`` found; ``problems`` are the reasons it cannot be used as a benchmark."""
+
+    root: Path
+    files: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # split -> class -> relative paths
+    problems: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # relative paths of non-image or hidden files
+
+    @property
+    def class_names(self) -> list[str]:
+        return sorted(self.files.get("train", {}))
+
+    def n_images(self, split: str) -> int:
+        return sum(len(v) for v in self.files.get(split, {}).values())
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def _near_tree(root: Path, depth: int = 2) -> Path | None:
+    """A folder up to ``depth`` levels below ``root`` that holds both train/ and test/ (e.g. PILOT's vtab-cil/vtab)."""
+    frontier = [root]
+    for _ in range(depth):
+        nxt = []
+        for d in frontier:
+            try:
+                subs = sorted(p for p in d.iterdir() if p.is_dir() and not _is_hidden(p.name))
+            except OSError:
+                continue
+            for s in subs:
+                if all((s / sp).is_dir() for sp in SPLITS):
+                    return s
+            nxt += subs
+        frontier = nxt
+    return None
+
+
+def _layout_problem(root: Path, missing: list[str]) -> str:
+    what = " and ".join(f"{m}/" for m in missing)
+    msg = f"{root} has no {what} folder: expected {LAYOUT.replace('DIR', str(root))}"
+    near = _near_tree(root)
+    if near is not None:
+        msg += f"; did you mean --data-root {near}?"
+    elif "test" in missing and (root / "val").is_dir():
+        msg += "; it has val/: rename it to test/"
+    elif "train" in missing and "test" in missing:
+        try:
+            if any(p.is_dir() for p in root.iterdir() if not _is_hidden(p.name)):
+                msg += "; its sub-folders look like classes of one unsplit tree: split them into train/ and test/"
+        except OSError:
+            pass
+    return msg
+
+
+def _walk_class(class_dir: Path, rel_prefix: str, ignored: list[str]) -> list[str]:
+    """Image files below ``class_dir`` as paths relative to the tree root, in ImageFolder's sorted walk order."""
+    out: list[str] = []
+    for dirpath, dirnames, fnames in sorted(os.walk(class_dir, followlinks=True)):
+        dirnames[:] = [d for d in dirnames if not _is_hidden(d)]
+        rel_dir = os.path.relpath(dirpath, class_dir)
+        for fname in sorted(fnames):
+            rel = f"{rel_prefix}/{fname}" if rel_dir == "." else f"{rel_prefix}/{rel_dir}/{fname}"
+            if _is_hidden(fname) or not fname.lower().endswith(IMG_EXTENSIONS):
+                ignored.append(rel)
+            else:
+                out.append(rel)
+    return out
+
+
+def scan_tree(root: Path, expected_classes: int | None = None, name: str = "folder") -> TreeScan:
+    """Walk ``<root>/train`` and ``<root>/test`` (no image is opened) and list every structural problem."""
+    root = Path(root)
+    scan = TreeScan(root)
+    missing = [s for s in SPLITS if not (root / s).is_dir()]
+    if missing:
+        scan.problems.append(_layout_problem(root, missing))
+        return scan
+    for split in SPLITS:
+        classes: dict[str, list[str]] = {}
+        for entry in sorted(os.scandir(root / split), key=lambda e: e.name):
+            if _is_hidden(entry.name):
+                continue
+            if entry.is_dir():
+                classes[entry.name] = _walk_class(Path(entry.path), f"{split}/{entry.name}", scan.ignored)
+            else:
+                scan.ignored.append(f"{split}/{entry.name}")
+        scan.files[split] = classes
+    train, test = scan.files["train"], scan.files["test"]
+    if not train and not test:
+        scan.problems.append(f"{root}/train and {root}/test hold no class folders: expected {LAYOUT}")
+        return scan
+    if not any(train.values()) and not any(test.values()):
+        scan.problems.append(f"{root} holds no images at all (extensions read: {', '.join(IMG_EXTENSIONS)})")
+        return scan
+    for split, classes in scan.files.items():
+        empty = [c for c, files in classes.items() if not files]
+        if empty:
+            scan.problems.append(
+                f"{len(empty)} class folder(s) in {root}/{split} hold no images: {_few(empty)} "
+                f"(extensions read: {', '.join(IMG_EXTENSIONS)})"
+            )
+    only_test = sorted(set(test) - set(train))
+    if only_test:
+        scan.problems.append(
+            f"{len(only_test)} class(es) in {root}/test have no folder in {root}/train: {_few(only_test)}"
+        )
+    only_train = sorted(set(train) - set(test))
+    if only_train:
+        scan.problems.append(
+            f"{len(only_train)} class(es) in {root}/train have no folder in {root}/test: {_few(only_train)}"
+        )
+    if expected_classes is not None and len(train) != expected_classes:
+        scan.problems.append(
+            f"benchmark {name!r} should have {expected_classes} classes but {root}/train has {len(train)}"
+        )
+    return scan
+
+
+def _few(names: list[str], k: int = 5) -> str:
+    shown = ", ".join(repr(n) for n in names[:k])
+    return shown + (f" and {len(names) - k} more" if len(names) > k else "")
+
+
+def sources_from_scan(scan: TreeScan, name: str) -> tuple[FileSource, FileSource, list[str]]:
+    """Train and test :class:`FileSource` objects labelled by the sorted train class names."""
+    class_names = scan.class_names
+    index = {c: i for i, c in enumerate(class_names)}
+    out = []
+    for split in SPLITS:
+        paths: list[str] = []
+        labels: list[int] = []
+        for c in sorted(scan.files[split]):
+            paths += scan.files[split][c]
+            labels += [index[c]] * len(scan.files[split][c])
+        out.append(FileSource(scan.root, paths, np.asarray(labels, dtype=np.int64), f"{name}/{split}"))
+    return out[0], out[1], class_names
+
+
+def load_tree(
+    root: Path | None, name: str = "folder", expected_classes: int | None = None, hint: str | None = None
+) -> tuple[FileSource, FileSource, list[str]]:
+    """Load an ImageFolder train/test tree, raising a ClbenchError for its first structural problem."""
+    if root is None:
+        raise ClbenchError(f"benchmark {name!r} needs its data: pass --data-root DIR holding {LAYOUT}", hint)
+    scan = scan_tree(root, expected_classes, name)
+    if scan.problems:
+        more = len(scan.problems) - 1
+        suffix = f" (and {more} more problem{'s' * (more > 1)}: run `clbench data check {name} --data-root {root}`)"
+        raise ClbenchError(scan.problems[0] + (suffix if more else ""), hint)
+    return sources_from_scan(scan, name)
+
+
+class TreeLoader:
+    """The ``load`` target of a registered tree benchmark: reads ``<data_root>/{train,test}`` and checks the class
+    count and hints with the benchmark's spec (``n_classes``, ``source_info``)."""
+
+    def __init__(self, bench: str) -> None:
+        self.bench = bench
+
+    def __call__(self, data_root: Path | None) -> tuple[FileSource, FileSource, list[str]]:
+        from clbench.benchmarks import BENCHMARKS
+
+        spec = BENCHMARKS.get(self.bench)
+        return load_tree(data_root, spec.name, spec.n_classes, spec.source_info or f"expected {LAYOUT}")

@@ -1,0 +1,266 @@
+"""``clbench data check BENCH --data-root DIR``: is this data root ready for a long GPU run?
+
+Checks, in order: the structure the loader checks (the same messages a run stops with in its first seconds: layout,
+empty or one-sided class folders, class count), images per split (min / median / max per class), every image
+decoded with PIL (``verify()`` and a full decode, which also catches truncated JPEGs), and test images byte-identical
+to training images (sha256 of the file bytes: a train/test leak). It prints where the benchmark is published and the
+layout it expects. Exit status 0 when nothing is wrong, 1 with the list of problems otherwise.
+
+:func:`check_data` does the work and returns a :class:`DataReport`; :func:`cmd_data_check` prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import os
+import textwrap
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from clbench.benchmarks import BENCHMARKS
+from clbench.benchmarks.base import BenchmarkSpec, ImageSource, resolve_data_root
+from clbench.benchmarks.folder import LAYOUT, SPLITS, TreeLoader, scan_tree, verify_image
+from clbench.errors import ClbenchError
+
+MAX_LISTED = 10  # file names listed per problem; the count is always complete
+Progress = Callable[[int], None]
+
+
+@dataclass
+class DataReport:
+    """What ``clbench data check`` found. ``problems`` empty means the data root is ready."""
+
+    spec: BenchmarkSpec
+    root: Path | None
+    root_from: str  # "--data-root", "$CLBENCH_X", or "" (embedded / cache)
+    tree: bool = False  # an ImageFolder train/test tree (decoded file by file)
+    classes_found: int | None = None
+    split_stats: dict[str, tuple[int, int, float, int]] = field(default_factory=dict)  # n, min, median, max per class
+    n_decoded: int = 0
+    n_hashed: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _listing(items: list[str]) -> str:
+    shown = "".join(f"\n      {x}" for x in items[:MAX_LISTED])
+    return shown + (f"\n      ... and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else "")
+
+
+def _stats(counts: list[int], total: int) -> tuple[int, int, float, int]:
+    if not counts:
+        return (total, 0, 0.0, 0)
+    return (total, int(min(counts)), float(np.median(counts)), int(max(counts)))
+
+
+def _leaks(hashes: dict[str, list[tuple[str, str]]]) -> tuple[list[str], list[str]]:
+    """(test files equal to a train file, files duplicated within one split) from split -> [(name, sha256)]."""
+    first_train: dict[str, str] = {}
+    within: list[str] = []
+    for name, h in hashes.get("train", []):
+        if h in first_train:
+            within.append(f"{name} = {first_train[h]}")
+        else:
+            first_train[h] = name
+    leaks, seen_test = [], {}
+    for name, h in hashes.get("test", []):
+        if h in first_train:
+            leaks.append(f"{name} = {first_train[h]}")
+        if h in seen_test:
+            within.append(f"{name} = {seen_test[h]}")
+        seen_test.setdefault(h, name)
+    return leaks, within
+
+
+def _check_files(root: Path, files: list[tuple[str, str]], progress: Progress | None, workers: int
+                 ) -> tuple[dict[str, list[tuple[str, str]]], list[str]]:
+    """Read, sha256 and decode every (split, relative path); return split -> [(path, sha256)] and the failures."""
+
+    def one(rel: str) -> tuple[str | None, str | None]:
+        path = root / rel
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            return None, f"cannot read {path}: {e.strerror or e}"
+        return hashlib.sha256(data).hexdigest(), verify_image(path, data)
+
+    hashes: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
+    bad: list[str] = []
+    with ThreadPoolExecutor(max_workers=workers) as pool:  # PIL decoding and hashlib release the GIL
+        for (split, rel), (h, err) in zip(files, pool.map(one, [rel for _, rel in files], chunksize=16)):
+            if h is not None:
+                hashes[split].append((rel, h))
+            if err is not None:
+                bad.append(err)
+            if progress:
+                progress(1)
+    return hashes, bad
+
+
+def _check_tree(report: DataReport, progress_factory, workers: int) -> None:
+    spec, root = report.spec, report.root
+    scan = scan_tree(root, spec.n_classes, spec.name)
+    report.problems += scan.problems
+    if not scan.files:
+        return
+    train, test = scan.files["train"], scan.files["test"]
+    report.classes_found = len(train)
+    expected = f", {spec.n_classes} expected" if spec.n_classes is not None else " (discovered)"
+    report.notes.append(f"classes: {len(train)} in train/, {len(test)} in test/{expected}")
+    for split in SPLITS:
+        counts = [len(v) for v in scan.files[split].values()]
+        report.split_stats[split] = _stats(counts, sum(counts))
+    if scan.ignored:
+        report.notes.append(f"ignored {len(scan.ignored)} file(s) that are hidden or not images, e.g. "
+                            + ", ".join(scan.ignored[:3]))
+    files = [(s, rel) for s in SPLITS for c in sorted(scan.files[s]) for rel in scan.files[s][c]]
+    if not files:
+        return
+    progress = progress_factory(f"decoding and hashing {len(files):,} images", len(files))
+    hashes, bad = _check_files(root, files, progress, workers)
+    report.n_decoded = report.n_hashed = len(files)
+    if bad:
+        report.problems.append(f"{len(bad)} unreadable image(s) (a run would stop on the first):{_listing(bad)}")
+    _report_duplicates(report, hashes)
+
+
+def _array_hashes(source: ImageSource, split: str) -> list[tuple[str, str]]:
+    images = getattr(source, "images", None)
+    if images is None:
+        return []
+    return [(f"{split}[{i}]", hashlib.sha256(np.ascontiguousarray(images[i]).tobytes()).hexdigest())
+            for i in range(len(source))]
+
+
+def _check_arrays(report: DataReport, loader, progress_factory) -> None:
+    spec, root = report.spec, report.root
+    locate = getattr(importlib.import_module(loader.__module__), "locate", None)
+    if root is None and locate is not None and locate(None) is None:
+        report.notes.append("not on this machine yet: `clbench run` downloads it into the clbench cache when online, "
+                            "or pass --data-root DIR")
+        return
+    try:
+        train, test, names = loader(root)
+    except ClbenchError as e:
+        report.problems.append(str(e).replace("\n  hint:", ";"))
+        return
+    report.classes_found = len(names)
+    expected = f", {spec.n_classes} expected" if spec.n_classes is not None else ""
+    report.notes.append(f"classes: {len(names)} found{expected}")
+    if spec.n_classes is not None and len(names) != spec.n_classes:
+        report.problems.append(f"benchmark {spec.name!r} should have {spec.n_classes} classes but the data has "
+                               f"{len(names)}")
+    hashes = {}
+    for split, source in (("train", train), ("test", test)):
+        counts = np.bincount(source.labels, minlength=len(names)).tolist() if len(source) else []
+        report.split_stats[split] = _stats(counts, len(source))
+        empty = [names[c] for c, k in enumerate(counts) if k == 0]
+        if empty:
+            report.problems.append(f"{len(empty)} class(es) have no {split} images:{_listing(empty)}")
+        progress = progress_factory(f"hashing {split} ({len(source):,} images)", len(source))
+        hashes[split] = _array_hashes(source, split)
+        report.n_hashed += len(hashes[split])
+        if progress:
+            progress(len(source))
+    report.notes.append("images are stored as arrays: nothing to decode")
+    _report_duplicates(report, hashes)
+
+
+def _report_duplicates(report: DataReport, hashes: dict[str, list[tuple[str, str]]]) -> None:
+    leaks, within = _leaks(hashes)
+    if leaks:
+        report.problems.append(f"{len(leaks)} test image(s) are byte-identical to a training image (sha256; a "
+                               f"train/test leak):{_listing(leaks)}")
+    if within:
+        report.notes.append(f"{len(within)} image(s) duplicate another image of the same split (not a leak), e.g. "
+                            + within[0])
+
+
+def check_data(bench: str, data_root: str | Path | None = None,
+               progress_factory: Callable[[str, int], Progress | None] | None = None,
+               workers: int | None = None) -> DataReport:
+    """Check a benchmark's data root; never raises for problems with the data (they are listed in the report)."""
+    spec = BENCHMARKS.get(bench)  # an unknown name is a usage error: raises with "did you mean"
+    root_from = "--data-root" if data_root else (f"${spec.data_env}" if spec.data_env and os.environ.get(spec.data_env)
+                                                 else "")
+    report = DataReport(spec, None, root_from)
+    factory = progress_factory or (lambda description, total: None)
+    try:
+        report.root = resolve_data_root(spec, data_root)
+    except ClbenchError as e:
+        report.problems.append(str(e).split("\n")[0])
+        return report
+    module, _, attr = spec.load.partition(":")
+    loader = getattr(importlib.import_module(module), attr)
+    report.tree = isinstance(loader, TreeLoader)
+    if report.tree:
+        _check_tree(report, factory, workers or min(8, os.cpu_count() or 1))
+    else:
+        _check_arrays(report, loader, factory)
+    return report
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+def add_data_check_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bench", metavar="BENCH", help="benchmark name (see `clbench list`)")
+    parser.add_argument("--data-root", help="the data folder to check (default: the benchmark's environment variable)")
+
+
+def _wrap(label: str, text: str) -> str:
+    return textwrap.fill(text, width=110, initial_indent=f"  {label:<11} ", subsequent_indent=" " * 14)
+
+
+def format_report(r: DataReport) -> str:
+    spec = r.spec
+    lines = [f"clbench data check {spec.name}: {spec.summary}"]
+    root = f"{r.root} (from {r.root_from})" if r.root and r.root_from else str(r.root) if r.root else "none"
+    lines.append(_wrap("data root", root))
+    if spec.source_info:
+        lines.append(_wrap("published", spec.source_info))
+    if r.tree:
+        n = f"{spec.n_classes} class folders" if spec.n_classes else "any number of class folders"
+        lines.append(_wrap("layout", f"{LAYOUT}; {n}"))
+    if spec.licence:
+        lines.append(_wrap("licence", spec.licence))
+    for split, (n, lo, med, hi) in r.split_stats.items():
+        lines.append(_wrap(split, f"{n:,} images; per class min {lo:,}, median {med:g}, max {hi:,}"))
+    if r.n_decoded:
+        lines.append(_wrap("decoded", f"{r.n_decoded:,} images with PIL (verify() and a full decode)"))
+    if r.n_hashed:
+        lines.append(_wrap("hashed", f"{r.n_hashed:,} images (sha256) to find test images equal to training images"))
+    for note in r.notes:
+        lines.append(_wrap("note", note))
+    if r.ok:
+        lines.append(f"OK: {spec.name} data is ready" + (f" at {r.root}" if r.root else ""))
+    else:
+        lines.append(f"{len(r.problems)} problem(s):")
+        lines += [f"  {i}. {p}" for i, p in enumerate(r.problems, 1)]
+    return "\n".join(lines)
+
+
+def cmd_data_check(args: argparse.Namespace) -> int:
+    """Print the report; 0 when the data root is ready, 1 when it has problems."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+    from rich.progress import Progress as Bar
+
+    with Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+
+        def factory(description: str, total: int) -> Progress:  # rich bar on stderr; stdout keeps the report
+            task = bar.add_task(description, total=total)
+            return lambda n: bar.advance(task, n)
+
+        report = check_data(args.bench, args.data_root, factory)
+    print(format_report(report))
+    return 0 if report.ok else 1
