@@ -56,6 +56,7 @@ def tosca_routing(backbone: str = "vit_small_patch14_dinov2", weights: str = "ra
                   autocast: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure TOSCA routing cost against backbone cost (weights do not change timings; random by default)."""
     from clbench.backbones import load_backbone
+    from clbench.blocks import torch_threads
     from clbench.features import autocast_ctx
     from tosca.strategy import route_per_sample, stacked_forward
 
@@ -74,7 +75,11 @@ def tosca_routing(backbone: str = "vit_small_patch14_dinov2", weights: str = "ra
     scaling = []
     for T in tasks:
         mods, head = _tosca_parts(d, T, classes_per_task)
-        t_route = _time(lambda: route_per_sample(head(stacked_forward(mods, z))), repeat=20, warmup=3)
+        def route():  # as TOSCA.all_logits runs it on the CPU: one intra-op thread for bottleneck-sized work
+            with torch_threads(1):
+                return route_per_sample(head(stacked_forward(mods, z)))
+
+        t_route = _time(route, repeat=20, warmup=3)
         scaling.append({"T": T, "route_ms_per_image": t_route / batch * 1e3,
                         "share_of_backbone_pass": t_route / t_backbone})
         log(f"T={T:>2}: routing {t_route / batch * 1e3:.4f} ms/image = {100 * t_route / t_backbone:.2f}% of a backbone pass")
@@ -83,7 +88,9 @@ def tosca_routing(backbone: str = "vit_small_patch14_dinov2", weights: str = "ra
     mods, head = _tosca_parts(d, T, classes_per_task)
 
     def ours():
-        return route_per_sample(head(stacked_forward(mods, backbone_pass())))
+        z = backbone_pass()
+        with torch_threads(1):
+            return route_per_sample(head(stacked_forward(mods, z)))
 
     def reference_loop():  # the official code: full ViT once per module per batch
         outs = [head(m(backbone_pass())) for m in mods]

@@ -196,8 +196,7 @@ class TOSCA(Strategy):
         steps = cfg.epochs * math.ceil(len(task.train) / cfg.batch_size)
         advance = self.ctx.progress(f"tosca task {task.id + 1} training", steps) if self.ctx.progress else None
         module.train()
-        small = cfg.train_mode == "cached" and self.ctx.device.type == "cpu"
-        with torch_threads(1) if small else contextlib.nullcontext():
+        with self._small_ops() if cfg.train_mode == "cached" else contextlib.nullcontext():
             self._train_epochs(task, module, optimizer, scheduler, advance)
         module.eval()
         for p in module.parameters():
@@ -227,10 +226,15 @@ class TOSCA(Strategy):
     def all_logits(self, split: Split) -> torch.Tensor:
         """(T, N, C) logits of every module on every image, one batched computation per chunk."""
         out = []
-        for start in range(0, len(split), self.cfg.eval_batch):
-            z = split.features[start : start + self.cfg.eval_batch].to(self.ctx.device)
-            out.append(self.head(stacked_forward(list(self.modules_), z)).cpu())
+        with self._small_ops():
+            for start in range(0, len(split), self.cfg.eval_batch):
+                z = split.features[start : start + self.cfg.eval_batch].to(self.ctx.device)
+                out.append(self.head(stacked_forward(list(self.modules_), z)).cpu())
         return torch.cat(out, dim=1)
+
+    def _small_ops(self):
+        """One intra-op thread for the bottleneck-sized work on CPU (see clbench.blocks.torch_threads)."""
+        return torch_threads(1) if self.ctx.device.type == "cpu" else contextlib.nullcontext()
 
     def routes(self, all_logits: torch.Tensor, protocol: str) -> torch.Tensor:
         if protocol == PER_SAMPLE:
