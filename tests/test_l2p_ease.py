@@ -1,0 +1,288 @@
+"""L2P and EASE: mechanics on the tiny random ViT, end to end through the harness, and one slow real run.
+
+The clbench cache (``CLBENCH_CACHE``) is isolated per session by ``conftest.py``.
+
+Every test states an invariant from the papers / reference code (top-k by cosine, masked loss, one frozen
+adapter set per task, parameter formula, per-sample predictions) and would fail if the code broke it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from baselines.ease import EASE, AdapterSet, EASEConfig, adapter_set_size, subspace_weights, synthesize_prototypes
+from baselines.l2p import L2P, L2PConfig, PromptPool, select_prompts
+from clbench.backbones import load_backbone, state_digest
+from clbench.benchmarks.base import ArraySource
+from clbench.blocks import masked_cross_entropy, vit_forward_tokens, vit_inserted_position, vit_tokens
+from clbench.errors import ClbenchError
+from clbench.features import extract
+from clbench.harness import RunConfig, make_strategy_config, run
+from clbench.strategy import PER_SAMPLE, REFERENCE, Context, Split, Task
+from clbench.transforms import TransformSpec
+
+L2P_SMALL = L2PConfig(epochs=1, batch_size=8, eval_batch_size=4)
+EASE_SMALL = EASEConfig(epochs=1, batch_size=8, eval_batch_size=4, bottleneck=8)
+
+
+# ----------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny ViT gains nothing from threads, and on a shared 2-core machine OpenMP threads spinning against
+    other processes make it ~10x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    return load_backbone("vit_micro", "random", seed=0)
+
+
+def make_split(backbone, classes: list[int], n_per_class: int, seed: int) -> Split:
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.asarray(classes), n_per_class)
+    images = rng.integers(0, 256, size=(len(labels), 32, 32, 3), dtype=np.uint8)
+    source = ArraySource(images, labels, f"tiny-{seed}")
+    eval_tf = TransformSpec(32, None, backbone.mean, backbone.std).build()
+    train_tf = TransformSpec(32, None, backbone.mean, backbone.std, train=True).build()
+    feats = extract(backbone, source, eval_tf, torch.device("cpu"), autocast=False, batch_size=64)
+    return Split(source, np.arange(len(labels)), torch.as_tensor(labels), feats, eval_tf, train_tf)
+
+
+@pytest.fixture(scope="module")
+def tasks(backbone) -> list[Task]:
+    first = make_split(backbone, [0, 1], 6, seed=1)
+    second = make_split(backbone, [2, 3], 6, seed=2)
+    return [Task(0, [0, 1], 2, first), Task(1, [2, 3], 4, second)]
+
+
+@pytest.fixture(scope="module")
+def test_split(backbone) -> Split:
+    return make_split(backbone, [0, 1, 2, 3], 3, seed=3)
+
+
+def ctx_for(backbone) -> Context:
+    return Context(backbone=backbone, device=torch.device("cpu"), autocast=False, seed=7, log=lambda s: None)
+
+
+# ----------------------------------------------------------------------------------------------- L2P
+def test_select_prompts_takes_top_k_keys_by_cosine_not_dot_product():
+    pool = PromptPool(4, 2, 3, torch.Generator().manual_seed(0))
+    with torch.no_grad():  # key 1 is long, so a dot product would rank it first
+        pool.keys.copy_(torch.tensor([[0.01, 0, 0], [0, 100.0, 0], [0, 0, 1.0], [-1.0, 0, 0]]))
+    query = torch.tensor([[1.0, 0.5, 0.1], [0.0, 0.1, 1.0]])
+    sim = pool.similarity(query)
+    assert torch.allclose(sim, F.normalize(query, dim=1) @ F.normalize(pool.keys, dim=1).T)
+    idx = select_prompts(sim, 2, batchwise=False)
+    assert idx.tolist() == [[0, 1], [2, 1]]
+
+
+def test_batchwise_selection_is_the_batch_vote_with_ties_to_lower_id():
+    sim = torch.tensor([[0.9, 0.8, 0.1, 0.0], [0.9, 0.7, 0.0, 0.2], [0.0, 0.1, 0.9, 0.8]])
+    voted = select_prompts(sim, 2, batchwise=True)
+    assert voted.tolist() == [[0, 1]] * 3  # ids 0 and 1 were chosen twice, 2 and 3 once
+    tie = select_prompts(sim[[0, 2]], 2, batchwise=True)  # every id chosen once: lowest ids win
+    assert tie.tolist() == [[0, 1]] * 2
+
+
+def test_masked_cross_entropy_ignores_classes_outside_the_task():
+    logits = torch.randn(5, 6, requires_grad=True)
+    target = torch.tensor([2, 3, 3, 2, 2])
+    loss = masked_cross_entropy(logits, target, [2, 3])
+    expected = F.cross_entropy(logits[:, 2:4], target - 2)
+    assert torch.allclose(loss, expected)
+    loss.backward()
+    assert torch.all(logits.grad[:, [0, 1, 4, 5]] == 0)
+    shifted = logits.detach().clone()
+    shifted[:, [0, 1, 4, 5]] += 50.0  # other classes' logits cannot change the loss
+    assert torch.allclose(masked_cross_entropy(shifted, target, [2, 3]), expected)
+
+
+def test_vit_helpers_reproduce_the_frozen_feature_and_insert_after_cls(backbone):
+    model = backbone.model
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        plain = model.forward_head(vit_forward_tokens(model, vit_tokens(model, x)), pre_logits=True)
+        assert torch.equal(plain, backbone(x))
+        extra = torch.randn(3, 5, backbone.num_features)
+        tokens = vit_tokens(model, x, extra + vit_inserted_position(model))
+    n_patches = model.patch_embed.num_patches
+    assert tokens.shape == (3, 1 + 5 + n_patches, backbone.num_features)
+    assert torch.equal(tokens[:, 1:6], extra + model.pos_embed[:, :1])  # [CLS] position, as PILOT's table
+    assert torch.equal(tokens[:, 6:], vit_tokens(model, x)[:, 1:])  # patches unchanged, after the prompts
+
+
+@pytest.mark.parametrize("method", ["l2p", "ease"])
+def test_training_leaves_the_backbone_bit_identical(backbone, tasks, method):
+    before = state_digest(backbone.model)
+    strategy = L2P(L2P_SMALL, ctx_for(backbone)) if method == "l2p" else EASE(EASE_SMALL, ctx_for(backbone))
+    for task in tasks:
+        strategy.learn_task(task)
+    assert state_digest(backbone.model) == before == backbone.digest
+    assert not any(p.requires_grad for p in backbone.model.parameters())
+
+
+def test_l2p_learns_prompts_keys_and_head_and_counts_them(backbone, tasks):
+    strategy = L2P(L2P_SMALL, ctx_for(backbone))
+    prompts0 = strategy.pool.prompts.detach().clone()
+    strategy.learn_task(tasks[0])
+    assert not torch.equal(prompts0, strategy.pool.prompts)  # prompts were trained
+    d, cfg = backbone.num_features, L2P_SMALL
+    pool = cfg.pool_size * cfg.prompt_length * d + cfg.pool_size * d
+    strategy.learn_task(tasks[1])
+    counts = strategy.param_counts()
+    assert counts.added_per_task == [pool + 2 * (d + 1), 2 * (d + 1)]
+    assert counts.trainable_per_task == [pool + 2 * (d + 1)] * 2
+    assert counts.head == 4 * (d + 1)
+
+
+@pytest.mark.parametrize("method", ["l2p", "ease"])
+def test_per_sample_predictions_do_not_depend_on_the_batch(backbone, tasks, test_split, method):
+    strategy = L2P(L2P_SMALL, ctx_for(backbone)) if method == "l2p" else EASE(EASE_SMALL, ctx_for(backbone))
+    for task in tasks:
+        strategy.learn_task(task)
+    if method == "l2p":  # keys at the (centred) test queries: images choose different prompts
+        feats = test_split.features
+        with torch.no_grad():
+            strategy.pool.keys.copy_(feats[: L2P_SMALL.pool_size] - feats.mean(0))
+        own = select_prompts(strategy.pool.similarity(feats), L2P_SMALL.top_k, batchwise=False)
+        assert len({tuple(sorted(r)) for r in own.tolist()}) > 1
+    full = strategy.predict(test_split, PER_SAMPLE)
+    assert full.shape == (len(test_split), 4) and torch.isfinite(full).all()
+    rows = [7, 0, 11, 3, 5]  # another order and other neighbours in every batch of 4
+    part = strategy.predict(test_split.subset(rows), PER_SAMPLE)
+    assert torch.allclose(part, full[rows], atol=1e-5, rtol=1e-5)
+    assert torch.equal(part.argmax(1), full[rows].argmax(1))
+
+
+def test_l2p_reference_protocol_with_batches_of_one_is_per_sample(backbone, tasks, test_split):
+    strategy = L2P(L2PConfig(epochs=1, batch_size=8, eval_batch_size=1), ctx_for(backbone))
+    strategy.learn_task(tasks[0])
+    assert torch.allclose(strategy.predict(test_split, REFERENCE), strategy.predict(test_split, PER_SAMPLE))
+
+
+# ----------------------------------------------------------------------------------------------- EASE
+def test_new_adapter_set_starts_as_the_frozen_backbone(backbone, test_split):
+    strategy = EASE(EASE_SMALL, ctx_for(backbone))
+    fresh = AdapterSet(len(backbone.model.blocks), backbone.num_features, EASE_SMALL, torch.Generator().manual_seed(0))
+    fresh.eval()
+    images = torch.stack([test_split.eval_transform(test_split.source.image(i)) for i in range(4)])
+    with torch.no_grad():
+        feats = strategy._features(images, [fresh])  # W_up = 0: the adapter adds nothing
+    assert torch.allclose(feats[:, 0], test_split.features[:4], atol=1e-5)
+
+
+def test_ease_adds_one_frozen_adapter_set_per_task_of_the_formula_size(backbone, tasks):
+    strategy = EASE(EASE_SMALL, ctx_for(backbone))
+    n_blocks, d, r = len(backbone.model.blocks), backbone.num_features, EASE_SMALL.bottleneck
+    assert r != d  # so the formula's d and r cannot be swapped unnoticed
+    expected = n_blocks * (2 * d * r + r + d)
+    strategy.learn_task(tasks[0])
+    assert len(strategy.adapter_sets) == 1
+    first = state_digest(strategy.adapter_sets[0])
+    assert any(float(a.up_weight.abs().sum()) > 0 for a in strategy.adapter_sets[0])  # it was trained
+    strategy.learn_task(tasks[1])
+    assert len(strategy.adapter_sets) == 2
+    assert state_digest(strategy.adapter_sets[0]) == first  # old set bit-identical after the next task
+    for s in strategy.adapter_sets:
+        assert sum(p.numel() for p in s.parameters()) == expected == adapter_set_size(n_blocks, d, r)
+        assert not any(p.requires_grad for p in s.parameters())
+    counts = strategy.param_counts()
+    assert counts.extra["adapter_params_per_task"] == expected
+    assert counts.trainable_per_task == [expected + 2 * d + 1] * 2  # adapters + task head (2 classes) + sigma
+    assert strategy.protos.shape == (4, 2, d)
+    assert counts.extra["backbone_passes_per_test_image_per_task"] == [1, 2]
+
+
+def test_ease_prototypes_are_class_means_in_every_subspace(backbone, tasks):
+    strategy = EASE(EASE_SMALL, ctx_for(backbone))
+    for task in tasks:
+        strategy.learn_task(task)
+    feats = strategy._split_features(tasks[1].train)  # (N, 2, d)
+    labels = tasks[1].train.labels
+    for c in (2, 3):
+        for j in (0, 1):  # task 1's classes are real in both subspaces
+            assert torch.allclose(strategy.protos[c, j], feats[labels == c, j].mean(0), atol=1e-5)
+
+
+def test_synthesized_prototypes_follow_solve_sim_reset():
+    g = torch.Generator().manual_seed(0)
+    protos = torch.randn(6, 3, 4, generator=g)  # tasks: [0, 1], [2, 3], [4, 5]
+    tasks = [[0, 1], [2, 3], [4, 5]]
+    out = synthesize_prototypes(protos, tasks)
+    for i, j, ref in [(0, 1, [2, 3, 4, 5]), (0, 2, [4, 5]), (1, 2, [4, 5])]:
+        old = tasks[i]
+        w = torch.softmax(F.cosine_similarity(protos[old, i][:, None], protos[ref, i][None], dim=-1), dim=1)
+        assert torch.allclose(out[old, j], w @ protos[ref, j], atol=1e-6)
+    for c, task in enumerate([0, 0, 1, 1, 2, 2]):  # real prototypes are kept
+        assert torch.equal(out[c, : task + 1], protos[c, : task + 1])
+
+
+def test_subspace_weights_follow_forward_reweight():
+    w = subspace_weights([0, 0, 1, 2], 3, alpha=0.1)
+    assert torch.allclose(w, torch.tensor([[1, 0.05, 0.05], [1, 0.05, 0.05], [0.05, 1, 0.05], [0.05, 0.05, 1]]))
+    assert torch.equal(subspace_weights([0, 0], 1, alpha=0.1), torch.ones(2, 1))
+
+
+# ----------------------------------------------------------------------------------------------- configs
+def test_configs_reject_bad_values_naming_the_field():
+    with pytest.raises(ValueError, match="top_k"):
+        L2PConfig(top_k=11)
+    with pytest.raises(ValueError, match="epochs"):
+        L2PConfig(epochs=0)
+    with pytest.raises(ValueError, match="adapter_dropout"):
+        EASEConfig(adapter_dropout=1.0)
+    with pytest.raises(ValueError, match="min_lr"):
+        EASEConfig(min_lr=1.0)
+
+
+@pytest.mark.parametrize("cls", [L2P, EASE])
+def test_quick_profile_is_a_valid_config(cls):
+    cfg = make_strategy_config(cls, "quick", ())
+    assert cls.profiles["quick"]["img_size"] == 112
+    assert cfg != cls.Config()  # the default stays the reference profile
+
+
+# ----------------------------------------------------------------------------------------------- harness
+@pytest.mark.parametrize("method,protocol", [("l2p", "both"), ("ease", "per-sample")])
+def test_end_to_end_through_the_harness(tmp_path, method, protocol):
+    record = run(RunConfig(strategy=method, bench="emoji", backbone="vit_micro", weights="random",
+                           out=str(tmp_path / method), init_cls=18, increment=18, device="cpu", autocast=False,
+                           protocol=protocol, save_features=False,
+                           overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64"))))
+    assert record["complete"] and record["task_sizes"] == [18, 18]
+    assert len(record["accuracy_matrix"]) == 2 and all(np.isfinite(record["acc_curve"]))
+    params = record["params"]
+    if method == "l2p":
+        assert set(record["protocols"]) == {"per-sample", "reference"} and "protocol_gap" in record
+        assert record["per_task"][-1]["diagnostics"]["reference_eval_batch_size"] == 64
+    else:
+        assert params["adapter_params_per_task"] == 4 * (2 * 64 * 64 + 64 + 64)  # vit_micro: 4 blocks, d = r = 64
+        assert [t["diagnostics"]["backbone_passes_per_image"] for t in record["per_task"]] == [1, 2]
+
+
+@pytest.mark.parametrize("method", ["l2p", "ease"])
+def test_non_vit_backbone_is_refused_with_a_clear_error(tmp_path, method):
+    with pytest.raises(ClbenchError, match="needs a ViT backbone"):
+        run(RunConfig(strategy=method, backbone="tf_efficientnet_lite0", weights="random", out=str(tmp_path / "x")))
+
+
+@pytest.mark.veryslow
+@pytest.mark.parametrize("method", ["l2p", "ease"])
+def test_quick_profile_on_the_embedded_benchmark_with_the_offline_vit(tmp_path, method):
+    from clbench import offline_weights as ow
+
+    try:  # converted once into the clbench cache, as in test_real.py
+        ow.offline_weights("vit_small_patch14_dinov2")
+    except ow.WeightsUnavailable as e:
+        pytest.skip(f"offline DINOv2 ViT-S/14 weights unavailable: {e}")
+    record = run(RunConfig(strategy=method, profile="quick", weights="offline", out=str(tmp_path / method),
+                           protocol="both" if method == "l2p" else "per-sample", save_features=False))
+    assert record["complete"] and record["img_size"] == 112 and len(record["acc_curve"]) == 6
+    assert record["last_acc"] > 3 * 100 / 36  # well above chance on 36 classes
