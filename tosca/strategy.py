@@ -274,10 +274,16 @@ class TOSCA(Strategy):
         return out
 
     def module_similarity(self) -> float | None:
-        """Mean pairwise cosine similarity between the modules' flattened parameters (paper: near-orthogonal)."""
+        """Mean pairwise cosine similarity between the modules' flattened weight matrices (W_down, W_up, W_1, W_2;
+        the paper's near-orthogonality claim). LayerNorm affines and biases are left out: the LayerNorm weights all
+        start at 1 and would make any two modules look alike."""
         if len(self.modules_) < 2:
             return None
-        flat = F.normalize(torch.stack([torch.cat([p.flatten() for p in m.parameters()]) for m in self.modules_]), dim=1)
+
+        def weights(m: LuCA) -> torch.Tensor:
+            return torch.cat([lin.weight.flatten() for lin in (m.down, m.up, m.gate_in, m.gate_out)])
+
+        flat = F.normalize(torch.stack([weights(m) for m in self.modules_]), dim=1)
         sim = flat @ flat.T
         T = len(self.modules_)
         return float((sim.sum() - sim.diagonal().sum()) / (T * (T - 1)))
