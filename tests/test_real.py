@@ -6,22 +6,28 @@ extracts features for 3,262 images; later runs hit the cache (CI shares it with 
 
 from __future__ import annotations
 
+import json
+
 import pytest
+
+from clbench.cli import main
 
 from clbench.harness import RunConfig, run
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def real_simplecil(tmp_path_factory):
-    return run(RunConfig(strategy="simplecil", out=str(tmp_path_factory.mktemp("real") / "simplecil")))
+def _cli_run(out, *flags) -> dict:
+    """The user's command, end to end through the CLI; returns the written record."""
+    assert main(["run", "--strategy", "simplecil", "--out", str(out), *flags]) == 0
+    return json.loads((out / "result.json").read_text())
 
 
-def test_pretrained_weights_matter(real_simplecil, tmp_path):
+def test_pretrained_weights_matter(tmp_path):
     """SimpleCIL with the real weights beats a randomly initialised copy of the same backbone by a wide margin."""
-    rnd = run(RunConfig(strategy="simplecil", weights="random", out=str(tmp_path / "random"), save_features=False))
-    real = real_simplecil
+    real = _cli_run(tmp_path / "real")
+    rnd = _cli_run(tmp_path / "random", "--weights", "random")
+    assert real["complete"] and rnd["complete"]
     assert real["weights_source"] == "offline" and rnd["weights_source"].startswith("random-init")
     assert real["backbone"] == rnd["backbone"] == "vit_small_patch14_dinov2"
     assert real["weights_digest"] != rnd["weights_digest"]

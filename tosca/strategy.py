@@ -268,6 +268,10 @@ class TOSCA(Strategy):
                 "newest_module_share": float((c == T - 1).mean() * 100),
                 "acc": float((pred == y).mean() * 100),
             }
+        newest = out[PER_SAMPLE]["newest_module_share"]
+        if T > 1 and newest > 50.0:  # the known failure of entropy routing: the newest module wins everything
+            out["routing_warning"] = (f"entropy routing sends {newest:.0f}% of test images to the newest module "
+                                      f"(its task holds {100 * float((true_task == T - 1).mean()):.0f}% of them)")
         oracle = all_logits[true, torch.arange(len(y))].argmax(1).numpy()
         out["oracle_acc"] = float((oracle == y).mean() * 100)
         out["module_cosine_similarity"] = self.module_similarity()

@@ -211,6 +211,7 @@ def routing_table(coll: Collection) -> pd.DataFrame:
             "oracle-routed acc %": fmt_mean_std(x.get("oracle_acc") for x in d),
             "newest module share %": fmt_mean_std(x[key.protocol].get("newest_module_share") for x in d),
             "module cosine sim.": fmt_mean_std((x.get("module_cosine_similarity") for x in d), 3),
+            "warning": "; ".join(sorted({x["routing_warning"] for x in d if x.get("routing_warning")})) or "-",
             "runs": run_ids(runs),
         })
     return pd.DataFrame(rows)
