@@ -63,10 +63,10 @@ from torch import nn
 
 from clbench.blocks import (
     CosineHead,
-    check_finite,
     check_vit_blocks,
     class_means,
     cosine_lr,
+    optimizer_step,
     vit_forward_tokens,
     vit_tokens,
 )
@@ -269,11 +269,8 @@ class EASE(Strategy):
                 images, target = images.to(dev), local[labels].to(dev)
                 logits = head(self._features(images, [adapters])[:, 0])  # (B, |C_t|)
                 loss = F.cross_entropy(logits, target)
-                check_finite(loss.detach(), f"task {task.id} epoch {epoch}")
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                total, n = total + loss.item() * len(target), n + len(target)
+                value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")
+                total, n = total + value * len(target), n + len(target)
                 if advance:
                     advance(1)
             schedule.step()

@@ -66,14 +66,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from clbench.blocks import (
-    check_finite,
     check_vit_blocks,
     masked_cross_entropy,
+    optimizer_step,
     vit_forward_tokens,
     vit_inserted_position,
     vit_tokens,
 )
-from clbench.strategy import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
+from clbench.strategy import (
+    PER_SAMPLE,
+    REFERENCE,
+    Context,
+    ParamCounts,
+    Split,
+    Strategy,
+    Task,
+)
 
 PER_SAMPLE_BATCH = 64  # smallest evaluation batch of the per-sample protocol (speed only)
 
@@ -224,11 +232,8 @@ class L2P(Strategy):
                 query = (task.train.features[positions].to(dev) if cfg.query == "cached" else self._query(images))
                 logits, pull = self._forward(images, query, batchwise)
                 loss = masked_cross_entropy(logits, labels, task.classes) - cfg.pull_coeff * pull
-                check_finite(loss.detach(), f"task {task.id} epoch {epoch}")
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                total, n = total + loss.item() * len(labels), n + len(labels)
+                value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")
+                total, n = total + value * len(labels), n + len(labels)
                 if advance:
                     advance(1)
             ctx.log(f"  L2P task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")

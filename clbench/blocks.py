@@ -101,6 +101,16 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: str) -> float:
+    """One training step shared by the trained methods: refuse a non-finite loss (naming ``where``), then
+    zero the gradients, backpropagate and step. Returns the loss value."""
+    check_finite(loss.detach(), where)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
 def check_finite(loss: torch.Tensor, where: str) -> None:
     if not math.isfinite(float(loss.detach())):
         raise ClbenchError(f"loss became {float(loss)} in {where}", "lower the learning rate (--set lr=...) or check the data")

@@ -38,6 +38,7 @@ Deviations from the paper / reference code:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,11 +48,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import contextlib
-
-from clbench.blocks import CosineHead, check_finite, class_means, cosine_lr, minibatches, n_params, torch_threads
+from clbench.blocks import (
+    CosineHead,
+    class_means,
+    cosine_lr,
+    minibatches,
+    n_params,
+    optimizer_step,
+    torch_threads,
+)
 from clbench.features import autocast_ctx
-from clbench.strategy import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
+from clbench.strategy import (
+    PER_SAMPLE,
+    REFERENCE,
+    Context,
+    ParamCounts,
+    Split,
+    Strategy,
+    Task,
+)
 from tosca.luca import VARIANTS, LuCA
 
 
@@ -213,10 +228,7 @@ class TOSCA(Strategy):
             for z, y in self._batches(task, epoch):
                 logits = self.head(module(z))
                 loss = F.cross_entropy(logits, y) + cfg.l1 * sum(p.abs().sum() for p in module.parameters())
-                check_finite(loss, f"tosca task {task.id} epoch {epoch}")
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+                optimizer_step(optimizer, loss, f"tosca task {task.id} epoch {epoch}")
                 if advance:
                     advance(1)
             scheduler.step()

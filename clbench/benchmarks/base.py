@@ -168,6 +168,23 @@ def resolve_data_root(spec: BenchmarkSpec, data_root: str | Path | None) -> Path
     return path
 
 
+def torchvision_download(dataset: str, subdir: str, what: str, hint: str) -> Path:
+    """Download torchvision's ``dataset`` (train and test) into ``<cache>/data/<subdir>`` when online; a
+    ClbenchError with ``hint`` otherwise. Returns the download folder."""
+    from clbench.io import cache_dir
+
+    target = cache_dir() / "data" / subdir
+    try:
+        import torchvision
+
+        cls = getattr(torchvision.datasets, dataset)
+        cls(str(target), train=True, download=True)
+        cls(str(target), train=False, download=True)
+    except Exception as e:  # network errors come in many types
+        raise ClbenchError(f"{what} not found and the download failed ({type(e).__name__}: {e})", hint) from None
+    return target
+
+
 def check_labels(name: str, source: ImageSource, n_classes: int) -> None:
     """Every label must be a valid class id of the benchmark."""
     if len(source) == 0:

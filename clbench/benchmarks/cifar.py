@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clbench.benchmarks.base import ArraySource
+from clbench.benchmarks.base import ArraySource, torchvision_download
 from clbench.errors import ClbenchError
 
 FOLDER = "cifar-100-python"
@@ -68,21 +68,9 @@ def locate(data_root: Path | None) -> Path | None:
 
 
 def _download() -> Path:
-    from clbench.io import cache_dir
-
-    target = cache_dir() / "data" / "cifar100"
-    try:
-        import torchvision
-
-        torchvision.datasets.CIFAR100(str(target), train=True, download=True)
-        torchvision.datasets.CIFAR100(str(target), train=False, download=True)
-    except Exception as e:  # network errors come in many types
-        raise ClbenchError(
-            f"CIFAR-100 not found and the download failed ({type(e).__name__}: {e})",
-            "pass --data-root DIR holding cifar-100-python/{train,test,meta} (torchvision's format; "
-            "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz unpacked)",
-        ) from None
-    return target / FOLDER
+    hint = ("pass --data-root DIR holding cifar-100-python/{train,test,meta} (torchvision's format; "
+            "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz unpacked)")
+    return torchvision_download("CIFAR100", "cifar100", "CIFAR-100", hint) / FOLDER
 
 
 def _split(folder: Path, split: str) -> ArraySource:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clbench.benchmarks.base import ArraySource
+from clbench.benchmarks.base import ArraySource, torchvision_download
 from clbench.errors import ClbenchError
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -53,21 +53,9 @@ def _folder_with_files(folder: Path) -> bool:
 
 
 def _download() -> Path:
-    from clbench.io import cache_dir
-
-    target = cache_dir() / "data" / "fashion-mnist"
-    try:
-        import torchvision
-
-        torchvision.datasets.FashionMNIST(str(target), train=True, download=True)
-        torchvision.datasets.FashionMNIST(str(target), train=False, download=True)
-    except Exception as e:  # network errors come in many types
-        raise ClbenchError(
-            f"Fashion-MNIST not found and the download failed ({type(e).__name__})",
-            "apt-get install dataset-fashion-mnist, or pass --data-root DIR holding "
-            "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]",
-        ) from None
-    return target
+    hint = ("apt-get install dataset-fashion-mnist, or pass --data-root DIR holding "
+            "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]")
+    return torchvision_download("FashionMNIST", "fashion-mnist", "Fashion-MNIST", hint)
 
 
 def load(data_root: Path | None) -> tuple[ArraySource, ArraySource, list[str]]:
