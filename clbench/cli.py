@@ -24,7 +24,7 @@ def _kv(text: str) -> tuple[str, str]:
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     from clbench.catalog import DEFAULT_BENCH
 
-    p.add_argument("--strategy", required=True, help="method to run (see `clbench list`)")
+    p.add_argument("--strategy", help="method to run (see `clbench list`); required unless --resume")
     p.add_argument("--bench", default=DEFAULT_BENCH, help=f"benchmark (default: {DEFAULT_BENCH}, embedded)")
     p.add_argument("--backbone", help="backbone name (default: the benchmark's)")
     p.add_argument("--weights", default="auto",
@@ -49,6 +49,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="feature-extraction batch (default: 64)")
     p.add_argument("--out", help="run folder (default: runs/<strategy>-<bench>-s<seed>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue the unfinished run in DIR from its checkpoint, with the settings it was started "
+                        "with (other flags given must match them). Running the same command with the same --out "
+                        "again continues it too")
     p.add_argument("--no-feature-cache", dest="feature_cache", action="store_false",
                    help="recompute frozen features instead of using the on-disk cache")
 
@@ -57,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from clbench.harness import RunConfig, run
     from clbench.ui import RichReporter, print_result
 
-    cfg = RunConfig(
+    values = dict(
         strategy=args.strategy, bench=args.bench, backbone=args.backbone, weights=args.weights,
         data_root=args.data_root, init_cls=args.init_cls, increment=args.increment, seed=args.seed,
         class_order_seed=args.class_order_seed, device=args.device, autocast=args.autocast,
@@ -65,8 +69,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite, batch_size=args.batch_size, img_size=args.img_size, normalize=args.normalize,
         feature_cache=args.feature_cache,
     )
+    if args.resume:
+        from clbench.checkpoint import resume_config
+
+        parser = argparse.ArgumentParser()
+        _add_run_args(parser)
+        defaults = vars(parser.parse_args([]))  # a flag left at its default counts as not given
+        defaults["overrides"] = ()
+        cfg = resume_config(args.resume, {k: v for k, v in values.items() if v != defaults[k]})
+    elif args.strategy is None:
+        raise ClbenchError("clbench run needs --strategy", "or --resume DIR to continue an unfinished run")
+    else:
+        cfg = RunConfig(**values)
     with RichReporter() as reporter:
-        record = run(cfg, reporter)
+        record = run(cfg, reporter, resume=bool(args.resume))
     print_result(record)
     return 0
 
@@ -175,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"clbench: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("clbench: interrupted; the run folder keeps its last per-task record (complete: false)", file=sys.stderr)
+        print("clbench: interrupted; the run folder keeps its last finished task: continue it with "
+              "`clbench run --resume DIR` (or the same command again)", file=sys.stderr)
         return 130
 
 

@@ -122,7 +122,8 @@ def make_strategy_config(strategy_cls: type, profile: str | None, overrides: tup
 
 # ----------------------------------------------------------------------------------------------- run folder
 class RunDir:
-    """The run folder: refuses finished runs unless overwriting, and holds an exclusive lock while running."""
+    """The run folder: holds an exclusive lock while running, refuses a finished run unless overwriting, and finds
+    the checkpoint of an unfinished one (:mod:`clbench.checkpoint`) so that the run continues from it."""
 
     def __init__(self, path: Path, overwrite: bool) -> None:
         self.path = path
@@ -134,15 +135,55 @@ class RunDir:
             self._lock.close()
             raise ClbenchError(f"another clbench process is writing to {path}",
                                "wait for it to finish or choose another --out") from None
-        result = path / RESULT_FILE
-        if result.exists() and not overwrite:
-            try:
-                complete = json.loads(result.read_text()).get("complete", False)
-            except (OSError, json.JSONDecodeError):
-                complete = False
-            what = "a finished run" if complete else "an unfinished run"
+        try:
+            self._check(overwrite)
+        except BaseException:
             self.release()
-            raise ClbenchError(f"--out {path} already holds {what}", "pass --overwrite to replace it, or choose another --out")
+            raise
+
+    @property
+    def checkpoint_path(self) -> Path:
+        from clbench.checkpoint import CHECKPOINT_FILE
+
+        return self.path / CHECKPOINT_FILE
+
+    def _check(self, overwrite: bool) -> None:
+        for tmp in self.path.glob(".*.tmp"):  # left by a process killed mid-write (clbench.io.atomic_write_bytes)
+            tmp.unlink(missing_ok=True)
+        result = self.path / RESULT_FILE
+        if overwrite:  # the checkpoint first: a kill in between leaves a record that cannot be continued
+            self.checkpoint_path.unlink(missing_ok=True)
+            result.unlink(missing_ok=True)
+            return
+        if not result.exists():
+            return
+        try:
+            complete = json.loads(result.read_text()).get("complete", False)
+        except (OSError, json.JSONDecodeError, AttributeError):
+            complete = False
+        if complete:
+            raise ClbenchError(f"--out {self.path} already holds a finished run",
+                               "pass --overwrite to replace it, or choose another --out")
+        if not self.checkpoint_path.exists():
+            raise ClbenchError(f"--out {self.path} already holds an unfinished run without a checkpoint to continue "
+                               "from", "pass --overwrite to replace it, or choose another --out")
+
+    def resumable(self, fingerprint: dict[str, Any], map_location: torch.device, required: bool) -> dict[str, Any] | None:
+        """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
+        from clbench import checkpoint
+
+        if not self.checkpoint_path.exists():
+            if required:
+                raise ClbenchError(f"--resume {self.path}: no {self.checkpoint_path.name} to continue from",
+                                   "run the same command without --resume to start it over")
+            return None
+        ckpt = checkpoint.load(self.checkpoint_path, map_location)
+        diff = checkpoint.differences(ckpt["fingerprint"], fingerprint)
+        if diff:
+            raise ClbenchError(f"--out {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
+                               f"continue it with `clbench run --resume {self.path}`, pass --overwrite to start "
+                               "over, or choose another --out")
+        return ckpt
 
     def release(self) -> None:
         if not self._lock.closed:
@@ -325,26 +366,57 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None) -> Session:
     return Session(cfg, spec, bench, backbone, eval_tf, train_tf, feats, cache.events, t_features, strategy, protocols)
 
 
-def run(cfg: RunConfig, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Run one configuration end to end, writing the record after every task; return the complete record."""
+def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> dict[str, Any]:
+    """Run one configuration end to end, writing a checkpoint and the record after every task; return the complete
+    record. An unfinished run in ``cfg.out`` with a checkpoint and the same settings is continued from its last
+    finished task (``resume=True``: it must be). See :mod:`clbench.checkpoint`."""
+    from clbench import checkpoint
     from clbench.backbones import state_digest
 
     rep = reporter or Reporter()
     t_start = time.perf_counter()
-    resolve(cfg)  # every bad name or setting fails here, before a run folder is made
+    _, _, backbone_name, _, _ = resolve(cfg)  # every bad name or setting fails here, before a run folder is made
+    if resume and cfg.overwrite:
+        raise ClbenchError("--resume continues a run and --overwrite starts it over: pass only one of them")
     run_dir = RunDir(Path(cfg.out) if cfg.out else default_run_dir(cfg), cfg.overwrite)
-    np_rng_state = np.random.get_state()
+    caller_rng = checkpoint.capture_rng()
     try:
-        (run_dir.path / RESULT_FILE).unlink(missing_ok=True)
+        fingerprint, revision = checkpoint.fingerprint(cfg, backbone_name), git_revision()
+        ckpt = run_dir.resumable(fingerprint, resolve_device(cfg.device), required=resume)
+        if ckpt is None:
+            (run_dir.path / RESULT_FILE).unlink(missing_ok=True)
         torch.manual_seed(cfg.seed)  # the run owns the seed; strategies draw from ctx.generator()
         session = prepare(cfg, rep)
         strategy, bench, protocols = session.strategy, session.bench, session.protocols
         logs = {p: _ProtocolLog() for p in protocols}
         per_task: list[dict[str, Any]] = []
-        t_train = t_eval = 0.0
-        record: dict[str, Any] = {}
+        done, resumed_from, cache_events = 0, [], list(session.cache_events)
+        before = {"features": 0.0, "train": 0.0, "eval": 0.0, "checkpoint": 0.0, "total": 0.0}  # earlier segments
+        peak_before = 0.0
+        if ckpt is not None:
+            checkpoint.check_session(ckpt, session, run_dir.checkpoint_path)
+            if ckpt["git_revision"] != revision:
+                rep.log(f"note: the checkpoint was written by code at {ckpt['git_revision']}, now {revision}")
+            strategy.load_state_dict(ckpt["strategy"])
+            logs = {p: _ProtocolLog(**ckpt["logs"][p]) for p in protocols}
+            per_task, done = ckpt["per_task"], ckpt["tasks_done"]
+            resumed_from = [*ckpt["resumed_from_task"], done]
+            cache_events = [*ckpt["feature_cache"], *cache_events]
+            before, peak_before = ckpt["times"], ckpt["peak_rss_mb"]
+            rep.log(f"continuing {run_dir.path} after task {done}/{bench.n_tasks} (from its checkpoint)")
+        t_train = t_eval = t_ckpt = 0.0
+
+        def times() -> dict[str, float]:
+            return {"features": before["features"] + session.t_features, "train": before["train"] + t_train,
+                    "eval": before["eval"] + t_eval, "checkpoint": before["checkpoint"] + t_ckpt,
+                    "total": before["total"] + time.perf_counter() - t_start}
+
         for step in session.steps():
             task, t = step.task, step.task.id
+            if t < done:  # learnt before the checkpoint; its RNG state is the one after task done - 1
+                if t == done - 1:
+                    checkpoint.restore_rng(ckpt["rng"])
+                continue
             rep.log(f"task {t + 1}/{bench.n_tasks}: classes {task.classes[0]}..{task.classes[-1]} "
                     f"({len(task.train)} images)")
             t0 = time.perf_counter()
@@ -370,23 +442,35 @@ def run(cfg: RunConfig, reporter: Reporter | None = None) -> dict[str, Any]:
             per_task.append(entry)
             main = logs[protocols[0]]
             rep.log(f"  A_{t + 1} = {main.curve[-1]:.2f}%  (old {main.old[-1]:.2f}, new {main.new[-1]:.2f})")
-            record = _record(cfg, session, logs, per_task, run_dir.path,
-                             {"features": session.t_features, "train": t_train, "eval": t_eval,
-                              "total": time.perf_counter() - t_start}, complete=False)
+
+            t0 = time.perf_counter()  # the checkpoint first: a record never claims more than it holds
+            checkpoint.save(run_dir.checkpoint_path, {
+                "config": dataclasses.asdict(cfg), "fingerprint": fingerprint,
+                "backbone_digest": session.backbone.digest, "data": checkpoint.data_identity(session),
+                "tasks_done": t + 1, "strategy": strategy.state_dict(), "rng": checkpoint.capture_rng(),
+                "logs": {p: dataclasses.asdict(log) for p, log in logs.items()}, "per_task": per_task,
+                "times": times(), "peak_rss_mb": max(peak_before, peak_rss_mb()), "resumed_from_task": resumed_from,
+                "feature_cache": cache_events, "git_revision": revision,
+            })
+            t_ckpt += time.perf_counter() - t0
+            record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=False,
+                             resumed_from_task=resumed_from, cache_events=cache_events)
+            record["peak_rss_mb"] = max(peak_before, record["peak_rss_mb"])  # over every segment of the run
             atomic_write_json(run_dir.path / RESULT_FILE, record)
 
         if state_digest(session.backbone.model) != session.backbone.digest:
             raise RuntimeError(f"{cfg.strategy} changed the frozen backbone's weights; the run is not valid")
         if cfg.save_features:
             _save_features(run_dir.path, session, strategy)
-        record["time_s"]["total"] = time.perf_counter() - t_start
-        record["peak_rss_mb"] = peak_rss_mb()
-        record["complete"] = True
+        record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=True,
+                         resumed_from_task=resumed_from, cache_events=cache_events)
+        record["peak_rss_mb"] = max(peak_before, record["peak_rss_mb"])
         record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         atomic_write_json(run_dir.path / RESULT_FILE, record)
+        run_dir.checkpoint_path.unlink(missing_ok=True)  # the record is complete; nothing is left to continue
         return record
     finally:
-        np.random.set_state(np_rng_state)
+        checkpoint.restore_rng(caller_rng)
         run_dir.release()
 
 
@@ -409,7 +493,8 @@ def _save_features(path: Path, session: Session, strategy) -> None:
 
 
 def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], per_task: list[dict[str, Any]],
-            run_path: Path, times: dict[str, float], complete: bool) -> dict[str, Any]:
+            run_path: Path, times: dict[str, float], complete: bool, resumed_from_task: list[int] | None = None,
+            cache_events: list[str] | None = None) -> dict[str, Any]:
     strategy, spec, bench, backbone, protocols = (session.strategy, session.spec, session.bench, session.backbone,
                                                   session.protocols)
     params = strategy.param_counts()
@@ -453,7 +538,8 @@ def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], p
         },
         "time_s": times,
         "per_task": per_task,
-        "feature_cache": session.cache_events,
+        "feature_cache": session.cache_events if cache_events is None else cache_events,
+        "resumed_from_task": list(resumed_from_task or []),  # tasks_done at each resume from a checkpoint
         "peak_rss_mb": peak_rss_mb(),
         "versions": library_versions(),
         "git_revision": git_revision(),

@@ -136,3 +136,31 @@ class Strategy(ABC):
     def adapted_features(self, split: Split) -> torch.Tensor | None:
         """Optional features after the method's adaptation, for t-SNE figures."""
         return None
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the strategy has learnt, for a checkpoint (:mod:`clbench.checkpoint`): every attribute except
+        ``cfg`` and ``ctx`` (modules, heads, tensors, lists; pickled by ``torch.save``). An attribute that is the
+        context's frozen backbone (or its timm model) is stored as a reference to it, never as a copy."""
+        shared = _context_objects(self.ctx)
+        return {name: _ContextRef(shared[id(value)]) if id(value) in shared else value
+                for name, value in vars(self).items() if name not in ("cfg", "ctx")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Set back the attributes saved by :meth:`state_dict` (on a strategy built with the same config)."""
+        for name, value in state.items():
+            if isinstance(value, _ContextRef):
+                value = _context_objects(self.ctx, by_name=True)[value.name]
+            setattr(self, name, value)
+
+
+@dataclass(frozen=True)
+class _ContextRef:
+    """In a saved strategy state: "this attribute is ``ctx.<name>``", restored from the new run's context."""
+
+    name: str
+
+
+def _context_objects(ctx: Context, by_name: bool = False) -> dict:
+    objects = {"backbone": ctx.backbone, "backbone.model": getattr(ctx.backbone, "model", None)}
+    return objects if by_name else {id(obj): name for name, obj in objects.items() if obj is not None}

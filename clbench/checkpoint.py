@@ -1,0 +1,200 @@
+"""Checkpoints: a run killed at any moment continues from its last finished task and ends with the record an
+uninterrupted run would have written.
+
+After every task the harness writes ``<run folder>/checkpoint.pt`` atomically (a temporary file in the same folder,
+fsynced and renamed over the old one, :func:`clbench.io.atomic_write_bytes`), *before* that task's ``result.json``,
+so a record never claims more tasks than the checkpoint holds. The file is ``torch.save`` of a plain dict:
+
+- ``format``, ``version``: ``"clbench-checkpoint"``, :data:`VERSION`.
+- ``config``: every :class:`~clbench.harness.RunConfig` field (``clbench run --resume DIR`` reads them).
+- ``fingerprint``: the fields that define the run (:data:`DEFINING_FIELDS`, backbone resolved to its name); a run
+  with other values is refused, never continued.
+- ``backbone_digest`` and ``data`` (train/test content fingerprints, class order, task sizes): checked once the
+  benchmark and backbone are loaded again.
+- ``tasks_done``: tasks learnt and evaluated; the run continues with task ``tasks_done``.
+- ``strategy``: :meth:`Strategy.state_dict() <clbench.strategy.Strategy.state_dict>` (modules, head, lists).
+- ``rng``: the global RNG states (torch CPU, CUDA where initialised, numpy, Python ``random``) after the task's
+  evaluation. Strategies otherwise draw from ``ctx.generator(salt)``, fixed per task.
+- ``logs``: the accuracy rows so far per protocol (the harness's ``_ProtocolLog`` fields); ``per_task``: the
+  record's per-task entries so far.
+- ``times`` (seconds so far: features, train, eval, checkpoint, total), ``peak_rss_mb``, ``feature_cache`` (cache
+  events so far), ``resumed_from_task`` (``tasks_done`` at every earlier resume): summed over the run's segments.
+- ``git_revision``: the code that wrote it (a resume under other code is logged, not refused).
+
+The strategy state holds pickled modules, so the file is read with ``torch.load(weights_only=False)``: resume only
+run folders you wrote yourself, as with any pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import pickle
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from clbench.errors import ClbenchError
+from clbench.io import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from clbench.harness import RunConfig, Session
+
+CHECKPOINT_FILE = "checkpoint.pt"
+FORMAT = "clbench-checkpoint"
+VERSION = 1
+# RunConfig fields that define what a run measures. The issue's list plus ``autocast`` (bf16 changes the frozen
+# features). Not here: device, batch size, data root (the data itself is checked by content), output options.
+DEFINING_FIELDS = ("strategy", "bench", "backbone", "weights", "init_cls", "increment", "seed", "class_order_seed",
+                   "protocol", "profile", "overrides", "img_size", "normalize", "autocast")
+
+
+# ----------------------------------------------------------------------------------------------- settings
+def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:
+    """The defining settings of ``cfg``: the backbone resolved to its name, ``--set`` pairs as a sorted mapping
+    (the last value of a repeated key wins, as in the strategy config)."""
+    fp = {name: getattr(cfg, name) for name in DEFINING_FIELDS}
+    fp["backbone"] = backbone_name
+    fp["overrides"] = dict(sorted(dict(cfg.overrides).items()))
+    return fp
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items()) or "none"
+    return "default" if value is None else str(value)
+
+
+def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``"seed: 1993 in the checkpoint, 1 here"`` for every defining setting that differs."""
+    out = []
+    for key in DEFINING_FIELDS:
+        if saved.get(key) != current.get(key):
+            flag = "--set" if key == "overrides" else "--" + key.replace("_", "-")
+            out.append(f"{flag}: {_show(saved.get(key))} in the checkpoint, {_show(current.get(key))} here")
+    return out
+
+
+def resume_config(run_dir: str | Path, given: dict[str, Any]) -> RunConfig:
+    """The RunConfig of the run in ``run_dir`` (``clbench run --resume DIR``), from its checkpoint.
+
+    ``given`` holds the run flags the user passed explicitly. A defining setting given with another value than the
+    checkpoint's is refused; the others (device, batch size, data root, feature cache) may change on resume.
+    """
+    from clbench.harness import RunConfig
+    from clbench.results import RESULT_FILE
+
+    path = Path(run_dir)
+    if given.get("overwrite"):
+        raise ClbenchError("--resume continues a run and --overwrite starts it over: pass only one of them")
+    if given.get("out") is not None and Path(given["out"]).resolve() != path.resolve():
+        raise ClbenchError(f"--resume {path} and --out {given['out']} name different run folders",
+                           "drop --out: --resume writes to the folder it continues")
+    if not (path / CHECKPOINT_FILE).is_file():
+        raise ClbenchError(_no_checkpoint_message(path, path / RESULT_FILE),
+                           "a run killed before its first task finished has no checkpoint; run the same command "
+                           "without --resume to start it over")
+    ckpt = load(path / CHECKPOINT_FILE)
+    saved = dict(ckpt["config"])
+    asked = {k: v for k, v in given.items() if k in DEFINING_FIELDS}
+    if "overrides" in asked:
+        asked["overrides"] = dict(sorted(dict(asked["overrides"]).items()))
+    current = {**ckpt["fingerprint"], **asked}
+    diff = differences(ckpt["fingerprint"], current)
+    if diff:
+        raise ClbenchError(f"--resume {path}: the run was started with other settings ({'; '.join(diff)})",
+                           "drop those flags to continue it as it was started, or start a new run with another --out")
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    values = {k: v for k, v in saved.items() if k in names}
+    values.update({k: v for k, v in given.items() if k in names and k not in DEFINING_FIELDS})
+    values.update(out=str(path), overwrite=False, overrides=tuple(tuple(kv) for kv in saved.get("overrides", ())))
+    return RunConfig(**values)
+
+
+def _no_checkpoint_message(path: Path, result: Path) -> str:
+    import json
+
+    try:
+        complete = json.loads(result.read_text()).get("complete", False)
+    except (OSError, ValueError):
+        complete = None
+    if complete:
+        return f"--resume {path}: the run is finished; there is nothing to continue"
+    return f"--resume {path}: no {CHECKPOINT_FILE} to continue from"
+
+
+# ----------------------------------------------------------------------------------------------- RNG
+def capture_rng() -> dict[str, Any]:
+    """The global RNG states a run may draw from (strategies should use ``ctx.generator``; libraries may not)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+# ----------------------------------------------------------------------------------------------- file
+def save(path: Path, ckpt: dict[str, Any]) -> None:
+    """Write ``ckpt`` atomically: readers (and a resume after a kill) see the previous checkpoint or this one."""
+    buf = io.BytesIO()
+    try:
+        torch.save({"format": FORMAT, "version": VERSION, **ckpt}, buf)
+    except (pickle.PicklingError, TypeError, AttributeError) as e:
+        raise TypeError(f"the checkpoint cannot be saved: {_unpicklable(ckpt.get('strategy', {})) or e}") from e
+    atomic_write_bytes(path, buf.getbuffer())
+
+
+def _unpicklable(state: dict[str, Any]) -> str | None:
+    for name, value in state.items():
+        try:
+            torch.save(value, io.BytesIO())
+        except Exception as e:
+            return (f"strategy attribute {name!r} ({type(value).__name__}) cannot be pickled ({e}); keep state in "
+                    f"modules, tensors and plain containers")
+    return None
+
+
+def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint; a file that is not one (truncated, corrupted, another format) is a ClbenchError."""
+    try:
+        ckpt = torch.load(str(path), map_location=map_location, weights_only=False)
+    except Exception as e:  # truncated zip, bad pickle, missing class: many kinds
+        raise ClbenchError(f"{path} cannot be read as a clbench checkpoint ({type(e).__name__}: {e})",
+                           "pass --overwrite to start the run over") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise ClbenchError(f"{path} is not a clbench checkpoint", "pass --overwrite to start the run over")
+    if ckpt.get("version") != VERSION:
+        raise ClbenchError(f"{path} is a version {ckpt.get('version')} checkpoint; this clbench reads version "
+                           f"{VERSION}", "pass --overwrite to start the run over")
+    return ckpt
+
+
+def data_identity(session: Session) -> dict[str, Any]:
+    """What the loaded benchmark is: content fingerprints, class order, task sizes."""
+    bench = session.bench
+    return {"train": bench.train.fingerprint(), "test": bench.test.fingerprint(),
+            "class_order": list(bench.class_order), "task_sizes": list(bench.task_sizes)}
+
+
+def check_session(ckpt: dict[str, Any], session: Session, path: Path) -> None:
+    """Refuse to continue when the backbone weights or the data differ from those the checkpoint was made with."""
+    if ckpt["backbone_digest"] != session.backbone.digest:
+        raise ClbenchError(f"{path} was made with other backbone weights (digest {ckpt['backbone_digest'][:12]}, "
+                           f"now {session.backbone.digest[:12]}); it cannot be continued",
+                           "restore the weights file it was started with, or pass --overwrite to start over")
+    now = data_identity(session)
+    changed = [k for k in now if ckpt["data"].get(k) != now[k]]
+    if changed:
+        raise ClbenchError(f"{path}: the benchmark data changed since the checkpoint ({', '.join(changed)} differ); "
+                           f"it cannot be continued", "restore the data, or pass --overwrite to start over")
+
