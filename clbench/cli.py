@@ -21,18 +21,13 @@ def _kv(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def _add_run_args(p: argparse.ArgumentParser) -> None:
-    from clbench.catalog import DEFAULT_BENCH
-
-    p.add_argument("--strategy", help="method to run (see `clbench list`); required unless --resume")
-    p.add_argument("--bench", default=DEFAULT_BENCH, help=f"benchmark (default: {DEFAULT_BENCH}, embedded)")
+def _add_setting_args(p: argparse.ArgumentParser) -> None:
+    """Run settings shared by ``clbench run`` and ``clbench sweep``."""
     p.add_argument("--backbone", help="backbone name (default: the benchmark's)")
     p.add_argument("--weights", default="auto",
                    help="auto | offline | hub | random | PATH to a safetensors/state-dict file (default: auto)")
-    p.add_argument("--data-root", help="data folder for benchmarks that are not embedded")
     p.add_argument("--init-cls", type=int, help="classes in the first task (default: the benchmark's split)")
     p.add_argument("--increment", type=int, help="classes per later task (default: the benchmark's split)")
-    p.add_argument("--seed", type=int, default=1993, help="seed of every RNG in the run (default: 1993)")
     p.add_argument("--class-order-seed", type=int, default=1993,
                    help="seed of the class-order permutation (default: 1993, the literature's order)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (GPU if present)")
@@ -41,20 +36,34 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", default="per-sample",
                    help="per-sample (default) | reference (a reference implementation's batch behaviour) | both")
     p.add_argument("--profile", help="a strategy's named profile, e.g. quick (see `clbench list`)")
-    p.add_argument("--set", dest="overrides", type=_kv, action="append", default=[], metavar="KEY=VALUE",
-                   help="override one strategy setting (repeatable), e.g. --set epochs=5")
     p.add_argument("--img-size", type=int, help="network input size (default: the benchmark's)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="apply the backbone's mean/std (default: the benchmark's choice)")
     p.add_argument("--batch-size", type=int, default=64, help="feature-extraction batch (default: 64)")
+    p.add_argument("--no-feature-cache", dest="feature_cache", action="store_false",
+                   help="recompute frozen features instead of using the on-disk cache")
+
+
+SETTING_FIELDS = ("backbone", "weights", "init_cls", "increment", "class_order_seed", "device", "autocast", "protocol",
+                  "img_size", "normalize", "batch_size", "feature_cache")
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    from clbench.catalog import DEFAULT_BENCH
+
+    p.add_argument("--strategy", help="method to run (see `clbench list`); required unless --resume")
+    p.add_argument("--bench", default=DEFAULT_BENCH, help=f"benchmark (default: {DEFAULT_BENCH}, embedded)")
+    p.add_argument("--data-root", help="data folder for benchmarks that are not embedded")
+    p.add_argument("--seed", type=int, default=1993, help="seed of every RNG in the run (default: 1993)")
+    _add_setting_args(p)
+    p.add_argument("--set", dest="overrides", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+                   help="override one strategy setting (repeatable), e.g. --set epochs=5")
     p.add_argument("--out", help="run folder (default: runs/<strategy>-<bench>-s<seed>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
     p.add_argument("--resume", metavar="DIR",
                    help="continue the unfinished run in DIR from its checkpoint, with the settings it was started "
                         "with (other flags given must match them). Running the same command with the same --out "
                         "again continues it too")
-    p.add_argument("--no-feature-cache", dest="feature_cache", action="store_false",
-                   help="recompute frozen features instead of using the on-disk cache")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -85,6 +94,87 @@ def cmd_run(args: argparse.Namespace) -> int:
         record = run(cfg, reporter, resume=bool(args.resume))
     print_result(record)
     return 0
+
+
+def _add_sweep_args(p: argparse.ArgumentParser) -> None:
+    from clbench.catalog import DEFAULT_BENCH
+
+    g = p.add_argument_group("what to run")
+    g.add_argument("--strategies", required=True, metavar="S1,S2", help="comma-separated strategies, e.g. tosca,simplecil")
+    g.add_argument("--benches", default=DEFAULT_BENCH, metavar="B1,B2",
+                   help=f"comma-separated benchmarks (default: {DEFAULT_BENCH})")
+    g.add_argument("--seeds", default="1993", metavar="1993,1994", help="comma-separated seeds (default: 1993)")
+    g.add_argument("--out", required=True, metavar="DIR",
+                   help="sweep folder: runs/, sweep.json, summary.md|csv, report/. Re-running the same command "
+                        "skips complete runs and continues unfinished ones")
+    g.add_argument("--data-root", action="append", default=[], metavar="[BENCH=]DIR",
+                   help="data folder for every benchmark, or BENCH=DIR for one (repeatable)")
+    g.add_argument("--set", dest="overrides", type=_kv, action="append", default=[], metavar="[STRATEGY.]KEY=VALUE",
+                   help="override a strategy setting for every strategy, or for one with STRATEGY.KEY (repeatable)")
+    _add_setting_args(p)
+    g = p.add_argument_group("where to run")
+    g.add_argument("--backend", default="local", choices=["local", "ray"],
+                   help="local: worker processes on this machine (default); ray: one Ray task per run")
+    g.add_argument("--jobs", type=int,
+                   help="runs at once (local: worker processes, default 1; ray: CPUs of the local Ray started for "
+                        "the sweep, in runs; default: all)")
+    g.add_argument("--cpus-per-run", type=int,
+                   help="CPUs (torch threads) per run (default: local, cores / jobs; ray, 1)")
+    g.add_argument("--gpus-per-run", type=float, help="ray: GPUs per run (default: 1 if the cluster has GPUs, else 0)")
+    g.add_argument("--memory-per-run", type=float, metavar="GB", help="ray: memory to reserve per run (default: none)")
+    g.add_argument("--ray-address", metavar="HOST:PORT",
+                   help="ray: an existing cluster (default: start a local Ray for the sweep)")
+    g.add_argument("--retries", type=int, default=2,
+                   help="times a crashed or pre-empted run is started again from its checkpoint (default: 2)")
+    g.add_argument("--cache", metavar="DIR",
+                   help="clbench cache (weights, features) for every run; on shared storage for a cluster "
+                        "(default: $CLBENCH_CACHE or ~/.cache/clbench)")
+    g = p.add_argument_group("output")
+    g.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
+                   help="write DIR/report/ (clbench report of every complete run) at the end (default: on)")
+    g.add_argument("--tsne", action=argparse.BooleanOptionalAction, default=True,
+                   help="t-SNE figures in the report (default: on; about 10 s per configuration on a CPU)")
+    g.add_argument("--dry-run", action="store_true", help="print the plan (and what is done already) and stop")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from clbench.sweep import (
+        Resources,
+        SweepSpec,
+        invocation,
+        parse_data_roots,
+        parse_list,
+        parse_scoped_override,
+        parse_seeds,
+        run_sweep,
+        write_summary,
+    )
+    from clbench.ui import RichSweepView, print_plan, print_sweep_end
+
+    benches = parse_list(args.benches, "benches")
+    if args.retries < 0:
+        raise ClbenchError(f"--retries must be >= 0 (got {args.retries})")
+    if args.cpus_per_run is not None and args.cpus_per_run < 1:
+        raise ClbenchError(f"--cpus-per-run must be >= 1 (got {args.cpus_per_run})")
+    spec = SweepSpec(
+        strategies=parse_list(args.strategies, "strategies"), benches=benches, seeds=parse_seeds(args.seeds),
+        out=Path(args.out), settings={k: getattr(args, k) for k in SETTING_FIELDS},
+        data_roots=parse_data_roots(args.data_root, benches), profile=args.profile,
+        overrides=tuple(parse_scoped_override(k, v) for k, v in args.overrides),
+    )
+    res = Resources(args.jobs, args.cpus_per_run, args.gpus_per_run, args.memory_per_run, args.retries)
+    if args.dry_run:
+        manifest = run_sweep(spec, args.backend, res, args.ray_address, dry_run=True)
+        print_plan(manifest)
+        return 0
+    command = invocation()
+    with RichSweepView() as view:
+        manifest = run_sweep(spec, args.backend, res, args.ray_address, view=view, cache=args.cache, command=command)
+    written = write_summary(Path(args.out), manifest, args.report, args.tsne, command)
+    print_sweep_end(manifest, Path(args.out), written)
+    return 0 if manifest["complete"] else 1
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -141,6 +231,8 @@ def cmd_perf(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | None, Callable[[argparse.Namespace], int]]] = {
     "run": ("run one strategy on one benchmark and write its record", _add_run_args, cmd_run),
+    "sweep": ("run strategies x benchmarks x seeds (locally or on Ray), then the summary table and report",
+              _add_sweep_args, cmd_sweep),
     "list": ("list registered strategies, benchmarks and backbones", None, cmd_list),
     "weights": ("list backbones, whether their weights are available offline here, and how to get them", None,
                 cmd_weights),
@@ -191,8 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"clbench: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("clbench: interrupted; the run folder keeps its last finished task: continue it with "
-              "`clbench run --resume DIR` (or the same command again)", file=sys.stderr)
+        print("clbench: interrupted; every run folder keeps its last finished task: the same command again "
+              "continues (or `clbench run --resume DIR` for one run)", file=sys.stderr)
         return 130
 
 

@@ -4,10 +4,14 @@ A cache entry is keyed by (backbone name, backbone state digest, input size, ben
 fingerprint of the images, transform identity, autocast dtype, feature-code version). It is a safetensors
 file carrying its key and the SHA-256 of the feature bytes in its metadata; both are verified on every read,
 and an entry that fails (truncated, corrupted, wrong key) is reported, deleted and recomputed, never used.
+A missing entry is computed under a file lock (``<entry>.lock``): runs sharing the cache, on one machine or on
+shared storage, compute each entry once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -127,12 +131,36 @@ class FeatureCache:
         atomic_write_bytes(self.path(key), data)
 
     def get_or_compute(self, key: str, compute: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, bool]:
-        """(features, was_cached)."""
+        """(features, was_cached). A miss takes an exclusive lock on the entry first, so concurrent runs of a sweep
+        that need the same features compute them once: the others wait and then read the entry."""
         feats = self.load(key)
         if feats is not None:
             self.events.append("hit")
             return feats, True
-        self.events.append("miss")
-        feats = compute()
-        self.save(key, feats)
+        with self._entry_lock(key):
+            feats = self.load(key)  # written by another process while this one waited
+            if feats is not None:
+                self.events.append("hit")
+                return feats, True
+            self.events.append("miss")
+            feats = compute()
+            self.save(key, feats)
         return feats, False
+
+    @contextlib.contextmanager
+    def _entry_lock(self, key: str):
+        if not self.enabled:
+            yield
+            return
+        lock_path = self.path(key).with_suffix(".lock")
+        try:
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(lock_path, "w")
+        except OSError:  # a read-only or odd cache folder: no sharing, but the run goes on
+            yield
+            return
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            handle.close()  # closing releases the lock

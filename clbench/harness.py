@@ -24,7 +24,15 @@ from clbench import metrics
 from clbench.catalog import BACKBONES, BENCHMARKS, DEFAULT_BENCH, STRATEGIES
 from clbench.errors import ClbenchError
 from clbench.io import atomic_write_json
-from clbench.results import RESULT_FILE, SCHEMA_VERSION, command_line, git_revision, library_versions, peak_rss_mb
+from clbench.results import (
+    RESULT_FILE,
+    SCHEMA_VERSION,
+    command_line,
+    git_revision,
+    library_versions,
+    peak_rss_mb,
+    reset_peak_rss,
+)
 
 PROTOCOL_CHOICES = ("per-sample", "reference", "both")
 RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size"})  # profile keys that set the run, not the strategy config
@@ -380,6 +388,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         raise ClbenchError("--resume continues a run and --overwrite starts it over: pass only one of them")
     run_dir = RunDir(Path(cfg.out) if cfg.out else default_run_dir(cfg), cfg.overwrite)
     caller_rng = checkpoint.capture_rng()
+    reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
     try:
         fingerprint, revision = checkpoint.fingerprint(cfg, backbone_name), git_revision()
         ckpt = run_dir.resumable(fingerprint, resolve_device(cfg.device), required=resume)
@@ -454,7 +463,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             })
             t_ckpt += time.perf_counter() - t0
             record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=False,
-                             resumed_from_task=resumed_from, cache_events=cache_events)
+                             resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=fingerprint)
             record["peak_rss_mb"] = max(peak_before, record["peak_rss_mb"])  # over every segment of the run
             atomic_write_json(run_dir.path / RESULT_FILE, record)
 
@@ -463,7 +472,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         if cfg.save_features:
             _save_features(run_dir.path, session, strategy)
         record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=True,
-                         resumed_from_task=resumed_from, cache_events=cache_events)
+                         resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=fingerprint)
         record["peak_rss_mb"] = max(peak_before, record["peak_rss_mb"])
         record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         atomic_write_json(run_dir.path / RESULT_FILE, record)
@@ -494,7 +503,7 @@ def _save_features(path: Path, session: Session, strategy) -> None:
 
 def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], per_task: list[dict[str, Any]],
             run_path: Path, times: dict[str, float], complete: bool, resumed_from_task: list[int] | None = None,
-            cache_events: list[str] | None = None) -> dict[str, Any]:
+            cache_events: list[str] | None = None, fingerprint: dict[str, Any] | None = None) -> dict[str, Any]:
     strategy, spec, bench, backbone, protocols = (session.strategy, session.spec, session.bench, session.backbone,
                                                   session.protocols)
     params = strategy.param_counts()
@@ -507,6 +516,7 @@ def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], p
         "complete": complete,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": command_line(),
+        "fingerprint": fingerprint,  # the run's defining settings (clbench.checkpoint.DEFINING_FIELDS)
         "strategy": strategy.name,
         "strategy_config": dataclasses.asdict(strategy.cfg),
         "profile": cfg.profile,

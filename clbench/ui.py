@@ -77,3 +77,95 @@ def print_result(record: dict[str, Any], console: Console | None = None) -> None
         matrix.add_row(f"T{i + 1}", *[_fmt(v, 1) for v in row], *[""] * (n - len(row)), _fmt(record["acc_curve"][i], 2))
     console.print(matrix)
     console.print("forgetting = mean over old tasks of (max earlier R[t][j] - final R[T][j]) (Chaudhry/PILOT)")
+
+
+# ----------------------------------------------------------------------------------------------- sweeps
+class RichSweepView:
+    """One progress view over a whole sweep: a bar for the sweep (runs finished or skipped of all), one line per
+    running run (tasks done, its latest message), and a line for every run that ends."""
+
+    def __init__(self) -> None:
+        self.console = Console(stderr=True)
+        self._progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=self.console, transient=False,
+        )
+        self._overall = None
+        self._rows: dict[str, Any] = {}
+
+    def __enter__(self) -> "RichSweepView":
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._progress.stop()
+
+    def start(self, plan: list, todo: list) -> None:
+        states = [r.state for r in plan]
+        self.log(f"sweep: {len(plan)} runs; {states.count('complete')} complete (skipped), "
+                 f"{states.count('partial')} to continue from their checkpoint, {states.count('new')} new")
+        self._overall = self._progress.add_task("[bold]sweep[/bold]", total=len(plan),
+                                                completed=len(plan) - len(todo))
+
+    def running(self, run: Any, tasks_done: int, n_tasks: int | None, last_line: str) -> None:
+        text = f"  {run.run_id}  [dim]{last_line[:60]}[/dim]"
+        if run.run_id not in self._rows:
+            self._rows[run.run_id] = self._progress.add_task(text, total=n_tasks, completed=tasks_done)
+        self._progress.update(self._rows[run.run_id], description=text, total=n_tasks, completed=tasks_done)
+
+    def ended(self, run: Any, ok: bool, message: str) -> None:
+        row = self._rows.pop(run.run_id, None)
+        if row is not None:
+            self._progress.remove_task(row)
+        mark = "[green]done[/green]" if ok else "[red]FAILED[/red]"
+        self.log(f"{mark} {run.run_id}: {message}")
+        if self._overall is not None:
+            self._progress.advance(self._overall)
+
+    def log(self, message: str) -> None:
+        self._progress.console.log(message)
+
+
+def print_plan(manifest: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"sweep plan: {len(manifest['runs'])} runs (dry run; nothing was started)")
+    for col in ("run", "state", "tasks done", "folder"):
+        table.add_column(col)
+    for run_id, info in manifest["runs"].items():
+        state = {"complete": "complete: skipped", "partial": "continues from its checkpoint", "new": "new"}[
+            info["state_at_start"]]
+        table.add_row(run_id, state, str(info["tasks_done_at_start"]), info["path"])
+    console.print(table)
+
+
+def print_sweep_end(manifest: dict[str, Any], out: Any, written: list, console: Console | None = None) -> None:
+    console = console or Console()
+    runs = manifest["runs"].values()
+    failed = {k: v for k, v in manifest["runs"].items() if v.get("state") != "complete"}
+    ran = sum(1 for r in runs if r.get("status") == "done")
+    skipped = sum(1 for r in runs if r.get("status") == "skipped")
+    console.print(f"sweep {out}: {ran} runs executed, {skipped} skipped (complete), {len(failed)} not complete")
+    ov = manifest.get("overhead") or {}
+    if ov:
+        console.print(f"overhead: startup {ov['startup_s']:.1f} s, {ov['per_run_s']:.2f} s per run "
+                      f"(scheduling + record collection, {ov['max_concurrent_runs']} at once)")
+    summary = next((p for p in written if str(p).endswith("summary.csv")), None)
+    if summary is not None:
+        import pandas as pd
+
+        df = pd.read_csv(summary)
+        table = Table(title="mean ± std over seeds (summary.md has every column)")
+        for col in ("benchmark", "strategy", "protocol", "n", "final acc %", "avg inc acc %", "forgetting"):
+            table.add_column(col, justify="left" if col in ("benchmark", "strategy", "protocol") else "right")
+        for row in df.itertuples(index=False):
+            table.add_row(row.bench, row.strategy, row.protocol, str(row.n),
+                          *(f"{getattr(row, m + '_mean'):.2f} ± {getattr(row, m + '_std'):.2f}"
+                            for m in ("last_acc", "avg_acc", "forgetting")))
+        console.print(table)
+    for path in written:
+        console.print(f"wrote {path}")
+    for run_id, info in failed.items():
+        console.print(f"[red]not complete[/red] {run_id}: {info.get('error', info.get('state'))}")
+    if failed:
+        console.print("re-run the same command to finish them: complete runs are skipped, unfinished ones continue "
+                      "from their checkpoint")
