@@ -154,17 +154,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from clbench.ui import RichSweepView, print_plan, print_sweep_end
 
     benches = parse_list(args.benches, "benches")
-    if args.retries < 0:
-        raise ClbenchError(f"--retries must be >= 0 (got {args.retries})")
-    if args.cpus_per_run is not None and args.cpus_per_run < 1:
-        raise ClbenchError(f"--cpus-per-run must be >= 1 (got {args.cpus_per_run})")
+    res = Resources(args.jobs, args.cpus_per_run, args.gpus_per_run, args.memory_per_run, args.retries)
     spec = SweepSpec(
         strategies=parse_list(args.strategies, "strategies"), benches=benches, seeds=parse_seeds(args.seeds),
         out=Path(args.out), settings={k: getattr(args, k) for k in SETTING_FIELDS},
         data_roots=parse_data_roots(args.data_root, benches), profile=args.profile,
         overrides=tuple(parse_scoped_override(k, v) for k, v in args.overrides),
     )
-    res = Resources(args.jobs, args.cpus_per_run, args.gpus_per_run, args.memory_per_run, args.retries)
     if args.dry_run:
         manifest = run_sweep(spec, args.backend, res, args.ray_address, dry_run=True)
         print_plan(manifest)

@@ -282,6 +282,13 @@ class Resources:
     memory_per_run_gb: float | None
     retries: int = 2
 
+    def __post_init__(self) -> None:
+        for flag, value, low in (("--jobs", self.jobs, 1), ("--cpus-per-run", self.cpus_per_run, 1),
+                                 ("--gpus-per-run", self.gpus_per_run, 0), ("--memory-per-run", self.memory_per_run_gb, 0),
+                                 ("--retries", self.retries, 0)):
+            if value is not None and value < low:
+                raise ClbenchError(f"{flag} must be >= {low} (got {value})")
+
 
 class LocalBackend:
     """``--jobs`` spawned worker processes on this machine; a run that crashes or whose worker dies is submitted
@@ -291,12 +298,10 @@ class LocalBackend:
 
     def __init__(self, res: Resources) -> None:
         self.jobs = res.jobs or 1
-        if self.jobs < 1:
-            raise ClbenchError(f"--jobs must be >= 1 (got {self.jobs})")
         self.threads = res.cpus_per_run or max(1, (os.cpu_count() or 1) // self.jobs)
         self.retries = res.retries
         self._pool = None
-        self._futures: dict[Any, str] = {}
+        self._futures: dict[Any, tuple[str, Any]] = {}  # future -> (run id, the pool that runs it)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "local", "jobs": self.jobs, "threads_per_run": self.threads, "retries": self.retries}
@@ -311,7 +316,8 @@ class LocalBackend:
         return self._pool
 
     def submit(self, run_id: str, payload: dict[str, Any]) -> None:
-        self._futures[self._ensure_pool().submit(execute, payload)] = run_id
+        pool = self._ensure_pool()
+        self._futures[pool.submit(execute, payload)] = (run_id, pool)
 
     def wait(self, timeout: float) -> list[tuple[str, dict[str, Any] | None, str | None]]:
         """(run_id, outcome, failure) for every run that ended."""
@@ -322,19 +328,18 @@ class LocalBackend:
         if not self._futures:
             return []
         finished, _ = futures_wait(list(self._futures), timeout=timeout, return_when=FIRST_COMPLETED)
-        ended, broken = [], False
+        ended = []
         for fut in finished:
-            run_id = self._futures.pop(fut)
+            run_id, pool = self._futures.pop(fut)
             try:
                 ended.append((run_id, fut.result(), None))
             except BrokenProcessPool:
-                broken = True
-                ended.append((run_id, None, "its worker process died (killed, or out of memory)"))
-            except Exception as e:
+                ended.append((run_id, None, "a worker process of the pool died (killed, or out of memory)"))
+                if pool is self._pool:  # every future of a broken pool fails; a new pool serves the retries
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    self._pool = None
+            except Exception as e:  # the run's own crash, whatever its type: reported, and retried
                 ended.append((run_id, None, f"{type(e).__name__}: {e}"))
-        if broken:  # every future of a broken pool fails; a new pool serves the retries
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
         return ended
 
     def retries_left(self, attempts: int) -> bool:
@@ -358,12 +363,25 @@ def _die_with_parent() -> None:
         pass
 
 
+def _token_auth_for_existing_cluster() -> None:
+    """Ray >= 2.5x starts clusters with token authentication by default, but a driver connecting to one sends its
+    token only when ``RAY_AUTH_MODE=token`` is set. Where the mode is not set and a token is at hand, set it (a
+    cluster without authentication accepts such a driver too)."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 class RayBackend:
     """Each run is a Ray task with its resource needs; Ray schedules, places and retries them."""
 
     name = "ray"
 
     def __init__(self, res: Resources, address: str | None) -> None:
+        if address:
+            _token_auth_for_existing_cluster()  # before Ray is imported: it reads the mode once
         try:
             import ray
         except ImportError:
@@ -371,8 +389,6 @@ class RayBackend:
                                "pip install 'clbench[ray]' (or use --backend local)") from None
         self.ray = ray
         self.address = address
-        if res.jobs is not None and res.jobs < 1:
-            raise ClbenchError(f"--jobs must be >= 1 (got {res.jobs})")
         self.cpus = res.cpus_per_run or 1
         started_here = not ray.is_initialized()
         if started_here:
@@ -385,8 +401,9 @@ class RayBackend:
             except (ConnectionError, ValueError, RuntimeError) as e:
                 raise ClbenchError(f"--ray-address {address}: could not connect to a Ray cluster ({e})",
                                    "start one with `ray start --head` and pass the address it prints "
-                                   "(e.g. 127.0.0.1:6379), or leave --ray-address out to start a local Ray"
-                                   ) from None
+                                   "(e.g. 127.0.0.1:6379), or leave --ray-address out to start a local Ray; a "
+                                   "cluster with token authentication needs its token here (~/.ray/auth_token, "
+                                   "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)") from None
         self._shutdown = started_here
         total = ray.cluster_resources()
         self.gpus = res.gpus_per_run if res.gpus_per_run is not None else (1.0 if total.get("GPU", 0) > 0 else 0.0)
@@ -476,7 +493,7 @@ def _last_line(path: Path) -> str:
 
 def overhead(outcomes: list[dict[str, Any]], sweep_start: float) -> dict[str, Any]:
     """Sweep overhead from the runs' timestamps (see the module docstring)."""
-    done = [o for o in outcomes if o.get("started_at") and o.get("finished_at") and o.get("collected_at")]
+    done = [o for o in outcomes if all(o.get(k) is not None for k in ("started_at", "finished_at", "collected_at"))]
     if not done:
         return {}
     durations = [o["finished_at"] - o["started_at"] for o in done]

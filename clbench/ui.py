@@ -15,7 +15,7 @@ from clbench.harness import Reporter
 
 class RichReporter(Reporter):
     def __init__(self) -> None:
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, log_path=False)
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TimeRemainingColumn(), console=self.console, transient=False,
@@ -85,7 +85,7 @@ class RichSweepView:
     running run (tasks done, its latest message), and a line for every run that ends."""
 
     def __init__(self) -> None:
-        self.console = Console(stderr=True)
+        self.console = Console(stderr=True, log_path=False)
         self._progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=self.console, transient=False,

@@ -1,0 +1,253 @@
+"""``clbench sweep``: the local and the Ray backend give identical records, a killed worker or a killed sweep is
+continued from the run's checkpoint (not restarted), a complete run is skipped, and bad sweeps are refused early.
+
+The sweeps run the real CLI on the micro ViT (random weights) and the embedded benchmark, 3 tasks of 12 classes.
+TOSCA trains 60 epochs per task here (about 1 s a task) so that a kill can land between two tasks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from clbench.cli import main
+from clbench.sweep import ATTEMPT_FILE, SWEEP_FILE, comparable, overhead
+
+RUNS = ("simplecil-emoji-s1", "simplecil-emoji-s2", "tosca-emoji-s1", "tosca-emoji-s2")
+MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
+SWEEP = ["sweep", "--strategies", "simplecil,tosca", "--seeds", "1,2", *MICRO, "--set", "tosca.epochs=60",
+         "--no-tsne"]
+
+
+def records(out: Path) -> dict[str, dict]:
+    return {r: json.loads((out / "runs" / r / "result.json").read_text()) for r in RUNS}
+
+
+def sweep(argv: list[str], capsys) -> tuple[int, str]:
+    code = main(argv)
+    cap = capsys.readouterr()
+    return code, " ".join((cap.out + cap.err).split())  # rich wraps lines at the captured width
+
+
+class Preempt(threading.Thread):
+    """Kills the process running ``run_dir``'s run (SIGKILL, from its attempt.json) once its record holds at least
+    one task and it is not complete: a pre-empted node, as far as the run can tell."""
+
+    def __init__(self, run_dir: Path, timeout: float = 240.0) -> None:
+        super().__init__(daemon=True)
+        self.run_dir, self.timeout = run_dir, timeout
+        self.killed_after: int | None = None
+
+    def run(self) -> None:
+        end = time.time() + self.timeout
+        while time.time() < end and self.killed_after is None:
+            try:
+                rec = json.loads((self.run_dir / "result.json").read_text())
+                pid = json.loads((self.run_dir / ATTEMPT_FILE).read_text())["pid"]
+            except (OSError, ValueError, KeyError):
+                time.sleep(0.01)
+                continue
+            if rec.get("complete"):
+                return  # too late: the test fails on resumed_from_task
+            if 1 <= len(rec["per_task"]):
+                os.kill(pid, signal.SIGKILL)
+                self.killed_after = len(rec["per_task"])
+            time.sleep(0.01)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory, cache_root):
+    """The reference sweep on the local backend (2 workers), with one worker killed mid-run."""
+    os.environ["CLBENCH_CACHE"] = str(cache_root)
+    out = tmp_path_factory.mktemp("sweep") / "local"
+    killer = Preempt(out / "runs" / "tosca-emoji-s1")
+    killer.start()
+    code = main([*SWEEP, "--out", str(out), "--jobs", "2"])
+    killer.join()
+    return out, code, killer.killed_after
+
+
+def test_local_sweep_survives_a_killed_worker_and_writes_the_table(local_sweep):
+    out, code, killed_after = local_sweep
+    assert code == 0
+    assert killed_after is not None, "the kill never landed"
+    recs = records(out)
+    assert all(r["complete"] for r in recs.values())
+    assert recs["tosca-emoji-s1"]["resumed_from_task"] == [killed_after]  # continued, not restarted
+    manifest = json.loads((out / SWEEP_FILE).read_text())
+    assert manifest["complete"] and manifest["backend"]["backend"] == "local"
+    assert manifest["runs"]["tosca-emoji-s1"]["attempts"] >= 2
+    assert manifest["overhead"]["runs_executed"] == 4 and manifest["overhead"]["max_concurrent_runs"] == 2
+    summary = (out / "summary.md").read_text()
+    for strategy in ("simplecil", "tosca"):  # one row per strategy, 2 seeds each, mean ± std
+        row = next(line for line in summary.splitlines() if f"| {strategy} |" in line)
+        assert "2 (1, 2)" in row and row.count("±") >= 3
+    csv = (out / "summary.csv").read_text().splitlines()
+    assert len(csv) == 3 and csv[0].startswith("bench,")
+    assert (out / "report" / "index.html").exists()
+
+
+def test_ray_cluster_gives_the_local_records_and_retries_a_preempted_run(local_sweep, tmp_path, capsys):
+    if importlib.util.find_spec("ray") is None:  # not imported: Ray reads its settings once, at import
+        pytest.skip("Ray is not installed: pip install -e '.[test]' installs it")
+    local, code, _ = local_sweep
+    assert code == 0
+    ray_bin = Path(sys.executable).parent / "ray"
+    port = free_port()
+    start = subprocess.run([str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1",
+                            "--include-dashboard=false", "--disable-usage-stats"],
+                           capture_output=True, text=True, timeout=180, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    assert start.returncode == 0, start.stdout + start.stderr
+    try:
+        out = tmp_path / "ray"
+        killer = Preempt(out / "runs" / "tosca-emoji-s1")
+        killer.start()
+        code, text = sweep([*SWEEP, "--out", str(out), "--backend", "ray", "--ray-address", f"127.0.0.1:{port}",
+                            "--no-report"], capsys)
+        killer.join()
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
+    assert code == 0, text
+    assert killer.killed_after is not None, "the kill never landed"
+    ray_recs, local_recs = records(out), records(local)
+    for run_id in RUNS:
+        assert comparable(ray_recs[run_id]) == comparable(local_recs[run_id]), run_id
+    assert ray_recs["tosca-emoji-s1"]["resumed_from_task"] == [killer.killed_after]
+    manifest = json.loads((out / SWEEP_FILE).read_text())
+    assert manifest["backend"]["backend"] == "ray" and manifest["backend"]["cpus_per_run"] == 1
+    hosts = {manifest["runs"][r]["pid"] for r in RUNS}
+    assert os.getpid() not in hosts  # the runs ran in Ray's workers, not in this process
+
+
+def test_completed_runs_are_skipped_on_reinvocation(local_sweep, tmp_path, capsys):
+    local, _, _ = local_sweep
+    out = tmp_path / "again"
+    shutil.copytree(local, out)
+    mtimes = {r: (out / "runs" / r / "result.json").stat().st_mtime_ns for r in RUNS}
+    code, text = sweep([*SWEEP, "--out", str(out), "--no-report"], capsys)
+    assert code == 0, text
+    assert "0 runs executed, 4 skipped" in text
+    assert {r: (out / "runs" / r / "result.json").stat().st_mtime_ns for r in RUNS} == mtimes
+    manifest = json.loads((out / SWEEP_FILE).read_text())
+    assert {v["status"] for v in manifest["runs"].values()} == {"skipped"}
+    assert manifest["history"][-1]["overhead"]["runs_executed"] == 4  # the first invocation's figures are kept
+
+
+def test_a_killed_sweep_is_continued_not_restarted(local_sweep, tmp_path, capsys, cache_root):
+    """SIGKILL the sweep process itself (not its worker) mid-run; its worker dies with it, and the same command
+    continues the run from its checkpoint to the record the uninterrupted sweep wrote."""
+    local, _, _ = local_sweep
+    out = tmp_path / "killed"
+    argv = [*SWEEP[:2], "tosca", "--seeds", "1", *SWEEP[5:], "--out", str(out), "--no-report"]
+    env = {**os.environ, "CLBENCH_CACHE": str(cache_root)}
+    proc = subprocess.Popen([sys.executable, "-m", "clbench.cli", *argv], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    run_dir = out / "runs" / "tosca-emoji-s1"
+    deadline, killed_after = time.time() + 240, None
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            rec = json.loads((run_dir / "result.json").read_text())
+        except (OSError, ValueError):
+            time.sleep(0.01)
+            continue
+        if not rec["complete"] and rec["per_task"]:
+            proc.send_signal(signal.SIGKILL)  # the sweep only: its pool worker must not go on writing
+            killed_after = len(rec["per_task"])
+            break
+        time.sleep(0.01)
+    proc.wait(timeout=60)
+    assert killed_after is not None, "the sweep ended before the kill"
+    worker = json.loads((run_dir / ATTEMPT_FILE).read_text())["pid"]
+    for _ in range(100):  # the worker dies with the sweep (PR_SET_PDEATHSIG)
+        if not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the pool worker outlived the killed sweep")
+    manifest = json.loads((out / SWEEP_FILE).read_text())
+    assert not manifest["complete"]
+
+    code, text = sweep(argv, capsys)
+    assert code == 0, text
+    assert "1 to continue from their checkpoint" in text
+    rec = json.loads((run_dir / "result.json").read_text())
+    assert rec["resumed_from_task"] == [killed_after]
+    assert comparable(rec) == comparable(records(local)["tosca-emoji-s1"])
+
+
+# ----------------------------------------------------------------------------------------------- refusals
+def test_folder_with_other_settings_is_refused_before_anything_runs(local_sweep, tmp_path, capsys):
+    local, _, _ = local_sweep
+    out = tmp_path / "other"
+    shutil.copytree(local, out)
+    argv = [*SWEEP, "--out", str(out), "--no-report"]
+    argv[argv.index("tosca.epochs=60")] = "tosca.epochs=61"
+    code, text = sweep(argv, capsys)
+    assert code == 2
+    assert "2 run folder(s) of this sweep hold runs with other settings" in text
+    assert "--set: epochs=60 there, epochs=61 here" in text and "choose another --out" in text
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--strategies", "simplecil,tosca", "--set", "epochs=5"], "scope a setting to one strategy"),
+    (["--strategies", "tosca", "--set", "l2p.epochs=5"], "'l2p' is not one of the sweep's strategies"),
+    (["--strategies", "simplecil,tosk"], "did you mean 'tosca'"),
+    (["--strategies", "tosca", "--seeds", "1,x"], "--seeds: 'x' is not an integer"),
+    (["--strategies", ","], "--strategies is empty"),
+    (["--strategies", "tosca", "--profile", "quick"], "none of tosca has that profile"),
+    (["--strategies", "tosca", "--ray-address", "127.0.0.1:1"], "--ray-address is for --backend ray"),
+    (["--strategies", "tosca", "--jobs", "0"], "--jobs must be >= 1"),
+])
+def test_bad_sweeps_are_one_clear_line(argv, needle, tmp_path, capsys):
+    code, text = sweep(["sweep", *argv, *MICRO, "--out", str(tmp_path / "s")], capsys)
+    assert code == 2 and needle in text, text
+    assert "Traceback" not in text
+
+
+def test_a_failing_run_is_reported_and_the_table_says_incomplete(tmp_path, capsys):
+    """A run that fails with a user error is not retried; the others finish, the sweep exits 1 and its summary
+    says which runs are missing."""
+    out = tmp_path / "partial"
+    code, text = sweep(["sweep", "--strategies", "simplecil", "--benches", "emoji,folder", "--seeds", "1",
+                        "--data-root", f"folder={tmp_path / 'nowhere'}", *MICRO, "--out", str(out), "--no-report"],
+                       capsys)
+    assert code == 1, text
+    manifest = json.loads((out / SWEEP_FILE).read_text())
+    failed = manifest["runs"]["simplecil-folder-s1"]
+    assert failed["state"] == "failed" and failed["attempts"] == 1 and "nowhere" in failed["error"]
+    assert manifest["runs"]["simplecil-emoji-s1"]["state"] == "complete" and not manifest["complete"]
+    assert "Incomplete sweep: 1 of 2 runs" in (out / "summary.md").read_text()
+
+
+def test_dry_run_shows_the_plan_and_starts_nothing(tmp_path, capsys):
+    code, text = sweep([*SWEEP, "--out", str(tmp_path / "d"), "--dry-run"], capsys)
+    assert code == 0 and all(r in text for r in RUNS) and "nothing was started" in text
+    assert not (tmp_path / "d").exists()
+
+
+def test_overhead_arithmetic():
+    seq = [{"started_at": 10.0 + 5 * i, "finished_at": 14.0 + 5 * i, "collected_at": 14.5 + 5 * i} for i in range(3)]
+    ov = overhead(seq, sweep_start=8.0)
+    assert ov["startup_s"] == pytest.approx(2.0) and ov["max_concurrent_runs"] == 1
+    assert ov["per_run_s"] == pytest.approx((14.5 + 10 - 10 - 12) / 3)  # window 14.5 s, 12 s of runs
+    par = [{"started_at": 0.0, "finished_at": 4.0, "collected_at": 4.0},
+           {"started_at": 0.0, "finished_at": 4.0, "collected_at": 4.0}]
+    ov = overhead(par, sweep_start=0.0)
+    assert ov["max_concurrent_runs"] == 2 and ov["per_run_s"] == pytest.approx(0.0)
