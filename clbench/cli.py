@@ -198,7 +198,12 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 
 def _add_perf_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("which", choices=["tosca-routing", "feature-probe"], help="which measurement")
+    p.add_argument("which", choices=["tosca-routing", "feature-probe", "sweep-overhead", "projection"],
+                   help="which measurement (sweep-overhead: local vs Ray sweep overhead per run; projection: "
+                        "device-hours of a paper table from measured per-image costs)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="projection: the device to measure per-image costs on (default: auto)")
+    p.add_argument("--runs", type=int, default=6, help="sweep-overhead: runs per backend (default: 6)")
     p.add_argument("--backbone", default="vit_small_patch14_dinov2", help="backbone (default: the offline ViT-S/14)")
     p.add_argument("--img-size", type=int, default=112, help="input size (default: 112, the embedded benchmark's)")
     p.add_argument("--bench", default="emoji", help="benchmark for feature-probe (default: emoji)")
@@ -214,6 +219,18 @@ def cmd_perf(args: argparse.Namespace) -> int:
 
     if args.which == "tosca-routing":
         result = tosca_routing(backbone=args.backbone, img_size=args.img_size)
+    elif args.which == "sweep-overhead":
+        from clbench.perf_sweep import sweep_overhead
+
+        if args.runs < 2:
+            raise ClbenchError(f"--runs must be >= 2 (got {args.runs})")
+        result = sweep_overhead(runs=args.runs)
+    elif args.which == "projection":
+        from clbench.perf_sweep import format_projection, measure_costs, projection
+
+        costs = measure_costs(device=args.device)
+        result = {"benchmark": "projection", "costs": costs, "projection": projection(costs)}
+        print(format_projection(result["projection"], costs))
     else:
         result = feature_probe(args.bench, args.backbone, args.img_size, args.normalize)
     result.update(git_revision=git_revision(), versions=library_versions(), command=" ".join(sys.argv))
