@@ -372,6 +372,13 @@ def _token_auth_for_existing_cluster() -> None:
     token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
     if os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file():
         os.environ["RAY_AUTH_MODE"] = "token"
+        if "ray" in sys.modules:  # Ray read the mode when it was imported: make it read it again
+            try:
+                from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+                _enable_token_auth()
+            except (ImportError, AttributeError):
+                pass
 
 
 class RayBackend:
@@ -408,7 +415,11 @@ class RayBackend:
         total = ray.cluster_resources()
         self.gpus = res.gpus_per_run if res.gpus_per_run is not None else (1.0 if total.get("GPU", 0) > 0 else 0.0)
         self.memory = int(res.memory_per_run_gb * 2**30) if res.memory_per_run_gb else None
-        self._check_fits()
+        try:
+            self._check_fits()
+        except ClbenchError:
+            self.close()
+            raise
         self.threads = self.cpus
         self.retries = res.retries
         self._remote = ray.remote(execute).options(
@@ -454,7 +465,7 @@ class RayBackend:
 
     def close(self, cancel: bool = False) -> None:
         if cancel:
-            for ref in list(self._refs):
+            for ref in list(getattr(self, "_refs", ())):
                 self.ray.cancel(ref, force=True)
         if self._shutdown:
             self.ray.shutdown()

@@ -221,6 +221,16 @@ def test_bad_sweeps_are_one_clear_line(argv, needle, tmp_path, capsys):
     assert "Traceback" not in text
 
 
+def test_a_run_no_ray_node_can_hold_is_refused_before_submitting(tmp_path, capsys):
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed: pip install -e '.[test]' installs it")
+    code, text = sweep(["sweep", "--strategies", "simplecil", *MICRO, "--out", str(tmp_path / "r"), "--backend", "ray",
+                        "--jobs", "1", "--gpus-per-run", "1"], capsys)
+    assert code == 2 and "no Ray node can hold one run (CPU 1, GPU 1" in text, text
+    assert "lower --cpus-per-run / --gpus-per-run / --memory-per-run" in text
+    assert not sys.modules["ray"].is_initialized()  # the local Ray started for the sweep is shut down again
+
+
 def test_a_failing_run_is_reported_and_the_table_says_incomplete(tmp_path, capsys):
     """A run that fails with a user error is not retried; the others finish, the sweep exits 1 and its summary
     says which runs are missing."""
