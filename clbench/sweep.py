@@ -402,10 +402,13 @@ class RayBackend:
             try:
                 if address:
                     ray.init(address=address, log_to_driver=False, logging_level="warning")
-                else:
-                    ray.init(num_cpus=(res.jobs * self.cpus) if res.jobs else None, include_dashboard=False,
-                             log_to_driver=False, logging_level="warning")
+                else:  # "local": a new Ray for this sweep, never a cluster that happens to run on this machine
+                    ray.init(address="local", num_cpus=(res.jobs * self.cpus) if res.jobs else None,
+                             include_dashboard=False, log_to_driver=False, logging_level="warning")
             except (ConnectionError, ValueError, RuntimeError) as e:
+                if not address:
+                    raise ClbenchError(f"--backend ray: could not start a local Ray ({e})",
+                                       "check `ray start --head` works here, or use --backend local") from None
                 raise ClbenchError(f"--ray-address {address}: could not connect to a Ray cluster ({e})",
                                    "start one with `ray start --head` and pass the address it prints "
                                    "(e.g. 127.0.0.1:6379), or leave --ray-address out to start a local Ray; a "
@@ -531,8 +534,6 @@ def run_sweep(spec: SweepSpec, backend_name: str = "local", res: Resources | Non
               ray_address: str | None = None, view: SweepView | None = None, cache: str | None = None,
               dry_run: bool = False, command: str | None = None) -> dict[str, Any]:
     """Plan, skip what is done, run the rest on the backend, and write ``sweep.json``. Returns the manifest."""
-    from clbench.results import RESULT_FILE, git_revision
-
     view = view or SweepView()
     res = res or Resources(None, None, None, None)
     if backend_name not in BACKENDS:
@@ -542,26 +543,9 @@ def run_sweep(spec: SweepSpec, backend_name: str = "local", res: Resources | Non
     out = spec.out.resolve()
     spec = dataclasses.replace(spec, out=out)
     plan = make_plan(spec)
-    check_folders(plan)
-    todo = [r for r in plan if r.state != "complete"]
-    manifest: dict[str, Any] = {
-        "format": "clbench-sweep", "version": 1, "command": command,
-        "strategies": list(spec.strategies), "benches": list(spec.benches), "seeds": list(spec.seeds),
-        "settings": {k: v for k, v in spec.settings.items()}, "profile": spec.profile,
-        "overrides": [list(o) for o in spec.overrides],
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "git_revision": git_revision(),
-        "complete": False, "runs": {},
-    }
-    earlier = _read_json(out / SWEEP_FILE)  # earlier invocations of this sweep: kept, with their overhead
-    manifest["history"] = ([*earlier.get("history", []), {k: earlier.get(k) for k in HISTORY_FIELDS}]
-                           if earlier else [])
-    for r in plan:
-        manifest["runs"][r.run_id] = {"path": str(r.path.relative_to(out)), "state_at_start": r.state,
-                                      "tasks_done_at_start": r.tasks_done, "fingerprint": r.fingerprint}
     if dry_run:
-        manifest["dry_run"] = True
-        return manifest
-
+        check_folders(plan)
+        return {**_manifest(spec, plan, command), "dry_run": True}
     if cache:
         os.environ["CLBENCH_CACHE"] = str(Path(cache).resolve())
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
@@ -569,8 +553,54 @@ def run_sweep(spec: SweepSpec, backend_name: str = "local", res: Resources | Non
         from clbench.io import cache_dir
 
         env["CLBENCH_CACHE"] = str(cache_dir().resolve())
-    manifest["cache"] = env["CLBENCH_CACHE"]
     out.mkdir(parents=True, exist_ok=True)
+    lock = _lock_sweep(out)  # before the folders are read: a second sweep on DIR must not change them meanwhile
+    try:
+        check_folders(plan)
+        manifest = _manifest(spec, plan, command)
+        manifest["cache"] = env["CLBENCH_CACHE"]
+        return _execute_plan(plan, manifest, out, backend_name, res, ray_address, view, env)
+    finally:
+        lock.close()  # releases the lock
+
+
+def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> dict[str, Any]:
+    from clbench.results import git_revision
+
+    manifest: dict[str, Any] = {
+        "format": "clbench-sweep", "version": 1, "command": command,
+        "strategies": list(spec.strategies), "benches": list(spec.benches), "seeds": list(spec.seeds),
+        "settings": dict(spec.settings), "profile": spec.profile, "overrides": [list(o) for o in spec.overrides],
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "git_revision": git_revision(),
+        "complete": False, "runs": {},
+    }
+    earlier = _read_json(spec.out / SWEEP_FILE)  # earlier invocations of this sweep: kept, with their overhead
+    manifest["history"] = ([*earlier.get("history", []), {k: earlier.get(k) for k in HISTORY_FIELDS}]
+                           if earlier else [])
+    for r in plan:
+        manifest["runs"][r.run_id] = {"path": str(r.path.relative_to(spec.out)), "state_at_start": r.state,
+                                      "tasks_done_at_start": r.tasks_done, "fingerprint": r.fingerprint}
+    return manifest
+
+
+def _lock_sweep(out: Path):
+    import fcntl
+
+    handle = open(out / ".sweep.lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ClbenchError(f"another clbench sweep is running in {out}",
+                           "wait for it to finish (it writes sweep.json as runs end) or choose another --out") from None
+    return handle
+
+
+def _execute_plan(plan: list[PlannedRun], manifest: dict[str, Any], out: Path, backend_name: str,
+                  res: Resources, ray_address: str | None, view: SweepView, env: dict[str, str]) -> dict[str, Any]:
+    from clbench.results import RESULT_FILE
+
+    todo = [r for r in plan if r.state != "complete"]
     sweep_start = time.time()
     backend = (LocalBackend(res) if backend_name == "local" else RayBackend(res, ray_address)) if todo else None
     manifest["backend"] = backend.describe() if backend else {"backend": backend_name, "note": "nothing to run"}
@@ -662,8 +692,9 @@ def write_summary(out: Path, manifest: dict[str, Any], report: bool, tsne: bool,
     from clbench.report.collect import collect
     from clbench.report.tables import summary_frame, summary_table, to_markdown
 
-    coll = collect([out / "runs"])
-    if not coll.runs:
+    folders = [out / info["path"] for info in manifest["runs"].values() if (out / info["path"]).is_dir()]
+    coll = collect(folders) if folders else None  # this plan's runs only, not whatever else lies in DIR/runs
+    if coll is None or not coll.runs:
         return []
     failed = {k: v for k, v in manifest["runs"].items() if v.get("state") != "complete"}
     lines = [f"# Sweep summary: {out.name}", "",

@@ -111,11 +111,19 @@ def test_ray_cluster_gives_the_local_records_and_retries_a_preempted_run(local_s
     assert code == 0
     ray_bin = Path(sys.executable).parent / "ray"
     port = free_port()
-    start = subprocess.run([str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1",
-                            "--include-dashboard=false", "--disable-usage-stats"],
-                           capture_output=True, text=True, timeout=180, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
-    assert start.returncode == 0, start.stdout + start.stderr
+    # `--block` keeps `ray start` in the foreground: terminating it stops this cluster only, not the user's others.
+    head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+                             "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     try:
+        deadline = time.time() + 120
+        while True:  # the head's GCS port answers once the cluster is up
+            assert head.poll() is None and time.time() < deadline, "ray start --head failed"
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
         out = tmp_path / "ray"
         killer = Preempt(out / "runs" / "tosca-emoji-s1")
         killer.start()
@@ -123,7 +131,11 @@ def test_ray_cluster_gives_the_local_records_and_retries_a_preempted_run(local_s
                             "--no-report"], capsys)
         killer.join()
     finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
+        head.terminate()
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
     assert code == 0, text
     assert killer.killed_after is not None, "the kill never landed"
     ray_recs, local_recs = records(out), records(local)
@@ -244,6 +256,18 @@ def test_a_failing_run_is_reported_and_the_table_says_incomplete(tmp_path, capsy
     assert failed["state"] == "failed" and failed["attempts"] == 1 and "nowhere" in failed["error"]
     assert manifest["runs"]["simplecil-emoji-s1"]["state"] == "complete" and not manifest["complete"]
     assert "Incomplete sweep: 1 of 2 runs" in (out / "summary.md").read_text()
+
+
+def test_a_second_sweep_on_the_same_folder_is_refused(tmp_path, capsys):
+    import fcntl
+
+    out = tmp_path / "busy"
+    out.mkdir()
+    with open(out / ".sweep.lock", "w") as held:  # as a running sweep holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, text = sweep([*SWEEP, "--out", str(out)], capsys)
+    assert code == 2 and f"another clbench sweep is running in {out}" in text, text
+    assert not (out / "runs").exists()
 
 
 def test_dry_run_shows_the_plan_and_starts_nothing(tmp_path, capsys):
