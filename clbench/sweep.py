@@ -199,7 +199,8 @@ def check_folders(plan: list[PlannedRun]) -> None:
     conflicts = [f"{r.path}: {why}" for r in plan if (why := inspect(r)) is not None]
     if conflicts:
         shown = "\n  ".join(conflicts[:10]) + (f"\n  ... and {len(conflicts) - 10} more" if len(conflicts) > 10 else "")
-        raise ClbenchError(f"{len(conflicts)} run folder(s) of this sweep hold runs with other settings:\n  {shown}",
+        raise ClbenchError(f"{len(conflicts)} run folder(s) of this sweep hold runs it cannot skip or continue "
+                           f"(other settings, or nothing to continue from):\n  {shown}",
                            "choose another --out, or delete those run folders to run them again")
 
 

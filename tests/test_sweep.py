@@ -213,7 +213,7 @@ def test_folder_with_other_settings_is_refused_before_anything_runs(local_sweep,
     argv[argv.index("tosca.epochs=60")] = "tosca.epochs=61"
     code, text = sweep(argv, capsys)
     assert code == 2
-    assert "2 run folder(s) of this sweep hold runs with other settings" in text
+    assert "2 run folder(s) of this sweep hold runs it cannot skip or continue" in text
     assert "--set: epochs=60 there, epochs=61 here" in text and "choose another --out" in text
 
 
@@ -241,6 +241,13 @@ def test_a_run_no_ray_node_can_hold_is_refused_before_submitting(tmp_path, capsy
     assert code == 2 and "no Ray node can hold one run (CPU 1, GPU 1" in text, text
     assert "lower --cpus-per-run / --gpus-per-run / --memory-per-run" in text
     assert not sys.modules["ray"].is_initialized()  # the local Ray started for the sweep is shut down again
+
+
+def test_ray_backend_without_ray_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as where it is not installed
+    code, text = sweep([*SWEEP, "--out", str(tmp_path / "n"), "--backend", "ray"], capsys)
+    assert code == 2 and "--backend ray needs Ray, which is not installed" in text, text
+    assert "pip install 'clbench[ray]'" in text
 
 
 def test_a_failing_run_is_reported_and_the_table_says_incomplete(tmp_path, capsys):
