@@ -53,6 +53,7 @@ SWEEP_FILE = "sweep.json"
 ATTEMPT_FILE = "attempt.json"
 LOG_FILE = "run.log"
 BACKENDS = ("local", "ray")
+WEIGHT_SOURCES = ("auto", "offline", "hub", "random")  # --weights values that are not a file
 # Environment passed from the sweep to every run (wherever it executes): where weights and caches live, offline mode.
 PASSED_ENV = ("CLBENCH_CACHE", "HF_HUB_OFFLINE", "HF_HOME", "TORCH_HOME", "OMP_NUM_THREADS")
 # Record fields that differ between two executions of the same run (time, place, order of cache use).
@@ -116,12 +117,12 @@ def parse_scoped_override(key: str, value: str) -> tuple[str | None, str, str]:
 def parse_data_roots(values: Sequence[str], benches: Sequence[str]) -> dict[str | None, str]:
     """``--data-root DIR`` (every benchmark) or ``--data-root BENCH=DIR`` (one), repeatable."""
     roots: dict[str | None, str] = {}
-    for v in values:
+    for v in values:  # absolute: a run may execute in another working directory (a Ray worker, another node)
         name, eq, path = v.partition("=")
         if eq and name in benches:
-            roots[name] = path
+            roots[name] = str(Path(path).expanduser().resolve())
         else:
-            roots[None] = v
+            roots[None] = str(Path(v).expanduser().resolve())
     return roots
 
 
@@ -542,7 +543,10 @@ def run_sweep(spec: SweepSpec, backend_name: str = "local", res: Resources | Non
     if backend_name == "local" and ray_address:
         raise ClbenchError("--ray-address is for --backend ray", "add --backend ray, or drop --ray-address")
     out = spec.out.resolve()
-    spec = dataclasses.replace(spec, out=out)
+    settings = dict(spec.settings)
+    if settings.get("weights") not in (None, *WEIGHT_SOURCES):  # a weights file: absolute, as the data roots
+        settings["weights"] = str(Path(settings["weights"]).expanduser().resolve())
+    spec = dataclasses.replace(spec, out=out, settings=settings)
     plan = make_plan(spec)
     if dry_run:
         check_folders(plan)
