@@ -198,12 +198,16 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 
 def _add_perf_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("which", choices=["tosca-routing", "feature-probe", "sweep-overhead", "projection"],
+    p.add_argument("which", choices=["tosca-routing", "feature-probe", "sweep-overhead", "projection",
+                                     "projection-check"],
                    help="which measurement (sweep-overhead: local vs Ray sweep overhead per run; projection: "
                         "device-hours of a paper table from measured per-image costs)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="projection: the device to measure per-image costs on (default: auto)")
     p.add_argument("--runs", type=int, default=6, help="sweep-overhead: runs per backend (default: 6)")
+    p.add_argument("--run", dest="run_dirs", action="append", default=[], metavar="RUN_DIR",
+                   help="projection-check: an L2P or EASE run whose recorded time the cost model should predict "
+                        "(repeatable)")
     p.add_argument("--backbone", default="vit_small_patch14_dinov2", help="backbone (default: the offline ViT-S/14)")
     p.add_argument("--img-size", type=int, default=112, help="input size (default: 112, the embedded benchmark's)")
     p.add_argument("--bench", default="emoji", help="benchmark for feature-probe (default: emoji)")
@@ -231,6 +235,12 @@ def cmd_perf(args: argparse.Namespace) -> int:
         costs = measure_costs(device=args.device)
         result = {"benchmark": "projection", "costs": costs, "projection": projection(costs)}
         print(format_projection(result["projection"], costs))
+    elif args.which == "projection-check":
+        from clbench.perf_sweep import check_against_run
+
+        if not args.run_dirs:
+            raise ClbenchError("projection-check needs --run RUN_DIR (an L2P or EASE run folder)")
+        result = {"benchmark": "projection-check", "checks": [check_against_run(d) for d in args.run_dirs]}
     else:
         result = feature_probe(args.bench, args.backbone, args.img_size, args.normalize)
     result.update(git_revision=git_revision(), versions=library_versions(), command=" ".join(sys.argv))

@@ -82,25 +82,76 @@ def sweep_overhead(runs: int = 6, log: Callable[[str], None] = print, backends: 
 
 # ----------------------------------------------------------------------------------------------- projection
 def passes(strategy: str, n_train: int, n_test: int, tasks: int) -> dict[str, float]:
+    """Per-image work of one run on a split of ``tasks`` equal tasks, with the default epochs. See
+    :func:`task_passes`."""
+    per_task = [n_train / tasks] * tasks
+    seen = [n_test * (t + 1) / tasks for t in range(tasks)]
+    epochs = EPOCHS.get(strategy.split("-")[0], 0)
+    return task_passes(strategy, per_task, seen, epochs, PROMPT_TOKEN_FACTOR)
+
+
+def task_passes(strategy: str, train_per_task: list[float], seen_test: list[float], epochs: int,
+                prompt_factor: float = PROMPT_TOKEN_FACTOR, cached_query: bool = False, protocols: int = 1
+                ) -> dict[str, float]:
     """Per-image work of one run, by kind: ``f`` frozen passes, ``b`` training passes, ``luca_steps`` TOSCA module
-    steps on cached features, ``route_module_images`` (image, module) pairs routed. See the module docstring."""
-    T = tasks
-    seen_sum = n_test * (T + 1) / 2  # sum over t of N_te t / T
-    seen_sq_sum = n_test * (T + 1) * (2 * T + 1) / 6  # sum over t of N_te t / T * t
+    steps on cached features, ``route_module_images`` (image, module) pairs routed (see the module docstring).
+    ``train_per_task[t]``: training images of task t; ``seen_test[t]``: test images evaluated after task t;
+    ``cached_query``: L2P's query from the cached frozen feature (its ``quick`` profile) instead of a pass;
+    ``protocols``: evaluation protocols run (each predicts the test set again)."""
+    n_train, n_test = sum(train_per_task), seen_test[-1]
+    with_t = sum(n * (t + 1) for t, n in enumerate(seen_test))  # test images x modules / subspaces
     if strategy == "simplecil":
         return {"f": n_train + n_test}
-    if strategy == "tosca":
-        return {"f": n_train + n_test, "luca_steps": EPOCHS["tosca"] * n_train, "route_module_images": seen_sq_sum}
-    if strategy == "tosca-augment":
-        return {"f": EPOCHS["tosca"] * n_train + n_test, "luca_steps": EPOCHS["tosca"] * n_train,
-                "route_module_images": seen_sq_sum}
+    if strategy in ("tosca", "tosca-augment"):
+        f = n_train + n_test if strategy == "tosca" else epochs * n_train + n_test
+        return {"f": f, "luca_steps": epochs * n_train, "route_module_images": protocols * with_t}
     if strategy == "l2p":
-        e = EPOCHS["l2p"]
-        return {"f": e * n_train + seen_sum * (1 + PROMPT_TOKEN_FACTOR), "b": e * n_train * PROMPT_TOKEN_FACTOR}
+        query = 0.0 if cached_query else 1.0
+        return {"f": query * epochs * n_train + protocols * sum(seen_test) * (query + prompt_factor),
+                "b": epochs * n_train * prompt_factor}
     if strategy == "ease":
-        prototypes = n_train / T * T * (T + 1) / 2
-        return {"f": prototypes + seen_sq_sum, "b": EPOCHS["ease"] * n_train}
+        prototypes = sum(n * (t + 1) for t, n in enumerate(train_per_task))  # new classes in every subspace
+        return {"f": prototypes + protocols * with_t, "b": epochs * n_train}
     raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The cost model against a measured L2P or EASE run: per-image costs measured now on the run's backbone, input
+    size and thread count, times the passes the model counts on the run's own split, against the run's recorded
+    train + eval seconds (its features came from the cache, so they are not part of either)."""
+    import numpy as np
+
+    from clbench.benchmarks import BENCHMARKS, build_benchmark
+    from clbench.blocks import torch_threads
+    from clbench.errors import ClbenchError
+    from clbench.results import load_record
+
+    rec = load_record(Path(run_dir)).data
+    if rec["strategy"] not in ("l2p", "ease"):
+        raise ClbenchError(f"{run_dir}: projection-check models L2P and EASE runs; this one is {rec['strategy']}")
+    cfg = rec["strategy_config"]
+    bench = build_benchmark(BENCHMARKS.get(rec["bench"]), None, rec["task_sizes"][0],
+                            rec["task_sizes"][1] if len(rec["task_sizes"]) > 1 else rec["task_sizes"][0],
+                            rec.get("class_order_seed", 1993))
+    task_of = bench.task_of_label()
+    train_per_task = np.bincount(task_of[bench.train_y], minlength=bench.n_tasks).tolist()
+    test_per_task = np.bincount(task_of[bench.test_y], minlength=bench.n_tasks)
+    seen = np.cumsum(test_per_task).tolist()
+    threads = int(rec.get("host", {}).get("torch_threads") or torch.get_num_threads())
+    with torch_threads(threads):
+        costs = measure_costs("cpu", rec["backbone"], rec["img_size"], log=log)
+    patch = 14 if "patch14" in rec["backbone"] else 16
+    tokens = (rec["img_size"] // patch) ** 2 + 1
+    factor = (tokens + cfg.get("top_k", 0) * cfg.get("prompt_length", 0)) / tokens
+    work = task_passes(rec["strategy"], train_per_task, seen, cfg["epochs"], factor,
+                       cached_query=cfg.get("query") == "cached", protocols=len(rec["protocols"]))
+    predicted = sum(v * costs["s_per_image"][k] for k, v in work.items())
+    measured = rec["time_s"]["train"] + rec["time_s"]["eval"]
+    log(f"{rec['strategy']} ({run_dir}): predicted {predicted:.0f} s, recorded train + eval {measured:.0f} s "
+        f"-> measured / predicted = {measured / predicted:.2f}")
+    return {"run": str(run_dir), "strategy": rec["strategy"], "threads": threads, "costs": costs, "work": work,
+            "predicted_s": predicted, "recorded_train_eval_s": measured, "ratio": measured / predicted,
+            "run_git_revision": rec.get("git_revision")}
 
 
 def measure_costs(device: str = "auto", backbone: str = "vit_base_patch16_224", img_size: int = 224, batch: int = 16,

@@ -316,3 +316,15 @@ def test_projection_counts_what_each_method_does_per_image():
     simple = proj["per_strategy"]["simplecil"]
     assert simple["hours"] == pytest.approx(3 * simple["hours_with_feature_cache"])  # features once, not per seed
     assert proj["per_strategy"]["ease"]["hours"] > proj["per_strategy"]["l2p"]["hours"] > simple["hours"]
+
+
+def test_projection_counts_follow_a_runs_own_split():
+    """``clbench perf projection-check`` counts on the run's actual task sizes, protocols and L2P's query mode."""
+    from clbench.perf_sweep import task_passes
+
+    train, seen = [10, 20], [5, 12]  # two tasks of unequal size; 5 then 12 test images evaluated
+    assert task_passes("l2p", train, seen, 3, 1.5, cached_query=True, protocols=2) == {
+        "f": 2 * (5 + 12) * 1.5,  # cached query: prompted evaluation passes only, once per protocol
+        "b": 3 * 30 * 1.5}
+    assert task_passes("l2p", train, seen, 3, 1.5)["f"] == 3 * 30 + (5 + 12) * 2.5
+    assert task_passes("ease", train, seen, 3) == {"f": (10 * 1 + 20 * 2) + (5 * 1 + 12 * 2), "b": 90}
