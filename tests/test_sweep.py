@@ -243,6 +243,23 @@ def test_a_run_no_ray_node_can_hold_is_refused_before_submitting(tmp_path, capsy
     assert not sys.modules["ray"].is_initialized()  # the local Ray started for the sweep is shut down again
 
 
+def test_ray_backend_starts_its_own_local_ray_when_given_no_address(local_sweep, tmp_path, capsys):
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed: pip install -e '.[test]' installs it")
+    local, _, _ = local_sweep
+    out = tmp_path / "own"
+    argv = ["sweep", "--strategies", "simplecil", "--seeds", "1", *MICRO, "--out", str(out), "--backend", "ray",
+            "--jobs", "1", "--no-report"]
+    code, text = sweep(argv, capsys)
+    assert code == 0, text
+    manifest = json.loads((out / SWEEP_FILE).read_text())
+    assert manifest["backend"]["address"] == "local (started for the sweep)"
+    assert manifest["backend"]["cluster"]["CPU"] == 1  # --jobs 1 x 1 CPU per run
+    rec = json.loads((out / "runs" / "simplecil-emoji-s1" / "result.json").read_text())
+    assert comparable(rec) == comparable(records(local)["simplecil-emoji-s1"])
+    assert not sys.modules["ray"].is_initialized()
+
+
 def test_ray_backend_without_ray_says_how_to_install_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as where it is not installed
     code, text = sweep([*SWEEP, "--out", str(tmp_path / "n"), "--backend", "ray"], capsys)
