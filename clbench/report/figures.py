@@ -110,6 +110,31 @@ def _hide_unused(axes: list[Axes], used: int) -> None:
         ax.set_visible(False)
 
 
+@dataclass
+class _Panel:
+    """One benchmark's panel of a figure with one panel per benchmark: its row keys and backbones."""
+
+    ax: Axes
+    bench: str
+    keys: list[AccKey]
+    backbones: list[tuple[str, str]]
+
+    def marker(self, key: AccKey) -> str:
+        return MARKERS[self.backbones.index((key.backbone, key.weights)) % len(MARKERS)]
+
+
+def _bench_panels(benches: list[str], groups: dict[AccKey, list[Run]]) -> tuple[Figure, list[_Panel]]:
+    """A figure with one panel per benchmark (call inside the figure's rc_context); spare grid cells hidden."""
+    ncols, nrows = _panel_grid(len(benches))
+    fig, axes = _new_figure(ncols, nrows, 6.0 if ncols == 1 else 5.0, 4.6)
+    _hide_unused(axes, len(benches))
+    panels = []
+    for ax, bench in zip(axes, benches):
+        keys = [k for k in groups if k.bench == bench]
+        panels.append(_Panel(ax, bench, keys, sorted({(k.backbone, k.weights) for k in keys})))
+    return fig, panels
+
+
 def _mean_std_curves(curves: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
     n = min(len(c) for c in curves)
     arr = np.array([[np.nan if v is None else v for v in c[:n]] for c in curves], dtype=float)  # (runs, T)
@@ -145,25 +170,21 @@ def accuracy_curves(coll: Collection, out_dir: Path, name: str = "accuracy_curve
         return None
     colors = strategy_colors(coll)
     with matplotlib.rc_context(RC):
-        ncols, nrows = _panel_grid(len(benches))
-        fig, axes = _new_figure(ncols, nrows, 6.0 if ncols == 1 else 5.0, 4.6)
-        for ax, bench in zip(axes, benches):
-            keys = [k for k in groups if k.bench == bench]
-            backbones = sorted({(k.backbone, k.weights) for k in keys})
-            for key in keys:
+        fig, panels = _bench_panels(benches, groups)
+        for panel in panels:
+            ax = panel.ax
+            for key in panel.keys:
                 runs = groups[key]
                 mean, std = _mean_std_curves([r.summary(key.protocol)["acc_curve"] for r in runs])
                 x = np.array(runs[0].classes_seen[: len(mean)])
-                marker = MARKERS[backbones.index((key.backbone, key.weights)) % len(MARKERS)]
-                ax.plot(x, mean, PROTOCOL_STYLE.get(key.protocol, ":"), marker=marker, ms=3.5, lw=1.6,
-                        color=colors[key.strategy], label=_line_label(key, len(runs), len(backbones) > 1))
+                ax.plot(x, mean, PROTOCOL_STYLE.get(key.protocol, ":"), marker=panel.marker(key), ms=3.5, lw=1.6,
+                        color=colors[key.strategy], label=_line_label(key, len(runs), len(panel.backbones) > 1))
                 if len(runs) > 1:
                     ax.fill_between(x, mean - std, mean + std, color=colors[key.strategy], alpha=0.15, lw=0)
-            ax.set_title(bench)
+            ax.set_title(panel.bench)
             ax.set_xlabel("number of classes seen")
             ax.set_ylabel("accuracy A_t (%)")
             _legend_below(ax)
-        _hide_unused(axes, len(benches))
         runs = _unique_runs(list(groups.values()))
         caption = (f"{title}: A_t (%) after each task against the number of classes seen; lines are means over "
                    f"seeds, bands ± one standard deviation; solid = per-sample protocol, dashed = reference. "
@@ -239,34 +260,30 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
         return None
     colors = strategy_colors(coll)
     with matplotlib.rc_context(RC):
-        ncols, nrows = _panel_grid(len(benches))
-        fig, axes = _new_figure(ncols, nrows, 6.0 if ncols == 1 else 5.0, 4.6)
-        for ax, bench in zip(axes, benches):
-            keys = [k for k in groups if k.bench == bench]
-            backbones = sorted({(k.backbone, k.weights) for k in keys})
+        fig, panels = _bench_panels(benches, groups)
+        for panel in panels:
+            ax = panel.ax
             xs = []
-            for key in keys:
+            for key in panel.keys:
                 runs = groups[key]
                 acc = [r.summary(key.protocol)["last_acc"] for r in runs]
                 added = float(np.mean([r.record["params"]["added_total"] for r in runs]))
                 x = max(added, 1.0)  # log axis: a method that adds nothing sits at 1
                 xs.append(x)
                 std = float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0
-                marker = MARKERS[backbones.index((key.backbone, key.weights)) % len(MARKERS)]
-                ax.errorbar([x], [float(np.mean(acc))], yerr=[std], fmt=marker, ms=6, capsize=3,
+                ax.errorbar([x], [float(np.mean(acc))], yerr=[std], fmt=panel.marker(key), ms=6, capsize=3,
                             color=colors[key.strategy], mfc="white" if key.protocol != "per-sample" else None,
-                            label=_line_label(key, len(runs), len(backbones) > 1))
+                            label=_line_label(key, len(runs), len(panel.backbones) > 1))
                 ax.annotate(key.strategy + ("" if added > 0 else " (adds 0)"), (x, float(np.mean(acc))),
                             textcoords="offset points", xytext=(5, 4), fontsize=7)
             ax.set_xscale("log")
             ax.set_xlim(min(xs) / 2.5, max(xs) * 4)  # at least a decade, room for the point labels
             ax.xaxis.set_major_formatter(FuncFormatter(_count_label))
             ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.set_title(bench)
+            ax.set_title(panel.bench)
             ax.set_xlabel("parameters added to the frozen backbone (log)")
             ax.set_ylabel("final accuracy A_T (%)")
             _legend_below(ax)
-        _hide_unused(axes, len(benches))
         runs = _unique_runs(list(groups.values()))
         title = "Final accuracy against added parameters"
         caption = (f"{title}: mean ± std over seeds; filled markers = per-sample protocol, open = other protocols. "
