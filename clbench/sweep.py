@@ -493,10 +493,6 @@ class SweepView:
         pass
 
 
-def _n_tasks(run: PlannedRun, record: dict[str, Any] | None) -> int | None:
-    return len(record["task_sizes"]) if record and record.get("task_sizes") else None
-
-
 def _last_line(path: Path) -> str:
     try:
         with open(path, "rb") as f:
@@ -674,7 +670,8 @@ def _execute_plan(plan: list[PlannedRun], manifest: dict[str, Any], out: Path, b
                 if attempt and attempt.get("sweep") == sweep_id:
                     record = _read_json(r.path / RESULT_FILE)
                     done_tasks = len(record.get("per_task", [])) if record else 0
-                    view.running(r, done_tasks, _n_tasks(r, record), _last_line(r.path / LOG_FILE))
+                    n_tasks = len(record["task_sizes"]) if record and record.get("task_sizes") else None
+                    view.running(r, done_tasks, n_tasks, _last_line(r.path / LOG_FILE))
     except BaseException:
         manifest["interrupted"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         save()
