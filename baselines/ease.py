@@ -41,7 +41,7 @@ Deviations from the paper / reference code:
   ViT is 0 in both.
 - The reference's ``forward_reweight`` slices subspaces with a default ``out_dim=768``; here the width is the
   backbone's ``num_features``. Class ranges come from the tasks' class lists, not ``init_cls``/``increment``.
-- The backbone runs under bf16 autocast when the run enables it; heads, prototypes and logits are float32.
+- The backbone runs at the run's precision (bf16 autocast where `--precision` resolves to it); heads, prototypes and logits are float32.
 - The reference's backbone is ViT-B/16 (timm ``vit_base_patch16_224``); clbench runs the benchmark's backbone
   (any width).
 - Transforms, normalisation, class order and task split are the harness's, shared by every method.
@@ -201,12 +201,9 @@ class EASE(Strategy):
         self._last_predict: tuple[int, np.ndarray] | None = None  # (n rows, argmax) for diagnostics
 
     # ---------------------------------------------------------------------------------------- features
-    def _autocast(self):
-        return torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16, enabled=self.ctx.autocast)
-
     def _features(self, images: torch.Tensor, sets: Sequence[AdapterSet]) -> torch.Tensor:
         """(B, len(sets), d) float32: the [CLS] feature of the frozen ViT with each adapter set."""
-        with self._autocast():
+        with self.ctx.autocast():
             tokens = vit_tokens(self.model, images)  # shared by all sets
             feats = [self.model.forward_head(vit_forward_tokens(self.model, tokens, s), pre_logits=True) for s in sets]
         return torch.stack(feats, dim=1).float()

@@ -44,8 +44,8 @@ Deviations from the paper / reference code:
   logits to the seen classes, so logits and gradients are the same, only the random draws differ.
 - Per-sample evaluation runs in batches of max(``eval_batch_size``, 64): its rows do not depend on the batch, and
   batches of 16 are several times slower per image on CPU. The reference protocol keeps ``eval_batch_size``.
-- Prompt and key similarities are computed in float32 outside bf16 autocast (the ViT itself runs under
-  autocast when the run enables it); the reference runs fp32 throughout.
+- Prompt and key similarities are computed in float32 outside autocast (the ViT itself runs at the run's
+  precision, bf16 where `--precision` resolves to it); the reference runs fp32 throughout.
 - The reference uses ViT-B/16 (augreg IN-21k -> IN-1k); clbench runs the benchmark's backbone (any width;
   the embedded benchmark uses DINOv2 ViT-S/14, whose blocks have LayerScale, which does not touch prompts).
   Timm models with register tokens get the prompts after all prefix tokens.
@@ -191,9 +191,6 @@ class L2P(Strategy):
         self.n_seen = 0
 
     # ---------------------------------------------------------------------------------------- forward
-    def _autocast(self):
-        return torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16, enabled=self.ctx.autocast)
-
     def _forward(self, images: torch.Tensor, query: torch.Tensor, batchwise: bool
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, n_seen) float32 and the pull term sum_k cos(key, q) / B."""
@@ -203,14 +200,14 @@ class L2P(Strategy):
         prompts = self.pool.prompts[idx].flatten(1, 2)  # (B, k * L, d)
         prompts = prompts + vit_inserted_position(self.model)  # every prompt token at the [CLS] position
         n_prefix, n_prompt = int(self.model.num_prefix_tokens), prompts.shape[1]
-        with self._autocast():
+        with self.ctx.autocast():
             x = vit_forward_tokens(self.model, vit_tokens(self.model, images, prompts))  # (B, n_prefix + kL + N, d)
             feat = self.model.fc_norm(x[:, n_prefix:n_prefix + n_prompt].mean(dim=1))  # (B, d): head_type "prompt"
         return self.head(feat.float()), pull
 
     @torch.no_grad()
     def _query(self, images: torch.Tensor) -> torch.Tensor:
-        with self._autocast():
+        with self.ctx.autocast():
             return self.ctx.backbone(images).float()  # (B, d) the frozen [CLS] pre-logits feature
 
     # ---------------------------------------------------------------------------------------- learning

@@ -46,7 +46,7 @@ class Learner:
     """A clbench strategy on a frozen backbone, trained one Avalanche experience at a time."""
 
     def __init__(self, strategy: str, backbone: str = "vit_small_patch14_dinov2", weights: str = "auto",
-                 device: str = "auto", autocast: bool = True, seed: int = 1993, batch_size: int = 64,
+                 device: str = "auto", precision: str = "auto", seed: int = 1993, batch_size: int = 64,
                  img_size: int | None = None, **settings: Any) -> None:
         from clbench.backbones import load_backbone
         from clbench.catalog import STRATEGIES
@@ -55,9 +55,12 @@ class Learner:
         cls = STRATEGIES.get(strategy)
         self.device = resolve_device(device)
         self.backbone = load_backbone(backbone, weights, img_size, seed=seed).to(self.device)
-        self.autocast, self.batch_size = autocast, batch_size
+        from clbench.precision import for_backbone
+
+        self.precision = for_backbone(self.backbone, self.device, precision)
+        self.batch_size = batch_size
         cfg = make_strategy_config(cls, None, tuple((k, str(v)) for k, v in settings.items()))
-        self.strategy = cls(cfg, Context(self.backbone, self.device, autocast, seed, log=lambda m: None))
+        self.strategy = cls(cfg, Context(self.backbone, self.device, self.precision.name, seed, log=lambda m: None))
         self.eval_transform = TransformSpec(self.backbone.img_size, None, self.backbone.mean, self.backbone.std).build()
         self.class_ids: list[int] = []  # arrival order of the original class ids
         self._task = 0
@@ -67,7 +70,7 @@ class Learner:
         index = {c: i for i, c in enumerate(self.class_ids)}
         labels = np.asarray([index.get(int(t), -1) for t in targets])
         source = _DatasetSource(dataset, labels)
-        feats = extract(self.backbone, source, _identity, self.device, self.autocast, self.batch_size)
+        feats = extract(self.backbone, source, _identity, self.device, self.precision.name, self.batch_size)
         return Split(source, np.arange(len(targets)), torch.as_tensor(labels), feats, _identity, _identity)
 
     def train(self, experience: Any) -> None:

@@ -46,10 +46,10 @@ if TYPE_CHECKING:
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = "clbench-checkpoint"
 VERSION = 1
-# RunConfig fields that define what a run measures. The list plus ``autocast`` (bf16 changes the frozen
-# features). Not here: device, batch size, data root (the data itself is checked by content), output options.
+# RunConfig fields that define what a run measures. ``precision`` is the request (auto | fp32 | bf16 | fp16); the
+# precision it resolved to is checked separately (:func:`check_session`), since bf16 changes the frozen features. Not here: device, batch size, data root (the data itself is checked by content), output options.
 DEFINING_FIELDS = ("strategy", "bench", "backbone", "weights", "init_cls", "increment", "seed", "class_order_seed",
-                   "protocol", "profile", "overrides", "img_size", "normalize", "autocast")
+                   "protocol", "profile", "overrides", "img_size", "normalize", "precision")
 
 
 # ----------------------------------------------------------------------------------------------- settings
@@ -176,6 +176,9 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     if ckpt.get("version") != VERSION:
         raise ClbenchError(f"{path} is a version {ckpt.get('version')} checkpoint; this clbench reads version "
                            f"{VERSION}", "pass --overwrite to start the run over")
+    for settings in (ckpt.get("fingerprint") or {}, ckpt.get("config") or {}):  # before --precision: --autocast
+        if "autocast" in settings and "precision" not in settings:
+            settings["precision"] = "bf16" if settings.pop("autocast") else "fp32"
     return ckpt
 
 
@@ -192,6 +195,11 @@ def check_session(ckpt: dict[str, Any], session: Session, path: Path) -> None:
         raise ClbenchError(f"{path} was made with other backbone weights (digest {ckpt['backbone_digest'][:12]}, "
                            f"now {session.backbone.digest[:12]}); it cannot be continued",
                            "restore the weights file it was started with, or pass --overwrite to start over")
+    saved_precision = ckpt.get("precision", ckpt["fingerprint"].get("precision"))
+    if saved_precision in ("fp32", "bf16", "fp16") and saved_precision != session.precision.name:
+        raise ClbenchError(f"{path} was made at precision {saved_precision}; here the backbone runs at "
+                           f"{session.precision.name} ({session.precision.reason})",
+                           f"continue it with --precision {saved_precision}, or pass --overwrite to start over")
     now = data_identity(session)
     changed = [k for k in now if ckpt["data"].get(k) != now[k]]
     if changed:

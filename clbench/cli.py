@@ -31,8 +31,14 @@ def _add_setting_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--class-order-seed", type=int, default=1993,
                    help="seed of the class-order permutation (default: 1993, the literature's order)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (GPU if present)")
-    p.add_argument("--autocast", action=argparse.BooleanOptionalAction, default=True,
-                   help="bf16 autocast for the frozen backbone (default: on)")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="precision of the frozen backbone (default: auto: bf16 only where the hardware runs it "
+                        "natively fast: AMX CPUs, AVX-512 BF16 CPUs where a short probe measures a gain, CUDA "
+                        "sm_80+; fp16 on older tensor-core GPUs; else fp32). `clbench doctor` shows the choice")
+    p.add_argument("--autocast", dest="precision", action="store_const", const="bf16",
+                   help="alias of --precision bf16")
+    p.add_argument("--no-autocast", dest="precision", action="store_const", const="fp32",
+                   help="alias of --precision fp32")
     p.add_argument("--protocol", default="per-sample",
                    help="per-sample (default) | reference (a reference implementation's batch behaviour) | both")
     p.add_argument("--profile", help="a strategy's named profile, e.g. quick (see `clbench list`)")
@@ -44,7 +50,7 @@ def _add_setting_args(p: argparse.ArgumentParser) -> None:
                    help="recompute frozen features instead of using the on-disk cache")
 
 
-SETTING_FIELDS = ("backbone", "weights", "init_cls", "increment", "class_order_seed", "device", "autocast", "protocol",
+SETTING_FIELDS = ("backbone", "weights", "init_cls", "increment", "class_order_seed", "device", "precision", "protocol",
                   "img_size", "normalize", "batch_size", "feature_cache")
 
 
@@ -73,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     values = dict(
         strategy=args.strategy, bench=args.bench, backbone=args.backbone, weights=args.weights,
         data_root=args.data_root, init_cls=args.init_cls, increment=args.increment, seed=args.seed,
-        class_order_seed=args.class_order_seed, device=args.device, autocast=args.autocast,
+        class_order_seed=args.class_order_seed, device=args.device, precision=args.precision,
         protocol=args.protocol, profile=args.profile, overrides=tuple(args.overrides), out=args.out,
         overwrite=args.overwrite, batch_size=args.batch_size, img_size=args.img_size, normalize=args.normalize,
         feature_cache=args.feature_cache,
@@ -190,6 +196,17 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from clbench.machine import doctor
+
+    doctor(measure=not args.no_measure)
+    return 0
+
+
+def _add_doctor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-measure", action="store_true", help="skip the short throughput measurement (about 15 s)")
+
+
 def cmd_weights(args: argparse.Namespace) -> int:
     from clbench.weights_info import print_weights
 
@@ -198,12 +215,14 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 
 def _add_perf_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("which", choices=["tosca-routing", "feature-probe", "sweep-overhead", "projection",
-                                     "projection-check"],
-                   help="which measurement (sweep-overhead: local vs Ray sweep overhead per run; projection: "
-                        "device-hours of a paper table from measured per-image costs)")
+    p.add_argument("which", choices=["precision", "threads", "tosca-routing", "feature-probe", "sweep-overhead",
+                                     "projection", "projection-check"],
+                   help="which measurement (precision: feature-extraction img/s per precision and thread count, and "
+                        "what --precision auto picks; threads: the same at 1 and all threads, OpenMP wait policy "
+                        "default and passive, idle and with one core busy; sweep-overhead: local vs Ray sweep "
+                        "overhead per run; projection: device-hours of a paper table from measured per-image costs)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="projection: the device to measure per-image costs on (default: auto)")
+                   help="precision, projection: the device to measure on (default: auto)")
     p.add_argument("--runs", type=int, default=6, help="sweep-overhead: runs per backend (default: 6)")
     p.add_argument("--run", dest="run_dirs", action="append", default=[], metavar="RUN_DIR",
                    help="projection-check: an L2P or EASE run whose recorded time the cost model should predict "
@@ -221,7 +240,15 @@ def cmd_perf(args: argparse.Namespace) -> int:
     from clbench.perf import feature_probe, tosca_routing
     from clbench.results import git_revision, library_versions
 
-    if args.which == "tosca-routing":
+    if args.which == "precision":
+        from clbench.machine import precision_table
+
+        result = precision_table(args.backbone, args.img_size, args.device)
+    elif args.which == "threads":
+        from clbench.machine import thread_table
+
+        result = thread_table(args.backbone, args.img_size)
+    elif args.which == "tosca-routing":
         result = tosca_routing(backbone=args.backbone, img_size=args.img_size)
     elif args.which == "sweep-overhead":
         from clbench.perf_sweep import sweep_overhead
@@ -259,6 +286,9 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | None,
     "list": ("list registered strategies, benchmarks and backbones", None, cmd_list),
     "weights": ("list backbones, whether their weights are available offline here, and how to get them", None,
                 cmd_weights),
+    "doctor": ("print this machine's device, CPU capability, measured speed per precision and thread count, the "
+               "precision auto picks, the cache, and which weights and data are present (for bug reports)",
+               _add_doctor_args, cmd_doctor),
     "perf": ("measure speed ratios (e.g. TOSCA routing vs backbone cost) and record them", _add_perf_args, cmd_perf),
 }
 

@@ -1,7 +1,7 @@
 """Frozen-backbone features, computed once and cached on disk.
 
 A cache entry is keyed by (backbone name, backbone state digest, input size, benchmark, split, content
-fingerprint of the images, transform identity, autocast dtype, feature-code version). It is a safetensors
+fingerprint of the images, transform identity, precision, feature-code version). It is a safetensors
 file carrying its key and the SHA-256 of the feature bytes in its metadata; both are verified on every read,
 and an entry that fails (truncated, corrupted, wrong key) is reported, deleted and recomputed, never used.
 A missing entry is computed under a file lock (``<entry>.lock``): runs sharing the cache, on one machine or on
@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from clbench.benchmarks.base import ImageSource
 from clbench.io import atomic_write_bytes, cache_dir
+from clbench.precision import autocast
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +45,13 @@ class TransformedImages(Dataset):
         return self.transform(self.source.image(self.indices[k])), k
 
 
-def autocast_ctx(device: torch.device, enabled: bool):
-    """bf16 autocast on CPU and CUDA where enabled (faster on AMX CPUs and tensor-core GPUs)."""
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=enabled)
-
-
 @torch.inference_mode()
 def extract(
     backbone: torch.nn.Module,
     source: ImageSource,
     transform,
     device: torch.device,
-    autocast: bool,
+    precision: str,
     batch_size: int = 64,
     indices=None,
     progress: Progress | None = None,
@@ -65,7 +61,7 @@ def extract(
     loader = DataLoader(TransformedImages(source, transform, indices), batch_size=batch_size, num_workers=num_workers)
     out: list[torch.Tensor] = []
     for x, _ in loader:
-        with autocast_ctx(device, autocast):
+        with autocast(precision, device.type):
             f = backbone(x.to(device, non_blocking=True))
         out.append(f.float().cpu())
         if progress:
@@ -77,7 +73,7 @@ def extract(
         bad = int((~torch.isfinite(feats)).any(dim=1).sum())
         raise ClbenchError(
             f"the backbone produced NaN/inf features for {bad} of {len(feats)} images of {getattr(source, 'name', 'the data')}",
-            "check the weights file, or run with --no-autocast to rule out bf16 overflow",
+            "check the weights file, or run with --precision fp32 to rule out reduced-precision overflow",
         )
     return feats
 

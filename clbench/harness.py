@@ -23,6 +23,9 @@ import torch
 from clbench import metrics
 from clbench.catalog import BACKBONES, BENCHMARKS, DEFAULT_BENCH, STRATEGIES
 from clbench.errors import ClbenchError
+from clbench.precision import Precision
+from clbench.precision import check_request as check_precision
+from clbench.precision import choose as choose_precision
 from clbench.io import atomic_write_json
 from clbench.results import (
     RESULT_FILE,
@@ -50,7 +53,7 @@ class RunConfig:
     seed: int = 1993  # PILOT's default seed; drives every RNG of the run
     class_order_seed: int = 1993  # the literature's class order; separate from --seed on purpose
     device: str = "auto"  # auto | cpu | cuda
-    autocast: bool = True  # bf16 autocast for the backbone (faster on AMX CPUs and GPUs)
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 for the frozen backbone (clbench.precision)
     protocol: str = "per-sample"  # per-sample | reference | both
     profile: str | None = None  # a strategy's named profile (e.g. "quick")
     overrides: tuple[tuple[str, str], ...] = ()  # --set key=value on the strategy config
@@ -276,6 +279,7 @@ class Session:
     backbone: Any
     eval_tf: Any
     train_tf: Any
+    precision: Precision
     features: dict[str, torch.Tensor]
     cache_events: list[str]
     t_features: float
@@ -321,16 +325,21 @@ def resolve(cfg: RunConfig):
                            f"{backbone_name} is not one", f"choose one of: {', '.join(vits)}")
     if cfg.batch_size < 1:
         raise ClbenchError(f"--batch-size must be >= 1 (got {cfg.batch_size})")
-    resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
+    check_precision(cfg.precision)
+    if cfg.precision != "auto":  # a forced precision the device cannot run fails here, before anything loads
+        choose_precision(cfg.precision, device.type)
     return strategy_cls, spec, backbone_name, protocols, strategy_cfg
 
 
-def prepare(cfg: RunConfig, reporter: Reporter | None = None) -> Session:
+def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precision | None = None) -> Session:
     """Resolve every name, load the benchmark and backbone, compute (or load) the frozen features once, and
-    build the strategy. Raises ClbenchError for any bad input before anything long starts."""
+    build the strategy. Raises ClbenchError for any bad input before anything long starts. ``precision``: the one
+    to use instead of resolving ``cfg.precision`` (a resumed run keeps the precision it started with)."""
     from clbench.backbones import load_backbone
     from clbench.benchmarks import build_benchmark
     from clbench.features import FeatureCache, cache_key, extract
+    from clbench.precision import for_backbone as precision_for_backbone
     from clbench.strategy import Context
     from clbench.transforms import TransformSpec
 
@@ -354,24 +363,27 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None) -> Session:
     # Frozen features, once per image: cached across runs and strategies.
     t0 = time.perf_counter()
     cache = FeatureCache(enabled=cfg.feature_cache)
+    precision = precision or precision_for_backbone(backbone, device, cfg.precision, use_cache=cfg.feature_cache)
+    rep.log(f"precision {precision.name}: {precision.reason}")
     feats: dict[str, torch.Tensor] = {}
     for split_name, source in (("train", bench.train), ("test", bench.test)):
         key = cache_key(backbone=backbone_name, digest=backbone.digest, bench=spec.name, split=split_name,
-                        data=source.fingerprint(), transform=eval_tf.identity(), autocast=bool(cfg.autocast),
+                        data=source.fingerprint(), transform=eval_tf.identity(), precision=precision.name,
                         device=device.type)
 
         def compute(source=source, split_name=split_name):
             adv = rep.progress(f"features {split_name} ({len(source)} images)", len(source))
-            return extract(backbone, source, eval_tf.build(), device, cfg.autocast, cfg.batch_size, progress=adv)
+            return extract(backbone, source, eval_tf.build(), device, precision.name, cfg.batch_size,
+                           progress=adv)
 
         feats[split_name], hit = cache.get_or_compute(key, compute)
         rep.log(f"features {split_name}: {'cache hit' if hit else 'computed'} {tuple(feats[split_name].shape)}")
     t_features = time.perf_counter() - t0
 
-    ctx = Context(backbone=backbone, device=device, autocast=cfg.autocast, seed=cfg.seed, log=rep.log,
+    ctx = Context(backbone=backbone, device=device, precision=precision.name, seed=cfg.seed, log=rep.log,
                   progress=rep.progress)
     strategy = strategy_cls(strategy_cfg, ctx)
-    return Session(cfg, spec, bench, backbone, eval_tf, train_tf, feats, cache.events, t_features, strategy, protocols)
+    return Session(cfg, spec, bench, backbone, eval_tf, train_tf, precision, feats, cache.events, t_features, strategy, protocols)
 
 
 def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> dict[str, Any]:
@@ -395,7 +407,10 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         if ckpt is None:
             (run_dir.path / RESULT_FILE).unlink(missing_ok=True)
         torch.manual_seed(cfg.seed)  # the run owns the seed; strategies draw from ctx.generator()
-        session = prepare(cfg, rep)
+        started_at = None  # --precision auto: a resumed run keeps the precision auto chose when it started
+        if ckpt is not None and cfg.precision == "auto" and ckpt.get("precision") is not None:
+            started_at = Precision(ckpt["precision"], ckpt.get("precision_reason") or "auto, when the run started")
+        session = prepare(cfg, rep, precision=started_at)
         strategy, bench, protocols = session.strategy, session.bench, session.protocols
         logs = {p: _ProtocolLog() for p in protocols}
         per_task: list[dict[str, Any]] = []
@@ -455,7 +470,8 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             t0 = time.perf_counter()  # the checkpoint first: a record never claims more than it holds
             checkpoint.save(run_dir.checkpoint_path, {
                 "config": dataclasses.asdict(cfg), "fingerprint": fingerprint,
-                "backbone_digest": session.backbone.digest, "data": checkpoint.data_identity(session),
+                "backbone_digest": session.backbone.digest, "precision": session.precision.name,
+                "precision_reason": session.precision.reason, "data": checkpoint.data_identity(session),
                 "tasks_done": t + 1, "strategy": strategy.state_dict(), "rng": checkpoint.capture_rng(),
                 "logs": {p: dataclasses.asdict(log) for p, log in logs.items()}, "per_task": per_task,
                 "times": times(), "peak_rss_mb": max(peak_before, peak_rss_mb()), "resumed_from_task": resumed_from,
@@ -481,6 +497,16 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     finally:
         checkpoint.restore_rng(caller_rng)
         run_dir.release()
+
+
+def host_info() -> dict[str, Any]:
+    """The machine a run's times come from: cores, CPU and its capability, and the thread settings in force."""
+    from clbench import OMP_WAIT_POLICY
+    from clbench.precision import CpuInfo
+
+    cpu = CpuInfo.detect()
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "omp_wait_policy": OMP_WAIT_POLICY,
+            "cpu": cpu.model, "cpu_capability": cpu.capability, "amx": cpu.amx, "avx512_bf16": cpu.avx512_bf16}
 
 
 def _save_features(path: Path, session: Session, strategy) -> None:
@@ -533,7 +559,8 @@ def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], p
         "transform": session.eval_tf.identity(),
         "seed": cfg.seed,
         "device": next(backbone.model.parameters()).device.type,
-        "autocast": cfg.autocast,
+        "precision": session.precision.name,
+        "precision_reason": session.precision.reason,
         "protocol": protocols[0],
         **main,
         "protocols": {p: logs[p].summary() for p in protocols},
@@ -554,7 +581,7 @@ def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], p
         "versions": library_versions(),
         "git_revision": git_revision(),
         "metric_definitions": metrics.DEFINITIONS,
-        "host": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
+        "host": host_info(),
     }
     if len(protocols) > 1:
         ref, ps = logs["reference"].summary(), logs["per-sample"].summary()

@@ -53,20 +53,21 @@ def _tosca_parts(d: int, T: int, classes_per_task: int, seed: int = 0):
 @torch.inference_mode()
 def tosca_routing(backbone: str = "vit_small_patch14_dinov2", weights: str = "random", img_size: int = 112,
                   batch: int = 64, tasks: tuple[int, ...] = (1, 5, 10, 20), classes_per_task: int = 6,
-                  autocast: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+                  precision: str = "auto", log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure TOSCA routing cost against backbone cost (weights do not change timings; random by default)."""
     from clbench.backbones import load_backbone
     from clbench.blocks import torch_threads
-    from clbench.features import autocast_ctx
+    from clbench.precision import for_backbone
     from tosca.strategy import route_per_sample, stacked_forward
 
     dev = torch.device("cpu")
     bb = load_backbone(backbone, weights, img_size)
     d = bb.num_features
     x = torch.randn(batch, 3, bb.img_size, bb.img_size)
+    prec = for_backbone(bb, dev, precision)
 
     def backbone_pass():
-        with autocast_ctx(dev, autocast):
+        with prec.autocast(dev.type):
             return bb(x).float()
 
     t_backbone = _time(backbone_pass, repeat=3)
@@ -102,7 +103,8 @@ def tosca_routing(backbone: str = "vit_small_patch14_dinov2", weights: str = "ra
         f"-> speed-up {t_ref / t_ours:.1f}x")
     return {
         "benchmark": "tosca-routing",
-        "backbone": backbone, "img_size": bb.img_size, "batch": batch, "autocast": autocast, "feature_dim": d,
+        "backbone": backbone, "img_size": bb.img_size, "batch": batch, "precision": prec.name,
+        "precision_reason": prec.reason, "feature_dim": d,
         "threads": torch.get_num_threads(),
         "backbone_ms_per_image": t_backbone / batch * 1e3,
         "scaling": scaling,

@@ -4,8 +4,8 @@
   on the local backend and on a local Ray, one run at a time, and reports each backend's overhead from the sweep's
   own timestamps (:func:`clbench.sweep.overhead`): scheduling and record collection per run, and the start-up.
 - ``projection``: the compute a paper table needs. It measures, on this machine's device, the per-image cost of one
-  frozen forward pass of the paper backbone (ViT-B/16 at 224 px, bf16 autocast as in clbench's feature
-  extraction), of one training pass (forward and backward through the frozen ViT to input-side parameters, as L2P's
+  frozen forward pass of the paper backbone (ViT-B/16 at 224 px, at the precision a run on that device chooses
+  (:mod:`clbench.precision`)), of one training pass (forward and backward through the frozen ViT to input-side parameters, as L2P's
   prompts and EASE's adapters need), of a TOSCA module step on a cached feature, and of TOSCA's routing, then
   counts what each method does per image (:func:`passes`) on the six benchmarks of the TOSCA paper and converts
   to device-hours for 4 strategies x 3 seeds.
@@ -159,7 +159,7 @@ def measure_costs(device: str = "auto", backbone: str = "vit_base_patch16_224", 
     """Seconds per image for a frozen pass, a training pass, a TOSCA module step and TOSCA routing per module."""
     from clbench.backbones import load_backbone
     from clbench.blocks import torch_threads
-    from clbench.features import autocast_ctx
+    from clbench.precision import for_backbone
     from clbench.harness import resolve_device
     from clbench.perf import _tosca_parts
     from tosca.strategy import route_per_sample, stacked_forward
@@ -167,6 +167,7 @@ def measure_costs(device: str = "auto", backbone: str = "vit_base_patch16_224", 
     dev = resolve_device(device)
     bb = load_backbone(backbone, "random", img_size).to(dev)  # weights do not change timings
     x = torch.randn(batch, 3, bb.img_size, bb.img_size, device=dev)
+    prec = for_backbone(bb, dev)  # as a run on this device would choose it
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -174,7 +175,7 @@ def measure_costs(device: str = "auto", backbone: str = "vit_base_patch16_224", 
 
     @torch.inference_mode()
     def frozen() -> None:
-        with autocast_ctx(dev, True):
+        with prec.autocast(dev.type):
             bb(x).float()
         sync()
 
@@ -182,7 +183,7 @@ def measure_costs(device: str = "auto", backbone: str = "vit_base_patch16_224", 
     hook = bb.model.patch_embed.register_forward_hook(lambda m, i, o: o + shift.to(o.dtype))
 
     def train_pass() -> None:
-        with autocast_ctx(dev, True):
+        with prec.autocast(dev.type):
             loss = bb.model.forward_features(x).float().mean()
         loss.backward()
         shift.grad = None
@@ -224,7 +225,7 @@ def measure_costs(device: str = "auto", backbone: str = "vit_base_patch16_224", 
     log(f"TOSCA module step {step * 1e6:.1f} us/image; routing {route_per_module * 1e6:.2f} us/image/module")
     return {"device": dev.type, "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
             "threads": torch.get_num_threads(), "backbone": backbone, "img_size": bb.img_size, "batch": batch,
-            "s_per_image": {"f": f, "b": b, "luca_steps": step, "route_module_images": route_per_module}}
+            "precision": prec.name, "precision_reason": prec.reason, "s_per_image": {"f": f, "b": b, "luca_steps": step, "route_module_images": route_per_module}}
 
 
 def projection(costs: dict[str, Any], seeds: int = 3) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The whole method contract: what a strategy gets per task and what it must return.
 
 A strategy is built once per run with its frozen config dataclass and a :class:`Context` (the frozen
-backbone, device, autocast, seed). The harness then calls, for each task ``t`` of the stream:
+backbone, device, precision, seed). The harness then calls, for each task ``t`` of the stream:
 
 1. ``learn_task(task)``: ``task.train`` is a :class:`Split` of the task's training images, with their cached
    frozen features and labels in arrival order (``task.classes`` are new; ``task.n_seen`` classes in all).
@@ -78,10 +78,16 @@ class Task:
 class Context:
     backbone: FrozenBackbone
     device: torch.device
-    autocast: bool
+    precision: str  # fp32 | bf16 | fp16: the backbone's precision (clbench.precision), resolved by the harness
     seed: int
     log: Callable[[str], None] = print
     progress: Callable[[str, int], Callable[[int], None]] | None = None  # (description, total) -> advance(n)
+
+    def autocast(self):
+        """Autocast context for passes through the frozen backbone at the run's precision (fp32: none)."""
+        from clbench.precision import autocast
+
+        return autocast(self.precision, self.device.type)
 
     def seed_for(self, salt: int = 0) -> int:
         """A reproducible seed derived from the run seed and a purpose-specific salt."""

@@ -55,9 +55,10 @@ LOG_FILE = "run.log"
 BACKENDS = ("local", "ray")
 WEIGHT_SOURCES = ("auto", "offline", "hub", "random")  # --weights values that are not a file
 # Environment passed from the sweep to every run (wherever it executes): where weights and caches live, offline mode.
-PASSED_ENV = ("CLBENCH_CACHE", "HF_HUB_OFFLINE", "HF_HOME", "TORCH_HOME", "OMP_NUM_THREADS")
+PASSED_ENV = ("CLBENCH_CACHE", "HF_HUB_OFFLINE", "HF_HOME", "TORCH_HOME", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")
 # Record fields that differ between two executions of the same run (time, place, order of cache use).
 VOLATILE_FIELDS = ("created", "finished", "command", "time_s", "peak_rss_mb", "feature_cache", "host",
+                   "precision_reason",
                    "git_revision", "versions", "run_id", "resumed_from_task")
 VOLATILE_PER_TASK = ("train_s", "eval_s")
 HISTORY_FIELDS = ("command", "started", "finished", "interrupted", "complete", "backend", "overhead")

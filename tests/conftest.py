@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import clbench  # noqa: F401  (first: sets OpenMP's wait policy before any test module imports torch)
+
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random")
 
 

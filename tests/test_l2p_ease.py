@@ -51,7 +51,7 @@ def make_split(backbone, classes: list[int], n_per_class: int, seed: int) -> Spl
     source = ArraySource(images, labels, f"tiny-{seed}")
     eval_tf = TransformSpec(32, None, backbone.mean, backbone.std).build()
     train_tf = TransformSpec(32, None, backbone.mean, backbone.std, train=True).build()
-    feats = extract(backbone, source, eval_tf, torch.device("cpu"), autocast=False, batch_size=64)
+    feats = extract(backbone, source, eval_tf, torch.device("cpu"), precision="fp32", batch_size=64)
     return Split(source, np.arange(len(labels)), torch.as_tensor(labels), feats, eval_tf, train_tf)
 
 
@@ -68,7 +68,7 @@ def test_split(backbone) -> Split:
 
 
 def ctx_for(backbone) -> Context:
-    return Context(backbone=backbone, device=torch.device("cpu"), autocast=False, seed=7, log=lambda s: None)
+    return Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=7, log=lambda s: None)
 
 
 # ----------------------------------------------------------------------------------------------- L2P
@@ -253,7 +253,7 @@ def test_quick_profile_is_a_valid_config(cls):
 @pytest.mark.parametrize("method,protocol", [("l2p", "both"), ("ease", "per-sample")])
 def test_end_to_end_through_the_harness(tmp_path, method, protocol):
     record = run(RunConfig(strategy=method, bench="emoji", backbone="vit_micro", weights="random",
-                           out=str(tmp_path / method), init_cls=18, increment=18, device="cpu", autocast=False,
+                           out=str(tmp_path / method), init_cls=18, increment=18, device="cpu", precision="fp32",
                            protocol=protocol, save_features=False,
                            overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64"))))
     assert record["complete"] and record["task_sizes"] == [18, 18]

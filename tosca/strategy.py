@@ -57,7 +57,6 @@ from clbench.blocks import (
     optimizer_step,
     torch_threads,
 )
-from clbench.features import autocast_ctx
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -197,7 +196,7 @@ class TOSCA(Strategy):
                 yield z_all[idx].to(self.ctx.device), y_all[idx].to(self.ctx.device)
             return
         for x, y, _ in task.train.image_loader(self.cfg.batch_size, augment=True, shuffle=True, generator=g):
-            with torch.no_grad(), autocast_ctx(self.ctx.device, self.ctx.autocast):
+            with torch.no_grad(), self.ctx.autocast():
                 z = self.ctx.backbone(x.to(self.ctx.device))
             yield z.float(), y.to(self.ctx.device)
 
