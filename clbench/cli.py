@@ -215,11 +215,12 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 
 def _add_perf_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("which", choices=["precision", "threads", "tosca-routing", "feature-probe", "sweep-overhead",
+    p.add_argument("which", choices=["precision", "threads", "main-job", "tosca-routing", "feature-probe", "sweep-overhead",
                                      "projection", "projection-check"],
                    help="which measurement (precision: feature-extraction img/s per precision and thread count, and "
                         "what --precision auto picks; threads: the same at 1 and all threads, OpenMP wait policy "
-                        "default and passive, idle and with one core busy; sweep-overhead: local vs Ray sweep "
+                        "default and passive, idle and with one core busy; main-job: `clbench run --strategy "
+                        "simplecil` from a cold feature cache and warm, against one feature pass; sweep-overhead: local vs Ray sweep "
                         "overhead per run; projection: device-hours of a paper table from measured per-image costs)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="precision, projection: the device to measure on (default: auto)")
@@ -248,6 +249,10 @@ def cmd_perf(args: argparse.Namespace) -> int:
         from clbench.machine import thread_table
 
         result = thread_table(args.backbone, args.img_size)
+    elif args.which == "main-job":
+        from clbench.machine import main_job
+
+        result = main_job()
     elif args.which == "tosca-routing":
         result = tosca_routing(backbone=args.backbone, img_size=args.img_size)
     elif args.which == "sweep-overhead":

@@ -548,6 +548,7 @@ def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], p
         "profile": cfg.profile,
         "bench": spec.name,
         "n_classes": bench.n_classes,
+        "n_images": {"train": len(bench.train), "test": len(bench.test)},
         "task_sizes": bench.task_sizes,
         "class_order": bench.class_order,
         "class_order_seed": cfg.class_order_seed,

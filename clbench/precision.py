@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -47,14 +48,23 @@ class CpuInfo:
 
     @classmethod
     def detect(cls) -> "CpuInfo":
+        """The CPU as torch will use it: the hardware flags, limited by what ``ATEN_CPU_CAPABILITY`` and
+        ``ONEDNN_MAX_CPU_ISA`` let torch's kernels use (set both to AVX2 and an AVX-512 machine runs, and is
+        treated, like an AVX2 one)."""
         import torch
 
         def flag(name: str) -> bool:
             fn = getattr(torch.cpu, name, None)
             return bool(fn()) if fn is not None else False
 
-        return cls(torch.backends.cpu.get_cpu_capability(), flag("_is_amx_tile_supported"),
-                   flag("_is_avx512_bf16_supported"), cpu_model())
+        capability = torch.backends.cpu.get_cpu_capability()
+        isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+        unlimited = isa in ("", "ALL", "DEFAULT")
+        avx512 = capability.startswith("AVX512")
+        amx = flag("_is_amx_tile_supported") and avx512 and (unlimited or "AMX" in isa)
+        bf16 = flag("_is_avx512_bf16_supported") and avx512 and (
+            unlimited or any(k in isa for k in ("BF16", "AMX", "FP16", "AVX10")))
+        return cls(capability, amx, bf16, cpu_model())
 
     def describe(self) -> str:
         extra = [n for n, on in (("AMX", self.amx), ("AVX-512 BF16", self.avx512_bf16)) if on]

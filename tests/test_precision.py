@@ -111,3 +111,31 @@ def test_feature_cache_never_serves_one_precision_to_another(micro_session_facto
     assert not torch.equal(s32.features["test"], s16.features["test"])
     again = micro_session_factory(precision="fp32")
     assert torch.equal(again.features["test"], s32.features["test"]) and again.cache_events == ["hit", "hit"]
+
+
+def test_isa_limits_are_honoured(monkeypatch):
+    """An AVX-512 BF16 CPU told to use AVX2 kernels only (ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA) is an AVX2 CPU
+    for the policy: its bf16 would run on emulated kernels."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    cpu = CpuInfo.detect()
+    assert (cpu.capability, cpu.avx512_bf16, cpu.amx) == ("AVX2", False, False)
+    assert choose("auto", "cpu", cpu=cpu, probe=_no_probe).name == "fp32"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    cpu = CpuInfo.detect()
+    assert (cpu.avx512_bf16, cpu.amx) == (True, False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
+    assert CpuInfo.detect().amx is True
+
+
+def test_record_states_precision_and_threads(tmp_path):
+    from clbench.harness import RunConfig, run
+
+    rec = run(RunConfig(strategy="simplecil", bench="emoji", backbone="vit_micro", weights="random",
+                        precision="fp32", out=str(tmp_path / "run")))
+    assert (rec["precision"], rec["precision_reason"]) == ("fp32", "forced (--precision fp32)")
+    assert rec["host"]["torch_threads"] == torch.get_num_threads()
+    assert rec["host"]["omp_wait_policy"] == "PASSIVE"  # clbench sets it before torch loads (tests/conftest.py)
+    assert rec["n_images"] == {"train": 2320, "test": 942}
