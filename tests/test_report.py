@@ -102,8 +102,8 @@ def _row(df, **match):
 def test_backbones_and_protocols_are_separate_rows():
     coll = collect([FIXTURES])
     df = summary_frame(coll)
-    micro = _row(df, strategy="simplecil", backbone="vit_micro 32px")
-    dino = _row(df, strategy="simplecil", backbone="vit_small_patch14_dinov2 224px")
+    micro = _row(df, strategy="simplecil", backbone="vit_micro 32px bf16")
+    dino = _row(df, strategy="simplecil", backbone="vit_small_patch14_dinov2 224px bf16")
     assert (micro["n"], dino["n"]) == (3, 1)
     lasts = [r.record["last_acc"] for r in coll.runs
              if r.strategy == "simplecil" and r.record["backbone"] == "vit_micro"]
@@ -115,6 +115,17 @@ def test_backbones_and_protocols_are_separate_rows():
     assert reference["runs"] == ["tosca-s1993", "tosca-s1994", "tosca-ref-s1995"]  # the reference-only run joins here
     ref_lasts = [r.record["protocols"]["reference"]["last_acc"] for r in coll.runs if r.strategy == "tosca"]
     assert reference["last_acc_mean"] == pytest.approx(sum(ref_lasts) / 3)
+
+
+def test_runs_at_another_precision_are_not_averaged(tmp_path):
+    def fp32(rec):
+        rec.pop("autocast")
+        rec["precision"] = "fp32"
+
+    runs = copy_runs(tmp_path / "runs", ["sc-s1993", "sc-s1994"], {"sc-s1994": fp32})
+    df = summary_frame(collect([runs]))
+    assert sorted(df["backbone"]) == ["vit_micro 32px bf16", "vit_micro 32px fp32"]  # old records: autocast = bf16
+    assert sorted(df["n"]) == [1, 1]
 
 
 def test_different_settings_of_one_strategy_are_not_averaged(tmp_path):

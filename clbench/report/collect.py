@@ -95,8 +95,11 @@ class Run:
 
     @property
     def backbone_label(self) -> str:
+        """Backbone, input size and precision: runs at another precision are another configuration (bf16 moves
+        the frozen features), never averaged with fp32 ones."""
         img = self.record.get("img_size")
-        return f"{self.record['backbone']} {img}px" if img else str(self.record["backbone"])
+        name = f"{self.record['backbone']} {img}px" if img else str(self.record["backbone"])
+        return f"{name} {precision_of(self.record)}"
 
     @property
     def weights_label(self) -> str:
@@ -321,6 +324,13 @@ def collect(paths: list[str | Path]) -> Collection:
     if changed:
         notes.append("metric definitions in these records differ from this clbench's: " + ", ".join(changed))
     return Collection(runs, sorted(skipped, key=lambda s: s.path), notes)
+
+
+def precision_of(record: dict[str, Any]) -> str:
+    """The backbone precision a record ran at (records before ``--precision`` said ``autocast``: bf16 or fp32)."""
+    if record.get("precision"):
+        return str(record["precision"])
+    return "bf16" if record.get("autocast", False) else "fp32"
 
 
 def _variant_labels(records: list[dict[str, Any]]) -> dict[int, str]:
