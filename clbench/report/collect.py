@@ -333,9 +333,29 @@ def precision_of(record: dict[str, Any]) -> str:
     return "bf16" if record.get("autocast", False) else "fp32"
 
 
+def changed_settings(record: dict[str, Any]) -> list[str] | None:
+    """``key=value`` for every strategy setting of ``record`` that differs from its strategy's defaults (with its
+    profile applied); None when the strategy is not registered here."""
+    from dataclasses import asdict
+
+    from clbench.catalog import STRATEGIES
+    from clbench.harness import make_strategy_config
+
+    try:
+        defaults = asdict(make_strategy_config(STRATEGIES.get(record["strategy"]), record.get("profile"), ()))
+    except Exception:  # an unknown strategy or profile, or a settings class that changed since the record
+        return None
+
+    def same(a: Any, b: Any) -> bool:
+        return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+    return [f"{k}={v}" for k, v in record.get("strategy_config", {}).items() if not same(v, defaults.get(k))]
+
+
 def _variant_labels(records: list[dict[str, Any]]) -> dict[int, str]:
-    """``tosca``; ``tosca:quick`` for a profile; ``tosca[1a2b3c]`` when runs of one strategy and profile have
-    different settings, so that different configurations are never averaged together."""
+    """``tosca``; ``tosca:quick`` for a profile; when runs of one strategy and profile have different settings, the
+    settings that differ from the strategy's defaults (``tosca l1=0``; ``tosca[1a2b3c]``, a digest of the settings,
+    only where those cannot be read), so that different configurations are never averaged together."""
     digests: dict[tuple[str, Any], set[str]] = defaultdict(set)
     for d in records:
         digests[(d["strategy"], d.get("profile"))].add(config_digest(d))
@@ -343,6 +363,7 @@ def _variant_labels(records: list[dict[str, Any]]) -> dict[int, str]:
     for d in records:
         label = str(d["strategy"]) + (f":{d['profile']}" if d.get("profile") else "")
         if len(digests[(d["strategy"], d.get("profile"))]) > 1:
-            label += f"[{config_digest(d)}]"
+            changed = changed_settings(d)
+            label += f"[{config_digest(d)}]" if changed is None else "".join(f" {c}" for c in changed)
         out[id(d)] = label
     return out

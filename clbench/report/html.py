@@ -18,10 +18,12 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; ma
        padding: 0 1.5rem; color: #1f2328; line-height: 1.45; }
 h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #d0d7de; padding-bottom: 0.3rem; margin-top: 2.2rem; }
 nav a { margin-right: 1rem; }
-table { border-collapse: collapse; font-size: 0.82rem; margin: 0.6rem 0; display: block; overflow-x: auto; }
+table { border-collapse: collapse; font-size: 0.8rem; margin: 0.6rem 0; display: block; overflow-x: auto;
+        max-width: 100%; }
 th, td { border: 1px solid #d0d7de; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
 th { background: #f6f8fa; } tbody tr:nth-child(even) { background: #fbfcfd; }
-td { white-space: nowrap; } td:last-child { white-space: normal; min-width: 14rem; overflow-wrap: anywhere; }
+th { min-width: 3.2rem; } td { white-space: normal; overflow-wrap: anywhere; }
+td:last-child { min-width: 12rem; }
 figure { margin: 1.5rem 0; } figure img { max-width: 100%; border: 1px solid #eaeef2; }
 figcaption { font-size: 0.85rem; color: #57606a; max-width: 1100px; }
 .notes { font-size: 0.85rem; color: #57606a; } code { background: #f6f8fa; padding: 0 0.2rem; }
