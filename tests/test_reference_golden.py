@@ -1,0 +1,386 @@
+"""Golden tests: clbench's method pieces against numbers produced by the reference implementations.
+
+The fixtures in ``tests/reference_golden/`` hold fixed inputs and the outputs that the authors' TOSCA code
+(ladka6/tosca-eval @ 176f123) and LAMDA-PILOT (sun-hailong/LAMDA-PILOT @ 2647455) computed from them; the README
+there names the commit, file and function behind every number and how it was run. No reference code is in this
+repository, only those numbers.
+
+Every comparison goes through one ``check_*`` function per piece, which calls clbench's real classes and functions
+and compares with :func:`assert_golden`. The planted-bug tests at the end swap one piece for a subtly wrong
+variant, call the same ``check_*`` function and require it to fail: a golden test that a plausible bug passes
+would pin nothing.
+
+Tolerances: float32 throughout, on both sides. ``RTOL``/``ATOL`` (1e-5 each; the compared values are O(1))
+allow for reordered float32 sums on other CPUs, BLAS kernels or thread counts. The TOSCA training check uses
+``SGD_ATOL`` = 1e-6 for the parameters: one step of the l1 term moves every parameter by lr * l1 = 1.25e-5, so the
+tolerance must stay well below that for a wrong l1 term to show. Measured on the CPU that made the fixtures (same
+torch 2.14.1): parameters within 2e-9, logits within 1.3e-6, everything within 0.6 of the tolerance. Discrete
+outputs (chosen prompts, chosen module, top-5 classes) must match exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+import baselines.ease as ease_mod
+import baselines.l2p as l2p_mod
+import tosca.strategy as tosca_mod
+from baselines.ease import EASE, AdapterSet, EASEConfig
+from baselines.l2p import L2P, L2PConfig
+from baselines.simplecil import SimpleCIL, SimpleCILConfig
+from clbench.backbones import load_backbone
+from clbench.benchmarks.base import ArraySource
+from clbench.blocks import masked_cross_entropy, optimizer_step
+from clbench.strategy import PER_SAMPLE, REFERENCE, Context, Split, Task
+from clbench.transforms import TransformSpec
+from tosca.luca import LuCA
+from tosca.strategy import TOSCA, TOSCAConfig, stacked_forward
+
+FIXTURES = Path(__file__).parent / "reference_golden"
+RTOL, ATOL = 1e-5, 1e-5  # float32 on both sides; see the module docstring
+SGD_ATOL = 1e-6  # below the 1.25e-5 that one l1 step moves a parameter
+D = 64  # feature width of every fixture (= vit_micro's, so the strategies can be built on it)
+
+# the reference's LuCA state-dict names (backbone/vit_tosca.py Tosca) -> clbench's (tosca/luca.py LuCA)
+REF_LUCA_NAMES = {"norm.weight": "norm.weight", "norm.bias": "norm.bias", "mlp.0.weight": "down.weight",
+                  "mlp.0.bias": "down.bias", "mlp.2.weight": "up.weight", "mlp.2.bias": "up.bias",
+                  "se.0.weight": "gate_in.weight", "se.2.weight": "gate_out.weight"}
+REF_FLOWS = {"luca": "tosca", "adapter": "adapter", "calibrator": "calibrator", "tosca_r": "tosca_r"}
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def load(name: str) -> dict[str, torch.Tensor]:
+    return load_file(FIXTURES / f"{name}.safetensors")
+
+
+def assert_golden(actual: torch.Tensor, expected: torch.Tensor, what: str,
+                  rtol: float = RTOL, atol: float = ATOL) -> None:
+    """The one comparison every golden check uses: same shape and dtype kind, values within tolerance
+    (integers exactly)."""
+    actual = actual.detach().cpu()
+    if expected.dtype.is_floating_point:
+        torch.testing.assert_close(actual.to(expected.dtype), expected, rtol=rtol, atol=atol,
+                                   msg=lambda m: f"{what} differs from the reference: {m}")
+    else:
+        assert actual.shape == expected.shape and torch.equal(actual.to(expected.dtype), expected), (
+            f"{what} differs from the reference:\nclbench   {actual.tolist()}\nreference {expected.tolist()}")
+
+
+def luca_from_reference(f: dict[str, torch.Tensor], prefix: str, variant: str = "luca") -> LuCA:
+    module = LuCA(D, 16, variant)
+    module.load_state_dict({ours: f[prefix + ref] for ref, ours in REF_LUCA_NAMES.items()})
+    return module
+
+
+def assert_luca_state(module: LuCA, f: dict[str, torch.Tensor], prefix: str, what: str) -> None:
+    state = module.state_dict()
+    for ref, ours in REF_LUCA_NAMES.items():
+        assert_golden(state[ours], f[prefix + ref], f"{what}: {ours} (reference {ref})", atol=SGD_ATOL)
+
+
+def features_split(z: torch.Tensor, y: torch.Tensor) -> Split:
+    """A split whose cached features are the fixture's; no images (the code paths checked read features only)."""
+    return Split(None, np.arange(len(y)), y.long(), z, None, None)
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    return load_backbone("vit_micro", "random", seed=0)  # 64-d: only its width (and, for L2P, its blocks) matter
+
+
+def ctx_for(backbone) -> Context:
+    return Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=0, log=lambda s: None)
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def check_luca_forward() -> None:
+    """tosca/luca.py LuCA (every variant) and stacked_forward against Tosca.forward of the reference."""
+    f = load("tosca_luca_forward")
+    for variant, flow in REF_FLOWS.items():
+        module = luca_from_reference(f, "in.module.", variant)
+        with torch.no_grad():
+            assert_golden(module(f["in.z"]), f[f"out.{flow}"], f"LuCA variant {variant} (reference flow {flow})")
+            assert_golden(stacked_forward([module], f["in.z"])[0], f[f"out.{flow}"], f"stacked_forward {variant}")
+
+
+def check_tosca_task(backbone) -> None:
+    """TOSCA.learn_task on task 1 (classes 3-5) with a fixed module and a fixed 3-row head: two epochs of one SGD
+    step each (CE + 5e-4 sum|p|, SGD momentum 0.9, lr 0.025 on a cosine schedule), then the prototype rows, against
+    the reference's Learner._train. Only the module's initial weights are injected; the rest is clbench's code
+    with TOSCAConfig's defaults (lr, momentum, weight decay, l1, eta_min, batch size) and epochs=2."""
+    f = load("tosca_sgd_task")
+    strategy = TOSCA(TOSCAConfig(epochs=2), ctx_for(backbone))
+    strategy.head.grow(3)  # the state after task 0: three old rows and a learned scale
+    strategy.head.set_rows([0, 1, 2], f["in.head.weight"])
+    with torch.no_grad():
+        strategy.head.sigma.copy_(f["in.head.sigma"])
+    module = luca_from_reference(f, "in.module.")
+    strategy._new_module = lambda task_id: module  # the fixed initial weights instead of a seeded init
+
+    snapshots = []
+
+    def step_and_snapshot(optimizer, loss, where):
+        value = optimizer_step(optimizer, loss, where)
+        snapshots.append(({k: v.clone() for k, v in module.state_dict().items()},
+                          strategy.head.weight.detach().clone(), strategy.head.sigma.detach().clone()))
+        return value
+
+    task = Task(1, [3, 4, 5], 6, features_split(f["in.z"], f["in.y"]))
+    with mock.patch.object(tosca_mod, "optimizer_step", step_and_snapshot):
+        strategy.learn_task(task)
+    assert len(snapshots) == 2, f"expected one SGD step per epoch, got {len(snapshots)} steps"
+    for i, (state, weight, sigma) in enumerate(snapshots, start=1):
+        for ref, ours in REF_LUCA_NAMES.items():
+            assert_golden(state[ours], f[f"out.step{i}.module.{ref}"], f"module {ours} after step {i}", atol=SGD_ATOL)
+        assert_golden(weight, f[f"out.step{i}.head.weight"], f"head rows after step {i}", atol=SGD_ATOL)
+        assert_golden(sigma, f[f"out.step{i}.head.sigma"], f"head scale after step {i}", atol=SGD_ATOL)
+    assert_luca_state(strategy.modules_[-1], f, "out.step2.module.", "stored module")
+    assert_golden(strategy.head.weight, f["out.final.head.weight"], "head after the prototype rows are set",
+                  atol=SGD_ATOL)
+    assert_golden(strategy.head.sigma, f["out.final.head.sigma"], "head scale after the task", atol=SGD_ATOL)
+
+def check_tosca_routing(backbone) -> None:
+    """The ``reference`` protocol: three stored modules, a 9-class head, 108 class-sorted test features in
+    batches of 48; the module with the lowest batch-mean entropy serves the whole batch (get_lowentropy_logits)."""
+    f = load("tosca_routing")
+    strategy = TOSCA(TOSCAConfig(), ctx_for(backbone))
+    strategy.modules_ = nn.ModuleList(luca_from_reference(f, f"in.module{t}.") for t in range(3))
+    strategy.head.grow(9)
+    strategy.head.set_rows(range(9), f["in.head.weight"])
+    with torch.no_grad():
+        strategy.head.sigma.copy_(f["in.head.sigma"])
+    split = features_split(f["in.z"], f["in.y"])
+    all_logits = strategy.all_logits(split)
+    assert_golden(all_logits, f["out.per_module_logits"], "logits of every module")
+    choice = strategy.routes(all_logits, REFERENCE)  # (N,) module per test sample
+    batch = strategy.cfg.ref_eval_batch  # 48, the reference's test loader
+    sizes = torch.tensor([min(batch, len(split) - s) for s in range(0, len(split), batch)])
+    assert_golden(choice, f["out.choice"].repeat_interleave(sizes), "module chosen for each test sample")
+    logits = strategy.predict(split, REFERENCE)
+    assert_golden(logits, f["out.logits"], "reference-protocol logits")
+    assert_golden(logits.topk(5, dim=1).indices, f["out.top5"], "top-5 predictions")
+
+
+VIT_TOKENS = l2p_mod.vit_tokens  # the real function, kept before any patching
+
+
+class TagSpy:
+    """Records which pool prompts L2P._forward feeds the ViT: prompt m is tagged with 100 (m + 1) in channel 0."""
+
+    def __init__(self, strategy: L2P) -> None:
+        self.strategy, self.ids = strategy, []
+        with torch.no_grad():
+            strategy.pool.prompts.zero_()
+            strategy.pool.prompts[:, :, 0] = 100.0 * torch.arange(1, strategy.cfg.pool_size + 1)[:, None]
+        self.position = l2p_mod.vit_inserted_position(strategy.model)[0, 0, 0]
+
+    def __call__(self, model, images, inserted=None):
+        length = self.strategy.cfg.prompt_length
+        tags = (inserted[:, ::length, 0] - self.position) / 100.0 - 1  # (B, k): one per selected prompt
+        self.ids.append(tags.round().long().cpu())
+        return VIT_TOKENS(model, images, inserted)
+
+
+
+def check_l2p_prompt_selection(backbone) -> None:
+    """L2P's query-key cosine, top-k prompt choice (per sample, and PILOT's batch vote in the ``reference``
+    protocol), the pull term and the masked loss, against backbone/prompt.py Prompt.forward (embedding_key 'cls')
+    and the loss lines of models/l2p.py. Selection is checked on the prompts L2P.predict actually feeds the ViT.
+    Prompt order within the k does not matter in either implementation (same position, averaged), so the chosen
+    ids are compared as sets."""
+    f = load("l2p_prompt_selection")
+    cfg = L2PConfig()  # pool 10, length 5, top-k 5, pull 0.1, eval batch 16: PILOT exps/l2p.json
+    strategy = L2P(cfg, ctx_for(backbone))
+    with torch.no_grad():
+        strategy.pool.keys.copy_(f["in.keys"])
+    query = f["in.query"]  # (32, d): two reference batches of 16
+    assert_golden(strategy.pool.similarity(query), f["out.per_sample.similarity"], "query-key cosine similarity")
+
+    images = np.random.default_rng(0).integers(0, 256, size=(len(query), 32, 32, 3), dtype=np.uint8)
+    labels = np.zeros(len(query), dtype=np.int64)
+    eval_tf = TransformSpec(32, None, backbone.mean, backbone.std).build()
+    split = Split(ArraySource(images, labels, "golden-l2p"), np.arange(len(query)), torch.as_tensor(labels), query,
+                  eval_tf, eval_tf)  # the cached feature of an image is its query
+    strategy.head.grow(1, torch.Generator().manual_seed(0))
+    strategy.n_seen = 1
+    for protocol, name in ((PER_SAMPLE, "per_sample"), (REFERENCE, "batchwise")):
+        spy = TagSpy(strategy)
+        with mock.patch.object(l2p_mod, "vit_tokens", spy):
+            strategy.predict(split, protocol)
+        chosen = torch.cat(spy.ids).sort(dim=1).values
+        assert_golden(chosen, f[f"out.{name}.idx"].sort(dim=1).values, f"prompts chosen ({protocol} protocol)")
+
+    b = len(query) // 2
+    for batchwise, name in ((False, "per_sample"), (True, "batchwise")):  # the training forward returns the pull
+        for i in range(2):
+            x = torch.as_tensor(images[i * b:(i + 1) * b]).permute(0, 3, 1, 2).float() / 255
+            with torch.no_grad():
+                _, pull = strategy._forward(x, query[i * b:(i + 1) * b], batchwise)
+            assert_golden(pull, f[f"out.{name}.reduce_sim"][i], f"pull term, batch {i}, batchwise={batchwise}")
+
+    loss = (masked_cross_entropy(f["in.loss.logits"], f["in.loss.targets"], list(range(10, 20)))
+            - cfg.pull_coeff * f["out.batchwise.reduce_sim"][0])  # the expression of L2P.learn_task
+    assert_golden(loss.reshape(1), f["out.loss"], "L2P loss (masked cross-entropy minus 0.1 pull)")
+
+
+def check_ease_prototype_synthesis() -> None:
+    """baselines/ease.py synthesize_prototypes after task 2 of B0 Inc3 against models/ease.py solve_sim_reset.
+    The input holds garbage where a prototype is still to be synthesised: neither side may read it."""
+    f = load("ease_prototypes")
+    protos = f["in.fc_weight"].view(9, 3, D)  # reference fc row c = [P(c, 0) | P(c, 1) | P(c, 2)]
+    out = ease_mod.synthesize_prototypes(protos, [[0, 1, 2], [3, 4, 5], [6, 7, 8]])
+    assert_golden(out.reshape(9, 3 * D), f["out.fc_weight"], "prototypes after synthesis")
+
+
+def check_ease_reweight(backbone) -> None:
+    """EASE.logits_from_features (EASEConfig defaults: alpha 0.1, use_reweight) against
+    EaseCosineLinear.forward_reweight on the synthesised prototypes."""
+    f = load("ease_prototypes")
+    cfg = EASEConfig()
+    strategy = EASE(cfg, ctx_for(backbone))
+    strategy.adapter_sets = nn.ModuleList(AdapterSet(1, D, cfg, torch.Generator().manual_seed(t)) for t in range(3))
+    strategy.protos = f["out.fc_weight"].view(9, 3, D).clone()
+    strategy.class_task = [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    logits = strategy.logits_from_features(f["in.features"].view(-1, 3, D))
+    assert_golden(logits, f["out.reweight_logits"], "EASE reweighted logits")
+
+
+def check_simplecil(backbone) -> None:
+    """SimpleCIL over two tasks: head rows = class means of the raw features, logits = cosine (sigma 1), against
+    models/simplecil.py replace_fc and SimpleVitNet.forward."""
+    f = load("simplecil")
+    strategy = SimpleCIL(SimpleCILConfig(), ctx_for(backbone))
+    test = features_split(f["in.test.z"], f["in.test.y"])
+    for t in range(2):
+        classes = [3 * t, 3 * t + 1, 3 * t + 2]
+        strategy.learn_task(Task(t, classes, 3 * t + 3, features_split(f[f"in.task{t}.z"], f[f"in.task{t}.y"])))
+        assert_golden(strategy.head.weight, f[f"out.task{t}.head_weight"], f"prototypes after task {t}")
+        assert_golden(strategy.predict(test), f[f"out.task{t}.logits"], f"logits after task {t}")
+
+
+# ----------------------------------------------------------------------------------------------- golden tests
+def test_luca_forward_matches_reference():
+    check_luca_forward()
+
+
+def test_tosca_sgd_steps_and_prototypes_match_reference(backbone):
+    check_tosca_task(backbone)
+
+
+def test_tosca_reference_routing_matches_reference(backbone):
+    check_tosca_routing(backbone)
+
+
+def test_l2p_prompt_selection_and_pull_match_reference(backbone):
+    check_l2p_prompt_selection(backbone)
+
+
+def test_ease_prototype_synthesis_matches_reference():
+    check_ease_prototype_synthesis()
+
+
+def test_ease_reweighted_logits_match_reference(backbone):
+    check_ease_reweight(backbone)
+
+
+def test_simplecil_matches_reference(backbone):
+    check_simplecil(backbone)
+
+
+# ----------------------------------------------------------------------------------------------- planted bugs
+# Each test swaps one piece of clbench for a plausible wrong variant and requires the same check to fail.
+def _dot_product_similarity(self, query):  # keys not normalised: long keys win
+    return F.normalize(query.float(), dim=-1) @ self.keys.T
+
+
+def _batch_mean_selection(similarity, top_k, batchwise):  # batch-wise: top-k of the mean similarity, not the vote
+    if not batchwise:
+        return similarity.topk(top_k, dim=1).indices
+    return similarity.mean(dim=0).topk(top_k).indices.unsqueeze(0).expand(similarity.shape[0], -1)
+
+
+@pytest.mark.parametrize("patch", [
+    pytest.param(lambda: mock.patch.object(l2p_mod.PromptPool, "similarity", _dot_product_similarity),
+                 id="dot-product-keys"),
+    pytest.param(lambda: mock.patch.object(l2p_mod, "select_prompts", _batch_mean_selection),
+                 id="batchwise-by-mean-similarity"),
+])
+def test_planted_l2p_selection_bug_fails_the_golden_check(backbone, patch):
+    with patch(), pytest.raises(AssertionError, match="differs from the reference"):
+        check_l2p_prompt_selection(backbone)
+
+
+def _softmax_over_old_classes(protos, task_classes):  # softmax along the wrong axis (dim 0)
+    out = protos.clone()
+    n = len(task_classes)
+    for i in range(n - 1):
+        for j in range(i + 1, n):
+            ref = [c for k in range(j, n) for c in task_classes[k]]
+            w = torch.softmax(F.normalize(protos[task_classes[i], i], dim=-1)
+                              @ F.normalize(protos[ref, i], dim=-1).T, dim=0)
+            out[task_classes[i], j] = w @ protos[ref, j]
+    return out
+
+
+def _only_task_j_as_reference(protos, task_classes):  # R = classes of task j only, not of tasks j..t
+    out = protos.clone()
+    n = len(task_classes)
+    for i in range(n - 1):
+        for j in range(i + 1, n):
+            ref = list(task_classes[j])
+            w = torch.softmax(F.normalize(protos[task_classes[i], i], dim=-1)
+                              @ F.normalize(protos[ref, i], dim=-1).T, dim=1)
+            out[task_classes[i], j] = w @ protos[ref, j]
+    return out
+
+
+def _similarity_in_target_subspace(protos, task_classes):  # cosines measured in subspace j instead of i
+    out = protos.clone()
+    n = len(task_classes)
+    for i in range(n - 1):
+        for j in range(i + 1, n):
+            ref = [c for k in range(j, n) for c in task_classes[k]]
+            w = torch.softmax(F.normalize(protos[task_classes[i], j], dim=-1)
+                              @ F.normalize(protos[ref, j], dim=-1).T, dim=1)
+            out[task_classes[i], j] = w @ protos[ref, j]
+    return out
+
+
+@pytest.mark.parametrize("variant", [_softmax_over_old_classes, _only_task_j_as_reference,
+                                     _similarity_in_target_subspace],
+                         ids=["softmax-dim0", "reference-set-task-j-only", "cosine-in-target-subspace"])
+def test_planted_ease_synthesis_bug_fails_the_golden_check(variant):
+    with mock.patch.object(ease_mod, "synthesize_prototypes", variant), \
+            pytest.raises(AssertionError, match="differs from the reference"):
+        check_ease_prototype_synthesis()
+
+
+def test_planted_tosca_routing_bug_fails_the_golden_check(backbone):
+    """Per-sample routing where the reference protocol must route by batch-mean entropy."""
+    per_sample = lambda logits, batch: tosca_mod.route_per_sample(logits)  # noqa: E731
+    with mock.patch.object(tosca_mod, "route_reference", per_sample), \
+            pytest.raises(AssertionError, match="differs from the reference"):
+        check_tosca_routing(backbone)
+
+
+def test_planted_tosca_l1_mean_fails_the_golden_check(backbone):
+    """The l1 term as a mean over parameters instead of the reference's sum."""
+    def train_epochs(self, task, module, optimizer, scheduler, advance):
+        for epoch in range(self.cfg.epochs):
+            for z, y in self._batches(task, epoch):
+                params = torch.cat([p.flatten() for p in module.parameters()])
+                loss = F.cross_entropy(self.head(module(z)), y) + self.cfg.l1 * params.abs().mean()
+                tosca_mod.optimizer_step(optimizer, loss, "planted")
+            scheduler.step()
+
+    with mock.patch.object(TOSCA, "_train_epochs", train_epochs), \
+            pytest.raises(AssertionError, match="differs from the reference"):
+        check_tosca_task(backbone)
