@@ -54,8 +54,6 @@ class Number:
     def range_text(self) -> str:
         lo = None if self.low is None else (f"> {_num(self.low)}" if self.low_open else f">= {_num(self.low)}")
         hi = None if self.high is None else f"<= {_num(self.high)}"
-        if lo and hi and not self.low_open:
-            return f"from {_num(self.low)} to {_num(self.high)}"
         return " and ".join(x for x in (lo, hi) if x) or "any value"
 
     def check(self, value: Any) -> None:
@@ -73,7 +71,7 @@ class Number:
         too_high = self.high is not None and value > self.high
         if too_low or too_high:
             hint = f"; {self.default_hint}" if self.default_hint else ""
-            raise ClbenchError(f"{self.flag} {value}: {self.meaning} must be {noun} {self.range_text()}{hint}")
+            raise ClbenchError(f"{self.flag} must be {self.range_text()} (got {value}): {self.meaning}{hint}")
 
 
 @dataclass(frozen=True)
