@@ -19,14 +19,18 @@ backbone's state (keys, shapes and bytes), so it identifies what actually ran wh
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from clbench.config import WEIGHT_SOURCES
 from clbench.errors import ClbenchError
 from clbench.catalog import BACKBONES, BackboneSpec
 
@@ -73,17 +77,67 @@ class FrozenBackbone(nn.Module):
         return sum(p.numel() for p in self.model.parameters())
 
 
-def _load_state_file(path: Path) -> dict[str, torch.Tensor]:
+HUB_TIMEOUT_S = 10  # seconds to reach the Hugging Face hub (connection probe, then each metadata request)
+_NOT_READ = "cannot be read as safetensors or a torch state dict"
+
+
+def weights_format(path: Path) -> str | None:
+    """"safetensors", "torch" (zip or legacy pickle) or None, from the first bytes of ``path``."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if head[:4] == b"PK\x03\x04" or head[:2] in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"):
+        return "torch"
+    if len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= 100 * 2**20:
+        return "safetensors"
+    return None
+
+
+def check_weights_file(weights: str) -> None:
+    """For ``--weights PATH``, before anything loads: the file exists and holds a state dict of tensors (read
+    without its tensor data: the safetensors header, or torch's zip archive memory-mapped with ``weights_only``).
+    Whether it fits the backbone is checked when the backbone is built."""
+    if weights in WEIGHT_SOURCES:
+        return
+    _load_state_file(Path(os.path.expanduser(weights)), lazy=True)
+
+
+def _load_state_file(path: Path, lazy: bool = False) -> dict[str, torch.Tensor]:
+    """The state dict in ``path`` (safetensors or torch, never unpickling anything but tensors). ``lazy``: only
+    what is needed to know it is one (headers; tensors memory-mapped)."""
+    if not path.exists():
+        raise ClbenchError(f"--weights {path}: no such file",
+                           f"pass a safetensors/state-dict file, or one of {', '.join(WEIGHT_SOURCES)}")
     if not path.is_file():
-        raise ClbenchError(f"--weights {path}: no such file")
+        raise ClbenchError(f"--weights {path} is a folder, not a weights file")
     try:
-        if path.suffix == ".safetensors":
+        if path.stat().st_size == 0:
+            raise ClbenchError(f"--weights {path} {_NOT_READ}: the file is empty (0 bytes)")
+        kind = weights_format(path)
+    except OSError as e:
+        raise ClbenchError(f"--weights {path} {_NOT_READ}: {e.strerror or e}") from None
+    if kind is None:
+        raise ClbenchError(f"--weights {path} {_NOT_READ}: it is neither (not a checkpoint)",
+                           "pass a .safetensors file or a torch.save'd state dict of tensors")
+    try:
+        if kind == "safetensors":
+            from safetensors import safe_open
             from safetensors.torch import load_file
 
+            if lazy:
+                with safe_open(str(path), framework="pt") as f:
+                    return {k: torch.empty(0) for k in f.keys()}
             return load_file(str(path))
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=lazy and _is_zip(path))
+    except pickle.UnpicklingError as e:
+        if "Weights only load failed" not in str(e):
+            raise ClbenchError(f"--weights {path} {_NOT_READ}: a corrupted pickle (truncated?)") from None
+        # weights_only refused a pickled object: never pass on torch's advice to unpickle it unsafely
+        raise ClbenchError(f"--weights {path} {_NOT_READ}: it holds pickled Python objects besides tensors, which "
+                           "clbench does not unpickle", "save model.state_dict() (tensors only) or a .safetensors "
+                           "file") from None
     except Exception as e:
-        raise ClbenchError(f"--weights {path} cannot be read as safetensors or a torch state dict: {e}") from None
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ClbenchError(f"--weights {path} {_NOT_READ}: {first[:200]} (truncated or corrupted?)") from None
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
@@ -91,6 +145,11 @@ def _load_state_file(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise ClbenchError(f"--weights {path} is not a state dict (a mapping of names to tensors)")
     return obj
+
+
+def _is_zip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
 
 
 def _ways(spec: BackboneSpec) -> str:
@@ -113,15 +172,65 @@ def _create(spec: BackboneSpec, img_size: int | None, **extra: Any) -> nn.Module
     return timm.create_model(spec.timm_name, **kwargs)
 
 
-def _from_hub(spec: BackboneSpec, img_size: int | None) -> nn.Module:
+def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> tuple[bool, str]:
+    """(whether a TCP connection to the hub endpoint opens within ``timeout`` s, the endpoint). Offline mode
+    (``HF_HUB_OFFLINE=1``) counts as unreachable without trying."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    endpoint = constants.ENDPOINT
+    if constants.is_offline_mode():
+        return False, endpoint
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
     try:
-        return _create(spec, img_size, pretrained=True)
+        with socket.create_connection((url.hostname or "", port), timeout=timeout):
+            return True, endpoint
+    except OSError:
+        return False, endpoint
+
+
+@contextlib.contextmanager
+def _hub_mode(offline: bool):
+    """huggingface_hub reads its offline flag and timeouts at each request: set them for one load."""
+    from huggingface_hub import constants
+
+    saved = constants.HF_HUB_OFFLINE, constants.HF_HUB_ETAG_TIMEOUT, constants.HF_HUB_DOWNLOAD_TIMEOUT
+    constants.HF_HUB_OFFLINE = saved[0] or offline
+    constants.HF_HUB_ETAG_TIMEOUT = min(saved[1], HUB_TIMEOUT_S)
+    constants.HF_HUB_DOWNLOAD_TIMEOUT = max(saved[2], HUB_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE, constants.HF_HUB_ETAG_TIMEOUT, constants.HF_HUB_DOWNLOAD_TIMEOUT = saved
+
+
+def _from_hub(spec: BackboneSpec, img_size: int | None) -> nn.Module:
+    """The Hugging Face cache, else the hub. When the hub cannot be reached (probed once, ``HUB_TIMEOUT_S``), only
+    the cache is read: a machine without network fails at once, not after a minute of retries."""
+    import logging
+
+    online, endpoint = hub_reachable()
+    quiet = [logging.getLogger(n) for n in ("huggingface_hub", "timm", "urllib3")]
+    levels = [q.level for q in quiet]
+    try:
+        for q in quiet:
+            q.setLevel(logging.ERROR)
+        with _hub_mode(offline=not online), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _create(spec, img_size, pretrained=True)
     except Exception as e:
+        where = (f"could not be downloaded from {endpoint} within {HUB_TIMEOUT_S} s" if online else
+                 f"{endpoint} cannot be reached (offline mode or no network)")
         raise ClbenchError(
-            f"weights for {spec.name} are not in the Hugging Face cache and could not be downloaded "
-            f"({type(e).__name__})",
+            f"weights for {spec.name} are not in the Hugging Face cache and {where} ({type(e).__name__})",
             "provide them with " + _ways(spec),
         ) from None
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
 
 
 def _from_offline(spec: BackboneSpec, img_size: int | None) -> nn.Module:

@@ -25,7 +25,9 @@ def _add_setting_args(p: argparse.ArgumentParser) -> None:
     """Run settings shared by ``clbench run`` and ``clbench sweep``."""
     p.add_argument("--backbone", help="backbone name (default: the benchmark's)")
     p.add_argument("--weights", default="auto",
-                   help="auto | offline | hub | random | PATH to a safetensors/state-dict file (default: auto)")
+                   help="auto | offline | hub | random | PATH to a safetensors/state-dict file (default: auto). "
+                        "hub: the Hugging Face cache, else a download; the hub must answer within 10 s, and "
+                        "without network (or with HF_HUB_OFFLINE=1) only the cache is read")
     p.add_argument("--init-cls", type=int, help="classes in the first task (default: the benchmark's split)")
     p.add_argument("--increment", type=int, help="classes per later task (default: the benchmark's split)")
     p.add_argument("--class-order-seed", type=int, default=1993,
@@ -48,10 +50,14 @@ def _add_setting_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="feature-extraction batch (default: 64)")
     p.add_argument("--no-feature-cache", dest="feature_cache", action="store_false",
                    help="recompute frozen features instead of using the on-disk cache")
+    p.add_argument("--ignore-data-problems", action="store_true",
+                   help="run on data that `clbench data check` fails (symbolic link loops, train/test duplicates, "
+                        "empty or mislabelled files, ...); the problems are logged and written into the record. "
+                        "Default: refuse such data before anything loads")
 
 
 SETTING_FIELDS = ("backbone", "weights", "init_cls", "increment", "class_order_seed", "device", "precision", "protocol",
-                  "img_size", "normalize", "batch_size", "feature_cache")
+                  "img_size", "normalize", "batch_size", "feature_cache", "ignore_data_problems")
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -82,16 +88,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         class_order_seed=args.class_order_seed, device=args.device, precision=args.precision,
         protocol=args.protocol, profile=args.profile, overrides=tuple(args.overrides), out=args.out,
         overwrite=args.overwrite, batch_size=args.batch_size, img_size=args.img_size, normalize=args.normalize,
-        feature_cache=args.feature_cache,
+        feature_cache=args.feature_cache, ignore_data_problems=args.ignore_data_problems,
     )
     if args.resume:
         from clbench.checkpoint import resume_config
+        from clbench.config import check_settings
 
         parser = argparse.ArgumentParser()
         _add_run_args(parser)
         defaults = vars(parser.parse_args([]))  # a flag left at its default counts as not given
         defaults["overrides"] = ()
-        cfg = resume_config(args.resume, {k: v for k, v in values.items() if v != defaults[k]})
+        given = {k: v for k, v in values.items() if v != defaults[k]}
+        check_settings(given)  # the messages of a fresh run, before the checkpoint is read
+        cfg = resume_config(args.resume, given)
     elif args.strategy is None:
         raise ClbenchError("clbench run needs --strategy", "or --resume DIR to continue an unfinished run")
     else:
@@ -130,6 +139,9 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-per-run", type=float, metavar="GB", help="ray: memory to reserve per run (default: none)")
     g.add_argument("--ray-address", metavar="HOST:PORT",
                    help="ray: an existing cluster (default: start a local Ray for the sweep)")
+    g.add_argument("--ray-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="ray: seconds to wait for the cluster at --ray-address to answer before giving up "
+                        "(default: 30)")
     g.add_argument("--retries", type=int, default=2,
                    help="times a crashed or pre-empted run is started again from its checkpoint (default: 2)")
     g.add_argument("--cache", metavar="DIR",
@@ -160,7 +172,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from clbench.ui import RichSweepView, print_plan, print_sweep_end
 
     benches = parse_list(args.benches, "benches")
-    res = Resources(args.jobs, args.cpus_per_run, args.gpus_per_run, args.memory_per_run, args.retries)
+    res = Resources(args.jobs, args.cpus_per_run, args.gpus_per_run, args.memory_per_run, args.retries,
+                    args.ray_timeout)
     spec = SweepSpec(
         strategies=parse_list(args.strategies, "strategies"), benches=benches, seeds=parse_seeds(args.seeds),
         out=Path(args.out), settings={k: getattr(args, k) for k in SETTING_FIELDS},
@@ -304,14 +317,22 @@ def _all_commands() -> dict:
     return {**COMMANDS, **REPORT_COMMANDS}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's refusals (a missing value, ``--seed abc``) as one ``clbench: error:`` line and a hint, exit 2, like
+    every other bad input; argparse prints the whole usage block instead."""
+
+    def error(self, message: str):
+        self.exit(2, f"clbench: error: {message}\n  hint: see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="clbench",
         description="Class-incremental learning on frozen pre-trained ViTs: SimpleCIL, L2P, EASE and TOSCA.",
         epilog="example: clbench run --strategy simplecil   (embedded benchmark, offline ViT-S/14)",
     )
     parser.add_argument("--version", action="version", version=f"clbench {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (help_text, add_args, func) in _all_commands().items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if add_args:
@@ -320,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     from clbench.datacheck import add_data_check_args, cmd_data_check
 
     data = sub.add_parser("data", help="data utilities: `clbench data check BENCH --data-root DIR`")
-    data_sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND")
+    data_sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", parser_class=_Parser)
     check = data_sub.add_parser("check", help="validate a data root before a long run",
                                 description="validate a data root before a long run: classes, images per split, "
                                             "unreadable files, train/test duplicates")

@@ -25,7 +25,7 @@ import numpy as np
 
 from clbench.benchmarks import BENCHMARKS
 from clbench.benchmarks.base import BenchmarkSpec, ImageSource, resolve_data_root
-from clbench.benchmarks.folder import LAYOUT, SPLITS, TreeLoader, scan_tree, verify_image
+from clbench.benchmarks.folder import LAYOUT, SPLITS, TreeLoader, inspect_file, scan_tree
 from clbench.errors import ClbenchError
 
 MAX_LISTED = 10  # file names listed per problem; the count is always complete
@@ -82,35 +82,54 @@ def _leaks(hashes: dict[str, list[tuple[str, str]]]) -> tuple[list[str], list[st
     return leaks, within
 
 
-def _check_files(root: Path, files: list[tuple[str, str]], progress: Progress | None, workers: int
-                 ) -> tuple[dict[str, list[tuple[str, str]]], list[str]]:
-    """Read, sha256 and decode every (split, relative path); return split -> [(path, sha256)] and the failures."""
+KIND_TEXT = {  # FileFacts.kind -> how the problem reads in the report
+    "unreadable": "unreadable file(s)",
+    "empty": "empty file(s) (0 bytes)",
+    "mismatch": "file(s) whose content does not match their extension (rename them)",
+    "frames": "file(s) holding several frames (animations or stacks; a run would read the first frame only)",
+    "undecodable": "unreadable image(s) (a run would stop on the first)",
+}
+NOTE_TEXT = {
+    "16-bit": "16-bit image(s): scaled to 8 bits (value / 257), not clipped",
+    "transparency": "image(s) with transparency: composited onto white",
+    "CMYK": "CMYK image(s): converted to RGB",
+}
 
-    def one(rel: str) -> tuple[str | None, str | None]:
-        path = root / rel
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            return None, f"cannot read {path}: {e.strerror or e}"
-        return hashlib.sha256(data).hexdigest(), verify_image(path, data)
+
+def _check_files(root: Path, files: list[tuple[str, str]], progress: Progress | None, workers: int, decode: bool
+                 ) -> tuple[dict[str, list[tuple[str, str]]], dict[str, list[str]], dict[str, int]]:
+    """Inspect every (split, relative path) (:func:`~clbench.benchmarks.folder.inspect_file`); return split ->
+    [(path, sha256)], the problems by kind and the counts of modes converted with care."""
 
     hashes: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
-    bad: list[str] = []
+    bad: dict[str, list[str]] = {}
+    notes: dict[str, int] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:  # PIL decoding and hashlib release the GIL
-        for (split, rel), (h, err) in zip(files, pool.map(one, [rel for _, rel in files], chunksize=16)):
-            if h is not None:
-                hashes[split].append((rel, h))
-            if err is not None:
-                bad.append(err)
+        found = pool.map(lambda rel: inspect_file(root / rel, rel, decode), [rel for _, rel in files], chunksize=16)
+        for (split, rel), facts in zip(files, found):
+            if facts.sha256 is not None and facts.kind != "empty":
+                hashes[split].append((rel, facts.sha256))
+            if facts.problem is not None:
+                bad.setdefault(facts.kind or "undecodable", []).append(facts.problem)
+            if facts.note is not None:
+                notes[facts.note] = notes.get(facts.note, 0) + 1
             if progress:
                 progress(1)
-    return hashes, bad
+    return hashes, bad, notes
 
 
-def _check_tree(report: DataReport, progress_factory, workers: int) -> None:
+def _tree_files(scan) -> list[tuple[str, str]]:
+    return [(s, rel) for s in SPLITS for c in sorted(scan.files[s]) for rel in scan.files[s][c]]
+
+
+def _check_tree(report: DataReport, progress_factory, workers: int, decode: bool = True) -> None:
     spec, root = report.spec, report.root
     scan = scan_tree(root, spec.n_classes, spec.name)
     report.problems += scan.problems
+    if scan.link_problems:
+        report.problems.append(f"{len(scan.link_problems)} symbolic link problem(s) (loops are walked once; links "
+                               f"that leave the data root make the data differ from what a copy of it holds):"
+                               f"{_listing(scan.link_problems)}")
     if not scan.files:
         return
     train, test = scan.files["train"], scan.files["test"]
@@ -123,14 +142,19 @@ def _check_tree(report: DataReport, progress_factory, workers: int) -> None:
     if scan.ignored:
         report.notes.append(f"ignored {len(scan.ignored)} file(s) that are hidden or not images, e.g. "
                             + ", ".join(scan.ignored[:3]))
-    files = [(s, rel) for s in SPLITS for c in sorted(scan.files[s]) for rel in scan.files[s][c]]
+    files = _tree_files(scan)
     if not files:
         return
-    progress = progress_factory(f"decoding and hashing {len(files):,} images", len(files))
-    hashes, bad = _check_files(root, files, progress, workers)
-    report.n_decoded = report.n_hashed = len(files)
-    if bad:
-        report.problems.append(f"{len(bad)} unreadable image(s) (a run would stop on the first):{_listing(bad)}")
+    what = "decoding and hashing" if decode else "reading and hashing"
+    progress = progress_factory(f"{what} {len(files):,} images", len(files))
+    hashes, bad, notes = _check_files(root, files, progress, workers, decode)
+    report.n_hashed = len(files)
+    report.n_decoded = len(files) if decode else 0
+    for kind, text in KIND_TEXT.items():
+        if bad.get(kind):
+            report.problems.append(f"{len(bad[kind])} {text}:{_listing(bad[kind])}")
+    for kind, n in notes.items():
+        report.notes.append(f"{n} {NOTE_TEXT[kind]}")
     _report_duplicates(report, hashes)
 
 
@@ -154,6 +178,12 @@ def _check_arrays(report: DataReport, loader, progress_factory) -> None:
     except ClbenchError as e:
         report.problems.append(str(e).replace("\n  hint:", ";"))
         return
+    _check_loaded_arrays(report, train, test, names, progress_factory)
+
+
+def _check_loaded_arrays(report: DataReport, train: ImageSource, test: ImageSource, names: list[str],
+                         progress_factory) -> None:
+    spec = report.spec
     report.classes_found = len(names)
     expected = f", {spec.n_classes} expected" if spec.n_classes is not None else ""
     report.notes.append(f"classes: {len(names)} found{expected}")
@@ -178,6 +208,11 @@ def _check_arrays(report: DataReport, loader, progress_factory) -> None:
 
 def _report_duplicates(report: DataReport, hashes: dict[str, list[tuple[str, str]]]) -> None:
     leaks, within = _leaks(hashes)
+    known = [x for x in leaks if x in report.spec.known_leaks]
+    if known:
+        report.notes.append(f"{len(known)} test image(s) are byte-identical to a training image in the benchmark as "
+                            f"published (known; kept so that results compare with the published ones), e.g. {known[0]}")
+        leaks = [x for x in leaks if x not in report.spec.known_leaks]
     if leaks:
         report.problems.append(f"{len(leaks)} test image(s) are byte-identical to a training image (sha256; a "
                                f"train/test leak):{_listing(leaks)}")
@@ -188,8 +223,10 @@ def _report_duplicates(report: DataReport, hashes: dict[str, list[tuple[str, str
 
 def check_data(bench: str, data_root: str | Path | None = None,
                progress_factory: Callable[[str, int], Progress | None] | None = None,
-               workers: int | None = None) -> DataReport:
-    """Check a benchmark's data root; never raises for problems with the data (they are listed in the report)."""
+               workers: int | None = None, decode: bool = True) -> DataReport:
+    """Check a benchmark's data root; never raises for problems with the data (they are listed in the report).
+    ``decode=False``: every check but the full decode of each image (a run decodes them anyway, and stops on the
+    first that fails with the same message)."""
     spec = BENCHMARKS.get(bench)  # an unknown name is a usage error: raises with "did you mean"
     root_from = "--data-root" if data_root else (f"${spec.data_env}" if spec.data_env and os.environ.get(spec.data_env)
                                                  else "")
@@ -204,10 +241,61 @@ def check_data(bench: str, data_root: str | Path | None = None,
     loader = getattr(importlib.import_module(module), attr)
     report.tree = isinstance(loader, TreeLoader)
     if report.tree:
-        _check_tree(report, factory, workers or min(8, os.cpu_count() or 1))
+        _check_tree(report, factory, workers or min(8, os.cpu_count() or 1), decode)
     else:
         _check_arrays(report, loader, factory)
     return report
+
+
+# ----------------------------------------------------------------------------------------------- before a run
+IGNORE_FLAG = "--ignore-data-problems"
+
+
+def _first(problem: str) -> str:
+    """A report problem on one line: its heading and its first listed item."""
+    head, *items = [x.strip() for x in problem.split("\n") if x.strip()]
+    return f"{head.rstrip(':')}, e.g. {items[0]}" if items else head
+
+
+def verdict(report: DataReport, ignore: bool) -> list[str]:
+    """Raise for the report's problems, or (``ignore``) return them, one line each, for the log and the record."""
+    if not report.problems:
+        return []
+    where = f" --data-root {report.root}" if report.root else ""
+    if not ignore:
+        more = len(report.problems) - 1
+        raise ClbenchError(
+            f"the {report.spec.name} data{f' at {report.root}' if report.root else ''} fails `clbench data check`: "
+            f"{_first(report.problems[0])}" + (f" (and {more} more problem{'s' * (more > 1)})" if more else ""),
+            f"run `clbench data check {report.spec.name}{where}` for the list; fix the data, or pass {IGNORE_FLAG} "
+            "to run anyway (the problems are written into the record)")
+    return [_first(p) for p in report.problems]
+
+
+def check_before_run(bench: str, data_root: str | None, ignore: bool) -> list[str]:
+    """The checks of ``clbench data check`` that a run of an ImageFolder-tree benchmark makes before anything loads
+    (all but the full decode). Raises a ClbenchError for the first problem unless ``ignore``; returns the problems
+    (empty when there are none, or for array benchmarks: :func:`check_loaded` checks those once loaded)."""
+    spec = BENCHMARKS.get(bench)
+    module, _, attr = spec.load.partition(":")
+    loader = getattr(importlib.import_module(module), attr)
+    if not isinstance(loader, TreeLoader):
+        return []
+    root = resolve_data_root(spec, data_root)
+    loader(root)  # a missing root or a structural problem: the loader's own message, as a run's would be
+    report = DataReport(spec, root, "--data-root", tree=True)
+    _check_tree(report, lambda d, t: None, min(8, os.cpu_count() or 1), decode=False)
+    return verdict(report, ignore)
+
+
+def check_loaded(bench, ignore: bool) -> list[str]:
+    """The duplicate check of ``clbench data check`` on a loaded array benchmark (:class:`~clbench.benchmarks.base.
+    Benchmark`); tree benchmarks were checked before loading (:func:`check_before_run`)."""
+    if getattr(bench.train, "images", None) is None:
+        return []
+    report = DataReport(bench.spec, None, "")
+    _check_loaded_arrays(report, bench.train, bench.test, bench.class_names, lambda d, t: None)
+    return verdict(report, ignore)
 
 
 # ----------------------------------------------------------------------------------------------- CLI

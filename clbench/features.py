@@ -11,10 +11,13 @@ shared storage, compute each entry once.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import logging
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from clbench.benchmarks.base import ImageSource
+from clbench.errors import ClbenchError
 from clbench.io import atomic_write_bytes, cache_dir
 from clbench.precision import autocast
 
@@ -90,10 +94,29 @@ def _digest(t: torch.Tensor) -> str:
 class FeatureCache:
     """On-disk cache of feature tensors under ``root`` (default: ``<cache dir>/features``)."""
 
-    def __init__(self, root: Path | None = None, enabled: bool = True) -> None:
+    def __init__(self, root: Path | None = None, enabled: bool = True,
+                 warn: Callable[[str], None] | None = None) -> None:
         self.root = Path(root) if root is not None else cache_dir() / "features"
         self.enabled = enabled
-        self.events: list[str] = []  # "hit", "miss", "corrupt" per lookup, for the run record
+        self._warn_to = warn  # where the one warning of an unwritable cache goes (default: the logging module)
+        self.events: list[str] = []  # "hit", "miss", "corrupt" per lookup, "unsaved" per failed write, for the record
+        self.writable = enabled and self._can_write()
+
+    def _can_write(self) -> bool:
+        """Whether entries can be written under ``root``; if not, the run goes on without saving any (one warning)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            ok = os.access(self.root, os.W_OK | os.X_OK)
+            reason = "not writable"
+        except OSError as e:
+            ok, reason = False, e.strerror or str(e)
+        if not ok:
+            self._warn(f"{reason}")
+        return ok
+
+    def _warn(self, reason: str) -> None:
+        message = f"feature cache {self.root}: {reason}; features are computed without caching this run"
+        (self._warn_to or log.warning)(message)
 
     def path(self, key: str) -> Path:
         return self.root / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".safetensors")
@@ -118,13 +141,24 @@ class FeatureCache:
             return None
 
     def save(self, key: str, feats: torch.Tensor) -> None:
-        if not self.enabled:
+        """Write an entry. A cache that cannot take it (full disk, read-only, quota) never aborts the run that
+        computed the features: one warning, the event ``unsaved``, and no further writes this run."""
+        if not (self.enabled and self.writable):
             return
         from safetensors.torch import save
 
         feats = feats.contiguous()
         data = save({"features": feats}, metadata={"key": key, "sha256": _digest(feats)})
-        atomic_write_bytes(self.path(key), data)
+        try:
+            free = shutil.disk_usage(self.root).free
+            if free < len(data) + (1 << 20):
+                raise OSError(errno.ENOSPC, f"{free / 2**20:.1f} MB free, the entry needs {len(data) / 2**20:.1f} MB")
+            atomic_write_bytes(self.path(key), data)
+        except (OSError, ClbenchError) as e:
+            self.writable = False
+            self.events.append("unsaved")
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).split("\n")[0]
+            self._warn(f"cannot write an entry ({reason})")
 
     def get_or_compute(self, key: str, compute: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, bool]:
         """(features, was_cached). A miss takes an exclusive lock on the entry first, so concurrent runs of a sweep
@@ -145,7 +179,7 @@ class FeatureCache:
 
     @contextlib.contextmanager
     def _entry_lock(self, key: str):
-        if not self.enabled:
+        if not (self.enabled and self.writable):
             yield
             return
         lock_path = self.path(key).with_suffix(".lock")

@@ -6,11 +6,12 @@ times every phase and writes the run record. No method name appears here.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import json
 import os
+import shutil
 import time
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -21,7 +22,14 @@ import numpy as np
 import torch
 
 from clbench import metrics
-from clbench.catalog import BACKBONES, BENCHMARKS, DEFAULT_BENCH, STRATEGIES
+from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
+from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
+    PROTOCOL_CHOICES,
+    RUN_LEVEL_PROFILE_KEYS,
+    RunConfig,
+    check_settings,
+    make_strategy_config,
+)
 from clbench.errors import ClbenchError
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
@@ -37,35 +45,6 @@ from clbench.results import (
     reset_peak_rss,
 )
 
-PROTOCOL_CHOICES = ("per-sample", "reference", "both")
-RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size"})  # profile keys that set the run, not the strategy config
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    strategy: str
-    bench: str = DEFAULT_BENCH
-    backbone: str | None = None  # None: the benchmark's default
-    weights: str = "auto"  # auto | offline | hub | random | PATH
-    data_root: str | None = None
-    init_cls: int | None = None  # None: the benchmark's split
-    increment: int | None = None
-    seed: int = 1993  # PILOT's default seed; drives every RNG of the run
-    class_order_seed: int = 1993  # the literature's class order; separate from --seed on purpose
-    device: str = "auto"  # auto | cpu | cuda
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16 for the frozen backbone (clbench.precision)
-    protocol: str = "per-sample"  # per-sample | reference | both
-    profile: str | None = None  # a strategy's named profile (e.g. "quick")
-    overrides: tuple[tuple[str, str], ...] = ()  # --set key=value on the strategy config
-    out: str | None = None  # run folder; None: runs/<strategy>-<bench>-<time>
-    overwrite: bool = False
-    batch_size: int = 64  # feature-extraction / evaluation batch
-    img_size: int | None = None  # None: the benchmark's input size
-    normalize: bool | None = None  # None: the benchmark's choice
-    save_features: bool = True  # test features for t-SNE figures
-    feature_cache: bool = True
-
-
 class Reporter:
     """Progress and messages. The CLI subclasses this with rich; the default is silent."""
 
@@ -79,58 +58,6 @@ class Reporter:
         pass
 
 
-# ----------------------------------------------------------------------------------------------- config
-def _convert(value: str, typ: Any, key: str) -> Any:
-    origin = typing.get_origin(typ)
-    if typ is bool:
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ClbenchError(f"--set {key}={value}: expected true or false")
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        args = [a for a in typing.get_args(typ) if a is not type(None)]
-        if value.lower() == "none" and len(args) < len(typing.get_args(typ)):
-            return None
-        typ = args[0]
-    if typing.get_origin(typ) is typing.Literal:
-        allowed = typing.get_args(typ)
-        if value not in allowed:
-            raise ClbenchError(f"--set {key}={value}: expected one of {', '.join(map(str, allowed))}")
-        return value
-    try:
-        return typ(value)
-    except (TypeError, ValueError):
-        raise ClbenchError(f"--set {key}={value}: expected a value of type {getattr(typ, '__name__', typ)}") from None
-
-
-def make_strategy_config(strategy_cls: type, profile: str | None, overrides: tuple[tuple[str, str], ...]) -> Any:
-    """The strategy's config dataclass with a named profile and ``--set`` overrides applied and validated."""
-    config_cls = strategy_cls.Config
-    hints = typing.get_type_hints(config_cls)
-    fields = {f.name for f in dataclasses.fields(config_cls)}
-    values: dict[str, Any] = {}
-    if profile is not None:
-        if profile not in strategy_cls.profiles:
-            valid = ", ".join(strategy_cls.profiles) or "none"
-            raise ClbenchError(f"strategy {strategy_cls.name} has no profile {profile!r}; valid profiles: {valid}")
-        values.update({k: v for k, v in strategy_cls.profiles[profile].items() if k not in RUN_LEVEL_PROFILE_KEYS})
-    for key, value in overrides:
-        if key not in fields:
-            import difflib
-
-            close = difflib.get_close_matches(key, sorted(fields), n=1)
-            raise ClbenchError(
-                f"--set {key}: {strategy_cls.name} has no setting {key!r}; valid keys: {', '.join(sorted(fields)) or 'none'}",
-                f"did you mean {close[0]!r}?" if close else None,
-            )
-        values[key] = _convert(value, hints[key], key)
-    try:
-        return config_cls(**values)
-    except (ValueError, TypeError) as e:
-        raise ClbenchError(f"invalid {strategy_cls.name} setting: {e}") from None
-
-
 # ----------------------------------------------------------------------------------------------- run folder
 class RunDir:
     """The run folder: holds an exclusive lock while running, refuses a finished run unless overwriting, and finds
@@ -138,8 +65,13 @@ class RunDir:
 
     def __init__(self, path: Path, overwrite: bool) -> None:
         self.path = path
-        path.mkdir(parents=True, exist_ok=True)
-        self._lock = open(path / ".lock", "w")
+        check_folder(path, "--out")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            self._lock = open(path / ".lock", "w")
+        except OSError as e:
+            raise ClbenchError(f"--out {path}: cannot write the run folder ({e.strerror or e})",
+                               "choose a folder you can write to") from None
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -200,6 +132,55 @@ class RunDir:
         if not self._lock.closed:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
+
+
+def check_folder(path: Path, flag: str) -> None:
+    """Refuse a folder that cannot hold files: one under a regular file, a file itself, inside a pseudo file system
+    (/proc, /sys, /dev), or whose nearest existing parent is not writable. Creates nothing."""
+    path = Path(path).expanduser()
+    absolute = Path(os.path.abspath(path))
+    if absolute.parts[1:2] and absolute.parts[1] in ("proc", "sys", "dev"):
+        raise ClbenchError(f"{flag} {path} is inside /{absolute.parts[1]}, a pseudo file system that holds no "
+                           "ordinary files", f"choose another {flag}")
+    if path.exists() and not path.is_dir():
+        raise ClbenchError(f"{flag} {path} is a file, not a folder", f"choose another {flag}")
+    parent = absolute
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ClbenchError(f"{flag} {path}: {parent} is a file, so no folder can be made under it",
+                           f"choose another {flag}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        why = "it is on a read-only file system" if _read_only(parent) else "it is not writable by this user"
+        raise ClbenchError(f"{flag} {path}: cannot write in {parent} ({why})", f"choose another {flag}")
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def check_free_space(path: Path, need: int, flag: str, what: str) -> None:
+    """Refuse to start when the file system of ``path`` has less than ``need`` bytes free."""
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return
+    if free < need:
+        raise ClbenchError(f"{flag} {path}: {free / 2**20:.1f} MB free, but {what} need about {need / 2**20:.1f} MB",
+                           f"free disk space or choose another {flag}")
+
+
+def estimate_run_bytes(session: "Session") -> int:
+    """A generous estimate of what a run folder will hold: the record, the checkpoint (class statistics and the
+    strategy's modules, twice while it is replaced) and features.npz (fp16, frozen and adapted)."""
+    d, n_test, n_classes = session.backbone.num_features, len(session.bench.test), session.bench.n_classes
+    record = 256 * 2**10 + 16 * 2**10 * session.bench.n_tasks
+    checkpoint = 2 * (16 * d * n_classes + 8 * 2**20)
+    features = 2 * 2 * d * n_test + 8 * n_test
+    return record + checkpoint + features
 
 
 def default_run_dir(cfg: RunConfig) -> Path:
@@ -285,6 +266,7 @@ class Session:
     t_features: float
     strategy: Any
     protocols: list[str]
+    data_problems: list[str] = field(default_factory=list)  # found and run anyway (--ignore-data-problems)
 
     def split(self, which: str, indices: np.ndarray):
         from clbench.strategy import Split
@@ -314,17 +296,16 @@ class Session:
 
 def resolve(cfg: RunConfig):
     """Check every name and setting of ``cfg`` (cheap; nothing is loaded). Raises ClbenchError."""
+    check_settings({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # also set by RunConfig
     strategy_cls = STRATEGIES.get(cfg.strategy)
     spec = BENCHMARKS.get(cfg.bench)
-    backbone_name = BACKBONES.check(cfg.backbone or spec.backbone)
+    backbone_name = BACKBONES.check(spec.backbone if cfg.backbone is None else cfg.backbone)
     protocols = _protocols(cfg, strategy_cls)
     strategy_cfg = make_strategy_config(strategy_cls, cfg.profile, cfg.overrides)
     if strategy_cls.needs_vit and BACKBONES.get(backbone_name).family != "vit":
         vits = [n for n in BACKBONES.names() if BACKBONES.get(n).family == "vit"]
         raise ClbenchError(f"{strategy_cls.name} enters the transformer's layers and needs a ViT backbone; "
                            f"{backbone_name} is not one", f"choose one of: {', '.join(vits)}")
-    if cfg.batch_size < 1:
-        raise ClbenchError(f"--batch-size must be >= 1 (got {cfg.batch_size})")
     device = resolve_device(cfg.device)
     check_precision(cfg.precision)
     if cfg.precision != "auto":  # a forced precision the device cannot run fails here, before anything loads
@@ -351,8 +332,8 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     bench = build_benchmark(spec, cfg.data_root, cfg.init_cls, cfg.increment, cfg.class_order_seed)
     rep.log(f"backbone {backbone_name} (weights: {cfg.weights})")
     profile_img = strategy_cls.profiles.get(cfg.profile, {}).get("img_size") if cfg.profile else None
-    backbone = load_backbone(backbone_name, cfg.weights, cfg.img_size or profile_img or spec.img_size,
-                             seed=cfg.seed).to(device)
+    img_size = next(s for s in (cfg.img_size, profile_img, spec.img_size) if s is not None)
+    backbone = load_backbone(backbone_name, cfg.weights, img_size, seed=cfg.seed).to(device)
     normalize = spec.normalize if cfg.normalize is None else cfg.normalize
     mean, std = (backbone.mean, backbone.std) if normalize else (None, None)
     img = backbone.img_size
@@ -362,7 +343,7 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
 
     # Frozen features, once per image: cached across runs and strategies.
     t0 = time.perf_counter()
-    cache = FeatureCache(enabled=cfg.feature_cache)
+    cache = FeatureCache(enabled=cfg.feature_cache, warn=lambda m: rep.log(f"warning: {m}"))
     precision = precision or precision_for_backbone(backbone, device, cfg.precision, use_cache=cfg.feature_cache)
     rep.log(f"precision {precision.name}: {precision.reason}")
     feats: dict[str, torch.Tensor] = {}
@@ -391,14 +372,19 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     record. An unfinished run in ``cfg.out`` with a checkpoint and the same settings is continued from its last
     finished task (``resume=True``: it must be). See :mod:`clbench.checkpoint`."""
     from clbench import checkpoint
-    from clbench.backbones import state_digest
+    from clbench.backbones import check_weights_file, state_digest
+    from clbench.datacheck import check_before_run, check_loaded
 
     rep = reporter or Reporter()
     t_start = time.perf_counter()
     _, _, backbone_name, _, _ = resolve(cfg)  # every bad name or setting fails here, before a run folder is made
     if resume and cfg.overwrite:
         raise ClbenchError("--resume continues a run and --overwrite starts it over: pass only one of them")
-    run_dir = RunDir(Path(cfg.out) if cfg.out else default_run_dir(cfg), cfg.overwrite)
+    out = Path(cfg.out) if cfg.out is not None else default_run_dir(cfg)
+    check_folder(out, "--out")
+    check_weights_file(cfg.weights)
+    data_problems = check_before_run(cfg.bench, cfg.data_root, cfg.ignore_data_problems)  # as `clbench data check`
+    run_dir = RunDir(out, cfg.overwrite)
     caller_rng = checkpoint.capture_rng()
     reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
     try:
@@ -411,6 +397,10 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         if ckpt is not None and cfg.precision == "auto" and ckpt.get("precision") is not None:
             started_at = Precision(ckpt["precision"], ckpt.get("precision_reason") or "auto, when the run started")
         session = prepare(cfg, rep, precision=started_at)
+        session.data_problems = data_problems + check_loaded(session.bench, cfg.ignore_data_problems)
+        for problem in session.data_problems:
+            rep.log(f"warning: data problem, run anyway (--ignore-data-problems): {problem}")
+        check_free_space(run_dir.path, estimate_run_bytes(session), "--out", "the record, checkpoint and features")
         strategy, bench, protocols = session.strategy, session.bench, session.protocols
         logs = {p: _ProtocolLog() for p in protocols}
         per_task: list[dict[str, Any]] = []
@@ -577,6 +567,7 @@ def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], p
         "time_s": times,
         "per_task": per_task,
         "feature_cache": session.cache_events if cache_events is None else cache_events,
+        "data_problems": list(session.data_problems),  # `clbench data check` problems run anyway
         "resumed_from_task": list(resumed_from_task or []),  # tasks_done at each resume from a checkpoint
         "peak_rss_mb": peak_rss_mb(),
         "versions": library_versions(),

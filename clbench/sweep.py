@@ -46,6 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clbench.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.errors import ClbenchError
 from clbench.io import atomic_write_json
 
@@ -53,7 +54,6 @@ SWEEP_FILE = "sweep.json"
 ATTEMPT_FILE = "attempt.json"
 LOG_FILE = "run.log"
 BACKENDS = ("local", "ray")
-WEIGHT_SOURCES = ("auto", "offline", "hub", "random")  # --weights values that are not a file
 # Environment passed from the sweep to every run (wherever it executes): where weights and caches live, offline mode.
 PASSED_ENV = ("CLBENCH_CACHE", "HF_HUB_OFFLINE", "HF_HOME", "TORCH_HOME", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")
 # Record fields that differ between two executions of the same run (time, place, order of cache use).
@@ -100,12 +100,15 @@ def parse_list(text: str, what: str) -> tuple[str, ...]:
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
+    from clbench.config import RUN_SETTINGS
+
     seeds = []
     for item in parse_list(text, "seeds"):
         try:
             seeds.append(int(item))
         except ValueError:
             raise ClbenchError(f"--seeds: {item!r} is not an integer", "e.g. --seeds 1993,1994,1995") from None
+        dataclasses.replace(RUN_SETTINGS["seed"], flag="--seeds").check(seeds[-1])
     return tuple(seeds)
 
 
@@ -284,13 +287,12 @@ class Resources:
     gpus_per_run: float | None  # None: 1 where the cluster has GPUs, else 0
     memory_per_run_gb: float | None
     retries: int = 2
+    ray_timeout: float = 30.0  # seconds to reach a Ray cluster (--ray-address) before giving up
 
     def __post_init__(self) -> None:
-        for flag, value, low in (("--jobs", self.jobs, 1), ("--cpus-per-run", self.cpus_per_run, 1),
-                                 ("--gpus-per-run", self.gpus_per_run, 0), ("--memory-per-run", self.memory_per_run_gb, 0),
-                                 ("--retries", self.retries, 0)):
-            if value is not None and value < low:
-                raise ClbenchError(f"{flag} must be >= {low} (got {value})")
+        from clbench.config import SWEEP_SETTINGS, check_settings
+
+        check_settings(dataclasses.asdict(self), SWEEP_SETTINGS)
 
 
 class LocalBackend:
@@ -300,8 +302,8 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, res: Resources) -> None:
-        self.jobs = res.jobs or 1
-        self.threads = res.cpus_per_run or max(1, (os.cpu_count() or 1) // self.jobs)
+        self.jobs = 1 if res.jobs is None else res.jobs
+        self.threads = res.cpus_per_run if res.cpus_per_run is not None else max(1, (os.cpu_count() or 1) // self.jobs)
         self.retries = res.retries
         self._pool = None
         self._futures: dict[Any, tuple[str, Any]] = {}  # future -> (run id, the pool that runs it)
@@ -384,6 +386,30 @@ def _token_auth_for_existing_cluster() -> None:
                 pass
 
 
+RAY_HINT = ("start one with `ray start --head` and pass the address it prints (e.g. 127.0.0.1:6379), or leave "
+            "--ray-address out to start a local Ray")
+
+
+def _probe_ray_address(address: str, timeout: float) -> None:
+    """Open (and close) a TCP connection to ``HOST:PORT`` (or ``ray://HOST:PORT``) within ``timeout`` seconds; a
+    ClbenchError naming the address otherwise. ``auto`` (the cluster recorded on this machine) is left to Ray."""
+    import socket
+
+    if address == "auto":
+        return
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
+        raise ClbenchError(f"--ray-address {address}: expected HOST:PORT (or ray://HOST:PORT)", RAY_HINT)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__).lower()
+        raise ClbenchError(f"--ray-address {address}: no Ray cluster answers there ({why}, --ray-timeout "
+                           f"{timeout:g} s)", RAY_HINT) from None
+
+
 class RayBackend:
     """Each run is a Ray task with its resource needs; Ray schedules, places and retries them."""
 
@@ -391,7 +417,10 @@ class RayBackend:
 
     def __init__(self, res: Resources, address: str | None) -> None:
         if address:
+            _probe_ray_address(address, res.ray_timeout)  # nothing listening: one line now, not a hang in ray.init
             _token_auth_for_existing_cluster()  # before Ray is imported: it reads the mode once
+            # Ray's own wait for the cluster's GCS (read when Ray is imported), for a port that answers but is no Ray
+            os.environ.setdefault("RAY_gcs_server_request_timeout_seconds", str(max(1, round(res.ray_timeout))))
         try:
             import ray
         except ImportError:
@@ -399,7 +428,7 @@ class RayBackend:
                                "pip install 'clbench[ray]' (or use --backend local)") from None
         self.ray = ray
         self.address = address
-        self.cpus = res.cpus_per_run or 1
+        self.cpus = 1 if res.cpus_per_run is None else res.cpus_per_run
         started_here = not ray.is_initialized()
         if started_here:
             try:
@@ -420,7 +449,7 @@ class RayBackend:
         self._shutdown = started_here
         total = ray.cluster_resources()
         self.gpus = res.gpus_per_run if res.gpus_per_run is not None else (1.0 if total.get("GPU", 0) > 0 else 0.0)
-        self.memory = int(res.memory_per_run_gb * 2**30) if res.memory_per_run_gb else None
+        self.memory = None if res.memory_per_run_gb is None else int(res.memory_per_run_gb * 2**30)
         try:
             self._check_fits()
         except ClbenchError:
@@ -448,7 +477,7 @@ class RayBackend:
         return {"backend": "ray", "address": self.address or "local (started for the sweep)",
                 "ray_version": self.ray.__version__, "cluster": self.ray.cluster_resources(),
                 "cpus_per_run": self.cpus, "gpus_per_run": self.gpus,
-                "memory_per_run_gb": (self.memory or 0) / 2**30 or None, "max_retries": self.retries}
+                "memory_per_run_gb": None if self.memory is None else self.memory / 2**30, "max_retries": self.retries}
 
     def submit(self, run_id: str, payload: dict[str, Any]) -> None:
         self._refs[self._remote.remote(payload)] = run_id
@@ -539,6 +568,11 @@ def run_sweep(spec: SweepSpec, backend_name: str = "local", res: Resources | Non
         raise ClbenchError(f"--backend {backend_name!r} is unknown; valid backends: {', '.join(BACKENDS)}")
     if backend_name == "local" and ray_address:
         raise ClbenchError("--ray-address is for --backend ray", "add --backend ray, or drop --ray-address")
+    from clbench.harness import check_folder
+
+    check_folder(spec.out, "--out")
+    if cache is not None:
+        check_folder(Path(cache), "--cache")
     out = spec.out.resolve()
     settings = dict(spec.settings)
     if settings.get("weights") not in (None, *WEIGHT_SOURCES):  # a weights file: absolute, as the data roots

@@ -87,6 +87,9 @@ class BenchmarkSpec:
     needs_data_root: bool = False
     source_info: str = ""  # where the data is published and its layout (printed by errors / data check)
     licence: str = ""
+    # test/train pairs known to be byte-identical in the benchmark as published ("test[i] = train[j]"): `clbench
+    # data check` and a run note them instead of refusing the data, so that results stay comparable with it.
+    known_leaks: tuple[str, ...] = ()
 
 
 def literature_class_order(n_classes: int, seed: int = LITERATURE_ORDER_SEED) -> list[int]:
@@ -154,7 +157,9 @@ class Benchmark:
 
 def resolve_data_root(spec: BenchmarkSpec, data_root: str | Path | None) -> Path | None:
     """The data root from ``--data-root`` or the spec's environment variable; checked to exist."""
-    root = data_root or (os.environ.get(spec.data_env) if spec.data_env else None)
+    root = data_root if data_root is not None else (os.environ.get(spec.data_env) if spec.data_env else None)
+    if root is not None and not str(root).strip():
+        raise ClbenchError(f"--data-root is empty: expected a data folder", spec.source_info or None)
     if root is None:
         if spec.needs_data_root:
             env = f" or set {spec.data_env}" if spec.data_env else ""
@@ -218,5 +223,6 @@ def build_benchmark(
         raise ClbenchError(
             f"{spec.name}: {len(missing)} classes have no training images (e.g. {class_names[missing[0]]!r})"
         )
-    sizes = task_sizes(n, init_cls or spec.init_cls, increment or spec.increment)
+    sizes = task_sizes(n, spec.init_cls if init_cls is None else init_cls,
+                       spec.increment if increment is None else increment)
     return Benchmark(spec, class_names, literature_class_order(n, class_order_seed), sizes, train, test)

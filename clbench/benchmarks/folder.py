@@ -56,7 +56,7 @@ def decode_image(path: Path, data: bytes | None = None, verify: bool = False):
                     im.verify()  # a verified image cannot be decoded: open it again below
             with Image.open(source()) as im:
                 im.load()  # the pixels: verify() alone misses truncated JPEGs
-                return im.convert("RGB")
+                return to_rgb(im)
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:
         raise ClbenchError(
             f"image {path} is too large to decode safely ({e})",
@@ -70,6 +70,108 @@ def decode_image(path: Path, data: bytes | None = None, verify: bool = False):
     raise ClbenchError(
         f"cannot decode image {path}: {reason}", "replace or delete the file; `clbench data check` lists every bad file"
     )
+
+
+def to_rgb(im):
+    """``im`` as 8-bit RGB, for the modes where PIL's ``convert("RGB")`` loses the picture:
+
+    - 16- and 32-bit integer grey (``I;16*``, ``I``): scaled from the full 16-bit range (``value / 257``), where
+      ``convert`` clips every value above 255 to white;
+    - transparency (``RGBA``, ``LA``, ``PA``, ``P`` or ``L``/``RGB`` with a transparent colour): composited onto white,
+      as the embedded emoji benchmark was built, where ``convert`` keeps whatever colour hides under transparent
+      pixels;
+    - ``CMYK`` and ``YCbCr``: ``convert`` (PIL undoes the inverted CMYK of Adobe JPEGs when decoding);
+    - floating-point grey (``F``): refused, since it has no standard 8-bit mapping.
+
+    A multi-frame file gives its first frame (``clbench data check`` lists such files).
+    """
+    import numpy as np
+    from PIL import Image
+
+    mode = im.mode
+    if mode == "RGB":
+        return im.copy() if "transparency" not in im.info else _on_white(im.convert("RGBA"))
+    if mode.startswith("I"):  # I;16, I;16B, I;16L, I;16N, I (16-bit PNGs open as one of these)
+        a = np.asarray(im, dtype=np.int64)
+        grey = np.clip(np.rint(a / 257.0), 0, 255).astype(np.uint8)
+        return Image.fromarray(grey, "L").convert("RGB")
+    if mode == "F":
+        raise ValueError("32-bit floating-point pixels have no standard 8-bit mapping; save the image as 8-bit")
+    if mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in im.info:
+        return _on_white(im.convert("RGBA"))
+    return im.convert("RGB")
+
+
+def _on_white(rgba):
+    from PIL import Image
+
+    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    return Image.alpha_composite(white, rgba).convert("RGB")
+
+
+# Formats PIL reports for each extension clbench reads (MPO: a JPEG with extra pictures, e.g. from cameras).
+FORMATS_OF_EXTENSION = {".jpg": ("JPEG", "MPO"), ".jpeg": ("JPEG", "MPO"), ".png": ("PNG",), ".ppm": ("PPM",),
+                        ".pgm": ("PPM",), ".bmp": ("BMP", "DIB"), ".tif": ("TIFF",), ".tiff": ("TIFF",),
+                        ".webp": ("WEBP",)}
+
+
+@dataclass
+class FileFacts:
+    """What reading one image file's bytes and header found (nothing is decoded): ``problem`` makes the file unfit
+    for a run; ``note`` is a mode clbench converts with care (16-bit, transparency, CMYK)."""
+
+    sha256: str | None = None
+    problem: str | None = None
+    kind: str | None = None  # "empty", "unreadable", "mismatch", "frames", "undecodable"
+    note: str | None = None
+
+
+def inspect_file(path: Path, rel: str, decode: bool) -> FileFacts:
+    """Read ``path``: its sha256, whether it is empty, whether its content is the format its extension says, how
+    many frames it holds and whether its mode needs care; with ``decode``, also PIL ``verify()`` and a full decode."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return FileFacts(problem=f"{rel}: cannot read ({e.strerror or e})", kind="unreadable")
+    facts = FileFacts(sha256=hashlib.sha256(data).hexdigest())
+    if not data:
+        facts.problem, facts.kind = f"{rel}: empty file (0 bytes)", "empty"
+        return facts
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # decompression bombs are the full decode's to report
+            with Image.open(io.BytesIO(data)) as im:
+                fmt, mode, frames = im.format, im.mode, getattr(im, "n_frames", 1)
+                transparent = "transparency" in im.info
+    except UnidentifiedImageError:  # worded as decode_image words it: the message a run would stop with
+        facts.problem, facts.kind = f"cannot decode image {path}: not an image file PIL can identify", "undecodable"
+        return facts
+    except Exception as e:
+        facts.problem, facts.kind = f"cannot decode image {path}: {type(e).__name__}: {e}", "undecodable"
+        return facts
+    expected = FORMATS_OF_EXTENSION.get(Path(rel).suffix.lower(), ())
+    if expected and fmt not in expected:
+        facts.problem, facts.kind = f"{rel}: the name says {expected[0]} but the content is {fmt}", "mismatch"
+        return facts
+    if frames > 1:
+        facts.problem, facts.kind = f"{rel}: {frames} frames in one file (a run would read the first only)", "frames"
+        return facts
+    if mode == "F":
+        facts.problem, facts.kind = f"{rel}: 32-bit floating-point pixels (no standard 8-bit mapping)", "undecodable"
+        return facts
+    if mode.startswith("I"):
+        facts.note = "16-bit"
+    elif mode in ("RGBA", "LA", "PA") or transparent:
+        facts.note = "transparency"
+    elif mode == "CMYK":
+        facts.note = "CMYK"
+    if decode:
+        err = verify_image(path, data)
+        if err is not None:
+            facts.problem, facts.kind = err, "undecodable"
+    return facts
 
 
 def verify_image(path: Path, data: bytes) -> str | None:
@@ -122,6 +224,7 @@ class TreeScan:
     files: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # split -> class -> relative paths
     problems: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # relative paths of non-image or hidden files
+    link_problems: list[str] = field(default_factory=list)  # symbolic link loops, dangling links, links leaving root
 
     @property
     def class_names(self) -> list[str]:
@@ -170,19 +273,69 @@ def _layout_problem(root: Path, missing: list[str]) -> str:
     return msg
 
 
-def _walk_class(class_dir: Path, rel_prefix: str, ignored: list[str]) -> list[str]:
-    """Image files below ``class_dir`` as paths relative to the tree root, in ImageFolder's sorted walk order."""
-    out: list[str] = []
-    for dirpath, dirnames, fnames in sorted(os.walk(class_dir, followlinks=True)):
-        dirnames[:] = [d for d in dirnames if not _is_hidden(d)]
-        rel_dir = os.path.relpath(dirpath, class_dir)
-        for fname in sorted(fnames):
-            rel = f"{rel_prefix}/{fname}" if rel_dir == "." else f"{rel_prefix}/{rel_dir}/{fname}"
-            if _is_hidden(fname) or not fname.lower().endswith(IMG_EXTENSIONS):
-                ignored.append(rel)
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _walk_class(class_dir: Path, rel_prefix: str, scan: TreeScan, seen: set[tuple[int, int]]) -> list[str]:
+    """Image files below ``class_dir`` as paths relative to the tree root, in ImageFolder's order (``sorted(os.walk(
+    followlinks=True))``, files sorted in each folder). Symbolic links are followed, but a folder reached twice (a
+    link loop, or a link to a folder walked already) is walked once, and links that leave the data root or lead
+    nowhere are listed in ``scan.link_problems``; hidden folders and files are skipped."""
+    real_root = os.path.realpath(scan.root)
+    folders: list[tuple[str, str, list[str]]] = []  # (path for sorting, relative path, file names)
+
+    def walk(path: str, rel: str) -> None:
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError as e:
+            scan.link_problems.append(f"{rel}: cannot list the folder ({e.strerror or e})")
+            return
+        names: list[str] = []
+        subdirs: list[tuple[str, str]] = []
+        for entry in entries:
+            r = f"{rel}/{entry.name}"
+            if _is_hidden(entry.name):
+                scan.ignored.append(r)
+                continue
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if not os.path.exists(target):
+                    scan.link_problems.append(f"{r}: a symbolic link to {os.readlink(entry.path)}, which does not "
+                                              "exist")
+                    continue
+                if not _inside(target, real_root):
+                    scan.link_problems.append(f"{r}: a symbolic link that leaves the data root (to {target})")
+            try:
+                is_dir = entry.is_dir()
+            except OSError:  # a link loop pointing at itself
+                is_dir = False
+            if is_dir:
+                try:
+                    st = os.stat(entry.path)
+                except OSError as e:
+                    scan.link_problems.append(f"{r}: a symbolic link that cannot be followed ({e.strerror or e})")
+                    continue
+                if (st.st_dev, st.st_ino) in seen:
+                    scan.link_problems.append(f"{r}: a symbolic link loop (it leads to a folder already walked, "
+                                              f"{os.path.realpath(entry.path)}); walked once")
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+                subdirs.append((entry.path, r))
+            elif not entry.name.lower().endswith(IMG_EXTENSIONS):
+                scan.ignored.append(r)
+            elif not os.path.exists(entry.path):
+                scan.link_problems.append(f"{r}: a symbolic link loop")
             else:
-                out.append(rel)
-    return out
+                names.append(entry.name)
+        folders.append((path, rel, names))
+        for sub_path, sub_rel in subdirs:
+            walk(sub_path, sub_rel)
+
+    st = os.stat(class_dir)
+    seen.add((st.st_dev, st.st_ino))
+    walk(str(class_dir), rel_prefix)
+    return [f"{rel}/{name}" for _, rel, names in sorted(folders) for name in names]
 
 
 def scan_tree(root: Path, expected_classes: int | None = None, name: str = "folder") -> TreeScan:
@@ -193,13 +346,23 @@ def scan_tree(root: Path, expected_classes: int | None = None, name: str = "fold
     if missing:
         scan.problems.append(_layout_problem(root, missing))
         return scan
+    seen: set[tuple[int, int]] = set()  # folders walked, across both splits: each is walked once
     for split in SPLITS:
         classes: dict[str, list[str]] = {}
         for entry in sorted(os.scandir(root / split), key=lambda e: e.name):
             if _is_hidden(entry.name):
                 continue
+            if entry.is_symlink() and not _inside(os.path.realpath(entry.path), os.path.realpath(root)):
+                scan.link_problems.append(f"{split}/{entry.name}: a symbolic link that leaves the data root (to "
+                                          f"{os.path.realpath(entry.path)})")
             if entry.is_dir():
-                classes[entry.name] = _walk_class(Path(entry.path), f"{split}/{entry.name}", scan.ignored)
+                st = os.stat(entry.path)
+                if (st.st_dev, st.st_ino) in seen:
+                    scan.link_problems.append(f"{split}/{entry.name}: a symbolic link to a folder already walked "
+                                              f"({os.path.realpath(entry.path)})")
+                    classes[entry.name] = []
+                    continue
+                classes[entry.name] = _walk_class(Path(entry.path), f"{split}/{entry.name}", scan, seen)
             else:
                 scan.ignored.append(f"{split}/{entry.name}")
         scan.files[split] = classes

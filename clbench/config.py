@@ -1,0 +1,263 @@
+"""Run settings and the one place they are validated.
+
+:class:`RunConfig` holds every setting of one run; building one checks every field (type, range, choice) and raises
+a :class:`~clbench.errors.ClbenchError` naming the flag, the value and the fix. ``clbench run``, ``clbench sweep``,
+``clbench run --resume`` and the Python API (``clbench.harness.run(RunConfig(...))``) therefore refuse the same values
+with the same message, before anything is loaded. ``None`` means "not given" (the benchmark's or strategy's default);
+zero is a value like any other and is refused where it makes no sense, never replaced by a default.
+
+The ``--set`` parsing of strategy settings (:func:`make_strategy_config`) lives here too: strings to the types of the
+strategy's config dataclass, then the dataclass's own checks. Names (strategy, benchmark, backbone) and what depends on
+the machine (a CUDA device, a precision) are checked by :func:`clbench.harness.resolve`, which needs the registries.
+
+This module imports nothing from the runner (harness, sweep) and neither torch nor PIL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from clbench.catalog import DEFAULT_BENCH
+from clbench.errors import ClbenchError
+
+PROTOCOL_CHOICES = ("per-sample", "reference", "both")
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")  # = clbench.precision.CHOICES (that module imports torch lazily)
+WEIGHT_SOURCES = ("auto", "offline", "hub", "random")  # --weights values that are not a file
+RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size"})  # profile keys that set the run, not the strategy config
+SEED_MAX = 2**32 - 1  # numpy's RandomState takes [0, 2**32); torch takes more, but one range for every RNG
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Number:
+    """A numeric setting: its flag, type, inclusive range and what it means (for the message)."""
+
+    flag: str
+    kind: type  # int or float
+    low: float | None = None
+    high: float | None = None
+    optional: bool = False  # None allowed, meaning "not given"
+    low_open: bool = False  # low itself is excluded (e.g. > 0)
+    meaning: str = ""
+    default_hint: str = ""  # how to get the default, for optional settings
+
+    def range_text(self) -> str:
+        lo = None if self.low is None else (f"> {_num(self.low)}" if self.low_open else f">= {_num(self.low)}")
+        hi = None if self.high is None else f"<= {_num(self.high)}"
+        return " and ".join(x for x in (lo, hi) if x) or "any value"
+
+    def check(self, value: Any) -> None:
+        if value is None:
+            if self.optional:
+                return
+            raise ClbenchError(f"{self.flag} needs a value ({self.meaning})")
+        noun = "an integer" if self.kind is int else "a number"
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
+                self.kind is int and not isinstance(value, numbers.Integral)):
+            raise ClbenchError(f"{self.flag} {value!r}: expected {noun} ({self.meaning})")
+        if self.kind is float and not math.isfinite(value):
+            raise ClbenchError(f"{self.flag} {value}: expected a finite number ({self.meaning})")
+        too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        too_high = self.high is not None and value > self.high
+        if too_low or too_high:
+            hint = f"; {self.default_hint}" if self.default_hint else ""
+            raise ClbenchError(f"{self.flag} must be {self.range_text()} (got {value}): {self.meaning}{hint}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    flag: str
+    choices: tuple[str, ...]
+    noun: str = "values"
+
+    def check(self, value: Any) -> None:
+        if value not in self.choices:
+            raise ClbenchError(f"{self.flag} {value!r} is unknown; valid {self.noun}: {', '.join(self.choices)}")
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string setting (a name or a path); ``optional``: None allowed. An empty string is never "not given"."""
+
+    flag: str
+    optional: bool = False
+    meaning: str = ""
+
+    def check(self, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        if not isinstance(value, str):
+            raise ClbenchError(f"{self.flag}: expected {self.meaning or 'a string'}, got {value!r}")
+        if not value.strip():
+            hint = "; leave the flag out for the default" if self.optional else ""
+            raise ClbenchError(f"{self.flag} is empty: expected {self.meaning or 'a value'}{hint}")
+        if "\0" in value:
+            raise ClbenchError(f"{self.flag} {value!r} contains a NUL character")
+
+
+@dataclass(frozen=True)
+class Flag:
+    flag: str
+    optional: bool = False
+
+    def check(self, value: Any) -> None:
+        if not (isinstance(value, bool) or (value is None and self.optional)):
+            raise ClbenchError(f"{self.flag}: expected true or false, got {value!r}")
+
+
+MAX_CLASSES = 1_000_000
+RUN_SETTINGS: dict[str, Number | Choice | Text | Flag] = {
+    "strategy": Text("--strategy", meaning="a strategy name (see `clbench list`)"),
+    "bench": Text("--bench", meaning="a benchmark name (see `clbench list`)"),
+    "backbone": Text("--backbone", optional=True, meaning="a backbone name (see `clbench list`)"),
+    "weights": Text("--weights", meaning="auto, offline, hub, random or a weights file"),
+    "data_root": Text("--data-root", optional=True, meaning="a data folder"),
+    "init_cls": Number("--init-cls", int, 1, MAX_CLASSES, optional=True, meaning="the classes in the first task",
+                       default_hint="leave --init-cls out for the benchmark's split"),
+    "increment": Number("--increment", int, 1, MAX_CLASSES, optional=True, meaning="the classes per later task",
+                        default_hint="leave --increment out for the benchmark's split"),
+    "seed": Number("--seed", int, 0, SEED_MAX, meaning="the run's seed"),
+    "class_order_seed": Number("--class-order-seed", int, 0, SEED_MAX, meaning="the class-order seed",
+                               default_hint="1993 is the literature's order"),
+    "device": Choice("--device", DEVICE_CHOICES, "devices"),
+    "precision": Choice("--precision", PRECISION_CHOICES, "precisions"),
+    "protocol": Choice("--protocol", PROTOCOL_CHOICES, "protocols"),
+    "profile": Text("--profile", optional=True, meaning="a profile name"),
+    "out": Text("--out", optional=True, meaning="a run folder"),
+    "overwrite": Flag("--overwrite"),
+    "batch_size": Number("--batch-size", int, 1, 65536, meaning="the feature-extraction batch"),
+    "img_size": Number("--img-size", int, 16, 4096, optional=True, meaning="the network input size in pixels",
+                       default_hint="leave --img-size out for the benchmark's size"),
+    "normalize": Flag("--normalize", optional=True),
+    "save_features": Flag("save_features"),
+    "feature_cache": Flag("--feature-cache"),
+    "ignore_data_problems": Flag("--ignore-data-problems"),
+}
+
+
+def check_settings(values: dict[str, Any], table: dict[str, Any] | None = None) -> None:
+    """Check the settings in ``values`` (all or some of a table's fields); the first bad one raises."""
+    table = RUN_SETTINGS if table is None else table
+    for name, value in values.items():
+        if name in table:
+            table[name].check(value)
+
+
+def _check_overrides(overrides: Any) -> None:
+    if not isinstance(overrides, tuple) or not all(
+            isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in overrides):
+        raise ClbenchError(f"--set: expected (key, value) string pairs, got {overrides!r}")
+    for key, _ in overrides:
+        if not key.strip():
+            raise ClbenchError("--set =VALUE has no key: expected KEY=VALUE, e.g. --set epochs=5")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    strategy: str
+    bench: str = DEFAULT_BENCH
+    backbone: str | None = None  # None: the benchmark's default
+    weights: str = "auto"  # auto | offline | hub | random | PATH
+    data_root: str | None = None
+    init_cls: int | None = None  # None: the benchmark's split
+    increment: int | None = None
+    seed: int = 1993  # PILOT's default seed; drives every RNG of the run
+    class_order_seed: int = 1993  # the literature's class order; separate from --seed on purpose
+    device: str = "auto"  # auto | cpu | cuda
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 for the frozen backbone (clbench.precision)
+    protocol: str = "per-sample"  # per-sample | reference | both
+    profile: str | None = None  # a strategy's named profile (e.g. "quick")
+    overrides: tuple[tuple[str, str], ...] = ()  # --set key=value on the strategy config
+    out: str | None = None  # run folder; None: runs/<strategy>-<bench>-<time>
+    overwrite: bool = False
+    batch_size: int = 64  # feature-extraction / evaluation batch
+    img_size: int | None = None  # None: the benchmark's input size
+    normalize: bool | None = None  # None: the benchmark's choice
+    save_features: bool = True  # test features for t-SNE figures
+    feature_cache: bool = True
+    ignore_data_problems: bool = False  # run on data that `clbench data check` fails (the problems go in the record)
+
+    def __post_init__(self) -> None:
+        check_settings({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        _check_overrides(self.overrides)
+
+
+# ----------------------------------------------------------------------------------------------- --set
+def _convert(value: str, typ: Any, key: str) -> Any:
+    origin = typing.get_origin(typ)
+    if typ is bool:
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ClbenchError(f"--set {key}={value}: expected true or false")
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value.lower() == "none" and len(args) < len(typing.get_args(typ)):
+            return None
+        typ = args[0]
+    if typing.get_origin(typ) is typing.Literal:
+        allowed = typing.get_args(typ)
+        if value not in allowed:
+            raise ClbenchError(f"--set {key}={value}: expected one of {', '.join(map(str, allowed))}")
+        return value
+    try:
+        converted = typ(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ClbenchError(f"--set {key}={value}: expected a value of type {getattr(typ, '__name__', typ)}") from None
+    if isinstance(converted, float) and not math.isfinite(converted):
+        raise ClbenchError(f"--set {key}={value}: expected a finite number")
+    return converted
+
+
+def make_strategy_config(strategy_cls: type, profile: str | None, overrides: tuple[tuple[str, str], ...]) -> Any:
+    """The strategy's config dataclass with a named profile and ``--set`` overrides applied and validated."""
+    config_cls = strategy_cls.Config
+    hints = typing.get_type_hints(config_cls)
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    values: dict[str, Any] = {}
+    if profile is not None:
+        if profile not in strategy_cls.profiles:
+            valid = ", ".join(strategy_cls.profiles) or "none"
+            raise ClbenchError(f"strategy {strategy_cls.name} has no profile {profile!r}; valid profiles: {valid}")
+        values.update({k: v for k, v in strategy_cls.profiles[profile].items() if k not in RUN_LEVEL_PROFILE_KEYS})
+    for key, value in overrides:
+        if key not in fields:
+            import difflib
+
+            close = difflib.get_close_matches(key, sorted(fields), n=1)
+            raise ClbenchError(
+                f"--set {key}: {strategy_cls.name} has no setting {key!r}; valid keys: {', '.join(sorted(fields)) or 'none'}",
+                f"did you mean {close[0]!r}?" if close else None,
+            )
+        values[key] = _convert(value, hints[key], key)
+    try:
+        return config_cls(**values)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise ClbenchError(f"invalid {strategy_cls.name} setting: {e}") from None
+
+
+# ----------------------------------------------------------------------------------------------- sweep resources
+SWEEP_SETTINGS: dict[str, Number] = {
+    "jobs": Number("--jobs", int, 1, 4096, optional=True, meaning="runs at once",
+                   default_hint="leave --jobs out for the default"),
+    "cpus_per_run": Number("--cpus-per-run", int, 1, 4096, optional=True, meaning="CPUs per run",
+                           default_hint="leave --cpus-per-run out for the default"),
+    "gpus_per_run": Number("--gpus-per-run", float, 0, 64, optional=True, meaning="GPUs per run"),
+    "memory_per_run_gb": Number("--memory-per-run", float, 0, 1 << 20, optional=True, low_open=True,
+                                meaning="the memory reserved per run, in GB",
+                                default_hint="leave --memory-per-run out to reserve none"),
+    "retries": Number("--retries", int, 0, 100, meaning="the times a crashed run is started again"),
+    "ray_timeout": Number("--ray-timeout", float, 0, 3600, low_open=True,
+                          meaning="the seconds to wait for a Ray cluster"),
+}
