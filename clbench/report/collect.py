@@ -339,7 +339,7 @@ def changed_settings(record: dict[str, Any]) -> list[str] | None:
     from dataclasses import asdict
 
     from clbench.catalog import STRATEGIES
-    from clbench.harness import make_strategy_config
+    from clbench.config import make_strategy_config
 
     try:
         defaults = asdict(make_strategy_config(STRATEGIES.get(record["strategy"]), record.get("profile"), ()))
