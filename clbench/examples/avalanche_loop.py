@@ -80,8 +80,10 @@ def make_evaluator(log_dir: str | None, verbose: bool):
     if log_dir:
         loggers += [CSVLogger(log_folder=str(Path(log_dir) / "csv")),
                     TensorboardLogger(tb_log_dir=str(Path(log_dir) / "tb"))]
-    return EvaluationPlugin(accuracy_metrics(experience=True, stream=True),
-                            forgetting_metrics(experience=True, stream=True), loggers=loggers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "No loggers specified" under --quiet: the metrics are still returned
+        return EvaluationPlugin(accuracy_metrics(experience=True, stream=True),
+                                forgetting_metrics(experience=True, stream=True), loggers=loggers)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
