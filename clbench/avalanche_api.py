@@ -1,98 +1,325 @@
-"""Drive a clbench strategy from any Avalanche class-incremental stream.
+"""clbench strategies as Avalanche strategies: drive any registered method from your own Avalanche loop.
 
-    from clbench.avalanche_api import Learner
-    learner = Learner("tosca", backbone="vit_small_patch14_dinov2")   # frozen backbone + strategy
-    for exp in benchmark.train_stream:                                 # any Avalanche benchmark
-        learner.train(exp)                                             # one task per experience
-        acc = learner.accuracy(benchmark.test_stream[: exp.current_experience + 1])
+    from avalanche.evaluation.metrics import accuracy_metrics
+    from avalanche.logging import InteractiveLogger
+    from avalanche.training.plugins import EvaluationPlugin
+    from clbench.avalanche_api import ClbenchStrategy
 
-The experiences' images must already be tensors of the backbone's input size (apply the Avalanche
-benchmark's transforms; ``Learner.eval_transform`` gives the one clbench would use). Labels may be any class
-ids: the learner maps them to arrival order internally and maps predictions back. This module duck-types the
-Avalanche objects (``dataset``, ``targets``, ``classes_in_this_experience``) and never imports Avalanche.
+    strategy = ClbenchStrategy(method="tosca", bench="emoji", evaluator=EvaluationPlugin(
+        accuracy_metrics(experience=True, stream=True), loggers=[InteractiveLogger()]))
+    for t, exp in enumerate(benchmark.train_stream):
+        strategy.train(exp)
+        strategy.eval(benchmark.test_stream[: t + 1])
+
+:class:`ClbenchStrategy` is an Avalanche ``SupervisedTemplate``: ``train``/``eval`` fire the usual plugin
+callbacks, and during evaluation ``mb_output`` (logits indexed by class id) and ``mb_y`` are set per minibatch, so
+Avalanche's metrics, ``EvaluationPlugin`` and loggers work unchanged.
+
+Same numbers as ``clbench run`` by construction: the strategy is configured with the CLI's own settings
+(:class:`clbench.harness.RunConfig`: ``bench`` names the setting, default the CLI's default benchmark) and builds
+its backbone, input size, transforms and precision with the CLI's code (:func:`clbench.harness.frozen_inputs`,
+:func:`clbench.precision.for_backbone`). It reads each experience's *raw* images (the stream's transform groups
+removed) and applies the benchmark transform itself; a stream whose eval transform gives other tensors is refused.
+Frozen features are computed once per experience and cached on disk under the CLI's key fields
+(:func:`clbench.harness.feature_key`; ``data`` is the content digest of the experience's raw images).
+
+What a stream must be: class-incremental, with class ids in arrival order (experience 0 holds classes
+``0..k0-1``, experience 1 the next ids, ...; ``nc_benchmark(..., class_ids_from_zero_from_first_exp=True)`` or
+``class_incremental_benchmark`` over remapped targets), images as PIL images or uint8 arrays before any transform.
+
+During evaluation ``mb_x`` holds the frozen features of the minibatch (the backbone input is never rebuilt when
+the features are cached); ``mb_output`` has one column per class id up to the largest seen or evaluated, and
+the columns of classes not learnt yet hold -1000 (Avalanche's ``IncrementalClassifier`` mask value). Learning an
+experience is one call of the method's ``learn_task`` on cached features, so no training-iteration callbacks fire
+and train-phase minibatch/epoch metrics stay empty.
 """
 
 from __future__ import annotations
 
+import hashlib
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from clbench.benchmarks.base import ImageSource
-from clbench.features import extract
-from clbench.harness import make_strategy_config, resolve_device
-from clbench.strategy import Context, Split, Task
+from clbench.catalog import DEFAULT_BENCH
+from clbench.errors import ClbenchError
+from clbench.strategy import PER_SAMPLE, Context, Split, Task
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from avalanche.core import BasePlugin
+    from avalanche.training.plugins.evaluation import EvaluationPlugin, default_evaluator
+    from avalanche.training.templates import SupervisedTemplate
+
+MASK_VALUE = -1000.0  # logits of classes not learnt yet (Avalanche's IncrementalClassifier masks with -1000)
 
 
-class _DatasetSource(ImageSource):
-    """An Avalanche (or any (x, y, ...)) dataset whose x are image tensors."""
+def _to_pil(x: Any, where: str):
+    """A raw dataset item as an RGB PIL image, converted exactly as clbench's own sources do."""
+    from PIL import Image
 
-    def __init__(self, dataset: Any, labels: np.ndarray) -> None:
-        self.dataset, self.labels = dataset, labels
+    if isinstance(x, Image.Image):
+        return x if x.mode == "RGB" else x.convert("RGB")
+    if isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.ndim in (2, 3):
+        x = (x.permute(1, 2, 0) if x.ndim == 3 and x.shape[0] in (1, 3) else x).numpy()
+    if isinstance(x, np.ndarray) and x.dtype == np.uint8 and (x.ndim == 2 or (x.ndim == 3 and x.shape[2] in (1, 3))):
+        x = x[..., 0] if x.ndim == 3 and x.shape[2] == 1 else x
+        img = Image.fromarray(np.ascontiguousarray(x))
+        return img.convert("RGB") if img.mode != "RGB" else img
+    kind = f"{type(x).__name__} {getattr(x, 'dtype', '')} {tuple(getattr(x, 'shape', ()))}".strip()
+    raise ClbenchError(
+        f"{where}: an image reaches the strategy as {kind} before any Avalanche transform; clbench applies the "
+        "benchmark transform itself and needs PIL images or uint8 arrays",
+        "give the underlying dataset no transform of its own (e.g. torchvision.datasets.CIFAR100(root, "
+        "transform=None)) and put transforms in the benchmark (eval_transform=strategy.eval_transform), or none",
+    )
+
+
+class ExperienceImages(ImageSource):
+    """The raw images of an Avalanche dataset (its current transform group removed), as an :class:`ImageSource`."""
+
+    def __init__(self, dataset: Any, where: str) -> None:
+        self.raw = dataset.remove_current_transform_group()
+        self.labels = np.asarray([int(t) for t in dataset.targets], dtype=np.int64)
+        self.name = where
+        self._fp: str | None = None
 
     def image(self, i: int):
-        return self.dataset[i][0]
+        return _to_pil(self.raw[int(i)][0], self.name)
 
     def fingerprint(self) -> str:
-        return f"dataset-{id(self.dataset)}"
+        """SHA-256 over every image's size, mode and pixels, in order (what the frozen features depend on)."""
+        if self._fp is None:
+            h = hashlib.sha256()
+            for i in range(len(self)):
+                img = self.image(i)
+                h.update(f"{img.size}{img.mode}".encode())
+                h.update(img.tobytes())
+            self._fp = h.hexdigest()[:16]
+        return self._fp
 
 
-def _identity(x):
-    return x
+def dataset_order(dataset: Any) -> np.ndarray:
+    """Positions that put an experience's samples in the order of the user's dataset they were drawn from.
+
+    Avalanche's generators group an experience's samples class by class; ``clbench run`` (and the user's dataset)
+    keeps them in dataset order, and a method's seeded shuffles depend on that order. The position of each sample
+    in its root dataset is read from Avalanche's flat-data index (``_flat_data._get_idx``, private in Avalanche 0.6);
+    where the samples do not come from one root dataset, the stream's own order is kept."""
+    positions, roots = [], set()
+    for i in range(len(dataset)):
+        data, j = getattr(dataset, "_flat_data", None), i
+        if data is None:
+            return np.arange(len(dataset))
+        while hasattr(data, "_get_idx") and hasattr(data, "_datasets"):
+            k, j = data._get_idx(j)
+            data = data._datasets[k]
+        roots.add(id(data))
+        positions.append(j)
+    if len(roots) != 1:
+        return np.arange(len(dataset))
+    return np.argsort(np.asarray(positions), kind="stable")
 
 
-class Learner:
-    """A clbench strategy on a frozen backbone, trained one Avalanche experience at a time."""
+class _Logits(nn.Module):
+    """``strategy.model``: frozen features (B, d) -> the method's logits (B, n_seen). Holds no parameters itself."""
 
-    def __init__(self, strategy: str, backbone: str = "vit_small_patch14_dinov2", weights: str = "auto",
-                 device: str = "auto", precision: str = "auto", seed: int = 1993, batch_size: int = 64,
-                 img_size: int | None = None, **settings: Any) -> None:
-        from clbench.backbones import load_backbone
-        from clbench.catalog import STRATEGIES
-        from clbench.transforms import TransformSpec
+    def __init__(self, method: Any) -> None:
+        super().__init__()
+        self.__dict__["method"] = method  # not a submodule: Avalanche's train()/eval() toggles must not reach it
 
-        cls = STRATEGIES.get(strategy)
-        self.device = resolve_device(device)
-        self.backbone = load_backbone(backbone, weights, img_size, seed=seed).to(self.device)
+    def forward(self, features: torch.Tensor, split: Split | None = None) -> torch.Tensor:
+        return self.method.predict(split, PER_SAMPLE)
+
+
+class ClbenchStrategy(SupervisedTemplate):
+    """A registered clbench method (``clbench list``) on a frozen backbone, as an Avalanche strategy.
+
+    Configuration is the CLI's (``clbench run``): ``bench`` names the benchmark setting that fixes the default
+    backbone, input size, resize/crop and normalisation; ``backbone``, ``weights``, ``img_size``, ``normalize``,
+    ``precision``, ``profile`` and ``settings`` (``--set key=value`` as a dict) override it as the flags of the same
+    name do, and are validated the same way. ``eval_transform``/``train_transform`` are the transforms in force.
+    """
+
+    def __init__(self, *, method: str, bench: str = DEFAULT_BENCH, backbone: str | None = None,
+                 weights: str = "auto", img_size: int | None = None, normalize: bool | None = None,
+                 precision: str = "auto", device: str = "auto", seed: int = 1993, profile: str | None = None,
+                 settings: dict[str, Any] | None = None, batch_size: int = 64, feature_cache: bool = True,
+                 eval_mb_size: int = 256, plugins: Sequence[BasePlugin] | None = None,
+                 evaluator: EvaluationPlugin | Callable[[], EvaluationPlugin] | None = default_evaluator,
+                 eval_every: int = -1, log: Callable[[str], None] | None = None) -> None:
+        from clbench.features import FeatureCache
+        from clbench.harness import RunConfig, frozen_inputs, resolve, resolve_device
         from clbench.precision import for_backbone
 
-        self.precision = for_backbone(self.backbone, self.device, precision)
-        self.batch_size = batch_size
-        cfg = make_strategy_config(cls, None, tuple((k, str(v)) for k, v in settings.items()))
-        self.strategy = cls(cfg, Context(self.backbone, self.device, self.precision.name, seed, log=lambda m: None))
-        self.eval_transform = TransformSpec(self.backbone.img_size, None, self.backbone.mean, self.backbone.std).build()
-        self.class_ids: list[int] = []  # arrival order of the original class ids
-        self._task = 0
+        self.config = RunConfig(strategy=method, bench=bench, backbone=backbone, weights=weights, seed=seed,
+                                device=device, precision=precision, profile=profile, batch_size=batch_size,
+                                overrides=tuple((str(k), str(v)) for k, v in (settings or {}).items()),
+                                img_size=img_size, normalize=normalize, feature_cache=feature_cache)
+        strategy_cls, self.spec, self.backbone_name, _, strategy_cfg = resolve(self.config)
+        dev = resolve_device(device)
+        self.backbone, self.eval_tf, self.train_tf = frozen_inputs(self.config, self.spec, self.backbone_name,
+                                                                   strategy_cls, dev)
+        self.precision = for_backbone(self.backbone, dev, precision, use_cache=feature_cache)
+        self.eval_transform, self.train_transform = self.eval_tf.build(), self.train_tf.build()
+        ctx = Context(backbone=self.backbone, device=dev, precision=self.precision.name, seed=seed,
+                      log=log or (lambda message: None))
+        self.method = strategy_cls(strategy_cfg, ctx)
+        self.cache = FeatureCache(enabled=feature_cache)
+        self.n_seen = 0  # classes learnt so far (arrival-order ids 0..n_seen-1)
+        self.tasks_learnt = 0
+        self._features: dict[int, tuple[Any, ExperienceImages, torch.Tensor]] = {}  # id(dataset) -> features
+        self._warned_train_tf = False
+        super().__init__(model=_Logits(self.method), optimizer=None, train_mb_size=batch_size, train_epochs=1,
+                         eval_mb_size=eval_mb_size, device=dev, plugins=plugins, evaluator=evaluator,
+                         eval_every=eval_every)
 
-    def _split(self, dataset: Any) -> Split:
-        targets = np.asarray([int(t) for t in dataset.targets])
-        index = {c: i for i, c in enumerate(self.class_ids)}
-        labels = np.asarray([index.get(int(t), -1) for t in targets])
-        source = _DatasetSource(dataset, labels)
-        feats = extract(self.backbone, source, _identity, self.device, self.precision.name, self.batch_size)
-        return Split(source, np.arange(len(targets)), torch.as_tensor(labels), feats, _identity, _identity)
+    # ------------------------------------------------------------------------------------------ features
+    def _where(self) -> str:
+        exp = self.experience
+        stream = getattr(getattr(exp, "origin_stream", None), "name", "stream")
+        return f"experience {getattr(exp, 'current_experience', '?')} of {stream}"
 
-    def train(self, experience: Any) -> None:
-        new = sorted(int(c) for c in experience.classes_in_this_experience if int(c) not in self.class_ids)
-        self.class_ids += new
-        split = self._split(experience.dataset)
-        first = len(self.class_ids) - len(new)
-        self.strategy.learn_task(Task(self._task, list(range(first, len(self.class_ids))), len(self.class_ids), split))
-        self._task += 1
+    def experience_features(self, experience: Any) -> tuple[ExperienceImages, torch.Tensor]:
+        """(raw images, frozen features (N, d)) of an experience, from memory, the disk cache, or one backbone pass."""
+        dataset = experience.dataset
+        hit = self._features.get(id(dataset))
+        if hit is not None and hit[0] is dataset:
+            return hit[1], hit[2]
+        where = self._where()
+        if len(dataset) == 0:
+            raise ClbenchError(f"{where} has no samples",
+                               "drop empty experiences from the stream, or split the classes so every experience "
+                               "holds some of their images")
+        source = ExperienceImages(dataset, where)
+        self._check_transform(dataset, source, where)
+        from clbench.features import extract
+        from clbench.harness import feature_key
 
-    @torch.no_grad()
-    def predict(self, dataset: Any) -> np.ndarray:
-        """Predicted original class ids for every item of ``dataset``."""
-        logits = self.strategy.predict(self._split(dataset))
-        return np.asarray(self.class_ids)[logits.argmax(1).numpy()]
+        key = feature_key(self.backbone_name, self.backbone, self.spec.name, "avalanche-experience",
+                          source.fingerprint(), self.eval_tf, self.precision.name, self.device)
+        feats, _ = self.cache.get_or_compute(key, lambda: extract(
+            self.backbone, source, self.eval_transform, self.device, self.precision.name, self.config.batch_size))
+        self._features[id(dataset)] = (dataset, source, feats)
+        return source, feats
 
-    def accuracy(self, experiences: Any) -> float:
-        """Top-1 accuracy (%) over the given test experiences (a stream slice or a list)."""
-        correct = total = 0
-        for exp in experiences:
-            pred = self.predict(exp.dataset)
-            y = np.asarray([int(t) for t in exp.dataset.targets])
-            correct += int((pred == y).sum())
-            total += len(y)
-        return 100.0 * correct / max(total, 1)
+    def _check_transform(self, dataset: Any, source: ExperienceImages, where: str) -> None:
+        """The stream's eval transform, if it has one, must give the tensors the cached features were made from."""
+        fix = (f"build the benchmark with eval_transform=strategy.eval_transform or with no transform (the strategy "
+               f"applies {self.eval_tf.identity()} itself), or choose the strategy setting that matches yours "
+               f"(bench=, img_size=, normalize=)")
+        for i in sorted({0, len(dataset) - 1}):
+            given = dataset.eval()[i][0]
+            if not isinstance(given, torch.Tensor) or given.dtype == torch.uint8:
+                continue  # a raw image: no transform in the eval group
+            expected = self.eval_transform(source.image(i))
+            if given.shape != expected.shape or not torch.allclose(given.float(), expected, atol=1e-5):
+                raise ClbenchError(
+                    f"{where}: the stream's eval transform gives {tuple(given.shape)} tensors that differ from the "
+                    f"benchmark transform the frozen features are computed and cached with "
+                    f"({self.eval_tf.identity()}, {tuple(expected.shape)})", fix)
+        if not self._warned_train_tf:
+            given = dataset.train()[0][0]
+            if isinstance(given, torch.Tensor) and given.dtype != torch.uint8:
+                expected = self.eval_transform(source.image(0))
+                if given.shape != expected.shape or not torch.allclose(given.float(), expected, atol=1e-5):
+                    self._warned_train_tf = True
+                    warnings.warn(f"{where}: the stream's train transform is not used: clbench learns from frozen "
+                                  f"features under strategy.eval_transform and augments, where the method does, with "
+                                  f"strategy.train_transform ({self.train_tf.identity()}), as `clbench run` does",
+                                  stacklevel=2)
+
+    # ------------------------------------------------------------------------------------------ training
+    def _train_exp(self, experience: Any, eval_streams=None, **kwargs) -> None:
+        source, feats = self.experience_features(experience)
+        classes = sorted(int(c) for c in experience.classes_in_this_experience)
+        expected = list(range(self.n_seen, self.n_seen + len(classes)))
+        if classes != expected:
+            shown = classes if len(classes) <= 8 else classes[:8] + ["..."]
+            raise ClbenchError(
+                f"{self._where()} holds classes {shown}, but after {self.n_seen} learnt classes clbench needs the next "
+                f"class ids in arrival order ({self.n_seen}..{self.n_seen + len(classes) - 1}): each experience "
+                "brings new classes whose ids follow the ones already seen",
+                "build the benchmark with contiguous arrival-order ids, e.g. nc_benchmark(..., "
+                "class_ids_from_zero_from_first_exp=True), or remap the targets to their position in the class order",
+            )
+        order = dataset_order(experience.dataset)  # (N,) the user's dataset order, as `clbench run` learns
+        split = Split(source, order, torch.as_tensor(source.labels[order]), feats[torch.as_tensor(order)],
+                      self.eval_transform, self.train_transform)
+        self.method.learn_task(Task(self.tasks_learnt, classes, self.n_seen + len(classes), split))
+        self.n_seen += len(classes)
+        self.tasks_learnt += 1
+
+    def make_train_dataloader(self, **kwargs) -> None:
+        self.dataloader = []  # learning is one call on cached features (see _train_exp)
+
+    def check_model_and_optimizer(self, **kwargs) -> None:
+        pass  # the method builds and steps its own optimisers inside learn_task
+
+    def make_optimizer(self, **kwargs) -> None:
+        pass
+
+    def model_adaptation(self, model=None):
+        return self.model
+
+    # ------------------------------------------------------------------------------------------ evaluation
+    def make_eval_dataloader(self, **kwargs) -> None:
+        """Minibatches of (frozen features, targets, positions, task labels) of the experience, in order."""
+        source, feats = self.experience_features(self.experience)
+        targets = torch.as_tensor(source.labels)
+        tasks = torch.as_tensor([int(t) for t in self.adapted_dataset.targets_task_labels]) \
+            if hasattr(self.adapted_dataset, "targets_task_labels") else torch.zeros(len(source), dtype=torch.long)
+        self._eval_source = source
+        self.dataloader = DataLoader(TensorDataset(feats, targets, torch.arange(len(source)), tasks),
+                                     batch_size=self.eval_mb_size, shuffle=False)
+
+    def forward(self) -> torch.Tensor:
+        feats, y, pos = self.mb_x, self.mb_y, self.mbatch[2]
+        width = max(self.n_seen, int(y.max()) + 1 if len(y) else 0)
+        out = torch.full((len(y), width), MASK_VALUE, device=self.device)
+        if self.n_seen == 0:  # nothing learnt yet: every class alike
+            return out.zero_()
+        split = Split(self._eval_source, pos.cpu().numpy(), y.cpu(), feats.cpu(), self.eval_transform,
+                      self.train_transform)
+        logits = self.model(feats, split)  # (B, n_seen)
+        if logits.shape != (len(y), self.n_seen):
+            raise RuntimeError(f"{self.config.strategy}.predict returned {tuple(logits.shape)}, "
+                               f"expected {(len(y), self.n_seen)}")
+        out[:, : self.n_seen] = logits.to(self.device)
+        return out
+
+
+def accuracy_rows(results: Sequence[dict[str, Any]], stream: str = "test_stream") -> dict[str, list]:
+    """clbench's accuracy matrix and curve (percent) from Avalanche's metrics: ``results[t]`` is what
+    ``strategy.eval(test_stream[: t + 1])`` returned after training experience ``t`` (with
+    ``accuracy_metrics(experience=True, stream=True)``). ``R[t][j]`` is Avalanche's ``Top1_Acc_Exp`` of test
+    experience ``j`` and ``A_t`` its ``Top1_Acc_Stream``, both read by name from Avalanche's metric dict."""
+    matrix, curve = [], []
+    for t, metrics in enumerate(results):
+        row = []
+        for j in range(t + 1):
+            key = next((k for k in metrics if k.startswith(f"Top1_Acc_Exp/eval_phase/{stream}/")
+                        and k.endswith(f"/Exp{j:03d}")), None)
+            if key is None:
+                raise ClbenchError(f"no Top1_Acc_Exp metric for experience {j} of {stream} after experience {t}",
+                                   "evaluate with accuracy_metrics(experience=True, stream=True) on "
+                                   "test_stream[: t + 1] after each training experience")
+            row.append(100.0 * float(metrics[key]))
+        matrix.append(row)
+        stream_key = next(k for k in metrics if k.startswith(f"Top1_Acc_Stream/eval_phase/{stream}"))
+        curve.append(100.0 * float(metrics[stream_key]))
+    return {"accuracy_matrix": matrix, "acc_curve": curve}
+
+
+def __getattr__(name: str):
+    if name == "Learner":
+        raise AttributeError("clbench.avalanche_api.Learner was replaced by ClbenchStrategy, a real Avalanche "
+                             "strategy that gives the CLI's numbers (see the README, 'Use a strategy from your own "
+                             "Avalanche loop')")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -313,16 +313,41 @@ def resolve(cfg: RunConfig):
     return strategy_cls, spec, backbone_name, protocols, strategy_cfg
 
 
+def frozen_inputs(cfg: RunConfig, spec: Any, backbone_name: str, strategy_cls: type, device: torch.device):
+    """The frozen backbone on ``device`` and the (eval, train) :class:`~clbench.transforms.TransformSpec` of a run:
+    input size from ``cfg.img_size``, else the profile's, else the benchmark's; the benchmark's resize/crop scaled
+    to it; the benchmark's normalisation unless ``cfg.normalize`` says otherwise. :func:`prepare` and
+    :class:`clbench.avalanche_api.ClbenchStrategy` both build their inputs here, so they see the same pixels."""
+    from clbench.backbones import load_backbone
+    from clbench.transforms import TransformSpec
+
+    profile_img = strategy_cls.profiles.get(cfg.profile, {}).get("img_size") if cfg.profile else None
+    img_size = next(v for v in (cfg.img_size, profile_img, spec.img_size) if v is not None)  # 0 is a value
+    backbone = load_backbone(backbone_name, cfg.weights, img_size, seed=cfg.seed).to(device)
+    normalize = spec.normalize if cfg.normalize is None else cfg.normalize
+    mean, std = (backbone.mean, backbone.std) if normalize else (None, None)
+    img = backbone.img_size
+    resize = round(spec.resize * img / spec.img_size) if spec.resize else None
+    return backbone, TransformSpec(img, resize, mean, std), TransformSpec(img, resize, mean, std, train=True)
+
+
+def feature_key(backbone_name: str, backbone: Any, bench: str, split: str, data: str, eval_tf: Any, precision: str,
+                device: torch.device) -> str:
+    """The feature-cache key of one set of images (``data``: their content fingerprint) under ``eval_tf``."""
+    from clbench.features import cache_key
+
+    return cache_key(backbone=backbone_name, digest=backbone.digest, bench=bench, split=split, data=data,
+                     transform=eval_tf.identity(), precision=precision, device=device.type)
+
+
 def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precision | None = None) -> Session:
     """Resolve every name, load the benchmark and backbone, compute (or load) the frozen features once, and
     build the strategy. Raises ClbenchError for any bad input before anything long starts. ``precision``: the one
     to use instead of resolving ``cfg.precision`` (a resumed run keeps the precision it started with)."""
-    from clbench.backbones import load_backbone
     from clbench.benchmarks import build_benchmark
-    from clbench.features import FeatureCache, cache_key, extract
+    from clbench.features import FeatureCache, extract
     from clbench.precision import for_backbone as precision_for_backbone
     from clbench.strategy import Context
-    from clbench.transforms import TransformSpec
 
     rep = reporter or Reporter()
     strategy_cls, spec, backbone_name, protocols, strategy_cfg = resolve(cfg)
@@ -331,15 +356,7 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     rep.log(f"benchmark {spec.name}: loading")
     bench = build_benchmark(spec, cfg.data_root, cfg.init_cls, cfg.increment, cfg.class_order_seed)
     rep.log(f"backbone {backbone_name} (weights: {cfg.weights})")
-    profile_img = strategy_cls.profiles.get(cfg.profile, {}).get("img_size") if cfg.profile else None
-    img_size = next(s for s in (cfg.img_size, profile_img, spec.img_size) if s is not None)
-    backbone = load_backbone(backbone_name, cfg.weights, img_size, seed=cfg.seed).to(device)
-    normalize = spec.normalize if cfg.normalize is None else cfg.normalize
-    mean, std = (backbone.mean, backbone.std) if normalize else (None, None)
-    img = backbone.img_size
-    resize = round(spec.resize * img / spec.img_size) if spec.resize else None
-    eval_tf = TransformSpec(img, resize, mean, std)
-    train_tf = TransformSpec(img, resize, mean, std, train=True)
+    backbone, eval_tf, train_tf = frozen_inputs(cfg, spec, backbone_name, strategy_cls, device)
 
     # Frozen features, once per image: cached across runs and strategies.
     t0 = time.perf_counter()
@@ -348,9 +365,8 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     rep.log(f"precision {precision.name}: {precision.reason}")
     feats: dict[str, torch.Tensor] = {}
     for split_name, source in (("train", bench.train), ("test", bench.test)):
-        key = cache_key(backbone=backbone_name, digest=backbone.digest, bench=spec.name, split=split_name,
-                        data=source.fingerprint(), transform=eval_tf.identity(), precision=precision.name,
-                        device=device.type)
+        key = feature_key(backbone_name, backbone, spec.name, split_name, source.fingerprint(), eval_tf,
+                          precision.name, device)
 
         def compute(source=source, split_name=split_name):
             adv = rep.progress(f"features {split_name} ({len(source)} images)", len(source))

@@ -1,26 +1,226 @@
+"""ClbenchStrategy: a clbench method driven as an Avalanche strategy gives the CLI's numbers.
+
+Plain Avalanche benchmarks are built from the embedded data with ``nc_benchmark`` (as a user would), evaluated
+with an ``EvaluationPlugin``, and Avalanche's own accuracy metrics are compared with ``clbench run``'s record.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
 import numpy as np
+import pytest
+import torch
 
-from clbench.benchmarks import BENCHMARKS, build_benchmark
+from clbench.errors import ClbenchError
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from avalanche.benchmarks import nc_benchmark
+    from avalanche.evaluation.metrics import accuracy_metrics, loss_metrics
+    from avalanche.logging import CSVLogger
+    from avalanche.training.plugins import EvaluationPlugin
+    from avalanche.training.templates import SupervisedTemplate
+
+MICRO = dict(bench="emoji", backbone="vit_micro", weights="random")  # as tests/conftest.py
+MICRO_KW = dict(backbone=MICRO["backbone"], weights=MICRO["weights"])
 
 
-def test_learner_drives_a_strategy_from_avalanche_streams():
-    from clbench.avalanche_api import Learner
-    from clbench.benchmarks.streams import avalanche_image_benchmark
+def _evaluator(*loggers):
+    return EvaluationPlugin(accuracy_metrics(experience=True, stream=True), loss_metrics(stream=True),
+                            loggers=list(loggers))
 
-    learner = Learner("simplecil", backbone="vit_micro", weights="random")
-    bench = build_benchmark(BENCHMARKS.get("emoji"), init_cls=18, increment=18)
-    stream = avalanche_image_benchmark(bench, learner.eval_transform, learner.eval_transform)
-    accs = []
-    for exp in stream.train_stream:
-        learner.train(exp)
-        accs.append(learner.accuracy(stream.test_stream[: exp.current_experience + 1]))
-    assert len(accs) == 2 and all(0 < a <= 100 for a in accs)
-    # the same numbers as the harness path: SimpleCIL prototypes of the same features
+
+def _benchmark(strategy=None, train=None, test=None, **kw):
+    from clbench.examples.avalanche_loop import embedded_datasets
+
+    tr, te, order = embedded_datasets()
+    args = dict(n_experiences=6, task_labels=False, fixed_class_order=order, class_ids_from_zero_from_first_exp=True,
+                eval_transform=strategy.eval_transform if strategy is not None else None)
+    args.update(kw)
+    return nc_benchmark(tr if train is None else train, te if test is None else test, **args)
+
+
+def _avalanche_run(strategy, benchmark) -> dict:
+    from clbench.avalanche_api import accuracy_rows
+
+    results = []
+    for t, exp in enumerate(benchmark.train_stream):
+        strategy.train(exp)
+        results.append(strategy.eval(benchmark.test_stream[: t + 1]))
+    return accuracy_rows(results)
+
+
+def _cli_record(tmp_path: Path, method: str, **kw) -> dict:
     from clbench.harness import RunConfig, run
 
-    import tempfile
+    return run(RunConfig(strategy=method, out=str(tmp_path / f"cli-{method}"), save_features=False, **kw))
 
-    with tempfile.TemporaryDirectory() as d:
-        rec = run(RunConfig(strategy="simplecil", backbone="vit_micro", weights="random", init_cls=18, increment=18,
-                            out=d + "/r", save_features=False, batch_size=64))
-    assert np.allclose(accs, rec["acc_curve"], atol=0.5)
+
+def _assert_same(mine: dict, record: dict) -> None:
+    assert len(mine["accuracy_matrix"]) == len(record["accuracy_matrix"]) == 6
+    for t, (row, ref) in enumerate(zip(mine["accuracy_matrix"], record["accuracy_matrix"])):
+        assert len(row) == len(ref) == t + 1
+        for j, (a, b) in enumerate(zip(row, ref)):
+            assert a == pytest.approx(b, abs=1e-9), f"R[{t}][{j}]: avalanche {a} vs clbench run {b}"
+    assert mine["acc_curve"] == pytest.approx(record["acc_curve"], abs=1e-9)
+
+
+@pytest.mark.parametrize("method", ["simplecil", "tosca"])
+def test_avalanche_metrics_equal_the_cli_record(tmp_path, method):
+    from clbench.avalanche_api import ClbenchStrategy
+
+    strategy = ClbenchStrategy(method=method, evaluator=_evaluator(CSVLogger(log_folder=str(tmp_path / "csv"))),
+                               **MICRO_KW)
+    assert isinstance(strategy, SupervisedTemplate)
+    mine = _avalanche_run(strategy, _benchmark(strategy))
+    record = _cli_record(tmp_path, method, **MICRO)
+    assert strategy.eval_tf.identity() == record["transform"] and strategy.precision.name == record["precision"]
+    _assert_same(mine, record)
+    assert len({round(a, 6) for row in mine["accuracy_matrix"] for a in row}) > 3  # not a constant matrix
+    # Avalanche's CSV logger saw the same numbers (rounded to 4 digits by the logger)
+    lines = (tmp_path / "csv" / "eval_results.csv").read_text().splitlines()[1:]
+    last = [float(line.split(",")[2]) for line in lines if line.split(",")[1] == "5"]
+    assert last == pytest.approx([a / 100 for a in mine["accuracy_matrix"][-1]], abs=6e-5)
+
+
+def test_one_backbone_pass_per_image_and_the_feature_cache(tmp_path):
+    """Evaluating test_stream[: t + 1] after every experience reuses the features of earlier evaluations; a second
+    strategy on the same stream reads every experience's features from the disk cache."""
+    from clbench.avalanche_api import ClbenchStrategy
+
+    images = []
+    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), feature_cache=False, **MICRO_KW)
+    strategy.backbone.register_forward_hook(lambda module, inp, out: images.append(len(inp[0])))
+    benchmark = _benchmark(strategy)
+    _avalanche_run(strategy, benchmark)
+    n_images = sum(len(e.dataset) for e in benchmark.train_stream) + sum(len(e.dataset) for e in benchmark.test_stream)
+    assert sum(images) == n_images
+
+    first = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    _avalanche_run(first, benchmark)
+    second = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    images.clear()
+    second.backbone.register_forward_hook(lambda module, inp, out: images.append(len(inp[0])))
+    _avalanche_run(second, benchmark)
+    assert sum(images) == 0 and second.cache.events == ["hit"] * 12
+
+
+def test_logits_cover_every_evaluated_class_id():
+    """mb_output has a column per class id up to the largest evaluated; classes not learnt yet are masked."""
+    from clbench.avalanche_api import MASK_VALUE, ClbenchStrategy
+    from avalanche.core import SupervisedPlugin
+
+    seen = []
+
+    class Spy(SupervisedPlugin):
+        def after_eval_forward(self, strategy, **kwargs):
+            seen.append((strategy.mb_output.clone(), strategy.mb_y.clone()))
+
+    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), plugins=[Spy()], **MICRO_KW)
+    benchmark = _benchmark(strategy)
+    strategy.train(benchmark.train_stream[0])
+    strategy.eval(benchmark.test_stream)  # all 36 classes, 6 learnt
+    out = torch.cat([o for o, _ in seen if o.shape[1] == 36])
+    assert out.shape[1] == 36 and torch.all(out[:, 6:] == MASK_VALUE) and torch.all(out[:, :6] > MASK_VALUE)
+
+
+# ---------------------------------------------------------------------------------------------------- bad input
+def test_non_contiguous_class_ids_are_refused():
+    from clbench.avalanche_api import ClbenchStrategy
+
+    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    benchmark = _benchmark(strategy, class_ids_from_zero_from_first_exp=False)  # original ids, not arrival order
+    with pytest.raises(ClbenchError, match=r"next class ids in arrival order \(0\.\.5\)") as e:
+        strategy.train(benchmark.train_stream[0])
+    assert "class_ids_from_zero_from_first_exp=True" in e.value.hint
+
+
+def test_a_transform_that_does_not_match_the_cached_features_is_refused():
+    from clbench.avalanche_api import ClbenchStrategy
+    from clbench.transforms import TransformSpec
+
+    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    imagenet = TransformSpec(strategy.backbone.img_size, None, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)).build()
+    benchmark = _benchmark(strategy, eval_transform=imagenet)
+    with pytest.raises(ClbenchError, match=re.escape(strategy.eval_tf.identity())) as e:
+        strategy.train(benchmark.train_stream[0])
+    assert "eval_transform=strategy.eval_transform" in e.value.hint
+
+
+def test_an_experience_with_no_data_is_refused():
+    from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
+    from avalanche.benchmarks.scenarios.supervised import with_classes_timeline
+
+    from clbench.avalanche_api import ClbenchStrategy
+
+    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    full = _benchmark(strategy)
+    train, test = full.train_stream[0].dataset, full.test_stream[0].dataset
+    benchmark = with_classes_timeline(benchmark_from_datasets(train=[train], test=[test, test.subset([])]))
+    strategy.train(benchmark.train_stream[0])
+    with pytest.raises(ClbenchError, match="experience 1 of test has no samples"):
+        strategy.eval(benchmark.test_stream)
+
+
+def test_images_transformed_by_the_dataset_itself_are_refused():
+    from clbench.avalanche_api import ClbenchStrategy
+    from clbench.examples.avalanche_loop import ImageDataset, embedded_datasets
+
+    class Tensors(ImageDataset):
+        def __getitem__(self, i):
+            return torch.rand(3, 8, 8), self.targets[i]
+
+    tr, te, _ = embedded_datasets()
+    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    benchmark = _benchmark(train=Tensors(tr.source), test=Tensors(te.source))
+    with pytest.raises(ClbenchError, match="needs PIL images or uint8 arrays") as e:
+        strategy.train(benchmark.train_stream[0])
+    assert "transform=None" in e.value.hint
+
+
+def test_bad_settings_fail_like_the_cli():
+    from clbench.avalanche_api import ClbenchStrategy
+
+    with pytest.raises(ClbenchError, match="did you mean"):
+        ClbenchStrategy(method="tosac", **MICRO_KW)
+    with pytest.raises(ClbenchError, match="no setting 'epoch'"):
+        ClbenchStrategy(method="tosca", settings={"epoch": 2}, **MICRO_KW)
+
+
+def test_the_old_learner_points_to_the_new_strategy():
+    import clbench.avalanche_api as api
+
+    with pytest.raises(AttributeError, match="replaced by ClbenchStrategy"):
+        api.Learner  # noqa: B018
+
+
+# ---------------------------------------------------------------------------------------------------- real backbone
+@pytest.mark.slow
+def test_example_on_the_real_backbone_equals_the_cli_record(tmp_path, capsys):
+    """The runnable example (real offline ViT-S/14, embedded data) against real `clbench run` records."""
+    from clbench.examples.avalanche_loop import main
+
+    for method in ("simplecil", "tosca"):
+        record = _cli_record(tmp_path, method)
+        assert record["backbone"] == "vit_small_patch14_dinov2" and record["weights_source"] != "random"
+        mine = main(["--method", method, "--quiet", "--json", str(tmp_path / f"{method}.json")])
+        assert mine["transform"] == record["transform"] and mine["precision"] == record["precision"]
+        _assert_same(mine, record)
+        assert f"final {record['last_acc']:.2f}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_readme_section_runs_and_gives_the_cli_numbers(tmp_path):
+    """The README's Avalanche section, executed as written."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### Use a strategy from your own Avalanche loop", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    record = _cli_record(tmp_path, "tosca")
+    metrics = namespace["strategy"].evaluator.get_last_metrics()
+    assert 100 * metrics["Top1_Acc_Stream/eval_phase/test_stream/Task000"] == pytest.approx(record["last_acc"],
+                                                                                            abs=1e-9)

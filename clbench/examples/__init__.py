@@ -1,0 +1,1 @@
+"""Runnable examples (``python -m clbench.examples.<name>``), executed by the tests."""

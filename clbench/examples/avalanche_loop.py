@@ -1,0 +1,197 @@
+"""A plain Avalanche training loop around a clbench strategy (README: "Use a strategy from your own Avalanche loop").
+
+    python -m clbench.examples.avalanche_loop                        # embedded emoji benchmark, offline
+    python -m clbench.examples.avalanche_loop --method simplecil     # any registered method (clbench list)
+    python -m clbench.examples.avalanche_loop --cifar100 DIR         # SplitCIFAR100 when DIR/cifar-100-python exists
+
+The benchmark is built with Avalanche's own generators (``nc_benchmark`` over two ordinary torch datasets, or
+``SplitCIFAR100``), in the literature's class order with arrival-order class ids, and evaluated with an
+``EvaluationPlugin`` (accuracy and forgetting per experience and stream; InteractiveLogger, and CSV + TensorBoard
+logs with ``--log-dir``). With the same seed and settings, the accuracy matrix equals ``clbench run``'s record
+(tests/test_avalanche_api.py checks it entry by entry). ``--json FILE`` writes the matrix, curve and wall-clock.
+
+``--perf-out FILE`` measures this script against ``clbench run`` for the same run instead (see :func:`measure`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset
+
+
+class ImageDataset(Dataset):
+    """(PIL image, class id) pairs from a clbench image source: an ordinary dataset with a ``targets`` list."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.targets = [int(t) for t in source.labels]
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int):
+        return self.source.image(i), self.targets[i]
+
+
+def embedded_datasets() -> tuple[ImageDataset, ImageDataset, list[int]]:
+    """The embedded emoji benchmark as plain (train, test) datasets and the literature's class order."""
+    from clbench.benchmarks.base import literature_class_order
+    from clbench.benchmarks.emoji import load
+
+    train, test, names = load(None)
+    return ImageDataset(train), ImageDataset(test), literature_class_order(len(names))
+
+
+def build_benchmark(strategy: Any, cifar100: str | None, n_experiences: int):
+    """An Avalanche benchmark, built the way an Avalanche user builds one; transforms are the strategy's."""
+    from clbench.benchmarks.base import literature_class_order
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from avalanche.benchmarks import SplitCIFAR100, nc_benchmark
+
+    if cifar100:
+        return SplitCIFAR100(n_experiences=n_experiences, return_task_id=False,
+                             fixed_class_order=literature_class_order(100), class_ids_from_zero_from_first_exp=True,
+                             train_transform=None, eval_transform=strategy.eval_transform, dataset_root=cifar100)
+    train, test, order = embedded_datasets()
+    return nc_benchmark(train, test, n_experiences=n_experiences, task_labels=False, fixed_class_order=order,
+                        class_ids_from_zero_from_first_exp=True, eval_transform=strategy.eval_transform)
+
+
+def make_evaluator(log_dir: str | None, verbose: bool):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from avalanche.evaluation.metrics import accuracy_metrics, forgetting_metrics
+        from avalanche.logging import CSVLogger, InteractiveLogger, TensorboardLogger
+        from avalanche.training.plugins import EvaluationPlugin
+
+    loggers: list = [InteractiveLogger()] if verbose else []
+    if log_dir:
+        loggers += [CSVLogger(log_folder=str(Path(log_dir) / "csv")),
+                    TensorboardLogger(tb_log_dir=str(Path(log_dir) / "tb"))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "No loggers specified" under --quiet: the metrics are still returned
+        return EvaluationPlugin(accuracy_metrics(experience=True, stream=True),
+                                forgetting_metrics(experience=True, stream=True), loggers=loggers)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m clbench.examples.avalanche_loop", description=__doc__.split("\n")[0])
+    p.add_argument("--method", default="tosca", help="registered clbench method (default: tosca)")
+    p.add_argument("--cifar100", metavar="DIR", default=os.environ.get("CLBENCH_CIFAR100"),
+                   help="folder holding cifar-100-python/ (default: $CLBENCH_CIFAR100); absent: the embedded data")
+    p.add_argument("--backbone", help="backbone (default: the benchmark setting's)")
+    p.add_argument("--weights", default="auto", help="auto | offline | hub | random | PATH (default: auto)")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    p.add_argument("--seed", type=int, default=1993)
+    p.add_argument("--no-feature-cache", dest="feature_cache", action="store_false",
+                   help="compute frozen features in memory only (one backbone pass per image)")
+    p.add_argument("--log-dir", help="also write Avalanche CSV and TensorBoard logs here")
+    p.add_argument("--json", help="write the accuracy matrix, curve and wall-clock to this file")
+    p.add_argument("--quiet", action="store_true", help="no InteractiveLogger output")
+    p.add_argument("--perf-out", metavar="FILE", help="measure this script against `clbench run` (see measure())")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.perf_out:
+        return measure(args.method, Path(args.perf_out))
+    t0 = time.perf_counter()
+    from clbench.avalanche_api import ClbenchStrategy, accuracy_rows
+    from clbench.benchmarks import BENCHMARKS
+
+    cifar = args.cifar100 if args.cifar100 and (Path(args.cifar100) / "cifar-100-python").is_dir() else None
+    bench = "cifar100" if cifar else "emoji"
+    spec = BENCHMARKS.get(bench)
+    strategy = ClbenchStrategy(method=args.method, bench=bench, backbone=args.backbone, weights=args.weights,
+                               precision=args.precision, seed=args.seed, feature_cache=args.feature_cache,
+                               evaluator=make_evaluator(args.log_dir, not args.quiet))
+    benchmark = build_benchmark(strategy, cifar, spec.n_classes // spec.increment)
+
+    results = []
+    for t, experience in enumerate(benchmark.train_stream):
+        strategy.train(experience)
+        results.append(strategy.eval(benchmark.test_stream[: t + 1]))
+    out = {"method": args.method, "bench": bench, "backbone": strategy.backbone_name, "seed": args.seed,
+           "precision": strategy.precision.name, "transform": strategy.eval_tf.identity(), **accuracy_rows(results),
+           "time_s": time.perf_counter() - t0}
+    print("R[t][j] (%): " + "; ".join(" ".join(f"{v:.1f}" for v in row) for row in out["accuracy_matrix"]))
+    print(f"final {out['acc_curve'][-1]:.2f}  average {float(np.mean(out['acc_curve'])):.2f}  "
+          f"({out['time_s']:.1f} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return out
+
+
+def _timed(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def measure(method: str, out: Path, workdir: Path | None = None) -> dict[str, Any]:
+    """Wall-clock of this script vs ``clbench run`` for the same run (embedded benchmark, default backbone, seed
+    1993), each as its own process on this machine, in two cache states: ``cold`` (``--no-feature-cache``: each
+    computes the frozen features, one backbone pass per image) and ``warm`` (the feature cache holds them; each
+    side ran once before). Also checks that both give the same accuracy matrix. Writes ``out`` (JSON)."""
+    import tempfile
+
+    from clbench.harness import host_info
+    from clbench.results import git_revision, library_versions
+
+    work = Path(workdir or tempfile.mkdtemp(prefix="clbench-perf-"))
+    py = sys.executable
+
+    def cli(tag: str, *extra: str) -> list[str]:
+        return [py, "-m", "clbench.cli", "run", "--strategy", method, "--out", str(work / tag), "--overwrite", *extra]
+
+    def example(tag: str, *extra: str) -> list[str]:
+        return [py, "-m", "clbench.examples.avalanche_loop", "--method", method, "--quiet",
+                "--json", str(work / f"{tag}.json"), *extra]
+
+    times: dict[str, dict[str, float]] = {}
+    times["cold"] = {"cli": _timed(cli("cli-cold", "--no-feature-cache")),
+                     "avalanche": _timed(example("av-cold", "--no-feature-cache"))}
+    _timed(cli("cli-warmup"))  # fill the cache for both sides, then time one run of each
+    _timed(example("av-warmup"))
+    times["warm"] = {"cli": _timed(cli("cli-warm")), "avalanche": _timed(example("av-warm"))}
+    record = json.loads((work / "cli-warm" / "result.json").read_text())
+    mine = json.loads((work / "av-warm.json").read_text())
+    same = all(np.allclose(a, b, rtol=0, atol=1e-9) for a, b in zip(record["accuracy_matrix"],
+                                                                       mine["accuracy_matrix"]))
+    result = {
+        "benchmark": "avalanche-vs-cli", "method": method, "bench": "emoji", "backbone": record["backbone"],
+        "precision": record["precision"], "seed": record["seed"],
+        "what": "wall-clock of `python -m clbench.examples.avalanche_loop` vs `clbench run` for the same run, each a "
+                "fresh process (imports, weights, features, learning, evaluation); cold: --no-feature-cache on both",
+        "seconds": times, "ratio": {k: v["avalanche"] / v["cli"] for k, v in times.items()},
+        "same_accuracy_matrix": bool(same and len(record["accuracy_matrix"]) == len(mine["accuracy_matrix"])),
+        "final_acc": {"cli": record["last_acc"], "avalanche": mine["acc_curve"][-1]},
+        "host": host_info(), "git_revision": git_revision(), "versions": library_versions(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({"ratio": result["ratio"], "seconds": times, "same": result["same_accuracy_matrix"]}))
+    return result
+
+
+if __name__ == "__main__":
+    from clbench.errors import ClbenchError
+
+    try:
+        main()
+    except ClbenchError as e:
+        print(f"clbench: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
