@@ -38,7 +38,8 @@ from clbench.results import (
 )
 
 PROTOCOL_CHOICES = ("per-sample", "reference", "both")
-RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size"})  # profile keys that set the run, not the strategy config
+# profile keys that set the run, not the strategy config (an explicit flag wins over the profile)
+RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size", "init_cls", "increment"})
 
 
 @dataclass(frozen=True)
@@ -348,10 +349,11 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     device = resolve_device(cfg.device)
 
     rep.log(f"benchmark {spec.name}: loading")
-    bench = build_benchmark(spec, cfg.data_root, cfg.init_cls, cfg.increment, cfg.class_order_seed)
+    run_level = strategy_cls.profiles.get(cfg.profile, {}) if cfg.profile else {}
+    bench = build_benchmark(spec, cfg.data_root, cfg.init_cls or run_level.get("init_cls"),
+                            cfg.increment or run_level.get("increment"), cfg.class_order_seed)
     rep.log(f"backbone {backbone_name} (weights: {cfg.weights})")
-    profile_img = strategy_cls.profiles.get(cfg.profile, {}).get("img_size") if cfg.profile else None
-    backbone = load_backbone(backbone_name, cfg.weights, cfg.img_size or profile_img or spec.img_size,
+    backbone = load_backbone(backbone_name, cfg.weights, cfg.img_size or run_level.get("img_size") or spec.img_size,
                              seed=cfg.seed).to(device)
     normalize = spec.normalize if cfg.normalize is None else cfg.normalize
     mean, std = (backbone.mean, backbone.std) if normalize else (None, None)
