@@ -320,7 +320,7 @@ def reference(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("ref") / "reference.json"
     runs = runs_with_calibration(tmp_path_factory.mktemp("runs") / "runs")
     assert cli("check", "--write-reference", str(path), "--description", "test", "--why", "fixture reference",
-               "--who", "tests", str(runs)) == 0
+               "--who", "tests", "--no-require-ci-profiles", str(runs)) == 0
     return path
 
 
@@ -402,6 +402,13 @@ def test_check_rejects_a_reference_not_written_by_clbench(tmp_path):
 def test_check_refuses_write_only_flags_when_checking(reference):
     with pytest.raises(ClbenchError, match="--why apply only with --write-reference"):
         cli("check", "--reference", str(reference), "--why", "because", str(FIXTURES))
+
+
+def test_write_reference_needs_a_why(tmp_path):
+    runs = runs_with_calibration(tmp_path / "runs")
+    with pytest.raises(ClbenchError, match="--write-reference needs --why"):
+        cli("check", "--write-reference", str(tmp_path / "ref.json"), str(runs))
+    assert not (tmp_path / "ref.json").exists()
 
 
 def test_check_needs_a_mode():

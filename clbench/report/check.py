@@ -272,7 +272,7 @@ def _who() -> str:
 def make_reference(coll: Collection, *, why: str, description: str = "", who: str | None = None,
                    tolerances: dict[str, Any] | None = None, time_slack: float = DEFAULT_TIME_SLACK,
                    time_floor: float = DEFAULT_TIME_FLOOR, calibration: Sequence[dict[str, Any]] = (),
-                   require_ci_profiles: bool = False, previous: dict[str, Any] | None = None,
+                   require_ci_profiles: bool = True, previous: dict[str, Any] | None = None,
                    written_by: str | None = None) -> dict[str, Any]:
     """A reference from complete runs: one entry per (benchmark split, strategy, profile, backbone, protocol).
 
@@ -380,12 +380,14 @@ def write_reference(path: Path, reference: dict[str, Any]) -> None:
 def load_reference(path: Path, *, for_writing: bool = False) -> dict[str, Any]:
     """Read and validate a reference file; an older format gets one line saying how to rewrite it."""
     path = Path(path)
+    flag = "--write-reference" if for_writing else "--reference"
     try:
         ref = json.loads(path.read_text())
     except OSError as e:
-        raise ClbenchError(f"--reference {path}: cannot read it ({e.strerror or e})") from None
+        raise ClbenchError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
     except ValueError as e:
-        raise ClbenchError(f"--reference {path}: not valid JSON ({e})") from None
+        raise ClbenchError(f"{flag} {path}: not valid JSON ({e}); move it away to write a new reference"
+                           if for_writing else f"{flag} {path}: not valid JSON ({e})") from None
     got = ref.get("format") if isinstance(ref, dict) else type(ref).__name__
     if for_writing and got in OLD_FORMATS:
         return ref

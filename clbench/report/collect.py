@@ -36,10 +36,6 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _is_optional_number(v: Any) -> bool:  # NaN is allowed where a metric is undefined (no old task yet)
-    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
-
-
 def _is_matrix(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(row, list) and all(_is_number(x) for x in row) for row in v)
 

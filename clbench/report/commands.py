@@ -96,8 +96,9 @@ def add_check_args(p: argparse.ArgumentParser) -> None:
     w.add_argument("--time-floor", type=float, default=DEFAULT_TIME_FLOOR, metavar="UNITS",
                    help="plus this many calibration units, for phases that take almost no time "
                         f"(default: {DEFAULT_TIME_FLOOR})")
-    w.add_argument("--require-ci-profiles", action=argparse.BooleanOptionalAction, default=False,
-                   help="the check fails when a registered strategy's ci profile is not pinned (default: off)")
+    w.add_argument("--require-ci-profiles", action=argparse.BooleanOptionalAction, default=True,
+                   help="the check fails when a registered strategy's ci profile is not pinned (default: on; "
+                        "--no-require-ci-profiles for a reference of other runs)")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -110,7 +111,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         ("--why", args.why, ""), ("--who", args.who, None), ("--description", args.description, ""),
         ("--tolerances", args.tolerances, None), ("--time-slack", args.time_slack, chk.DEFAULT_TIME_SLACK),
         ("--time-floor", args.time_floor, chk.DEFAULT_TIME_FLOOR),
-        ("--require-ci-profiles", args.require_ci_profiles, False)) if value != default]
+        ("--require-ci-profiles", args.require_ci_profiles, True)) if value != default]
     if args.calibrate:
         if write_only:
             raise ClbenchError(f"{', '.join(write_only)} apply only with --write-reference")
