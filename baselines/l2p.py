@@ -57,7 +57,7 @@ Deviations from the paper / reference code:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -67,6 +67,7 @@ from torch import nn
 
 from clbench.blocks import (
     check_vit_blocks,
+    first_per_class,
     masked_cross_entropy,
     optimizer_step,
     vit_forward_tokens,
@@ -101,11 +102,14 @@ class L2PConfig:
     pull_coeff: float = 0.1  # "pull_constraint_coeff" (with "pull_constraint": true)
     train_selection: Literal["batchwise", "per-sample"] = "batchwise"  # "batchwise_prompt": true, also in training
     query: Literal["augmented", "cached"] = "augmented"  # PromptVitNet: original backbone on the augmented batch
+    train_per_class: int | None = None  # clbench: learn from the first k images of each class only (CI profile)
 
     def __post_init__(self) -> None:
         for name in ("pool_size", "prompt_length", "top_k", "epochs", "batch_size", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.train_per_class is not None and self.train_per_class < 1:
+            raise ValueError(f"train_per_class must be >= 1 or None, got {self.train_per_class}")
         if self.top_k > self.pool_size:
             raise ValueError(f"top_k ({self.top_k}) must be <= pool_size ({self.pool_size})")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -177,7 +181,14 @@ class L2P(Strategy):
     # 2 cores within 15 minutes: 112 px input (8x8 patches of 14 px; the emoji images are 64 px), the cached query
     # (saves one backbone pass per training image) and 3 epochs instead of 5. Measured on one core at 112 px:
     # ~67 ms CPU per training image, ~28 ms per test image and protocol, so ~12 CPU-minutes in all.
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {"quick": {"img_size": 112, "query": "cached", "epochs": 3}}
+    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
+    # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
+    # L2P runs 3 tasks of 12 classes (evaluation after each task costs one prompted ViT pass per seen test image and
+    # protocol) and learns from the first 16 training images of each class for 2 epochs (the ViT backward dominates).
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {
+        "quick": {"img_size": 112, "query": "cached", "epochs": 3},
+        "ci": {"img_size": 56, "init_cls": 12, "increment": 12, "query": "cached", "epochs": 2, "train_per_class": 16},
+    }
 
     def __init__(self, config: L2PConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -213,6 +224,8 @@ class L2P(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
+        if cfg.train_per_class is not None:
+            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
         self.head.grow(task.n_seen, ctx.generator(1000 + task.id))
         self.n_seen = task.n_seen
         params = [self.pool.prompts, self.pool.keys, self.head.weight, self.head.bias]

@@ -34,6 +34,9 @@ class SimpleCILConfig:
 class SimpleCIL(Strategy):
     name = "simplecil"
     Config = SimpleCILConfig
+    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
+    # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
+    profiles = {"ci": {"img_size": 56}}
 
     def __init__(self, config: SimpleCILConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -25,6 +25,17 @@ def class_means(features: torch.Tensor, labels: torch.Tensor, classes: Sequence[
     return torch.stack(rows)
 
 
+def first_per_class(labels: torch.Tensor, k: int | None) -> torch.Tensor:
+    """Positions of the first ``k`` samples of each class in the given order (all positions when ``k`` is None): a
+    fixed, seed-independent training subset for profiles that must stay small (e.g. the CI profiles)."""
+    if k is None:
+        return torch.arange(len(labels))
+    keep = torch.zeros(len(labels), dtype=torch.bool)
+    for c in labels.unique():
+        keep[torch.nonzero(labels == c).flatten()[:k]] = True
+    return torch.nonzero(keep).flatten()
+
+
 def cosine_logits(features: torch.Tensor, weight: torch.Tensor, sigma: torch.Tensor | float = 1.0) -> torch.Tensor:
     """sigma * cos(f, w_c) for every class row of ``weight``: (B, d) x (C, d) -> (B, C)."""
     return sigma * F.linear(F.normalize(features, dim=-1), F.normalize(weight, dim=-1))

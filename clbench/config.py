@@ -30,7 +30,15 @@ PROTOCOL_CHOICES = ("per-sample", "reference", "both")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")  # = clbench.precision.CHOICES (that module imports torch lazily)
 WEIGHT_SOURCES = ("auto", "offline", "hub", "random")  # --weights values that are not a file
-RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size"})  # profile keys that set the run, not the strategy config
+# Profile keys that set the run, not the strategy config (an explicit setting wins over the profile).
+RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size", "init_cls", "increment"})
+
+
+def run_level(strategy_cls: type, profile: str | None, cfg_value: Any, key: str) -> Any:
+    """The run setting ``key``: the explicit value when given (0 included), else the profile's, else None."""
+    if cfg_value is not None:
+        return cfg_value
+    return strategy_cls.profiles.get(profile, {}).get(key) if profile else None
 SEED_MAX = 2**32 - 1  # numpy's RandomState takes [0, 2**32); torch takes more, but one range for every RNG
 
 

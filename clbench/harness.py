@@ -26,6 +26,7 @@ from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
     RUN_LEVEL_PROFILE_KEYS,
+    run_level,
     RunConfig,
     check_settings,
     make_strategy_config,
@@ -321,8 +322,8 @@ def frozen_inputs(cfg: RunConfig, spec: Any, backbone_name: str, strategy_cls: t
     from clbench.backbones import load_backbone
     from clbench.transforms import TransformSpec
 
-    profile_img = strategy_cls.profiles.get(cfg.profile, {}).get("img_size") if cfg.profile else None
-    img_size = next(v for v in (cfg.img_size, profile_img, spec.img_size) if v is not None)  # 0 is a value
+    img_size = run_level(strategy_cls, cfg.profile, cfg.img_size, "img_size")
+    img_size = spec.img_size if img_size is None else img_size
     backbone = load_backbone(backbone_name, cfg.weights, img_size, seed=cfg.seed).to(device)
     normalize = spec.normalize if cfg.normalize is None else cfg.normalize
     mean, std = (backbone.mean, backbone.std) if normalize else (None, None)
@@ -354,7 +355,8 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     device = resolve_device(cfg.device)
 
     rep.log(f"benchmark {spec.name}: loading")
-    bench = build_benchmark(spec, cfg.data_root, cfg.init_cls, cfg.increment, cfg.class_order_seed)
+    bench = build_benchmark(spec, cfg.data_root, run_level(strategy_cls, cfg.profile, cfg.init_cls, "init_cls"),
+                            run_level(strategy_cls, cfg.profile, cfg.increment, "increment"), cfg.class_order_seed)
     rep.log(f"backbone {backbone_name} (weights: {cfg.weights})")
     backbone, eval_tf, train_tf = frozen_inputs(cfg, spec, backbone_name, strategy_cls, device)
 

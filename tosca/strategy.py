@@ -157,6 +157,11 @@ class TOSCA(Strategy):
     name = "tosca"
     Config = TOSCAConfig
     protocols = (PER_SAMPLE, REFERENCE)
+    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
+    # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
+    # ``ci`` is the default cached training (run with --protocol both); ``ci-augment`` trains through the frozen
+    # ViT with the reference's augmentation, 2 epochs instead of 20 (one ViT pass per training image per epoch).
+    profiles = {"ci": {"img_size": 56}, "ci-augment": {"img_size": 56, "train_mode": "augment", "epochs": 2}}
 
     def __init__(self, config: TOSCAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -1,43 +1,55 @@
-"""The CI regression gate: compare runs with a reference file written from real runs.
+"""The CI regression gate: compare runs with a reference file written from real runs, in both directions.
 
-Reference file (JSON, written by :func:`write_reference`, never by hand)::
+Reference file (JSON, written by :func:`make_reference` via ``clbench check --write-reference``, never by hand)::
 
     {
-      "format": "clbench-reference/1",
+      "format": "clbench-reference/2",
       "description": "what these runs are for",
-      "created": "2026-11-30T06:00:00+00:00",
-      "written_by": "clbench check --write-reference reports/reference.json runs/ci",
-      "produced_by": [{"run_id", "strategy", "bench", "seed", "protocols", "git_revision", "command",
-                       "weights_digest", "finished"}, ...],
-      "tolerance_points": 1.0,            # final / average accuracy may fall short by at most this (points)
-      "time_ratio_slack": 1.5,            # a time ratio may grow by at most this factor
-      "time_reference_strategy": "simplecil",
-      "time_measure": "total-features",   # seconds compared: run total minus frozen-feature extraction
+      "written_by": {"who": "...", "why": "...", "command": "clbench check --write-reference ...",
+                     "created": "...", "git_revision": "...", "changes": ["tosca:ci per-sample: final 31.2 -> 30.9"]},
+      "history": [<earlier written_by blocks, newest first>],
+      "produced_by": [{"run_id", "strategy", "profile", "bench", "seed", "protocols", "precision", "git_revision",
+                       "command", "weights_digest", "finished", "host"}, ...],
+      "tolerances": {"source": "reports/gate/tolerances.json", "default": {...}, "<strategy>:<profile>": {...}},
+      "time": {"slack": 2.0, "floor": 1.0, "calibration": {<one calibration: workload, seconds, host>}},
+      "require_ci_profiles": true,          # every registered strategy's ci profiles must be pinned
       "entries": [{
         "bench": "emoji", "task_sizes": [6, 6, 6, 6, 6, 6], "class_order_seed": 1993,
-        "strategy": "tosca", "profile": null, "backbone": "vit_micro", "img_size": 32, "protocol": "per-sample",
-        "weights": "random init" | "<sha256 of the backbone state>",
-        "seeds": [1993], "runs": ["tosca-s1993"],
-        "last_acc": 13.38, "avg_acc": 22.12,                 # means over the runs, percent
-        "params": {"added_total": 7320, "trainable": 3525},  # compared exactly
-        "time_ratio": 10.47,   # time_measure of these runs / that of the reference strategy on the same bench
-        "strategy_config": {...}                             # shown when a run's settings differ
+        "strategy": "tosca", "profile": "ci", "backbone": "vit_small_patch14_dinov2", "img_size": 56,
+        "protocol": "per-sample", "precision": "fp32", "weights": "<sha256 of the backbone state>" | "random init",
+        "seeds": [1993], "runs": ["tosca-ci"],
+        "accuracy_matrix": [[...], ...], "last_acc": 27.18, "avg_acc": 38.0,   # means over the runs, percent
+        "tolerance": {"matrix": 1.5, "last_acc": 0.5, "avg_acc": 0.5},         # points, either direction
+        "params": {"added_total": 228240, "trainable": 51865},                 # compared exactly
+        "time": {"train": 4.1, "eval": 0.6},   # seconds / calibration seconds (the same machine, the same job)
+        "strategy_config": {...}
       }, ...]
     }
 
-Rules: an entry holds when the matching runs' mean final and average accuracy are at least the reference minus
-``tolerance_points`` (better is fine and reported), their parameter counts equal the reference exactly, a
-pretrained backbone has the same weights digest, and their time ratio is at most the reference ratio times
-``time_ratio_slack``. Wall-clock is always a ratio to the reference strategy measured in the same invocation (the
-runs given), so it holds on slow or busy machines. An entry without matching runs fails as missing.
-
-Why ``total-features``: frozen features are cached on disk across runs and strategies, so which run pays for their
-extraction depends on the order runs happen in; everything else a run does is its own.
+Rules, per entry:
+- Accuracy is two-sided: every entry R[t][j] of the mean accuracy matrix, the final and the average accuracy must lie
+  within the entry's tolerance of the reference, in either direction. A drop fails as ``FAIL``; a gain fails as
+  ``changed``: an improvement is real only once the reference is rewritten on purpose (``--write-reference --why``).
+  Tolerances are per metric and come from a measured spread (same seed, other CPUs; reports/gate/).
+- Parameter counts equal the reference exactly; the backbone weights digest and the precision are the reference's.
+- Train and eval seconds, each divided by the calibration workload (:func:`calibrate`, a fixed frozen-ViT forward pass
+  timed in the same CI job and stored beside the runs as ``calibration.json``), may exceed the reference's ratio by
+  at most ``time.slack`` times plus ``time.floor`` calibration units. Faster is reported, never failed.
+- Nothing passes by being skipped: an entry without runs, a run the reference does not pin, an unreadable or
+  incomplete record among the runs, a strategy the reference names but this clbench lacks, and (with
+  ``require_ci_profiles``) a registered strategy's ``ci`` profile that the reference does not pin all fail, each with
+  one line saying what differs and how to fix it.
 """
 
 from __future__ import annotations
 
+import getpass
 import json
+import math
+import os
+import statistics
+import subprocess
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,26 +59,43 @@ from typing import Any, NamedTuple
 
 from clbench.errors import ClbenchError
 from clbench.io import atomic_write_json
-from clbench.report.collect import DEFAULT_CLASS_ORDER_SEED, Collection, Run, config_digest
+from clbench.report.collect import (
+    DEFAULT_CLASS_ORDER_SEED,
+    Collection,
+    Run,
+    bench_label,
+    config_digest,
+    record_precision,
+)
 
-REFERENCE_FORMAT = "clbench-reference/1"
-DEFAULT_TOLERANCE = 1.0  # points: above seed-to-seed noise of one run on the CI benchmark, below a real regression
-DEFAULT_TIME_SLACK = 1.5  # a method may become at most 50% slower relative to the reference strategy
-DEFAULT_TIME_REFERENCE = "simplecil"  # no training: its time is setup + one pass, a yardstick of machine speed
-TIME_MEASURES = {
-    "total-features": lambda t: t["total"] - t["features"],
-    "total": lambda t: t["total"],
-    "train+eval": lambda t: t["train"] + t["eval"],
-}
-DEFAULT_TIME_MEASURE = "total-features"
+REFERENCE_FORMAT = "clbench-reference/2"
+OLD_FORMATS = {"clbench-reference/1": "one-sided, final/average accuracy only, time as total minus features"}
+CALIBRATION_FILE = "calibration.json"
+CI_PROFILE_PREFIX = "ci"  # profiles named ci or ci-<something> are the gate's
+
+# Tolerances in points when no measured spread is given for an entry (the same-seed spread is measured per strategy
+# and profile by reports/gate/spread.py; see reports/gate/README.md for the figures behind each).
+DEFAULT_TOLERANCE = {"matrix": 1.5, "last_acc": 0.5, "avg_acc": 0.5}
+TOLERANCE_METRICS = tuple(DEFAULT_TOLERANCE)
+# A time ratio may grow by this factor plus FLOOR calibration units before it fails (reasons: reports/gate/README.md).
+DEFAULT_TIME_SLACK = 2.0
+DEFAULT_TIME_FLOOR = 1.0
+TIME_PHASES = ("train", "eval")
+
+# The calibration workload: a fixed forward pass of a randomly initialised ViT-S/14 (the gate's backbone
+# architecture, so no weights are needed) over a fixed batch at the gate's input size, fp32, on all torch threads.
+CALIBRATION_WORKLOAD = {"backbone": "vit_small_patch14_dinov2", "weights": "random", "img_size": 56, "batch": 64,
+                        "precision": "fp32", "pass": "forward", "repeats": 5, "statistic": "median"}
+CALIBRATION_ID = "vit-s14-random-56px-b64-fp32-forward/1"
+
 EPS = 1e-9  # float slack on exact-boundary comparisons
-
-OK, BETTER, FAIL, MISSING, NOTE = "ok", "better", "FAIL", "missing", "note"
-FAILING = {FAIL, MISSING}
+OK, CHANGED, FAIL, MISSING, NOTE = "ok", "changed", "FAIL", "missing", "note"
+FAILING = {FAIL, MISSING, CHANGED}
 
 
 class EntryKey(NamedTuple):
-    """What a reference entry matches: everything that defines a row except the seed."""
+    """What a reference entry matches: everything that defines a row except the seed (precision and weights are
+    compared explicitly, so that a mismatch says what differs instead of showing as a missing run)."""
 
     bench: str
     task_sizes: tuple[int, ...]
@@ -79,17 +108,18 @@ class EntryKey(NamedTuple):
 
     def label(self) -> str:
         profile = f":{self.profile}" if self.profile else ""
-        return f"{self.bench} | {self.strategy}{profile} | {self.backbone} | {self.protocol}"
+        bench = bench_label({"bench": self.bench, "task_sizes": list(self.task_sizes),
+                             "class_order_seed": self.class_order_seed})
+        return f"{bench} | {self.strategy}{profile} | {self.backbone} {self.img_size}px | {self.protocol}"
 
-
-class BenchKey(NamedTuple):
-    """Runs whose times are comparable: one benchmark split on one backbone."""
-
-    bench: str
-    task_sizes: tuple[int, ...]
-    class_order_seed: int
-    backbone: str
-    img_size: int | None
+    def run_command(self) -> str:
+        """The ``clbench run`` flags that make a run matching this key (for one-line fixes)."""
+        parts = [f"--strategy {self.strategy}", f"--bench {self.bench}"]
+        if self.profile:
+            parts.append(f"--profile {self.profile}")
+        if self.protocol != "per-sample":
+            parts.append("--protocol both")
+        return "clbench run " + " ".join(parts)
 
 
 def entry_key(run: Run, protocol: str) -> EntryKey:
@@ -98,17 +128,14 @@ def entry_key(run: Run, protocol: str) -> EntryKey:
                     run.strategy, r.get("profile"), str(r["backbone"]), r.get("img_size"), protocol)
 
 
-def _entry_key(entry: dict[str, Any]) -> EntryKey:
+def _entry_key(entry: dict[str, Any], where: str) -> EntryKey:
     try:
         return EntryKey(str(entry["bench"]), tuple(int(n) for n in entry["task_sizes"]),
                         int(entry.get("class_order_seed", DEFAULT_CLASS_ORDER_SEED)), str(entry["strategy"]),
                         entry.get("profile"), str(entry["backbone"]), entry.get("img_size"), str(entry["protocol"]))
     except (KeyError, TypeError, ValueError) as e:
-        raise ClbenchError(f"reference entry {entry!r:.120} lacks or mistypes a field ({e})") from None
-
-
-def bench_key(key: EntryKey) -> BenchKey:
-    return BenchKey(key.bench, key.task_sizes, key.class_order_seed, key.backbone, key.img_size)
+        raise ClbenchError(f"{where}: a reference entry lacks or mistypes a field ({e})",
+                           "rewrite the reference with `clbench check --write-reference`") from None
 
 
 def weights_identity(run: Run) -> str:
@@ -128,107 +155,279 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
-def run_seconds(run: Run, measure: str) -> float:
-    return float(TIME_MEASURES[measure](run.record["time_s"]))
+def mean_matrix(runs: Sequence[Run], protocol: str) -> list[list[float]]:
+    """Entry-by-entry mean of the runs' lower-triangular accuracy matrices (rows: after task t)."""
+    mats = [r.summary(protocol)["accuracy_matrix"] for r in runs]
+    return [[_mean([float(m[t][j]) for m in mats]) for j in range(len(mats[0][t]))] for t in range(len(mats[0]))]
 
 
-def yardsticks(coll: Collection, strategy: str, measure: str) -> dict[BenchKey, float]:
-    """Mean seconds of the time-reference strategy's runs per benchmark split and backbone."""
-    times: dict[BenchKey, list[float]] = defaultdict(list)
-    for run in coll.runs:
-        if run.strategy == strategy:
-            times[bench_key(entry_key(run, run.protocols[0]))].append(run_seconds(run, measure))
-    return {k: _mean(v) for k, v in times.items()}
+# ------------------------------------------------------------------------------------------- calibration
+def calibrate(repeats: int | None = None) -> dict[str, Any]:
+    """Time :data:`CALIBRATION_WORKLOAD` on this machine: a warm-up pass, then the median of ``repeats`` passes."""
+    import torch
+
+    from clbench.backbones import load_backbone
+    from clbench.harness import host_info
+
+    w = CALIBRATION_WORKLOAD
+    repeats = repeats or int(w["repeats"])
+    backbone = load_backbone(str(w["backbone"]), "random", int(w["img_size"]), seed=0)
+    x = torch.randn(int(w["batch"]), 3, int(w["img_size"]), int(w["img_size"]),
+                    generator=torch.Generator().manual_seed(0))
+    times = []
+    with torch.no_grad():
+        backbone(x)  # warm-up: allocator, oneDNN primitive cache
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            backbone(x)
+            times.append(time.perf_counter() - t0)
+    return {"workload": CALIBRATION_ID, "definition": dict(w), "seconds": statistics.median(times),
+            "all_seconds": [round(t, 6) for t in times], "torch": torch.__version__, "host": host_info(),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
-def time_ratio(runs: Sequence[Run], key: EntryKey, sticks: dict[BenchKey, float], measure: str) -> float | None:
-    stick = sticks.get(bench_key(key))
-    if not stick or stick <= 0:
-        return None
-    return _mean([run_seconds(r, measure) for r in runs]) / stick
+def write_calibration(folder: Path, measurement: dict[str, Any]) -> Path:
+    """Add one calibration measurement to ``folder/calibration.json`` (kept: every earlier one of the same job)."""
+    path = Path(folder) / CALIBRATION_FILE
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    old = load_calibration(path)["measurements"] if path.exists() else []
+    atomic_write_json(path, {"format": "clbench-calibration/1", "measurements": [*old, measurement]})
+    return path
+
+
+def load_calibration(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ClbenchError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:
+        raise ClbenchError(f"{path}: not valid JSON ({e})", "run `clbench check --calibrate DIR` again") from None
+    ms = data.get("measurements") if isinstance(data, dict) else None
+    if not isinstance(ms, list) or not ms or not all(
+            isinstance(m, dict) and isinstance(m.get("seconds"), (int, float)) and not isinstance(m["seconds"], bool)
+            and m["seconds"] > 0 and isinstance(m.get("workload"), str) for m in ms):
+        raise ClbenchError(f"{path}: not a calibration file (needs measurements with workload and seconds > 0)",
+                           "run `clbench check --calibrate DIR` again")
+    return data
+
+
+def find_calibration(paths: Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every calibration measurement stored in the given folders (``DIR/calibration.json``), and their files."""
+    measurements, files = [], []
+    for p in paths:
+        f = Path(p) / CALIBRATION_FILE
+        if Path(p).is_dir() and f.is_file():
+            measurements += load_calibration(f)["measurements"]
+            files.append(str(f))
+    return measurements, files
+
+
+def calibration_seconds(measurements: Sequence[dict[str, Any]]) -> float:
+    """The median over the job's calibration measurements (one before and one after the runs, in .ci/run)."""
+    return statistics.median(float(m["seconds"]) for m in measurements)
+
+
+# ------------------------------------------------------------------------------------------- tolerances
+def load_tolerances(path: Path) -> dict[str, Any]:
+    """Per-metric tolerances (points) per ``strategy:profile``, with a ``default``, from a measured-spread summary
+    (reports/gate/tolerances.json). Each value must be a number >= 0."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ClbenchError(f"--tolerances {path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:
+        raise ClbenchError(f"--tolerances {path}: not valid JSON ({e})") from None
+    table = data.get("tolerances") if isinstance(data, dict) else None
+    if not isinstance(table, dict):
+        raise ClbenchError(f"--tolerances {path}: needs a 'tolerances' object of strategy:profile -> metric -> points")
+    for name, tol in table.items():
+        if not isinstance(tol, dict):
+            raise ClbenchError(f"--tolerances {path}: {name} is not an object of metric -> points")
+        for metric, value in tol.items():
+            if metric not in TOLERANCE_METRICS:
+                raise ClbenchError(f"--tolerances {path}: {name}.{metric} is not a metric; valid: "
+                                   f"{', '.join(TOLERANCE_METRICS)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ClbenchError(f"--tolerances {path}: {name}.{metric} must be a number >= 0 (got {value!r})")
+    return {"source": str(path), **table}
+
+
+def tolerance_for(tolerances: dict[str, Any], strategy: str, profile: str | None) -> dict[str, float]:
+    name = f"{strategy}:{profile}" if profile else strategy
+    tol = dict(DEFAULT_TOLERANCE)
+    tol.update(tolerances.get("default", {}))
+    tol.update(tolerances.get(name, {}))
+    return {m: float(tol[m]) for m in TOLERANCE_METRICS}
 
 
 # ------------------------------------------------------------------------------------------- writing
-def make_reference(coll: Collection, *, description: str = "", tolerance: float = DEFAULT_TOLERANCE,
-                   time_slack: float = DEFAULT_TIME_SLACK, time_reference: str = DEFAULT_TIME_REFERENCE,
-                   time_measure: str = DEFAULT_TIME_MEASURE, written_by: str | None = None) -> dict[str, Any]:
-    """A reference from complete runs: one entry per (benchmark split, strategy, backbone, protocol)."""
+def _who() -> str:
+    try:
+        name = subprocess.run(["git", "config", "user.name"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        name = ""
+    return name or os.environ.get("USER") or getpass.getuser()
+
+
+def make_reference(coll: Collection, *, why: str, description: str = "", who: str | None = None,
+                   tolerances: dict[str, Any] | None = None, time_slack: float = DEFAULT_TIME_SLACK,
+                   time_floor: float = DEFAULT_TIME_FLOOR, calibration: Sequence[dict[str, Any]] = (),
+                   require_ci_profiles: bool = True, previous: dict[str, Any] | None = None,
+                   written_by: str | None = None) -> dict[str, Any]:
+    """A reference from complete runs: one entry per (benchmark split, strategy, profile, backbone, protocol).
+
+    ``why`` is required: a reference is rewritten on purpose. ``previous`` (the file being replaced) keeps its
+    history, and the entries that moved are listed in ``written_by.changes``."""
+    from clbench.results import git_revision
+
+    if not why or not why.strip():
+        raise ClbenchError("--write-reference needs --why TEXT: say why the reference changes (it is recorded)")
     if not coll.runs:
         raise ClbenchError("no complete run record to make a reference from",
                            "; ".join(f"{s.path}: {s.reason}" for s in coll.skipped) or None)
-    if time_measure not in TIME_MEASURES:
-        raise ClbenchError(f"time measure {time_measure!r} is unknown; valid: {', '.join(TIME_MEASURES)}")
-    if tolerance < 0 or time_slack < 1:
-        raise ClbenchError(f"tolerance must be >= 0 and time slack >= 1 (got {tolerance}, {time_slack})")
-    sticks = yardsticks(coll, time_reference, time_measure)
+    if coll.skipped:
+        s = coll.skipped[0]
+        raise ClbenchError(f"{s.path}: {s.reason}; a reference is made from complete records only",
+                           "leave the folder out or finish the run")
+    if not (time_slack >= 1 and math.isfinite(time_slack)) or not (time_floor >= 0 and math.isfinite(time_floor)):
+        raise ClbenchError(f"--time-slack must be >= 1 and --time-floor >= 0 (got {time_slack}, {time_floor})")
+    tolerances = tolerances or {}
+    calib = calibration_seconds(calibration) if calibration else None
     entries = []
     for key, runs in sorted(group_runs(coll).items(), key=lambda kv: kv[0].label()):
-        configs = {config_digest(r.record) for r in runs}
-        if len(configs) > 1:
+        if len({config_digest(r.record) for r in runs}) > 1:
             raise ClbenchError(f"{key.label()}: the runs {', '.join(r.run_id for r in runs)} use different "
                                f"{key.strategy} settings; a reference entry needs one configuration",
                                "give runs of one configuration per strategy, or use --profile to tell them apart")
-        for field in ("added_total", "trainable"):
-            values = {int(r.record["params"][field]) for r in runs}
+        for what, values in (("params.added_total", {int(r.record["params"]["added_total"]) for r in runs}),
+                             ("params.trainable", {int(r.record["params"]["trainable"]) for r in runs}),
+                             ("backbone weights", {weights_identity(r) for r in runs}),
+                             ("precision", {record_precision(r.record) for r in runs})):
             if len(values) > 1:
-                raise ClbenchError(f"{key.label()}: runs disagree on params.{field} ({sorted(values)})")
-        weights = {weights_identity(r) for r in runs}
-        if len(weights) > 1:
-            raise ClbenchError(f"{key.label()}: runs used different backbone weights ({', '.join(sorted(weights))})")
+                raise ClbenchError(f"{key.label()}: runs disagree on {what} ({', '.join(map(str, sorted(values)))})")
         s = [r.summary(key.protocol) for r in runs]
-        ratio = time_ratio(runs, key, sticks, time_measure)
         entries.append({
             "bench": key.bench, "task_sizes": list(key.task_sizes), "class_order_seed": key.class_order_seed,
             "strategy": key.strategy, "profile": key.profile, "backbone": key.backbone, "img_size": key.img_size,
-            "protocol": key.protocol, "weights": weights.pop(),
+            "protocol": key.protocol, "precision": record_precision(runs[0].record), "weights": weights_identity(runs[0]),
             "seeds": sorted(r.seed for r in runs), "runs": [r.run_id for r in runs],
-            "last_acc": round(_mean([x["last_acc"] for x in s]), 4),
-            "avg_acc": round(_mean([x["avg_acc"] for x in s]), 4),
+            "accuracy_matrix": [[round(v, 4) for v in row] for row in mean_matrix(runs, key.protocol)],
+            "last_acc": round(_mean([float(x["last_acc"]) for x in s]), 4),
+            "avg_acc": round(_mean([float(x["avg_acc"]) for x in s]), 4),
+            "tolerance": tolerance_for(tolerances, key.strategy, key.profile),
             "params": {f: int(runs[0].record["params"][f]) for f in ("added_total", "trainable")},
-            "time_ratio": None if ratio is None else round(ratio, 4),
+            "time": None if calib is None else {
+                ph: round(_mean([float(r.record["time_s"][ph]) for r in runs]) / calib, 4) for ph in TIME_PHASES},
             "strategy_config": runs[0].record.get("strategy_config", {}),
         })
-    return {
+    ref = {
         "format": REFERENCE_FORMAT,
         "description": description,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "written_by": written_by,
+        "written_by": {"who": who or _who(), "why": why.strip(), "command": written_by,
+                       "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       "git_revision": git_revision()},
+        "history": [],
         "produced_by": [{
-            "run_id": r.run_id, "strategy": r.variant, "bench": r.bench_label, "seed": r.seed,
-            "protocols": r.protocols, "git_revision": r.record.get("git_revision"), "command": r.record.get("command"),
+            "run_id": r.run_id, "strategy": r.strategy, "profile": r.record.get("profile"), "bench": r.bench_label,
+            "seed": r.seed, "protocols": r.protocols, "precision": record_precision(r.record),
+            "git_revision": r.record.get("git_revision"), "command": r.record.get("command"),
             "weights_digest": r.record.get("weights_digest"), "finished": r.record.get("finished"),
+            "time_s": r.record.get("time_s"), "host": r.record.get("host"),
         } for r in coll.runs],
-        "skipped": [{"path": s.path, "reason": s.reason} for s in coll.skipped],
-        "tolerance_points": tolerance,
-        "time_ratio_slack": time_slack,
-        "time_reference_strategy": time_reference,
-        "time_measure": time_measure,
+        "tolerances": tolerances,
+        "time": {"slack": time_slack, "floor": time_floor,
+                 "calibration": None if calib is None else {"workload": CALIBRATION_ID, "seconds": calib,
+                                                            "measurements": list(calibration)}},
+        "require_ci_profiles": require_ci_profiles,
         "entries": entries,
     }
+    if previous is not None:
+        ref["written_by"]["changes"] = reference_changes(previous, ref)
+        prior = previous.get("written_by")
+        if isinstance(prior, str):  # format 1 stored only the command
+            prior = {"command": prior, "created": previous.get("created"), "format": previous.get("format")}
+        ref["history"] = [prior, *previous.get("history", [])] if prior else list(previous.get("history", []))
+    return ref
+
+
+def reference_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What a rewrite changes, one line per entry added, removed or moved (for the file's ``written_by``)."""
+    def index(ref):
+        out = {}
+        for e in ref.get("entries", []) if isinstance(ref.get("entries"), list) else []:
+            try:
+                out[_entry_key(e, "previous reference").label()] = e
+            except ClbenchError:
+                continue
+        return out
+
+    before, after = index(old), index(new)
+    lines = [f"added {k}" for k in sorted(set(after) - set(before))]
+    lines += [f"removed {k}" for k in sorted(set(before) - set(after))]
+    for k in sorted(set(before) & set(after)):
+        moved = [f"{m} {before[k].get(m)} -> {after[k].get(m)}" for m in ("last_acc", "avg_acc", "params", "precision",
+                                                                           "weights")
+                 if before[k].get(m) != after[k].get(m)]
+        if moved:
+            lines.append(f"{k}: " + "; ".join(moved))
+    return lines
 
 
 def write_reference(path: Path, reference: dict[str, Any]) -> None:
     atomic_write_json(Path(path), reference)
 
 
-def load_reference(path: Path) -> dict[str, Any]:
+def load_reference(path: Path, *, for_writing: bool = False) -> dict[str, Any]:
+    """Read and validate a reference file; an older format gets one line saying how to rewrite it."""
     path = Path(path)
+    flag = "--write-reference" if for_writing else "--reference"
     try:
         ref = json.loads(path.read_text())
     except OSError as e:
-        raise ClbenchError(f"--reference {path}: cannot read it ({e.strerror or e})") from None
+        raise ClbenchError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
     except ValueError as e:
-        raise ClbenchError(f"--reference {path}: not valid JSON ({e})") from None
-    if not isinstance(ref, dict) or ref.get("format") != REFERENCE_FORMAT:
-        got = ref.get("format") if isinstance(ref, dict) else type(ref).__name__
-        raise ClbenchError(f"--reference {path}: format {got!r}, expected {REFERENCE_FORMAT!r}",
-                           "write references with `clbench check --write-reference FILE RUN_DIRS...`")
-    for field in ("tolerance_points", "time_ratio_slack", "time_reference_strategy", "entries"):
-        if field not in ref:
-            raise ClbenchError(f"--reference {path}: lacks {field!r}")
-    if ref.get("time_measure", DEFAULT_TIME_MEASURE) not in TIME_MEASURES:
-        raise ClbenchError(f"--reference {path}: unknown time_measure {ref['time_measure']!r}")
+        raise ClbenchError(f"{flag} {path}: not valid JSON ({e}); move it away to write a new reference"
+                           if for_writing else f"{flag} {path}: not valid JSON ({e})") from None
+    got = ref.get("format") if isinstance(ref, dict) else type(ref).__name__
+    if for_writing and got in OLD_FORMATS:
+        return ref
+    fix = (f"rewrite it from fresh runs: `clbench check --write-reference {path} RUN_DIRS --why TEXT` "
+           "(.ci/run shows the runs)")
+    if got in OLD_FORMATS:  # one line: what differs and how to fix it
+        raise ClbenchError(f"--reference {path}: older format {got!r} ({OLD_FORMATS[got]}), this clbench reads "
+                           f"{REFERENCE_FORMAT!r}: {fix}")
+    if got != REFERENCE_FORMAT:
+        raise ClbenchError(f"--reference {path}: format {got!r}, expected {REFERENCE_FORMAT!r}: {fix}")
+    for field, typ in (("entries", list), ("time", dict), ("tolerances", dict), ("written_by", dict)):
+        if not isinstance(ref.get(field), typ):
+            raise ClbenchError(f"--reference {path}: field {field!r} is missing or not a {typ.__name__}", fix)
+    for i, e in enumerate(ref["entries"]):
+        where = f"--reference {path}: entries[{i}]"
+        if not isinstance(e, dict):
+            raise ClbenchError(f"{where} is not an object", fix)
+        _entry_key(e, where)
+        for field, ok in (("accuracy_matrix", lambda v: isinstance(v, list) and all(
+                              isinstance(row, list) and all(_is_number(x) for x in row) for row in v)),
+                          ("last_acc", _is_number), ("avg_acc", _is_number),
+                          ("tolerance", lambda v: isinstance(v, dict) and all(
+                              _is_number(v.get(m)) and v[m] >= 0 for m in TOLERANCE_METRICS)),
+                          ("params", lambda v: isinstance(v, dict) and all(
+                              isinstance(v.get(f), int) and not isinstance(v.get(f), bool)
+                              for f in ("added_total", "trainable"))),
+                          ("precision", lambda v: isinstance(v, str)),
+                          ("time", lambda v: v is None or (isinstance(v, dict) and all(
+                              _is_number(v.get(ph)) for ph in TIME_PHASES)))):
+            if not ok(e.get(field)):
+                raise ClbenchError(f"{where} ({e.get('strategy')}): field {field!r} is missing or mistyped "
+                                   f"(got {e.get(field)!r:.60})", fix)
+    t = ref["time"]
+    if not (_is_number(t.get("slack")) and _is_number(t.get("floor"))):
+        raise ClbenchError(f"--reference {path}: time.slack and time.floor must be numbers", fix)
     return ref
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 # ------------------------------------------------------------------------------------------- checking
@@ -257,75 +456,167 @@ class CheckResult:
         return [r for r in self.rows if r.status in FAILING]
 
 
-def check(coll: Collection, ref: dict[str, Any]) -> CheckResult:
-    """Every rule of every reference entry against the runs of ``coll``."""
-    tol = float(ref["tolerance_points"])
-    slack = float(ref["time_ratio_slack"])
-    measure = ref.get("time_measure", DEFAULT_TIME_MEASURE)
-    time_ref = str(ref["time_reference_strategy"])
+def _two_sided(label: str, name: str, want: float, got: float, tol: float, rewrite: str) -> CheckRow:
+    delta = got - want
+    status = FAIL if delta < -tol - EPS else CHANGED if delta > tol + EPS else OK
+    detail = "" if status == OK else (
+        f"fell {-delta:.2f} points" if status == FAIL else f"rose {delta:.2f} points: a gain is a change too; {rewrite}")
+    return CheckRow(label, name, f"{want:.2f}", f"{got:.2f} ({delta:+.2f})", f"{want:.2f} ± {tol:g}", status, detail)
+
+
+def _matrix_row(label: str, want: list[list[float]], got: list[list[float]], tol: float, rewrite: str) -> CheckRow:
+    if [len(r) for r in want] != [len(r) for r in got]:
+        return CheckRow(label, "accuracy matrix", f"{len(want)} rows", f"{len(got)} rows", "same shape", FAIL,
+                        "the runs' accuracy matrix has another shape than the reference's")
+    deltas = [(got[t][j] - want[t][j], t, j) for t in range(len(want)) for j in range(len(want[t]))]
+    low = [d for d in deltas if d[0] < -tol - EPS]
+    high = [d for d in deltas if d[0] > tol + EPS]
+    worst = max(deltas, key=lambda d: abs(d[0]))
+    measured = f"max |Δ| {abs(worst[0]):.2f} at R[{worst[1] + 1}][{worst[2] + 1}]"
+    if not low and not high:
+        return CheckRow(label, "accuracy matrix", f"{len(deltas)} entries", measured, f"each ± {tol:g}", OK)
+    shown = "; ".join(f"R[{t + 1}][{j + 1}] {want[t][j]:.2f} -> {got[t][j]:.2f}" for _, t, j in (low or high)[:4])
+    more = f" (+{len(low or high) - 4} more)" if len(low or high) > 4 else ""
+    status = FAIL if low else CHANGED
+    why = "" if low else f"; a gain is a change too: {rewrite}"
+    return CheckRow(label, "accuracy matrix", f"{len(deltas)} entries", measured, f"each ± {tol:g}", status,
+                    f"{len(low or high)} entries {'fell' if low else 'rose'} beyond tolerance: {shown}{more}{why}")
+
+
+def _registered_ci_profiles() -> dict[str, list[str]]:
+    from clbench.catalog import STRATEGIES
+
+    return {name: [p for p in STRATEGIES.get(name).profiles
+                   if p == CI_PROFILE_PREFIX or p.startswith(CI_PROFILE_PREFIX + "-")] for name in STRATEGIES.names()}
+
+
+def check(coll: Collection, ref: dict[str, Any], calibration: Sequence[dict[str, Any]] = (),
+          reference_path: str = "REFERENCE") -> CheckResult:
+    """Every rule of every reference entry against the runs of ``coll``; ``calibration``: this job's calibration
+    measurements (``calibration.json`` beside the runs)."""
+    from clbench.catalog import STRATEGIES
+
+    rewrite = f"rewrite the reference on purpose: clbench check --write-reference {reference_path} RUNS --why TEXT"
     groups = group_runs(coll)
-    sticks = yardsticks(coll, time_ref, measure)
+    t_cfg = ref["time"]
+    slack, floor = float(t_cfg["slack"]), float(t_cfg["floor"])
+    ref_calib = t_cfg.get("calibration") or {}
     rows: list[CheckRow] = []
+    calib: float | None = None
+    if any(e.get("time") for e in ref["entries"]):
+        if not calibration:
+            rows.append(CheckRow("calibration", "calibration present", ref_calib.get("workload", "-"), "none", "-",
+                                 MISSING, f"no {CALIBRATION_FILE} among the run folders given: run `clbench check "
+                                          "--calibrate RUN_DIR` in the same job as the runs (see .ci/run)"))
+        elif {m["workload"] for m in calibration} != {ref_calib.get("workload")}:
+            got = ", ".join(sorted({m["workload"] for m in calibration}))
+            rows.append(CheckRow("calibration", "calibration workload", str(ref_calib.get("workload")), got, "same",
+                                 FAIL, "the calibration workload differs from the reference's: times are not "
+                                       f"comparable; {rewrite}"))
+        else:
+            calib = calibration_seconds(calibration)
+            threads = {m.get("host", {}).get("torch_threads") for m in calibration}
+            ref_threads = {m.get("host", {}).get("torch_threads") for m in ref_calib.get("measurements", [])}
+            if ref_threads and threads != ref_threads:
+                rows.append(CheckRow("calibration", "torch threads", str(sorted(ref_threads, key=str)),
+                                     str(sorted(threads, key=str)), "-", NOTE,
+                                     "time ratios compare machines with other thread counts"))
     matched: set[EntryKey] = set()
-    for entry in ref["entries"]:
-        key = _entry_key(entry)
+    pinned: set[tuple[str, str | None]] = set()
+    for i, entry in enumerate(ref["entries"]):
+        key = _entry_key(entry, f"entries[{i}]")
         label = key.label()
+        pinned.add((key.strategy, key.profile))
+        if key.strategy not in STRATEGIES.names():
+            rows.append(CheckRow(label, "strategy known", key.strategy, "unknown", "-", FAIL,
+                                 f"the reference pins strategy {key.strategy!r}, which this clbench does not register "
+                                 f"(registered: {', '.join(STRATEGIES.names())}); {rewrite}"))
+            continue
         runs = groups.get(key, [])
         if not runs:
             rows.append(CheckRow(label, "run present", f"seeds {entry.get('seeds')}", "no matching run", "-", MISSING,
-                                 "no complete run of this strategy, benchmark, backbone and protocol was given"))
+                                 f"no complete run of this strategy, profile, split, backbone and protocol was given: "
+                                 f"`{key.run_command()} --precision {entry['precision']}` (see .ci/run)"))
             continue
         matched.add(key)
+        tol = entry["tolerance"]
+        precisions = sorted({record_precision(r.record) for r in runs})
+        if precisions != [entry["precision"]]:
+            rows.append(CheckRow(label, "precision", entry["precision"], ", ".join(precisions), "same", FAIL,
+                                 f"runs at {', '.join(precisions)}, reference at {entry['precision']}: rerun with "
+                                 f"--precision {entry['precision']}, or write a reference at that precision"))
+            continue  # numbers at another precision are not comparable: no further rows for this entry
+        want_w = entry.get("weights")
+        got_w = sorted({weights_identity(r) for r in runs})
+        if got_w != [want_w]:
+            rows.append(CheckRow(label, "backbone weights", str(want_w)[:12], ", ".join(w[:12] for w in got_w),
+                                 "same digest", FAIL,
+                                 f"backbone weights digest {', '.join(w[:12] for w in got_w)} differs from the "
+                                 f"reference's {str(want_w)[:12]}: run with the reference's weights (`clbench weights`), "
+                                 f"or {rewrite}"))
+            continue
         s = [r.summary(key.protocol) for r in runs]
-        seeds = sorted(r.seed for r in runs)
+        rows.append(_matrix_row(label, entry["accuracy_matrix"], mean_matrix(runs, key.protocol), tol["matrix"],
+                                rewrite))
         for metric, name in (("last_acc", "final acc %"), ("avg_acc", "avg inc acc %")):
-            want, got = float(entry[metric]), _mean([float(x[metric]) for x in s])
-            status = FAIL if got < want - tol - EPS else BETTER if got > want + tol + EPS else OK
-            rows.append(CheckRow(label, name, f"{want:.2f}", f"{got:.2f} ({got - want:+.2f})", f">= {want - tol:.2f}",
-                                 status))
+            rows.append(_two_sided(label, name, float(entry[metric]), _mean([float(x[metric]) for x in s]),
+                                   float(tol[metric]), rewrite))
         for field in ("added_total", "trainable"):
             want_p = int(entry["params"][field])
             got_p = sorted({int(r.record["params"][field]) for r in runs})
             rows.append(CheckRow(label, f"params {field}", f"{want_p:,}", ", ".join(f"{v:,}" for v in got_p),
                                  f"= {want_p:,}", OK if got_p == [want_p] else FAIL))
-        want_w = entry.get("weights")
-        if want_w and want_w != "random init":
-            got_w = sorted({weights_identity(r) for r in runs})
-            rows.append(CheckRow(label, "backbone weights", str(want_w)[:12], ", ".join(w[:12] for w in got_w),
-                                 "same digest", OK if got_w == [want_w] else FAIL))
-        want_t = entry.get("time_ratio")
-        if key.strategy == time_ref:
-            pass  # the yardstick itself: its ratio is 1 by definition
-        elif want_t is None:
-            rows.append(CheckRow(label, f"time ratio to {time_ref}", "not recorded", "-", "-", NOTE))
-        else:
-            got_t = time_ratio(runs, key, sticks, measure)
-            limit = float(want_t) * slack
-            if got_t is None:
-                rows.append(CheckRow(label, f"time ratio to {time_ref}", f"{want_t:.2f}", "cannot measure",
-                                     f"<= {limit:.2f}", FAIL,
-                                     f"no {time_ref} run on {key.bench} with {key.backbone} among the runs given"))
-            else:
-                rows.append(CheckRow(label, f"time ratio to {time_ref}", f"{want_t:.2f}", f"{got_t:.2f}",
-                                     f"<= {limit:.2f}", FAIL if got_t > limit + EPS else OK))
+        if entry.get("time") and calib is not None:
+            for ph in TIME_PHASES:
+                want_t = float(entry["time"][ph])
+                got_t = _mean([float(r.record["time_s"][ph]) for r in runs]) / calib
+                limit = want_t * slack + floor
+                status = FAIL if got_t > limit + EPS else OK
+                detail = (f"{ph} took {got_t / want_t if want_t > 0 else math.inf:.1f}x the reference's share of the "
+                          f"calibration workload") if status == FAIL else (
+                    f"{ph} is {want_t / got_t:.1f}x faster than the reference" if got_t > 0 and
+                    got_t * slack + floor < want_t else "")
+                rows.append(CheckRow(label, f"{ph} time / calibration", f"{want_t:.2f}", f"{got_t:.2f}",
+                                     f"<= {limit:.2f}", status, detail))
+                if status == OK and detail:
+                    rows.append(CheckRow(label, f"{ph} time faster", f"{want_t:.2f}", f"{got_t:.2f}", "-", NOTE,
+                                         detail + ": consider rewriting the reference"))
+        seeds = sorted(r.seed for r in runs)
         if seeds != sorted(entry.get("seeds", seeds)):
-            rows.append(CheckRow(label, "seeds", str(entry.get("seeds")), str(seeds), "-", NOTE,
-                                 "means over other seeds than the reference's"))
+            rows.append(CheckRow(label, "seeds", str(entry.get("seeds")), str(seeds), "same", FAIL,
+                                 "means over other seeds than the reference's are not comparable: run its seeds"))
         cfg = entry.get("strategy_config")
         if cfg is not None and any(r.record.get("strategy_config", {}) != cfg for r in runs):
-            diff = sorted(k for k in set(cfg) | set(runs[0].record.get("strategy_config", {}))
-                          if cfg.get(k) != runs[0].record.get("strategy_config", {}).get(k))
-            rows.append(CheckRow(label, "settings", "reference's", "differ: " + ", ".join(diff), "-", NOTE))
+            got_cfg = runs[0].record.get("strategy_config", {})
+            diff = sorted(k for k in set(cfg) | set(got_cfg) if cfg.get(k) != got_cfg.get(k))
+            rows.append(CheckRow(label, "settings", "reference's", "differ: " + ", ".join(diff), "same", FAIL,
+                                 f"the runs' {key.strategy} settings differ from the reference's ({', '.join(diff)}): "
+                                 f"run the reference's profile, or {rewrite}"))
     for key in sorted(set(groups) - matched, key=lambda k: k.label()):
-        rows.append(CheckRow(key.label(), "in reference", "-", ", ".join(r.run_id for r in groups[key]), "-", NOTE,
-                             "not in the reference file; not checked"))
+        rows.append(CheckRow(key.label(), "pinned", "-", ", ".join(r.run_id for r in groups[key]), "-", FAIL,
+                             f"the reference does not pin this run: {rewrite}, or leave the run out"))
+    if ref.get("require_ci_profiles"):
+        for strategy, profiles in _registered_ci_profiles().items():
+            if not profiles:
+                rows.append(CheckRow(strategy, "ci profile", "-", "none", "-", FAIL,
+                                     f"strategy {strategy} is registered but has no `ci` profile: add one to its "
+                                     f"`profiles`, run it in .ci/run and {rewrite}"))
+            for p in profiles:
+                if (strategy, p) not in pinned:
+                    rows.append(CheckRow(f"{strategy}:{p}", "pinned", "-", "not in the reference", "-", FAIL,
+                                         f"registered profile {strategy}:{p} is not pinned: run `clbench run "
+                                         f"--strategy {strategy} --profile {p} --precision fp32` in .ci/run and "
+                                         f"{rewrite}"))
+    for s in coll.skipped:
+        rows.append(CheckRow(s.path, "record readable", "-", "skipped", "-", FAIL,
+                             f"{s.reason}: the gate reads every record given; remove the folder or rerun it"))
     return CheckResult(rows, [(s.path, s.reason) for s in coll.skipped])
 
 
-STATUS_STYLE = {OK: "green", BETTER: "bold green", FAIL: "bold red", MISSING: "bold red", NOTE: "yellow"}
-COLUMNS = (("final acc %", ("final acc %",)), ("avg inc acc %", ("avg inc acc %",)),
-           ("params added / trainable", ("params added_total", "params trainable")), ("time ratio", ("time ratio",)),
-           ("weights", ("backbone weights",)))
+STATUS_STYLE = {OK: "green", CHANGED: "bold magenta", FAIL: "bold red", MISSING: "bold red", NOTE: "yellow"}
+COLUMNS = (("matrix", ("accuracy matrix",)), ("final acc %", ("final acc %",)), ("avg inc acc %", ("avg inc acc %",)),
+           ("params added / trainable", ("params added_total", "params trainable")),
+           ("train / eval time", ("train time / calibration", "eval time / calibration")))
 
 
 def _cell(rows: list[CheckRow]) -> str:
@@ -334,20 +625,21 @@ def _cell(rows: list[CheckRow]) -> str:
     parts = []
     for r in rows:
         style = STATUS_STYLE.get(r.status, "")
-        text = r.measured if r.status in (OK, BETTER) else f"{r.measured}; needs {r.allowed}"
+        text = r.measured if r.status == OK else f"{r.measured}; needs {r.allowed}"
         parts.append(f"[{style}]{text}[/]")
     return " / ".join(parts)
 
 
 def print_check(result: CheckResult, reference_path: str, console=None) -> None:
-    """One row per reference entry (green: holds, bold green: better, red: fell short), then what fell short."""
+    """One row per reference entry (green: holds; red: fell short or missing; magenta: changed upwards), then one
+    line per failed check saying what differs and how to fix it."""
     import sys
 
     from rich.console import Console
     from rich.table import Table
 
     if console is None:  # CI logs are not terminals: do not squeeze the table into 80 columns there
-        console = Console() if sys.stdout.isatty() else Console(width=160)
+        console = Console() if sys.stdout.isatty() else Console(width=180)
     by_entry: dict[str, list[CheckRow]] = {}
     for r in result.rows:
         by_entry.setdefault(r.entry, []).append(r)
@@ -356,33 +648,20 @@ def print_check(result: CheckResult, reference_path: str, console=None) -> None:
     for name, _ in COLUMNS:
         table.add_column(name, justify="right")
     table.add_column("result")
-    notes = []
     for entry, rows in by_entry.items():
         statuses = {r.status for r in rows}
-        verdict = MISSING if MISSING in statuses else FAIL if FAIL in statuses else BETTER if BETTER in statuses \
-            else NOTE if statuses == {NOTE} else OK
-        if verdict == MISSING:
-            cells = ["[bold red]no matching run[/]"] + ["-"] * (len(COLUMNS) - 1)
-        else:
-            cells = [_cell([r for r in rows if r.check.startswith(checks)]) for _, checks in COLUMNS]
-        if statuses == {NOTE}:
-            verdict = "not in reference"
+        verdict = next((s for s in (MISSING, FAIL, CHANGED) if s in statuses), OK)
+        cells = [_cell([r for r in rows if r.check in checks]) for _, checks in COLUMNS]
         table.add_row(entry, *cells, f"[{STATUS_STYLE.get(verdict, 'yellow')}]{verdict}[/]")
-        notes += [r for r in rows if r.status == NOTE]
     console.print(table)
-    for r in notes:
-        console.print(f"[yellow]note[/] {r.entry}: {r.check}: {r.measured}" + (f" ({r.detail})" if r.detail else ""))
-    for path, reason in result.skipped:
-        console.print(f"[yellow]skipped[/] {path}: {reason}")
-    improved = [r for r in result.rows if r.status == BETTER]
-    if improved:
-        console.print(f"[green]{len(improved)} result(s) beat the reference by more than the tolerance[/]: consider "
-                      f"writing a new reference from these runs")
+    for r in result.rows:
+        if r.status == NOTE:
+            console.print(f"[yellow]note[/] {r.entry}: {r.check}: {r.measured}" + (f" ({r.detail})" if r.detail else ""))
     fails = result.failures
     if fails:
-        console.print(f"[bold red]check failed[/]: {len(fails)} of {len(result.rows)} checks fell short:")
+        console.print(f"[bold red]check failed[/]: {len(fails)} of {len(result.rows)} checks do not hold:")
         for r in fails:
-            console.print(f"  {r.entry}: {r.check}: measured {r.measured}, allowed {r.allowed}"
-                          + (f" ({r.detail})" if r.detail else ""))
+            console.print(f"  [{STATUS_STYLE[r.status]}]{r.status}[/] {r.entry}: {r.check}: measured {r.measured}, "
+                          f"allowed {r.allowed}" + (f" ({r.detail})" if r.detail else ""), soft_wrap=True)
     else:
         console.print(f"[bold green]check passed[/]: {len(result.rows)} checks hold")

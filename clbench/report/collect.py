@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,12 +26,62 @@ SEARCH_DEPTH = 2  # a parent folder is searched for run folders this many levels
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order; other orders are named in the benchmark label
 RUN_MARKERS = (".lock", "features.npz")  # files the harness writes in a run folder before its first record
 
-# Fields a record must have for every table and figure; a record without one is skipped, naming it.
-REQUIRED_FIELDS: tuple[tuple[str, ...], ...] = (
-    ("strategy",), ("bench",), ("backbone",), ("seed",), ("protocol",), ("task_sizes",), ("acc_curve",),
-    ("accuracy_matrix",), ("last_acc",), ("avg_acc",), ("params", "added_total"), ("params", "trainable"),
-    ("time_s", "features"), ("time_s", "train"), ("time_s", "eval"), ("time_s", "total"),
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_matrix(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(row, list) and all(_is_number(x) for x in row) for row in v)
+
+
+# Fields a record must have for every table and figure, with their types; a record without one, or with one of
+# another type, is skipped, naming the field (and the check fails on it).
+REQUIRED_FIELDS: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool]], ...] = (
+    (("strategy",), "a string", lambda v: isinstance(v, str)),
+    (("bench",), "a string", lambda v: isinstance(v, str)),
+    (("backbone",), "a string", lambda v: isinstance(v, str)),
+    (("seed",), "an integer", _is_int),
+    (("protocol",), "a string", lambda v: isinstance(v, str)),
+    (("task_sizes",), "a list of integers", lambda v: isinstance(v, list) and bool(v) and all(_is_int(n) for n in v)),
+    (("acc_curve",), "a list of numbers", lambda v: isinstance(v, list) and all(_is_number(x) for x in v)),
+    (("accuracy_matrix",), "a list of lists of numbers", _is_matrix),
+    (("last_acc",), "a number", _is_number),
+    (("avg_acc",), "a number", _is_number),
+    (("params", "added_total"), "an integer", _is_int),
+    (("params", "trainable"), "an integer", _is_int),
+    (("time_s", "features"), "a number", _is_number),
+    (("time_s", "train"), "a number", _is_number),
+    (("time_s", "eval"), "a number", _is_number),
+    (("time_s", "total"), "a number", _is_number),
 )
+OPTIONAL_FIELDS: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool]], ...] = (
+    (("profile",), "a string or null", lambda v: v is None or isinstance(v, str)),
+    (("img_size",), "an integer or null", lambda v: v is None or _is_int(v)),
+    (("class_order_seed",), "an integer", _is_int),
+    (("precision",), "a string", lambda v: isinstance(v, str)),
+    (("autocast",), "true or false", lambda v: isinstance(v, bool)),
+    (("weights_digest",), "a string or null", lambda v: v is None or isinstance(v, str)),
+    (("strategy_config",), "an object", lambda v: isinstance(v, dict)),
+    (("protocols",), "an object of protocol -> metrics", lambda v: isinstance(v, dict) and all(
+        isinstance(m, dict) and _is_matrix(m.get("accuracy_matrix")) and _is_number(m.get("last_acc"))
+        and _is_number(m.get("avg_acc")) for m in v.values())),
+)
+
+
+def record_precision(record: dict[str, Any]) -> str:
+    """The backbone precision of a run: ``precision``, or for records older than that field ``autocast: true``
+    (bf16) / ``false`` (fp32); ``unknown`` when neither is recorded."""
+    if isinstance(record.get("precision"), str):
+        return record["precision"]
+    if isinstance(record.get("autocast"), bool):
+        return "bf16" if record["autocast"] else "fp32"
+    return "unknown"
 
 
 @dataclass(frozen=True)
@@ -257,16 +309,27 @@ def _search(folder: Path, depth: int) -> tuple[list[Path], list[Skipped]]:
     return found, skipped
 
 
-def _missing_fields(data: dict[str, Any]) -> list[str]:
-    missing = []
-    for path in REQUIRED_FIELDS:
-        node: Any = data
-        for part in path:
-            if not isinstance(node, dict) or part not in node:
-                missing.append(".".join(path))
-                break
-            node = node[part]
-    return missing
+def _field_problems(data: dict[str, Any]) -> list[str]:
+    """Missing required fields, then fields of the wrong type, each named (``time_s.train is a str ...``)."""
+    missing, wrong = [], []
+    for fields, required in ((REQUIRED_FIELDS, True), (OPTIONAL_FIELDS, False)):
+        for path, expected, ok in fields:
+            node: Any = data
+            for part in path:
+                if not isinstance(node, dict) or part not in node:
+                    node = _ABSENT
+                    break
+                node = node[part]
+            name = ".".join(path)
+            if node is _ABSENT:
+                if required:
+                    missing.append(name)
+            elif not ok(node):
+                wrong.append(f"{name} is {type(node).__name__} {node!r:.40}, expected {expected}")
+    return ([f"record lacks {', '.join(missing)}"] if missing else []) + [f"field {w}" for w in wrong]
+
+
+_ABSENT = object()
 
 
 def _load(path: Path) -> dict[str, Any] | str:
@@ -278,9 +341,15 @@ def _load(path: Path) -> dict[str, Any] | str:
         return reason.split(": ", 1)[1] if reason.startswith(str(path)) else reason
     except (OSError, ValueError, AttributeError, TypeError) as e:  # binary garbage, a JSON list, ...
         return f"not a readable JSON record ({type(e).__name__}: {e})"
-    missing = _missing_fields(data)
-    if missing:
-        return f"record lacks {', '.join(missing)}"
+    if not isinstance(data, dict):
+        return f"not a JSON record object (a {type(data).__name__})"
+    if data.get("complete") is not True:  # load_record refuses falsy values; "yes" or 1 is not complete either
+        return f"field complete is {data.get('complete')!r}, expected the boolean true"
+    problems = _field_problems(data)
+    if problems:
+        return "; ".join(problems)
+    if len(data["accuracy_matrix"]) != len(data["task_sizes"]):
+        return f"accuracy matrix has {len(data['accuracy_matrix'])} rows for {len(data['task_sizes'])} tasks"
     if len(data["acc_curve"]) != len(data["task_sizes"]):
         return f"accuracy curve has {len(data['acc_curve'])} points for {len(data['task_sizes'])} tasks"
     return data

@@ -73,62 +73,77 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------- check
 def add_check_args(p: argparse.ArgumentParser) -> None:
-    from clbench.report.check import (
-        DEFAULT_TIME_MEASURE,
-        DEFAULT_TIME_REFERENCE,
-        DEFAULT_TIME_SLACK,
-        DEFAULT_TOLERANCE,
-        TIME_MEASURES,
-    )
+    from clbench.report.check import CALIBRATION_FILE, DEFAULT_TIME_FLOOR, DEFAULT_TIME_SLACK
 
     _add_run_dirs(p)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--reference", metavar="FILE", help="check the runs against this reference file")
     mode.add_argument("--write-reference", metavar="FILE",
-                      help="write a reference file from the runs (their ids, git revisions and commands included)")
+                      help="write a reference file from the runs (their ids, git revisions and commands, and who "
+                           "wrote it and why, included)")
+    mode.add_argument("--calibrate", action="store_true",
+                      help=f"time the calibration workload on this machine and add it to RUN_DIR/{CALIBRATION_FILE} "
+                           "(run it in the same job as the runs; the gate's times are ratios to it)")
     w = p.add_argument_group("with --write-reference")
+    w.add_argument("--why", default="", metavar="TEXT", help="why the reference is (re)written (required; recorded)")
+    w.add_argument("--who", default=None, metavar="NAME", help="who writes it (default: git user.name, else $USER)")
     w.add_argument("--description", default="", help="what the reference runs are for")
-    w.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="POINTS",
-                   help=f"accuracy may fall short by at most this many points (default: {DEFAULT_TOLERANCE})")
+    w.add_argument("--tolerances", default=None, metavar="FILE",
+                   help="per-metric tolerances per strategy:profile from a measured spread "
+                        "(e.g. reports/gate/tolerances.json; default: the built-in ones)")
     w.add_argument("--time-slack", type=float, default=DEFAULT_TIME_SLACK, metavar="FACTOR",
-                   help=f"time ratios may grow by at most this factor (default: {DEFAULT_TIME_SLACK})")
-    w.add_argument("--time-reference-strategy", default=DEFAULT_TIME_REFERENCE, metavar="NAME",
-                   help="times are ratios to this strategy's on the same benchmark "
-                        f"(default: {DEFAULT_TIME_REFERENCE})")
-    w.add_argument("--time-measure", default=DEFAULT_TIME_MEASURE, choices=sorted(TIME_MEASURES),
-                   help=f"seconds compared (default: {DEFAULT_TIME_MEASURE}: excludes the cached feature extraction)")
+                   help=f"train/eval time ratios may grow by this factor (default: {DEFAULT_TIME_SLACK})")
+    w.add_argument("--time-floor", type=float, default=DEFAULT_TIME_FLOOR, metavar="UNITS",
+                   help="plus this many calibration units, for phases that take almost no time "
+                        f"(default: {DEFAULT_TIME_FLOOR})")
+    w.add_argument("--require-ci-profiles", action=argparse.BooleanOptionalAction, default=True,
+                   help="the check fails when a registered strategy's ci profile is not pinned (default: on; "
+                        "--no-require-ci-profiles for a reference of other runs)")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Exit 0 when every reference entry holds, 1 when one falls short (the table says which)."""
+    """Exit 0 when every reference entry holds, 1 when one does not (the table and one line per failure say which)."""
     from clbench.errors import ClbenchError
     from clbench.report import check as chk
     from clbench.report.collect import collect
 
-    coll = collect(args.run_dirs)
-    if args.write_reference:
-        ref = chk.make_reference(coll, description=args.description, tolerance=args.tolerance,
-                                 time_slack=args.time_slack, time_reference=args.time_reference_strategy,
-                                 time_measure=args.time_measure, written_by=_invocation())
-        chk.write_reference(Path(args.write_reference), ref)
-        missing_time = sum(e["time_ratio"] is None for e in ref["entries"])
-        print(f"reference: {len(ref['entries'])} entries from {len(coll.runs)} runs -> {args.write_reference}")
-        if missing_time:
-            print(f"  warning: {missing_time} entries have no time ratio (no {args.time_reference_strategy} run on "
-                  f"their benchmark and backbone)", file=sys.stderr)
-        for s in coll.skipped:
-            print(f"  skipped {s.path}: {s.reason}", file=sys.stderr)
-        return 0
     write_only = [flag for flag, value, default in (
-        ("--description", args.description, ""), ("--tolerance", args.tolerance, chk.DEFAULT_TOLERANCE),
-        ("--time-slack", args.time_slack, chk.DEFAULT_TIME_SLACK),
-        ("--time-reference-strategy", args.time_reference_strategy, chk.DEFAULT_TIME_REFERENCE),
-        ("--time-measure", args.time_measure, chk.DEFAULT_TIME_MEASURE)) if value != default]
+        ("--why", args.why, ""), ("--who", args.who, None), ("--description", args.description, ""),
+        ("--tolerances", args.tolerances, None), ("--time-slack", args.time_slack, chk.DEFAULT_TIME_SLACK),
+        ("--time-floor", args.time_floor, chk.DEFAULT_TIME_FLOOR),
+        ("--require-ci-profiles", args.require_ci_profiles, True)) if value != default]
+    if args.calibrate:
+        if write_only:
+            raise ClbenchError(f"{', '.join(write_only)} apply only with --write-reference")
+        for folder in args.run_dirs:
+            m = chk.calibrate()
+            path = chk.write_calibration(Path(folder), m)
+            print(f"calibration: {m['seconds']:.3f} s per pass ({m['workload']}, {m['host']['torch_threads']} "
+                  f"threads, {m['host']['cpu_capability']}) -> {path}")
+        return 0
+    coll = collect(args.run_dirs)
+    calibration, _ = chk.find_calibration(args.run_dirs)
+    if args.write_reference:
+        target = Path(args.write_reference)
+        previous = chk.load_reference(target, for_writing=True) if target.exists() else None
+        tolerances = chk.load_tolerances(Path(args.tolerances)) if args.tolerances else {}
+        ref = chk.make_reference(coll, why=args.why, who=args.who, description=args.description,
+                                 tolerances=tolerances, time_slack=args.time_slack, time_floor=args.time_floor,
+                                 calibration=calibration, require_ci_profiles=args.require_ci_profiles,
+                                 previous=previous, written_by=_invocation())
+        chk.write_reference(target, ref)
+        print(f"reference: {len(ref['entries'])} entries from {len(coll.runs)} runs -> {target}")
+        if not calibration:
+            print(f"  warning: no {chk.CALIBRATION_FILE} among the run folders: times are not pinned "
+                  "(run `clbench check --calibrate RUN_DIR` in the same job as the runs)", file=sys.stderr)
+        for line in ref["written_by"].get("changes", []):
+            print(f"  {line}")
+        return 0
     if write_only:
         raise ClbenchError(f"{', '.join(write_only)} apply only with --write-reference",
                            "a check uses the tolerances stored in the reference file; write a new one to change them")
     ref = chk.load_reference(Path(args.reference))
-    result = chk.check(coll, ref)
+    result = chk.check(coll, ref, calibration, reference_path=args.reference)
     chk.print_check(result, args.reference)
     return 0 if result.ok else 1
 

@@ -1,0 +1,271 @@
+"""The CI regression gate as shipped: the committed reference (reports/reference-emoji.json), its tolerances and time
+slack, checked against copies of the very records it was written from (reports/gate/runs/), with bugs planted in
+them. Every test here fails if the gate lets the planted bug through or refuses an honest run.
+
+The planted bugs are edits of real records, so each test takes milliseconds; that the records and the reference
+agree unedited is the first test.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from clbench.errors import ClbenchError
+from clbench.report import check as chk
+from clbench.report.collect import collect
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCE = REPO / "reports" / "reference-emoji.json"
+RECORDS = REPO / "reports" / "gate" / "runs"  # the runs the reference was written from (result.json + calibration)
+SHIPPED = json.loads(REFERENCE.read_text())
+ENTRIES = SHIPPED["entries"]
+
+
+def entry_id(e: dict) -> str:
+    return f"{e['strategy']}:{e['profile']}/{e['protocol']}"
+
+
+def run_folder(entry: dict) -> str:
+    (name,) = entry["runs"]
+    return name
+
+
+@pytest.fixture
+def runs(tmp_path) -> Path:
+    """A fresh copy of the shipped gate records (result.json and calibration.json only)."""
+    dest = tmp_path / "runs"
+    shutil.copytree(RECORDS, dest)
+    return dest
+
+
+def edit(runs: Path, name: str, change) -> None:
+    path = runs / name / "result.json"
+    rec = json.loads(path.read_text())
+    change(rec)
+    path.write_text(json.dumps(rec))
+
+
+def gate(runs: Path, ref: dict | None = None) -> chk.CheckResult:
+    calibration, _ = chk.find_calibration([runs])
+    return chk.check(collect([runs]), ref or chk.load_reference(REFERENCE), calibration, str(REFERENCE))
+
+
+def failed(result: chk.CheckResult) -> list[tuple[str, str, str]]:
+    return [(r.entry, r.check, r.status) for r in result.failures]
+
+
+def shift_task(protocol: str, task: int, points: float):
+    """Move task ``task``'s accuracy in the final matrix row by ``points`` and update final/average consistently
+    (the final-row accuracy of one task moves the run's final accuracy by points * its share of the test set)."""
+    def change(rec):
+        for metrics in [rec["protocols"][protocol]] + ([rec] if rec["protocol"] == protocol else []):
+            row = metrics["accuracy_matrix"][-1]
+            share = rec["task_sizes"][task] / sum(rec["task_sizes"])  # the emoji test set is balanced per class
+            row[task] += points
+            metrics["acc_curve"][-1] += points * share
+            metrics["last_acc"] += points * share
+            metrics["avg_acc"] += points * share / len(rec["task_sizes"])
+    return change
+
+
+# ------------------------------------------------------------------------------------------- the shipped gate
+def test_the_reference_pins_every_registered_ci_profile_and_protocol():
+    from clbench.catalog import STRATEGIES
+
+    pinned = {(e["strategy"], e["profile"], e["protocol"]) for e in ENTRIES}
+    for name in STRATEGIES.names():
+        cls = STRATEGIES.get(name)
+        ci = [p for p in cls.profiles if p == "ci" or p.startswith("ci-")]
+        assert ci, f"{name} has no ci profile"
+        for profile in ci:
+            assert (name, profile, "per-sample") in pinned, (name, profile)
+        assert all((name, "ci", p) in pinned for p in cls.protocols), f"{name}: every protocol of its ci profile"
+    assert ("tosca", "ci", "reference") in pinned and ("tosca", "ci-augment", "per-sample") in pinned
+    assert SHIPPED["require_ci_profiles"] is True
+    assert {e["precision"] for e in ENTRIES} == {"fp32"}  # the precision every machine shares
+
+
+def test_the_unedited_records_pass(runs):
+    result = gate(runs)
+    assert result.ok, failed(result)
+    checks = {r.check for r in result.rows}
+    assert {"accuracy matrix", "final acc %", "avg inc acc %", "train time / calibration",
+            "eval time / calibration"} <= checks
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=entry_id)
+def test_a_two_point_drop_on_one_task_fails(runs, entry):
+    edit(runs, run_folder(entry), shift_task(entry["protocol"], task=1, points=-2.0))
+    result = gate(runs)
+    assert not result.ok
+    rows = [r for r in result.failures if r.check == "accuracy matrix"]
+    assert rows and rows[0].status == chk.FAIL and "R[" in rows[0].detail, failed(result)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=entry_id)
+def test_a_two_point_gain_on_one_task_fails_as_changed(runs, entry):
+    """A planted leak: one task's accuracy rises by 2 points. An improvement must be written into the reference on
+    purpose, so the gate fails and says so."""
+    edit(runs, run_folder(entry), shift_task(entry["protocol"], task=0, points=+2.0))
+    result = gate(runs)
+    assert not result.ok
+    rows = [r for r in result.failures if r.check == "accuracy matrix"]
+    assert rows and rows[0].status == chk.CHANGED and "--write-reference" in rows[0].detail
+
+
+def test_a_drop_within_the_measured_spread_passes(runs):
+    entry = next(e for e in ENTRIES if e["strategy"] == "simplecil")
+    tol = entry["tolerance"]["matrix"]
+    edit(runs, run_folder(entry), shift_task("per-sample", task=2, points=-(tol - 0.01)))
+    assert gate(runs).ok
+
+
+def test_tosca_training_three_times_slower_fails(runs):
+    def slower(rec):
+        extra = 2.0 * rec["time_s"]["train"]
+        rec["time_s"]["train"] += extra
+        rec["time_s"]["total"] += extra
+
+    for name in {run_folder(e) for e in ENTRIES if e["strategy"] == "tosca"}:
+        edit(runs, name, slower)
+    result = gate(runs)
+    fails = failed(result)
+    assert fails and all(check == "train time / calibration" and "tosca" in entry for entry, check, _ in fails), fails
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e["time"]["train"] >= SHIPPED["time"]["floor"]],
+                         ids=entry_id)
+def test_any_training_three_times_slower_fails(runs, entry):
+    """Each strategy that spends at least one calibration unit training (SimpleCIL only averages features)."""
+    def slower(rec):
+        rec["time_s"]["train"] *= 3.0
+
+    edit(runs, run_folder(entry), slower)
+    assert ("train time / calibration", chk.FAIL) in {(c, s) for e, c, s in failed(gate(runs))}
+
+
+def test_a_uniformly_slower_machine_passes(runs):
+    for folder in runs.iterdir():
+        if folder.is_dir():
+            edit(runs, folder.name, lambda rec: rec.update(time_s={k: 3.0 * v for k, v in rec["time_s"].items()}))
+    cal = runs / chk.CALIBRATION_FILE
+    data = json.loads(cal.read_text())
+    for m in data["measurements"]:
+        m["seconds"] *= 3.0
+    cal.write_text(json.dumps(data))
+    assert gate(runs).ok
+
+
+def test_slack_and_floor_are_the_documented_ones():
+    assert SHIPPED["time"]["slack"] == chk.DEFAULT_TIME_SLACK and SHIPPED["time"]["floor"] == chk.DEFAULT_TIME_FLOOR
+    assert chk.DEFAULT_TIME_SLACK < 3.0  # a 3x slowdown must not fit in the slack
+
+
+# ------------------------------------------------------------------------------------------- bad input
+def test_an_older_format_reference_is_refused_in_one_line(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"format": "clbench-reference/1", "tolerance_points": 1.0, "entries": []}))
+    with pytest.raises(ClbenchError) as e:
+        chk.load_reference(old)
+    msg = str(e.value)
+    assert "older format 'clbench-reference/1'" in msg and "--write-reference" in msg and "\n" not in msg
+
+
+def test_a_reference_naming_an_unknown_strategy_is_flagged(runs):
+    ref = chk.load_reference(REFERENCE)
+    ref["entries"].append({**ref["entries"][0], "strategy": "no-such-method"})
+    rows = [r for r in gate(runs, ref).failures if "no-such-method" in r.entry]
+    assert len(rows) == 1 and "does not register" in rows[0].detail
+
+
+def test_a_reference_naming_a_profile_not_run_says_how_to_run_it(runs):
+    ref = chk.load_reference(REFERENCE)
+    ref["entries"].append({**next(e for e in ref["entries"] if e["strategy"] == "ease"), "profile": "quick"})
+    rows = [r for r in gate(runs, ref).failures if "ease:quick" in r.entry]
+    assert len(rows) == 1 and rows[0].status == chk.MISSING
+    assert "clbench run --strategy ease --bench emoji --profile quick --precision fp32" in rows[0].detail
+
+
+def test_a_run_the_reference_does_not_pin_fails(runs):
+    ref = chk.load_reference(REFERENCE)
+    ref["entries"] = [e for e in ref["entries"] if e["strategy"] != "ease"]
+    fails = failed(gate(runs, ref))
+    assert any("ease:ci" in entry and check == "pinned" for entry, check, _ in fails)  # the run is not pinned
+    assert any(entry == "ease:ci" and check == "pinned" for entry, check, _ in fails)  # the registered profile
+
+
+def test_a_run_at_another_precision_is_refused(runs):
+    entry = next(e for e in ENTRIES if e["strategy"] == "simplecil")
+    edit(runs, run_folder(entry), lambda rec: rec.update(precision="bf16"))
+    rows = gate(runs).failures
+    assert [r.check for r in rows] == ["precision"]
+    assert "runs at bf16, reference at fp32: rerun with --precision fp32" in rows[0].detail
+
+
+def test_an_old_record_with_autocast_counts_as_bf16(runs):
+    entry = next(e for e in ENTRIES if e["strategy"] == "simplecil")
+
+    def old(rec):
+        del rec["precision"]
+        rec["autocast"] = True
+
+    edit(runs, run_folder(entry), old)
+    assert [r.check for r in gate(runs).failures] == ["precision"]
+
+
+def test_another_backbone_digest_is_refused(runs):
+    entry = next(e for e in ENTRIES if e["strategy"] == "tosca")
+    edit(runs, run_folder(entry), lambda rec: rec.update(weights_digest="0" * 64))
+    rows = gate(runs).failures
+    assert {r.check for r in rows} == {"backbone weights"} and "000000000000" in rows[0].detail
+
+
+def test_missing_calibration_fails(runs):
+    (runs / chk.CALIBRATION_FILE).unlink()
+    rows = gate(runs).failures
+    assert [r.check for r in rows] == ["calibration present"] and "--calibrate" in rows[0].detail
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda rec: rec.update(complete="yes"), "complete"),
+    (lambda rec: rec.update(complete=False), "not complete"),
+    (lambda rec: rec["time_s"].update(train="fast"), "time_s.train"),
+    (lambda rec: rec.update(seed="1993"), "seed"),
+    (lambda rec: rec["params"].update(added_total=1.5), "params.added_total"),
+    (lambda rec: rec.update(accuracy_matrix=[[50.0, "x"]]), "accuracy_matrix"),
+])
+def test_a_bad_record_fails_the_gate_naming_file_and_field(runs, change, field):
+    entry = next(e for e in ENTRIES if e["strategy"] == "simplecil")
+    edit(runs, run_folder(entry), change)
+    rows = [r for r in gate(runs).failures if r.check == "record readable"]
+    assert len(rows) == 1 and run_folder(entry) in rows[0].entry and field in rows[0].detail
+
+
+def test_an_unreadable_record_fails_the_gate(runs):
+    entry = next(e for e in ENTRIES if e["strategy"] == "l2p")
+    (runs / run_folder(entry) / "result.json").write_text('{"torn": ')
+    rows = [r for r in gate(runs).failures if r.check == "record readable"]
+    assert len(rows) == 1 and "not a readable JSON record" in rows[0].detail
+
+
+# ------------------------------------------------------------------------------------------- writing
+def test_write_reference_needs_why_and_records_who_what_why(runs, tmp_path):
+    coll = collect([runs])
+    calibration, _ = chk.find_calibration([runs])
+    with pytest.raises(ClbenchError, match="--why"):
+        chk.make_reference(coll, why="", calibration=calibration)
+    previous = chk.load_reference(REFERENCE)
+    edit(runs, run_folder(ENTRIES[0]), shift_task(ENTRIES[0]["protocol"], task=0, points=+3.0))
+    ref = chk.make_reference(collect([runs]), why="a fix raised task 1", who="tester", calibration=calibration,
+                             previous=previous, written_by="clbench check --write-reference X")
+    wb = ref["written_by"]
+    assert wb["who"] == "tester" and wb["why"] == "a fix raised task 1" and wb["git_revision"]
+    assert len(wb["changes"]) == 1 and entry_id(ENTRIES[0]).split("/")[0] in wb["changes"][0]
+    assert ref["history"][0] == previous["written_by"]
+    path = tmp_path / "ref.json"
+    chk.write_reference(path, ref)
+    assert chk.load_reference(path)["entries"][0]["last_acc"] > ENTRIES[0]["last_acc"]
