@@ -510,11 +510,12 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
 def host_info() -> dict[str, Any]:
     """The machine a run's times come from: cores, CPU and its capability, and the thread settings in force."""
     from clbench import OMP_WAIT_POLICY
-    from clbench.precision import CpuInfo
+    from clbench.precision import CpuInfo, isa_limits
 
     cpu = CpuInfo.detect()
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "omp_wait_policy": OMP_WAIT_POLICY,
-            "cpu": cpu.model, "cpu_capability": cpu.capability, "amx": cpu.amx, "avx512_bf16": cpu.avx512_bf16}
+            "cpu": cpu.model, "cpu_capability": cpu.capability, "amx": cpu.amx, "avx512_bf16": cpu.avx512_bf16,
+            "isa_limits": isa_limits()}
 
 
 def _save_features(path: Path, session: Session, strategy) -> None:

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clbench.precision import isa_limits
+
 DEFAULT_BACKBONE = "vit_small_patch14_dinov2"
 DEFAULT_IMG = 112  # the embedded benchmark's input size
 
@@ -60,7 +62,8 @@ def precision_table(backbone: str = DEFAULT_BACKBONE, img_size: int = DEFAULT_IM
         f"({fastest['precision']} x {fastest['threads']})")
     cpu = CpuInfo.detect()
     return {"benchmark": "precision", "backbone": backbone, "img_size": bb.img_size, "batch": batch,
-            "device": dev.type, "cpu": cpu.model, "cpu_capability": cpu.capability, "amx": cpu.amx,
+            "device": dev.type, "cpu": cpu.model, "cpu_capability": cpu.capability, "isa_limits": isa_limits(),
+            "amx": cpu.amx,
             "avx512_bf16": cpu.avx512_bf16, "rows": rows, "auto": {"precision": auto.name, "threads": cores,
                                                                   "reason": auto.reason},
             "fastest": fastest, "auto_over_fastest": ratio}
@@ -130,7 +133,7 @@ def thread_table(backbone: str = DEFAULT_BACKBONE, img_size: int = DEFAULT_IMG, 
             f"(of the best idle rate)")
     cpu = CpuInfo.detect()
     return {"benchmark": "threads", "backbone": backbone, "img_size": img_size, "precision": precision,
-            "cpu": cpu.model, "cpu_capability": cpu.capability, "cores": cores, "torch": torch.__version__,
+            "cpu": cpu.model, "cpu_capability": cpu.capability, "isa_limits": isa_limits(), "cores": cores, "torch": torch.__version__,
             "rows": rows, "ratios": ratios,
             "clbench_default": {"threads": cores, "omp_wait_policy": "PASSIVE"}}
 
@@ -249,7 +252,7 @@ def main_job(strategy: str = "simplecil", log=print) -> dict[str, Any]:
     n_images = rec["n_images"]["train"] + rec["n_images"]["test"]
     one_pass = n_images / fastest["img_per_s"] if n_images else None
     result = {"benchmark": "main-job", "strategy": strategy, "cpu": table["cpu"], "cpu_capability":
-              table["cpu_capability"], "precision": rec["precision"], "precision_reason": rec["precision_reason"],
+              table["cpu_capability"], "isa_limits": isa_limits(), "precision": rec["precision"], "precision_reason": rec["precision_reason"],
               "wall_s": walls, "record_time_s": {k: r["time_s"] for k, r in records.items()},
               "fastest_setting": fastest, "images": n_images, "one_pass_at_fastest_s": one_pass,
               "cold_over_one_pass": walls["cold"] / one_pass if one_pass else None}

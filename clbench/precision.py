@@ -71,6 +71,11 @@ class CpuInfo:
         return f"{self.model or 'CPU'} (capability {self.capability}{', ' + ', '.join(extra) if extra else ''})"
 
 
+def isa_limits() -> dict[str, str]:
+    """The environment variables that restrict torch's kernels, where set (see :meth:`CpuInfo.detect`)."""
+    return {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if os.environ.get(k)}
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -20,16 +19,16 @@ def _run(argv, capsys):
     return code, out.out, out.err
 
 
-def test_help_is_fast_and_light():
-    code = ("import sys, time; t = time.perf_counter(); from clbench.cli import build_parser; build_parser();"
-            "import clbench.catalog; print(time.perf_counter() - t);"
-            "print(any(m in sys.modules for m in ('torch', 'avalanche', 'timm')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out[1] == "False"  # neither torch, timm nor Avalanche imported
-    assert float(out[0]) < 1.0
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "clbench.cli", "--help"], capture_output=True, check=True)
-    assert time.perf_counter() - t < 10  # generous: a cold interpreter on a loaded CI machine
+def test_help_imports_nothing_heavy():
+    """`clbench --help` and the catalog stay light: neither torch, timm nor Avalanche is imported (how fast that is
+    on a given machine is a benchmark's business, not a test's)."""
+    code = ("import sys; from clbench.cli import build_parser; build_parser(); import clbench.catalog;"
+            "print(sorted(m for m in ('torch', 'avalanche', 'timm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+    help_text = subprocess.run([sys.executable, "-m", "clbench.cli", "--help"], capture_output=True, text=True,
+                               check=True).stdout
+    assert "doctor" in help_text and "run" in help_text
 
 
 def test_list(capsys):
