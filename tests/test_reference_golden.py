@@ -47,6 +47,10 @@ from tosca.strategy import TOSCA, TOSCAConfig, stacked_forward
 FIXTURES = Path(__file__).parent / "reference_golden"
 RTOL, ATOL = 1e-5, 1e-5  # float32 on both sides; see the module docstring
 SGD_ATOL = 1e-6  # below the 1.25e-5 that one l1 step moves a parameter
+# The new classes' head rows start at zero, so their first gradient is ~1e12 times the usual one and they reach ~1e9
+# after one step: summed in another order (AVX2 against AVX-512 kernels) their last digits differ, measured 1.4e-5
+# relative. 1e-4 relative still fails any change of the update rule by orders of magnitude.
+HEAD_RTOL = 1e-4
 D = 64  # feature width of every fixture (= vit_micro's, so the strategies can be built on it)
 
 # the reference's LuCA state-dict names (backbone/vit_tosca.py Tosca) -> clbench's (tosca/luca.py LuCA)
@@ -140,11 +144,12 @@ def check_tosca_task(backbone) -> None:
     for i, (state, weight, sigma) in enumerate(snapshots, start=1):
         for ref, ours in REF_LUCA_NAMES.items():
             assert_golden(state[ours], f[f"out.step{i}.module.{ref}"], f"module {ours} after step {i}", atol=SGD_ATOL)
-        assert_golden(weight, f[f"out.step{i}.head.weight"], f"head rows after step {i}", atol=SGD_ATOL)
+        assert_golden(weight, f[f"out.step{i}.head.weight"], f"head rows after step {i}", atol=SGD_ATOL,
+                      rtol=HEAD_RTOL)
         assert_golden(sigma, f[f"out.step{i}.head.sigma"], f"head scale after step {i}", atol=SGD_ATOL)
     assert_luca_state(strategy.modules_[-1], f, "out.step2.module.", "stored module")
     assert_golden(strategy.head.weight, f["out.final.head.weight"], "head after the prototype rows are set",
-                  atol=SGD_ATOL)
+                  atol=SGD_ATOL, rtol=HEAD_RTOL)
     assert_golden(strategy.head.sigma, f["out.final.head.sigma"], "head scale after the task", atol=SGD_ATOL)
 
 def check_tosca_routing(backbone) -> None:

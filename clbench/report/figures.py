@@ -126,8 +126,8 @@ class _Panel:
 def _bench_panels(benches: list[str], groups: dict[AccKey, list[Run]]) -> tuple[Figure, list[_Panel]]:
     """A figure with one panel per benchmark (call inside the figure's rc_context); spare grid cells hidden."""
     ncols, nrows = _panel_grid(len(benches))
-    # One benchmark: a wide panel with its legend on the right, so the page shows it at a readable size.
-    fig, axes = _new_figure(ncols, nrows, 10.0 if ncols == 1 else 5.0, 4.6)
+    # One benchmark: a wide, taller panel (legend below), so the page shows it at a readable size.
+    fig, axes = _new_figure(ncols, nrows, 9.0 if ncols == 1 else 5.0, 7.0 if ncols == 1 else 4.6)
     _hide_unused(axes, len(benches))
     panels = []
     for ax, bench in zip(axes, benches):
@@ -147,12 +147,8 @@ def _mean_std_curves(curves: list[list[float]]) -> tuple[np.ndarray, np.ndarray]
 
 
 def _legend_below(ax: Axes) -> None:
-    """Legend under the panel (several panels) or right of it (one wide panel): labels name strategy, protocol and
-    backbone and may be long."""
-    if len(ax.figure.axes) == 1:
-        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, ncol=1)
-    else:
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False, ncol=1)
+    """Legend under the panel: labels name strategy, protocol and backbone and may be long."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False, ncol=1)
 
 
 def _line_label(key: AccKey, n: int, several_backbones: bool) -> str:

@@ -18,11 +18,10 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; ma
        padding: 0 1.5rem; color: #1f2328; line-height: 1.45; }
 h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #d0d7de; padding-bottom: 0.3rem; margin-top: 2.2rem; }
 nav a { margin-right: 1rem; }
-table { border-collapse: collapse; font-size: 0.8rem; margin: 0.6rem 0; display: block; overflow-x: auto;
-        max-width: 100%; }
-th, td { border: 1px solid #d0d7de; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
+table { border-collapse: collapse; font-size: 0.76rem; margin: 0.6rem 0; width: 100%; }
+th, td { border: 1px solid #d0d7de; padding: 0.2rem 0.35rem; text-align: left; vertical-align: top; }
 th { background: #f6f8fa; } tbody tr:nth-child(even) { background: #fbfcfd; }
-th { min-width: 3.2rem; } td { white-space: normal; overflow-wrap: anywhere; }
+th { min-width: 3.2rem; } td { white-space: normal; overflow-wrap: break-word; }
 td:last-child { min-width: 12rem; }
 figure { margin: 1.5rem 0; } figure img { max-width: 100%; border: 1px solid #eaeef2; }
 figcaption { font-size: 0.85rem; color: #57606a; max-width: 1100px; }
