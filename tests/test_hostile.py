@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from datatrees import make_tree, png_bytes
 import torch
 
 from clbench.cli import main
@@ -28,25 +29,6 @@ RAY_TIMEOUT = 3.0
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
-def _png(i: int, size: int = 8) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (size, size), (i % 256, (7 * i) % 256, (13 * i) % 256)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def make_tree(root: Path, classes=("a", "b", "c", "d"), n_train: int = 2, n_test: int = 1, start: int = 0) -> Path:
-    i = start
-    for split, n in (("train", n_train), ("test", n_test)):
-        for c in classes:
-            (root / split / c).mkdir(parents=True, exist_ok=True)
-            for k in range(n):
-                (root / split / c / f"{k}.png").write_bytes(_png(i))
-                i += 1
-    return root
-
-
 def folder_argv(root: Path, *extra: str) -> list[str]:
     return ["run", "--strategy", "simplecil", "--bench", "folder", "--data-root", str(root), *MICRO,
             "--init-cls", "2", "--increment", "2", *extra]
@@ -112,7 +94,7 @@ def _symlink_loop(root):
 def _symlink_leaving(root):
     outside = root.parent / "elsewhere"
     outside.mkdir()
-    (outside / "x.png").write_bytes(_png(200))
+    (outside / "x.png").write_bytes(png_bytes(200))
     (root / "train" / "b" / "x.png").symlink_to(outside / "x.png")
 
 
@@ -162,7 +144,7 @@ def weights_case(make, needle):
 
 
 def _w_png(t):
-    (t / "w.pt").write_bytes(_png(1))
+    (t / "w.pt").write_bytes(png_bytes(1))
     return t / "w.pt"
 
 

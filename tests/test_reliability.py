@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from datatrees import make_tree, png_bytes
 import torch
 
 from clbench.checkpoint import CHECKPOINT_FILE
@@ -416,7 +417,7 @@ def test_a_second_writer_to_the_same_out_is_refused(tmp_path, monkeypatch, capsy
 
 # ----------------------------------------------------------------------------------------------- determinism
 def test_class_order_follows_class_order_seed_not_seed(tmp_path, capsys):
-    argv = _folder_argv(_tree(tmp_path / "data", classes=[f"c{i}" for i in range(10)], n_train=2, n_test=1))
+    argv = _folder_argv(make_tree(tmp_path / "data", classes=[f"c{i}" for i in range(10)], n_train=2, n_test=1))
 
     def order(*flags: str) -> list[int]:
         out = tmp_path / "-".join(flags or ("default",))
@@ -435,7 +436,7 @@ def test_class_order_follows_class_order_seed_not_seed(tmp_path, capsys):
 # ----------------------------------------------------------------------------------------------- feature cache
 def test_corrupt_feature_cache_is_detected_reported_and_rebuilt(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CLBENCH_CACHE", str(tmp_path / "cache"))
-    argv = _folder_argv(_tree(tmp_path / "data", n_train=6, n_test=3))
+    argv = _folder_argv(make_tree(tmp_path / "data", n_train=6, n_test=3))
 
     def run(name: str) -> dict:
         code, err = cli([*argv, "--out", str(tmp_path / name)], capsys)
@@ -456,44 +457,25 @@ def test_corrupt_feature_cache_is_detected_reported_and_rebuilt(tmp_path, monkey
 
 
 # ----------------------------------------------------------------------------------------------- hostile inputs
-def _png(i: int) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (8, 8), (i % 256, (7 * i) % 256, 3)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _tree(root: Path, classes=("a", "b", "c", "d"), n_train: int = 2, n_test: int = 1) -> Path:
-    i = 0
-    for split, n in (("train", n_train), ("test", n_test)):
-        for c in classes:
-            (root / split / c).mkdir(parents=True, exist_ok=True)
-            for k in range(n):
-                (root / split / c / f"{k}.png").write_bytes(_png(i))
-                i += 1
-    return root
-
-
 def _folder_argv(root: Path) -> list[str]:
     return ["run", "--strategy", "simplecil", "--bench", "folder", "--data-root", str(root), "--backbone", "vit_micro",
             "--weights", "random", "--init-cls", "2", "--increment", "2"]
 
 
 def _garbage_png(r: Path) -> None:
-    (_tree(r) / "train" / "c" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n but nothing else")
+    (make_tree(r) / "train" / "c" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n but nothing else")
 
 
 def _empty_class(r: Path) -> None:
-    _tree(r)
+    make_tree(r)
     (r / "train" / "e").mkdir()
     (r / "test" / "e").mkdir()
 
 
 def _test_only_class(r: Path) -> None:
-    _tree(r)
+    make_tree(r)
     (r / "test" / "ghost").mkdir()
-    (r / "test" / "ghost" / "0.png").write_bytes(_png(99))
+    (r / "test" / "ghost" / "0.png").write_bytes(png_bytes(99))
 
 
 @pytest.mark.parametrize("make,needle", [
@@ -547,7 +529,7 @@ def test_nan_features_are_an_error_not_a_result(tmp_path, monkeypatch, capsys):
     forward = FrozenBackbone.forward
     monkeypatch.setattr(FrozenBackbone, "forward", lambda self, x: forward(self, x) * float("nan"))
     out = tmp_path / "run"
-    code, err = cli([*_folder_argv(_tree(tmp_path / "data")), "--out", str(out), "--no-feature-cache"], capsys)
+    code, err = cli([*_folder_argv(make_tree(tmp_path / "data")), "--out", str(out), "--no-feature-cache"], capsys)
     assert code == 2 and "the backbone produced NaN/inf features for" in err and "Traceback" not in err, err
     assert not (out / "result.json").exists() and not (out / CHECKPOINT_FILE).exists()
 
