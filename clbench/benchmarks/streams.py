@@ -1,4 +1,5 @@
-"""The Avalanche view of a clbench benchmark. This is the only module that imports Avalanche.
+"""The Avalanche view of a clbench benchmark: the harness's one Avalanche import (the other is
+:mod:`clbench.avalanche_api`, the strategy Avalanche users drive).
 
 :func:`avalanche_benchmark` turns a :class:`~clbench.benchmarks.base.Benchmark` into an Avalanche
 class-incremental benchmark (``train_stream``/``test_stream``, ``classes_in_this_experience``) built with an
@@ -8,7 +9,7 @@ order, and it neither remaps labels nor keeps leftover classes: both pitfalls ar
 
 Each sample carries a ``sample_idx`` data attribute, its position in the benchmark split, which the harness
 uses to look up cached frozen features. Avalanche users get image payloads with
-:func:`avalanche_image_benchmark` and can drive a clbench strategy with :func:`clbench.avalanche_api.fit`.
+:func:`avalanche_image_benchmark` and drive a clbench method with :class:`clbench.avalanche_api.ClbenchStrategy`.
 """
 
 from __future__ import annotations
