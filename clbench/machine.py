@@ -70,8 +70,11 @@ def precision_table(backbone: str = DEFAULT_BACKBONE, img_size: int = DEFAULT_IM
 
 
 # ----------------------------------------------------------------------------------------------- threads
+# torch first: importing clbench before torch would set OpenMP's wait policy to passive, and the "default" rows
+# must measure OpenMP's own default.
 _WORKER = r"""
 import json, sys
+import torch
 import clbench
 from clbench.machine import _load
 from clbench.precision import throughput
