@@ -4,11 +4,11 @@ Importing the package is cheap on purpose (``clbench --help`` must answer in abo
 timm and Avalanche are imported only by the modules that need them.
 
 It sets one thing before torch loads: OpenMP's wait policy to passive (unless ``OMP_WAIT_POLICY`` is set already).
-OpenMP's default keeps idle threads spinning, which can make two threads collapse when another process holds a core:
-ViT-S/14 feature extraction on a 2-core CPU with one core busy ran at 0.38x of its idle throughput with the default
-policy and 0.58x with passive in one measurement; the recorded ones (``clbench perf threads``,
-``reports/perf/threads-*.json``) put both at 0.55-0.60x, and passive costs nothing when idle. OpenMP reads the
-variable once, when torch is first imported, so :data:`OMP_WAIT_POLICY` records what is in force.
+OpenMP's default keeps idle threads spinning, which makes two threads collapse when another process holds a core:
+ViT-S/14 feature extraction on a 2-core CPU with one core busy ran at 0.37-0.39x of the best idle throughput with
+the default policy and 0.48-0.61x with passive (``clbench perf threads``, ``reports/perf/threads-*.json``), for
+0-13 % less when idle. OpenMP reads the variable once, when torch is first imported, so :data:`OMP_WAIT_POLICY`
+records what is in force.
 """
 
 import os as _os
