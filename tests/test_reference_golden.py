@@ -323,44 +323,27 @@ def test_planted_l2p_selection_bug_fails_the_golden_check(backbone, patch):
         check_l2p_prompt_selection(backbone)
 
 
-def _softmax_over_old_classes(protos, task_classes):  # softmax along the wrong axis (dim 0)
-    out = protos.clone()
-    n = len(task_classes)
-    for i in range(n - 1):
-        for j in range(i + 1, n):
-            ref = [c for k in range(j, n) for c in task_classes[k]]
-            w = torch.softmax(F.normalize(protos[task_classes[i], i], dim=-1)
-                              @ F.normalize(protos[ref, i], dim=-1).T, dim=0)
-            out[task_classes[i], j] = w @ protos[ref, j]
-    return out
+def _wrong_synthesis(softmax_dim: int = 1, task_j_only: bool = False, target_subspace: bool = False):
+    """EASE's old-class prototype synthesis with one planted mistake: softmax over the wrong axis, the reference set
+    of task j only (not tasks j..t), or cosines measured in the target subspace j instead of the own subspace i."""
+
+    def synthesize(protos, task_classes):
+        out = protos.clone()
+        n = len(task_classes)
+        for i in range(n - 1):
+            for j in range(i + 1, n):
+                ref = list(task_classes[j]) if task_j_only else [c for k in range(j, n) for c in task_classes[k]]
+                s = j if target_subspace else i
+                w = torch.softmax(F.normalize(protos[task_classes[i], s], dim=-1)
+                                  @ F.normalize(protos[ref, s], dim=-1).T, dim=softmax_dim)
+                out[task_classes[i], j] = w @ protos[ref, j]
+        return out
+
+    return synthesize
 
 
-def _only_task_j_as_reference(protos, task_classes):  # R = classes of task j only, not of tasks j..t
-    out = protos.clone()
-    n = len(task_classes)
-    for i in range(n - 1):
-        for j in range(i + 1, n):
-            ref = list(task_classes[j])
-            w = torch.softmax(F.normalize(protos[task_classes[i], i], dim=-1)
-                              @ F.normalize(protos[ref, i], dim=-1).T, dim=1)
-            out[task_classes[i], j] = w @ protos[ref, j]
-    return out
-
-
-def _similarity_in_target_subspace(protos, task_classes):  # cosines measured in subspace j instead of i
-    out = protos.clone()
-    n = len(task_classes)
-    for i in range(n - 1):
-        for j in range(i + 1, n):
-            ref = [c for k in range(j, n) for c in task_classes[k]]
-            w = torch.softmax(F.normalize(protos[task_classes[i], j], dim=-1)
-                              @ F.normalize(protos[ref, j], dim=-1).T, dim=1)
-            out[task_classes[i], j] = w @ protos[ref, j]
-    return out
-
-
-@pytest.mark.parametrize("variant", [_softmax_over_old_classes, _only_task_j_as_reference,
-                                     _similarity_in_target_subspace],
+@pytest.mark.parametrize("variant", [_wrong_synthesis(softmax_dim=0), _wrong_synthesis(task_j_only=True),
+                                     _wrong_synthesis(target_subspace=True)],
                          ids=["softmax-dim0", "reference-set-task-j-only", "cosine-in-target-subspace"])
 def test_planted_ease_synthesis_bug_fails_the_golden_check(variant):
     with mock.patch.object(ease_mod, "synthesize_prototypes", variant), \
