@@ -17,7 +17,7 @@ backbone untouched (bit-identical after a run; the contract tests check it).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -112,6 +112,40 @@ class ParamCounts:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RunShape:
+    """The size of one run, for cost models (:meth:`Strategy.work`)."""
+
+    train_per_task: tuple[float, ...]  # training images of task t
+    test_seen: tuple[float, ...]  # test images evaluated after task t (every seen class)
+    tokens: int = 197  # tokens per image through the backbone at its input size, [CLS] included (ViT-B/16 @ 224)
+    protocols: int = 1  # evaluation protocols run; each predicts the test set again
+
+    @property
+    def tasks(self) -> int:
+        return len(self.train_per_task)
+
+    @classmethod
+    def equal(cls, n_train: float, n_test: float, tasks: int, **kw: Any) -> "RunShape":
+        """``tasks`` equal tasks over ``n_train`` / ``n_test`` images."""
+        return cls(tuple([n_train / tasks] * tasks), tuple(n_test * (t + 1) / tasks for t in range(tasks)), **kw)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one run costs, in units whose seconds per unit ``clbench perf`` measures on a device.
+
+    ``f`` and ``b`` are timed generically (a frozen forward pass; a forward + backward pass through the ViT to
+    input-side parameters). Method-specific units go in ``extra``; the strategy times them itself
+    (:meth:`Strategy.unit_seconds`).
+    """
+
+    f: float = 0.0  # frozen forward passes through the backbone, in images
+    b: float = 0.0  # training passes (forward + backward through the ViT), in images
+    f_cacheable: float = 0.0  # the part of ``f`` that clbench's feature cache shares across seeds and strategies
+    extra: Mapping[str, float] = field(default_factory=dict)  # unit name -> count
+
+
 class Strategy(ABC):
     """Base class of every method. Subclasses set ``name``, ``Config`` and implement the three methods."""
 
@@ -134,6 +168,19 @@ class Strategy(ABC):
 
     @abstractmethod
     def param_counts(self) -> ParamCounts: ...
+
+    # ------------------------------------------------------------------------------------------ cost model
+    @classmethod
+    def work(cls, cfg: Any, shape: RunShape) -> Work:
+        """The cost of one run of this strategy with config ``cfg`` on a run of ``shape`` (see :class:`Work`).
+        Read by ``clbench perf projection`` and ``projection-check``; generic code never names a method."""
+        raise NotImplementedError(f"strategy {cls.name} states no cost model (Strategy.work)")
+
+    @classmethod
+    def unit_seconds(cls, d: int, device: torch.device) -> dict[str, float]:
+        """Seconds per unit of each name this strategy puts in ``Work.extra``, measured now for feature width
+        ``d`` on ``device`` (none by default)."""
+        return {}
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """Optional per-evaluation diagnostics (e.g. routing accuracy) stored in the record."""
