@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
-import json
 import os
 import shutil
 import time
@@ -35,14 +34,20 @@ from clbench.errors import ClbenchError
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
-from clbench.io import atomic_write_json
 from clbench.results import (
     RESULT_FILE,
-    SCHEMA_VERSION,
+    Host,
+    Params,
+    ProtocolGap,
+    ProtocolSummary,
+    RunRecord,
+    TaskEntry,
+    Times,
     command_line,
     git_revision,
     library_versions,
     peak_rss_mb,
+    record_says_complete,
     reset_peak_rss,
 )
 
@@ -101,11 +106,7 @@ class RunDir:
             return
         if not result.exists():
             return
-        try:
-            complete = json.loads(result.read_text()).get("complete", False)
-        except (OSError, json.JSONDecodeError, AttributeError):
-            complete = False
-        if complete:
+        if record_says_complete(result):
             raise ClbenchError(f"--out {self.path} already holds a finished run",
                                "pass --overwrite to replace it, or choose another --out")
         if not self.checkpoint_path.exists():
@@ -217,18 +218,18 @@ class _ProtocolLog:
         self.new.append(metrics.accuracy(pred[~old], y[~old]))
         self.top5.append(metrics.topk_accuracy(logits.numpy(), y, 5))
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "accuracy_matrix": self.matrix,
-            "acc_curve": self.curve,
-            "last_acc": metrics.last_acc(self.curve) if self.curve else None,
-            "avg_acc": metrics.avg_acc(self.curve) if self.curve else None,
-            "forgetting": metrics.forgetting(self.matrix) if self.matrix else None,
-            "forgetting_first_last": metrics.forgetting_first_last(self.matrix) if self.matrix else None,
-            "old_acc": self.old,
-            "new_acc": self.new,
-            "top5_curve": self.top5,
-        }
+    def summary(self) -> ProtocolSummary:
+        return ProtocolSummary(
+            accuracy_matrix=self.matrix,
+            acc_curve=self.curve,
+            last_acc=metrics.last_acc(self.curve) if self.curve else None,
+            avg_acc=metrics.avg_acc(self.curve) if self.curve else None,
+            forgetting=metrics.forgetting(self.matrix) if self.matrix else None,
+            forgetting_first_last=metrics.forgetting_first_last(self.matrix) if self.matrix else None,
+            old_acc=self.old,
+            new_acc=self.new,
+            top5_curve=self.top5,
+        )
 
 
 def _protocols(cfg: RunConfig, strategy_cls: type) -> list[str]:
@@ -385,7 +386,7 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     return Session(cfg, spec, bench, backbone, eval_tf, train_tf, precision, feats, cache.events, t_features, strategy, protocols)
 
 
-def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> dict[str, Any]:
+def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> RunRecord:
     """Run one configuration end to end, writing a checkpoint and the record after every task; return the complete
     record. An unfinished run in ``cfg.out`` with a checkpoint and the same settings is continued from its last
     finished task (``resume=True``: it must be). See :mod:`clbench.checkpoint`."""
@@ -421,7 +422,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         check_free_space(run_dir.path, estimate_run_bytes(session), "--out", "the record, checkpoint and features")
         strategy, bench, protocols = session.strategy, session.bench, session.protocols
         logs = {p: _ProtocolLog() for p in protocols}
-        per_task: list[dict[str, Any]] = []
+        per_task: list[TaskEntry] = []
         done, resumed_from, cache_events = 0, [], list(session.cache_events)
         before = {"features": 0.0, "train": 0.0, "eval": 0.0, "checkpoint": 0.0, "total": 0.0}  # earlier segments
         peak_before = 0.0
@@ -431,7 +432,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 rep.log(f"note: the checkpoint was written by code at {ckpt['git_revision']}, now {revision}")
             strategy.load_state_dict(ckpt["strategy"])
             logs = {p: _ProtocolLog(**ckpt["logs"][p]) for p in protocols}
-            per_task, done = ckpt["per_task"], ckpt["tasks_done"]
+            per_task, done = [TaskEntry.from_dict(t) for t in ckpt["per_task"]], ckpt["tasks_done"]
             resumed_from = [*ckpt["resumed_from_task"], done]
             cache_events = [*ckpt["feature_cache"], *cache_events]
             before, peak_before = ckpt["times"], ckpt["peak_rss_mb"]
@@ -458,7 +459,6 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
 
             t0 = time.perf_counter()
             y = step.test.labels.numpy()
-            entry: dict[str, Any] = {"task": t, "classes": task.classes, "train_s": dt_train}
             for p in protocols:
                 logits = strategy.predict(step.test, p)
                 if logits.shape != (len(y), task.n_seen):
@@ -467,11 +467,10 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 if not torch.isfinite(logits).all():
                     raise ClbenchError(f"{cfg.strategy} produced NaN/inf logits after task {t}")
                 logs[p].add(logits, y, step.sample_task, t)
-            entry["diagnostics"] = strategy.diagnostics(step.test, step.sample_task)
+            diagnostics = strategy.diagnostics(step.test, step.sample_task)
             dt_eval = time.perf_counter() - t0
             t_eval += dt_eval
-            entry["eval_s"] = dt_eval
-            per_task.append(entry)
+            per_task.append(TaskEntry(t, task.classes, dt_train, diagnostics, dt_eval))
             main = logs[protocols[0]]
             rep.log(f"  A_{t + 1} = {main.curve[-1]:.2f}%  (old {main.old[-1]:.2f}, new {main.new[-1]:.2f})")
 
@@ -481,15 +480,16 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 "backbone_digest": session.backbone.digest, "precision": session.precision.name,
                 "precision_reason": session.precision.reason, "data": checkpoint.data_identity(session),
                 "tasks_done": t + 1, "strategy": strategy.state_dict(), "rng": checkpoint.capture_rng(),
-                "logs": {p: dataclasses.asdict(log) for p, log in logs.items()}, "per_task": per_task,
+                "logs": {p: dataclasses.asdict(log) for p, log in logs.items()},
+                "per_task": [e.to_dict() for e in per_task],
                 "times": times(), "peak_rss_mb": max(peak_before, peak_rss_mb()), "resumed_from_task": resumed_from,
                 "feature_cache": cache_events, "git_revision": revision,
             })
             t_ckpt += time.perf_counter() - t0
             record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=False,
                              resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=fingerprint)
-            record["peak_rss_mb"] = max(peak_before, record["peak_rss_mb"])  # over every segment of the run
-            atomic_write_json(run_dir.path / RESULT_FILE, record)
+            record.peak_rss_mb = max(peak_before, record.peak_rss_mb)  # over every segment of the run
+            record.write(run_dir.path / RESULT_FILE)
 
         if state_digest(session.backbone.model) != session.backbone.digest:
             raise RuntimeError(f"{cfg.strategy} changed the frozen backbone's weights; the run is not valid")
@@ -497,9 +497,9 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             _save_features(run_dir.path, session, strategy)
         record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=True,
                          resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=fingerprint)
-        record["peak_rss_mb"] = max(peak_before, record["peak_rss_mb"])
-        record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        atomic_write_json(run_dir.path / RESULT_FILE, record)
+        record.peak_rss_mb = max(peak_before, record.peak_rss_mb)
+        record.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        record.write(run_dir.path / RESULT_FILE)
         run_dir.checkpoint_path.unlink(missing_ok=True)  # the record is complete; nothing is left to continue
         return record
     finally:
@@ -507,15 +507,15 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         run_dir.release()
 
 
-def host_info() -> dict[str, Any]:
+def host_info() -> Host:
     """The machine a run's times come from: cores, CPU and its capability, and the thread settings in force."""
     from clbench import OMP_WAIT_POLICY
     from clbench.precision import CpuInfo, isa_limits
 
     cpu = CpuInfo.detect()
-    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "omp_wait_policy": OMP_WAIT_POLICY,
-            "cpu": cpu.model, "cpu_capability": cpu.capability, "amx": cpu.amx, "avx512_bf16": cpu.avx512_bf16,
-            "isa_limits": isa_limits()}
+    return Host(cpus=os.cpu_count(), torch_threads=torch.get_num_threads(), omp_wait_policy=OMP_WAIT_POLICY,
+                cpu=cpu.model, cpu_capability=cpu.capability, amx=cpu.amx, avx512_bf16=cpu.avx512_bf16,
+                isa_limits=isa_limits())
 
 
 def _save_features(path: Path, session: Session, strategy) -> None:
@@ -536,66 +536,58 @@ def _save_features(path: Path, session: Session, strategy) -> None:
     atomic_write_bytes(path / "features.npz", buf.getvalue())
 
 
-def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], per_task: list[dict[str, Any]],
+def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], per_task: list[TaskEntry],
             run_path: Path, times: dict[str, float], complete: bool, resumed_from_task: list[int] | None = None,
-            cache_events: list[str] | None = None, fingerprint: dict[str, Any] | None = None) -> dict[str, Any]:
+            cache_events: list[str] | None = None, fingerprint: dict[str, Any] | None = None) -> RunRecord:
     strategy, spec, bench, backbone, protocols = (session.strategy, session.spec, session.bench, session.backbone,
                                                   session.protocols)
     params = strategy.param_counts()
-    main = logs[protocols[0]].summary()
     added = list(params.added_per_task)
     trainable = list(params.trainable_per_task)
-    rec: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": run_path.name,
-        "complete": complete,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": command_line(),
-        "fingerprint": fingerprint,  # the run's defining settings (clbench.checkpoint.DEFINING_FIELDS)
-        "strategy": strategy.name,
-        "strategy_config": dataclasses.asdict(strategy.cfg),
-        "profile": cfg.profile,
-        "bench": spec.name,
-        "n_classes": bench.n_classes,
-        "n_images": {"train": len(bench.train), "test": len(bench.test)},
-        "task_sizes": bench.task_sizes,
-        "class_order": bench.class_order,
-        "class_order_seed": cfg.class_order_seed,
-        "class_names": [bench.class_names[c] for c in bench.class_order],
-        "backbone": backbone.spec.name,
-        "weights_source": backbone.weights_source,
-        "weights_digest": backbone.digest,
-        "img_size": backbone.img_size,
-        "transform": session.eval_tf.identity(),
-        "seed": cfg.seed,
-        "device": next(backbone.model.parameters()).device.type,
-        "precision": session.precision.name,
-        "precision_reason": session.precision.reason,
-        "protocol": protocols[0],
-        **main,
-        "protocols": {p: logs[p].summary() for p in protocols},
-        "params": {
-            "backbone": backbone.n_params(),
-            "trainable": max(trainable) if trainable else 0,
-            "trainable_per_task": trainable,
-            "added_per_task": added,
-            "added_total": sum(added),
-            "head": params.head,
-            **params.extra,
-        },
-        "time_s": times,
-        "per_task": per_task,
-        "feature_cache": session.cache_events if cache_events is None else cache_events,
-        "data_problems": list(session.data_problems),  # `clbench data check` problems run anyway
-        "resumed_from_task": list(resumed_from_task or []),  # tasks_done at each resume from a checkpoint
-        "peak_rss_mb": peak_rss_mb(),
-        "versions": library_versions(),
-        "git_revision": git_revision(),
-        "metric_definitions": metrics.DEFINITIONS,
-        "host": host_info(),
-    }
+    summaries = {p: logs[p].summary() for p in protocols}
+    gap = None
     if len(protocols) > 1:
-        ref, ps = logs["reference"].summary(), logs["per-sample"].summary()
-        rec["protocol_gap"] = {"last_acc": ref["last_acc"] - ps["last_acc"], "avg_acc": ref["avg_acc"] - ps["avg_acc"],
-                               "note": "reference minus per-sample, in points"}
-    return rec
+        ref, ps = summaries["reference"], summaries["per-sample"]
+        gap = ProtocolGap(last_acc=ref.last_acc - ps.last_acc, avg_acc=ref.avg_acc - ps.avg_acc)
+    return RunRecord(
+        run_id=run_path.name,
+        complete=complete,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        command=command_line(),
+        fingerprint=fingerprint,  # the run's defining settings (clbench.checkpoint.DEFINING_FIELDS)
+        strategy=strategy.name,
+        strategy_config=dataclasses.asdict(strategy.cfg),
+        profile=cfg.profile,
+        bench=spec.name,
+        n_classes=bench.n_classes,
+        n_images={"train": len(bench.train), "test": len(bench.test)},
+        task_sizes=bench.task_sizes,
+        class_order=bench.class_order,
+        class_order_seed=cfg.class_order_seed,
+        class_names=[bench.class_names[c] for c in bench.class_order],
+        backbone=backbone.spec.name,
+        weights_source=backbone.weights_source,
+        weights_digest=backbone.digest,
+        img_size=backbone.img_size,
+        transform=session.eval_tf.identity(),
+        seed=cfg.seed,
+        device=next(backbone.model.parameters()).device.type,
+        precision=session.precision.name,
+        precision_reason=session.precision.reason,
+        protocol=protocols[0],
+        protocols=summaries,
+        params=Params(backbone=backbone.n_params(), trainable=max(trainable) if trainable else 0,
+                      trainable_per_task=trainable, added_per_task=added, added_total=sum(added), head=params.head,
+                      extra=dict(params.extra)),
+        time_s=Times(**times),
+        per_task=list(per_task),
+        feature_cache=list(session.cache_events if cache_events is None else cache_events),
+        data_problems=list(session.data_problems),  # `clbench data check` problems run anyway
+        resumed_from_task=list(resumed_from_task or []),  # tasks_done at each resume from a checkpoint
+        peak_rss_mb=peak_rss_mb(),
+        versions=library_versions(),
+        git_revision=git_revision(),
+        metric_definitions=metrics.DEFINITIONS,
+        host=host_info(),
+        protocol_gap=gap,
+    )

@@ -126,7 +126,7 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     from clbench.errors import ClbenchError
     from clbench.results import load_record
 
-    rec = load_record(Path(run_dir)).data
+    rec = load_record(Path(run_dir)).to_dict()  # TODO(cost branch): read fields (rec.strategy, rec.time_s.train)
     if rec["strategy"] not in ("l2p", "ease"):
         raise ClbenchError(f"{run_dir}: projection-check models L2P and EASE runs; this one is {rec['strategy']}")
     cfg = rec["strategy_config"]

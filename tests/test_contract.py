@@ -52,7 +52,7 @@ def test_same_seed_same_matrix(strategy_name, tmp_path):
                increment=9, overrides=_overrides(strategy_name), save_features=False)
     a = run(RunConfig(**cfg, out=str(tmp_path / "a")))
     b = run(RunConfig(**cfg, out=str(tmp_path / "b")))
-    assert a["complete"] and b["complete"]
-    assert a["accuracy_matrix"] == b["accuracy_matrix"]
-    assert a["params"] == b["params"]
-    assert len(a["accuracy_matrix"]) == 3 and all(len(r) == i + 1 for i, r in enumerate(a["accuracy_matrix"]))
+    assert a.complete and b.complete
+    assert a.accuracy_matrix == b.accuracy_matrix
+    assert a.params == b.params
+    assert len(a.accuracy_matrix) == 3 and all(len(r) == i + 1 for i, r in enumerate(a.accuracy_matrix))
