@@ -489,7 +489,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=False,
                              resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=fingerprint)
             record.peak_rss_mb = max(peak_before, record.peak_rss_mb)  # over every segment of the run
-            record.write(run_dir.path / RESULT_FILE)
+            record.write(run_dir.path)
 
         if state_digest(session.backbone.model) != session.backbone.digest:
             raise RuntimeError(f"{cfg.strategy} changed the frozen backbone's weights; the run is not valid")
@@ -499,7 +499,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                          resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=fingerprint)
         record.peak_rss_mb = max(peak_before, record.peak_rss_mb)
         record.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        record.write(run_dir.path / RESULT_FILE)
+        record.write(run_dir.path)
         run_dir.checkpoint_path.unlink(missing_ok=True)  # the record is complete; nothing is left to continue
         return record
     finally:

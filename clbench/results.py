@@ -342,13 +342,14 @@ class RunRecord:
                    protocol_gap=ProtocolGap.from_dict(data["protocol_gap"]) if data.get("protocol_gap") else None,
                    extra={k: v for k, v in data.items() if k not in known})
 
-    def write(self, path: Path) -> None:
-        """Write atomically (a reader sees the old record or the new one, never a torn file). ``path``: the
-        record file or its run folder."""
+    def write(self, run_dir: Path | str) -> Path:
+        """Write ``run_dir/result.json`` atomically (a reader sees the old record or the new one, never a torn
+        file); return its path."""
         from clbench.io import atomic_write_json
 
-        path = Path(path)
-        atomic_write_json(path / RESULT_FILE if path.is_dir() else path, self.to_dict())
+        path = Path(run_dir) / RESULT_FILE
+        atomic_write_json(path, self.to_dict())
+        return path
 
 
 _NESTED = {"protocols", "params", "time_s", "per_task", "host", "protocol_gap", "extra"}
