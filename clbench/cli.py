@@ -221,7 +221,7 @@ def _add_doctor_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_weights(args: argparse.Namespace) -> int:
-    from clbench.weights_info import print_weights
+    from clbench.weights.info import print_weights
 
     print_weights()
     return 0

@@ -390,7 +390,8 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     record. An unfinished run in ``cfg.out`` with a checkpoint and the same settings is continued from its last
     finished task (``resume=True``: it must be). See :mod:`clbench.checkpoint`."""
     from clbench import checkpoint
-    from clbench.backbones import check_weights_file, state_digest
+    from clbench.backbones import state_digest
+    from clbench.weights.resolve import check_weights_file
     from clbench.datacheck import check_before_run, check_loaded
 
     rep = reporter or Reporter()

@@ -185,7 +185,7 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     root = cache_dir()
     con.print(f"\ncache: {root} ({_mb(_size(root))}; features {_mb(_size(root / 'features'))})")
     from clbench.catalog import BACKBONES, BENCHMARKS
-    from clbench.weights_info import availability
+    from clbench.weights.info import availability
 
     table = Table(title="weights")
     for col in ("backbone", "available", "where / how"):
