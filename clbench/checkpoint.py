@@ -2,7 +2,7 @@
 uninterrupted run would have written.
 
 After every task the harness writes ``<run folder>/checkpoint.pt`` atomically (a temporary file in the same folder,
-fsynced and renamed over the old one, :func:`clbench.io.atomic_write_bytes`), *before* that task's ``result.json``,
+fsynced and renamed over the old one, :func:`clbench.files.atomic_write_bytes`), *before* that task's ``result.json``,
 so a record never claims more tasks than the checkpoint holds. The file is ``torch.save`` of a plain dict:
 
 - ``format``, ``version``: ``"clbench-checkpoint"``, :data:`VERSION`.
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from clbench.errors import ClbenchError
-from clbench.io import atomic_write_bytes
+from clbench.files import atomic_write_bytes
 
 if TYPE_CHECKING:
     from clbench.harness import RunConfig, Session

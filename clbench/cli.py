@@ -250,7 +250,7 @@ def _add_perf_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
-    from clbench.io import atomic_write_json
+    from clbench.files import atomic_write_json
     from clbench.perf import feature_probe, tosca_routing
     from clbench.results import git_revision, library_versions
 

@@ -35,7 +35,7 @@ from clbench.errors import ClbenchError
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
-from clbench.io import atomic_write_json
+from clbench.files import atomic_write_json
 from clbench.results import (
     RESULT_FILE,
     SCHEMA_VERSION,
@@ -92,7 +92,7 @@ class RunDir:
         return self.path / CHECKPOINT_FILE
 
     def _check(self, overwrite: bool) -> None:
-        for tmp in self.path.glob(".*.tmp"):  # left by a process killed mid-write (clbench.io.atomic_write_bytes)
+        for tmp in self.path.glob(".*.tmp"):  # left by a process killed mid-write (clbench.files.atomic_write_bytes)
             tmp.unlink(missing_ok=True)
         result = self.path / RESULT_FILE
         if overwrite:  # the checkpoint first: a kill in between leaves a record that cannot be continued
@@ -391,8 +391,8 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     finished task (``resume=True``: it must be). See :mod:`clbench.checkpoint`."""
     from clbench import checkpoint
     from clbench.backbones import state_digest
-    from clbench.weights.resolve import check_weights_file
     from clbench.datacheck import check_before_run, check_loaded
+    from clbench.weights.resolve import check_weights_file
 
     rep = reporter or Reporter()
     t_start = time.perf_counter()
@@ -523,7 +523,7 @@ def _save_features(path: Path, session: Session, strategy) -> None:
     """Test features for t-SNE figures: frozen and (when the method has them) adapted, fp16."""
     import io
 
-    from clbench.io import atomic_write_bytes
+    from clbench.files import atomic_write_bytes
 
     bench = session.bench
     split = session.split("test", np.arange(len(bench.test)))

@@ -160,7 +160,7 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     from rich.table import Table
 
     import clbench
-    from clbench.io import cache_dir
+    from clbench.files import cache_dir
     from clbench.precision import CpuInfo
     from clbench.results import library_versions
 
@@ -229,7 +229,7 @@ def main_job(strategy: str = "simplecil", log=print) -> dict[str, Any]:
     import shutil
     import tempfile
 
-    from clbench.io import cache_dir
+    from clbench.files import cache_dir
 
     table = precision_table(log=lambda m: None)
     fastest = table["fastest"]

@@ -21,7 +21,7 @@ from typing import Any
 
 from clbench.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.errors import ClbenchError
-from clbench.io import atomic_write_json
+from clbench.files import atomic_write_json
 from clbench.sweep.backends import BACKENDS, LocalBackend, RayBackend, Resources
 from clbench.sweep.plan import (
     ATTEMPT_FILE,
@@ -118,7 +118,7 @@ def run_sweep(spec: SweepSpec, backend_name: str = "local", res: Resources | Non
         os.environ["CLBENCH_CACHE"] = str(Path(cache).resolve())
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     if "CLBENCH_CACHE" not in env:
-        from clbench.io import cache_dir
+        from clbench.files import cache_dir
 
         env["CLBENCH_CACHE"] = str(cache_dir().resolve())
     out.mkdir(parents=True, exist_ok=True)

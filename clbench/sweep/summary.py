@@ -10,7 +10,7 @@ from typing import Any
 
 def write_summary(out: Path, manifest: dict[str, Any], report: bool, tsne: bool, command: str | None) -> list[Path]:
     """``summary.md`` / ``summary.csv`` (mean ± std over seeds) and, with ``report``, ``report/``."""
-    from clbench.io import atomic_write_bytes
+    from clbench.files import atomic_write_bytes
     from clbench.report.build import write_report
     from clbench.report.collect import collect
     from clbench.report.tables import summary_frame, summary_table, to_markdown

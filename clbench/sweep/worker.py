@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
-from clbench.io import atomic_write_json
+from clbench.files import atomic_write_json
 from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_json, same_fingerprint
 
 # Record fields that differ between two executions of the same run (time, place, order of cache use).

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clbench.errors import ClbenchError
-from clbench.io import cache_dir, sha256_file
+from clbench.files import cache_dir, sha256_file
 from clbench.weights.conversions import (
     EFFNET_MODEL,
     VITS14_MODEL,
