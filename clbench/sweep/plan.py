@@ -86,8 +86,8 @@ def parse_data_roots(values: Sequence[str], benches: Sequence[str]) -> dict[str 
 def make_plan(spec: SweepSpec) -> list[PlannedRun]:
     """Every run of the sweep, each checked (names, settings) before anything is loaded."""
     from clbench.catalog import STRATEGIES
-    from clbench.checkpoint import fingerprint
-    from clbench.harness import RunConfig, resolve
+    from clbench.config import RunConfig, fingerprint
+    from clbench.harness import resolve
 
     for scope, key, _ in spec.overrides:
         if scope is not None and scope not in spec.strategies:
@@ -111,7 +111,7 @@ def make_plan(spec: SweepSpec) -> list[PlannedRun]:
                 except ClbenchError as e:
                     if any(s is None for s, _, _ in spec.overrides) and "has no setting" in str(e):
                         raise ClbenchError(e.args[0], "scope a setting to one strategy with --set "
-                                           "STRATEGY.KEY=VALUE, e.g. --set tosca.epochs=5") from None
+                                           "STRATEGY.KEY=VALUE, e.g. --set tosca.epochs=5", e.flags) from None
                     raise
                 plan.append(PlannedRun(run_id, cfg, fingerprint(cfg, backbone)))
     return plan
@@ -131,7 +131,8 @@ def same_fingerprint(saved: dict[str, Any], current: dict[str, Any]) -> bool:
 
 def inspect(run: PlannedRun) -> str | None:
     """Set ``run.state`` from its folder; return why the folder cannot be used (other settings), or None."""
-    from clbench.checkpoint import CHECKPOINT_FILE, differences
+    from clbench.checkpoint import CHECKPOINT_FILE
+    from clbench.config import differences
     from clbench.results import RESULT_FILE
 
     record = read_json(run.path / RESULT_FILE)
@@ -142,7 +143,7 @@ def inspect(run: PlannedRun) -> str | None:
     if saved is None:
         return "its record has no settings fingerprint (written by an older clbench)"
     if not same_fingerprint(saved, run.fingerprint):
-        return "; ".join(d.replace("in the checkpoint", "there") for d in differences(saved, run.fingerprint))
+        return "; ".join(differences(saved, run.fingerprint, there="there"))
     run.tasks_done = len(record.get("per_task", []))
     if record.get("complete"):
         run.state = "complete"

@@ -102,9 +102,9 @@ def run_sweep(spec: SweepSpec, backend_name: str = "local", res: Resources | Non
         raise ClbenchError("--ray-address is for --backend ray", "add --backend ray, or drop --ray-address")
     from clbench.harness import check_folder
 
-    check_folder(spec.out, "--out")
+    check_folder(spec.out, "out")
     if cache is not None:
-        check_folder(Path(cache), "--cache")
+        check_folder(Path(cache), "cache")
     out = spec.out.resolve()
     settings = dict(spec.settings)
     if settings.get("weights") not in (None, *WEIGHT_SOURCES):  # a weights file: absolute, as the data roots

@@ -73,8 +73,9 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
     try:
         record = run(cfg, reporter)
     except ClbenchError as e:
-        reporter.log(f"error: {e}")
-        return {**base, "status": "error", "error": str(e), "finished_at": time.time()}
+        message = e.render(as_flags=True)  # a sweep is driven by the flags of `clbench sweep`
+        reporter.log(f"error: {message}")
+        return {**base, "status": "error", "error": message, "finished_at": time.time()}
     except BaseException as e:
         reporter.log(f"failed: {type(e).__name__}: {e}")
         raise
