@@ -24,7 +24,7 @@ class BackboneSpec:
     timm_name: str
     family: str  # "vit" (transformer with [CLS] and blocks) or "cnn"
     summary: str
-    offline: str | None = None  # key into clbench.offline_weights.OFFLINE_SOURCES
+    offline: str | None = None  # key into clbench.weights.sources.OFFLINE_SOURCES
     timm_kwargs: dict[str, Any] = field(default_factory=dict)
     random_only: bool = False  # an architecture without published weights (test-size models)
 

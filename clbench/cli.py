@@ -92,15 +92,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.resume:
         from clbench.checkpoint import resume_config
-        from clbench.config import check_settings
+        from clbench.config import given_settings
 
-        parser = argparse.ArgumentParser()
-        _add_run_args(parser)
-        defaults = vars(parser.parse_args([]))  # a flag left at its default counts as not given
-        defaults["overrides"] = ()
-        given = {k: v for k, v in values.items() if v != defaults[k]}
-        check_settings(given)  # the messages of a fresh run, before the checkpoint is read
-        cfg = resume_config(args.resume, given)
+        # a flag left at its default counts as not given; checked as in a fresh run, before the checkpoint is read
+        cfg = resume_config(args.resume, given_settings(values))
     elif args.strategy is None:
         raise ClbenchError("clbench run needs --strategy", "or --resume DIR to continue an unfinished run")
     else:
@@ -221,7 +216,7 @@ def _add_doctor_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_weights(args: argparse.Namespace) -> int:
-    from clbench.weights_info import print_weights
+    from clbench.weights.info import print_weights
 
     print_weights()
     return 0
@@ -250,7 +245,7 @@ def _add_perf_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
-    from clbench.io import atomic_write_json
+    from clbench.files import atomic_write_json
     from clbench.perf import feature_probe, tosca_routing
     from clbench.results import git_revision, library_versions
 
@@ -359,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except ClbenchError as e:
-        print(f"clbench: error: {e}", file=sys.stderr)
+        print(f"clbench: error: {e.render(as_flags=True)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("clbench: interrupted; every run folder keeps its last finished task: the same command again "

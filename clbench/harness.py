@@ -24,13 +24,16 @@ from clbench import metrics
 from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
+    RESUME_AND_OVERWRITE,
     RUN_LEVEL_PROFILE_KEYS,
-    run_level,
     RunConfig,
     check_settings,
+    differences,
+    fingerprint,
     make_strategy_config,
+    run_level,
 )
-from clbench.errors import ClbenchError
+from clbench.errors import ClbenchError, setting
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
@@ -50,6 +53,10 @@ from clbench.results import (
     record_says_complete,
     reset_peak_rss,
 )
+
+# Settings named in this module's messages: their Python names in str(error), their flags on the command line.
+OUT, OVERWRITE, RESUME, DEVICE = setting("out"), setting("overwrite"), setting("resume"), setting("device")
+
 
 class Reporter:
     """Progress and messages. The CLI subclasses this with rich; the default is silent."""
@@ -71,19 +78,19 @@ class RunDir:
 
     def __init__(self, path: Path, overwrite: bool) -> None:
         self.path = path
-        check_folder(path, "--out")
+        check_folder(path, "out")
         try:
             path.mkdir(parents=True, exist_ok=True)
             self._lock = open(path / ".lock", "w")
         except OSError as e:
-            raise ClbenchError(f"--out {path}: cannot write the run folder ({e.strerror or e})",
+            raise ClbenchError(f"{OUT} {path}: cannot write the run folder ({e.strerror or e})",
                                "choose a folder you can write to") from None
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock.close()
             raise ClbenchError(f"another clbench process is writing to {path}",
-                               "wait for it to finish or choose another --out") from None
+                               f"wait for it to finish or choose another {OUT}") from None
         try:
             self._check(overwrite)
         except BaseException:
@@ -97,7 +104,7 @@ class RunDir:
         return self.path / CHECKPOINT_FILE
 
     def _check(self, overwrite: bool) -> None:
-        for tmp in self.path.glob(".*.tmp"):  # left by a process killed mid-write (clbench.io.atomic_write_bytes)
+        for tmp in self.path.glob(".*.tmp"):  # left by a process killed mid-write (clbench.files.atomic_write_bytes)
             tmp.unlink(missing_ok=True)
         result = self.path / RESULT_FILE
         if overwrite:  # the checkpoint first: a kill in between leaves a record that cannot be continued
@@ -107,11 +114,11 @@ class RunDir:
         if not result.exists():
             return
         if record_says_complete(result):
-            raise ClbenchError(f"--out {self.path} already holds a finished run",
-                               "pass --overwrite to replace it, or choose another --out")
+            raise ClbenchError(f"{OUT} {self.path} already holds a finished run",
+                               f"pass {OVERWRITE} to replace it, or choose another {OUT}")
         if not self.checkpoint_path.exists():
-            raise ClbenchError(f"--out {self.path} already holds an unfinished run without a checkpoint to continue "
-                               "from", "pass --overwrite to replace it, or choose another --out")
+            raise ClbenchError(f"{OUT} {self.path} already holds an unfinished run without a checkpoint to continue "
+                               f"from", f"pass {OVERWRITE} to replace it, or choose another {OUT}")
 
     def resumable(self, fingerprint: dict[str, Any], map_location: torch.device, required: bool) -> dict[str, Any] | None:
         """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
@@ -119,15 +126,15 @@ class RunDir:
 
         if not self.checkpoint_path.exists():
             if required:
-                raise ClbenchError(f"--resume {self.path}: no {self.checkpoint_path.name} to continue from",
-                                   "run the same command without --resume to start it over")
+                raise ClbenchError(f"{RESUME} {self.path}: no {self.checkpoint_path.name} to continue from",
+                                   f"run the same command without {RESUME} to start it over")
             return None
         ckpt = checkpoint.load(self.checkpoint_path, map_location)
-        diff = checkpoint.differences(ckpt["fingerprint"], fingerprint)
+        diff = differences(ckpt["fingerprint"], fingerprint)
         if diff:
-            raise ClbenchError(f"--out {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
-                               f"continue it with `clbench run --resume {self.path}`, pass --overwrite to start "
-                               "over, or choose another --out")
+            raise ClbenchError(f"{OUT} {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
+                               f"continue it with {RESUME} {self.path}, pass {OVERWRITE} to start over, or choose "
+                               f"another {OUT}", flags={"overrides": "--set"})
         return ckpt
 
     def release(self) -> None:
@@ -136,9 +143,11 @@ class RunDir:
             self._lock.close()
 
 
-def check_folder(path: Path, flag: str) -> None:
+def check_folder(path: Path, name: str) -> None:
     """Refuse a folder that cannot hold files: one under a regular file, a file itself, inside a pseudo file system
-    (/proc, /sys, /dev), or whose nearest existing parent is not writable. Creates nothing."""
+    (/proc, /sys, /dev), or whose nearest existing parent is not writable. Creates nothing. ``name``: the setting
+    that gave the folder (``out``, ``cache``), as the messages call it."""
+    flag = setting(name)
     path = Path(path).expanduser()
     absolute = Path(os.path.abspath(path))
     if absolute.parts[1:2] and absolute.parts[1] in ("proc", "sys", "dev"):
@@ -164,8 +173,10 @@ def _read_only(path: Path) -> bool:
         return False
 
 
-def check_free_space(path: Path, need: int, flag: str, what: str) -> None:
-    """Refuse to start when the file system of ``path`` has less than ``need`` bytes free."""
+def check_free_space(path: Path, need: int, name: str, what: str) -> None:
+    """Refuse to start when the file system of ``path`` (given by setting ``name``) has less than ``need`` bytes
+    free."""
+    flag = setting(name)
     try:
         free = shutil.disk_usage(path).free
     except OSError:
@@ -194,9 +205,9 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ClbenchError("--device cuda: no CUDA device is available", "use --device cpu or auto")
+        raise ClbenchError(f"{DEVICE} cuda: no CUDA device is available", f"use {DEVICE} cpu or auto")
     if name not in ("cpu", "cuda"):
-        raise ClbenchError(f"--device {name}: expected auto, cpu or cuda")
+        raise ClbenchError(f"{DEVICE} {name}: expected auto, cpu or cuda")
     return torch.device(name)
 
 
@@ -234,7 +245,8 @@ class _ProtocolLog:
 
 def _protocols(cfg: RunConfig, strategy_cls: type) -> list[str]:
     if cfg.protocol not in PROTOCOL_CHOICES:
-        raise ClbenchError(f"--protocol {cfg.protocol!r} is unknown; valid protocols: {', '.join(PROTOCOL_CHOICES)}")
+        raise ClbenchError(f"{setting('protocol')} {cfg.protocol!r} is unknown; valid protocols: "
+                           f"{', '.join(PROTOCOL_CHOICES)}")
     wanted = ["per-sample", "reference"] if cfg.protocol == "both" else [cfg.protocol]
     for p in wanted:
         if p not in strategy_cls.protocols:
@@ -391,24 +403,25 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     record. An unfinished run in ``cfg.out`` with a checkpoint and the same settings is continued from its last
     finished task (``resume=True``: it must be). See :mod:`clbench.checkpoint`."""
     from clbench import checkpoint
-    from clbench.backbones import check_weights_file, state_digest
+    from clbench.backbones import state_digest
     from clbench.datacheck import check_before_run, check_loaded
+    from clbench.weights.resolve import check_weights_file
 
     rep = reporter or Reporter()
     t_start = time.perf_counter()
     _, _, backbone_name, _, _ = resolve(cfg)  # every bad name or setting fails here, before a run folder is made
     if resume and cfg.overwrite:
-        raise ClbenchError("--resume continues a run and --overwrite starts it over: pass only one of them")
+        raise ClbenchError(RESUME_AND_OVERWRITE)
     out = Path(cfg.out) if cfg.out is not None else default_run_dir(cfg)
-    check_folder(out, "--out")
+    check_folder(out, "out")
     check_weights_file(cfg.weights)
     data_problems = check_before_run(cfg.bench, cfg.data_root, cfg.ignore_data_problems)  # as `clbench data check`
     run_dir = RunDir(out, cfg.overwrite)
     caller_rng = checkpoint.capture_rng()
     reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
     try:
-        fingerprint, revision = checkpoint.fingerprint(cfg, backbone_name), git_revision()
-        ckpt = run_dir.resumable(fingerprint, resolve_device(cfg.device), required=resume)
+        settings_fp, revision = fingerprint(cfg, backbone_name), git_revision()
+        ckpt = run_dir.resumable(settings_fp, resolve_device(cfg.device), required=resume)
         if ckpt is None:
             (run_dir.path / RESULT_FILE).unlink(missing_ok=True)
         torch.manual_seed(cfg.seed)  # the run owns the seed; strategies draw from ctx.generator()
@@ -418,8 +431,8 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         session = prepare(cfg, rep, precision=started_at)
         session.data_problems = data_problems + check_loaded(session.bench, cfg.ignore_data_problems)
         for problem in session.data_problems:
-            rep.log(f"warning: data problem, run anyway (--ignore-data-problems): {problem}")
-        check_free_space(run_dir.path, estimate_run_bytes(session), "--out", "the record, checkpoint and features")
+            rep.log(f"warning: data problem, run anyway (ignore_data_problems): {problem}")
+        check_free_space(run_dir.path, estimate_run_bytes(session), "out", "the record, checkpoint and features")
         strategy, bench, protocols = session.strategy, session.bench, session.protocols
         logs = {p: _ProtocolLog() for p in protocols}
         per_task: list[TaskEntry] = []
@@ -427,7 +440,8 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         before = {"features": 0.0, "train": 0.0, "eval": 0.0, "checkpoint": 0.0, "total": 0.0}  # earlier segments
         peak_before = 0.0
         if ckpt is not None:
-            checkpoint.check_session(ckpt, session, run_dir.checkpoint_path)
+            checkpoint.check_inputs(ckpt, run_dir.checkpoint_path, session.backbone.digest, session.precision.name,
+                                    session.precision.reason, checkpoint.data_identity(session.bench))
             if ckpt["git_revision"] != revision:
                 rep.log(f"note: the checkpoint was written by code at {ckpt['git_revision']}, now {revision}")
             strategy.load_state_dict(ckpt["strategy"])
@@ -476,9 +490,9 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
 
             t0 = time.perf_counter()  # the checkpoint first: a record never claims more than it holds
             checkpoint.save(run_dir.checkpoint_path, {
-                "config": dataclasses.asdict(cfg), "fingerprint": fingerprint,
+                "config": dataclasses.asdict(cfg), "fingerprint": settings_fp,
                 "backbone_digest": session.backbone.digest, "precision": session.precision.name,
-                "precision_reason": session.precision.reason, "data": checkpoint.data_identity(session),
+                "precision_reason": session.precision.reason, "data": checkpoint.data_identity(session.bench),
                 "tasks_done": t + 1, "strategy": strategy.state_dict(), "rng": checkpoint.capture_rng(),
                 "logs": {p: dataclasses.asdict(log) for p, log in logs.items()},
                 "per_task": [e.to_dict() for e in per_task],
@@ -487,7 +501,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             })
             t_ckpt += time.perf_counter() - t0
             record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=False,
-                             resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=fingerprint)
+                             resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=settings_fp)
             record.peak_rss_mb = max(peak_before, record.peak_rss_mb)  # over every segment of the run
             record.write(run_dir.path)
 
@@ -496,7 +510,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         if cfg.save_features:
             _save_features(run_dir.path, session, strategy)
         record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=True,
-                         resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=fingerprint)
+                         resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=settings_fp)
         record.peak_rss_mb = max(peak_before, record.peak_rss_mb)
         record.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
         record.write(run_dir.path)
@@ -522,7 +536,7 @@ def _save_features(path: Path, session: Session, strategy) -> None:
     """Test features for t-SNE figures: frozen and (when the method has them) adapted, fp16."""
     import io
 
-    from clbench.io import atomic_write_bytes
+    from clbench.files import atomic_write_bytes
 
     bench = session.bench
     split = session.split("test", np.arange(len(bench.test)))

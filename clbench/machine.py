@@ -160,7 +160,7 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     from rich.table import Table
 
     import clbench
-    from clbench.io import cache_dir
+    from clbench.files import cache_dir
     from clbench.precision import CpuInfo
     from clbench.results import library_versions
 
@@ -185,7 +185,7 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     root = cache_dir()
     con.print(f"\ncache: {root} ({_mb(_size(root))}; features {_mb(_size(root / 'features'))})")
     from clbench.catalog import BACKBONES, BENCHMARKS
-    from clbench.weights_info import availability
+    from clbench.weights.info import availability
 
     table = Table(title="weights")
     for col in ("backbone", "available", "where / how"):
@@ -229,7 +229,7 @@ def main_job(strategy: str = "simplecil", log=print) -> dict[str, Any]:
     import shutil
     import tempfile
 
-    from clbench.io import cache_dir
+    from clbench.files import cache_dir
 
     table = precision_table(log=lambda m: None)
     fastest = table["fastest"]

@@ -2,7 +2,7 @@
 
 - ``sweep-overhead``: runs the same small sweep (SimpleCIL, several seeds, the micro ViT on the embedded benchmark)
   on the local backend and on a local Ray, one run at a time, and reports each backend's overhead from the sweep's
-  own timestamps (:func:`clbench.sweep.overhead`): scheduling and record collection per run, and the start-up.
+  own timestamps (:func:`clbench.sweep.runner.overhead`): scheduling and record collection per run, and the start-up.
 - ``projection``: the compute a paper table needs. It measures, on this machine's device, the per-image cost of one
   frozen forward pass of the paper backbone (ViT-B/16 at 224 px, at the precision a run on that device chooses
   (:mod:`clbench.precision`)), of one training pass (forward and backward through the frozen ViT to input-side parameters, as L2P's

@@ -345,7 +345,7 @@ class RunRecord:
     def write(self, run_dir: Path | str) -> Path:
         """Write ``run_dir/result.json`` atomically (a reader sees the old record or the new one, never a torn
         file); return its path."""
-        from clbench.io import atomic_write_json
+        from clbench.files import atomic_write_json
 
         path = Path(run_dir) / RESULT_FILE
         atomic_write_json(path, self.to_dict())

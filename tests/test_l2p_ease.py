@@ -276,7 +276,7 @@ def test_non_vit_backbone_is_refused_with_a_clear_error(tmp_path, method):
 @pytest.mark.veryslow
 @pytest.mark.parametrize("method", ["l2p", "ease"])
 def test_quick_profile_on_the_embedded_benchmark_with_the_offline_vit(tmp_path, method):
-    from clbench import offline_weights as ow
+    from clbench.weights import sources as ow
 
     try:  # converted once into the clbench cache, as in test_real.py
         ow.offline_weights("vit_small_patch14_dinov2")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
-from clbench.io import atomic_write_bytes
+from clbench.files import atomic_write_bytes
 from clbench.report.collect import Collection, git_short
 from clbench.report.figures import FIG_DIR, FigureOut, accuracy_curves, make_figures, provenance, slug
 from clbench.report.tables import (

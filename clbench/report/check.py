@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from clbench.errors import ClbenchError
-from clbench.io import atomic_write_json
+from clbench.files import atomic_write_json
 from clbench.report.collect import Collection, Run, bench_label, config_digest
 from clbench.results import DEFAULT_CLASS_ORDER_SEED
 
