@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from clbench.cli import main
+from clbench.results import RunRecord, load_record
 from clbench.sweep import ATTEMPT_FILE, SWEEP_FILE, comparable, overhead
 
 RUNS = ("simplecil-emoji-s1", "simplecil-emoji-s2", "tosca-emoji-s1", "tosca-emoji-s2")
@@ -30,8 +31,8 @@ SWEEP = ["sweep", "--strategies", "simplecil,tosca", "--seeds", "1,2", *MICRO, "
          "--no-tsne"]
 
 
-def records(out: Path) -> dict[str, dict]:
-    return {r: json.loads((out / "runs" / r / "result.json").read_text()) for r in RUNS}
+def records(out: Path) -> dict[str, RunRecord]:
+    return {r: load_record(out / "runs" / r) for r in RUNS}
 
 
 def sweep(argv: list[str], capsys) -> tuple[int, str]:
@@ -89,8 +90,8 @@ def test_local_sweep_survives_a_killed_worker_and_writes_the_table(local_sweep):
     assert code == 0
     assert killed_after is not None, "the kill never landed"
     recs = records(out)
-    assert all(r["complete"] for r in recs.values())
-    assert recs["tosca-emoji-s1"]["resumed_from_task"] == [killed_after]  # continued, not restarted
+    assert all(r.complete for r in recs.values())
+    assert recs["tosca-emoji-s1"].resumed_from_task == [killed_after]  # continued, not restarted
     manifest = json.loads((out / SWEEP_FILE).read_text())
     assert manifest["complete"] and manifest["backend"]["backend"] == "local"
     assert manifest["runs"]["tosca-emoji-s1"]["attempts"] >= 2
@@ -141,7 +142,7 @@ def test_ray_cluster_gives_the_local_records_and_retries_a_preempted_run(local_s
     ray_recs, local_recs = records(out), records(local)
     for run_id in RUNS:
         assert comparable(ray_recs[run_id]) == comparable(local_recs[run_id]), run_id
-    assert ray_recs["tosca-emoji-s1"]["resumed_from_task"] == [killer.killed_after]
+    assert ray_recs["tosca-emoji-s1"].resumed_from_task == [killer.killed_after]
     manifest = json.loads((out / SWEEP_FILE).read_text())
     assert manifest["backend"]["backend"] == "ray" and manifest["backend"]["cpus_per_run"] == 1
     hosts = {manifest["runs"][r]["pid"] for r in RUNS}
@@ -199,8 +200,8 @@ def test_a_killed_sweep_is_continued_not_restarted(local_sweep, tmp_path, capsys
     code, text = sweep(argv, capsys)
     assert code == 0, text
     assert "1 to continue from their checkpoint" in text
-    rec = json.loads((run_dir / "result.json").read_text())
-    assert rec["resumed_from_task"] == [killed_after]
+    rec = load_record(run_dir)
+    assert rec.resumed_from_task == [killed_after]
     assert comparable(rec) == comparable(records(local)["tosca-emoji-s1"])
 
 
@@ -255,7 +256,7 @@ def test_ray_backend_starts_its_own_local_ray_when_given_no_address(local_sweep,
     manifest = json.loads((out / SWEEP_FILE).read_text())
     assert manifest["backend"]["address"] == "local (started for the sweep)"
     assert manifest["backend"]["cluster"]["CPU"] == 1  # --jobs 1 x 1 CPU per run
-    rec = json.loads((out / "runs" / "simplecil-emoji-s1" / "result.json").read_text())
+    rec = load_record(out / "runs" / "simplecil-emoji-s1")
     assert comparable(rec) == comparable(records(local)["simplecil-emoji-s1"])
     assert not sys.modules["ray"].is_initialized()
 

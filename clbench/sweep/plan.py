@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
+from clbench.results import RunRecord
 
 SWEEP_FILE = "sweep.json"
 ATTEMPT_FILE = "attempt.json"
@@ -125,7 +126,18 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def same_fingerprint(saved: dict[str, Any], current: dict[str, Any]) -> bool:
+def read_run_record(run_dir: Path) -> RunRecord | None:
+    """The run's record, finished or not; None where it has none yet, or a torn one (a write killed midway leaves
+    the run to its checkpoint). Raises ClbenchError for a record this clbench refuses (another schema version, a
+    mistyped field)."""
+    from clbench.results import RESULT_FILE, read_record
+
+    if read_json(run_dir / RESULT_FILE) is None:
+        return None
+    return read_record(run_dir)
+
+
+def same_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any]) -> bool:
     return json.loads(json.dumps(saved)) == json.loads(json.dumps(current))
 
 
@@ -133,19 +145,21 @@ def inspect(run: PlannedRun) -> str | None:
     """Set ``run.state`` from its folder; return why the folder cannot be used (other settings), or None."""
     from clbench.checkpoint import CHECKPOINT_FILE
     from clbench.config import differences
-    from clbench.results import RESULT_FILE
 
-    record = read_json(run.path / RESULT_FILE)
+    try:
+        record = read_run_record(run.path)
+    except ClbenchError as e:
+        return f"its record cannot be used ({str(e.args[0]).split(': ', 1)[-1]})"
     if record is None:
         run.state = "partial" if (run.path / CHECKPOINT_FILE).exists() else "new"
         return None
-    saved = record.get("fingerprint")
+    saved = record.fingerprint
     if saved is None:
         return "its record has no settings fingerprint (written by an older clbench)"
     if not same_fingerprint(saved, run.fingerprint):
         return "; ".join(differences(saved, run.fingerprint, there="there"))
-    run.tasks_done = len(record.get("per_task", []))
-    if record.get("complete"):
+    run.tasks_done = record.tasks_done
+    if record.complete:
         run.state = "complete"
     elif (run.path / CHECKPOINT_FILE).exists():
         run.state = "partial"

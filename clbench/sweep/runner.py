@@ -32,6 +32,7 @@ from clbench.sweep.plan import (
     check_folders,
     make_plan,
     read_json,
+    read_run_record,
 )
 
 # Environment passed from the sweep to every run (wherever it executes): where weights and caches live, offline mode.
@@ -166,7 +167,7 @@ def _lock_sweep(out: Path):
 
 def _execute_plan(plan: list[PlannedRun], manifest: dict[str, Any], out: Path, backend_name: str,
                   res: Resources, ray_address: str | None, view: SweepView, env: dict[str, str]) -> dict[str, Any]:
-    from clbench.results import RESULT_FILE
+    from clbench.results import load_record
 
     todo = [r for r in plan if r.state != "complete"]
     sweep_start = time.time()
@@ -206,17 +207,18 @@ def _execute_plan(plan: list[PlannedRun], manifest: dict[str, Any], out: Path, b
                 r = by_id[run_id]
                 now = time.time()
                 if outcome is not None and outcome["status"] == "done":
-                    record = read_json(r.path / RESULT_FILE)
-                    if not (record and record.get("complete")):
-                        failure, outcome = "the run reported success but its record is not complete", None
+                    try:
+                        record = load_record(r.path)
+                    except ClbenchError as e:
+                        failure, outcome = f"the run reported success but its record cannot be used ({e.args[0]})", None
                     else:
                         r.outcome.update(outcome, collected_at=time.time(), attempts=attempts[run_id],
-                                         last_acc=record.get("last_acc"), avg_acc=record.get("avg_acc"))
+                                         last_acc=record.last_acc, avg_acc=record.avg_acc)
                         r.state = "complete"
                         running.discard(run_id)
-                        resumed = record.get("resumed_from_task") or []
+                        resumed = record.resumed_from_task
                         note = f" (continued after task {resumed[-1]})" if resumed else ""
-                        view.ended(r, True, f"final {record['last_acc']:.2f}  avg {record['avg_acc']:.2f}  "
+                        view.ended(r, True, f"final {record.last_acc:.2f}  avg {record.avg_acc:.2f}  "
                                             f"{outcome['finished_at'] - outcome['started_at']:.0f} s{note}")
                         save()
                         continue
@@ -235,9 +237,12 @@ def _execute_plan(plan: list[PlannedRun], manifest: dict[str, Any], out: Path, b
                 r = by_id[run_id]
                 attempt = read_json(r.path / ATTEMPT_FILE)
                 if attempt and attempt.get("sweep") == sweep_id:
-                    record = read_json(r.path / RESULT_FILE)
-                    done_tasks = len(record.get("per_task", [])) if record else 0
-                    n_tasks = len(record["task_sizes"]) if record and record.get("task_sizes") else None
+                    try:
+                        record = read_run_record(r.path)
+                    except ClbenchError:
+                        record = None
+                    done_tasks = record.tasks_done if record else 0
+                    n_tasks = len(record.task_sizes) if record else None
                     view.running(r, done_tasks, n_tasks, _last_line(r.path / LOG_FILE))
     except BaseException:
         manifest["interrupted"] = datetime.now(timezone.utc).isoformat(timespec="seconds")

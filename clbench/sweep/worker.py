@@ -13,7 +13,8 @@ from typing import Any
 
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
-from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_json, same_fingerprint
+from clbench.results import RunRecord
+from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record, same_fingerprint
 
 # Record fields that differ between two executions of the same run (time, place, order of cache use).
 VOLATILE_FIELDS = ("created", "finished", "command", "time_s", "peak_rss_mb", "feature_cache", "host",
@@ -52,7 +53,6 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from clbench.harness import RunConfig, run
-    from clbench.results import RESULT_FILE
 
     torch.set_num_threads(payload["threads"])
     values = dict(payload["config"])
@@ -63,10 +63,13 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
     started = time.time()
     where = {"host": socket.gethostname(), "pid": os.getpid()}
     base = {"run_id": payload["run_id"], "started_at": started, **where}
-    record = read_json(path / RESULT_FILE)
-    if record and record.get("complete") and same_fingerprint(record.get("fingerprint"), payload["fingerprint"]):
+    try:
+        record = read_run_record(path)
+    except ClbenchError:  # not a record this run can be; the harness says why when it meets the folder
+        record = None
+    if record and record.complete and same_fingerprint(record.fingerprint, payload["fingerprint"]):
         # a retry of an attempt that finished writing but died before it reported
-        return {**base, "status": "done", "finished_at": time.time(), "resumed_from_task": record["resumed_from_task"]}
+        return {**base, "status": "done", "finished_at": time.time(), "resumed_from_task": record.resumed_from_task}
     atomic_write_json(path / ATTEMPT_FILE, {"sweep": payload["sweep_id"], **base})
     reporter = _LogReporter(path / LOG_FILE)
     reporter.log(f"attempt started on {where['host']} (pid {where['pid']}, {payload['threads']} threads)")
@@ -81,12 +84,12 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
         raise
     finally:
         reporter.close()
-    return {**base, "status": "done", "finished_at": time.time(), "resumed_from_task": record["resumed_from_task"]}
+    return {**base, "status": "done", "finished_at": time.time(), "resumed_from_task": record.resumed_from_task}
 
 
-def comparable(record: dict[str, Any]) -> dict[str, Any]:
-    """A record without the fields that differ between two executions of the same run (times, host, cache events,
-    resumes). Two backends that ran the same plan must agree on everything left."""
-    out = {k: v for k, v in record.items() if k not in VOLATILE_FIELDS}
-    out["per_task"] = [{k: v for k, v in t.items() if k not in VOLATILE_PER_TASK} for t in record.get("per_task", [])]
+def comparable(record: RunRecord) -> dict[str, Any]:
+    """A record as JSON without the fields that differ between two executions of the same run (times, host, cache
+    events, resumes). Two backends that ran the same plan must agree on everything left."""
+    out = {k: v for k, v in record.to_dict().items() if k not in VOLATILE_FIELDS}
+    out["per_task"] = [{k: v for k, v in t.items() if k not in VOLATILE_PER_TASK} for t in out["per_task"]]
     return out
