@@ -568,7 +568,7 @@ def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], p
         complete=complete,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         command=command_line(),
-        fingerprint=fingerprint,  # the run's defining settings (clbench.checkpoint.DEFINING_FIELDS)
+        fingerprint=fingerprint,  # the run's defining settings (clbench.config.DEFINING_FIELDS)
         strategy=strategy.name,
         strategy_config=dataclasses.asdict(strategy.cfg),
         profile=cfg.profile,

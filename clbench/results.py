@@ -86,7 +86,8 @@ def peak_rss_mb() -> float:
 #   1: fields were added without a version change (fingerprint, n_images, class_names, resumed_from_task,
 #      time_s.checkpoint, host details, precision_reason); records before ``--precision`` say ``autocast: true/false``
 #      (bf16 / fp32) instead of ``precision``.
-#   2: written through :class:`RunRecord`: every field present (null where unknown), ``precision`` always named.
+#   2: written through :class:`RunRecord`: ``precision`` always named; every top-level field present (null where
+#      unknown) but ``protocol_gap`` and ``finished``, written where set. The JSON layout is version 1's.
 OLDEST_READABLE = 1
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
@@ -240,7 +241,7 @@ class RunRecord:
     time_s: Times
     created: str | None = None  # ISO time of this write
     command: str | None = None
-    fingerprint: Json | None = None  # the run's defining settings (clbench.checkpoint.DEFINING_FIELDS)
+    fingerprint: Json | None = None  # the run's defining settings (clbench.config.DEFINING_FIELDS)
     strategy_config: Json = field(default_factory=dict)  # the strategy's settings dataclass, as written
     profile: str | None = None
     n_classes: int | None = None

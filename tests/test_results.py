@@ -203,3 +203,24 @@ def test_the_harness_returns_the_record_it_wrote(tmp_path):
     assert _text(load_record(tmp_path / "run")) == _text(rec)
     assert rec.precision_reason == "forced (--precision fp32)" and rec.fingerprint["strategy"] == "simplecil"
     assert rec.host.cpus and rec.host.isa_limits is not None and rec.finished
+
+
+# ------------------------------------------------------------------------------------------- the sweep
+def test_the_sweep_reads_unfinished_records_and_names_the_ones_it_cannot_use(tmp_path):
+    from types import SimpleNamespace
+
+    from clbench.sweep.plan import PlannedRun, inspect
+
+    unfinished = _fixture("tosca-s1994")
+    unfinished.update(complete=False, fingerprint={"seed": 1994})
+    planned = PlannedRun("r", SimpleNamespace(out=str(_write(tmp_path / "a", unfinished))), {"seed": 1994})
+    (tmp_path / "a" / "checkpoint.pt").write_bytes(b"")
+    assert inspect(planned) is None and (planned.state, planned.tasks_done) == ("partial", 6)
+
+    future = {**unfinished, "schema_version": SCHEMA_VERSION + 1}
+    planned = PlannedRun("r", SimpleNamespace(out=str(_write(tmp_path / "b", future))), {"seed": 1994})
+    assert inspect(planned) == (f"its record cannot be used (schema version {SCHEMA_VERSION + 1} is newer than "
+                                f"this clbench reads (1 to {SCHEMA_VERSION}))")
+
+    planned = PlannedRun("r", SimpleNamespace(out=str(_write(tmp_path / "c", '{"complete": tr'))), {"seed": 1994})
+    assert inspect(planned) is None and planned.state == "new"  # a torn record: as if none was written
