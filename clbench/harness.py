@@ -35,10 +35,10 @@ from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: im
     run_level,
 )
 from clbench.errors import ClbenchError, setting
+from clbench.files import atomic_write_json
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
-from clbench.files import atomic_write_json
 from clbench.results import (
     RESULT_FILE,
     SCHEMA_VERSION,
