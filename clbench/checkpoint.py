@@ -7,8 +7,8 @@ so a record never claims more tasks than the checkpoint holds. The file is ``tor
 
 - ``format``, ``version``: ``"clbench-checkpoint"``, :data:`VERSION`.
 - ``config``: every :class:`~clbench.config.RunConfig` field (``clbench run --resume DIR`` reads them).
-- ``fingerprint``: the fields that define the run (:data:`clbench.config.DEFINING_FIELDS`, backbone resolved to its name); a run
-  with other values is refused, never continued.
+- ``fingerprint``: the fields that define the run (:data:`clbench.config.DEFINING_FIELDS`, backbone resolved to its
+  name); a run with other values is refused, never continued.
 - ``backbone_digest`` and ``data`` (train/test content fingerprints, class order, task sizes): checked once the
   benchmark and backbone are loaded again.
 - ``tasks_done``: tasks learnt and evaluated; the run continues with task ``tasks_done``.

@@ -14,7 +14,8 @@ from clbench import __version__
 from clbench.errors import ClbenchError
 
 
-def _kv(text: str) -> tuple[str, str]:
+def parse_key_value(text: str) -> tuple[str, str]:
+    """``--set KEY=VALUE`` -> (KEY, VALUE), for argparse."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -68,7 +69,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", help="data folder for benchmarks that are not embedded")
     p.add_argument("--seed", type=int, default=1993, help="seed of every RNG in the run (default: 1993)")
     _add_setting_args(p)
-    p.add_argument("--set", dest="overrides", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", type=parse_key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="override one strategy setting (repeatable), e.g. --set epochs=5")
     p.add_argument("--out", help="run folder (default: runs/<strategy>-<bench>-s<seed>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
@@ -119,7 +120,7 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
                         "skips complete runs and continues unfinished ones")
     g.add_argument("--data-root", action="append", default=[], metavar="[BENCH=]DIR",
                    help="data folder for every benchmark, or BENCH=DIR for one (repeatable)")
-    g.add_argument("--set", dest="overrides", type=_kv, action="append", default=[], metavar="[STRATEGY.]KEY=VALUE",
+    g.add_argument("--set", dest="overrides", type=parse_key_value, action="append", default=[], metavar="[STRATEGY.]KEY=VALUE",
                    help="override a strategy setting for every strategy, or for one with STRATEGY.KEY (repeatable)")
     _add_setting_args(p)
     g = p.add_argument_group("where to run")

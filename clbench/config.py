@@ -353,7 +353,8 @@ def make_strategy_config(strategy_cls: type, profile: str | None, overrides: tup
             close = difflib.get_close_matches(key, sorted(fields), n=1)
             raise ClbenchError(
                 f"{OVERRIDES} {key}: {strategy_cls.name} has no setting {key!r}; valid keys: "
-                f"{', '.join(sorted(fields)) or 'none'}", f"did you mean {close[0]!r}?" if close else None, flags=SET_FLAG)
+                f"{', '.join(sorted(fields)) or 'none'}", f"did you mean {close[0]!r}?" if close else None,
+                flags=SET_FLAG)
         values[key] = _convert(value, hints[key], key)
     try:
         return config_cls(**values)

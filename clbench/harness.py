@@ -11,11 +11,11 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: im
     run_level,
 )
 from clbench.errors import ClbenchError, setting
+from clbench.files import atomic_write_json
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
@@ -53,6 +54,12 @@ from clbench.results import (
     record_says_complete,
     reset_peak_rss,
 )
+
+if TYPE_CHECKING:
+    from clbench.backbones import FrozenBackbone
+    from clbench.benchmarks.base import Benchmark, BenchmarkSpec
+    from clbench.strategy import Split, Strategy, Task
+    from clbench.transforms import TransformSpec
 
 # Settings named in this module's messages: their Python names in str(error), their flags on the command line.
 OUT, OVERWRITE, RESUME, DEVICE = setting("out"), setting("overwrite"), setting("resume"), setting("device")
@@ -186,7 +193,7 @@ def check_free_space(path: Path, need: int, name: str, what: str) -> None:
                            f"free disk space or choose another {flag}")
 
 
-def estimate_run_bytes(session: "Session") -> int:
+def estimate_run_bytes(session: PreparedRun) -> int:
     """A generous estimate of what a run folder will hold: the record, the checkpoint (class statistics and the
     strategy's modules, twice while it is replaced) and features.npz (fp16, frozen and adapted)."""
     d, n_test, n_classes = session.backbone.num_features, len(session.bench.test), session.bench.n_classes
@@ -256,33 +263,33 @@ def _protocols(cfg: RunConfig, strategy_cls: type) -> list[str]:
 
 
 @dataclass
-class Step:
-    """One task of the stream: what the strategy learns from and what it is evaluated on afterwards."""
+class TaskAndTest:
+    """One task of the stream: what the strategy learns from, and the test images it is evaluated on afterwards."""
 
-    task: Any  # clbench.strategy.Task
-    test: Any  # clbench.strategy.Split of every seen class's test images, class by class
+    task: Task
+    test: Split  # every seen class's test images, class by class
     sample_task: np.ndarray  # (N_test,) the task each test image belongs to
 
 
 @dataclass
-class Session:
-    """A prepared run: benchmark, frozen backbone, transforms, cached features and the strategy."""
+class PreparedRun:
+    """A run ready to loop over its tasks: benchmark, frozen backbone, transforms, cached features and the strategy."""
 
     cfg: RunConfig
-    spec: Any
-    bench: Any
-    backbone: Any
-    eval_tf: Any
-    train_tf: Any
+    spec: BenchmarkSpec
+    bench: Benchmark
+    backbone: FrozenBackbone
+    eval_tf: TransformSpec
+    train_tf: TransformSpec
     precision: Precision
-    features: dict[str, torch.Tensor]
+    features: dict[str, torch.Tensor]  # "train" / "test" -> (N, d) frozen features
     cache_events: list[str]
-    t_features: float
-    strategy: Any
+    t_features: float  # seconds spent on frozen features (computing or loading them)
+    strategy: Strategy
     protocols: list[str]
-    data_problems: list[str] = field(default_factory=list)  # found and run anyway (--ignore-data-problems)
+    data_problems: list[str] = field(default_factory=list)  # found and run anyway (ignore_data_problems)
 
-    def split(self, which: str, indices: np.ndarray):
+    def split(self, which: str, indices: np.ndarray) -> Split:
         from clbench.strategy import Split
 
         source, y = (self.bench.train, self.bench.train_y) if which == "train" else (self.bench.test, self.bench.test_y)
@@ -292,8 +299,8 @@ class Session:
     def __post_init__(self) -> None:
         self._eval, self._train = self.eval_tf.build(), self.train_tf.build()
 
-    def steps(self):
-        """The Avalanche train stream as :class:`Step` objects (the test split covers all seen classes)."""
+    def tasks(self) -> Iterator[TaskAndTest]:
+        """The Avalanche train stream, one :class:`TaskAndTest` per task (the test split covers all seen classes)."""
         from clbench.benchmarks.streams import avalanche_benchmark, experience_classes, experience_indices
         from clbench.strategy import Task
 
@@ -305,10 +312,10 @@ class Session:
             task = Task(exp.current_experience, classes, n_seen, self.split("train", experience_indices(exp)))
             seen = np.flatnonzero(self.bench.test_y < n_seen)
             seen = seen[np.argsort(self.bench.test_y[seen], kind="stable")]  # class by class, as the reference
-            yield Step(task, self.split("test", seen), task_of[self.bench.test_y[seen]])
+            yield TaskAndTest(task, self.split("test", seen), task_of[self.bench.test_y[seen]])
 
 
-def resolve(cfg: RunConfig):
+def resolve(cfg: RunConfig) -> tuple[type[Strategy], BenchmarkSpec, str, list[str], Any]:
     """Check every name and setting of ``cfg`` (cheap; nothing is loaded). Raises ClbenchError."""
     check_settings({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # also set by RunConfig
     strategy_cls = STRATEGIES.get(cfg.strategy)
@@ -327,7 +334,8 @@ def resolve(cfg: RunConfig):
     return strategy_cls, spec, backbone_name, protocols, strategy_cfg
 
 
-def frozen_inputs(cfg: RunConfig, spec: Any, backbone_name: str, strategy_cls: type, device: torch.device):
+def frozen_inputs(cfg: RunConfig, spec: BenchmarkSpec, backbone_name: str, strategy_cls: type[Strategy],
+                  device: torch.device) -> tuple[FrozenBackbone, TransformSpec, TransformSpec]:
     """The frozen backbone on ``device`` and the (eval, train) :class:`~clbench.transforms.TransformSpec` of a run:
     input size from ``cfg.img_size``, else the profile's, else the benchmark's; the benchmark's resize/crop scaled
     to it; the benchmark's normalisation unless ``cfg.normalize`` says otherwise. :func:`prepare` and
@@ -345,8 +353,8 @@ def frozen_inputs(cfg: RunConfig, spec: Any, backbone_name: str, strategy_cls: t
     return backbone, TransformSpec(img, resize, mean, std), TransformSpec(img, resize, mean, std, train=True)
 
 
-def feature_key(backbone_name: str, backbone: Any, bench: str, split: str, data: str, eval_tf: Any, precision: str,
-                device: torch.device) -> str:
+def feature_key(backbone_name: str, backbone: FrozenBackbone, bench: str, split: str, data: str,
+                eval_tf: TransformSpec, precision: str, device: torch.device) -> str:
     """The feature-cache key of one set of images (``data``: their content fingerprint) under ``eval_tf``."""
     from clbench.features import cache_key
 
@@ -354,7 +362,7 @@ def feature_key(backbone_name: str, backbone: Any, bench: str, split: str, data:
                      transform=eval_tf.identity(), precision=precision, device=device.type)
 
 
-def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precision | None = None) -> Session:
+def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precision | None = None) -> PreparedRun:
     """Resolve every name, load the benchmark and backbone, compute (or load) the frozen features once, and
     build the strategy. Raises ClbenchError for any bad input before anything long starts. ``precision``: the one
     to use instead of resolving ``cfg.precision`` (a resumed run keeps the precision it started with)."""
@@ -395,7 +403,8 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     ctx = Context(backbone=backbone, device=device, precision=precision.name, seed=cfg.seed, log=rep.log,
                   progress=rep.progress)
     strategy = strategy_cls(strategy_cfg, ctx)
-    return Session(cfg, spec, bench, backbone, eval_tf, train_tf, precision, feats, cache.events, t_features, strategy, protocols)
+    return PreparedRun(cfg, spec, bench, backbone, eval_tf, train_tf, precision, feats, cache.events, t_features,
+                       strategy, protocols)
 
 
 def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> RunRecord:
@@ -458,7 +467,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                     "eval": before["eval"] + t_eval, "checkpoint": before["checkpoint"] + t_ckpt,
                     "total": before["total"] + time.perf_counter() - t_start}
 
-        for step in session.steps():
+        for step in session.tasks():
             task, t = step.task, step.task.id
             if t < done:  # learnt before the checkpoint; its RNG state is the one after task done - 1
                 if t == done - 1:
@@ -532,7 +541,7 @@ def host_info() -> Host:
                 isa_limits=isa_limits())
 
 
-def _save_features(path: Path, session: Session, strategy) -> None:
+def _save_features(path: Path, session: PreparedRun, strategy: Strategy) -> None:
     """Test features for t-SNE figures: frozen and (when the method has them) adapted, fp16."""
     import io
 
@@ -550,7 +559,7 @@ def _save_features(path: Path, session: Session, strategy) -> None:
     atomic_write_bytes(path / "features.npz", buf.getvalue())
 
 
-def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], per_task: list[TaskEntry],
+def _record(cfg: RunConfig, session: PreparedRun, logs: dict[str, "_ProtocolLog"], per_task: list[TaskEntry],
             run_path: Path, times: dict[str, float], complete: bool, resumed_from_task: list[int] | None = None,
             cache_events: list[str] | None = None, fingerprint: dict[str, Any] | None = None) -> RunRecord:
     strategy, spec, bench, backbone, protocols = (session.strategy, session.spec, session.bench, session.backbone,

@@ -10,6 +10,7 @@ name from a package (``from clbench.sweep import run_sweep``) an edge to the pac
 from __future__ import annotations
 
 import ast
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -139,7 +140,7 @@ def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
 
 
 def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
-    steps = [f"{a} (line {graph[a][b]}) -> {b}" for a, b in zip(cycle, cycle[1:])]
+    steps = [f"{a} (line {graph[a][b]}) -> {b}" for a, b in pairwise(cycle)]
     return "cycle: " + "; ".join(steps)
 
 

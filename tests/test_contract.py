@@ -30,7 +30,7 @@ def test_session_contract(strategy_name, micro_session_factory):
     s = micro_session_factory(strategy_name, init_cls=18, increment=9, overrides=_overrides(strategy_name))
     before = state_digest(s.backbone.model)
     n_tasks = 0
-    for step in s.steps():
+    for step in s.tasks():
         s.strategy.learn_task(step.task)
         n_tasks += 1
         logits = s.strategy.predict(step.test)

@@ -23,7 +23,7 @@ import pytest
 
 from clbench.cli import main
 from clbench.results import RunRecord, load_record
-from clbench.sweep import ATTEMPT_FILE, SWEEP_FILE, comparable, overhead
+from clbench.sweep import ATTEMPT_FILE, SWEEP_FILE, execution_independent, overhead
 
 RUNS = ("simplecil-emoji-s1", "simplecil-emoji-s2", "tosca-emoji-s1", "tosca-emoji-s2")
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
@@ -141,7 +141,7 @@ def test_ray_cluster_gives_the_local_records_and_retries_a_preempted_run(local_s
     assert killer.killed_after is not None, "the kill never landed"
     ray_recs, local_recs = records(out), records(local)
     for run_id in RUNS:
-        assert comparable(ray_recs[run_id]) == comparable(local_recs[run_id]), run_id
+        assert execution_independent(ray_recs[run_id]) == execution_independent(local_recs[run_id]), run_id
     assert ray_recs["tosca-emoji-s1"].resumed_from_task == [killer.killed_after]
     manifest = json.loads((out / SWEEP_FILE).read_text())
     assert manifest["backend"]["backend"] == "ray" and manifest["backend"]["cpus_per_run"] == 1
@@ -202,7 +202,7 @@ def test_a_killed_sweep_is_continued_not_restarted(local_sweep, tmp_path, capsys
     assert "1 to continue from their checkpoint" in text
     rec = load_record(run_dir)
     assert rec.resumed_from_task == [killed_after]
-    assert comparable(rec) == comparable(records(local)["tosca-emoji-s1"])
+    assert execution_independent(rec) == execution_independent(records(local)["tosca-emoji-s1"])
 
 
 # ----------------------------------------------------------------------------------------------- refusals
@@ -257,7 +257,7 @@ def test_ray_backend_starts_its_own_local_ray_when_given_no_address(local_sweep,
     assert manifest["backend"]["address"] == "local (started for the sweep)"
     assert manifest["backend"]["cluster"]["CPU"] == 1  # --jobs 1 x 1 CPU per run
     rec = load_record(out / "runs" / "simplecil-emoji-s1")
-    assert comparable(rec) == comparable(records(local)["simplecil-emoji-s1"])
+    assert execution_independent(rec) == execution_independent(records(local)["simplecil-emoji-s1"])
     assert not sys.modules["ray"].is_initialized()
 
 

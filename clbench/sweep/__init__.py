@@ -49,11 +49,11 @@ from clbench.sweep.plan import (
 )
 from clbench.sweep.runner import SweepView, overhead, run_sweep
 from clbench.sweep.summary import invocation, write_summary
-from clbench.sweep.worker import comparable, execute
+from clbench.sweep.worker import execute, execution_independent
 
 __all__ = [
     "ATTEMPT_FILE", "BACKENDS", "LOG_FILE", "SWEEP_FILE", "LocalBackend", "PlannedRun", "RayBackend", "Resources",
-    "SweepSpec", "SweepView", "check_folders", "comparable", "execute", "inspect", "invocation", "make_plan",
-    "overhead", "parse_data_roots", "parse_list", "parse_scoped_override", "parse_seeds", "run_sweep",
+    "SweepSpec", "SweepView", "check_folders", "execute", "execution_independent", "inspect", "invocation",
+    "make_plan", "overhead", "parse_data_roots", "parse_list", "parse_scoped_override", "parse_seeds", "run_sweep",
     "write_summary",
 ]

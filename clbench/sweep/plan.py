@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clbench.config import RunConfig
 from clbench.errors import ClbenchError
 from clbench.results import RunRecord
 
@@ -34,7 +35,7 @@ class SweepSpec:
 @dataclass
 class PlannedRun:
     run_id: str
-    cfg: Any  # clbench.harness.RunConfig
+    cfg: RunConfig
     fingerprint: dict[str, Any]
     state: str = "new"  # new | partial (continues from its checkpoint) | complete (skipped)
     tasks_done: int = 0
@@ -87,7 +88,7 @@ def parse_data_roots(values: Sequence[str], benches: Sequence[str]) -> dict[str 
 def make_plan(spec: SweepSpec) -> list[PlannedRun]:
     """Every run of the sweep, each checked (names, settings) before anything is loaded."""
     from clbench.catalog import STRATEGIES
-    from clbench.config import RunConfig, fingerprint
+    from clbench.config import fingerprint
     from clbench.harness import resolve
 
     for scope, key, _ in spec.overrides:

@@ -87,7 +87,7 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
     return {**base, "status": "done", "finished_at": time.time(), "resumed_from_task": record.resumed_from_task}
 
 
-def comparable(record: RunRecord) -> dict[str, Any]:
+def execution_independent(record: RunRecord) -> dict[str, Any]:
     """A record as JSON without the fields that differ between two executions of the same run (times, host, cache
     events, resumes). Two backends that ran the same plan must agree on everything left."""
     out = {k: v for k, v in record.to_dict().items() if k not in VOLATILE_FIELDS}
