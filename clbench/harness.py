@@ -34,7 +34,6 @@ from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: im
     run_level,
 )
 from clbench.errors import ClbenchError, setting
-from clbench.files import atomic_write_json
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
@@ -559,7 +558,7 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy) -> None
     atomic_write_bytes(path / "features.npz", buf.getvalue())
 
 
-def _record(cfg: RunConfig, session: PreparedRun, logs: dict[str, "_ProtocolLog"], per_task: list[TaskEntry],
+def _record(cfg: RunConfig, session: PreparedRun, logs: dict[str, _ProtocolLog], per_task: list[TaskEntry],
             run_path: Path, times: dict[str, float], complete: bool, resumed_from_task: list[int] | None = None,
             cache_events: list[str] | None = None, fingerprint: dict[str, Any] | None = None) -> RunRecord:
     strategy, spec, bench, backbone, protocols = (session.strategy, session.spec, session.bench, session.backbone,

@@ -10,7 +10,6 @@ import re
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -62,9 +61,9 @@ def _cli_record(tmp_path: Path, method: str, **kw) -> RunRecord:
 
 def _assert_same(mine: dict, record: RunRecord) -> None:
     assert len(mine["accuracy_matrix"]) == len(record.accuracy_matrix) == 6
-    for t, (row, ref) in enumerate(zip(mine["accuracy_matrix"], record.accuracy_matrix)):
+    for t, (row, ref) in enumerate(zip(mine["accuracy_matrix"], record.accuracy_matrix, strict=True)):
         assert len(row) == len(ref) == t + 1
-        for j, (a, b) in enumerate(zip(row, ref)):
+        for j, (a, b) in enumerate(zip(row, ref, strict=True)):
             assert a == pytest.approx(b, abs=1e-9), f"R[{t}][{j}]: avalanche {a} vs clbench run {b}"
     assert mine["acc_curve"] == pytest.approx(record.acc_curve, abs=1e-9)
 

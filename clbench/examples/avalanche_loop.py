@@ -169,8 +169,8 @@ def measure(method: str, out: Path, workdir: Path | None = None) -> dict[str, An
     times["warm"] = {"cli": _timed(cli("cli-warm")), "avalanche": _timed(example("av-warm"))}
     record = load_record(work / "cli-warm")
     mine = json.loads((work / "av-warm.json").read_text())
-    same = all(np.allclose(a, b, rtol=0, atol=1e-9) for a, b in zip(record.accuracy_matrix,
-                                                                       mine["accuracy_matrix"]))
+    same = all(np.allclose(a, b, rtol=0, atol=1e-9)  # lengths compared below
+               for a, b in zip(record.accuracy_matrix, mine["accuracy_matrix"], strict=False))
     result = {
         "benchmark": "avalanche-vs-cli", "method": method, "bench": "emoji", "backbone": record.backbone,
         "precision": record.precision, "seed": record.seed,
