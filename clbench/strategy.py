@@ -153,6 +153,8 @@ class Strategy(ABC):
     Config: ClassVar[type]
     protocols: ClassVar[tuple[str, ...]] = (PER_SAMPLE,)
     profiles: ClassVar[dict[str, dict[str, Any]]] = {}  # named config overrides, e.g. a CPU "quick" profile
+    # profiles that get their own row in ``clbench perf projection`` (``<name>-<profile>``), besides the default config
+    projection_profiles: ClassVar[tuple[str, ...]] = ()
     needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
 
     def __init__(self, config: Any, ctx: Context) -> None:
@@ -181,6 +183,19 @@ class Strategy(ABC):
         """Seconds per unit of each name this strategy puts in ``Work.extra``, measured now for feature width
         ``d`` on ``device`` (none by default)."""
         return {}
+
+    @classmethod
+    def perf_benchmarks(cls) -> dict[str, Callable[..., dict[str, Any]]]:
+        """Method-specific ``clbench perf`` benchmarks: name -> ``fn(backbone=, img_size=, device=, log=)``
+        returning the JSON-able measurements (listed by ``clbench perf --help``; none by default)."""
+        return {}
+
+    @classmethod
+    def param_formula(cls, cfg: Any, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+        """:meth:`param_counts` of a finished run, from the config alone: a ViT of width ``d`` and ``depth``
+        blocks, tasks of ``task_sizes`` classes (``added_per_task``, ``trainable_per_task`` and ``head``; the
+        tests compare it with a real run). Read by ``clbench perf params``."""
+        raise NotImplementedError(f"strategy {cls.name} states no parameter formula (Strategy.param_formula)")
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """Optional per-evaluation diagnostics (e.g. routing accuracy) stored in the record."""
