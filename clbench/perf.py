@@ -52,3 +52,67 @@ def feature_probe(bench: str = "emoji", backbone: str | None = None, img_size: i
     return {"benchmark": "feature-probe", "bench": bench, "backbone": s.backbone.spec.name,
             "weights_digest": s.backbone.digest, "img_size": s.backbone.img_size,
             "transform": s.eval_tf.identity(), "ncm_acc": ncm, "linear_probe_acc": linear}
+
+
+# ----------------------------------------------------------------------------------------------- parameters
+def parse_tasks(text: str) -> tuple[int, ...]:
+    """``10x10`` -> ten tasks of 10 classes; ``50,10,10`` -> the classes of each task."""
+    from clbench.errors import ClbenchError
+
+    try:
+        if "x" in text:
+            tasks, classes = (int(v) for v in text.split("x"))
+            sizes = (classes,) * tasks
+        else:
+            sizes = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise ClbenchError(f"--tasks {text!r}: expected TxC (T tasks of C classes) or C1,C2,.. (positive integers)",
+                           "e.g. --tasks 10x10 or --tasks 50,10,10")
+    return sizes
+
+
+def param_table(d: int, depth: int, task_sizes: tuple[int, ...], names: list[str] | None = None) -> dict[str, Any]:
+    """Parameters added and trained per task by every registered strategy's default config (or ``names``'), from
+    its :meth:`~clbench.strategy.Strategy.param_formula`, for a ViT of width ``d`` and ``depth`` blocks."""
+    import dataclasses
+
+    from clbench.catalog import STRATEGIES
+    from clbench.config import make_strategy_config
+    from clbench.errors import ClbenchError
+
+    if d < 1 or depth < 1:
+        raise ClbenchError(f"--d {d} --depth {depth}: both must be >= 1")
+    out: dict[str, Any] = {"benchmark": "params", "d": d, "depth": depth, "task_sizes": list(task_sizes),
+                           "strategies": {}, "unstated": []}
+    for name in names if names is not None else STRATEGIES.names():
+        cls = STRATEGIES.get(name)
+        cfg = make_strategy_config(cls, None, ())
+        try:
+            pc = cls.param_formula(cfg, d, depth, task_sizes)
+        except NotImplementedError:
+            out["unstated"].append(name)
+            continue
+        except ValueError as e:  # e.g. a width the method's bottleneck ratio does not divide
+            raise ClbenchError(f"{name} at d={d}: {e}") from None
+        out["strategies"][name] = {"added_per_task": list(pc.added_per_task),
+                                   "trainable_per_task": list(pc.trainable_per_task), "head": pc.head,
+                                   "added_total": sum(pc.added_per_task), "config": dataclasses.asdict(cfg)}
+    return out
+
+
+def format_params(table: dict[str, Any]) -> str:
+    """A Markdown table of :func:`param_table`: per strategy, parameters added and trained in the first and the
+    last task, and added in all."""
+    sizes = table["task_sizes"]
+    lines = [f"parameters per task, ViT of width {table['d']} and {table['depth']} blocks, {len(sizes)} tasks "
+             f"({'+'.join(map(str, sizes))} classes)", "",
+             "| strategy | added, task 1 | added, last task | trained, task 1 | trained, last task | added in all |",
+             "|---|---|---|---|---|---|"]
+    for name, row in table["strategies"].items():
+        a, t = row["added_per_task"], row["trainable_per_task"]
+        lines.append(f"| {name} | {a[0]:,} | {a[-1]:,} | {t[0]:,} | {t[-1]:,} | {row['added_total']:,} |")
+    if table["unstated"]:
+        lines.append(f"\nno parameter formula: {', '.join(table['unstated'])}")
+    return "\n".join(lines)
