@@ -29,7 +29,8 @@ STRATEGIES.register_lazy("l2p", "baselines.l2p:L2P")
 STRATEGIES.register_lazy("ease", "baselines.ease:EASE")
 STRATEGIES.register_lazy("tosca", "tosca.strategy:TOSCA")
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
-EXAMPLE_STRATEGIES = ("tosca", "simplecil")  # help-text examples of a strategy list
+FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
+EXAMPLE_STRATEGIES = (FEATURED_STRATEGY, DEFAULT_STRATEGY)  # help-text examples of a strategy list
 
 PLUGINS_ENV = "CLBENCH_PLUGINS"
 ENTRY_POINT_GROUP = "clbench.strategies"

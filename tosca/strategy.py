@@ -350,6 +350,8 @@ class TOSCA(Strategy):
 
     @classmethod
     def param_formula(cls, cfg: TOSCAConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+        if d % cfg.ratio:
+            raise ValueError(f"ratio {cfg.ratio} does not divide the backbone width {d}")
         r = d // cfg.ratio
         module = 4 * d * r + r + d + 2 * d  # W_down, W_up, W_1, W_2; b_down, b_up; LayerNorm (every variant)
         trainable, seen = [], 0
