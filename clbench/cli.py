@@ -230,6 +230,8 @@ def cmd_weights(args: argparse.Namespace) -> int:
     return 0
 
 
+PERF_BACKBONE = ("vit_small_patch14_dinov2", 112)  # the offline ViT-S/14 at the embedded benchmark's input size
+PROJECTION_BACKBONE = ("vit_base_patch16_224", 224)  # the paper backbone
 GENERIC_PERF = ("precision", "threads", "main-job", "feature-probe", "sweep-overhead", "projection", "projection-check",
                 "params")
 
@@ -275,8 +277,9 @@ def _add_perf_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=6, help="sweep-overhead: runs per backend (default: 6)")
     p.add_argument("--run", dest="run_dirs", action="append", default=[], metavar="RUN_DIR",
                    help="projection-check: a run whose recorded time the cost model should predict (repeatable)")
-    p.add_argument("--backbone", default="vit_small_patch14_dinov2", help="backbone (default: the offline ViT-S/14)")
-    p.add_argument("--img-size", type=int, default=112, help="input size (default: 112, the embedded benchmark's)")
+    p.add_argument("--backbone", help=f"backbone (default: the offline ViT-S/14; projection: {PROJECTION_BACKBONE[0]})")
+    p.add_argument("--img-size", type=int,
+                   help=f"input size (default: 112, the embedded benchmark's; projection: {PROJECTION_BACKBONE[1]})")
     p.add_argument("--bench", default="emoji", help="benchmark for feature-probe (default: emoji)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="feature-probe: apply the backbone's mean/std (default: the benchmark's choice)")
@@ -290,6 +293,9 @@ def _add_perf_args(p: argparse.ArgumentParser) -> None:
 def cmd_perf(args: argparse.Namespace) -> int:
     from clbench.io import atomic_write_json
     from clbench.results import git_revision, library_versions
+
+    default = PROJECTION_BACKBONE if args.which == "projection" else PERF_BACKBONE
+    args.backbone, args.img_size = args.backbone or default[0], args.img_size or default[1]
 
     if args.which == "precision":
         from clbench.machine import precision_table
@@ -312,7 +318,7 @@ def cmd_perf(args: argparse.Namespace) -> int:
     elif args.which == "projection":
         from clbench.perf_sweep import format_projection, measure_costs, projection
 
-        costs = measure_costs(device=args.device)
+        costs = measure_costs(device=args.device, backbone=args.backbone, img_size=args.img_size)
         result = {"benchmark": "projection", "costs": costs, "projection": projection(costs)}
         print(format_projection(result["projection"], costs))
     elif args.which == "projection-check":
