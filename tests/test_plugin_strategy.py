@@ -94,6 +94,7 @@ MICRO = ("--bench", "emoji", "--backbone", "vit_micro", "--weights", "random", "
          "--increment", "12")
 
 
+@pytest.mark.slow  # minutes: a dozen clbench processes, a sweep with a spawned worker
 def test_a_test_file_strategy_runs_through_every_command(tmp_path):
     # run, twice (the check needs a reference and runs to check)
     out = ok(clbench("run", "--strategy", NAME, "--profile", "ci", *MICRO, "--out", str(tmp_path / "runs/a"),
