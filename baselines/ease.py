@@ -332,9 +332,10 @@ class EASE(Strategy):
         """Training: every epoch, every image once through the ViT with the new adapter set and a backward pass (b).
         After task t (t = 1..T subspaces): the task's training images through each of the t subspaces for the new
         prototypes, and, per protocol, every seen test image through each of the t subspaces (t f each)."""
-        prototypes = sum(n * (t + 1) for t, n in enumerate(shape.train_per_task))
+        train = shape.first_per_class(cfg.train_per_class).train_per_task
+        prototypes = sum(n * (t + 1) for t, n in enumerate(train))
         with_t = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))
-        return Work(f=prototypes + shape.protocols * with_t, b=cfg.epochs * sum(shape.train_per_task))
+        return Work(f=prototypes + shape.protocols * with_t, b=cfg.epochs * sum(train))
 
     @classmethod
     def param_formula(cls, cfg: EASEConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:

@@ -297,7 +297,7 @@ class L2P(Strategy):
         prompt tokens: k = (tokens + top_k * prompt_length) / tokens, a linear token-count scaling), plus one frozen
         pass for the query unless ``query="cached"``. Evaluation after task t, per protocol: every seen test image
         once prompted (k f) plus its query (f; the reference recomputes it)."""
-        n_train = sum(shape.train_per_task)
+        n_train = sum(shape.first_per_class(cfg.train_per_class).train_per_task)
         k = (shape.tokens + cfg.top_k * cfg.prompt_length) / shape.tokens
         query = 0.0 if cfg.query == "cached" else 1.0
         return Work(f=query * cfg.epochs * n_train + shape.protocols * sum(shape.test_seen) * (query + k),

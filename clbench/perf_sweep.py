@@ -128,7 +128,8 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     threads = int(rec.get("host", {}).get("torch_threads") or torch.get_num_threads())
     with torch_threads(threads):
         costs = measure_costs("cpu", rec["backbone"], rec["img_size"], strategies=[rec["strategy"]], log=log)
-    shape = RunShape(tuple(train_per_task), tuple(seen), tokens=costs["tokens"], protocols=len(rec["protocols"]))
+    shape = RunShape(tuple(train_per_task), tuple(seen), tokens=costs["tokens"], protocols=len(rec["protocols"]),
+                     classes_per_task=tuple(bench.task_sizes))
     try:
         w = cls.work(cfg, shape)
     except NotImplementedError as e:
@@ -137,11 +138,12 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     unit = costs["s_per_image"]
     predicted = sum(v * unit[k] for k, v in work.items()) - w.f_cacheable * unit["f"]
     measured = rec["time_s"]["train"] + rec["time_s"]["eval"]
-    log(f"{rec['strategy']} ({run_dir}): predicted {predicted:.0f} s, recorded train + eval {measured:.0f} s "
-        f"-> measured / predicted = {measured / predicted:.2f}")
+    ratio = measured / predicted if predicted > 0 else None  # None: all of its work is the cached features
+    log(f"{rec['strategy']} ({run_dir}): predicted {predicted:.1f} s, recorded train + eval {measured:.1f} s "
+        + (f"-> measured / predicted = {ratio:.2f}" if ratio is not None else "(the model counts cached work only)"))
     return {"run": str(run_dir), "strategy": rec["strategy"], "threads": threads, "costs": costs, "work": work,
             "f_cacheable": w.f_cacheable, "predicted_s": predicted, "recorded_train_eval_s": measured,
-            "ratio": measured / predicted, "run_git_revision": rec.get("git_revision")}
+            "ratio": ratio, "run_git_revision": rec.get("git_revision")}
 
 
 def _tokens(bb: Any, img_size: int) -> int:

@@ -16,6 +16,7 @@ backbone untouched (bit-identical after a run; the contract tests check it).
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -120,10 +121,20 @@ class RunShape:
     test_seen: tuple[float, ...]  # test images evaluated after task t (every seen class)
     tokens: int = 197  # tokens per image through the backbone at its input size, [CLS] included (ViT-B/16 @ 224)
     protocols: int = 1  # evaluation protocols run; each predicts the test set again
+    classes_per_task: tuple[int, ...] = ()  # new classes of task t, where known (a recorded run's split)
 
     @property
     def tasks(self) -> int:
         return len(self.train_per_task)
+
+    def first_per_class(self, k: int | None) -> "RunShape":
+        """The shape when a method learns from the first ``k`` training images of each class only (a ``ci``
+        profile's ``train_per_class``): at most ``k`` x the task's classes per task; unchanged where ``k`` is None or
+        the classes per task are not known."""
+        if k is None or not self.classes_per_task:
+            return self
+        capped = tuple(min(n, k * c) for n, c in zip(self.train_per_task, self.classes_per_task))
+        return dataclasses.replace(self, train_per_task=capped)
 
     @classmethod
     def equal(cls, n_train: float, n_test: float, tasks: int, **kw: Any) -> "RunShape":

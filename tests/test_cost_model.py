@@ -56,6 +56,18 @@ def test_counts_follow_a_runs_own_split_protocols_and_config():
     assert _work("tosca", shape, epochs=3)["route_module_images"] == 2 * (5 * 1 + 12 * 2)
 
 
+def test_ci_profiles_count_only_the_images_they_learn_from():
+    """``train_per_class`` (L2P's and EASE's ci profiles): at most k images per class of a task enter training and
+    prototypes; without the split's classes per task the shape cannot say, and stays as it is."""
+    shape = RunShape((100.0, 30.0), (5.0, 12.0), classes_per_task=(4, 2))
+    capped = shape.first_per_class(16)
+    assert capped.train_per_task == (64, 30) and capped.test_seen == shape.test_seen
+    assert shape.first_per_class(None) is shape and RunShape((100.0,), (5.0,)).first_per_class(16).train_per_task == (100.0,)
+    assert _work("ease", shape, train_per_class=16, epochs=2) == {"f": 64 * 1 + 30 * 2 + 5 * 1 + 12 * 2, "b": 2 * 94}
+    assert _work("l2p", shape, train_per_class=16, epochs=2, query="cached")["b"] == pytest.approx(
+        2 * 94 * (197 + 25) / 197)
+
+
 def test_projection_reproduces_the_committed_paper_table():
     """The committed reports/perf/projection-cpu.json, recomputed from its own measured costs by the strategies'
     cost models: the same rows, counts and hours (the counts' float sums may differ in the last bit)."""
@@ -140,3 +152,27 @@ def test_perf_lists_the_strategies_own_benchmarks(capsys):
     with pytest.raises(SystemExit):
         main(["perf", "--help"])
     assert "tosca-routing" in capsys.readouterr().out
+
+
+def test_projection_check_reads_any_strategys_record(tmp_path):
+    """projection-check on a real TOSCA run (micro ViT): the work counted on the run's own split and config; the
+    cached features are left out of the prediction; a run whose work is all cached has no ratio."""
+    from clbench.harness import RunConfig, run
+    from clbench.perf_sweep import check_against_run
+
+    common = dict(bench="emoji", backbone="vit_micro", weights="random", init_cls=18, increment=9,
+                  save_features=False)
+    rec = run(RunConfig(strategy="tosca", overrides=(("epochs", "2"),), out=str(tmp_path / "t"), **common))
+    n_train, n_test = rec["n_images"]["train"], rec["n_images"]["test"]  # 2,320 and 942 on the embedded benchmark
+    got = check_against_run(tmp_path / "t", log=lambda m: None)
+    assert got["strategy"] == "tosca" and got["work"]["luca_steps"] == 2 * n_train
+    assert got["f_cacheable"] == got["work"]["f"] == n_train + n_test
+    # after tasks 1, 2, 3: a part, more, all n_test test images routed through 1, 2, 3 modules
+    assert n_test * 3 < got["work"]["route_module_images"] < n_test * 6
+    unit = got["costs"]["s_per_image"]
+    assert got["predicted_s"] == pytest.approx(got["work"]["luca_steps"] * unit["luca_steps"]
+                                               + got["work"]["route_module_images"] * unit["route_module_images"])
+    run(RunConfig(strategy="simplecil", out=str(tmp_path / "s"), **common))
+    simple = check_against_run(tmp_path / "s", log=lambda m: None)
+    assert simple["predicted_s"] == 0 and simple["ratio"] is None
+    assert simple["work"]["f"] == got["work"]["f"]  # the same images once each
