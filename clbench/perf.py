@@ -35,9 +35,8 @@ def feature_probe(bench: str = "emoji", backbone: str | None = None, img_size: i
     import torch.nn.functional as F
     from sklearn.linear_model import LogisticRegression
 
-    from clbench.harness import RunConfig, prepare
-
     from clbench.catalog import DEFAULT_STRATEGY
+    from clbench.harness import RunConfig, prepare
 
     s = prepare(RunConfig(strategy=DEFAULT_STRATEGY, bench=bench, backbone=backbone, img_size=img_size,
                           normalize=normalize))
@@ -106,8 +105,8 @@ def format_params(table: dict[str, Any]) -> str:
     """A Markdown table of :func:`param_table`: per strategy, parameters added and trained in the first and the
     last task, and added in all."""
     sizes = table["task_sizes"]
-    lines = [f"parameters per task, ViT of width {table['d']} and {table['depth']} blocks, {len(sizes)} tasks "
-             f"({'+'.join(map(str, sizes))} classes)", "",
+    lines = [(f"parameters per task, ViT of width {table['d']} and {table['depth']} blocks, {len(sizes)} tasks "
+              f"({'+'.join(map(str, sizes))} classes)"), "",
              "| strategy | added, task 1 | added, last task | trained, task 1 | trained, last task | added in all |",
              "|---|---|---|---|---|---|"]
     for name, row in table["strategies"].items():

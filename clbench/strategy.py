@@ -127,7 +127,7 @@ class RunShape:
     def tasks(self) -> int:
         return len(self.train_per_task)
 
-    def first_per_class(self, k: int | None) -> "RunShape":
+    def first_per_class(self, k: int | None) -> RunShape:
         """The shape when a method learns from the first ``k`` training images of each class only (a ``ci``
         profile's ``train_per_class``): at most ``k`` x the task's classes per task; unchanged where ``k`` is None or
         the classes per task are not known."""

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -36,7 +37,7 @@ class PlugNearest(Strategy):
 
     name = NAME
     Config = PlugNearestConfig
-    profiles = {"quick": {}, "ci": {"shrink": 0.1}}
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {"quick": {}, "ci": {"shrink": 0.1}}
     projection_profiles = ("ci",)
 
     def __init__(self, config: PlugNearestConfig, ctx) -> None:
@@ -82,7 +83,7 @@ def clbench(*args: str, cwd: Path, plugins: str = PLUGIN, timeout: float = 300) 
     env = {**os.environ, "CLBENCH_PLUGINS": plugins, "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 def ok(proc: subprocess.CompletedProcess, code: int = 0) -> str:

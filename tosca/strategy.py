@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -165,8 +165,9 @@ class TOSCA(Strategy):
     # ViT with the reference's augmentation, 2 epochs instead of 20 (one ViT pass per training image per epoch).
     # ``augment``: the reference's training (train_mode=augment, see the module docstring); it gets its own row in
     # ``clbench perf projection``.
-    profiles = {"ci": {"img_size": 56}, "ci-augment": {"img_size": 56, "train_mode": "augment", "epochs": 2},
-                "augment": {"train_mode": "augment"}}
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {
+        "ci": {"img_size": 56}, "ci-augment": {"img_size": 56, "train_mode": "augment", "epochs": 2},
+        "augment": {"train_mode": "augment"}}
     projection_profiles = ("augment",)
 
     def __init__(self, config: TOSCAConfig, ctx: Context) -> None:
