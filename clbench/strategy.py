@@ -197,8 +197,9 @@ class Strategy(ABC):
 
     @classmethod
     def perf_benchmarks(cls) -> dict[str, Callable[..., dict[str, Any]]]:
-        """Method-specific ``clbench perf`` benchmarks: name -> ``fn(backbone=, img_size=, device=, log=)``
-        returning the JSON-able measurements (listed by ``clbench perf --help``; none by default)."""
+        """Method-specific ``clbench perf`` benchmarks: name -> ``fn(backbone=..., img_size=...)`` returning the
+        JSON-able measurements (listed by ``clbench perf --help``, run as ``clbench perf NAME``; none by default).
+        Names are global: prefix them with the method's name."""
         return {}
 
     @classmethod
