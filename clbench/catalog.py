@@ -1,15 +1,26 @@
 """What clbench knows by name: strategies, benchmarks and backbones.
 
 Torch-free on purpose: ``clbench list`` and ``clbench --help`` read this module only. Strategies are
-registered lazily by module path and imported when a run asks for one.
+registered lazily by module path and imported when a run asks for one. This is the only module of ``clbench/``
+that names a strategy (``tests/test_generic_names.py``); adding one is a file and a line here
+(``baselines/README.md``).
+
+Strategies from outside this repository (plug-ins) are registered the same lazy way, from two sources read at
+import, so that every process of a sweep (the local backend's workers, Ray's) sees them:
+
+- the environment variable ``CLBENCH_PLUGINS=NAME=module.path:Class[,NAME=module.path:Class...]`` (the module must be
+  importable, e.g. on ``PYTHONPATH``; worker processes inherit the variable);
+- Python entry points of the group ``clbench.strategies`` (``NAME = "module.path:Class"``) of installed packages.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from clbench.benchmarks import BENCHMARKS, DEFAULT_BENCH
+from clbench.errors import ClbenchError
 from clbench.registry import Registry
 
 STRATEGIES: Registry[Any] = Registry("strategy")
@@ -17,6 +28,34 @@ STRATEGIES.register_lazy("simplecil", "baselines.simplecil:SimpleCIL")
 STRATEGIES.register_lazy("l2p", "baselines.l2p:L2P")
 STRATEGIES.register_lazy("ease", "baselines.ease:EASE")
 STRATEGIES.register_lazy("tosca", "tosca.strategy:TOSCA")
+DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
+FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
+EXAMPLE_STRATEGIES = (FEATURED_STRATEGY, DEFAULT_STRATEGY)  # help-text examples of a strategy list
+
+PLUGINS_ENV = "CLBENCH_PLUGINS"
+ENTRY_POINT_GROUP = "clbench.strategies"
+
+
+def _register_plugins() -> None:
+    for entry in os.environ.get(PLUGINS_ENV, "").split(","):
+        if not entry.strip():
+            continue
+        name, _, target = (part.strip() for part in entry.partition("="))
+        module, _, attr = target.partition(":")
+        if not (name and module and attr):
+            raise ClbenchError(f"{PLUGINS_ENV}: {entry.strip()!r} is not NAME=module.path:Class",
+                               f"e.g. {PLUGINS_ENV}=mymethod=mypackage.mymethod:MyMethod")
+        if name in STRATEGIES:
+            raise ClbenchError(f"{PLUGINS_ENV}: strategy {name!r} is registered already", "choose another name")
+        STRATEGIES.register_lazy(name, target)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in STRATEGIES:
+            STRATEGIES.register_lazy(ep.name, ep.value)
+
+
+_register_plugins()
 
 @dataclass(frozen=True)
 class BackboneSpec:
@@ -60,4 +99,4 @@ register_backbone(BackboneSpec(
 
 
 
-__all__ = ["BACKBONES", "BENCHMARKS", "DEFAULT_BENCH", "STRATEGIES", "BackboneSpec"]
+__all__ = ["BACKBONES", "BENCHMARKS", "DEFAULT_BENCH", "DEFAULT_STRATEGY", "STRATEGIES", "BackboneSpec"]

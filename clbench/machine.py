@@ -219,7 +219,7 @@ def _data_hint(spec) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- main job
-def main_job(strategy: str = "simplecil", log=print) -> dict[str, Any]:
+def main_job(strategy: str | None = None, log=print) -> dict[str, Any]:
     """The README's main job from a cold feature cache, in a fresh process (imports included), against one
     feature-extraction pass over the same images at the fastest setting :func:`precision_table` measures.
 
@@ -229,7 +229,10 @@ def main_job(strategy: str = "simplecil", log=print) -> dict[str, Any]:
     import shutil
     import tempfile
 
+    from clbench.catalog import DEFAULT_STRATEGY
     from clbench.files import cache_dir
+
+    strategy = strategy or DEFAULT_STRATEGY
 
     table = precision_table(log=lambda m: None)
     fastest = table["fastest"]

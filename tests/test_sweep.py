@@ -310,39 +310,3 @@ def test_overhead_arithmetic():
            {"started_at": 0.0, "finished_at": 4.0, "collected_at": 4.0}]
     ov = overhead(par, sweep_start=0.0)
     assert ov["max_concurrent_runs"] == 2 and ov["per_run_s"] == pytest.approx(0.0)
-
-
-def test_projection_counts_what_each_method_does_per_image():
-    """The cost model of ``clbench perf projection`` on a 2-task toy split (hand-counted)."""
-    from clbench.perf_sweep import EPOCHS, PROMPT_TOKEN_FACTOR, passes, projection
-
-    n_tr, n_te, T = 100, 20, 2  # after task 1: 10 test images seen, after task 2: 20
-    assert passes("simplecil", n_tr, n_te, T) == {"f": 120}
-    tosca = passes("tosca", n_tr, n_te, T)
-    assert tosca["f"] == 120 and tosca["luca_steps"] == EPOCHS["tosca"] * 100
-    assert tosca["route_module_images"] == 10 * 1 + 20 * 2  # seen test images x modules, per task
-    l2p = passes("l2p", n_tr, n_te, T)
-    k = PROMPT_TOKEN_FACTOR
-    assert l2p["b"] == pytest.approx(EPOCHS["l2p"] * 100 * k)  # prompted training pass on every image, every epoch
-    assert l2p["f"] == pytest.approx(EPOCHS["l2p"] * 100 + (10 + 20) * (1 + k))  # queries; query + prompted eval
-    ease = passes("ease", n_tr, n_te, T)
-    assert ease["b"] == EPOCHS["ease"] * 100
-    assert ease["f"] == pytest.approx(50 * 1 + 50 * 2 + 10 * 1 + 20 * 2)  # prototypes in t subspaces; t-pass eval
-    costs = {"device": "cpu", "threads": 2, "s_per_image": {"f": 1.0, "b": 2.0, "luca_steps": 0.0,
-                                                            "route_module_images": 0.0}}
-    proj = projection(costs, seeds=3)
-    simple = proj["per_strategy"]["simplecil"]
-    assert simple["hours"] == pytest.approx(3 * simple["hours_with_feature_cache"])  # features once, not per seed
-    assert proj["per_strategy"]["ease"]["hours"] > proj["per_strategy"]["l2p"]["hours"] > simple["hours"]
-
-
-def test_projection_counts_follow_a_runs_own_split():
-    """``clbench perf projection-check`` counts on the run's actual task sizes, protocols and L2P's query mode."""
-    from clbench.perf_sweep import task_passes
-
-    train, seen = [10, 20], [5, 12]  # two tasks of unequal size; 5 then 12 test images evaluated
-    assert task_passes("l2p", train, seen, 3, 1.5, cached_query=True, protocols=2) == {
-        "f": 2 * (5 + 12) * 1.5,  # cached query: prompted evaluation passes only, once per protocol
-        "b": 3 * 30 * 1.5}
-    assert task_passes("l2p", train, seen, 3, 1.5)["f"] == 3 * 30 + (5 + 12) * 2.5
-    assert task_passes("ease", train, seen, 3) == {"f": (10 * 1 + 20 * 2) + (5 * 1 + 12 * 2), "b": 90}

@@ -88,7 +88,10 @@ def make_evaluator(log_dir: str | None, verbose: bool):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m clbench.examples.avalanche_loop", description=__doc__.split("\n")[0])
-    p.add_argument("--method", default="tosca", help="registered clbench method (default: tosca)")
+    from clbench.catalog import FEATURED_STRATEGY
+
+    p.add_argument("--method", default=FEATURED_STRATEGY,
+                   help=f"registered clbench method (default: {FEATURED_STRATEGY})")
     p.add_argument("--cifar100", metavar="DIR", default=os.environ.get("CLBENCH_CIFAR100"),
                    help="folder holding cifar-100-python/ (default: $CLBENCH_CIFAR100); absent: the embedded data")
     p.add_argument("--backbone", help="backbone (default: the benchmark setting's)")
