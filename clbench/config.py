@@ -179,17 +179,15 @@ def check_settings(values: dict[str, Any], table: dict[str, Any] | None = None) 
 
 
 OVERRIDES = setting("overrides")  # strategy settings: ``--set KEY=VALUE`` on the command line
-SET_FLAG = {"overrides": "--set"}
 
 
 def _check_overrides(overrides: Any) -> None:
     if not isinstance(overrides, tuple) or not all(
             isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in overrides):
-        raise ClbenchError(f"{OVERRIDES}: expected (key, value) string pairs, got {overrides!r}", flags=SET_FLAG)
+        raise ClbenchError(f"{OVERRIDES}: expected (key, value) string pairs, got {overrides!r}")
     for key, _ in overrides:
         if not key.strip():
-            raise ClbenchError(f"{OVERRIDES} =VALUE has no key: expected KEY=VALUE, e.g. {OVERRIDES} epochs=5",
-                               flags=SET_FLAG)
+            raise ClbenchError(f"{OVERRIDES} =VALUE has no key: expected KEY=VALUE, e.g. {OVERRIDES} epochs=5")
 
 
 @dataclass(frozen=True)
@@ -296,7 +294,7 @@ def resume_config(run_dir: Path, saved_config: dict[str, Any], saved_fingerprint
     if diff:
         raise ClbenchError(f"{setting('resume')} {run_dir}: the run was started with other settings "
                            f"({'; '.join(diff)})", "drop those settings to continue it as it was started, or start a "
-                           f"new run with another {setting('out')}", flags=SET_FLAG)
+                           f"new run with another {setting('out')}")
     names = {f.name for f in dataclasses.fields(RunConfig)}
     values = {k: v for k, v in saved_config.items() if k in names}
     values.update({k: v for k, v in given.items() if k in names and k not in DEFINING_FIELDS})
@@ -313,7 +311,7 @@ def _convert(value: str, typ: Any, key: str) -> Any:
             return True
         if value.lower() in ("0", "false", "no", "off"):
             return False
-        raise ClbenchError(f"{OVERRIDES} {key}={value}: expected true or false", flags=SET_FLAG)
+        raise ClbenchError(f"{OVERRIDES} {key}={value}: expected true or false")
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         if value.lower() == "none" and len(args) < len(typing.get_args(typ)):
@@ -322,16 +320,15 @@ def _convert(value: str, typ: Any, key: str) -> Any:
     if typing.get_origin(typ) is typing.Literal:
         allowed = typing.get_args(typ)
         if value not in allowed:
-            raise ClbenchError(f"{OVERRIDES} {key}={value}: expected one of {', '.join(map(str, allowed))}",
-                               flags=SET_FLAG)
+            raise ClbenchError(f"{OVERRIDES} {key}={value}: expected one of {', '.join(map(str, allowed))}")
         return value
     try:
         converted = typ(value)
     except (TypeError, ValueError, OverflowError):
-        raise ClbenchError(f"{OVERRIDES} {key}={value}: expected a value of type {getattr(typ, '__name__', typ)}",
-                           flags=SET_FLAG) from None
+        name = getattr(typ, "__name__", typ)
+        raise ClbenchError(f"{OVERRIDES} {key}={value}: expected a value of type {name}") from None
     if isinstance(converted, float) and not math.isfinite(converted):
-        raise ClbenchError(f"{OVERRIDES} {key}={value}: expected a finite number", flags=SET_FLAG)
+        raise ClbenchError(f"{OVERRIDES} {key}={value}: expected a finite number")
     return converted
 
 
@@ -353,8 +350,7 @@ def make_strategy_config(strategy_cls: type, profile: str | None, overrides: tup
             close = difflib.get_close_matches(key, sorted(fields), n=1)
             raise ClbenchError(
                 f"{OVERRIDES} {key}: {strategy_cls.name} has no setting {key!r}; valid keys: "
-                f"{', '.join(sorted(fields)) or 'none'}", f"did you mean {close[0]!r}?" if close else None,
-                flags=SET_FLAG)
+                f"{', '.join(sorted(fields)) or 'none'}", f"did you mean {close[0]!r}?" if close else None)
         values[key] = _convert(value, hints[key], key)
     try:
         return config_cls(**values)

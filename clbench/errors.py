@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+# Settings whose command-line flag is not ``--`` plus the name with dashes.
+FLAG_SPELLINGS = {"overrides": "--set"}  # RunConfig.overrides: --set KEY=VALUE
 _MARK = "\x1f"  # unit separator: never typed by a user, so a marked name cannot come from a value
 _MARKED = re.compile(_MARK + r"([A-Za-z_][A-Za-z0-9_]*)" + _MARK)
 
@@ -28,8 +30,8 @@ def setting(name: str) -> str:
 class ClbenchError(Exception):
     """An error caused by the user's input or environment, with a message saying how to fix it.
 
-    ``flags``: the command-line spelling of settings marked in the message where it is not ``--`` plus the name
-    with dashes (e.g. ``seed`` given as ``--seeds`` to ``clbench sweep``)."""
+    ``flags``: the command-line spelling of settings marked in the message where, for this error, it is not ``--``
+    plus the name with dashes nor :data:`FLAG_SPELLINGS` (e.g. ``seed`` given as ``--seeds`` to ``clbench sweep``)."""
 
     exit_code = 2
 
@@ -47,7 +49,9 @@ class ClbenchError(Exception):
         """The message and hint, settings named as in Python (default) or as command-line flags."""
         def name(m: re.Match[str]) -> str:
             key = m.group(1)
-            return self.flags.get(key, "--" + key.replace("_", "-")) if as_flags else key
+            if not as_flags:
+                return key
+            return self.flags.get(key) or FLAG_SPELLINGS.get(key) or "--" + key.replace("_", "-")
 
         msg = _MARKED.sub(name, str(self.args[0]) if self.args else "")
         hint = _MARKED.sub(name, self.hint) if self.hint else None

@@ -140,7 +140,7 @@ class RunDir:
         if diff:
             raise ClbenchError(f"{OUT} {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
                                f"continue it with {RESUME} {self.path}, pass {OVERWRITE} to start over, or choose "
-                               f"another {OUT}", flags={"overrides": "--set"})
+                               f"another {OUT}")
         return ckpt
 
     def release(self) -> None:
