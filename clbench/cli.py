@@ -229,7 +229,7 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 def _add_perf_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", choices=["precision", "threads", "main-job", "tosca-routing", "feature-probe", "sweep-overhead",
-                                     "projection", "projection-check"],
+                                     "projection", "projection-check", "routers"],
                    help="which measurement (precision: feature-extraction img/s per precision and thread count, and "
                         "what --precision auto picks; threads: the same at 1 and all threads, OpenMP wait policy "
                         "default and passive, idle and with one core busy; main-job: `clbench run --strategy "
@@ -268,6 +268,10 @@ def cmd_perf(args: argparse.Namespace) -> int:
         result = main_job()
     elif args.which == "tosca-routing":
         result = tosca_routing(backbone=args.backbone, img_size=args.img_size)
+    elif args.which == "routers":
+        from clbench.routers import router_costs
+
+        result = router_costs(backbone=args.backbone, img_size=args.img_size)
     elif args.which == "sweep-overhead":
         from clbench.perf_sweep import sweep_overhead
 

@@ -16,7 +16,7 @@ Every rule is per-sample: a row's choice depends on its own image and the fitted
 images or test labels (tests check invariance to shuffling and batch size).
 
 Rules:
-- ``entropy``: lowest softmax entropy (the TOSCA paper's rule, with the reference's +1e-9 inside the log).
+- ``entropy``: lowest softmax entropy (the rule of arXiv 2502.14762, with its reference code's +1e-9 in the log).
 - ``max-logit``: highest top logit.
 - ``energy``: highest log-sum-exp of the logits (lowest free energy, Liu et al. 2020, arXiv 2010.03759).
 - ``margin``: highest top-1 minus top-2 logit.
