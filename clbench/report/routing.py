@@ -136,6 +136,11 @@ def figure(coll: Collection, out_dir: Path):
         return _save(fig, out_dir, "routing_study", title, caption, runs)
 
 
+def _cpu(rec: dict[str, Any]) -> str:
+    host = rec.get("host") or {}
+    return f"{host.get('cpu_capability')}{', AMX' if host.get('amx') else ''}, {host.get('cpus')} cores"
+
+
 def write_study(coll: Collection, out: Path, vary: str | None = None, command: str | None = None) -> Path:
     """``out``/study.md with every table above and ``out``/figures/routing_study.png|svg."""
     from clbench.errors import ClbenchError
@@ -155,7 +160,7 @@ def write_study(coll: Collection, out: Path, vary: str | None = None, command: s
         parts += [f"## {run.run_id}: {rec['strategy']} on {rec['bench']}", "",
                   f"Record `{run.path}` (git {rec.get('git_revision')}, backbone {rec.get('backbone')} @ "
                   f"{rec.get('img_size')} px, seed {rec.get('seed')}, {len(rec['task_sizes'])} tasks, "
-                  f"{rec.get('n_images', {}).get('test')} test images, CPU {rec.get('host', {}).get('cpu_capability')}). "
+                  f"{rec.get('n_images', {}).get('test')} test images, CPU {_cpu(rec)}). "
                   f"Command: `{rec.get('command')}`", "", to_markdown(study_table(run)), "",
                   "Routing accuracy per true task after the last task (%):", "",
                   to_markdown(routing_per_task_table(run)), ""]
