@@ -238,3 +238,20 @@ def test_routing_study_tables_come_from_the_record(tmp_path):
     text = path.read_text()
     assert f"{rec['last_acc']:.2f}" in text and "Across `l1`" in text and (tmp_path / "study/figures/routing_study.png").exists()
     assert "Routing study: run" in markdown_tables(coll)
+
+
+def test_gate_reference_written_before_routers_still_pins_tosca_settings():
+    """The regression gate compares a run's settings with its reference's: the router settings added since, at their
+    defaults, are the same run; a non-default router, or any other changed setting, still differs."""
+    import dataclasses
+
+    from clbench.report.check import settings_differences
+    from tosca.strategy import TOSCAConfig
+
+    now = dataclasses.asdict(TOSCAConfig())
+    before = {k: v for k, v in now.items() if k not in ("router", "routers")}
+    assert settings_differences("tosca", before, now) == []
+    assert settings_differences("tosca", before, {**now, "router": "mahalanobis"}) == ["router"]
+    assert settings_differences("tosca", before, {**now, "l1": 0.0}) == ["l1"]
+    assert settings_differences("tosca", {**before, "epochs": 5}, now) == ["epochs"]
+    assert settings_differences("tosca", now, before) == ["router", "routers"]  # the reference has it, the run not
