@@ -33,7 +33,6 @@ Rules:
 
 from __future__ import annotations
 
-import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -89,7 +88,7 @@ class RoutingMemory:
         if task_id != len(self.tasks):
             raise RuntimeError(f"routing statistics: task {task_id} fitted after {len(self.tasks)} tasks")
         z = features.double()
-        n, d = z.shape
+        n = z.shape[0]
         mean = z.mean(0)
         scatter = (z - mean).T @ (z - mean)  # (d, d)
         cov = _shrink(scatter / max(n - 1, 1))
@@ -374,7 +373,7 @@ def router_costs(backbone: str = "vit_small_patch14_dinov2", weights: str = "ran
                           torch.randn(batch, d, generator=g), mem, np.zeros(batch, dtype=np.int64))
         for name in ROUTERS.names():
             with torch_threads(1):
-                t = _timed(lambda: route(name, inp), repeat=20)
+                t = _timed(lambda name=name, inp=inp: route(name, inp), repeat=20)
             rows.append({"router": name, "T": T, "ms_per_image": t / batch * 1e3,
                          "share_of_backbone_pass": t / t_backbone,
                          "needs_all_modules": ROUTERS.get(name).needs_all_modules})

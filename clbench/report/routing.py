@@ -122,7 +122,7 @@ def figure(coll: Collection, out_dir: Path):
         for ax, run in zip(axes, runs):
             xs = run.classes_seen
             for i, (name, curve) in enumerate(router_curves(run).items()):
-                style = dict(color="black", ls="--", marker="s") if name == BOUND else dict(color=f"C{i}", marker="o")
+                style = {"color": "black", "ls": "--", "marker": "s"} if name == BOUND else {"color": f"C{i}", "marker": "o"}
                 ax.plot(xs[: len(curve)], curve, ms=3, label=name, **style)
             ax.set_xlabel("number of classes seen")
             ax.set_ylabel("routed accuracy (%)")
@@ -158,16 +158,16 @@ def write_study(coll: Collection, out: Path, vary: str | None = None, command: s
     for run in runs:
         rec = run.record
         parts += [f"## {run.run_id}: {rec['strategy']} on {rec['bench']}", "",
-                  f"Record `{run.path}` (git {rec.get('git_revision')}, backbone {rec.get('backbone')} @ "
-                  f"{rec.get('img_size')} px, seed {rec.get('seed')}, {len(rec['task_sizes'])} tasks, "
-                  f"{rec.get('n_images', {}).get('test')} test images, CPU {_cpu(rec)}). "
-                  f"Command: `{rec.get('command')}`", "", to_markdown(study_table(run)), "",
+                  (f"Record `{run.path}` (git {rec.get('git_revision')}, backbone {rec.get('backbone')} @ "
+                   f"{rec.get('img_size')} px, seed {rec.get('seed')}, {len(rec['task_sizes'])} tasks, "
+                   f"{rec.get('n_images', {}).get('test')} test images, CPU {_cpu(rec)}). "
+                   f"Command: `{rec.get('command')}`"), "", to_markdown(study_table(run)), "",
                   "Routing accuracy per true task after the last task (%):", "",
                   to_markdown(routing_per_task_table(run)), ""]
     if vary:
-        parts += [f"## Across `{vary}`", "", "Module similarity after the last task (mean pairwise cosine of the "
+        parts += [f"## Across `{vary}`", "", ("Module similarity after the last task (mean pairwise cosine of the "
                   "modules' weight matrices; of their outputs on the test images; the same after removing each "
-                  "module's mean output) and, per router, routing accuracy / routed accuracy after the last task.",
+                  "module's mean output) and, per router, routing accuracy / routed accuracy after the last task."),
                   "", to_markdown(vary_table(runs, vary)), ""]
     if fig is not None:
         parts += [f"![{fig.title}]({fig.files['png']})", "", fig.caption, ""]
