@@ -238,6 +238,13 @@ def test_routing_study_tables_come_from_the_record(tmp_path):
     text = path.read_text()
     assert f"{rec['last_acc']:.2f}" in text and "Across `l1`" in text and (tmp_path / "study/figures/routing_study.png").exists()
     assert "Routing study: run" in markdown_tables(coll)
+    from clbench.report.routing import vary_mean_table, vary_table
+
+    one, mean = vary_table(coll.runs, "l1").iloc[0], vary_mean_table(coll.runs, "l1").iloc[0]
+    d = rec["per_task"][-1]["diagnostics"]["routers"]["prototype"]
+    assert one["prototype routing / final %"] == mean["prototype routing / final %"] == \
+        f"{d['routing_acc']:.1f} / {d['acc']:.2f}"
+    assert mean["seeds"] == str(rec["seed"]) and one["output cos"] == mean["output cos"] != "-"
 
 
 def test_gate_reference_written_before_routers_still_pins_tosca_settings():

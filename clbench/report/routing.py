@@ -82,15 +82,44 @@ def vary_table(runs: Sequence[Run], field: str) -> pd.DataFrame:
     """Runs that differ in strategy setting ``field``: module similarity (weights, outputs), final accuracy and
     routing accuracy after the last task per router."""
     rows = []
-    for run in sorted(runs, key=lambda r: (r.record["bench"], (r.record.get("strategy_config") or {}).get(field, 0))):
+    for run in sorted(runs, key=lambda r: (r.record["bench"], _setting(r, field), r.seed)):
         diag = run.record["per_task"][-1]["diagnostics"]
-        row: dict[str, Any] = {"bench": run.record["bench"], field: (run.record.get("strategy_config") or {}).get(field),
+        row: dict[str, Any] = {"bench": run.record["bench"], field: _setting(run, field), "seed": run.seed,
                                "run": run.run_id,
                                "weight cos": _fmt(diag.get("module_cosine_similarity"), 4),
                                "output cos": _fmt(diag.get("module_output_cosine"), 4),
                                "output cos (centred)": _fmt(diag.get("module_output_cosine_centred"), 4)}
         for name, d in diag["routers"].items():
             row[f"{name} routing / final %"] = f"{d['routing_acc']:.1f} / {d['acc']:.2f}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _setting(run: Run, field: str) -> Any:
+    return (run.record.get("strategy_config") or {}).get(field)
+
+
+def _mean(values: list[Any]) -> float | None:
+    return None if any(v is None for v in values) else float(np.mean(values))
+
+
+def vary_mean_table(runs: Sequence[Run], field: str) -> pd.DataFrame:
+    """:func:`vary_table` averaged over seeds: one row per (benchmark, value of ``field``)."""
+    groups: dict[tuple[str, Any], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.record["bench"], _setting(run, field)), []).append(run)
+    rows = []
+    for (bench, value), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        diags = [r.record["per_task"][-1]["diagnostics"] for r in group]
+        row: dict[str, Any] = {"bench": bench, field: value, "seeds": ", ".join(str(s) for s in sorted(r.seed for r in group)),
+                               "weight cos": _fmt(_mean([d.get("module_cosine_similarity") for d in diags]), 4),
+                               "output cos": _fmt(_mean([d.get("module_output_cosine") for d in diags]), 4),
+                               "output cos (centred)": _fmt(_mean([d.get("module_output_cosine_centred") for d in diags]), 4)}
+        for name in diags[0]["routers"]:
+            if all(name in d["routers"] for d in diags):
+                routing = _mean([d["routers"][name]["routing_acc"] for d in diags])
+                final = _mean([d["routers"][name]["acc"] for d in diags])
+                row[f"{name} routing / final %"] = f"{routing:.1f} / {final:.2f}"
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -168,7 +197,8 @@ def write_study(coll: Collection, out: Path, vary: str | None = None, command: s
         parts += [f"## Across `{vary}`", "", ("Module similarity after the last task (mean pairwise cosine of the "
                   "modules' weight matrices; of their outputs on the test images; the same after removing each "
                   "module's mean output) and, per router, routing accuracy / routed accuracy after the last task."),
-                  "", to_markdown(vary_table(runs, vary)), ""]
+                  "", to_markdown(vary_table(runs, vary)), "",
+                  f"Mean over seeds per benchmark and `{vary}`:", "", to_markdown(vary_mean_table(runs, vary)), ""]
     if fig is not None:
         parts += [f"![{fig.title}]({fig.files['png']})", "", fig.caption, ""]
     path = out / "study.md"
