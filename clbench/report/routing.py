@@ -136,8 +136,20 @@ def sections(coll: Collection) -> list:
             for r in study_runs(coll)]
 
 
+def _seed_groups(runs: Sequence[Run]) -> dict[tuple[str, str, str], list[Run]]:
+    """Runs that differ only in their seed: (benchmark, strategy, settings) -> runs."""
+    import json
+
+    groups: dict[tuple[str, str, str], list[Run]] = {}
+    for run in runs:
+        key = (run.record["bench"], run.strategy, json.dumps(run.record.get("strategy_config") or {}, sort_keys=True))
+        groups.setdefault(key, []).append(run)
+    return groups
+
+
 def figure(coll: Collection, out_dir: Path):
-    """Routed accuracy after each task per router, oracle as the ceiling; one panel per study run."""
+    """Routed accuracy after each task per router (mean over seeds), oracle as the ceiling; one panel per benchmark
+    and strategy setting."""
     import matplotlib
 
     from clbench.report.figures import RC, _new_figure, _save, provenance
@@ -145,23 +157,28 @@ def figure(coll: Collection, out_dir: Path):
     runs = study_runs(coll)
     if not runs:
         return None
+    groups = _seed_groups(runs)
     with matplotlib.rc_context(RC):
-        cols = min(len(runs), 2)
-        fig, axes = _new_figure(cols, (len(runs) + cols - 1) // cols, 5.2, 3.6)
-        for ax, run in zip(axes, runs):
-            xs = run.classes_seen
-            for i, (name, curve) in enumerate(router_curves(run).items()):
+        cols = min(len(groups), 4)
+        fig, axes = _new_figure(cols, (len(groups) + cols - 1) // cols, 3.6, 2.7)
+        for ax, ((bench, strategy, _), group) in zip(axes, groups.items()):
+            curves = [router_curves(r) for r in group]
+            xs = group[0].classes_seen
+            for i, name in enumerate(curves[0]):
+                mean = np.mean([c[name] for c in curves], axis=0)
                 style = {"color": "black", "ls": "--", "marker": "s"} if name == BOUND else {"color": f"C{i}", "marker": "o"}
-                ax.plot(xs[: len(curve)], curve, ms=3, label=name, **style)
-            ax.set_xlabel("number of classes seen")
-            ax.set_ylabel("routed accuracy (%)")
-            ax.set_title(f"{run.run_id}: {run.strategy} on {run.record['bench']}")
-            ax.legend(frameon=False, fontsize=7)
-        for ax in axes[len(runs):]:
+                ax.plot(xs[: len(mean)], mean, ms=2, lw=1, label=name, **style)
+            ax.set_xlabel("number of classes seen", fontsize=7)
+            ax.set_ylabel("routed accuracy (%)", fontsize=7)
+            ax.set_title(f"{strategy} on {bench}: " + ", ".join(r.run_id for r in group), fontsize=6)
+            ax.tick_params(labelsize=6)
+        axes[0].legend(frameon=False, fontsize=5)
+        for ax in axes[len(groups):]:
             ax.set_visible(False)
         title = "Routing study: routed accuracy per router"
-        caption = (f"{title}, after each task, every router on the same trained modules; the dashed black line is "
-                   f"oracle routing (each image through its own task's module). " + provenance(runs))
+        caption = (f"{title}, after each task (mean over the seeds of a panel's runs), every router on the same "
+                   f"trained modules; the dashed black line is oracle routing (each image through its own task's "
+                   f"module). " + provenance(runs))
         return _save(fig, out_dir, "routing_study", title, caption, runs)
 
 
