@@ -479,7 +479,9 @@ def make_figures(coll: Collection, out_dir: Path, with_tsne: bool = True,
     """Every figure of a report, saved under ``out_dir/figures``; returns them and notes on what is absent."""
     figs: list[FigureOut] = []
     notes: list[str] = []
-    for make in (accuracy_curves, accuracy_vs_params, wall_clock, routing):
+    from clbench.report.routing import figure as routing_study
+
+    for make in (accuracy_curves, accuracy_vs_params, wall_clock, routing, routing_study):
         f = make(coll, out_dir)
         if f is not None:
             figs.append(f)

@@ -281,6 +281,9 @@ def sections(coll: Collection) -> list[Section]:
         out.append(Section("Routing diagnostics (after the last task)", "routing", routing,
                            intro="Routing accuracy: share of test images sent to their own task's module. Oracle: "
                                  "accuracy when every image uses its own task's module."))
+    from clbench.report.routing import sections as routing_study_sections
+
+    out.extend(routing_study_sections(coll))
     out.append(Section("Runs", "runs", runs_table(coll), intro="Every run the numbers and figures above come from."))
     out.append(Section("Skipped", "skipped", skipped_table(coll) if coll.skipped else None,
                        intro="Folders without a complete record; none of them is averaged in." if coll.skipped
