@@ -95,7 +95,7 @@ def test_collapse_onto_any_module_is_flagged():
 def entropy_trace(session) -> dict:
     """Per-task hashes of TOSCA's per-sample logits and predictions (the fixture was made before routers existed)."""
     out = []
-    for step in session.steps():
+    for step in session.tasks():
         session.strategy.learn_task(step.task)
         logits = session.strategy.predict(step.test, "per-sample")
         d = session.strategy.diagnostics(step.test, step.sample_task)
@@ -132,7 +132,7 @@ def _trained(micro_session_factory, overrides, disturb: bool):
     """TOSCA trained on 3 tasks; ``disturb``: after every task, test images with wrong labels and wrong task ids go
     through prediction and the routing study (the only way test data reaches a strategy)."""
     s = micro_session_factory("tosca", init_cls=12, increment=12, overrides=(("epochs", "1"), *overrides))
-    steps = list(s.steps())
+    steps = list(s.tasks())
     for step in steps:
         s.strategy.learn_task(step.task)
         if disturb:
@@ -155,7 +155,7 @@ def test_fitted_routers_learn_from_each_tasks_training_split_only(micro_session_
     assert torch.equal(ma.shared_precision, mb.shared_precision)
     # and they equal statistics fitted by hand from the training splits alone
     ref = RoutingMemory()
-    for step_ in a.steps():
+    for step_ in a.tasks():
         t = step_.task
         feats = torch.stack([m(t.train.features) for m in a.strategy.modules_[t.id : t.id + 1]])[0]
         ref.fit_task(t.id, t.train.features, t.train.labels, a.strategy.head(feats)[:, : t.n_seen].detach())
@@ -222,7 +222,8 @@ def test_router_costs_runs_on_the_micro_vit():
 def test_routing_study_tables_come_from_the_record(tmp_path):
     from clbench.harness import RunConfig, run
     from clbench.report.collect import collect
-    from clbench.report.routing import router_rows, write_study
+    from clbench.report.routing import router_rows
+    from clbench.report.study import write_study
     from clbench.report.tables import markdown_tables
 
     rec = run(RunConfig(strategy="tosca", bench="emoji", backbone="vit_micro", weights="random", save_features=False,
@@ -230,21 +231,21 @@ def test_routing_study_tables_come_from_the_record(tmp_path):
     coll = collect([str(tmp_path / "run")])
     rows = {r["router"]: r for r in router_rows(coll.runs[0])}
     assert list(rows) == ["entropy (run's own)", "prototype", "energy", "oracle (bound)"]
-    assert rows["entropy (run's own)"]["final acc %"] == rec["last_acc"]  # the run's own router is its result
-    assert rows["entropy (run's own)"]["avg acc %"] == pytest.approx(rec["avg_acc"])
-    assert rows["oracle (bound)"]["final acc %"] == rec["per_task"][-1]["diagnostics"]["oracle_acc"]
+    assert rows["entropy (run's own)"]["final acc %"] == rec.last_acc  # the run's own router is its result
+    assert rows["entropy (run's own)"]["avg acc %"] == pytest.approx(rec.avg_acc)
+    assert rows["oracle (bound)"]["final acc %"] == rec.per_task[-1].diagnostics["oracle_acc"]
     assert rows["oracle (bound)"]["oracle gap closed %"] == 100.0 and rows["entropy (run's own)"]["oracle gap closed %"] == 0
     path = write_study(coll, tmp_path / "study", vary="l1")
     text = path.read_text()
-    assert f"{rec['last_acc']:.2f}" in text and "Across `l1`" in text and (tmp_path / "study/figures/routing_study.png").exists()
+    assert f"{rec.last_acc:.2f}" in text and "Across `l1`" in text and (tmp_path / "study/figures/routing_study.png").exists()
     assert "Routing study: run" in markdown_tables(coll)
     from clbench.report.routing import vary_mean_table, vary_table
 
     one, mean = vary_table(coll.runs, "l1").iloc[0], vary_mean_table(coll.runs, "l1").iloc[0]
-    d = rec["per_task"][-1]["diagnostics"]["routers"]["prototype"]
+    d = rec.per_task[-1].diagnostics["routers"]["prototype"]
     assert one["prototype routing / final %"] == mean["prototype routing / final %"] == \
         f"{d['routing_acc']:.1f} / {d['acc']:.2f}"
-    assert mean["seeds"] == str(rec["seed"]) and one["output cos"] == mean["output cos"] != "-"
+    assert mean["seeds"] == str(rec.seed) and one["output cos"] == mean["output cos"] != "-"
 
 
 def test_gate_reference_written_before_routers_still_pins_tosca_settings():
