@@ -17,6 +17,8 @@ STRATEGIES.register_lazy("simplecil", "baselines.simplecil:SimpleCIL")
 STRATEGIES.register_lazy("l2p", "baselines.l2p:L2P")
 STRATEGIES.register_lazy("ease", "baselines.ease:EASE")
 STRATEGIES.register_lazy("tosca", "tosca.strategy:TOSCA")
+STRATEGIES.register_lazy("mos", "baselines.mos:MOS")
+STRATEGIES.register_lazy("dualprompt", "baselines.dualprompt:DualPrompt")
 
 @dataclass(frozen=True)
 class BackboneSpec:
