@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
@@ -271,7 +270,6 @@ class MOS(Strategy):
         self.class_task: list[int] = []
         self._added: list[int] = []
         self._trainable: list[int] = []
-        self._eval_s_per_image: dict[int, float] = {}
         self._last_predict: tuple[int, np.ndarray, np.ndarray] | None = None  # (n, argmax, final task)
 
     # ---------------------------------------------------------------------------------------- features
@@ -437,7 +435,6 @@ class MOS(Strategy):
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
         if protocol not in self.protocols:
             raise ValueError(f"unknown protocol {protocol!r}; MOS supports {', '.join(self.protocols)}")
-        start = time.perf_counter()
         out, finals = [], []
         for images, _, _ in split.image_loader(self.cfg.eval_batch_size, augment=False):
             images = images.to(self.ctx.device)
@@ -452,16 +449,13 @@ class MOS(Strategy):
             finals.append(final.cpu())
         logits = torch.cat(out)
         if protocol == PER_SAMPLE:
-            self._eval_s_per_image.setdefault(len(self.stored) - 1, (time.perf_counter() - start) / max(len(split), 1))
             self._last_predict = (len(split), logits.argmax(dim=1).numpy(), torch.cat(finals).numpy())
         return logits
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
-        """Inference cost and the accuracy of the adapter set chosen by self-refinement (per-sample protocol)."""
+        """Inference passes, and the accuracy of the initial task (prototype head) and of the adapter set chosen by
+        self-refinement (per-sample protocol). No timings: a diagnostic must be the same in a resumed run."""
         out: dict[str, Any] = {"adapter_sets": len(self.stored), "backbone_passes_per_image": len(self.stored)}
-        t = len(self.stored) - 1
-        if t in self._eval_s_per_image:
-            out["eval_s_per_image"] = self._eval_s_per_image[t]
         if self._last_predict is not None and self._last_predict[0] == len(split):
             true_task = np.asarray(true_task)
             out["task_id_accuracy"] = float((np.asarray(self.class_task)[self._last_predict[1]] == true_task).mean() * 100)
