@@ -361,6 +361,23 @@ def test_dualprompt_reference_protocol_is_the_batch_vote(trained_dp, test_split)
             s.prompts.keys.copy_(saved)
 
 
+def test_untrained_keys_are_matched_only_with_the_reference_switch(trained_dp, test_split):
+    s = trained_dp
+    feats = test_split.features
+    saved = s.prompts.keys.detach().clone()
+    try:
+        aim_keys(s, feats, [0, 14])
+        with torch.no_grad():
+            s.prompts.keys[3] = feats[5]  # slot 3 belongs to no task learnt so far (2 tasks)
+        assert s.select(feats[[5]], batchwise=False).tolist() != [3]
+        s.cfg = replace(s.cfg, match_unseen_keys=True)
+        assert s.select(feats[[5]], batchwise=False).tolist() == [3]
+    finally:
+        s.cfg = replace(s.cfg, match_unseen_keys=False)
+        with torch.no_grad():
+            s.prompts.keys.copy_(saved)
+
+
 def test_dualprompt_refuses_more_tasks_than_slots(backbone, tasks):
     strategy = DualPrompt(replace(DP_SMALL, pool_size=1), ctx_for(backbone))
     strategy.learn_task(tasks[0])
