@@ -34,7 +34,9 @@ from clbench.cli import main
 from clbench.errors import ClbenchError
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
-SETTINGS = {"simplecil": [], "tosca": ["--set", "epochs=3"]}  # 3 tasks of 12 classes each
+SETTINGS = {"simplecil": [], "tosca": ["--set", "epochs=3"],  # 3 tasks of 12 classes each
+            "mos": ["--set", "epochs=1", "--set", "ca_epochs=2", "--set", "train_per_class=4", "--protocol", "both"],
+            "dualprompt": ["--set", "epochs=1", "--set", "train_per_class=4", "--protocol", "both"]}
 SAME = ("accuracy_matrix", "acc_curve", "params", "protocols", "class_order", "strategy_config")
 
 
