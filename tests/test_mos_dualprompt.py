@@ -437,9 +437,9 @@ def test_end_to_end_both_protocols_through_the_harness(tmp_path, method):
                            out=str(tmp_path / method), init_cls=18, increment=18, device="cpu", precision="fp32",
                            protocol="both", save_features=False,
                            overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64"))))
-    assert record["complete"] and record["task_sizes"] == [18, 18]
-    assert set(record["protocols"]) == {"per-sample", "reference"} and "protocol_gap" in record
-    diag = record["per_task"][-1]["diagnostics"]
+    assert record.complete and record.task_sizes == [18, 18]
+    assert set(record.protocols) == {"per-sample", "reference"} and record.protocol_gap is not None
+    diag = record.per_task[-1].diagnostics
     if method == "mos":
         assert diag["backbone_passes_per_image"] == 2 and len(diag["reference_set_drift_l2"]) == 2
         assert diag["reference_set_drift_l2"][0] == 0.0 and diag["reference_set_drift_l2"][1] > 0
@@ -451,7 +451,7 @@ def test_end_to_end_both_protocols_through_the_harness(tmp_path, method):
 @pytest.mark.veryslow
 @pytest.mark.parametrize("method", ["mos", "dualprompt"])
 def test_quick_profile_beats_random_weights_on_the_embedded_benchmark(tmp_path, method):
-    from clbench import offline_weights as ow
+    from clbench.weights import sources as ow
 
     try:
         ow.offline_weights("vit_small_patch14_dinov2")
@@ -460,6 +460,6 @@ def test_quick_profile_beats_random_weights_on_the_embedded_benchmark(tmp_path, 
     records = {w: run(RunConfig(strategy=method, profile="quick", weights=w, out=str(tmp_path / w),
                                 precision="fp32", save_features=False)) for w in ("offline", "random")}
     real, rand = records["offline"], records["random"]
-    assert real["complete"] and real["img_size"] == 112 and len(real["acc_curve"]) == 6
-    assert real["last_acc"] > 3 * 100 / 36  # well above chance on 36 classes
-    assert real["last_acc"] > rand["last_acc"] + 10
+    assert real.complete and real.img_size == 112 and len(real.acc_curve) == 6
+    assert real.last_acc > 3 * 100 / 36  # well above chance on 36 classes
+    assert real.last_acc > rand.last_acc + 10
