@@ -17,6 +17,8 @@ STRATEGIES.register_lazy("simplecil", "baselines.simplecil:SimpleCIL")
 STRATEGIES.register_lazy("l2p", "baselines.l2p:L2P")
 STRATEGIES.register_lazy("ease", "baselines.ease:EASE")
 STRATEGIES.register_lazy("tosca", "tosca.strategy:TOSCA")
+STRATEGIES.register_lazy("ranpac", "baselines.ranpac:RanPAC")
+STRATEGIES.register_lazy("aper", "baselines.aper:APER")
 
 @dataclass(frozen=True)
 class BackboneSpec:
