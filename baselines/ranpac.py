@@ -175,12 +175,19 @@ def available_memory() -> int:
     return int(psutil.virtual_memory().available)
 
 
+def largest_M(d: int, free: int) -> int:
+    """The largest M (a multiple of 100) whose :func:`memory_estimate` fits in ``free`` bytes."""
+    b = 4 * d + 8 * 4096
+    m = int((-b + math.sqrt(b * b + 80 * free)) / 40) // 100 * 100
+    return m if memory_estimate(m, d) <= free else max(m - 100, 0)
+
+
 def check_memory(M: int, d: int) -> None:
     need, free = memory_estimate(M, d), available_memory()
     if need > free:
         raise ClbenchError(f"RanPAC with M={M}: the Gram matrix and its solve need about {need / 2**30:.1f} GiB "
-                           f"(20 M^2 bytes), but only {free / 2**30:.1f} GiB of memory is available",
-                           f"lower M (--set M=...); M={int(math.sqrt(free / 20)) // 100 * 100} fits now")
+                           f"(~20 M^2 bytes), but only {free / 2**30:.1f} GiB of memory is available",
+                           f"lower M (--set M=...); M={largest_M(d, free)} fits now")
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
