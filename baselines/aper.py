@@ -168,11 +168,12 @@ def tune_first_session(model: nn.Module, task: Task, cfg: Any, ctx: Context, lab
 class AdaptedFeatures:
     """Adapted [CLS] features computed once per image and kept, keyed by image identity (the source's content
     fingerprint and the image's index in it). Valid because the adapted ViT never changes after task 0; saved with
-    the strategy, so a resumed run does not pass an image again. ``passes`` counts images sent through the ViT."""
+    the strategy, so a resumed run does not pass an image again. Only computed rows are stored (a row index per
+    image of the source, -1 where not computed). ``passes`` counts images sent through the ViT."""
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
-        self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # fingerprint -> ((len, d), (len,) bool)
+        self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # fingerprint -> ((len,) int32 row, (K, d))
         self.passes = 0
 
     def get(self, split: Split, compute: Callable[[torch.Tensor], torch.Tensor], batch_size: int,
@@ -180,20 +181,22 @@ class AdaptedFeatures:
         """(len(split), d) float32 features of ``split``'s images (eval transform), computing only the missing."""
         key = split.source.fingerprint()
         if key not in self.tables:
-            n = len(split.source)
-            self.tables[key] = (torch.zeros(n, self.dim), torch.zeros(n, dtype=torch.bool))
-        table, have = self.tables[key]
-        need = np.flatnonzero(~have.numpy()[split.indices])
+            self.tables[key] = (torch.full((len(split.source),), -1, dtype=torch.int32), torch.zeros(0, self.dim))
+        row, feats = self.tables[key]
+        need = np.flatnonzero(row.numpy()[split.indices] < 0)
         if need.size:
             _, first = np.unique(split.indices[need], return_index=True)  # an image listed twice passes once
             missing = split.subset(need[np.sort(first)])
+            new = []
             with torch.no_grad():
-                for images, _, pos in missing.image_loader(batch_size, augment=False):
-                    rows = torch.as_tensor(missing.indices[pos.numpy()])
-                    table[rows] = compute(images.to(device)).cpu()
-                    have[rows] = True
+                for images, _, _ in missing.image_loader(batch_size, augment=False):
+                    new.append(compute(images.to(device)).cpu())
                     self.passes += len(images)
-        return table[torch.as_tensor(split.indices)]
+            row[torch.as_tensor(missing.indices)] = torch.arange(len(feats), len(feats) + len(missing),
+                                                                 dtype=torch.int32)
+            feats = torch.cat([feats, *new])
+            self.tables[key] = (row, feats)
+        return feats[row[torch.as_tensor(split.indices)].long()]
 
 
 def check_width(name: str, saved: int, dim: int) -> None:
