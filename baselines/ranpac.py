@@ -21,7 +21,8 @@ Algorithm, for task t with new classes C_t (d = backbone width, M = projection w
    Q += h^T Y (Y one-hot, 0/1), G += h^T h.
 4. Ridge parameter: the grid lambda in {10^-8, ..., 10^8}; on the CURRENT task's h (in a shuffled order, as the
    reference's shuffled loader), fit Wo(lambda) = (H_a^T H_a + lambda I)^-1 H_a^T Y_a on the first 80% (a),
-   score the mean squared error of H_b Wo(lambda) against Y_b on the last 20% (b); take the argmin.
+   score the mean squared error of H_b Wo(lambda) against Y_b on the last 20% (b); take the argmin (over the grid
+   values the float32 statistics resolve, lambda >= eps_32 trace(G): see the deviations).
 5. Wo = ((G + lambda I)^-1 Q)^T over all seen classes (cumulative G, Q).
 6. Inference: logits = ReLU(f(x) W) Wo^T (``head="plain"``, the paper and the original repository); PILOT's
    ``head="cosine"`` gives sigma * cos(ReLU(f W), Wo_c) instead.
@@ -46,6 +47,14 @@ Deviations from the paper / reference code:
   once; the final system by a float64 Cholesky factorisation, with an LU solve if rounding makes it indefinite).
   ``"reference"`` reproduces the float32 ``torch.linalg.solve`` calls. G and Q are accumulated in float32 as in the
   reference.
+- Ridge floor (``"exact"`` only): G is accumulated in float32 (as the reference), so its entries carry rounding
+  errors of about eps_32 * trace(G) in norm. Computed exactly, the grid on a small task often prefers the tiniest
+  lambda (10^-8: the minimum-norm interpolator of a few hundred points in M = 10,000 dimensions), which the
+  cumulative float32 G cannot resolve: the first measured run chose 10^-8 at task 2 and fell from 60.6 % to 14.1 %
+  accuracy. The reference never sees this because its own float32 solves turn those grid points into noise with a
+  large held-out error. So the argmin is taken over grid values >= eps_32 * trace(G) (cumulative G after the
+  task; recorded per task as ``ridge_floor``); above that floor G + lambda I is positive definite despite the
+  rounding and the solve is a small perturbation of the exact one. ``ridge_numerics="reference"`` has no floor.
 - The grid's MSE is taken over the current task's classes only; the reference averages over all ``nb_classes``
   one-hot columns, whose other columns are zero in both target and prediction (Q_a has no entry there), so the
   argmin is the same. A task with fewer than 2 training images cannot be split and is refused.
@@ -160,9 +169,20 @@ def ridge_losses(H: torch.Tensor, Y: torch.Tensor, numerics: str = "exact") -> l
     return [float(((left / (s + lam)) @ right - Yb).pow(2).mean()) for lam in RIDGE_GRID]
 
 
-def select_ridge(H: torch.Tensor, Y: torch.Tensor, numerics: str = "exact") -> float:
-    """The grid lambda with the smallest held-out MSE (the first on ties, as ``np.argmin``)."""
-    return RIDGE_GRID[int(np.argmin(ridge_losses(H, Y, numerics)))]
+def select_ridge(H: torch.Tensor, Y: torch.Tensor, numerics: str = "exact", floor: float = 0.0) -> float:
+    """The grid lambda with the smallest held-out MSE (the first on ties, as ``np.argmin``) among the grid values
+    >= ``floor`` (the largest grid value if none is)."""
+    losses = ridge_losses(H, Y, numerics)
+    allowed = [i for i, lam in enumerate(RIDGE_GRID) if lam >= floor] or [len(RIDGE_GRID) - 1]
+    return RIDGE_GRID[min(allowed, key=lambda i: (losses[i], i))]
+
+
+def ridge_floor(G: torch.Tensor) -> float:
+    """The smallest lambda the stored statistics resolve: eps(G's dtype) * trace(G). G is accumulated in float32, so
+    its entries carry rounding errors of about that size in norm; with lambda above them G + lambda I stays
+    positive definite and the solve is a small perturbation of the exact one, while below them the solution is
+    rounding noise (what the reference's float32 solves produce there)."""
+    return float(torch.finfo(G.dtype).eps * G.diagonal().double().sum())
 
 
 def memory_estimate(M: int, d: int) -> int:
@@ -220,6 +240,7 @@ class RanPAC(Strategy):
         self.adapters: AdapterSet | None = None
         self.store = AdaptedFeatures(self.dim)
         self.lambdas: list[float] = []
+        self.floors: list[float] = []  # ridge_floor of the cumulative G at each task ("exact" numerics)
         self.n_classes = 0
         self._added: list[int] = []
         self._trainable: list[int] = []
@@ -258,11 +279,13 @@ class RanPAC(Strategy):
         self.Q += H.T @ Y
         self.G += H.T @ H
         order = torch.randperm(len(H), generator=self.ctx.generator(6000 + task.id))  # the shuffled loader's order
-        lam = select_ridge(H[order], Y[order][:, sorted(task.classes)], cfg.ridge_numerics)
+        floor = ridge_floor(self.G) if cfg.ridge_numerics == "exact" else 0.0
+        lam = select_ridge(H[order], Y[order][:, sorted(task.classes)], cfg.ridge_numerics, floor)
         self.lambdas.append(lam)
+        self.floors.append(floor)
         self.Wo = solve_ridge(self.G, self.Q, lam, cfg.ridge_numerics)  # (C, M)
         self.n_classes = task.n_seen
-        self.ctx.log(f"  RanPAC task {task.id}: lambda {lam:g} (M={cfg.M})")
+        self.ctx.log(f"  RanPAC task {task.id}: lambda {lam:g} (floor {floor:.3g}, M={cfg.M})")
         first = len(self._added) == 0
         self._added.append(adapters + cfg.M * len(task.classes) + (self.W.numel() if first else 0))
         self._trainable.append(trainable)
@@ -279,7 +302,8 @@ class RanPAC(Strategy):
         return (h @ wo.T).float()  # (N, n_seen)
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
-        return {"ridge_lambda": self.lambdas[-1] if self.lambdas else None, "M": self.cfg.M,
+        return {"ridge_lambda": self.lambdas[-1] if self.lambdas else None,
+                "ridge_floor": self.floors[-1] if self.floors else None, "M": self.cfg.M,
                 "adapted_passes_total": self.store.passes}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -144,6 +144,19 @@ def test_lambda_choice_equals_the_reference_rule(n, M):
         assert select_ridge(H, Y, "reference") == want
 
 
+def test_the_floor_restricts_the_grid_to_lambdas_the_float32_statistics_resolve():
+    H, Y = synthetic(30, 80, 4, seed=110)
+    losses = ridge_losses(H, Y)
+    best = select_ridge(H, Y)
+    floor = best * 3  # the unrestricted choice is now below the floor
+    above = [lam for lam in RIDGE_GRID if lam >= floor]
+    want = min(above, key=lambda lam: losses[RIDGE_GRID.index(lam)])
+    assert select_ridge(H, Y, floor=floor) == want and want > best
+    assert select_ridge(H, Y, floor=1e9) == 1e8  # nothing allowed: the largest grid value
+    G = (H.T @ H).float()
+    assert ranpac_mod.ridge_floor(G) == pytest.approx(torch.finfo(torch.float32).eps * float(G.diagonal().sum()))
+
+
 def test_lambda_split_uses_the_given_order_first_80_percent_fit():
     H, Y = synthetic(50, 30, 4, seed=5)
     flipped = torch.flip(H, [0]), torch.flip(Y, [0])  # other rows fit: in general another loss curve
@@ -173,6 +186,8 @@ def test_statistics_are_accumulated_gram_and_class_sums_and_wo_solves_them(backb
     direct = np.linalg.solve(s.G.double().numpy() + s.lambdas[-1] * np.eye(96), s.Q.double().numpy()).T
     np.testing.assert_allclose(s.Wo.numpy(), direct, rtol=1e-3, atol=1e-6)
     assert len(s.lambdas) == 2 and all(lam in RIDGE_GRID for lam in s.lambdas)
+    assert all(lam >= floor > 0 for lam, floor in zip(s.lambdas, s.floors))
+    assert s.floors[-1] == ranpac_mod.ridge_floor(s.G)
 
 
 def test_plain_head_is_the_inner_product_and_cosine_head_is_pilots(backbone, tasks, test_split):
