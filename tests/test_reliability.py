@@ -35,7 +35,7 @@ from clbench.errors import ClbenchError
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
 SETTINGS = {"simplecil": [], "tosca": ["--set", "epochs=3"],  # 3 tasks of 12 classes each
-            "ranpac": ["--set", "epochs=1", "--set", "M=256"], "aper": ["--set", "epochs=1"]}
+            "ranpac": ["--set", "epochs=1", "--set", "M=2000"], "aper": ["--set", "epochs=1"]}
 SAME = ("accuracy_matrix", "acc_curve", "params", "protocols", "class_order", "strategy_config")
 
 
@@ -348,7 +348,7 @@ def test_state_dict_round_trip_for_every_strategy(micro_session_factory):
 
     for name in STRATEGIES.names():
         fields = {f.name for f in dataclasses.fields(STRATEGIES.get(name).Config)}
-        overrides = tuple((k, v) for k, v in (("epochs", "1"), ("M", "256")) if k in fields)
+        overrides = tuple((k, v) for k, v in (("epochs", "1"), ("M", "128")) if k in fields)
         a = micro_session_factory(name, init_cls=12, increment=12, overrides=overrides)
         b = micro_session_factory(name, init_cls=12, increment=12, overrides=overrides)
         steps = [small(step) for step in a.steps()]
