@@ -315,6 +315,8 @@ def test_after_task_0_every_image_passes_the_adapted_vit_once(backbone, tasks, t
     count = PassCounter(backbone.model)
     try:
         s.learn_task(tasks[0])
+        assert all(float(a.up_weight.abs().sum()) > 0 for a in s.adapters)  # every block's adapter was trained
+        assert not any(p.requires_grad for p in s.adapters.parameters())  # and frozen afterwards
         assert count.grad == len(tasks[0].train) * 1  # 1 epoch of training passes
         assert count.nograd == len(tasks[0].train)  # then one eval-transform pass per task-0 image
         count.reset()
