@@ -200,8 +200,8 @@ def available_memory() -> int:
 
 def largest_M(d: int, free: int) -> int:
     """The largest M (a multiple of 100) whose :func:`memory_estimate` fits in ``free`` bytes."""
-    b = 4 * d + 8 * 4096
-    m = int((-b + math.sqrt(b * b + 80 * free)) / 40) // 100 * 100
+    a, b = memory_estimate(1, 0) - 8 * 4096, 4 * d + 8 * 4096  # a M^2 + b M <= free
+    m = int((-b + math.sqrt(b * b + 4 * a * free)) / (2 * a)) // 100 * 100
     return m if memory_estimate(m, d) <= free else max(m - 100, 0)
 
 
