@@ -71,7 +71,7 @@ from clbench.blocks import (
     vit_forward_tokens,
     vit_tokens,
 )
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 
 @dataclass(frozen=True)
@@ -326,6 +326,27 @@ class EASE(Strategy):
             pred_task = np.asarray(self.class_task)[self._last_predict[1]]
             out["task_id_accuracy"] = float((pred_task == np.asarray(true_task)).mean() * 100)
         return out
+
+    @classmethod
+    def work(cls, cfg: EASEConfig, shape: RunShape) -> Work:
+        """Training: every epoch, every image once through the ViT with the new adapter set and a backward pass (b).
+        After task t (t = 1..T subspaces): the task's training images through each of the t subspaces for the new
+        prototypes, and, per protocol, every seen test image through each of the t subspaces (t f each)."""
+        train = shape.first_per_class(cfg.train_per_class).train_per_task
+        prototypes = sum(n * (t + 1) for t, n in enumerate(train))
+        with_t = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))
+        return Work(f=prototypes + shape.protocols * with_t, b=cfg.epochs * sum(train))
+
+    @classmethod
+    def param_formula(cls, cfg: EASEConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+        adapters = adapter_set_size(depth, d, cfg.bottleneck)
+        added, trainable, seen = [], [], 0
+        for t, c in enumerate(task_sizes):
+            # new classes: a prototype in each of the t + 1 subspaces; old classes: a synthesised one in subspace t
+            added.append(adapters + c * (t + 1) * d + seen * d)
+            trainable.append(adapters + c * d + 1)  # the adapter set and its task-local cosine head (rows, scale)
+            seen += c
+        return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * len(task_sizes) * d)
 
     def param_counts(self) -> ParamCounts:
         n_sets = len(self.adapter_sets)

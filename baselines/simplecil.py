@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from clbench.blocks import CosineHead, class_means
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,15 @@ class SimpleCIL(Strategy):
     def param_counts(self) -> ParamCounts:
         return ParamCounts(added_per_task=list(self._added), trainable_per_task=[0] * len(self._added),
                            head=self.head.weight.numel())
+
+    @classmethod
+    def param_formula(cls, cfg: SimpleCILConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+        return ParamCounts(added_per_task=[c * d for c in task_sizes], trainable_per_task=[0] * len(task_sizes),
+                           head=sum(task_sizes) * d)  # one prototype row per class; nothing is trained
+
+    @classmethod
+    def work(cls, cfg: SimpleCILConfig, shape: RunShape) -> Work:
+        """Every image once through the frozen backbone (train for the prototypes, test for prediction), all of it
+        from clbench's feature cache, which shares it across seeds and strategies."""
+        f = sum(shape.train_per_task) + shape.test_seen[-1]
+        return Work(f=f, f_cacheable=f)

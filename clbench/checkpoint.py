@@ -2,13 +2,13 @@
 uninterrupted run would have written.
 
 After every task the harness writes ``<run folder>/checkpoint.pt`` atomically (a temporary file in the same folder,
-fsynced and renamed over the old one, :func:`clbench.io.atomic_write_bytes`), *before* that task's ``result.json``,
+fsynced and renamed over the old one, :func:`clbench.files.atomic_write_bytes`), *before* that task's ``result.json``,
 so a record never claims more tasks than the checkpoint holds. The file is ``torch.save`` of a plain dict:
 
 - ``format``, ``version``: ``"clbench-checkpoint"``, :data:`VERSION`.
-- ``config``: every :class:`~clbench.harness.RunConfig` field (``clbench run --resume DIR`` reads them).
-- ``fingerprint``: the fields that define the run (:data:`DEFINING_FIELDS`, backbone resolved to its name); a run
-  with other values is refused, never continued.
+- ``config``: every :class:`~clbench.config.RunConfig` field (``clbench run --resume DIR`` reads them).
+- ``fingerprint``: the fields that define the run (:data:`clbench.config.DEFINING_FIELDS`, backbone resolved to its
+  name); a run with other values is refused, never continued.
 - ``backbone_digest`` and ``data`` (train/test content fingerprints, class order, task sizes): checked once the
   benchmark and backbone are loaded again.
 - ``tasks_done``: tasks learnt and evaluated; the run continues with task ``tasks_done``.
@@ -27,7 +27,6 @@ run folders you wrote yourself, as with any pickle.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import pickle
 import random
@@ -37,81 +36,36 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from clbench.errors import ClbenchError
-from clbench.io import atomic_write_bytes
+from clbench import config
+from clbench.config import RunConfig
+from clbench.errors import ClbenchError, setting
+from clbench.files import atomic_write_bytes
 
 if TYPE_CHECKING:
-    from clbench.harness import RunConfig, Session
+    from clbench.benchmarks.base import Benchmark
+
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = "clbench-checkpoint"
 VERSION = 1
-# RunConfig fields that define what a run measures. ``precision`` is the request (auto | fp32 | bf16 | fp16); the
-# precision it resolved to is checked separately (:func:`check_session`), since bf16 changes the frozen features. Not here: device, batch size, data root (the data itself is checked by content), output options.
-DEFINING_FIELDS = ("strategy", "bench", "backbone", "weights", "init_cls", "increment", "seed", "class_order_seed",
-                   "protocol", "profile", "overrides", "img_size", "normalize", "precision")
 
 
-# ----------------------------------------------------------------------------------------------- settings
-def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:
-    """The defining settings of ``cfg``: the backbone resolved to its name, ``--set`` pairs as a sorted mapping
-    (the last value of a repeated key wins, as in the strategy config)."""
-    fp = {name: getattr(cfg, name) for name in DEFINING_FIELDS}
-    fp["backbone"] = backbone_name
-    fp["overrides"] = dict(sorted(dict(cfg.overrides).items()))
-    return fp
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, dict):
-        return " ".join(f"{k}={v}" for k, v in value.items()) or "none"
-    return "default" if value is None else str(value)
-
-
-def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``"seed: 1993 in the checkpoint, 1 here"`` for every defining setting that differs."""
-    out = []
-    for key in DEFINING_FIELDS:
-        if saved.get(key) != current.get(key):
-            flag = "--set" if key == "overrides" else "--" + key.replace("_", "-")
-            out.append(f"{flag}: {_show(saved.get(key))} in the checkpoint, {_show(current.get(key))} here")
-    return out
-
-
+# ----------------------------------------------------------------------------------------------- resume
 def resume_config(run_dir: str | Path, given: dict[str, Any]) -> RunConfig:
     """The RunConfig of the run in ``run_dir`` (``clbench run --resume DIR``), from its checkpoint.
 
-    ``given`` holds the run flags the user passed explicitly. A defining setting given with another value than the
-    checkpoint's is refused; the others (device, batch size, data root, feature cache) may change on resume.
-    """
-    from clbench.harness import RunConfig
+    ``given`` holds the settings the user passed explicitly (:func:`clbench.config.given_settings`); how they are
+    reconciled with the checkpoint's is :func:`clbench.config.resume_config`."""
     from clbench.results import RESULT_FILE
 
     path = Path(run_dir)
-    if given.get("overwrite"):
-        raise ClbenchError("--resume continues a run and --overwrite starts it over: pass only one of them")
-    if given.get("out") is not None and Path(given["out"]).resolve() != path.resolve():
-        raise ClbenchError(f"--resume {path} and --out {given['out']} name different run folders",
-                           "drop --out: --resume writes to the folder it continues")
+    config.check_resume_request(path, given)
     if not (path / CHECKPOINT_FILE).is_file():
         raise ClbenchError(_no_checkpoint_message(path, path / RESULT_FILE),
                            "a run killed before its first task finished has no checkpoint; run the same command "
-                           "without --resume to start it over")
+                           f"without {setting('resume')} to start it over")
     ckpt = load(path / CHECKPOINT_FILE)
-    saved = dict(ckpt["config"])
-    asked = {k: v for k, v in given.items() if k in DEFINING_FIELDS}
-    if "overrides" in asked:
-        asked["overrides"] = dict(sorted(dict(asked["overrides"]).items()))
-    current = {**ckpt["fingerprint"], **asked}
-    diff = differences(ckpt["fingerprint"], current)
-    if diff:
-        raise ClbenchError(f"--resume {path}: the run was started with other settings ({'; '.join(diff)})",
-                           "drop those flags to continue it as it was started, or start a new run with another --out")
-    names = {f.name for f in dataclasses.fields(RunConfig)}
-    values = {k: v for k, v in saved.items() if k in names}
-    values.update({k: v for k, v in given.items() if k in names and k not in DEFINING_FIELDS})
-    values.update(out=str(path), overwrite=False, overrides=tuple(tuple(kv) for kv in saved.get("overrides", ())))
-    return RunConfig(**values)
+    return config.resume_config(path, dict(ckpt["config"]), ckpt["fingerprint"], given)
 
 
 def _no_checkpoint_message(path: Path, result: Path) -> str:
@@ -122,8 +76,8 @@ def _no_checkpoint_message(path: Path, result: Path) -> str:
     except (OSError, ValueError):
         complete = None
     if complete:
-        return f"--resume {path}: the run is finished; there is nothing to continue"
-    return f"--resume {path}: no {CHECKPOINT_FILE} to continue from"
+        return f"{setting('resume')} {path}: the run is finished; there is nothing to continue"
+    return f"{setting('resume')} {path}: no {CHECKPOINT_FILE} to continue from"
 
 
 # ----------------------------------------------------------------------------------------------- RNG
@@ -170,39 +124,40 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
         ckpt = torch.load(str(path), map_location=map_location, weights_only=False)
     except Exception as e:  # truncated zip, bad pickle, missing class: many kinds
         raise ClbenchError(f"{path} cannot be read as a clbench checkpoint ({type(e).__name__}: {e})",
-                           "pass --overwrite to start the run over") from None
+                           f"pass {setting('overwrite')} to start the run over") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise ClbenchError(f"{path} is not a clbench checkpoint", "pass --overwrite to start the run over")
+        raise ClbenchError(f"{path} is not a clbench checkpoint", f"pass {setting('overwrite')} to start the run over")
     if ckpt.get("version") != VERSION:
         raise ClbenchError(f"{path} is a version {ckpt.get('version')} checkpoint; this clbench reads version "
-                           f"{VERSION}", "pass --overwrite to start the run over")
-    for settings in (ckpt.get("fingerprint") or {}, ckpt.get("config") or {}):  # before --precision: --autocast
+                           f"{VERSION}", f"pass {setting('overwrite')} to start the run over")
+    for settings in (ckpt.get("fingerprint") or {}, ckpt.get("config") or {}):  # before precision: autocast
         if "autocast" in settings and "precision" not in settings:
             settings["precision"] = "bf16" if settings.pop("autocast") else "fp32"
     return ckpt
 
 
-def data_identity(session: Session) -> dict[str, Any]:
+def data_identity(bench: Benchmark) -> dict[str, Any]:
     """What the loaded benchmark is: content fingerprints, class order, task sizes."""
-    bench = session.bench
     return {"train": bench.train.fingerprint(), "test": bench.test.fingerprint(),
             "class_order": list(bench.class_order), "task_sizes": list(bench.task_sizes)}
 
 
-def check_session(ckpt: dict[str, Any], session: Session, path: Path) -> None:
-    """Refuse to continue when the backbone weights or the data differ from those the checkpoint was made with."""
-    if ckpt["backbone_digest"] != session.backbone.digest:
+def check_inputs(ckpt: dict[str, Any], path: Path, backbone_digest: str, precision: str, precision_reason: str,
+                 data: dict[str, Any]) -> None:
+    """Refuse to continue when the backbone weights (``backbone_digest``), the precision the backbone runs at or the
+    data (:func:`data_identity`) differ from those the checkpoint was made with."""
+    if ckpt["backbone_digest"] != backbone_digest:
         raise ClbenchError(f"{path} was made with other backbone weights (digest {ckpt['backbone_digest'][:12]}, "
-                           f"now {session.backbone.digest[:12]}); it cannot be continued",
-                           "restore the weights file it was started with, or pass --overwrite to start over")
+                           f"now {backbone_digest[:12]}); it cannot be continued",
+                           f"restore the weights file it was started with, or pass {setting('overwrite')} to start "
+                           "over")
     saved_precision = ckpt.get("precision", ckpt["fingerprint"].get("precision"))
-    if saved_precision in ("fp32", "bf16", "fp16") and saved_precision != session.precision.name:
+    if saved_precision in ("fp32", "bf16", "fp16") and saved_precision != precision:
         raise ClbenchError(f"{path} was made at precision {saved_precision}; here the backbone runs at "
-                           f"{session.precision.name} ({session.precision.reason})",
-                           f"continue it with --precision {saved_precision}, or pass --overwrite to start over")
-    now = data_identity(session)
-    changed = [k for k in now if ckpt["data"].get(k) != now[k]]
+                           f"{precision} ({precision_reason})",
+                           f"continue it with {setting('precision')} {saved_precision}, or pass {setting('overwrite')} "
+                           "to start over")
+    changed = [k for k in data if ckpt["data"].get(k) != data[k]]
     if changed:
         raise ClbenchError(f"{path}: the benchmark data changed since the checkpoint ({', '.join(changed)} differ); "
-                           f"it cannot be continued", "restore the data, or pass --overwrite to start over")
-
+                           f"it cannot be continued", f"restore the data, or pass {setting('overwrite')} to start over")

@@ -14,7 +14,8 @@ from clbench import __version__
 from clbench.errors import ClbenchError
 
 
-def _kv(text: str) -> tuple[str, str]:
+def parse_key_value(text: str) -> tuple[str, str]:
+    """``--set KEY=VALUE`` -> (KEY, VALUE), for argparse."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -68,7 +69,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", help="data folder for benchmarks that are not embedded")
     p.add_argument("--seed", type=int, default=1993, help="seed of every RNG in the run (default: 1993)")
     _add_setting_args(p)
-    p.add_argument("--set", dest="overrides", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", type=parse_key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="override one strategy setting (repeatable), e.g. --set epochs=5")
     p.add_argument("--out", help="run folder (default: runs/<strategy>-<bench>-s<seed>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
@@ -92,15 +93,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.resume:
         from clbench.checkpoint import resume_config
-        from clbench.config import check_settings
+        from clbench.config import given_settings
 
-        parser = argparse.ArgumentParser()
-        _add_run_args(parser)
-        defaults = vars(parser.parse_args([]))  # a flag left at its default counts as not given
-        defaults["overrides"] = ()
-        given = {k: v for k, v in values.items() if v != defaults[k]}
-        check_settings(given)  # the messages of a fresh run, before the checkpoint is read
-        cfg = resume_config(args.resume, given)
+        # a flag left at its default counts as not given; checked as in a fresh run, before the checkpoint is read
+        cfg = resume_config(args.resume, given_settings(values))
     elif args.strategy is None:
         raise ClbenchError("clbench run needs --strategy", "or --resume DIR to continue an unfinished run")
     else:
@@ -115,7 +111,10 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     from clbench.catalog import DEFAULT_BENCH
 
     g = p.add_argument_group("what to run")
-    g.add_argument("--strategies", required=True, metavar="S1,S2", help="comma-separated strategies, e.g. tosca,simplecil")
+    from clbench.catalog import EXAMPLE_STRATEGIES
+
+    g.add_argument("--strategies", required=True, metavar="S1,S2",
+                   help=f"comma-separated strategies, e.g. {','.join(EXAMPLE_STRATEGIES)}")
     g.add_argument("--benches", default=DEFAULT_BENCH, metavar="B1,B2",
                    help=f"comma-separated benchmarks (default: {DEFAULT_BENCH})")
     g.add_argument("--seeds", default="1993", metavar="1993,1994", help="comma-separated seeds (default: 1993)")
@@ -124,7 +123,7 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
                         "skips complete runs and continues unfinished ones")
     g.add_argument("--data-root", action="append", default=[], metavar="[BENCH=]DIR",
                    help="data folder for every benchmark, or BENCH=DIR for one (repeatable)")
-    g.add_argument("--set", dest="overrides", type=_kv, action="append", default=[], metavar="[STRATEGY.]KEY=VALUE",
+    g.add_argument("--set", dest="overrides", type=parse_key_value, action="append", default=[], metavar="[STRATEGY.]KEY=VALUE",
                    help="override a strategy setting for every strategy, or for one with STRATEGY.KEY (repeatable)")
     _add_setting_args(p)
     g = p.add_argument_group("where to run")
@@ -221,38 +220,78 @@ def _add_doctor_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_weights(args: argparse.Namespace) -> int:
-    from clbench.weights_info import print_weights
+    from clbench.weights.info import print_weights
 
     print_weights()
     return 0
 
 
+PERF_BACKBONE = ("vit_small_patch14_dinov2", 112)  # the offline ViT-S/14 at the embedded benchmark's input size
+PROJECTION_BACKBONE = ("vit_base_patch16_224", 224)  # the paper backbone
+GENERIC_PERF = ("precision", "threads", "main-job", "feature-probe", "sweep-overhead", "projection", "projection-check",
+                "params")
+
+
+def strategy_perf_benchmarks() -> dict[str, Callable[..., dict]]:
+    """The ``clbench perf`` benchmarks the registered strategies contribute (:meth:`Strategy.perf_benchmarks`)."""
+    from clbench.catalog import STRATEGIES
+
+    found: dict[str, Callable[..., dict]] = {}
+    for name in STRATEGIES.names():
+        for bench, fn in STRATEGIES.get(name).perf_benchmarks().items():
+            if bench in GENERIC_PERF or bench in found:
+                raise ValueError(f"strategy {name}: perf benchmark {bench!r} is named twice")
+            found[bench] = fn
+    return found
+
+
+class _PerfChoices:
+    """``clbench perf``'s choices: the generic measurements, then the strategies' own, imported only when argparse
+    needs them (a strategy's benchmark is asked for, ``clbench perf --help``), so ``clbench --help`` stays torch-free."""
+
+    def __contains__(self, which: object) -> bool:
+        return which in GENERIC_PERF or which in strategy_perf_benchmarks()
+
+    def __iter__(self):
+        return iter((*GENERIC_PERF, *strategy_perf_benchmarks()))
+
+
 def _add_perf_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("which", choices=["precision", "threads", "main-job", "tosca-routing", "feature-probe", "sweep-overhead",
-                                     "projection", "projection-check"],
-                   help="which measurement (precision: feature-extraction img/s per precision and thread count, and "
-                        "what --precision auto picks; threads: the same at 1 and all threads, OpenMP wait policy "
-                        "default and passive, idle and with one core busy; main-job: `clbench run --strategy "
-                        "simplecil` from a cold feature cache and warm, against one feature pass; sweep-overhead: local vs Ray sweep "
-                        "overhead per run; projection: device-hours of a paper table from measured per-image costs)")
+    from clbench.catalog import DEFAULT_STRATEGY
+
+    p.add_argument("which", choices=_PerfChoices(), metavar="WHICH",
+                   help="which measurement: %(choices)s. precision: feature-extraction img/s per precision and thread "
+                        "count, and what --precision auto picks; threads: the same at 1 and all threads, OpenMP wait "
+                        f"policy default and passive, idle and with one core busy; main-job: `clbench run --strategy "
+                        f"{DEFAULT_STRATEGY}` from a cold feature cache and warm, against one feature pass; "
+                        "sweep-overhead: local vs Ray sweep overhead per run; projection: device-hours of a paper table "
+                        "for every registered strategy from measured per-image costs; projection-check: that model "
+                        "against recorded runs; params: parameters per task of every registered strategy, from its "
+                        "formula; the rest are the strategies' own benchmarks")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="precision, projection: the device to measure on (default: auto)")
     p.add_argument("--runs", type=int, default=6, help="sweep-overhead: runs per backend (default: 6)")
     p.add_argument("--run", dest="run_dirs", action="append", default=[], metavar="RUN_DIR",
-                   help="projection-check: an L2P or EASE run whose recorded time the cost model should predict "
-                        "(repeatable)")
-    p.add_argument("--backbone", default="vit_small_patch14_dinov2", help="backbone (default: the offline ViT-S/14)")
-    p.add_argument("--img-size", type=int, default=112, help="input size (default: 112, the embedded benchmark's)")
+                   help="projection-check: a run whose recorded time the cost model should predict (repeatable)")
+    p.add_argument("--backbone", help=f"backbone (default: the offline ViT-S/14; projection: {PROJECTION_BACKBONE[0]})")
+    p.add_argument("--img-size", type=int,
+                   help=f"input size (default: 112, the embedded benchmark's; projection: {PROJECTION_BACKBONE[1]})")
     p.add_argument("--bench", default="emoji", help="benchmark for feature-probe (default: emoji)")
     p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="feature-probe: apply the backbone's mean/std (default: the benchmark's choice)")
+    p.add_argument("--d", type=int, default=768, help="params: the ViT's width (default: 768, ViT-B/16)")
+    p.add_argument("--depth", type=int, default=12, help="params: the ViT's blocks (default: 12)")
+    p.add_argument("--tasks", default="10x10", metavar="TxC|C1,C2,..",
+                   help="params: T tasks of C classes, or the classes of each task (default: 10x10)")
     p.add_argument("--out", help="write the measurements to this JSON file")
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
-    from clbench.io import atomic_write_json
-    from clbench.perf import feature_probe, tosca_routing
+    from clbench.files import atomic_write_json
     from clbench.results import git_revision, library_versions
+
+    default = PROJECTION_BACKBONE if args.which == "projection" else PERF_BACKBONE
+    args.backbone, args.img_size = args.backbone or default[0], args.img_size or default[1]
 
     if args.which == "precision":
         from clbench.machine import precision_table
@@ -266,8 +305,6 @@ def cmd_perf(args: argparse.Namespace) -> int:
         from clbench.machine import main_job
 
         result = main_job()
-    elif args.which == "tosca-routing":
-        result = tosca_routing(backbone=args.backbone, img_size=args.img_size)
     elif args.which == "sweep-overhead":
         from clbench.perf_sweep import sweep_overhead
 
@@ -277,17 +314,26 @@ def cmd_perf(args: argparse.Namespace) -> int:
     elif args.which == "projection":
         from clbench.perf_sweep import format_projection, measure_costs, projection
 
-        costs = measure_costs(device=args.device)
+        costs = measure_costs(device=args.device, backbone=args.backbone, img_size=args.img_size)
         result = {"benchmark": "projection", "costs": costs, "projection": projection(costs)}
         print(format_projection(result["projection"], costs))
     elif args.which == "projection-check":
         from clbench.perf_sweep import check_against_run
 
         if not args.run_dirs:
-            raise ClbenchError("projection-check needs --run RUN_DIR (an L2P or EASE run folder)")
+            raise ClbenchError("projection-check needs --run RUN_DIR (a run folder)")
         result = {"benchmark": "projection-check", "checks": [check_against_run(d) for d in args.run_dirs]}
-    else:
+    elif args.which == "params":
+        from clbench.perf import format_params, param_table, parse_tasks
+
+        result = param_table(args.d, args.depth, parse_tasks(args.tasks))
+        print(format_params(result))
+    elif args.which == "feature-probe":
+        from clbench.perf import feature_probe
+
         result = feature_probe(args.bench, args.backbone, args.img_size, args.normalize)
+    else:
+        result = strategy_perf_benchmarks()[args.which](backbone=args.backbone, img_size=args.img_size)
     result.update(git_revision=git_revision(), versions=library_versions(), command=" ".join(sys.argv))
     if args.out:
         from pathlib import Path
@@ -307,7 +353,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | None,
     "doctor": ("print this machine's device, CPU capability, measured speed per precision and thread count, the "
                "precision auto picks, the cache, and which weights and data are present (for bug reports)",
                _add_doctor_args, cmd_doctor),
-    "perf": ("measure speed ratios (e.g. TOSCA routing vs backbone cost) and record them", _add_perf_args, cmd_perf),
+    "perf": ("measure speed ratios, cost projections and parameter counts, and record them", _add_perf_args,
+             cmd_perf),
 }
 
 
@@ -326,10 +373,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from clbench.catalog import DEFAULT_STRATEGY
+
     parser = _Parser(
         prog="clbench",
         description="Class-incremental learning on frozen pre-trained ViTs: SimpleCIL, L2P, EASE and TOSCA.",
-        epilog="example: clbench run --strategy simplecil   (embedded benchmark, offline ViT-S/14)",
+        epilog=f"example: clbench run --strategy {DEFAULT_STRATEGY}   (embedded benchmark, offline ViT-S/14)",
     )
     parser.add_argument("--version", action="version", version=f"clbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -351,7 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except ClbenchError as e:  # e.g. a malformed CLBENCH_PLUGINS
+        print(f"clbench: error: {e}", file=sys.stderr)
+        return e.exit_code
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -359,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except ClbenchError as e:
-        print(f"clbench: error: {e}", file=sys.stderr)
+        print(f"clbench: error: {e.render(as_flags=True)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("clbench: interrupted; every run folder keeps its last finished task: the same command again "

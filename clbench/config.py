@@ -21,10 +21,11 @@ import numbers
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from clbench.catalog import DEFAULT_BENCH
-from clbench.errors import ClbenchError
+from clbench.errors import ClbenchError, setting
 
 PROTOCOL_CHOICES = ("per-sample", "reference", "both")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
@@ -46,18 +47,31 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-@dataclass(frozen=True)
-class Number:
-    """A numeric setting: its flag, type, inclusive range and what it means (for the message)."""
+class _Setting:
+    """What every kind of setting shares: its name (the :class:`RunConfig` field) and, where the command line
+    spells it otherwise than ``--`` plus the name with dashes, its flag."""
 
-    flag: str
+    name: str
+    flag: str | None
+
+    def error(self, message: str) -> ClbenchError:
+        """A ClbenchError about this setting, whose name starts ``message``."""
+        return ClbenchError(f"{setting(self.name)}{message}", flags={self.name: self.flag} if self.flag else None)
+
+
+@dataclass(frozen=True)
+class Number(_Setting):
+    """A numeric setting: its name, type, inclusive range and what it means (for the message)."""
+
+    name: str
     kind: type  # int or float
     low: float | None = None
     high: float | None = None
     optional: bool = False  # None allowed, meaning "not given"
     low_open: bool = False  # low itself is excluded (e.g. > 0)
     meaning: str = ""
-    default_hint: str = ""  # how to get the default, for optional settings
+    default_hint: str = ""  # how to get the default, for optional settings; "{s}" stands for the setting
+    flag: str | None = None
 
     def range_text(self) -> str:
         lo = None if self.low is None else (f"> {_num(self.low)}" if self.low_open else f">= {_num(self.low)}")
@@ -68,88 +82,91 @@ class Number:
         if value is None:
             if self.optional:
                 return
-            raise ClbenchError(f"{self.flag} needs a value ({self.meaning})")
+            raise self.error(f" needs a value ({self.meaning})")
         noun = "an integer" if self.kind is int else "a number"
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
                 self.kind is int and not isinstance(value, numbers.Integral)):
-            raise ClbenchError(f"{self.flag} {value!r}: expected {noun} ({self.meaning})")
+            raise self.error(f" {value!r}: expected {noun} ({self.meaning})")
         if self.kind is float and not math.isfinite(value):
-            raise ClbenchError(f"{self.flag} {value}: expected a finite number ({self.meaning})")
+            raise self.error(f" {value}: expected a finite number ({self.meaning})")
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
         too_high = self.high is not None and value > self.high
         if too_low or too_high:
-            hint = f"; {self.default_hint}" if self.default_hint else ""
-            raise ClbenchError(f"{self.flag} must be {self.range_text()} (got {value}): {self.meaning}{hint}")
+            hint = "; " + self.default_hint.replace("{s}", setting(self.name)) if self.default_hint else ""
+            raise self.error(f" must be {self.range_text()} (got {value}): {self.meaning}{hint}")
 
 
 @dataclass(frozen=True)
-class Choice:
-    flag: str
+class Choice(_Setting):
+    name: str
     choices: tuple[str, ...]
     noun: str = "values"
+    flag: str | None = None
 
     def check(self, value: Any) -> None:
         if value not in self.choices:
-            raise ClbenchError(f"{self.flag} {value!r} is unknown; valid {self.noun}: {', '.join(self.choices)}")
+            raise self.error(f" {value!r} is unknown; valid {self.noun}: {', '.join(self.choices)}")
 
 
 @dataclass(frozen=True)
-class Text:
+class Text(_Setting):
     """A string setting (a name or a path); ``optional``: None allowed. An empty string is never "not given"."""
 
-    flag: str
+    name: str
     optional: bool = False
     meaning: str = ""
+    flag: str | None = None
 
     def check(self, value: Any) -> None:
         if value is None and self.optional:
             return
         if not isinstance(value, str):
-            raise ClbenchError(f"{self.flag}: expected {self.meaning or 'a string'}, got {value!r}")
+            raise self.error(f": expected {self.meaning or 'a string'}, got {value!r}")
         if not value.strip():
-            hint = "; leave the flag out for the default" if self.optional else ""
-            raise ClbenchError(f"{self.flag} is empty: expected {self.meaning or 'a value'}{hint}")
+            hint = f"; leave {setting(self.name)} out for the default" if self.optional else ""
+            raise self.error(f" is empty: expected {self.meaning or 'a value'}{hint}")
         if "\0" in value:
-            raise ClbenchError(f"{self.flag} {value!r} contains a NUL character")
+            raise self.error(f" {value!r} contains a NUL character")
 
 
 @dataclass(frozen=True)
-class Flag:
-    flag: str
+class Flag(_Setting):
+    name: str
     optional: bool = False
+    flag: str | None = None
 
     def check(self, value: Any) -> None:
         if not (isinstance(value, bool) or (value is None and self.optional)):
-            raise ClbenchError(f"{self.flag}: expected true or false, got {value!r}")
+            raise self.error(f": expected true or false, got {value!r}")
 
 
 MAX_CLASSES = 1_000_000
 RUN_SETTINGS: dict[str, Number | Choice | Text | Flag] = {
-    "strategy": Text("--strategy", meaning="a strategy name (see `clbench list`)"),
-    "bench": Text("--bench", meaning="a benchmark name (see `clbench list`)"),
-    "backbone": Text("--backbone", optional=True, meaning="a backbone name (see `clbench list`)"),
-    "weights": Text("--weights", meaning="auto, offline, hub, random or a weights file"),
-    "data_root": Text("--data-root", optional=True, meaning="a data folder"),
-    "init_cls": Number("--init-cls", int, 1, MAX_CLASSES, optional=True, meaning="the classes in the first task",
-                       default_hint="leave --init-cls out for the benchmark's split"),
-    "increment": Number("--increment", int, 1, MAX_CLASSES, optional=True, meaning="the classes per later task",
-                        default_hint="leave --increment out for the benchmark's split"),
-    "seed": Number("--seed", int, 0, SEED_MAX, meaning="the run's seed"),
-    "class_order_seed": Number("--class-order-seed", int, 0, SEED_MAX, meaning="the class-order seed",
+    "strategy": Text("strategy", meaning="a strategy name (see `clbench list`)"),
+    "bench": Text("bench", meaning="a benchmark name (see `clbench list`)"),
+    "backbone": Text("backbone", optional=True, meaning="a backbone name (see `clbench list`)"),
+    "weights": Text("weights", meaning="auto, offline, hub, random or a weights file"),
+    "data_root": Text("data_root", optional=True, meaning="a data folder"),
+    "init_cls": Number("init_cls", int, 1, MAX_CLASSES, optional=True, meaning="the classes in the first task",
+                       default_hint="leave {s} out for the benchmark's split"),
+    "increment": Number("increment", int, 1, MAX_CLASSES, optional=True, meaning="the classes per later task",
+                        default_hint="leave {s} out for the benchmark's split"),
+    "seed": Number("seed", int, 0, SEED_MAX, meaning="the run's seed"),
+    "class_order_seed": Number("class_order_seed", int, 0, SEED_MAX, meaning="the class-order seed",
                                default_hint="1993 is the literature's order"),
-    "device": Choice("--device", DEVICE_CHOICES, "devices"),
-    "precision": Choice("--precision", PRECISION_CHOICES, "precisions"),
-    "protocol": Choice("--protocol", PROTOCOL_CHOICES, "protocols"),
-    "profile": Text("--profile", optional=True, meaning="a profile name"),
-    "out": Text("--out", optional=True, meaning="a run folder"),
-    "overwrite": Flag("--overwrite"),
-    "batch_size": Number("--batch-size", int, 1, 65536, meaning="the feature-extraction batch"),
-    "img_size": Number("--img-size", int, 16, 4096, optional=True, meaning="the network input size in pixels",
-                       default_hint="leave --img-size out for the benchmark's size"),
-    "normalize": Flag("--normalize", optional=True),
-    "save_features": Flag("save_features"),
-    "feature_cache": Flag("--feature-cache"),
-    "ignore_data_problems": Flag("--ignore-data-problems"),
+    "device": Choice("device", DEVICE_CHOICES, "devices"),
+    "precision": Choice("precision", PRECISION_CHOICES, "precisions"),
+    "protocol": Choice("protocol", PROTOCOL_CHOICES, "protocols"),
+    "profile": Text("profile", optional=True, meaning="a profile name"),
+    "out": Text("out", optional=True, meaning="a run folder"),
+    "overwrite": Flag("overwrite"),
+    "batch_size": Number("batch_size", int, 1, 65536, meaning="the feature-extraction batch"),
+    "img_size": Number("img_size", int, 16, 4096, optional=True, meaning="the network input size in pixels",
+                       default_hint="leave {s} out for the benchmark's size"),
+    "normalize": Flag("normalize", optional=True),
+    "save_features": Flag("save_features", flag="save_features"),  # no command-line flag
+    "feature_cache": Flag("feature_cache"),
+    "ignore_data_problems": Flag("ignore_data_problems"),
 }
 
 
@@ -161,13 +178,16 @@ def check_settings(values: dict[str, Any], table: dict[str, Any] | None = None) 
             table[name].check(value)
 
 
+OVERRIDES = setting("overrides")  # strategy settings: ``--set KEY=VALUE`` on the command line
+
+
 def _check_overrides(overrides: Any) -> None:
     if not isinstance(overrides, tuple) or not all(
             isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in overrides):
-        raise ClbenchError(f"--set: expected (key, value) string pairs, got {overrides!r}")
+        raise ClbenchError(f"{OVERRIDES}: expected (key, value) string pairs, got {overrides!r}")
     for key, _ in overrides:
         if not key.strip():
-            raise ClbenchError("--set =VALUE has no key: expected KEY=VALUE, e.g. --set epochs=5")
+            raise ClbenchError(f"{OVERRIDES} =VALUE has no key: expected KEY=VALUE, e.g. {OVERRIDES} epochs=5")
 
 
 @dataclass(frozen=True)
@@ -200,6 +220,89 @@ class RunConfig:
         _check_overrides(self.overrides)
 
 
+# ----------------------------------------------------------------------------------------------- same run?
+# RunConfig fields that define what a run measures. ``precision`` is the request (auto | fp32 | bf16 | fp16); the
+# precision it resolved to is checked separately (:func:`clbench.checkpoint.check_loaded_run`), since bf16 changes
+# the frozen features. Not here: device, batch size, data root (the data itself is checked by content), output
+# options.
+DEFINING_FIELDS = ("strategy", "bench", "backbone", "weights", "init_cls", "increment", "seed", "class_order_seed",
+                   "protocol", "profile", "overrides", "img_size", "normalize", "precision")
+
+
+def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:
+    """The defining settings of ``cfg``: the backbone resolved to its name, ``--set`` pairs as a sorted mapping
+    (the last value of a repeated key wins, as in the strategy config)."""
+    fp = {name: getattr(cfg, name) for name in DEFINING_FIELDS}
+    fp["backbone"] = backbone_name
+    fp["overrides"] = dict(sorted(dict(cfg.overrides).items()))
+    return fp
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items()) or "none"
+    return "default" if value is None else str(value)
+
+
+def differences(saved: dict[str, Any], current: dict[str, Any], there: str = "in the checkpoint") -> list[str]:
+    """``"seed: 1993 in the checkpoint, 1 here"`` for every defining setting that differs (``there``: where
+    ``saved`` comes from)."""
+    out = []
+    for key in DEFINING_FIELDS:
+        if saved.get(key) != current.get(key):
+            out.append(f"{setting(key)}: {_show(saved.get(key))} {there}, {_show(current.get(key))} here")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- resume
+RESUME_AND_OVERWRITE = (f"{setting('resume')} continues a run and {setting('overwrite')} starts it over: pass only one "
+                        "of them")
+
+
+def given_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """The settings in ``values`` that differ from :class:`RunConfig`'s defaults: what a user asked for when
+    continuing a run (a setting left at its default counts as not given). Checked as a fresh run's would be."""
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
+    given = {k: v for k, v in values.items() if k not in defaults or v != defaults[k]}
+    given = {k: v for k, v in given.items() if not (k == "strategy" and v is None)}
+    check_settings(given)
+    return given
+
+
+def check_resume_request(run_dir: Path, given: dict[str, Any]) -> None:
+    """Settings that cannot go with continuing the run in ``run_dir``: overwriting it, or another run folder."""
+    if given.get("overwrite"):
+        raise ClbenchError(RESUME_AND_OVERWRITE)
+    if given.get("out") is not None and Path(given["out"]).resolve() != Path(run_dir).resolve():
+        raise ClbenchError(f"{setting('resume')} {run_dir} and {setting('out')} {given['out']} name different run "
+                           f"folders", f"drop {setting('out')}: {setting('resume')} writes to the folder it continues")
+
+
+def resume_config(run_dir: Path, saved_config: dict[str, Any], saved_fingerprint: dict[str, Any],
+                  given: dict[str, Any]) -> RunConfig:
+    """The RunConfig that continues the run in ``run_dir``, started with ``saved_config`` and ``saved_fingerprint``
+    (its checkpoint's). This is the one place a resumed run's settings are decided.
+
+    ``given`` holds the settings the user passed explicitly (:func:`given_settings`). A defining setting given with
+    another value than the checkpoint's is refused; the others (device, batch size, data root, feature cache) may
+    change on resume."""
+    check_resume_request(run_dir, given)
+    asked = {k: v for k, v in given.items() if k in DEFINING_FIELDS}
+    if "overrides" in asked:
+        asked["overrides"] = dict(sorted(dict(asked["overrides"]).items()))
+    diff = differences(saved_fingerprint, {**saved_fingerprint, **asked})
+    if diff:
+        raise ClbenchError(f"{setting('resume')} {run_dir}: the run was started with other settings "
+                           f"({'; '.join(diff)})", "drop those settings to continue it as it was started, or start a "
+                           f"new run with another {setting('out')}")
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    values = {k: v for k, v in saved_config.items() if k in names}
+    values.update({k: v for k, v in given.items() if k in names and k not in DEFINING_FIELDS})
+    values.update(out=str(run_dir), overwrite=False,
+                  overrides=tuple(tuple(kv) for kv in saved_config.get("overrides", ())))
+    return RunConfig(**values)
+
+
 # ----------------------------------------------------------------------------------------------- --set
 def _convert(value: str, typ: Any, key: str) -> Any:
     origin = typing.get_origin(typ)
@@ -208,7 +311,7 @@ def _convert(value: str, typ: Any, key: str) -> Any:
             return True
         if value.lower() in ("0", "false", "no", "off"):
             return False
-        raise ClbenchError(f"--set {key}={value}: expected true or false")
+        raise ClbenchError(f"{OVERRIDES} {key}={value}: expected true or false")
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         if value.lower() == "none" and len(args) < len(typing.get_args(typ)):
@@ -217,14 +320,15 @@ def _convert(value: str, typ: Any, key: str) -> Any:
     if typing.get_origin(typ) is typing.Literal:
         allowed = typing.get_args(typ)
         if value not in allowed:
-            raise ClbenchError(f"--set {key}={value}: expected one of {', '.join(map(str, allowed))}")
+            raise ClbenchError(f"{OVERRIDES} {key}={value}: expected one of {', '.join(map(str, allowed))}")
         return value
     try:
         converted = typ(value)
     except (TypeError, ValueError, OverflowError):
-        raise ClbenchError(f"--set {key}={value}: expected a value of type {getattr(typ, '__name__', typ)}") from None
+        name = getattr(typ, "__name__", typ)
+        raise ClbenchError(f"{OVERRIDES} {key}={value}: expected a value of type {name}") from None
     if isinstance(converted, float) and not math.isfinite(converted):
-        raise ClbenchError(f"--set {key}={value}: expected a finite number")
+        raise ClbenchError(f"{OVERRIDES} {key}={value}: expected a finite number")
     return converted
 
 
@@ -245,9 +349,8 @@ def make_strategy_config(strategy_cls: type, profile: str | None, overrides: tup
 
             close = difflib.get_close_matches(key, sorted(fields), n=1)
             raise ClbenchError(
-                f"--set {key}: {strategy_cls.name} has no setting {key!r}; valid keys: {', '.join(sorted(fields)) or 'none'}",
-                f"did you mean {close[0]!r}?" if close else None,
-            )
+                f"{OVERRIDES} {key}: {strategy_cls.name} has no setting {key!r}; valid keys: "
+                f"{', '.join(sorted(fields)) or 'none'}", f"did you mean {close[0]!r}?" if close else None)
         values[key] = _convert(value, hints[key], key)
     try:
         return config_cls(**values)
@@ -257,15 +360,15 @@ def make_strategy_config(strategy_cls: type, profile: str | None, overrides: tup
 
 # ----------------------------------------------------------------------------------------------- sweep resources
 SWEEP_SETTINGS: dict[str, Number] = {
-    "jobs": Number("--jobs", int, 1, 4096, optional=True, meaning="runs at once",
-                   default_hint="leave --jobs out for the default"),
-    "cpus_per_run": Number("--cpus-per-run", int, 1, 4096, optional=True, meaning="CPUs per run",
-                           default_hint="leave --cpus-per-run out for the default"),
-    "gpus_per_run": Number("--gpus-per-run", float, 0, 64, optional=True, meaning="GPUs per run"),
-    "memory_per_run_gb": Number("--memory-per-run", float, 0, 1 << 20, optional=True, low_open=True,
-                                meaning="the memory reserved per run, in GB",
-                                default_hint="leave --memory-per-run out to reserve none"),
-    "retries": Number("--retries", int, 0, 100, meaning="the times a crashed run is started again"),
-    "ray_timeout": Number("--ray-timeout", float, 0, 3600, low_open=True,
+    "jobs": Number("jobs", int, 1, 4096, optional=True, meaning="runs at once",
+                   default_hint="leave {s} out for the default"),
+    "cpus_per_run": Number("cpus_per_run", int, 1, 4096, optional=True, meaning="CPUs per run",
+                           default_hint="leave {s} out for the default"),
+    "gpus_per_run": Number("gpus_per_run", float, 0, 64, optional=True, meaning="GPUs per run"),
+    "memory_per_run_gb": Number("memory_per_run_gb", float, 0, 1 << 20, optional=True, low_open=True,
+                                meaning="the memory reserved per run, in GB", flag="--memory-per-run",
+                                default_hint="leave {s} out to reserve none"),
+    "retries": Number("retries", int, 0, 100, meaning="the times a crashed run is started again"),
+    "ray_timeout": Number("ray_timeout", float, 0, 3600, low_open=True,
                           meaning="the seconds to wait for a Ray cluster"),
 }

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from clbench.benchmarks.base import ImageSource
 from clbench.errors import ClbenchError
-from clbench.io import atomic_write_bytes, cache_dir
+from clbench.files import atomic_write_bytes, cache_dir
 from clbench.precision import autocast
 
 log = logging.getLogger(__name__)

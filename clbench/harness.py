@@ -8,15 +8,14 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
-import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,26 +24,45 @@ from clbench import metrics
 from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
+    RESUME_AND_OVERWRITE,
     RUN_LEVEL_PROFILE_KEYS,
-    run_level,
     RunConfig,
     check_settings,
+    differences,
+    fingerprint,
     make_strategy_config,
+    run_level,
 )
-from clbench.errors import ClbenchError
+from clbench.errors import ClbenchError, setting
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
-from clbench.io import atomic_write_json
 from clbench.results import (
     RESULT_FILE,
-    SCHEMA_VERSION,
+    Host,
+    Params,
+    ProtocolGap,
+    ProtocolSummary,
+    RunRecord,
+    TaskEntry,
+    Times,
     command_line,
     git_revision,
     library_versions,
     peak_rss_mb,
+    record_says_complete,
     reset_peak_rss,
 )
+
+if TYPE_CHECKING:
+    from clbench.backbones import FrozenBackbone
+    from clbench.benchmarks.base import Benchmark, BenchmarkSpec
+    from clbench.strategy import Split, Strategy, Task
+    from clbench.transforms import TransformSpec
+
+# Settings named in this module's messages: their Python names in str(error), their flags on the command line.
+OUT, OVERWRITE, RESUME, DEVICE = setting("out"), setting("overwrite"), setting("resume"), setting("device")
+
 
 class Reporter:
     """Progress and messages. The CLI subclasses this with rich; the default is silent."""
@@ -66,19 +84,19 @@ class RunDir:
 
     def __init__(self, path: Path, overwrite: bool) -> None:
         self.path = path
-        check_folder(path, "--out")
+        check_folder(path, "out")
         try:
             path.mkdir(parents=True, exist_ok=True)
             self._lock = open(path / ".lock", "w")
         except OSError as e:
-            raise ClbenchError(f"--out {path}: cannot write the run folder ({e.strerror or e})",
+            raise ClbenchError(f"{OUT} {path}: cannot write the run folder ({e.strerror or e})",
                                "choose a folder you can write to") from None
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock.close()
             raise ClbenchError(f"another clbench process is writing to {path}",
-                               "wait for it to finish or choose another --out") from None
+                               f"wait for it to finish or choose another {OUT}") from None
         try:
             self._check(overwrite)
         except BaseException:
@@ -92,7 +110,7 @@ class RunDir:
         return self.path / CHECKPOINT_FILE
 
     def _check(self, overwrite: bool) -> None:
-        for tmp in self.path.glob(".*.tmp"):  # left by a process killed mid-write (clbench.io.atomic_write_bytes)
+        for tmp in self.path.glob(".*.tmp"):  # left by a process killed mid-write (clbench.files.atomic_write_bytes)
             tmp.unlink(missing_ok=True)
         result = self.path / RESULT_FILE
         if overwrite:  # the checkpoint first: a kill in between leaves a record that cannot be continued
@@ -101,16 +119,12 @@ class RunDir:
             return
         if not result.exists():
             return
-        try:
-            complete = json.loads(result.read_text()).get("complete", False)
-        except (OSError, json.JSONDecodeError, AttributeError):
-            complete = False
-        if complete:
-            raise ClbenchError(f"--out {self.path} already holds a finished run",
-                               "pass --overwrite to replace it, or choose another --out")
+        if record_says_complete(result):
+            raise ClbenchError(f"{OUT} {self.path} already holds a finished run",
+                               f"pass {OVERWRITE} to replace it, or choose another {OUT}")
         if not self.checkpoint_path.exists():
-            raise ClbenchError(f"--out {self.path} already holds an unfinished run without a checkpoint to continue "
-                               "from", "pass --overwrite to replace it, or choose another --out")
+            raise ClbenchError(f"{OUT} {self.path} already holds an unfinished run without a checkpoint to continue "
+                               f"from", f"pass {OVERWRITE} to replace it, or choose another {OUT}")
 
     def resumable(self, fingerprint: dict[str, Any], map_location: torch.device, required: bool) -> dict[str, Any] | None:
         """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
@@ -118,15 +132,15 @@ class RunDir:
 
         if not self.checkpoint_path.exists():
             if required:
-                raise ClbenchError(f"--resume {self.path}: no {self.checkpoint_path.name} to continue from",
-                                   "run the same command without --resume to start it over")
+                raise ClbenchError(f"{RESUME} {self.path}: no {self.checkpoint_path.name} to continue from",
+                                   f"run the same command without {RESUME} to start it over")
             return None
         ckpt = checkpoint.load(self.checkpoint_path, map_location)
-        diff = checkpoint.differences(ckpt["fingerprint"], fingerprint)
+        diff = differences(ckpt["fingerprint"], fingerprint)
         if diff:
-            raise ClbenchError(f"--out {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
-                               f"continue it with `clbench run --resume {self.path}`, pass --overwrite to start "
-                               "over, or choose another --out")
+            raise ClbenchError(f"{OUT} {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
+                               f"continue it with {RESUME} {self.path}, pass {OVERWRITE} to start over, or choose "
+                               f"another {OUT}")
         return ckpt
 
     def release(self) -> None:
@@ -135,9 +149,11 @@ class RunDir:
             self._lock.close()
 
 
-def check_folder(path: Path, flag: str) -> None:
+def check_folder(path: Path, name: str) -> None:
     """Refuse a folder that cannot hold files: one under a regular file, a file itself, inside a pseudo file system
-    (/proc, /sys, /dev), or whose nearest existing parent is not writable. Creates nothing."""
+    (/proc, /sys, /dev), or whose nearest existing parent is not writable. Creates nothing. ``name``: the setting
+    that gave the folder (``out``, ``cache``), as the messages call it."""
+    flag = setting(name)
     path = Path(path).expanduser()
     absolute = Path(os.path.abspath(path))
     if absolute.parts[1:2] and absolute.parts[1] in ("proc", "sys", "dev"):
@@ -163,8 +179,10 @@ def _read_only(path: Path) -> bool:
         return False
 
 
-def check_free_space(path: Path, need: int, flag: str, what: str) -> None:
-    """Refuse to start when the file system of ``path`` has less than ``need`` bytes free."""
+def check_free_space(path: Path, need: int, name: str, what: str) -> None:
+    """Refuse to start when the file system of ``path`` (given by setting ``name``) has less than ``need`` bytes
+    free."""
+    flag = setting(name)
     try:
         free = shutil.disk_usage(path).free
     except OSError:
@@ -174,7 +192,7 @@ def check_free_space(path: Path, need: int, flag: str, what: str) -> None:
                            f"free disk space or choose another {flag}")
 
 
-def estimate_run_bytes(session: "Session") -> int:
+def estimate_run_bytes(session: PreparedRun) -> int:
     """A generous estimate of what a run folder will hold: the record, the checkpoint (class statistics and the
     strategy's modules, twice while it is replaced) and features.npz (fp16, frozen and adapted)."""
     d, n_test, n_classes = session.backbone.num_features, len(session.bench.test), session.bench.n_classes
@@ -193,9 +211,9 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ClbenchError("--device cuda: no CUDA device is available", "use --device cpu or auto")
+        raise ClbenchError(f"{DEVICE} cuda: no CUDA device is available", f"use {DEVICE} cpu or auto")
     if name not in ("cpu", "cuda"):
-        raise ClbenchError(f"--device {name}: expected auto, cpu or cuda")
+        raise ClbenchError(f"{DEVICE} {name}: expected auto, cpu or cuda")
     return torch.device(name)
 
 
@@ -217,23 +235,24 @@ class _ProtocolLog:
         self.new.append(metrics.accuracy(pred[~old], y[~old]))
         self.top5.append(metrics.topk_accuracy(logits.numpy(), y, 5))
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "accuracy_matrix": self.matrix,
-            "acc_curve": self.curve,
-            "last_acc": metrics.last_acc(self.curve) if self.curve else None,
-            "avg_acc": metrics.avg_acc(self.curve) if self.curve else None,
-            "forgetting": metrics.forgetting(self.matrix) if self.matrix else None,
-            "forgetting_first_last": metrics.forgetting_first_last(self.matrix) if self.matrix else None,
-            "old_acc": self.old,
-            "new_acc": self.new,
-            "top5_curve": self.top5,
-        }
+    def summary(self) -> ProtocolSummary:
+        return ProtocolSummary(
+            accuracy_matrix=self.matrix,
+            acc_curve=self.curve,
+            last_acc=metrics.last_acc(self.curve) if self.curve else None,
+            avg_acc=metrics.avg_acc(self.curve) if self.curve else None,
+            forgetting=metrics.forgetting(self.matrix) if self.matrix else None,
+            forgetting_first_last=metrics.forgetting_first_last(self.matrix) if self.matrix else None,
+            old_acc=self.old,
+            new_acc=self.new,
+            top5_curve=self.top5,
+        )
 
 
 def _protocols(cfg: RunConfig, strategy_cls: type) -> list[str]:
     if cfg.protocol not in PROTOCOL_CHOICES:
-        raise ClbenchError(f"--protocol {cfg.protocol!r} is unknown; valid protocols: {', '.join(PROTOCOL_CHOICES)}")
+        raise ClbenchError(f"{setting('protocol')} {cfg.protocol!r} is unknown; valid protocols: "
+                           f"{', '.join(PROTOCOL_CHOICES)}")
     wanted = ["per-sample", "reference"] if cfg.protocol == "both" else [cfg.protocol]
     for p in wanted:
         if p not in strategy_cls.protocols:
@@ -243,33 +262,33 @@ def _protocols(cfg: RunConfig, strategy_cls: type) -> list[str]:
 
 
 @dataclass
-class Step:
-    """One task of the stream: what the strategy learns from and what it is evaluated on afterwards."""
+class TaskAndTest:
+    """One task of the stream: what the strategy learns from, and the test images it is evaluated on afterwards."""
 
-    task: Any  # clbench.strategy.Task
-    test: Any  # clbench.strategy.Split of every seen class's test images, class by class
+    task: Task
+    test: Split  # every seen class's test images, class by class
     sample_task: np.ndarray  # (N_test,) the task each test image belongs to
 
 
 @dataclass
-class Session:
-    """A prepared run: benchmark, frozen backbone, transforms, cached features and the strategy."""
+class PreparedRun:
+    """A run ready to loop over its tasks: benchmark, frozen backbone, transforms, cached features and the strategy."""
 
     cfg: RunConfig
-    spec: Any
-    bench: Any
-    backbone: Any
-    eval_tf: Any
-    train_tf: Any
+    spec: BenchmarkSpec
+    bench: Benchmark
+    backbone: FrozenBackbone
+    eval_tf: TransformSpec
+    train_tf: TransformSpec
     precision: Precision
-    features: dict[str, torch.Tensor]
+    features: dict[str, torch.Tensor]  # "train" / "test" -> (N, d) frozen features
     cache_events: list[str]
-    t_features: float
-    strategy: Any
+    t_features: float  # seconds spent on frozen features (computing or loading them)
+    strategy: Strategy
     protocols: list[str]
-    data_problems: list[str] = field(default_factory=list)  # found and run anyway (--ignore-data-problems)
+    data_problems: list[str] = field(default_factory=list)  # found and run anyway (ignore_data_problems)
 
-    def split(self, which: str, indices: np.ndarray):
+    def split(self, which: str, indices: np.ndarray) -> Split:
         from clbench.strategy import Split
 
         source, y = (self.bench.train, self.bench.train_y) if which == "train" else (self.bench.test, self.bench.test_y)
@@ -279,8 +298,8 @@ class Session:
     def __post_init__(self) -> None:
         self._eval, self._train = self.eval_tf.build(), self.train_tf.build()
 
-    def steps(self):
-        """The Avalanche train stream as :class:`Step` objects (the test split covers all seen classes)."""
+    def tasks(self) -> Iterator[TaskAndTest]:
+        """The Avalanche train stream, one :class:`TaskAndTest` per task (the test split covers all seen classes)."""
         from clbench.benchmarks.streams import avalanche_benchmark, experience_classes, experience_indices
         from clbench.strategy import Task
 
@@ -292,10 +311,10 @@ class Session:
             task = Task(exp.current_experience, classes, n_seen, self.split("train", experience_indices(exp)))
             seen = np.flatnonzero(self.bench.test_y < n_seen)
             seen = seen[np.argsort(self.bench.test_y[seen], kind="stable")]  # class by class, as the reference
-            yield Step(task, self.split("test", seen), task_of[self.bench.test_y[seen]])
+            yield TaskAndTest(task, self.split("test", seen), task_of[self.bench.test_y[seen]])
 
 
-def resolve(cfg: RunConfig):
+def resolve(cfg: RunConfig) -> tuple[type[Strategy], BenchmarkSpec, str, list[str], Any]:
     """Check every name and setting of ``cfg`` (cheap; nothing is loaded). Raises ClbenchError."""
     check_settings({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # also set by RunConfig
     strategy_cls = STRATEGIES.get(cfg.strategy)
@@ -314,7 +333,8 @@ def resolve(cfg: RunConfig):
     return strategy_cls, spec, backbone_name, protocols, strategy_cfg
 
 
-def frozen_inputs(cfg: RunConfig, spec: Any, backbone_name: str, strategy_cls: type, device: torch.device):
+def frozen_inputs(cfg: RunConfig, spec: BenchmarkSpec, backbone_name: str, strategy_cls: type[Strategy],
+                  device: torch.device) -> tuple[FrozenBackbone, TransformSpec, TransformSpec]:
     """The frozen backbone on ``device`` and the (eval, train) :class:`~clbench.transforms.TransformSpec` of a run:
     input size from ``cfg.img_size``, else the profile's, else the benchmark's; the benchmark's resize/crop scaled
     to it; the benchmark's normalisation unless ``cfg.normalize`` says otherwise. :func:`prepare` and
@@ -332,8 +352,8 @@ def frozen_inputs(cfg: RunConfig, spec: Any, backbone_name: str, strategy_cls: t
     return backbone, TransformSpec(img, resize, mean, std), TransformSpec(img, resize, mean, std, train=True)
 
 
-def feature_key(backbone_name: str, backbone: Any, bench: str, split: str, data: str, eval_tf: Any, precision: str,
-                device: torch.device) -> str:
+def feature_key(backbone_name: str, backbone: FrozenBackbone, bench: str, split: str, data: str,
+                eval_tf: TransformSpec, precision: str, device: torch.device) -> str:
     """The feature-cache key of one set of images (``data``: their content fingerprint) under ``eval_tf``."""
     from clbench.features import cache_key
 
@@ -341,7 +361,7 @@ def feature_key(backbone_name: str, backbone: Any, bench: str, split: str, data:
                      transform=eval_tf.identity(), precision=precision, device=device.type)
 
 
-def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precision | None = None) -> Session:
+def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precision | None = None) -> PreparedRun:
     """Resolve every name, load the benchmark and backbone, compute (or load) the frozen features once, and
     build the strategy. Raises ClbenchError for any bad input before anything long starts. ``precision``: the one
     to use instead of resolving ``cfg.precision`` (a resumed run keeps the precision it started with)."""
@@ -382,32 +402,34 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     ctx = Context(backbone=backbone, device=device, precision=precision.name, seed=cfg.seed, log=rep.log,
                   progress=rep.progress)
     strategy = strategy_cls(strategy_cfg, ctx)
-    return Session(cfg, spec, bench, backbone, eval_tf, train_tf, precision, feats, cache.events, t_features, strategy, protocols)
+    return PreparedRun(cfg, spec, bench, backbone, eval_tf, train_tf, precision, feats, cache.events, t_features,
+                       strategy, protocols)
 
 
-def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> dict[str, Any]:
+def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> RunRecord:
     """Run one configuration end to end, writing a checkpoint and the record after every task; return the complete
     record. An unfinished run in ``cfg.out`` with a checkpoint and the same settings is continued from its last
     finished task (``resume=True``: it must be). See :mod:`clbench.checkpoint`."""
     from clbench import checkpoint
-    from clbench.backbones import check_weights_file, state_digest
+    from clbench.backbones import state_digest
     from clbench.datacheck import check_before_run, check_loaded
+    from clbench.weights.resolve import check_weights_file
 
     rep = reporter or Reporter()
     t_start = time.perf_counter()
     _, _, backbone_name, _, _ = resolve(cfg)  # every bad name or setting fails here, before a run folder is made
     if resume and cfg.overwrite:
-        raise ClbenchError("--resume continues a run and --overwrite starts it over: pass only one of them")
+        raise ClbenchError(RESUME_AND_OVERWRITE)
     out = Path(cfg.out) if cfg.out is not None else default_run_dir(cfg)
-    check_folder(out, "--out")
+    check_folder(out, "out")
     check_weights_file(cfg.weights)
     data_problems = check_before_run(cfg.bench, cfg.data_root, cfg.ignore_data_problems)  # as `clbench data check`
     run_dir = RunDir(out, cfg.overwrite)
     caller_rng = checkpoint.capture_rng()
     reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
     try:
-        fingerprint, revision = checkpoint.fingerprint(cfg, backbone_name), git_revision()
-        ckpt = run_dir.resumable(fingerprint, resolve_device(cfg.device), required=resume)
+        settings_fp, revision = fingerprint(cfg, backbone_name), git_revision()
+        ckpt = run_dir.resumable(settings_fp, resolve_device(cfg.device), required=resume)
         if ckpt is None:
             (run_dir.path / RESULT_FILE).unlink(missing_ok=True)
         torch.manual_seed(cfg.seed)  # the run owns the seed; strategies draw from ctx.generator()
@@ -417,21 +439,22 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         session = prepare(cfg, rep, precision=started_at)
         session.data_problems = data_problems + check_loaded(session.bench, cfg.ignore_data_problems)
         for problem in session.data_problems:
-            rep.log(f"warning: data problem, run anyway (--ignore-data-problems): {problem}")
-        check_free_space(run_dir.path, estimate_run_bytes(session), "--out", "the record, checkpoint and features")
+            rep.log(f"warning: data problem, run anyway (ignore_data_problems): {problem}")
+        check_free_space(run_dir.path, estimate_run_bytes(session), "out", "the record, checkpoint and features")
         strategy, bench, protocols = session.strategy, session.bench, session.protocols
         logs = {p: _ProtocolLog() for p in protocols}
-        per_task: list[dict[str, Any]] = []
+        per_task: list[TaskEntry] = []
         done, resumed_from, cache_events = 0, [], list(session.cache_events)
         before = {"features": 0.0, "train": 0.0, "eval": 0.0, "checkpoint": 0.0, "total": 0.0}  # earlier segments
         peak_before = 0.0
         if ckpt is not None:
-            checkpoint.check_session(ckpt, session, run_dir.checkpoint_path)
+            checkpoint.check_inputs(ckpt, run_dir.checkpoint_path, session.backbone.digest, session.precision.name,
+                                    session.precision.reason, checkpoint.data_identity(session.bench))
             if ckpt["git_revision"] != revision:
                 rep.log(f"note: the checkpoint was written by code at {ckpt['git_revision']}, now {revision}")
             strategy.load_state_dict(ckpt["strategy"])
             logs = {p: _ProtocolLog(**ckpt["logs"][p]) for p in protocols}
-            per_task, done = ckpt["per_task"], ckpt["tasks_done"]
+            per_task, done = [TaskEntry.from_dict(t) for t in ckpt["per_task"]], ckpt["tasks_done"]
             resumed_from = [*ckpt["resumed_from_task"], done]
             cache_events = [*ckpt["feature_cache"], *cache_events]
             before, peak_before = ckpt["times"], ckpt["peak_rss_mb"]
@@ -443,7 +466,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                     "eval": before["eval"] + t_eval, "checkpoint": before["checkpoint"] + t_ckpt,
                     "total": before["total"] + time.perf_counter() - t_start}
 
-        for step in session.steps():
+        for step in session.tasks():
             task, t = step.task, step.task.id
             if t < done:  # learnt before the checkpoint; its RNG state is the one after task done - 1
                 if t == done - 1:
@@ -458,7 +481,6 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
 
             t0 = time.perf_counter()
             y = step.test.labels.numpy()
-            entry: dict[str, Any] = {"task": t, "classes": task.classes, "train_s": dt_train}
             for p in protocols:
                 logits = strategy.predict(step.test, p)
                 if logits.shape != (len(y), task.n_seen):
@@ -467,39 +489,39 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 if not torch.isfinite(logits).all():
                     raise ClbenchError(f"{cfg.strategy} produced NaN/inf logits after task {t}")
                 logs[p].add(logits, y, step.sample_task, t)
-            entry["diagnostics"] = strategy.diagnostics(step.test, step.sample_task)
+            diagnostics = strategy.diagnostics(step.test, step.sample_task)
             dt_eval = time.perf_counter() - t0
             t_eval += dt_eval
-            entry["eval_s"] = dt_eval
-            per_task.append(entry)
+            per_task.append(TaskEntry(t, task.classes, dt_train, diagnostics, dt_eval))
             main = logs[protocols[0]]
             rep.log(f"  A_{t + 1} = {main.curve[-1]:.2f}%  (old {main.old[-1]:.2f}, new {main.new[-1]:.2f})")
 
             t0 = time.perf_counter()  # the checkpoint first: a record never claims more than it holds
             checkpoint.save(run_dir.checkpoint_path, {
-                "config": dataclasses.asdict(cfg), "fingerprint": fingerprint,
+                "config": dataclasses.asdict(cfg), "fingerprint": settings_fp,
                 "backbone_digest": session.backbone.digest, "precision": session.precision.name,
-                "precision_reason": session.precision.reason, "data": checkpoint.data_identity(session),
+                "precision_reason": session.precision.reason, "data": checkpoint.data_identity(session.bench),
                 "tasks_done": t + 1, "strategy": strategy.state_dict(), "rng": checkpoint.capture_rng(),
-                "logs": {p: dataclasses.asdict(log) for p, log in logs.items()}, "per_task": per_task,
+                "logs": {p: dataclasses.asdict(log) for p, log in logs.items()},
+                "per_task": [e.to_dict() for e in per_task],
                 "times": times(), "peak_rss_mb": max(peak_before, peak_rss_mb()), "resumed_from_task": resumed_from,
                 "feature_cache": cache_events, "git_revision": revision,
             })
             t_ckpt += time.perf_counter() - t0
             record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=False,
-                             resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=fingerprint)
-            record["peak_rss_mb"] = max(peak_before, record["peak_rss_mb"])  # over every segment of the run
-            atomic_write_json(run_dir.path / RESULT_FILE, record)
+                             resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=settings_fp)
+            record.peak_rss_mb = max(peak_before, record.peak_rss_mb)  # over every segment of the run
+            record.write(run_dir.path)
 
         if state_digest(session.backbone.model) != session.backbone.digest:
             raise RuntimeError(f"{cfg.strategy} changed the frozen backbone's weights; the run is not valid")
         if cfg.save_features:
             _save_features(run_dir.path, session, strategy)
         record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=True,
-                         resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=fingerprint)
-        record["peak_rss_mb"] = max(peak_before, record["peak_rss_mb"])
-        record["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        atomic_write_json(run_dir.path / RESULT_FILE, record)
+                         resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=settings_fp)
+        record.peak_rss_mb = max(peak_before, record.peak_rss_mb)
+        record.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        record.write(run_dir.path)
         run_dir.checkpoint_path.unlink(missing_ok=True)  # the record is complete; nothing is left to continue
         return record
     finally:
@@ -507,22 +529,22 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         run_dir.release()
 
 
-def host_info() -> dict[str, Any]:
+def host_info() -> Host:
     """The machine a run's times come from: cores, CPU and its capability, and the thread settings in force."""
     from clbench import OMP_WAIT_POLICY
     from clbench.precision import CpuInfo, isa_limits
 
     cpu = CpuInfo.detect()
-    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "omp_wait_policy": OMP_WAIT_POLICY,
-            "cpu": cpu.model, "cpu_capability": cpu.capability, "amx": cpu.amx, "avx512_bf16": cpu.avx512_bf16,
-            "isa_limits": isa_limits()}
+    return Host(cpus=os.cpu_count(), torch_threads=torch.get_num_threads(), omp_wait_policy=OMP_WAIT_POLICY,
+                cpu=cpu.model, cpu_capability=cpu.capability, amx=cpu.amx, avx512_bf16=cpu.avx512_bf16,
+                isa_limits=isa_limits())
 
 
-def _save_features(path: Path, session: Session, strategy) -> None:
+def _save_features(path: Path, session: PreparedRun, strategy: Strategy) -> None:
     """Test features for t-SNE figures: frozen and (when the method has them) adapted, fp16."""
     import io
 
-    from clbench.io import atomic_write_bytes
+    from clbench.files import atomic_write_bytes
 
     bench = session.bench
     split = session.split("test", np.arange(len(bench.test)))
@@ -536,66 +558,58 @@ def _save_features(path: Path, session: Session, strategy) -> None:
     atomic_write_bytes(path / "features.npz", buf.getvalue())
 
 
-def _record(cfg: RunConfig, session: Session, logs: dict[str, "_ProtocolLog"], per_task: list[dict[str, Any]],
+def _record(cfg: RunConfig, session: PreparedRun, logs: dict[str, _ProtocolLog], per_task: list[TaskEntry],
             run_path: Path, times: dict[str, float], complete: bool, resumed_from_task: list[int] | None = None,
-            cache_events: list[str] | None = None, fingerprint: dict[str, Any] | None = None) -> dict[str, Any]:
+            cache_events: list[str] | None = None, fingerprint: dict[str, Any] | None = None) -> RunRecord:
     strategy, spec, bench, backbone, protocols = (session.strategy, session.spec, session.bench, session.backbone,
                                                   session.protocols)
     params = strategy.param_counts()
-    main = logs[protocols[0]].summary()
     added = list(params.added_per_task)
     trainable = list(params.trainable_per_task)
-    rec: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": run_path.name,
-        "complete": complete,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": command_line(),
-        "fingerprint": fingerprint,  # the run's defining settings (clbench.checkpoint.DEFINING_FIELDS)
-        "strategy": strategy.name,
-        "strategy_config": dataclasses.asdict(strategy.cfg),
-        "profile": cfg.profile,
-        "bench": spec.name,
-        "n_classes": bench.n_classes,
-        "n_images": {"train": len(bench.train), "test": len(bench.test)},
-        "task_sizes": bench.task_sizes,
-        "class_order": bench.class_order,
-        "class_order_seed": cfg.class_order_seed,
-        "class_names": [bench.class_names[c] for c in bench.class_order],
-        "backbone": backbone.spec.name,
-        "weights_source": backbone.weights_source,
-        "weights_digest": backbone.digest,
-        "img_size": backbone.img_size,
-        "transform": session.eval_tf.identity(),
-        "seed": cfg.seed,
-        "device": next(backbone.model.parameters()).device.type,
-        "precision": session.precision.name,
-        "precision_reason": session.precision.reason,
-        "protocol": protocols[0],
-        **main,
-        "protocols": {p: logs[p].summary() for p in protocols},
-        "params": {
-            "backbone": backbone.n_params(),
-            "trainable": max(trainable) if trainable else 0,
-            "trainable_per_task": trainable,
-            "added_per_task": added,
-            "added_total": sum(added),
-            "head": params.head,
-            **params.extra,
-        },
-        "time_s": times,
-        "per_task": per_task,
-        "feature_cache": session.cache_events if cache_events is None else cache_events,
-        "data_problems": list(session.data_problems),  # `clbench data check` problems run anyway
-        "resumed_from_task": list(resumed_from_task or []),  # tasks_done at each resume from a checkpoint
-        "peak_rss_mb": peak_rss_mb(),
-        "versions": library_versions(),
-        "git_revision": git_revision(),
-        "metric_definitions": metrics.DEFINITIONS,
-        "host": host_info(),
-    }
+    summaries = {p: logs[p].summary() for p in protocols}
+    gap = None
     if len(protocols) > 1:
-        ref, ps = logs["reference"].summary(), logs["per-sample"].summary()
-        rec["protocol_gap"] = {"last_acc": ref["last_acc"] - ps["last_acc"], "avg_acc": ref["avg_acc"] - ps["avg_acc"],
-                               "note": "reference minus per-sample, in points"}
-    return rec
+        ref, ps = summaries["reference"], summaries["per-sample"]
+        gap = ProtocolGap(last_acc=ref.last_acc - ps.last_acc, avg_acc=ref.avg_acc - ps.avg_acc)
+    return RunRecord(
+        run_id=run_path.name,
+        complete=complete,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        command=command_line(),
+        fingerprint=fingerprint,  # the run's defining settings (clbench.config.DEFINING_FIELDS)
+        strategy=strategy.name,
+        strategy_config=dataclasses.asdict(strategy.cfg),
+        profile=cfg.profile,
+        bench=spec.name,
+        n_classes=bench.n_classes,
+        n_images={"train": len(bench.train), "test": len(bench.test)},
+        task_sizes=bench.task_sizes,
+        class_order=bench.class_order,
+        class_order_seed=cfg.class_order_seed,
+        class_names=[bench.class_names[c] for c in bench.class_order],
+        backbone=backbone.spec.name,
+        weights_source=backbone.weights_source,
+        weights_digest=backbone.digest,
+        img_size=backbone.img_size,
+        transform=session.eval_tf.identity(),
+        seed=cfg.seed,
+        device=next(backbone.model.parameters()).device.type,
+        precision=session.precision.name,
+        precision_reason=session.precision.reason,
+        protocol=protocols[0],
+        protocols=summaries,
+        params=Params(backbone=backbone.n_params(), trainable=max(trainable) if trainable else 0,
+                      trainable_per_task=trainable, added_per_task=added, added_total=sum(added), head=params.head,
+                      extra=dict(params.extra)),
+        time_s=Times(**times),
+        per_task=list(per_task),
+        feature_cache=list(session.cache_events if cache_events is None else cache_events),
+        data_problems=list(session.data_problems),  # `clbench data check` problems run anyway
+        resumed_from_task=list(resumed_from_task or []),  # tasks_done at each resume from a checkpoint
+        peak_rss_mb=peak_rss_mb(),
+        versions=library_versions(),
+        git_revision=git_revision(),
+        metric_definitions=metrics.DEFINITIONS,
+        host=host_info(),
+        protocol_gap=gap,
+    )

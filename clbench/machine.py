@@ -160,7 +160,7 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     from rich.table import Table
 
     import clbench
-    from clbench.io import cache_dir
+    from clbench.files import cache_dir
     from clbench.precision import CpuInfo
     from clbench.results import library_versions
 
@@ -185,7 +185,7 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     root = cache_dir()
     con.print(f"\ncache: {root} ({_mb(_size(root))}; features {_mb(_size(root / 'features'))})")
     from clbench.catalog import BACKBONES, BENCHMARKS
-    from clbench.weights_info import availability
+    from clbench.weights.info import availability
 
     table = Table(title="weights")
     for col in ("backbone", "available", "where / how"):
@@ -219,7 +219,7 @@ def _data_hint(spec) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- main job
-def main_job(strategy: str = "simplecil", log=print) -> dict[str, Any]:
+def main_job(strategy: str | None = None, log=print) -> dict[str, Any]:
     """The README's main job from a cold feature cache, in a fresh process (imports included), against one
     feature-extraction pass over the same images at the fastest setting :func:`precision_table` measures.
 
@@ -229,7 +229,11 @@ def main_job(strategy: str = "simplecil", log=print) -> dict[str, Any]:
     import shutil
     import tempfile
 
-    from clbench.io import cache_dir
+    from clbench.catalog import DEFAULT_STRATEGY
+    from clbench.files import cache_dir
+    from clbench.results import load_record
+
+    strategy = strategy or DEFAULT_STRATEGY
 
     table = precision_table(log=lambda m: None)
     fastest = table["fastest"]
@@ -248,15 +252,15 @@ def main_job(strategy: str = "simplecil", log=print) -> dict[str, Any]:
             subprocess.run([sys.executable, "-m", "clbench.cli", "run", "--strategy", strategy, "--out", str(out)],
                            env=env, check=True, capture_output=True)
             walls[state] = time.perf_counter() - t0
-            records[state] = json.loads((out / "result.json").read_text())
-            log(f"{state}: {walls[state]:.1f} s wall-clock (record: total {records[state]['time_s']['total']:.1f} s, "
-                f"features {records[state]['time_s']['features']:.1f} s)")
+            records[state] = load_record(out)
+            log(f"{state}: {walls[state]:.1f} s wall-clock (record: total {records[state].time_s.total:.1f} s, "
+                f"features {records[state].time_s.features:.1f} s)")
     rec = records["cold"]
-    n_images = rec["n_images"]["train"] + rec["n_images"]["test"]
+    n_images = rec.n_images["train"] + rec.n_images["test"] if rec.n_images else 0
     one_pass = n_images / fastest["img_per_s"] if n_images else None
     result = {"benchmark": "main-job", "strategy": strategy, "cpu": table["cpu"], "cpu_capability":
-              table["cpu_capability"], "isa_limits": isa_limits(), "precision": rec["precision"], "precision_reason": rec["precision_reason"],
-              "wall_s": walls, "record_time_s": {k: r["time_s"] for k, r in records.items()},
+              table["cpu_capability"], "isa_limits": isa_limits(), "precision": rec.precision, "precision_reason": rec.precision_reason,
+              "wall_s": walls, "record_time_s": {k: r.time_s.to_dict() for k, r in records.items()},
               "fastest_setting": fastest, "images": n_images, "one_pass_at_fastest_s": one_pass,
               "cold_over_one_pass": walls["cold"] / one_pass if one_pass else None}
     if one_pass:

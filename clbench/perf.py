@@ -4,10 +4,8 @@ hold on noisy machines. Results go to a JSON file (``reports/perf/`` for the com
 - ``feature-probe``: how well a backbone's frozen features separate a benchmark's classes at a given input
   size and normalisation (nearest-class-mean and logistic-regression accuracy on all classes at once); used
   to choose the embedded benchmark's input size.
-- ``tosca-routing``: TOSCA's inference cost per image for T = 1, 5, 10, 20 task modules on synthetic
-  features, as a share of one backbone forward pass (target: 20 modules add < 5 %), and the speed-up of
-  one-backbone-pass stacked routing over the reference's loop that reruns the backbone once per module
-  (target: >= 8x at T = 10).
+- a strategy's own benchmarks (:meth:`clbench.strategy.Strategy.perf_benchmarks`, e.g. TOSCA's routing cost in
+  ``tosca/perf.py``), listed by ``clbench perf --help``.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from typing import Any
 import torch
 
 
-def _time(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> float:
+def median_seconds(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> float:
     """Median seconds of ``fn()`` over ``repeat`` runs after ``warmup`` runs."""
     for _ in range(warmup):
         fn()
@@ -31,99 +29,16 @@ def _time(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def _tosca_parts(d: int, T: int, classes_per_task: int, seed: int = 0):
-    from clbench.blocks import CosineHead
-    from tosca.luca import LuCA
-
-    g = torch.Generator().manual_seed(seed)
-    mods = []
-    for t in range(T):
-        m = LuCA(d)
-        for p in m.parameters():
-            with torch.no_grad():
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-        mods.append(m.eval())
-    head = CosineHead(d)
-    head.grow(T * classes_per_task)
-    with torch.no_grad():
-        head.weight.copy_(torch.randn(head.weight.shape, generator=g))
-    return mods, head
-
-
-@torch.inference_mode()
-def tosca_routing(backbone: str = "vit_small_patch14_dinov2", weights: str = "random", img_size: int = 112,
-                  batch: int = 64, tasks: tuple[int, ...] = (1, 5, 10, 20), classes_per_task: int = 6,
-                  precision: str = "auto", log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure TOSCA routing cost against backbone cost (weights do not change timings; random by default)."""
-    from clbench.backbones import load_backbone
-    from clbench.blocks import torch_threads
-    from clbench.precision import for_backbone
-    from tosca.strategy import route_per_sample, stacked_forward
-
-    dev = torch.device("cpu")
-    bb = load_backbone(backbone, weights, img_size)
-    d = bb.num_features
-    x = torch.randn(batch, 3, bb.img_size, bb.img_size)
-    prec = for_backbone(bb, dev, precision)
-
-    def backbone_pass():
-        with prec.autocast(dev.type):
-            return bb(x).float()
-
-    t_backbone = _time(backbone_pass, repeat=3)
-    log(f"backbone forward: {t_backbone / batch * 1e3:.2f} ms/image ({backbone} @ {bb.img_size})")
-    z = torch.randn(batch, d)
-    scaling = []
-    for T in tasks:
-        mods, head = _tosca_parts(d, T, classes_per_task)
-        def route():  # as TOSCA.all_logits runs it on the CPU: one intra-op thread for bottleneck-sized work
-            with torch_threads(1):
-                return route_per_sample(head(stacked_forward(mods, z)))
-
-        t_route = _time(route, repeat=20, warmup=3)
-        scaling.append({"T": T, "route_ms_per_image": t_route / batch * 1e3,
-                        "share_of_backbone_pass": t_route / t_backbone})
-        log(f"T={T:>2}: routing {t_route / batch * 1e3:.4f} ms/image = {100 * t_route / t_backbone:.2f}% of a backbone pass")
-
-    T = 10
-    mods, head = _tosca_parts(d, T, classes_per_task)
-
-    def ours():
-        z = backbone_pass()
-        with torch_threads(1):
-            return route_per_sample(head(stacked_forward(mods, z)))
-
-    def reference_loop():  # the official code: full ViT once per module per batch
-        outs = [head(m(backbone_pass())) for m in mods]
-        return torch.stack(outs).softmax(-1)
-
-    t_ours = _time(ours, repeat=3)
-    t_ref = _time(reference_loop, repeat=1, warmup=0)
-    log(f"T=10: one pass + stacked modules {t_ours:.2f} s vs backbone-per-module loop {t_ref:.2f} s "
-        f"-> speed-up {t_ref / t_ours:.1f}x")
-    return {
-        "benchmark": "tosca-routing",
-        "backbone": backbone, "img_size": bb.img_size, "batch": batch, "precision": prec.name,
-        "precision_reason": prec.reason, "feature_dim": d,
-        "threads": torch.get_num_threads(),
-        "backbone_ms_per_image": t_backbone / batch * 1e3,
-        "scaling": scaling,
-        "added_share_at_max_T": scaling[-1]["share_of_backbone_pass"],
-        "speedup_vs_reference_loop_T10": t_ref / t_ours,
-        "ours_s_T10": t_ours, "reference_loop_s_T10": t_ref,
-        "targets": {"added_share_at_T20": "< 0.05", "speedup_T10": ">= 8"},
-    }
-
-
 def feature_probe(bench: str = "emoji", backbone: str | None = None, img_size: int | None = None,
                   normalize: bool | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Nearest-class-mean (cosine) and linear-probe accuracy of frozen features, all classes at once."""
     import torch.nn.functional as F
     from sklearn.linear_model import LogisticRegression
 
+    from clbench.catalog import DEFAULT_STRATEGY
     from clbench.harness import RunConfig, prepare
 
-    s = prepare(RunConfig(strategy="simplecil", bench=bench, backbone=backbone, img_size=img_size,
+    s = prepare(RunConfig(strategy=DEFAULT_STRATEGY, bench=bench, backbone=backbone, img_size=img_size,
                           normalize=normalize))
     ftr, fte = F.normalize(s.features["train"], dim=1), F.normalize(s.features["test"], dim=1)
     ytr, yte = torch.as_tensor(s.bench.train_y), torch.as_tensor(s.bench.test_y)
@@ -136,3 +51,67 @@ def feature_probe(bench: str = "emoji", backbone: str | None = None, img_size: i
     return {"benchmark": "feature-probe", "bench": bench, "backbone": s.backbone.spec.name,
             "weights_digest": s.backbone.digest, "img_size": s.backbone.img_size,
             "transform": s.eval_tf.identity(), "ncm_acc": ncm, "linear_probe_acc": linear}
+
+
+# ----------------------------------------------------------------------------------------------- parameters
+def parse_tasks(text: str) -> tuple[int, ...]:
+    """``10x10`` -> ten tasks of 10 classes; ``50,10,10`` -> the classes of each task."""
+    from clbench.errors import ClbenchError
+
+    try:
+        if "x" in text:
+            tasks, classes = (int(v) for v in text.split("x"))
+            sizes = (classes,) * tasks
+        else:
+            sizes = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise ClbenchError(f"--tasks {text!r}: expected TxC (T tasks of C classes) or C1,C2,.. (positive integers)",
+                           "e.g. --tasks 10x10 or --tasks 50,10,10")
+    return sizes
+
+
+def param_table(d: int, depth: int, task_sizes: tuple[int, ...], names: list[str] | None = None) -> dict[str, Any]:
+    """Parameters added and trained per task by every registered strategy's default config (or ``names``'), from
+    its :meth:`~clbench.strategy.Strategy.param_formula`, for a ViT of width ``d`` and ``depth`` blocks."""
+    import dataclasses
+
+    from clbench.catalog import STRATEGIES
+    from clbench.config import make_strategy_config
+    from clbench.errors import ClbenchError
+
+    if d < 1 or depth < 1:
+        raise ClbenchError(f"--d {d} --depth {depth}: both must be >= 1")
+    out: dict[str, Any] = {"benchmark": "params", "d": d, "depth": depth, "task_sizes": list(task_sizes),
+                           "strategies": {}, "unstated": []}
+    for name in names if names is not None else STRATEGIES.names():
+        cls = STRATEGIES.get(name)
+        cfg = make_strategy_config(cls, None, ())
+        try:
+            pc = cls.param_formula(cfg, d, depth, task_sizes)
+        except NotImplementedError:
+            out["unstated"].append(name)
+            continue
+        except ValueError as e:  # e.g. a width the method's bottleneck ratio does not divide
+            raise ClbenchError(f"{name} at d={d}: {e}") from None
+        out["strategies"][name] = {"added_per_task": list(pc.added_per_task),
+                                   "trainable_per_task": list(pc.trainable_per_task), "head": pc.head,
+                                   "added_total": sum(pc.added_per_task), "config": dataclasses.asdict(cfg)}
+    return out
+
+
+def format_params(table: dict[str, Any]) -> str:
+    """A Markdown table of :func:`param_table`: per strategy, parameters added and trained in the first and the
+    last task, and added in all."""
+    sizes = table["task_sizes"]
+    lines = [(f"parameters per task, ViT of width {table['d']} and {table['depth']} blocks, {len(sizes)} tasks "
+              f"({'+'.join(map(str, sizes))} classes)"), "",
+             "| strategy | added, task 1 | added, last task | trained, task 1 | trained, last task | added in all |",
+             "|---|---|---|---|---|---|"]
+    for name, row in table["strategies"].items():
+        a, t = row["added_per_task"], row["trainable_per_task"]
+        lines.append(f"| {name} | {a[0]:,} | {a[-1]:,} | {t[0]:,} | {t[-1]:,} | {row['added_total']:,} |")
+    if table["unstated"]:
+        lines.append(f"\nno parameter formula: {', '.join(table['unstated'])}")
+    return "\n".join(lines)

@@ -239,7 +239,7 @@ def cached_probe(backbone, device, cpu: CpuInfo, cache_root: Path | None) -> Cal
             if key in known:
                 return known[key]
             rates = measure()
-            from clbench.io import atomic_write_json
+            from clbench.files import atomic_write_json
 
             try:
                 atomic_write_json(path, {**known, key: rates})
@@ -260,7 +260,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def for_backbone(backbone, device, requested: str = "auto", use_cache: bool = True) -> Precision:
     """:func:`choose` for a loaded backbone on ``device``, with the cached probe where the hardware leaves it open."""
-    from clbench.io import cache_dir
+    from clbench.files import cache_dir
 
     cpu = CpuInfo.detect() if device.type == "cpu" else None
     probe = cached_probe(backbone, device, cpu, cache_dir() if use_cache else None) if cpu is not None else None

@@ -64,7 +64,13 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         self.check(name)
         if name not in self._items:
-            module, _, attr = self._lazy.pop(name).partition(":")
-            obj = getattr(importlib.import_module(module), attr)
+            target = self._lazy[name]
+            module, _, attr = target.partition(":")
+            try:
+                obj = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as e:
+                raise ClbenchError(f"{self.kind} {name!r}: cannot load {target} ({e})",
+                                   "is its module importable here (PYTHONPATH, installed)?") from None
+            del self._lazy[name]
             self._items[name] = obj
         return self._items[name]

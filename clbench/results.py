@@ -1,26 +1,34 @@
-"""The run record (``result.json``): schema, environment capture and loading.
+"""The run record (``result.json``): the typed :class:`RunRecord`, the one place that reads and writes it, and
+the environment capture it holds.
 
 A record is written atomically after every task with ``complete: false`` and once more at the end with
-``complete: true``; readers (reports, checks) use only complete records. ``SCHEMA_VERSION`` changes when a
-field changes meaning.
+``complete: true``; readers (reports, checks) use only complete records (:func:`load_record`), the sweep also
+unfinished ones (:func:`read_record`). Code reads fields (``record.params.added_total``,
+``record.summary("per-sample").last_acc``), never string keys; only the method-specific ``per_task[t].diagnostics``
+stays a free dict. ``SCHEMA_VERSION`` changes when a field changes meaning; older readable versions are upgraded on
+load, others refused with a message.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import platform
 import resource
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # see the version history above RunRecord
 RESULT_FILE = "result.json"
+Json = dict[str, Any]
 
 
 def library_versions() -> dict[str, str]:
@@ -72,31 +80,513 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
+# ------------------------------------------------------------------------------------------- the typed record
+# Version history. A record of an older readable version is upgraded on load (:func:`_upgrade_v1`); one older than
+# OLDEST_READABLE, or newer than SCHEMA_VERSION, is refused with a message.
+#   1: fields were added without a version change (fingerprint, n_images, class_names, resumed_from_task,
+#      time_s.checkpoint, host details, precision_reason); records before ``--precision`` say ``autocast: true/false``
+#      (bf16 / fp32) instead of ``precision``.
+#   2: written through :class:`RunRecord`: ``precision`` always named; every top-level field present (null where
+#      unknown) but ``protocol_gap`` and ``finished``, written where set. The JSON layout is version 1's.
+OLDEST_READABLE = 1
+DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
+RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
+
+
 @dataclass
-class LoadedRecord:
-    path: Path
-    data: dict[str, Any]
+class ProtocolSummary:
+    """The metrics of one evaluation protocol after every task (definitions: :data:`clbench.metrics.DEFINITIONS`)."""
+
+    accuracy_matrix: list[list[float]]  # R[t][j] in percent: after task t, on the test images of task j <= t
+    acc_curve: list[float]  # A_t in percent: every seen class's test images after task t
+    last_acc: float | None  # A_T (None before the first task ended)
+    avg_acc: float | None  # mean of the A_t
+    forgetting: float | None = None  # Chaudhry / PILOT: max earlier R[t][j] minus final R[T][j], mean over j < T
+    forgetting_first_last: float | None = None  # R[j][j] minus final R[T][j], mean over j < T
+    old_acc: list[float] = field(default_factory=list)  # per task: earlier tasks' test images (NaN after task 1)
+    new_acc: list[float] = field(default_factory=list)  # per task: this task's test images
+    top5_curve: list[float] = field(default_factory=list)  # per task: top-5 accuracy over every seen class
+
+    @classmethod
+    def from_dict(cls, d: Json) -> ProtocolSummary:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+    def to_dict(self) -> Json:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(ProtocolSummary))
+
+
+@dataclass
+class Params:
+    """Parameter counts (:class:`clbench.strategy.ParamCounts`): the frozen backbone, and what the strategy adds."""
+
+    backbone: int  # parameters of the frozen backbone
+    trainable: int  # the most the optimiser updated in one task
+    added_total: int  # stored on top of the backbone after the last task (modules, prompts, adapters, head)
+    trainable_per_task: list[int] = field(default_factory=list)
+    added_per_task: list[int] = field(default_factory=list)
+    head: int = 0
+    extra: Json = field(default_factory=dict)  # the strategy's own counts (ParamCounts.extra), written beside these
+
+    @classmethod
+    def from_dict(cls, d: Json) -> Params:
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(**{k: d[k] for k in known if k in d}, extra={k: v for k, v in d.items() if k not in known})
+
+    def to_dict(self) -> Json:
+        return {"backbone": self.backbone, "trainable": self.trainable, "trainable_per_task": self.trainable_per_task,
+                "added_per_task": self.added_per_task, "added_total": self.added_total, "head": self.head,
+                **self.extra}
+
+
+TIME_PHASES = ("features", "train", "eval", "checkpoint", "total")
+
+
+@dataclass
+class Times:
+    """Wall-clock seconds per phase, summed over every segment of a resumed run."""
+
+    features: float  # frozen-feature extraction (near 0 when the feature cache hit)
+    train: float
+    eval: float  # covers every protocol the run evaluated
+    total: float  # the whole run, loading included
+    checkpoint: float | None = None  # writing checkpoints (None: a record from before checkpoints)
+
+    @classmethod
+    def from_dict(cls, d: Json) -> Times:
+        return cls(**{k: d[k] for k in TIME_PHASES if k in d})
+
+    def to_dict(self) -> Json:
+        return {k: getattr(self, k) for k in TIME_PHASES if getattr(self, k) is not None}
+
+
+@dataclass
+class Host:
+    """The machine a run's times come from. Fields a record predates are None and not written."""
+
+    cpus: int | None = None
+    torch_threads: int | None = None
+    omp_wait_policy: str | None = None
+    cpu: str | None = None  # model name
+    cpu_capability: str | None = None  # torch.backends.cpu.get_cpu_capability()
+    amx: bool | None = None
+    avx512_bf16: bool | None = None
+    isa_limits: dict[str, str] | None = None  # ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA where set
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+    @classmethod
+    def from_dict(cls, d: Json) -> Host:
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(**{k: d[k] for k in known if k in d}, extra={k: v for k, v in d.items() if k not in known})
+
+    def to_dict(self) -> Json:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return {**{k: v for k, v in out.items() if v is not None}, **self.extra}
+
+
+@dataclass
+class TaskEntry:
+    """One task of the run: its classes, its times and the strategy's diagnostics after it."""
+
+    task: int
+    classes: list[int]  # class ids (after the class order) learnt in this task
+    train_s: float
+    diagnostics: Json = field(default_factory=dict)  # method-specific (Strategy.diagnostics): a free dict
+    eval_s: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: Json) -> TaskEntry:
+        return cls(d["task"], list(d.get("classes") or []), d.get("train_s"), d.get("diagnostics") or {},
+                   d.get("eval_s"))
+
+    def to_dict(self) -> Json:
+        return {"task": self.task, "classes": self.classes, "train_s": self.train_s, "diagnostics": self.diagnostics,
+                "eval_s": self.eval_s}
+
+
+@dataclass
+class ProtocolGap:
+    last_acc: float  # reference minus per-sample, points
+    avg_acc: float
+    note: str = "reference minus per-sample, in points"
+
+    @classmethod
+    def from_dict(cls, d: Json) -> ProtocolGap:
+        return cls(d["last_acc"], d["avg_acc"], d.get("note", cls.note))
+
+    def to_dict(self) -> Json:
+        return {"last_acc": self.last_acc, "avg_acc": self.avg_acc, "note": self.note}
+
+
+@dataclass
+class RunRecord:
+    """One run of one (strategy, benchmark, backbone, seed): what ``result.json`` holds.
+
+    Read with :func:`load_record` (complete runs) or :func:`read_record` (any state), write with :meth:`write`. The
+    JSON layout is the field order below, with the main protocol's metrics repeated at the top level after
+    ``protocol`` (as every record since version 1 has them) and ``protocol_gap`` / ``finished`` only where set."""
+
+    run_id: str
+    complete: bool
+    strategy: str
+    bench: str
+    backbone: str
+    seed: int
+    protocol: str  # the main evaluation protocol (the first of ``protocols``)
+    task_sizes: list[int]  # classes per task
+    protocols: dict[str, ProtocolSummary]  # every protocol evaluated, the main one included
+    params: Params
+    time_s: Times
+    created: str | None = None  # ISO time of this write
+    command: str | None = None
+    fingerprint: Json | None = None  # the run's defining settings (clbench.config.DEFINING_FIELDS)
+    strategy_config: Json = field(default_factory=dict)  # the strategy's settings dataclass, as written
+    profile: str | None = None
+    n_classes: int | None = None
+    n_images: dict[str, int] | None = None  # {"train": N, "test": N}
+    class_order: list[int] = field(default_factory=list)
+    class_order_seed: int = DEFAULT_CLASS_ORDER_SEED
+    class_names: list[str] | None = None  # in class order
+    weights_source: str | None = None  # "random-init(seed=...)", a file, a package ...
+    weights_digest: str | None = None
+    img_size: int | None = None
+    transform: str | None = None  # the eval transform's identity (TransformSpec.identity)
+    device: str | None = None
+    precision: str = "unknown"  # fp32 / bf16 / fp16 (records before --precision: from their autocast flag)
+    precision_reason: str | None = None
+    per_task: list[TaskEntry] = field(default_factory=list)
+    feature_cache: list[str] = field(default_factory=list)  # "hit" / "miss" per split and segment
+    data_problems: list[str] = field(default_factory=list)  # `clbench data check` problems run anyway
+    resumed_from_task: list[int] = field(default_factory=list)  # tasks done at each resume from a checkpoint
+    peak_rss_mb: float | None = None  # over every segment of the run
+    versions: dict[str, str] = field(default_factory=dict)  # library versions
+    git_revision: str | None = None
+    metric_definitions: dict[str, str] | None = None  # clbench.metrics.DEFINITIONS when the run was made
+    host: Host = field(default_factory=Host)
+    protocol_gap: ProtocolGap | None = None  # runs of both protocols
+    finished: str | None = None  # ISO time of the complete write
+    extra: Json = field(default_factory=dict)  # fields this clbench does not know, kept as read (and written)
+
+    # ------------------------------------------------------------------------------------------- derived
+    @property
+    def main(self) -> ProtocolSummary:
+        """The main protocol's metrics."""
+        return self.protocols[self.protocol]
 
     @property
-    def run_id(self) -> str:
-        return str(self.data.get("run_id", self.path.parent.name))
+    def last_acc(self) -> float | None:
+        return self.main.last_acc
+
+    @property
+    def avg_acc(self) -> float | None:
+        return self.main.avg_acc
+
+    @property
+    def accuracy_matrix(self) -> list[list[float]]:
+        return self.main.accuracy_matrix
+
+    @property
+    def acc_curve(self) -> list[float]:
+        return self.main.acc_curve
+
+    @property
+    def protocol_names(self) -> list[str]:
+        """Evaluation protocols of this run, the main one first."""
+        return [self.protocol, *(p for p in self.protocols if p != self.protocol)]
+
+    def summary(self, protocol: str) -> ProtocolSummary:
+        """The metrics of one protocol; KeyError naming the run when it was not evaluated."""
+        if protocol not in self.protocols:
+            raise KeyError(f"run {self.run_id} has no protocol {protocol!r}")
+        return self.protocols[protocol]
+
+    @property
+    def tasks_done(self) -> int:
+        return len(self.per_task)
+
+    # ------------------------------------------------------------------------------------------- JSON
+    def to_dict(self) -> Json:
+        """The JSON object of ``result.json``, in its field order."""
+        out: Json = {"schema_version": SCHEMA_VERSION}
+        for name in _LAYOUT:
+            value = getattr(self, name)
+            if name == "protocols":
+                value = {p: s.to_dict() for p, s in value.items()}
+            elif name == "per_task":
+                value = [t.to_dict() for t in value]
+            elif hasattr(value, "to_dict"):
+                value = value.to_dict()
+            out[name] = value
+            if name == "protocol":  # the main protocol's metrics at the top level, as every record has them
+                out.update(self.main.to_dict())
+        if self.protocol_gap is not None:
+            out["protocol_gap"] = self.protocol_gap.to_dict()
+        if self.finished is not None:
+            out["finished"] = self.finished
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: Json) -> RunRecord:
+        """A record from a current-version JSON object whose fields :func:`field_problems` found sound."""
+        known = {f.name for f in dataclasses.fields(cls)} | set(SUMMARY_FIELDS) | {"schema_version"}
+        protocols = {p: ProtocolSummary.from_dict(s) for p, s in (data.get("protocols") or {}).items()}
+        if data["protocol"] not in protocols:  # records that kept the main protocol at the top level only
+            protocols = {data["protocol"]: ProtocolSummary.from_dict(data), **protocols}
+        simple = {f.name: data[f.name] for f in dataclasses.fields(cls)
+                  if f.name in data and f.name not in _NESTED}
+        return cls(**simple, protocols=protocols, params=Params.from_dict(data["params"]),
+                   time_s=Times.from_dict(data["time_s"]),
+                   per_task=[TaskEntry.from_dict({"task": i, **t}) for i, t in enumerate(data.get("per_task") or [])],
+                   host=Host.from_dict(data.get("host") or {}),
+                   protocol_gap=ProtocolGap.from_dict(data["protocol_gap"]) if data.get("protocol_gap") else None,
+                   extra={k: v for k, v in data.items() if k not in known})
+
+    def write(self, run_dir: Path | str) -> Path:
+        """Write ``run_dir/result.json`` atomically (a reader sees the old record or the new one, never a torn
+        file); return its path."""
+        from clbench.files import atomic_write_json
+
+        path = Path(run_dir) / RESULT_FILE
+        atomic_write_json(path, self.to_dict())
+        return path
 
 
-def load_record(run_dir: Path) -> LoadedRecord:
-    """Load ``run_dir/result.json``; raise ClbenchError saying why it cannot be used."""
-    path = Path(run_dir) / RESULT_FILE if Path(run_dir).is_dir() else Path(run_dir)
+_NESTED = {"protocols", "params", "time_s", "per_task", "host", "protocol_gap", "extra"}
+_LAYOUT = ("run_id", "complete", "created", "command", "fingerprint", "strategy", "strategy_config",
+           "profile", "bench", "n_classes", "n_images", "task_sizes", "class_order", "class_order_seed", "class_names",
+           "backbone", "weights_source", "weights_digest", "img_size", "transform", "seed", "device", "precision",
+           "precision_reason", "protocol", "protocols", "params", "time_s", "per_task", "feature_cache",
+           "data_problems", "resumed_from_task", "peak_rss_mb", "versions", "git_revision", "metric_definitions",
+           "host")
+
+
+# ------------------------------------------------------------------------------------------- field checks
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_real(v: Any) -> bool:  # a number, NaN allowed (old_acc after the first task)
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_matrix(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(row, list) and all(_is_number(x) for x in row) for row in v)
+
+
+def _is_summary(m: Any) -> bool:
+    return (isinstance(m, dict) and _is_matrix(m.get("accuracy_matrix")) and _is_number(m.get("last_acc"))
+            and _is_number(m.get("avg_acc")) and isinstance(m.get("acc_curve", []), list)
+            and all(isinstance(m.get(k, []), list) for k in ("old_acc", "new_acc", "top5_curve")))
+
+
+def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(ok(x) for x in v)
+
+
+def _or_none(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or ok(v)
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_task(t: Any) -> bool:
+    return (isinstance(t, dict) and _is_int(t.get("task", 0)) and isinstance(t.get("diagnostics") or {}, dict)
+            and _or_none(_is_real)(t.get("train_s")) and _or_none(_is_real)(t.get("eval_s")))
+
+
+FieldCheck = tuple[tuple[str, ...], str, Callable[[Any], bool]]
+# Fields every record must have for the tables, figures and the gate; a record without one is refused, naming it.
+REQUIRED_FIELDS: tuple[FieldCheck, ...] = (
+    (("strategy",), "a string", _is_str),
+    (("bench",), "a string", _is_str),
+    (("backbone",), "a string", _is_str),
+    (("seed",), "an integer", _is_int),
+    (("protocol",), "a string", _is_str),
+    (("task_sizes",), "a list of integers", lambda v: isinstance(v, list) and bool(v) and all(_is_int(n) for n in v)),
+    (("acc_curve",), "a list of numbers", _list_of(_is_number)),
+    (("accuracy_matrix",), "a list of lists of numbers", _is_matrix),
+    (("last_acc",), "a number", _is_number),
+    (("avg_acc",), "a number", _is_number),
+    (("params", "added_total"), "an integer", _is_int),
+    (("params", "trainable"), "an integer", _is_int),
+    (("time_s", "features"), "a number", _is_number),
+    (("time_s", "train"), "a number", _is_number),
+    (("time_s", "eval"), "a number", _is_number),
+    (("time_s", "total"), "a number", _is_number),
+)
+# Fields a record may lack (older records do; a default stands in); one of another type is refused, naming it.
+OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
+    (("run_id",), "a string", _is_str),
+    (("profile",), "a string or null", _or_none(_is_str)),
+    (("img_size",), "an integer or null", _or_none(_is_int)),
+    (("class_order_seed",), "an integer", _is_int),
+    (("precision",), "a string", _is_str),
+    (("weights_digest",), "a string or null", _or_none(_is_str)),
+    (("weights_source",), "a string or null", _or_none(_is_str)),
+    (("strategy_config",), "an object", lambda v: isinstance(v, dict)),
+    (("protocols",), "an object of protocol -> metrics", lambda v: isinstance(v, dict) and all(
+        _is_summary(m) for m in v.values())),
+    (("fingerprint",), "an object or null", _or_none(lambda v: isinstance(v, dict))),
+    (("n_classes",), "an integer or null", _or_none(_is_int)),
+    (("class_order",), "a list of integers", _list_of(_is_int)),
+    (("params", "backbone"), "an integer", _is_int),
+    (("params", "head"), "an integer", _is_int),
+    (("params", "added_per_task"), "a list of integers", _list_of(_is_int)),
+    (("params", "trainable_per_task"), "a list of integers", _list_of(_is_int)),
+    (("time_s", "checkpoint"), "a number", _is_number),
+    (("per_task",), "a list of task objects", _list_of(_is_task)),
+    (("host",), "an object", lambda v: isinstance(v, dict)),
+    (("peak_rss_mb",), "a number or null", _or_none(_is_real)),
+    (("resumed_from_task",), "a list of integers", _list_of(_is_int)),
+    (("protocol_gap",), "an object with last_acc and avg_acc or null", _or_none(
+        lambda v: isinstance(v, dict) and _is_real(v.get("last_acc")) and _is_real(v.get("avg_acc")))),
+    (("git_revision",), "a string or null", _or_none(_is_str)),
+    (("command",), "a string or null", _or_none(_is_str)),
+    (("finished",), "a string or null", _or_none(_is_str)),
+)
+V1_FIELDS: tuple[FieldCheck, ...] = (  # version 1 only, upgraded away
+    (("autocast",), "true or false", lambda v: isinstance(v, bool)),
+)
+_ABSENT = object()
+
+
+def field_problems(data: Json, version: int = SCHEMA_VERSION) -> list[str]:
+    """Missing required fields, then fields of the wrong type, each named (``time_s.train is str ...``)."""
+    missing, wrong = [], []
+    checks = ((REQUIRED_FIELDS, True), (OPTIONAL_FIELDS + (V1_FIELDS if version == 1 else ()), False))
+    for fields, required in checks:
+        for path, expected, ok in fields:
+            node: Any = data
+            for part in path:
+                if not isinstance(node, dict) or part not in node:
+                    node = _ABSENT
+                    break
+                node = node[part]
+            name = ".".join(path)
+            if node is _ABSENT:
+                if required:
+                    missing.append(name)
+            elif not ok(node):
+                wrong.append(f"{name} is {type(node).__name__} {node!r:.40}, expected {expected}")
+    return ([f"record lacks {', '.join(missing)}"] if missing else []) + [f"field {w}" for w in wrong]
+
+
+def _upgrade_v1(data: Json) -> Json:
+    """A version-1 record as version 2: ``autocast`` becomes ``precision`` (true: bf16, false: fp32, neither:
+    unknown); every other field keeps its meaning, and those it predates take their defaults."""
+    out = dict(data)
+    autocast = out.pop("autocast", None)
+    if "precision" not in out:
+        out["precision"] = "unknown" if autocast is None else ("bf16" if autocast else "fp32")
+    return out
+
+
+UPGRADES: dict[int, Callable[[Json], Json]] = {1: _upgrade_v1}  # version -> the record as the next version
+
+
+# ------------------------------------------------------------------------------------------- reading
+def record_path(path: Path | str) -> Path:
+    """The record file of a run folder (or the file itself)."""
+    path = Path(path)
+    return path / RESULT_FILE if path.is_dir() else path
+
+
+def read_record(path: Path | str) -> RunRecord:
+    """The record at ``path`` (a run folder or its ``result.json``), complete or not, upgraded to the current
+    schema. Raises ClbenchError (``PATH: why``) for a missing or unreadable file, a non-record, a schema version this
+    clbench cannot read, or a missing or mistyped field."""
+    path = record_path(path)
+    data = _read_json(path)
+    return _build(path, _checked(path, data))
+
+
+def load_record(path: Path | str) -> RunRecord:
+    """Like :func:`read_record`, for a *complete* run (reports and the gate use only these): also refuses a record
+    whose ``complete`` is not true, and one whose matrix or curve has another length than its tasks."""
+    path = record_path(path)
+    data = _read_json(path)
+    _check_version(path, data)
+    if not data.get("complete"):
+        raise ClbenchError(f"{path}: the run is not complete (finished {_len(data.get('acc_curve'))} "
+                           f"of {_len(data.get('task_sizes'))} tasks)", "finish it with `clbench run --resume "
+                           f"{path.parent}`, or leave the folder out")
+    if data["complete"] is not True:  # "yes" or 1 is not complete either
+        raise ClbenchError(f"{path}: field complete is {data['complete']!r}, expected the boolean true")
+    data = _checked(path, data)
+    tasks = len(data["task_sizes"])
+    if len(data["accuracy_matrix"]) != tasks:
+        raise ClbenchError(f"{path}: accuracy matrix has {len(data['accuracy_matrix'])} rows for {tasks} tasks")
+    if len(data["acc_curve"]) != tasks:
+        raise ClbenchError(f"{path}: accuracy curve has {len(data['acc_curve'])} points for {tasks} tasks")
+    return _build(path, data)
+
+
+def record_says_complete(path: Path | str) -> bool:
+    """Whether ``path`` holds a record that says ``complete: true`` (of any schema version): a finished run a
+    new run must not overwrite unasked. False for no file or a torn one."""
+    try:
+        data = json.loads(record_path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and bool(data.get("complete", False))
+
+
+def _len(v: Any) -> int | str:
+    return len(v) if isinstance(v, list) else "?"
+
+
+def _read_json(path: Path) -> Json:
     if not path.is_file():
-        raise ClbenchError(f"{run_dir}: no {RESULT_FILE}")
+        raise ClbenchError(f"{path.parent if path.name == RESULT_FILE else path}: no {RESULT_FILE}")
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or bytes that are not UTF-8
         raise ClbenchError(f"{path}: not a readable JSON record ({e})") from None
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise ClbenchError(f"{path}: schema version {data.get('schema_version')} (this clbench reads {SCHEMA_VERSION})")
-    if not data.get("complete"):
-        raise ClbenchError(f"{path}: the run is not complete (finished {len(data.get('acc_curve', []))} "
-                           f"of {len(data.get('task_sizes', []))} tasks)")
-    return LoadedRecord(path, data)
+    if not isinstance(data, dict):
+        raise ClbenchError(f"{path}: not a JSON record object (a {type(data).__name__})")
+    return data
+
+
+def _check_version(path: Path, data: Json) -> int:
+    version = data.get("schema_version")
+    if not _is_int(version):
+        raise ClbenchError(f"{path}: not a clbench run record (schema_version is {version!r})",
+                           "give the result.json that `clbench run` writes")
+    if version > SCHEMA_VERSION:
+        raise ClbenchError(f"{path}: schema version {version} is newer than this clbench reads "
+                           f"({OLDEST_READABLE} to {SCHEMA_VERSION})", "update clbench to read it")
+    if version < OLDEST_READABLE:
+        raise ClbenchError(f"{path}: schema version {version} (this clbench reads {OLDEST_READABLE} to "
+                           f"{SCHEMA_VERSION})", RUN_HINT)
+    return version
+
+
+def _checked(path: Path, data: Json) -> Json:
+    """``data`` checked field by field and upgraded to the current schema version."""
+    version = _check_version(path, data)
+    problems = field_problems(data, version)
+    if problems:
+        raise ClbenchError(f"{path}: {'; '.join(problems)}", RUN_HINT)
+    while version < SCHEMA_VERSION:
+        data, version = UPGRADES[version](data), version + 1
+    if "run_id" not in data:  # the folder names the run
+        data = {**data, "run_id": path.parent.name}
+    return data
+
+
+def _build(path: Path, data: Json) -> RunRecord:
+    try:
+        return RunRecord.from_dict(data)
+    except (KeyError, TypeError, ValueError) as e:  # a field the checks above let through in a shape from_dict lacks
+        raise ClbenchError(f"{path}: a field has an unexpected shape ({type(e).__name__}: {e})", RUN_HINT) from None
 
 
 def command_line() -> str:

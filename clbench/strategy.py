@@ -16,6 +16,7 @@ backbone untouched (bit-identical after a run; the contract tests check it).
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -120,10 +121,20 @@ class RunShape:
     test_seen: tuple[float, ...]  # test images evaluated after task t (every seen class)
     tokens: int = 197  # tokens per image through the backbone at its input size, [CLS] included (ViT-B/16 @ 224)
     protocols: int = 1  # evaluation protocols run; each predicts the test set again
+    classes_per_task: tuple[int, ...] = ()  # new classes of task t, where known (a recorded run's split)
 
     @property
     def tasks(self) -> int:
         return len(self.train_per_task)
+
+    def first_per_class(self, k: int | None) -> RunShape:
+        """The shape when a method learns from the first ``k`` training images of each class only (a ``ci``
+        profile's ``train_per_class``): at most ``k`` x the task's classes per task; unchanged where ``k`` is None or
+        the classes per task are not known."""
+        if k is None or not self.classes_per_task:
+            return self
+        capped = tuple(min(n, k * c) for n, c in zip(self.train_per_task, self.classes_per_task))
+        return dataclasses.replace(self, train_per_task=capped)
 
     @classmethod
     def equal(cls, n_train: float, n_test: float, tasks: int, **kw: Any) -> "RunShape":
@@ -153,6 +164,8 @@ class Strategy(ABC):
     Config: ClassVar[type]
     protocols: ClassVar[tuple[str, ...]] = (PER_SAMPLE,)
     profiles: ClassVar[dict[str, dict[str, Any]]] = {}  # named config overrides, e.g. a CPU "quick" profile
+    # profiles that get their own row in ``clbench perf projection`` (``<name>-<profile>``), besides the default config
+    projection_profiles: ClassVar[tuple[str, ...]] = ()
     needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
 
     def __init__(self, config: Any, ctx: Context) -> None:
@@ -181,6 +194,20 @@ class Strategy(ABC):
         """Seconds per unit of each name this strategy puts in ``Work.extra``, measured now for feature width
         ``d`` on ``device`` (none by default)."""
         return {}
+
+    @classmethod
+    def perf_benchmarks(cls) -> dict[str, Callable[..., dict[str, Any]]]:
+        """Method-specific ``clbench perf`` benchmarks: name -> ``fn(backbone=..., img_size=...)`` returning the
+        JSON-able measurements (listed by ``clbench perf --help``, run as ``clbench perf NAME``; none by default).
+        Names are global: prefix them with the method's name."""
+        return {}
+
+    @classmethod
+    def param_formula(cls, cfg: Any, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+        """:meth:`param_counts` of a finished run, from the config alone: a ViT of width ``d`` and ``depth``
+        blocks, tasks of ``task_sizes`` classes (``added_per_task``, ``trainable_per_task`` and ``head``; the
+        tests compare it with a real run). Read by ``clbench perf params``."""
+        raise NotImplementedError(f"strategy {cls.name} states no parameter formula (Strategy.param_formula)")
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """Optional per-evaluation diagnostics (e.g. routing accuracy) stored in the record."""

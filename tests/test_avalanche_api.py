@@ -10,11 +10,11 @@ import re
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from clbench.errors import ClbenchError
+from clbench.results import RunRecord
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -53,19 +53,19 @@ def _avalanche_run(strategy, benchmark) -> dict:
     return accuracy_rows(results)
 
 
-def _cli_record(tmp_path: Path, method: str, **kw) -> dict:
+def _cli_record(tmp_path: Path, method: str, **kw) -> RunRecord:
     from clbench.harness import RunConfig, run
 
     return run(RunConfig(strategy=method, out=str(tmp_path / f"cli-{method}"), save_features=False, **kw))
 
 
-def _assert_same(mine: dict, record: dict) -> None:
-    assert len(mine["accuracy_matrix"]) == len(record["accuracy_matrix"]) == 6
-    for t, (row, ref) in enumerate(zip(mine["accuracy_matrix"], record["accuracy_matrix"])):
+def _assert_same(mine: dict, record: RunRecord) -> None:
+    assert len(mine["accuracy_matrix"]) == len(record.accuracy_matrix) == 6
+    for t, (row, ref) in enumerate(zip(mine["accuracy_matrix"], record.accuracy_matrix, strict=True)):
         assert len(row) == len(ref) == t + 1
-        for j, (a, b) in enumerate(zip(row, ref)):
+        for j, (a, b) in enumerate(zip(row, ref, strict=True)):
             assert a == pytest.approx(b, abs=1e-9), f"R[{t}][{j}]: avalanche {a} vs clbench run {b}"
-    assert mine["acc_curve"] == pytest.approx(record["acc_curve"], abs=1e-9)
+    assert mine["acc_curve"] == pytest.approx(record.acc_curve, abs=1e-9)
 
 
 @pytest.mark.parametrize("method", ["simplecil", "tosca"])
@@ -77,7 +77,7 @@ def test_avalanche_metrics_equal_the_cli_record(tmp_path, method):
     assert isinstance(strategy, SupervisedTemplate)
     mine = _avalanche_run(strategy, _benchmark(strategy))
     record = _cli_record(tmp_path, method, **MICRO)
-    assert strategy.eval_tf.identity() == record["transform"] and strategy.precision.name == record["precision"]
+    assert strategy.eval_tf.identity() == record.transform and strategy.precision.name == record.precision
     _assert_same(mine, record)
     assert len({round(a, 6) for row in mine["accuracy_matrix"] for a in row}) > 3  # not a constant matrix
     # Avalanche's CSV logger saw the same numbers (rounded to 4 digits by the logger)
@@ -205,11 +205,11 @@ def test_example_on_the_real_backbone_equals_the_cli_record(tmp_path, capsys):
 
     for method in ("simplecil", "tosca"):
         record = _cli_record(tmp_path, method)
-        assert record["backbone"] == "vit_small_patch14_dinov2" and record["weights_source"] != "random"
+        assert record.backbone == "vit_small_patch14_dinov2" and record.weights_source != "random"
         mine = main(["--method", method, "--quiet", "--json", str(tmp_path / f"{method}.json")])
-        assert mine["transform"] == record["transform"] and mine["precision"] == record["precision"]
+        assert mine["transform"] == record.transform and mine["precision"] == record.precision
         _assert_same(mine, record)
-        assert f"final {record['last_acc']:.2f}" in capsys.readouterr().out
+        assert f"final {record.last_acc:.2f}" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -222,5 +222,5 @@ def test_readme_section_runs_and_gives_the_cli_numbers(tmp_path):
     exec(compile(code, "README.md", "exec"), namespace)
     record = _cli_record(tmp_path, "tosca")
     metrics = namespace["strategy"].evaluator.get_last_metrics()
-    assert 100 * metrics["Top1_Acc_Stream/eval_phase/test_stream/Task000"] == pytest.approx(record["last_acc"],
+    assert 100 * metrics["Top1_Acc_Stream/eval_phase/test_stream/Task000"] == pytest.approx(record.last_acc,
                                                                                             abs=1e-9)

@@ -30,7 +30,7 @@ def test_session_contract(strategy_name, micro_session_factory):
     s = micro_session_factory(strategy_name, init_cls=18, increment=9, overrides=_overrides(strategy_name))
     before = state_digest(s.backbone.model)
     n_tasks = 0
-    for step in s.steps():
+    for step in s.tasks():
         s.strategy.learn_task(step.task)
         n_tasks += 1
         logits = s.strategy.predict(step.test)
@@ -52,7 +52,7 @@ def test_same_seed_same_matrix(strategy_name, tmp_path):
                increment=9, overrides=_overrides(strategy_name), save_features=False)
     a = run(RunConfig(**cfg, out=str(tmp_path / "a")))
     b = run(RunConfig(**cfg, out=str(tmp_path / "b")))
-    assert a["complete"] and b["complete"]
-    assert a["accuracy_matrix"] == b["accuracy_matrix"]
-    assert a["params"] == b["params"]
-    assert len(a["accuracy_matrix"]) == 3 and all(len(r) == i + 1 for i, r in enumerate(a["accuracy_matrix"]))
+    assert a.complete and b.complete
+    assert a.accuracy_matrix == b.accuracy_matrix
+    assert a.params == b.params
+    assert len(a.accuracy_matrix) == 3 and all(len(r) == i + 1 for i, r in enumerate(a.accuracy_matrix))

@@ -427,11 +427,15 @@ def test_python_api_validates_as_the_cli(tmp_path):
     from clbench.harness import RunConfig as FromHarness
 
     assert FromHarness is RunConfig
-    for bad, needle in ((dict(increment=0), r"--increment must be >= 1 .*\(got 0\)"), (dict(seed=2**64), "--seed"),
-                        (dict(img_size=0), r"--img-size must be .*\(got 0\)"), (dict(batch_size=True), "expected an integer"),
+    for bad, needle in ((dict(increment=0), r"^increment must be >= 1 .*\(got 0\)"), (dict(seed=2**64), "^seed"),
+                        (dict(img_size=0), r"^img_size must be .*\(got 0\)"), (dict(batch_size=True), "expected an integer"),
                         (dict(seed="7"), "expected an integer"), (dict(device="tpu"), "valid devices")):
-        with pytest.raises(ClbenchError, match=needle):
+        with pytest.raises(ClbenchError, match=needle) as e:
             RunConfig(strategy="simplecil", **bad)
+        # the Python API names the setting as written in Python; the CLI renders it as the flag, same wording
+        name = next(iter(bad))
+        assert str(e.value).startswith(name) and e.value.settings == [name], str(e.value)
+        assert e.value.render(as_flags=True).startswith("--" + name.replace("_", "-"))
     cfg = RunConfig(strategy="simplecil", init_cls=None, increment=None)  # None: not given
     assert cfg.increment is None
 

@@ -256,15 +256,15 @@ def test_end_to_end_through_the_harness(tmp_path, method, protocol):
                            out=str(tmp_path / method), init_cls=18, increment=18, device="cpu", precision="fp32",
                            protocol=protocol, save_features=False,
                            overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64"))))
-    assert record["complete"] and record["task_sizes"] == [18, 18]
-    assert len(record["accuracy_matrix"]) == 2 and all(np.isfinite(record["acc_curve"]))
-    params = record["params"]
+    assert record.complete and record.task_sizes == [18, 18]
+    assert len(record.accuracy_matrix) == 2 and all(np.isfinite(record.acc_curve))
+    params = record.params
     if method == "l2p":
-        assert set(record["protocols"]) == {"per-sample", "reference"} and "protocol_gap" in record
-        assert record["per_task"][-1]["diagnostics"]["reference_eval_batch_size"] == 64
+        assert set(record.protocols) == {"per-sample", "reference"} and record.protocol_gap is not None
+        assert record.per_task[-1].diagnostics["reference_eval_batch_size"] == 64
     else:
-        assert params["adapter_params_per_task"] == 4 * (2 * 64 * 64 + 64 + 64)  # vit_micro: 4 blocks, d = r = 64
-        assert [t["diagnostics"]["backbone_passes_per_image"] for t in record["per_task"]] == [1, 2]
+        assert params.extra["adapter_params_per_task"] == 4 * (2 * 64 * 64 + 64 + 64)  # vit_micro: 4 blocks, d = r = 64
+        assert [t.diagnostics["backbone_passes_per_image"] for t in record.per_task] == [1, 2]
 
 
 @pytest.mark.parametrize("method", ["l2p", "ease"])
@@ -276,7 +276,7 @@ def test_non_vit_backbone_is_refused_with_a_clear_error(tmp_path, method):
 @pytest.mark.veryslow
 @pytest.mark.parametrize("method", ["l2p", "ease"])
 def test_quick_profile_on_the_embedded_benchmark_with_the_offline_vit(tmp_path, method):
-    from clbench import offline_weights as ow
+    from clbench.weights import sources as ow
 
     try:  # converted once into the clbench cache, as in test_real.py
         ow.offline_weights("vit_small_patch14_dinov2")
@@ -284,5 +284,5 @@ def test_quick_profile_on_the_embedded_benchmark_with_the_offline_vit(tmp_path, 
         pytest.skip(f"offline DINOv2 ViT-S/14 weights unavailable: {e}")
     record = run(RunConfig(strategy=method, profile="quick", weights="offline", out=str(tmp_path / method),
                            protocol="both" if method == "l2p" else "per-sample", save_features=False))
-    assert record["complete"] and record["img_size"] == 112 and len(record["acc_curve"]) == 6
-    assert record["last_acc"] > 3 * 100 / 36  # well above chance on 36 classes
+    assert record.complete and record.img_size == 112 and len(record.acc_curve) == 6
+    assert record.last_acc > 3 * 100 / 36  # well above chance on 36 classes

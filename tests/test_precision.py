@@ -135,7 +135,7 @@ def test_record_states_precision_and_threads(tmp_path):
 
     rec = run(RunConfig(strategy="simplecil", bench="emoji", backbone="vit_micro", weights="random",
                         precision="fp32", out=str(tmp_path / "run")))
-    assert (rec["precision"], rec["precision_reason"]) == ("fp32", "forced (--precision fp32)")
-    assert rec["host"]["torch_threads"] == torch.get_num_threads()
-    assert rec["host"]["omp_wait_policy"] == "PASSIVE"  # clbench sets it before torch loads (tests/conftest.py)
-    assert rec["n_images"] == {"train": 2320, "test": 942}
+    assert (rec.precision, rec.precision_reason) == ("fp32", "forced (--precision fp32)")
+    assert rec.host.torch_threads == torch.get_num_threads()
+    assert rec.host.omp_wait_policy == "PASSIVE"  # clbench sets it before torch loads (tests/conftest.py)
+    assert rec.n_images == {"train": 2320, "test": 942}

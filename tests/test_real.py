@@ -38,9 +38,9 @@ def test_pretrained_weights_matter(tmp_path):
 
 def test_tosca_trains_and_routes_far_above_chance(tmp_path):
     rec = run(RunConfig(strategy="tosca", protocol="both", out=str(tmp_path / "tosca")))
-    assert rec["complete"] and len(rec["accuracy_matrix"]) == 6
-    diag = rec["per_task"][-1]["diagnostics"]
+    assert rec.complete and len(rec.accuracy_matrix) == 6
+    diag = rec.per_task[-1].diagnostics
     chance = 100 / 6
     assert diag["per-sample"]["routing_acc"] > 1.5 * chance, diag["per-sample"]
-    assert rec["params"]["module"] == 4 * 384 * 24 + 24 + 384 + 2 * 384
-    assert rec["last_acc"] > 100 / 36 * 4
+    assert rec.params.extra["module"] == 4 * 384 * 24 + 24 + 384 + 2 * 384
+    assert rec.last_acc > 100 / 36 * 4

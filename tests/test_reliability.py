@@ -351,7 +351,7 @@ def test_state_dict_round_trip_for_every_strategy(micro_session_factory):
         overrides = tuple((k, v) for k, v in (("epochs", "1"), ("M", "128")) if k in fields)
         a = micro_session_factory(name, init_cls=12, increment=12, overrides=overrides)
         b = micro_session_factory(name, init_cls=12, increment=12, overrides=overrides)
-        steps = [small(step) for step in a.steps()]
+        steps = [small(step) for step in a.tasks()]
         a.strategy.learn_task(steps[0].task)
         buf = io.BytesIO()
         torch.save(a.strategy.state_dict(), buf)

@@ -106,15 +106,14 @@ def test_backbones_and_protocols_are_separate_rows():
     micro = _row(df, strategy="simplecil", backbone="vit_micro 32px bf16")
     dino = _row(df, strategy="simplecil", backbone="vit_small_patch14_dinov2 224px bf16")
     assert (micro["n"], dino["n"]) == (3, 1)
-    lasts = [r.record["last_acc"] for r in coll.runs
-             if r.strategy == "simplecil" and r.record["backbone"] == "vit_micro"]
+    lasts = [r.record.last_acc for r in coll.runs if r.strategy == "simplecil" and r.record.backbone == "vit_micro"]
     assert micro["last_acc_mean"] == pytest.approx(sum(lasts) / 3)
     assert dino["last_acc_mean"] == pytest.approx(23.35456475583864)  # the DINOv2 run alone
     per_sample = _row(df, strategy="tosca", protocol="per-sample")
     reference = _row(df, strategy="tosca", protocol="reference")
     assert per_sample["runs"] == ["tosca-s1993", "tosca-s1994"]
     assert reference["runs"] == ["tosca-s1993", "tosca-s1994", "tosca-ref-s1995"]  # the reference-only run joins here
-    ref_lasts = [r.record["protocols"]["reference"]["last_acc"] for r in coll.runs if r.strategy == "tosca"]
+    ref_lasts = [r.record.summary("reference").last_acc for r in coll.runs if r.strategy == "tosca"]
     assert reference["last_acc_mean"] == pytest.approx(sum(ref_lasts) / 3)
 
 

@@ -5,7 +5,7 @@ from clbench.blocks import class_means
 
 def test_prototypes_equal_class_means(micro_session_factory):
     s = micro_session_factory("simplecil", init_cls=12, increment=12)
-    for step in s.steps():
+    for step in s.tasks():
         s.strategy.learn_task(step.task)
         f, y = step.task.train.features, step.task.train.labels
         for c in step.task.classes:

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from clbench.cli import main
-from clbench.sweep import ATTEMPT_FILE, SWEEP_FILE, comparable, overhead
+from clbench.results import RunRecord, load_record
+from clbench.sweep import ATTEMPT_FILE, SWEEP_FILE, execution_independent, overhead
 
 RUNS = ("simplecil-emoji-s1", "simplecil-emoji-s2", "tosca-emoji-s1", "tosca-emoji-s2")
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
@@ -30,8 +31,8 @@ SWEEP = ["sweep", "--strategies", "simplecil,tosca", "--seeds", "1,2", *MICRO, "
          "--no-tsne"]
 
 
-def records(out: Path) -> dict[str, dict]:
-    return {r: json.loads((out / "runs" / r / "result.json").read_text()) for r in RUNS}
+def records(out: Path) -> dict[str, RunRecord]:
+    return {r: load_record(out / "runs" / r) for r in RUNS}
 
 
 def sweep(argv: list[str], capsys) -> tuple[int, str]:
@@ -89,8 +90,8 @@ def test_local_sweep_survives_a_killed_worker_and_writes_the_table(local_sweep):
     assert code == 0
     assert killed_after is not None, "the kill never landed"
     recs = records(out)
-    assert all(r["complete"] for r in recs.values())
-    assert recs["tosca-emoji-s1"]["resumed_from_task"] == [killed_after]  # continued, not restarted
+    assert all(r.complete for r in recs.values())
+    assert recs["tosca-emoji-s1"].resumed_from_task == [killed_after]  # continued, not restarted
     manifest = json.loads((out / SWEEP_FILE).read_text())
     assert manifest["complete"] and manifest["backend"]["backend"] == "local"
     assert manifest["runs"]["tosca-emoji-s1"]["attempts"] >= 2
@@ -140,8 +141,8 @@ def test_ray_cluster_gives_the_local_records_and_retries_a_preempted_run(local_s
     assert killer.killed_after is not None, "the kill never landed"
     ray_recs, local_recs = records(out), records(local)
     for run_id in RUNS:
-        assert comparable(ray_recs[run_id]) == comparable(local_recs[run_id]), run_id
-    assert ray_recs["tosca-emoji-s1"]["resumed_from_task"] == [killer.killed_after]
+        assert execution_independent(ray_recs[run_id]) == execution_independent(local_recs[run_id]), run_id
+    assert ray_recs["tosca-emoji-s1"].resumed_from_task == [killer.killed_after]
     manifest = json.loads((out / SWEEP_FILE).read_text())
     assert manifest["backend"]["backend"] == "ray" and manifest["backend"]["cpus_per_run"] == 1
     hosts = {manifest["runs"][r]["pid"] for r in RUNS}
@@ -199,9 +200,9 @@ def test_a_killed_sweep_is_continued_not_restarted(local_sweep, tmp_path, capsys
     code, text = sweep(argv, capsys)
     assert code == 0, text
     assert "1 to continue from their checkpoint" in text
-    rec = json.loads((run_dir / "result.json").read_text())
-    assert rec["resumed_from_task"] == [killed_after]
-    assert comparable(rec) == comparable(records(local)["tosca-emoji-s1"])
+    rec = load_record(run_dir)
+    assert rec.resumed_from_task == [killed_after]
+    assert execution_independent(rec) == execution_independent(records(local)["tosca-emoji-s1"])
 
 
 # ----------------------------------------------------------------------------------------------- refusals
@@ -255,8 +256,8 @@ def test_ray_backend_starts_its_own_local_ray_when_given_no_address(local_sweep,
     manifest = json.loads((out / SWEEP_FILE).read_text())
     assert manifest["backend"]["address"] == "local (started for the sweep)"
     assert manifest["backend"]["cluster"]["CPU"] == 1  # --jobs 1 x 1 CPU per run
-    rec = json.loads((out / "runs" / "simplecil-emoji-s1" / "result.json").read_text())
-    assert comparable(rec) == comparable(records(local)["simplecil-emoji-s1"])
+    rec = load_record(out / "runs" / "simplecil-emoji-s1")
+    assert execution_independent(rec) == execution_independent(records(local)["simplecil-emoji-s1"])
     assert not sys.modules["ray"].is_initialized()
 
 
@@ -309,39 +310,3 @@ def test_overhead_arithmetic():
            {"started_at": 0.0, "finished_at": 4.0, "collected_at": 4.0}]
     ov = overhead(par, sweep_start=0.0)
     assert ov["max_concurrent_runs"] == 2 and ov["per_run_s"] == pytest.approx(0.0)
-
-
-def test_projection_counts_what_each_method_does_per_image():
-    """The cost model of ``clbench perf projection`` on a 2-task toy split (hand-counted)."""
-    from clbench.perf_sweep import EPOCHS, PROMPT_TOKEN_FACTOR, passes, projection
-
-    n_tr, n_te, T = 100, 20, 2  # after task 1: 10 test images seen, after task 2: 20
-    assert passes("simplecil", n_tr, n_te, T) == {"f": 120}
-    tosca = passes("tosca", n_tr, n_te, T)
-    assert tosca["f"] == 120 and tosca["luca_steps"] == EPOCHS["tosca"] * 100
-    assert tosca["route_module_images"] == 10 * 1 + 20 * 2  # seen test images x modules, per task
-    l2p = passes("l2p", n_tr, n_te, T)
-    k = PROMPT_TOKEN_FACTOR
-    assert l2p["b"] == pytest.approx(EPOCHS["l2p"] * 100 * k)  # prompted training pass on every image, every epoch
-    assert l2p["f"] == pytest.approx(EPOCHS["l2p"] * 100 + (10 + 20) * (1 + k))  # queries; query + prompted eval
-    ease = passes("ease", n_tr, n_te, T)
-    assert ease["b"] == EPOCHS["ease"] * 100
-    assert ease["f"] == pytest.approx(50 * 1 + 50 * 2 + 10 * 1 + 20 * 2)  # prototypes in t subspaces; t-pass eval
-    costs = {"device": "cpu", "threads": 2, "s_per_image": {"f": 1.0, "b": 2.0, "luca_steps": 0.0,
-                                                            "route_module_images": 0.0}}
-    proj = projection(costs, seeds=3)
-    simple = proj["per_strategy"]["simplecil"]
-    assert simple["hours"] == pytest.approx(3 * simple["hours_with_feature_cache"])  # features once, not per seed
-    assert proj["per_strategy"]["ease"]["hours"] > proj["per_strategy"]["l2p"]["hours"] > simple["hours"]
-
-
-def test_projection_counts_follow_a_runs_own_split():
-    """``clbench perf projection-check`` counts on the run's actual task sizes, protocols and L2P's query mode."""
-    from clbench.perf_sweep import task_passes
-
-    train, seen = [10, 20], [5, 12]  # two tasks of unequal size; 5 then 12 test images evaluated
-    assert task_passes("l2p", train, seen, 3, 1.5, cached_query=True, protocols=2) == {
-        "f": 2 * (5 + 12) * 1.5,  # cached query: prompted evaluation passes only, once per protocol
-        "b": 3 * 30 * 1.5}
-    assert task_passes("l2p", train, seen, 3, 1.5)["f"] == 3 * 30 + (5 + 12) * 2.5
-    assert task_passes("ease", train, seen, 3) == {"f": (10 * 1 + 20 * 2) + (5 * 1 + 12 * 2), "b": 90}

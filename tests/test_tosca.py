@@ -75,7 +75,7 @@ def _trained_tosca(micro_session_factory, **kw):
     s = micro_session_factory("tosca", init_cls=12, increment=12, overrides=(("epochs", "2"),), **kw)
     snapshots = []
     steps = []
-    for step in s.steps():
+    for step in s.tasks():
         s.strategy.learn_task(step.task)
         snapshots.append([{k: v.clone() for k, v in m.state_dict().items()} for m in s.strategy.modules_])
         steps.append(step)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -62,9 +62,11 @@ from clbench.strategy import (
     REFERENCE,
     Context,
     ParamCounts,
+    RunShape,
     Split,
     Strategy,
     Task,
+    Work,
 )
 from tosca.luca import VARIANTS, LuCA
 
@@ -161,7 +163,12 @@ class TOSCA(Strategy):
     # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
     # ``ci`` is the default cached training (run with --protocol both); ``ci-augment`` trains through the frozen
     # ViT with the reference's augmentation, 2 epochs instead of 20 (one ViT pass per training image per epoch).
-    profiles = {"ci": {"img_size": 56}, "ci-augment": {"img_size": 56, "train_mode": "augment", "epochs": 2}}
+    # ``augment``: the reference's training (train_mode=augment, see the module docstring); it gets its own row in
+    # ``clbench perf projection``.
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {
+        "ci": {"img_size": 56}, "ci-augment": {"img_size": 56, "train_mode": "augment", "epochs": 2},
+        "augment": {"train_mode": "augment"}}
+    projection_profiles = ("augment",)
 
     def __init__(self, config: TOSCAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -315,6 +322,45 @@ class TOSCA(Strategy):
         stacked = stacked_forward(list(self.modules_), z)  # (T, N, d)
         choice = route_per_sample(self.head(stacked))
         return stacked[choice.to(stacked.device), torch.arange(len(z))].cpu()
+
+    # ------------------------------------------------------------------------------------------ cost model
+    @classmethod
+    def work(cls, cfg: TOSCAConfig, shape: RunShape) -> Work:
+        """``cached`` (default): every image once through the frozen backbone, from clbench's feature cache; E
+        module steps per training image on cached features. ``augment``: E frozen passes per training image on
+        augmented images, plus one per test image. Both: after task t, every seen test image is routed through t
+        modules, per protocol. Units ``luca_steps`` and ``route_module_images``: :func:`tosca.perf.unit_seconds`."""
+        n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
+        with_t = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))  # test images x modules
+        cached = cfg.train_mode == "cached"
+        f = n_train + n_test if cached else cfg.epochs * n_train + n_test
+        return Work(f=f, f_cacheable=f if cached else 0.0,
+                    extra={"luca_steps": cfg.epochs * n_train, "route_module_images": shape.protocols * with_t})
+
+    @classmethod
+    def unit_seconds(cls, d: int, device: torch.device) -> dict[str, float]:
+        from tosca.perf import unit_seconds
+
+        return unit_seconds(d, device)
+
+    @classmethod
+    def perf_benchmarks(cls):
+        from tosca.perf import tosca_routing
+
+        return {"tosca-routing": tosca_routing}
+
+    @classmethod
+    def param_formula(cls, cfg: TOSCAConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+        if d % cfg.ratio:
+            raise ValueError(f"ratio {cfg.ratio} does not divide the backbone width {d}")
+        r = d // cfg.ratio
+        module = 4 * d * r + r + d + 2 * d  # W_down, W_up, W_1, W_2; b_down, b_up; LayerNorm (every variant)
+        trainable, seen = [], 0
+        for c in task_sizes:
+            seen += c
+            trainable.append(module + seen * d + 1)  # the task's module and the whole head (all rows, the scale)
+        return ParamCounts(added_per_task=[module] * len(task_sizes), trainable_per_task=trainable,
+                           head=seen * d + 1)
 
     def param_counts(self) -> ParamCounts:
         per_module = n_params(self.modules_[0]) if len(self.modules_) else 0

@@ -6,16 +6,9 @@ Each spec names the function that reads its images (``load``), so registering co
 
 from __future__ import annotations
 
+import clbench.benchmarks.literature  # noqa: F401  (registers the literature presets)
 from clbench.benchmarks.base import Benchmark, BenchmarkSpec, build_benchmark
-from clbench.registry import Registry
-
-BENCHMARKS: Registry[BenchmarkSpec] = Registry("benchmark")
-
-
-def register(spec: BenchmarkSpec) -> BenchmarkSpec:
-    BENCHMARKS.register(spec.name, spec)
-    return spec
-
+from clbench.benchmarks.registry import BENCHMARKS, register
 
 DEFAULT_BENCH = "emoji"
 
@@ -59,4 +52,3 @@ register(
 )
 
 __all__ = ["BENCHMARKS", "DEFAULT_BENCH", "Benchmark", "BenchmarkSpec", "build_benchmark", "register"]
-import clbench.benchmarks.literature  # noqa: E402,F401  (registers the literature presets)

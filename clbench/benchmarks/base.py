@@ -176,7 +176,7 @@ def resolve_data_root(spec: BenchmarkSpec, data_root: str | Path | None) -> Path
 def torchvision_download(dataset: str, subdir: str, what: str, hint: str) -> Path:
     """Download torchvision's ``dataset`` (train and test) into ``<cache>/data/<subdir>`` when online; a
     ClbenchError with ``hint`` otherwise. Returns the download folder."""
-    from clbench.io import cache_dir
+    from clbench.files import cache_dir
 
     target = cache_dir() / "data" / subdir
     try:

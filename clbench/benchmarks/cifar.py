@@ -58,7 +58,7 @@ def locate(data_root: Path | None) -> Path | None:
     if data_root is not None:
         candidates = [data_root, data_root / FOLDER]
     else:
-        from clbench.io import cache_dir
+        from clbench.files import cache_dir
 
         candidates = [cache_dir() / "data" / "cifar100" / FOLDER]
     for c in candidates:

@@ -439,7 +439,7 @@ class TreeLoader:
         self.bench = bench
 
     def __call__(self, data_root: Path | None) -> tuple[FileSource, FileSource, list[str]]:
-        from clbench.benchmarks import BENCHMARKS
+        from clbench.benchmarks.registry import BENCHMARKS
 
         spec = BENCHMARKS.get(self.bench)
         return load_tree(data_root, spec.name, spec.n_classes, spec.source_info or f"expected {LAYOUT}")

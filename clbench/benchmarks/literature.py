@@ -21,9 +21,9 @@ Torch-free: importing this module only builds specs.
 
 from __future__ import annotations
 
-from clbench.benchmarks import register
 from clbench.benchmarks.base import BenchmarkSpec
 from clbench.benchmarks.folder import LAYOUT, TreeLoader
+from clbench.benchmarks.registry import register
 
 PAPER_BACKBONE = "vit_base_patch16_224.augreg_in21k"  # TOSCA's vit_base_patch16_224_in21k
 REFERENCE_TF = {"img_size": 224, "resize": 256, "normalize": False}  # Resize 256 + CenterCrop 224, no mean/std

@@ -88,7 +88,10 @@ def make_evaluator(log_dir: str | None, verbose: bool):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m clbench.examples.avalanche_loop", description=__doc__.split("\n")[0])
-    p.add_argument("--method", default="tosca", help="registered clbench method (default: tosca)")
+    from clbench.catalog import FEATURED_STRATEGY
+
+    p.add_argument("--method", default=FEATURED_STRATEGY,
+                   help=f"registered clbench method (default: {FEATURED_STRATEGY})")
     p.add_argument("--cifar100", metavar="DIR", default=os.environ.get("CLBENCH_CIFAR100"),
                    help="folder holding cifar-100-python/ (default: $CLBENCH_CIFAR100); absent: the embedded data")
     p.add_argument("--backbone", help="backbone (default: the benchmark setting's)")
@@ -149,7 +152,7 @@ def measure(method: str, out: Path, workdir: Path | None = None) -> dict[str, An
     import tempfile
 
     from clbench.harness import host_info
-    from clbench.results import git_revision, library_versions
+    from clbench.results import git_revision, library_versions, load_record
 
     work = Path(workdir or tempfile.mkdtemp(prefix="clbench-perf-"))
     py = sys.executable
@@ -167,19 +170,19 @@ def measure(method: str, out: Path, workdir: Path | None = None) -> dict[str, An
     _timed(cli("cli-warmup"))  # fill the cache for both sides, then time one run of each
     _timed(example("av-warmup"))
     times["warm"] = {"cli": _timed(cli("cli-warm")), "avalanche": _timed(example("av-warm"))}
-    record = json.loads((work / "cli-warm" / "result.json").read_text())
+    record = load_record(work / "cli-warm")
     mine = json.loads((work / "av-warm.json").read_text())
-    same = all(np.allclose(a, b, rtol=0, atol=1e-9) for a, b in zip(record["accuracy_matrix"],
-                                                                       mine["accuracy_matrix"]))
+    same = all(np.allclose(a, b, rtol=0, atol=1e-9)  # lengths compared below
+               for a, b in zip(record.accuracy_matrix, mine["accuracy_matrix"], strict=False))
     result = {
-        "benchmark": "avalanche-vs-cli", "method": method, "bench": "emoji", "backbone": record["backbone"],
-        "precision": record["precision"], "seed": record["seed"],
+        "benchmark": "avalanche-vs-cli", "method": method, "bench": "emoji", "backbone": record.backbone,
+        "precision": record.precision, "seed": record.seed,
         "what": "wall-clock of `python -m clbench.examples.avalanche_loop` vs `clbench run` for the same run, each a "
                 "fresh process (imports, weights, features, learning, evaluation); cold: --no-feature-cache on both",
         "seconds": times, "ratio": {k: v["avalanche"] / v["cli"] for k, v in times.items()},
-        "same_accuracy_matrix": bool(same and len(record["accuracy_matrix"]) == len(mine["accuracy_matrix"])),
-        "final_acc": {"cli": record["last_acc"], "avalanche": mine["acc_curve"][-1]},
-        "host": host_info(), "git_revision": git_revision(), "versions": library_versions(),
+        "same_accuracy_matrix": bool(same and len(record.accuracy_matrix) == len(mine["accuracy_matrix"])),
+        "final_acc": {"cli": record.last_acc, "avalanche": mine["acc_curve"][-1]},
+        "host": host_info().to_dict(), "git_revision": git_revision(), "versions": library_versions(),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

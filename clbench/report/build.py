@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
-from clbench.io import atomic_write_bytes
+from clbench.files import atomic_write_bytes
 from clbench.report.collect import Collection, git_short
 from clbench.report.figures import FIG_DIR, FigureOut, accuracy_curves, make_figures, provenance, slug
 from clbench.report.tables import (
@@ -104,9 +104,9 @@ def write_report(coll: Collection, out_dir: Path, *, title: str = "clbench repor
         "generated_by": meta,
         "summary": summary_frame(coll).to_dict(orient="records"),
         "runs": [{"run_id": r.run_id, "path": str(r.path), "strategy": r.variant, "bench": r.bench_label,
-                  "backbone": r.backbone_label, "weights_digest": r.record.get("weights_digest"), "seed": r.seed,
-                  "protocols": r.protocols, "git_revision": r.record.get("git_revision"),
-                  "command": r.record.get("command")} for r in coll.runs],
+                  "backbone": r.backbone_label, "weights_digest": r.record.weights_digest, "seed": r.seed,
+                  "protocols": r.protocols, "git_revision": r.record.git_revision,
+                  "command": r.record.command} for r in coll.runs],
         "skipped": [{"path": s.path, "reason": s.reason} for s in coll.skipped],
         "figures": [{"name": f.name, "title": f.title, "caption": f.caption, "runs": f.runs, "files": f.files}
                     for f in figures],
@@ -145,7 +145,7 @@ def write_compare(coll: Collection, bench: str, out_dir: Path, *, command: str |
     """One figure (accuracy curves) and one table (the summary rows) comparing strategies on ``bench``."""
     sel = coll.select(bench)
     if not sel.runs:
-        have = ", ".join(sorted({r.record["bench"] for r in coll.runs})) or "none"
+        have = ", ".join(sorted({r.record.bench for r in coll.runs})) or "none"
         raise ClbenchError(f"--bench {bench}: no complete run on that benchmark among the runs given",
                            f"benchmarks in these runs: {have}")
     out_dir = Path(out_dir)

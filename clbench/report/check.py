@@ -58,15 +58,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from clbench.errors import ClbenchError
-from clbench.io import atomic_write_json
-from clbench.report.collect import (
-    DEFAULT_CLASS_ORDER_SEED,
-    Collection,
-    Run,
-    bench_label,
-    config_digest,
-    record_precision,
-)
+from clbench.files import atomic_write_json
+from clbench.report.collect import Collection, Run, bench_label, config_digest
+from clbench.results import DEFAULT_CLASS_ORDER_SEED
 
 REFERENCE_FORMAT = "clbench-reference/2"
 OLD_FORMATS = {"clbench-reference/1": "one-sided, final/average accuracy only, time as total minus features"}
@@ -108,8 +102,7 @@ class EntryKey(NamedTuple):
 
     def label(self) -> str:
         profile = f":{self.profile}" if self.profile else ""
-        bench = bench_label({"bench": self.bench, "task_sizes": list(self.task_sizes),
-                             "class_order_seed": self.class_order_seed})
+        bench = bench_label(self.bench, list(self.task_sizes), self.class_order_seed)
         return f"{bench} | {self.strategy}{profile} | {self.backbone} {self.img_size}px | {self.protocol}"
 
     def run_command(self) -> str:
@@ -124,8 +117,8 @@ class EntryKey(NamedTuple):
 
 def entry_key(run: Run, protocol: str) -> EntryKey:
     r = run.record
-    return EntryKey(str(r["bench"]), tuple(run.task_sizes), int(r.get("class_order_seed", DEFAULT_CLASS_ORDER_SEED)),
-                    run.strategy, r.get("profile"), str(r["backbone"]), r.get("img_size"), protocol)
+    return EntryKey(r.bench, tuple(run.task_sizes), r.class_order_seed, run.strategy, r.profile, r.backbone,
+                    r.img_size, protocol)
 
 
 def _entry_key(entry: dict[str, Any], where: str) -> EntryKey:
@@ -140,7 +133,7 @@ def _entry_key(entry: dict[str, Any], where: str) -> EntryKey:
 
 def weights_identity(run: Run) -> str:
     """``random init`` (the init follows the seed) or the full weights digest."""
-    return "random init" if run.weights_label == "random init" else str(run.record.get("weights_digest"))
+    return "random init" if run.weights_label == "random init" else str(run.record.weights_digest)
 
 
 def group_runs(coll: Collection) -> dict[EntryKey, list[Run]]:
@@ -157,7 +150,7 @@ def _mean(values: Sequence[float]) -> float:
 
 def mean_matrix(runs: Sequence[Run], protocol: str) -> list[list[float]]:
     """Entry-by-entry mean of the runs' lower-triangular accuracy matrices (rows: after task t)."""
-    mats = [r.summary(protocol)["accuracy_matrix"] for r in runs]
+    mats = [r.summary(protocol).accuracy_matrix for r in runs]
     return [[_mean([float(m[t][j]) for m in mats]) for j in range(len(mats[0][t]))] for t in range(len(mats[0]))]
 
 
@@ -182,7 +175,7 @@ def calibrate(repeats: int | None = None) -> dict[str, Any]:
             backbone(x)
             times.append(time.perf_counter() - t0)
     return {"workload": CALIBRATION_ID, "definition": dict(w), "seconds": statistics.median(times),
-            "all_seconds": [round(t, 6) for t in times], "torch": torch.__version__, "host": host_info(),
+            "all_seconds": [round(t, 6) for t in times], "torch": torch.__version__, "host": host_info().to_dict(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -299,26 +292,26 @@ def make_reference(coll: Collection, *, why: str, description: str = "", who: st
             raise ClbenchError(f"{key.label()}: the runs {', '.join(r.run_id for r in runs)} use different "
                                f"{key.strategy} settings; a reference entry needs one configuration",
                                "give runs of one configuration per strategy, or use --profile to tell them apart")
-        for what, values in (("params.added_total", {int(r.record["params"]["added_total"]) for r in runs}),
-                             ("params.trainable", {int(r.record["params"]["trainable"]) for r in runs}),
+        for what, values in (("params.added_total", {r.record.params.added_total for r in runs}),
+                             ("params.trainable", {r.record.params.trainable for r in runs}),
                              ("backbone weights", {weights_identity(r) for r in runs}),
-                             ("precision", {record_precision(r.record) for r in runs})):
+                             ("precision", {r.record.precision for r in runs})):
             if len(values) > 1:
                 raise ClbenchError(f"{key.label()}: runs disagree on {what} ({', '.join(map(str, sorted(values)))})")
         s = [r.summary(key.protocol) for r in runs]
         entries.append({
             "bench": key.bench, "task_sizes": list(key.task_sizes), "class_order_seed": key.class_order_seed,
             "strategy": key.strategy, "profile": key.profile, "backbone": key.backbone, "img_size": key.img_size,
-            "protocol": key.protocol, "precision": record_precision(runs[0].record), "weights": weights_identity(runs[0]),
+            "protocol": key.protocol, "precision": runs[0].record.precision, "weights": weights_identity(runs[0]),
             "seeds": sorted(r.seed for r in runs), "runs": [r.run_id for r in runs],
             "accuracy_matrix": [[round(v, 4) for v in row] for row in mean_matrix(runs, key.protocol)],
-            "last_acc": round(_mean([float(x["last_acc"]) for x in s]), 4),
-            "avg_acc": round(_mean([float(x["avg_acc"]) for x in s]), 4),
+            "last_acc": round(_mean([float(x.last_acc) for x in s]), 4),
+            "avg_acc": round(_mean([float(x.avg_acc) for x in s]), 4),
             "tolerance": tolerance_for(tolerances, key.strategy, key.profile),
-            "params": {f: int(runs[0].record["params"][f]) for f in ("added_total", "trainable")},
+            "params": {"added_total": runs[0].record.params.added_total, "trainable": runs[0].record.params.trainable},
             "time": None if calib is None else {
-                ph: round(_mean([float(r.record["time_s"][ph]) for r in runs]) / calib, 4) for ph in TIME_PHASES},
-            "strategy_config": runs[0].record.get("strategy_config", {}),
+                ph: round(_mean([getattr(r.record.time_s, ph) for r in runs]) / calib, 4) for ph in TIME_PHASES},
+            "strategy_config": runs[0].record.strategy_config,
         })
     ref = {
         "format": REFERENCE_FORMAT,
@@ -328,11 +321,11 @@ def make_reference(coll: Collection, *, why: str, description: str = "", who: st
                        "git_revision": git_revision()},
         "history": [],
         "produced_by": [{
-            "run_id": r.run_id, "strategy": r.strategy, "profile": r.record.get("profile"), "bench": r.bench_label,
-            "seed": r.seed, "protocols": r.protocols, "precision": record_precision(r.record),
-            "git_revision": r.record.get("git_revision"), "command": r.record.get("command"),
-            "weights_digest": r.record.get("weights_digest"), "finished": r.record.get("finished"),
-            "time_s": r.record.get("time_s"), "host": r.record.get("host"),
+            "run_id": r.run_id, "strategy": r.strategy, "profile": r.record.profile, "bench": r.bench_label,
+            "seed": r.seed, "protocols": r.protocols, "precision": r.record.precision,
+            "git_revision": r.record.git_revision, "command": r.record.command,
+            "weights_digest": r.record.weights_digest, "finished": r.record.finished,
+            "time_s": r.record.time_s.to_dict(), "host": r.record.host.to_dict(),
         } for r in coll.runs],
         "tolerances": tolerances,
         "time": {"slack": time_slack, "floor": time_floor,
@@ -540,7 +533,7 @@ def check(coll: Collection, ref: dict[str, Any], calibration: Sequence[dict[str,
             continue
         matched.add(key)
         tol = entry["tolerance"]
-        precisions = sorted({record_precision(r.record) for r in runs})
+        precisions = sorted({r.record.precision for r in runs})
         if precisions != [entry["precision"]]:
             rows.append(CheckRow(label, "precision", entry["precision"], ", ".join(precisions), "same", FAIL,
                                  f"runs at {', '.join(precisions)}, reference at {entry['precision']}: rerun with "
@@ -559,17 +552,17 @@ def check(coll: Collection, ref: dict[str, Any], calibration: Sequence[dict[str,
         rows.append(_matrix_row(label, entry["accuracy_matrix"], mean_matrix(runs, key.protocol), tol["matrix"],
                                 rewrite))
         for metric, name in (("last_acc", "final acc %"), ("avg_acc", "avg inc acc %")):
-            rows.append(_two_sided(label, name, float(entry[metric]), _mean([float(x[metric]) for x in s]),
+            rows.append(_two_sided(label, name, float(entry[metric]), _mean([float(getattr(x, metric)) for x in s]),
                                    float(tol[metric]), rewrite))
         for field in ("added_total", "trainable"):
             want_p = int(entry["params"][field])
-            got_p = sorted({int(r.record["params"][field]) for r in runs})
+            got_p = sorted({int(getattr(r.record.params, field)) for r in runs})
             rows.append(CheckRow(label, f"params {field}", f"{want_p:,}", ", ".join(f"{v:,}" for v in got_p),
                                  f"= {want_p:,}", OK if got_p == [want_p] else FAIL))
         if entry.get("time") and calib is not None:
             for ph in TIME_PHASES:
                 want_t = float(entry["time"][ph])
-                got_t = _mean([float(r.record["time_s"][ph]) for r in runs]) / calib
+                got_t = _mean([float(getattr(r.record.time_s, ph)) for r in runs]) / calib
                 limit = want_t * slack + floor
                 status = FAIL if got_t > limit + EPS else OK
                 detail = (f"{ph} took {got_t / want_t if want_t > 0 else math.inf:.1f}x the reference's share of the "
@@ -586,8 +579,8 @@ def check(coll: Collection, ref: dict[str, Any], calibration: Sequence[dict[str,
             rows.append(CheckRow(label, "seeds", str(entry.get("seeds")), str(seeds), "same", FAIL,
                                  "means over other seeds than the reference's are not comparable: run its seeds"))
         cfg = entry.get("strategy_config")
-        if cfg is not None and any(r.record.get("strategy_config", {}) != cfg for r in runs):
-            got_cfg = runs[0].record.get("strategy_config", {})
+        if cfg is not None and any(r.record.strategy_config != cfg for r in runs):
+            got_cfg = runs[0].record.strategy_config
             diff = sorted(k for k in set(cfg) | set(got_cfg) if cfg.get(k) != got_cfg.get(k))
             rows.append(CheckRow(label, "settings", "reference's", "differ: " + ", ".join(diff), "same", FAIL,
                                  f"the runs' {key.strategy} settings differ from the reference's ({', '.join(diff)}): "

@@ -12,76 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from clbench.errors import ClbenchError
-from clbench.results import RESULT_FILE, load_record
+from clbench.results import DEFAULT_CLASS_ORDER_SEED, RESULT_FILE, ProtocolSummary, RunRecord, load_record
 
 SEARCH_DEPTH = 2  # a parent folder is searched for run folders this many levels down
-DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order; other orders are named in the benchmark label
 RUN_MARKERS = (".lock", "features.npz")  # files the harness writes in a run folder before its first record
-
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _is_matrix(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(row, list) and all(_is_number(x) for x in row) for row in v)
-
-
-# Fields a record must have for every table and figure, with their types; a record without one, or with one of
-# another type, is skipped, naming the field (and the check fails on it).
-REQUIRED_FIELDS: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool]], ...] = (
-    (("strategy",), "a string", lambda v: isinstance(v, str)),
-    (("bench",), "a string", lambda v: isinstance(v, str)),
-    (("backbone",), "a string", lambda v: isinstance(v, str)),
-    (("seed",), "an integer", _is_int),
-    (("protocol",), "a string", lambda v: isinstance(v, str)),
-    (("task_sizes",), "a list of integers", lambda v: isinstance(v, list) and bool(v) and all(_is_int(n) for n in v)),
-    (("acc_curve",), "a list of numbers", lambda v: isinstance(v, list) and all(_is_number(x) for x in v)),
-    (("accuracy_matrix",), "a list of lists of numbers", _is_matrix),
-    (("last_acc",), "a number", _is_number),
-    (("avg_acc",), "a number", _is_number),
-    (("params", "added_total"), "an integer", _is_int),
-    (("params", "trainable"), "an integer", _is_int),
-    (("time_s", "features"), "a number", _is_number),
-    (("time_s", "train"), "a number", _is_number),
-    (("time_s", "eval"), "a number", _is_number),
-    (("time_s", "total"), "a number", _is_number),
-)
-OPTIONAL_FIELDS: tuple[tuple[tuple[str, ...], str, Callable[[Any], bool]], ...] = (
-    (("profile",), "a string or null", lambda v: v is None or isinstance(v, str)),
-    (("img_size",), "an integer or null", lambda v: v is None or _is_int(v)),
-    (("class_order_seed",), "an integer", _is_int),
-    (("precision",), "a string", lambda v: isinstance(v, str)),
-    (("autocast",), "true or false", lambda v: isinstance(v, bool)),
-    (("weights_digest",), "a string or null", lambda v: v is None or isinstance(v, str)),
-    (("strategy_config",), "an object", lambda v: isinstance(v, dict)),
-    (("protocols",), "an object of protocol -> metrics", lambda v: isinstance(v, dict) and all(
-        isinstance(m, dict) and _is_matrix(m.get("accuracy_matrix")) and _is_number(m.get("last_acc"))
-        and _is_number(m.get("avg_acc")) for m in v.values())),
-)
-
-
-def record_precision(record: dict[str, Any]) -> str:
-    """The backbone precision of a run: ``precision``, or for records older than that field ``autocast: true``
-    (bf16) / ``false`` (fp32); ``unknown`` when neither is recorded."""
-    if isinstance(record.get("precision"), str):
-        return record["precision"]
-    if isinstance(record.get("autocast"), bool):
-        return "bf16" if record["autocast"] else "fp32"
-    return "unknown"
 
 
 @dataclass(frozen=True)
@@ -98,38 +38,31 @@ class Run:
     configuration (the strategy name, plus the profile and a config digest when runs of one strategy differ)."""
 
     path: Path  # the run folder
-    record: dict[str, Any]
+    record: RunRecord
     run_id: str
     variant: str
 
     # --------------------------------------------------------------------------------------- record fields
     @property
     def strategy(self) -> str:
-        return str(self.record["strategy"])
+        return self.record.strategy
 
     @property
     def seed(self) -> int:
-        return int(self.record["seed"])
+        return self.record.seed
 
     @property
     def task_sizes(self) -> list[int]:
-        return [int(n) for n in self.record["task_sizes"]]
+        return list(self.record.task_sizes)
 
     @property
     def protocols(self) -> list[str]:
-        """Evaluation protocols of this run, the main one (``record["protocol"]``) first."""
-        main = str(self.record["protocol"])
-        others = [p for p in self.record.get("protocols", {}) if p != main]
-        return [main, *others]
+        """Evaluation protocols of this run, the main one (``record.protocol``) first."""
+        return self.record.protocol_names
 
-    def summary(self, protocol: str) -> dict[str, Any]:
+    def summary(self, protocol: str) -> ProtocolSummary:
         """Metrics of one protocol: ``accuracy_matrix``, ``acc_curve``, ``last_acc``, ``avg_acc``, ``forgetting``..."""
-        per_protocol = self.record.get("protocols") or {}
-        if protocol in per_protocol:
-            return per_protocol[protocol]
-        if protocol == self.record["protocol"]:
-            return self.record
-        raise KeyError(f"run {self.run_id} has no protocol {protocol!r}")
+        return self.record.summary(protocol)
 
     @property
     def classes_seen(self) -> list[int]:
@@ -143,27 +76,27 @@ class Run:
     # --------------------------------------------------------------------------------------- labels
     @property
     def bench_label(self) -> str:
-        return bench_label(self.record)
+        return bench_label(self.record.bench, self.record.task_sizes, self.record.class_order_seed)
 
     @property
     def backbone_label(self) -> str:
         """Backbone, input size and precision: runs at another precision are another configuration (bf16 moves
         the frozen features), never averaged with fp32 ones."""
-        img = self.record.get("img_size")
-        name = f"{self.record['backbone']} {img}px" if img else str(self.record["backbone"])
-        return f"{name} {precision_of(self.record)}"
+        img = self.record.img_size
+        name = f"{self.record.backbone} {img}px" if img else self.record.backbone
+        return f"{name} {self.record.precision}"
 
     @property
     def weights_label(self) -> str:
         """``random init`` for randomly initialised backbones (the init follows the seed, so seeds still average),
         else the short weights digest: two different pretrained weights are two backbones."""
-        if str(self.record.get("weights_source", "")).startswith("random"):
+        if (self.record.weights_source or "").startswith("random"):
             return "random init"
-        return digest_short(self.record.get("weights_digest"))
+        return digest_short(self.record.weights_digest)
 
     @property
     def git_short(self) -> str:
-        return git_short(self.record.get("git_revision"))
+        return git_short(self.record.git_revision)
 
     @property
     def time_protocols(self) -> str:
@@ -227,7 +160,7 @@ class Collection:
 
     def select(self, bench: str) -> Collection:
         """The runs on benchmark ``bench`` (its name, or a label such as ``emoji B6 Inc6``)."""
-        runs = [r for r in self.runs if bench in (r.record["bench"], r.bench_label)]
+        runs = [r for r in self.runs if bench in (r.record.bench, r.bench_label)]
         return Collection(runs, list(self.skipped), list(self.notes))
 
 
@@ -237,18 +170,17 @@ def _acc_sort_key(key: AccKey) -> tuple:
 
 
 # ------------------------------------------------------------------------------------------- labels
-def bench_label(record: dict[str, Any]) -> str:
+def bench_label(bench: str, task_sizes: list[int], class_order_seed: int = DEFAULT_CLASS_ORDER_SEED) -> str:
     """``emoji B6 Inc6``: the benchmark and its split (and class order when it is not the literature's)."""
-    sizes = [int(n) for n in record.get("task_sizes", [])]
-    label = str(record["bench"])
+    sizes = [int(n) for n in task_sizes]
+    label = bench
     if sizes:
         inc = sizes[1] if len(sizes) > 1 else sizes[0]
         label += f" B{sizes[0]} Inc{inc}" if sizes[0] != inc else f" B0 Inc{inc}"
         if len(sizes) > 2 and sizes[-1] != inc:
             label += f"+{sizes[-1]}"
-    order_seed = record.get("class_order_seed", DEFAULT_CLASS_ORDER_SEED)
-    if order_seed != DEFAULT_CLASS_ORDER_SEED:
-        label += f" order{order_seed}"
+    if class_order_seed != DEFAULT_CLASS_ORDER_SEED:
+        label += f" order{class_order_seed}"
     return label
 
 
@@ -262,8 +194,8 @@ def git_short(rev: Any) -> str:
     return base[:12] + (f"+{dirty}" if dirty else "")
 
 
-def config_digest(record: dict[str, Any]) -> str:
-    text = json.dumps(record.get("strategy_config", {}), sort_keys=True, default=str)
+def config_digest(record: RunRecord) -> str:
+    text = json.dumps(record.strategy_config, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:6]
 
 
@@ -309,50 +241,13 @@ def _search(folder: Path, depth: int) -> tuple[list[Path], list[Skipped]]:
     return found, skipped
 
 
-def _field_problems(data: dict[str, Any]) -> list[str]:
-    """Missing required fields, then fields of the wrong type, each named (``time_s.train is a str ...``)."""
-    missing, wrong = [], []
-    for fields, required in ((REQUIRED_FIELDS, True), (OPTIONAL_FIELDS, False)):
-        for path, expected, ok in fields:
-            node: Any = data
-            for part in path:
-                if not isinstance(node, dict) or part not in node:
-                    node = _ABSENT
-                    break
-                node = node[part]
-            name = ".".join(path)
-            if node is _ABSENT:
-                if required:
-                    missing.append(name)
-            elif not ok(node):
-                wrong.append(f"{name} is {type(node).__name__} {node!r:.40}, expected {expected}")
-    return ([f"record lacks {', '.join(missing)}"] if missing else []) + [f"field {w}" for w in wrong]
-
-
-_ABSENT = object()
-
-
-def _load(path: Path) -> dict[str, Any] | str:
-    """The record at ``path``, or the reason it cannot be used."""
+def _load(path: Path) -> RunRecord | str:
+    """The complete record at ``path``, or the reason it cannot be used."""
     try:
-        data = load_record(path).data
+        return load_record(path)
     except ClbenchError as e:
-        reason = str(e)
+        reason = str(e.args[0])  # the message without its hint: one table cell
         return reason.split(": ", 1)[1] if reason.startswith(str(path)) else reason
-    except (OSError, ValueError, AttributeError, TypeError) as e:  # binary garbage, a JSON list, ...
-        return f"not a readable JSON record ({type(e).__name__}: {e})"
-    if not isinstance(data, dict):
-        return f"not a JSON record object (a {type(data).__name__})"
-    if data.get("complete") is not True:  # load_record refuses falsy values; "yes" or 1 is not complete either
-        return f"field complete is {data.get('complete')!r}, expected the boolean true"
-    problems = _field_problems(data)
-    if problems:
-        return "; ".join(problems)
-    if len(data["accuracy_matrix"]) != len(data["task_sizes"]):
-        return f"accuracy matrix has {len(data['accuracy_matrix'])} rows for {len(data['task_sizes'])} tasks"
-    if len(data["acc_curve"]) != len(data["task_sizes"]):
-        return f"accuracy curve has {len(data['acc_curve'])} points for {len(data['task_sizes'])} tasks"
-    return data
 
 
 def collect(paths: list[str | Path]) -> Collection:
@@ -360,49 +255,42 @@ def collect(paths: list[str | Path]) -> Collection:
     from clbench import metrics
 
     files, skipped = find_run_dirs(paths)
-    loaded: list[tuple[Path, dict[str, Any]]] = []
+    loaded: list[tuple[Path, RunRecord]] = []
     seen: set[Path] = set()
     for f in files:
         key = f.resolve()
         if key in seen:
             continue
         seen.add(key)
-        data = _load(f)
-        if isinstance(data, str):
-            skipped.append(Skipped(str(f.parent if f.name == RESULT_FILE else f), data))
+        record = _load(f)
+        if isinstance(record, str):
+            skipped.append(Skipped(str(f.parent if f.name == RESULT_FILE else f), record))
         else:
-            loaded.append((f.parent, data))
+            loaded.append((f.parent, record))
 
-    ids = Counter(str(d.get("run_id") or folder.name) for folder, d in loaded)
-    variants = _variant_labels([d for _, d in loaded])
+    ids = Counter(rec.run_id for _, rec in loaded)
+    variants = _variant_labels([rec for _, rec in loaded])
     runs: list[Run] = []
     taken: set[str] = set()
-    for folder, data in loaded:
-        rid = str(data.get("run_id") or folder.name)
+    for folder, rec in loaded:
+        rid = rec.run_id
         if ids[rid] > 1:  # two folders with one name: add the parent folder's name
             rid = f"{folder.parent.name}/{rid}"
         base, i = rid, 2
         while rid in taken:
             rid, i = f"{base}#{i}", i + 1
         taken.add(rid)
-        runs.append(Run(folder, data, rid, variants[id(data)]))
+        runs.append(Run(folder, rec, rid, variants[id(rec)]))
     runs.sort(key=lambda r: (r.bench_label, r.backbone_label, r.variant, r.seed, r.run_id))
 
     notes = []
-    changed = [r.run_id for r in runs if r.record.get("metric_definitions") not in (None, metrics.DEFINITIONS)]
+    changed = [r.run_id for r in runs if r.record.metric_definitions not in (None, metrics.DEFINITIONS)]
     if changed:
         notes.append("metric definitions in these records differ from this clbench's: " + ", ".join(changed))
     return Collection(runs, sorted(skipped, key=lambda s: s.path), notes)
 
 
-def precision_of(record: dict[str, Any]) -> str:
-    """The backbone precision a record ran at (records before ``--precision`` said ``autocast``: bf16 or fp32)."""
-    if record.get("precision"):
-        return str(record["precision"])
-    return "bf16" if record.get("autocast", False) else "fp32"
-
-
-def changed_settings(record: dict[str, Any]) -> list[str] | None:
+def changed_settings(record: RunRecord) -> list[str] | None:
     """``key=value`` for every strategy setting of ``record`` that differs from its strategy's defaults (with its
     profile applied); None when the strategy is not registered here."""
     from dataclasses import asdict
@@ -411,28 +299,28 @@ def changed_settings(record: dict[str, Any]) -> list[str] | None:
     from clbench.config import make_strategy_config
 
     try:
-        defaults = asdict(make_strategy_config(STRATEGIES.get(record["strategy"]), record.get("profile"), ()))
+        defaults = asdict(make_strategy_config(STRATEGIES.get(record.strategy), record.profile, ()))
     except Exception:  # an unknown strategy or profile, or a settings class that changed since the record
         return None
 
     def same(a: Any, b: Any) -> bool:
         return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
-    return [f"{k}={v}" for k, v in record.get("strategy_config", {}).items() if not same(v, defaults.get(k))]
+    return [f"{k}={v}" for k, v in record.strategy_config.items() if not same(v, defaults.get(k))]
 
 
-def _variant_labels(records: list[dict[str, Any]]) -> dict[int, str]:
+def _variant_labels(records: list[RunRecord]) -> dict[int, str]:
     """``tosca``; ``tosca:quick`` for a profile; when runs of one strategy and profile have different settings, the
     settings that differ from the strategy's defaults (``tosca l1=0``; ``tosca[1a2b3c]``, a digest of the settings,
     only where those cannot be read), so that different configurations are never averaged together."""
     digests: dict[tuple[str, Any], set[str]] = defaultdict(set)
-    for d in records:
-        digests[(d["strategy"], d.get("profile"))].add(config_digest(d))
+    for r in records:
+        digests[(r.strategy, r.profile)].add(config_digest(r))
     out = {}
-    for d in records:
-        label = str(d["strategy"]) + (f":{d['profile']}" if d.get("profile") else "")
-        if len(digests[(d["strategy"], d.get("profile"))]) > 1:
-            changed = changed_settings(d)
-            label += f"[{config_digest(d)}]" if changed is None else "".join(f" {c}" for c in changed)
-        out[id(d)] = label
+    for r in records:
+        label = r.strategy + (f":{r.profile}" if r.profile else "")
+        if len(digests[(r.strategy, r.profile)]) > 1:
+            changed = changed_settings(r)
+            label += f"[{config_digest(r)}]" if changed is None else "".join(f" {c}" for c in changed)
+        out[id(r)] = label
     return out

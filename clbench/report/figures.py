@@ -19,6 +19,7 @@ import numpy as np
 
 from clbench.report.collect import AccKey, Collection, Run
 from clbench.report.tables import last_diagnostics, routing_protocols
+from clbench.results import Times
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -59,7 +60,7 @@ def provenance(runs: Sequence[Run]) -> str:
     """``Runs: a, b. Git: 1234abcd. Backbone weights: 4d4897b0fc05.``: what a figure or number came from."""
     ids = ", ".join(r.run_id for r in runs)
     revs = ", ".join(sorted({r.git_short for r in runs}))
-    digests = ", ".join(sorted({str(r.record.get("weights_digest") or "unknown")[:12] for r in runs}))
+    digests = ", ".join(sorted({(r.record.weights_digest or "unknown")[:12] for r in runs}))
     return f"Runs: {ids}. Git: {revs}. Backbone weights: {digests}."
 
 
@@ -176,7 +177,7 @@ def accuracy_curves(coll: Collection, out_dir: Path, name: str = "accuracy_curve
             ax = panel.ax
             for key in panel.keys:
                 runs = groups[key]
-                mean, std = _mean_std_curves([r.summary(key.protocol)["acc_curve"] for r in runs])
+                mean, std = _mean_std_curves([r.summary(key.protocol).acc_curve for r in runs])
                 x = np.array(runs[0].classes_seen[: len(mean)])
                 ax.plot(x, mean, PROTOCOL_STYLE.get(key.protocol, ":"), marker=panel.marker(key), ms=3.5, lw=1.6,
                         color=colors[key.strategy], label=_line_label(key, len(runs), len(panel.backbones) > 1))
@@ -207,7 +208,7 @@ def accuracy_matrices(coll: Collection, out_dir: Path) -> list[FigureOut]:
             ncols, nrows = _panel_grid(len(keys))
             fig, axes = _new_figure(ncols, nrows, 4.2, 3.6)
             for ax, key in zip(axes, keys):
-                mats = [_square(r.summary(key.protocol)["accuracy_matrix"]) for r in groups[key]]
+                mats = [_square(r.summary(key.protocol).accuracy_matrix) for r in groups[key]]
                 n = min(m.shape[0] for m in mats)
                 mean = _nanmean(np.stack([m[:n, :n] for m in mats]))  # (T, T), NaN above the diagonal
                 labels = [str(i + 1) for i in range(n)]
@@ -267,8 +268,8 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
             xs = []
             for key in panel.keys:
                 runs = groups[key]
-                acc = [r.summary(key.protocol)["last_acc"] for r in runs]
-                added = float(np.mean([r.record["params"]["added_total"] for r in runs]))
+                acc = [r.summary(key.protocol).last_acc for r in runs]
+                added = float(np.mean([r.record.params.added_total for r in runs]))
                 x = max(added, 1.0)  # log axis: a method that adds nothing sits at 1
                 xs.append(x)
                 std = float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0
@@ -292,10 +293,10 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
         return _save(fig, out_dir, "accuracy_vs_params", title, caption, runs)
 
 
-def _phase_seconds(t: dict[str, float], phase: str) -> float:
+def _phase_seconds(t: Times, phase: str) -> float:
     if phase == "other":  # loading the backbone and data, building the strategy: total minus the timed phases
-        return max(0.0, t["total"] - t["features"] - t["train"] - t["eval"])
-    return float(t[phase])
+        return max(0.0, t.total - t.features - t.train - t.eval)
+    return float(getattr(t, phase))
 
 
 def wall_clock(coll: Collection, out_dir: Path) -> FigureOut | None:
@@ -313,7 +314,7 @@ def wall_clock(coll: Collection, out_dir: Path) -> FigureOut | None:
             runs = groups[key]
             left = 0.0
             for phase, color in PHASE_COLORS.items():
-                sec = float(np.mean([_phase_seconds(r.record["time_s"], phase) for r in runs]))
+                sec = float(np.mean([_phase_seconds(r.record.time_s, phase) for r in runs]))
                 ax.barh(i, sec, left=left, color=color, label=phase if i == 0 else None, height=0.65)
                 left += sec
             ax.text(left, i, f" {left:,.1f} s", va="center", fontsize=7)
@@ -351,8 +352,7 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
                 err = per_task.std(axis=0, ddof=1) if len(runs) > 1 else None
                 ax_bar.bar(x + (i - (len(protocols) - 1) / 2) * width, per_task.mean(axis=0), width, yerr=err,
                            capsize=2, label=p, color=f"C{i}")
-                diag_curves = [[(t.get("diagnostics") or {}).get(p, {}).get("acc") for t in r.record["per_task"]]
-                               for r in runs]
+                diag_curves = [[t.diagnostics.get(p, {}).get("acc") for t in r.record.per_task] for r in runs]
                 mean, std = _mean_std_curves(diag_curves)
                 xs = np.array(runs[0].classes_seen[: len(mean)])
                 ax_curve.plot(xs, mean, PROTOCOL_STYLE.get(p, ":"), marker="o", ms=3, color=f"C{i}",
@@ -365,7 +365,7 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
             ax_bar.set_ylabel("routed to module j (%)")
             ax_bar.set_title(f"{key.strategy} on {key.bench}: routing after the last task (n={len(runs)})")
             ax_bar.legend(frameon=False)
-            oracle = [[(t.get("diagnostics") or {}).get("oracle_acc") for t in r.record["per_task"]] for r in runs]
+            oracle = [[t.diagnostics.get("oracle_acc") for t in r.record.per_task] for r in runs]
             mean, std = _mean_std_curves(oracle)
             xs = np.array(runs[0].classes_seen[: len(mean)])
             ax_curve.plot(xs, mean, ":", marker="s", ms=3, color="black", label="oracle (own task's module)")

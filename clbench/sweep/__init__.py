@@ -1,0 +1,59 @@
+"""``clbench sweep``: every (strategy, benchmark, seed) of a paper table, on this machine or on a Ray cluster.
+
+A sweep is a plan of ordinary runs (:func:`clbench.harness.run`), one run folder each, under ``--out DIR``:
+
+- ``DIR/runs/<strategy>-<bench>-s<seed>/``: the run folder (``result.json``; ``checkpoint.pt`` while unfinished;
+  ``features.npz``; ``run.log``, the run's messages; ``attempt.json``, where and when its last attempt started).
+- ``DIR/sweep.json``: the plan, each run's state and outcome with its timestamps, the backend, and the measured
+  sweep overhead. Rewritten (atomically) whenever a run ends.
+- ``DIR/summary.md`` / ``summary.csv``: mean ± standard deviation over seeds per (benchmark, backbone, strategy,
+  protocol), from :mod:`clbench.report.tables`; ``DIR/report/``: ``clbench report`` of every complete run.
+
+Re-invoking the same command continues the sweep: a run whose record is complete with the same settings is skipped;
+an unfinished one continues from its last checkpoint (the harness does this for any run folder). A run folder that
+holds a run with other settings is refused before anything starts.
+
+Backends (the scheduling is theirs; clbench only plans, submits and collects):
+
+- ``local`` (default): :class:`concurrent.futures.ProcessPoolExecutor` with ``--jobs`` worker processes (spawned;
+  each dies with the sweep). A run that fails with an error that is not the user's (a crash, a killed worker) is
+  submitted again, up to ``--retries`` times, and continues from its checkpoint.
+- ``ray``: each run is a Ray task with its resource needs (``num_cpus``, ``num_gpus``, ``memory``), submitted to the
+  cluster at ``--ray-address`` or to a local Ray started for the sweep. Ray itself retries a task whose worker or
+  node died (``max_retries``) or that raised (``retry_exceptions``); the retry continues from the run's checkpoint.
+  ``DIR`` and the feature cache (``--cache``, default ``$CLBENCH_CACHE``) must be on storage every node sees.
+  Errors the user must fix (a missing data folder, a bad setting) are returned, not raised, so they are not retried.
+
+Overhead (``sweep.json`` -> ``overhead``): how it is measured is in :mod:`clbench.sweep.runner`.
+
+Parts: :mod:`~clbench.sweep.plan` (what to run, and which run folders can be skipped or continued),
+:mod:`~clbench.sweep.worker` (one run in a worker process), :mod:`~clbench.sweep.backends` (local process pool,
+Ray), :mod:`~clbench.sweep.runner` (submit, collect, ``sweep.json``, the overhead) and
+:mod:`~clbench.sweep.summary`.
+"""
+
+from clbench.sweep.backends import BACKENDS, LocalBackend, RayBackend, Resources
+from clbench.sweep.plan import (
+    ATTEMPT_FILE,
+    LOG_FILE,
+    SWEEP_FILE,
+    PlannedRun,
+    SweepSpec,
+    check_folders,
+    inspect,
+    make_plan,
+    parse_data_roots,
+    parse_list,
+    parse_scoped_override,
+    parse_seeds,
+)
+from clbench.sweep.runner import SweepView, overhead, run_sweep
+from clbench.sweep.summary import invocation, write_summary
+from clbench.sweep.worker import execute, execution_independent
+
+__all__ = [
+    "ATTEMPT_FILE", "BACKENDS", "LOG_FILE", "SWEEP_FILE", "LocalBackend", "PlannedRun", "RayBackend", "Resources",
+    "SweepSpec", "SweepView", "check_folders", "execute", "execution_independent", "inspect", "invocation",
+    "make_plan", "overhead", "parse_data_roots", "parse_list", "parse_scoped_override", "parse_seeds", "run_sweep",
+    "write_summary",
+]

@@ -1,0 +1,178 @@
+"""The sweep's plan: every (strategy, benchmark, seed) as a checked :class:`~clbench.harness.RunConfig`, and what
+each run folder under ``DIR/runs/`` already holds (nothing, a run to continue, a complete run to skip, or a run with
+other settings, which is refused)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clbench.config import RunConfig
+from clbench.errors import ClbenchError
+from clbench.results import RunRecord
+
+SWEEP_FILE = "sweep.json"
+ATTEMPT_FILE = "attempt.json"
+LOG_FILE = "run.log"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    strategies: tuple[str, ...]
+    benches: tuple[str, ...]
+    seeds: tuple[int, ...]
+    out: Path
+    settings: dict[str, Any] = field(default_factory=dict)  # RunConfig fields shared by every run
+    data_roots: dict[str | None, str] = field(default_factory=dict)  # bench (None: every bench) -> folder
+    profile: str | None = None  # applied to the strategies that define it
+    overrides: tuple[tuple[str | None, str, str], ...] = ()  # (strategy or None for all, key, value)
+
+
+@dataclass
+class PlannedRun:
+    run_id: str
+    cfg: RunConfig
+    fingerprint: dict[str, Any]
+    state: str = "new"  # new | partial (continues from its checkpoint) | complete (skipped)
+    tasks_done: int = 0
+    outcome: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.cfg.out)
+
+
+def parse_list(text: str, what: str) -> tuple[str, ...]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise ClbenchError(f"--{what} is empty", f"give a comma-separated list, e.g. --{what} " +
+                           {"strategies": "tosca,simplecil", "benches": "emoji", "seeds": "1993,1994,1995"}[what])
+    return tuple(dict.fromkeys(items))  # order kept, repeats dropped
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    from clbench.config import RUN_SETTINGS
+
+    seeds = []
+    for item in parse_list(text, "seeds"):
+        try:
+            seeds.append(int(item))
+        except ValueError:
+            raise ClbenchError(f"--seeds: {item!r} is not an integer", "e.g. --seeds 1993,1994,1995") from None
+        dataclasses.replace(RUN_SETTINGS["seed"], flag="--seeds").check(seeds[-1])
+    return tuple(seeds)
+
+
+def parse_scoped_override(key: str, value: str) -> tuple[str | None, str, str]:
+    """``tosca.epochs=5`` -> ("tosca", "epochs", "5"); ``epochs=5`` -> (None, "epochs", "5")."""
+    scope, dot, name = key.partition(".")
+    return (scope, name, value) if dot else (None, key, value)
+
+
+def parse_data_roots(values: Sequence[str], benches: Sequence[str]) -> dict[str | None, str]:
+    """``--data-root DIR`` (every benchmark) or ``--data-root BENCH=DIR`` (one), repeatable."""
+    roots: dict[str | None, str] = {}
+    for v in values:  # absolute: a run may execute in another working directory (a Ray worker, another node)
+        name, eq, path = v.partition("=")
+        if eq and name in benches:
+            roots[name] = str(Path(path).expanduser().resolve())
+        else:
+            roots[None] = str(Path(v).expanduser().resolve())
+    return roots
+
+
+def make_plan(spec: SweepSpec) -> list[PlannedRun]:
+    """Every run of the sweep, each checked (names, settings) before anything is loaded."""
+    from clbench.catalog import STRATEGIES
+    from clbench.config import fingerprint
+    from clbench.harness import resolve
+
+    for scope, key, _ in spec.overrides:
+        if scope is not None and scope not in spec.strategies:
+            raise ClbenchError(f"--set {scope}.{key}: {scope!r} is not one of the sweep's strategies "
+                               f"({', '.join(spec.strategies)})")
+    if spec.profile is not None and not any(spec.profile in STRATEGIES.get(s).profiles for s in spec.strategies):
+        raise ClbenchError(f"--profile {spec.profile}: none of {', '.join(spec.strategies)} has that profile")
+    plan = []
+    for bench in spec.benches:
+        for strategy in spec.strategies:
+            cls = STRATEGIES.get(strategy)
+            overrides = tuple((k, v) for scope, k, v in spec.overrides if scope in (None, strategy))
+            profile = spec.profile if spec.profile in cls.profiles else None
+            for seed in spec.seeds:
+                run_id = f"{strategy}-{bench}-s{seed}"
+                cfg = RunConfig(strategy=strategy, bench=bench, seed=seed, profile=profile, overrides=overrides,
+                                data_root=spec.data_roots.get(bench, spec.data_roots.get(None)),
+                                out=str(spec.out / "runs" / run_id), **spec.settings)
+                try:
+                    _, _, backbone, _, _ = resolve(cfg)
+                except ClbenchError as e:
+                    if any(s is None for s, _, _ in spec.overrides) and "has no setting" in str(e):
+                        raise ClbenchError(e.args[0], "scope a setting to one strategy with --set "
+                                           "STRATEGY.KEY=VALUE, e.g. --set tosca.epochs=5", e.flags) from None
+                    raise
+                plan.append(PlannedRun(run_id, cfg, fingerprint(cfg, backbone)))
+    return plan
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_run_record(run_dir: Path) -> RunRecord | None:
+    """The run's record, finished or not; None where it has none yet, or a torn one (a write killed midway leaves
+    the run to its checkpoint). Raises ClbenchError for a record this clbench refuses (another schema version, a
+    mistyped field)."""
+    from clbench.results import RESULT_FILE, read_record
+
+    if read_json(run_dir / RESULT_FILE) is None:
+        return None
+    return read_record(run_dir)
+
+
+def same_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any]) -> bool:
+    return json.loads(json.dumps(saved)) == json.loads(json.dumps(current))
+
+
+def inspect(run: PlannedRun) -> str | None:
+    """Set ``run.state`` from its folder; return why the folder cannot be used (other settings), or None."""
+    from clbench.checkpoint import CHECKPOINT_FILE
+    from clbench.config import differences
+
+    try:
+        record = read_run_record(run.path)
+    except ClbenchError as e:
+        return f"its record cannot be used ({str(e.args[0]).split(': ', 1)[-1]})"
+    if record is None:
+        run.state = "partial" if (run.path / CHECKPOINT_FILE).exists() else "new"
+        return None
+    saved = record.fingerprint
+    if saved is None:
+        return "its record has no settings fingerprint (written by an older clbench)"
+    if not same_fingerprint(saved, run.fingerprint):
+        return "; ".join(differences(saved, run.fingerprint, there="there"))
+    run.tasks_done = record.tasks_done
+    if record.complete:
+        run.state = "complete"
+    elif (run.path / CHECKPOINT_FILE).exists():
+        run.state = "partial"
+    else:
+        return "it holds an unfinished record without a checkpoint to continue from"
+    return None
+
+
+def check_folders(plan: list[PlannedRun]) -> None:
+    conflicts = [f"{r.path}: {why}" for r in plan if (why := inspect(r)) is not None]
+    if conflicts:
+        shown = "\n  ".join(conflicts[:10]) + (f"\n  ... and {len(conflicts) - 10} more" if len(conflicts) > 10 else "")
+        raise ClbenchError(f"{len(conflicts)} run folder(s) of this sweep hold runs it cannot skip or continue "
+                           f"(other settings, or nothing to continue from):\n  {shown}",
+                           "choose another --out, or delete those run folders to run them again")

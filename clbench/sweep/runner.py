@@ -1,0 +1,258 @@
+"""Run a sweep: plan, skip what is done, submit the rest to a backend, collect the outcomes and keep ``sweep.json``
+up to date (rewritten atomically whenever a run ends).
+
+Overhead (``sweep.json`` -> ``overhead``): each run's start and end are taken inside the worker around
+:func:`clbench.harness.run`; the sweep adds its own submission and collection times. ``per_run_s`` is
+(active window x the largest number of runs seen running at once - the sum of run durations) / runs executed: with
+one run at a time it is exactly the mean gap between one run's end and the next one's start plus the collection of
+the last. ``startup_s`` is the time from the sweep's start to the first run's start (pool or Ray start, worker
+imports). On a cluster the timestamps come from several clocks; durations are taken on one host each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from clbench.config import WEIGHT_SOURCES  # --weights values that are not a file
+from clbench.errors import ClbenchError
+from clbench.files import atomic_write_json
+from clbench.sweep.backends import BACKENDS, LocalBackend, RayBackend, Resources
+from clbench.sweep.plan import (
+    ATTEMPT_FILE,
+    LOG_FILE,
+    SWEEP_FILE,
+    PlannedRun,
+    SweepSpec,
+    check_folders,
+    make_plan,
+    read_json,
+    read_run_record,
+)
+
+# Environment passed from the sweep to every run (wherever it executes): where weights and caches live, offline mode.
+PASSED_ENV = ("CLBENCH_CACHE", "HF_HUB_OFFLINE", "HF_HOME", "TORCH_HOME", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")
+HISTORY_FIELDS = ("command", "started", "finished", "interrupted", "complete", "backend", "overhead")
+
+
+class SweepView:
+    """No output (tests, library use). The CLI's view is :class:`clbench.ui.RichSweepView`."""
+
+    def start(self, plan: list[PlannedRun], todo: list[PlannedRun]) -> None:
+        pass
+
+    def running(self, run: PlannedRun, tasks_done: int, n_tasks: int | None, last_line: str) -> None:
+        pass
+
+    def ended(self, run: PlannedRun, ok: bool, message: str) -> None:
+        pass
+
+    def log(self, message: str) -> None:
+        pass
+
+
+def _last_line(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 400))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+        return lines[-1][9:] if lines else ""
+    except OSError:
+        return ""
+
+
+def overhead(outcomes: list[dict[str, Any]], sweep_start: float) -> dict[str, Any]:
+    """Sweep overhead from the runs' timestamps (see the module docstring)."""
+    done = [o for o in outcomes if all(o.get(k) is not None for k in ("started_at", "finished_at", "collected_at"))]
+    if not done:
+        return {}
+    durations = [o["finished_at"] - o["started_at"] for o in done]
+    events = sorted([(o["started_at"], 1) for o in done] + [(o["finished_at"], -1) for o in done])
+    at_once = peak = 0
+    for _, step in events:
+        at_once += step
+        peak = max(peak, at_once)
+    first, last = min(o["started_at"] for o in done), max(o["collected_at"] for o in done)
+    return {
+        "runs_executed": len(done),
+        "startup_s": first - sweep_start,
+        "max_concurrent_runs": peak,
+        "active_window_s": last - first,
+        "run_time_s": sum(durations),
+        "per_run_s": ((last - first) * peak - sum(durations)) / len(done),
+        "collection_s_mean": sum(o["collected_at"] - o["finished_at"] for o in done) / len(done),
+        "definition": "per_run_s = (active window x max concurrent runs - sum of run durations) / runs executed; "
+                      "startup_s = sweep start to first run start",
+    }
+
+
+def run_sweep(spec: SweepSpec, backend_name: str = "local", res: Resources | None = None,
+              ray_address: str | None = None, view: SweepView | None = None, cache: str | None = None,
+              dry_run: bool = False, command: str | None = None) -> dict[str, Any]:
+    """Plan, skip what is done, run the rest on the backend, and write ``sweep.json``. Returns the manifest."""
+    view = view or SweepView()
+    res = res or Resources(None, None, None, None)
+    if backend_name not in BACKENDS:
+        raise ClbenchError(f"--backend {backend_name!r} is unknown; valid backends: {', '.join(BACKENDS)}")
+    if backend_name == "local" and ray_address:
+        raise ClbenchError("--ray-address is for --backend ray", "add --backend ray, or drop --ray-address")
+    from clbench.harness import check_folder
+
+    check_folder(spec.out, "out")
+    if cache is not None:
+        check_folder(Path(cache), "cache")
+    out = spec.out.resolve()
+    settings = dict(spec.settings)
+    if settings.get("weights") not in (None, *WEIGHT_SOURCES):  # a weights file: absolute, as the data roots
+        settings["weights"] = str(Path(settings["weights"]).expanduser().resolve())
+    spec = dataclasses.replace(spec, out=out, settings=settings)
+    plan = make_plan(spec)
+    if dry_run:
+        check_folders(plan)
+        return {**_manifest(spec, plan, command), "dry_run": True}
+    if cache:
+        os.environ["CLBENCH_CACHE"] = str(Path(cache).resolve())
+    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    if "CLBENCH_CACHE" not in env:
+        from clbench.files import cache_dir
+
+        env["CLBENCH_CACHE"] = str(cache_dir().resolve())
+    out.mkdir(parents=True, exist_ok=True)
+    lock = _lock_sweep(out)  # before the folders are read: a second sweep on DIR must not change them meanwhile
+    try:
+        check_folders(plan)
+        manifest = _manifest(spec, plan, command)
+        manifest["cache"] = env["CLBENCH_CACHE"]
+        return _execute_plan(plan, manifest, out, backend_name, res, ray_address, view, env)
+    finally:
+        lock.close()  # releases the lock
+
+
+def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> dict[str, Any]:
+    from clbench.results import git_revision
+
+    manifest: dict[str, Any] = {
+        "format": "clbench-sweep", "version": 1, "command": command,
+        "strategies": list(spec.strategies), "benches": list(spec.benches), "seeds": list(spec.seeds),
+        "settings": dict(spec.settings), "profile": spec.profile, "overrides": [list(o) for o in spec.overrides],
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "git_revision": git_revision(),
+        "complete": False, "runs": {},
+    }
+    earlier = read_json(spec.out / SWEEP_FILE)  # earlier invocations of this sweep: kept, with their overhead
+    manifest["history"] = ([*earlier.get("history", []), {k: earlier.get(k) for k in HISTORY_FIELDS}]
+                           if earlier else [])
+    for r in plan:
+        manifest["runs"][r.run_id] = {"path": str(r.path.relative_to(spec.out)), "state_at_start": r.state,
+                                      "tasks_done_at_start": r.tasks_done, "fingerprint": r.fingerprint}
+    return manifest
+
+
+def _lock_sweep(out: Path):
+    import fcntl
+
+    handle = open(out / ".sweep.lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ClbenchError(f"another clbench sweep is running in {out}",
+                           "wait for it to finish (it writes sweep.json as runs end) or choose another --out") from None
+    return handle
+
+
+def _execute_plan(plan: list[PlannedRun], manifest: dict[str, Any], out: Path, backend_name: str,
+                  res: Resources, ray_address: str | None, view: SweepView, env: dict[str, str]) -> dict[str, Any]:
+    from clbench.results import load_record
+
+    todo = [r for r in plan if r.state != "complete"]
+    sweep_start = time.time()
+    backend = (LocalBackend(res) if backend_name == "local" else RayBackend(res, ray_address)) if todo else None
+    manifest["backend"] = backend.describe() if backend else {"backend": backend_name, "note": "nothing to run"}
+    sweep_id = f"{socket.gethostname()}-{os.getpid()}-{int(sweep_start)}"
+    by_id = {r.run_id: r for r in plan}
+    attempts: dict[str, int] = {}
+
+    def payload(r: PlannedRun) -> dict[str, Any]:
+        return {"run_id": r.run_id, "config": dataclasses.asdict(r.cfg), "fingerprint": r.fingerprint, "env": env,
+                "threads": backend.threads, "sweep_id": sweep_id}
+
+    def submit(r: PlannedRun) -> None:
+        attempts[r.run_id] = attempts.get(r.run_id, 0) + 1
+        r.outcome.setdefault("queued_at", time.time())
+        backend.submit(r.run_id, payload(r))
+
+    def save() -> None:
+        for r in plan:
+            manifest["runs"][r.run_id].update(state=r.state, **r.outcome)
+        manifest["overhead"] = overhead([r.outcome for r in plan], sweep_start)
+        atomic_write_json(out / SWEEP_FILE, manifest)
+
+    view.start(plan, todo)
+    for r in plan:
+        if r.state == "complete":
+            r.outcome = {"status": "skipped", "note": "complete record with the same settings"}
+    save()
+    running = set()
+    try:
+        for r in todo:
+            submit(r)
+            running.add(r.run_id)
+        while running:
+            for run_id, outcome, failure in backend.wait(timeout=0.5):
+                r = by_id[run_id]
+                now = time.time()
+                if outcome is not None and outcome["status"] == "done":
+                    try:
+                        record = load_record(r.path)
+                    except ClbenchError as e:
+                        failure, outcome = f"the run reported success but its record cannot be used ({e.args[0]})", None
+                    else:
+                        r.outcome.update(outcome, collected_at=time.time(), attempts=attempts[run_id],
+                                         last_acc=record.last_acc, avg_acc=record.avg_acc)
+                        r.state = "complete"
+                        running.discard(run_id)
+                        resumed = record.resumed_from_task
+                        note = f" (continued after task {resumed[-1]})" if resumed else ""
+                        view.ended(r, True, f"final {record.last_acc:.2f}  avg {record.avg_acc:.2f}  "
+                                            f"{outcome['finished_at'] - outcome['started_at']:.0f} s{note}")
+                        save()
+                        continue
+                if outcome is not None:  # a user error: retrying cannot help
+                    failure = outcome["error"]
+                elif backend.retries_left(attempts[run_id]):
+                    view.log(f"{run_id}: {failure}; attempt {attempts[run_id] + 1} continues from its checkpoint")
+                    submit(r)
+                    continue
+                r.state = "failed"
+                r.outcome.update(status="failed", error=failure, attempts=attempts[run_id], collected_at=now)
+                running.discard(run_id)
+                view.ended(r, False, failure)
+                save()
+            for run_id in running:
+                r = by_id[run_id]
+                attempt = read_json(r.path / ATTEMPT_FILE)
+                if attempt and attempt.get("sweep") == sweep_id:
+                    try:
+                        record = read_run_record(r.path)
+                    except ClbenchError:
+                        record = None
+                    done_tasks = record.tasks_done if record else 0
+                    n_tasks = len(record.task_sizes) if record else None
+                    view.running(r, done_tasks, n_tasks, _last_line(r.path / LOG_FILE))
+    except BaseException:
+        manifest["interrupted"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        save()
+        if backend:
+            backend.close(cancel=True)
+        raise
+    if backend:
+        backend.close()
+    manifest["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    manifest["complete"] = all(r.state == "complete" for r in plan)
+    save()
+    return manifest

@@ -1,0 +1,179 @@
+"""The package's shape: no two modules import each other, directly or through others.
+
+The import graph is read from the source (the AST), not by importing anything: every ``import`` and ``from ...
+import`` of ``clbench/``, ``baselines/`` and ``tosca/``, at module level and inside functions (a function-level import
+is how a cycle hides). Imports under ``if TYPE_CHECKING:`` are left out: they never run. An import of a package's
+module (``from clbench.sweep import plan``, ``import clbench.sweep.plan``) is an edge to that module, and one of a
+name from a package (``from clbench.sweep import run_sweep``) an edge to the package's ``__init__``.
+"""
+
+from __future__ import annotations
+
+import ast
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("clbench", "baselines", "tosca")
+
+
+def module_files(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the packages (``pkg/__init__.py`` is ``pkg``)."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, int]]:
+    """Every import statement outside ``if TYPE_CHECKING:`` blocks, with its line."""
+    found = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for sub in child.orelse:
+                    visit_stmt(sub)
+                continue
+            visit_stmt(child)
+
+    def visit_stmt(node: ast.AST) -> None:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append((node, node.lineno))
+        visit(node)
+
+    visit(tree)
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """module -> {imported module of the packages: line of the first such import}."""
+    files = module_files(root)
+    graph: dict[str, dict[str, int]] = {m: {} for m in files}
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node, line in _imports(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                if node.level:  # relative: from the module's package, one level up per extra dot
+                    base = module.split(".") if is_package else module.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    prefix = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    prefix = node.module or ""
+                for alias in node.names:
+                    sub = f"{prefix}.{alias.name}"
+                    targets.append(sub if sub in files else prefix)
+            for target in targets:
+                while target and target not in files and "." in target:  # a name inside a module
+                    target = target.rsplit(".", 1)[0]
+                if target in files and target != module:
+                    graph[module].setdefault(target, line)
+    return graph
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (as a path ``a -> b -> ... -> a``) per strongly connected component of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def strongconnect(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            strongconnect(v)
+    out = []
+    for component in components:  # a shortest cycle through the component's first module, for the message
+        members, start = set(component), component[0]
+        paths = {start: [start]}
+        frontier = [start]
+        cycle = None
+        while frontier and cycle is None:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w == start:
+                        cycle = [*paths[v], start]
+                        break
+                    if w in members and w not in paths:
+                        paths[w] = [*paths[v], w]
+                        nxt.append(w)
+                if cycle:
+                    break
+            frontier = nxt
+        out.append(cycle or component)
+    return out
+
+
+def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    steps = [f"{a} (line {graph[a][b]}) -> {b}" for a, b in pairwise(cycle)]
+    return "cycle: " + "; ".join(steps)
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 40 and "clbench.harness" in graph and "tosca.strategy" in graph  # it read the tree
+    found = cycles(graph)
+    assert not found, "import cycles:\n" + "\n".join(describe(c, graph) for c in found)
+
+
+def test_config_and_checkpoint_import_nothing_from_the_runner():
+    graph = import_graph()
+    runner = {"clbench.harness", "clbench.cli", "clbench.sweep", "clbench.sweep.runner"}
+    assert not runner & set(graph["clbench.config"]), graph["clbench.config"]
+    assert not runner & set(graph["clbench.checkpoint"]), graph["clbench.checkpoint"]
+
+
+@pytest.mark.parametrize("source, expected", [
+    # a function-level import closes the cycle: found and named
+    ({"clbench/__init__.py": "", "clbench/a.py": "import clbench.b\n",
+      "clbench/b.py": "def f():\n    from clbench import a\n"}, [["clbench.a", "clbench.b", "clbench.a"]]),
+    # a relative import, through three modules
+    ({"clbench/__init__.py": "", "clbench/a.py": "from .b import x\n", "clbench/b.py": "from clbench.c import y\n",
+      "clbench/c.py": "from . import a\n"}, [["clbench.a", "clbench.b", "clbench.c", "clbench.a"]]),
+    # a package whose __init__ imports a module that imports a name back from the package
+    ({"clbench/__init__.py": "", "clbench/p/__init__.py": "from clbench.p.m import f\nREG = {}\n",
+      "clbench/p/m.py": "from clbench.p import REG\n"}, [["clbench.p", "clbench.p.m", "clbench.p"]]),
+    # type-only imports never run: no cycle
+    ({"clbench/__init__.py": "", "clbench/a.py": "import clbench.b\n",
+      "clbench/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from clbench import a\n"}, []),
+])
+def test_the_cycle_finder_finds_cycles(tmp_path, source, expected):
+    for name, text in source.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cycles(import_graph(tmp_path)) == expected

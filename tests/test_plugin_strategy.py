@@ -1,0 +1,165 @@
+"""A strategy defined only in this test file runs through ``clbench run``, ``report``, ``check``, ``sweep`` (its
+spawned worker processes included) and ``perf projection`` / ``perf params``, registered by the environment variable
+``CLBENCH_PLUGINS`` alone: adding a method needs no edit of clbench (baselines/README.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from clbench.blocks import CosineHead, class_means
+from clbench.strategy import PER_SAMPLE, ParamCounts, RunShape, Split, Strategy, Task, Work
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "plugnn"
+PLUGIN = f"{NAME}=test_plugin_strategy:PlugNearest"  # tests/ goes on PYTHONPATH
+
+
+@dataclass(frozen=True)
+class PlugNearestConfig:
+    shrink: float = 0.0  # pulls each prototype towards the mean of all prototypes seen (0: plain class means)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.shrink < 1:
+            raise ValueError(f"shrink must be in [0, 1), got {self.shrink}")
+
+
+class PlugNearest(Strategy):
+    """Nearest class mean on cached features with an optional shrinkage; the smallest complete strategy."""
+
+    name = NAME
+    Config = PlugNearestConfig
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {"quick": {}, "ci": {"shrink": 0.1}}
+    projection_profiles = ("ci",)
+
+    def __init__(self, config: PlugNearestConfig, ctx) -> None:
+        super().__init__(config, ctx)
+        self.head = CosineHead(ctx.backbone.num_features, learn_sigma=False)
+        self._added: list[int] = []
+
+    def learn_task(self, task: Task) -> None:
+        self.head.grow(task.n_seen)
+        protos = class_means(task.train.features, task.train.labels, task.classes)
+        center = protos.mean(0, keepdim=True)
+        self.head.set_rows(task.classes, (1 - self.cfg.shrink) * protos + self.cfg.shrink * center)
+        self._added.append(protos.numel())
+
+    @torch.no_grad()
+    def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
+        return self.head(split.features)
+
+    def param_counts(self) -> ParamCounts:
+        return ParamCounts(added_per_task=list(self._added), trainable_per_task=[0] * len(self._added),
+                           head=self.head.weight.numel())
+
+    @classmethod
+    def param_formula(cls, cfg, d, depth, task_sizes) -> ParamCounts:
+        return ParamCounts(added_per_task=[c * d for c in task_sizes], trainable_per_task=[0] * len(task_sizes),
+                           head=sum(task_sizes) * d)
+
+    @classmethod
+    def work(cls, cfg, shape: RunShape) -> Work:
+        f = sum(shape.train_per_task) + shape.test_seen[-1]
+        return Work(f=f, f_cacheable=f, extra={"plugnn_rows": sum(shape.test_seen)})
+
+    @classmethod
+    def unit_seconds(cls, d: int, device) -> dict[str, float]:
+        return {"plugnn_rows": 1e-7 * d}
+
+    @classmethod
+    def perf_benchmarks(cls):
+        return {"plugnn-probe": lambda backbone, img_size: {"benchmark": "plugnn-probe", "backbone": backbone}}
+
+
+def clbench(*args: str, cwd: Path, plugins: str = PLUGIN, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CLBENCH_PLUGINS": plugins, "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def ok(proc: subprocess.CompletedProcess, code: int = 0) -> str:
+    assert proc.returncode == code, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+MICRO = ("--bench", "emoji", "--backbone", "vit_micro", "--weights", "random", "--init-cls", "12",
+         "--increment", "12")
+
+
+@pytest.mark.slow  # minutes: a dozen clbench processes, a sweep with a spawned worker
+def test_a_test_file_strategy_runs_through_every_command(tmp_path):
+    # run, twice (the check needs a reference and runs to check)
+    out = ok(clbench("run", "--strategy", NAME, "--profile", "ci", *MICRO, "--out", str(tmp_path / "runs/a"),
+                     cwd=tmp_path))
+    rec = json.loads((tmp_path / "runs/a/result.json").read_text())
+    assert rec["strategy"] == NAME and rec["complete"] and rec["strategy_config"] == {"shrink": 0.1}, out
+    assert rec["params"]["added_per_task"] == [12 * 64] * 3
+    # report
+    ok(clbench("report", str(tmp_path / "runs/a"), "--out", str(tmp_path / "report"), "--no-tsne", cwd=tmp_path))
+    assert NAME in (tmp_path / "report/index.html").read_text()
+    # check: calibrate, write a reference from the run, check the run against it (and a changed run fails it)
+    ok(clbench("check", str(tmp_path / "runs"), "--calibrate", cwd=tmp_path))
+    ref = tmp_path / "ref.json"
+    ok(clbench("check", str(tmp_path / "runs"), "--write-reference", str(ref), "--why", "plug-in test",
+               "--who", "test", "--no-require-ci-profiles", cwd=tmp_path))
+    assert {e["strategy"] for e in json.loads(ref.read_text())["entries"]} == {NAME}
+    ok(clbench("check", str(tmp_path / "runs"), "--reference", str(ref), cwd=tmp_path))
+    path = tmp_path / "runs/a/result.json"
+    changed = json.loads(path.read_text())
+    changed["params"]["added_total"] += 1  # a parameter more than the reference: the gate compares exactly
+    path.write_text(json.dumps(changed))
+    ok(clbench("check", str(tmp_path / "runs"), "--reference", str(ref), cwd=tmp_path), code=1)
+    # sweep: the local backend's spawned workers register the plug-in from the inherited environment
+    ok(clbench("sweep", "--strategies", NAME, "--seeds", "1,2", *MICRO, "--jobs", "1", "--out",
+               str(tmp_path / "sweep"), "--no-report", cwd=tmp_path, timeout=600))
+    manifest = json.loads((tmp_path / "sweep/sweep.json").read_text())
+    assert manifest["complete"], manifest
+    assert len(list((tmp_path / "sweep/runs").glob("*/result.json"))) == 2
+    # perf: the projection has the plug-in's rows and unit; params has its formula; its own benchmark is listed
+    proj = tmp_path / "proj.json"
+    ok(clbench("perf", "projection", "--device", "cpu", "--backbone", "vit_micro", "--img-size", "32", "--out",
+               str(proj), cwd=tmp_path))
+    got = json.loads(proj.read_text())
+    assert {NAME, f"{NAME}-ci"} <= set(got["projection"]["per_strategy"])
+    assert got["costs"]["s_per_image"]["plugnn_rows"] == pytest.approx(6.4e-6)
+    assert NAME in got["projection"]["table_strategies"]
+    params = ok(clbench("perf", "params", "--d", "768", "--tasks", "10x10", cwd=tmp_path))
+    assert f"| {NAME} | 7,680 |" in params
+    assert "plugnn-probe" in ok(clbench("perf", "--help", cwd=tmp_path))
+    probe = tmp_path / "probe.json"
+    ok(clbench("perf", "plugnn-probe", "--out", str(probe), cwd=tmp_path))
+    assert json.loads(probe.read_text())["backbone"] == "vit_small_patch14_dinov2"
+
+
+def test_without_the_variable_the_strategy_is_unknown_and_bad_entries_are_one_line(tmp_path):
+    proc = clbench("run", "--strategy", NAME, *MICRO, cwd=tmp_path, plugins="")
+    assert proc.returncode == 2 and f"unknown strategy {NAME!r}" in proc.stderr and "Traceback" not in proc.stderr
+    proc = clbench("list", cwd=tmp_path, plugins="test_plugin_strategy:PlugNearest")
+    assert proc.returncode == 2 and "is not NAME=module.path:Class" in proc.stderr and "Traceback" not in proc.stderr
+    proc = clbench("run", "--strategy", "nope", *MICRO, cwd=tmp_path, plugins="nope=no_such_module:X")
+    assert proc.returncode == 2 and "cannot load no_such_module:X" in proc.stderr and "Traceback" not in proc.stderr
+    proc = clbench("list", cwd=tmp_path, plugins="simplecil=test_plugin_strategy:PlugNearest")
+    assert proc.returncode == 2 and "registered already" in proc.stderr
+
+
+def test_the_plugin_passes_the_shared_cost_and_parameter_checks(micro_session_factory, monkeypatch):
+    """Registered in this process too, it meets the same param_formula check as the shipped methods."""
+    from clbench.catalog import STRATEGIES
+
+    monkeypatch.setitem(STRATEGIES._items, NAME, PlugNearest)
+    s = micro_session_factory(NAME, init_cls=18, increment=9)
+    for step in s.tasks():
+        s.strategy.learn_task(step.task)
+    real = s.strategy.param_counts()
+    formula = PlugNearest.param_formula(s.strategy.cfg, 64, 4, (18, 9, 9))
+    assert (formula.added_per_task, formula.trainable_per_task, formula.head) == (
+        real.added_per_task, real.trainable_per_task, real.head)

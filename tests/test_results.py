@@ -1,0 +1,226 @@
+"""The run record (``clbench.results``): every committed record loads, writing and reading give the same record,
+older schema versions are upgraded with the fields they lack, and what is not a readable record is refused with a
+message that says why."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from clbench.errors import ClbenchError
+from clbench.results import (
+    RESULT_FILE,
+    SCHEMA_VERSION,
+    ProtocolSummary,
+    RunRecord,
+    load_record,
+    read_record,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures" / "records"
+COMMITTED = sorted(p for root in ("reports", "tests/fixtures") for p in (REPO / root).rglob(RESULT_FILE))
+BROKEN = {  # the fixtures that must be refused, and what the refusal says
+    "garbage": "not a readable JSON record",
+    "old-schema": "schema version 0 (this clbench reads 1 to 2)",
+    "tosca-incomplete": "the run is not complete (finished 3 of 6 tasks)",
+}
+
+
+def _text(record: RunRecord) -> str:
+    return json.dumps(record.to_dict(), indent=2, allow_nan=True)
+
+
+def _write(folder: Path, data: dict | str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / RESULT_FILE).write_text(data if isinstance(data, str) else json.dumps(data, allow_nan=True))
+    return folder
+
+
+def _fixture(name: str) -> dict:
+    return json.loads(next(FIXTURES.rglob(f"{name}/{RESULT_FILE}")).read_text())
+
+
+# ------------------------------------------------------------------------------------------- committed records
+def test_the_repository_holds_records_of_both_schema_generations():
+    versions = {json.loads(p.read_text()).get("schema_version") for p in COMMITTED if p.parent.name != "garbage"}
+    assert len(COMMITTED) >= 30 and {0, 1} <= versions
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(REPO).parent))
+def test_every_committed_record_loads_or_is_refused_as_its_fixture_says(path):
+    if path.parent.name in BROKEN:
+        with pytest.raises(ClbenchError, match=BROKEN[path.parent.name].replace("(", r"\(").replace(")", r"\)")):
+            load_record(path.parent)
+        return
+    raw = json.loads(path.read_text())
+    rec = load_record(path.parent)
+    assert rec.complete is True and rec.run_id == raw["run_id"]
+    assert rec.precision in ("fp32", "bf16")
+    assert rec.protocol_names[0] == raw["protocol"] and set(rec.protocols) == set(raw["protocols"])
+    assert rec.main.acc_curve == raw["acc_curve"] and rec.last_acc == raw["last_acc"]
+    assert rec.params.added_total == raw["params"]["added_total"] and rec.time_s.train == raw["time_s"]["train"]
+    assert [t.diagnostics for t in rec.per_task] == [t["diagnostics"] for t in raw["per_task"]]
+    # the typed layer keeps every field as the file has it: only the version and autocast -> precision change
+    written = rec.to_dict()
+    for key, value in raw.items():
+        if key not in ("schema_version", "autocast"):
+            assert json.dumps(written[key], allow_nan=True) == json.dumps(value, allow_nan=True), key
+
+
+# ------------------------------------------------------------------------------------------- round trip
+@pytest.mark.parametrize("name", ["tosca-s1993", "sc-s1993"])
+def test_write_then_read_gives_the_same_record(tmp_path, name):
+    rec = load_record(next(FIXTURES.rglob(name)))
+    rec.write(tmp_path / "run")  # a folder that does not exist yet is created
+    again = load_record(tmp_path / "run")
+    assert _text(again) == _text(rec)  # text: NaN (old_acc after task 1) is not == itself
+    assert again.per_task == rec.per_task and again.params == rec.params and again.host == rec.host
+    first = (tmp_path / "run" / RESULT_FILE).read_text()
+    again.write(tmp_path / "run")
+    assert (tmp_path / "run" / RESULT_FILE).read_text() == first  # a current record is written byte for byte
+    assert json.loads(first)["schema_version"] == SCHEMA_VERSION
+
+
+def test_a_current_record_keeps_the_file_layout(tmp_path):
+    """Outside readers of result.json keep working: same keys in the same order, main metrics at the top."""
+    rec = load_record(FIXTURES / "tosca" / "tosca-s1993")
+    rec.write(tmp_path / "r")
+    data = json.loads((tmp_path / "r" / RESULT_FILE).read_text())
+    keys = list(data)
+    assert keys[0] == "schema_version" and keys.index("protocol") + 1 == keys.index("accuracy_matrix")
+    assert keys[-2:] == ["protocol_gap", "finished"]
+    assert data["protocols"]["per-sample"]["last_acc"] == data["last_acc"] == rec.summary("per-sample").last_acc
+    assert data["per_task"][0] == {"task": 0, "classes": rec.per_task[0].classes, "train_s": rec.per_task[0].train_s,
+                                   "diagnostics": rec.per_task[0].diagnostics, "eval_s": rec.per_task[0].eval_s}
+
+
+# ------------------------------------------------------------------------------------------- upgrade
+def test_a_version_1_record_is_upgraded_with_the_fields_it_lacks():
+    raw = _fixture("sc-s1993")  # version 1, before --precision, checkpoints, fingerprints and transform
+    assert raw["schema_version"] == 1 and raw["autocast"] is True
+    assert not {"precision", "fingerprint", "transform", "resumed_from_task"} & set(raw)
+    rec = load_record(FIXTURES / "simplecil" / "sc-s1993")
+    assert rec.precision == "bf16" and rec.precision_reason is None  # autocast: true meant bf16
+    assert rec.fingerprint is None and rec.transform is None and rec.class_names is None
+    assert rec.resumed_from_task == [] and rec.data_problems == [] and rec.n_images is None
+    assert rec.time_s.checkpoint is None and "checkpoint" not in rec.to_dict()["time_s"]
+    assert rec.extra == {"normalize": True}  # a field this clbench no longer writes is kept, not dropped
+    assert rec.host.cpus == raw["host"]["cpus"] and rec.host.cpu is None and "cpu" not in rec.host.to_dict()
+    assert math.isnan(rec.main.old_acc[0]) and rec.main.forgetting == raw["forgetting"]
+    written = rec.to_dict()
+    assert written["schema_version"] == SCHEMA_VERSION and "autocast" not in written
+
+
+def test_autocast_false_reads_as_fp32_and_neither_as_unknown(tmp_path):
+    raw = _fixture("sc-s1994")
+    raw["autocast"] = False
+    assert read_record(_write(tmp_path / "a", raw)).precision == "fp32"
+    del raw["autocast"]
+    assert read_record(_write(tmp_path / "b", raw)).precision == "unknown"  # never guessed
+
+
+def test_a_record_lacking_protocols_uses_its_top_level_metrics(tmp_path):
+    raw = _fixture("sc-s1995")
+    del raw["protocols"], raw["run_id"]
+    rec = load_record(_write(tmp_path / "folder-name", raw))
+    assert rec.run_id == "folder-name"  # the folder names the run
+    assert rec.protocols == {"per-sample": ProtocolSummary.from_dict(raw)}
+
+
+# ------------------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("edit,message", [
+    (lambda r: r.update(schema_version=SCHEMA_VERSION + 1), f"schema version {SCHEMA_VERSION + 1} is newer than "
+                                                            f"this clbench reads \\(1 to {SCHEMA_VERSION}\\)"),
+    (lambda r: r.update(schema_version="2"), "not a clbench run record \\(schema_version is '2'\\)"),
+    (lambda r: r.pop("schema_version"), "not a clbench run record \\(schema_version is None\\)"),
+    (lambda r: r.update(schema_version=-1), "schema version -1 \\(this clbench reads"),
+    (lambda r: r["time_s"].update(train="fast"), "field time_s.train is str 'fast', expected a number"),
+    (lambda r: r.pop("last_acc") and r["params"].pop("trainable"), "record lacks last_acc, params.trainable"),
+    (lambda r: r.update(autocast="yes"), "field autocast is str 'yes', expected true or false"),
+    (lambda r: r.update(per_task=[{"task": "one"}]), "field per_task is list"),
+    (lambda r: r.update(host=[]), "field host is list \\[\\], expected an object"),
+    (lambda r: r.update(complete="yes"), "field complete is 'yes', expected the boolean true"),
+    (lambda r: r.update(acc_curve=r["acc_curve"][:2]), "accuracy curve has 2 points for 6 tasks"),
+])
+def test_a_bad_record_is_refused_with_one_line_naming_the_problem(tmp_path, edit, message):
+    raw = _fixture("sc-s1994")
+    edit(raw)
+    folder = _write(tmp_path / "run", raw)
+    with pytest.raises(ClbenchError, match=message) as e:
+        load_record(folder)
+    assert str(e.value.args[0]).startswith(str(folder / RESULT_FILE)) and "\n" not in e.value.args[0]
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"schema_version": 2, "complete": tr', "not a readable JSON record"),
+    ("[1, 2]", "not a JSON record object \\(a list\\)"),
+    ('{"hello": "world"}', "not a clbench run record"),
+    (b"\xff\xfe\x00garbage", "not a readable JSON record"),
+])
+def test_garbage_is_refused(tmp_path, content, message):
+    (tmp_path / "run").mkdir()
+    target = tmp_path / "run" / RESULT_FILE
+    target.write_bytes(content) if isinstance(content, bytes) else target.write_text(content)
+    with pytest.raises(ClbenchError, match=message):
+        read_record(tmp_path / "run")
+    with pytest.raises(ClbenchError, match="no result.json"):
+        read_record(tmp_path / "empty-folder-that-is-not-there")
+
+
+def test_an_unfinished_record_is_read_but_not_loaded():
+    folder = FIXTURES / "broken" / "tosca-incomplete"
+    rec = read_record(folder)  # the sweep reads unfinished runs to continue them
+    assert rec.complete is False and rec.tasks_done == 3 and len(rec.task_sizes) == 6
+    with pytest.raises(ClbenchError, match="not complete") as e:
+        load_record(folder)
+    assert "clbench run --resume" in e.value.hint
+
+
+def test_a_too_new_record_is_skipped_by_the_report_and_named(tmp_path):
+    from clbench.report.collect import collect
+
+    raw = _fixture("sc-s1994")
+    raw["schema_version"] = SCHEMA_VERSION + 1
+    _write(tmp_path / "runs" / "future", raw)
+    _write(tmp_path / "runs" / "now", _fixture("sc-s1995"))
+    coll = collect([tmp_path / "runs"])
+    assert [r.run_id for r in coll.runs] == ["sc-s1995"]
+    assert [(Path(s.path).name, s.reason) for s in coll.skipped] == [
+        ("future", f"schema version {SCHEMA_VERSION + 1} is newer than this clbench reads (1 to {SCHEMA_VERSION})")]
+
+
+# ------------------------------------------------------------------------------------------- the harness
+def test_the_harness_returns_the_record_it_wrote(tmp_path):
+    from clbench.harness import RunConfig, run
+
+    rec = run(RunConfig(strategy="simplecil", bench="emoji", backbone="vit_micro", weights="random", init_cls=18,
+                        increment=18, precision="fp32", save_features=False, out=str(tmp_path / "run")))
+    assert isinstance(rec, RunRecord) and rec.complete and rec.tasks_done == 2
+    assert _text(load_record(tmp_path / "run")) == _text(rec)
+    assert rec.precision_reason == "forced (--precision fp32)" and rec.fingerprint["strategy"] == "simplecil"
+    assert rec.host.cpus and rec.host.isa_limits is not None and rec.finished
+
+
+# ------------------------------------------------------------------------------------------- the sweep
+def test_the_sweep_reads_unfinished_records_and_names_the_ones_it_cannot_use(tmp_path):
+    from types import SimpleNamespace
+
+    from clbench.sweep.plan import PlannedRun, inspect
+
+    unfinished = _fixture("tosca-s1994")
+    unfinished.update(complete=False, fingerprint={"seed": 1994})
+    planned = PlannedRun("r", SimpleNamespace(out=str(_write(tmp_path / "a", unfinished))), {"seed": 1994})
+    (tmp_path / "a" / "checkpoint.pt").write_bytes(b"")
+    assert inspect(planned) is None and (planned.state, planned.tasks_done) == ("partial", 6)
+
+    future = {**unfinished, "schema_version": SCHEMA_VERSION + 1}
+    planned = PlannedRun("r", SimpleNamespace(out=str(_write(tmp_path / "b", future))), {"seed": 1994})
+    assert inspect(planned) == (f"its record cannot be used (schema version {SCHEMA_VERSION + 1} is newer than "
+                                f"this clbench reads (1 to {SCHEMA_VERSION}))")
+
+    planned = PlannedRun("r", SimpleNamespace(out=str(_write(tmp_path / "c", '{"complete": tr'))), {"seed": 1994})
+    assert inspect(planned) is None and planned.state == "new"  # a torn record: as if none was written
