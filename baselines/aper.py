@@ -286,7 +286,7 @@ class APER(Strategy):
                    "prototype_width": 2 * self.dim})
 
     @classmethod
-    def param_formula(cls, cfg: APERConfig, d: int, depth: int, task_sizes: list[int]) -> ParamCounts:
+    def param_formula(cls, cfg: APERConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
         """Task 0: adapters (depth * (2 d r + r + d)) and its prototypes; trained: adapters, the task-0 cosine head
         (d per class) and its sigma. Later tasks: 2d per new class, nothing trained."""
         adapters = adapter_set_size(depth, d, cfg.bottleneck)
@@ -299,9 +299,10 @@ class APER(Strategy):
     def work(cls, cfg: APERConfig, shape: RunShape) -> Work:
         """Frozen features of every image (clbench's cache), task-0 training passes, then one adapted pass per
         training and test image (kept by the strategy)."""
-        n_train, n_test = sum(shape.train_per_task), max(shape.test_seen, default=0)
-        frozen = n_train + n_test
-        return Work(f=frozen + n_train + n_test, b=cfg.epochs * shape.train_per_task[0], f_cacheable=frozen)
+        learnt = shape.first_per_class(cfg.train_per_class).train_per_task  # the images tuning and prototypes use
+        n_test = max(shape.test_seen, default=0)
+        frozen = sum(shape.train_per_task) + n_test
+        return Work(f=frozen + sum(learnt) + n_test, b=cfg.epochs * learnt[0], f_cacheable=frozen)
 
 
 def n_head_params(head: CosineHead) -> int:

@@ -329,7 +329,7 @@ class RanPAC(Strategy):
                 "gram_floats": cfg.M * cfg.M, "class_sum_floats": cfg.M * n_classes, "head_kind": cfg.head}
 
     @classmethod
-    def param_formula(cls, cfg: RanPACConfig, d: int, depth: int, task_sizes: list[int]) -> ParamCounts:
+    def param_formula(cls, cfg: RanPACConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
         """Task 0: the adapters (with Phase 1), W (d M, fixed random) and M output weights per class; trained in task
         0: adapters, the task-0 cosine head (d per class) and its sigma. Later tasks: M per new class, nothing
         trained. Statistics (G: M^2, Q: M per class) in ``extra``."""
@@ -341,37 +341,15 @@ class RanPAC(Strategy):
 
     # ---------------------------------------------------------------------------------------- cost model
     @classmethod
-    def work(cls, cfg: RanPACConfig, shape: RunShape, d: int = 768) -> Work:
+    def work(cls, cfg: RanPACConfig, shape: RunShape) -> Work:
         """Frozen features of every image (clbench's cache); with Phase 1 the task-0 training passes and one adapted
-        pass per training and test image. Linear algebra in ``extra``: ``gemm_gflop`` (projection of every
-        training row and of every evaluated test row, the Gram update) and ``factor_gflop`` (one
-        M x M Cholesky per task, and the grid's eigendecomposition of the fit Gram). ``d``: the feature width
-        (:class:`RunShape` does not carry it; ViT-B's by default)."""
-        n_train, n_test = sum(shape.train_per_task), max(shape.test_seen, default=0)
-        frozen = n_train + n_test
-        adapted = n_train + n_test if cfg.first_session else 0
-        train = cfg.epochs * shape.train_per_task[0] if cfg.first_session else 0
-        M = cfg.M
-        gemm = sum(2 * n * (d * M + M * M) for n in shape.train_per_task) + sum(
-            2 * n * d * M for n in shape.test_seen) * shape.protocols
-        factor = shape.tasks * M**3 / 3 + sum(9 * min(FIT_FRACTION * n, M) ** 3 for n in shape.train_per_task)
-        return Work(f=frozen + adapted, b=train, f_cacheable=frozen,
-                    extra={"gemm_gflop": gemm / 1e9, "factor_gflop": factor / 1e9})
-
-    @classmethod
-    def unit_seconds(cls, d: int, device: torch.device) -> dict[str, float]:
-        """Seconds per GFLOP of a float32 matrix product (512 x d by d x 4096) and of a float64 Cholesky (1536)."""
-        import time
-
-        a, b = torch.randn(512, d, device=device), torch.randn(d, 4096, device=device)
-        t0 = time.perf_counter()
-        for _ in range(3):
-            a @ b
-        gemm = (time.perf_counter() - t0) / (3 * 2 * 512 * d * 4096 / 1e9)
-        n = 1536
-        x = torch.randn(n, n, dtype=torch.float64, device=device)
-        spd = x @ x.T + n * torch.eye(n, dtype=torch.float64, device=device)
-        t0 = time.perf_counter()
-        torch.linalg.cholesky(spd)
-        factor = (time.perf_counter() - t0) / (n**3 / 3 / 1e9)
-        return {"gemm_gflop": gemm, "factor_gflop": factor}
+        pass per training and test image. Not counted: the M-dependent linear algebra (per task the Gram update,
+        2 n M^2 flops for n images, and one M x M float64 Cholesky, M^3 / 3), which has no unit in the committed
+        projection costs (``reports/perf/projection-cpu.json``); measured ~15-25 s per task at M = 10,000 on the
+        2-core CPU of ``reports/rivals/ranpac-aper.md``."""
+        learnt = shape.first_per_class(cfg.train_per_class).train_per_task  # the images tuning and statistics use
+        n_test = max(shape.test_seen, default=0)
+        frozen = sum(shape.train_per_task) + n_test
+        adapted = sum(learnt) + n_test if cfg.first_session else 0
+        train = cfg.epochs * learnt[0] if cfg.first_session else 0
+        return Work(f=frozen + adapted, b=train, f_cacheable=frozen)

@@ -378,11 +378,13 @@ def test_work_counts_one_adapted_pass_per_image_and_task_0_training_only():
     shape = RunShape((400.0, 200.0, 200.0), (100.0, 150.0, 200.0))
     aper = APER.work(APERConfig(), shape)
     assert (aper.f, aper.b, aper.f_cacheable) == (2 * (800 + 200), 20 * 400, 800 + 200)
-    r = RanPAC.work(RanPACConfig(M=1000), shape, d=384)
-    assert (r.f, r.b) == (aper.f, aper.b)
-    assert r.extra["factor_gflop"] > 3 * 1000**3 / 3 / 1e9
-    no_phase_1 = RanPAC.work(RanPACConfig(M=1000, first_session=False), shape, d=384)
+    r = RanPAC.work(RanPACConfig(M=1000), shape)
+    assert (r.f, r.b, r.f_cacheable) == (aper.f, aper.b, aper.f_cacheable)
+    no_phase_1 = RanPAC.work(RanPACConfig(M=1000, first_session=False), shape)
     assert (no_phase_1.f, no_phase_1.b) == (1000, 0)
+    ci = RunShape((100.0, 30.0), (5.0, 12.0), classes_per_task=(4, 2))  # train_per_class 16: 64 and 30 images
+    assert APER.work(APERConfig(epochs=2, train_per_class=16), ci).b == 2 * 64
+    assert RanPAC.work(RanPACConfig(epochs=2, train_per_class=16), ci).f == (130 + 12) + (94 + 12)
 
 
 # ----------------------------------------------------------------------------------------------- configs
