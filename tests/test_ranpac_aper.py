@@ -363,13 +363,13 @@ def test_param_formula_equals_the_counts_after_a_real_run(tmp_path, strategy, ov
 
     cls = STRATEGIES.get(strategy)
     cfg = make_strategy_config(cls, None, (("epochs", "1"), *overrides))
-    want = cls.param_formula(cfg, 64, 4, record["task_sizes"])
-    params = record["params"]
-    assert params["added_per_task"] == want.added_per_task
-    assert params["trainable_per_task"] == want.trainable_per_task
-    assert params["head"] == want.head
-    assert {k: params[k] for k in want.extra} == want.extra
-    assert record["task_sizes"] == [12, 6, 6, 6, 6]
+    want = cls.param_formula(cfg, 64, 4, tuple(record.task_sizes))
+    params = record.params
+    assert params.added_per_task == want.added_per_task
+    assert params.trainable_per_task == want.trainable_per_task
+    assert params.head == want.head
+    assert {k: params.extra[k] for k in want.extra} == want.extra
+    assert record.task_sizes == [12, 6, 6, 6, 6]
 
 
 def test_work_counts_one_adapted_pass_per_image_and_task_0_training_only():
@@ -428,6 +428,6 @@ def test_ci_profile_beats_a_random_weights_copy_of_the_backbone(tmp_path, strate
     for weights in ("offline", "random"):
         record = run(RunConfig(strategy=strategy, profile="ci", weights=weights, precision="fp32",
                                out=str(tmp_path / weights), save_features=False))
-        assert record["complete"] and record["task_sizes"] == [12, 12, 12]
-        acc[weights] = record["last_acc"]
+        assert record.complete and record.task_sizes == [12, 12, 12]
+        acc[weights] = record.last_acc
     assert acc["offline"] > acc["random"] + 8 and acc["offline"] > 1.5 * acc["random"], acc
