@@ -54,7 +54,6 @@ Deviations from the paper / reference code:
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -125,7 +124,8 @@ def adapted_cls(model: nn.Module, images: torch.Tensor, adapters: AdapterSet, ct
         return model.forward_head(x, pre_logits=True).float()
 
 
-def tune_first_session(model: nn.Module, task: Task, cfg: Any, ctx: Context, label: str) -> tuple[AdapterSet, CosineHead]:
+def tune_first_session(model: nn.Module, task: Task, cfg: Any, ctx: Context,
+                       label: str) -> tuple[AdapterSet, CosineHead]:
     """Phase 1 of APER / RanPAC: a fresh adapter set and a cosine head over ``task.classes``, trained with
     cross-entropy on the augmented training images (SGD with momentum and weight decay over adapters, head and
     sigma, as the reference's ``optim.SGD(self._network.parameters(), ...)`` where only those have gradients;

@@ -84,7 +84,14 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-from baselines.aper import AdaptedFeatures, adapted_cls, check_first_session_fields, check_width, n_head_params, tune_first_session
+from baselines.aper import (
+    AdaptedFeatures,
+    adapted_cls,
+    check_first_session_fields,
+    check_width,
+    n_head_params,
+    tune_first_session,
+)
 from baselines.ease import AdapterSet, adapter_set_size
 from clbench.blocks import check_vit_blocks, first_per_class
 from clbench.errors import ClbenchError

@@ -8,8 +8,6 @@ the real offline ViT. The clbench cache (``CLBENCH_CACHE``) is isolated per sess
 from __future__ import annotations
 
 import json
-import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -186,7 +184,7 @@ def test_statistics_are_accumulated_gram_and_class_sums_and_wo_solves_them(backb
     direct = np.linalg.solve(s.G.double().numpy() + s.lambdas[-1] * np.eye(96), s.Q.double().numpy()).T
     np.testing.assert_allclose(s.Wo.numpy(), direct, rtol=1e-3, atol=1e-6)
     assert len(s.lambdas) == 2 and all(lam in RIDGE_GRID for lam in s.lambdas)
-    assert all(lam >= floor > 0 for lam, floor in zip(s.lambdas, s.floors))
+    assert all(lam >= floor > 0 for lam, floor in zip(s.lambdas, s.floors, strict=True))
     assert s.floors[-1] == ranpac_mod.ridge_floor(s.G)
 
 
@@ -418,7 +416,7 @@ def test_unknown_set_key_lists_the_valid_ones(strategy, tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ranpac", "aper"])
 def test_ci_profile_beats_a_random_weights_copy_of_the_backbone(tmp_path, strategy):
-    from clbench import offline_weights as ow
+    from clbench.weights import sources as ow
 
     try:
         ow.offline_weights("vit_small_patch14_dinov2")
