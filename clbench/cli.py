@@ -229,7 +229,7 @@ def cmd_weights(args: argparse.Namespace) -> int:
 PERF_BACKBONE = ("vit_small_patch14_dinov2", 112)  # the offline ViT-S/14 at the embedded benchmark's input size
 PROJECTION_BACKBONE = ("vit_base_patch16_224", 224)  # the paper backbone
 GENERIC_PERF = ("precision", "threads", "main-job", "feature-probe", "sweep-overhead", "projection", "projection-check",
-                "params")
+                "params", "routers")
 
 
 def strategy_perf_benchmarks() -> dict[str, Callable[..., dict]]:
@@ -267,7 +267,8 @@ def _add_perf_args(p: argparse.ArgumentParser) -> None:
                         "sweep-overhead: local vs Ray sweep overhead per run; projection: device-hours of a paper table "
                         "for every registered strategy from measured per-image costs; projection-check: that model "
                         "against recorded runs; params: parameters per task of every registered strategy, from its "
-                        "formula; the rest are the strategies' own benchmarks")
+                        "formula; routers: per-image cost of every router at T = 1, 5, 10, 20 modules; the rest are the "
+                        "strategies' own benchmarks")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="precision, projection: the device to measure on (default: auto)")
     p.add_argument("--runs", type=int, default=6, help="sweep-overhead: runs per backend (default: 6)")
@@ -305,6 +306,10 @@ def cmd_perf(args: argparse.Namespace) -> int:
         from clbench.machine import main_job
 
         result = main_job()
+    elif args.which == "routers":
+        from clbench.routers import router_costs
+
+        result = router_costs(backbone=args.backbone, img_size=args.img_size)
     elif args.which == "sweep-overhead":
         from clbench.perf_sweep import sweep_overhead
 

@@ -35,6 +35,8 @@ from clbench.errors import ClbenchError
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
 SETTINGS = {"simplecil": [], "tosca": ["--set", "epochs=3"],  # 3 tasks of 12 classes each
+            "mos": ["--set", "epochs=1", "--set", "ca_epochs=2", "--set", "train_per_class=4", "--protocol", "both"],
+            "dualprompt": ["--set", "epochs=1", "--set", "train_per_class=4", "--protocol", "both"],
             "ranpac": ["--set", "epochs=1", "--set", "M=2000"], "aper": ["--set", "epochs=1"]}
 SAME = ("accuracy_matrix", "acc_curve", "params", "protocols", "class_order", "strategy_config")
 

@@ -66,3 +66,35 @@ class LuCA(nn.Module):
         if self.variant == "calibrator":
             return z * self.gate(z)
         return z * self.gate(z) + self.norm(mlp)  # tosca_r
+
+
+def stacked_forward(modules: list[LuCA], z: torch.Tensor) -> torch.Tensor:
+    """All T modules on the same features in one batched computation: (B, d) -> (T, B, d).
+
+    Equivalent to ``torch.stack([m(z) for m in modules])`` (tested), without a Python loop per batch.
+    """
+    def stack(get):
+        return torch.stack([get(m) for m in modules])
+
+    variant, eps = modules[0].variant, modules[0].norm.eps
+    wd, bd = stack(lambda m: m.down.weight), stack(lambda m: m.down.bias)  # (T, r, d), (T, r)
+    wu, bu = stack(lambda m: m.up.weight), stack(lambda m: m.up.bias)  # (T, d, r), (T, d)
+    w1, w2 = stack(lambda m: m.gate_in.weight), stack(lambda m: m.gate_out.weight)  # (T, r, d), (T, d, r)
+    gamma, beta = stack(lambda m: m.norm.weight), stack(lambda m: m.norm.bias)  # (T, d)
+
+    def norm(x):  # (T, B, d) per-module affine LayerNorm
+        return F.layer_norm(x, x.shape[-1:], eps=eps) * gamma[:, None] + beta[:, None]
+
+    def gate(h):  # (T, B, d) -> (T, B, d)
+        return torch.sigmoid(torch.einsum("tbr,tdr->tbd", F.relu(torch.einsum("tbd,trd->tbr", h, w1)), w2))
+
+    mlp = torch.einsum("tbr,tdr->tbd", F.gelu(torch.einsum("bd,trd->tbr", z, wd) + bd[:, None]), wu) + bu[:, None]
+    zt = z.expand(len(modules), *z.shape)
+    if variant == "luca":
+        h = norm(zt + mlp)
+        return h * gate(h)
+    if variant == "adapter":
+        return norm(mlp)
+    if variant == "calibrator":
+        return zt * gate(zt)
+    return zt * gate(zt) + norm(mlp)

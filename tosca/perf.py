@@ -46,7 +46,12 @@ def tosca_routing(backbone: str = "vit_small_patch14_dinov2", weights: str = "ra
     from clbench.backbones import load_backbone
     from clbench.blocks import torch_threads
     from clbench.precision import for_backbone
-    from tosca.strategy import route_per_sample, stacked_forward
+    from clbench.routers import RouteInputs
+    from clbench.routers import route as apply_router
+    from tosca.luca import stacked_forward
+
+    def route_per_sample(all_logits):  # the entropy router, as TOSCA routes per sample
+        return apply_router("entropy", RouteInputs(all_logits))
 
     dev = torch.device("cpu")
     bb = load_backbone(backbone, weights, img_size)
@@ -108,7 +113,12 @@ def unit_seconds(d: int, device: torch.device) -> dict[str, float]:
     modules of 20 classes, 256 images), on ``device`` at width ``d``."""
     from clbench.blocks import torch_threads
     from tosca.luca import LuCA
-    from tosca.strategy import route_per_sample, stacked_forward
+    from clbench.routers import RouteInputs
+    from clbench.routers import route as apply_router
+    from tosca.luca import stacked_forward
+
+    def route_per_sample(all_logits):  # the entropy router, as TOSCA routes per sample
+        return apply_router("entropy", RouteInputs(all_logits))
 
     dev = torch.device(device)
 

@@ -15,7 +15,9 @@ Algorithm (per task t):
 4. LuCA_t is frozen for good.
 
 Inference without a task id: every stored module runs on z, logits_i = head(LuCA_i(z)), and the module
-with the lowest softmax entropy is chosen. Protocols:
+with the lowest softmax entropy is chosen (the paper's rule, the default ``router``; the other per-sample rules of
+:mod:`clbench.routers` are ``--set router=NAME``, and ``--set routers=a,b,c`` evaluates several from the same trained
+modules, recorded per task under ``diagnostics.routers``). Protocols:
 - ``per-sample`` (default, sound): the choice is made per image; a prediction depends on its own image only.
 - ``reference``: the official rule. Batches of ``ref_eval_batch`` (48) consecutive test images in class
   order (the reference's unshuffled, class-by-class test loader) and one module per batch, the one with the
@@ -31,6 +33,8 @@ Deviations from the paper / reference code:
   backbone pass per image. ``train_mode="augment"`` reproduces the reference's RandomResizedCrop(scale
   0.05-1) + flip through the frozen backbone every epoch. The accuracy difference is measured in the README.
 - Per-sample routing is the default; the reference's batch routing is the named ``reference`` protocol.
+- After each task, per-task statistics of the frozen training features and the new module's temperature are
+  kept for the other routers (:class:`clbench.routers.RoutingMemory`); they change nothing the paper's rule does.
 - The reference checkpoints each module to disk and reloads it per batch; clbench keeps them stacked in memory.
 - Defaults follow the paper's ViT-B/16 setting; on the embedded benchmark the backbone is the offline
   DINOv2 ViT-S/14 (d = 384, r = 24), recorded in every result.
@@ -57,6 +61,9 @@ from clbench.blocks import (
     optimizer_step,
     torch_threads,
 )
+from clbench.errors import ClbenchError
+from clbench.routers import ROUTERS, RouteInputs, RoutingMemory, entropy, parse_names, routing_summary
+from clbench.routers import route as apply_router
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -68,7 +75,7 @@ from clbench.strategy import (
     Task,
     Work,
 )
-from tosca.luca import VARIANTS, LuCA
+from tosca.luca import VARIANTS, LuCA, stacked_forward
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class TOSCAConfig:
     train_mode: Literal["cached", "augment"] = "cached"  # clbench default: cached features (see docstring)
     ref_eval_batch: int = 48  # reference test-loader batch for the ``reference`` protocol
     eval_batch: int = 4096  # per-sample evaluation chunk (any value gives identical predictions)
+    router: str = "entropy"  # per-sample module choice (clbench.routers); the paper's rule is entropy
+    routers: str = ""  # more routers to evaluate from the same run, comma-separated (diagnostics only)
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -100,49 +109,21 @@ class TOSCAConfig:
             raise ValueError("lr must be a positive finite number")
         if self.l1 < 0:
             raise ValueError("l1 must be >= 0")
+        parse_names(self.router, "router")
+        parse_names(self.routers, "routers")
+        if ROUTERS.get(self.router).needs_task_id:
+            raise ClbenchError(f"--set router={self.router}: that rule reads each test image's true task, a bound "
+                               "and not a method", f"evaluate it beside the method with --set routers={self.router}")
 
-
-def stacked_forward(modules: list[LuCA], z: torch.Tensor) -> torch.Tensor:
-    """All T modules on the same features in one batched computation: (B, d) -> (T, B, d).
-
-    Equivalent to ``torch.stack([m(z) for m in modules])`` (tested), without a Python loop per batch.
-    """
-    def stack(get):
-        return torch.stack([get(m) for m in modules])
-
-    variant, eps = modules[0].variant, modules[0].norm.eps
-    wd, bd = stack(lambda m: m.down.weight), stack(lambda m: m.down.bias)  # (T, r, d), (T, r)
-    wu, bu = stack(lambda m: m.up.weight), stack(lambda m: m.up.bias)  # (T, d, r), (T, d)
-    w1, w2 = stack(lambda m: m.gate_in.weight), stack(lambda m: m.gate_out.weight)  # (T, r, d), (T, d, r)
-    gamma, beta = stack(lambda m: m.norm.weight), stack(lambda m: m.norm.bias)  # (T, d)
-
-    def norm(x):  # (T, B, d) per-module affine LayerNorm
-        return F.layer_norm(x, x.shape[-1:], eps=eps) * gamma[:, None] + beta[:, None]
-
-    def gate(h):  # (T, B, d) -> (T, B, d)
-        return torch.sigmoid(torch.einsum("tbr,tdr->tbd", F.relu(torch.einsum("tbd,trd->tbr", h, w1)), w2))
-
-    mlp = torch.einsum("tbr,tdr->tbd", F.gelu(torch.einsum("bd,trd->tbr", z, wd) + bd[:, None]), wu) + bu[:, None]
-    zt = z.expand(len(modules), *z.shape)
-    if variant == "luca":
-        h = norm(zt + mlp)
-        return h * gate(h)
-    if variant == "adapter":
-        return norm(mlp)
-    if variant == "calibrator":
-        return zt * gate(zt)
-    return zt * gate(zt) + norm(mlp)
-
-
-def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax entropy over the last dim, with the reference's +1e-9 inside the log."""
-    p = F.softmax(logits, dim=-1)
-    return -(p * torch.log(p + 1e-9)).sum(dim=-1)
+    @property
+    def study_routers(self) -> tuple[str, ...]:
+        """The routers recorded in diagnostics: the run's own, those asked for, and the oracle bound."""
+        return tuple(dict.fromkeys((self.router, *parse_names(self.routers, "routers"), "oracle")))
 
 
 def route_per_sample(all_logits: torch.Tensor) -> torch.Tensor:
-    """(T, B, C) -> chosen module per sample (B,): lowest entropy for that sample."""
-    return entropy(all_logits).argmin(dim=0)
+    """(T, B, C) -> chosen module per sample (B,): lowest entropy for that sample (the ``entropy`` router)."""
+    return apply_router("entropy", RouteInputs(all_logits))
 
 
 def route_reference(all_logits: torch.Tensor, batch: int) -> torch.Tensor:
@@ -179,6 +160,7 @@ class TOSCA(Strategy):
         self.modules_: nn.ModuleList = nn.ModuleList()
         self.head = CosineHead(d)
         self._trainable: list[int] = []
+        self.routing = RoutingMemory()  # per-task statistics for the routers that need them
 
     # ------------------------------------------------------------------------------------------ learning
     def _new_module(self, task_id: int) -> LuCA:
@@ -232,6 +214,8 @@ class TOSCA(Strategy):
         with torch.no_grad():  # prototypes of the task's classes in its own module's space
             feats = module(task.train.features.to(self.ctx.device)).cpu()
             self.head.set_rows(task.classes, class_means(feats, task.train.labels, task.classes))
+            # statistics for the other routers, from this task's training split only (the paper's rule needs none)
+            self.routing.fit_task(task.id, task.train.features, task.train.labels, self.head(feats.to(self.ctx.device)).cpu())
 
     def _train_epochs(self, task: Task, module: LuCA, optimizer, scheduler, advance) -> None:
         cfg = self.cfg
@@ -259,9 +243,17 @@ class TOSCA(Strategy):
         """One intra-op thread for the bottleneck-sized work on CPU (see clbench.blocks.torch_threads)."""
         return torch_threads(1) if self.ctx.device.type == "cpu" else contextlib.nullcontext()
 
-    def routes(self, all_logits: torch.Tensor, protocol: str) -> torch.Tensor:
+    def route_with(self, router: str, split: Split | None, all_logits: torch.Tensor,
+                   true_task: np.ndarray | None = None) -> torch.Tensor:
+        """Chosen module per image under ``router`` (per-sample; ``true_task`` for the oracle bound only)."""
+        self.routing.require(router, len(self.modules_))
+        features = None if split is None else split.features
+        return apply_router(router, RouteInputs(all_logits, features, self.routing, true_task))
+
+    def routes(self, all_logits: torch.Tensor, protocol: str, split: Split | None = None) -> torch.Tensor:
+        """Chosen module per image under ``protocol`` (``split``: the images, for rules that read features)."""
         if protocol == PER_SAMPLE:
-            return route_per_sample(all_logits)
+            return self.route_with(self.cfg.router, split, all_logits)
         if protocol == REFERENCE:
             return route_reference(all_logits, self.cfg.ref_eval_batch)
         raise ValueError(f"unknown protocol {protocol!r}")
@@ -269,19 +261,26 @@ class TOSCA(Strategy):
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
         all_logits = self.all_logits(split)
-        choice = self.routes(all_logits, protocol)
+        choice = self.routes(all_logits, protocol, split)
         return all_logits[choice, torch.arange(all_logits.shape[1])]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """As the base class; a checkpoint from before routers kept statistics loads only for rules needing none."""
+        super().load_state_dict(state)
+        for router in (self.cfg.router, *parse_names(self.cfg.routers, "routers")):
+            self.routing.require(router, len(self.modules_))
 
     @torch.no_grad()
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
-        """Routing accuracy per task, chosen-module histogram, oracle-routing accuracy, module similarity."""
+        """Routing accuracy per task, chosen-module histogram, oracle-routing accuracy, module similarity (weights
+        and outputs), and the routing study: :func:`clbench.routers.routing_summary` for every router asked for."""
         all_logits = self.all_logits(split)
         T = all_logits.shape[0]
         y = split.labels.numpy()
         true = torch.as_tensor(true_task)
         out: dict[str, Any] = {}
         for protocol in self.protocols:
-            choice = self.routes(all_logits, protocol)
+            choice = self.routes(all_logits, protocol, split)
             pred = all_logits[choice, torch.arange(len(y))].argmax(1).numpy()
             c = choice.numpy()
             out[protocol] = {
@@ -291,14 +290,36 @@ class TOSCA(Strategy):
                 "newest_module_share": float((c == T - 1).mean() * 100),
                 "acc": float((pred == y).mean() * 100),
             }
-        newest = out[PER_SAMPLE]["newest_module_share"]
-        if T > 1 and newest > 50.0:  # the known failure of entropy routing: the newest module wins everything
-            out["routing_warning"] = (f"entropy routing sends {newest:.0f}% of test images to the newest module "
-                                      f"(its task holds {100 * float((true_task == T - 1).mean()):.0f}% of them)")
+        out["routers"] = {name: routing_summary(self.route_with(name, split, all_logits, true_task), all_logits, y,
+                                                true_task, name) for name in self.cfg.study_routers}
+        warning = out["routers"][self.cfg.router]["collapse_warning"]  # one module wins far beyond its task's share
+        if warning:
+            out["routing_warning"] = warning
         oracle = all_logits[true, torch.arange(len(y))].argmax(1).numpy()
         out["oracle_acc"] = float((oracle == y).mean() * 100)
         out["module_cosine_similarity"] = self.module_similarity()
+        out.update(self.output_similarity(split))
+        out["router_temperatures"] = [t.temperature for t in self.routing.tasks]
         return out
+
+    @torch.no_grad()
+    def output_similarity(self, split: Split) -> dict[str, float | None]:
+        """How alike the modules' outputs are on the same images, the quantity routing depends on: the mean over
+        module pairs and images of cos(LuCA_i(z), LuCA_j(z)), and the same after removing each module's mean output
+        over the images (what is left once the shared LayerNorm offset is gone)."""
+        if len(self.modules_) < 2:
+            return {"module_output_cosine": None, "module_output_cosine_centred": None}
+        T = len(self.modules_)
+        with self._small_ops():
+            h = stacked_forward(list(self.modules_), split.features.to(self.ctx.device)).cpu()  # (T, N, d)
+
+        def mean_pairwise(x: torch.Tensor) -> float:
+            f = F.normalize(x, dim=-1)
+            gram = torch.einsum("tnd,snd->ts", f, f) / x.shape[1]  # (T, T) mean cosine per module pair
+            return float((gram.sum() - gram.diagonal().sum()) / (T * (T - 1)))
+
+        return {"module_output_cosine": mean_pairwise(h),
+                "module_output_cosine_centred": mean_pairwise(h - h.mean(dim=1, keepdim=True))}
 
     def module_similarity(self) -> float | None:
         """Mean pairwise cosine similarity between the modules' flattened weight matrices (W_down, W_up, W_1, W_2;
@@ -320,7 +341,7 @@ class TOSCA(Strategy):
         """Each image through the module it is routed to (per-sample), for t-SNE figures."""
         z = split.features.to(self.ctx.device)
         stacked = stacked_forward(list(self.modules_), z)  # (T, N, d)
-        choice = route_per_sample(self.head(stacked))
+        choice = self.route_with(self.cfg.router, split, self.head(stacked).cpu())
         return stacked[choice.to(stacked.device), torch.arange(len(z))].cpu()
 
     # ------------------------------------------------------------------------------------------ cost model

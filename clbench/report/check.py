@@ -483,6 +483,24 @@ def _registered_ci_profiles() -> dict[str, list[str]]:
                    if p == CI_PROFILE_PREFIX or p.startswith(CI_PROFILE_PREFIX + "-")] for name in STRATEGIES.names()}
 
 
+def settings_differences(strategy: str, want: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """Strategy settings that differ between a reference entry and a run. A setting the reference lacks counts as the
+    same when the run holds the strategy's default for it: it was added after the reference was written, and its
+    default keeps the measured behaviour (a new setting that changed it would have a non-default value or a new
+    default, and differ)."""
+    import dataclasses
+
+    from clbench.catalog import STRATEGIES
+
+    try:
+        defaults = {f.name: f.default for f in dataclasses.fields(STRATEGIES.get(strategy).Config)
+                    if f.default is not dataclasses.MISSING}
+    except ClbenchError:
+        defaults = {}
+    return sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k)
+                  and not (k not in want and k in defaults and got.get(k) == defaults[k]))
+
+
 def check(coll: Collection, ref: dict[str, Any], calibration: Sequence[dict[str, Any]] = (),
           reference_path: str = "REFERENCE") -> CheckResult:
     """Every rule of every reference entry against the runs of ``coll``; ``calibration``: this job's calibration
@@ -579,9 +597,9 @@ def check(coll: Collection, ref: dict[str, Any], calibration: Sequence[dict[str,
             rows.append(CheckRow(label, "seeds", str(entry.get("seeds")), str(seeds), "same", FAIL,
                                  "means over other seeds than the reference's are not comparable: run its seeds"))
         cfg = entry.get("strategy_config")
-        if cfg is not None and any(r.record.strategy_config != cfg for r in runs):
-            got_cfg = runs[0].record.strategy_config
-            diff = sorted(k for k in set(cfg) | set(got_cfg) if cfg.get(k) != got_cfg.get(k))
+        diff = sorted({k for r in runs for k in settings_differences(r.record.strategy, cfg, r.record.strategy_config)}) \
+            if cfg is not None else []
+        if diff:
             rows.append(CheckRow(label, "settings", "reference's", "differ: " + ", ".join(diff), "same", FAIL,
                                  f"the runs' {key.strategy} settings differ from the reference's ({', '.join(diff)}): "
                                  f"run the reference's profile, or {rewrite}"))

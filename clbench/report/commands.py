@@ -148,9 +148,29 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+# ------------------------------------------------------------------------------------------- routing-study
+def add_routing_study_args(p: argparse.ArgumentParser) -> None:
+    _add_run_dirs(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for study.md and figures/routing_study.*")
+    p.add_argument("--vary", metavar="FIELD",
+                   help="also tabulate the runs against this strategy setting (e.g. l1): module similarity and "
+                        "routing per router")
+
+
+def cmd_routing_study(args: argparse.Namespace) -> int:
+    from clbench.report.collect import collect
+    from clbench.report.study import write_study
+
+    path = write_study(collect(args.run_dirs), Path(args.out), args.vary, command=_invocation())
+    print(f"routing study -> {path}")
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "report": ("tables, figures and a static HTML page from run records", add_report_args, cmd_report),
     "compare": ("one figure and one table comparing strategies on one benchmark", add_compare_args, cmd_compare),
     "check": ("regression gate: compare runs with a reference file (or write one from runs)", add_check_args,
               cmd_check),
+    "routing-study": ("router x (routing acc, final, average) tables and a figure from runs that recorded several "
+                      "routers (--set routers=...)", add_routing_study_args, cmd_routing_study),
 }

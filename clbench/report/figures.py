@@ -473,13 +473,49 @@ def tsne(coll: Collection, out_dir: Path, max_points: int = TSNE_MAX_POINTS) -> 
     return figures, notes
 
 
+# ------------------------------------------------------------------------------------------- routing study
+def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
+    """Routed accuracy after each task per router (mean over seeds), oracle as the ceiling; one panel per benchmark
+    and strategy setting."""
+    import matplotlib
+
+    from clbench.report.routing import BOUND, _seed_groups, router_curves, study_runs
+
+    runs = study_runs(coll)
+    if not runs:
+        return None
+    groups = _seed_groups(runs)
+    with matplotlib.rc_context(RC):
+        cols = min(len(groups), 4)
+        fig, axes = _new_figure(cols, (len(groups) + cols - 1) // cols, 3.6, 2.7)
+        for ax, ((bench, strategy, _), group) in zip(axes, groups.items()):
+            curves = [router_curves(r) for r in group]
+            xs = group[0].classes_seen
+            for i, name in enumerate(curves[0]):
+                mean = np.mean([c[name] for c in curves], axis=0)
+                style = {"color": "black", "ls": "--", "marker": "s"} if name == BOUND else {"color": f"C{i}", "marker": "o"}
+                ax.plot(xs[: len(mean)], mean, ms=2, lw=1, label=name, **style)
+            ax.set_xlabel("number of classes seen", fontsize=7)
+            ax.set_ylabel("routed accuracy (%)", fontsize=7)
+            ax.set_title(f"{strategy} on {bench}: " + ", ".join(r.run_id for r in group), fontsize=6)
+            ax.tick_params(labelsize=6)
+        axes[0].legend(frameon=False, fontsize=5)
+        for ax in axes[len(groups):]:
+            ax.set_visible(False)
+        title = "Routing study: routed accuracy per router"
+        caption = (f"{title}, after each task (mean over the seeds of a panel's runs), every router on the same "
+                   f"trained modules; the dashed black line is oracle routing (each image through its own task's "
+                   f"module). " + provenance(runs))
+        return _save(fig, out_dir, "routing_study", title, caption, runs)
+
+
 # ------------------------------------------------------------------------------------------- all
 def make_figures(coll: Collection, out_dir: Path, with_tsne: bool = True,
                  tsne_points: int = TSNE_MAX_POINTS) -> tuple[list[FigureOut], list[str]]:
     """Every figure of a report, saved under ``out_dir/figures``; returns them and notes on what is absent."""
     figs: list[FigureOut] = []
     notes: list[str] = []
-    for make in (accuracy_curves, accuracy_vs_params, wall_clock, routing):
+    for make in (accuracy_curves, accuracy_vs_params, wall_clock, routing, routing_study):
         f = make(coll, out_dir)
         if f is not None:
             figs.append(f)

@@ -281,6 +281,8 @@ def sections(coll: Collection) -> list[Section]:
         out.append(Section("Routing diagnostics (after the last task)", "routing", routing,
                            intro="Routing accuracy: share of test images sent to their own task's module. Oracle: "
                                  "accuracy when every image uses its own task's module."))
+
+    out.extend(routing_study_sections(coll))
     out.append(Section("Runs", "runs", runs_table(coll), intro="Every run the numbers and figures above come from."))
     out.append(Section("Skipped", "skipped", skipped_table(coll) if coll.skipped else None,
                        intro="Folders without a complete record; none of them is averaged in." if coll.skipped
@@ -329,3 +331,15 @@ def section_markdown(sec: Section, level: int = 2) -> str:
 def markdown_tables(coll: Collection) -> str:
     """Every table of the report as Markdown (the content the golden-file test compares)."""
     return "\n".join(section_markdown(s) for s in sections(coll)).rstrip() + "\n"
+
+
+def routing_study_sections(coll: Collection) -> list[Section]:
+    """Report sections (one table per study run), for :func:`clbench.report.tables.sections`."""
+    from clbench.report.routing import study_runs, study_table
+
+    return [Section(f"Routing study: {r.run_id} ({r.strategy} on {r.record.bench})", f"routing-study-{r.run_id}",
+                    study_table(r),
+                    intro="Every router evaluated on the same trained modules; accuracy in %, after the last task "
+                          "(final) and averaged over tasks (avg). Oracle: each image through its own task's module. "
+                          "Gap closed: (router - run's own router) / (oracle - run's own router), final accuracy.")
+            for r in study_runs(coll)]
