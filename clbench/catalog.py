@@ -30,6 +30,8 @@ STRATEGIES.register_lazy("ease", "baselines.ease:EASE")
 STRATEGIES.register_lazy("tosca", "tosca.strategy:TOSCA")
 STRATEGIES.register_lazy("mos", "baselines.mos:MOS")
 STRATEGIES.register_lazy("dualprompt", "baselines.dualprompt:DualPrompt")
+STRATEGIES.register_lazy("ranpac", "baselines.ranpac:RanPAC")
+STRATEGIES.register_lazy("aper", "baselines.aper:APER")
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
 EXAMPLE_STRATEGIES = (FEATURED_STRATEGY, DEFAULT_STRATEGY)  # help-text examples of a strategy list

@@ -13,7 +13,7 @@ from clbench.config import make_strategy_config
 from clbench.strategy import RunShape
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = {"epochs": "1"}
+FAST = {"epochs": "1", "M": "512"}  # RanPAC's M: no 10,000 x 10,000 solves on the micro ViT
 
 
 def _cfg(name: str, profile: str | None = None, **overrides):

@@ -1,0 +1,309 @@
+"""APER (adapter variant): adapt the pre-trained ViT on the first task only, then prototypes on the concatenation
+of the frozen and the adapted features.
+
+Paper: Zhou et al., "Revisiting Class-Incremental Learning with Pre-Trained Models: Generalizability and
+Adaptivity are All You Need", IJCV 2024, arXiv 2303.07338 (APER, first published as ADAM).
+Reference implementation checked: LAMDA-PILOT ``models/aper_adapter.py`` (``_train``, ``replace_fc``),
+``utils/inc_net.py`` (``SimpleVitNet``, ``MultiBranchCosineIncrementalNet.construct_dual_branch_network``, the
+AdaptFormer ``tuning_config``), ``backbone/vit_adapter.py``, ``backbone/linears.py`` (``CosineLinear``) and
+``exps/aper_aperpter.json``; the original ``zhoudw-zdw/RevisitingCIL`` configs (same defaults).
+
+Algorithm, for task t with new classes C_t:
+
+1. Task 0 only ("first-session adaptation"): insert one AdaptFormer adapter beside the MLP of every block
+   (bottleneck r = 64, scale 0.1, dropout 0.1, W_down kaiming-uniform, W_up and biases zero, so training starts from
+   the pre-trained network) and train it with a cosine head over the task-0 classes (cross-entropy, train
+   transform): SGD lr 0.01, momentum 0.9, weight decay 5e-4, cosine schedule to 0 over 20 epochs, batch 48. The
+   head is then discarded; the adapted ViT is frozen for good.
+2. Every task (0 included): for each new class, its prototype is the mean of concat(f_ptm(x), f_adapted(x)) over its
+   training images (test transform), a 2d-dimensional vector (1,536 for ViT-B).
+3. Inference: argmax_c cos(concat(f_ptm(x), f_adapted(x)), P_c); the concatenation is normalised as a whole; the
+   head's sigma is 1 and never trained.
+
+Cost: from task 1 on nothing is trained. The pre-trained branch is clbench's cached frozen feature
+(``Split.features``); the adapted branch is computed once per image and kept in the strategy
+(:class:`AdaptedFeatures`, keyed by image identity), so every later training image and every test image passes
+the adapted ViT exactly once, however many evaluations follow.
+
+The first-session tuning and the adapted-feature store are shared with RanPAC (``baselines/ranpac.py``), which
+adopted APER's first session as its "Phase 1".
+
+Deviations from the paper / reference code:
+
+- The pre-trained branch is the frozen backbone itself (its cached [CLS] feature), not a second copy of the
+  weights: same numbers, half the memory.
+- Adapted features are cached per image after task 0 (the reference recomputes both branches for every
+  evaluation and every prototype pass); the adapted ViT is frozen then, so the numbers are the same.
+- The reference computes test accuracy after every first-session epoch for its log; nothing is selected on it and
+  clbench skips it.
+- DINOv2 blocks have LayerScale; the adapter output is added outside ``ls2``, exactly as in EASE
+  (``clbench.blocks.vit_block``): see ``baselines/ease.py`` for why.
+- The task-0 head is ``clbench.blocks.CosineHead`` with ``CosineLinear``'s init (uniform(-1/sqrt(d), 1/sqrt(d)) rows,
+  learnable sigma 1), over the task's classes in arrival order.
+- Adapter dropout and the first-session shuffling draw from private generators (``ctx.generator``), not the global
+  RNG.
+- The reference hard-codes width 768; here the width is the backbone's ``num_features`` (any d; prototypes 2d).
+- The backbone runs at the run's precision (bf16 autocast where ``--precision`` resolves to it); heads and
+  prototypes are float32.
+- ``train_per_class`` (CI profile only) restricts both the tuning and the prototypes to the first k training images
+  of each class.
+- The CPU ``quick`` profile (not the default) runs at 112 px with 3 first-session epochs instead of 20; see
+  ``APER.profiles``. Transforms, class order and task split are the harness's, shared by every method.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from baselines.ease import AdapterSet, adapter_set_size
+from clbench.blocks import (
+    CosineHead,
+    check_vit_blocks,
+    class_means,
+    cosine_lr,
+    first_per_class,
+    optimizer_step,
+    vit_forward_tokens,
+    vit_tokens,
+)
+from clbench.errors import ClbenchError
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+
+
+@dataclass(frozen=True)
+class APERConfig:
+    """Defaults: PILOT ``exps/aper_aperpter.json`` (CIFAR-100 B0 Inc10) and ``utils/inc_net.py`` ``tuning_config``."""
+
+    bottleneck: int = 64  # "ffn_num": adapter bottleneck r
+    adapter_scale: float = 0.1  # tuning_config ffn_adapter_scalar "0.1"
+    adapter_dropout: float = 0.1  # backbone/vit_adapter.py: Adapter(dropout=0.1)
+    lr: float = 0.01  # "init_lr"
+    momentum: float = 0.9  # models/aper_adapter.py: optim.SGD(momentum=0.9) ("optimizer": "sgd")
+    weight_decay: float = 5e-4  # "weight_decay"
+    min_lr: float = 0.0  # "min_lr": eta_min of CosineAnnealingLR, stepped once per epoch
+    epochs: int = 20  # "tuned_epoch": first session only; later tasks train nothing
+    batch_size: int = 48  # "batch_size" (training)
+    eval_batch_size: int = 48  # the reference's prototype/test loaders reuse "batch_size"; speed only
+    train_per_class: int | None = None  # clbench: tuning and prototypes from the first k images per class (CI)
+
+    def __post_init__(self) -> None:
+        check_first_session_fields(self)
+
+
+def check_first_session_fields(cfg: Any) -> None:
+    """Cross-field checks shared by APER and RanPAC configs; raises ``ValueError`` naming the field."""
+    for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.train_per_class is not None and cfg.train_per_class < 1:
+        raise ValueError(f"train_per_class must be >= 1 or None, got {cfg.train_per_class}")
+    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
+        raise ValueError(f"lr must be a positive number, got {cfg.lr}")
+    if not 0 <= cfg.min_lr <= cfg.lr:
+        raise ValueError(f"min_lr must be in [0, lr], got {cfg.min_lr}")
+    if not 0 <= cfg.adapter_dropout < 1:
+        raise ValueError(f"adapter_dropout must be in [0, 1), got {cfg.adapter_dropout}")
+    for name in ("momentum", "weight_decay", "adapter_scale"):
+        if not (getattr(cfg, name) >= 0 and math.isfinite(getattr(cfg, name))):
+            raise ValueError(f"{name} must be a finite number >= 0, got {getattr(cfg, name)}")
+
+
+# ----------------------------------------------------------------------------------------------- shared pieces
+def adapted_cls(model: nn.Module, images: torch.Tensor, adapters: AdapterSet, ctx: Context) -> torch.Tensor:
+    """(B, d) float32 [CLS] pre-logits feature of the frozen ViT with one adapter per block."""
+    with ctx.autocast():
+        x = vit_forward_tokens(model, vit_tokens(model, images), adapters)  # (B, N, d)
+        return model.forward_head(x, pre_logits=True).float()
+
+
+def tune_first_session(model: nn.Module, task: Task, cfg: Any, ctx: Context,
+                       label: str) -> tuple[AdapterSet, CosineHead]:
+    """Phase 1 of APER / RanPAC: a fresh adapter set and a cosine head over ``task.classes``, trained with
+    cross-entropy on the augmented training images (SGD with momentum and weight decay over adapters, head and
+    sigma, as the reference's ``optim.SGD(self._network.parameters(), ...)`` where only those have gradients;
+    cosine schedule stepped per epoch). Returns the adapters frozen in eval mode and the trained head."""
+    dev, dim, n_blocks = ctx.device, ctx.backbone.num_features, len(model.blocks)
+    adapters = AdapterSet(n_blocks, dim, cfg, ctx.generator(1000)).to(dev)
+    head = CosineHead(dim)
+    head.grow(len(task.classes))
+    with torch.no_grad():
+        bound = 1.0 / math.sqrt(dim)  # CosineLinear.reset_parameters
+        head.weight.uniform_(-bound, bound, generator=ctx.generator(2000))
+    head.to(dev)
+    local = torch.full((task.n_seen,), -1, dtype=torch.long)
+    local[torch.as_tensor(task.classes)] = torch.arange(len(task.classes))  # label -> row of the task-0 head
+    optimizer = torch.optim.SGD([*adapters.parameters(), *head.parameters()], lr=cfg.lr, momentum=cfg.momentum,
+                                weight_decay=cfg.weight_decay)
+    schedule = cosine_lr(optimizer, cfg.epochs, eta_min=cfg.min_lr)
+    loader = task.train.image_loader(cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(3000))
+    seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator(4000)))
+    adapters.set_dropout_generator(torch.Generator(device=dev).manual_seed(seed))
+    advance = ctx.progress(f"{label} first session", cfg.epochs * len(loader)) if ctx.progress else None
+    adapters.train()
+    for epoch in range(cfg.epochs):
+        total, n = 0.0, 0
+        for images, labels, _ in loader:
+            target = local[labels].to(dev)
+            logits = head(adapted_cls(model, images.to(dev), adapters, ctx))  # (B, |C_0|)
+            value = optimizer_step(optimizer, F.cross_entropy(logits, target), f"first session epoch {epoch}")
+            total, n = total + value * len(target), n + len(target)
+            if advance:
+                advance(1)
+        schedule.step()
+        ctx.log(f"  {label} first session epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
+    adapters.set_dropout_generator(None)
+    adapters.requires_grad_(False)
+    adapters.eval()
+    return adapters, head
+
+
+class AdaptedFeatures:
+    """Adapted [CLS] features computed once per image and kept, keyed by image identity (the source's content
+    fingerprint and the image's index in it). Valid because the adapted ViT never changes after task 0; saved with
+    the strategy, so a resumed run does not pass an image again. Only computed rows are stored (a row index per
+    image of the source, -1 where not computed). ``passes`` counts images sent through the ViT."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # fingerprint -> ((len,) int32 row, (K, d))
+        self.passes = 0
+
+    def get(self, split: Split, compute: Callable[[torch.Tensor], torch.Tensor], batch_size: int,
+            device: torch.device) -> torch.Tensor:
+        """(len(split), d) float32 features of ``split``'s images (eval transform), computing only the missing."""
+        key = split.source.fingerprint()
+        if key not in self.tables:
+            self.tables[key] = (torch.full((len(split.source),), -1, dtype=torch.int32), torch.zeros(0, self.dim))
+        row, feats = self.tables[key]
+        need = np.flatnonzero(row.numpy()[split.indices] < 0)
+        if need.size:
+            _, first = np.unique(split.indices[need], return_index=True)  # an image listed twice passes once
+            missing = split.subset(need[np.sort(first)])
+            new = []
+            with torch.no_grad():
+                for images, _, _ in missing.image_loader(batch_size, augment=False):
+                    new.append(compute(images.to(device)).cpu())
+                    self.passes += len(images)
+            row[torch.as_tensor(missing.indices)] = torch.arange(len(feats), len(feats) + len(missing),
+                                                                 dtype=torch.int32)
+            feats = torch.cat([feats, *new])
+            self.tables[key] = (row, feats)
+        return feats[row[torch.as_tensor(split.indices)].long()]
+
+
+def check_width(name: str, saved: int, dim: int) -> None:
+    """A resumed state must come from a backbone of the current width."""
+    if saved != dim:
+        raise ClbenchError(f"{name}: the saved run was made on {saved}-d backbone features, but this backbone gives "
+                           f"{dim}-d features", "resume with the backbone the run started with, or start over "
+                           "with --overwrite")
+
+
+# ----------------------------------------------------------------------------------------------- the strategy
+class APER(Strategy):
+    name = "aper"
+    Config = APERConfig
+    needs_vit = True
+    # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
+    # 2 cores: 112 px input (8x8 patches of 14 px) and 3 first-session epochs instead of 20 (the only backward
+    # passes of the run); afterwards one adapted pass per image.
+    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): 56 px (the shared CI feature cache),
+    # 3 tasks of 12 classes, the first 16 training images per class, 2 first-session epochs.
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {
+        "quick": {"img_size": 112, "epochs": 3},
+        "ci": {"img_size": 56, "init_cls": 12, "increment": 12, "epochs": 2, "train_per_class": 16},
+    }
+
+    def __init__(self, config: APERConfig, ctx: Context) -> None:
+        super().__init__(config, ctx)
+        self.model = ctx.backbone.model
+        check_vit_blocks(self.model)
+        self.dim = ctx.backbone.num_features
+        self.adapters: AdapterSet | None = None  # trained in task 0, frozen afterwards
+        self.head = CosineHead(2 * self.dim, learn_sigma=False)  # rows: prototypes on concat(frozen, adapted)
+        self.store = AdaptedFeatures(self.dim)
+        self.n_classes = 0
+        self._added: list[int] = []
+        self._trainable: list[int] = []
+
+    # ---------------------------------------------------------------------------------------- features
+    def features(self, split: Split) -> torch.Tensor:
+        """(N, 2d) concat(frozen [CLS] from clbench's cache, adapted [CLS] from the strategy's store)."""
+        if self.adapters is None:
+            raise RuntimeError("APER has no adapted backbone before task 0")
+        adapted = self.store.get(split, lambda x: adapted_cls(self.model, x, self.adapters, self.ctx),
+                                 self.cfg.eval_batch_size, self.ctx.device)
+        return torch.cat([split.features.float(), adapted], dim=1)
+
+    # ---------------------------------------------------------------------------------------- learning
+    def learn_task(self, task: Task) -> None:
+        cfg = self.cfg
+        if cfg.train_per_class is not None:
+            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
+            raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
+        adapters = trainable = 0
+        if self.adapters is None:  # first session: tune, keep the adapters, discard the head
+            self.adapters, head = tune_first_session(self.model, task, cfg, self.ctx, "APER")
+            adapters = adapter_set_size(len(self.model.blocks), self.dim, cfg.bottleneck)
+            trainable = adapters + n_head_params(head)
+        feats = self.features(task.train)  # (N_t, 2d)
+        protos = class_means(feats, task.train.labels, sorted(task.classes))  # (C_t, 2d), label order
+        self.head.grow(task.n_seen)
+        self.head.set_rows(sorted(task.classes), protos)
+        self.n_classes = task.n_seen
+        self._added.append(protos.numel() + adapters)
+        self._trainable.append(trainable)
+
+    # ---------------------------------------------------------------------------------------- prediction
+    @torch.no_grad()
+    def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
+        if protocol != PER_SAMPLE:
+            raise ValueError(f"unknown protocol {protocol!r}; APER supports {PER_SAMPLE}")
+        return self.head(self.features(split))  # (N, n_seen): cosine to each prototype, sigma 1
+
+    def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
+        return {"adapted_passes_total": self.store.passes, "backbone_passes_per_test_image": 1}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_width("aper", int(state["dim"]), self.dim)
+        super().load_state_dict(state)
+
+    # ---------------------------------------------------------------------------------------- accounting
+    def param_counts(self) -> ParamCounts:
+        return ParamCounts(
+            added_per_task=list(self._added), trainable_per_task=list(self._trainable),
+            head=self.head.weight.numel(),
+            extra={"adapter_params": adapter_set_size(len(self.model.blocks), self.dim, self.cfg.bottleneck),
+                   "prototype_width": 2 * self.dim})
+
+    @classmethod
+    def param_formula(cls, cfg: APERConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+        """Task 0: adapters (depth * (2 d r + r + d)) and its prototypes; trained: adapters, the task-0 cosine head
+        (d per class) and its sigma. Later tasks: 2d per new class, nothing trained."""
+        adapters = adapter_set_size(depth, d, cfg.bottleneck)
+        added = [2 * d * n + (adapters if t == 0 else 0) for t, n in enumerate(task_sizes)]
+        trainable = [adapters + d * n + 1 if t == 0 else 0 for t, n in enumerate(task_sizes)]
+        return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=2 * d * sum(task_sizes),
+                           extra={"adapter_params": adapters, "prototype_width": 2 * d})
+
+    @classmethod
+    def work(cls, cfg: APERConfig, shape: RunShape) -> Work:
+        """Frozen features of every image (clbench's cache), task-0 training passes, then one adapted pass per
+        training and test image (kept by the strategy)."""
+        learnt = shape.first_per_class(cfg.train_per_class).train_per_task  # the images tuning and prototypes use
+        n_test = max(shape.test_seen, default=0)
+        frozen = sum(shape.train_per_task) + n_test
+        return Work(f=frozen + sum(learnt) + n_test, b=cfg.epochs * learnt[0], f_cacheable=frozen)
+
+
+def n_head_params(head: CosineHead) -> int:
+    return head.weight.numel() + head.sigma.numel()
