@@ -61,8 +61,11 @@ def extract(
     progress: Progress | None = None,
     num_workers: int = 0,
 ) -> torch.Tensor:
-    """Features (N, d) float32 on the CPU for ``source`` (or its ``indices``), in order."""
-    loader = DataLoader(TransformedImages(source, transform, indices), batch_size=batch_size, num_workers=num_workers)
+    """Features (N, d) float32 on the CPU for ``source`` (or its ``indices``), in order. Draws nothing from the global
+    RNG (the loader has its own generator): a run whose features came from the cache and one that computed them
+    leave the global RNG in the same state, so their training augmentations, and results, are the same."""
+    loader = DataLoader(TransformedImages(source, transform, indices), batch_size=batch_size, num_workers=num_workers,
+                        generator=torch.Generator().manual_seed(0))
     out: list[torch.Tensor] = []
     for x, _ in loader:
         with autocast(precision, device.type):

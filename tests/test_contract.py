@@ -56,3 +56,15 @@ def test_same_seed_same_matrix(strategy_name, tmp_path):
     assert a.accuracy_matrix == b.accuracy_matrix
     assert a.params == b.params
     assert len(a.accuracy_matrix) == 3 and all(len(r) == i + 1 for i, r in enumerate(a.accuracy_matrix))
+
+
+def test_feature_extraction_draws_nothing_from_the_global_rng(micro_session_factory):
+    """A run that computes its features and one that finds them in the cache must leave the global RNG alike, or the
+    training augmentations drawn after it (and so the results) depend on the cache's state."""
+    from clbench.features import extract
+
+    s = micro_session_factory("simplecil")
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    extract(s.backbone, s.bench.test, s.eval_tf.build(), torch.device("cpu"), "fp32", batch_size=256)
+    assert torch.equal(torch.get_rng_state(), before)
