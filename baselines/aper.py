@@ -124,8 +124,9 @@ def adapted_cls(model: nn.Module, images: torch.Tensor, adapters: AdapterSet, ct
         return model.forward_head(x, pre_logits=True).float()
 
 
-def tune_first_session(model: nn.Module, task: Task, cfg: Any, ctx: Context,
-                       label: str) -> tuple[AdapterSet, CosineHead]:
+def tune_first_session(
+    model: nn.Module, task: Task, cfg: Any, ctx: Context, label: str
+) -> tuple[AdapterSet, CosineHead]:
     """Phase 1 of APER / RanPAC: a fresh adapter set and a cosine head over ``task.classes``, trained with
     cross-entropy on the augmented training images (SGD with momentum and weight decay over adapters, head and
     sigma, as the reference's ``optim.SGD(self._network.parameters(), ...)`` where only those have gradients;
@@ -140,8 +141,9 @@ def tune_first_session(model: nn.Module, task: Task, cfg: Any, ctx: Context,
     head.to(dev)
     local = torch.full((task.n_seen,), -1, dtype=torch.long)
     local[torch.as_tensor(task.classes)] = torch.arange(len(task.classes))  # label -> row of the task-0 head
-    optimizer = torch.optim.SGD([*adapters.parameters(), *head.parameters()], lr=cfg.lr, momentum=cfg.momentum,
-                                weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.SGD(
+        [*adapters.parameters(), *head.parameters()], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
     schedule = cosine_lr(optimizer, cfg.epochs, eta_min=cfg.min_lr)
     loader = task.train.image_loader(cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(3000))
     seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator(4000)))
@@ -176,8 +178,9 @@ class AdaptedFeatures:
         self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # fingerprint -> ((len,) int32 row, (K, d))
         self.passes = 0
 
-    def get(self, split: Split, compute: Callable[[torch.Tensor], torch.Tensor], batch_size: int,
-            device: torch.device) -> torch.Tensor:
+    def get(
+        self, split: Split, compute: Callable[[torch.Tensor], torch.Tensor], batch_size: int, device: torch.device
+    ) -> torch.Tensor:
         """(len(split), d) float32 features of ``split``'s images (eval transform), computing only the missing."""
         key = split.source.fingerprint()
         if key not in self.tables:
@@ -192,8 +195,9 @@ class AdaptedFeatures:
                 for images, _, _ in missing.image_loader(batch_size, augment=False):
                     new.append(compute(images.to(device)).cpu())
                     self.passes += len(images)
-            row[torch.as_tensor(missing.indices)] = torch.arange(len(feats), len(feats) + len(missing),
-                                                                 dtype=torch.int32)
+            row[torch.as_tensor(missing.indices)] = torch.arange(
+                len(feats), len(feats) + len(missing), dtype=torch.int32
+            )
             feats = torch.cat([feats, *new])
             self.tables[key] = (row, feats)
         return feats[row[torch.as_tensor(split.indices)].long()]
@@ -202,9 +206,10 @@ class AdaptedFeatures:
 def check_width(name: str, saved: int, dim: int) -> None:
     """A resumed state must come from a backbone of the current width."""
     if saved != dim:
-        raise ClbenchError(f"{name}: the saved run was made on {saved}-d backbone features, but this backbone gives "
-                           f"{dim}-d features", "resume with the backbone the run started with, or start over "
-                           "with --overwrite")
+        raise ClbenchError(
+            f"{name}: the saved run was made on {saved}-d backbone features, but this backbone gives {dim}-d features",
+            "resume with the backbone the run started with, or start over with --overwrite",
+        )
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
@@ -239,8 +244,12 @@ class APER(Strategy):
         """(N, 2d) concat(frozen [CLS] from clbench's cache, adapted [CLS] from the strategy's store)."""
         if self.adapters is None:
             raise RuntimeError("APER has no adapted backbone before task 0")
-        adapted = self.store.get(split, lambda x: adapted_cls(self.model, x, self.adapters, self.ctx),
-                                 self.cfg.eval_batch_size, self.ctx.device)
+        adapted = self.store.get(
+            split,
+            lambda x: adapted_cls(self.model, x, self.adapters, self.ctx),
+            self.cfg.eval_batch_size,
+            self.ctx.device,
+        )
         return torch.cat([split.features.float(), adapted], dim=1)
 
     # ---------------------------------------------------------------------------------------- learning
@@ -280,10 +289,14 @@ class APER(Strategy):
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:
         return ParamCounts(
-            added_per_task=list(self._added), trainable_per_task=list(self._trainable),
+            added_per_task=list(self._added),
+            trainable_per_task=list(self._trainable),
             head=self.head.weight.numel(),
-            extra={"adapter_params": adapter_set_size(len(self.model.blocks), self.dim, self.cfg.bottleneck),
-                   "prototype_width": 2 * self.dim})
+            extra={
+                "adapter_params": adapter_set_size(len(self.model.blocks), self.dim, self.cfg.bottleneck),
+                "prototype_width": 2 * self.dim,
+            },
+        )
 
     @classmethod
     def param_formula(cls, cfg: APERConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
@@ -292,8 +305,12 @@ class APER(Strategy):
         adapters = adapter_set_size(depth, d, cfg.bottleneck)
         added = [2 * d * n + (adapters if t == 0 else 0) for t, n in enumerate(task_sizes)]
         trainable = [adapters + d * n + 1 if t == 0 else 0 for t, n in enumerate(task_sizes)]
-        return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=2 * d * sum(task_sizes),
-                           extra={"adapter_params": adapters, "prototype_width": 2 * d})
+        return ParamCounts(
+            added_per_task=added,
+            trainable_per_task=trainable,
+            head=2 * d * sum(task_sizes),
+            extra={"adapter_params": adapters, "prototype_width": 2 * d},
+        )
 
     @classmethod
     def work(cls, cfg: APERConfig, shape: RunShape) -> Work:

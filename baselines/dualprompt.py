@@ -226,8 +226,10 @@ class DualPrompt(Strategy):
         depth = len(self.model.blocks)
         self.g_layers, self.e_layers = prompt_layers(config, depth)
         if not self.e_layers:
-            raise ClbenchError(f"DualPrompt e_prompt_layers {config.e_prompt_layers!r}: none below the backbone's "
-                               f"{depth} blocks", "set e_prompt_layers to blocks below the depth")
+            raise ClbenchError(
+                f"DualPrompt e_prompt_layers {config.e_prompt_layers!r}: none below the backbone's {depth} blocks",
+                "set e_prompt_layers to blocks below the depth",
+            )
         dropped = sorted(set(config.g_layers + config.e_layers) - set(self.g_layers + self.e_layers))
         if dropped:  # the reference's block loop never reaches them either
             ctx.log(f"  DualPrompt: the backbone has {depth} blocks; prompt layers {dropped} are not used")
@@ -245,7 +247,6 @@ class DualPrompt(Strategy):
     # ---------------------------------------------------------------------------------------- forward
     def _forward(self, images: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Logits (B, n_seen_head) float32 with E-prompt ``slots`` (B,) for the batch's images."""
-        cfg = self.cfg
         g_at = {layer: i for i, layer in enumerate(self.g_layers)}
         e_at = {layer: i for i, layer in enumerate(self.e_layers)}
         e = self.prompts.e[slots]  # (B, n_e, 2, L_e, d)
@@ -273,8 +274,10 @@ class DualPrompt(Strategy):
     def learn_task(self, task: Task) -> None:
         cfg, ctx, dev, t = self.cfg, self.ctx, self.ctx.device, self.n_tasks
         if t >= cfg.pool_size:
-            raise ClbenchError(f"DualPrompt has {cfg.pool_size} E-prompt slots but this is task {t + 1}",
-                               f"run with --set pool_size=N, N >= the number of tasks")
+            raise ClbenchError(
+                f"DualPrompt has {cfg.pool_size} E-prompt slots but this is task {t + 1}",
+                "run with --set pool_size=N, N >= the number of tasks",
+            )
         if cfg.train_per_class is not None:
             task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
         self.head.grow(task.n_seen, ctx.generator(1000 + t))
@@ -284,8 +287,9 @@ class DualPrompt(Strategy):
                 self.prompts.e[t] = self.prompts.e[t - 1]
         params = [self.prompts.g, self.prompts.e, self.prompts.keys, self.head.weight, self.head.bias]
         optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)  # re-created per task
-        loader = task.train.image_loader(cfg.batch_size, augment=True, shuffle=True,
-                                         generator=ctx.generator(2000 + task.id))
+        loader = task.train.image_loader(
+            cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
+        )
         advance = ctx.progress(f"DualPrompt task {task.id}", cfg.epochs * len(loader)) if ctx.progress else None
         for epoch in range(cfg.epochs):
             total, n = 0.0, 0
@@ -313,7 +317,7 @@ class DualPrompt(Strategy):
         among the keys of the tasks learnt so far (all pool keys with ``match_unseen_keys``)."""
         sim = self.prompts.similarity(query)  # (B, M)
         if not self.cfg.match_unseen_keys:
-            sim = sim[:, :max(self.n_tasks, 1)]
+            sim = sim[:, : max(self.n_tasks, 1)]
         return select_prompts(sim, 1, batchwise)[:, 0]
 
     @torch.no_grad()
@@ -325,7 +329,7 @@ class DualPrompt(Strategy):
         for images, _, positions in split.image_loader(batch, augment=False):
             query = split.features[positions].to(self.ctx.device)  # cached frozen [CLS]: the eval-transform query
             slots = self.select(query, batchwise=protocol == REFERENCE)
-            out.append(self._forward(images.to(self.ctx.device), slots)[:, :self.n_seen].float().cpu())
+            out.append(self._forward(images.to(self.ctx.device), slots)[:, : self.n_seen].float().cpu())
         return torch.cat(out)
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
@@ -335,7 +339,7 @@ class DualPrompt(Strategy):
             query = split.features.to(self.ctx.device)
             own = self.select(query, batchwise=False)
             b = self.cfg.eval_batch_size
-            voted = torch.cat([self.select(query[s:s + b], batchwise=True) for s in range(0, len(query), b)])
+            voted = torch.cat([self.select(query[s : s + b], batchwise=True) for s in range(0, len(query), b)])
         own_np, voted_np, true_task = own.cpu().numpy(), voted.cpu().numpy(), np.asarray(true_task)
         return {
             "prompt_usage_per_sample": np.bincount(own_np, minlength=self.cfg.pool_size).tolist(),
@@ -361,8 +365,12 @@ class DualPrompt(Strategy):
             rows = n * (d + 1)
             added.append(e + d + rows + (g if t == 0 else 0))
             trainable.append(g + e + d + (n_seen * (d + 1) if cfg.weight_decay > 0 else rows))
-        return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=n_seen * (d + 1),
-                           extra={"g_prompt": g, "e_prompt_per_slot": e, "pool_allocated": cfg.pool_size * (e + d)})
+        return ParamCounts(
+            added_per_task=added,
+            trainable_per_task=trainable,
+            head=n_seen * (d + 1),
+            extra={"g_prompt": g, "e_prompt_per_slot": e, "pool_allocated": cfg.pool_size * (e + d)},
+        )
 
     def param_counts(self) -> ParamCounts:
         return ParamCounts(
@@ -389,5 +397,6 @@ class DualPrompt(Strategy):
         n_learn = sum(shape.first_per_class(cfg.train_per_class).train_per_task)
         cached = n_train + n_test
         augmented = cfg.epochs * n_learn if cfg.query == "augmented" else 0.0
-        return Work(f=cached + augmented + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn,
-                    f_cacheable=cached)
+        return Work(
+            f=cached + augmented + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn, f_cacheable=cached
+        )

@@ -41,7 +41,8 @@ Deviations from the paper / reference code:
   ViT is 0 in both.
 - The reference's ``forward_reweight`` slices subspaces with a default ``out_dim=768``; here the width is the
   backbone's ``num_features``. Class ranges come from the tasks' class lists, not ``init_cls``/``increment``.
-- The backbone runs at the run's precision (bf16 autocast where `--precision` resolves to it); heads, prototypes and logits are float32.
+- The backbone runs at the run's precision (bf16 autocast where `--precision` resolves to it); heads, prototypes
+  and logits are float32.
 - The reference's backbone is ViT-B/16 (timm ``vit_base_patch16_224``); clbench runs the benchmark's backbone
   (any width).
 - Transforms, normalisation, class order and task split are the harness's, shared by every method.
@@ -138,8 +139,9 @@ class AdapterSet(nn.ModuleList):
     """One adapter per block: the parameters added by one task."""
 
     def __init__(self, n_blocks: int, dim: int, cfg: EASEConfig, generator: torch.Generator) -> None:
-        super().__init__(Adapter(dim, cfg.bottleneck, cfg.adapter_scale, cfg.adapter_dropout, generator)
-                         for _ in range(n_blocks))
+        super().__init__(
+            Adapter(dim, cfg.bottleneck, cfg.adapter_scale, cfg.adapter_dropout, generator) for _ in range(n_blocks)
+        )
 
     def set_dropout_generator(self, generator: torch.Generator | None) -> None:
         for adapter in self:
@@ -222,8 +224,10 @@ class EASE(Strategy):
     @torch.no_grad()
     def _split_features(self, split: Split) -> torch.Tensor:
         """(N, T, d) features of ``split`` (eval transform) in every subspace, on the CPU."""
-        out = [self._features(images.to(self.ctx.device), list(self.adapter_sets)).cpu()
-               for images, _, _ in split.image_loader(self.cfg.eval_batch_size, augment=False)]
+        out = [
+            self._features(images.to(self.ctx.device), list(self.adapter_sets)).cpu()
+            for images, _, _ in split.image_loader(self.cfg.eval_batch_size, augment=False)
+        ]
         return torch.cat(out)
 
     # ---------------------------------------------------------------------------------------- learning
@@ -251,8 +255,9 @@ class EASE(Strategy):
         self.task_classes.append(list(task.classes))
         self.class_task.extend([t] * len(task.classes))
         feats = self._split_features(task.train)  # (N_t, t + 1, d)
-        new_protos = torch.stack([class_means(feats[:, j], task.train.labels, sorted(task.classes))
-                                  for j in range(t + 1)], dim=1)  # (C_t, t + 1, d), rows in label order
+        new_protos = torch.stack(
+            [class_means(feats[:, j], task.train.labels, sorted(task.classes)) for j in range(t + 1)], dim=1
+        )  # (C_t, t + 1, d), rows in label order
         old = torch.cat([self.protos, torch.zeros(self.protos.shape[0], 1, self.dim)], dim=1)
         self.protos = synthesize_prototypes(torch.cat([old, new_protos]), self.task_classes)
 
@@ -267,8 +272,9 @@ class EASE(Strategy):
         params = list(adapters.parameters()) + list(head.parameters())
         optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         schedule = cosine_lr(optimizer, cfg.epochs, eta_min=cfg.min_lr)
-        loader = task.train.image_loader(cfg.batch_size, augment=True, shuffle=True,
-                                         generator=ctx.generator(3000 + task.id))
+        loader = task.train.image_loader(
+            cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(3000 + task.id)
+        )
         seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator(4000 + task.id)))
         adapters.set_dropout_generator(torch.Generator(device=dev).manual_seed(seed))
         advance = ctx.progress(f"EASE task {task.id}", cfg.epochs * len(loader)) if ctx.progress else None
@@ -317,8 +323,10 @@ class EASE(Strategy):
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """Inference cost (backbone passes and measured seconds per test image) and the accuracy of the task
         implied by the predicted class."""
-        out: dict[str, Any] = {"adapter_sets": len(self.adapter_sets),
-                               "backbone_passes_per_image": len(self.adapter_sets)}
+        out: dict[str, Any] = {
+            "adapter_sets": len(self.adapter_sets),
+            "backbone_passes_per_image": len(self.adapter_sets),
+        }
         task = len(self.adapter_sets) - 1
         if task in self._eval_s_per_image:
             out["eval_s_per_image"] = self._eval_s_per_image[task]

@@ -204,8 +204,7 @@ class L2P(Strategy):
         self.n_seen = 0
 
     # ---------------------------------------------------------------------------------------- forward
-    def _forward(self, images: torch.Tensor, query: torch.Tensor, batchwise: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, images: torch.Tensor, query: torch.Tensor, batchwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, n_seen) float32 and the pull term sum_k cos(key, q) / B."""
         sim = self.pool.similarity(query)  # (B, M)
         idx = select_prompts(sim, self.cfg.top_k, batchwise)  # (B, k)
@@ -215,7 +214,7 @@ class L2P(Strategy):
         n_prefix, n_prompt = int(self.model.num_prefix_tokens), prompts.shape[1]
         with self.ctx.autocast():
             x = vit_forward_tokens(self.model, vit_tokens(self.model, images, prompts))  # (B, n_prefix + kL + N, d)
-            feat = self.model.fc_norm(x[:, n_prefix:n_prefix + n_prompt].mean(dim=1))  # (B, d): head_type "prompt"
+            feat = self.model.fc_norm(x[:, n_prefix : n_prefix + n_prompt].mean(dim=1))  # (B, d): head_type "prompt"
         return self.head(feat.float()), pull
 
     @torch.no_grad()
@@ -232,8 +231,9 @@ class L2P(Strategy):
         self.n_seen = task.n_seen
         params = [self.pool.prompts, self.pool.keys, self.head.weight, self.head.bias]
         optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)  # re-created per task
-        loader = task.train.image_loader(cfg.batch_size, augment=True, shuffle=True,
-                                         generator=ctx.generator(2000 + task.id))
+        loader = task.train.image_loader(
+            cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
+        )
         advance = ctx.progress(f"L2P task {task.id}", cfg.epochs * len(loader)) if ctx.progress else None
         batchwise = cfg.train_selection == "batchwise"
         self.pool.train()
@@ -241,7 +241,7 @@ class L2P(Strategy):
             total, n = 0.0, 0
             for images, labels, positions in loader:
                 images, labels = images.to(dev), labels.to(dev)
-                query = (task.train.features[positions].to(dev) if cfg.query == "cached" else self._query(images))
+                query = task.train.features[positions].to(dev) if cfg.query == "cached" else self._query(images)
                 logits, pull = self._forward(images, query, batchwise)
                 loss = masked_cross_entropy(logits, labels, task.classes) - cfg.pull_coeff * pull
                 value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")
@@ -271,7 +271,7 @@ class L2P(Strategy):
         for images, _, positions in split.image_loader(batch, augment=False):
             query = split.features[positions].to(self.ctx.device)  # cached frozen [CLS]: the eval-transform query
             logits, _ = self._forward(images.to(self.ctx.device), query, batchwise=protocol == REFERENCE)
-            out.append(logits[:, :self.n_seen].float().cpu())
+            out.append(logits[:, : self.n_seen].float().cpu())
         return torch.cat(out)
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
@@ -281,8 +281,9 @@ class L2P(Strategy):
             sim = self.pool.similarity(split.features.to(self.ctx.device))
             own = select_prompts(sim, self.cfg.top_k, batchwise=False)
             b = self.cfg.eval_batch_size
-            voted = torch.cat([select_prompts(sim[s:s + b], self.cfg.top_k, batchwise=True)
-                               for s in range(0, len(sim), b)])
+            voted = torch.cat(
+                [select_prompts(sim[s : s + b], self.cfg.top_k, batchwise=True) for s in range(0, len(sim), b)]
+            )
             same = (own.sort(dim=1).values == voted.sort(dim=1).values).all(dim=1)
             usage = torch.bincount(own.flatten(), minlength=self.cfg.pool_size)
         return {
@@ -300,8 +301,10 @@ class L2P(Strategy):
         n_train = sum(shape.first_per_class(cfg.train_per_class).train_per_task)
         k = (shape.tokens + cfg.top_k * cfg.prompt_length) / shape.tokens
         query = 0.0 if cfg.query == "cached" else 1.0
-        return Work(f=query * cfg.epochs * n_train + shape.protocols * sum(shape.test_seen) * (query + k),
-                    b=cfg.epochs * n_train * k)
+        return Work(
+            f=query * cfg.epochs * n_train + shape.protocols * sum(shape.test_seen) * (query + k),
+            b=cfg.epochs * n_train * k,
+        )
 
     @classmethod
     def param_formula(cls, cfg: L2PConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:

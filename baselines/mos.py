@@ -145,8 +145,9 @@ class MOSConfig:
         if self.ca_epochs < 0:
             raise ValueError(f"ca_epochs must be >= 0, got {self.ca_epochs}")
         if self.train_per_class is not None and self.train_per_class < 2:
-            raise ValueError(f"train_per_class must be >= 2 (a class covariance needs 2 images) or None, "
-                             f"got {self.train_per_class}")
+            raise ValueError(
+                f"train_per_class must be >= 2 (a class covariance needs 2 images) or None, got {self.train_per_class}"
+            )
         for name in ("lr", "ca_lr", "orth_temperature", "head_lr_scale"):
             if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
                 raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
@@ -164,8 +165,9 @@ class MOSConfig:
 
 
 # ----------------------------------------------------------------------------------------------- merging
-def merge_toward(target: AdapterSet, previous: Sequence[AdapterSet], momentum: float, in_place_data: bool = False
-                 ) -> None:
+def merge_toward(
+    target: AdapterSet, previous: Sequence[AdapterSet], momentum: float, in_place_data: bool = False
+) -> None:
     """theta <- (1 - m) theta + m * mean(previous), parameter by parameter (PILOT ``reweight_adapter``).
 
     ``in_place_data`` assigns ``.data`` as the reference does inside a forward (the autograd graph then sees the
@@ -173,8 +175,8 @@ def merge_toward(target: AdapterSet, previous: Sequence[AdapterSet], momentum: f
     if momentum == 0 or not previous:
         return
     with torch.no_grad():
-        means = [torch.stack(ps).mean(dim=0) for ps in zip(*(list(s.parameters()) for s in previous))]
-        for p, mean in zip(target.parameters(), means):
+        means = [torch.stack(ps).mean(dim=0) for ps in zip(*(list(s.parameters()) for s in previous), strict=False)]
+        for p, mean in zip(target.parameters(), means, strict=False):
             if in_place_data:
                 p.data = (1 - momentum) * p.data + momentum * mean
             else:
@@ -196,6 +198,7 @@ class _DriftingLayer(nn.Module):
 
 def drifting(adapters: AdapterSet, previous: Sequence[AdapterSet], momentum: float) -> list[nn.Module]:
     """The per-block modules of one reference forward through ``adapters`` (which drift toward ``previous``)."""
+
     def blend() -> None:
         merge_toward(adapters, previous, momentum, in_place_data=True)
 
@@ -209,8 +212,9 @@ def orth_loss(features: torch.Tensor, old_means: torch.Tensor, temperature: floa
     return F.cross_entropy(sim, torch.arange(len(m), device=m.device))
 
 
-def self_refine(feats: torch.Tensor, head: nn.Module, class_task: torch.Tensor, start_task: torch.Tensor,
-                max_rounds: int) -> tuple[torch.Tensor, torch.Tensor]:
+def self_refine(
+    feats: torch.Tensor, head: nn.Module, class_task: torch.Tensor, start_task: torch.Tensor, max_rounds: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """PILOT ``_eval_cnn`` self-refinement, per row: (B, T, d) features under every set, (B,) initial tasks ->
     (B, C) linear logits under the final set and (B,) the final task. A round classifies the feature under the
     current set, maps the class to its task, and stops when the task is unchanged or after ``max_rounds``."""
@@ -282,8 +286,10 @@ class MOS(Strategy):
 
     @torch.no_grad()
     def _split_features(self, split: Split, adapters: AdapterSet, batch: int) -> torch.Tensor:
-        out = [self._features(images.to(self.ctx.device), adapters).cpu()
-               for images, _, _ in split.image_loader(batch, augment=False)]
+        out = [
+            self._features(images.to(self.ctx.device), adapters).cpu()
+            for images, _, _ in split.image_loader(batch, augment=False)
+        ]
         return torch.cat(out)
 
     def _set_dropout(self, adapters: AdapterSet, salt: int | None) -> None:
@@ -302,9 +308,11 @@ class MOS(Strategy):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
         counts = torch.bincount(task.train.labels, minlength=task.n_seen)[task.classes]
         if int(counts.min()) < 2:
-            raise ClbenchError(f"task {task.id}: MOS needs >= 2 training images per class for the class covariance "
-                               f"(class {task.classes[int(counts.argmin())]} has {int(counts.min())})",
-                               "use more training images per class")
+            raise ClbenchError(
+                f"task {task.id}: MOS needs >= 2 training images per class for the class covariance "
+                f"(class {task.classes[int(counts.argmin())]} has {int(counts.min())})",
+                "use more training images per class",
+            )
         self.head.grow(task.n_seen, self.ctx.generator(1000 + t))
         self.class_task.extend([t] * len(task.classes))
 
@@ -323,24 +331,29 @@ class MOS(Strategy):
 
         # accounting from what was built (the formula is checked against these numbers by the tests)
         adapters = sum(p.numel() for p in snapshot.parameters())
-        stats = len(task.classes) * self.dim + sum(c.numel() for c in self.class_cov[-len(task.classes):])
+        stats = len(task.classes) * self.dim + sum(c.numel() for c in self.class_cov[-len(task.classes) :])
         rows = len(task.classes) * (self.dim + 1)
         self._added.append(adapters + rows + len(task.classes) * self.dim + stats)
         self._trainable.append(adapters + self._head_rows_updated(cfg, t, len(task.classes), task.n_seen, self.dim))
 
     def _train_adapters(self, task: Task) -> None:
-        cfg, ctx, dev, t = self.cfg, self.ctx, self.ctx.device, len(self.stored)
-        groups = [{"params": list(self.current.parameters()), "lr": cfg.lr, "weight_decay": cfg.weight_decay},
-                  {"params": [self.head.weight, self.head.bias], "lr": cfg.lr * cfg.head_lr_scale,
-                   "weight_decay": cfg.weight_decay}]
+        cfg, ctx, dev, _t = self.cfg, self.ctx, self.ctx.device, len(self.stored)
+        groups = [
+            {"params": list(self.current.parameters()), "lr": cfg.lr, "weight_decay": cfg.weight_decay},
+            {
+                "params": [self.head.weight, self.head.bias],
+                "lr": cfg.lr * cfg.head_lr_scale,
+                "weight_decay": cfg.weight_decay,
+            },
+        ]
         optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
         schedule = cosine_lr(optimizer, cfg.epochs, eta_min=cfg.min_lr)
-        loader = task.train.image_loader(cfg.batch_size, augment=True, shuffle=True,
-                                         generator=ctx.generator(2000 + task.id))
+        loader = task.train.image_loader(
+            cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
+        )
         old_means = self.class_mean.to(dev)  # (K, d) means of every earlier class
         previous = list(self.stored)
-        layers = (drifting(self.current, previous, cfg.adapter_momentum) if cfg.reference_drift
-                  else list(self.current))
+        layers = drifting(self.current, previous, cfg.adapter_momentum) if cfg.reference_drift else list(self.current)
         self._set_dropout(self.current, 3000 + task.id)
         advance = ctx.progress(f"MOS task {task.id}", cfg.epochs * len(loader)) if ctx.progress else None
         self.current.train()
@@ -441,8 +454,13 @@ class MOS(Strategy):
             images = images.to(self.ctx.device)
             if protocol == REFERENCE:  # set s >= 1 drifts toward mean(sets 0..s-1) in every block of every forward
                 sets, stored = list(self.reference_sets), list(self.stored)  # the mean: PILOT's prefix sums
-                feats = torch.stack([self._features(images, drifting(sets[s], stored[:s], self.cfg.adapter_momentum))
-                                     for s in range(len(sets))], dim=1)  # set 0: no earlier sets, no drift
+                feats = torch.stack(
+                    [
+                        self._features(images, drifting(sets[s], stored[:s], self.cfg.adapter_momentum))
+                        for s in range(len(sets))
+                    ],
+                    dim=1,
+                )  # set 0: no earlier sets, no drift
             else:
                 feats = torch.stack([self._features(images, s) for s in self.stored], dim=1)  # (B, T, d)
             logits, final = self.outputs_from_features(feats)
@@ -459,11 +477,15 @@ class MOS(Strategy):
         out: dict[str, Any] = {"adapter_sets": len(self.stored), "backbone_passes_per_image": len(self.stored)}
         if self._last_predict is not None and self._last_predict[0] == len(split):
             true_task = np.asarray(true_task)
-            out["task_id_accuracy"] = float((np.asarray(self.class_task)[self._last_predict[1]] == true_task).mean() * 100)
+            out["task_id_accuracy"] = float(
+                (np.asarray(self.class_task)[self._last_predict[1]] == true_task).mean() * 100
+            )
             out["refined_set_accuracy"] = float((self._last_predict[2] == true_task).mean() * 100)
         with torch.no_grad():  # how far the reference protocol's copies have drifted from the stored sets
-            drift = [float(sum((a - b).norm() ** 2 for a, b in zip(r.parameters(), s.parameters())) ** 0.5)
-                     for r, s in zip(self.reference_sets, self.stored)]
+            drift = [
+                float(sum((a - b).norm() ** 2 for a, b in zip(r.parameters(), s.parameters(), strict=False)) ** 0.5)
+                for r, s in zip(self.reference_sets, self.stored, strict=False)
+            ]
         out["reference_set_drift_l2"] = drift
         return out
 
@@ -485,8 +507,12 @@ class MOS(Strategy):
             seen += n
             added.append(adapters + n * per_class)
             trainable.append(adapters + cls._head_rows_updated(cfg, t, n, seen, d))
-        return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * (d + 1),
-                           extra={"adapter_params_per_task": adapters, "prototype_params": seen * d})
+        return ParamCounts(
+            added_per_task=added,
+            trainable_per_task=trainable,
+            head=seen * (d + 1),
+            extra={"adapter_params_per_task": adapters, "prototype_params": seen * d},
+        )
 
     def param_counts(self) -> ParamCounts:
         n = len(self.stored)

@@ -97,7 +97,7 @@ from clbench.blocks import check_vit_blocks, first_per_class
 from clbench.errors import ClbenchError
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
-RIDGE_GRID = tuple(10.0 ** k for k in range(-8, 9))  # optimise_ridge_parameter: 10.0 ** np.arange(-8, 9)
+RIDGE_GRID = tuple(10.0**k for k in range(-8, 9))  # optimise_ridge_parameter: 10.0 ** np.arange(-8, 9)
 FIT_FRACTION = 0.8  # optimise_ridge_parameter: num_val_samples = int(N * 0.8) rows fit, the rest score
 
 
@@ -158,8 +158,10 @@ def ridge_losses(H: torch.Tensor, Y: torch.Tensor, numerics: str = "exact") -> l
     n = H.shape[0]
     n_fit = int(n * FIT_FRACTION)
     if n_fit < 1 or n_fit >= n:
-        raise ClbenchError(f"RanPAC's ridge selection splits a task's training images 80/20, but this task has {n}",
-                           "use tasks with at least 2 training images (or a larger train_per_class)")
+        raise ClbenchError(
+            f"RanPAC's ridge selection splits a task's training images 80/20, but this task has {n}",
+            "use tasks with at least 2 training images (or a larger train_per_class)",
+        )
     if numerics == "reference":  # optimise_ridge_parameter, float32 solves on the M x M fit Gram
         Ha, Hb, Ya, Yb = H[:n_fit], H[n_fit:], Y[:n_fit], Y[n_fit:]
         Ga, Qa = Ha.T @ Ha, Ha.T @ Ya
@@ -215,9 +217,11 @@ def largest_M(d: int, free: int) -> int:
 def check_memory(M: int, d: int) -> None:
     need, free = memory_estimate(M, d), available_memory()
     if need > free:
-        raise ClbenchError(f"RanPAC with M={M}: the Gram matrix and its solve need about {need / 2**30:.1f} GiB "
-                           f"(~36 M^2 bytes), but only {free / 2**30:.1f} GiB of memory is available",
-                           f"lower M (--set M=...); M={largest_M(d, free)} fits now")
+        raise ClbenchError(
+            f"RanPAC with M={M}: the Gram matrix and its solve need about {need / 2**30:.1f} GiB "
+            f"(~36 M^2 bytes), but only {free / 2**30:.1f} GiB of memory is available",
+            f"lower M (--set M=...); M={largest_M(d, free)} fits now",
+        )
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
@@ -260,8 +264,12 @@ class RanPAC(Strategy):
         """(N, d) float32: adapted [CLS] features (kept per image), or the cached frozen ones without Phase 1."""
         if self.adapters is None:
             return split.features.float()
-        return self.store.get(split, lambda x: adapted_cls(self.model, x, self.adapters, self.ctx),
-                              self.cfg.eval_batch_size, self.ctx.device)
+        return self.store.get(
+            split,
+            lambda x: adapted_cls(self.model, x, self.adapters, self.ctx),
+            self.cfg.eval_batch_size,
+            self.ctx.device,
+        )
 
     def project(self, f: torch.Tensor) -> torch.Tensor:
         """h = ReLU(f W): (N, d) -> (N, M) in ``f``'s dtype."""
@@ -312,28 +320,42 @@ class RanPAC(Strategy):
         return (h @ wo.T).float()  # (N, n_seen)
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
-        return {"ridge_lambda": self.lambdas[-1] if self.lambdas else None,
-                "ridge_floor": self.floors[-1] if self.floors else None, "M": self.cfg.M,
-                "adapted_passes_total": self.store.passes}
+        return {
+            "ridge_lambda": self.lambdas[-1] if self.lambdas else None,
+            "ridge_floor": self.floors[-1] if self.floors else None,
+            "M": self.cfg.M,
+            "adapted_passes_total": self.store.passes,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_width("ranpac", int(state["W"].shape[0]), self.dim)
         if state["W"].shape[1] != self.cfg.M:
-            raise ClbenchError(f"ranpac: the saved run projects to M={state['W'].shape[1]}, this one to M={self.cfg.M}",
-                               "resume with the same --set M, or start over with --overwrite")
+            raise ClbenchError(
+                f"ranpac: the saved run projects to M={state['W'].shape[1]}, this one to M={self.cfg.M}",
+                "resume with the same --set M, or start over with --overwrite",
+            )
         super().load_state_dict(state)
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:
-        return ParamCounts(added_per_task=list(self._added), trainable_per_task=list(self._trainable),
-                           head=self.Wo.numel(), extra=self._extra(self.cfg, self.dim, len(self.model.blocks),
-                                                                    self.n_classes))
+        return ParamCounts(
+            added_per_task=list(self._added),
+            trainable_per_task=list(self._trainable),
+            head=self.Wo.numel(),
+            extra=self._extra(self.cfg, self.dim, len(self.model.blocks), self.n_classes),
+        )
 
     @staticmethod
     def _extra(cfg: RanPACConfig, d: int, depth: int, n_classes: int) -> dict[str, Any]:
-        return {"M": cfg.M, "feature_width": d, "random_projection": d * cfg.M,
-                "adapter_params": adapter_set_size(depth, d, cfg.bottleneck) if cfg.first_session else 0,
-                "gram_floats": cfg.M * cfg.M, "class_sum_floats": cfg.M * n_classes, "head_kind": cfg.head}
+        return {
+            "M": cfg.M,
+            "feature_width": d,
+            "random_projection": d * cfg.M,
+            "adapter_params": adapter_set_size(depth, d, cfg.bottleneck) if cfg.first_session else 0,
+            "gram_floats": cfg.M * cfg.M,
+            "class_sum_floats": cfg.M * n_classes,
+            "head_kind": cfg.head,
+        }
 
     @classmethod
     def param_formula(cls, cfg: RanPACConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
@@ -343,8 +365,12 @@ class RanPAC(Strategy):
         adapters = adapter_set_size(depth, d, cfg.bottleneck) if cfg.first_session else 0
         added = [cfg.M * n + (adapters + d * cfg.M if t == 0 else 0) for t, n in enumerate(task_sizes)]
         trainable = [adapters + d * n + 1 if t == 0 and cfg.first_session else 0 for t, n in enumerate(task_sizes)]
-        return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=cfg.M * sum(task_sizes),
-                           extra=cls._extra(cfg, d, depth, sum(task_sizes)))
+        return ParamCounts(
+            added_per_task=added,
+            trainable_per_task=trainable,
+            head=cfg.M * sum(task_sizes),
+            extra=cls._extra(cfg, d, depth, sum(task_sizes)),
+        )
 
     # ---------------------------------------------------------------------------------------- cost model
     @classmethod

@@ -54,13 +54,17 @@ class SimpleCIL(Strategy):
         return self.head(split.features)  # (N, n_seen); each row uses only its own feature
 
     def param_counts(self) -> ParamCounts:
-        return ParamCounts(added_per_task=list(self._added), trainable_per_task=[0] * len(self._added),
-                           head=self.head.weight.numel())
+        return ParamCounts(
+            added_per_task=list(self._added), trainable_per_task=[0] * len(self._added), head=self.head.weight.numel()
+        )
 
     @classmethod
     def param_formula(cls, cfg: SimpleCILConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        return ParamCounts(added_per_task=[c * d for c in task_sizes], trainable_per_task=[0] * len(task_sizes),
-                           head=sum(task_sizes) * d)  # one prototype row per class; nothing is trained
+        return ParamCounts(
+            added_per_task=[c * d for c in task_sizes],
+            trainable_per_task=[0] * len(task_sizes),
+            head=sum(task_sizes) * d,
+        )  # one prototype row per class; nothing is trained
 
     @classmethod
     def work(cls, cfg: SimpleCILConfig, shape: RunShape) -> Work:

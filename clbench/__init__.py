@@ -19,5 +19,8 @@ __version__ = "0.1.0"
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The policy OpenMP runs with in this process ("default" when torch was imported first with the variable unset).
-OMP_WAIT_POLICY: str = _os.environ.get("OMP_WAIT_POLICY", "default") if "torch" not in _sys.modules else \
-    _os.environ.get("OMP_WAIT_POLICY", "default (torch imported before clbench)")
+OMP_WAIT_POLICY: str = (
+    _os.environ.get("OMP_WAIT_POLICY", "default")
+    if "torch" not in _sys.modules
+    else _os.environ.get("OMP_WAIT_POLICY", "default (torch imported before clbench)")
+)

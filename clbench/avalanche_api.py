@@ -147,38 +147,78 @@ class ClbenchStrategy(SupervisedTemplate):
     name do, and are validated the same way. ``eval_transform``/``train_transform`` are the transforms in force.
     """
 
-    def __init__(self, *, method: str, bench: str = DEFAULT_BENCH, backbone: str | None = None,
-                 weights: str = "auto", img_size: int | None = None, normalize: bool | None = None,
-                 precision: str = "auto", device: str = "auto", seed: int = 1993, profile: str | None = None,
-                 settings: dict[str, Any] | None = None, batch_size: int = 64, feature_cache: bool = True,
-                 eval_mb_size: int = 256, plugins: Sequence[BasePlugin] | None = None,
-                 evaluator: EvaluationPlugin | Callable[[], EvaluationPlugin] | None = default_evaluator,
-                 eval_every: int = -1, log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        method: str,
+        bench: str = DEFAULT_BENCH,
+        backbone: str | None = None,
+        weights: str = "auto",
+        img_size: int | None = None,
+        normalize: bool | None = None,
+        precision: str = "auto",
+        device: str = "auto",
+        seed: int = 1993,
+        profile: str | None = None,
+        settings: dict[str, Any] | None = None,
+        batch_size: int = 64,
+        feature_cache: bool = True,
+        eval_mb_size: int = 256,
+        plugins: Sequence[BasePlugin] | None = None,
+        evaluator: EvaluationPlugin | Callable[[], EvaluationPlugin] | None = default_evaluator,
+        eval_every: int = -1,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         from clbench.features import FeatureCache
         from clbench.harness import RunConfig, frozen_inputs, resolve, resolve_device
         from clbench.precision import for_backbone
 
-        self.config = RunConfig(strategy=method, bench=bench, backbone=backbone, weights=weights, seed=seed,
-                                device=device, precision=precision, profile=profile, batch_size=batch_size,
-                                overrides=tuple((str(k), str(v)) for k, v in (settings or {}).items()),
-                                img_size=img_size, normalize=normalize, feature_cache=feature_cache)
+        self.config = RunConfig(
+            strategy=method,
+            bench=bench,
+            backbone=backbone,
+            weights=weights,
+            seed=seed,
+            device=device,
+            precision=precision,
+            profile=profile,
+            batch_size=batch_size,
+            overrides=tuple((str(k), str(v)) for k, v in (settings or {}).items()),
+            img_size=img_size,
+            normalize=normalize,
+            feature_cache=feature_cache,
+        )
         strategy_cls, self.spec, self.backbone_name, _, strategy_cfg = resolve(self.config)
         dev = resolve_device(device)
-        self.backbone, self.eval_tf, self.train_tf = frozen_inputs(self.config, self.spec, self.backbone_name,
-                                                                   strategy_cls, dev)
+        self.backbone, self.eval_tf, self.train_tf = frozen_inputs(
+            self.config, self.spec, self.backbone_name, strategy_cls, dev
+        )
         self.precision = for_backbone(self.backbone, dev, precision, use_cache=feature_cache)
         self.eval_transform, self.train_transform = self.eval_tf.build(), self.train_tf.build()
-        ctx = Context(backbone=self.backbone, device=dev, precision=self.precision.name, seed=seed,
-                      log=log or (lambda message: None))
+        ctx = Context(
+            backbone=self.backbone,
+            device=dev,
+            precision=self.precision.name,
+            seed=seed,
+            log=log or (lambda message: None),
+        )
         self.method = strategy_cls(strategy_cfg, ctx)
         self.cache = FeatureCache(enabled=feature_cache)
         self.n_seen = 0  # classes learnt so far (arrival-order ids 0..n_seen-1)
         self.tasks_learnt = 0
         self._features: dict[int, tuple[Any, ExperienceImages, torch.Tensor]] = {}  # id(dataset) -> features
         self._warned_train_tf = False
-        super().__init__(model=_Logits(self.method), optimizer=None, train_mb_size=batch_size, train_epochs=1,
-                         eval_mb_size=eval_mb_size, device=dev, plugins=plugins, evaluator=evaluator,
-                         eval_every=eval_every)
+        super().__init__(
+            model=_Logits(self.method),
+            optimizer=None,
+            train_mb_size=batch_size,
+            train_epochs=1,
+            eval_mb_size=eval_mb_size,
+            device=dev,
+            plugins=plugins,
+            evaluator=evaluator,
+            eval_every=eval_every,
+        )
 
     # ------------------------------------------------------------------------------------------ features
     def _where(self) -> str:
@@ -194,26 +234,42 @@ class ClbenchStrategy(SupervisedTemplate):
             return hit[1], hit[2]
         where = self._where()
         if len(dataset) == 0:
-            raise ClbenchError(f"{where} has no samples",
-                               "drop empty experiences from the stream, or split the classes so every experience "
-                               "holds some of their images")
+            raise ClbenchError(
+                f"{where} has no samples",
+                "drop empty experiences from the stream, or split the classes so every experience "
+                "holds some of their images",
+            )
         source = ExperienceImages(dataset, where)
         self._check_transform(dataset, source, where)
         from clbench.features import extract
         from clbench.harness import feature_key
 
-        key = feature_key(self.backbone_name, self.backbone, self.spec.name, "avalanche-experience",
-                          source.fingerprint(), self.eval_tf, self.precision.name, self.device)
-        feats, _ = self.cache.get_or_compute(key, lambda: extract(
-            self.backbone, source, self.eval_transform, self.device, self.precision.name, self.config.batch_size))
+        key = feature_key(
+            self.backbone_name,
+            self.backbone,
+            self.spec.name,
+            "avalanche-experience",
+            source.fingerprint(),
+            self.eval_tf,
+            self.precision.name,
+            self.device,
+        )
+        feats, _ = self.cache.get_or_compute(
+            key,
+            lambda: extract(
+                self.backbone, source, self.eval_transform, self.device, self.precision.name, self.config.batch_size
+            ),
+        )
         self._features[id(dataset)] = (dataset, source, feats)
         return source, feats
 
     def _check_transform(self, dataset: Any, source: ExperienceImages, where: str) -> None:
         """The stream's eval transform, if it has one, must give the tensors the cached features were made from."""
-        fix = (f"build the benchmark with eval_transform=strategy.eval_transform or with no transform (the strategy "
-               f"applies {self.eval_tf.identity()} itself), or choose the strategy setting that matches yours "
-               f"(bench=, img_size=, normalize=)")
+        fix = (
+            f"build the benchmark with eval_transform=strategy.eval_transform or with no transform (the strategy "
+            f"applies {self.eval_tf.identity()} itself), or choose the strategy setting that matches yours "
+            f"(bench=, img_size=, normalize=)"
+        )
         for i in sorted({0, len(dataset) - 1}):
             given = dataset.eval()[i][0]
             if not isinstance(given, torch.Tensor) or given.dtype == torch.uint8:
@@ -223,17 +279,21 @@ class ClbenchStrategy(SupervisedTemplate):
                 raise ClbenchError(
                     f"{where}: the stream's eval transform gives {tuple(given.shape)} tensors that differ from the "
                     f"benchmark transform the frozen features are computed and cached with "
-                    f"({self.eval_tf.identity()}, {tuple(expected.shape)})", fix)
+                    f"({self.eval_tf.identity()}, {tuple(expected.shape)})",
+                    fix,
+                )
         if not self._warned_train_tf:
             given = dataset.train()[0][0]
             if isinstance(given, torch.Tensor) and given.dtype != torch.uint8:
                 expected = self.eval_transform(source.image(0))
                 if given.shape != expected.shape or not torch.allclose(given.float(), expected, atol=1e-5):
                     self._warned_train_tf = True
-                    warnings.warn(f"{where}: the stream's train transform is not used: clbench learns from frozen "
-                                  f"features under strategy.eval_transform and augments, where the method does, with "
-                                  f"strategy.train_transform ({self.train_tf.identity()}), as `clbench run` does",
-                                  stacklevel=2)
+                    warnings.warn(
+                        f"{where}: the stream's train transform is not used: clbench learns from frozen "
+                        f"features under strategy.eval_transform and augments, where the method does, with "
+                        f"strategy.train_transform ({self.train_tf.identity()}), as `clbench run` does",
+                        stacklevel=2,
+                    )
 
     # ------------------------------------------------------------------------------------------ training
     def _train_exp(self, experience: Any, eval_streams=None, **kwargs) -> None:
@@ -250,8 +310,14 @@ class ClbenchStrategy(SupervisedTemplate):
                 "class_ids_from_zero_from_first_exp=True), or remap the targets to their position in the class order",
             )
         order = dataset_order(experience.dataset)  # (N,) the user's dataset order, as `clbench run` learns
-        split = Split(source, order, torch.as_tensor(source.labels[order]), feats[torch.as_tensor(order)],
-                      self.eval_transform, self.train_transform)
+        split = Split(
+            source,
+            order,
+            torch.as_tensor(source.labels[order]),
+            feats[torch.as_tensor(order)],
+            self.eval_transform,
+            self.train_transform,
+        )
         self.method.learn_task(Task(self.tasks_learnt, classes, self.n_seen + len(classes), split))
         self.n_seen += len(classes)
         self.tasks_learnt += 1
@@ -273,11 +339,15 @@ class ClbenchStrategy(SupervisedTemplate):
         """Minibatches of (frozen features, targets, positions, task labels) of the experience, in order."""
         source, feats = self.experience_features(self.experience)
         targets = torch.as_tensor(source.labels)
-        tasks = torch.as_tensor([int(t) for t in self.adapted_dataset.targets_task_labels]) \
-            if hasattr(self.adapted_dataset, "targets_task_labels") else torch.zeros(len(source), dtype=torch.long)
+        tasks = (
+            torch.as_tensor([int(t) for t in self.adapted_dataset.targets_task_labels])
+            if hasattr(self.adapted_dataset, "targets_task_labels")
+            else torch.zeros(len(source), dtype=torch.long)
+        )
         self._eval_source = source
-        self.dataloader = DataLoader(TensorDataset(feats, targets, torch.arange(len(source)), tasks),
-                                     batch_size=self.eval_mb_size, shuffle=False)
+        self.dataloader = DataLoader(
+            TensorDataset(feats, targets, torch.arange(len(source)), tasks), batch_size=self.eval_mb_size, shuffle=False
+        )
 
     def forward(self) -> torch.Tensor:
         feats, y, pos = self.mb_x, self.mb_y, self.mbatch[2]
@@ -285,12 +355,14 @@ class ClbenchStrategy(SupervisedTemplate):
         out = torch.full((len(y), width), MASK_VALUE, device=self.device)
         if self.n_seen == 0:  # nothing learnt yet: every class alike
             return out.zero_()
-        split = Split(self._eval_source, pos.cpu().numpy(), y.cpu(), feats.cpu(), self.eval_transform,
-                      self.train_transform)
+        split = Split(
+            self._eval_source, pos.cpu().numpy(), y.cpu(), feats.cpu(), self.eval_transform, self.train_transform
+        )
         logits = self.model(feats, split)  # (B, n_seen)
         if logits.shape != (len(y), self.n_seen):
-            raise RuntimeError(f"{self.config.strategy}.predict returned {tuple(logits.shape)}, "
-                               f"expected {(len(y), self.n_seen)}")
+            raise RuntimeError(
+                f"{self.config.strategy}.predict returned {tuple(logits.shape)}, expected {(len(y), self.n_seen)}"
+            )
         out[:, : self.n_seen] = logits.to(self.device)
         return out
 
@@ -304,12 +376,20 @@ def accuracy_rows(results: Sequence[dict[str, Any]], stream: str = "test_stream"
     for t, metrics in enumerate(results):
         row = []
         for j in range(t + 1):
-            key = next((k for k in metrics if k.startswith(f"Top1_Acc_Exp/eval_phase/{stream}/")
-                        and k.endswith(f"/Exp{j:03d}")), None)
+            key = next(
+                (
+                    k
+                    for k in metrics
+                    if k.startswith(f"Top1_Acc_Exp/eval_phase/{stream}/") and k.endswith(f"/Exp{j:03d}")
+                ),
+                None,
+            )
             if key is None:
-                raise ClbenchError(f"no Top1_Acc_Exp metric for experience {j} of {stream} after experience {t}",
-                                   "evaluate with accuracy_metrics(experience=True, stream=True) on "
-                                   "test_stream[: t + 1] after each training experience")
+                raise ClbenchError(
+                    f"no Top1_Acc_Exp metric for experience {j} of {stream} after experience {t}",
+                    "evaluate with accuracy_metrics(experience=True, stream=True) on "
+                    "test_stream[: t + 1] after each training experience",
+                )
             row.append(100.0 * float(metrics[key]))
         matrix.append(row)
         stream_key = next(k for k in metrics if k.startswith(f"Top1_Acc_Stream/eval_phase/{stream}"))
@@ -319,7 +399,9 @@ def accuracy_rows(results: Sequence[dict[str, Any]], stream: str = "test_stream"
 
 def __getattr__(name: str):
     if name == "Learner":
-        raise AttributeError("clbench.avalanche_api.Learner was replaced by ClbenchStrategy, a real Avalanche "
-                             "strategy that gives the CLI's numbers (see the README, 'Use a strategy from your own "
-                             "Avalanche loop')")
+        raise AttributeError(
+            "clbench.avalanche_api.Learner was replaced by ClbenchStrategy, a real Avalanche "
+            "strategy that gives the CLI's numbers (see the README, 'Use a strategy from your own "
+            "Avalanche loop')"
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -47,7 +47,7 @@ class FrozenBackbone(nn.Module):
     def is_vit(self) -> bool:
         return self.spec.family == "vit"
 
-    def train(self, mode: bool = True) -> "FrozenBackbone":
+    def train(self, mode: bool = True) -> FrozenBackbone:
         # Frozen means frozen: dropout/drop-path/BN statistics never switch to training behaviour.
         return super().train(False)
 

@@ -60,7 +60,9 @@ class CosineHead(nn.Module):
     def grow(self, n_total: int) -> None:
         if n_total < self.n_classes:
             raise ValueError("a cosine head never shrinks")
-        new = torch.zeros(n_total - self.n_classes, self.in_features, dtype=self.weight.dtype, device=self.weight.device)
+        new = torch.zeros(
+            n_total - self.n_classes, self.in_features, dtype=self.weight.dtype, device=self.weight.device
+        )
         self.weight = nn.Parameter(torch.cat([self.weight.data, new]))
 
     def set_rows(self, classes: Sequence[int], rows: torch.Tensor) -> None:
@@ -84,7 +86,9 @@ def cosine_lr(optimizer: torch.optim.Optimizer, total_steps: int, eta_min: float
     return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total_steps), eta_min=eta_min)
 
 
-def minibatches(n: int, batch_size: int, generator: torch.Generator | None = None, shuffle: bool = True) -> Iterator[torch.Tensor]:
+def minibatches(
+    n: int, batch_size: int, generator: torch.Generator | None = None, shuffle: bool = True
+) -> Iterator[torch.Tensor]:
     """Index batches over ``range(n)``: shuffled with a private generator, or in order."""
     order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
     for start in range(0, n, batch_size):
@@ -124,7 +128,9 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: 
 
 def check_finite(loss: torch.Tensor, where: str) -> None:
     if not math.isfinite(float(loss.detach())):
-        raise ClbenchError(f"loss became {float(loss)} in {where}", "lower the learning rate (--set lr=...) or check the data")
+        raise ClbenchError(
+            f"loss became {float(loss)} in {where}", "lower the learning rate (--set lr=...) or check the data"
+        )
 
 
 # ----------------------------------------------------------------------------------------------- a timm ViT by hand
@@ -139,17 +145,23 @@ _BLOCK_PARTS = ("norm1", "attn", "ls1", "drop_path1", "norm2", "mlp", "ls2", "dr
 def check_vit_blocks(model: nn.Module) -> None:
     """Raise :class:`ClbenchError` unless ``model`` is a timm VisionTransformer with pre-norm ``Block``s."""
     blocks = getattr(model, "blocks", None)
-    missing = [a for a in ("patch_embed", "_pos_embed", "patch_drop", "norm_pre", "norm", "num_prefix_tokens")
-               if not hasattr(model, a)]
+    missing = [
+        a
+        for a in ("patch_embed", "_pos_embed", "patch_drop", "norm_pre", "norm", "num_prefix_tokens")
+        if not hasattr(model, a)
+    ]
     if blocks is None or missing or len(blocks) == 0:
-        raise ClbenchError(f"{type(model).__name__} is not a timm VisionTransformer (missing {missing or ['blocks']})",
-                           "choose a ViT backbone")
+        raise ClbenchError(
+            f"{type(model).__name__} is not a timm VisionTransformer (missing {missing or ['blocks']})",
+            "choose a ViT backbone",
+        )
     for i, block in enumerate(blocks):
         absent = [p for p in _BLOCK_PARTS if not hasattr(block, p)]
         if absent:
-            raise ClbenchError(f"block {i} ({type(block).__name__}) is not a pre-norm timm Block "
-                               f"(no {', '.join(absent)})",
-                               "prompt/adapter methods support timm VisionTransformer models built from Block")
+            raise ClbenchError(
+                f"block {i} ({type(block).__name__}) is not a pre-norm timm Block (no {', '.join(absent)})",
+                "prompt/adapter methods support timm VisionTransformer models built from Block",
+            )
 
 
 def vit_inserted_position(model: nn.Module) -> torch.Tensor:
@@ -179,8 +191,7 @@ def vit_tokens(model: nn.Module, images: torch.Tensor, inserted: torch.Tensor | 
     return model.norm_pre(x)
 
 
-def vit_block(block: nn.Module, x: torch.Tensor,
-              beside_mlp: nn.Module | None = None) -> torch.Tensor:
+def vit_block(block: nn.Module, x: torch.Tensor, beside_mlp: nn.Module | None = None) -> torch.Tensor:
     """One timm ``Block``: x += ls1(attn(norm1(x))); x += ls2(mlp(norm2(x))) [+ beside_mlp(x)].
 
     ``beside_mlp`` (an adapter) reads the residual stream after attention, before ``norm2``, and its output
@@ -191,8 +202,9 @@ def vit_block(block: nn.Module, x: torch.Tensor,
     return out if beside_mlp is None else out + beside_mlp(x)
 
 
-def vit_forward_tokens(model: nn.Module, x: torch.Tensor,
-                       beside_mlp: Sequence[nn.Module] | None = None) -> torch.Tensor:
+def vit_forward_tokens(
+    model: nn.Module, x: torch.Tensor, beside_mlp: Sequence[nn.Module] | None = None
+) -> torch.Tensor:
     """All blocks (optionally with one ``beside_mlp`` module per block), then the final norm: (B, N, d)."""
     if beside_mlp is not None and len(beside_mlp) != len(model.blocks):
         raise ValueError(f"{len(beside_mlp)} adapters for {len(model.blocks)} blocks")

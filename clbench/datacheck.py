@@ -96,8 +96,9 @@ NOTE_TEXT = {
 }
 
 
-def _check_files(root: Path, files: list[tuple[str, str]], progress: Progress | None, workers: int, decode: bool
-                 ) -> tuple[dict[str, list[tuple[str, str]]], dict[str, list[str]], dict[str, int]]:
+def _check_files(
+    root: Path, files: list[tuple[str, str]], progress: Progress | None, workers: int, decode: bool
+) -> tuple[dict[str, list[tuple[str, str]]], dict[str, list[str]], dict[str, int]]:
     """Inspect every (split, relative path) (:func:`~clbench.benchmarks.folder.inspect_file`); return split ->
     [(path, sha256)], the problems by kind and the counts of modes converted with care."""
 
@@ -106,7 +107,7 @@ def _check_files(root: Path, files: list[tuple[str, str]], progress: Progress | 
     notes: dict[str, int] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:  # PIL decoding and hashlib release the GIL
         found = pool.map(lambda rel: inspect_file(root / rel, rel, decode), [rel for _, rel in files], chunksize=16)
-        for (split, rel), facts in zip(files, found):
+        for (split, rel), facts in zip(files, found, strict=False):
             if facts.sha256 is not None and facts.kind != "empty":
                 hashes[split].append((rel, facts.sha256))
             if facts.problem is not None:
@@ -127,9 +128,11 @@ def _check_tree(report: DataReport, progress_factory, workers: int, decode: bool
     scan = scan_tree(root, spec.n_classes, spec.name)
     report.problems += scan.problems
     if scan.link_problems:
-        report.problems.append(f"{len(scan.link_problems)} symbolic link problem(s) (loops are walked once; links "
-                               f"that leave the data root make the data differ from what a copy of it holds):"
-                               f"{_listing(scan.link_problems)}")
+        report.problems.append(
+            f"{len(scan.link_problems)} symbolic link problem(s) (loops are walked once; links "
+            f"that leave the data root make the data differ from what a copy of it holds):"
+            f"{_listing(scan.link_problems)}"
+        )
     if not scan.files:
         return
     train, test = scan.files["train"], scan.files["test"]
@@ -140,8 +143,9 @@ def _check_tree(report: DataReport, progress_factory, workers: int, decode: bool
         counts = [len(v) for v in scan.files[split].values()]
         report.split_stats[split] = _stats(counts, sum(counts))
     if scan.ignored:
-        report.notes.append(f"ignored {len(scan.ignored)} file(s) that are hidden or not images, e.g. "
-                            + ", ".join(scan.ignored[:3]))
+        report.notes.append(
+            f"ignored {len(scan.ignored)} file(s) that are hidden or not images, e.g. " + ", ".join(scan.ignored[:3])
+        )
     files = _tree_files(scan)
     if not files:
         return
@@ -162,16 +166,20 @@ def _array_hashes(source: ImageSource, split: str) -> list[tuple[str, str]]:
     images = getattr(source, "images", None)
     if images is None:
         return []
-    return [(f"{split}[{i}]", hashlib.sha256(np.ascontiguousarray(images[i]).tobytes()).hexdigest())
-            for i in range(len(source))]
+    return [
+        (f"{split}[{i}]", hashlib.sha256(np.ascontiguousarray(images[i]).tobytes()).hexdigest())
+        for i in range(len(source))
+    ]
 
 
 def _check_arrays(report: DataReport, loader, progress_factory) -> None:
-    spec, root = report.spec, report.root
+    _spec, root = report.spec, report.root
     locate = getattr(importlib.import_module(loader.__module__), "locate", None)
     if root is None and locate is not None and locate(None) is None:
-        report.notes.append("not on this machine yet: `clbench run` downloads it into the clbench cache when online, "
-                            "or pass --data-root DIR")
+        report.notes.append(
+            "not on this machine yet: `clbench run` downloads it into the clbench cache when online, "
+            "or pass --data-root DIR"
+        )
         return
     try:
         train, test, names = loader(root)
@@ -181,15 +189,17 @@ def _check_arrays(report: DataReport, loader, progress_factory) -> None:
     _check_loaded_arrays(report, train, test, names, progress_factory)
 
 
-def _check_loaded_arrays(report: DataReport, train: ImageSource, test: ImageSource, names: list[str],
-                         progress_factory) -> None:
+def _check_loaded_arrays(
+    report: DataReport, train: ImageSource, test: ImageSource, names: list[str], progress_factory
+) -> None:
     spec = report.spec
     report.classes_found = len(names)
     expected = f", {spec.n_classes} expected" if spec.n_classes is not None else ""
     report.notes.append(f"classes: {len(names)} found{expected}")
     if spec.n_classes is not None and len(names) != spec.n_classes:
-        report.problems.append(f"benchmark {spec.name!r} should have {spec.n_classes} classes but the data has "
-                               f"{len(names)}")
+        report.problems.append(
+            f"benchmark {spec.name!r} should have {spec.n_classes} classes but the data has {len(names)}"
+        )
     hashes = {}
     for split, source in (("train", train), ("test", test)):
         counts = np.bincount(source.labels, minlength=len(names)).tolist() if len(source) else []
@@ -210,26 +220,36 @@ def _report_duplicates(report: DataReport, hashes: dict[str, list[tuple[str, str
     leaks, within = _leaks(hashes)
     known = [x for x in leaks if x in report.spec.known_leaks]
     if known:
-        report.notes.append(f"{len(known)} test image(s) are byte-identical to a training image in the benchmark as "
-                            f"published (known; kept so that results compare with the published ones), e.g. {known[0]}")
+        report.notes.append(
+            f"{len(known)} test image(s) are byte-identical to a training image in the benchmark as "
+            f"published (known; kept so that results compare with the published ones), e.g. {known[0]}"
+        )
         leaks = [x for x in leaks if x not in report.spec.known_leaks]
     if leaks:
-        report.problems.append(f"{len(leaks)} test image(s) are byte-identical to a training image (sha256; a "
-                               f"train/test leak):{_listing(leaks)}")
+        report.problems.append(
+            f"{len(leaks)} test image(s) are byte-identical to a training image (sha256; a "
+            f"train/test leak):{_listing(leaks)}"
+        )
     if within:
-        report.notes.append(f"{len(within)} image(s) duplicate another image of the same split (not a leak), e.g. "
-                            + within[0])
+        report.notes.append(
+            f"{len(within)} image(s) duplicate another image of the same split (not a leak), e.g. " + within[0]
+        )
 
 
-def check_data(bench: str, data_root: str | Path | None = None,
-               progress_factory: Callable[[str, int], Progress | None] | None = None,
-               workers: int | None = None, decode: bool = True) -> DataReport:
+def check_data(
+    bench: str,
+    data_root: str | Path | None = None,
+    progress_factory: Callable[[str, int], Progress | None] | None = None,
+    workers: int | None = None,
+    decode: bool = True,
+) -> DataReport:
     """Check a benchmark's data root; never raises for problems with the data (they are listed in the report).
     ``decode=False``: every check but the full decode of each image (a run decodes them anyway, and stops on the
     first that fails with the same message)."""
     spec = BENCHMARKS.get(bench)  # an unknown name is a usage error: raises with "did you mean"
-    root_from = "--data-root" if data_root else (f"${spec.data_env}" if spec.data_env and os.environ.get(spec.data_env)
-                                                 else "")
+    root_from = (
+        "--data-root" if data_root else (f"${spec.data_env}" if spec.data_env and os.environ.get(spec.data_env) else "")
+    )
     report = DataReport(spec, None, root_from)
     factory = progress_factory or (lambda description, total: None)
     try:
@@ -268,7 +288,8 @@ def verdict(report: DataReport, ignore: bool) -> list[str]:
             f"the {report.spec.name} data{f' at {report.root}' if report.root else ''} fails `clbench data check`: "
             f"{_first(report.problems[0])}" + (f" (and {more} more problem{'s' * (more > 1)})" if more else ""),
             f"run `clbench data check {report.spec.name}{where}` for the list; fix the data, or pass {IGNORE_FLAG} "
-            "to run anyway (the problems are written into the record)")
+            "to run anyway (the problems are written into the record)",
+        )
     return [_first(p) for p in report.problems]
 
 
@@ -342,8 +363,14 @@ def cmd_data_check(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
     from rich.progress import Progress as Bar
 
-    with Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
+    with Bar(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
 
         def factory(description: str, total: int) -> Progress:  # rich bar on stderr; stdout keeps the report
             task = bar.add_task(description, total=total)

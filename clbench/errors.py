@@ -47,6 +47,7 @@ class ClbenchError(Exception):
 
     def render(self, as_flags: bool = False) -> str:
         """The message and hint, settings named as in Python (default) or as command-line flags."""
+
         def name(m: re.Match[str]) -> str:
             key = m.group(1)
             if not as_flags:

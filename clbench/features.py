@@ -64,8 +64,12 @@ def extract(
     """Features (N, d) float32 on the CPU for ``source`` (or its ``indices``), in order. Draws nothing from the global
     RNG (the loader has its own generator): a run whose features came from the cache and one that computed them
     leave the global RNG in the same state, so their training augmentations, and results, are the same."""
-    loader = DataLoader(TransformedImages(source, transform, indices), batch_size=batch_size, num_workers=num_workers,
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        TransformedImages(source, transform, indices),
+        batch_size=batch_size,
+        num_workers=num_workers,
+        generator=torch.Generator().manual_seed(0),
+    )
     out: list[torch.Tensor] = []
     for x, _ in loader:
         with autocast(precision, device.type):
@@ -79,7 +83,8 @@ def extract(
 
         bad = int((~torch.isfinite(feats)).any(dim=1).sum())
         raise ClbenchError(
-            f"the backbone produced NaN/inf features for {bad} of {len(feats)} images of {getattr(source, 'name', 'the data')}",
+            f"the backbone produced NaN/inf features for {bad} of {len(feats)} images of "
+            f"{getattr(source, 'name', 'the data')}",
             "check the weights file, or run with --precision fp32 to rule out reduced-precision overflow",
         )
     return feats
@@ -97,8 +102,9 @@ def _digest(t: torch.Tensor) -> str:
 class FeatureCache:
     """On-disk cache of feature tensors under ``root`` (default: ``<cache dir>/features``)."""
 
-    def __init__(self, root: Path | None = None, enabled: bool = True,
-                 warn: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, root: Path | None = None, enabled: bool = True, warn: Callable[[str], None] | None = None
+    ) -> None:
         self.root = Path(root) if root is not None else cache_dir() / "features"
         self.enabled = enabled
         self._warn_to = warn  # where the one warning of an unwritable cache goes (default: the logging module)

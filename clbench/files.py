@@ -37,7 +37,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise ClbenchError(f"could not write {path}: {e.strerror or e}", "free disk space or choose another folder") from None
+        raise ClbenchError(
+            f"could not write {path}: {e.strerror or e}", "free disk space or choose another folder"
+        ) from None
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -6,7 +6,6 @@ times every phase and writes the run record. No method name appears here.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fcntl
 import os
 import shutil
@@ -89,14 +88,16 @@ class RunDir:
             path.mkdir(parents=True, exist_ok=True)
             self._lock = open(path / ".lock", "w")
         except OSError as e:
-            raise ClbenchError(f"{OUT} {path}: cannot write the run folder ({e.strerror or e})",
-                               "choose a folder you can write to") from None
+            raise ClbenchError(
+                f"{OUT} {path}: cannot write the run folder ({e.strerror or e})", "choose a folder you can write to"
+            ) from None
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock.close()
-            raise ClbenchError(f"another clbench process is writing to {path}",
-                               f"wait for it to finish or choose another {OUT}") from None
+            raise ClbenchError(
+                f"another clbench process is writing to {path}", f"wait for it to finish or choose another {OUT}"
+            ) from None
         try:
             self._check(overwrite)
         except BaseException:
@@ -120,27 +121,36 @@ class RunDir:
         if not result.exists():
             return
         if record_says_complete(result):
-            raise ClbenchError(f"{OUT} {self.path} already holds a finished run",
-                               f"pass {OVERWRITE} to replace it, or choose another {OUT}")
+            raise ClbenchError(
+                f"{OUT} {self.path} already holds a finished run",
+                f"pass {OVERWRITE} to replace it, or choose another {OUT}",
+            )
         if not self.checkpoint_path.exists():
-            raise ClbenchError(f"{OUT} {self.path} already holds an unfinished run without a checkpoint to continue "
-                               f"from", f"pass {OVERWRITE} to replace it, or choose another {OUT}")
+            raise ClbenchError(
+                f"{OUT} {self.path} already holds an unfinished run without a checkpoint to continue from",
+                f"pass {OVERWRITE} to replace it, or choose another {OUT}",
+            )
 
-    def resumable(self, fingerprint: dict[str, Any], map_location: torch.device, required: bool) -> dict[str, Any] | None:
+    def resumable(
+        self, fingerprint: dict[str, Any], map_location: torch.device, required: bool
+    ) -> dict[str, Any] | None:
         """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
         from clbench import checkpoint
 
         if not self.checkpoint_path.exists():
             if required:
-                raise ClbenchError(f"{RESUME} {self.path}: no {self.checkpoint_path.name} to continue from",
-                                   f"run the same command without {RESUME} to start it over")
+                raise ClbenchError(
+                    f"{RESUME} {self.path}: no {self.checkpoint_path.name} to continue from",
+                    f"run the same command without {RESUME} to start it over",
+                )
             return None
         ckpt = checkpoint.load(self.checkpoint_path, map_location)
         diff = differences(ckpt["fingerprint"], fingerprint)
         if diff:
-            raise ClbenchError(f"{OUT} {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
-                               f"continue it with {RESUME} {self.path}, pass {OVERWRITE} to start over, or choose "
-                               f"another {OUT}")
+            raise ClbenchError(
+                f"{OUT} {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
+                f"continue it with {RESUME} {self.path}, pass {OVERWRITE} to start over, or choose another {OUT}",
+            )
         return ckpt
 
     def release(self) -> None:
@@ -157,16 +167,19 @@ def check_folder(path: Path, name: str) -> None:
     path = Path(path).expanduser()
     absolute = Path(os.path.abspath(path))
     if absolute.parts[1:2] and absolute.parts[1] in ("proc", "sys", "dev"):
-        raise ClbenchError(f"{flag} {path} is inside /{absolute.parts[1]}, a pseudo file system that holds no "
-                           "ordinary files", f"choose another {flag}")
+        raise ClbenchError(
+            f"{flag} {path} is inside /{absolute.parts[1]}, a pseudo file system that holds no ordinary files",
+            f"choose another {flag}",
+        )
     if path.exists() and not path.is_dir():
         raise ClbenchError(f"{flag} {path} is a file, not a folder", f"choose another {flag}")
     parent = absolute
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise ClbenchError(f"{flag} {path}: {parent} is a file, so no folder can be made under it",
-                           f"choose another {flag}")
+        raise ClbenchError(
+            f"{flag} {path}: {parent} is a file, so no folder can be made under it", f"choose another {flag}"
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
         why = "it is on a read-only file system" if _read_only(parent) else "it is not writable by this user"
         raise ClbenchError(f"{flag} {path}: cannot write in {parent} ({why})", f"choose another {flag}")
@@ -188,8 +201,10 @@ def check_free_space(path: Path, need: int, name: str, what: str) -> None:
     except OSError:
         return
     if free < need:
-        raise ClbenchError(f"{flag} {path}: {free / 2**20:.1f} MB free, but {what} need about {need / 2**20:.1f} MB",
-                           f"free disk space or choose another {flag}")
+        raise ClbenchError(
+            f"{flag} {path}: {free / 2**20:.1f} MB free, but {what} need about {need / 2**20:.1f} MB",
+            f"free disk space or choose another {flag}",
+        )
 
 
 def estimate_run_bytes(session: PreparedRun) -> int:
@@ -251,13 +266,15 @@ class _ProtocolLog:
 
 def _protocols(cfg: RunConfig, strategy_cls: type) -> list[str]:
     if cfg.protocol not in PROTOCOL_CHOICES:
-        raise ClbenchError(f"{setting('protocol')} {cfg.protocol!r} is unknown; valid protocols: "
-                           f"{', '.join(PROTOCOL_CHOICES)}")
+        raise ClbenchError(
+            f"{setting('protocol')} {cfg.protocol!r} is unknown; valid protocols: {', '.join(PROTOCOL_CHOICES)}"
+        )
     wanted = ["per-sample", "reference"] if cfg.protocol == "both" else [cfg.protocol]
     for p in wanted:
         if p not in strategy_cls.protocols:
-            raise ClbenchError(f"strategy {strategy_cls.name} has no {p!r} protocol; it supports: "
-                               f"{', '.join(strategy_cls.protocols)}")
+            raise ClbenchError(
+                f"strategy {strategy_cls.name} has no {p!r} protocol; it supports: {', '.join(strategy_cls.protocols)}"
+            )
     return wanted
 
 
@@ -324,8 +341,10 @@ def resolve(cfg: RunConfig) -> tuple[type[Strategy], BenchmarkSpec, str, list[st
     strategy_cfg = make_strategy_config(strategy_cls, cfg.profile, cfg.overrides)
     if strategy_cls.needs_vit and BACKBONES.get(backbone_name).family != "vit":
         vits = [n for n in BACKBONES.names() if BACKBONES.get(n).family == "vit"]
-        raise ClbenchError(f"{strategy_cls.name} enters the transformer's layers and needs a ViT backbone; "
-                           f"{backbone_name} is not one", f"choose one of: {', '.join(vits)}")
+        raise ClbenchError(
+            f"{strategy_cls.name} enters the transformer's layers and needs a ViT backbone; {backbone_name} is not one",
+            f"choose one of: {', '.join(vits)}",
+        )
     device = resolve_device(cfg.device)
     check_precision(cfg.precision)
     if cfg.precision != "auto":  # a forced precision the device cannot run fails here, before anything loads
@@ -333,8 +352,9 @@ def resolve(cfg: RunConfig) -> tuple[type[Strategy], BenchmarkSpec, str, list[st
     return strategy_cls, spec, backbone_name, protocols, strategy_cfg
 
 
-def frozen_inputs(cfg: RunConfig, spec: BenchmarkSpec, backbone_name: str, strategy_cls: type[Strategy],
-                  device: torch.device) -> tuple[FrozenBackbone, TransformSpec, TransformSpec]:
+def frozen_inputs(
+    cfg: RunConfig, spec: BenchmarkSpec, backbone_name: str, strategy_cls: type[Strategy], device: torch.device
+) -> tuple[FrozenBackbone, TransformSpec, TransformSpec]:
     """The frozen backbone on ``device`` and the (eval, train) :class:`~clbench.transforms.TransformSpec` of a run:
     input size from ``cfg.img_size``, else the profile's, else the benchmark's; the benchmark's resize/crop scaled
     to it; the benchmark's normalisation unless ``cfg.normalize`` says otherwise. :func:`prepare` and
@@ -352,13 +372,29 @@ def frozen_inputs(cfg: RunConfig, spec: BenchmarkSpec, backbone_name: str, strat
     return backbone, TransformSpec(img, resize, mean, std), TransformSpec(img, resize, mean, std, train=True)
 
 
-def feature_key(backbone_name: str, backbone: FrozenBackbone, bench: str, split: str, data: str,
-                eval_tf: TransformSpec, precision: str, device: torch.device) -> str:
+def feature_key(
+    backbone_name: str,
+    backbone: FrozenBackbone,
+    bench: str,
+    split: str,
+    data: str,
+    eval_tf: TransformSpec,
+    precision: str,
+    device: torch.device,
+) -> str:
     """The feature-cache key of one set of images (``data``: their content fingerprint) under ``eval_tf``."""
     from clbench.features import cache_key
 
-    return cache_key(backbone=backbone_name, digest=backbone.digest, bench=bench, split=split, data=data,
-                     transform=eval_tf.identity(), precision=precision, device=device.type)
+    return cache_key(
+        backbone=backbone_name,
+        digest=backbone.digest,
+        bench=bench,
+        split=split,
+        data=data,
+        transform=eval_tf.identity(),
+        precision=precision,
+        device=device.type,
+    )
 
 
 def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precision | None = None) -> PreparedRun:
@@ -375,8 +411,13 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     device = resolve_device(cfg.device)
 
     rep.log(f"benchmark {spec.name}: loading")
-    bench = build_benchmark(spec, cfg.data_root, run_level(strategy_cls, cfg.profile, cfg.init_cls, "init_cls"),
-                            run_level(strategy_cls, cfg.profile, cfg.increment, "increment"), cfg.class_order_seed)
+    bench = build_benchmark(
+        spec,
+        cfg.data_root,
+        run_level(strategy_cls, cfg.profile, cfg.init_cls, "init_cls"),
+        run_level(strategy_cls, cfg.profile, cfg.increment, "increment"),
+        cfg.class_order_seed,
+    )
     rep.log(f"backbone {backbone_name} (weights: {cfg.weights})")
     backbone, eval_tf, train_tf = frozen_inputs(cfg, spec, backbone_name, strategy_cls, device)
 
@@ -387,23 +428,25 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     rep.log(f"precision {precision.name}: {precision.reason}")
     feats: dict[str, torch.Tensor] = {}
     for split_name, source in (("train", bench.train), ("test", bench.test)):
-        key = feature_key(backbone_name, backbone, spec.name, split_name, source.fingerprint(), eval_tf,
-                          precision.name, device)
+        key = feature_key(
+            backbone_name, backbone, spec.name, split_name, source.fingerprint(), eval_tf, precision.name, device
+        )
 
         def compute(source=source, split_name=split_name):
             adv = rep.progress(f"features {split_name} ({len(source)} images)", len(source))
-            return extract(backbone, source, eval_tf.build(), device, precision.name, cfg.batch_size,
-                           progress=adv)
+            return extract(backbone, source, eval_tf.build(), device, precision.name, cfg.batch_size, progress=adv)
 
         feats[split_name], hit = cache.get_or_compute(key, compute)
         rep.log(f"features {split_name}: {'cache hit' if hit else 'computed'} {tuple(feats[split_name].shape)}")
     t_features = time.perf_counter() - t0
 
-    ctx = Context(backbone=backbone, device=device, precision=precision.name, seed=cfg.seed, log=rep.log,
-                  progress=rep.progress)
+    ctx = Context(
+        backbone=backbone, device=device, precision=precision.name, seed=cfg.seed, log=rep.log, progress=rep.progress
+    )
     strategy = strategy_cls(strategy_cfg, ctx)
-    return PreparedRun(cfg, spec, bench, backbone, eval_tf, train_tf, precision, feats, cache.events, t_features,
-                       strategy, protocols)
+    return PreparedRun(
+        cfg, spec, bench, backbone, eval_tf, train_tf, precision, feats, cache.events, t_features, strategy, protocols
+    )
 
 
 def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> RunRecord:
@@ -448,8 +491,14 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         before = {"features": 0.0, "train": 0.0, "eval": 0.0, "checkpoint": 0.0, "total": 0.0}  # earlier segments
         peak_before = 0.0
         if ckpt is not None:
-            checkpoint.check_inputs(ckpt, run_dir.checkpoint_path, session.backbone.digest, session.precision.name,
-                                    session.precision.reason, checkpoint.data_identity(session.bench))
+            checkpoint.check_inputs(
+                ckpt,
+                run_dir.checkpoint_path,
+                session.backbone.digest,
+                session.precision.name,
+                session.precision.reason,
+                checkpoint.data_identity(session.bench),
+            )
             if ckpt["git_revision"] != revision:
                 rep.log(f"note: the checkpoint was written by code at {ckpt['git_revision']}, now {revision}")
             strategy.load_state_dict(ckpt["strategy"])
@@ -462,9 +511,13 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         t_train = t_eval = t_ckpt = 0.0
 
         def times() -> dict[str, float]:
-            return {"features": before["features"] + session.t_features, "train": before["train"] + t_train,
-                    "eval": before["eval"] + t_eval, "checkpoint": before["checkpoint"] + t_ckpt,
-                    "total": before["total"] + time.perf_counter() - t_start}
+            return {
+                "features": before["features"] + session.t_features,
+                "train": before["train"] + t_train,
+                "eval": before["eval"] + t_eval,
+                "checkpoint": before["checkpoint"] + t_ckpt,
+                "total": before["total"] + time.perf_counter() - t_start,
+            }
 
         for step in session.tasks():
             task, t = step.task, step.task.id
@@ -472,8 +525,10 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 if t == done - 1:
                     checkpoint.restore_rng(ckpt["rng"])
                 continue
-            rep.log(f"task {t + 1}/{bench.n_tasks}: classes {task.classes[0]}..{task.classes[-1]} "
-                    f"({len(task.train)} images)")
+            rep.log(
+                f"task {t + 1}/{bench.n_tasks}: classes {task.classes[0]}..{task.classes[-1]} "
+                f"({len(task.train)} images)"
+            )
             t0 = time.perf_counter()
             strategy.learn_task(task)
             dt_train = time.perf_counter() - t0
@@ -484,8 +539,9 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             for p in protocols:
                 logits = strategy.predict(step.test, p)
                 if logits.shape != (len(y), task.n_seen):
-                    raise RuntimeError(f"{cfg.strategy}.predict returned {tuple(logits.shape)}, "
-                                       f"expected {(len(y), task.n_seen)}")
+                    raise RuntimeError(
+                        f"{cfg.strategy}.predict returned {tuple(logits.shape)}, expected {(len(y), task.n_seen)}"
+                    )
                 if not torch.isfinite(logits).all():
                     raise ClbenchError(f"{cfg.strategy} produced NaN/inf logits after task {t}")
                 logs[p].add(logits, y, step.sample_task, t)
@@ -497,19 +553,40 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             rep.log(f"  A_{t + 1} = {main.curve[-1]:.2f}%  (old {main.old[-1]:.2f}, new {main.new[-1]:.2f})")
 
             t0 = time.perf_counter()  # the checkpoint first: a record never claims more than it holds
-            checkpoint.save(run_dir.checkpoint_path, {
-                "config": dataclasses.asdict(cfg), "fingerprint": settings_fp,
-                "backbone_digest": session.backbone.digest, "precision": session.precision.name,
-                "precision_reason": session.precision.reason, "data": checkpoint.data_identity(session.bench),
-                "tasks_done": t + 1, "strategy": strategy.state_dict(), "rng": checkpoint.capture_rng(),
-                "logs": {p: dataclasses.asdict(log) for p, log in logs.items()},
-                "per_task": [e.to_dict() for e in per_task],
-                "times": times(), "peak_rss_mb": max(peak_before, peak_rss_mb()), "resumed_from_task": resumed_from,
-                "feature_cache": cache_events, "git_revision": revision,
-            })
+            checkpoint.save(
+                run_dir.checkpoint_path,
+                {
+                    "config": dataclasses.asdict(cfg),
+                    "fingerprint": settings_fp,
+                    "backbone_digest": session.backbone.digest,
+                    "precision": session.precision.name,
+                    "precision_reason": session.precision.reason,
+                    "data": checkpoint.data_identity(session.bench),
+                    "tasks_done": t + 1,
+                    "strategy": strategy.state_dict(),
+                    "rng": checkpoint.capture_rng(),
+                    "logs": {p: dataclasses.asdict(log) for p, log in logs.items()},
+                    "per_task": [e.to_dict() for e in per_task],
+                    "times": times(),
+                    "peak_rss_mb": max(peak_before, peak_rss_mb()),
+                    "resumed_from_task": resumed_from,
+                    "feature_cache": cache_events,
+                    "git_revision": revision,
+                },
+            )
             t_ckpt += time.perf_counter() - t0
-            record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=False,
-                             resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=settings_fp)
+            record = _record(
+                cfg,
+                session,
+                logs,
+                per_task,
+                run_dir.path,
+                times(),
+                complete=False,
+                resumed_from_task=resumed_from,
+                cache_events=cache_events,
+                fingerprint=settings_fp,
+            )
             record.peak_rss_mb = max(peak_before, record.peak_rss_mb)  # over every segment of the run
             record.write(run_dir.path)
 
@@ -517,8 +594,18 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             raise RuntimeError(f"{cfg.strategy} changed the frozen backbone's weights; the run is not valid")
         if cfg.save_features:
             _save_features(run_dir.path, session, strategy)
-        record = _record(cfg, session, logs, per_task, run_dir.path, times(), complete=True,
-                         resumed_from_task=resumed_from, cache_events=cache_events, fingerprint=settings_fp)
+        record = _record(
+            cfg,
+            session,
+            logs,
+            per_task,
+            run_dir.path,
+            times(),
+            complete=True,
+            resumed_from_task=resumed_from,
+            cache_events=cache_events,
+            fingerprint=settings_fp,
+        )
         record.peak_rss_mb = max(peak_before, record.peak_rss_mb)
         record.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
         record.write(run_dir.path)
@@ -535,9 +622,16 @@ def host_info() -> Host:
     from clbench.precision import CpuInfo, isa_limits
 
     cpu = CpuInfo.detect()
-    return Host(cpus=os.cpu_count(), torch_threads=torch.get_num_threads(), omp_wait_policy=OMP_WAIT_POLICY,
-                cpu=cpu.model, cpu_capability=cpu.capability, amx=cpu.amx, avx512_bf16=cpu.avx512_bf16,
-                isa_limits=isa_limits())
+    return Host(
+        cpus=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+        omp_wait_policy=OMP_WAIT_POLICY,
+        cpu=cpu.model,
+        cpu_capability=cpu.capability,
+        amx=cpu.amx,
+        avx512_bf16=cpu.avx512_bf16,
+        isa_limits=isa_limits(),
+    )
 
 
 def _save_features(path: Path, session: PreparedRun, strategy: Strategy) -> None:
@@ -549,8 +643,11 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy) -> None
     bench = session.bench
     split = session.split("test", np.arange(len(bench.test)))
     adapted = strategy.adapted_features(split)
-    arrays = {"frozen": session.features["test"].half().numpy(), "labels": bench.test_y,
-              "tasks": bench.task_of_label()[bench.test_y]}
+    arrays = {
+        "frozen": session.features["test"].half().numpy(),
+        "labels": bench.test_y,
+        "tasks": bench.task_of_label()[bench.test_y],
+    }
     if adapted is not None:
         arrays["adapted"] = adapted.half().numpy()
     buf = io.BytesIO()
@@ -558,11 +655,25 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy) -> None
     atomic_write_bytes(path / "features.npz", buf.getvalue())
 
 
-def _record(cfg: RunConfig, session: PreparedRun, logs: dict[str, _ProtocolLog], per_task: list[TaskEntry],
-            run_path: Path, times: dict[str, float], complete: bool, resumed_from_task: list[int] | None = None,
-            cache_events: list[str] | None = None, fingerprint: dict[str, Any] | None = None) -> RunRecord:
-    strategy, spec, bench, backbone, protocols = (session.strategy, session.spec, session.bench, session.backbone,
-                                                  session.protocols)
+def _record(
+    cfg: RunConfig,
+    session: PreparedRun,
+    logs: dict[str, _ProtocolLog],
+    per_task: list[TaskEntry],
+    run_path: Path,
+    times: dict[str, float],
+    complete: bool,
+    resumed_from_task: list[int] | None = None,
+    cache_events: list[str] | None = None,
+    fingerprint: dict[str, Any] | None = None,
+) -> RunRecord:
+    strategy, spec, bench, backbone, protocols = (
+        session.strategy,
+        session.spec,
+        session.bench,
+        session.backbone,
+        session.protocols,
+    )
     params = strategy.param_counts()
     added = list(params.added_per_task)
     trainable = list(params.trainable_per_task)
@@ -598,9 +709,15 @@ def _record(cfg: RunConfig, session: PreparedRun, logs: dict[str, _ProtocolLog],
         precision_reason=session.precision.reason,
         protocol=protocols[0],
         protocols=summaries,
-        params=Params(backbone=backbone.n_params(), trainable=max(trainable) if trainable else 0,
-                      trainable_per_task=trainable, added_per_task=added, added_total=sum(added), head=params.head,
-                      extra=dict(params.extra)),
+        params=Params(
+            backbone=backbone.n_params(),
+            trainable=max(trainable) if trainable else 0,
+            trainable_per_task=trainable,
+            added_per_task=added,
+            added_total=sum(added),
+            head=params.head,
+            extra=dict(params.extra),
+        ),
         time_s=Times(**times),
         per_task=list(per_task),
         feature_cache=list(session.cache_events if cache_events is None else cache_events),

@@ -37,8 +37,14 @@ def _load(backbone: str, img_size: int, device: str):
     return load_backbone(backbone, "random", img_size).to(dev), dev, torch
 
 
-def precision_table(backbone: str = DEFAULT_BACKBONE, img_size: int = DEFAULT_IMG, device: str = "auto",
-                    seconds: float = 3.0, batch: int = 32, log=print) -> dict[str, Any]:
+def precision_table(
+    backbone: str = DEFAULT_BACKBONE,
+    img_size: int = DEFAULT_IMG,
+    device: str = "auto",
+    seconds: float = 3.0,
+    batch: int = 32,
+    log=print,
+) -> dict[str, Any]:
     """img/s for each (precision, threads) on this machine, and where auto's choice lands against the fastest."""
     from clbench.precision import CpuInfo, for_backbone, throughput
 
@@ -58,15 +64,27 @@ def precision_table(backbone: str = DEFAULT_BACKBONE, img_size: int = DEFAULT_IM
     fastest = max(rows, key=lambda r: r["img_per_s"])
     chosen = next(r for r in rows if r["precision"] == auto.name and r["threads"] == cores)
     ratio = chosen["img_per_s"] / fastest["img_per_s"]
-    log(f"auto picks {auto.name} x {cores} threads ({auto.reason}): {ratio:.2f} of the fastest measured "
-        f"({fastest['precision']} x {fastest['threads']})")
+    log(
+        f"auto picks {auto.name} x {cores} threads ({auto.reason}): {ratio:.2f} of the fastest measured "
+        f"({fastest['precision']} x {fastest['threads']})"
+    )
     cpu = CpuInfo.detect()
-    return {"benchmark": "precision", "backbone": backbone, "img_size": bb.img_size, "batch": batch,
-            "device": dev.type, "cpu": cpu.model, "cpu_capability": cpu.capability, "isa_limits": isa_limits(),
-            "amx": cpu.amx,
-            "avx512_bf16": cpu.avx512_bf16, "rows": rows, "auto": {"precision": auto.name, "threads": cores,
-                                                                  "reason": auto.reason},
-            "fastest": fastest, "auto_over_fastest": ratio}
+    return {
+        "benchmark": "precision",
+        "backbone": backbone,
+        "img_size": bb.img_size,
+        "batch": batch,
+        "device": dev.type,
+        "cpu": cpu.model,
+        "cpu_capability": cpu.capability,
+        "isa_limits": isa_limits(),
+        "amx": cpu.amx,
+        "avx512_bf16": cpu.avx512_bf16,
+        "rows": rows,
+        "auto": {"precision": auto.name, "threads": cores, "reason": auto.reason},
+        "fastest": fastest,
+        "auto_over_fastest": ratio,
+    }
 
 
 # ----------------------------------------------------------------------------------------------- threads
@@ -78,27 +96,40 @@ import torch
 import clbench
 from clbench.machine import _load
 from clbench.precision import throughput
-backbone, img, precision, threads, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+backbone, img, precision = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+threads, seconds = int(sys.argv[4]), float(sys.argv[5])
 bb, dev, torch = _load(backbone, img, "cpu")
 torch.set_num_threads(threads)
 print(json.dumps({"img_per_s": throughput(bb, dev, precision, bb.img_size, batch=32, seconds=seconds)}))
 """
 
 
-def _measure_in_process(backbone: str, img_size: int, precision: str, threads: int, policy: str,
-                        seconds: float) -> float:
+def _measure_in_process(
+    backbone: str, img_size: int, precision: str, threads: int, policy: str, seconds: float
+) -> float:
     env = dict(os.environ)
     env.pop("OMP_WAIT_POLICY", None)
     if policy != "default":
         env["OMP_WAIT_POLICY"] = policy
-    out = subprocess.run([sys.executable, "-c", _WORKER, backbone, str(img_size), precision, str(threads),
-                          str(seconds)], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _WORKER, backbone, str(img_size), precision, str(threads), str(seconds)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return float(json.loads(out.stdout.strip().splitlines()[-1])["img_per_s"])
 
 
-def thread_table(backbone: str = DEFAULT_BACKBONE, img_size: int = DEFAULT_IMG, precision: str | None = None,
-                 seconds: float = 5.0, log=print) -> dict[str, Any]:
-    """Feature-extraction img/s at 1 and all threads x OpenMP wait policy x (idle, one core busy), in fresh processes."""
+def thread_table(
+    backbone: str = DEFAULT_BACKBONE,
+    img_size: int = DEFAULT_IMG,
+    precision: str | None = None,
+    seconds: float = 5.0,
+    log=print,
+) -> dict[str, Any]:
+    """Feature-extraction img/s at 1 and all threads x OpenMP wait policy x (idle, one core busy), in fresh
+    processes."""
     import torch
 
     from clbench.precision import CpuInfo
@@ -117,28 +148,49 @@ def thread_table(backbone: str = DEFAULT_BACKBONE, img_size: int = DEFAULT_IMG, 
                 for n in sorted({1, cores}):
                     rate = _measure_in_process(backbone, img_size, precision, n, policy, seconds)
                     rows.append({"busy_core": busy, "omp_wait_policy": policy, "threads": n, "img_per_s": rate})
-                    log(f"{'one core busy' if busy else 'idle':>13}  {policy:>7}  {n} thread{'s' if n > 1 else ' '}: "
-                        f"{rate:6.1f} img/s")
+                    log(
+                        f"{'one core busy' if busy else 'idle':>13}  {policy:>7}  {n} thread{'s' if n > 1 else ' '}: "
+                        f"{rate:6.1f} img/s"
+                    )
         finally:
             if spinner is not None:
                 spinner.kill()
                 spinner.wait()
 
     def rate(busy: bool, policy: str, n: int) -> float:
-        return next(r["img_per_s"] for r in rows if (r["busy_core"], r["omp_wait_policy"], r["threads"]) == (busy, policy, n))
+        return next(
+            r["img_per_s"] for r in rows if (r["busy_core"], r["omp_wait_policy"], r["threads"]) == (busy, policy, n)
+        )
 
     idle_best = max(r["img_per_s"] for r in rows if not r["busy_core"])
-    ratios = {f"{policy} x {n}": {"busy_over_idle_best": rate(True, policy, n) / idle_best,
-                                  "idle_over_idle_best": rate(False, policy, n) / idle_best}
-              for policy in ("default", "PASSIVE") for n in sorted({1, cores})}
+    ratios = {
+        f"{policy} x {n}": {
+            "busy_over_idle_best": rate(True, policy, n) / idle_best,
+            "idle_over_idle_best": rate(False, policy, n) / idle_best,
+        }
+        for policy in ("default", "PASSIVE")
+        for n in sorted({1, cores})
+    }
     for k, v in ratios.items():
-        log(f"{k:>13}: idle {v['idle_over_idle_best']:.2f}, one core busy {v['busy_over_idle_best']:.2f} "
-            f"(of the best idle rate)")
+        log(
+            f"{k:>13}: idle {v['idle_over_idle_best']:.2f}, one core busy {v['busy_over_idle_best']:.2f} "
+            f"(of the best idle rate)"
+        )
     cpu = CpuInfo.detect()
-    return {"benchmark": "threads", "backbone": backbone, "img_size": img_size, "precision": precision,
-            "cpu": cpu.model, "cpu_capability": cpu.capability, "isa_limits": isa_limits(), "cores": cores, "torch": torch.__version__,
-            "rows": rows, "ratios": ratios,
-            "clbench_default": {"threads": cores, "omp_wait_policy": "PASSIVE"}}
+    return {
+        "benchmark": "threads",
+        "backbone": backbone,
+        "img_size": img_size,
+        "precision": precision,
+        "cpu": cpu.model,
+        "cpu_capability": cpu.capability,
+        "isa_limits": isa_limits(),
+        "cores": cores,
+        "torch": torch.__version__,
+        "rows": rows,
+        "ratios": ratios,
+        "clbench_default": {"threads": cores, "omp_wait_policy": "PASSIVE"},
+    }
 
 
 # ----------------------------------------------------------------------------------------------- doctor
@@ -170,13 +222,17 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     cpu = CpuInfo.detect()
     con.print(f"[bold]clbench {clbench.__version__}[/] on Python {platform.python_version()}, {platform.platform()}")
     con.print("libraries: " + ", ".join(f"{k} {v}" for k, v in library_versions().items()))
-    con.print(f"CPU: {cpu.describe()}; {os.cpu_count()} cores; torch threads {torch.get_num_threads()}; "
-              f"OpenMP wait policy {clbench.OMP_WAIT_POLICY}")
+    con.print(
+        f"CPU: {cpu.describe()}; {os.cpu_count()} cores; torch threads {torch.get_num_threads()}; "
+        f"OpenMP wait policy {clbench.OMP_WAIT_POLICY}"
+    )
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             cap = torch.cuda.get_device_capability(i)
-            con.print(f"CUDA device {i}: {torch.cuda.get_device_name(i)} (sm_{cap[0]}{cap[1]}, bf16 "
-                      f"{'yes' if torch.cuda.is_bf16_supported() else 'no'})")
+            con.print(
+                f"CUDA device {i}: {torch.cuda.get_device_name(i)} (sm_{cap[0]}{cap[1]}, bf16 "
+                f"{'yes' if torch.cuda.is_bf16_supported() else 'no'})"
+            )
     else:
         con.print("CUDA: no device")
     if measure:
@@ -249,22 +305,40 @@ def main_job(strategy: str | None = None, log=print) -> dict[str, Any]:
         for state in ("cold", "warm"):
             out = Path(tmp) / state
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "clbench.cli", "run", "--strategy", strategy, "--out", str(out)],
-                           env=env, check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "clbench.cli", "run", "--strategy", strategy, "--out", str(out)],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             walls[state] = time.perf_counter() - t0
             records[state] = load_record(out)
-            log(f"{state}: {walls[state]:.1f} s wall-clock (record: total {records[state].time_s.total:.1f} s, "
-                f"features {records[state].time_s.features:.1f} s)")
+            log(
+                f"{state}: {walls[state]:.1f} s wall-clock (record: total {records[state].time_s.total:.1f} s, "
+                f"features {records[state].time_s.features:.1f} s)"
+            )
     rec = records["cold"]
     n_images = rec.n_images["train"] + rec.n_images["test"] if rec.n_images else 0
     one_pass = n_images / fastest["img_per_s"] if n_images else None
-    result = {"benchmark": "main-job", "strategy": strategy, "cpu": table["cpu"], "cpu_capability":
-              table["cpu_capability"], "isa_limits": isa_limits(), "precision": rec.precision, "precision_reason": rec.precision_reason,
-              "wall_s": walls, "record_time_s": {k: r.time_s.to_dict() for k, r in records.items()},
-              "fastest_setting": fastest, "images": n_images, "one_pass_at_fastest_s": one_pass,
-              "cold_over_one_pass": walls["cold"] / one_pass if one_pass else None}
+    result = {
+        "benchmark": "main-job",
+        "strategy": strategy,
+        "cpu": table["cpu"],
+        "cpu_capability": table["cpu_capability"],
+        "isa_limits": isa_limits(),
+        "precision": rec.precision,
+        "precision_reason": rec.precision_reason,
+        "wall_s": walls,
+        "record_time_s": {k: r.time_s.to_dict() for k, r in records.items()},
+        "fastest_setting": fastest,
+        "images": n_images,
+        "one_pass_at_fastest_s": one_pass,
+        "cold_over_one_pass": walls["cold"] / one_pass if one_pass else None,
+    }
     if one_pass:
-        log(f"one feature pass over {n_images} images at the fastest setting ({fastest['precision']} x "
+        log(
+            f"one feature pass over {n_images} images at the fastest setting ({fastest['precision']} x "
             f"{fastest['threads']}, {fastest['img_per_s']:.1f} img/s): {one_pass:.1f} s; cold main job / that = "
-            f"{result['cold_over_one_pass']:.2f}")
+            f"{result['cold_over_one_pass']:.2f}"
+        )
     return result

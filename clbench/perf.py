@@ -29,8 +29,13 @@ def median_seconds(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> f
     return sorted(times)[len(times) // 2]
 
 
-def feature_probe(bench: str = "emoji", backbone: str | None = None, img_size: int | None = None,
-                  normalize: bool | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+def feature_probe(
+    bench: str = "emoji",
+    backbone: str | None = None,
+    img_size: int | None = None,
+    normalize: bool | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Nearest-class-mean (cosine) and linear-probe accuracy of frozen features, all classes at once."""
     import torch.nn.functional as F
     from sklearn.linear_model import LogisticRegression
@@ -38,19 +43,29 @@ def feature_probe(bench: str = "emoji", backbone: str | None = None, img_size: i
     from clbench.catalog import DEFAULT_STRATEGY
     from clbench.harness import RunConfig, prepare
 
-    s = prepare(RunConfig(strategy=DEFAULT_STRATEGY, bench=bench, backbone=backbone, img_size=img_size,
-                          normalize=normalize))
+    s = prepare(
+        RunConfig(strategy=DEFAULT_STRATEGY, bench=bench, backbone=backbone, img_size=img_size, normalize=normalize)
+    )
     ftr, fte = F.normalize(s.features["train"], dim=1), F.normalize(s.features["test"], dim=1)
     ytr, yte = torch.as_tensor(s.bench.train_y), torch.as_tensor(s.bench.test_y)
     protos = torch.stack([ftr[ytr == c].mean(0) for c in range(s.bench.n_classes)])
     ncm = float(((fte @ F.normalize(protos, dim=1).T).argmax(1) == yte).float().mean() * 100)
     clf = LogisticRegression(max_iter=2000).fit(ftr.numpy(), ytr.numpy())
     linear = float(clf.score(fte.numpy(), yte.numpy()) * 100)
-    log(f"{bench} {s.backbone.spec.name} @ {s.backbone.img_size} ({s.eval_tf.identity()}): "
-        f"nearest-class-mean {ncm:.2f} %, linear probe {linear:.2f} %")
-    return {"benchmark": "feature-probe", "bench": bench, "backbone": s.backbone.spec.name,
-            "weights_digest": s.backbone.digest, "img_size": s.backbone.img_size,
-            "transform": s.eval_tf.identity(), "ncm_acc": ncm, "linear_probe_acc": linear}
+    log(
+        f"{bench} {s.backbone.spec.name} @ {s.backbone.img_size} ({s.eval_tf.identity()}): "
+        f"nearest-class-mean {ncm:.2f} %, linear probe {linear:.2f} %"
+    )
+    return {
+        "benchmark": "feature-probe",
+        "bench": bench,
+        "backbone": s.backbone.spec.name,
+        "weights_digest": s.backbone.digest,
+        "img_size": s.backbone.img_size,
+        "transform": s.eval_tf.identity(),
+        "ncm_acc": ncm,
+        "linear_probe_acc": linear,
+    }
 
 
 # ----------------------------------------------------------------------------------------------- parameters
@@ -67,8 +82,10 @@ def parse_tasks(text: str) -> tuple[int, ...]:
     except ValueError:
         sizes = ()
     if not sizes or min(sizes) < 1:
-        raise ClbenchError(f"--tasks {text!r}: expected TxC (T tasks of C classes) or C1,C2,.. (positive integers)",
-                           "e.g. --tasks 10x10 or --tasks 50,10,10")
+        raise ClbenchError(
+            f"--tasks {text!r}: expected TxC (T tasks of C classes) or C1,C2,.. (positive integers)",
+            "e.g. --tasks 10x10 or --tasks 50,10,10",
+        )
     return sizes
 
 
@@ -83,8 +100,14 @@ def param_table(d: int, depth: int, task_sizes: tuple[int, ...], names: list[str
 
     if d < 1 or depth < 1:
         raise ClbenchError(f"--d {d} --depth {depth}: both must be >= 1")
-    out: dict[str, Any] = {"benchmark": "params", "d": d, "depth": depth, "task_sizes": list(task_sizes),
-                           "strategies": {}, "unstated": []}
+    out: dict[str, Any] = {
+        "benchmark": "params",
+        "d": d,
+        "depth": depth,
+        "task_sizes": list(task_sizes),
+        "strategies": {},
+        "unstated": [],
+    }
     for name in names if names is not None else STRATEGIES.names():
         cls = STRATEGIES.get(name)
         cfg = make_strategy_config(cls, None, ())
@@ -95,9 +118,13 @@ def param_table(d: int, depth: int, task_sizes: tuple[int, ...], names: list[str
             continue
         except ValueError as e:  # e.g. a width the method's bottleneck ratio does not divide
             raise ClbenchError(f"{name} at d={d}: {e}") from None
-        out["strategies"][name] = {"added_per_task": list(pc.added_per_task),
-                                   "trainable_per_task": list(pc.trainable_per_task), "head": pc.head,
-                                   "added_total": sum(pc.added_per_task), "config": dataclasses.asdict(cfg)}
+        out["strategies"][name] = {
+            "added_per_task": list(pc.added_per_task),
+            "trainable_per_task": list(pc.trainable_per_task),
+            "head": pc.head,
+            "added_total": sum(pc.added_per_task),
+            "config": dataclasses.asdict(cfg),
+        }
     return out
 
 
@@ -105,10 +132,15 @@ def format_params(table: dict[str, Any]) -> str:
     """A Markdown table of :func:`param_table`: per strategy, parameters added and trained in the first and the
     last task, and added in all."""
     sizes = table["task_sizes"]
-    lines = [(f"parameters per task, ViT of width {table['d']} and {table['depth']} blocks, {len(sizes)} tasks "
-              f"({'+'.join(map(str, sizes))} classes)"), "",
-             "| strategy | added, task 1 | added, last task | trained, task 1 | trained, last task | added in all |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        (
+            f"parameters per task, ViT of width {table['d']} and {table['depth']} blocks, {len(sizes)} tasks "
+            f"({'+'.join(map(str, sizes))} classes)"
+        ),
+        "",
+        "| strategy | added, task 1 | added, last task | trained, task 1 | trained, last task | added in all |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, row in table["strategies"].items():
         a, t = row["added_per_task"], row["trainable_per_task"]
         lines.append(f"| {name} | {a[0]:,} | {a[-1]:,} | {t[0]:,} | {t[-1]:,} | {row['added_total']:,} |")

@@ -2,7 +2,8 @@
 
 - ``sweep-overhead``: runs the same small sweep (the default strategy, several seeds, the micro ViT on the embedded
   benchmark) on the local backend and on a local Ray, one run at a time, and reports each backend's overhead from the
-  sweep's own timestamps (:func:`clbench.sweep.runner.overhead`): scheduling and record collection per run, and the start-up.
+  sweep's own timestamps (:func:`clbench.sweep.runner.overhead`): scheduling and record collection per run, and the
+  start-up.
 - ``projection``: the compute a paper table needs. It measures, on this machine's device, the per-image cost of one
   frozen forward pass of the paper backbone (ViT-B/16 at 224 px, at the precision a run on that device chooses
   (:mod:`clbench.precision`)), of one training pass (forward and backward through the frozen ViT to input-side
@@ -43,8 +44,9 @@ PAPER_BENCHMARKS: dict[str, dict[str, int]] = {
 
 
 # ----------------------------------------------------------------------------------------------- overhead
-def sweep_overhead(runs: int = 6, log: Callable[[str], None] = print, backends: tuple[str, ...] = ("local", "ray")
-                   ) -> dict[str, Any]:
+def sweep_overhead(
+    runs: int = 6, log: Callable[[str], None] = print, backends: tuple[str, ...] = ("local", "ray")
+) -> dict[str, Any]:
     """The same sweep (``runs`` seeds of the default strategy on the micro ViT) on each backend, one run at a time."""
     from clbench.catalog import DEFAULT_STRATEGY
     from clbench.sweep import Resources, SweepSpec, run_sweep
@@ -53,8 +55,13 @@ def sweep_overhead(runs: int = 6, log: Callable[[str], None] = print, backends: 
     out: dict[str, Any] = {"benchmark": "sweep-overhead", "runs": runs, "settings": settings, "backends": {}}
     with tempfile.TemporaryDirectory(prefix="clbench-sweep-overhead-") as tmp:
         for backend in backends:
-            spec = SweepSpec(strategies=(DEFAULT_STRATEGY,), benches=("emoji",), seeds=tuple(range(1, runs + 1)),
-                             out=Path(tmp) / backend, settings=settings)
+            spec = SweepSpec(
+                strategies=(DEFAULT_STRATEGY,),
+                benches=("emoji",),
+                seeds=tuple(range(1, runs + 1)),
+                out=Path(tmp) / backend,
+                settings=settings,
+            )
             t0 = time.perf_counter()
             manifest = run_sweep(spec, backend, Resources(1, None, None, None))
             wall = time.perf_counter() - t0
@@ -63,8 +70,10 @@ def sweep_overhead(runs: int = 6, log: Callable[[str], None] = print, backends: 
             ov["run_s_mean"] = ov["run_time_s"] / ov["runs_executed"]
             ov["backend"] = manifest["backend"]
             out["backends"][backend] = ov
-            log(f"{backend}: start-up {ov['startup_s']:.2f} s, {ov['per_run_s'] * 1e3:.0f} ms per run "
-                f"(collection {ov['collection_s_mean'] * 1e3:.0f} ms), run {ov['run_s_mean']:.2f} s, wall {wall:.1f} s")
+            log(
+                f"{backend}: start-up {ov['startup_s']:.2f} s, {ov['per_run_s'] * 1e3:.0f} ms per run "
+                f"(collection {ov['collection_s_mean'] * 1e3:.0f} ms), run {ov['run_s_mean']:.2f} s, wall {wall:.1f} s"
+            )
     return out
 
 
@@ -116,11 +125,17 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     try:
         cfg = cls.Config(**rec.strategy_config)
     except (TypeError, ValueError) as e:
-        raise ClbenchError(f"{run_dir}: its {rec.strategy} config does not fit this version's ({e})",
-                           "check the run with the clbench revision that made it") from None
-    bench = build_benchmark(BENCHMARKS.get(rec.bench), None, rec.task_sizes[0],
-                            rec.task_sizes[1] if len(rec.task_sizes) > 1 else rec.task_sizes[0],
-                            rec.class_order_seed)
+        raise ClbenchError(
+            f"{run_dir}: its {rec.strategy} config does not fit this version's ({e})",
+            "check the run with the clbench revision that made it",
+        ) from None
+    bench = build_benchmark(
+        BENCHMARKS.get(rec.bench),
+        None,
+        rec.task_sizes[0],
+        rec.task_sizes[1] if len(rec.task_sizes) > 1 else rec.task_sizes[0],
+        rec.class_order_seed,
+    )
     task_of = bench.task_of_label()
     train_per_task = np.bincount(task_of[bench.train_y], minlength=bench.n_tasks).tolist()
     test_per_task = np.bincount(task_of[bench.test_y], minlength=bench.n_tasks)
@@ -128,8 +143,13 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     threads = int(rec.host.torch_threads or torch.get_num_threads())
     with torch_threads(threads):
         costs = measure_costs("cpu", rec.backbone, rec.img_size or 224, strategies=[rec.strategy], log=log)
-    shape = RunShape(tuple(train_per_task), tuple(seen), tokens=costs["tokens"], protocols=len(rec.protocols),
-                     classes_per_task=tuple(bench.task_sizes))
+    shape = RunShape(
+        tuple(train_per_task),
+        tuple(seen),
+        tokens=costs["tokens"],
+        protocols=len(rec.protocols),
+        classes_per_task=tuple(bench.task_sizes),
+    )
     try:
         w = cls.work(cfg, shape)
     except NotImplementedError as e:
@@ -139,11 +159,22 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     predicted = sum(v * unit[k] for k, v in work.items()) - w.f_cacheable * unit["f"]
     measured = rec.time_s.train + rec.time_s.eval
     ratio = measured / predicted if predicted > 0 else None  # None: all of its work is the cached features
-    log(f"{rec.strategy} ({run_dir}): predicted {predicted:.1f} s, recorded train + eval {measured:.1f} s "
-        + (f"-> measured / predicted = {ratio:.2f}" if ratio is not None else "(the model counts cached work only)"))
-    return {"run": str(run_dir), "strategy": rec.strategy, "threads": threads, "costs": costs, "work": work,
-            "f_cacheable": w.f_cacheable, "predicted_s": predicted, "recorded_train_eval_s": measured,
-            "ratio": ratio, "run_git_revision": rec.git_revision}
+    log(
+        f"{rec.strategy} ({run_dir}): predicted {predicted:.1f} s, recorded train + eval {measured:.1f} s "
+        + (f"-> measured / predicted = {ratio:.2f}" if ratio is not None else "(the model counts cached work only)")
+    )
+    return {
+        "run": str(run_dir),
+        "strategy": rec.strategy,
+        "threads": threads,
+        "costs": costs,
+        "work": work,
+        "f_cacheable": w.f_cacheable,
+        "predicted_s": predicted,
+        "recorded_train_eval_s": measured,
+        "ratio": ratio,
+        "run_git_revision": rec.git_revision,
+    }
 
 
 def _tokens(bb: Any, img_size: int) -> int:
@@ -154,8 +185,14 @@ def _tokens(bb: Any, img_size: int) -> int:
     return 1  # no tokens (a CNN): token-count scalings do not apply
 
 
-def measure_costs(device: str = "auto", backbone: str = "vit_base_patch16_224", img_size: int = 224, batch: int = 16,
-                  strategies: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+def measure_costs(
+    device: str = "auto",
+    backbone: str = "vit_base_patch16_224",
+    img_size: int = 224,
+    batch: int = 16,
+    strategies: list[str] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Seconds per image for a frozen pass and a training pass, and of every unit the registered strategies (or
     ``strategies``) state (:meth:`Strategy.unit_seconds`)."""
     from clbench.backbones import load_backbone
@@ -202,10 +239,18 @@ def measure_costs(device: str = "auto", backbone: str = "vit_base_patch16_224", 
                 raise ValueError(f"strategy {name}: unit {unit!r} is stated twice; units need unique names")
             units[unit] = seconds
             log(f"{name}: {unit} {seconds * 1e6:.2f} us/image")
-    return {"device": dev.type, "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-            "threads": torch.get_num_threads(), "backbone": backbone, "img_size": bb.img_size, "batch": batch,
-            "tokens": _tokens(bb, bb.img_size), "precision": prec.name, "precision_reason": prec.reason,
-            "s_per_image": units}
+    return {
+        "device": dev.type,
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "threads": torch.get_num_threads(),
+        "backbone": backbone,
+        "img_size": bb.img_size,
+        "batch": batch,
+        "tokens": _tokens(bb, bb.img_size),
+        "precision": prec.name,
+        "precision_reason": prec.reason,
+        "s_per_image": units,
+    }
 
 
 def projection(costs: dict[str, Any], seeds: int = 3, names: list[str] | None = None) -> dict[str, Any]:
@@ -238,30 +283,49 @@ def projection(costs: dict[str, Any], seeds: int = 3, names: list[str] | None = 
                 cacheable[bench].append(shared)
             total_run += seeds * run_s
             total_cached += shared + seeds * (run_s - shared)
-            rows.append({"strategy": row, "bench": bench, **{f"{k}_count": v for k, v in work.items()},
-                         "hours_per_run": run_s / 3600})
+            rows.append(
+                {
+                    "strategy": row,
+                    "bench": bench,
+                    **{f"{k}_count": v for k, v in work.items()},
+                    "hours_per_run": run_s / 3600,
+                }
+            )
         totals[row] = {"hours": total_run / 3600, "hours_with_feature_cache": total_cached / 3600}
     table = sum(totals[s]["hours_with_feature_cache"] for s in defaults)
     table -= sum(sum(v) - max(v) for v in cacheable.values() if v) / 3600  # features shared between strategies
-    return {"seeds": seeds, "benchmarks": PAPER_BENCHMARKS, "tokens": tokens, "configs": configs,
-            "per_run": rows, "per_strategy": totals, "table_strategies": defaults,
-            "table_hours_with_cache": table, "unmodelled": unmodelled,
-            "note": "hours on the measured device; per_strategy.hours pays every run's frozen passes, "
-                    "hours_with_feature_cache pays the cacheable features once per benchmark; the table total "
-                    "(the default config of every strategy in table_strategies) also shares them between strategies"}
+    return {
+        "seeds": seeds,
+        "benchmarks": PAPER_BENCHMARKS,
+        "tokens": tokens,
+        "configs": configs,
+        "per_run": rows,
+        "per_strategy": totals,
+        "table_strategies": defaults,
+        "table_hours_with_cache": table,
+        "unmodelled": unmodelled,
+        "note": "hours on the measured device; per_strategy.hours pays every run's frozen passes, "
+        "hours_with_feature_cache pays the cacheable features once per benchmark; the table total "
+        "(the default config of every strategy in table_strategies) also shares them between strategies",
+    }
 
 
 def format_projection(proj: dict[str, Any], costs: dict[str, Any]) -> str:
     """A Markdown table of :func:`projection` (device-hours per strategy)."""
     unit = "GPU" if costs["device"] == "cuda" else f"CPU ({costs['threads']} threads)"
-    lines = [f"| strategy | {unit}-hours, 6 benchmarks x {proj['seeds']} seeds | with the feature cache | "
-             "cost per image, in frozen passes (one CIFAR-100 run) |", "|---|---|---|---|"]
+    lines = [
+        f"| strategy | {unit}-hours, 6 benchmarks x {proj['seeds']} seeds | with the feature cache | "
+        "cost per image, in frozen passes (one CIFAR-100 run) |",
+        "|---|---|---|---|",
+    ]
     cifar = {r["strategy"]: r for r in proj["per_run"] if r["bench"] == "cifar100"}
     for s, t in proj["per_strategy"].items():
         r = cifar[s]
         per_image = r["hours_per_run"] * 3600 / costs["s_per_image"]["f"]
         per_image /= PAPER_BENCHMARKS["cifar100"]["train"] + PAPER_BENCHMARKS["cifar100"]["test"]
         lines.append(f"| {s} | {t['hours']:,.1f} | {t['hours_with_feature_cache']:,.1f} | {per_image:,.1f} |")
-    lines.append(f"\ntable ({', '.join(proj['table_strategies'])}), with the feature cache: "
-                 f"{proj['table_hours_with_cache']:,.1f} {unit}-hours")
+    lines.append(
+        f"\ntable ({', '.join(proj['table_strategies'])}), with the feature cache: "
+        f"{proj['table_hours_with_cache']:,.1f} {unit}-hours"
+    )
     return "\n".join(lines)

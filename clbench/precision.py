@@ -47,7 +47,7 @@ class CpuInfo:
     model: str = ""  # /proc/cpuinfo "model name"
 
     @classmethod
-    def detect(cls) -> "CpuInfo":
+    def detect(cls) -> CpuInfo:
         """The CPU as torch will use it: the hardware flags, limited by what ``ATEN_CPU_CAPABILITY`` and
         ``ONEDNN_MAX_CPU_ISA`` let torch's kernels use (set both to AVX2 and an AVX-512 machine runs, and is
         treated, like an AVX2 one)."""
@@ -62,8 +62,11 @@ class CpuInfo:
         unlimited = isa in ("", "ALL", "DEFAULT")
         avx512 = capability.startswith("AVX512")
         amx = flag("_is_amx_tile_supported") and avx512 and (unlimited or "AMX" in isa)
-        bf16 = flag("_is_avx512_bf16_supported") and avx512 and (
-            unlimited or any(k in isa for k in ("BF16", "AMX", "FP16", "AVX10")))
+        bf16 = (
+            flag("_is_avx512_bf16_supported")
+            and avx512
+            and (unlimited or any(k in isa for k in ("BF16", "AMX", "FP16", "AVX10")))
+        )
         return cls(capability, amx, bf16, cpu_model())
 
     def describe(self) -> str:
@@ -118,8 +121,14 @@ def check_request(requested: str) -> None:
         raise ClbenchError(f"--precision {requested!r} is unknown; valid precisions: {', '.join(CHOICES)}")
 
 
-def choose(requested: str, device_type: str, *, cpu: CpuInfo | None = None, cuda: tuple[str, tuple[int, int], bool]
-           | None = None, probe: Callable[[], dict[str, float]] | None = None) -> Precision:
+def choose(
+    requested: str,
+    device_type: str,
+    *,
+    cpu: CpuInfo | None = None,
+    cuda: tuple[str, tuple[int, int], bool] | None = None,
+    probe: Callable[[], dict[str, float]] | None = None,
+) -> Precision:
     """The precision for ``requested`` (auto | fp32 | bf16 | fp16) on ``device_type`` (cpu | cuda).
 
     ``cpu`` and ``cuda`` (device name, compute capability, bf16 supported) describe the hardware; detected when
@@ -132,8 +141,10 @@ def choose(requested: str, device_type: str, *, cpu: CpuInfo | None = None, cuda
     cpu = cpu or CpuInfo.detect()
     native = cpu.amx or cpu.avx512_bf16
     if requested == "fp16":
-        raise ClbenchError("--precision fp16 is not supported on the CPU (no fast fp16 matrix path there)",
-                           "use --precision auto, fp32 or bf16, or --device cuda")
+        raise ClbenchError(
+            "--precision fp16 is not supported on the CPU (no fast fp16 matrix path there)",
+            "use --precision auto, fp32 or bf16, or --device cuda",
+        )
     if requested == "fp32":
         return Precision("fp32", "forced (--precision fp32)", forced=True)
     if requested == "bf16":
@@ -142,8 +153,11 @@ def choose(requested: str, device_type: str, *, cpu: CpuInfo | None = None, cuda
     if cpu.amx:
         return Precision("bf16", f"auto: {cpu.describe()} has AMX bf16 matrix units")
     if not cpu.avx512_bf16:
-        return Precision("fp32", f"auto: {cpu.describe()} has no native bf16 (no AMX, no AVX-512 BF16); "
-                                 "emulated bf16 would be several times slower than fp32")
+        return Precision(
+            "fp32",
+            f"auto: {cpu.describe()} has no native bf16 (no AMX, no AVX-512 BF16); "
+            "emulated bf16 would be several times slower than fp32",
+        )
     if probe is None:
         return Precision("fp32", f"auto: {cpu.describe()} has AVX-512 BF16 but no AMX and no probe was run")
     rates = probe()
@@ -167,8 +181,10 @@ def _choose_cuda(requested: str, cuda: tuple[str, tuple[int, int], bool]) -> Pre
         return Precision("fp32", "forced (--precision fp32)", forced=True)
     if requested == "bf16":
         if not bf16:
-            raise ClbenchError(f"--precision bf16: the CUDA device {dev} has no bf16 support",
-                               "use --precision auto (fp16 on this device), fp16 or fp32")
+            raise ClbenchError(
+                f"--precision bf16: the CUDA device {dev} has no bf16 support",
+                "use --precision auto (fp16 on this device), fp16 or fp32",
+            )
         return Precision("bf16", "forced (--precision bf16)", forced=True)
     if requested == "fp16":
         return Precision("fp16", "forced (--precision fp16)", forced=True)
@@ -180,8 +196,9 @@ def _choose_cuda(requested: str, cuda: tuple[str, tuple[int, int], bool]) -> Pre
 
 
 # ----------------------------------------------------------------------------------------------- measurement
-def throughput(backbone, device, precision: str, img_size: int, batch: int = 16, batches: int = 2,
-               seconds: float | None = None) -> float:
+def throughput(
+    backbone, device, precision: str, img_size: int, batch: int = 16, batches: int = 2, seconds: float | None = None
+) -> float:
     """Images per second of ``backbone`` (no grad) at ``precision`` on random input: one warm-up batch, then
     ``batches`` timed batches (or as many as fit in ``seconds``)."""
     import torch
@@ -211,8 +228,10 @@ def probe_key(cpu: CpuInfo, backbone_name: str, img_size: int) -> str:
     workers run with fewer threads) makes the same choice."""
     import torch
 
-    return json.dumps({"cpu": asdict(cpu), "torch": torch.__version__, "backbone": backbone_name,
-                       "img_size": img_size}, sort_keys=True)
+    return json.dumps(
+        {"cpu": asdict(cpu), "torch": torch.__version__, "backbone": backbone_name, "img_size": img_size},
+        sort_keys=True,
+    )
 
 
 def cached_probe(backbone, device, cpu: CpuInfo, cache_root: Path | None) -> Callable[[], dict[str, float]]:

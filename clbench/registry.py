@@ -57,9 +57,7 @@ class Registry(Generic[T]):
             return name
         close = difflib.get_close_matches(name, self.names(), n=1, cutoff=0.5)
         hint = f"did you mean {close[0]!r}?" if close else None
-        raise ClbenchError(
-            f"unknown {self.kind} {name!r}; valid {self.kind} names: {', '.join(self.names())}", hint
-        )
+        raise ClbenchError(f"unknown {self.kind} {name!r}; valid {self.kind} names: {', '.join(self.names())}", hint)
 
     def get(self, name: str) -> T:
         self.check(name)
@@ -69,8 +67,10 @@ class Registry(Generic[T]):
             try:
                 obj = getattr(importlib.import_module(module), attr)
             except (ImportError, AttributeError) as e:
-                raise ClbenchError(f"{self.kind} {name!r}: cannot load {target} ({e})",
-                                   "is its module importable here (PYTHONPATH, installed)?") from None
+                raise ClbenchError(
+                    f"{self.kind} {name!r}: cannot load {target} ({e})",
+                    "is its module importable here (PYTHONPATH, installed)?",
+                ) from None
             del self._lazy[name]
             self._items[name] = obj
         return self._items[name]

@@ -45,12 +45,17 @@ def git_revision() -> str:
     """The clbench source tree's git revision (with ``+dirty`` when modified), or ``unknown``."""
     here = Path(__file__).resolve().parent.parent
     try:
-        rev = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
         if not rev:
             return "unknown"
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return rev + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -136,9 +141,15 @@ class Params:
         return cls(**{k: d[k] for k in known if k in d}, extra={k: v for k, v in d.items() if k not in known})
 
     def to_dict(self) -> Json:
-        return {"backbone": self.backbone, "trainable": self.trainable, "trainable_per_task": self.trainable_per_task,
-                "added_per_task": self.added_per_task, "added_total": self.added_total, "head": self.head,
-                **self.extra}
+        return {
+            "backbone": self.backbone,
+            "trainable": self.trainable,
+            "trainable_per_task": self.trainable_per_task,
+            "added_per_task": self.added_per_task,
+            "added_total": self.added_total,
+            "head": self.head,
+            **self.extra,
+        }
 
 
 TIME_PHASES = ("features", "train", "eval", "checkpoint", "total")
@@ -198,12 +209,18 @@ class TaskEntry:
 
     @classmethod
     def from_dict(cls, d: Json) -> TaskEntry:
-        return cls(d["task"], list(d.get("classes") or []), d.get("train_s"), d.get("diagnostics") or {},
-                   d.get("eval_s"))
+        return cls(
+            d["task"], list(d.get("classes") or []), d.get("train_s"), d.get("diagnostics") or {}, d.get("eval_s")
+        )
 
     def to_dict(self) -> Json:
-        return {"task": self.task, "classes": self.classes, "train_s": self.train_s, "diagnostics": self.diagnostics,
-                "eval_s": self.eval_s}
+        return {
+            "task": self.task,
+            "classes": self.classes,
+            "train_s": self.train_s,
+            "diagnostics": self.diagnostics,
+            "eval_s": self.eval_s,
+        }
 
 
 @dataclass
@@ -334,14 +351,17 @@ class RunRecord:
         protocols = {p: ProtocolSummary.from_dict(s) for p, s in (data.get("protocols") or {}).items()}
         if data["protocol"] not in protocols:  # records that kept the main protocol at the top level only
             protocols = {data["protocol"]: ProtocolSummary.from_dict(data), **protocols}
-        simple = {f.name: data[f.name] for f in dataclasses.fields(cls)
-                  if f.name in data and f.name not in _NESTED}
-        return cls(**simple, protocols=protocols, params=Params.from_dict(data["params"]),
-                   time_s=Times.from_dict(data["time_s"]),
-                   per_task=[TaskEntry.from_dict({"task": i, **t}) for i, t in enumerate(data.get("per_task") or [])],
-                   host=Host.from_dict(data.get("host") or {}),
-                   protocol_gap=ProtocolGap.from_dict(data["protocol_gap"]) if data.get("protocol_gap") else None,
-                   extra={k: v for k, v in data.items() if k not in known})
+        simple = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data and f.name not in _NESTED}
+        return cls(
+            **simple,
+            protocols=protocols,
+            params=Params.from_dict(data["params"]),
+            time_s=Times.from_dict(data["time_s"]),
+            per_task=[TaskEntry.from_dict({"task": i, **t}) for i, t in enumerate(data.get("per_task") or [])],
+            host=Host.from_dict(data.get("host") or {}),
+            protocol_gap=ProtocolGap.from_dict(data["protocol_gap"]) if data.get("protocol_gap") else None,
+            extra={k: v for k, v in data.items() if k not in known},
+        )
 
     def write(self, run_dir: Path | str) -> Path:
         """Write ``run_dir/result.json`` atomically (a reader sees the old record or the new one, never a torn
@@ -354,12 +374,45 @@ class RunRecord:
 
 
 _NESTED = {"protocols", "params", "time_s", "per_task", "host", "protocol_gap", "extra"}
-_LAYOUT = ("run_id", "complete", "created", "command", "fingerprint", "strategy", "strategy_config",
-           "profile", "bench", "n_classes", "n_images", "task_sizes", "class_order", "class_order_seed", "class_names",
-           "backbone", "weights_source", "weights_digest", "img_size", "transform", "seed", "device", "precision",
-           "precision_reason", "protocol", "protocols", "params", "time_s", "per_task", "feature_cache",
-           "data_problems", "resumed_from_task", "peak_rss_mb", "versions", "git_revision", "metric_definitions",
-           "host")
+_LAYOUT = (
+    "run_id",
+    "complete",
+    "created",
+    "command",
+    "fingerprint",
+    "strategy",
+    "strategy_config",
+    "profile",
+    "bench",
+    "n_classes",
+    "n_images",
+    "task_sizes",
+    "class_order",
+    "class_order_seed",
+    "class_names",
+    "backbone",
+    "weights_source",
+    "weights_digest",
+    "img_size",
+    "transform",
+    "seed",
+    "device",
+    "precision",
+    "precision_reason",
+    "protocol",
+    "protocols",
+    "params",
+    "time_s",
+    "per_task",
+    "feature_cache",
+    "data_problems",
+    "resumed_from_task",
+    "peak_rss_mb",
+    "versions",
+    "git_revision",
+    "metric_definitions",
+    "host",
+)
 
 
 # ------------------------------------------------------------------------------------------- field checks
@@ -380,9 +433,14 @@ def _is_matrix(v: Any) -> bool:
 
 
 def _is_summary(m: Any) -> bool:
-    return (isinstance(m, dict) and _is_matrix(m.get("accuracy_matrix")) and _is_number(m.get("last_acc"))
-            and _is_number(m.get("avg_acc")) and isinstance(m.get("acc_curve", []), list)
-            and all(isinstance(m.get(k, []), list) for k in ("old_acc", "new_acc", "top5_curve")))
+    return (
+        isinstance(m, dict)
+        and _is_matrix(m.get("accuracy_matrix"))
+        and _is_number(m.get("last_acc"))
+        and _is_number(m.get("avg_acc"))
+        and isinstance(m.get("acc_curve", []), list)
+        and all(isinstance(m.get(k, []), list) for k in ("old_acc", "new_acc", "top5_curve"))
+    )
 
 
 def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -398,8 +456,13 @@ def _is_str(v: Any) -> bool:
 
 
 def _is_task(t: Any) -> bool:
-    return (isinstance(t, dict) and _is_int(t.get("task", 0)) and isinstance(t.get("diagnostics") or {}, dict)
-            and _or_none(_is_real)(t.get("train_s")) and _or_none(_is_real)(t.get("eval_s")))
+    return (
+        isinstance(t, dict)
+        and _is_int(t.get("task", 0))
+        and isinstance(t.get("diagnostics") or {}, dict)
+        and _or_none(_is_real)(t.get("train_s"))
+        and _or_none(_is_real)(t.get("eval_s"))
+    )
 
 
 FieldCheck = tuple[tuple[str, ...], str, Callable[[Any], bool]]
@@ -432,8 +495,11 @@ OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
     (("weights_digest",), "a string or null", _or_none(_is_str)),
     (("weights_source",), "a string or null", _or_none(_is_str)),
     (("strategy_config",), "an object", lambda v: isinstance(v, dict)),
-    (("protocols",), "an object of protocol -> metrics", lambda v: isinstance(v, dict) and all(
-        _is_summary(m) for m in v.values())),
+    (
+        ("protocols",),
+        "an object of protocol -> metrics",
+        lambda v: isinstance(v, dict) and all(_is_summary(m) for m in v.values()),
+    ),
     (("fingerprint",), "an object or null", _or_none(lambda v: isinstance(v, dict))),
     (("n_classes",), "an integer or null", _or_none(_is_int)),
     (("class_order",), "a list of integers", _list_of(_is_int)),
@@ -446,8 +512,11 @@ OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
     (("host",), "an object", lambda v: isinstance(v, dict)),
     (("peak_rss_mb",), "a number or null", _or_none(_is_real)),
     (("resumed_from_task",), "a list of integers", _list_of(_is_int)),
-    (("protocol_gap",), "an object with last_acc and avg_acc or null", _or_none(
-        lambda v: isinstance(v, dict) and _is_real(v.get("last_acc")) and _is_real(v.get("avg_acc")))),
+    (
+        ("protocol_gap",),
+        "an object with last_acc and avg_acc or null",
+        _or_none(lambda v: isinstance(v, dict) and _is_real(v.get("last_acc")) and _is_real(v.get("avg_acc"))),
+    ),
     (("git_revision",), "a string or null", _or_none(_is_str)),
     (("command",), "a string or null", _or_none(_is_str)),
     (("finished",), "a string or null", _or_none(_is_str)),
@@ -515,9 +584,11 @@ def load_record(path: Path | str) -> RunRecord:
     data = _read_json(path)
     _check_version(path, data)
     if not data.get("complete"):
-        raise ClbenchError(f"{path}: the run is not complete (finished {_len(data.get('acc_curve'))} "
-                           f"of {_len(data.get('task_sizes'))} tasks)", "finish it with `clbench run --resume "
-                           f"{path.parent}`, or leave the folder out")
+        raise ClbenchError(
+            f"{path}: the run is not complete (finished {_len(data.get('acc_curve'))} "
+            f"of {_len(data.get('task_sizes'))} tasks)",
+            f"finish it with `clbench run --resume {path.parent}`, or leave the folder out",
+        )
     if data["complete"] is not True:  # "yes" or 1 is not complete either
         raise ClbenchError(f"{path}: field complete is {data['complete']!r}, expected the boolean true")
     data = _checked(path, data)
@@ -558,14 +629,20 @@ def _read_json(path: Path) -> Json:
 def _check_version(path: Path, data: Json) -> int:
     version = data.get("schema_version")
     if not _is_int(version):
-        raise ClbenchError(f"{path}: not a clbench run record (schema_version is {version!r})",
-                           "give the result.json that `clbench run` writes")
+        raise ClbenchError(
+            f"{path}: not a clbench run record (schema_version is {version!r})",
+            "give the result.json that `clbench run` writes",
+        )
     if version > SCHEMA_VERSION:
-        raise ClbenchError(f"{path}: schema version {version} is newer than this clbench reads "
-                           f"({OLDEST_READABLE} to {SCHEMA_VERSION})", "update clbench to read it")
+        raise ClbenchError(
+            f"{path}: schema version {version} is newer than this clbench reads "
+            f"({OLDEST_READABLE} to {SCHEMA_VERSION})",
+            "update clbench to read it",
+        )
     if version < OLDEST_READABLE:
-        raise ClbenchError(f"{path}: schema version {version} (this clbench reads {OLDEST_READABLE} to "
-                           f"{SCHEMA_VERSION})", RUN_HINT)
+        raise ClbenchError(
+            f"{path}: schema version {version} (this clbench reads {OLDEST_READABLE} to {SCHEMA_VERSION})", RUN_HINT
+        )
     return version
 
 

@@ -105,7 +105,8 @@ class RoutingMemory:
                 f"router {router!r} needs per-task routing statistics, and this run has them for {len(self.tasks)} "
                 f"of its {modules} tasks (its checkpoint was written by a clbench that did not keep them)",
                 "rerun the tasks: start the run over with --overwrite (or route with a rule that needs no "
-                "statistics, e.g. --set router=entropy)")
+                "statistics, e.g. --set router=entropy)",
+            )
 
 
 def _shrink(cov: torch.Tensor) -> torch.Tensor:
@@ -241,8 +242,10 @@ class Oracle(Router):
     @classmethod
     def route(cls, inp: RouteInputs) -> torch.Tensor:
         if inp.task_id is None:
-            raise ClbenchError("router 'oracle' needs each image's true task: it is the bound of a routing study, "
-                               "not a method", "evaluate it with --set routers=...,oracle")
+            raise ClbenchError(
+                "router 'oracle' needs each image's true task: it is the bound of a routing study, not a method",
+                "evaluate it with --set routers=...,oracle",
+            )
         return torch.as_tensor(np.asarray(inp.task_id), dtype=torch.long)
 
 
@@ -254,8 +257,10 @@ def _maha(z: torch.Tensor, mean: torch.Tensor, precision: torch.Tensor) -> torch
 def _memory(inp: RouteInputs) -> RoutingMemory:
     if inp.memory is None or len(inp.memory) < inp.logits.shape[0]:
         have = 0 if inp.memory is None else len(inp.memory)
-        raise ClbenchError(f"this router needs routing statistics for {inp.logits.shape[0]} tasks, found {have}",
-                           "rerun the tasks: start the run over with --overwrite")
+        raise ClbenchError(
+            f"this router needs routing statistics for {inp.logits.shape[0]} tasks, found {have}",
+            "rerun the tasks: start the run over with --overwrite",
+        )
     return inp.memory
 
 
@@ -293,13 +298,16 @@ def collapse_warning(choice: np.ndarray, task_id: np.ndarray, n_modules: int, ro
     j = int(np.argmax(excess))
     if share[j] >= COLLAPSE_RATIO * expected[j] and excess[j] >= COLLAPSE_POINTS:
         which = "the newest module" if j == n_modules - 1 else f"module {j + 1} of {n_modules}"
-        return (f"{router} routing sends {share[j]:.0f}% of test images to {which} "
-                f"(its task holds {expected[j]:.0f}% of them)")
+        return (
+            f"{router} routing sends {share[j]:.0f}% of test images to {which} "
+            f"(its task holds {expected[j]:.0f}% of them)"
+        )
     return None
 
 
-def routing_summary(choice: torch.Tensor, all_logits: torch.Tensor, labels: np.ndarray, task_id: np.ndarray,
-                    router: str) -> dict[str, Any]:
+def routing_summary(
+    choice: torch.Tensor, all_logits: torch.Tensor, labels: np.ndarray, task_id: np.ndarray, router: str
+) -> dict[str, Any]:
     """Routing accuracy (overall and per true task), the true x chosen confusion counts, the chosen-module histogram,
     the newest module's share, the routed accuracy and any collapse warning, for one router's choices."""
     T = all_logits.shape[0]
@@ -342,9 +350,16 @@ def synthetic_memory(d: int, T: int, per_task: int, classes_per_task: int, seed:
 
 
 @torch.inference_mode()
-def router_costs(backbone: str = "vit_small_patch14_dinov2", weights: str = "random", img_size: int = 112,
-                 batch: int = 64, tasks: tuple[int, ...] = (1, 5, 10, 20), classes_per_task: int = 6,
-                 precision: str = "auto", log: Callable[[str], None] = print) -> dict[str, Any]:
+def router_costs(
+    backbone: str = "vit_small_patch14_dinov2",
+    weights: str = "random",
+    img_size: int = 112,
+    batch: int = 64,
+    tasks: tuple[int, ...] = (1, 5, 10, 20),
+    classes_per_task: int = 6,
+    precision: str = "auto",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Seconds per image of every router's rule at T modules, against one backbone forward pass per image, on the
     CPU with one intra-op thread (as strategies run per-task work). The rule's inputs (every module's logits, the
     frozen features, the fitted statistics) are given; a strategy's modules cost extra (its own benchmark), and
@@ -369,29 +384,51 @@ def router_costs(backbone: str = "vit_small_patch14_dinov2", weights: str = "ran
     rows = []
     for T in tasks:
         mem = synthetic_memory(d, T, per_task=200, classes_per_task=classes_per_task)
-        inp = RouteInputs(torch.randn(T, batch, T * classes_per_task, generator=g) * 5,
-                          torch.randn(batch, d, generator=g), mem, np.zeros(batch, dtype=np.int64))
+        inp = RouteInputs(
+            torch.randn(T, batch, T * classes_per_task, generator=g) * 5,
+            torch.randn(batch, d, generator=g),
+            mem,
+            np.zeros(batch, dtype=np.int64),
+        )
         for name in ROUTERS.names():
             with torch_threads(1):
                 t = _timed(lambda name=name, inp=inp: route(name, inp), repeat=20)
-            rows.append({"router": name, "T": T, "ms_per_image": t / batch * 1e3,
-                         "share_of_backbone_pass": t / t_backbone,
-                         "needs_all_modules": ROUTERS.get(name).needs_all_modules})
+            rows.append(
+                {
+                    "router": name,
+                    "T": T,
+                    "ms_per_image": t / batch * 1e3,
+                    "share_of_backbone_pass": t / t_backbone,
+                    "needs_all_modules": ROUTERS.get(name).needs_all_modules,
+                }
+            )
             log(f"T={T:>2} {name:>18}: {t / batch * 1e3:.4f} ms/image = {100 * t / t_backbone:.3f}% of a backbone pass")
     n_fit = 200
     z, y = torch.randn(n_fit, d, generator=g), torch.randint(0, classes_per_task, (n_fit,), generator=g)
     logits = torch.randn(n_fit, classes_per_task * 10, generator=g)
     base = synthetic_memory(d, 9, 50, classes_per_task)
     with torch_threads(1):
-        t_fit = _timed(lambda: RoutingMemory(list(base.tasks), base.scatter_sum, base.shared_precision)
-                       .fit_task(9, z, y, logits), repeat=5, warmup=1)
+        t_fit = _timed(
+            lambda: RoutingMemory(list(base.tasks), base.scatter_sum, base.shared_precision).fit_task(9, z, y, logits),
+            repeat=5,
+            warmup=1,
+        )
     log(f"fit one task's statistics ({n_fit} training images, d={d}): {t_fit * 1e3:.1f} ms")
     return {
-        "benchmark": "routers", "backbone": backbone, "img_size": bb.img_size, "batch": batch,
-        "precision": prec.name, "precision_reason": prec.reason, "feature_dim": d,
-        "classes_per_task": classes_per_task, "threads_rule": 1, "threads_backbone": torch.get_num_threads(),
+        "benchmark": "routers",
+        "backbone": backbone,
+        "img_size": bb.img_size,
+        "batch": batch,
+        "precision": prec.name,
+        "precision_reason": prec.reason,
+        "feature_dim": d,
+        "classes_per_task": classes_per_task,
+        "threads_rule": 1,
+        "threads_backbone": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "backbone_ms_per_image": t_backbone / batch * 1e3, "rules": rows,
-        "fit_ms_per_task": t_fit * 1e3, "fit_images": n_fit,
+        "backbone_ms_per_image": t_backbone / batch * 1e3,
+        "rules": rows,
+        "fit_ms_per_task": t_fit * 1e3,
+        "fit_images": n_fit,
         "target": "rule + modules at T = 20 < 5 % of a backbone pass",
     }

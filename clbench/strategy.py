@@ -48,13 +48,20 @@ class Split:
     def __len__(self) -> int:
         return int(self.indices.shape[0])
 
-    def subset(self, positions) -> "Split":
+    def subset(self, positions) -> Split:
         pos = torch.as_tensor(np.asarray(positions), dtype=torch.long)
-        return Split(self.source, self.indices[pos.numpy()], self.labels[pos], self.features[pos],
-                     self.eval_transform, self.train_transform)
+        return Split(
+            self.source,
+            self.indices[pos.numpy()],
+            self.labels[pos],
+            self.features[pos],
+            self.eval_transform,
+            self.train_transform,
+        )
 
-    def image_loader(self, batch_size: int, augment: bool, shuffle: bool = False,
-                     generator: torch.Generator | None = None) -> DataLoader:
+    def image_loader(
+        self, batch_size: int, augment: bool, shuffle: bool = False, generator: torch.Generator | None = None
+    ) -> DataLoader:
         """Batches of (images, labels, positions) through the train (``augment``) or eval transform."""
         ds = TransformedImages(self.source, self.train_transform if augment else self.eval_transform, self.indices)
         labels = self.labels
@@ -133,11 +140,11 @@ class RunShape:
         the classes per task are not known."""
         if k is None or not self.classes_per_task:
             return self
-        capped = tuple(min(n, k * c) for n, c in zip(self.train_per_task, self.classes_per_task))
+        capped = tuple(min(n, k * c) for n, c in zip(self.train_per_task, self.classes_per_task, strict=False))
         return dataclasses.replace(self, train_per_task=capped)
 
     @classmethod
-    def equal(cls, n_train: float, n_test: float, tasks: int, **kw: Any) -> "RunShape":
+    def equal(cls, n_train: float, n_test: float, tasks: int, **kw: Any) -> RunShape:
         """``tasks`` equal tasks over ``n_train`` / ``n_test`` images."""
         return cls(tuple([n_train / tasks] * tasks), tuple(n_test * (t + 1) / tasks for t in range(tasks)), **kw)
 
@@ -223,8 +230,11 @@ class Strategy(ABC):
         ``cfg`` and ``ctx`` (modules, heads, tensors, lists; pickled by ``torch.save``). An attribute that is the
         context's frozen backbone (or its timm model) is stored as a reference to it, never as a copy."""
         shared = _context_objects(self.ctx)
-        return {name: _ContextRef(shared[id(value)]) if id(value) in shared else value
-                for name, value in vars(self).items() if name not in ("cfg", "ctx")}
+        return {
+            name: _ContextRef(shared[id(value)]) if id(value) in shared else value
+            for name, value in vars(self).items()
+            if name not in ("cfg", "ctx")
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Set back the attributes saved by :meth:`state_dict` (on a strategy built with the same config)."""

@@ -20,8 +20,10 @@ class TransformSpec:
     rrc_scale: tuple[float, float] = (0.05, 1.0)  # TOSCA reference RandomResizedCrop scale
 
     def identity(self) -> str:
-        norm = "none" if self.mean is None else "mean" + ",".join(f"{m:.4f}" for m in self.mean) + "std" + ",".join(
-            f"{s:.4f}" for s in self.std or ()
+        norm = (
+            "none"
+            if self.mean is None
+            else "mean" + ",".join(f"{m:.4f}" for m in self.mean) + "std" + ",".join(f"{s:.4f}" for s in self.std or ())
         )
         if self.train:
             return f"train-rrc{self.img_size}-s{self.rrc_scale[0]}-{self.rrc_scale[1]}-hflip-{norm}"

@@ -18,11 +18,16 @@ class RichReporter(Reporter):
     def __init__(self) -> None:
         self.console = Console(stderr=True, log_path=False)
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn(), console=self.console, transient=False,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
         )
 
-    def __enter__(self) -> "RichReporter":
+    def __enter__(self) -> RichReporter:
         self._progress.start()
         return self
 
@@ -46,8 +51,10 @@ def _fmt(x: Any, nd: int = 2) -> str:
 def print_result(record: RunRecord, console: Console | None = None) -> None:
     console = console or Console()
     p, t, main = record.params, record.time_s, record.main
-    summary = Table(title=f"{record.strategy} on {record.bench}: {record.backbone} "
-                          f"({record.weights_source}), seed {record.seed}, protocol {record.protocol}")
+    summary = Table(
+        title=f"{record.strategy} on {record.bench}: {record.backbone} "
+        f"({record.weights_source}), seed {record.seed}, protocol {record.protocol}"
+    )
     summary.add_column("metric")
     summary.add_column("value", justify="right")
     rows = [
@@ -66,8 +73,9 @@ def print_result(record: RunRecord, console: Console | None = None) -> None:
     console.print(summary)
     if record.protocol_gap is not None:
         g = record.protocol_gap
-        console.print(f"reference - per-sample protocol gap: final {g.last_acc:+.2f} points, "
-                      f"average {g.avg_acc:+.2f} points")
+        console.print(
+            f"reference - per-sample protocol gap: final {g.last_acc:+.2f} points, average {g.avg_acc:+.2f} points"
+        )
     matrix = Table(title="accuracy matrix R[t][j] (%): rows = after task t, columns = task j")
     n = len(main.accuracy_matrix)
     matrix.add_column("after", justify="right")
@@ -88,13 +96,17 @@ class RichSweepView:
     def __init__(self) -> None:
         self.console = Console(stderr=True, log_path=False)
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=self.console, transient=False,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
         )
         self._overall = None
         self._rows: dict[str, Any] = {}
 
-    def __enter__(self) -> "RichSweepView":
+    def __enter__(self) -> RichSweepView:
         self._progress.start()
         return self
 
@@ -103,10 +115,11 @@ class RichSweepView:
 
     def start(self, plan: list, todo: list) -> None:
         states = [r.state for r in plan]
-        self.log(f"sweep: {len(plan)} runs; {states.count('complete')} complete (skipped), "
-                 f"{states.count('partial')} to continue from their checkpoint, {states.count('new')} new")
-        self._overall = self._progress.add_task("[bold]sweep[/bold]", total=len(plan),
-                                                completed=len(plan) - len(todo))
+        self.log(
+            f"sweep: {len(plan)} runs; {states.count('complete')} complete (skipped), "
+            f"{states.count('partial')} to continue from their checkpoint, {states.count('new')} new"
+        )
+        self._overall = self._progress.add_task("[bold]sweep[/bold]", total=len(plan), completed=len(plan) - len(todo))
 
     def running(self, run: Any, tasks_done: int, n_tasks: int | None, last_line: str) -> None:
         text = f"  {run.run_id}  [dim]{last_line[:60]}[/dim]"
@@ -134,7 +147,8 @@ def print_plan(manifest: dict[str, Any], console: Console | None = None) -> None
         table.add_column(col)
     for run_id, info in manifest["runs"].items():
         state = {"complete": "complete: skipped", "partial": "continues from its checkpoint", "new": "new"}[
-            info["state_at_start"]]
+            info["state_at_start"]
+        ]
         table.add_row(run_id, state, str(info["tasks_done_at_start"]), info["path"])
     console.print(table)
 
@@ -148,8 +162,10 @@ def print_sweep_end(manifest: dict[str, Any], out: Any, written: list, console: 
     console.print(f"sweep {out}: {ran} runs executed, {skipped} skipped (complete), {len(failed)} not complete")
     ov = manifest.get("overhead") or {}
     if ov:
-        console.print(f"overhead: startup {ov['startup_s']:.1f} s, {ov['per_run_s']:.2f} s per run "
-                      f"(scheduling + record collection, {ov['max_concurrent_runs']} at once)")
+        console.print(
+            f"overhead: startup {ov['startup_s']:.1f} s, {ov['per_run_s']:.2f} s per run "
+            f"(scheduling + record collection, {ov['max_concurrent_runs']} at once)"
+        )
     summary = next((p for p in written if str(p).endswith("summary.csv")), None)
     if summary is not None:
         import pandas as pd
@@ -159,14 +175,23 @@ def print_sweep_end(manifest: dict[str, Any], out: Any, written: list, console: 
         for col in ("benchmark", "strategy", "protocol", "n", "final acc %", "avg inc acc %", "forgetting"):
             table.add_column(col, justify="left" if col in ("benchmark", "strategy", "protocol") else "right")
         for row in df.itertuples(index=False):
-            table.add_row(row.bench, row.strategy, row.protocol, str(row.n),
-                          *(f"{getattr(row, m + '_mean'):.2f} ± {getattr(row, m + '_std'):.2f}"
-                            for m in ("last_acc", "avg_acc", "forgetting")))
+            table.add_row(
+                row.bench,
+                row.strategy,
+                row.protocol,
+                str(row.n),
+                *(
+                    f"{getattr(row, m + '_mean'):.2f} ± {getattr(row, m + '_std'):.2f}"
+                    for m in ("last_acc", "avg_acc", "forgetting")
+                ),
+            )
         console.print(table)
     for path in written:
         console.print(f"wrote {path}")
     for run_id, info in failed.items():
         console.print(f"[red]not complete[/red] {run_id}: {info.get('error', info.get('state'))}")
     if failed:
-        console.print("re-run the same command to finish them: complete runs are skipped, unfinished ones continue "
-                      "from their checkpoint")
+        console.print(
+            "re-run the same command to finish them: complete runs are skipped, unfinished ones continue "
+            "from their checkpoint"
+        )

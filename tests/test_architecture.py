@@ -31,7 +31,8 @@ def module_files(root: Path = ROOT) -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, int]]:
@@ -158,20 +159,48 @@ def test_config_and_checkpoint_import_nothing_from_the_runner():
     assert not runner & set(graph["clbench.checkpoint"]), graph["clbench.checkpoint"]
 
 
-@pytest.mark.parametrize("source, expected", [
-    # a function-level import closes the cycle: found and named
-    ({"clbench/__init__.py": "", "clbench/a.py": "import clbench.b\n",
-      "clbench/b.py": "def f():\n    from clbench import a\n"}, [["clbench.a", "clbench.b", "clbench.a"]]),
-    # a relative import, through three modules
-    ({"clbench/__init__.py": "", "clbench/a.py": "from .b import x\n", "clbench/b.py": "from clbench.c import y\n",
-      "clbench/c.py": "from . import a\n"}, [["clbench.a", "clbench.b", "clbench.c", "clbench.a"]]),
-    # a package whose __init__ imports a module that imports a name back from the package
-    ({"clbench/__init__.py": "", "clbench/p/__init__.py": "from clbench.p.m import f\nREG = {}\n",
-      "clbench/p/m.py": "from clbench.p import REG\n"}, [["clbench.p", "clbench.p.m", "clbench.p"]]),
-    # type-only imports never run: no cycle
-    ({"clbench/__init__.py": "", "clbench/a.py": "import clbench.b\n",
-      "clbench/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from clbench import a\n"}, []),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # a function-level import closes the cycle: found and named
+        (
+            {
+                "clbench/__init__.py": "",
+                "clbench/a.py": "import clbench.b\n",
+                "clbench/b.py": "def f():\n    from clbench import a\n",
+            },
+            [["clbench.a", "clbench.b", "clbench.a"]],
+        ),
+        # a relative import, through three modules
+        (
+            {
+                "clbench/__init__.py": "",
+                "clbench/a.py": "from .b import x\n",
+                "clbench/b.py": "from clbench.c import y\n",
+                "clbench/c.py": "from . import a\n",
+            },
+            [["clbench.a", "clbench.b", "clbench.c", "clbench.a"]],
+        ),
+        # a package whose __init__ imports a module that imports a name back from the package
+        (
+            {
+                "clbench/__init__.py": "",
+                "clbench/p/__init__.py": "from clbench.p.m import f\nREG = {}\n",
+                "clbench/p/m.py": "from clbench.p import REG\n",
+            },
+            [["clbench.p", "clbench.p.m", "clbench.p"]],
+        ),
+        # type-only imports never run: no cycle
+        (
+            {
+                "clbench/__init__.py": "",
+                "clbench/a.py": "import clbench.b\n",
+                "clbench/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from clbench import a\n",
+            },
+            [],
+        ),
+    ],
+)
 def test_the_cycle_finder_finds_cycles(tmp_path, source, expected):
     for name, text in source.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

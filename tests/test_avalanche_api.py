@@ -29,16 +29,22 @@ MICRO_KW = dict(backbone=MICRO["backbone"], weights=MICRO["weights"])
 
 
 def _evaluator(*loggers):
-    return EvaluationPlugin(accuracy_metrics(experience=True, stream=True), loss_metrics(stream=True),
-                            loggers=list(loggers))
+    return EvaluationPlugin(
+        accuracy_metrics(experience=True, stream=True), loss_metrics(stream=True), loggers=list(loggers)
+    )
 
 
 def _benchmark(strategy=None, train=None, test=None, **kw):
     from clbench.examples.avalanche_loop import embedded_datasets
 
     tr, te, order = embedded_datasets()
-    args = dict(n_experiences=6, task_labels=False, fixed_class_order=order, class_ids_from_zero_from_first_exp=True,
-                eval_transform=strategy.eval_transform if strategy is not None else None)
+    args = dict(
+        n_experiences=6,
+        task_labels=False,
+        fixed_class_order=order,
+        class_ids_from_zero_from_first_exp=True,
+        eval_transform=strategy.eval_transform if strategy is not None else None,
+    )
     args.update(kw)
     return nc_benchmark(tr if train is None else train, te if test is None else test, **args)
 
@@ -72,8 +78,9 @@ def _assert_same(mine: dict, record: RunRecord) -> None:
 def test_avalanche_metrics_equal_the_cli_record(tmp_path, method):
     from clbench.avalanche_api import ClbenchStrategy
 
-    strategy = ClbenchStrategy(method=method, evaluator=_evaluator(CSVLogger(log_folder=str(tmp_path / "csv"))),
-                               **MICRO_KW)
+    strategy = ClbenchStrategy(
+        method=method, evaluator=_evaluator(CSVLogger(log_folder=str(tmp_path / "csv"))), **MICRO_KW
+    )
     assert isinstance(strategy, SupervisedTemplate)
     mine = _avalanche_run(strategy, _benchmark(strategy))
     record = _cli_record(tmp_path, method, **MICRO)
@@ -110,8 +117,9 @@ def test_one_backbone_pass_per_image_and_the_feature_cache(tmp_path):
 
 def test_logits_cover_every_evaluated_class_id():
     """mb_output has a column per class id up to the largest evaluated; classes not learnt yet are masked."""
-    from clbench.avalanche_api import MASK_VALUE, ClbenchStrategy
     from avalanche.core import SupervisedPlugin
+
+    from clbench.avalanche_api import MASK_VALUE, ClbenchStrategy
 
     seen = []
 
@@ -222,5 +230,4 @@ def test_readme_section_runs_and_gives_the_cli_numbers(tmp_path):
     exec(compile(code, "README.md", "exec"), namespace)
     record = _cli_record(tmp_path, "tosca")
     metrics = namespace["strategy"].evaluator.get_last_metrics()
-    assert 100 * metrics["Top1_Acc_Stream/eval_phase/test_stream/Task000"] == pytest.approx(record.last_acc,
-                                                                                            abs=1e-9)
+    assert 100 * metrics["Top1_Acc_Stream/eval_phase/test_stream/Task000"] == pytest.approx(record.last_acc, abs=1e-9)

@@ -26,8 +26,13 @@ def test_class_order_leaves_global_rng_alone():
 
 @pytest.mark.parametrize(
     "n,init,inc,expected",
-    [(36, 6, 6, [6] * 6), (100, 10, 10, [10] * 10), (37, 6, 6, [6] * 6 + [1]), (50, 20, 15, [20, 15, 15]),
-     (10, 10, 5, [10])],
+    [
+        (36, 6, 6, [6] * 6),
+        (100, 10, 10, [10] * 10),
+        (37, 6, 6, [6] * 6 + [1]),
+        (50, 20, 15, [20, 15, 15]),
+        (10, 10, 5, [10]),
+    ],
 )
 def test_task_sizes(n, init, inc, expected):
     assert task_sizes(n, init, inc) == expected

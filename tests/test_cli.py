@@ -22,12 +22,15 @@ def _run(argv, capsys):
 def test_help_imports_nothing_heavy():
     """`clbench --help` and the catalog stay light: neither torch, timm nor Avalanche is imported (how fast that is
     on a given machine is a benchmark's business, not a test's)."""
-    code = ("import sys; from clbench.cli import build_parser; build_parser(); import clbench.catalog;"
-            "print(sorted(m for m in ('torch', 'avalanche', 'timm') if m in sys.modules))")
+    code = (
+        "import sys; from clbench.cli import build_parser; build_parser(); import clbench.catalog;"
+        "print(sorted(m for m in ('torch', 'avalanche', 'timm') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
-    help_text = subprocess.run([sys.executable, "-m", "clbench.cli", "--help"], capture_output=True, text=True,
-                               check=True).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "clbench.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     assert "doctor" in help_text and "run" in help_text
 
 
@@ -47,10 +50,22 @@ def test_list(capsys):
         (["run", "--strategy", "tosca", "--set", "epochs=many", *MICRO], "expected a value of type int"),
         (["run", "--strategy", "tosca", "--profile", "turbo", *MICRO], "has no profile"),
         (["run", "--strategy", "simplecil", "--increment", "99", *MICRO], "--increment 99 is larger"),
-        (["run", "--strategy", "simplecil", "--bench", "fashion-mnist", "--data-root", "/nonexistent", *MICRO],
-         "does not exist"),
-        (["run", "--strategy", "simplecil", "--backbone", "vit_small_patch14_dinov2", "--weights", "/nonexistent.pt"],
-         "no such file"),
+        (
+            ["run", "--strategy", "simplecil", "--bench", "fashion-mnist", "--data-root", "/nonexistent", *MICRO],
+            "does not exist",
+        ),
+        (
+            [
+                "run",
+                "--strategy",
+                "simplecil",
+                "--backbone",
+                "vit_small_patch14_dinov2",
+                "--weights",
+                "/nonexistent.pt",
+            ],
+            "no such file",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line(argv, needle, capsys, tmp_path):
@@ -64,33 +79,88 @@ def test_bad_input_is_one_clear_line(argv, needle, capsys, tmp_path):
 def test_bad_weights_files(capsys, tmp_path):
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a checkpoint at all")
-    code, _, err = _run(["run", "--strategy", "simplecil", "--backbone", "vit_small_patch14_dinov2", "--weights",
-                         str(garbage), "--out", str(tmp_path / "r1")], capsys)
+    code, _, err = _run(
+        [
+            "run",
+            "--strategy",
+            "simplecil",
+            "--backbone",
+            "vit_small_patch14_dinov2",
+            "--weights",
+            str(garbage),
+            "--out",
+            str(tmp_path / "r1"),
+        ],
+        capsys,
+    )
     assert code == 2 and "cannot be read" in err
     import torch
 
     wrong = tmp_path / "wrong.pt"
     torch.save({"layer.weight": torch.zeros(3, 3)}, wrong)
-    code, _, err = _run(["run", "--strategy", "simplecil", "--backbone", "vit_small_patch14_dinov2", "--weights",
-                         str(wrong), "--out", str(tmp_path / "r2")], capsys)
+    code, _, err = _run(
+        [
+            "run",
+            "--strategy",
+            "simplecil",
+            "--backbone",
+            "vit_small_patch14_dinov2",
+            "--weights",
+            str(wrong),
+            "--out",
+            str(tmp_path / "r2"),
+        ],
+        capsys,
+    )
     assert code == 2 and "does not fit backbone" in err
     notdict = tmp_path / "list.pt"
     torch.save([1, 2, 3], notdict)
-    code, _, err = _run(["run", "--strategy", "simplecil", "--backbone", "vit_small_patch14_dinov2", "--weights",
-                         str(notdict), "--out", str(tmp_path / "r3")], capsys)
+    code, _, err = _run(
+        [
+            "run",
+            "--strategy",
+            "simplecil",
+            "--backbone",
+            "vit_small_patch14_dinov2",
+            "--weights",
+            str(notdict),
+            "--out",
+            str(tmp_path / "r3"),
+        ],
+        capsys,
+    )
     assert code == 2 and "not a state dict" in err
 
 
 def test_run_writes_record_and_refuses_to_overwrite(capsys, tmp_path):
     out = tmp_path / "run"
-    code, stdout, _ = _run(["run", "--strategy", "simplecil", *MICRO, "--init-cls", "18", "--increment", "18",
-                            "--out", str(out)], capsys)
+    code, stdout, _ = _run(
+        ["run", "--strategy", "simplecil", *MICRO, "--init-cls", "18", "--increment", "18", "--out", str(out)], capsys
+    )
     assert code == 0
     assert "accuracy matrix" in stdout
     rec = json.loads((out / "result.json").read_text())
-    for key in ("strategy", "bench", "backbone", "weights_digest", "seed", "protocol", "class_order",
-                "accuracy_matrix", "acc_curve", "last_acc", "avg_acc", "forgetting", "params", "time_s",
-                "peak_rss_mb", "versions", "git_revision", "complete", "schema_version"):
+    for key in (
+        "strategy",
+        "bench",
+        "backbone",
+        "weights_digest",
+        "seed",
+        "protocol",
+        "class_order",
+        "accuracy_matrix",
+        "acc_curve",
+        "last_acc",
+        "avg_acc",
+        "forgetting",
+        "params",
+        "time_s",
+        "peak_rss_mb",
+        "versions",
+        "git_revision",
+        "complete",
+        "schema_version",
+    ):
         assert key in rec, key
     assert rec["complete"] is True
     assert set(rec["params"]) >= {"backbone", "trainable", "added_per_task", "added_total"}

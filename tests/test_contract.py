@@ -48,8 +48,16 @@ def test_session_contract(strategy_name, micro_session_factory):
 
 
 def test_same_seed_same_matrix(strategy_name, tmp_path):
-    cfg = dict(strategy=strategy_name, bench="emoji", backbone="vit_micro", weights="random", init_cls=18,
-               increment=9, overrides=_overrides(strategy_name), save_features=False)
+    cfg = dict(
+        strategy=strategy_name,
+        bench="emoji",
+        backbone="vit_micro",
+        weights="random",
+        init_cls=18,
+        increment=9,
+        overrides=_overrides(strategy_name),
+        save_features=False,
+    )
     a = run(RunConfig(**cfg, out=str(tmp_path / "a")))
     b = run(RunConfig(**cfg, out=str(tmp_path / "b")))
     assert a.complete and b.complete

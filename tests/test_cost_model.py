@@ -50,7 +50,9 @@ def test_counts_follow_a_runs_own_split_protocols_and_config():
     shape = RunShape((10.0, 20.0), (5.0, 12.0), tokens=10, protocols=2)
     k = (10 + 1 * 5) / 10
     assert _work("l2p", shape, query="cached", epochs=3, top_k=1) == {
-        "f": pytest.approx(2 * (5 + 12) * k), "b": pytest.approx(3 * 30 * k)}
+        "f": pytest.approx(2 * (5 + 12) * k),
+        "b": pytest.approx(3 * 30 * k),
+    }
     assert _work("l2p", shape, epochs=3, top_k=1)["f"] == pytest.approx(3 * 30 + 2 * (5 + 12) * (1 + k))
     assert _work("ease", shape, epochs=3) == {"f": (10 * 1 + 20 * 2) + 2 * (5 * 1 + 12 * 2), "b": 90}
     assert _work("tosca", shape, epochs=3)["route_module_images"] == 2 * (5 * 1 + 12 * 2)
@@ -62,10 +64,13 @@ def test_ci_profiles_count_only_the_images_they_learn_from():
     shape = RunShape((100.0, 30.0), (5.0, 12.0), classes_per_task=(4, 2))
     capped = shape.first_per_class(16)
     assert capped.train_per_task == (64, 30) and capped.test_seen == shape.test_seen
-    assert shape.first_per_class(None) is shape and RunShape((100.0,), (5.0,)).first_per_class(16).train_per_task == (100.0,)
+    assert shape.first_per_class(None) is shape and RunShape((100.0,), (5.0,)).first_per_class(16).train_per_task == (
+        100.0,
+    )
     assert _work("ease", shape, train_per_class=16, epochs=2) == {"f": 64 * 1 + 30 * 2 + 5 * 1 + 12 * 2, "b": 2 * 94}
     assert _work("l2p", shape, train_per_class=16, epochs=2, query="cached")["b"] == pytest.approx(
-        2 * 94 * (197 + 25) / 197)
+        2 * 94 * (197 + 25) / 197
+    )
 
 
 def test_projection_reproduces_the_committed_paper_table():
@@ -85,8 +90,9 @@ def test_projection_reproduces_the_committed_paper_table():
             assert after[key][field] == expected, (key, field)
     for row, totals in old["projection"]["per_strategy"].items():
         assert new["per_strategy"][row] == pytest.approx(totals, rel=1e-12)
-    assert new["table_hours_with_cache"] == pytest.approx(old["projection"]["table_hours_4_strategies_with_cache"],
-                                                          rel=1e-12)
+    assert new["table_hours_with_cache"] == pytest.approx(
+        old["projection"]["table_hours_4_strategies_with_cache"], rel=1e-12
+    )
     assert "| tosca-augment |" in format_projection(new, old["costs"])
 
 
@@ -109,8 +115,9 @@ def test_param_formula_equals_a_real_runs_counts(name, micro_session_factory):
     every registered strategy: a new method's formula is checked the moment it is registered."""
     cls = STRATEGIES.get(name)
     fields = {f.name for f in dataclasses.fields(cls.Config)}
-    s = micro_session_factory(name, init_cls=18, increment=9,
-                              overrides=tuple((k, v) for k, v in FAST.items() if k in fields))
+    s = micro_session_factory(
+        name, init_cls=18, increment=9, overrides=tuple((k, v) for k, v in FAST.items() if k in fields)
+    )
     sizes = []
     for step in s.tasks():
         s.strategy.learn_task(step.task)
@@ -160,8 +167,14 @@ def test_projection_check_reads_any_strategys_record(tmp_path):
     from clbench.harness import RunConfig, run
     from clbench.perf_sweep import check_against_run
 
-    common = {"bench": "emoji", "backbone": "vit_micro", "weights": "random", "init_cls": 18, "increment": 9,
-              "save_features": False}
+    common = {
+        "bench": "emoji",
+        "backbone": "vit_micro",
+        "weights": "random",
+        "init_cls": 18,
+        "increment": 9,
+        "save_features": False,
+    }
     rec = run(RunConfig(strategy="tosca", overrides=(("epochs", "2"),), out=str(tmp_path / "t"), **common))
     n_train, n_test = rec.n_images["train"], rec.n_images["test"]  # 2,320 and 942 on the embedded benchmark
     got = check_against_run(tmp_path / "t", log=lambda m: None)
@@ -170,8 +183,10 @@ def test_projection_check_reads_any_strategys_record(tmp_path):
     # after tasks 1, 2, 3: a part, more, all n_test test images routed through 1, 2, 3 modules
     assert n_test * 3 < got["work"]["route_module_images"] < n_test * 6
     unit = got["costs"]["s_per_image"]
-    assert got["predicted_s"] == pytest.approx(got["work"]["luca_steps"] * unit["luca_steps"]
-                                               + got["work"]["route_module_images"] * unit["route_module_images"])
+    assert got["predicted_s"] == pytest.approx(
+        got["work"]["luca_steps"] * unit["luca_steps"]
+        + got["work"]["route_module_images"] * unit["route_module_images"]
+    )
     run(RunConfig(strategy="simplecil", out=str(tmp_path / "s"), **common))
     simple = check_against_run(tmp_path / "s", log=lambda m: None)
     assert simple["predicted_s"] == 0 and simple["ratio"] is None

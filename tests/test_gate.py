@@ -61,6 +61,7 @@ def failed(result: chk.CheckResult) -> list[tuple[str, str, str]]:
 def shift_task(protocol: str, task: int, points: float):
     """Move task ``task``'s accuracy in the final matrix row by ``points`` and update final/average consistently
     (the final-row accuracy of one task moves the run's final accuracy by points * its share of the test set)."""
+
     def change(rec):
         for metrics in [rec["protocols"][protocol]] + ([rec] if rec["protocol"] == protocol else []):
             row = metrics["accuracy_matrix"][-1]
@@ -69,6 +70,7 @@ def shift_task(protocol: str, task: int, points: float):
             metrics["acc_curve"][-1] += points * share
             metrics["last_acc"] += points * share
             metrics["avg_acc"] += points * share / len(rec["task_sizes"])
+
     return change
 
 
@@ -93,8 +95,13 @@ def test_the_unedited_records_pass(runs):
     result = gate(runs)
     assert result.ok, failed(result)
     checks = {r.check for r in result.rows}
-    assert {"accuracy matrix", "final acc %", "avg inc acc %", "train time / calibration",
-            "eval time / calibration"} <= checks
+    assert {
+        "accuracy matrix",
+        "final acc %",
+        "avg inc acc %",
+        "train time / calibration",
+        "eval time / calibration",
+    } <= checks
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=entry_id)
@@ -137,10 +144,10 @@ def test_tosca_training_three_times_slower_fails(runs):
     assert fails and all(check == "train time / calibration" and "tosca" in entry for entry, check, _ in fails), fails
 
 
-@pytest.mark.parametrize("entry", [e for e in ENTRIES if e["time"]["train"] >= SHIPPED["time"]["floor"]],
-                         ids=entry_id)
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e["time"]["train"] >= SHIPPED["time"]["floor"]], ids=entry_id)
 def test_any_training_three_times_slower_fails(runs, entry):
     """Each strategy that spends at least one calibration unit training (SimpleCIL only averages features)."""
+
     def slower(rec):
         rec["time_s"]["train"] *= 3.0
 
@@ -230,14 +237,17 @@ def test_missing_calibration_fails(runs):
     assert [r.check for r in rows] == ["calibration present"] and "--calibrate" in rows[0].detail
 
 
-@pytest.mark.parametrize("change, field", [
-    (lambda rec: rec.update(complete="yes"), "complete"),
-    (lambda rec: rec.update(complete=False), "not complete"),
-    (lambda rec: rec["time_s"].update(train="fast"), "time_s.train"),
-    (lambda rec: rec.update(seed="1993"), "seed"),
-    (lambda rec: rec["params"].update(added_total=1.5), "params.added_total"),
-    (lambda rec: rec.update(accuracy_matrix=[[50.0, "x"]]), "accuracy_matrix"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda rec: rec.update(complete="yes"), "complete"),
+        (lambda rec: rec.update(complete=False), "not complete"),
+        (lambda rec: rec["time_s"].update(train="fast"), "time_s.train"),
+        (lambda rec: rec.update(seed="1993"), "seed"),
+        (lambda rec: rec["params"].update(added_total=1.5), "params.added_total"),
+        (lambda rec: rec.update(accuracy_matrix=[[50.0, "x"]]), "accuracy_matrix"),
+    ],
+)
 def test_a_bad_record_fails_the_gate_naming_file_and_field(runs, change, field):
     entry = next(e for e in ENTRIES if e["strategy"] == "simplecil")
     edit(runs, run_folder(entry), change)
@@ -260,8 +270,14 @@ def test_write_reference_needs_why_and_records_who_what_why(runs, tmp_path):
         chk.make_reference(coll, why="", calibration=calibration)
     previous = chk.load_reference(REFERENCE)
     edit(runs, run_folder(ENTRIES[0]), shift_task(ENTRIES[0]["protocol"], task=0, points=+3.0))
-    ref = chk.make_reference(collect([runs]), why="a fix raised task 1", who="tester", calibration=calibration,
-                             previous=previous, written_by="clbench check --write-reference X")
+    ref = chk.make_reference(
+        collect([runs]),
+        why="a fix raised task 1",
+        who="tester",
+        calibration=calibration,
+        previous=previous,
+        written_by="clbench check --write-reference X",
+    )
     wb = ref["written_by"]
     assert wb["who"] == "tester" and wb["why"] == "a fix raised task 1" and wb["git_revision"]
     assert len(wb["changes"]) == 1 and entry_id(ENTRIES[0]).split("/")[0] in wb["changes"][0]

@@ -45,8 +45,12 @@ def test_the_scan_finds_a_method_name():
 def test_no_module_under_clbench_names_a_strategy():
     names = set(STRATEGIES.names())
     assert {"simplecil", "tosca", "l2p", "ease"} <= names
-    offenders = [f"{path.relative_to(PACKAGE.parent)}:{line}: {token}"
-                 for path in sorted(PACKAGE.rglob("*.py")) if path not in ALLOWED
-                 for line, token in named_strategies(path.read_text(encoding="utf-8"), names)]
-    assert not offenders, "generic code names a method (read its cost, profile or hook from the strategy):\n" + \
-        "\n".join(offenders)
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {token}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path not in ALLOWED
+        for line, token in named_strategies(path.read_text(encoding="utf-8"), names)
+    ]
+    assert not offenders, (
+        "generic code names a method (read its cost, profile or hook from the strategy):\n" + "\n".join(offenders)
+    )

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from datatrees import make_tree, png_bytes
 import torch
+from datatrees import make_tree, png_bytes
 
 from clbench.cli import main
 
@@ -30,8 +30,21 @@ RAY_TIMEOUT = 3.0
 
 # ----------------------------------------------------------------------------------------------- fixtures
 def folder_argv(root: Path, *extra: str) -> list[str]:
-    return ["run", "--strategy", "simplecil", "--bench", "folder", "--data-root", str(root), *MICRO,
-            "--init-cls", "2", "--increment", "2", *extra]
+    return [
+        "run",
+        "--strategy",
+        "simplecil",
+        "--bench",
+        "folder",
+        "--data-root",
+        str(root),
+        *MICRO,
+        "--init-cls",
+        "2",
+        "--increment",
+        "2",
+        *extra,
+    ]
 
 
 def free_port() -> int:
@@ -64,18 +77,49 @@ def earlier(tmp_path_factory):
 # ----------------------------------------------------------------------------------------------- the cases
 # Each case: f(tmp_path, earlier, monkeypatch) -> (argv, substring the error line must hold).
 def flag(*argv, needle, out=None):
-    return lambda t, e, m: (["run", "--strategy", "simplecil", *MICRO, *argv, "--out", str(out(t) if out else
-                                                                                        t / "run")], needle)
+    return lambda t, e, m: (
+        ["run", "--strategy", "simplecil", *MICRO, *argv, "--out", str(out(t) if out else t / "run")],
+        needle,
+    )
 
 
 def folder_flag(*argv, needle):
-    return lambda t, e, m: (["run", "--strategy", "simplecil", "--bench", "folder", "--data-root", str(e["data"]),
-                             *MICRO, *argv, "--out", str(t / "run")], needle)
+    return lambda t, e, m: (
+        [
+            "run",
+            "--strategy",
+            "simplecil",
+            "--bench",
+            "folder",
+            "--data-root",
+            str(e["data"]),
+            *MICRO,
+            *argv,
+            "--out",
+            str(t / "run"),
+        ],
+        needle,
+    )
 
 
 def sweep(*argv, needle):
-    return lambda t, e, m: (["sweep", "--strategies", "simplecil", *MICRO, "--init-cls", "12", "--increment", "12",
-                             "--out", str(t / "sweep"), "--no-report", *argv], needle)
+    return lambda t, e, m: (
+        [
+            "sweep",
+            "--strategies",
+            "simplecil",
+            *MICRO,
+            "--init-cls",
+            "12",
+            "--increment",
+            "12",
+            "--out",
+            str(t / "sweep"),
+            "--no-report",
+            *argv,
+        ],
+        needle,
+    )
 
 
 def data_case(make, needle):
@@ -83,6 +127,7 @@ def data_case(make, needle):
         root = make_tree(t / "data")
         make(root)
         return folder_argv(root, "--out", str(t / "run")), needle
+
     return case
 
 
@@ -138,8 +183,18 @@ def _missing_test(root):
 def weights_case(make, needle):
     def case(t, e, m):
         path = make(t)
-        return ["run", "--strategy", "simplecil", "--backbone", "vit_small_patch14_dinov2", "--weights", str(path),
-                "--out", str(t / "run")], needle
+        return [
+            "run",
+            "--strategy",
+            "simplecil",
+            "--backbone",
+            "vit_small_patch14_dinov2",
+            "--weights",
+            str(path),
+            "--out",
+            str(t / "run"),
+        ], needle
+
     return case
 
 
@@ -226,27 +281,38 @@ def _resume_zero(t, e, m):
 
 def _ray_closed_port(t, e, m):
     port = free_port()
-    argv, _ = sweep("--backend", "ray", "--ray-address", f"127.0.0.1:{port}", "--ray-timeout", str(RAY_TIMEOUT),
-                    needle="")(t, e, m)
+    argv, _ = sweep(
+        "--backend", "ray", "--ray-address", f"127.0.0.1:{port}", "--ray-timeout", str(RAY_TIMEOUT), needle=""
+    )(t, e, m)
     return argv, f"--ray-address 127.0.0.1:{port}: no Ray cluster answers there"
 
 
 CASES = {
     # flags: zero is a value, never "not given"; every number has a range
-    "increment-0": flag("--increment", "0", needle="--increment must be >= 1 and <= 1000000 (got 0): the classes per later task"),
+    "increment-0": flag(
+        "--increment", "0", needle="--increment must be >= 1 and <= 1000000 (got 0): the classes per later task"
+    ),
     "init-cls-0": folder_flag("--init-cls", "0", needle="--init-cls must be >= 1 and <= 1000000 (got 0)"),
     "img-size-0": flag("--img-size", "0", needle="--img-size must be >= 16 and <= 4096 (got 0)"),
     "seed-2**64": flag("--seed", str(2**64), needle="--seed must be >= 0 and <= 4294967295 (got 18446744073709551616)"),
     "seed-negative": flag("--seed", "-1", needle="--seed must be >= 0 and <= 4294967295 (got -1)"),
-    "class-order-seed-2**32": flag("--class-order-seed", str(2**32), needle="--class-order-seed must be >= 0 and <= 4294967295 (got 4294967296)"),
+    "class-order-seed-2**32": flag(
+        "--class-order-seed", str(2**32), needle="--class-order-seed must be >= 0 and <= 4294967295 (got 4294967296)"
+    ),
     "batch-size-0": flag("--batch-size", "0", needle="--batch-size must be >= 1 and <= 65536 (got 0)"),
-    "increment-too-big": flag("--increment", "10000000", needle="--increment must be >= 1 and <= 1000000 (got 10000000)"),
+    "increment-too-big": flag(
+        "--increment", "10000000", needle="--increment must be >= 1 and <= 1000000 (got 10000000)"
+    ),
     "backbone-empty": flag("--backbone", "", needle="--backbone is empty"),
     "data-root-empty": flag("--bench", "folder", "--data-root", "", needle="--data-root is empty"),
-    "set-nan": lambda t, e, m: (["run", "--strategy", "tosca", *MICRO, "--set", "lr=nan", "--out", str(t / "run")],
-                                "--set lr=nan: expected a finite number"),
-    "set-inf": lambda t, e, m: (["run", "--strategy", "tosca", *MICRO, "--set", "lr=inf", "--out", str(t / "run")],
-                                "--set lr=inf: expected a finite number"),
+    "set-nan": lambda t, e, m: (
+        ["run", "--strategy", "tosca", *MICRO, "--set", "lr=nan", "--out", str(t / "run")],
+        "--set lr=nan: expected a finite number",
+    ),
+    "set-inf": lambda t, e, m: (
+        ["run", "--strategy", "tosca", *MICRO, "--set", "lr=inf", "--out", str(t / "run")],
+        "--set lr=inf: expected a finite number",
+    ),
     "set-no-key": flag("--set", "=3", needle="argument --set: expected KEY=VALUE, got '=3'"),
     "seed-not-a-number": flag("--seed", "abc", needle="argument --seed: invalid int value: 'abc'"),
     # sweep flags
@@ -254,8 +320,12 @@ CASES = {
     "sweep-memory-0": sweep("--memory-per-run", "0", needle="--memory-per-run must be > 0 and <= 1048576 (got 0.0)"),
     "sweep-gpus-nan": sweep("--gpus-per-run", "nan", needle="--gpus-per-run nan: expected a finite number"),
     "sweep-retries-negative": sweep("--retries", "-1", needle="--retries must be >= 0 and <= 100 (got -1)"),
-    "sweep-seeds-2**64": sweep("--seeds", f"1,{2**64}", needle="--seeds must be >= 0 and <= 4294967295 (got 18446744073709551616)"),
-    "sweep-ray-timeout-0": sweep("--backend", "ray", "--ray-timeout", "0", needle="--ray-timeout must be > 0 and <= 3600 (got 0.0)"),
+    "sweep-seeds-2**64": sweep(
+        "--seeds", f"1,{2**64}", needle="--seeds must be >= 0 and <= 4294967295 (got 18446744073709551616)"
+    ),
+    "sweep-ray-timeout-0": sweep(
+        "--backend", "ray", "--ray-timeout", "0", needle="--ray-timeout must be > 0 and <= 3600 (got 0.0)"
+    ),
     # output paths
     "out-under-file": _out_under_file,
     "out-is-file": _out_is_file,
@@ -328,8 +398,11 @@ def test_hostile_input(name, earlier, tmp_path, monkeypatch, capsys):
     assert "Traceback" not in err and "weights_only=False" not in err, err
     assert lines[0].startswith("clbench: error: ") and needle in lines[0], err
     assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("  hint: ")), err  # one error, its hint
-    complete = [p for p in tmp_path.rglob("result.json") if json.loads(p.read_text() or "{}").get("complete")
-                is True] if name != "out-holds-torn-record" else []
+    complete = (
+        [p for p in tmp_path.rglob("result.json") if json.loads(p.read_text() or "{}").get("complete") is True]
+        if name != "out-holds-torn-record"
+        else []
+    )
     assert complete == [], complete
     assert snapshot(earlier["out"], earlier["cache"]) == earlier["files"]  # earlier results and caches untouched
     if name == "ray-closed-port":
@@ -354,8 +427,10 @@ def test_a_full_cache_disk_degrades_to_no_caching(earlier, tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert code == 0, err
     flat = " ".join(err.split())  # rich wraps long log lines at the terminal width
-    assert flat.count("warning: feature cache") == 1 and "(No space left on device); features are computed " \
-        "without caching this run" in flat, err
+    assert (
+        flat.count("warning: feature cache") == 1
+        and "(No space left on device); features are computed without caching this run" in flat
+    ), err
     rec = json.loads((out / "result.json").read_text())
     assert rec["complete"] is True and rec["feature_cache"] == ["miss", "unsaved", "miss"]
     assert not list((cache / "features").glob("*.safetensors"))
@@ -427,9 +502,14 @@ def test_python_api_validates_as_the_cli(tmp_path):
     from clbench.harness import RunConfig as FromHarness
 
     assert FromHarness is RunConfig
-    for bad, needle in ((dict(increment=0), r"^increment must be >= 1 .*\(got 0\)"), (dict(seed=2**64), "^seed"),
-                        (dict(img_size=0), r"^img_size must be .*\(got 0\)"), (dict(batch_size=True), "expected an integer"),
-                        (dict(seed="7"), "expected an integer"), (dict(device="tpu"), "valid devices")):
+    for bad, needle in (
+        (dict(increment=0), r"^increment must be >= 1 .*\(got 0\)"),
+        (dict(seed=2**64), "^seed"),
+        (dict(img_size=0), r"^img_size must be .*\(got 0\)"),
+        (dict(batch_size=True), "expected an integer"),
+        (dict(seed="7"), "expected an integer"),
+        (dict(device="tpu"), "valid devices"),
+    ):
         with pytest.raises(ClbenchError, match=needle) as e:
             RunConfig(strategy="simplecil", **bad)
         # the Python API names the setting as written in Python; the CLI renders it as the flag, same wording

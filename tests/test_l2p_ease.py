@@ -252,10 +252,22 @@ def test_quick_profile_is_a_valid_config(cls):
 # ----------------------------------------------------------------------------------------------- harness
 @pytest.mark.parametrize("method,protocol", [("l2p", "both"), ("ease", "per-sample")])
 def test_end_to_end_through_the_harness(tmp_path, method, protocol):
-    record = run(RunConfig(strategy=method, bench="emoji", backbone="vit_micro", weights="random",
-                           out=str(tmp_path / method), init_cls=18, increment=18, device="cpu", precision="fp32",
-                           protocol=protocol, save_features=False,
-                           overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64"))))
+    record = run(
+        RunConfig(
+            strategy=method,
+            bench="emoji",
+            backbone="vit_micro",
+            weights="random",
+            out=str(tmp_path / method),
+            init_cls=18,
+            increment=18,
+            device="cpu",
+            precision="fp32",
+            protocol=protocol,
+            save_features=False,
+            overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64")),
+        )
+    )
     assert record.complete and record.task_sizes == [18, 18]
     assert len(record.accuracy_matrix) == 2 and all(np.isfinite(record.acc_curve))
     params = record.params
@@ -282,7 +294,15 @@ def test_quick_profile_on_the_embedded_benchmark_with_the_offline_vit(tmp_path, 
         ow.offline_weights("vit_small_patch14_dinov2")
     except ow.WeightsUnavailable as e:
         pytest.skip(f"offline DINOv2 ViT-S/14 weights unavailable: {e}")
-    record = run(RunConfig(strategy=method, profile="quick", weights="offline", out=str(tmp_path / method),
-                           protocol="both" if method == "l2p" else "per-sample", save_features=False))
+    record = run(
+        RunConfig(
+            strategy=method,
+            profile="quick",
+            weights="offline",
+            out=str(tmp_path / method),
+            protocol="both" if method == "l2p" else "per-sample",
+            save_features=False,
+        )
+    )
     assert record.complete and record.img_size == 112 and len(record.acc_curve) == 6
     assert record.last_acc > 3 * 100 / 36  # well above chance on 36 classes

@@ -22,8 +22,13 @@ from clbench.datacheck import add_data_check_args, check_data, cmd_data_check
 from clbench.errors import ClbenchError
 
 TREE_PRESETS = {  # name: (classes, B0 IncK) -- TOSCA's exps/tosca_*.json, PILOT's class counts
-    "cub200": (200, 10), "imagenet-r": (200, 20), "imagenet-a": (200, 20), "objectnet": (200, 20),
-    "omnibenchmark": (300, 30), "vtab": (50, 10), "eurosat": (10, 2),
+    "cub200": (200, 10),
+    "imagenet-r": (200, 20),
+    "imagenet-a": (200, 20),
+    "objectnet": (200, 20),
+    "omnibenchmark": (300, 30),
+    "vtab": (50, 10),
+    "eurosat": (10, 2),
 }
 
 
@@ -34,8 +39,9 @@ def png(i: int, size: int = 8) -> bytes:
     return buf.getvalue()
 
 
-def make_tree(root: Path, classes, n_train: int = 2, n_test: int = 1, same_bytes: bool = False,
-              empty_dirs: bool = False) -> Path:
+def make_tree(
+    root: Path, classes, n_train: int = 2, n_test: int = 1, same_bytes: bool = False, empty_dirs: bool = False
+) -> Path:
     """``root/{train,test}/<class>/<k>.png``; distinct images unless ``same_bytes`` (fast for 300 classes).
     A split with 0 images per class gets no class folders, unless ``empty_dirs``."""
     shared = png(0)
@@ -74,8 +80,10 @@ def test_presets_carry_the_papers_splits_and_reference_transforms():
 
 
 def test_registering_presets_stays_torch_free():
-    code = ("import sys, clbench.benchmarks as b; assert 'omnibenchmark' in b.BENCHMARKS;"
-            "print(sorted(m for m in ('torch', 'PIL', 'avalanche', 'timm') if m in sys.modules))")
+    code = (
+        "import sys, clbench.benchmarks as b; assert 'omnibenchmark' in b.BENCHMARKS;"
+        "print(sorted(m for m in ('torch', 'PIL', 'avalanche', 'timm') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -147,16 +155,24 @@ def test_hidden_and_non_image_files_are_ignored_nested_images_kept(tmp_path):
 @pytest.mark.parametrize(
     "make,needle",
     [
-        (lambda r: make_tree(r, ["a", "b"]) and __import__("shutil").rmtree(r / "test"),
-         r"has no test/ folder: expected .*/test/<class>/<image>"),
-        (lambda r: make_tree(r / "vtab-cil" / "vtab", ["a"]),
-         r"has no train/ and test/ folder.*did you mean --data-root .*vtab-cil/vtab\?"),
+        (
+            lambda r: make_tree(r, ["a", "b"]) and __import__("shutil").rmtree(r / "test"),
+            r"has no test/ folder: expected .*/test/<class>/<image>",
+        ),
+        (
+            lambda r: make_tree(r / "vtab-cil" / "vtab", ["a"]),
+            r"has no train/ and test/ folder.*did you mean --data-root .*vtab-cil/vtab\?",
+        ),
         (lambda r: (r / "cats").mkdir(), "split them into train/ and test/"),
         (lambda r: make_tree(r, ["a"]) and (r / "test").rename(r / "val"), "it has val/: rename it to test/"),
-        (lambda r: make_tree(r, ["a", "b"]) and make_tree(r, ["ghost"], n_train=0),
-         r"1 class\(es\) in .*/test have no folder in .*/train: 'ghost'"),
-        (lambda r: make_tree(r, ["a", "b"]) and make_tree(r, ["extra"], n_test=0, empty_dirs=True),
-         r"1 class folder\(s\) in .*/test hold no images: 'extra'"),
+        (
+            lambda r: make_tree(r, ["a", "b"]) and make_tree(r, ["ghost"], n_train=0),
+            r"1 class\(es\) in .*/test have no folder in .*/train: 'ghost'",
+        ),
+        (
+            lambda r: make_tree(r, ["a", "b"]) and make_tree(r, ["extra"], n_test=0, empty_dirs=True),
+            r"1 class folder\(s\) in .*/test hold no images: 'extra'",
+        ),
         (lambda r: make_tree(r, ["a", "b"], n_train=0, n_test=0, empty_dirs=True), "holds no images at all"),
         (lambda r: [(r / s).mkdir() for s in ("train", "test")], "hold no class folders"),
     ],
@@ -250,7 +266,7 @@ def write_cifar(root: Path, per_class=(2, 1), leak: bool = False) -> Path:
     rng = np.random.default_rng(0)
     d = root / "cifar-100-python"
     d.mkdir(parents=True)
-    for split, k in zip(("train", "test"), per_class):
+    for split, k in zip(("train", "test"), per_class, strict=False):
         labels = np.repeat(np.arange(100), k)
         data = rng.integers(0, 256, (len(labels), 3072), dtype=np.uint8)
         data[0, :1024] = 255  # image 0: red plane full,
@@ -305,8 +321,27 @@ def test_clbench_run_on_a_folder_tree(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CLBENCH_CACHE", str(tmp_path / "cache"))
     root = make_tree(tmp_path / "data", ["d", "a", "c", "b"], n_train=3, n_test=2)
     out = tmp_path / "run"
-    code = main(["run", "--strategy", "simplecil", "--bench", "folder", "--data-root", str(root), "--backbone",
-                 "vit_micro", "--weights", "random", "--init-cls", "2", "--increment", "2", "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--strategy",
+            "simplecil",
+            "--bench",
+            "folder",
+            "--data-root",
+            str(root),
+            "--backbone",
+            "vit_micro",
+            "--weights",
+            "random",
+            "--init-cls",
+            "2",
+            "--increment",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     rec = json.loads((out / "result.json").read_text())
     assert rec["complete"] and rec["bench"] == "folder" and rec["task_sizes"] == [2, 2]

@@ -7,7 +7,6 @@ broke it.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import numpy as np
@@ -102,11 +101,11 @@ def test_merge_moves_the_set_toward_the_mean_of_the_earlier_sets(backbone):
     a, b, cur = random_set(backbone, 1), random_set(backbone, 2), random_set(backbone, 3)
     before = [p.detach().clone() for p in cur.parameters()]
     merge_toward(cur, [a, b], 0.1)
-    for p, p0, pa, pb in zip(cur.parameters(), before, a.parameters(), b.parameters()):
+    for p, p0, pa, pb in zip(cur.parameters(), before, a.parameters(), b.parameters(), strict=False):
         assert torch.allclose(p, 0.9 * p0 + 0.1 * (pa + pb) / 2, atol=1e-6)
     unchanged = [p.detach().clone() for p in cur.parameters()]
     merge_toward(cur, [], 0.1)  # task 0: nothing to merge toward
-    assert all(torch.equal(p, q) for p, q in zip(cur.parameters(), unchanged))
+    assert all(torch.equal(p, q) for p, q in zip(cur.parameters(), unchanged, strict=False))
 
 
 def test_a_reference_forward_blends_every_layer_once_per_block(backbone, test_split):
@@ -120,7 +119,7 @@ def test_a_reference_forward_blends_every_layer_once_per_block(backbone, test_sp
     with torch.no_grad():
         strategy._features(images, drifting(s, [prev], 0.1))
     k = 0.9 ** len(backbone.model.blocks)
-    for p, p0, pp in zip(s.parameters(), start, prev.parameters()):
+    for p, p0, pp in zip(s.parameters(), start, prev.parameters(), strict=False):
         assert torch.allclose(p - pp, k * (p0 - pp), atol=1e-5)
 
 
@@ -167,11 +166,13 @@ def test_self_refinement_follows_the_head_until_the_task_is_stable():
     with torch.no_grad():  # feature direction k -> a class of task k
         head.weight.copy_(torch.tensor([[1.0, 0, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0]]))
     e = torch.eye(3)
-    feats = torch.stack([
-        torch.stack([e[1], e[1], e[1]]),  # starts at task 0, whose set points at task 1; set 1 agrees: stop at 1
-        torch.stack([e[0], e[2], e[2]]),  # starts at task 0, which is stable at once
-        torch.stack([e[1], e[2], e[1]]),  # 0 -> 1 -> 2 -> 1 -> ... cut after 4 rounds
-    ])
+    feats = torch.stack(
+        [
+            torch.stack([e[1], e[1], e[1]]),  # starts at task 0, whose set points at task 1; set 1 agrees: stop at 1
+            torch.stack([e[0], e[2], e[2]]),  # starts at task 0, which is stable at once
+            torch.stack([e[1], e[2], e[1]]),  # 0 -> 1 -> 2 -> 1 -> ... cut after 4 rounds
+        ]
+    )
     logits, final = self_refine(feats, head, class_task, torch.tensor([0, 0, 0]), max_rounds=4)
     assert final.tolist() == [1, 0, 1]
     assert torch.equal(logits[0], head(e[1])) and torch.equal(logits[1], head(e[0]))
@@ -215,8 +216,12 @@ def test_mos_reference_protocol_drifts_its_own_copies_per_batch(backbone, tasks,
     a = strategy.predict(test_split, REFERENCE)
     # set 1 moved toward set 0 by (1 - m) per block and forward; set 0 never drifts
     k = 0.9 ** (len(backbone.model.blocks) * n_batches)
-    for r, s, s0 in zip(strategy.reference_sets[1].parameters(), strategy.stored[1].parameters(),
-                        strategy.stored[0].parameters()):
+    for r, s, s0 in zip(
+        strategy.reference_sets[1].parameters(),
+        strategy.stored[1].parameters(),
+        strategy.stored[0].parameters(),
+        strict=False,
+    ):
         assert torch.allclose(r - s0, k * (s - s0), atol=1e-5)
     assert state_digest(strategy.reference_sets[0]) == stored[0]
     b = strategy.predict(test_split, REFERENCE)  # the drift carries over: the same images, other outputs
@@ -328,7 +333,7 @@ def aim_keys(strategy: DualPrompt, feats: torch.Tensor, rows: list[int]) -> None
     """Key i = the query of test image rows[i] (so that image picks slot i); other keys point away from all."""
     with torch.no_grad():
         strategy.prompts.keys.copy_(-feats.mean(0).expand_as(strategy.prompts.keys))
-        strategy.prompts.keys[:len(rows)] = feats[rows]
+        strategy.prompts.keys[: len(rows)] = feats[rows]
 
 
 def test_dualprompt_reference_protocol_is_the_batch_vote(trained_dp, test_split):
@@ -350,7 +355,7 @@ def test_dualprompt_reference_protocol_is_the_batch_vote(trained_dp, test_split)
         ref, per = s.predict(batch, REFERENCE), s.predict(batch, PER_SAMPLE)
         with torch.no_grad():
             images = torch.stack([test_split.eval_transform(test_split.source.image(i)) for i in a_rows + [b_row]])
-            forced = s._forward(images, torch.full((4,), major, dtype=torch.long))[:, :s.n_seen]
+            forced = s._forward(images, torch.full((4,), major, dtype=torch.long))[:, : s.n_seen]
         assert torch.allclose(ref, forced, atol=1e-5)  # everyone used the majority's slot
         assert torch.allclose(ref[:3], per[:3], atol=1e-5)  # the majority's own rows are unchanged
         assert not torch.allclose(ref[3], per[3], atol=1e-4)  # the fourth image was outvoted
@@ -433,10 +438,22 @@ def test_profiles_are_valid_configs(cls):
 # ----------------------------------------------------------------------------------------------- harness
 @pytest.mark.parametrize("method", ["mos", "dualprompt"])
 def test_end_to_end_both_protocols_through_the_harness(tmp_path, method):
-    record = run(RunConfig(strategy=method, bench="emoji", backbone="vit_micro", weights="random",
-                           out=str(tmp_path / method), init_cls=18, increment=18, device="cpu", precision="fp32",
-                           protocol="both", save_features=False,
-                           overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64"))))
+    record = run(
+        RunConfig(
+            strategy=method,
+            bench="emoji",
+            backbone="vit_micro",
+            weights="random",
+            out=str(tmp_path / method),
+            init_cls=18,
+            increment=18,
+            device="cpu",
+            precision="fp32",
+            protocol="both",
+            save_features=False,
+            overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64")),
+        )
+    )
     assert record.complete and record.task_sizes == [18, 18]
     assert set(record.protocols) == {"per-sample", "reference"} and record.protocol_gap is not None
     diag = record.per_task[-1].diagnostics
@@ -457,8 +474,19 @@ def test_quick_profile_beats_random_weights_on_the_embedded_benchmark(tmp_path, 
         ow.offline_weights("vit_small_patch14_dinov2")
     except ow.WeightsUnavailable as e:
         pytest.skip(f"offline DINOv2 ViT-S/14 weights unavailable: {e}")
-    records = {w: run(RunConfig(strategy=method, profile="quick", weights=w, out=str(tmp_path / w),
-                                precision="fp32", save_features=False)) for w in ("offline", "random")}
+    records = {
+        w: run(
+            RunConfig(
+                strategy=method,
+                profile="quick",
+                weights=w,
+                out=str(tmp_path / w),
+                precision="fp32",
+                save_features=False,
+            )
+        )
+        for w in ("offline", "random")
+    }
     real, rand = records["offline"], records["random"]
     assert real.complete and real.img_size == 112 and len(real.acc_curve) == 6
     assert real.last_acc > 3 * 100 / 36  # well above chance on 36 classes

@@ -57,13 +57,17 @@ class PlugNearest(Strategy):
         return self.head(split.features)
 
     def param_counts(self) -> ParamCounts:
-        return ParamCounts(added_per_task=list(self._added), trainable_per_task=[0] * len(self._added),
-                           head=self.head.weight.numel())
+        return ParamCounts(
+            added_per_task=list(self._added), trainable_per_task=[0] * len(self._added), head=self.head.weight.numel()
+        )
 
     @classmethod
     def param_formula(cls, cfg, d, depth, task_sizes) -> ParamCounts:
-        return ParamCounts(added_per_task=[c * d for c in task_sizes], trainable_per_task=[0] * len(task_sizes),
-                           head=sum(task_sizes) * d)
+        return ParamCounts(
+            added_per_task=[c * d for c in task_sizes],
+            trainable_per_task=[0] * len(task_sizes),
+            head=sum(task_sizes) * d,
+        )
 
     @classmethod
     def work(cls, cfg, shape: RunShape) -> Work:
@@ -80,10 +84,21 @@ class PlugNearest(Strategy):
 
 
 def clbench(*args: str, cwd: Path, plugins: str = PLUGIN, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CLBENCH_PLUGINS": plugins, "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "clbench.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    env = {
+        **os.environ,
+        "CLBENCH_PLUGINS": plugins,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "clbench.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def ok(proc: subprocess.CompletedProcess, code: int = 0) -> str:
@@ -91,15 +106,15 @@ def ok(proc: subprocess.CompletedProcess, code: int = 0) -> str:
     return proc.stdout
 
 
-MICRO = ("--bench", "emoji", "--backbone", "vit_micro", "--weights", "random", "--init-cls", "12",
-         "--increment", "12")
+MICRO = ("--bench", "emoji", "--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12")
 
 
 @pytest.mark.slow  # minutes: a dozen clbench processes, a sweep with a spawned worker
 def test_a_test_file_strategy_runs_through_every_command(tmp_path):
     # run, twice (the check needs a reference and runs to check)
-    out = ok(clbench("run", "--strategy", NAME, "--profile", "ci", *MICRO, "--out", str(tmp_path / "runs/a"),
-                     cwd=tmp_path))
+    out = ok(
+        clbench("run", "--strategy", NAME, "--profile", "ci", *MICRO, "--out", str(tmp_path / "runs/a"), cwd=tmp_path)
+    )
     rec = json.loads((tmp_path / "runs/a/result.json").read_text())
     assert rec["strategy"] == NAME and rec["complete"] and rec["strategy_config"] == {"shrink": 0.1}, out
     assert rec["params"]["added_per_task"] == [12 * 64] * 3
@@ -109,8 +124,20 @@ def test_a_test_file_strategy_runs_through_every_command(tmp_path):
     # check: calibrate, write a reference from the run, check the run against it (and a changed run fails it)
     ok(clbench("check", str(tmp_path / "runs"), "--calibrate", cwd=tmp_path))
     ref = tmp_path / "ref.json"
-    ok(clbench("check", str(tmp_path / "runs"), "--write-reference", str(ref), "--why", "plug-in test",
-               "--who", "test", "--no-require-ci-profiles", cwd=tmp_path))
+    ok(
+        clbench(
+            "check",
+            str(tmp_path / "runs"),
+            "--write-reference",
+            str(ref),
+            "--why",
+            "plug-in test",
+            "--who",
+            "test",
+            "--no-require-ci-profiles",
+            cwd=tmp_path,
+        )
+    )
     assert {e["strategy"] for e in json.loads(ref.read_text())["entries"]} == {NAME}
     ok(clbench("check", str(tmp_path / "runs"), "--reference", str(ref), cwd=tmp_path))
     path = tmp_path / "runs/a/result.json"
@@ -119,15 +146,43 @@ def test_a_test_file_strategy_runs_through_every_command(tmp_path):
     path.write_text(json.dumps(changed))
     ok(clbench("check", str(tmp_path / "runs"), "--reference", str(ref), cwd=tmp_path), code=1)
     # sweep: the local backend's spawned workers register the plug-in from the inherited environment
-    ok(clbench("sweep", "--strategies", NAME, "--seeds", "1,2", *MICRO, "--jobs", "1", "--out",
-               str(tmp_path / "sweep"), "--no-report", cwd=tmp_path, timeout=600))
+    ok(
+        clbench(
+            "sweep",
+            "--strategies",
+            NAME,
+            "--seeds",
+            "1,2",
+            *MICRO,
+            "--jobs",
+            "1",
+            "--out",
+            str(tmp_path / "sweep"),
+            "--no-report",
+            cwd=tmp_path,
+            timeout=600,
+        )
+    )
     manifest = json.loads((tmp_path / "sweep/sweep.json").read_text())
     assert manifest["complete"], manifest
     assert len(list((tmp_path / "sweep/runs").glob("*/result.json"))) == 2
     # perf: the projection has the plug-in's rows and unit; params has its formula; its own benchmark is listed
     proj = tmp_path / "proj.json"
-    ok(clbench("perf", "projection", "--device", "cpu", "--backbone", "vit_micro", "--img-size", "32", "--out",
-               str(proj), cwd=tmp_path))
+    ok(
+        clbench(
+            "perf",
+            "projection",
+            "--device",
+            "cpu",
+            "--backbone",
+            "vit_micro",
+            "--img-size",
+            "32",
+            "--out",
+            str(proj),
+            cwd=tmp_path,
+        )
+    )
     got = json.loads(proj.read_text())
     assert {NAME, f"{NAME}-ci"} <= set(got["projection"]["per_strategy"])
     assert got["costs"]["s_per_image"]["plugnn_rows"] == pytest.approx(6.4e-6)
@@ -162,4 +217,7 @@ def test_the_plugin_passes_the_shared_cost_and_parameter_checks(micro_session_fa
     real = s.strategy.param_counts()
     formula = PlugNearest.param_formula(s.strategy.cfg, 64, 4, (18, 9, 9))
     assert (formula.added_per_task, formula.trainable_per_task, formula.head) == (
-        real.added_per_task, real.trainable_per_task, real.head)
+        real.added_per_task,
+        real.trainable_per_task,
+        real.head,
+    )

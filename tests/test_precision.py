@@ -32,9 +32,14 @@ def test_auto_is_bf16_with_amx():
     assert (p.name, p.forced) == ("bf16", False) and "AMX" in p.reason
 
 
-@pytest.mark.parametrize(("rates", "expected"), [({"fp32": 30.0, "bf16": 54.0}, "bf16"),
-                                                 ({"fp32": 30.0, "bf16": 31.0}, "fp32"),
-                                                 ({"fp32": 30.0, "bf16": 4.0}, "fp32")])
+@pytest.mark.parametrize(
+    ("rates", "expected"),
+    [
+        ({"fp32": 30.0, "bf16": 54.0}, "bf16"),
+        ({"fp32": 30.0, "bf16": 31.0}, "fp32"),
+        ({"fp32": 30.0, "bf16": 4.0}, "fp32"),
+    ],
+)
 def test_auto_measures_where_hardware_leaves_it_open(rates, expected):
     p = choose("auto", "cpu", cpu=AVX512_BF16, probe=lambda: rates)
     assert p.name == expected
@@ -61,9 +66,15 @@ def test_bad_requests_are_refused_with_a_message():
         choose("bf16", "cuda", cuda=("Tesla V100", (7, 0), False))
 
 
-@pytest.mark.parametrize(("cuda", "expected"), [(("H200", (9, 0), True), "bf16"), (("A100", (8, 0), True), "bf16"),
-                                                (("Tesla V100", (7, 0), False), "fp16"),
-                                                (("Tesla P100", (6, 0), False), "fp32")])
+@pytest.mark.parametrize(
+    ("cuda", "expected"),
+    [
+        (("H200", (9, 0), True), "bf16"),
+        (("A100", (8, 0), True), "bf16"),
+        (("Tesla V100", (7, 0), False), "fp16"),
+        (("Tesla P100", (6, 0), False), "fp32"),
+    ],
+)
 def test_auto_on_cuda(cuda, expected):
     assert choose("auto", "cuda", cuda=cuda).name == expected
 
@@ -93,6 +104,7 @@ def test_probe_is_cached_per_machine_and_backbone(tmp_path, monkeypatch):
     class Backbone:
         class spec:
             name = "vit_micro"
+
         digest, img_size = "ab" * 32, 32
 
     probe = precision.cached_probe(Backbone(), torch.device("cpu"), AVX512_BF16, tmp_path)
@@ -133,8 +145,16 @@ def test_isa_limits_are_honoured(monkeypatch):
 def test_record_states_precision_and_threads(tmp_path):
     from clbench.harness import RunConfig, run
 
-    rec = run(RunConfig(strategy="simplecil", bench="emoji", backbone="vit_micro", weights="random",
-                        precision="fp32", out=str(tmp_path / "run")))
+    rec = run(
+        RunConfig(
+            strategy="simplecil",
+            bench="emoji",
+            backbone="vit_micro",
+            weights="random",
+            precision="fp32",
+            out=str(tmp_path / "run"),
+        )
+    )
     assert (rec.precision, rec.precision_reason) == ("fp32", "forced (--precision fp32)")
     assert rec.host.torch_threads == torch.get_num_threads()
     assert rec.host.omp_wait_policy == "PASSIVE"  # clbench sets it before torch loads (tests/conftest.py)

@@ -59,8 +59,10 @@ def make_split(backbone, classes: list[int], n_per_class: int, seed: int) -> Spl
 
 @pytest.fixture(scope="module")
 def tasks(backbone) -> list[Task]:
-    return [Task(0, [0, 1], 2, make_split(backbone, [0, 1], 6, seed=1)),
-            Task(1, [2, 3], 4, make_split(backbone, [2, 3], 6, seed=2))]
+    return [
+        Task(0, [0, 1], 2, make_split(backbone, [0, 1], 6, seed=1)),
+        Task(1, [2, 3], 4, make_split(backbone, [2, 3], 6, seed=2)),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -351,12 +353,25 @@ def test_aper_prototypes_are_class_means_of_the_concatenated_features(backbone, 
 
 
 # ----------------------------------------------------------------------------------------------- accounting
-@pytest.mark.parametrize("strategy,overrides", [
-    ("ranpac", (("M", "200"),)), ("ranpac", (("M", "200"), ("first_session", "false"))), ("aper", ())])
+@pytest.mark.parametrize(
+    "strategy,overrides",
+    [("ranpac", (("M", "200"),)), ("ranpac", (("M", "200"), ("first_session", "false"))), ("aper", ())],
+)
 def test_param_formula_equals_the_counts_after_a_real_run(tmp_path, strategy, overrides):
-    record = run(RunConfig(strategy=strategy, bench="emoji", backbone="vit_micro", weights="random",
-                           init_cls=12, increment=6, overrides=(("epochs", "1"), *overrides), precision="fp32",
-                           out=str(tmp_path / strategy), save_features=False))
+    record = run(
+        RunConfig(
+            strategy=strategy,
+            bench="emoji",
+            backbone="vit_micro",
+            weights="random",
+            init_cls=12,
+            increment=6,
+            overrides=(("epochs", "1"), *overrides),
+            precision="fp32",
+            out=str(tmp_path / strategy),
+            save_features=False,
+        )
+    )
     from clbench.catalog import STRATEGIES
 
     cls = STRATEGIES.get(strategy)
@@ -424,8 +439,16 @@ def test_ci_profile_beats_a_random_weights_copy_of_the_backbone(tmp_path, strate
         pytest.skip(f"offline DINOv2 ViT-S/14 weights unavailable: {e}")
     acc = {}
     for weights in ("offline", "random"):
-        record = run(RunConfig(strategy=strategy, profile="ci", weights=weights, precision="fp32",
-                               out=str(tmp_path / weights), save_features=False))
+        record = run(
+            RunConfig(
+                strategy=strategy,
+                profile="ci",
+                weights=weights,
+                precision="fp32",
+                out=str(tmp_path / weights),
+                save_features=False,
+            )
+        )
         assert record.complete and record.task_sizes == [12, 12, 12]
         acc[weights] = record.last_acc
     assert acc["offline"] > acc["random"] + 8 and acc["offline"] > 1.5 * acc["random"], acc

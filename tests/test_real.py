@@ -11,7 +11,6 @@ import json
 import pytest
 
 from clbench.cli import main
-
 from clbench.harness import RunConfig, run
 
 pytestmark = pytest.mark.slow

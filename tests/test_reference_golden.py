@@ -54,9 +54,16 @@ HEAD_RTOL = 1e-4
 D = 64  # feature width of every fixture (= vit_micro's, so the strategies can be built on it)
 
 # the reference's LuCA state-dict names (backbone/vit_tosca.py Tosca) -> clbench's (tosca/luca.py LuCA)
-REF_LUCA_NAMES = {"norm.weight": "norm.weight", "norm.bias": "norm.bias", "mlp.0.weight": "down.weight",
-                  "mlp.0.bias": "down.bias", "mlp.2.weight": "up.weight", "mlp.2.bias": "up.bias",
-                  "se.0.weight": "gate_in.weight", "se.2.weight": "gate_out.weight"}
+REF_LUCA_NAMES = {
+    "norm.weight": "norm.weight",
+    "norm.bias": "norm.bias",
+    "mlp.0.weight": "down.weight",
+    "mlp.0.bias": "down.bias",
+    "mlp.2.weight": "up.weight",
+    "mlp.2.bias": "up.bias",
+    "se.0.weight": "gate_in.weight",
+    "se.2.weight": "gate_out.weight",
+}
 REF_FLOWS = {"luca": "tosca", "adapter": "adapter", "calibrator": "calibrator", "tosca_r": "tosca_r"}
 
 
@@ -65,17 +72,24 @@ def load(name: str) -> dict[str, torch.Tensor]:
     return load_file(FIXTURES / f"{name}.safetensors")
 
 
-def assert_golden(actual: torch.Tensor, expected: torch.Tensor, what: str,
-                  rtol: float = RTOL, atol: float = ATOL) -> None:
+def assert_golden(
+    actual: torch.Tensor, expected: torch.Tensor, what: str, rtol: float = RTOL, atol: float = ATOL
+) -> None:
     """The one comparison every golden check uses: same shape and dtype kind, values within tolerance
     (integers exactly)."""
     actual = actual.detach().cpu()
     if expected.dtype.is_floating_point:
-        torch.testing.assert_close(actual.to(expected.dtype), expected, rtol=rtol, atol=atol,
-                                   msg=lambda m: f"{what} differs from the reference: {m}")
+        torch.testing.assert_close(
+            actual.to(expected.dtype),
+            expected,
+            rtol=rtol,
+            atol=atol,
+            msg=lambda m: f"{what} differs from the reference: {m}",
+        )
     else:
         assert actual.shape == expected.shape and torch.equal(actual.to(expected.dtype), expected), (
-            f"{what} differs from the reference:\nclbench   {actual.tolist()}\nreference {expected.tolist()}")
+            f"{what} differs from the reference:\nclbench   {actual.tolist()}\nreference {expected.tolist()}"
+        )
 
 
 def luca_from_reference(f: dict[str, torch.Tensor], prefix: str, variant: str = "luca") -> LuCA:
@@ -133,8 +147,13 @@ def check_tosca_task(backbone) -> None:
 
     def step_and_snapshot(optimizer, loss, where):
         value = optimizer_step(optimizer, loss, where)
-        snapshots.append(({k: v.clone() for k, v in module.state_dict().items()},
-                          strategy.head.weight.detach().clone(), strategy.head.sigma.detach().clone()))
+        snapshots.append(
+            (
+                {k: v.clone() for k, v in module.state_dict().items()},
+                strategy.head.weight.detach().clone(),
+                strategy.head.sigma.detach().clone(),
+            )
+        )
         return value
 
     task = Task(1, [3, 4, 5], 6, features_split(f["in.z"], f["in.y"]))
@@ -144,13 +163,18 @@ def check_tosca_task(backbone) -> None:
     for i, (state, weight, sigma) in enumerate(snapshots, start=1):
         for ref, ours in REF_LUCA_NAMES.items():
             assert_golden(state[ours], f[f"out.step{i}.module.{ref}"], f"module {ours} after step {i}", atol=SGD_ATOL)
-        assert_golden(weight, f[f"out.step{i}.head.weight"], f"head rows after step {i}", atol=SGD_ATOL,
-                      rtol=HEAD_RTOL)
+        assert_golden(weight, f[f"out.step{i}.head.weight"], f"head rows after step {i}", atol=SGD_ATOL, rtol=HEAD_RTOL)
         assert_golden(sigma, f[f"out.step{i}.head.sigma"], f"head scale after step {i}", atol=SGD_ATOL)
     assert_luca_state(strategy.modules_[-1], f, "out.step2.module.", "stored module")
-    assert_golden(strategy.head.weight, f["out.final.head.weight"], "head after the prototype rows are set",
-                  atol=SGD_ATOL, rtol=HEAD_RTOL)
+    assert_golden(
+        strategy.head.weight,
+        f["out.final.head.weight"],
+        "head after the prototype rows are set",
+        atol=SGD_ATOL,
+        rtol=HEAD_RTOL,
+    )
     assert_golden(strategy.head.sigma, f["out.final.head.sigma"], "head scale after the task", atol=SGD_ATOL)
+
 
 def check_tosca_routing(backbone) -> None:
     """The ``reference`` protocol: three stored modules, a 9-class head, 108 class-sorted test features in
@@ -194,7 +218,6 @@ class TagSpy:
         return VIT_TOKENS(model, images, inserted)
 
 
-
 def check_l2p_prompt_selection(backbone) -> None:
     """L2P's query-key cosine, top-k prompt choice (per sample, and PILOT's batch vote in the ``reference``
     protocol), the pull term and the masked loss, against backbone/prompt.py Prompt.forward (embedding_key 'cls')
@@ -212,8 +235,14 @@ def check_l2p_prompt_selection(backbone) -> None:
     images = np.random.default_rng(0).integers(0, 256, size=(len(query), 32, 32, 3), dtype=np.uint8)
     labels = np.zeros(len(query), dtype=np.int64)
     eval_tf = TransformSpec(32, None, backbone.mean, backbone.std).build()
-    split = Split(ArraySource(images, labels, "golden-l2p"), np.arange(len(query)), torch.as_tensor(labels), query,
-                  eval_tf, eval_tf)  # the cached feature of an image is its query
+    split = Split(
+        ArraySource(images, labels, "golden-l2p"),
+        np.arange(len(query)),
+        torch.as_tensor(labels),
+        query,
+        eval_tf,
+        eval_tf,
+    )  # the cached feature of an image is its query
     strategy.head.grow(1, torch.Generator().manual_seed(0))
     strategy.n_seen = 1
     for protocol, name in ((PER_SAMPLE, "per_sample"), (REFERENCE, "batchwise")):
@@ -226,13 +255,15 @@ def check_l2p_prompt_selection(backbone) -> None:
     b = len(query) // 2
     for batchwise, name in ((False, "per_sample"), (True, "batchwise")):  # the training forward returns the pull
         for i in range(2):
-            x = torch.as_tensor(images[i * b:(i + 1) * b]).permute(0, 3, 1, 2).float() / 255
+            x = torch.as_tensor(images[i * b : (i + 1) * b]).permute(0, 3, 1, 2).float() / 255
             with torch.no_grad():
-                _, pull = strategy._forward(x, query[i * b:(i + 1) * b], batchwise)
+                _, pull = strategy._forward(x, query[i * b : (i + 1) * b], batchwise)
             assert_golden(pull, f[f"out.{name}.reduce_sim"][i], f"pull term, batch {i}, batchwise={batchwise}")
 
-    loss = (masked_cross_entropy(f["in.loss.logits"], f["in.loss.targets"], list(range(10, 20)))
-            - cfg.pull_coeff * f["out.batchwise.reduce_sim"][0])  # the expression of L2P.learn_task
+    loss = (
+        masked_cross_entropy(f["in.loss.logits"], f["in.loss.targets"], list(range(10, 20)))
+        - cfg.pull_coeff * f["out.batchwise.reduce_sim"][0]
+    )  # the expression of L2P.learn_task
     assert_golden(loss.reshape(1), f["out.loss"], "L2P loss (masked cross-entropy minus 0.1 pull)")
 
 
@@ -312,12 +343,18 @@ def _batch_mean_selection(similarity, top_k, batchwise):  # batch-wise: top-k of
     return similarity.mean(dim=0).topk(top_k).indices.unsqueeze(0).expand(similarity.shape[0], -1)
 
 
-@pytest.mark.parametrize("patch", [
-    pytest.param(lambda: mock.patch.object(l2p_mod.PromptPool, "similarity", _dot_product_similarity),
-                 id="dot-product-keys"),
-    pytest.param(lambda: mock.patch.object(l2p_mod, "select_prompts", _batch_mean_selection),
-                 id="batchwise-by-mean-similarity"),
-])
+@pytest.mark.parametrize(
+    "patch",
+    [
+        pytest.param(
+            lambda: mock.patch.object(l2p_mod.PromptPool, "similarity", _dot_product_similarity), id="dot-product-keys"
+        ),
+        pytest.param(
+            lambda: mock.patch.object(l2p_mod, "select_prompts", _batch_mean_selection),
+            id="batchwise-by-mean-similarity",
+        ),
+    ],
+)
 def test_planted_l2p_selection_bug_fails_the_golden_check(backbone, patch):
     with patch(), pytest.raises(AssertionError, match="differs from the reference"):
         check_l2p_prompt_selection(backbone)
@@ -334,33 +371,42 @@ def _wrong_synthesis(softmax_dim: int = 1, task_j_only: bool = False, target_sub
             for j in range(i + 1, n):
                 ref = list(task_classes[j]) if task_j_only else [c for k in range(j, n) for c in task_classes[k]]
                 s = j if target_subspace else i
-                w = torch.softmax(F.normalize(protos[task_classes[i], s], dim=-1)
-                                  @ F.normalize(protos[ref, s], dim=-1).T, dim=softmax_dim)
+                w = torch.softmax(
+                    F.normalize(protos[task_classes[i], s], dim=-1) @ F.normalize(protos[ref, s], dim=-1).T,
+                    dim=softmax_dim,
+                )
                 out[task_classes[i], j] = w @ protos[ref, j]
         return out
 
     return synthesize
 
 
-@pytest.mark.parametrize("variant", [_wrong_synthesis(softmax_dim=0), _wrong_synthesis(task_j_only=True),
-                                     _wrong_synthesis(target_subspace=True)],
-                         ids=["softmax-dim0", "reference-set-task-j-only", "cosine-in-target-subspace"])
+@pytest.mark.parametrize(
+    "variant",
+    [_wrong_synthesis(softmax_dim=0), _wrong_synthesis(task_j_only=True), _wrong_synthesis(target_subspace=True)],
+    ids=["softmax-dim0", "reference-set-task-j-only", "cosine-in-target-subspace"],
+)
 def test_planted_ease_synthesis_bug_fails_the_golden_check(variant):
-    with mock.patch.object(ease_mod, "synthesize_prototypes", variant), \
-            pytest.raises(AssertionError, match="differs from the reference"):
+    with (
+        mock.patch.object(ease_mod, "synthesize_prototypes", variant),
+        pytest.raises(AssertionError, match="differs from the reference"),
+    ):
         check_ease_prototype_synthesis()
 
 
 def test_planted_tosca_routing_bug_fails_the_golden_check(backbone):
     """Per-sample routing where the reference protocol must route by batch-mean entropy."""
     per_sample = lambda logits, batch: tosca_mod.route_per_sample(logits)  # noqa: E731
-    with mock.patch.object(tosca_mod, "route_reference", per_sample), \
-            pytest.raises(AssertionError, match="differs from the reference"):
+    with (
+        mock.patch.object(tosca_mod, "route_reference", per_sample),
+        pytest.raises(AssertionError, match="differs from the reference"),
+    ):
         check_tosca_routing(backbone)
 
 
 def test_planted_tosca_l1_mean_fails_the_golden_check(backbone):
     """The l1 term as a mean over parameters instead of the reference's sum."""
+
     def train_epochs(self, task, module, optimizer, scheduler, advance):
         for epoch in range(self.cfg.epochs):
             for z, y in self._batches(task, epoch):
@@ -369,6 +415,8 @@ def test_planted_tosca_l1_mean_fails_the_golden_check(backbone):
                 tosca_mod.optimizer_step(optimizer, loss, "planted")
             scheduler.step()
 
-    with mock.patch.object(TOSCA, "_train_epochs", train_epochs), \
-            pytest.raises(AssertionError, match="differs from the reference"):
+    with (
+        mock.patch.object(TOSCA, "_train_epochs", train_epochs),
+        pytest.raises(AssertionError, match="differs from the reference"),
+    ):
         check_tosca_task(backbone)

@@ -26,18 +26,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from datatrees import make_tree, png_bytes
 import torch
+from datatrees import make_tree, png_bytes
 
 from clbench.checkpoint import CHECKPOINT_FILE
 from clbench.cli import main
 from clbench.errors import ClbenchError
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
-SETTINGS = {"simplecil": [], "tosca": ["--set", "epochs=3"],  # 3 tasks of 12 classes each
-            "mos": ["--set", "epochs=1", "--set", "ca_epochs=2", "--set", "train_per_class=4", "--protocol", "both"],
-            "dualprompt": ["--set", "epochs=1", "--set", "train_per_class=4", "--protocol", "both"],
-            "ranpac": ["--set", "epochs=1", "--set", "M=2000"], "aper": ["--set", "epochs=1"]}
+SETTINGS = {
+    "simplecil": [],
+    "tosca": ["--set", "epochs=3"],  # 3 tasks of 12 classes each
+    "mos": ["--set", "epochs=1", "--set", "ca_epochs=2", "--set", "train_per_class=4", "--protocol", "both"],
+    "dualprompt": ["--set", "epochs=1", "--set", "train_per_class=4", "--protocol", "both"],
+    "ranpac": ["--set", "epochs=1", "--set", "M=2000"],
+    "aper": ["--set", "epochs=1"],
+}
 SAME = ("accuracy_matrix", "acc_curve", "params", "protocols", "class_order", "strategy_config")
 
 
@@ -55,7 +59,8 @@ def assert_same_run(resumed: dict, ref: dict) -> None:
     for key in SAME:
         assert json.dumps(resumed[key]) == json.dumps(ref[key]), key
     assert [json.dumps(e["diagnostics"]) for e in resumed["per_task"]] == [
-        json.dumps(e["diagnostics"]) for e in ref["per_task"]]
+        json.dumps(e["diagnostics"]) for e in ref["per_task"]
+    ]
     assert [e["task"] for e in resumed["per_task"]] == [0, 1, 2]
 
 
@@ -97,8 +102,12 @@ class Child:
     def __init__(self, argv: list[str], log: Path) -> None:
         self.log = log
         with open(log, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "clbench.cli", *argv], stdout=subprocess.DEVNULL,
-                                         stderr=err, env=os.environ.copy())
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "clbench.cli", *argv],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=os.environ.copy(),
+            )
 
     def kill(self) -> None:
         """SIGKILL, checking that the run was still going (a kill after its end would test nothing)."""
@@ -177,8 +186,10 @@ def _kill_sequence(argv: list[str], out: Path, rng: random.Random, logs: Path, n
         if tasks_done(out) is None and record(out)["complete"]:  # it had finished, only exiting was left
             raise TooLate
         kills.append(tasks_done(out))
-        note.append(f"killed {delay * 1000:.0f} ms after the record of task {last['task'] + 1}, aimed at {phase}; "
-                    f"it left the checkpoint of task {kills[-1]}")
+        note.append(
+            f"killed {delay * 1000:.0f} ms after the record of task {last['task'] + 1}, aimed at {phase}; "
+            f"it left the checkpoint of task {kills[-1]}"
+        )
         assert kills[-1] >= target, note
         assert not record(out)["complete"], note
         assert load(out / CHECKPOINT_FILE)["resumed_from_task"] == kills[:-1], note  # run 2 started afresh
@@ -188,7 +199,7 @@ def _kill_sequence(argv: list[str], out: Path, rng: random.Random, logs: Path, n
 @pytest.mark.parametrize("strategy", list(SETTINGS))
 def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_record(strategy, references, tmp_path, capsys):
     ref, out, rng = references[strategy], tmp_path / "run", random.Random()
-    for attempt in range(3):
+    for _attempt in range(3):
         note: list[str] = []
         shutil.rmtree(out, ignore_errors=True)
         try:
@@ -285,8 +296,10 @@ def test_resume_refuses_other_settings_and_contradictions(references, tmp_path, 
     capsys.readouterr()
     before = (out / CHECKPOINT_FILE).read_bytes()
     cases = [
-        (run_argv("simplecil", out)[:-2] + ["--seed", "7", "--out", str(out)],
-         "holds an unfinished run with other settings (--seed: 1993 in the checkpoint, 7 here)"),
+        (
+            run_argv("simplecil", out)[:-2] + ["--seed", "7", "--out", str(out)],
+            "holds an unfinished run with other settings (--seed: 1993 in the checkpoint, 7 here)",
+        ),
         (["run", "--resume", str(out), "--seed", "7"], "--seed: 1993 in the checkpoint, 7 here"),
         (["run", "--resume", str(out), "--strategy", "tosca"], "--strategy: simplecil in the checkpoint, tosca here"),
         (["run", "--resume", str(out), "--increment", "6"], "--increment: 12 in the checkpoint, 6 here"),
@@ -303,8 +316,9 @@ def test_resume_refuses_other_settings_and_contradictions(references, tmp_path, 
         assert len([line for line in err.splitlines() if line.strip()]) <= 2, err  # one line and its hint
     assert (out / CHECKPOINT_FILE).read_bytes() == before  # refusals touch nothing
     # Flags that do not define the run may change; flags equal to the checkpoint's are fine.
-    code, err = cli(["run", "--resume", str(out), "--strategy", "simplecil", "--batch-size", "16", "--device", "cpu"],
-                    capsys)
+    code, err = cli(
+        ["run", "--resume", str(out), "--strategy", "simplecil", "--batch-size", "16", "--device", "cpu"], capsys
+    )
     assert code == 0, err
     assert_same_run(record(out), references["simplecil"])
     code, err = cli(["run", "--resume", str(out)], capsys)
@@ -373,8 +387,9 @@ def test_state_dict_round_trip_for_every_strategy(micro_session_factory):
 
 # ----------------------------------------------------------------------------------------------- disk full
 @pytest.mark.parametrize("failing", ["replace", "fsync"])
-def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(failing, references, tmp_path, monkeypatch,
-                                                                     capsys):
+def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(
+    failing, references, tmp_path, monkeypatch, capsys
+):
     out = tmp_path / "run"
     real = getattr(os, failing)
     calls = {"n": 0}
@@ -406,9 +421,18 @@ def test_a_second_writer_to_the_same_out_is_refused(tmp_path, monkeypatch, capsy
     _interrupted(out, monkeypatch)
     files = {p.name: p.read_bytes() for p in out.iterdir()}
     holder = subprocess.Popen(  # another process holding the run folder's lock, as a running clbench does
-        [sys.executable, "-c", ("import fcntl, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX);"
-                                " print('locked', flush=True); time.sleep(120)"), str(out / ".lock")],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fcntl, sys, time; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX);"
+                " print('locked', flush=True); time.sleep(120)"
+            ),
+            str(out / ".lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         for argv in (run_argv("simplecil", out), ["run", "--resume", str(out)]):
@@ -465,8 +489,23 @@ def test_corrupt_feature_cache_is_detected_reported_and_rebuilt(tmp_path, monkey
 
 # ----------------------------------------------------------------------------------------------- hostile inputs
 def _folder_argv(root: Path) -> list[str]:
-    return ["run", "--strategy", "simplecil", "--bench", "folder", "--data-root", str(root), "--backbone", "vit_micro",
-            "--weights", "random", "--init-cls", "2", "--increment", "2"]
+    return [
+        "run",
+        "--strategy",
+        "simplecil",
+        "--bench",
+        "folder",
+        "--data-root",
+        str(root),
+        "--backbone",
+        "vit_micro",
+        "--weights",
+        "random",
+        "--init-cls",
+        "2",
+        "--increment",
+        "2",
+    ]
 
 
 def _garbage_png(r: Path) -> None:
@@ -485,11 +524,15 @@ def _test_only_class(r: Path) -> None:
     (r / "test" / "ghost" / "0.png").write_bytes(png_bytes(99))
 
 
-@pytest.mark.parametrize("make,needle", [
-    (_garbage_png, r"cannot decode image .*train/c/1\.png"),
-    (_empty_class, "hold no images: 'e'"),
-    (_test_only_class, "have no folder in"),
-], ids=["corrupt-image", "empty-class", "test-only-class"])
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (_garbage_png, r"cannot decode image .*train/c/1\.png"),
+        (_empty_class, "hold no images: 'e'"),
+        (_test_only_class, "have no folder in"),
+    ],
+    ids=["corrupt-image", "empty-class", "test-only-class"],
+)
 def test_bad_data_folder_is_one_clear_line(make, needle, tmp_path, capsys):
     import re
 
@@ -524,8 +567,20 @@ def test_truncated_weights_file(kind, tmp_path, capsys):
         save_file(state, str(path))
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     out = tmp_path / "run"
-    code, err = cli(["run", "--strategy", "simplecil", "--backbone", "vit_small_patch14_dinov2", "--weights", str(path),
-                     "--out", str(out)], capsys)
+    code, err = cli(
+        [
+            "run",
+            "--strategy",
+            "simplecil",
+            "--backbone",
+            "vit_small_patch14_dinov2",
+            "--weights",
+            str(path),
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 2 and "cannot be read as safetensors or a torch state dict" in err and "Traceback" not in err
     assert not (out / "result.json").exists()
 
@@ -541,10 +596,13 @@ def test_nan_features_are_an_error_not_a_result(tmp_path, monkeypatch, capsys):
     assert not (out / "result.json").exists() and not (out / CHECKPOINT_FILE).exists()
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--strategy", "tosca", "--set", "epochs=100000000"], "epochs must be <= 10000"),
-    (["--strategy", "simplecil", "--set", "epochs=3"], "simplecil has no setting 'epochs'"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--strategy", "tosca", "--set", "epochs=100000000"], "epochs must be <= 10000"),
+        (["--strategy", "simplecil", "--set", "epochs=3"], "simplecil has no setting 'epochs'"),
+    ],
+)
 def test_hostile_run_settings(argv, needle, tmp_path, capsys):
     out = tmp_path / "run"
     code, err = cli(["run", *argv, "--backbone", "vit_micro", "--weights", "random", "--out", str(out)], capsys)

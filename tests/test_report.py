@@ -31,10 +31,20 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path("tests/fixtures/records")  # relative: paths in the tables are shown as given
 GOLDEN = REPO / "tests" / "golden" / "report_tables.md"
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install "
-                                                             "chromium); the headless-browser checks need it")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium is not installed (Debian: apt-get install chromium); the headless-browser checks need it",
+)
 MICRO_RUNS = ["sc-s1993", "sc-s1994", "sc-s1995", "tosca-s1993", "tosca-s1994", "tosca-ref-s1995"]
 
 
@@ -227,8 +237,12 @@ def test_figure_captions_name_their_runs(report_dir):
         for rid in fig["runs"]:
             assert rid in fig["caption"]
         assert "Git:" in fig["caption"] and "Backbone weights:" in fig["caption"]
-    assert {s["path"].split("/")[-1] for s in manifest["skipped"]} == {"tosca-incomplete", "garbage", "old-schema",
-                                                                       "crashed-early"}
+    assert {s["path"].split("/")[-1] for s in manifest["skipped"]} == {
+        "tosca-incomplete",
+        "garbage",
+        "old-schema",
+        "crashed-early",
+    }
 
 
 def test_rewriting_a_report_removes_its_stale_figures(tmp_path):
@@ -244,8 +258,13 @@ def test_rewriting_a_report_removes_its_stale_figures(tmp_path):
 
 
 def _chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'chromium-profile'}", *args],
-                          check=False, capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'chromium-profile'}", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 class _Body(HTMLParser):
@@ -314,8 +333,12 @@ def test_compare_writes_one_figure_and_the_bench_rows(tmp_path):
 # ------------------------------------------------------------------------------------------- check
 # The shipped gate (reports/reference-emoji.json and its planted bugs) is tested in tests/test_gate.py; these tests
 # run the command itself on the micro fixtures: writing, reading, and the rules in both directions.
-CALIBRATION = {"format": "clbench-calibration/1", "measurements": [
-    {"workload": "vit-s14-random-56px-b64-fp32-forward/1", "seconds": 0.25, "host": {"torch_threads": 2}}]}
+CALIBRATION = {
+    "format": "clbench-calibration/1",
+    "measurements": [
+        {"workload": "vit-s14-random-56px-b64-fp32-forward/1", "seconds": 0.25, "host": {"torch_threads": 2}}
+    ],
+}
 
 
 def runs_with_calibration(dest: Path, **kwargs) -> Path:
@@ -329,8 +352,22 @@ def reference(tmp_path_factory) -> Path:
     """A reference written from the micro fixture runs, as CI's would be."""
     path = tmp_path_factory.mktemp("ref") / "reference.json"
     runs = runs_with_calibration(tmp_path_factory.mktemp("runs") / "runs")
-    assert cli("check", "--write-reference", str(path), "--description", "test", "--why", "fixture reference",
-               "--who", "tests", "--no-require-ci-profiles", str(runs)) == 0
+    assert (
+        cli(
+            "check",
+            "--write-reference",
+            str(path),
+            "--description",
+            "test",
+            "--why",
+            "fixture reference",
+            "--who",
+            "tests",
+            "--no-require-ci-profiles",
+            str(runs),
+        )
+        == 0
+    )
     return path
 
 
@@ -347,8 +384,10 @@ def test_written_reference_records_its_runs_and_why(reference):
     assert tosca["params"] == {"added_total": 7320, "trainable": 3525}
     assert tosca["precision"] == "bf16"  # the fixtures predate `precision`: autocast true
     assert len(tosca["accuracy_matrix"]) == 6 and [len(r) for r in tosca["accuracy_matrix"]] == [1, 2, 3, 4, 5, 6]
-    times = [json.loads((REPO / FIXTURES / "tosca" / n / "result.json").read_text())["time_s"]["train"]
-             for n in ("tosca-s1993", "tosca-s1994")]
+    times = [
+        json.loads((REPO / FIXTURES / "tosca" / n / "result.json").read_text())["time_s"]["train"]
+        for n in ("tosca-s1993", "tosca-s1994")
+    ]
     assert tosca["time"]["train"] == pytest.approx(sum(times) / 2 / 0.25, abs=1e-3)  # seconds / calibration
 
 

@@ -94,8 +94,13 @@ def test_a_current_record_keeps_the_file_layout(tmp_path):
     assert keys[0] == "schema_version" and keys.index("protocol") + 1 == keys.index("accuracy_matrix")
     assert keys[-2:] == ["protocol_gap", "finished"]
     assert data["protocols"]["per-sample"]["last_acc"] == data["last_acc"] == rec.summary("per-sample").last_acc
-    assert data["per_task"][0] == {"task": 0, "classes": rec.per_task[0].classes, "train_s": rec.per_task[0].train_s,
-                                   "diagnostics": rec.per_task[0].diagnostics, "eval_s": rec.per_task[0].eval_s}
+    assert data["per_task"][0] == {
+        "task": 0,
+        "classes": rec.per_task[0].classes,
+        "train_s": rec.per_task[0].train_s,
+        "diagnostics": rec.per_task[0].diagnostics,
+        "eval_s": rec.per_task[0].eval_s,
+    }
 
 
 # ------------------------------------------------------------------------------------------- upgrade
@@ -132,20 +137,25 @@ def test_a_record_lacking_protocols_uses_its_top_level_metrics(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- refusals
-@pytest.mark.parametrize("edit,message", [
-    (lambda r: r.update(schema_version=SCHEMA_VERSION + 1), f"schema version {SCHEMA_VERSION + 1} is newer than "
-                                                            f"this clbench reads \\(1 to {SCHEMA_VERSION}\\)"),
-    (lambda r: r.update(schema_version="2"), "not a clbench run record \\(schema_version is '2'\\)"),
-    (lambda r: r.pop("schema_version"), "not a clbench run record \\(schema_version is None\\)"),
-    (lambda r: r.update(schema_version=-1), "schema version -1 \\(this clbench reads"),
-    (lambda r: r["time_s"].update(train="fast"), "field time_s.train is str 'fast', expected a number"),
-    (lambda r: r.pop("last_acc") and r["params"].pop("trainable"), "record lacks last_acc, params.trainable"),
-    (lambda r: r.update(autocast="yes"), "field autocast is str 'yes', expected true or false"),
-    (lambda r: r.update(per_task=[{"task": "one"}]), "field per_task is list"),
-    (lambda r: r.update(host=[]), "field host is list \\[\\], expected an object"),
-    (lambda r: r.update(complete="yes"), "field complete is 'yes', expected the boolean true"),
-    (lambda r: r.update(acc_curve=r["acc_curve"][:2]), "accuracy curve has 2 points for 6 tasks"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            lambda r: r.update(schema_version=SCHEMA_VERSION + 1),
+            f"schema version {SCHEMA_VERSION + 1} is newer than this clbench reads \\(1 to {SCHEMA_VERSION}\\)",
+        ),
+        (lambda r: r.update(schema_version="2"), "not a clbench run record \\(schema_version is '2'\\)"),
+        (lambda r: r.pop("schema_version"), "not a clbench run record \\(schema_version is None\\)"),
+        (lambda r: r.update(schema_version=-1), "schema version -1 \\(this clbench reads"),
+        (lambda r: r["time_s"].update(train="fast"), "field time_s.train is str 'fast', expected a number"),
+        (lambda r: r.pop("last_acc") and r["params"].pop("trainable"), "record lacks last_acc, params.trainable"),
+        (lambda r: r.update(autocast="yes"), "field autocast is str 'yes', expected true or false"),
+        (lambda r: r.update(per_task=[{"task": "one"}]), "field per_task is list"),
+        (lambda r: r.update(host=[]), "field host is list \\[\\], expected an object"),
+        (lambda r: r.update(complete="yes"), "field complete is 'yes', expected the boolean true"),
+        (lambda r: r.update(acc_curve=r["acc_curve"][:2]), "accuracy curve has 2 points for 6 tasks"),
+    ],
+)
 def test_a_bad_record_is_refused_with_one_line_naming_the_problem(tmp_path, edit, message):
     raw = _fixture("sc-s1994")
     edit(raw)
@@ -155,12 +165,15 @@ def test_a_bad_record_is_refused_with_one_line_naming_the_problem(tmp_path, edit
     assert str(e.value.args[0]).startswith(str(folder / RESULT_FILE)) and "\n" not in e.value.args[0]
 
 
-@pytest.mark.parametrize("content,message", [
-    ('{"schema_version": 2, "complete": tr', "not a readable JSON record"),
-    ("[1, 2]", "not a JSON record object \\(a list\\)"),
-    ('{"hello": "world"}', "not a clbench run record"),
-    (b"\xff\xfe\x00garbage", "not a readable JSON record"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ('{"schema_version": 2, "complete": tr', "not a readable JSON record"),
+        ("[1, 2]", "not a JSON record object \\(a list\\)"),
+        ('{"hello": "world"}', "not a clbench run record"),
+        (b"\xff\xfe\x00garbage", "not a readable JSON record"),
+    ],
+)
 def test_garbage_is_refused(tmp_path, content, message):
     (tmp_path / "run").mkdir()
     target = tmp_path / "run" / RESULT_FILE
@@ -190,15 +203,27 @@ def test_a_too_new_record_is_skipped_by_the_report_and_named(tmp_path):
     coll = collect([tmp_path / "runs"])
     assert [r.run_id for r in coll.runs] == ["sc-s1995"]
     assert [(Path(s.path).name, s.reason) for s in coll.skipped] == [
-        ("future", f"schema version {SCHEMA_VERSION + 1} is newer than this clbench reads (1 to {SCHEMA_VERSION})")]
+        ("future", f"schema version {SCHEMA_VERSION + 1} is newer than this clbench reads (1 to {SCHEMA_VERSION})")
+    ]
 
 
 # ------------------------------------------------------------------------------------------- the harness
 def test_the_harness_returns_the_record_it_wrote(tmp_path):
     from clbench.harness import RunConfig, run
 
-    rec = run(RunConfig(strategy="simplecil", bench="emoji", backbone="vit_micro", weights="random", init_cls=18,
-                        increment=18, precision="fp32", save_features=False, out=str(tmp_path / "run")))
+    rec = run(
+        RunConfig(
+            strategy="simplecil",
+            bench="emoji",
+            backbone="vit_micro",
+            weights="random",
+            init_cls=18,
+            increment=18,
+            precision="fp32",
+            save_features=False,
+            out=str(tmp_path / "run"),
+        )
+    )
     assert isinstance(rec, RunRecord) and rec.complete and rec.tasks_done == 2
     assert _text(load_record(tmp_path / "run")) == _text(rec)
     assert rec.precision_reason == "forced (--precision fp32)" and rec.fingerprint["strategy"] == "simplecil"
@@ -219,8 +244,10 @@ def test_the_sweep_reads_unfinished_records_and_names_the_ones_it_cannot_use(tmp
 
     future = {**unfinished, "schema_version": SCHEMA_VERSION + 1}
     planned = PlannedRun("r", SimpleNamespace(out=str(_write(tmp_path / "b", future))), {"seed": 1994})
-    assert inspect(planned) == (f"its record cannot be used (schema version {SCHEMA_VERSION + 1} is newer than "
-                                f"this clbench reads (1 to {SCHEMA_VERSION}))")
+    assert inspect(planned) == (
+        f"its record cannot be used (schema version {SCHEMA_VERSION + 1} is newer than "
+        f"this clbench reads (1 to {SCHEMA_VERSION}))"
+    )
 
     planned = PlannedRun("r", SimpleNamespace(out=str(_write(tmp_path / "c", '{"complete": tr'))), {"seed": 1994})
     assert inspect(planned) is None and planned.state == "new"  # a torn record: as if none was written

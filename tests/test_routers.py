@@ -99,11 +99,21 @@ def entropy_trace(session) -> dict:
         session.strategy.learn_task(step.task)
         logits = session.strategy.predict(step.test, "per-sample")
         d = session.strategy.diagnostics(step.test, step.sample_task)
-        out.append({"task": step.task.id, "logits_sha256": hashlib.sha256(logits.numpy().tobytes()).hexdigest(),
-                    "preds_sha256": hashlib.sha256(logits.argmax(1).numpy().astype("int64").tobytes()).hexdigest(),
-                    "acc": d["per-sample"]["acc"], "chosen_hist": d["per-sample"]["chosen_hist"], "diag": d})
-    return {"weights_digest": session.backbone.digest,
-            "features_sha256": hashlib.sha256(session.features["test"].numpy().tobytes()).hexdigest(), "tasks": out}
+        out.append(
+            {
+                "task": step.task.id,
+                "logits_sha256": hashlib.sha256(logits.numpy().tobytes()).hexdigest(),
+                "preds_sha256": hashlib.sha256(logits.argmax(1).numpy().astype("int64").tobytes()).hexdigest(),
+                "acc": d["per-sample"]["acc"],
+                "chosen_hist": d["per-sample"]["chosen_hist"],
+                "diag": d,
+            }
+        )
+    return {
+        "weights_digest": session.backbone.digest,
+        "features_sha256": hashlib.sha256(session.features["test"].numpy().tobytes()).hexdigest(),
+        "tasks": out,
+    }
 
 
 def test_entropy_default_is_bit_for_bit_the_pre_router_result_and_oracle_is_the_recorded_bound(micro_session_factory):
@@ -111,8 +121,9 @@ def test_entropy_default_is_bit_for_bit_the_pre_router_result_and_oracle_is_the_
     assert s.strategy.cfg.router == "entropy"
     got = entropy_trace(s)
     want = json.loads(BASELINE.read_text())
-    assert got["weights_digest"] == want["weights_digest"] and got["features_sha256"] == want["features_sha256"], \
+    assert got["weights_digest"] == want["weights_digest"] and got["features_sha256"] == want["features_sha256"], (
         "the micro ViT or its features changed: the fixture no longer pins TOSCA's routing"
+    )
     for g, w in zip(got["tasks"], want["tasks"], strict=True):
         assert {k: g[k] for k in w} == w, f"task {w['task']}"
         study = g["diag"]["routers"]
@@ -121,8 +132,9 @@ def test_entropy_default_is_bit_for_bit_the_pre_router_result_and_oracle_is_the_
         assert study["oracle"]["acc"] == g["diag"]["oracle_acc"]
         assert study["oracle"]["routing_acc"] == 100.0
         conf = np.array(study["entropy"]["confusion"])
-        assert conf.sum(axis=0).tolist() == g["chosen_hist"] and conf.trace() / conf.sum() * 100 == \
-            pytest.approx(study["entropy"]["routing_acc"])
+        assert conf.sum(axis=0).tolist() == g["chosen_hist"] and conf.trace() / conf.sum() * 100 == pytest.approx(
+            study["entropy"]["routing_acc"]
+        )
     last = got["tasks"][-1]["diag"]
     assert last["routing_warning"] == last["routers"]["entropy"]["collapse_warning"] is not None  # 3 epochs: collapse
     assert len(last["router_temperatures"]) == 6 and last["module_output_cosine"] is not None
@@ -160,12 +172,14 @@ def test_fitted_routers_learn_from_each_tasks_training_split_only(micro_session_
         feats = torch.stack([m(t.train.features) for m in a.strategy.modules_[t.id : t.id + 1]])[0]
         ref.fit_task(t.id, t.train.features, t.train.labels, a.strategy.head(feats)[:, : t.n_seen].detach())
     assert [x.count for x in ref.tasks] == [x.count for x in ma.tasks]
-    for x, y in zip(ref.tasks, ma.tasks):
+    for x, y in zip(ref.tasks, ma.tasks, strict=False):
         torch.testing.assert_close(x.mean, y.mean)
         torch.testing.assert_close(x.precision, y.precision)
     for name in ("mahalanobis", "entropy-calibrated", "mahalanobis-task"):
         logits = a.strategy.all_logits(step.test)
-        assert torch.equal(a.strategy.route_with(name, step.test, logits), b.strategy.route_with(name, step.test, logits))
+        assert torch.equal(
+            a.strategy.route_with(name, step.test, logits), b.strategy.route_with(name, step.test, logits)
+        )
     assert torch.equal(a.strategy.predict(step.test), b.strategy.predict(step.test))
 
 
@@ -176,7 +190,9 @@ def test_strategy_routing_is_per_sample_for_every_router(micro_session_factory):
     logits = s.strategy.all_logits(split)
     for name in ROUTERS.names():
         full = s.strategy.route_with(name, split, logits, true)
-        shuffled = s.strategy.route_with(name, split.subset(perm), s.strategy.all_logits(split.subset(perm)), true[perm])
+        shuffled = s.strategy.route_with(
+            name, split.subset(perm), s.strategy.all_logits(split.subset(perm)), true[perm]
+        )
         assert torch.equal(shuffled, full[torch.as_tensor(perm)]), name
 
 
@@ -226,25 +242,44 @@ def test_routing_study_tables_come_from_the_record(tmp_path):
     from clbench.report.study import write_study
     from clbench.report.tables import markdown_tables
 
-    rec = run(RunConfig(strategy="tosca", bench="emoji", backbone="vit_micro", weights="random", save_features=False,
-                        overrides=(("epochs", "2"), ("routers", "prototype,energy")), out=str(tmp_path / "run")))
+    rec = run(
+        RunConfig(
+            strategy="tosca",
+            bench="emoji",
+            backbone="vit_micro",
+            weights="random",
+            save_features=False,
+            overrides=(("epochs", "2"), ("routers", "prototype,energy")),
+            out=str(tmp_path / "run"),
+        )
+    )
     coll = collect([str(tmp_path / "run")])
     rows = {r["router"]: r for r in router_rows(coll.runs[0])}
     assert list(rows) == ["entropy (run's own)", "prototype", "energy", "oracle (bound)"]
     assert rows["entropy (run's own)"]["final acc %"] == rec.last_acc  # the run's own router is its result
     assert rows["entropy (run's own)"]["avg acc %"] == pytest.approx(rec.avg_acc)
     assert rows["oracle (bound)"]["final acc %"] == rec.per_task[-1].diagnostics["oracle_acc"]
-    assert rows["oracle (bound)"]["oracle gap closed %"] == 100.0 and rows["entropy (run's own)"]["oracle gap closed %"] == 0
+    assert (
+        rows["oracle (bound)"]["oracle gap closed %"] == 100.0
+        and rows["entropy (run's own)"]["oracle gap closed %"] == 0
+    )
     path = write_study(coll, tmp_path / "study", vary="l1")
     text = path.read_text()
-    assert f"{rec.last_acc:.2f}" in text and "Across `l1`" in text and (tmp_path / "study/figures/routing_study.png").exists()
+    assert (
+        f"{rec.last_acc:.2f}" in text
+        and "Across `l1`" in text
+        and (tmp_path / "study/figures/routing_study.png").exists()
+    )
     assert "Routing study: run" in markdown_tables(coll)
     from clbench.report.routing import vary_mean_table, vary_table
 
     one, mean = vary_table(coll.runs, "l1").iloc[0], vary_mean_table(coll.runs, "l1").iloc[0]
     d = rec.per_task[-1].diagnostics["routers"]["prototype"]
-    assert one["prototype routing / final %"] == mean["prototype routing / final %"] == \
-        f"{d['routing_acc']:.1f} / {d['acc']:.2f}"
+    assert (
+        one["prototype routing / final %"]
+        == mean["prototype routing / final %"]
+        == f"{d['routing_acc']:.1f} / {d['acc']:.2f}"
+    )
     assert mean["seeds"] == str(rec.seed) and one["output cos"] == mean["output cos"] != "-"
 
 

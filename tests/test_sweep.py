@@ -27,8 +27,7 @@ from clbench.sweep import ATTEMPT_FILE, SWEEP_FILE, execution_independent, overh
 
 RUNS = ("simplecil-emoji-s1", "simplecil-emoji-s2", "tosca-emoji-s1", "tosca-emoji-s2")
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
-SWEEP = ["sweep", "--strategies", "simplecil,tosca", "--seeds", "1,2", *MICRO, "--set", "tosca.epochs=60",
-         "--no-tsne"]
+SWEEP = ["sweep", "--strategies", "simplecil,tosca", "--seeds", "1,2", *MICRO, "--set", "tosca.epochs=60", "--no-tsne"]
 
 
 def records(out: Path) -> dict[str, RunRecord]:
@@ -113,10 +112,22 @@ def test_ray_cluster_gives_the_local_records_and_retries_a_preempted_run(local_s
     ray_bin = Path(sys.executable).parent / "ray"
     port = free_port()
     # `--block` keeps `ray start` in the foreground: terminating it stops this cluster only, not the user's others.
-    head = subprocess.Popen([str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-                             "--node-ip-address=127.0.0.1", "--include-dashboard=false", "--disable-usage-stats"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    head = subprocess.Popen(
+        [
+            str(ray_bin),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--node-ip-address=127.0.0.1",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
     try:
         deadline = time.time() + 120
         while True:  # the head's GCS port answers once the cluster is up
@@ -128,8 +139,9 @@ def test_ray_cluster_gives_the_local_records_and_retries_a_preempted_run(local_s
         out = tmp_path / "ray"
         killer = Preempt(out / "runs" / "tosca-emoji-s1")
         killer.start()
-        code, text = sweep([*SWEEP, "--out", str(out), "--backend", "ray", "--ray-address", f"127.0.0.1:{port}",
-                            "--no-report"], capsys)
+        code, text = sweep(
+            [*SWEEP, "--out", str(out), "--backend", "ray", "--ray-address", f"127.0.0.1:{port}", "--no-report"], capsys
+        )
         killer.join()
     finally:
         head.terminate()
@@ -170,8 +182,9 @@ def test_a_killed_sweep_is_continued_not_restarted(local_sweep, tmp_path, capsys
     out = tmp_path / "killed"
     argv = [*SWEEP[:2], "tosca", "--seeds", "1", *SWEEP[5:], "--out", str(out), "--no-report"]
     env = {**os.environ, "CLBENCH_CACHE": str(cache_root)}
-    proc = subprocess.Popen([sys.executable, "-m", "clbench.cli", *argv], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clbench.cli", *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     run_dir = out / "runs" / "tosca-emoji-s1"
     deadline, killed_after = time.time() + 240, None
     while time.time() < deadline and proc.poll() is None:
@@ -218,16 +231,19 @@ def test_folder_with_other_settings_is_refused_before_anything_runs(local_sweep,
     assert "--set: epochs=60 there, epochs=61 here" in text and "choose another --out" in text
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--strategies", "simplecil,tosca", "--set", "epochs=5"], "scope a setting to one strategy"),
-    (["--strategies", "tosca", "--set", "l2p.epochs=5"], "'l2p' is not one of the sweep's strategies"),
-    (["--strategies", "simplecil,tosk"], "did you mean 'tosca'"),
-    (["--strategies", "tosca", "--seeds", "1,x"], "--seeds: 'x' is not an integer"),
-    (["--strategies", ","], "--strategies is empty"),
-    (["--strategies", "tosca", "--profile", "quick"], "none of tosca has that profile"),
-    (["--strategies", "tosca", "--ray-address", "127.0.0.1:1"], "--ray-address is for --backend ray"),
-    (["--strategies", "tosca", "--jobs", "0"], "--jobs must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--strategies", "simplecil,tosca", "--set", "epochs=5"], "scope a setting to one strategy"),
+        (["--strategies", "tosca", "--set", "l2p.epochs=5"], "'l2p' is not one of the sweep's strategies"),
+        (["--strategies", "simplecil,tosk"], "did you mean 'tosca'"),
+        (["--strategies", "tosca", "--seeds", "1,x"], "--seeds: 'x' is not an integer"),
+        (["--strategies", ","], "--strategies is empty"),
+        (["--strategies", "tosca", "--profile", "quick"], "none of tosca has that profile"),
+        (["--strategies", "tosca", "--ray-address", "127.0.0.1:1"], "--ray-address is for --backend ray"),
+        (["--strategies", "tosca", "--jobs", "0"], "--jobs must be >= 1"),
+    ],
+)
 def test_bad_sweeps_are_one_clear_line(argv, needle, tmp_path, capsys):
     code, text = sweep(["sweep", *argv, *MICRO, "--out", str(tmp_path / "s")], capsys)
     assert code == 2 and needle in text, text
@@ -237,8 +253,23 @@ def test_bad_sweeps_are_one_clear_line(argv, needle, tmp_path, capsys):
 def test_a_run_no_ray_node_can_hold_is_refused_before_submitting(tmp_path, capsys):
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed: pip install -e '.[test]' installs it")
-    code, text = sweep(["sweep", "--strategies", "simplecil", *MICRO, "--out", str(tmp_path / "r"), "--backend", "ray",
-                        "--jobs", "1", "--gpus-per-run", "1"], capsys)
+    code, text = sweep(
+        [
+            "sweep",
+            "--strategies",
+            "simplecil",
+            *MICRO,
+            "--out",
+            str(tmp_path / "r"),
+            "--backend",
+            "ray",
+            "--jobs",
+            "1",
+            "--gpus-per-run",
+            "1",
+        ],
+        capsys,
+    )
     assert code == 2 and "no Ray node can hold one run (CPU 1, GPU 1" in text, text
     assert "lower --cpus-per-run / --gpus-per-run / --memory-per-run" in text
     assert not sys.modules["ray"].is_initialized()  # the local Ray started for the sweep is shut down again
@@ -249,8 +280,21 @@ def test_ray_backend_starts_its_own_local_ray_when_given_no_address(local_sweep,
         pytest.skip("Ray is not installed: pip install -e '.[test]' installs it")
     local, _, _ = local_sweep
     out = tmp_path / "own"
-    argv = ["sweep", "--strategies", "simplecil", "--seeds", "1", *MICRO, "--out", str(out), "--backend", "ray",
-            "--jobs", "1", "--no-report"]
+    argv = [
+        "sweep",
+        "--strategies",
+        "simplecil",
+        "--seeds",
+        "1",
+        *MICRO,
+        "--out",
+        str(out),
+        "--backend",
+        "ray",
+        "--jobs",
+        "1",
+        "--no-report",
+    ]
     code, text = sweep(argv, capsys)
     assert code == 0, text
     manifest = json.loads((out / SWEEP_FILE).read_text())
@@ -272,9 +316,24 @@ def test_a_failing_run_is_reported_and_the_table_says_incomplete(tmp_path, capsy
     """A run that fails with a user error is not retried; the others finish, the sweep exits 1 and its summary
     says which runs are missing."""
     out = tmp_path / "partial"
-    code, text = sweep(["sweep", "--strategies", "simplecil", "--benches", "emoji,folder", "--seeds", "1",
-                        "--data-root", f"folder={tmp_path / 'nowhere'}", *MICRO, "--out", str(out), "--no-report"],
-                       capsys)
+    code, text = sweep(
+        [
+            "sweep",
+            "--strategies",
+            "simplecil",
+            "--benches",
+            "emoji,folder",
+            "--seeds",
+            "1",
+            "--data-root",
+            f"folder={tmp_path / 'nowhere'}",
+            *MICRO,
+            "--out",
+            str(out),
+            "--no-report",
+        ],
+        capsys,
+    )
     assert code == 1, text
     manifest = json.loads((out / SWEEP_FILE).read_text())
     failed = manifest["runs"]["simplecil-folder-s1"]
@@ -306,7 +365,9 @@ def test_overhead_arithmetic():
     ov = overhead(seq, sweep_start=8.0)
     assert ov["startup_s"] == pytest.approx(2.0) and ov["max_concurrent_runs"] == 1
     assert ov["per_run_s"] == pytest.approx((14.5 + 10 - 10 - 12) / 3)  # window 14.5 s, 12 s of runs
-    par = [{"started_at": 0.0, "finished_at": 4.0, "collected_at": 4.0},
-           {"started_at": 0.0, "finished_at": 4.0, "collected_at": 4.0}]
+    par = [
+        {"started_at": 0.0, "finished_at": 4.0, "collected_at": 4.0},
+        {"started_at": 0.0, "finished_at": 4.0, "collected_at": 4.0},
+    ]
     ov = overhead(par, sweep_start=0.0)
     assert ov["max_concurrent_runs"] == 2 and ov["per_run_s"] == pytest.approx(0.0)

@@ -20,15 +20,17 @@ def test_luca_parameter_count_matches_formula():
 
 
 def test_luca_is_calibrator_of_adapter_written_out():
-    """LuCA(z) = C(A(z)) with A(z) = LN(z + W_up GELU(W_down z + b_down) + b_up) and C(h) = h * sigmoid(W_2 ReLU(W_1 h)),
+    """LuCA(z) = C(A(z)) with A(z) = LN(z + W_up GELU(W_down z + b_down) + b_up) and
+    C(h) = h * sigmoid(W_2 ReLU(W_1 h)),
     computed here by hand from the module's weights (the golden tests check the same against the reference code)."""
     torch.manual_seed(0)
     m = LuCA(64, ratio=16)
     for p in m.parameters():  # away from the default init, so a dropped term or a swapped order shows
         torch.nn.init.normal_(p, std=0.3)
     z = torch.randn(32, 64) * 3
-    a = F.layer_norm(z + F.gelu(z @ m.down.weight.T + m.down.bias) @ m.up.weight.T + m.up.bias, (64,),
-                     m.norm.weight, m.norm.bias)
+    a = F.layer_norm(
+        z + F.gelu(z @ m.down.weight.T + m.down.bias) @ m.up.weight.T + m.up.bias, (64,), m.norm.weight, m.norm.bias
+    )
     expected = a * torch.sigmoid(F.relu(a @ m.gate_in.weight.T) @ m.gate_out.weight.T)
     torch.testing.assert_close(m(z), expected)
 
@@ -125,10 +127,28 @@ def test_config_validation_and_unknown_protocol(tmp_path):
     from clbench.harness import RunConfig, run
 
     with pytest.raises(ClbenchError, match="valid protocols"):
-        run(RunConfig(strategy="tosca", backbone="vit_micro", weights="random", protocol="batch", out=str(tmp_path / "a")))
+        run(
+            RunConfig(
+                strategy="tosca", backbone="vit_micro", weights="random", protocol="batch", out=str(tmp_path / "a")
+            )
+        )
     with pytest.raises(ClbenchError, match="epochs"):
-        run(RunConfig(strategy="tosca", backbone="vit_micro", weights="random", overrides=(("epochs", "0"),),
-                      out=str(tmp_path / "b")))
+        run(
+            RunConfig(
+                strategy="tosca",
+                backbone="vit_micro",
+                weights="random",
+                overrides=(("epochs", "0"),),
+                out=str(tmp_path / "b"),
+            )
+        )
     with pytest.raises(ClbenchError, match="epochs must be <= 10000"):
-        run(RunConfig(strategy="tosca", backbone="vit_micro", weights="random", overrides=(("epochs", "10000000"),),
-                      out=str(tmp_path / "c")))
+        run(
+            RunConfig(
+                strategy="tosca",
+                backbone="vit_micro",
+                weights="random",
+                overrides=(("epochs", "10000000"),),
+                out=str(tmp_path / "c"),
+            )
+        )

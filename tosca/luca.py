@@ -73,6 +73,7 @@ def stacked_forward(modules: list[LuCA], z: torch.Tensor) -> torch.Tensor:
 
     Equivalent to ``torch.stack([m(z) for m in modules])`` (tested), without a Python loop per batch.
     """
+
     def stack(get):
         return torch.stack([get(m) for m in modules])
 

@@ -25,7 +25,7 @@ def tosca_parts(d: int, T: int, classes_per_task: int, seed: int = 0):
 
     g = torch.Generator().manual_seed(seed)
     mods = []
-    for t in range(T):
+    for _t in range(T):
         m = LuCA(d)
         for p in m.parameters():
             with torch.no_grad():
@@ -39,9 +39,16 @@ def tosca_parts(d: int, T: int, classes_per_task: int, seed: int = 0):
 
 
 @torch.inference_mode()
-def tosca_routing(backbone: str = "vit_small_patch14_dinov2", weights: str = "random", img_size: int = 112,
-                  batch: int = 64, tasks: tuple[int, ...] = (1, 5, 10, 20), classes_per_task: int = 6,
-                  precision: str = "auto", log: Callable[[str], None] = print) -> dict[str, Any]:
+def tosca_routing(
+    backbone: str = "vit_small_patch14_dinov2",
+    weights: str = "random",
+    img_size: int = 112,
+    batch: int = 64,
+    tasks: tuple[int, ...] = (1, 5, 10, 20),
+    classes_per_task: int = 6,
+    precision: str = "auto",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Measure TOSCA routing cost against backbone cost (weights do not change timings; random by default)."""
     from clbench.backbones import load_backbone
     from clbench.blocks import torch_threads
@@ -69,14 +76,19 @@ def tosca_routing(backbone: str = "vit_small_patch14_dinov2", weights: str = "ra
     scaling = []
     for T in tasks:
         mods, head = tosca_parts(d, T, classes_per_task)
+
         def route():  # as TOSCA.all_logits runs it on the CPU: one intra-op thread for bottleneck-sized work
             with torch_threads(1):
-                return route_per_sample(head(stacked_forward(mods, z)))
+                return route_per_sample(head(stacked_forward(mods, z)))  # noqa: B023 (called in this iteration)
 
         t_route = median_seconds(route, repeat=20, warmup=3)
-        scaling.append({"T": T, "route_ms_per_image": t_route / batch * 1e3,
-                        "share_of_backbone_pass": t_route / t_backbone})
-        log(f"T={T:>2}: routing {t_route / batch * 1e3:.4f} ms/image = {100 * t_route / t_backbone:.2f}% of a backbone pass")
+        scaling.append(
+            {"T": T, "route_ms_per_image": t_route / batch * 1e3, "share_of_backbone_pass": t_route / t_backbone}
+        )
+        log(
+            f"T={T:>2}: routing {t_route / batch * 1e3:.4f} ms/image = {100 * t_route / t_backbone:.2f}% "
+            "of a backbone pass"
+        )
 
     T = 10
     mods, head = tosca_parts(d, T, classes_per_task)
@@ -92,18 +104,25 @@ def tosca_routing(backbone: str = "vit_small_patch14_dinov2", weights: str = "ra
 
     t_ours = median_seconds(ours, repeat=3)
     t_ref = median_seconds(reference_loop, repeat=1, warmup=0)
-    log(f"T=10: one pass + stacked modules {t_ours:.2f} s vs backbone-per-module loop {t_ref:.2f} s "
-        f"-> speed-up {t_ref / t_ours:.1f}x")
+    log(
+        f"T=10: one pass + stacked modules {t_ours:.2f} s vs backbone-per-module loop {t_ref:.2f} s "
+        f"-> speed-up {t_ref / t_ours:.1f}x"
+    )
     return {
         "benchmark": "tosca-routing",
-        "backbone": backbone, "img_size": bb.img_size, "batch": batch, "precision": prec.name,
-        "precision_reason": prec.reason, "feature_dim": d,
+        "backbone": backbone,
+        "img_size": bb.img_size,
+        "batch": batch,
+        "precision": prec.name,
+        "precision_reason": prec.reason,
+        "feature_dim": d,
         "threads": torch.get_num_threads(),
         "backbone_ms_per_image": t_backbone / batch * 1e3,
         "scaling": scaling,
         "added_share_at_max_T": scaling[-1]["share_of_backbone_pass"],
         "speedup_vs_reference_loop_T10": t_ref / t_ours,
-        "ours_s_T10": t_ours, "reference_loop_s_T10": t_ref,
+        "ours_s_T10": t_ours,
+        "reference_loop_s_T10": t_ref,
         "targets": {"added_share_at_T20": "< 0.05", "speedup_T10": ">= 8"},
     }
 
@@ -112,10 +131,9 @@ def unit_seconds(d: int, device: torch.device) -> dict[str, float]:
     """Seconds per image of a module step (SGD on a cached feature, batch 48) and of routing per module (T = 10
     modules of 20 classes, 256 images), on ``device`` at width ``d``."""
     from clbench.blocks import torch_threads
-    from tosca.luca import LuCA
     from clbench.routers import RouteInputs
     from clbench.routers import route as apply_router
-    from tosca.luca import stacked_forward
+    from tosca.luca import LuCA, stacked_forward
 
     def route_per_sample(all_logits):  # the entropy router, as TOSCA routes per sample
         return apply_router("entropy", RouteInputs(all_logits))

@@ -112,8 +112,10 @@ class TOSCAConfig:
         parse_names(self.router, "router")
         parse_names(self.routers, "routers")
         if ROUTERS.get(self.router).needs_task_id:
-            raise ClbenchError(f"--set router={self.router}: that rule reads each test image's true task, a bound "
-                               "and not a method", f"evaluate it beside the method with --set routers={self.router}")
+            raise ClbenchError(
+                f"--set router={self.router}: that rule reads each test image's true task, a bound and not a method",
+                f"evaluate it beside the method with --set routers={self.router}",
+            )
 
     @property
     def study_routers(self) -> tuple[str, ...]:
@@ -147,8 +149,10 @@ class TOSCA(Strategy):
     # ``augment``: the reference's training (train_mode=augment, see the module docstring); it gets its own row in
     # ``clbench perf projection``.
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
-        "ci": {"img_size": 56}, "ci-augment": {"img_size": 56, "train_mode": "augment", "epochs": 2},
-        "augment": {"train_mode": "augment"}}
+        "ci": {"img_size": 56},
+        "ci-augment": {"img_size": 56, "train_mode": "augment", "epochs": 2},
+        "augment": {"train_mode": "augment"},
+    }
     projection_profiles = ("augment",)
 
     def __init__(self, config: TOSCAConfig, ctx: Context) -> None:
@@ -215,7 +219,9 @@ class TOSCA(Strategy):
             feats = module(task.train.features.to(self.ctx.device)).cpu()
             self.head.set_rows(task.classes, class_means(feats, task.train.labels, task.classes))
             # statistics for the other routers, from this task's training split only (the paper's rule needs none)
-            self.routing.fit_task(task.id, task.train.features, task.train.labels, self.head(feats.to(self.ctx.device)).cpu())
+            self.routing.fit_task(
+                task.id, task.train.features, task.train.labels, self.head(feats.to(self.ctx.device)).cpu()
+            )
 
     def _train_epochs(self, task: Task, module: LuCA, optimizer, scheduler, advance) -> None:
         cfg = self.cfg
@@ -243,8 +249,9 @@ class TOSCA(Strategy):
         """One intra-op thread for the bottleneck-sized work on CPU (see clbench.blocks.torch_threads)."""
         return torch_threads(1) if self.ctx.device.type == "cpu" else contextlib.nullcontext()
 
-    def route_with(self, router: str, split: Split | None, all_logits: torch.Tensor,
-                   true_task: np.ndarray | None = None) -> torch.Tensor:
+    def route_with(
+        self, router: str, split: Split | None, all_logits: torch.Tensor, true_task: np.ndarray | None = None
+    ) -> torch.Tensor:
         """Chosen module per image under ``router`` (per-sample; ``true_task`` for the oracle bound only)."""
         self.routing.require(router, len(self.modules_))
         features = None if split is None else split.features
@@ -290,8 +297,10 @@ class TOSCA(Strategy):
                 "newest_module_share": float((c == T - 1).mean() * 100),
                 "acc": float((pred == y).mean() * 100),
             }
-        out["routers"] = {name: routing_summary(self.route_with(name, split, all_logits, true_task), all_logits, y,
-                                                true_task, name) for name in self.cfg.study_routers}
+        out["routers"] = {
+            name: routing_summary(self.route_with(name, split, all_logits, true_task), all_logits, y, true_task, name)
+            for name in self.cfg.study_routers
+        }
         warning = out["routers"][self.cfg.router]["collapse_warning"]  # one module wins far beyond its task's share
         if warning:
             out["routing_warning"] = warning
@@ -318,8 +327,10 @@ class TOSCA(Strategy):
             gram = torch.einsum("tnd,snd->ts", f, f) / x.shape[1]  # (T, T) mean cosine per module pair
             return float((gram.sum() - gram.diagonal().sum()) / (T * (T - 1)))
 
-        return {"module_output_cosine": mean_pairwise(h),
-                "module_output_cosine_centred": mean_pairwise(h - h.mean(dim=1, keepdim=True))}
+        return {
+            "module_output_cosine": mean_pairwise(h),
+            "module_output_cosine_centred": mean_pairwise(h - h.mean(dim=1, keepdim=True)),
+        }
 
     def module_similarity(self) -> float | None:
         """Mean pairwise cosine similarity between the modules' flattened weight matrices (W_down, W_up, W_1, W_2;
@@ -355,8 +366,11 @@ class TOSCA(Strategy):
         with_t = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))  # test images x modules
         cached = cfg.train_mode == "cached"
         f = n_train + n_test if cached else cfg.epochs * n_train + n_test
-        return Work(f=f, f_cacheable=f if cached else 0.0,
-                    extra={"luca_steps": cfg.epochs * n_train, "route_module_images": shape.protocols * with_t})
+        return Work(
+            f=f,
+            f_cacheable=f if cached else 0.0,
+            extra={"luca_steps": cfg.epochs * n_train, "route_module_images": shape.protocols * with_t},
+        )
 
     @classmethod
     def unit_seconds(cls, d: int, device: torch.device) -> dict[str, float]:
@@ -380,8 +394,7 @@ class TOSCA(Strategy):
         for c in task_sizes:
             seen += c
             trainable.append(module + seen * d + 1)  # the task's module and the whole head (all rows, the scale)
-        return ParamCounts(added_per_task=[module] * len(task_sizes), trainable_per_task=trainable,
-                           head=seen * d + 1)
+        return ParamCounts(added_per_task=[module] * len(task_sizes), trainable_per_task=trainable, head=seen * d + 1)
 
     def param_counts(self) -> ParamCounts:
         per_module = n_params(self.modules_[0]) if len(self.modules_) else 0
@@ -392,6 +405,10 @@ class TOSCA(Strategy):
             added_per_task=[per_module] * len(self.modules_),
             trainable_per_task=list(self._trainable),
             head=self.head.weight.numel() + self.head.sigma.numel(),
-            extra={"module": per_module, "bottleneck": r, "ease_adapter_set": ease_set,
-                   "ease_set_over_module": ease_set / per_module if per_module else None},
+            extra={
+                "module": per_module,
+                "bottleneck": r,
+                "ease_adapter_set": ease_set,
+                "ease_set_over_module": ease_set / per_module if per_module else None,
+            },
         )

@@ -159,7 +159,7 @@ def resolve_data_root(spec: BenchmarkSpec, data_root: str | Path | None) -> Path
     """The data root from ``--data-root`` or the spec's environment variable; checked to exist."""
     root = data_root if data_root is not None else (os.environ.get(spec.data_env) if spec.data_env else None)
     if root is not None and not str(root).strip():
-        raise ClbenchError(f"--data-root is empty: expected a data folder", spec.source_info or None)
+        raise ClbenchError("--data-root is empty: expected a data folder", spec.source_info or None)
     if root is None:
         if spec.needs_data_root:
             env = f" or set {spec.data_env}" if spec.data_env else ""
@@ -223,6 +223,7 @@ def build_benchmark(
         raise ClbenchError(
             f"{spec.name}: {len(missing)} classes have no training images (e.g. {class_names[missing[0]]!r})"
         )
-    sizes = task_sizes(n, spec.init_cls if init_cls is None else init_cls,
-                       spec.increment if increment is None else increment)
+    sizes = task_sizes(
+        n, spec.init_cls if init_cls is None else init_cls, spec.increment if increment is None else increment
+    )
     return Benchmark(spec, class_names, literature_class_order(n, class_order_seed), sizes, train, test)

@@ -64,9 +64,10 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -84,13 +85,8 @@ MAX_FILE_BYTES = 25 * 1024 * 1024
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_OUT = DATA_DIR / "emoji.npz"
 
-NPM_PACKAGES: tuple[str, ...] = tuple(
-    f"emoji-datasource-{v}@{PACKAGE_VERSION}" for v in VENDORS
-)
-REBUILD_COMMAND = (
-    "python -m clbench.benchmarks.build_emoji --npm-root DIR "
-    "--out clbench/data/emoji.npz"
-)
+NPM_PACKAGES: tuple[str, ...] = tuple(f"emoji-datasource-{v}@{PACKAGE_VERSION}" for v in VENDORS)
+REBUILD_COMMAND = "python -m clbench.benchmarks.build_emoji --npm-root DIR --out clbench/data/emoji.npz"
 
 RULES: tuple[str, ...] = (
     "Each image is one emoji (base or skin-tone variant) from one vendor "
@@ -106,8 +102,7 @@ RULES: tuple[str, ...] = (
     "Grouped split: chosen groups in shuffled order go to test until test "
     f"holds >= {TEST_FRACTION:.0%} of the class's chosen images, the rest to "
     "train; no group in both splits.",
-    "RGBA composited on white, converted to RGB uint8, 64x64; each split "
-    "sorted by (label, group, vendor, image name).",
+    "RGBA composited on white, converted to RGB uint8, 64x64; each split sorted by (label, group, vendor, image name).",
 )
 
 
@@ -140,16 +135,12 @@ def read_package_version(npm_root: Path, vendor: str) -> str:
     pkg_json = package_dir(npm_root, vendor) / "package.json"
     if not pkg_json.is_file():
         raise SystemExit(
-            f"error: {pkg_json} not found; is emoji-datasource-{vendor} "
-            f"installed under {npm_root}/node_modules?"
+            f"error: {pkg_json} not found; is emoji-datasource-{vendor} installed under {npm_root}/node_modules?"
         )
     with pkg_json.open(encoding="utf-8") as fh:
         version = json.load(fh).get("version")
     if version != PACKAGE_VERSION:
-        raise SystemExit(
-            f"error: emoji-datasource-{vendor} is version {version!r}, "
-            f"expected {PACKAGE_VERSION}"
-        )
+        raise SystemExit(f"error: emoji-datasource-{vendor} is version {version!r}, expected {PACKAGE_VERSION}")
     return str(version)
 
 
@@ -175,8 +166,7 @@ def npm_install(prefix: Path) -> None:
             "emoji-datasource-google and emoji-datasource-twitter "
             f"({PACKAGE_VERSION})"
         )
-    cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-           *NPM_PACKAGES]
+    cmd = [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", *NPM_PACKAGES]
     print("running:", " ".join(cmd), file=sys.stderr)
     result = subprocess.run(cmd, check=False)
     if result.returncode != 0:
@@ -188,9 +178,7 @@ def npm_install(prefix: Path) -> None:
 # --------------------------------------------------------------------------
 
 
-def iter_images(
-    table: Sequence[dict[str, Any]], npm_root: Path
-) -> Iterator[tuple[str, str, str, str, Path]]:
+def iter_images(table: Sequence[dict[str, Any]], npm_root: Path) -> Iterator[tuple[str, str, str, str, Path]]:
     """Yield (class name, group, vendor, image name, path) for every image."""
     for entry in table:
         class_name = f"{entry['category']}/{entry['subcategory']}"
@@ -201,8 +189,7 @@ def iter_images(
                 if not variant.get(f"has_img_{vendor}"):
                     continue
                 image = str(variant["image"])
-                path = (package_dir(npm_root, vendor) / "img" / vendor
-                        / str(IMAGE_SIZE) / image)
+                path = package_dir(npm_root, vendor) / "img" / vendor / str(IMAGE_SIZE) / image
                 yield class_name, group, vendor, image, path
 
 
@@ -217,8 +204,7 @@ def collect_groups(
         prev = subcat_to_cat.setdefault(e["subcategory"], e["category"])
         assert prev == e["category"], f"subcategory {e['subcategory']} in 2 categories"
 
-    classes: dict[str, dict[str, list[tuple[str, str, Path]]]] = defaultdict(
-        lambda: defaultdict(list))
+    classes: dict[str, dict[str, list[tuple[str, str, Path]]]] = defaultdict(lambda: defaultdict(list))
     for class_name, group, vendor, image, path in iter_images(table, npm_root):
         if not path.is_file():
             raise SystemExit(f"error: missing image {path}")
@@ -226,22 +212,14 @@ def collect_groups(
     return classes
 
 
-def select_classes(
-    classes: dict[str, dict[str, list[tuple[str, str, Path]]]]
-) -> list[str]:
+def select_classes(classes: dict[str, dict[str, list[tuple[str, str, Path]]]]) -> list[str]:
     """Return the sorted names of classes with enough images."""
-    names = sorted(
-        name for name, groups in classes.items()
-        if sum(len(v) for v in groups.values()) >= MIN_CLASS_IMAGES
-    )
-    assert len(names) == EXPECTED_NUM_CLASSES, (
-        f"expected {EXPECTED_NUM_CLASSES} classes, got {len(names)}")
+    names = sorted(name for name, groups in classes.items() if sum(len(v) for v in groups.values()) >= MIN_CLASS_IMAGES)
+    assert len(names) == EXPECTED_NUM_CLASSES, f"expected {EXPECTED_NUM_CLASSES} classes, got {len(names)}"
     return names
 
 
-def cap_groups(
-    group_sizes: dict[str, int], rng: np.random.Generator
-) -> list[str]:
+def cap_groups(group_sizes: dict[str, int], rng: np.random.Generator) -> list[str]:
     """Shuffle groups and take whole ones while the total stays <= cap."""
     order = sorted(group_sizes)
     perm = rng.permutation(len(order))
@@ -256,9 +234,7 @@ def cap_groups(
     return chosen
 
 
-def split_groups(
-    chosen: Sequence[str], group_sizes: dict[str, int]
-) -> tuple[list[str], list[str]]:
+def split_groups(chosen: Sequence[str], group_sizes: dict[str, int]) -> tuple[list[str], list[str]]:
     """Assign groups in order to test until it holds >= 25%, rest to train."""
     total = sum(group_sizes[g] for g in chosen)
     test: list[str] = []
@@ -291,19 +267,20 @@ def build_samples(
             for g in split_groups_:
                 for vendor, image, path in groups[g]:
                     split.append(Sample(label, g, vendor, image, path))
-        stats.append({
-            "class": name,
-            "available_images": sum(sizes.values()),
-            "available_groups": len(sizes),
-            "train_images": sum(sizes[g] for g in train_groups),
-            "test_images": sum(sizes[g] for g in test_groups),
-            "train_groups": len(train_groups),
-            "test_groups": len(test_groups),
-        })
+        stats.append(
+            {
+                "class": name,
+                "available_images": sum(sizes.values()),
+                "available_groups": len(sizes),
+                "train_images": sum(sizes[g] for g in train_groups),
+                "test_images": sum(sizes[g] for g in test_groups),
+                "train_groups": len(train_groups),
+                "test_groups": len(test_groups),
+            }
+        )
     train.sort(key=Sample.sort_key)
     test.sort(key=Sample.sort_key)
-    assert not ({s.group for s in train} & {s.group for s in test}), (
-        "a group appears in both splits")
+    assert not ({s.group for s in train} & {s.group for s in test}), "a group appears in both splits"
     return train, test, stats
 
 
@@ -335,8 +312,7 @@ def to_arrays(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray, np.nda
 
 def build_arrays(npm_root: Path) -> dict[str, np.ndarray]:
     """Build every array of the benchmark from an npm root directory."""
-    versions = {f"emoji-datasource-{v}": read_package_version(npm_root, v)
-                for v in VENDORS}
+    versions = {f"emoji-datasource-{v}": read_package_version(npm_root, v) for v in VENDORS}
     table = load_emoji_table(npm_root)
     classes = collect_groups(table, npm_root)
     class_names = select_classes(classes)
@@ -351,8 +327,8 @@ def build_arrays(npm_root: Path) -> dict[str, np.ndarray]:
         "licenses": {
             "google": "Noto Emoji artwork, Apache License 2.0",
             "twitter": "Twemoji graphics, Copyright Twitter Inc. and other "
-                       "contributors, CC-BY 4.0 "
-                       "(https://creativecommons.org/licenses/by/4.0/)",
+            "contributors, CC-BY 4.0 "
+            "(https://creativecommons.org/licenses/by/4.0/)",
         },
         "image_size": [IMAGE_SIZE, IMAGE_SIZE, 3],
         "rules": list(RULES),
@@ -394,8 +370,7 @@ def _default_file_mode() -> int:
 def write_npz_atomic(arrays: dict[str, np.ndarray], out: Path) -> int:
     """Write arrays with savez_compressed via a temp file + os.replace."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp",
-                                    dir=out.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             np.savez_compressed(fh, **arrays)
@@ -405,8 +380,8 @@ def write_npz_atomic(arrays: dict[str, np.ndarray], out: Path) -> int:
         size = os.path.getsize(tmp_name)
         if size > MAX_FILE_BYTES:
             raise SystemExit(
-                f"error: output would be {size / 1e6:.2f} MB, over the "
-                f"{MAX_FILE_BYTES / 1e6:.2f} MB limit")
+                f"error: output would be {size / 1e6:.2f} MB, over the {MAX_FILE_BYTES / 1e6:.2f} MB limit"
+            )
         os.replace(tmp_name, out)
     except BaseException:
         if os.path.exists(tmp_name):
@@ -447,15 +422,14 @@ Rebuild command:
 
 (DIR holds node_modules/emoji-datasource-google and
 node_modules/emoji-datasource-twitter; omit --npm-root to let the script run
-`npm install` for {' '.join(NPM_PACKAGES)} itself.)
+`npm install` for {" ".join(NPM_PACKAGES)} itself.)
 """
 
 
 def write_text_atomic(text: str, out: Path) -> None:
     """Write a text file atomically."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp",
-                                    dir=out.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
@@ -474,24 +448,27 @@ def build(npm_root: Path, out: Path) -> dict[str, np.ndarray]:
     write_text_atomic(notice_text(), out.parent / "NOTICE")
     meta = json.loads(str(arrays["meta"]))
     counts = meta["counts"]
-    print(f"wrote {out} ({size / 1e6:.2f} MB, {size} bytes): "
-          f"{counts['num_classes']} classes, {counts['train_images']} train / "
-          f"{counts['test_images']} test images")
+    print(
+        f"wrote {out} ({size / 1e6:.2f} MB, {size} bytes): "
+        f"{counts['num_classes']} classes, {counts['train_images']} train / "
+        f"{counts['test_images']} test images"
+    )
     print(f"wrote {out.parent / 'NOTICE'}")
     return arrays
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m clbench.benchmarks.build_emoji",
-        description="Build the embedded 'emoji' benchmark (emoji.npz).")
+        prog="python -m clbench.benchmarks.build_emoji", description="Build the embedded 'emoji' benchmark (emoji.npz)."
+    )
     parser.add_argument(
-        "--npm-root", type=Path, default=None,
+        "--npm-root",
+        type=Path,
+        default=None,
         help="directory containing node_modules/emoji-datasource-{google,"
-             "twitter}; if omitted, npm install is run into a temp dir")
-    parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT,
-        help=f"output .npz path (default: {DEFAULT_OUT})")
+        "twitter}; if omitted, npm install is run into a temp dir",
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output .npz path (default: {DEFAULT_OUT})")
     return parser.parse_args(argv)
 
 

@@ -25,10 +25,15 @@ FILES = ("train", "test", "meta")
 N_CLASSES = 100
 # What a numpy array needs to unpickle (numpy 1 and 2 module names, protocols 2 to 5); nothing else is allowed.
 _ALLOWED = {
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),
 }
 
 
@@ -68,8 +73,10 @@ def locate(data_root: Path | None) -> Path | None:
 
 
 def _download() -> Path:
-    hint = ("pass --data-root DIR holding cifar-100-python/{train,test,meta} (torchvision's format; "
-            "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz unpacked)")
+    hint = (
+        "pass --data-root DIR holding cifar-100-python/{train,test,meta} (torchvision's format; "
+        "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz unpacked)"
+    )
     return torchvision_download("CIFAR100", "cifar100", "CIFAR-100", hint) / FOLDER
 
 

@@ -53,8 +53,10 @@ def _folder_with_files(folder: Path) -> bool:
 
 
 def _download() -> Path:
-    hint = ("apt-get install dataset-fashion-mnist, or pass --data-root DIR holding "
-            "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]")
+    hint = (
+        "apt-get install dataset-fashion-mnist, or pass --data-root DIR holding "
+        "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]"
+    )
     return torchvision_download("FashionMNIST", "fashion-mnist", "Fashion-MNIST", hint)
 
 

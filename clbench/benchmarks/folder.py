@@ -110,9 +110,17 @@ def _on_white(rgba):
 
 
 # Formats PIL reports for each extension clbench reads (MPO: a JPEG with extra pictures, e.g. from cameras).
-FORMATS_OF_EXTENSION = {".jpg": ("JPEG", "MPO"), ".jpeg": ("JPEG", "MPO"), ".png": ("PNG",), ".ppm": ("PPM",),
-                        ".pgm": ("PPM",), ".bmp": ("BMP", "DIB"), ".tif": ("TIFF",), ".tiff": ("TIFF",),
-                        ".webp": ("WEBP",)}
+FORMATS_OF_EXTENSION = {
+    ".jpg": ("JPEG", "MPO"),
+    ".jpeg": ("JPEG", "MPO"),
+    ".png": ("PNG",),
+    ".ppm": ("PPM",),
+    ".pgm": ("PPM",),
+    ".bmp": ("BMP", "DIB"),
+    ".tif": ("TIFF",),
+    ".tiff": ("TIFF",),
+    ".webp": ("WEBP",),
+}
 
 
 @dataclass
@@ -206,7 +214,7 @@ class FileSource(ImageSource):
         changes when a file is added, removed, renamed, relabelled or rewritten."""
         if self._fp is None:
             h = hashlib.sha256()
-            for rel, label in zip(self.paths, self.labels.tolist()):
+            for rel, label in zip(self.paths, self.labels.tolist(), strict=False):
                 try:
                     st = os.stat(self.root / rel)
                 except OSError as e:
@@ -301,8 +309,9 @@ def _walk_class(class_dir: Path, rel_prefix: str, scan: TreeScan, seen: set[tupl
             if entry.is_symlink():
                 target = os.path.realpath(entry.path)
                 if not os.path.exists(target):
-                    scan.link_problems.append(f"{r}: a symbolic link to {os.readlink(entry.path)}, which does not "
-                                              "exist")
+                    scan.link_problems.append(
+                        f"{r}: a symbolic link to {os.readlink(entry.path)}, which does not exist"
+                    )
                     continue
                 if not _inside(target, real_root):
                     scan.link_problems.append(f"{r}: a symbolic link that leaves the data root (to {target})")
@@ -317,8 +326,10 @@ def _walk_class(class_dir: Path, rel_prefix: str, scan: TreeScan, seen: set[tupl
                     scan.link_problems.append(f"{r}: a symbolic link that cannot be followed ({e.strerror or e})")
                     continue
                 if (st.st_dev, st.st_ino) in seen:
-                    scan.link_problems.append(f"{r}: a symbolic link loop (it leads to a folder already walked, "
-                                              f"{os.path.realpath(entry.path)}); walked once")
+                    scan.link_problems.append(
+                        f"{r}: a symbolic link loop (it leads to a folder already walked, "
+                        f"{os.path.realpath(entry.path)}); walked once"
+                    )
                     continue
                 seen.add((st.st_dev, st.st_ino))
                 subdirs.append((entry.path, r))
@@ -353,13 +364,17 @@ def scan_tree(root: Path, expected_classes: int | None = None, name: str = "fold
             if _is_hidden(entry.name):
                 continue
             if entry.is_symlink() and not _inside(os.path.realpath(entry.path), os.path.realpath(root)):
-                scan.link_problems.append(f"{split}/{entry.name}: a symbolic link that leaves the data root (to "
-                                          f"{os.path.realpath(entry.path)})")
+                scan.link_problems.append(
+                    f"{split}/{entry.name}: a symbolic link that leaves the data root (to "
+                    f"{os.path.realpath(entry.path)})"
+                )
             if entry.is_dir():
                 st = os.stat(entry.path)
                 if (st.st_dev, st.st_ino) in seen:
-                    scan.link_problems.append(f"{split}/{entry.name}: a symbolic link to a folder already walked "
-                                              f"({os.path.realpath(entry.path)})")
+                    scan.link_problems.append(
+                        f"{split}/{entry.name}: a symbolic link to a folder already walked "
+                        f"({os.path.realpath(entry.path)})"
+                    )
                     classes[entry.name] = []
                     continue
                 classes[entry.name] = _walk_class(Path(entry.path), f"{split}/{entry.name}", scan, seen)

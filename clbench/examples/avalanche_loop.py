@@ -61,12 +61,25 @@ def build_benchmark(strategy: Any, cifar100: str | None, n_experiences: int):
         from avalanche.benchmarks import SplitCIFAR100, nc_benchmark
 
     if cifar100:
-        return SplitCIFAR100(n_experiences=n_experiences, return_task_id=False,
-                             fixed_class_order=literature_class_order(100), class_ids_from_zero_from_first_exp=True,
-                             train_transform=None, eval_transform=strategy.eval_transform, dataset_root=cifar100)
+        return SplitCIFAR100(
+            n_experiences=n_experiences,
+            return_task_id=False,
+            fixed_class_order=literature_class_order(100),
+            class_ids_from_zero_from_first_exp=True,
+            train_transform=None,
+            eval_transform=strategy.eval_transform,
+            dataset_root=cifar100,
+        )
     train, test, order = embedded_datasets()
-    return nc_benchmark(train, test, n_experiences=n_experiences, task_labels=False, fixed_class_order=order,
-                        class_ids_from_zero_from_first_exp=True, eval_transform=strategy.eval_transform)
+    return nc_benchmark(
+        train,
+        test,
+        n_experiences=n_experiences,
+        task_labels=False,
+        fixed_class_order=order,
+        class_ids_from_zero_from_first_exp=True,
+        eval_transform=strategy.eval_transform,
+    )
 
 
 def make_evaluator(log_dir: str | None, verbose: bool):
@@ -78,28 +91,42 @@ def make_evaluator(log_dir: str | None, verbose: bool):
 
     loggers: list = [InteractiveLogger()] if verbose else []
     if log_dir:
-        loggers += [CSVLogger(log_folder=str(Path(log_dir) / "csv")),
-                    TensorboardLogger(tb_log_dir=str(Path(log_dir) / "tb"))]
+        loggers += [
+            CSVLogger(log_folder=str(Path(log_dir) / "csv")),
+            TensorboardLogger(tb_log_dir=str(Path(log_dir) / "tb")),
+        ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "No loggers specified" under --quiet: the metrics are still returned
-        return EvaluationPlugin(accuracy_metrics(experience=True, stream=True),
-                                forgetting_metrics(experience=True, stream=True), loggers=loggers)
+        return EvaluationPlugin(
+            accuracy_metrics(experience=True, stream=True),
+            forgetting_metrics(experience=True, stream=True),
+            loggers=loggers,
+        )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m clbench.examples.avalanche_loop", description=__doc__.split("\n")[0])
     from clbench.catalog import FEATURED_STRATEGY
 
-    p.add_argument("--method", default=FEATURED_STRATEGY,
-                   help=f"registered clbench method (default: {FEATURED_STRATEGY})")
-    p.add_argument("--cifar100", metavar="DIR", default=os.environ.get("CLBENCH_CIFAR100"),
-                   help="folder holding cifar-100-python/ (default: $CLBENCH_CIFAR100); absent: the embedded data")
+    p.add_argument(
+        "--method", default=FEATURED_STRATEGY, help=f"registered clbench method (default: {FEATURED_STRATEGY})"
+    )
+    p.add_argument(
+        "--cifar100",
+        metavar="DIR",
+        default=os.environ.get("CLBENCH_CIFAR100"),
+        help="folder holding cifar-100-python/ (default: $CLBENCH_CIFAR100); absent: the embedded data",
+    )
     p.add_argument("--backbone", help="backbone (default: the benchmark setting's)")
     p.add_argument("--weights", default="auto", help="auto | offline | hub | random | PATH (default: auto)")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--seed", type=int, default=1993)
-    p.add_argument("--no-feature-cache", dest="feature_cache", action="store_false",
-                   help="compute frozen features in memory only (one backbone pass per image)")
+    p.add_argument(
+        "--no-feature-cache",
+        dest="feature_cache",
+        action="store_false",
+        help="compute frozen features in memory only (one backbone pass per image)",
+    )
     p.add_argument("--log-dir", help="also write Avalanche CSV and TensorBoard logs here")
     p.add_argument("--json", help="write the accuracy matrix, curve and wall-clock to this file")
     p.add_argument("--quiet", action="store_true", help="no InteractiveLogger output")
@@ -118,21 +145,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cifar = args.cifar100 if args.cifar100 and (Path(args.cifar100) / "cifar-100-python").is_dir() else None
     bench = "cifar100" if cifar else "emoji"
     spec = BENCHMARKS.get(bench)
-    strategy = ClbenchStrategy(method=args.method, bench=bench, backbone=args.backbone, weights=args.weights,
-                               precision=args.precision, seed=args.seed, feature_cache=args.feature_cache,
-                               evaluator=make_evaluator(args.log_dir, not args.quiet))
+    strategy = ClbenchStrategy(
+        method=args.method,
+        bench=bench,
+        backbone=args.backbone,
+        weights=args.weights,
+        precision=args.precision,
+        seed=args.seed,
+        feature_cache=args.feature_cache,
+        evaluator=make_evaluator(args.log_dir, not args.quiet),
+    )
     benchmark = build_benchmark(strategy, cifar, spec.n_classes // spec.increment)
 
     results = []
     for t, experience in enumerate(benchmark.train_stream):
         strategy.train(experience)
         results.append(strategy.eval(benchmark.test_stream[: t + 1]))
-    out = {"method": args.method, "bench": bench, "backbone": strategy.backbone_name, "seed": args.seed,
-           "precision": strategy.precision.name, "transform": strategy.eval_tf.identity(), **accuracy_rows(results),
-           "time_s": time.perf_counter() - t0}
+    out = {
+        "method": args.method,
+        "bench": bench,
+        "backbone": strategy.backbone_name,
+        "seed": args.seed,
+        "precision": strategy.precision.name,
+        "transform": strategy.eval_tf.identity(),
+        **accuracy_rows(results),
+        "time_s": time.perf_counter() - t0,
+    }
     print("R[t][j] (%): " + "; ".join(" ".join(f"{v:.1f}" for v in row) for row in out["accuracy_matrix"]))
-    print(f"final {out['acc_curve'][-1]:.2f}  average {float(np.mean(out['acc_curve'])):.2f}  "
-          f"({out['time_s']:.1f} s)")
+    print(f"final {out['acc_curve'][-1]:.2f}  average {float(np.mean(out['acc_curve'])):.2f}  ({out['time_s']:.1f} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return out
@@ -161,28 +201,48 @@ def measure(method: str, out: Path, workdir: Path | None = None) -> dict[str, An
         return [py, "-m", "clbench.cli", "run", "--strategy", method, "--out", str(work / tag), "--overwrite", *extra]
 
     def example(tag: str, *extra: str) -> list[str]:
-        return [py, "-m", "clbench.examples.avalanche_loop", "--method", method, "--quiet",
-                "--json", str(work / f"{tag}.json"), *extra]
+        return [
+            py,
+            "-m",
+            "clbench.examples.avalanche_loop",
+            "--method",
+            method,
+            "--quiet",
+            "--json",
+            str(work / f"{tag}.json"),
+            *extra,
+        ]
 
     times: dict[str, dict[str, float]] = {}
-    times["cold"] = {"cli": _timed(cli("cli-cold", "--no-feature-cache")),
-                     "avalanche": _timed(example("av-cold", "--no-feature-cache"))}
+    times["cold"] = {
+        "cli": _timed(cli("cli-cold", "--no-feature-cache")),
+        "avalanche": _timed(example("av-cold", "--no-feature-cache")),
+    }
     _timed(cli("cli-warmup"))  # fill the cache for both sides, then time one run of each
     _timed(example("av-warmup"))
     times["warm"] = {"cli": _timed(cli("cli-warm")), "avalanche": _timed(example("av-warm"))}
     record = load_record(work / "cli-warm")
     mine = json.loads((work / "av-warm.json").read_text())
-    same = all(np.allclose(a, b, rtol=0, atol=1e-9)  # lengths compared below
-               for a, b in zip(record.accuracy_matrix, mine["accuracy_matrix"], strict=False))
+    same = all(
+        np.allclose(a, b, rtol=0, atol=1e-9)  # lengths compared below
+        for a, b in zip(record.accuracy_matrix, mine["accuracy_matrix"], strict=False)
+    )
     result = {
-        "benchmark": "avalanche-vs-cli", "method": method, "bench": "emoji", "backbone": record.backbone,
-        "precision": record.precision, "seed": record.seed,
+        "benchmark": "avalanche-vs-cli",
+        "method": method,
+        "bench": "emoji",
+        "backbone": record.backbone,
+        "precision": record.precision,
+        "seed": record.seed,
         "what": "wall-clock of `python -m clbench.examples.avalanche_loop` vs `clbench run` for the same run, each a "
-                "fresh process (imports, weights, features, learning, evaluation); cold: --no-feature-cache on both",
-        "seconds": times, "ratio": {k: v["avalanche"] / v["cli"] for k, v in times.items()},
+        "fresh process (imports, weights, features, learning, evaluation); cold: --no-feature-cache on both",
+        "seconds": times,
+        "ratio": {k: v["avalanche"] / v["cli"] for k, v in times.items()},
         "same_accuracy_matrix": bool(same and len(record.accuracy_matrix) == len(mine["accuracy_matrix"])),
         "final_acc": {"cli": record.last_acc, "avalanche": mine["acc_curve"][-1]},
-        "host": host_info().to_dict(), "git_revision": git_revision(), "versions": library_versions(),
+        "host": host_info().to_dict(),
+        "git_revision": git_revision(),
+        "versions": library_versions(),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -78,8 +78,16 @@ TIME_PHASES = ("train", "eval")
 
 # The calibration workload: a fixed forward pass of a randomly initialised ViT-S/14 (the gate's backbone
 # architecture, so no weights are needed) over a fixed batch at the gate's input size, fp32, on all torch threads.
-CALIBRATION_WORKLOAD = {"backbone": "vit_small_patch14_dinov2", "weights": "random", "img_size": 56, "batch": 64,
-                        "precision": "fp32", "pass": "forward", "repeats": 5, "statistic": "median"}
+CALIBRATION_WORKLOAD = {
+    "backbone": "vit_small_patch14_dinov2",
+    "weights": "random",
+    "img_size": 56,
+    "batch": 64,
+    "precision": "fp32",
+    "pass": "forward",
+    "repeats": 5,
+    "statistic": "median",
+}
 CALIBRATION_ID = "vit-s14-random-56px-b64-fp32-forward/1"
 
 EPS = 1e-9  # float slack on exact-boundary comparisons
@@ -117,18 +125,28 @@ class EntryKey(NamedTuple):
 
 def entry_key(run: Run, protocol: str) -> EntryKey:
     r = run.record
-    return EntryKey(r.bench, tuple(run.task_sizes), r.class_order_seed, run.strategy, r.profile, r.backbone,
-                    r.img_size, protocol)
+    return EntryKey(
+        r.bench, tuple(run.task_sizes), r.class_order_seed, run.strategy, r.profile, r.backbone, r.img_size, protocol
+    )
 
 
 def _entry_key(entry: dict[str, Any], where: str) -> EntryKey:
     try:
-        return EntryKey(str(entry["bench"]), tuple(int(n) for n in entry["task_sizes"]),
-                        int(entry.get("class_order_seed", DEFAULT_CLASS_ORDER_SEED)), str(entry["strategy"]),
-                        entry.get("profile"), str(entry["backbone"]), entry.get("img_size"), str(entry["protocol"]))
+        return EntryKey(
+            str(entry["bench"]),
+            tuple(int(n) for n in entry["task_sizes"]),
+            int(entry.get("class_order_seed", DEFAULT_CLASS_ORDER_SEED)),
+            str(entry["strategy"]),
+            entry.get("profile"),
+            str(entry["backbone"]),
+            entry.get("img_size"),
+            str(entry["protocol"]),
+        )
     except (KeyError, TypeError, ValueError) as e:
-        raise ClbenchError(f"{where}: a reference entry lacks or mistypes a field ({e})",
-                           "rewrite the reference with `clbench check --write-reference`") from None
+        raise ClbenchError(
+            f"{where}: a reference entry lacks or mistypes a field ({e})",
+            "rewrite the reference with `clbench check --write-reference`",
+        ) from None
 
 
 def weights_identity(run: Run) -> str:
@@ -165,8 +183,9 @@ def calibrate(repeats: int | None = None) -> dict[str, Any]:
     w = CALIBRATION_WORKLOAD
     repeats = repeats or int(w["repeats"])
     backbone = load_backbone(str(w["backbone"]), "random", int(w["img_size"]), seed=0)
-    x = torch.randn(int(w["batch"]), 3, int(w["img_size"]), int(w["img_size"]),
-                    generator=torch.Generator().manual_seed(0))
+    x = torch.randn(
+        int(w["batch"]), 3, int(w["img_size"]), int(w["img_size"]), generator=torch.Generator().manual_seed(0)
+    )
     times = []
     with torch.no_grad():
         backbone(x)  # warm-up: allocator, oneDNN primitive cache
@@ -174,9 +193,15 @@ def calibrate(repeats: int | None = None) -> dict[str, Any]:
             t0 = time.perf_counter()
             backbone(x)
             times.append(time.perf_counter() - t0)
-    return {"workload": CALIBRATION_ID, "definition": dict(w), "seconds": statistics.median(times),
-            "all_seconds": [round(t, 6) for t in times], "torch": torch.__version__, "host": host_info().to_dict(),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "workload": CALIBRATION_ID,
+        "definition": dict(w),
+        "seconds": statistics.median(times),
+        "all_seconds": [round(t, 6) for t in times],
+        "torch": torch.__version__,
+        "host": host_info().to_dict(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def write_calibration(folder: Path, measurement: dict[str, Any]) -> Path:
@@ -196,11 +221,22 @@ def load_calibration(path: Path) -> dict[str, Any]:
     except ValueError as e:
         raise ClbenchError(f"{path}: not valid JSON ({e})", "run `clbench check --calibrate DIR` again") from None
     ms = data.get("measurements") if isinstance(data, dict) else None
-    if not isinstance(ms, list) or not ms or not all(
-            isinstance(m, dict) and isinstance(m.get("seconds"), (int, float)) and not isinstance(m["seconds"], bool)
-            and m["seconds"] > 0 and isinstance(m.get("workload"), str) for m in ms):
-        raise ClbenchError(f"{path}: not a calibration file (needs measurements with workload and seconds > 0)",
-                           "run `clbench check --calibrate DIR` again")
+    if (
+        not isinstance(ms, list)
+        or not ms
+        or not all(
+            isinstance(m, dict)
+            and isinstance(m.get("seconds"), (int, float))
+            and not isinstance(m["seconds"], bool)
+            and m["seconds"] > 0
+            and isinstance(m.get("workload"), str)
+            for m in ms
+        )
+    ):
+        raise ClbenchError(
+            f"{path}: not a calibration file (needs measurements with workload and seconds > 0)",
+            "run `clbench check --calibrate DIR` again",
+        )
     return data
 
 
@@ -238,8 +274,9 @@ def load_tolerances(path: Path) -> dict[str, Any]:
             raise ClbenchError(f"--tolerances {path}: {name} is not an object of metric -> points")
         for metric, value in tol.items():
             if metric not in TOLERANCE_METRICS:
-                raise ClbenchError(f"--tolerances {path}: {name}.{metric} is not a metric; valid: "
-                                   f"{', '.join(TOLERANCE_METRICS)}")
+                raise ClbenchError(
+                    f"--tolerances {path}: {name}.{metric} is not a metric; valid: {', '.join(TOLERANCE_METRICS)}"
+                )
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ClbenchError(f"--tolerances {path}: {name}.{metric} must be a number >= 0 (got {value!r})")
     return {"source": str(path), **table}
@@ -262,11 +299,20 @@ def _who() -> str:
     return name or os.environ.get("USER") or getpass.getuser()
 
 
-def make_reference(coll: Collection, *, why: str, description: str = "", who: str | None = None,
-                   tolerances: dict[str, Any] | None = None, time_slack: float = DEFAULT_TIME_SLACK,
-                   time_floor: float = DEFAULT_TIME_FLOOR, calibration: Sequence[dict[str, Any]] = (),
-                   require_ci_profiles: bool = True, previous: dict[str, Any] | None = None,
-                   written_by: str | None = None) -> dict[str, Any]:
+def make_reference(
+    coll: Collection,
+    *,
+    why: str,
+    description: str = "",
+    who: str | None = None,
+    tolerances: dict[str, Any] | None = None,
+    time_slack: float = DEFAULT_TIME_SLACK,
+    time_floor: float = DEFAULT_TIME_FLOOR,
+    calibration: Sequence[dict[str, Any]] = (),
+    require_ci_profiles: bool = True,
+    previous: dict[str, Any] | None = None,
+    written_by: str | None = None,
+) -> dict[str, Any]:
     """A reference from complete runs: one entry per (benchmark split, strategy, profile, backbone, protocol).
 
     ``why`` is required: a reference is rewritten on purpose. ``previous`` (the file being replaced) keeps its
@@ -276,12 +322,16 @@ def make_reference(coll: Collection, *, why: str, description: str = "", who: st
     if not why or not why.strip():
         raise ClbenchError("--write-reference needs --why TEXT: say why the reference changes (it is recorded)")
     if not coll.runs:
-        raise ClbenchError("no complete run record to make a reference from",
-                           "; ".join(f"{s.path}: {s.reason}" for s in coll.skipped) or None)
+        raise ClbenchError(
+            "no complete run record to make a reference from",
+            "; ".join(f"{s.path}: {s.reason}" for s in coll.skipped) or None,
+        )
     if coll.skipped:
         s = coll.skipped[0]
-        raise ClbenchError(f"{s.path}: {s.reason}; a reference is made from complete records only",
-                           "leave the folder out or finish the run")
+        raise ClbenchError(
+            f"{s.path}: {s.reason}; a reference is made from complete records only",
+            "leave the folder out or finish the run",
+        )
     if not (time_slack >= 1 and math.isfinite(time_slack)) or not (time_floor >= 0 and math.isfinite(time_floor)):
         raise ClbenchError(f"--time-slack must be >= 1 and --time-floor >= 0 (got {time_slack}, {time_floor})")
     tolerances = tolerances or {}
@@ -289,48 +339,85 @@ def make_reference(coll: Collection, *, why: str, description: str = "", who: st
     entries = []
     for key, runs in sorted(group_runs(coll).items(), key=lambda kv: kv[0].label()):
         if len({config_digest(r.record) for r in runs}) > 1:
-            raise ClbenchError(f"{key.label()}: the runs {', '.join(r.run_id for r in runs)} use different "
-                               f"{key.strategy} settings; a reference entry needs one configuration",
-                               "give runs of one configuration per strategy, or use --profile to tell them apart")
-        for what, values in (("params.added_total", {r.record.params.added_total for r in runs}),
-                             ("params.trainable", {r.record.params.trainable for r in runs}),
-                             ("backbone weights", {weights_identity(r) for r in runs}),
-                             ("precision", {r.record.precision for r in runs})):
+            raise ClbenchError(
+                f"{key.label()}: the runs {', '.join(r.run_id for r in runs)} use different "
+                f"{key.strategy} settings; a reference entry needs one configuration",
+                "give runs of one configuration per strategy, or use --profile to tell them apart",
+            )
+        for what, values in (
+            ("params.added_total", {r.record.params.added_total for r in runs}),
+            ("params.trainable", {r.record.params.trainable for r in runs}),
+            ("backbone weights", {weights_identity(r) for r in runs}),
+            ("precision", {r.record.precision for r in runs}),
+        ):
             if len(values) > 1:
                 raise ClbenchError(f"{key.label()}: runs disagree on {what} ({', '.join(map(str, sorted(values)))})")
         s = [r.summary(key.protocol) for r in runs]
-        entries.append({
-            "bench": key.bench, "task_sizes": list(key.task_sizes), "class_order_seed": key.class_order_seed,
-            "strategy": key.strategy, "profile": key.profile, "backbone": key.backbone, "img_size": key.img_size,
-            "protocol": key.protocol, "precision": runs[0].record.precision, "weights": weights_identity(runs[0]),
-            "seeds": sorted(r.seed for r in runs), "runs": [r.run_id for r in runs],
-            "accuracy_matrix": [[round(v, 4) for v in row] for row in mean_matrix(runs, key.protocol)],
-            "last_acc": round(_mean([float(x.last_acc) for x in s]), 4),
-            "avg_acc": round(_mean([float(x.avg_acc) for x in s]), 4),
-            "tolerance": tolerance_for(tolerances, key.strategy, key.profile),
-            "params": {"added_total": runs[0].record.params.added_total, "trainable": runs[0].record.params.trainable},
-            "time": None if calib is None else {
-                ph: round(_mean([getattr(r.record.time_s, ph) for r in runs]) / calib, 4) for ph in TIME_PHASES},
-            "strategy_config": runs[0].record.strategy_config,
-        })
+        entries.append(
+            {
+                "bench": key.bench,
+                "task_sizes": list(key.task_sizes),
+                "class_order_seed": key.class_order_seed,
+                "strategy": key.strategy,
+                "profile": key.profile,
+                "backbone": key.backbone,
+                "img_size": key.img_size,
+                "protocol": key.protocol,
+                "precision": runs[0].record.precision,
+                "weights": weights_identity(runs[0]),
+                "seeds": sorted(r.seed for r in runs),
+                "runs": [r.run_id for r in runs],
+                "accuracy_matrix": [[round(v, 4) for v in row] for row in mean_matrix(runs, key.protocol)],
+                "last_acc": round(_mean([float(x.last_acc) for x in s]), 4),
+                "avg_acc": round(_mean([float(x.avg_acc) for x in s]), 4),
+                "tolerance": tolerance_for(tolerances, key.strategy, key.profile),
+                "params": {
+                    "added_total": runs[0].record.params.added_total,
+                    "trainable": runs[0].record.params.trainable,
+                },
+                "time": None
+                if calib is None
+                else {ph: round(_mean([getattr(r.record.time_s, ph) for r in runs]) / calib, 4) for ph in TIME_PHASES},
+                "strategy_config": runs[0].record.strategy_config,
+            }
+        )
     ref = {
         "format": REFERENCE_FORMAT,
         "description": description,
-        "written_by": {"who": who or _who(), "why": why.strip(), "command": written_by,
-                       "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       "git_revision": git_revision()},
+        "written_by": {
+            "who": who or _who(),
+            "why": why.strip(),
+            "command": written_by,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "git_revision": git_revision(),
+        },
         "history": [],
-        "produced_by": [{
-            "run_id": r.run_id, "strategy": r.strategy, "profile": r.record.profile, "bench": r.bench_label,
-            "seed": r.seed, "protocols": r.protocols, "precision": r.record.precision,
-            "git_revision": r.record.git_revision, "command": r.record.command,
-            "weights_digest": r.record.weights_digest, "finished": r.record.finished,
-            "time_s": r.record.time_s.to_dict(), "host": r.record.host.to_dict(),
-        } for r in coll.runs],
+        "produced_by": [
+            {
+                "run_id": r.run_id,
+                "strategy": r.strategy,
+                "profile": r.record.profile,
+                "bench": r.bench_label,
+                "seed": r.seed,
+                "protocols": r.protocols,
+                "precision": r.record.precision,
+                "git_revision": r.record.git_revision,
+                "command": r.record.command,
+                "weights_digest": r.record.weights_digest,
+                "finished": r.record.finished,
+                "time_s": r.record.time_s.to_dict(),
+                "host": r.record.host.to_dict(),
+            }
+            for r in coll.runs
+        ],
         "tolerances": tolerances,
-        "time": {"slack": time_slack, "floor": time_floor,
-                 "calibration": None if calib is None else {"workload": CALIBRATION_ID, "seconds": calib,
-                                                            "measurements": list(calibration)}},
+        "time": {
+            "slack": time_slack,
+            "floor": time_floor,
+            "calibration": None
+            if calib is None
+            else {"workload": CALIBRATION_ID, "seconds": calib, "measurements": list(calibration)},
+        },
         "require_ci_profiles": require_ci_profiles,
         "entries": entries,
     }
@@ -345,6 +432,7 @@ def make_reference(coll: Collection, *, why: str, description: str = "", who: st
 
 def reference_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """What a rewrite changes, one line per entry added, removed or moved (for the file's ``written_by``)."""
+
     def index(ref):
         out = {}
         for e in ref.get("entries", []) if isinstance(ref.get("entries"), list) else []:
@@ -358,9 +446,11 @@ def reference_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     lines = [f"added {k}" for k in sorted(set(after) - set(before))]
     lines += [f"removed {k}" for k in sorted(set(before) - set(after))]
     for k in sorted(set(before) & set(after)):
-        moved = [f"{m} {before[k].get(m)} -> {after[k].get(m)}" for m in ("last_acc", "avg_acc", "params", "precision",
-                                                                           "weights")
-                 if before[k].get(m) != after[k].get(m)]
+        moved = [
+            f"{m} {before[k].get(m)} -> {after[k].get(m)}"
+            for m in ("last_acc", "avg_acc", "params", "precision", "weights")
+            if before[k].get(m) != after[k].get(m)
+        ]
         if moved:
             lines.append(f"{k}: " + "; ".join(moved))
     return lines
@@ -379,16 +469,23 @@ def load_reference(path: Path, *, for_writing: bool = False) -> dict[str, Any]:
     except OSError as e:
         raise ClbenchError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
     except ValueError as e:
-        raise ClbenchError(f"{flag} {path}: not valid JSON ({e}); move it away to write a new reference"
-                           if for_writing else f"{flag} {path}: not valid JSON ({e})") from None
+        raise ClbenchError(
+            f"{flag} {path}: not valid JSON ({e}); move it away to write a new reference"
+            if for_writing
+            else f"{flag} {path}: not valid JSON ({e})"
+        ) from None
     got = ref.get("format") if isinstance(ref, dict) else type(ref).__name__
     if for_writing and got in OLD_FORMATS:
         return ref
-    fix = (f"rewrite it from fresh runs: `clbench check --write-reference {path} RUN_DIRS --why TEXT` "
-           "(.ci/run shows the runs)")
+    fix = (
+        f"rewrite it from fresh runs: `clbench check --write-reference {path} RUN_DIRS --why TEXT` "
+        "(.ci/run shows the runs)"
+    )
     if got in OLD_FORMATS:  # one line: what differs and how to fix it
-        raise ClbenchError(f"--reference {path}: older format {got!r} ({OLD_FORMATS[got]}), this clbench reads "
-                           f"{REFERENCE_FORMAT!r}: {fix}")
+        raise ClbenchError(
+            f"--reference {path}: older format {got!r} ({OLD_FORMATS[got]}), this clbench reads "
+            f"{REFERENCE_FORMAT!r}: {fix}"
+        )
     if got != REFERENCE_FORMAT:
         raise ClbenchError(f"--reference {path}: format {got!r}, expected {REFERENCE_FORMAT!r}: {fix}")
     for field, typ in (("entries", list), ("time", dict), ("tolerances", dict), ("written_by", dict)):
@@ -399,20 +496,37 @@ def load_reference(path: Path, *, for_writing: bool = False) -> dict[str, Any]:
         if not isinstance(e, dict):
             raise ClbenchError(f"{where} is not an object", fix)
         _entry_key(e, where)
-        for field, ok in (("accuracy_matrix", lambda v: isinstance(v, list) and all(
-                              isinstance(row, list) and all(_is_number(x) for x in row) for row in v)),
-                          ("last_acc", _is_number), ("avg_acc", _is_number),
-                          ("tolerance", lambda v: isinstance(v, dict) and all(
-                              _is_number(v.get(m)) and v[m] >= 0 for m in TOLERANCE_METRICS)),
-                          ("params", lambda v: isinstance(v, dict) and all(
-                              isinstance(v.get(f), int) and not isinstance(v.get(f), bool)
-                              for f in ("added_total", "trainable"))),
-                          ("precision", lambda v: isinstance(v, str)),
-                          ("time", lambda v: v is None or (isinstance(v, dict) and all(
-                              _is_number(v.get(ph)) for ph in TIME_PHASES)))):
+        for field, ok in (
+            (
+                "accuracy_matrix",
+                lambda v: (
+                    isinstance(v, list) and all(isinstance(row, list) and all(_is_number(x) for x in row) for row in v)
+                ),
+            ),
+            ("last_acc", _is_number),
+            ("avg_acc", _is_number),
+            (
+                "tolerance",
+                lambda v: isinstance(v, dict) and all(_is_number(v.get(m)) and v[m] >= 0 for m in TOLERANCE_METRICS),
+            ),
+            (
+                "params",
+                lambda v: (
+                    isinstance(v, dict)
+                    and all(
+                        isinstance(v.get(f), int) and not isinstance(v.get(f), bool)
+                        for f in ("added_total", "trainable")
+                    )
+                ),
+            ),
+            ("precision", lambda v: isinstance(v, str)),
+            ("time", lambda v: v is None or (isinstance(v, dict) and all(_is_number(v.get(ph)) for ph in TIME_PHASES))),
+        ):
             if not ok(e.get(field)):
-                raise ClbenchError(f"{where} ({e.get('strategy')}): field {field!r} is missing or mistyped "
-                                   f"(got {e.get(field)!r:.60})", fix)
+                raise ClbenchError(
+                    f"{where} ({e.get('strategy')}): field {field!r} is missing or mistyped (got {e.get(field)!r:.60})",
+                    fix,
+                )
     t = ref["time"]
     if not (_is_number(t.get("slack")) and _is_number(t.get("floor"))):
         raise ClbenchError(f"--reference {path}: time.slack and time.floor must be numbers", fix)
@@ -452,15 +566,29 @@ class CheckResult:
 def _two_sided(label: str, name: str, want: float, got: float, tol: float, rewrite: str) -> CheckRow:
     delta = got - want
     status = FAIL if delta < -tol - EPS else CHANGED if delta > tol + EPS else OK
-    detail = "" if status == OK else (
-        f"fell {-delta:.2f} points" if status == FAIL else f"rose {delta:.2f} points: a gain is a change too; {rewrite}")
+    detail = (
+        ""
+        if status == OK
+        else (
+            f"fell {-delta:.2f} points"
+            if status == FAIL
+            else f"rose {delta:.2f} points: a gain is a change too; {rewrite}"
+        )
+    )
     return CheckRow(label, name, f"{want:.2f}", f"{got:.2f} ({delta:+.2f})", f"{want:.2f} ± {tol:g}", status, detail)
 
 
 def _matrix_row(label: str, want: list[list[float]], got: list[list[float]], tol: float, rewrite: str) -> CheckRow:
     if [len(r) for r in want] != [len(r) for r in got]:
-        return CheckRow(label, "accuracy matrix", f"{len(want)} rows", f"{len(got)} rows", "same shape", FAIL,
-                        "the runs' accuracy matrix has another shape than the reference's")
+        return CheckRow(
+            label,
+            "accuracy matrix",
+            f"{len(want)} rows",
+            f"{len(got)} rows",
+            "same shape",
+            FAIL,
+            "the runs' accuracy matrix has another shape than the reference's",
+        )
     deltas = [(got[t][j] - want[t][j], t, j) for t in range(len(want)) for j in range(len(want[t]))]
     low = [d for d in deltas if d[0] < -tol - EPS]
     high = [d for d in deltas if d[0] > tol + EPS]
@@ -472,15 +600,26 @@ def _matrix_row(label: str, want: list[list[float]], got: list[list[float]], tol
     more = f" (+{len(low or high) - 4} more)" if len(low or high) > 4 else ""
     status = FAIL if low else CHANGED
     why = "" if low else f"; a gain is a change too: {rewrite}"
-    return CheckRow(label, "accuracy matrix", f"{len(deltas)} entries", measured, f"each ± {tol:g}", status,
-                    f"{len(low or high)} entries {'fell' if low else 'rose'} beyond tolerance: {shown}{more}{why}")
+    return CheckRow(
+        label,
+        "accuracy matrix",
+        f"{len(deltas)} entries",
+        measured,
+        f"each ± {tol:g}",
+        status,
+        f"{len(low or high)} entries {'fell' if low else 'rose'} beyond tolerance: {shown}{more}{why}",
+    )
 
 
 def _registered_ci_profiles() -> dict[str, list[str]]:
     from clbench.catalog import STRATEGIES
 
-    return {name: [p for p in STRATEGIES.get(name).profiles
-                   if p == CI_PROFILE_PREFIX or p.startswith(CI_PROFILE_PREFIX + "-")] for name in STRATEGIES.names()}
+    return {
+        name: [
+            p for p in STRATEGIES.get(name).profiles if p == CI_PROFILE_PREFIX or p.startswith(CI_PROFILE_PREFIX + "-")
+        ]
+        for name in STRATEGIES.names()
+    }
 
 
 def settings_differences(strategy: str, want: dict[str, Any], got: dict[str, Any]) -> list[str]:
@@ -493,16 +632,23 @@ def settings_differences(strategy: str, want: dict[str, Any], got: dict[str, Any
     from clbench.catalog import STRATEGIES
 
     try:
-        defaults = {f.name: f.default for f in dataclasses.fields(STRATEGIES.get(strategy).Config)
-                    if f.default is not dataclasses.MISSING}
+        defaults = {
+            f.name: f.default
+            for f in dataclasses.fields(STRATEGIES.get(strategy).Config)
+            if f.default is not dataclasses.MISSING
+        }
     except ClbenchError:
         defaults = {}
-    return sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k)
-                  and not (k not in want and k in defaults and got.get(k) == defaults[k]))
+    return sorted(
+        k
+        for k in set(want) | set(got)
+        if want.get(k) != got.get(k) and not (k not in want and k in defaults and got.get(k) == defaults[k])
+    )
 
 
-def check(coll: Collection, ref: dict[str, Any], calibration: Sequence[dict[str, Any]] = (),
-          reference_path: str = "REFERENCE") -> CheckResult:
+def check(
+    coll: Collection, ref: dict[str, Any], calibration: Sequence[dict[str, Any]] = (), reference_path: str = "REFERENCE"
+) -> CheckResult:
     """Every rule of every reference entry against the runs of ``coll``; ``calibration``: this job's calibration
     measurements (``calibration.json`` beside the runs)."""
     from clbench.catalog import STRATEGIES
@@ -516,22 +662,47 @@ def check(coll: Collection, ref: dict[str, Any], calibration: Sequence[dict[str,
     calib: float | None = None
     if any(e.get("time") for e in ref["entries"]):
         if not calibration:
-            rows.append(CheckRow("calibration", "calibration present", ref_calib.get("workload", "-"), "none", "-",
-                                 MISSING, f"no {CALIBRATION_FILE} among the run folders given: run `clbench check "
-                                          "--calibrate RUN_DIR` in the same job as the runs (see .ci/run)"))
+            rows.append(
+                CheckRow(
+                    "calibration",
+                    "calibration present",
+                    ref_calib.get("workload", "-"),
+                    "none",
+                    "-",
+                    MISSING,
+                    f"no {CALIBRATION_FILE} among the run folders given: run `clbench check "
+                    "--calibrate RUN_DIR` in the same job as the runs (see .ci/run)",
+                )
+            )
         elif {m["workload"] for m in calibration} != {ref_calib.get("workload")}:
             got = ", ".join(sorted({m["workload"] for m in calibration}))
-            rows.append(CheckRow("calibration", "calibration workload", str(ref_calib.get("workload")), got, "same",
-                                 FAIL, "the calibration workload differs from the reference's: times are not "
-                                       f"comparable; {rewrite}"))
+            rows.append(
+                CheckRow(
+                    "calibration",
+                    "calibration workload",
+                    str(ref_calib.get("workload")),
+                    got,
+                    "same",
+                    FAIL,
+                    f"the calibration workload differs from the reference's: times are not comparable; {rewrite}",
+                )
+            )
         else:
             calib = calibration_seconds(calibration)
             threads = {m.get("host", {}).get("torch_threads") for m in calibration}
             ref_threads = {m.get("host", {}).get("torch_threads") for m in ref_calib.get("measurements", [])}
             if ref_threads and threads != ref_threads:
-                rows.append(CheckRow("calibration", "torch threads", str(sorted(ref_threads, key=str)),
-                                     str(sorted(threads, key=str)), "-", NOTE,
-                                     "time ratios compare machines with other thread counts"))
+                rows.append(
+                    CheckRow(
+                        "calibration",
+                        "torch threads",
+                        str(sorted(ref_threads, key=str)),
+                        str(sorted(threads, key=str)),
+                        "-",
+                        NOTE,
+                        "time ratios compare machines with other thread counts",
+                    )
+                )
     matched: set[EntryKey] = set()
     pinned: set[tuple[str, str | None]] = set()
     for i, entry in enumerate(ref["entries"]):
@@ -539,95 +710,234 @@ def check(coll: Collection, ref: dict[str, Any], calibration: Sequence[dict[str,
         label = key.label()
         pinned.add((key.strategy, key.profile))
         if key.strategy not in STRATEGIES.names():
-            rows.append(CheckRow(label, "strategy known", key.strategy, "unknown", "-", FAIL,
-                                 f"the reference pins strategy {key.strategy!r}, which this clbench does not register "
-                                 f"(registered: {', '.join(STRATEGIES.names())}); {rewrite}"))
+            rows.append(
+                CheckRow(
+                    label,
+                    "strategy known",
+                    key.strategy,
+                    "unknown",
+                    "-",
+                    FAIL,
+                    f"the reference pins strategy {key.strategy!r}, which this clbench does not register "
+                    f"(registered: {', '.join(STRATEGIES.names())}); {rewrite}",
+                )
+            )
             continue
         runs = groups.get(key, [])
         if not runs:
-            rows.append(CheckRow(label, "run present", f"seeds {entry.get('seeds')}", "no matching run", "-", MISSING,
-                                 f"no complete run of this strategy, profile, split, backbone and protocol was given: "
-                                 f"`{key.run_command()} --precision {entry['precision']}` (see .ci/run)"))
+            rows.append(
+                CheckRow(
+                    label,
+                    "run present",
+                    f"seeds {entry.get('seeds')}",
+                    "no matching run",
+                    "-",
+                    MISSING,
+                    f"no complete run of this strategy, profile, split, backbone and protocol was given: "
+                    f"`{key.run_command()} --precision {entry['precision']}` (see .ci/run)",
+                )
+            )
             continue
         matched.add(key)
         tol = entry["tolerance"]
         precisions = sorted({r.record.precision for r in runs})
         if precisions != [entry["precision"]]:
-            rows.append(CheckRow(label, "precision", entry["precision"], ", ".join(precisions), "same", FAIL,
-                                 f"runs at {', '.join(precisions)}, reference at {entry['precision']}: rerun with "
-                                 f"--precision {entry['precision']}, or write a reference at that precision"))
+            rows.append(
+                CheckRow(
+                    label,
+                    "precision",
+                    entry["precision"],
+                    ", ".join(precisions),
+                    "same",
+                    FAIL,
+                    f"runs at {', '.join(precisions)}, reference at {entry['precision']}: rerun with "
+                    f"--precision {entry['precision']}, or write a reference at that precision",
+                )
+            )
             continue  # numbers at another precision are not comparable: no further rows for this entry
         want_w = entry.get("weights")
         got_w = sorted({weights_identity(r) for r in runs})
         if got_w != [want_w]:
-            rows.append(CheckRow(label, "backbone weights", str(want_w)[:12], ", ".join(w[:12] for w in got_w),
-                                 "same digest", FAIL,
-                                 f"backbone weights digest {', '.join(w[:12] for w in got_w)} differs from the "
-                                 f"reference's {str(want_w)[:12]}: run with the reference's weights (`clbench weights`), "
-                                 f"or {rewrite}"))
+            rows.append(
+                CheckRow(
+                    label,
+                    "backbone weights",
+                    str(want_w)[:12],
+                    ", ".join(w[:12] for w in got_w),
+                    "same digest",
+                    FAIL,
+                    f"backbone weights digest {', '.join(w[:12] for w in got_w)} differs from the "
+                    f"reference's {str(want_w)[:12]}: run with the reference's weights (`clbench weights`), "
+                    f"or {rewrite}",
+                )
+            )
             continue
         s = [r.summary(key.protocol) for r in runs]
-        rows.append(_matrix_row(label, entry["accuracy_matrix"], mean_matrix(runs, key.protocol), tol["matrix"],
-                                rewrite))
+        rows.append(
+            _matrix_row(label, entry["accuracy_matrix"], mean_matrix(runs, key.protocol), tol["matrix"], rewrite)
+        )
         for metric, name in (("last_acc", "final acc %"), ("avg_acc", "avg inc acc %")):
-            rows.append(_two_sided(label, name, float(entry[metric]), _mean([float(getattr(x, metric)) for x in s]),
-                                   float(tol[metric]), rewrite))
+            rows.append(
+                _two_sided(
+                    label,
+                    name,
+                    float(entry[metric]),
+                    _mean([float(getattr(x, metric)) for x in s]),
+                    float(tol[metric]),
+                    rewrite,
+                )
+            )
         for field in ("added_total", "trainable"):
             want_p = int(entry["params"][field])
             got_p = sorted({int(getattr(r.record.params, field)) for r in runs})
-            rows.append(CheckRow(label, f"params {field}", f"{want_p:,}", ", ".join(f"{v:,}" for v in got_p),
-                                 f"= {want_p:,}", OK if got_p == [want_p] else FAIL))
+            rows.append(
+                CheckRow(
+                    label,
+                    f"params {field}",
+                    f"{want_p:,}",
+                    ", ".join(f"{v:,}" for v in got_p),
+                    f"= {want_p:,}",
+                    OK if got_p == [want_p] else FAIL,
+                )
+            )
         if entry.get("time") and calib is not None:
             for ph in TIME_PHASES:
                 want_t = float(entry["time"][ph])
                 got_t = _mean([float(getattr(r.record.time_s, ph)) for r in runs]) / calib
                 limit = want_t * slack + floor
                 status = FAIL if got_t > limit + EPS else OK
-                detail = (f"{ph} took {got_t / want_t if want_t > 0 else math.inf:.1f}x the reference's share of the "
-                          f"calibration workload") if status == FAIL else (
-                    f"{ph} is {want_t / got_t:.1f}x faster than the reference" if got_t > 0 and
-                    got_t * slack + floor < want_t else "")
-                rows.append(CheckRow(label, f"{ph} time / calibration", f"{want_t:.2f}", f"{got_t:.2f}",
-                                     f"<= {limit:.2f}", status, detail))
+                detail = (
+                    (
+                        f"{ph} took {got_t / want_t if want_t > 0 else math.inf:.1f}x the reference's share of the "
+                        f"calibration workload"
+                    )
+                    if status == FAIL
+                    else (
+                        f"{ph} is {want_t / got_t:.1f}x faster than the reference"
+                        if got_t > 0 and got_t * slack + floor < want_t
+                        else ""
+                    )
+                )
+                rows.append(
+                    CheckRow(
+                        label,
+                        f"{ph} time / calibration",
+                        f"{want_t:.2f}",
+                        f"{got_t:.2f}",
+                        f"<= {limit:.2f}",
+                        status,
+                        detail,
+                    )
+                )
                 if status == OK and detail:
-                    rows.append(CheckRow(label, f"{ph} time faster", f"{want_t:.2f}", f"{got_t:.2f}", "-", NOTE,
-                                         detail + ": consider rewriting the reference"))
+                    rows.append(
+                        CheckRow(
+                            label,
+                            f"{ph} time faster",
+                            f"{want_t:.2f}",
+                            f"{got_t:.2f}",
+                            "-",
+                            NOTE,
+                            detail + ": consider rewriting the reference",
+                        )
+                    )
         seeds = sorted(r.seed for r in runs)
         if seeds != sorted(entry.get("seeds", seeds)):
-            rows.append(CheckRow(label, "seeds", str(entry.get("seeds")), str(seeds), "same", FAIL,
-                                 "means over other seeds than the reference's are not comparable: run its seeds"))
+            rows.append(
+                CheckRow(
+                    label,
+                    "seeds",
+                    str(entry.get("seeds")),
+                    str(seeds),
+                    "same",
+                    FAIL,
+                    "means over other seeds than the reference's are not comparable: run its seeds",
+                )
+            )
         cfg = entry.get("strategy_config")
-        diff = sorted({k for r in runs for k in settings_differences(r.record.strategy, cfg, r.record.strategy_config)}) \
-            if cfg is not None else []
+        diff = (
+            sorted({k for r in runs for k in settings_differences(r.record.strategy, cfg, r.record.strategy_config)})
+            if cfg is not None
+            else []
+        )
         if diff:
-            rows.append(CheckRow(label, "settings", "reference's", "differ: " + ", ".join(diff), "same", FAIL,
-                                 f"the runs' {key.strategy} settings differ from the reference's ({', '.join(diff)}): "
-                                 f"run the reference's profile, or {rewrite}"))
+            rows.append(
+                CheckRow(
+                    label,
+                    "settings",
+                    "reference's",
+                    "differ: " + ", ".join(diff),
+                    "same",
+                    FAIL,
+                    f"the runs' {key.strategy} settings differ from the reference's ({', '.join(diff)}): "
+                    f"run the reference's profile, or {rewrite}",
+                )
+            )
     for key in sorted(set(groups) - matched, key=lambda k: k.label()):
-        rows.append(CheckRow(key.label(), "pinned", "-", ", ".join(r.run_id for r in groups[key]), "-", FAIL,
-                             f"the reference does not pin this run: {rewrite}, or leave the run out"))
+        rows.append(
+            CheckRow(
+                key.label(),
+                "pinned",
+                "-",
+                ", ".join(r.run_id for r in groups[key]),
+                "-",
+                FAIL,
+                f"the reference does not pin this run: {rewrite}, or leave the run out",
+            )
+        )
     if ref.get("require_ci_profiles"):
         for strategy, profiles in _registered_ci_profiles().items():
             if not profiles:
-                rows.append(CheckRow(strategy, "ci profile", "-", "none", "-", FAIL,
-                                     f"strategy {strategy} is registered but has no `ci` profile: add one to its "
-                                     f"`profiles`, run it in .ci/run and {rewrite}"))
+                rows.append(
+                    CheckRow(
+                        strategy,
+                        "ci profile",
+                        "-",
+                        "none",
+                        "-",
+                        FAIL,
+                        f"strategy {strategy} is registered but has no `ci` profile: add one to its "
+                        f"`profiles`, run it in .ci/run and {rewrite}",
+                    )
+                )
             for p in profiles:
                 if (strategy, p) not in pinned:
-                    rows.append(CheckRow(f"{strategy}:{p}", "pinned", "-", "not in the reference", "-", FAIL,
-                                         f"registered profile {strategy}:{p} is not pinned: run `clbench run "
-                                         f"--strategy {strategy} --profile {p} --precision fp32` in .ci/run and "
-                                         f"{rewrite}"))
+                    rows.append(
+                        CheckRow(
+                            f"{strategy}:{p}",
+                            "pinned",
+                            "-",
+                            "not in the reference",
+                            "-",
+                            FAIL,
+                            f"registered profile {strategy}:{p} is not pinned: run `clbench run "
+                            f"--strategy {strategy} --profile {p} --precision fp32` in .ci/run and "
+                            f"{rewrite}",
+                        )
+                    )
     for s in coll.skipped:
-        rows.append(CheckRow(s.path, "record readable", "-", "skipped", "-", FAIL,
-                             f"{s.reason}: the gate reads every record given; remove the folder or rerun it"))
+        rows.append(
+            CheckRow(
+                s.path,
+                "record readable",
+                "-",
+                "skipped",
+                "-",
+                FAIL,
+                f"{s.reason}: the gate reads every record given; remove the folder or rerun it",
+            )
+        )
     return CheckResult(rows, [(s.path, s.reason) for s in coll.skipped])
 
 
 STATUS_STYLE = {OK: "green", CHANGED: "bold magenta", FAIL: "bold red", MISSING: "bold red", NOTE: "yellow"}
-COLUMNS = (("matrix", ("accuracy matrix",)), ("final acc %", ("final acc %",)), ("avg inc acc %", ("avg inc acc %",)),
-           ("params added / trainable", ("params added_total", "params trainable")),
-           ("train / eval time", ("train time / calibration", "eval time / calibration")))
+COLUMNS = (
+    ("matrix", ("accuracy matrix",)),
+    ("final acc %", ("final acc %",)),
+    ("avg inc acc %", ("avg inc acc %",)),
+    ("params added / trainable", ("params added_total", "params trainable")),
+    ("train / eval time", ("train time / calibration", "eval time / calibration")),
+)
 
 
 def _cell(rows: list[CheckRow]) -> str:
@@ -667,12 +977,17 @@ def print_check(result: CheckResult, reference_path: str, console=None) -> None:
     console.print(table)
     for r in result.rows:
         if r.status == NOTE:
-            console.print(f"[yellow]note[/] {r.entry}: {r.check}: {r.measured}" + (f" ({r.detail})" if r.detail else ""))
+            console.print(
+                f"[yellow]note[/] {r.entry}: {r.check}: {r.measured}" + (f" ({r.detail})" if r.detail else "")
+            )
     fails = result.failures
     if fails:
         console.print(f"[bold red]check failed[/]: {len(fails)} of {len(result.rows)} checks do not hold:")
         for r in fails:
-            console.print(f"  [{STATUS_STYLE[r.status]}]{r.status}[/] {r.entry}: {r.check}: measured {r.measured}, "
-                          f"allowed {r.allowed}" + (f" ({r.detail})" if r.detail else ""), soft_wrap=True)
+            console.print(
+                f"  [{STATUS_STYLE[r.status]}]{r.status}[/] {r.entry}: {r.check}: measured {r.measured}, "
+                f"allowed {r.allowed}" + (f" ({r.detail})" if r.detail else ""),
+                soft_wrap=True,
+            )
     else:
         console.print(f"[bold green]check passed[/]: {len(result.rows)} checks hold")

@@ -19,20 +19,37 @@ def _invocation() -> str:
 
 
 def _add_run_dirs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                   help="run folders (holding result.json), or parent folders searched 2 levels down")
+    p.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run folders (holding result.json), or parent folders searched 2 levels down",
+    )
 
 
 # ------------------------------------------------------------------------------------------- report
 def add_report_args(p: argparse.ArgumentParser) -> None:
     _add_run_dirs(p)
-    p.add_argument("--out", required=True, metavar="DIR",
-                   help="report folder: index.html, README.md, report.json and figures/ (made if absent)")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="report folder: index.html, README.md, report.json and figures/ (made if absent)",
+    )
     p.add_argument("--title", default="clbench report", help="page title (default: clbench report)")
-    p.add_argument("--tsne", action=argparse.BooleanOptionalAction, default=True,
-                   help="t-SNE figures from each configuration's features.npz (default: on; about 10 s each on a CPU)")
-    p.add_argument("--tsne-points", type=int, default=1500, metavar="N",
-                   help="test images per t-SNE, subsampled with a fixed seed (default: 1500)")
+    p.add_argument(
+        "--tsne",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="t-SNE figures from each configuration's features.npz (default: on; about 10 s each on a CPU)",
+    )
+    p.add_argument(
+        "--tsne-points",
+        type=int,
+        default=1500,
+        metavar="N",
+        help="test images per t-SNE, subsampled with a fixed seed (default: 1500)",
+    )
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -43,10 +60,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.tsne_points < 10:
         raise ClbenchError(f"--tsne-points must be >= 10 (got {args.tsne_points})")
     coll = collect(args.run_dirs)
-    written = write_report(coll, Path(args.out), title=args.title, command=_invocation(), with_tsne=args.tsne,
-                           tsne_points=args.tsne_points)
-    print(f"report: {len(coll.runs)} runs, {len(coll.skipped)} skipped, {len(written.figures)} figures -> "
-          f"{Path(args.out) / 'index.html'}")
+    written = write_report(
+        coll, Path(args.out), title=args.title, command=_invocation(), with_tsne=args.tsne, tsne_points=args.tsne_points
+    )
+    print(
+        f"report: {len(coll.runs)} runs, {len(coll.skipped)} skipped, {len(written.figures)} figures -> "
+        f"{Path(args.out) / 'index.html'}"
+    )
     for s in coll.skipped:
         print(f"  skipped {s.path}: {s.reason}", file=sys.stderr)
     return 0
@@ -56,8 +76,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 def add_compare_args(p: argparse.ArgumentParser) -> None:
     _add_run_dirs(p)
     p.add_argument("--bench", required=True, metavar="NAME", help="the benchmark to compare strategies on")
-    p.add_argument("--out", required=True, metavar="DIR",
-                   help="folder for compare.md / .csv / .tex and figures/compare_<bench>.png|svg")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="folder for compare.md / .csv / .tex and figures/compare_<bench>.png|svg",
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -66,8 +90,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     coll = collect(args.run_dirs)
     written = write_compare(coll, args.bench, Path(args.out), command=_invocation())
-    print(f"compare: {len(coll.select(args.bench).runs)} runs on {args.bench} -> "
-          + ", ".join(str(f) for f in written.files))
+    print(
+        f"compare: {len(coll.select(args.bench).runs)} runs on {args.bench} -> "
+        + ", ".join(str(f) for f in written.files)
+    )
     return 0
 
 
@@ -78,27 +104,50 @@ def add_check_args(p: argparse.ArgumentParser) -> None:
     _add_run_dirs(p)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--reference", metavar="FILE", help="check the runs against this reference file")
-    mode.add_argument("--write-reference", metavar="FILE",
-                      help="write a reference file from the runs (their ids, git revisions and commands, and who "
-                           "wrote it and why, included)")
-    mode.add_argument("--calibrate", action="store_true",
-                      help=f"time the calibration workload on this machine and add it to RUN_DIR/{CALIBRATION_FILE} "
-                           "(run it in the same job as the runs; the gate's times are ratios to it)")
+    mode.add_argument(
+        "--write-reference",
+        metavar="FILE",
+        help="write a reference file from the runs (their ids, git revisions and commands, and who "
+        "wrote it and why, included)",
+    )
+    mode.add_argument(
+        "--calibrate",
+        action="store_true",
+        help=f"time the calibration workload on this machine and add it to RUN_DIR/{CALIBRATION_FILE} "
+        "(run it in the same job as the runs; the gate's times are ratios to it)",
+    )
     w = p.add_argument_group("with --write-reference")
     w.add_argument("--why", default="", metavar="TEXT", help="why the reference is (re)written (required; recorded)")
     w.add_argument("--who", default=None, metavar="NAME", help="who writes it (default: git user.name, else $USER)")
     w.add_argument("--description", default="", help="what the reference runs are for")
-    w.add_argument("--tolerances", default=None, metavar="FILE",
-                   help="per-metric tolerances per strategy:profile from a measured spread "
-                        "(e.g. reports/gate/tolerances.json; default: the built-in ones)")
-    w.add_argument("--time-slack", type=float, default=DEFAULT_TIME_SLACK, metavar="FACTOR",
-                   help=f"train/eval time ratios may grow by this factor (default: {DEFAULT_TIME_SLACK})")
-    w.add_argument("--time-floor", type=float, default=DEFAULT_TIME_FLOOR, metavar="UNITS",
-                   help="plus this many calibration units, for phases that take almost no time "
-                        f"(default: {DEFAULT_TIME_FLOOR})")
-    w.add_argument("--require-ci-profiles", action=argparse.BooleanOptionalAction, default=True,
-                   help="the check fails when a registered strategy's ci profile is not pinned (default: on; "
-                        "--no-require-ci-profiles for a reference of other runs)")
+    w.add_argument(
+        "--tolerances",
+        default=None,
+        metavar="FILE",
+        help="per-metric tolerances per strategy:profile from a measured spread "
+        "(e.g. reports/gate/tolerances.json; default: the built-in ones)",
+    )
+    w.add_argument(
+        "--time-slack",
+        type=float,
+        default=DEFAULT_TIME_SLACK,
+        metavar="FACTOR",
+        help=f"train/eval time ratios may grow by this factor (default: {DEFAULT_TIME_SLACK})",
+    )
+    w.add_argument(
+        "--time-floor",
+        type=float,
+        default=DEFAULT_TIME_FLOOR,
+        metavar="UNITS",
+        help=f"plus this many calibration units, for phases that take almost no time (default: {DEFAULT_TIME_FLOOR})",
+    )
+    w.add_argument(
+        "--require-ci-profiles",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the check fails when a registered strategy's ci profile is not pinned (default: on; "
+        "--no-require-ci-profiles for a reference of other runs)",
+    )
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -107,19 +156,29 @@ def cmd_check(args: argparse.Namespace) -> int:
     from clbench.report import check as chk
     from clbench.report.collect import collect
 
-    write_only = [flag for flag, value, default in (
-        ("--why", args.why, ""), ("--who", args.who, None), ("--description", args.description, ""),
-        ("--tolerances", args.tolerances, None), ("--time-slack", args.time_slack, chk.DEFAULT_TIME_SLACK),
-        ("--time-floor", args.time_floor, chk.DEFAULT_TIME_FLOOR),
-        ("--require-ci-profiles", args.require_ci_profiles, True)) if value != default]
+    write_only = [
+        flag
+        for flag, value, default in (
+            ("--why", args.why, ""),
+            ("--who", args.who, None),
+            ("--description", args.description, ""),
+            ("--tolerances", args.tolerances, None),
+            ("--time-slack", args.time_slack, chk.DEFAULT_TIME_SLACK),
+            ("--time-floor", args.time_floor, chk.DEFAULT_TIME_FLOOR),
+            ("--require-ci-profiles", args.require_ci_profiles, True),
+        )
+        if value != default
+    ]
     if args.calibrate:
         if write_only:
             raise ClbenchError(f"{', '.join(write_only)} apply only with --write-reference")
         for folder in args.run_dirs:
             m = chk.calibrate()
             path = chk.write_calibration(Path(folder), m)
-            print(f"calibration: {m['seconds']:.3f} s per pass ({m['workload']}, {m['host']['torch_threads']} "
-                  f"threads, {m['host']['cpu_capability']}) -> {path}")
+            print(
+                f"calibration: {m['seconds']:.3f} s per pass ({m['workload']}, {m['host']['torch_threads']} "
+                f"threads, {m['host']['cpu_capability']}) -> {path}"
+            )
         return 0
     coll = collect(args.run_dirs)
     calibration, _ = chk.find_calibration(args.run_dirs)
@@ -127,21 +186,35 @@ def cmd_check(args: argparse.Namespace) -> int:
         target = Path(args.write_reference)
         previous = chk.load_reference(target, for_writing=True) if target.exists() else None
         tolerances = chk.load_tolerances(Path(args.tolerances)) if args.tolerances else {}
-        ref = chk.make_reference(coll, why=args.why, who=args.who, description=args.description,
-                                 tolerances=tolerances, time_slack=args.time_slack, time_floor=args.time_floor,
-                                 calibration=calibration, require_ci_profiles=args.require_ci_profiles,
-                                 previous=previous, written_by=_invocation())
+        ref = chk.make_reference(
+            coll,
+            why=args.why,
+            who=args.who,
+            description=args.description,
+            tolerances=tolerances,
+            time_slack=args.time_slack,
+            time_floor=args.time_floor,
+            calibration=calibration,
+            require_ci_profiles=args.require_ci_profiles,
+            previous=previous,
+            written_by=_invocation(),
+        )
         chk.write_reference(target, ref)
         print(f"reference: {len(ref['entries'])} entries from {len(coll.runs)} runs -> {target}")
         if not calibration:
-            print(f"  warning: no {chk.CALIBRATION_FILE} among the run folders: times are not pinned "
-                  "(run `clbench check --calibrate RUN_DIR` in the same job as the runs)", file=sys.stderr)
+            print(
+                f"  warning: no {chk.CALIBRATION_FILE} among the run folders: times are not pinned "
+                "(run `clbench check --calibrate RUN_DIR` in the same job as the runs)",
+                file=sys.stderr,
+            )
         for line in ref["written_by"].get("changes", []):
             print(f"  {line}")
         return 0
     if write_only:
-        raise ClbenchError(f"{', '.join(write_only)} apply only with --write-reference",
-                           "a check uses the tolerances stored in the reference file; write a new one to change them")
+        raise ClbenchError(
+            f"{', '.join(write_only)} apply only with --write-reference",
+            "a check uses the tolerances stored in the reference file; write a new one to change them",
+        )
     ref = chk.load_reference(Path(args.reference))
     result = chk.check(coll, ref, calibration, reference_path=args.reference)
     chk.print_check(result, args.reference)
@@ -152,9 +225,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 def add_routing_study_args(p: argparse.ArgumentParser) -> None:
     _add_run_dirs(p)
     p.add_argument("--out", required=True, metavar="DIR", help="folder for study.md and figures/routing_study.*")
-    p.add_argument("--vary", metavar="FIELD",
-                   help="also tabulate the runs against this strategy setting (e.g. l1): module similarity and "
-                        "routing per router")
+    p.add_argument(
+        "--vary",
+        metavar="FIELD",
+        help="also tabulate the runs against this strategy setting (e.g. l1): module similarity and routing per router",
+    )
 
 
 def cmd_routing_study(args: argparse.Namespace) -> int:
@@ -169,8 +244,15 @@ def cmd_routing_study(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "report": ("tables, figures and a static HTML page from run records", add_report_args, cmd_report),
     "compare": ("one figure and one table comparing strategies on one benchmark", add_compare_args, cmd_compare),
-    "check": ("regression gate: compare runs with a reference file (or write one from runs)", add_check_args,
-              cmd_check),
-    "routing-study": ("router x (routing acc, final, average) tables and a figure from runs that recorded several "
-                      "routers (--set routers=...)", add_routing_study_args, cmd_routing_study),
+    "check": (
+        "regression gate: compare runs with a reference file (or write one from runs)",
+        add_check_args,
+        cmd_check,
+    ),
+    "routing-study": (
+        "router x (routing acc, final, average) tables and a figure from runs that recorded several "
+        "routers (--set routers=...)",
+        add_routing_study_args,
+        cmd_routing_study,
+    ),
 }

@@ -34,8 +34,14 @@ PROTOCOL_STYLE = {"per-sample": "-", "reference": "--"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 PHASE_COLORS = {"features": "#8da0cb", "train": "#fc8d62", "eval": "#66c2a5", "other": "#cccccc"}
 RC = {  # a quiet paper style; set per figure through rc_context, never globally
-    "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
-    "font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "svg.hashsalt": "clbench-report",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "legend.fontsize": 8,
+    "svg.hashsalt": "clbench-report",
     "svg.fonttype": "none",
 }
 
@@ -131,7 +137,7 @@ def _bench_panels(benches: list[str], groups: dict[AccKey, list[Run]]) -> tuple[
     fig, axes = _new_figure(ncols, nrows, 9.0 if ncols == 1 else 5.0, 7.0 if ncols == 1 else 4.6)
     _hide_unused(axes, len(benches))
     panels = []
-    for ax, bench in zip(axes, benches):
+    for ax, bench in zip(axes, benches, strict=False):
         keys = [k for k in groups if k.bench == bench]
         panels.append(_Panel(ax, bench, keys, sorted({(k.backbone, k.weights) for k in keys})))
     return fig, panels
@@ -160,8 +166,9 @@ def _line_label(key: AccKey, n: int, several_backbones: bool) -> str:
 
 
 # ------------------------------------------------------------------------------------------- figures
-def accuracy_curves(coll: Collection, out_dir: Path, name: str = "accuracy_curves",
-                    title: str = "Accuracy after each task") -> FigureOut | None:
+def accuracy_curves(
+    coll: Collection, out_dir: Path, name: str = "accuracy_curves", title: str = "Accuracy after each task"
+) -> FigureOut | None:
     """A_t against the number of classes seen: one panel per benchmark, one line per strategy (x backbone x
     protocol), the mean over seeds with a band of one standard deviation."""
     import matplotlib
@@ -179,8 +186,16 @@ def accuracy_curves(coll: Collection, out_dir: Path, name: str = "accuracy_curve
                 runs = groups[key]
                 mean, std = _mean_std_curves([r.summary(key.protocol).acc_curve for r in runs])
                 x = np.array(runs[0].classes_seen[: len(mean)])
-                ax.plot(x, mean, PROTOCOL_STYLE.get(key.protocol, ":"), marker=panel.marker(key), ms=3.5, lw=1.6,
-                        color=colors[key.strategy], label=_line_label(key, len(runs), len(panel.backbones) > 1))
+                ax.plot(
+                    x,
+                    mean,
+                    PROTOCOL_STYLE.get(key.protocol, ":"),
+                    marker=panel.marker(key),
+                    ms=3.5,
+                    lw=1.6,
+                    color=colors[key.strategy],
+                    label=_line_label(key, len(runs), len(panel.backbones) > 1),
+                )
                 if len(runs) > 1:
                     ax.fill_between(x, mean - std, mean + std, color=colors[key.strategy], alpha=0.15, lw=0)
             ax.set_title(panel.bench)
@@ -188,9 +203,11 @@ def accuracy_curves(coll: Collection, out_dir: Path, name: str = "accuracy_curve
             ax.set_ylabel("accuracy A_t (%)")
             _legend_below(ax)
         runs = _unique_runs(list(groups.values()))
-        caption = (f"{title}: A_t (%) after each task against the number of classes seen; lines are means over "
-                   f"seeds, bands ± one standard deviation; solid = per-sample protocol, dashed = reference. "
-                   + provenance(runs))
+        caption = (
+            f"{title}: A_t (%) after each task against the number of classes seen; lines are means over "
+            f"seeds, bands ± one standard deviation; solid = per-sample protocol, dashed = reference. "
+            + provenance(runs)
+        )
         return _save(fig, out_dir, name, title, caption, runs)
 
 
@@ -207,14 +224,26 @@ def accuracy_matrices(coll: Collection, out_dir: Path) -> list[FigureOut]:
         with matplotlib.rc_context({**RC, "axes.grid": False}):
             ncols, nrows = _panel_grid(len(keys))
             fig, axes = _new_figure(ncols, nrows, 4.2, 3.6)
-            for ax, key in zip(axes, keys):
+            for ax, key in zip(axes, keys, strict=False):
                 mats = [_square(r.summary(key.protocol).accuracy_matrix) for r in groups[key]]
                 n = min(m.shape[0] for m in mats)
                 mean = _nanmean(np.stack([m[:n, :n] for m in mats]))  # (T, T), NaN above the diagonal
                 labels = [str(i + 1) for i in range(n)]
-                sns.heatmap(mean, mask=np.isnan(mean), vmin=0, vmax=100, cmap="viridis", annot=n <= 10,
-                            fmt=".0f", annot_kws={"fontsize": 7}, square=True, ax=ax, xticklabels=labels,
-                            yticklabels=labels, cbar_kws={"label": "accuracy (%)", "shrink": 0.8})
+                sns.heatmap(
+                    mean,
+                    mask=np.isnan(mean),
+                    vmin=0,
+                    vmax=100,
+                    cmap="viridis",
+                    annot=n <= 10,
+                    fmt=".0f",
+                    annot_kws={"fontsize": 7},
+                    square=True,
+                    ax=ax,
+                    xticklabels=labels,
+                    yticklabels=labels,
+                    cbar_kws={"label": "accuracy (%)", "shrink": 0.8},
+                )
                 ax.set_xlabel("task j (test classes)")
                 ax.set_ylabel("after learning task t")
                 t = f"{key.strategy}, {key.protocol} (n={len(groups[key])})"
@@ -222,8 +251,10 @@ def accuracy_matrices(coll: Collection, out_dir: Path) -> list[FigureOut]:
             _hide_unused(axes, len(keys))
             runs = _unique_runs([groups[k] for k in keys])
             title = f"Accuracy matrices, {bench}"
-            caption = (f"{title}: R[t][j] (%), accuracy on task j's classes after learning task t, mean over seeds. "
-                       + provenance(runs))
+            caption = (
+                f"{title}: R[t][j] (%), accuracy on task j's classes after learning task t, mean over seeds. "
+                + provenance(runs)
+            )
             out.append(_save(fig, out_dir, f"accuracy_matrix_{slug(bench)}", title, caption, runs))
     return out
 
@@ -273,11 +304,24 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
                 x = max(added, 1.0)  # log axis: a method that adds nothing sits at 1
                 xs.append(x)
                 std = float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0
-                ax.errorbar([x], [float(np.mean(acc))], yerr=[std], fmt=panel.marker(key), ms=6, capsize=3,
-                            color=colors[key.strategy], mfc="white" if key.protocol != "per-sample" else None,
-                            label=_line_label(key, len(runs), len(panel.backbones) > 1))
-                ax.annotate(key.strategy + ("" if added > 0 else " (adds 0)"), (x, float(np.mean(acc))),
-                            textcoords="offset points", xytext=(5, 4), fontsize=7)
+                ax.errorbar(
+                    [x],
+                    [float(np.mean(acc))],
+                    yerr=[std],
+                    fmt=panel.marker(key),
+                    ms=6,
+                    capsize=3,
+                    color=colors[key.strategy],
+                    mfc="white" if key.protocol != "per-sample" else None,
+                    label=_line_label(key, len(runs), len(panel.backbones) > 1),
+                )
+                ax.annotate(
+                    key.strategy + ("" if added > 0 else " (adds 0)"),
+                    (x, float(np.mean(acc))),
+                    textcoords="offset points",
+                    xytext=(5, 4),
+                    fontsize=7,
+                )
             ax.set_xscale("log")
             ax.set_xlim(min(xs) / 2.5, max(xs) * 4)  # at least a decade, room for the point labels
             ax.xaxis.set_major_formatter(FuncFormatter(_count_label))
@@ -288,8 +332,10 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
             _legend_below(ax)
         runs = _unique_runs(list(groups.values()))
         title = "Final accuracy against added parameters"
-        caption = (f"{title}: mean ± std over seeds; filled markers = per-sample protocol, open = other protocols. "
-                   + provenance(runs))
+        caption = (
+            f"{title}: mean ± std over seeds; filled markers = per-sample protocol, open = other protocols. "
+            + provenance(runs)
+        )
         return _save(fig, out_dir, "accuracy_vs_params", title, caption, runs)
 
 
@@ -325,9 +371,11 @@ def wall_clock(coll: Collection, out_dir: Path) -> FigureOut | None:
         ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, frameon=False)
         runs = _unique_runs(list(groups.values()))
         title = "Wall-clock time per run"
-        caption = (f"{title}: features = frozen-feature extraction (near 0 on a feature-cache hit), train, eval "
-                   f"(every protocol the run evaluated), other = the rest of the run's total (loading backbone and "
-                   f"data). " + provenance(runs))
+        caption = (
+            f"{title}: features = frozen-feature extraction (near 0 on a feature-cache hit), train, eval "
+            f"(every protocol the run evaluated), other = the rest of the run's total (loading backbone and "
+            f"data). " + provenance(runs)
+        )
         return _save(fig, out_dir, "wall_clock", title, caption, runs)
 
 
@@ -350,13 +398,21 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
                 per_task = np.array([last_diagnostics(r)[p]["routing_acc_per_task"] for r in runs], dtype=float)
                 x = np.arange(per_task.shape[1])
                 err = per_task.std(axis=0, ddof=1) if len(runs) > 1 else None
-                ax_bar.bar(x + (i - (len(protocols) - 1) / 2) * width, per_task.mean(axis=0), width, yerr=err,
-                           capsize=2, label=p, color=f"C{i}")
+                ax_bar.bar(
+                    x + (i - (len(protocols) - 1) / 2) * width,
+                    per_task.mean(axis=0),
+                    width,
+                    yerr=err,
+                    capsize=2,
+                    label=p,
+                    color=f"C{i}",
+                )
                 diag_curves = [[t.diagnostics.get(p, {}).get("acc") for t in r.record.per_task] for r in runs]
                 mean, std = _mean_std_curves(diag_curves)
                 xs = np.array(runs[0].classes_seen[: len(mean)])
-                ax_curve.plot(xs, mean, PROTOCOL_STYLE.get(p, ":"), marker="o", ms=3, color=f"C{i}",
-                              label=f"routed, {p}")
+                ax_curve.plot(
+                    xs, mean, PROTOCOL_STYLE.get(p, ":"), marker="o", ms=3, color=f"C{i}", label=f"routed, {p}"
+                )
                 if len(runs) > 1:
                     ax_curve.fill_between(xs, mean - std, mean + std, color=f"C{i}", alpha=0.15, lw=0)
             ax_bar.set_xticks(x, [str(j + 1) for j in x])
@@ -375,9 +431,11 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
             ax_curve.legend(frameon=False)
         runs = _unique_runs(list(groups.values()))
         title = "Routing between per-task modules"
-        caption = (f"{title}: left, share of each task's test images routed to that task's module after the last "
-                   f"task (mean ± std over seeds); right, accuracy with the routed modules and with each image's own "
-                   f"task's module (oracle) after each task. " + provenance(runs))
+        caption = (
+            f"{title}: left, share of each task's test images routed to that task's module after the last "
+            f"task (mean ± std over seeds); right, accuracy with the routed modules and with each image's own "
+            f"task's module (oracle) after each task. " + provenance(runs)
+        )
         return _save(fig, out_dir, "routing", title, caption, runs)
 
 
@@ -426,8 +484,10 @@ def tsne(coll: Collection, out_dir: Path, max_points: int = TSNE_MAX_POINTS) -> 
     for key, runs in coll.run_groups().items():
         run = next((r for r in sorted(runs, key=lambda r: r.seed) if r.has_features()), None)
         if run is None:
-            notes.append(f"no t-SNE for {key.strategy} on {key.bench} ({key.backbone}): no features.npz beside "
-                         f"the records of {', '.join(r.run_id for r in runs)}")
+            notes.append(
+                f"no t-SNE for {key.strategy} on {key.bench} ({key.backbone}): no features.npz beside "
+                f"the records of {', '.join(r.run_id for r in runs)}"
+            )
             continue
         try:
             data = load_features(run)
@@ -464,11 +524,14 @@ def tsne(coll: Collection, out_dir: Path, max_points: int = TSNE_MAX_POINTS) -> 
                     ax.spines[:].set_visible(False)
             title = f"t-SNE of test features, {key.strategy} on {key.bench}"
             fig.suptitle(f"{title} (run {run.run_id}, {key.backbone})")
-            caption = (f"{title} ({key.backbone}, {key.weights}; run {run.run_id}, seed {run.seed}): "
-                       f"{len(idx)} of {len(data['labels'])} test images, L2-normalised features, scikit-learn "
-                       f"t-SNE (init pca, random_state {TSNE_SEED})"
-                       + ("; adapted = each image through the module it is routed to" if "adapted" in kinds else "")
-                       + ". " + provenance([run]))
+            caption = (
+                f"{title} ({key.backbone}, {key.weights}; run {run.run_id}, seed {run.seed}): "
+                f"{len(idx)} of {len(data['labels'])} test images, L2-normalised features, scikit-learn "
+                f"t-SNE (init pca, random_state {TSNE_SEED})"
+                + ("; adapted = each image through the module it is routed to" if "adapted" in kinds else "")
+                + ". "
+                + provenance([run])
+            )
             figures.append(_save(fig, out_dir, f"tsne_{slug(run.run_id)}", title, caption, [run]))
     return figures, notes
 
@@ -488,30 +551,37 @@ def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
     with matplotlib.rc_context(RC):
         cols = min(len(groups), 4)
         fig, axes = _new_figure(cols, (len(groups) + cols - 1) // cols, 3.6, 2.7)
-        for ax, ((bench, strategy, _), group) in zip(axes, groups.items()):
+        for ax, ((bench, strategy, _), group) in zip(axes, groups.items(), strict=False):
             curves = [router_curves(r) for r in group]
             xs = group[0].classes_seen
             for i, name in enumerate(curves[0]):
                 mean = np.mean([c[name] for c in curves], axis=0)
-                style = {"color": "black", "ls": "--", "marker": "s"} if name == BOUND else {"color": f"C{i}", "marker": "o"}
+                style = (
+                    {"color": "black", "ls": "--", "marker": "s"}
+                    if name == BOUND
+                    else {"color": f"C{i}", "marker": "o"}
+                )
                 ax.plot(xs[: len(mean)], mean, ms=2, lw=1, label=name, **style)
             ax.set_xlabel("number of classes seen", fontsize=7)
             ax.set_ylabel("routed accuracy (%)", fontsize=7)
             ax.set_title(f"{strategy} on {bench}: " + ", ".join(r.run_id for r in group), fontsize=6)
             ax.tick_params(labelsize=6)
         axes[0].legend(frameon=False, fontsize=5)
-        for ax in axes[len(groups):]:
+        for ax in axes[len(groups) :]:
             ax.set_visible(False)
         title = "Routing study: routed accuracy per router"
-        caption = (f"{title}, after each task (mean over the seeds of a panel's runs), every router on the same "
-                   f"trained modules; the dashed black line is oracle routing (each image through its own task's "
-                   f"module). " + provenance(runs))
+        caption = (
+            f"{title}, after each task (mean over the seeds of a panel's runs), every router on the same "
+            f"trained modules; the dashed black line is oracle routing (each image through its own task's "
+            f"module). " + provenance(runs)
+        )
         return _save(fig, out_dir, "routing_study", title, caption, runs)
 
 
 # ------------------------------------------------------------------------------------------- all
-def make_figures(coll: Collection, out_dir: Path, with_tsne: bool = True,
-                 tsne_points: int = TSNE_MAX_POINTS) -> tuple[list[FigureOut], list[str]]:
+def make_figures(
+    coll: Collection, out_dir: Path, with_tsne: bool = True, tsne_points: int = TSNE_MAX_POINTS
+) -> tuple[list[FigureOut], list[str]]:
     """Every figure of a report, saved under ``out_dir/figures``; returns them and notes on what is absent."""
     figs: list[FigureOut] = []
     notes: list[str] = []

@@ -50,8 +50,11 @@ def _section_html(sec: Section) -> str:
     if sec.notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{html.escape(n)}</li>" for n in sec.notes) + "</ul>")
     if sec.definitions:
-        parts.append('<p class="notes">Metric definitions:</p><ul class="notes">' + "".join(
-            f"<li><code>{html.escape(t)}</code>: {html.escape(m)}</li>" for t, m in sec.definitions) + "</ul>")
+        parts.append(
+            '<p class="notes">Metric definitions:</p><ul class="notes">'
+            + "".join(f"<li><code>{html.escape(t)}</code>: {html.escape(m)}</li>" for t, m in sec.definitions)
+            + "</ul>"
+        )
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -62,9 +65,11 @@ def _figures_html(figures: Sequence[FigureOut], notes: Sequence[str]) -> str:
         png, svg = f.files.get("png"), f.files.get("svg")
         img = f'<img src="{html.escape(png)}" alt="{html.escape(f.title)}">' if png else ""
         link = f' <a href="{html.escape(svg)}">SVG</a>' if svg else ""
-        parts.append(f'<figure id="fig-{html.escape(f.name)}">'
-                     + (f'<a href="{html.escape(svg)}">{img}</a>' if svg else img)
-                     + f"<figcaption>{html.escape(f.caption)}{link}</figcaption></figure>")
+        parts.append(
+            f'<figure id="fig-{html.escape(f.name)}">'
+            + (f'<a href="{html.escape(svg)}">{img}</a>' if svg else img)
+            + f"<figcaption>{html.escape(f.caption)}{link}</figcaption></figure>"
+        )
     if notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     parts.append("</section>")
@@ -77,35 +82,40 @@ def _split(sections: Sequence[Section]) -> tuple[list[Section], list[Section]]:
     return [s for s in sections if s.anchor not in tail], [s for s in sections if s.anchor in tail]
 
 
-def render_html(title: str, meta: str, sections: Sequence[Section], figures: Sequence[FigureOut],
-                figure_notes: Sequence[str]) -> str:
+def render_html(
+    title: str, meta: str, sections: Sequence[Section], figures: Sequence[FigureOut], figure_notes: Sequence[str]
+) -> str:
     head, tail = _split(sections)
-    nav = " ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>'
-                   for s in [*head, Section("Figures", "figures", None), *tail])
+    nav = " ".join(
+        f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in [*head, Section("Figures", "figures", None), *tail]
+    )
     body = [_section_html(s) for s in head] + [_figures_html(figures, figure_notes)] + [_section_html(s) for s in tail]
-    return "\n".join([
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        "<head>",
-        '<meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{html.escape(title)}</title>",
-        f"<style>{CSS}</style>",
-        "</head>",
-        '<body data-broken-images="pending">',
-        f"<h1>{html.escape(title)}</h1>",
-        f'<p class="meta">{html.escape(meta)}</p>',
-        f"<nav>{nav}</nav>",
-        *body,
-        f"<script>{IMAGE_CHECK_JS}</script>",
-        "</body>",
-        "</html>",
-        "",
-    ])
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{html.escape(title)}</title>",
+            f"<style>{CSS}</style>",
+            "</head>",
+            '<body data-broken-images="pending">',
+            f"<h1>{html.escape(title)}</h1>",
+            f'<p class="meta">{html.escape(meta)}</p>',
+            f"<nav>{nav}</nav>",
+            *body,
+            f"<script>{IMAGE_CHECK_JS}</script>",
+            "</body>",
+            "</html>",
+            "",
+        ]
+    )
 
 
-def render_markdown(title: str, meta: str, sections: Sequence[Section], figures: Sequence[FigureOut],
-                    figure_notes: Sequence[str]) -> str:
+def render_markdown(
+    title: str, meta: str, sections: Sequence[Section], figures: Sequence[FigureOut], figure_notes: Sequence[str]
+) -> str:
     head, tail = _split(sections)
     parts = [f"# {title}", "", meta, ""]
     parts += [section_markdown(s) for s in head]

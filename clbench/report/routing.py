@@ -21,8 +21,11 @@ BOUND = "oracle"
 
 def study_runs(coll: Collection) -> list[Run]:
     """Runs whose every task recorded a routing study."""
-    return [r for r in coll.runs if r.record.per_task and
-            all(isinstance(t.diagnostics.get("routers"), dict) for t in r.record.per_task)]
+    return [
+        r
+        for r in coll.runs
+        if r.record.per_task and all(isinstance(t.diagnostics.get("routers"), dict) for t in r.record.per_task)
+    ]
 
 
 def own_router(run: Run) -> str | None:
@@ -47,12 +50,22 @@ def router_rows(run: Run) -> list[dict[str, Any]]:
     rows = []
     for name, curve in curves.items():
         d = last[name]
-        gap = (None if base_final is None or bound_final == base_final
-               else 100 * (curve[-1] - base_final) / (bound_final - base_final))
-        rows.append({"router": name + (" (run's own)" if name == base else "") + (" (bound)" if name == BOUND else ""),
-                     "routing acc %": d["routing_acc"], "final acc %": curve[-1], "avg acc %": float(np.mean(curve)),
-                     "newest module share %": d["newest_module_share"], "oracle gap closed %": gap,
-                     "collapse": d.get("collapse_warning") or "-"})
+        gap = (
+            None
+            if base_final is None or bound_final == base_final
+            else 100 * (curve[-1] - base_final) / (bound_final - base_final)
+        )
+        rows.append(
+            {
+                "router": name + (" (run's own)" if name == base else "") + (" (bound)" if name == BOUND else ""),
+                "routing acc %": d["routing_acc"],
+                "final acc %": curve[-1],
+                "avg acc %": float(np.mean(curve)),
+                "newest module share %": d["newest_module_share"],
+                "oracle gap closed %": gap,
+                "collapse": d.get("collapse_warning") or "-",
+            }
+        )
     return rows
 
 
@@ -64,8 +77,12 @@ def _fmt(value: Any, nd: int = 2) -> str:
 
 def study_table(run: Run) -> pd.DataFrame:
     rows = router_rows(run)
-    return pd.DataFrame([{k: _fmt(v, 1 if k in ("oracle gap closed %", "newest module share %") else 2)
-                          for k, v in row.items()} for row in rows])
+    return pd.DataFrame(
+        [
+            {k: _fmt(v, 1 if k in ("oracle gap closed %", "newest module share %") else 2) for k, v in row.items()}
+            for row in rows
+        ]
+    )
 
 
 def routing_per_task_table(run: Run) -> pd.DataFrame:
@@ -83,11 +100,15 @@ def vary_table(runs: Sequence[Run], field: str) -> pd.DataFrame:
     rows = []
     for run in sorted(runs, key=lambda r: (r.record.bench, _setting(r, field), r.seed)):
         diag = run.record.per_task[-1].diagnostics
-        row: dict[str, Any] = {"bench": run.record.bench, field: _setting(run, field), "seed": run.seed,
-                               "run": run.run_id,
-                               "weight cos": _fmt(diag.get("module_cosine_similarity"), 4),
-                               "output cos": _fmt(diag.get("module_output_cosine"), 4),
-                               "output cos (centred)": _fmt(diag.get("module_output_cosine_centred"), 4)}
+        row: dict[str, Any] = {
+            "bench": run.record.bench,
+            field: _setting(run, field),
+            "seed": run.seed,
+            "run": run.run_id,
+            "weight cos": _fmt(diag.get("module_cosine_similarity"), 4),
+            "output cos": _fmt(diag.get("module_output_cosine"), 4),
+            "output cos (centred)": _fmt(diag.get("module_output_cosine_centred"), 4),
+        }
         for name, d in diag["routers"].items():
             row[f"{name} routing / final %"] = f"{d['routing_acc']:.1f} / {d['acc']:.2f}"
         rows.append(row)
@@ -110,10 +131,14 @@ def vary_mean_table(runs: Sequence[Run], field: str) -> pd.DataFrame:
     rows = []
     for (bench, value), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         diags = [r.record.per_task[-1].diagnostics for r in group]
-        row: dict[str, Any] = {"bench": bench, field: value, "seeds": ", ".join(str(s) for s in sorted(r.seed for r in group)),
-                               "weight cos": _fmt(_mean([d.get("module_cosine_similarity") for d in diags]), 4),
-                               "output cos": _fmt(_mean([d.get("module_output_cosine") for d in diags]), 4),
-                               "output cos (centred)": _fmt(_mean([d.get("module_output_cosine_centred") for d in diags]), 4)}
+        row: dict[str, Any] = {
+            "bench": bench,
+            field: value,
+            "seeds": ", ".join(str(s) for s in sorted(r.seed for r in group)),
+            "weight cos": _fmt(_mean([d.get("module_cosine_similarity") for d in diags]), 4),
+            "output cos": _fmt(_mean([d.get("module_output_cosine") for d in diags]), 4),
+            "output cos (centred)": _fmt(_mean([d.get("module_output_cosine_centred") for d in diags]), 4),
+        }
         for name in diags[0]["routers"]:
             if all(name in d["routers"] for d in diags):
                 routing = _mean([d["routers"][name]["routing_acc"] for d in diags])

@@ -23,14 +23,18 @@ if TYPE_CHECKING:
 # What each evaluation protocol means; printed under tables that show the protocol column.
 PROTOCOL_NOTES: dict[str, str] = {
     "per-sample": "per-sample: every test image is predicted on its own (the sound default)",
-    "reference": ("reference: the reference implementation's batch behaviour (class-by-class test batches, one "
-                  "routing decision per batch), reported to show the gap"),
+    "reference": (
+        "reference: the reference implementation's batch behaviour (class-by-class test batches, one "
+        "routing decision per batch), reported to show the gap"
+    ),
 }
 FORGETTING_NOTE = "forgetting column: Chaudhry / PILOT definition (max earlier R[t][j] minus final R[T][j])"
-COST_NOTE = ("added params: parameters stored on top of the frozen backbone after the last task (modules, prompts, "
-             "head); trainable: the most trained at once in one task. Times are seconds per run (mean over seeds): "
-             "features = frozen-feature extraction (near 0 when the on-disk feature cache hit), train, eval (covers "
-             "every protocol the run evaluated); peak RSS = the largest over the runs")
+COST_NOTE = (
+    "added params: parameters stored on top of the frozen backbone after the last task (modules, prompts, "
+    "head); trainable: the most trained at once in one task. Times are seconds per run (mean over seeds): "
+    "features = frozen-feature extraction (near 0 when the on-disk feature cache hit), train, eval (covers "
+    "every protocol the run evaluated); peak RSS = the largest over the runs"
+)
 
 
 @dataclass
@@ -133,24 +137,26 @@ def summary_table(coll: Collection) -> pd.DataFrame:
     for key, runs in coll.acc_groups().items():
         s = [r.summary(key.protocol) for r in runs]
         rss = _finite(r.record.peak_rss_mb for r in runs)
-        rows.append({
-            "benchmark": key.bench,
-            "strategy": key.strategy,
-            "backbone": key.backbone,
-            "weights": key.weights,
-            "protocol": key.protocol,
-            "n (seeds)": seeds_cell(runs),
-            "final acc %": fmt_mean_std(x.last_acc for x in s),
-            "avg inc acc %": fmt_mean_std(x.avg_acc for x in s),
-            "forgetting": fmt_mean_std(x.forgetting for x in s),
-            "added params": fmt_int_range(r.record.params.added_total for r in runs),
-            "trainable params": fmt_int_range(r.record.params.trainable for r in runs),
-            "features s": fmt_float(mean_std(r.record.time_s.features for r in runs)[0]),
-            "train s": fmt_float(mean_std(r.record.time_s.train for r in runs)[0]),
-            "eval s": fmt_float(mean_std(r.record.time_s.eval for r in runs)[0]),
-            "peak RSS MB": fmt_float(max(rss) if rss else math.nan, 0),
-            "runs": run_ids(runs),
-        })
+        rows.append(
+            {
+                "benchmark": key.bench,
+                "strategy": key.strategy,
+                "backbone": key.backbone,
+                "weights": key.weights,
+                "protocol": key.protocol,
+                "n (seeds)": seeds_cell(runs),
+                "final acc %": fmt_mean_std(x.last_acc for x in s),
+                "avg inc acc %": fmt_mean_std(x.avg_acc for x in s),
+                "forgetting": fmt_mean_std(x.forgetting for x in s),
+                "added params": fmt_int_range(r.record.params.added_total for r in runs),
+                "trainable params": fmt_int_range(r.record.params.trainable for r in runs),
+                "features s": fmt_float(mean_std(r.record.time_s.features for r in runs)[0]),
+                "train s": fmt_float(mean_std(r.record.time_s.train for r in runs)[0]),
+                "eval s": fmt_float(mean_std(r.record.time_s.eval for r in runs)[0]),
+                "peak RSS MB": fmt_float(max(rss) if rss else math.nan, 0),
+                "runs": run_ids(runs),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -164,16 +170,18 @@ def gap_table(coll: Collection) -> pd.DataFrame:
         if not with_gap:
             continue
         gaps = [r.record.protocol_gap for r in with_gap]
-        rows.append({
-            "benchmark": key.bench,
-            "strategy": key.strategy,
-            "backbone": key.backbone,
-            "weights": key.weights,
-            "n (seeds)": seeds_cell(with_gap),
-            "final acc gap (points)": fmt_signed_mean_std(g.last_acc for g in gaps),
-            "avg inc acc gap (points)": fmt_signed_mean_std(g.avg_acc for g in gaps),
-            "runs": run_ids(with_gap),
-        })
+        rows.append(
+            {
+                "benchmark": key.bench,
+                "strategy": key.strategy,
+                "backbone": key.backbone,
+                "weights": key.weights,
+                "n (seeds)": seeds_cell(with_gap),
+                "final acc gap (points)": fmt_signed_mean_std(g.last_acc for g in gaps),
+                "avg inc acc gap (points)": fmt_signed_mean_std(g.avg_acc for g in gaps),
+                "runs": run_ids(with_gap),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -199,38 +207,45 @@ def routing_table(coll: Collection) -> pd.DataFrame:
         if not runs:
             continue
         d = [last_diagnostics(r) for r in runs]
-        rows.append({
-            "benchmark": key.bench,
-            "strategy": key.strategy,
-            "backbone": key.backbone,
-            "protocol": key.protocol,
-            "n (seeds)": seeds_cell(runs),
-            "routing acc %": fmt_mean_std(x[key.protocol]["routing_acc"] for x in d),
-            "routed acc %": fmt_mean_std(x[key.protocol].get("acc") for x in d),
-            "oracle-routed acc %": fmt_mean_std(x.get("oracle_acc") for x in d),
-            "newest module share %": fmt_mean_std(x[key.protocol].get("newest_module_share") for x in d),
-            "module cosine sim.": fmt_mean_std((x.get("module_cosine_similarity") for x in d), 3),
-            "warning": "; ".join(sorted({x["routing_warning"] for x in d if x.get("routing_warning")})) or "-",
-            "runs": run_ids(runs),
-        })
+        rows.append(
+            {
+                "benchmark": key.bench,
+                "strategy": key.strategy,
+                "backbone": key.backbone,
+                "protocol": key.protocol,
+                "n (seeds)": seeds_cell(runs),
+                "routing acc %": fmt_mean_std(x[key.protocol]["routing_acc"] for x in d),
+                "routed acc %": fmt_mean_std(x[key.protocol].get("acc") for x in d),
+                "oracle-routed acc %": fmt_mean_std(x.get("oracle_acc") for x in d),
+                "newest module share %": fmt_mean_std(x[key.protocol].get("newest_module_share") for x in d),
+                "module cosine sim.": fmt_mean_std((x.get("module_cosine_similarity") for x in d), 3),
+                "warning": "; ".join(sorted({x["routing_warning"] for x in d if x.get("routing_warning")})) or "-",
+                "runs": run_ids(runs),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def runs_table(coll: Collection) -> pd.DataFrame:
     import pandas as pd
 
-    return pd.DataFrame([{
-        "run id": r.run_id,
-        "strategy": r.variant,
-        "benchmark": r.bench_label,
-        "backbone": r.backbone_label,
-        "weights digest": digest_short(r.record.weights_digest)
-        + (" (random init)" if r.weights_label == "random init" else ""),
-        "seed": str(r.seed),
-        "protocol": ", ".join(r.protocols),
-        "git revision": r.git_short,
-        "command": r.record.command or "",
-    } for r in coll.runs])
+    return pd.DataFrame(
+        [
+            {
+                "run id": r.run_id,
+                "strategy": r.variant,
+                "benchmark": r.bench_label,
+                "backbone": r.backbone_label,
+                "weights digest": digest_short(r.record.weights_digest)
+                + (" (random init)" if r.weights_label == "random init" else ""),
+                "seed": str(r.seed),
+                "protocol": ", ".join(r.protocols),
+                "git revision": r.git_short,
+                "command": r.record.command or "",
+            }
+            for r in coll.runs
+        ]
+    )
 
 
 def skipped_table(coll: Collection) -> pd.DataFrame:
@@ -264,29 +279,56 @@ def sections(coll: Collection) -> list[Section]:
     """Every table of a report, in order."""
     summary = summary_table(coll)
     protocols = sorted({p for r in coll.runs for p in r.protocols})
-    out = [Section(
-        "Summary", "summary", summary,
-        intro="One row per benchmark x strategy x backbone x protocol; mean ± sample std over seeds.",
-        notes=[*(PROTOCOL_NOTES.get(p, f"{p}: a protocol named by the strategy") for p in protocols),
-               FORGETTING_NOTE, COST_NOTE, *coll.notes, *provenance_notes(coll)],
-        definitions=metric_definitions(),
-    )]
+    out = [
+        Section(
+            "Summary",
+            "summary",
+            summary,
+            intro="One row per benchmark x strategy x backbone x protocol; mean ± sample std over seeds.",
+            notes=[
+                *(PROTOCOL_NOTES.get(p, f"{p}: a protocol named by the strategy") for p in protocols),
+                FORGETTING_NOTE,
+                COST_NOTE,
+                *coll.notes,
+                *provenance_notes(coll),
+            ],
+            definitions=metric_definitions(),
+        )
+    ]
     gap = gap_table(coll)
     if len(gap):
-        out.append(Section("Reference-protocol gap", "protocol-gap", gap,
-                           intro="Reference protocol minus per-sample protocol, in accuracy points, for runs that "
-                                 "evaluated both."))
+        out.append(
+            Section(
+                "Reference-protocol gap",
+                "protocol-gap",
+                gap,
+                intro="Reference protocol minus per-sample protocol, in accuracy points, for runs that evaluated both.",
+            )
+        )
     routing = routing_table(coll)
     if len(routing):
-        out.append(Section("Routing diagnostics (after the last task)", "routing", routing,
-                           intro="Routing accuracy: share of test images sent to their own task's module. Oracle: "
-                                 "accuracy when every image uses its own task's module."))
+        out.append(
+            Section(
+                "Routing diagnostics (after the last task)",
+                "routing",
+                routing,
+                intro="Routing accuracy: share of test images sent to their own task's module. Oracle: "
+                "accuracy when every image uses its own task's module.",
+            )
+        )
 
     out.extend(routing_study_sections(coll))
     out.append(Section("Runs", "runs", runs_table(coll), intro="Every run the numbers and figures above come from."))
-    out.append(Section("Skipped", "skipped", skipped_table(coll) if coll.skipped else None,
-                       intro="Folders without a complete record; none of them is averaged in." if coll.skipped
-                       else "No folder was skipped."))
+    out.append(
+        Section(
+            "Skipped",
+            "skipped",
+            skipped_table(coll) if coll.skipped else None,
+            intro="Folders without a complete record; none of them is averaged in."
+            if coll.skipped
+            else "No folder was skipped.",
+        )
+    )
     return out
 
 
@@ -306,8 +348,9 @@ def to_markdown(df: pd.DataFrame) -> str:
 
 def to_html(df: pd.DataFrame) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
-                     for row in df.itertuples(index=False))
+    body = "\n".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in df.itertuples(index=False)
+    )
     return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
 
 
@@ -337,9 +380,14 @@ def routing_study_sections(coll: Collection) -> list[Section]:
     """Report sections (one table per study run), for :func:`clbench.report.tables.sections`."""
     from clbench.report.routing import study_runs, study_table
 
-    return [Section(f"Routing study: {r.run_id} ({r.strategy} on {r.record.bench})", f"routing-study-{r.run_id}",
-                    study_table(r),
-                    intro="Every router evaluated on the same trained modules; accuracy in %, after the last task "
-                          "(final) and averaged over tasks (avg). Oracle: each image through its own task's module. "
-                          "Gap closed: (router - run's own router) / (oracle - run's own router), final accuracy.")
-            for r in study_runs(coll)]
+    return [
+        Section(
+            f"Routing study: {r.run_id} ({r.strategy} on {r.record.bench})",
+            f"routing-study-{r.run_id}",
+            study_table(r),
+            intro="Every router evaluated on the same trained modules; accuracy in %, after the last task "
+            "(final) and averaged over tasks (avg). Oracle: each image through its own task's module. "
+            "Gap closed: (router - run's own router) / (oracle - run's own router), final accuracy.",
+        )
+        for r in study_runs(coll)
+    ]

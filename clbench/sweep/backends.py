@@ -53,8 +53,9 @@ class LocalBackend:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_die_with_parent)
+            self._pool = ProcessPoolExecutor(
+                self.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_die_with_parent
+            )
         return self._pool
 
     def submit(self, run_id: str, payload: dict[str, Any]) -> None:
@@ -126,8 +127,10 @@ def _token_auth_for_existing_cluster() -> None:
                 pass
 
 
-RAY_HINT = ("start one with `ray start --head` and pass the address it prints (e.g. 127.0.0.1:6379), or leave "
-            "--ray-address out to start a local Ray")
+RAY_HINT = (
+    "start one with `ray start --head` and pass the address it prints (e.g. 127.0.0.1:6379), or leave "
+    "--ray-address out to start a local Ray"
+)
 
 
 def _probe_ray_address(address: str, timeout: float) -> None:
@@ -146,8 +149,9 @@ def _probe_ray_address(address: str, timeout: float) -> None:
             pass
     except OSError as e:
         why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__).lower()
-        raise ClbenchError(f"--ray-address {address}: no Ray cluster answers there ({why}, --ray-timeout "
-                           f"{timeout:g} s)", RAY_HINT) from None
+        raise ClbenchError(
+            f"--ray-address {address}: no Ray cluster answers there ({why}, --ray-timeout {timeout:g} s)", RAY_HINT
+        ) from None
 
 
 class RayBackend:
@@ -164,8 +168,9 @@ class RayBackend:
         try:
             import ray
         except ImportError:
-            raise ClbenchError("--backend ray needs Ray, which is not installed",
-                               "pip install 'clbench[ray]' (or use --backend local)") from None
+            raise ClbenchError(
+                "--backend ray needs Ray, which is not installed", "pip install 'clbench[ray]' (or use --backend local)"
+            ) from None
         self.ray = ray
         self.address = address
         self.cpus = 1 if res.cpus_per_run is None else res.cpus_per_run
@@ -175,17 +180,26 @@ class RayBackend:
                 if address:
                     ray.init(address=address, log_to_driver=False, logging_level="warning")
                 else:  # "local": a new Ray for this sweep, never a cluster that happens to run on this machine
-                    ray.init(address="local", num_cpus=(res.jobs * self.cpus) if res.jobs else None,
-                             include_dashboard=False, log_to_driver=False, logging_level="warning")
+                    ray.init(
+                        address="local",
+                        num_cpus=(res.jobs * self.cpus) if res.jobs else None,
+                        include_dashboard=False,
+                        log_to_driver=False,
+                        logging_level="warning",
+                    )
             except (ConnectionError, ValueError, RuntimeError) as e:
                 if not address:
-                    raise ClbenchError(f"--backend ray: could not start a local Ray ({e})",
-                                       "check `ray start --head` works here, or use --backend local") from None
-                raise ClbenchError(f"--ray-address {address}: could not connect to a Ray cluster ({e})",
-                                   "start one with `ray start --head` and pass the address it prints "
-                                   "(e.g. 127.0.0.1:6379), or leave --ray-address out to start a local Ray; a "
-                                   "cluster with token authentication needs its token here (~/.ray/auth_token, "
-                                   "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)") from None
+                    raise ClbenchError(
+                        f"--backend ray: could not start a local Ray ({e})",
+                        "check `ray start --head` works here, or use --backend local",
+                    ) from None
+                raise ClbenchError(
+                    f"--ray-address {address}: could not connect to a Ray cluster ({e})",
+                    "start one with `ray start --head` and pass the address it prints "
+                    "(e.g. 127.0.0.1:6379), or leave --ray-address out to start a local Ray; a "
+                    "cluster with token authentication needs its token here (~/.ray/auth_token, "
+                    "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)",
+                ) from None
         self._shutdown = started_here
         total = ray.cluster_resources()
         self.gpus = res.gpus_per_run if res.gpus_per_run is not None else (1.0 if total.get("GPU", 0) > 0 else 0.0)
@@ -198,8 +212,8 @@ class RayBackend:
         self.threads = self.cpus
         self.retries = res.retries
         self._remote = ray.remote(execute).options(
-            num_cpus=self.cpus, num_gpus=self.gpus, memory=self.memory, max_retries=res.retries,
-            retry_exceptions=True)
+            num_cpus=self.cpus, num_gpus=self.gpus, memory=self.memory, max_retries=res.retries, retry_exceptions=True
+        )
         self._refs: dict[Any, str] = {}
 
     def _check_fits(self) -> None:
@@ -207,17 +221,30 @@ class RayBackend:
         nodes = [n.get("Resources", {}) for n in self.ray.nodes() if n.get("Alive")]
         need = {"CPU": self.cpus, "GPU": self.gpus, "memory": self.memory or 0}
         if not any(all(node.get(k, 0) >= v for k, v in need.items() if v) for node in nodes):
-            have = "; ".join(f"CPU {n.get('CPU', 0):g}, GPU {n.get('GPU', 0):g}, memory {n.get('memory', 0) / 2**30:.1f} GB"
-                             for n in nodes) or "no live nodes"
-            raise ClbenchError(f"no Ray node can hold one run (CPU {self.cpus:g}, GPU {self.gpus:g}, memory "
-                               f"{(self.memory or 0) / 2**30:.1f} GB); nodes: {have}",
-                               "lower --cpus-per-run / --gpus-per-run / --memory-per-run, or add nodes")
+            have = (
+                "; ".join(
+                    f"CPU {n.get('CPU', 0):g}, GPU {n.get('GPU', 0):g}, memory {n.get('memory', 0) / 2**30:.1f} GB"
+                    for n in nodes
+                )
+                or "no live nodes"
+            )
+            raise ClbenchError(
+                f"no Ray node can hold one run (CPU {self.cpus:g}, GPU {self.gpus:g}, memory "
+                f"{(self.memory or 0) / 2**30:.1f} GB); nodes: {have}",
+                "lower --cpus-per-run / --gpus-per-run / --memory-per-run, or add nodes",
+            )
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": "ray", "address": self.address or "local (started for the sweep)",
-                "ray_version": self.ray.__version__, "cluster": self.ray.cluster_resources(),
-                "cpus_per_run": self.cpus, "gpus_per_run": self.gpus,
-                "memory_per_run_gb": None if self.memory is None else self.memory / 2**30, "max_retries": self.retries}
+        return {
+            "backend": "ray",
+            "address": self.address or "local (started for the sweep)",
+            "ray_version": self.ray.__version__,
+            "cluster": self.ray.cluster_resources(),
+            "cpus_per_run": self.cpus,
+            "gpus_per_run": self.gpus,
+            "memory_per_run_gb": None if self.memory is None else self.memory / 2**30,
+            "max_retries": self.retries,
+        }
 
     def submit(self, run_id: str, payload: dict[str, Any]) -> None:
         self._refs[self._remote.remote(payload)] = run_id

@@ -49,8 +49,11 @@ class PlannedRun:
 def parse_list(text: str, what: str) -> tuple[str, ...]:
     items = [x.strip() for x in text.split(",") if x.strip()]
     if not items:
-        raise ClbenchError(f"--{what} is empty", f"give a comma-separated list, e.g. --{what} " +
-                           {"strategies": "tosca,simplecil", "benches": "emoji", "seeds": "1993,1994,1995"}[what])
+        raise ClbenchError(
+            f"--{what} is empty",
+            f"give a comma-separated list, e.g. --{what} "
+            + {"strategies": "tosca,simplecil", "benches": "emoji", "seeds": "1993,1994,1995"}[what],
+        )
     return tuple(dict.fromkeys(items))  # order kept, repeats dropped
 
 
@@ -93,8 +96,9 @@ def make_plan(spec: SweepSpec) -> list[PlannedRun]:
 
     for scope, key, _ in spec.overrides:
         if scope is not None and scope not in spec.strategies:
-            raise ClbenchError(f"--set {scope}.{key}: {scope!r} is not one of the sweep's strategies "
-                               f"({', '.join(spec.strategies)})")
+            raise ClbenchError(
+                f"--set {scope}.{key}: {scope!r} is not one of the sweep's strategies ({', '.join(spec.strategies)})"
+            )
     if spec.profile is not None and not any(spec.profile in STRATEGIES.get(s).profiles for s in spec.strategies):
         raise ClbenchError(f"--profile {spec.profile}: none of {', '.join(spec.strategies)} has that profile")
     plan = []
@@ -105,15 +109,25 @@ def make_plan(spec: SweepSpec) -> list[PlannedRun]:
             profile = spec.profile if spec.profile in cls.profiles else None
             for seed in spec.seeds:
                 run_id = f"{strategy}-{bench}-s{seed}"
-                cfg = RunConfig(strategy=strategy, bench=bench, seed=seed, profile=profile, overrides=overrides,
-                                data_root=spec.data_roots.get(bench, spec.data_roots.get(None)),
-                                out=str(spec.out / "runs" / run_id), **spec.settings)
+                cfg = RunConfig(
+                    strategy=strategy,
+                    bench=bench,
+                    seed=seed,
+                    profile=profile,
+                    overrides=overrides,
+                    data_root=spec.data_roots.get(bench, spec.data_roots.get(None)),
+                    out=str(spec.out / "runs" / run_id),
+                    **spec.settings,
+                )
                 try:
                     _, _, backbone, _, _ = resolve(cfg)
                 except ClbenchError as e:
                     if any(s is None for s, _, _ in spec.overrides) and "has no setting" in str(e):
-                        raise ClbenchError(e.args[0], "scope a setting to one strategy with --set "
-                                           "STRATEGY.KEY=VALUE, e.g. --set tosca.epochs=5", e.flags) from None
+                        raise ClbenchError(
+                            e.args[0],
+                            "scope a setting to one strategy with --set STRATEGY.KEY=VALUE, e.g. --set tosca.epochs=5",
+                            e.flags,
+                        ) from None
                     raise
                 plan.append(PlannedRun(run_id, cfg, fingerprint(cfg, backbone)))
     return plan
@@ -173,6 +187,8 @@ def check_folders(plan: list[PlannedRun]) -> None:
     conflicts = [f"{r.path}: {why}" for r in plan if (why := inspect(r)) is not None]
     if conflicts:
         shown = "\n  ".join(conflicts[:10]) + (f"\n  ... and {len(conflicts) - 10} more" if len(conflicts) > 10 else "")
-        raise ClbenchError(f"{len(conflicts)} run folder(s) of this sweep hold runs it cannot skip or continue "
-                           f"(other settings, or nothing to continue from):\n  {shown}",
-                           "choose another --out, or delete those run folders to run them again")
+        raise ClbenchError(
+            f"{len(conflicts)} run folder(s) of this sweep hold runs it cannot skip or continue "
+            f"(other settings, or nothing to continue from):\n  {shown}",
+            "choose another --out, or delete those run folders to run them again",
+        )

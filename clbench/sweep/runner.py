@@ -87,13 +87,20 @@ def overhead(outcomes: list[dict[str, Any]], sweep_start: float) -> dict[str, An
         "per_run_s": ((last - first) * peak - sum(durations)) / len(done),
         "collection_s_mean": sum(o["collected_at"] - o["finished_at"] for o in done) / len(done),
         "definition": "per_run_s = (active window x max concurrent runs - sum of run durations) / runs executed; "
-                      "startup_s = sweep start to first run start",
+        "startup_s = sweep start to first run start",
     }
 
 
-def run_sweep(spec: SweepSpec, backend_name: str = "local", res: Resources | None = None,
-              ray_address: str | None = None, view: SweepView | None = None, cache: str | None = None,
-              dry_run: bool = False, command: str | None = None) -> dict[str, Any]:
+def run_sweep(
+    spec: SweepSpec,
+    backend_name: str = "local",
+    res: Resources | None = None,
+    ray_address: str | None = None,
+    view: SweepView | None = None,
+    cache: str | None = None,
+    dry_run: bool = False,
+    command: str | None = None,
+) -> dict[str, Any]:
     """Plan, skip what is done, run the rest on the backend, and write ``sweep.json``. Returns the manifest."""
     view = view or SweepView()
     res = res or Resources(None, None, None, None)
@@ -137,18 +144,29 @@ def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> d
     from clbench.results import git_revision
 
     manifest: dict[str, Any] = {
-        "format": "clbench-sweep", "version": 1, "command": command,
-        "strategies": list(spec.strategies), "benches": list(spec.benches), "seeds": list(spec.seeds),
-        "settings": dict(spec.settings), "profile": spec.profile, "overrides": [list(o) for o in spec.overrides],
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "git_revision": git_revision(),
-        "complete": False, "runs": {},
+        "format": "clbench-sweep",
+        "version": 1,
+        "command": command,
+        "strategies": list(spec.strategies),
+        "benches": list(spec.benches),
+        "seeds": list(spec.seeds),
+        "settings": dict(spec.settings),
+        "profile": spec.profile,
+        "overrides": [list(o) for o in spec.overrides],
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_revision": git_revision(),
+        "complete": False,
+        "runs": {},
     }
     earlier = read_json(spec.out / SWEEP_FILE)  # earlier invocations of this sweep: kept, with their overhead
-    manifest["history"] = ([*earlier.get("history", []), {k: earlier.get(k) for k in HISTORY_FIELDS}]
-                           if earlier else [])
+    manifest["history"] = [*earlier.get("history", []), {k: earlier.get(k) for k in HISTORY_FIELDS}] if earlier else []
     for r in plan:
-        manifest["runs"][r.run_id] = {"path": str(r.path.relative_to(spec.out)), "state_at_start": r.state,
-                                      "tasks_done_at_start": r.tasks_done, "fingerprint": r.fingerprint}
+        manifest["runs"][r.run_id] = {
+            "path": str(r.path.relative_to(spec.out)),
+            "state_at_start": r.state,
+            "tasks_done_at_start": r.tasks_done,
+            "fingerprint": r.fingerprint,
+        }
     return manifest
 
 
@@ -160,13 +178,23 @@ def _lock_sweep(out: Path):
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise ClbenchError(f"another clbench sweep is running in {out}",
-                           "wait for it to finish (it writes sweep.json as runs end) or choose another --out") from None
+        raise ClbenchError(
+            f"another clbench sweep is running in {out}",
+            "wait for it to finish (it writes sweep.json as runs end) or choose another --out",
+        ) from None
     return handle
 
 
-def _execute_plan(plan: list[PlannedRun], manifest: dict[str, Any], out: Path, backend_name: str,
-                  res: Resources, ray_address: str | None, view: SweepView, env: dict[str, str]) -> dict[str, Any]:
+def _execute_plan(
+    plan: list[PlannedRun],
+    manifest: dict[str, Any],
+    out: Path,
+    backend_name: str,
+    res: Resources,
+    ray_address: str | None,
+    view: SweepView,
+    env: dict[str, str],
+) -> dict[str, Any]:
     from clbench.results import load_record
 
     todo = [r for r in plan if r.state != "complete"]
@@ -178,8 +206,14 @@ def _execute_plan(plan: list[PlannedRun], manifest: dict[str, Any], out: Path, b
     attempts: dict[str, int] = {}
 
     def payload(r: PlannedRun) -> dict[str, Any]:
-        return {"run_id": r.run_id, "config": dataclasses.asdict(r.cfg), "fingerprint": r.fingerprint, "env": env,
-                "threads": backend.threads, "sweep_id": sweep_id}
+        return {
+            "run_id": r.run_id,
+            "config": dataclasses.asdict(r.cfg),
+            "fingerprint": r.fingerprint,
+            "env": env,
+            "threads": backend.threads,
+            "sweep_id": sweep_id,
+        }
 
     def submit(r: PlannedRun) -> None:
         attempts[r.run_id] = attempts.get(r.run_id, 0) + 1
@@ -212,14 +246,23 @@ def _execute_plan(plan: list[PlannedRun], manifest: dict[str, Any], out: Path, b
                     except ClbenchError as e:
                         failure, outcome = f"the run reported success but its record cannot be used ({e.args[0]})", None
                     else:
-                        r.outcome.update(outcome, collected_at=time.time(), attempts=attempts[run_id],
-                                         last_acc=record.last_acc, avg_acc=record.avg_acc)
+                        r.outcome.update(
+                            outcome,
+                            collected_at=time.time(),
+                            attempts=attempts[run_id],
+                            last_acc=record.last_acc,
+                            avg_acc=record.avg_acc,
+                        )
                         r.state = "complete"
                         running.discard(run_id)
                         resumed = record.resumed_from_task
                         note = f" (continued after task {resumed[-1]})" if resumed else ""
-                        view.ended(r, True, f"final {record.last_acc:.2f}  avg {record.avg_acc:.2f}  "
-                                            f"{outcome['finished_at'] - outcome['started_at']:.0f} s{note}")
+                        view.ended(
+                            r,
+                            True,
+                            f"final {record.last_acc:.2f}  avg {record.avg_acc:.2f}  "
+                            f"{outcome['finished_at'] - outcome['started_at']:.0f} s{note}",
+                        )
                         save()
                         continue
                 if outcome is not None:  # a user error: retrying cannot help

