@@ -14,6 +14,8 @@ import pytest
 
 import clbench  # noqa: F401  (first: sets OpenMP's wait policy before any test module imports torch)
 
+pytest_plugins = ["tinytasks"]  # fixtures of the method tests: backbone, one_thread
+
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random")
 
 

@@ -12,49 +12,23 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tinytasks import make_split
 
 from baselines.ease import EASE, AdapterSet, EASEConfig, adapter_set_size, subspace_weights, synthesize_prototypes
 from baselines.l2p import L2P, L2PConfig, PromptPool, select_prompts
-from clbench.backbones import load_backbone, state_digest
-from clbench.benchmarks.base import ArraySource
+from clbench.backbones import state_digest
 from clbench.blocks import masked_cross_entropy, vit_forward_tokens, vit_inserted_position, vit_tokens
 from clbench.errors import ClbenchError
-from clbench.features import extract
 from clbench.harness import RunConfig, make_strategy_config, run
 from clbench.strategy import PER_SAMPLE, REFERENCE, Context, Split, Task
-from clbench.transforms import TransformSpec
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
 
 L2P_SMALL = L2PConfig(epochs=1, batch_size=8, eval_batch_size=4)
 EASE_SMALL = EASEConfig(epochs=1, batch_size=8, eval_batch_size=4, bottleneck=8)
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny ViT gains nothing from threads, and on a shared 2-core machine OpenMP threads spinning against
-    other processes make it ~10x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def backbone():
-    return load_backbone("vit_micro", "random", seed=0)
-
-
-def make_split(backbone, classes: list[int], n_per_class: int, seed: int) -> Split:
-    rng = np.random.default_rng(seed)
-    labels = np.repeat(np.asarray(classes), n_per_class)
-    images = rng.integers(0, 256, size=(len(labels), 32, 32, 3), dtype=np.uint8)
-    source = ArraySource(images, labels, f"tiny-{seed}")
-    eval_tf = TransformSpec(32, None, backbone.mean, backbone.std).build()
-    train_tf = TransformSpec(32, None, backbone.mean, backbone.std, train=True).build()
-    feats = extract(backbone, source, eval_tf, torch.device("cpu"), precision="fp32", batch_size=64)
-    return Split(source, np.arange(len(labels)), torch.as_tensor(labels), feats, eval_tf, train_tf)
-
-
 @pytest.fixture(scope="module")
 def tasks(backbone) -> list[Task]:
     first = make_split(backbone, [0, 1], 6, seed=1)

@@ -9,53 +9,28 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tinytasks import make_split
 
 from baselines.dualprompt import DualPrompt, DualPromptConfig, prefix_attention, prefix_block
 from baselines.ease import AdapterSet
 from baselines.mos import MOS, MOSConfig, drifting, merge_toward, orth_loss, self_refine
-from clbench.backbones import load_backbone, state_digest
-from clbench.benchmarks.base import ArraySource
+from clbench.backbones import state_digest
 from clbench.blocks import vit_block
 from clbench.config import make_strategy_config
 from clbench.errors import ClbenchError
-from clbench.features import extract
 from clbench.harness import RunConfig, run
 from clbench.strategy import PER_SAMPLE, REFERENCE, Context, RunShape, Split, Task
-from clbench.transforms import TransformSpec
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
 
 MOS_SMALL = MOSConfig(epochs=1, batch_size=8, eval_batch_size=4, ca_epochs=2)
 DP_SMALL = DualPromptConfig(epochs=1, batch_size=8, eval_batch_size=4, e_prompt_layers="2,3", pool_size=4)
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def backbone():
-    return load_backbone("vit_micro", "random", seed=0)
-
-
-def make_split(backbone, classes: list[int], n_per_class: int, seed: int) -> Split:
-    rng = np.random.default_rng(seed)
-    labels = np.repeat(np.asarray(classes), n_per_class)
-    images = rng.integers(0, 256, size=(len(labels), 32, 32, 3), dtype=np.uint8)
-    source = ArraySource(images, labels, f"tiny-{seed}")
-    eval_tf = TransformSpec(32, None, backbone.mean, backbone.std).build()
-    train_tf = TransformSpec(32, None, backbone.mean, backbone.std, train=True).build()
-    feats = extract(backbone, source, eval_tf, torch.device("cpu"), precision="fp32", batch_size=64)
-    return Split(source, np.arange(len(labels)), torch.as_tensor(labels), feats, eval_tf, train_tf)
-
-
 @pytest.fixture(scope="module")
 def tasks(backbone) -> list[Task]:
     first = make_split(backbone, [0, 1], 6, seed=1)

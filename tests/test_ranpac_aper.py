@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tinytasks import make_split
 
 import baselines.ranpac as ranpac_mod
 from baselines.aper import APER, APERConfig
 from baselines.ranpac import RIDGE_GRID, RanPAC, RanPACConfig, ridge_losses, select_ridge, solve_ridge
 from clbench.backbones import load_backbone
-from clbench.benchmarks.base import ArraySource
 from clbench.checkpoint import CHECKPOINT_FILE, load, save
 from clbench.cli import main
 from clbench.errors import ClbenchError
-from clbench.features import extract
 from clbench.harness import RunConfig, make_strategy_config, run
 from clbench.strategy import Context, Split, Task
-from clbench.transforms import TransformSpec
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
 
 RANPAC_SMALL = RanPACConfig(M=96, epochs=1, batch_size=8, eval_batch_size=4, bottleneck=8)
 APER_SMALL = APERConfig(epochs=1, batch_size=8, eval_batch_size=4, bottleneck=8)
@@ -33,30 +33,6 @@ MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def backbone():
-    return load_backbone("vit_micro", "random", seed=0)
-
-
-def make_split(backbone, classes: list[int], n_per_class: int, seed: int) -> Split:
-    rng = np.random.default_rng(seed)
-    labels = np.repeat(np.asarray(classes), n_per_class)
-    images = rng.integers(0, 256, size=(len(labels), 32, 32, 3), dtype=np.uint8)
-    source = ArraySource(images, labels, f"tiny-{seed}")
-    eval_tf = TransformSpec(32, None, backbone.mean, backbone.std).build()
-    train_tf = TransformSpec(32, None, backbone.mean, backbone.std, train=True).build()
-    feats = extract(backbone, source, eval_tf, torch.device("cpu"), precision="fp32", batch_size=64)
-    return Split(source, np.arange(len(labels)), torch.as_tensor(labels), feats, eval_tf, train_tf)
-
-
 @pytest.fixture(scope="module")
 def tasks(backbone) -> list[Task]:
     return [
