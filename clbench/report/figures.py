@@ -82,7 +82,8 @@ def strategy_colors(coll: Collection) -> dict[str, Any]:
     import seaborn as sns
 
     variants = sorted({r.variant for r in coll.runs})
-    palette = sns.color_palette("colorblind", max(len(variants), 1))
+    # colorblind-safe up to its 10 colours; past that, 20 distinct ones rather than repeating colours
+    palette = sns.color_palette("colorblind" if len(variants) <= 10 else "tab20", max(len(variants), 1))
     return {v: palette[i % len(palette)] for i, v in enumerate(variants)}
 
 
@@ -355,6 +356,8 @@ def wall_clock(coll: Collection, out_dir: Path) -> FigureOut | None:
     keys = list(groups)[::-1]  # barh draws bottom-up; keep table order top-down
     with matplotlib.rc_context({**RC, "axes.grid": False}):
         fig, (ax,) = _new_figure(1, 1, 9.0, 1.2 + 0.42 * len(keys))
+        parts = [(k.bench, k.strategy, k.backbone, k.protocols) for k in keys]
+        shared = [j for j in range(4) if len({p[j] for p in parts}) == 1 and len(keys) > 1]
         labels = []
         for i, key in enumerate(keys):
             runs = groups[key]
@@ -364,11 +367,15 @@ def wall_clock(coll: Collection, out_dir: Path) -> FigureOut | None:
                 ax.barh(i, sec, left=left, color=color, label=phase if i == 0 else None, height=0.65)
                 left += sec
             ax.text(left, i, f" {left:,.1f} s", va="center", fontsize=7)
-            labels.append(f"{key.bench} | {key.strategy} | {key.backbone} | {key.protocols} (n={len(runs)})")
+            differing = [p for j, p in enumerate(parts[i]) if j not in shared]  # what tells the rows apart
+            labels.append(f"{' | '.join(differing)} (n={len(runs)})")
         ax.set_yticks(range(len(keys)), labels)
+        common = " | ".join(parts[0][j] for j in shared)
         ax.set_xlabel("wall-clock seconds per run (mean over seeds)")
+        if common:
+            ax.set_title(f"every row: {common}", fontsize=7, loc="left")
         ax.margins(x=0.15)
-        ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, frameon=False)
+        ax.legend(loc="lower right", ncol=1, frameon=False)
         runs = _unique_runs(list(groups.values()))
         title = "Wall-clock time per run"
         caption = (
