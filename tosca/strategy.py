@@ -319,18 +319,20 @@ class TOSCA(Strategy):
         if len(self.modules_) < 2:
             return {"module_output_cosine": None, "module_output_cosine_centred": None}
         T = len(self.modules_)
-        with self._small_ops():
-            h = stacked_forward(list(self.modules_), split.features.to(self.ctx.device)).cpu()  # (T, N, d)
 
         def mean_pairwise(x: torch.Tensor) -> float:
-            f = F.normalize(x, dim=-1)
+            f = F.normalize(x.double(), dim=-1)
             gram = torch.einsum("tnd,snd->ts", f, f) / x.shape[1]  # (T, T) mean cosine per module pair
             return float((gram.sum() - gram.diagonal().sum()) / (T * (T - 1)))
 
-        return {
-            "module_output_cosine": mean_pairwise(h),
-            "module_output_cosine_centred": mean_pairwise(h - h.mean(dim=1, keepdim=True)),
-        }
+        # one intra-op thread throughout: the reductions then run in one order, so a resumed run (other thread count)
+        # records the same value as an uninterrupted one
+        with self._small_ops():
+            h = stacked_forward(list(self.modules_), split.features.to(self.ctx.device)).cpu()  # (T, N, d)
+            return {
+                "module_output_cosine": mean_pairwise(h),
+                "module_output_cosine_centred": mean_pairwise(h - h.mean(dim=1, keepdim=True)),
+            }
 
     def module_similarity(self) -> float | None:
         """Mean pairwise cosine similarity between the modules' flattened weight matrices (W_down, W_up, W_1, W_2;
