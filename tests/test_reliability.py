@@ -196,7 +196,13 @@ def _kill_sequence(argv: list[str], out: Path, rng: random.Random, logs: Path, n
     return kills
 
 
-@pytest.mark.parametrize("strategy", list(SETTINGS))
+# APER's tasks after the first only average cached features on the micro ViT: they end within milliseconds, before a
+# real kill can land in them (three misses in a row were seen). Its kill states are covered deterministically by
+# test_every_state_a_kill_can_leave_resumes below.
+KILLABLE = [s for s in SETTINGS if s != "aper"]
+
+
+@pytest.mark.parametrize("strategy", KILLABLE)
 def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_record(strategy, references, tmp_path, capsys):
     ref, out, rng = references[strategy], tmp_path / "run", random.Random()
     for _attempt in range(3):
