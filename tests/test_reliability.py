@@ -118,23 +118,18 @@ class Child:
         assert code == -signal.SIGKILL, f"the run failed (exit {code}): {self.log.read_text()[-2000:]}"
 
     def wait_for_task(self, out: Path, at_least: int, timeout: float = 300) -> dict:
-        """Poll the run folder until this process has checkpointed and recorded ``at_least`` tasks; return the
-        checkpoint's last per-task entry (this process's own train and eval times)."""
-        from clbench.checkpoint import load
-
-        ckpt, seen = out / CHECKPOINT_FILE, path_id(out / CHECKPOINT_FILE)
-        entry = None
+        """Poll the run folder until this process has recorded ``at_least`` tasks; return the record's last per-task
+        entry (this process's own train and eval times). The record is written atomically after the task's
+        checkpoint, so reading it is enough, and it is small: a poll costs well under a millisecond, so the kill's
+        delay counts from close to the moment the next task started."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if entry is None and (now := path_id(ckpt)) is not None and now != seen:  # a replace: a new file
-                seen, last = now, load(ckpt)["per_task"][-1]
-                entry = last if last["task"] + 1 >= at_least else None
-            if entry is not None:  # the record follows the checkpoint; right after it the next task starts
-                try:
-                    if len(record(out)["accuracy_matrix"]) >= entry["task"] + 1:
-                        return entry
-                except (FileNotFoundError, json.JSONDecodeError):
-                    pass
+            try:
+                per_task = record(out)["per_task"]
+            except (FileNotFoundError, json.JSONDecodeError):
+                per_task = []
+            if len(per_task) >= at_least:
+                return per_task[-1]
             code = self.proc.poll()
             if code == 0:
                 raise TooLate
@@ -143,22 +138,17 @@ class Child:
         raise AssertionError(f"no record of task {at_least} within {timeout} s")
 
 
-def path_id(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_mtime_ns
-
-
 def aim(last: dict, phase: str, rng: random.Random) -> float:
-    """A delay after a task's record that falls in the next task's training or evaluation, from the previous task's
-    times in the same process (tasks have 12 classes each; evaluation grows with the classes seen). Methods that
-    train on the first task only (RanPAC, APER) have a first task far longer than the next ones, so the training aim
-    is capped by the evaluation time, which is alike from task to task."""
-    if phase == "train":
-        return rng.uniform(0, min(last["train_s"], max(last["eval_s"], 0.05)))
-    return last["train_s"] + rng.uniform(0, last["eval_s"])
+    """A delay after a task's record that falls early or late in the next task, from the previous task's times in the
+    same process. Task lengths are not alike for every method: RanPAC and APER train on the first task only, so their
+    first task is far longer than the next ones, and RanPAC's third task is shorter than its second (fewer classes
+    left to re-solve). A delay as long as the previous task's training overshoots such a task (three misses in a row
+    were seen in CI), so both aims are scaled into the first half of the previous task: "early" within its first
+    training steps (capped by the evaluation time, which is alike from task to task), "late" past half its training.
+    A kill that lands later than aimed is still valid: the final record must not depend on where it lands."""
+    if phase == "early":
+        return rng.uniform(0, 0.5 * min(last["train_s"], max(last["eval_s"], 0.05)))
+    return 0.5 * last["train_s"] + rng.uniform(0, 0.5 * last["eval_s"])
 
 
 def _kill_sequence(argv: list[str], out: Path, rng: random.Random, logs: Path, note: list[str]) -> list[int]:
@@ -171,11 +161,11 @@ def _kill_sequence(argv: list[str], out: Path, rng: random.Random, logs: Path, n
     time.sleep(delay)
     child.kill()
     assert not (out / CHECKPOINT_FILE).exists() and not (out / "result.json").exists(), delay
-    # 2. Killed at a random delay after the record of task 1, aimed at task 2's training; then, continued by the
-    #    same command, after the record of task 2, aimed at task 3's evaluation. Any landing point is valid: the
+    # 2. Killed at a random delay after the record of task 1, aimed early in task 2; then, continued by the same
+    #    command, after the record of task 2, aimed late in task 3. Any landing point is valid: the
     #    final record must not depend on it.
     kills: list[int] = []
-    for target, phase in ((1, "train"), (2, "eval")):
+    for target, phase in ((1, "early"), (2, "late")):
         if kills and kills[-1] >= target:  # the previous kill landed later than aimed
             continue
         child = Child(argv, logs / f"{target}.log")
@@ -205,7 +195,7 @@ KILLABLE = [s for s in SETTINGS if s != "aper"]
 @pytest.mark.parametrize("strategy", KILLABLE)
 def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_record(strategy, references, tmp_path, capsys):
     ref, out, rng = references[strategy], tmp_path / "run", random.Random()
-    for _attempt in range(3):
+    for _attempt in range(5):
         note: list[str] = []
         shutil.rmtree(out, ignore_errors=True)
         try:
@@ -214,7 +204,7 @@ def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_record(strategy, r
         except TooLate:
             continue
     else:
-        pytest.fail("three times the run ended before the kill")
+        pytest.fail("five times the run ended before the kill")
     # 3. `clbench run --resume DIR` finishes it.
     code, err = cli(["run", "--resume", str(out)], capsys)
     assert code == 0, err
