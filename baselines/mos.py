@@ -175,8 +175,8 @@ def merge_toward(
     if momentum == 0 or not previous:
         return
     with torch.no_grad():
-        means = [torch.stack(ps).mean(dim=0) for ps in zip(*(list(s.parameters()) for s in previous), strict=False)]
-        for p, mean in zip(target.parameters(), means, strict=False):
+        means = [torch.stack(ps).mean(dim=0) for ps in zip(*(list(s.parameters()) for s in previous), strict=True)]
+        for p, mean in zip(target.parameters(), means, strict=True):
             if in_place_data:
                 p.data = (1 - momentum) * p.data + momentum * mean
             else:
@@ -483,8 +483,8 @@ class MOS(Strategy):
             out["refined_set_accuracy"] = float((self._last_predict[2] == true_task).mean() * 100)
         with torch.no_grad():  # how far the reference protocol's copies have drifted from the stored sets
             drift = [
-                float(sum((a - b).norm() ** 2 for a, b in zip(r.parameters(), s.parameters(), strict=False)) ** 0.5)
-                for r, s in zip(self.reference_sets, self.stored, strict=False)
+                float(sum((a - b).norm() ** 2 for a, b in zip(r.parameters(), s.parameters(), strict=True)) ** 0.5)
+                for r, s in zip(self.reference_sets, self.stored, strict=True)
             ]
         out["reference_set_drift_l2"] = drift
         return out

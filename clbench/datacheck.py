@@ -107,7 +107,7 @@ def _check_files(
     notes: dict[str, int] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:  # PIL decoding and hashlib release the GIL
         found = pool.map(lambda rel: inspect_file(root / rel, rel, decode), [rel for _, rel in files], chunksize=16)
-        for (split, rel), facts in zip(files, found, strict=False):
+        for (split, rel), facts in zip(files, found, strict=True):
             if facts.sha256 is not None and facts.kind != "empty":
                 hashes[split].append((rel, facts.sha256))
             if facts.problem is not None:

@@ -140,7 +140,7 @@ class RunShape:
         the classes per task are not known."""
         if k is None or not self.classes_per_task:
             return self
-        capped = tuple(min(n, k * c) for n, c in zip(self.train_per_task, self.classes_per_task, strict=False))
+        capped = tuple(min(n, k * c) for n, c in zip(self.train_per_task, self.classes_per_task, strict=True))
         return dataclasses.replace(self, train_per_task=capped)
 
     @classmethod

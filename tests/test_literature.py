@@ -266,7 +266,7 @@ def write_cifar(root: Path, per_class=(2, 1), leak: bool = False) -> Path:
     rng = np.random.default_rng(0)
     d = root / "cifar-100-python"
     d.mkdir(parents=True)
-    for split, k in zip(("train", "test"), per_class, strict=False):
+    for split, k in zip(("train", "test"), per_class, strict=True):
         labels = np.repeat(np.arange(100), k)
         data = rng.integers(0, 256, (len(labels), 3072), dtype=np.uint8)
         data[0, :1024] = 255  # image 0: red plane full,

@@ -76,11 +76,11 @@ def test_merge_moves_the_set_toward_the_mean_of_the_earlier_sets(backbone):
     a, b, cur = random_set(backbone, 1), random_set(backbone, 2), random_set(backbone, 3)
     before = [p.detach().clone() for p in cur.parameters()]
     merge_toward(cur, [a, b], 0.1)
-    for p, p0, pa, pb in zip(cur.parameters(), before, a.parameters(), b.parameters(), strict=False):
+    for p, p0, pa, pb in zip(cur.parameters(), before, a.parameters(), b.parameters(), strict=True):
         assert torch.allclose(p, 0.9 * p0 + 0.1 * (pa + pb) / 2, atol=1e-6)
     unchanged = [p.detach().clone() for p in cur.parameters()]
     merge_toward(cur, [], 0.1)  # task 0: nothing to merge toward
-    assert all(torch.equal(p, q) for p, q in zip(cur.parameters(), unchanged, strict=False))
+    assert all(torch.equal(p, q) for p, q in zip(cur.parameters(), unchanged, strict=True))
 
 
 def test_a_reference_forward_blends_every_layer_once_per_block(backbone, test_split):
@@ -94,7 +94,7 @@ def test_a_reference_forward_blends_every_layer_once_per_block(backbone, test_sp
     with torch.no_grad():
         strategy._features(images, drifting(s, [prev], 0.1))
     k = 0.9 ** len(backbone.model.blocks)
-    for p, p0, pp in zip(s.parameters(), start, prev.parameters(), strict=False):
+    for p, p0, pp in zip(s.parameters(), start, prev.parameters(), strict=True):
         assert torch.allclose(p - pp, k * (p0 - pp), atol=1e-5)
 
 
@@ -195,7 +195,7 @@ def test_mos_reference_protocol_drifts_its_own_copies_per_batch(backbone, tasks,
         strategy.reference_sets[1].parameters(),
         strategy.stored[1].parameters(),
         strategy.stored[0].parameters(),
-        strict=False,
+        strict=True,
     ):
         assert torch.allclose(r - s0, k * (s - s0), atol=1e-5)
     assert state_digest(strategy.reference_sets[0]) == stored[0]

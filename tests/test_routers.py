@@ -172,7 +172,7 @@ def test_fitted_routers_learn_from_each_tasks_training_split_only(micro_session_
         feats = torch.stack([m(t.train.features) for m in a.strategy.modules_[t.id : t.id + 1]])[0]
         ref.fit_task(t.id, t.train.features, t.train.labels, a.strategy.head(feats)[:, : t.n_seen].detach())
     assert [x.count for x in ref.tasks] == [x.count for x in ma.tasks]
-    for x, y in zip(ref.tasks, ma.tasks, strict=False):
+    for x, y in zip(ref.tasks, ma.tasks, strict=True):
         torch.testing.assert_close(x.mean, y.mean)
         torch.testing.assert_close(x.precision, y.precision)
     for name in ("mahalanobis", "entropy-calibrated", "mahalanobis-task"):

@@ -214,7 +214,7 @@ class FileSource(ImageSource):
         changes when a file is added, removed, renamed, relabelled or rewritten."""
         if self._fp is None:
             h = hashlib.sha256()
-            for rel, label in zip(self.paths, self.labels.tolist(), strict=False):
+            for rel, label in zip(self.paths, self.labels.tolist(), strict=True):
                 try:
                     st = os.stat(self.root / rel)
                 except OSError as e:

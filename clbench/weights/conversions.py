@@ -230,7 +230,7 @@ def efficientnet_lite0_from_pth(pth_bytes: bytes) -> dict[str, torch.Tensor]:
         )
     out: dict[str, torch.Tensor] = {}
     problems: list[str] = []
-    for (tk, tv), (sk, sv) in zip(target.items(), source.items(), strict=False):
+    for (tk, tv), (sk, sv) in zip(target.items(), source.items(), strict=True):
         if tk.rsplit(".", 1)[-1] != sk.rsplit(".", 1)[-1] or tuple(tv.shape) != tuple(sv.shape):
             problems.append(f"{sk} {list(sv.shape)} -> {tk} {list(tv.shape)}")
         out[tk] = sv.detach().clone().contiguous().to(tv.dtype)

@@ -192,7 +192,7 @@ def _from_hub(spec: BackboneSpec, img_size: int | None) -> nn.Module:
             "provide them with " + _ways(spec),
         ) from None
     finally:
-        for q, level in zip(quiet, levels, strict=False):
+        for q, level in zip(quiet, levels, strict=True):
             q.setLevel(level)
 
 
