@@ -102,12 +102,12 @@ def write_report(
             f"no complete run record to report ({reasons})",
             "give run folders holding a complete result.json, or their parent folder",
         )
+    meta = _meta(coll, command)  # before anything is written: a report inside the source tree stamps its revision
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures, fig_notes = make_figures(coll, out_dir, with_tsne, tsne_points or TSNE_MAX_POINTS)
     _remove_stale(out_dir, {rel for f in figures for rel in f.files.values()})
     secs = sections(coll)
-    meta = _meta(coll, command)
     written = Written(out_dir, figures=figures)
     written.files.append(_write_text(out_dir / "index.html", render_html(title, meta, secs, figures, fig_notes)))
     written.files.append(_write_text(out_dir / "README.md", render_markdown(title, meta, secs, figures, fig_notes)))
@@ -196,6 +196,7 @@ def write_compare(coll: Collection, bench: str, out_dir: Path, *, command: str |
             f"--bench {bench}: no complete run on that benchmark among the runs given",
             f"benchmarks in these runs: {have}",
         )
+    meta = _meta(sel, command)  # before anything is written (see write_report)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fig = accuracy_curves(sel, out_dir, name=f"compare_{slug(bench)}", title=f"Accuracy after each task on {bench}")
@@ -207,7 +208,7 @@ def write_compare(coll: Collection, bench: str, out_dir: Path, *, command: str |
     md = [
         f"# Comparison on {bench}",
         "",
-        _meta(sel, command),
+        meta,
         "",
         f"![{fig.title}]({fig.files['png']})",
         "",
