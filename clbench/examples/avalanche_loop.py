@@ -225,7 +225,7 @@ def measure(method: str, out: Path, workdir: Path | None = None) -> dict[str, An
     mine = json.loads((work / "av-warm.json").read_text())
     same = all(
         np.allclose(a, b, rtol=0, atol=1e-9)  # lengths compared below
-        for a, b in zip(record.accuracy_matrix, mine["accuracy_matrix"], strict=True)
+        for a, b in zip(record.accuracy_matrix, mine["accuracy_matrix"], strict=False)
     )
     result = {
         "benchmark": "avalanche-vs-cli",
