@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from clbench import metrics
+from clbench import metrics, training_check
 from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
@@ -304,6 +304,7 @@ class PreparedRun:
     strategy: Strategy
     protocols: list[str]
     data_problems: list[str] = field(default_factory=list)  # found and run anyway (ignore_data_problems)
+    rng_at_build: dict[str, Any] | None = None  # global RNG states just before the strategy was built
 
     def split(self, which: str, indices: np.ndarray) -> Split:
         from clbench.strategy import Split
@@ -443,9 +444,24 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     ctx = Context(
         backbone=backbone, device=device, precision=precision.name, seed=cfg.seed, log=rep.log, progress=rep.progress
     )
+    from clbench.checkpoint import capture_rng
+
+    rng_at_build = capture_rng()  # the under-training detector builds an untrained twin from the same states
     strategy = strategy_cls(strategy_cfg, ctx)
     return PreparedRun(
-        cfg, spec, bench, backbone, eval_tf, train_tf, precision, feats, cache.events, t_features, strategy, protocols
+        cfg,
+        spec,
+        bench,
+        backbone,
+        eval_tf,
+        train_tf,
+        precision,
+        feats,
+        cache.events,
+        t_features,
+        strategy,
+        protocols,
+        rng_at_build=rng_at_build,
     )
 
 
@@ -529,13 +545,17 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 f"task {t + 1}/{bench.n_tasks}: classes {task.classes[0]}..{task.classes[-1]} "
                 f"({len(task.train)} images)"
             )
+            rng_before_task = checkpoint.capture_rng() if t == 0 else None
             t0 = time.perf_counter()
-            strategy.learn_task(task)
+            with training_check.watch() as watch:
+                strategy.learn_task(task)
             dt_train = time.perf_counter() - t0
+            trained_change = watch.relative_change()
             t_train += dt_train
 
             t0 = time.perf_counter()
             y = step.test.labels.numpy()
+            first_logits = None
             for p in protocols:
                 logits = strategy.predict(step.test, p)
                 if logits.shape != (len(y), task.n_seen):
@@ -545,10 +565,16 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 if not torch.isfinite(logits).all():
                     raise ClbenchError(f"{cfg.strategy} produced NaN/inf logits after task {t}")
                 logs[p].add(logits, y, step.sample_task, t)
+                first_logits = logits if first_logits is None else first_logits
             diagnostics = strategy.diagnostics(step.test, step.sample_task)
+            reset = None  # the first task only: does training change what the strategy predicts?
+            if t == 0 and trained_change is not None:
+                reset = training_check.reset_share(
+                    strategy, task, step.test, protocols[0], first_logits, session.rng_at_build, rng_before_task
+                )
             dt_eval = time.perf_counter() - t0
             t_eval += dt_eval
-            per_task.append(TaskEntry(t, task.classes, dt_train, diagnostics, dt_eval))
+            per_task.append(TaskEntry(t, task.classes, dt_train, diagnostics, dt_eval, trained_change, reset))
             main = logs[protocols[0]]
             rep.log(f"  A_{t + 1} = {main.curve[-1]:.2f}%  (old {main.old[-1]:.2f}, new {main.new[-1]:.2f})")
 
@@ -729,4 +755,7 @@ def _record(
         metric_definitions=metrics.DEFINITIONS,
         host=host_info(),
         protocol_gap=gap,
+        training_warning=training_check.warning(
+            per_task[0].reset_share if per_task else None, [e.trained_change for e in per_task]
+        ),
     )

@@ -206,21 +206,36 @@ class TaskEntry:
     train_s: float
     diagnostics: Json = field(default_factory=dict)  # method-specific (Strategy.diagnostics): a free dict
     eval_s: float | None = None
+    # clbench.training_check: ||after - before|| / ||before|| of what the optimizers stepped in this task (None:
+    # nothing trained; absent in records before the detector) and, first task only, the share of its test
+    # predictions that change when its trained parts keep their initial values
+    trained_change: float | None = None
+    reset_share: float | None = None
 
     @classmethod
     def from_dict(cls, d: Json) -> TaskEntry:
         return cls(
-            d["task"], list(d.get("classes") or []), d.get("train_s"), d.get("diagnostics") or {}, d.get("eval_s")
+            d["task"],
+            list(d.get("classes") or []),
+            d.get("train_s"),
+            d.get("diagnostics") or {},
+            d.get("eval_s"),
+            d.get("trained_change"),
+            d.get("reset_share"),
         )
 
     def to_dict(self) -> Json:
-        return {
+        out = {
             "task": self.task,
             "classes": self.classes,
             "train_s": self.train_s,
             "diagnostics": self.diagnostics,
             "eval_s": self.eval_s,
         }
+        for name in ("trained_change", "reset_share"):  # written where measured: older records stay as they were
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
 
 
 @dataclass
@@ -284,6 +299,8 @@ class RunRecord:
     host: Host = field(default_factory=Host)
     protocol_gap: ProtocolGap | None = None  # runs of both protocols
     finished: str | None = None  # ISO time of the complete write
+    # clbench.training_check: set when training barely moved the trained parts (the run measures the backbone)
+    training_warning: str | None = None
     extra: Json = field(default_factory=dict)  # fields this clbench does not know, kept as read (and written)
 
     # ------------------------------------------------------------------------------------------- derived
@@ -320,6 +337,17 @@ class RunRecord:
         return self.protocols[protocol]
 
     @property
+    def training_movement(self) -> list[float | None]:
+        """Per task: the relative change of what the optimizers stepped (None: nothing trained or not measured)."""
+        return [t.trained_change for t in self.per_task]
+
+    @property
+    def reset_share(self) -> float | None:
+        """Share of the first task's test predictions that change when its trained parts are reset (see
+        :mod:`clbench.training_check`); None where not measured."""
+        return self.per_task[0].reset_share if self.per_task else None
+
+    @property
     def tasks_done(self) -> int:
         return len(self.per_task)
 
@@ -342,6 +370,8 @@ class RunRecord:
             out["protocol_gap"] = self.protocol_gap.to_dict()
         if self.finished is not None:
             out["finished"] = self.finished
+        if self.training_warning is not None:
+            out["training_warning"] = self.training_warning
         return {**out, **self.extra}
 
     @classmethod
@@ -462,6 +492,8 @@ def _is_task(t: Any) -> bool:
         and isinstance(t.get("diagnostics") or {}, dict)
         and _or_none(_is_real)(t.get("train_s"))
         and _or_none(_is_real)(t.get("eval_s"))
+        and _or_none(_is_real)(t.get("trained_change"))
+        and _or_none(_is_real)(t.get("reset_share"))
     )
 
 
@@ -520,6 +552,7 @@ OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
     (("git_revision",), "a string or null", _or_none(_is_str)),
     (("command",), "a string or null", _or_none(_is_str)),
     (("finished",), "a string or null", _or_none(_is_str)),
+    (("training_warning",), "a string or null", _or_none(_is_str)),
 )
 V1_FIELDS: tuple[FieldCheck, ...] = (  # version 1 only, upgraded away
     (("autocast",), "true or false", lambda v: isinstance(v, bool)),
