@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
+from conftest import MICRO
 
 from clbench import training_check
 from clbench.harness import RunConfig, run
 from clbench.results import load_record
-from conftest import MICRO
 
 
 def test_watch_measures_only_what_an_optimizer_stepped():
