@@ -63,8 +63,23 @@ if TYPE_CHECKING:
 OUT, OVERWRITE, RESUME, DEVICE = setting("out"), setting("overwrite"), setting("resume"), setting("device")
 
 
+@dataclass(frozen=True)
+class RunStart:
+    """What an observer learns when a run starts (after loading, before the first task)."""
+
+    run_dir: Path
+    config: RunConfig
+    fingerprint: dict[str, Any]  # the defining settings (clbench.config.DEFINING_FIELDS)
+    strategy_config: dict[str, Any]
+    backbone: str
+    weights_digest: str
+    precision: str
+    revision: str  # git revision of the clbench source
+
+
 class Reporter:
-    """Progress and messages. The CLI subclasses this with rich; the default is silent."""
+    """Progress and messages, and the run's milestones for observers (experiment trackers,
+    :class:`clbench.trackers.TrackerHub`). The CLI subclasses this with rich; the default is silent."""
 
     def log(self, message: str) -> None:
         pass
@@ -74,6 +89,15 @@ class Reporter:
 
     def done(self, description: str) -> None:
         pass
+
+    def run_started(self, start: RunStart) -> None:
+        pass
+
+    def task_done(self, t: int, summary: ProtocolSummary, entry: TaskEntry, peak_rss_mb: float) -> None:
+        """Task ``t`` (0-based) is learnt and evaluated: ``summary``, the main protocol's metrics so far."""
+
+    def run_finished(self, record: RunRecord, run_dir: Path) -> None:
+        """The complete record, before it is written: an observer may add its ``tracker_events``."""
 
 
 # ----------------------------------------------------------------------------------------------- run folder
@@ -525,6 +549,18 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             before, peak_before = ckpt["times"], ckpt["peak_rss_mb"]
             rep.log(f"continuing {run_dir.path} after task {done}/{bench.n_tasks} (from its checkpoint)")
         t_train = t_eval = t_ckpt = 0.0
+        rep.run_started(
+            RunStart(
+                run_dir.path,
+                cfg,
+                settings_fp,
+                dataclasses.asdict(strategy.cfg),
+                backbone_name,
+                session.backbone.digest,
+                session.precision.name,
+                revision,
+            )
+        )
 
         def times() -> dict[str, float]:
             return {
@@ -577,6 +613,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             per_task.append(TaskEntry(t, task.classes, dt_train, diagnostics, dt_eval, trained_change, reset))
             main = logs[protocols[0]]
             rep.log(f"  A_{t + 1} = {main.curve[-1]:.2f}%  (old {main.old[-1]:.2f}, new {main.new[-1]:.2f})")
+            rep.task_done(t, main.summary(), per_task[-1], max(peak_before, peak_rss_mb()))
 
             t0 = time.perf_counter()  # the checkpoint first: a record never claims more than it holds
             checkpoint.save(
@@ -634,6 +671,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         )
         record.peak_rss_mb = max(peak_before, record.peak_rss_mb)
         record.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        rep.run_finished(record, run_dir.path)
         record.write(run_dir.path)
         run_dir.checkpoint_path.unlink(missing_ok=True)  # the record is complete; nothing is left to continue
         return record

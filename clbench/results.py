@@ -92,7 +92,8 @@ def peak_rss_mb() -> float:
 #      time_s.checkpoint, host details, precision_reason); records before ``--precision`` say ``autocast: true/false``
 #      (bf16 / fp32) instead of ``precision``.
 #   2: written through :class:`RunRecord`: ``precision`` always named; every top-level field present (null where
-#      unknown) but ``protocol_gap`` and ``finished``, written where set. The JSON layout is version 1's.
+#      unknown) but ``protocol_gap``, ``finished``, ``training_warning`` and ``tracker_events``, written where set
+#      (the last two added later; a record without them means none). The JSON layout is version 1's.
 OLDEST_READABLE = 1
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
@@ -301,6 +302,7 @@ class RunRecord:
     finished: str | None = None  # ISO time of the complete write
     # clbench.training_check: set when training barely moved the trained parts (the run measures the backbone)
     training_warning: str | None = None
+    tracker_events: list[str] = field(default_factory=list)  # experiment trackers that failed (clbench.trackers)
     extra: Json = field(default_factory=dict)  # fields this clbench does not know, kept as read (and written)
 
     # ------------------------------------------------------------------------------------------- derived
@@ -372,6 +374,8 @@ class RunRecord:
             out["finished"] = self.finished
         if self.training_warning is not None:
             out["training_warning"] = self.training_warning
+        if self.tracker_events:
+            out["tracker_events"] = self.tracker_events
         return {**out, **self.extra}
 
     @classmethod
@@ -553,6 +557,7 @@ OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
     (("command",), "a string or null", _or_none(_is_str)),
     (("finished",), "a string or null", _or_none(_is_str)),
     (("training_warning",), "a string or null", _or_none(_is_str)),
+    (("tracker_events",), "a list of strings", _list_of(_is_str)),
 )
 V1_FIELDS: tuple[FieldCheck, ...] = (  # version 1 only, upgraded away
     (("autocast",), "true or false", lambda v: isinstance(v, bool)),

@@ -36,7 +36,16 @@ from clbench.sweep.plan import (
 )
 
 # Environment passed from the sweep to every run (wherever it executes): where weights and caches live, offline mode.
-PASSED_ENV = ("CLBENCH_CACHE", "HF_HUB_OFFLINE", "HF_HOME", "TORCH_HOME", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")
+PASSED_ENV = (
+    "CLBENCH_CACHE",
+    "HF_HUB_OFFLINE",
+    "HF_HOME",
+    "TORCH_HOME",
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "WANDB_MODE",  # --log wandb: offline unless the user set another mode (clbench.trackers)
+    "WANDB_PROJECT",
+)
 HISTORY_FIELDS = ("command", "started", "finished", "interrupted", "complete", "backend", "overhead")
 
 
@@ -100,8 +109,10 @@ def run_sweep(
     cache: str | None = None,
     dry_run: bool = False,
     command: str | None = None,
+    log: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Plan, skip what is done, run the rest on the backend, and write ``sweep.json``. Returns the manifest."""
+    """Plan, skip what is done, run the rest on the backend, and write ``sweep.json``. Returns the manifest.
+    ``log``: the experiment trackers of every run (:class:`clbench.trackers.LogSpec` as a dict)."""
     view = view or SweepView()
     res = res or Resources(None, None, None, None)
     if backend_name not in BACKENDS:
@@ -135,7 +146,7 @@ def run_sweep(
         check_folders(plan)
         manifest = _manifest(spec, plan, command)
         manifest["cache"] = env["CLBENCH_CACHE"]
-        return _execute_plan(plan, manifest, out, backend_name, res, ray_address, view, env)
+        return _execute_plan(plan, manifest, out, backend_name, res, ray_address, view, env, log)
     finally:
         lock.close()  # releases the lock
 
@@ -194,6 +205,7 @@ def _execute_plan(
     ray_address: str | None,
     view: SweepView,
     env: dict[str, str],
+    log: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from clbench.results import load_record
 
@@ -213,6 +225,7 @@ def _execute_plan(
             "env": env,
             "threads": backend.threads,
             "sweep_id": sweep_id,
+            "log": log,
         }
 
     def submit(r: PlannedRun) -> None:
