@@ -641,11 +641,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"clbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser.commands = {}  # name -> its parser (clbench.configfile sets a --config file's values as its defaults)
     for name, (help_text, add_args, func) in _all_commands().items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if add_args:
             add_args(p)
         p.set_defaults(func=func)
+        parser.commands[name] = p
     from clbench.datacheck import add_data_check_args, cmd_data_check
 
     data = sub.add_parser("data", help="data utilities: `clbench data check BENCH --data-root DIR`")
@@ -672,6 +674,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "config", None):  # the file's settings under the flags given here; a sweep file's groups
+            from clbench.configfile import apply
+
+            code = 0
+            for one in apply(build_parser, sys.argv[1:] if argv is None else argv, args.command, args.config):
+                if getattr(one, "group_name", None):
+                    print(f"group {one.group_name}: {one.out}")
+                code = max(code, one.func(one))
+            return code
         return args.func(args)
     except ClbenchError as e:
         print(f"clbench: error: {e.render(as_flags=True)}", file=sys.stderr)

@@ -142,14 +142,19 @@ class RichSweepView:
 
 def print_plan(manifest: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
+    from clbench.sweep.plan import fingerprint_digest
+
     table = Table(title=f"sweep plan: {len(manifest['runs'])} runs (dry run; nothing was started)")
     for col in ("run", "state", "tasks done", "folder"):
         table.add_column(col)
+    table.add_column("settings", no_wrap=True)  # a digest of the run's fingerprint: equal digests, same settings
     for run_id, info in manifest["runs"].items():
         state = {"complete": "complete: skipped", "partial": "continues from its checkpoint", "new": "new"}[
             info["state_at_start"]
         ]
-        table.add_row(run_id, state, str(info["tasks_done_at_start"]), info["path"])
+        table.add_row(
+            run_id, state, str(info["tasks_done_at_start"]), info["path"], fingerprint_digest(info["fingerprint"])
+        )
     console.print(table)
 
 

@@ -156,6 +156,14 @@ def same_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any]) -> b
     return json.loads(json.dumps(saved)) == json.loads(json.dumps(current))
 
 
+def fingerprint_digest(fp: dict[str, Any] | None) -> str:
+    """A short digest of a run's settings fingerprint (as ``clbench sweep --dry-run`` lists it): equal digests,
+    equal fingerprints."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def inspect(run: PlannedRun) -> str | None:
     """Set ``run.state`` from its folder; return why the folder cannot be used (other settings), or None."""
     from clbench.checkpoint import CHECKPOINT_FILE
