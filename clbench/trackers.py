@@ -6,8 +6,9 @@ exist) sends every tracker asked for the same things:
 - at the start, the resolved settings as parameters (``config.*``, ``strategy.*``, ``fingerprint.*``) and tags
   (strategy, benchmark, backbone, weights digest, precision, git revision);
 - after each task t (step t, from 1): ``acc/A_t``, ``acc/old``, ``acc/new``, ``acc/top5``, ``acc/forgetting`` (so
-  far), ``R/task_<j>`` (the row R[t] of the accuracy matrix, j from 1), ``routing/acc`` where the strategy reports
-  one, ``time/train_s``, ``time/eval_s`` and ``memory/peak_rss_mb``;
+  far), ``R/task_<j>`` (the row R[t] of the accuracy matrix, j from 1), ``routing/<protocol>/acc`` (or
+  ``routing/acc``) where the strategy reports routing accuracy, ``time/train_s``, ``time/eval_s`` and
+  ``memory/peak_rss_mb``;
 - at the end, the summary metrics (``final/*``), the record (``result.json``) and the figures (accuracy curve and
   matrix) as artifacts.
 
@@ -188,11 +189,17 @@ def task_metrics(summary: ProtocolSummary, entry: TaskEntry, peak_rss_mb: float 
         "acc/new": summary.new_acc[t] if t < len(summary.new_acc) else None,
         "acc/top5": summary.top5_curve[t] if t < len(summary.top5_curve) else None,
         "acc/forgetting": summary.forgetting if t > 0 else None,
-        "routing/acc": entry.diagnostics.get("routing_acc"),
+        "routing/acc": entry.diagnostics.get("routing_acc"),  # a strategy with one router
         "time/train_s": entry.train_s,
         "time/eval_s": entry.eval_s,
         "memory/peak_rss_mb": peak_rss_mb,
     }
+    for protocol, diag in entry.diagnostics.items():  # routing per evaluation protocol (TOSCA, MOS)
+        if isinstance(diag, dict) and "routing_acc" in diag:
+            values[f"routing/{protocol}/acc"] = diag["routing_acc"]
+    for router, diag in (entry.diagnostics.get("routers") or {}).items():  # TOSCA's routing study, router by router
+        if isinstance(diag, dict):
+            values[f"routing/router/{router}/acc"] = diag.get("routing_acc")
     values.update({f"R/task_{j + 1}": r for j, r in enumerate(summary.accuracy_matrix[t])})
     return _finite(values)
 
@@ -533,5 +540,5 @@ class TrackerHub:
             try:
                 future.result(timeout=max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
-                self._fail(name, f"did not finish within {self.timeout:.0f} s (its data may be incomplete)")
+                self._fail(name, f"did not finish within {self.timeout:g} s (its data may be incomplete)")
         self._warn()
