@@ -31,9 +31,6 @@ def _cli(argv, capsys):
 @pytest.fixture(scope="module")
 def logged_run(tmp_path_factory, cache_root) -> tuple[RunRecord, Path]:
     """One micro TOSCA run (routing accuracy included) logged to all three trackers under one --log-dir."""
-    pytest.importorskip("tensorboard")
-    pytest.importorskip("mlflow")
-    pytest.importorskip("wandb")
     tmp = tmp_path_factory.mktemp("trackers")
     out, logs = tmp / "run", tmp / "logs"
     env = {"CLBENCH_CACHE": str(cache_root), "HF_HUB_OFFLINE": "1"}
@@ -158,7 +155,6 @@ def test_wandb_offline_run_holds_the_records_metrics(logged_run):
 def test_export_of_the_committed_runs_into_mlflow(tmp_path, capsys, monkeypatch):
     """`clbench export reports/emoji/runs --to mlflow`: one MLflow run per committed record, each with the record's
     accuracy curve per task and its final accuracy."""
-    pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -179,10 +175,30 @@ def test_export_of_the_committed_runs_into_mlflow(tmp_path, capsys, monkeypatch)
         assert run.data.metrics["final/avg_acc"] == rec.avg_acc
 
 
+def test_a_sweep_logs_one_tracker_run_per_run_grouped_by_sweep(tmp_path, capsys, cache_root, monkeypatch):
+    """`clbench sweep --log mlflow`: each run of the sweep is one MLflow run, in the experiment named after the
+    sweep's folder, with the run's final accuracy."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("CLBENCH_CACHE", str(cache_root))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out, logs = tmp_path / "grid", tmp_path / "logs"
+    argv = ["sweep", "--strategies", "simplecil", "--seeds", "1,2", *MICRO, "--init-cls", "12", "--increment", "12"]
+    argv += ["--jobs", "2"]
+    code, _, err = _cli([*argv, "--out", str(out), "--no-report", "--log", "mlflow", "--log-dir", str(logs)], capsys)
+    assert code == 0, err
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=(logs / "mlruns").as_uri())
+    runs = client.search_runs([client.get_experiment_by_name("grid").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["simplecil-emoji-s1", "simplecil-emoji-s2"]
+    for r in runs:
+        assert r.data.tags["clbench.sweep"] == "grid"
+        assert r.data.metrics["final/last_acc"] == load_record(out / "runs" / r.info.run_name).last_acc
+
+
 # ----------------------------------------------------------------------------------------------- failures
 def test_a_failing_tracker_leaves_the_run_complete(tmp_path, capsys, monkeypatch):
     """MLflow pointed at a store it cannot write: the run finishes, says so once, and the record keeps the event."""
-    pytest.importorskip("mlflow")
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", (blocker / "mlruns").as_uri())
