@@ -19,10 +19,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from clbench.config import _convert
 from clbench.errors import ClbenchError
 
 SKIPPED = {"help", "config", "version", "autocast", "no-autocast"}  # not settings (or aliases of one)
@@ -185,14 +187,21 @@ def _check_sections(path: str, sections: dict[str, list[tuple[str, str]]], run: 
                 f"(it runs {', '.join(run) or 'none'})",
                 f"remove the {name}: section, or add {name} to the strategies run",
             )
-        fields = sorted(f.name for f in dataclasses.fields(STRATEGIES.get(name).Config))
-        for key, _ in pairs:
+        config_cls = STRATEGIES.get(name).Config
+        fields = sorted(f.name for f in dataclasses.fields(config_cls))
+        hints = typing.get_type_hints(config_cls)
+        for key, value in pairs:
             if key not in fields:
                 close = difflib.get_close_matches(key, fields, n=1)
                 raise ClbenchError(
                     f"--config {path}: {name}.{key}: {name} has no setting {key!r}; valid keys: {', '.join(fields)}",
                     f"did you mean {close[0]!r}?" if close else None,
                 )
+            try:  # the value's type, as --set checks it (ranges and cross-field checks come with the run's config)
+                _convert(value, hints[key], key)
+            except ClbenchError as e:
+                why = str(e.args[0]).rsplit(": ", 1)[-1]
+                raise ClbenchError(f"--config {path}: {name}.{key}: {value!r}: {why}") from None
 
 
 def apply(

@@ -112,6 +112,7 @@ def test_run_config_flags_override_the_file(tmp_path, capsys, monkeypatch):
         ),
         ("run", "strategy: tosca\ntosca:\n  epoch: 1\n", "did you mean 'epochs'"),
         ("run", "strategy: tosca\ntosca: 5\n", "tosca: expected a mapping"),
+        ("run", "strategy: tosca\ntosca:\n  epochs: many\n", "tosca.epochs: 'many': expected a value of type int"),
         ("run", "- strategy: simplecil\n", "expected a mapping of settings (key: value), got a list"),
         ("run", "", "got an empty file"),
         ("run", "strategy: [simplecil\n", "not valid YAML at line"),
