@@ -200,7 +200,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             from clbench.trackers import TrackerHub
 
             observer = TrackerHub(log, reporter)
-        record = run(cfg, observer, resume=bool(args.resume))
+        try:
+            record = run(cfg, observer, resume=bool(args.resume))
+        except BaseException:
+            if log is not None:
+                observer.abort()  # the trackers' runs end as failed
+            raise
     print_result(record)
     return 0
 

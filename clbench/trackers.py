@@ -275,6 +275,9 @@ class Tracker(Protocol):
 
     def finish(self, metrics: dict[str, float], artifacts: list[Path]) -> None: ...
 
+    def abort(self) -> None:
+        """The run stopped with an error: close the tracker's run as failed."""
+
 
 class TensorBoardTracker:
     """Event files read by ``tensorboard --logdir``: scalars per task, settings as text, figures as images."""
@@ -308,6 +311,9 @@ class TensorBoardTracker:
                 self.writer.add_image(f"figures/{path.stem}", image, 0, dataformats="HWC")
             elif path.suffix == ".json":
                 self.writer.add_text("record", "```\n" + path.read_text()[:100_000] + "\n```", 0)
+        self.writer.close()
+
+    def abort(self) -> None:
         self.writer.close()
 
 
@@ -355,6 +361,9 @@ class MlflowTracker:
             self.client.log_artifact(self.run_id, str(path), "figures" if path.suffix == ".png" else None)
         self.client.set_terminated(self.run_id, "FINISHED")
 
+    def abort(self) -> None:
+        self.client.set_terminated(self.run_id, "FAILED")
+
 
 class WandbTracker:
     """One W&B run per clbench run, grouped by sweep; offline unless ``WANDB_MODE`` says otherwise."""
@@ -395,6 +404,9 @@ class WandbTracker:
             art.add_file(str(path))
         self.run.log_artifact(art)
         self.run.finish()
+
+    def abort(self) -> None:
+        self.run.finish(exit_code=1)
 
 
 ADAPTERS: dict[str, Callable[[LogSpec], Tracker]] = {
@@ -480,6 +492,11 @@ class TrackerHub:
             self._wait()
         record.tracker_events = [*record.tracker_events, *self.events]
 
+    def abort(self, timeout: float = 10.0) -> None:
+        """The run stopped with an error: close every tracker's run as failed, waiting at most ``timeout``."""
+        self._each("abort", lambda tr: tr.abort(), started_only=True)
+        self._wait(timeout)
+
     def replay(self, record: RunRecord, run_dir: Path) -> list[str]:
         """Send an existing complete record as its run would have (``clbench export``); return the events."""
         self._start(info_from_record(record, run_dir, self.spec.group))
@@ -503,8 +520,10 @@ class TrackerHub:
 
             self._submit(name, "start", start)
 
-    def _each(self, what: str, call: Callable[[Tracker], None]) -> None:
+    def _each(self, what: str, call: Callable[[Tracker], None], started_only: bool = False) -> None:
         for name in self.spec.trackers:
+            if started_only and name not in self._last:
+                continue
             self._submit(name, what, lambda name=name: call(self._trackers[name]))
 
     def _submit(self, name: str, what: str, fn: Callable[[], None]) -> None:
@@ -534,11 +553,12 @@ class TrackerHub:
         for name, why in new:
             self.inner.log(f"warning: tracker {name} {why}; the run goes on without it")
 
-    def _wait(self) -> None:
-        deadline = time.monotonic() + self.timeout
+    def _wait(self, timeout: float | None = None) -> None:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         for name, future in self._last.items():
             try:
                 future.result(timeout=max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
-                self._fail(name, f"did not finish within {self.timeout:g} s (its data may be incomplete)")
+                self._fail(name, f"did not finish within {timeout:g} s (its data may be incomplete)")
         self._warn()

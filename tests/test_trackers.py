@@ -254,6 +254,34 @@ def test_a_hung_tracker_is_left_behind_after_the_timeout(tmp_path):
     ]
 
 
+def test_a_run_that_stops_with_an_error_ends_its_tracker_runs_as_failed(tmp_path, monkeypatch):
+    from clbench import trackers
+
+    calls = []
+
+    class Fake:
+        def __init__(self, spec):
+            pass
+
+        def start(self, run):
+            calls.append("start")
+
+        def log_task(self, step, metrics):
+            calls.append("log_task")
+
+        def finish(self, metrics, artifacts):
+            calls.append("finish")
+
+        def abort(self):
+            calls.append("abort")
+
+    monkeypatch.setitem(trackers.ADAPTERS, "mlflow", Fake)
+    hub = trackers.TrackerHub(trackers.LogSpec(("mlflow",)))
+    hub._start(trackers.RunInfo("r", tmp_path, None, {}, {"strategy": "s", "bench": "b"}))
+    hub.abort()
+    assert calls == ["start", "abort"] and hub.events == []
+
+
 @pytest.mark.parametrize(
     "argv,needle",
     [

@@ -85,20 +85,24 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
     atomic_write_json(path / ATTEMPT_FILE, {"sweep": payload["sweep_id"], **base})
     reporter = _LogReporter(path / LOG_FILE)
     reporter.log(f"attempt started on {where['host']} (pid {where['pid']}, {payload['threads']} threads)")
-    observer: Reporter = reporter
+    hub = None
     if payload.get("log"):  # --log: the run's experiment trackers (clbench.trackers)
         from clbench.trackers import LogSpec, TrackerHub
 
         log = dict(payload["log"])
-        observer = TrackerHub(LogSpec(**{**log, "trackers": tuple(log["trackers"])}), reporter)
+        hub = TrackerHub(LogSpec(**{**log, "trackers": tuple(log["trackers"])}), reporter)
     try:
-        record = run(cfg, observer)
+        record = run(cfg, hub or reporter)
     except ClbenchError as e:
         message = e.render(as_flags=True)  # a sweep is driven by the flags of `clbench sweep`
         reporter.log(f"error: {message}")
+        if hub is not None:
+            hub.abort()  # the trackers' runs end as failed
         return {**base, "status": "error", "error": message, "finished_at": time.time()}
     except BaseException as e:
         reporter.log(f"failed: {type(e).__name__}: {e}")
+        if hub is not None:
+            hub.abort()
         raise
     finally:
         reporter.close()
