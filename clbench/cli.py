@@ -157,6 +157,7 @@ def _log_spec(args: argparse.Namespace, group: str | None = None):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    log = _log_spec(args)  # checked first: a tracker that is not installed is refused at once
     from clbench.harness import RunConfig, run
     from clbench.ui import RichReporter, print_result
 
@@ -193,7 +194,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ClbenchError("clbench run needs --strategy", "or --resume DIR to continue an unfinished run")
     else:
         cfg = RunConfig(**values)
-    log = _log_spec(args)  # checked before anything runs
     with RichReporter() as reporter:
         observer = reporter
         if log is not None:

@@ -184,7 +184,6 @@ def test_a_sweep_logs_one_tracker_run_per_run_grouped_by_sweep(tmp_path, capsys,
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     out, logs = tmp_path / "grid", tmp_path / "logs"
     argv = ["sweep", "--strategies", "simplecil", "--seeds", "1,2", *MICRO, "--init-cls", "12", "--increment", "12"]
-    argv += ["--jobs", "2"]
     code, _, err = _cli([*argv, "--out", str(out), "--no-report", "--log", "mlflow", "--log-dir", str(logs)], capsys)
     assert code == 0, err
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
