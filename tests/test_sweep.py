@@ -373,7 +373,7 @@ def test_seeds_take_ranges_and_vary_the_seed_asked_for(tmp_path, capsys):
         "class-order": (["simplecil-emoji-s9-o1", "simplecil-emoji-s9-o2"], [(9, 1), (9, 2)]),
         "both": (["simplecil-emoji-s1-o1", "simplecil-emoji-s2-o2"], [(1, 1), (2, 2)]),
     }
-    for vary, (ids, seeds) in expected.items():
+    for vary, (ids, _seeds) in expected.items():
         code, text = sweep(
             [*base, "--vary", vary, "--seed", "9", "--class-order-seed", "5", "--out", str(tmp_path)], capsys
         )
