@@ -6,9 +6,10 @@ between methods and the Holm correction. Pure numpy, vectorised, and seeded: the
   resampled images, so ``avg_acc``'s interval accounts for the images shared between tasks.
 - Several seeds (the same test images): a hierarchical bootstrap, seeds drawn with replacement, then the images
   (one stratified resample shared by the drawn seeds, since every seed was tested on the same images).
-- Two methods on the same images: a paired bootstrap of the difference in accuracy (p-value: the share of
-  resampled differences, centred on the observed one, at least as far from zero as the observed difference), or,
-  for one seed, the exact McNemar test on the discordant images. :func:`holm` corrects p-values for the number
+- Two methods on the same images and seeds: a paired bootstrap over images of the difference in accuracy (each
+  image carries its difference averaged over the seeds; p-value: the share of resampled differences, centred on the
+  observed one, at least as far from zero as the observed difference), or, for one seed, the exact McNemar test on
+  the discordant images. :func:`holm` corrects p-values for the number
   of pairs.
 
 Everything is in the units of its input (the harness passes 0/1 correctness, intervals come out in percent after
@@ -178,16 +179,16 @@ def paired_test(
     a: np.ndarray, b: np.ndarray, strata: np.ndarray, n_resamples: int = N_RESAMPLES, seed: int = SEED
 ) -> PairedTest:
     """A against B on the same images: ``a``, ``b`` (S, N) 0/1 final correctness per seed (the same seeds in the
-    same order). One seed: exact McNemar; several: the hierarchical paired bootstrap of the mean difference."""
+    same order). The interval: a stratified bootstrap over test images, each image carrying its difference averaged
+    over the seeds (both methods ran the same seeds, so the seeds are held fixed, as a paired design does). The
+    p-value: exact McNemar for one seed, that bootstrap's for several. (Resampling the seeds as well would count
+    each seed's image-level noise twice: under the null such a test almost never rejects, see tests/test_stats.py.)"""
     a, b = np.atleast_2d(np.asarray(a, np.float64)), np.atleast_2d(np.asarray(b, np.float64))
     if a.shape != b.shape:
         raise ValueError(f"paired outcomes need the same shape, got {a.shape} and {b.shape}")
-    d = (a - b)[:, :, None]  # (S, N, 1)
-    if a.shape[0] == 1:
-        draws = bootstrap_means(d[0], strata, n_resamples, seed)[:, 0]
-    else:
-        draws = hierarchical_draws(d, strata, n_resamples, seed)[:, 0]
-    observed = float(np.nanmean(d))
+    d = (a - b).mean(axis=0)  # (N,) per image, over seeds
+    draws = bootstrap_means(d, strata, n_resamples, seed)[:, 0]
+    observed = float(d.mean())
     diff = percentile_interval(observed, draws).scaled(100)
     if a.shape[0] == 1:
         return PairedTest(diff, mcnemar_exact(a[0], b[0]), "exact McNemar")

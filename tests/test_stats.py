@@ -100,6 +100,24 @@ def test_paired_tests_have_5_percent_false_positives_under_the_null(classes):
     assert 0.3 < np.mean(mcnemar) < 0.7  # p-values spread over (0, 1], not piled at one end
 
 
+def test_the_several_seed_paired_test_has_5_percent_false_positives(classes):
+    """5 seeds of two identical methods (shared image difficulty, independent noise per seed and image)."""
+    rng = np.random.default_rng(12)
+    n_seeds = 5
+    p = _class_accuracy(classes, rng)[classes]
+    difficulty = rng.random((1, len(classes), RUNS))
+    a = difficulty + rng.normal(0, 0.05, (n_seeds, len(classes), RUNS)) < p[None, :, None]
+    b = difficulty + rng.normal(0, 0.05, (n_seeds, len(classes), RUNS)) < p[None, :, None]
+    d = (a.astype(np.float32) - b).mean(axis=0)  # (N, runs): what paired_test resamples, per simulated run
+    p_values = stats.bootstrap_p(d.mean(axis=0), stats.bootstrap_means(d, classes, seed=13))
+    assert 0.03 <= (p_values < 0.05).mean() <= 0.07, (p_values < 0.05).mean()
+    # resampling the seeds too (hierarchical) counts each seed's image noise twice: it (almost) never rejects
+    hier = stats.hierarchical_draws((a.astype(np.float32) - b)[:, :, :200], classes, seed=14)
+    assert (stats.bootstrap_p(d[:, :200].mean(axis=0), hier) < 0.05).mean() < 0.02
+    one = stats.paired_test(a[:, :, 0], b[:, :, 0], classes)
+    assert one.test == "paired bootstrap" and one.diff.lo < one.diff.value < one.diff.hi
+
+
 def test_paired_tests_detect_a_3_point_difference(classes):
     rng = np.random.default_rng(9)
     a, b = _paired(classes, rng, gain=0.03)

@@ -243,8 +243,9 @@ def write_compare(
                     "pairs",
                     pairs_table,
                     intro="Final accuracy of A minus B on the same test images and seeds, with its 95 % interval; "
-                    "one seed: exact McNemar test, several: paired hierarchical bootstrap. p (Holm): corrected "
-                    "for the number of pairs; 'no' marks pairs not significantly different at 5 %.",
+                    "one seed: exact McNemar test, several: paired bootstrap over images, seeds held fixed. "
+                    "p (Holm): corrected for the number of pairs; 'no' marks pairs not significantly different "
+                    "at 5 %.",
                     notes=[f"not paired: {line}" for line in refused],
                 )
             )

@@ -666,8 +666,8 @@ def paired_matrix(rows: Sequence[Any], coll: Collection, out_dir: Path, name: st
             ax.set_visible(False)
         caption = (
             f"{title}: final accuracy of the row's strategy minus the column's, in points, on the same test images "
-            "and seeds; * = significantly different at 5 % (exact McNemar for one seed, paired hierarchical "
-            "bootstrap for several; Holm-corrected over the pairs of each panel); n/p = not paired (other seeds, "
-            "class order or test set). " + provenance(coll.runs)
+            "and seeds; * = significantly different at 5 % (exact McNemar for one seed, paired bootstrap over "
+            "images for several, seeds held fixed; Holm-corrected over the pairs of each panel); n/p = not "
+            "paired (other seeds, class order or test set). " + provenance(coll.runs)
         )
         return _save(fig, out_dir, name, title, caption, coll.runs)

@@ -329,8 +329,9 @@ def pairs_section(coll: Collection, predicted: Predicted, baseline: str | None =
         "pairs",
         pairs_frame(rows),
         intro="Final accuracy of A minus B on the same test images and seeds, with its 95 % interval; one seed: "
-        "exact McNemar test, several: paired hierarchical bootstrap. p (Holm): corrected for the number of pairs "
-        "tested on each benchmark and protocol; 'no' marks pairs not significantly different at 5 %.",
+        "exact McNemar test, several: paired bootstrap over images (seeds held fixed). p (Holm): corrected for "
+        "the number of pairs tested on each benchmark and protocol; 'no' marks pairs not significantly different "
+        "at 5 %.",
     )
 
 
