@@ -227,7 +227,22 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         metavar="B1,B2",
         help=f"comma-separated benchmarks (default: {DEFAULT_BENCH})",
     )
-    g.add_argument("--seeds", default="1993", metavar="1993,1994", help="comma-separated seeds (default: 1993)")
+    g.add_argument(
+        "--seeds",
+        default="1993",
+        metavar="1993..1997",
+        help="seeds, comma-separated and/or ranges A..B (default: 1993); --vary says which seed they set",
+    )
+    g.add_argument(
+        "--vary",
+        default="seed",
+        choices=["seed", "class-order", "both"],
+        help="what --seeds varies: seed (initialisation; class order from --class-order-seed, the default), "
+        "class-order (class-order seed; initialisation from --seed), or both (each run sets both to the value)",
+    )
+    g.add_argument(
+        "--seed", type=int, default=1993, help="initialisation seed of every run with --vary class-order (default 1993)"
+    )
     g.add_argument(
         "--out",
         metavar="DIR",
@@ -341,6 +356,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         data_roots=parse_data_roots(args.data_root, benches),
         profile=args.profile,
         overrides=tuple(parse_scoped_override(k, v) for k, v in args.overrides),
+        vary=args.vary,
+        seed=args.seed,
     )
     if args.dry_run:
         manifest = run_sweep(spec, args.backend, res, args.ray_address, dry_run=True)

@@ -36,6 +36,7 @@ from clbench.errors import ClbenchError, setting
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
+from clbench.predictions import PREDICTIONS_FILE, Predictions
 from clbench.results import (
     RESULT_FILE,
     Host,
@@ -264,9 +265,17 @@ class _ProtocolLog:
     old: list[float] = field(default_factory=list)
     new: list[float] = field(default_factory=list)
     top5: list[float] = field(default_factory=list)
+    # Per image, per task (plain lists, so the checkpoint carries them; clbench.predictions writes the file):
+    index: list[list[int]] = field(default_factory=list)  # positions in the benchmark's test split
+    pred: list[list[int]] = field(default_factory=list)  # argmax of the logits
+    conf: list[list[float]] = field(default_factory=list)  # softmax probability of the argmax, float16 values
 
-    def add(self, logits: torch.Tensor, y: np.ndarray, sample_task: np.ndarray, t: int) -> None:
+    def add(self, logits: torch.Tensor, y: np.ndarray, sample_task: np.ndarray, t: int, index: np.ndarray) -> None:
         pred = logits.argmax(dim=1).numpy()
+        conf = torch.softmax(logits.float(), dim=1).amax(dim=1).numpy().astype(np.float16)
+        self.index.append(np.asarray(index).tolist())
+        self.pred.append(pred.tolist())
+        self.conf.append(conf.astype(np.float64).tolist())  # float16 values: a resumed run writes the same file
         self.matrix.append(metrics.task_row(pred, y, sample_task, t + 1))
         self.curve.append(metrics.accuracy(pred, y))
         old = sample_task < t
@@ -285,6 +294,7 @@ class _ProtocolLog:
             old_acc=self.old,
             new_acc=self.new,
             top5_curve=self.top5,
+            bwt=metrics.bwt(self.matrix) if self.matrix else None,
         )
 
 
@@ -515,6 +525,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         ckpt = run_dir.resumable(settings_fp, resolve_device(cfg.device), required=resume)
         if ckpt is None:
             (run_dir.path / RESULT_FILE).unlink(missing_ok=True)
+            (run_dir.path / PREDICTIONS_FILE).unlink(missing_ok=True)
         torch.manual_seed(cfg.seed)  # the run owns the seed; strategies draw from ctx.generator()
         started_at = None  # --precision auto: a resumed run keeps the precision auto chose when it started
         if ckpt is not None and cfg.precision == "auto" and ckpt.get("precision") is not None:
@@ -600,7 +611,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                     )
                 if not torch.isfinite(logits).all():
                     raise ClbenchError(f"{cfg.strategy} produced NaN/inf logits after task {t}")
-                logs[p].add(logits, y, step.sample_task, t)
+                logs[p].add(logits, y, step.sample_task, t, step.test.indices)
                 first_logits = logits if first_logits is None else first_logits
             diagnostics = strategy.diagnostics(step.test, step.sample_task)
             reset = None  # the first task only: does training change what the strategy predicts?
@@ -638,6 +649,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 },
             )
             t_ckpt += time.perf_counter() - t0
+            preds = _predictions(session, logs)
             record = _record(
                 cfg,
                 session,
@@ -649,14 +661,16 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 resumed_from_task=resumed_from,
                 cache_events=cache_events,
                 fingerprint=settings_fp,
+                preds=preds,
             )
             record.peak_rss_mb = max(peak_before, record.peak_rss_mb)  # over every segment of the run
-            record.write(run_dir.path)
+            _write_record(record, run_dir.path, preds)
 
         if state_digest(session.backbone.model) != session.backbone.digest:
             raise RuntimeError(f"{cfg.strategy} changed the frozen backbone's weights; the run is not valid")
         if cfg.save_features:
             _save_features(run_dir.path, session, strategy)
+        preds = _predictions(session, logs)
         record = _record(
             cfg,
             session,
@@ -668,11 +682,12 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             resumed_from_task=resumed_from,
             cache_events=cache_events,
             fingerprint=settings_fp,
+            preds=preds,
         )
         record.peak_rss_mb = max(peak_before, record.peak_rss_mb)
         record.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
         rep.run_finished(record, run_dir.path)
-        record.write(run_dir.path)
+        _write_record(record, run_dir.path, preds)
         run_dir.checkpoint_path.unlink(missing_ok=True)  # the record is complete; nothing is left to continue
         return record
     finally:
@@ -719,6 +734,39 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy) -> None
     atomic_write_bytes(path / "features.npz", buf.getvalue())
 
 
+def _predictions(session: PreparedRun, logs: dict[str, _ProtocolLog]) -> Predictions | None:
+    """The predictions of every evaluation so far; None when the logs lack an evaluated task's images (a run
+    resumed from a checkpoint written before clbench kept predictions)."""
+    from clbench import predictions
+
+    protocols, bench = session.protocols, session.bench
+    n_tasks = len(logs[protocols[0]].matrix)
+    if any(len(logs[p].pred) != n_tasks or len(logs[p].index) != n_tasks for p in protocols):
+        return None
+    task_of = bench.task_of_label()
+    per_task = []
+    for t in range(n_tasks):
+        index = np.asarray(logs[protocols[0]].index[t], dtype=np.int64)
+        per_task.append((index, bench.test_y[index], task_of[bench.test_y[index]]))
+    return predictions.build(
+        protocols,
+        per_task,
+        {p: [np.asarray(x) for x in logs[p].pred] for p in protocols},
+        {p: [np.asarray(x) for x in logs[p].conf] for p in protocols},
+        bench.n_classes,
+    )
+
+
+def _write_record(record: RunRecord, path: Path, preds: Predictions | None) -> None:
+    """``predictions.npz`` first (or no stale one), then the record that names it."""
+    from clbench import predictions
+
+    if preds is None:
+        (path / PREDICTIONS_FILE).unlink(missing_ok=True)
+    record.predictions = None if preds is None else predictions.write(path, preds)
+    record.write(path)
+
+
 def _record(
     cfg: RunConfig,
     session: PreparedRun,
@@ -730,6 +778,7 @@ def _record(
     resumed_from_task: list[int] | None = None,
     cache_events: list[str] | None = None,
     fingerprint: dict[str, Any] | None = None,
+    preds: Predictions | None = None,
 ) -> RunRecord:
     strategy, spec, bench, backbone, protocols = (
         session.strategy,
@@ -742,6 +791,12 @@ def _record(
     added = list(params.added_per_task)
     trainable = list(params.trainable_per_task)
     summaries = {p: logs[p].summary() for p in protocols}
+    if preds is not None:  # intervals and calibration need every image's prediction
+        from clbench.predictions import uncertainty
+
+        for p, summary in summaries.items():
+            u = uncertainty(preds, p)
+            summary.last_acc_ci, summary.avg_acc_ci, summary.ece = u.last_acc_ci, u.avg_acc_ci, u.ece
     gap = None
     if len(protocols) > 1:
         ref, ps = summaries["reference"], summaries["per-sample"]

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
+from clbench.predictions import PredictionsFile
 
-SCHEMA_VERSION = 2  # see the version history above RunRecord
+SCHEMA_VERSION = 3  # see the version history above RunRecord
 RESULT_FILE = "result.json"
 Json = dict[str, Any]
 
@@ -94,6 +95,9 @@ def peak_rss_mb() -> float:
 #   2: written through :class:`RunRecord`: ``precision`` always named; every top-level field present (null where
 #      unknown) but ``protocol_gap``, ``finished``, ``training_warning`` and ``tracker_events``, written where set
 #      (the last two added later; a record without them means none). The JSON layout is version 1's.
+#   3: ``predictions`` names the run's per-image predictions file (clbench.predictions) with its sha256 and size, or
+#      is null where the run kept none; every protocol's metrics add ``bwt``, ``ece``, ``last_acc_ci`` and
+#      ``avg_acc_ci``, written where known (the last three need predictions). Version-2 records lack them all.
 OLDEST_READABLE = 1
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
@@ -112,15 +116,21 @@ class ProtocolSummary:
     old_acc: list[float] = field(default_factory=list)  # per task: earlier tasks' test images (NaN after task 1)
     new_acc: list[float] = field(default_factory=list)  # per task: this task's test images
     top5_curve: list[float] = field(default_factory=list)  # per task: top-5 accuracy over every seen class
+    bwt: float | None = None  # backward transfer (Lopez-Paz and Ranzato): mean over j < T of R[T][j] - R[j][j]
+    ece: float | None = None  # final model's expected calibration error, 15 bins, points (None: no predictions)
+    last_acc_ci: list[float] | None = None  # [lo, hi] 95 % stratified image bootstrap (None: no predictions)
+    avg_acc_ci: list[float] | None = None  # [lo, hi] likewise for avg_acc
 
     @classmethod
     def from_dict(cls, d: Json) -> ProtocolSummary:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
     def to_dict(self) -> Json:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: v for k, v in out.items() if v is not None or k not in _WHERE_SET}
 
 
+_WHERE_SET = ("bwt", "ece", "last_acc_ci", "avg_acc_ci")  # written only where known (older records lack them)
 SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(ProtocolSummary))
 
 
@@ -297,6 +307,7 @@ class RunRecord:
     versions: dict[str, str] = field(default_factory=dict)  # library versions
     git_revision: str | None = None
     metric_definitions: dict[str, str] | None = None  # clbench.metrics.DEFINITIONS when the run was made
+    predictions: PredictionsFile | None = None  # predictions.npz beside the record (None: the run kept none)
     host: Host = field(default_factory=Host)
     protocol_gap: ProtocolGap | None = None  # runs of both protocols
     finished: str | None = None  # ISO time of the complete write
@@ -394,6 +405,7 @@ class RunRecord:
             per_task=[TaskEntry.from_dict({"task": i, **t}) for i, t in enumerate(data.get("per_task") or [])],
             host=Host.from_dict(data.get("host") or {}),
             protocol_gap=ProtocolGap.from_dict(data["protocol_gap"]) if data.get("protocol_gap") else None,
+            predictions=PredictionsFile.from_dict(data["predictions"]) if data.get("predictions") else None,
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -407,7 +419,7 @@ class RunRecord:
         return path
 
 
-_NESTED = {"protocols", "params", "time_s", "per_task", "host", "protocol_gap", "extra"}
+_NESTED = {"protocols", "params", "time_s", "per_task", "host", "protocol_gap", "predictions", "extra"}
 _LAYOUT = (
     "run_id",
     "complete",
@@ -445,6 +457,7 @@ _LAYOUT = (
     "versions",
     "git_revision",
     "metric_definitions",
+    "predictions",
     "host",
 )
 
@@ -474,7 +487,13 @@ def _is_summary(m: Any) -> bool:
         and _is_number(m.get("avg_acc"))
         and isinstance(m.get("acc_curve", []), list)
         and all(isinstance(m.get(k, []), list) for k in ("old_acc", "new_acc", "top5_curve"))
+        and all(_or_none(_is_real)(m.get(k)) for k in ("bwt", "ece"))
+        and all(_or_none(_is_pair)(m.get(k)) for k in ("last_acc_ci", "avg_acc_ci"))
     )
+
+
+def _is_pair(v: Any) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(_is_number(x) for x in v) and v[0] <= v[1]
 
 
 def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -498,6 +517,16 @@ def _is_task(t: Any) -> bool:
         and _or_none(_is_real)(t.get("eval_s"))
         and _or_none(_is_real)(t.get("trained_change"))
         and _or_none(_is_real)(t.get("reset_share"))
+    )
+
+
+def _is_predictions_ref(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and _is_str(v.get("file"))
+        and _is_str(v.get("sha256"))
+        and _is_int(v.get("bytes"))
+        and _is_int(v.get("rows"))
     )
 
 
@@ -558,6 +587,7 @@ OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
     (("finished",), "a string or null", _or_none(_is_str)),
     (("training_warning",), "a string or null", _or_none(_is_str)),
     (("tracker_events",), "a list of strings", _list_of(_is_str)),
+    (("predictions",), "an object with file, sha256, bytes and rows, or null", _or_none(_is_predictions_ref)),
 )
 V1_FIELDS: tuple[FieldCheck, ...] = (  # version 1 only, upgraded away
     (("autocast",), "true or false", lambda v: isinstance(v, bool)),
@@ -596,7 +626,15 @@ def _upgrade_v1(data: Json) -> Json:
     return out
 
 
-UPGRADES: dict[int, Callable[[Json], Json]] = {1: _upgrade_v1}  # version -> the record as the next version
+def _upgrade_v2(data: Json) -> Json:
+    """A version-2 record as version 3: it kept no predictions."""
+    return {**data, "predictions": data.get("predictions")}
+
+
+UPGRADES: dict[int, Callable[[Json], Json]] = {
+    1: _upgrade_v1,
+    2: _upgrade_v2,
+}  # version -> the record as the next version
 
 
 # ------------------------------------------------------------------------------------------- reading

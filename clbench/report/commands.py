@@ -27,9 +27,19 @@ def _add_run_dirs(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_pool(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--pool-class-orders",
+        action="store_true",
+        help="average runs of one benchmark and split over their class orders (seeds that also set the class "
+        "order, `clbench sweep --vary both`); default: each class order is its own benchmark row",
+    )
+
+
 # ------------------------------------------------------------------------------------------- report
 def add_report_args(p: argparse.ArgumentParser) -> None:
     _add_run_dirs(p)
+    _add_pool(p)
     p.add_argument(
         "--out",
         required=True,
@@ -59,7 +69,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.tsne_points < 10:
         raise ClbenchError(f"--tsne-points must be >= 10 (got {args.tsne_points})")
-    coll = collect(args.run_dirs)
+    coll = collect(args.run_dirs, args.pool_class_orders)
     written = write_report(
         coll, Path(args.out), title=args.title, command=_invocation(), with_tsne=args.tsne, tsne_points=args.tsne_points
     )
@@ -75,12 +85,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------- compare
 def add_compare_args(p: argparse.ArgumentParser) -> None:
     _add_run_dirs(p)
+    _add_pool(p)
     p.add_argument("--bench", required=True, metavar="NAME", help="the benchmark to compare strategies on")
     p.add_argument(
         "--out",
         required=True,
         metavar="DIR",
-        help="folder for compare.md / .csv / .tex and figures/compare_<bench>.png|svg",
+        help="folder for compare.md / .csv / .tex, compare_pairs.csv and figures/compare_<bench>*.png|svg",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="STRATEGY",
+        help="test every strategy against this one only (default: every pair), e.g. simplecil",
     )
 
 
@@ -88,8 +104,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from clbench.report.build import write_compare
     from clbench.report.collect import collect
 
-    coll = collect(args.run_dirs)
-    written = write_compare(coll, args.bench, Path(args.out), command=_invocation())
+    coll = collect(args.run_dirs, args.pool_class_orders)
+    written = write_compare(coll, args.bench, Path(args.out), command=_invocation(), baseline=args.baseline)
     print(
         f"compare: {len(coll.select(args.bench).runs)} runs on {args.bench} -> "
         + ", ".join(str(f) for f in written.files)

@@ -161,6 +161,7 @@ def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> d
         "strategies": list(spec.strategies),
         "benches": list(spec.benches),
         "seeds": list(spec.seeds),
+        "vary": spec.vary,  # which seed the values of "seeds" set (clbench.sweep.plan.VARY)
         "settings": dict(spec.settings),
         "profile": spec.profile,
         "overrides": [list(o) for o in spec.overrides],
