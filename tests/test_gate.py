@@ -285,3 +285,44 @@ def test_write_reference_needs_why_and_records_who_what_why(runs, tmp_path):
     path = tmp_path / "ref.json"
     chk.write_reference(path, ref)
     assert chk.load_reference(path)["entries"][0]["last_acc"] > ENTRIES[0]["last_acc"]
+
+
+# ------------------------------------------------------------------------------------------- tolerances
+TOLERANCES = REPO / "reports" / "gate" / "tolerances.json"
+
+
+def test_every_entry_has_the_measured_tolerance_of_tolerances_json():
+    """The committed reference's tolerances are the ones reports/gate/spread.py derived (tolerances.json), entry by
+    entry: a rewrite that fell back to the defaults, or widened one, fails here."""
+    table = chk.load_tolerances(TOLERANCES)
+    for e in ENTRIES:
+        name = f"{e['strategy']}:{e['profile']}"
+        assert name in table, f"{name} has no measured tolerance in {TOLERANCES.name}: run reports/gate/spread.py"
+        assert e["tolerance"] == table[name], (entry_id(e), e["tolerance"], table[name])
+    assert {k: v for k, v in SHIPPED["tolerances"].items() if k != "source"} == {
+        k: v for k, v in table.items() if k != "source"
+    }
+
+
+def test_a_rewrite_keeps_the_tolerances_unless_a_file_is_given(runs, tmp_path):
+    calibration, _ = chk.find_calibration([runs])
+    previous = chk.load_reference(REFERENCE)
+    kept = chk.make_reference(collect([runs]), why="same runs", calibration=calibration, previous=previous)
+    assert [e["tolerance"] for e in kept["entries"]] == [e["tolerance"] for e in ENTRIES]
+    assert kept["tolerances"] == previous["tolerances"]
+    assert not any("tolerance" in line for line in kept["written_by"]["changes"])
+    wider = tmp_path / "wider.json"
+    wider.write_text(json.dumps({"tolerances": {"ease:ci": {"matrix": 1.5, "last_acc": 0.5, "avg_acc": 0.5}}}))
+    moved = chk.make_reference(
+        collect([runs]),
+        why="wider EASE",
+        calibration=calibration,
+        previous=previous,
+        tolerances=chk.load_tolerances(wider),
+    )
+    changes = moved["written_by"]["changes"]
+    ease = [line for line in changes if "ease:ci" in line and not line.startswith("tolerance table:")]
+    assert len(ease) == 1 and "tolerance matrix 0.77 / last_acc 0.32 / avg_acc 0.56 -> matrix 1.5" in ease[0]
+    # every other entry falls back to the defaults: each is listed, and so is the table
+    assert sum("tolerance matrix" in line for line in changes) == len(ENTRIES)
+    assert any(line.startswith("tolerance table:") for line in changes)

@@ -316,7 +316,11 @@ def make_reference(
     """A reference from complete runs: one entry per (benchmark split, strategy, profile, backbone, protocol).
 
     ``why`` is required: a reference is rewritten on purpose. ``previous`` (the file being replaced) keeps its
-    history, and the entries that moved are listed in ``written_by.changes``."""
+    history, and the entries that moved are listed in ``written_by.changes``, tolerance changes included.
+
+    ``tolerances`` (a measured-spread table, :func:`load_tolerances`) sets every entry's tolerance. Without it a
+    rewrite keeps the previous reference's: an entry it pinned keeps its tolerance, a new one takes the previous
+    table's (else the defaults), so tolerances change only when a file of them is given on purpose."""
     from clbench.results import git_revision
 
     if not why or not why.strip():
@@ -334,7 +338,10 @@ def make_reference(
         )
     if not (time_slack >= 1 and math.isfinite(time_slack)) or not (time_floor >= 0 and math.isfinite(time_floor)):
         raise ClbenchError(f"--time-slack must be >= 1 and --time-floor >= 0 (got {time_slack}, {time_floor})")
-    tolerances = tolerances or {}
+    kept: dict[str, dict[str, float]] = {}
+    if tolerances is None:
+        tolerances = dict(previous.get("tolerances") or {}) if previous is not None else {}
+        kept = {label: e["tolerance"] for label, e in _entries_by_label(previous or {}).items() if e.get("tolerance")}
     calib = calibration_seconds(calibration) if calibration else None
     entries = []
     for key, runs in sorted(group_runs(coll).items(), key=lambda kv: kv[0].label()):
@@ -370,7 +377,7 @@ def make_reference(
                 "accuracy_matrix": [[round(v, 4) for v in row] for row in mean_matrix(runs, key.protocol)],
                 "last_acc": round(_mean([float(x.last_acc) for x in s]), 4),
                 "avg_acc": round(_mean([float(x.avg_acc) for x in s]), 4),
-                "tolerance": tolerance_for(tolerances, key.strategy, key.profile),
+                "tolerance": dict(kept.get(key.label()) or tolerance_for(tolerances, key.strategy, key.profile)),
                 "params": {
                     "added_total": runs[0].record.params.added_total,
                     "trainable": runs[0].record.params.trainable,
@@ -430,20 +437,29 @@ def make_reference(
     return ref
 
 
+def _entries_by_label(ref: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for e in ref.get("entries", []) if isinstance(ref.get("entries"), list) else []:
+        try:
+            out[_entry_key(e, "previous reference").label()] = e
+        except ClbenchError:
+            continue
+    return out
+
+
+def _tolerance_text(tol: Any) -> str:
+    if not isinstance(tol, dict):
+        return str(tol)
+    return " / ".join(f"{m} {tol.get(m)}" for m in TOLERANCE_METRICS)
+
+
 def reference_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What a rewrite changes, one line per entry added, removed or moved (for the file's ``written_by``)."""
-
-    def index(ref):
-        out = {}
-        for e in ref.get("entries", []) if isinstance(ref.get("entries"), list) else []:
-            try:
-                out[_entry_key(e, "previous reference").label()] = e
-            except ClbenchError:
-                continue
-        return out
-
-    before, after = index(old), index(new)
-    lines = [f"added {k}" for k in sorted(set(after) - set(before))]
+    """What a rewrite changes, one line per entry added, removed or moved, its tolerance included, and one for the
+    tolerance table (for the file's ``written_by``)."""
+    before, after = _entries_by_label(old), _entries_by_label(new)
+    lines = [
+        f"added {k} (tolerance {_tolerance_text(after[k].get('tolerance'))})" for k in sorted(set(after) - set(before))
+    ]
     lines += [f"removed {k}" for k in sorted(set(before) - set(after))]
     for k in sorted(set(before) & set(after)):
         moved = [
@@ -451,8 +467,20 @@ def reference_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             for m in ("last_acc", "avg_acc", "params", "precision", "weights")
             if before[k].get(m) != after[k].get(m)
         ]
+        if before[k].get("tolerance") != after[k].get("tolerance"):
+            moved.append(
+                f"tolerance {_tolerance_text(before[k].get('tolerance'))} -> "
+                f"{_tolerance_text(after[k].get('tolerance'))}"
+            )
         if moved:
             lines.append(f"{k}: " + "; ".join(moved))
+    old_table, new_table = old.get("tolerances") or {}, new.get("tolerances") or {}
+    if old_table != new_table:
+        names = sorted(n for n in set(old_table) | set(new_table) if old_table.get(n) != new_table.get(n))
+        lines.append(
+            f"tolerance table: {old_table.get('source', 'built-in defaults')} -> "
+            f"{new_table.get('source', 'built-in defaults')} (differs in: {', '.join(names)})"
+        )
     return lines
 
 
