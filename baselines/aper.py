@@ -288,25 +288,35 @@ class APER(Strategy):
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:
+        extra = {
+            "adapter_params": adapter_set_size(len(self.model.blocks), self.dim, self.cfg.bottleneck),
+            "prototype_width": 2 * self.dim,
+        }
+        added, stored = self.split_kept(self._added, 0, extra, [])
         return ParamCounts(
-            added_per_task=list(self._added),
+            added_per_task=added,
+            stored_per_task=stored,
             trainable_per_task=list(self._trainable),
             head=self.head.weight.numel(),
-            extra={
-                "adapter_params": adapter_set_size(len(self.model.blocks), self.dim, self.cfg.bottleneck),
-                "prototype_width": 2 * self.dim,
-            },
+            extra=extra,
         )
 
     @classmethod
+    def split_kept(cls, kept_per_task, head, extra, task_sizes):
+        """Learned: the first-session adapters; stored: the 2d prototypes (class means) of every class."""
+        added = [int(extra["adapter_params"]) if t == 0 else 0 for t in range(len(kept_per_task))]
+        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
+
+    @classmethod
     def param_formula(cls, cfg: APERConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """Task 0: adapters (depth * (2 d r + r + d)) and its prototypes; trained: adapters, the task-0 cosine head
-        (d per class) and its sigma. Later tasks: 2d per new class, nothing trained."""
+        """Task 0 adds the adapters (depth * (2 d r + r + d)); trained in it: adapters, the task-0 cosine head (d per
+        class, thrown away) and its sigma. Every task stores a 2d prototype per new class; later tasks train nothing."""
         adapters = adapter_set_size(depth, d, cfg.bottleneck)
-        added = [2 * d * n + (adapters if t == 0 else 0) for t, n in enumerate(task_sizes)]
+        added = [adapters if t == 0 else 0 for t in range(len(task_sizes))]
         trainable = [adapters + d * n + 1 if t == 0 else 0 for t, n in enumerate(task_sizes)]
         return ParamCounts(
             added_per_task=added,
+            stored_per_task=[2 * d * n for n in task_sizes],
             trainable_per_task=trainable,
             head=2 * d * sum(task_sizes),
             extra={"adapter_params": adapters, "prototype_width": 2 * d},

@@ -348,22 +348,35 @@ class EASE(Strategy):
     @classmethod
     def param_formula(cls, cfg: EASEConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
         adapters = adapter_set_size(depth, d, cfg.bottleneck)
-        added, trainable, seen = [], [], 0
+        stored, trainable, seen = [], [], 0
         for t, c in enumerate(task_sizes):
             # new classes: a prototype in each of the t + 1 subspaces; old classes: a synthesised one in subspace t
-            added.append(adapters + c * (t + 1) * d + seen * d)
+            stored.append(c * (t + 1) * d + seen * d)
             trainable.append(adapters + c * d + 1)  # the adapter set and its task-local cosine head (rows, scale)
             seen += c
-        return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * len(task_sizes) * d)
+        return ParamCounts(
+            added_per_task=[adapters] * len(task_sizes),  # the task head is thrown away after the task
+            stored_per_task=stored,
+            trainable_per_task=trainable,
+            head=seen * len(task_sizes) * d,
+        )
+
+    @classmethod
+    def split_kept(cls, kept_per_task, head, extra, task_sizes):
+        adapters = int(extra["adapter_params_per_task"])  # learned; the rest is prototypes (class means, synthesised)
+        return [adapters] * len(kept_per_task), [k - adapters for k in kept_per_task]
 
     def param_counts(self) -> ParamCounts:
         n_sets = len(self.adapter_sets)
+        adapters = adapter_set_size(self.n_blocks, self.dim, self.cfg.bottleneck)
+        added, stored = self.split_kept(self._added, 0, {"adapter_params_per_task": adapters}, [])
         return ParamCounts(
-            added_per_task=list(self._added),
+            added_per_task=added,
+            stored_per_task=stored,
             trainable_per_task=list(self._trainable),
             head=self.protos.numel(),
             extra={
-                "adapter_params_per_task": adapter_set_size(self.n_blocks, self.dim, self.cfg.bottleneck),
+                "adapter_params_per_task": adapters,
                 "adapter_sets": n_sets,
                 "prototype_params": self.protos.numel(),
                 "backbone_passes_per_test_image_per_task": list(range(1, n_sets + 1)),  # measured s: diagnostics

@@ -501,14 +501,16 @@ class MOS(Strategy):
         """Per task: one adapter set depth * (2 d r + r + d), and per new class a head row (d + 1), a prototype
         row d and its statistics (mean d + covariance d^2, or d + d with ``ca_storage="variance"``)."""
         adapters = adapter_set_size(depth, d, cfg.bottleneck)
-        per_class = (d + 1) + d + d + (d * d if cfg.ca_storage == "covariance" else d)
-        added, trainable, seen = [], [], 0
+        stats_per_class = d + d + (d * d if cfg.ca_storage == "covariance" else d)  # prototype, mean, covariance
+        added, stored, trainable, seen = [], [], [], 0
         for t, n in enumerate(task_sizes):
             seen += n
-            added.append(adapters + n * per_class)
+            added.append(adapters + n * (d + 1))  # the adapter set and the new head rows
+            stored.append(n * stats_per_class)
             trainable.append(adapters + cls._head_rows_updated(cfg, t, n, seen, d))
         return ParamCounts(
             added_per_task=added,
+            stored_per_task=stored,
             trainable_per_task=trainable,
             head=seen * (d + 1),
             extra={"adapter_params_per_task": adapters, "prototype_params": seen * d},
@@ -516,18 +518,31 @@ class MOS(Strategy):
 
     def param_counts(self) -> ParamCounts:
         n = len(self.stored)
+        extra = {
+            "adapter_params_per_task": adapter_set_size(self.n_blocks, self.dim, self.cfg.bottleneck),
+            "adapter_sets": n,
+            "prototype_params": self.prototypes.numel(),
+            "class_statistics_params": self.class_mean.numel() + sum(c.numel() for c in self.class_cov),
+            "backbone_passes_per_test_image_per_task": list(range(1, n + 1)),
+        }
+        sizes = [self.class_task.count(t) for t in range(n)]
+        added, stored = self.split_kept(self._added, 0, extra, sizes)
         return ParamCounts(
-            added_per_task=list(self._added),
+            added_per_task=added,
+            stored_per_task=stored,
             trainable_per_task=list(self._trainable),
             head=self.head.weight.numel() + self.head.bias.numel(),
-            extra={
-                "adapter_params_per_task": adapter_set_size(self.n_blocks, self.dim, self.cfg.bottleneck),
-                "adapter_sets": n,
-                "prototype_params": self.prototypes.numel(),
-                "class_statistics_params": self.class_mean.numel() + sum(c.numel() for c in self.class_cov),
-                "backbone_passes_per_test_image_per_task": list(range(1, n + 1)),
-            },
+            extra=extra,
         )
+
+    @classmethod
+    def split_kept(cls, kept_per_task, head, extra, task_sizes):
+        """Learned: the adapter set and the head rows (d + 1 per class); stored: each class's prototype, mean and
+        covariance (or variance)."""
+        adapters = int(extra["adapter_params_per_task"])
+        d = int(extra["prototype_params"]) // sum(task_sizes)
+        added = [adapters + c * (d + 1) for c in task_sizes]
+        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
 
     @classmethod
     def work(cls, cfg: MOSConfig, shape: RunShape) -> Work:

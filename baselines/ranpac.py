@@ -338,12 +338,28 @@ class RanPAC(Strategy):
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:
+        extra = self._extra(self.cfg, self.dim, len(self.model.blocks), self.n_classes)
+        sizes = [
+            (k - (extra["adapter_params"] + extra["random_projection"] if t == 0 else 0)) // self.cfg.M
+            for t, k in enumerate(self._added)
+        ]
+        added, stored = self.split_kept(self._added, self.Wo.numel(), extra, sizes)
         return ParamCounts(
-            added_per_task=list(self._added),
+            added_per_task=added,
+            stored_per_task=stored,
             trainable_per_task=list(self._trainable),
             head=self.Wo.numel(),
-            extra=self._extra(self.cfg, self.dim, len(self.model.blocks), self.n_classes),
+            extra=extra,
         )
+
+    @classmethod
+    def split_kept(cls, kept_per_task, head, extra, task_sizes):
+        """Learned: the first-session adapters and the ridge head (M per class, solved in closed form); stored: the
+        fixed random projection W (d M), the Gram matrix G (M^2) and the class sums Q (M per class)."""
+        w, g, m = int(extra["random_projection"]), int(extra["gram_floats"]), int(extra["M"])
+        added = [k - (w if t == 0 else 0) for t, k in enumerate(kept_per_task)]
+        stored = [(w + g if t == 0 else 0) + m * c for t, c in enumerate(task_sizes)]
+        return added, stored
 
     @staticmethod
     def _extra(cfg: RanPACConfig, d: int, depth: int, n_classes: int) -> dict[str, Any]:
@@ -359,14 +375,16 @@ class RanPAC(Strategy):
 
     @classmethod
     def param_formula(cls, cfg: RanPACConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """Task 0: the adapters (with Phase 1), W (d M, fixed random) and M output weights per class; trained in task
-        0: adapters, the task-0 cosine head (d per class) and its sigma. Later tasks: M per new class, nothing
-        trained. Statistics (G: M^2, Q: M per class) in ``extra``."""
+        """Added: the adapters (with Phase 1) in task 0 and M output weights per class (the ridge head); stored:
+        W (d M, fixed random) and G (M^2) in task 0 and Q (M per class); trained in task 0: adapters, the task-0
+        cosine head (d per class, thrown away) and its sigma; later tasks train nothing."""
         adapters = adapter_set_size(depth, d, cfg.bottleneck) if cfg.first_session else 0
-        added = [cfg.M * n + (adapters + d * cfg.M if t == 0 else 0) for t, n in enumerate(task_sizes)]
+        added = [cfg.M * n + (adapters if t == 0 else 0) for t, n in enumerate(task_sizes)]
+        stored = [cfg.M * n + (d * cfg.M + cfg.M * cfg.M if t == 0 else 0) for t, n in enumerate(task_sizes)]
         trainable = [adapters + d * n + 1 if t == 0 and cfg.first_session else 0 for t, n in enumerate(task_sizes)]
         return ParamCounts(
             added_per_task=added,
+            stored_per_task=stored,
             trainable_per_task=trainable,
             head=cfg.M * sum(task_sizes),
             extra=cls._extra(cfg, d, depth, sum(task_sizes)),

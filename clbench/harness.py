@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from clbench import metrics
+from clbench.blocks import TrainingTrace
 from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
@@ -530,7 +531,8 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 f"({len(task.train)} images)"
             )
             t0 = time.perf_counter()
-            strategy.learn_task(task)
+            with TrainingTrace.active() as trace:  # losses and parameter movement, for the record
+                strategy.learn_task(task)
             dt_train = time.perf_counter() - t0
             t_train += dt_train
 
@@ -546,6 +548,8 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                     raise ClbenchError(f"{cfg.strategy} produced NaN/inf logits after task {t}")
                 logs[p].add(logits, y, step.sample_task, t)
             diagnostics = strategy.diagnostics(step.test, step.sample_task)
+            if training := trace.summary():
+                diagnostics = {**diagnostics, "training": training}
             dt_eval = time.perf_counter() - t0
             t_eval += dt_eval
             per_task.append(TaskEntry(t, task.classes, dt_train, diagnostics, dt_eval))
@@ -676,6 +680,7 @@ def _record(
     )
     params = strategy.param_counts()
     added = list(params.added_per_task)
+    stored = list(params.stored_per_task)
     trainable = list(params.trainable_per_task)
     summaries = {p: logs[p].summary() for p in protocols}
     gap = None
@@ -715,6 +720,8 @@ def _record(
             trainable_per_task=trainable,
             added_per_task=added,
             added_total=sum(added),
+            stored_per_task=stored,
+            stored_total=sum(stored),
             head=params.head,
             extra=dict(params.extra),
         ),

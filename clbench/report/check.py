@@ -20,7 +20,7 @@ Reference file (JSON, written by :func:`make_reference` via ``clbench check --wr
         "seeds": [1993], "runs": ["tosca-ci"],
         "accuracy_matrix": [[...], ...], "last_acc": 27.18, "avg_acc": 38.0,   # means over the runs, percent
         "tolerance": {"matrix": 1.5, "last_acc": 0.5, "avg_acc": 0.5},         # points, either direction
-        "params": {"added_total": 228240, "trainable": 51865},                 # compared exactly
+        "params": {"added_total": 228240, "stored_total": 0, "trainable": 51865},  # compared exactly
         "time": {"train": 4.1, "eval": 0.6},   # seconds / calibration seconds (the same machine, the same job)
         "strategy_config": {...}
       }, ...]
@@ -354,6 +354,7 @@ def make_reference(
         for what, values in (
             ("params.added_total", {r.record.params.added_total for r in runs}),
             ("params.trainable", {r.record.params.trainable for r in runs}),
+            ("params.stored_total", {r.record.params.stored_total for r in runs}),
             ("backbone weights", {weights_identity(r) for r in runs}),
             ("precision", {r.record.precision for r in runs}),
         ):
@@ -380,6 +381,7 @@ def make_reference(
                 "tolerance": dict(kept.get(key.label()) or tolerance_for(tolerances, key.strategy, key.profile)),
                 "params": {
                     "added_total": runs[0].record.params.added_total,
+                    "stored_total": runs[0].record.params.stored_total,
                     "trainable": runs[0].record.params.trainable,
                 },
                 "time": None
@@ -815,7 +817,9 @@ def check(
                     rewrite,
                 )
             )
-        for field in ("added_total", "trainable"):
+        for field in ("added_total", "stored_total", "trainable"):
+            if field not in entry["params"]:  # references written before stored statistics were counted apart
+                continue
             want_p = int(entry["params"][field])
             got_p = sorted({int(getattr(r.record.params, field)) for r in runs})
             rows.append(
@@ -963,7 +967,7 @@ COLUMNS = (
     ("matrix", ("accuracy matrix",)),
     ("final acc %", ("final acc %",)),
     ("avg inc acc %", ("avg inc acc %",)),
-    ("params added / trainable", ("params added_total", "params trainable")),
+    ("params added / stored / trainable", ("params added_total", "params stored_total", "params trainable")),
     ("train / eval time", ("train time / calibration", "eval time / calibration")),
 )
 
