@@ -231,7 +231,7 @@ class DualPrompt(Strategy):
     # L2P/EASE's unit costs at 112 px (~50 ms CPU per training step and image, ~21 ms per frozen pass): training
     # ~330 s, evaluation ~70 s per protocol, ~8 CPU-min with both protocols.
     # ``ci``: the regression gate's run: the embedded benchmark at 56 px, 3 tasks of 12 classes, the first 16
-    # training images of each class, 2 epochs.
+    # training images of each class, 2 epochs (its two protocols give the same matrix there: reports/gate/README.md).
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 2},
         "ci": {"img_size": 56, "init_cls": 12, "increment": 12, "epochs": 2, "train_per_class": 16},

@@ -233,10 +233,20 @@ class RanPAC(Strategy):
     # 2 cores: 112 px input and 3 first-session epochs instead of 20 (the only backward passes of the run); M stays
     # the reference's 10,000 (one 10,000 x 10,000 float64 Cholesky solve per task).
     # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): 56 px (the shared CI feature cache),
-    # 3 tasks of 12 classes, the first 16 training images per class, 2 first-session epochs and M = 2,000.
+    # 3 tasks of 12 classes, M = 2,000, and APER's first session (the same adapters and loop): the first 8 training
+    # images per class, 4 epochs of batches of 16 at lr 0.5, so that the loss falls (reports/gate/README.md).
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 3},
-        "ci": {"img_size": 56, "init_cls": 12, "increment": 12, "epochs": 2, "train_per_class": 16, "M": 2000},
+        "ci": {
+            "img_size": 56,
+            "init_cls": 12,
+            "increment": 12,
+            "epochs": 4,
+            "train_per_class": 8,
+            "batch_size": 16,
+            "lr": 0.5,
+            "M": 2000,
+        },
     }
 
     def __init__(self, config: RanPACConfig, ctx: Context) -> None:

@@ -326,3 +326,28 @@ def test_a_rewrite_keeps_the_tolerances_unless_a_file_is_given(runs, tmp_path):
     # every other entry falls back to the defaults: each is listed, and so is the table
     assert sum("tolerance matrix" in line for line in changes) == len(ENTRIES)
     assert any(line.startswith("tolerance table:") for line in changes)
+
+
+# ------------------------------------------------------------------------------------------- training in the gate
+LOSS_RATIO_MAX = 0.95  # last-epoch mean loss over first-epoch mean, every task that trains (reports/gate/README.md)
+PARAM_CHANGE_MIN = 1e-3  # ||after - init|| / ||init|| of what the task's main optimiser stepped
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in RECORDS.iterdir() if p.is_dir()))
+def test_every_gate_run_that_trains_shows_its_loss_fall_and_its_parts_move(folder):
+    """A ci profile that trains must train visibly: in each task whose optimiser ran, the mean loss of the last
+    epoch is at most LOSS_RATIO_MAX of the first's and the trained parts moved by PARAM_CHANGE_MIN of their norm at
+    least. The gate then pins trained methods, not their initialisation (records written before the per-task
+    ``training`` diagnostics fail here: re-run .ci/gate and re-pin)."""
+    from clbench.results import load_record
+
+    rec = load_record(RECORDS / folder)
+    for t, entry in enumerate(rec.per_task):
+        if not rec.params.trainable_per_task[t]:
+            continue
+        assert entry.diagnostics.get("training"), f"{folder} task {t}: no training diagnostics; re-pin the gate"
+        main = entry.diagnostics["training"][0]  # the task's first optimiser: the method's training loop
+        ratio = main["loss_last_epoch"] / main["loss_first_epoch"]
+        fell = f"{main['loss_first_epoch']:.4f} -> {main['loss_last_epoch']:.4f}"
+        assert ratio <= LOSS_RATIO_MAX, f"{folder} task {t}: loss {fell}"
+        assert main["param_change"] >= PARAM_CHANGE_MIN, f"{folder} task {t}: parts moved {main['param_change']:.2e}"
