@@ -149,8 +149,8 @@ def test_perf_params_cli_records_json_and_refuses_bad_tasks(tmp_path, capsys):
 
     out = tmp_path / "params.json"
     assert main(["perf", "params", "--d", "768", "--depth", "12", "--tasks", "10x10", "--out", str(out)]) == 0
-    assert "| tosca | 149,808 |" in capsys.readouterr().out
-    assert json.loads(out.read_text())["strategies"]["tosca"]["added_total"] == 1_498_080
+    assert "| tosca | 157,489 | 157,488 | 1,574,881 | 0 |" in capsys.readouterr().out  # module + head rows
+    assert json.loads(out.read_text())["strategies"]["tosca"]["added_total"] == 1_498_080 + 100 * 768 + 1
     assert main(["perf", "params", "--tasks", "10y"]) == 2
     assert "--tasks '10y'" in capsys.readouterr().err
     assert main(["perf", "params", "--d", "100"]) == 2  # TOSCA's ratio 16 does not divide 100
