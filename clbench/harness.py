@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from clbench import metrics, training_check
+from clbench.blocks import TrainingTrace
 from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
@@ -594,7 +595,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             )
             rng_before_task = checkpoint.capture_rng() if t == 0 else None
             t0 = time.perf_counter()
-            with training_check.watch() as watch:
+            with training_check.watch() as watch, TrainingTrace.active() as trace:  # movement and losses
                 strategy.learn_task(task)
             dt_train = time.perf_counter() - t0
             trained_change = watch.relative_change()
@@ -614,6 +615,8 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 logs[p].add(logits, y, step.sample_task, t, step.test.indices)
                 first_logits = logits if first_logits is None else first_logits
             diagnostics = strategy.diagnostics(step.test, step.sample_task)
+            if training := trace.summary():
+                diagnostics = {**diagnostics, "training": training}
             reset = None  # the first task only: does training change what the strategy predicts?
             if t == 0 and trained_change is not None:
                 reset = training_check.reset_share(
@@ -789,6 +792,7 @@ def _record(
     )
     params = strategy.param_counts()
     added = list(params.added_per_task)
+    stored = list(params.stored_per_task)
     trainable = list(params.trainable_per_task)
     summaries = {p: logs[p].summary() for p in protocols}
     if preds is not None:  # intervals and calibration need every image's prediction
@@ -834,6 +838,8 @@ def _record(
             trainable_per_task=trainable,
             added_per_task=added,
             added_total=sum(added),
+            stored_per_task=stored,
+            stored_total=sum(stored),
             head=params.head,
             extra=dict(params.extra),
         ),

@@ -97,7 +97,12 @@ def peak_rss_mb() -> float:
 #      (the last two added later; a record without them means none). The JSON layout is version 1's.
 #   3: ``predictions`` names the run's per-image predictions file (clbench.predictions) with its sha256 and size, or
 #      is null where the run kept none; every protocol's metrics add ``bwt``, ``ece``, ``last_acc_ci`` and
-#      ``avg_acc_ci``, written where known (the last three need predictions). Version-2 records lack them all.
+#      ``avg_acc_ci``, written where known (the last three need predictions). And one parameter accounting for
+#      every method (:class:`clbench.strategy.ParamCounts`): ``params.added_*`` counts learned parameters only
+#      (heads included: TOSCA's head rows are in it now), ``params.stored_*`` the statistics kept (prototypes,
+#      means, covariances, Gram matrices, random projections), which version 2 counted as added for SimpleCIL,
+#      EASE, APER, RanPAC (its W) and MOS. :func:`_upgrade_v2` restates a version-2 record through the strategy's
+#      :meth:`~clbench.strategy.Strategy.split_kept` (the split its live runs use) and names no predictions.
 OLDEST_READABLE = 1
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
@@ -140,11 +145,13 @@ class Params:
 
     backbone: int  # parameters of the frozen backbone
     trainable: int  # the most the optimiser updated in one task
-    added_total: int  # stored on top of the backbone after the last task (modules, prompts, adapters, head)
+    added_total: int  # learned parameters kept after the last task (modules, prompts, adapters, head rows)
     trainable_per_task: list[int] = field(default_factory=list)
     added_per_task: list[int] = field(default_factory=list)
     head: int = 0
     extra: Json = field(default_factory=dict)  # the strategy's own counts (ParamCounts.extra), written beside these
+    stored_total: int = 0  # statistics kept after the last task (prototypes, means, covariances, Gram matrices)
+    stored_per_task: list[int] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, d: Json) -> Params:
@@ -158,6 +165,8 @@ class Params:
             "trainable_per_task": self.trainable_per_task,
             "added_per_task": self.added_per_task,
             "added_total": self.added_total,
+            "stored_per_task": self.stored_per_task,
+            "stored_total": self.stored_total,
             "head": self.head,
             **self.extra,
         }
@@ -572,6 +581,8 @@ OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
     (("params", "head"), "an integer", _is_int),
     (("params", "added_per_task"), "a list of integers", _list_of(_is_int)),
     (("params", "trainable_per_task"), "a list of integers", _list_of(_is_int)),
+    (("params", "stored_total"), "an integer", _is_int),
+    (("params", "stored_per_task"), "a list of integers", _list_of(_is_int)),
     (("time_s", "checkpoint"), "a number", _is_number),
     (("per_task",), "a list of task objects", _list_of(_is_task)),
     (("host",), "an object", lambda v: isinstance(v, dict)),
@@ -627,14 +638,40 @@ def _upgrade_v1(data: Json) -> Json:
 
 
 def _upgrade_v2(data: Json) -> Json:
-    """A version-2 record as version 3: it kept no predictions."""
-    return {**data, "predictions": data.get("predictions")}
+    """A version-2 record as version 3: its ``params.added_per_task`` (everything kept per task; TOSCA's module only)
+    split into learned parameters and stored statistics by the strategy's own
+    :meth:`~clbench.strategy.Strategy.split_kept`, which its live runs use too; a strategy this clbench does not
+    register keeps everything as learned (the base rule). ``params.restated_from_schema`` says so. It kept no
+    predictions."""
+    from clbench.catalog import STRATEGIES
+    from clbench.strategy import Strategy
+
+    params = dict(data["params"])
+    kept = list(params.get("added_per_task") or [params["added_total"]])
+    sizes = list(data["task_sizes"])
+    if len(kept) != len(sizes):  # an unfinished record: the tasks it has done
+        sizes = sizes[: len(kept)]
+    try:
+        cls = STRATEGIES.get(str(data["strategy"]))
+    except ClbenchError:
+        cls = Strategy
+    try:
+        added, stored = cls.split_kept(kept, int(params.get("head", 0)), params, sizes)
+    except (KeyError, ValueError, ZeroDivisionError, TypeError) as e:
+        raise ClbenchError(
+            f"record of {data['strategy']} (schema 2): its parameter counts cannot be restated ({e!r})", RUN_HINT
+        ) from None
+    params.update(
+        added_per_task=added,
+        added_total=sum(added),
+        stored_per_task=stored,
+        stored_total=sum(stored),
+        restated_from_schema=2,
+    )
+    return {**data, "params": params, "predictions": data.get("predictions")}
 
 
-UPGRADES: dict[int, Callable[[Json], Json]] = {
-    1: _upgrade_v1,
-    2: _upgrade_v2,
-}  # version -> the record as the next version
+UPGRADES: dict[int, Callable[[Json], Json]] = {1: _upgrade_v1, 2: _upgrade_v2}  # version -> the next version
 
 
 # ------------------------------------------------------------------------------------------- reading

@@ -141,7 +141,7 @@ def add_check_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="per-metric tolerances per strategy:profile from a measured spread "
-        "(e.g. reports/gate/tolerances.json; default: the built-in ones)",
+        "(e.g. reports/gate/tolerances.json; default: keep the rewritten reference's, else the built-in ones)",
     )
     w.add_argument(
         "--time-slack",
@@ -201,7 +201,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.write_reference:
         target = Path(args.write_reference)
         previous = chk.load_reference(target, for_writing=True) if target.exists() else None
-        tolerances = chk.load_tolerances(Path(args.tolerances)) if args.tolerances else {}
+        tolerances = chk.load_tolerances(Path(args.tolerances)) if args.tolerances else None  # None: keep previous
         ref = chk.make_reference(
             coll,
             why=args.why,
