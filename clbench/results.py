@@ -27,7 +27,7 @@ from typing import Any
 from clbench.errors import ClbenchError
 from clbench.predictions import PredictionsFile
 
-SCHEMA_VERSION = 3  # see the version history above RunRecord
+SCHEMA_VERSION = 4  # see the version history above RunRecord
 RESULT_FILE = "result.json"
 Json = dict[str, Any]
 
@@ -97,12 +97,12 @@ def peak_rss_mb() -> float:
 #      (the last two added later; a record without them means none). The JSON layout is version 1's.
 #   3: ``predictions`` names the run's per-image predictions file (clbench.predictions) with its sha256 and size, or
 #      is null where the run kept none; every protocol's metrics add ``bwt``, ``ece``, ``last_acc_ci`` and
-#      ``avg_acc_ci``, written where known (the last three need predictions). And one parameter accounting for
-#      every method (:class:`clbench.strategy.ParamCounts`): ``params.added_*`` counts learned parameters only
-#      (heads included: TOSCA's head rows are in it now), ``params.stored_*`` the statistics kept (prototypes,
-#      means, covariances, Gram matrices, random projections), which version 2 counted as added for SimpleCIL,
-#      EASE, APER, RanPAC (its W) and MOS. :func:`_upgrade_v2` restates a version-2 record through the strategy's
-#      :meth:`~clbench.strategy.Strategy.split_kept` (the split its live runs use) and names no predictions.
+#      ``avg_acc_ci``, written where known (the last three need predictions). Version-2 records lack them all.
+#   4: one parameter accounting for every method (:class:`clbench.strategy.ParamCounts`): ``params.added_*`` counts
+#      learned parameters only (heads included: TOSCA's head rows are in it now), ``params.stored_*`` the statistics
+#      kept (prototypes, means, covariances, Gram matrices, random projections), which versions 2 and 3 counted as
+#      added for SimpleCIL, EASE, APER, RanPAC (its W) and MOS. :func:`_upgrade_v3` restates an older record through
+#      the strategy's :meth:`~clbench.strategy.Strategy.split_kept` (the split its live runs use).
 OLDEST_READABLE = 1
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
@@ -638,11 +638,15 @@ def _upgrade_v1(data: Json) -> Json:
 
 
 def _upgrade_v2(data: Json) -> Json:
-    """A version-2 record as version 3: its ``params.added_per_task`` (everything kept per task; TOSCA's module only)
+    """A version-2 record as version 3: it kept no predictions."""
+    return {**data, "predictions": data.get("predictions")}
+
+
+def _upgrade_v3(data: Json) -> Json:
+    """A version-3 (or older) record as version 4: its ``params.added_per_task`` (everything kept per task; TOSCA's module only)
     split into learned parameters and stored statistics by the strategy's own
     :meth:`~clbench.strategy.Strategy.split_kept`, which its live runs use too; a strategy this clbench does not
-    register keeps everything as learned (the base rule). ``params.restated_from_schema`` says so. It kept no
-    predictions."""
+    register keeps everything as learned (the base rule). ``params.restated_from_schema`` says so."""
     from clbench.catalog import STRATEGIES
     from clbench.strategy import Strategy
 
@@ -659,19 +663,24 @@ def _upgrade_v2(data: Json) -> Json:
         added, stored = cls.split_kept(kept, int(params.get("head", 0)), params, sizes)
     except (KeyError, ValueError, ZeroDivisionError, TypeError) as e:
         raise ClbenchError(
-            f"record of {data['strategy']} (schema 2): its parameter counts cannot be restated ({e!r})", RUN_HINT
+            f"record of {data['strategy']} (schema {data.get('schema_version', 3)}): its parameter counts cannot be restated ({e!r})",
+            RUN_HINT,
         ) from None
     params.update(
         added_per_task=added,
         added_total=sum(added),
         stored_per_task=stored,
         stored_total=sum(stored),
-        restated_from_schema=2,
+        restated_from_schema=int(data.get("schema_version", 3)),
     )
-    return {**data, "params": params, "predictions": data.get("predictions")}
+    return {**data, "params": params}
 
 
-UPGRADES: dict[int, Callable[[Json], Json]] = {1: _upgrade_v1, 2: _upgrade_v2}  # version -> the next version
+UPGRADES: dict[int, Callable[[Json], Json]] = {
+    1: _upgrade_v1,
+    2: _upgrade_v2,
+    3: _upgrade_v3,
+}  # version -> the next version
 
 
 # ------------------------------------------------------------------------------------------- reading
