@@ -643,8 +643,8 @@ def _upgrade_v2(data: Json) -> Json:
 
 
 def _upgrade_v3(data: Json) -> Json:
-    """A version-3 (or older) record as version 4: its ``params.added_per_task`` (everything kept per task; TOSCA's module only)
-    split into learned parameters and stored statistics by the strategy's own
+    """A version-3 (or older) record as version 4: its ``params.added_per_task`` (everything kept per task; TOSCA's
+    module only) split into learned parameters and stored statistics by the strategy's own
     :meth:`~clbench.strategy.Strategy.split_kept`, which its live runs use too; a strategy this clbench does not
     register keeps everything as learned (the base rule). ``params.restated_from_schema`` says so."""
     from clbench.catalog import STRATEGIES
@@ -663,7 +663,8 @@ def _upgrade_v3(data: Json) -> Json:
         added, stored = cls.split_kept(kept, int(params.get("head", 0)), params, sizes)
     except (KeyError, ValueError, ZeroDivisionError, TypeError) as e:
         raise ClbenchError(
-            f"record of {data['strategy']} (schema {data.get('schema_version', 3)}): its parameter counts cannot be restated ({e!r})",
+            f"record of {data['strategy']} (schema {data.get('schema_version', 3)}): "
+            f"its parameter counts cannot be restated ({e!r})",
             RUN_HINT,
         ) from None
     params.update(
