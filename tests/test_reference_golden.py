@@ -32,9 +32,12 @@ from torch import nn
 
 import baselines.ease as ease_mod
 import baselines.l2p as l2p_mod
+import baselines.ranpac as ranpac_mod
 import tosca.strategy as tosca_mod
+from baselines.aper import APER, APERConfig
 from baselines.ease import EASE, AdapterSet, EASEConfig
 from baselines.l2p import L2P, L2PConfig
+from baselines.ranpac import RIDGE_GRID, RanPAC, RanPACConfig
 from baselines.simplecil import SimpleCIL, SimpleCILConfig
 from clbench.backbones import load_backbone
 from clbench.benchmarks.base import ArraySource
@@ -305,6 +308,76 @@ def check_simplecil(backbone) -> None:
         assert_golden(strategy.predict(test), f[f"out.task{t}.logits"], f"logits after task {t}")
 
 
+def check_ranpac(backbone, numerics: str = "reference") -> None:
+    """RanPAC over two tasks without Phase 1 (the features are the fixture's): h = ReLU(z W), G and Q accumulated,
+    the ridge grid's held-out losses and the chosen lambda on the current task, Wo = ((G + lambda I)^-1 Q)^T, and
+    PILOT's cosine head sigma * cos(h, Wo_c), against models/ranpac.py setup_RP / replace_fc /
+    optimise_ridge_parameter. The loader order is the fixture's (clbench's own shuffle replaced by the identity).
+
+    ``numerics="reference"`` reproduces the reference's float32 solves and is held to ``RTOL``; the default
+    ``"exact"`` (float64 solves) must choose the same lambda and stay within 1e-4 relative of the float32 numbers
+    (float32's own rounding in the solve; measured 7e-5). Wo's entries are ~4e-3, so its absolute tolerance is
+    1e-6, not ``ATOL``; G (entries ~4e3) and Q (~1e2) get 1e-3."""
+    f = load("ranpac_ridge")
+    M = f["in.W_rand"].shape[1]
+    cfg = RanPACConfig(M=M, first_session=False, head="cosine", ridge_numerics=numerics)
+    strategy = RanPAC(cfg, ctx_for(backbone))
+    strategy.W = f["in.W_rand"].clone()
+    strategy.sigma = float(f["in.sigma"])  # the first session's learnt scale, which PILOT's head keeps
+    rtol = RTOL if numerics == "reference" else 1e-4
+    test = features_split(f["in.test.z"], f["in.test.y"])
+    identity_order = lambda n, generator=None: torch.arange(n)  # noqa: E731
+    for t in range(2):
+        classes = [3 * t, 3 * t + 1, 3 * t + 2]
+        task = Task(t, classes, 3 * t + 3, features_split(f[f"in.task{t}.z"], f[f"in.task{t}.y"]))
+        with mock.patch.object(ranpac_mod.torch, "randperm", identity_order):
+            strategy.learn_task(task)
+        h = strategy.project(task.train.features)
+        y = F.one_hot(task.train.labels, task.n_seen).float()[:, classes]
+        # the reference's MSE runs over all 6 one-hot columns; the other columns are 0 in target and prediction
+        losses = torch.tensor(ranpac_mod.ridge_losses(h, y, numerics)) * len(classes) / 6
+        assert_golden(losses, f[f"out.task{t}.ridge_losses"], f"ridge grid losses, task {t}", rtol=1e-4, atol=1e-6)
+        ref_lambda = float(f[f"out.task{t}.lambda"])
+        assert strategy.lambdas[-1] == ref_lambda, (
+            f"task {t}: clbench chose lambda {strategy.lambdas[-1]:g}, the reference {ref_lambda:g}"
+        )
+        assert_golden(strategy.G, f[f"out.task{t}.G"], f"Gram matrix G after task {t}", rtol=RTOL, atol=1e-3)
+        assert_golden(strategy.Q, f[f"out.task{t}.Q"][:, : task.n_seen], f"class sums Q after task {t}", atol=1e-3)
+        assert_golden(strategy.Wo, f[f"out.task{t}.Wo"], f"ridge weights Wo after task {t}", rtol=rtol, atol=1e-6)
+        assert_golden(strategy.predict(test), f[f"out.task{t}.logits"], f"cosine-head logits after task {t}")
+    assert RIDGE_GRID == tuple(10.0**k for k in range(-8, 9)), "the grid is the reference's 10^-8 .. 10^8"
+
+
+class StoredAdapted:
+    """Stands in for APER's adapted-feature store: returns the fixture's adapted features of a split's rows."""
+
+    def __init__(self, adapted: dict[str, torch.Tensor]) -> None:
+        self.adapted = adapted
+
+    def get(self, split, compute, batch_size, device) -> torch.Tensor:
+        return self.adapted[id(split)]
+
+
+def check_aper(backbone) -> None:
+    """APER over two tasks: prototypes = class means of concat(frozen, adapted) and cosine logits on the whole
+    concatenation (sigma 1), against utils/inc_net.py MultiBranchCosineIncrementalNet (construct_dual_branch_network,
+    update_fc, forward) and models/aper_adapter.py replace_fc. The first session is not rerun: the adapted branch's
+    features are the fixture's, handed over through the strategy's feature store."""
+    f = load("aper_prototypes")
+    strategy = APER(APERConfig(), ctx_for(backbone))
+    strategy.adapters = AdapterSet(len(backbone.model.blocks), D, APERConfig(), torch.Generator().manual_seed(0))
+    adapted: dict[str, torch.Tensor] = {}
+    strategy.store = StoredAdapted(adapted)
+    test = features_split(f["in.test.frozen"], f["in.test.y"])
+    adapted[id(test)] = f["in.test.adapted"]
+    for t in range(2):
+        train = features_split(f[f"in.task{t}.frozen"], f[f"in.task{t}.y"])
+        adapted[id(train)] = f[f"in.task{t}.adapted"]
+        strategy.learn_task(Task(t, [3 * t, 3 * t + 1, 3 * t + 2], 3 * t + 3, train))
+        assert_golden(strategy.head.weight, f[f"out.task{t}.prototypes"], f"concatenated prototypes after task {t}")
+        assert_golden(strategy.predict(test), f[f"out.task{t}.logits"], f"logits after task {t}")
+
+
 # ----------------------------------------------------------------------------------------------- golden tests
 def test_luca_forward_matches_reference():
     check_luca_forward()
@@ -332,6 +405,18 @@ def test_ease_reweighted_logits_match_reference(backbone):
 
 def test_simplecil_matches_reference(backbone):
     check_simplecil(backbone)
+
+
+def test_ranpac_ridge_matches_reference(backbone):
+    check_ranpac(backbone, "reference")
+
+
+def test_ranpac_exact_numerics_match_reference(backbone):
+    check_ranpac(backbone, "exact")
+
+
+def test_aper_prototypes_and_logits_match_reference(backbone):
+    check_aper(backbone)
 
 
 # ----------------------------------------------------------------------------------------------- planted bugs
