@@ -20,6 +20,8 @@ outputs (chosen prompts, chosen module, top-5 classes) must match exactly.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 from unittest import mock
 
@@ -30,11 +32,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+import baselines.dualprompt as dualprompt_mod
 import baselines.ease as ease_mod
 import baselines.l2p as l2p_mod
 import baselines.ranpac as ranpac_mod
 import tosca.strategy as tosca_mod
 from baselines.aper import APER, APERConfig
+from baselines.dualprompt import DualPrompt, DualPromptConfig
 from baselines.ease import EASE, AdapterSet, EASEConfig
 from baselines.l2p import L2P, L2PConfig
 from baselines.ranpac import RIDGE_GRID, RanPAC, RanPACConfig
@@ -378,6 +382,106 @@ def check_aper(backbone) -> None:
         assert_golden(strategy.predict(test), f[f"out.task{t}.logits"], f"logits after task {t}")
 
 
+DP_HEADS = 2  # vit_micro's heads: PILOT stores prefixes per head, (.., L, heads, d / heads)
+DP_TOKENS = 8  # the fixture keeps the attention output of the first 8 tokens
+
+
+def dualprompt_kv_layout() -> tuple[str, str] | None:
+    """The DualPrompt setting that reproduces PILOT's E-prompt key/value layout: (field, value), or None while
+    DualPromptConfig has no such field. The value is the field's one non-default choice."""
+    for field in dataclasses.fields(DualPromptConfig):
+        if "layout" in field.name:
+            choices = typing.get_args(typing.get_type_hints(DualPromptConfig)[field.name])
+            others = [c for c in choices if c != field.default]
+            assert len(others) == 1, f"DualPromptConfig.{field.name}: expected one non-default layout, got {choices}"
+            return field.name, others[0]
+    return None
+
+
+def dualprompt_from_reference(f: dict[str, torch.Tensor], **settings) -> DualPrompt:
+    """clbench's DualPrompt on a vit_micro carrying the reference ViT's weights, with the reference's G-prompt,
+    E-prompt pool (only the 2 of its 3 E-layers a 4-block ViT reaches), keys and 6-class head; three tasks seen."""
+    bb = load_backbone("vit_micro", "random", seed=0)  # own copy: its weights are replaced
+    bb.model.load_state_dict({k.removeprefix("in.vit."): v for k, v in f.items() if k.startswith("in.vit.")})
+    cfg = DualPromptConfig(match_unseen_keys=True, **settings)  # PILOT matches all pool keys
+    strategy = DualPrompt(cfg, ctx_for(bb))
+    g, e = f["in.g_prompt"], f["in.e_prompt"]  # (2, 2, L, H, hd), (3, 2, pool, L, H, hd)
+    n_e = len(strategy.e_layers)
+    with torch.no_grad():
+        strategy.prompts.g.copy_(g.flatten(-2))
+        strategy.prompts.e.copy_(e[:n_e].permute(2, 0, 1, 3, 4, 5).flatten(-2))  # (pool, n_e, 2, L, d)
+        strategy.prompts.keys.copy_(f["in.e_key"])
+    strategy.head.grow(6, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        strategy.head.weight.copy_(f["in.head.weight"])
+        strategy.head.bias.copy_(f["in.head.bias"])
+    strategy.n_tasks, strategy.n_seen = 3, 6
+    return strategy
+
+
+class PrefixSpy:
+    """Records the prefix and the attention output of every block in DualPrompt._forward."""
+
+    def __init__(self) -> None:
+        self.prefixes: list[torch.Tensor | None] = []
+        self.outputs: list[torch.Tensor] = []
+        self.real = dualprompt_mod.prefix_attention
+
+    def __call__(self, attn, x, prefix):
+        out = self.real(attn, x, prefix)
+        self.prefixes.append(None if prefix is None else prefix.detach().clone())
+        self.outputs.append(out.detach().clone())
+        return out
+
+
+def check_dualprompt(layout: str = "intended") -> None:
+    """DualPrompt's key matching, prefix placement per block, attention output and logits against PILOT's
+    VisionTransformer (backbone/vit_dualprompt.py: forward_features, Block, PreT_Attention, forward_head) and
+    EPrompt.forward (backbone/prompt.py) with exps/dualprompt.json's prompt arguments, for the per-sample choice,
+    the batch vote (``reference`` protocol) and the training prompt mask (slot 2 for every row).
+
+    ``layout="intended"``: clbench's default gives every row the (key, value) pair of its own slot; the fixture's
+    ``intended.*`` numbers come from the reference's own blocks fed that layout. ``layout="pilot"``: PILOT's
+    forward as it runs, which reshapes the E-prompt from (layers, 2, B, ..) to (layers, B, 2, ..) without a permute
+    (row b gets flat rows 2b and 2b + 1 of the (2, B) grid); clbench reproduces it with its layout setting."""
+    f = load("dualprompt_prefix")
+    settings = {}
+    if layout == "pilot":
+        field = dualprompt_kv_layout()
+        assert field is not None, "no DualPromptConfig layout setting"
+        settings = {field[0]: field[1]}
+    strategy = dualprompt_from_reference(f, **settings)
+    x, query = f["in.x"], f["in.query"]
+    tokens = l2p_mod.vit_tokens(strategy.model, x)
+    assert_golden(tokens, f["out.pilot.per_sample.block0.in"], "patch embedding + [CLS] + position (block 0 input)")
+    runs = (
+        ("per_sample", strategy.select(query, batchwise=False)),
+        ("batchwise", strategy.select(query, batchwise=True)),
+        ("train_task2", torch.full((len(x),), 2)),  # learn_task's prompt mask for task 2
+    )
+    for run, slots in runs:
+        if run != "train_task2":
+            assert_golden(slots, f[f"out.pilot.{run}.idx"][:, 0], f"E-prompt chosen per row ({run})")
+        spy = PrefixSpy()
+        with mock.patch.object(dualprompt_mod, "prefix_attention", spy), torch.no_grad():
+            logits = strategy._forward(x, slots)
+        assert len(spy.prefixes) == len(strategy.model.blocks)
+        for i, (prefix, out) in enumerate(zip(spy.prefixes, spy.outputs, strict=True)):
+            ref = f"out.{layout}.{run}.block{i}.prefix"
+            if ref not in f and i < 2:  # G-prompt blocks: the layout question does not arise
+                ref = f"out.pilot.{run}.block{i}.prefix"
+            if ref in f:
+                assert prefix is not None, f"block {i} got no prefix; the reference puts one there ({run})"
+                expected = f[ref].flatten(-2)  # (B, 2, L, d)
+                assert_golden(prefix, expected, f"prefix of block {i} ({run}, {layout} layout)")
+            key = f"out.{layout}.{run}.block{i}.attn_out"
+            if key not in f and i < 2:
+                key = f"out.intended.{run}.block{i}.attn_out"
+            if key in f:
+                assert_golden(out[:, :DP_TOKENS], f[key], f"attention output of block {i} ({run}, {layout} layout)")
+        assert_golden(logits, f[f"out.{layout}.{run}.logits"], f"logits ({run}, {layout} layout)")
+
+
 # ----------------------------------------------------------------------------------------------- golden tests
 def test_luca_forward_matches_reference():
     check_luca_forward()
@@ -417,6 +521,20 @@ def test_ranpac_exact_numerics_match_reference(backbone):
 
 def test_aper_prototypes_and_logits_match_reference(backbone):
     check_aper(backbone)
+
+
+def test_dualprompt_prefixes_attention_and_logits_match_reference():
+    check_dualprompt("intended")
+
+
+def test_dualprompt_reference_kv_layout_matches_pilot():
+    """PILOT's E-prompt key/value layout, reproduced by clbench's layout setting (see check_dualprompt)."""
+    if dualprompt_kv_layout() is None:
+        pytest.skip(
+            "DualPromptConfig has no key/value layout setting yet: PILOT's E-prompt layout (its reshape without "
+            "a permute) cannot be reproduced, so out.pilot.* of dualprompt_prefix.safetensors is not compared"
+        )
+    check_dualprompt("pilot")
 
 
 # ----------------------------------------------------------------------------------------------- planted bugs
