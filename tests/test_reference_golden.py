@@ -35,12 +35,14 @@ from torch import nn
 import baselines.dualprompt as dualprompt_mod
 import baselines.ease as ease_mod
 import baselines.l2p as l2p_mod
+import baselines.mos as mos_mod
 import baselines.ranpac as ranpac_mod
 import tosca.strategy as tosca_mod
 from baselines.aper import APER, APERConfig
 from baselines.dualprompt import DualPrompt, DualPromptConfig
 from baselines.ease import EASE, AdapterSet, EASEConfig
 from baselines.l2p import L2P, L2PConfig
+from baselines.mos import MOS, MOSConfig
 from baselines.ranpac import RIDGE_GRID, RanPAC, RanPACConfig
 from baselines.simplecil import SimpleCIL, SimpleCILConfig
 from clbench.backbones import load_backbone
@@ -482,6 +484,120 @@ def check_dualprompt(layout: str = "intended") -> None:
         assert_golden(logits, f[f"out.{layout}.{run}.logits"], f"logits ({run}, {layout} layout)")
 
 
+# the reference's Adapter parameter names (backbone/vit_mos.py) -> clbench's (baselines/ease.py Adapter)
+REF_ADAPTER_NAMES = {
+    "down_proj.weight": "down_weight",
+    "down_proj.bias": "down_bias",
+    "up_proj.weight": "up_weight",
+    "up_proj.bias": "up_bias",
+}
+
+
+def adapter_set_from_reference(f: dict[str, torch.Tensor], prefix: str, n_blocks: int) -> AdapterSet:
+    adapters = AdapterSet(n_blocks, D, MOSConfig(), torch.Generator().manual_seed(0))
+    adapters.load_state_dict(
+        {f"{i}.{ours}": f[f"{prefix}{i}.{ref}"] for i in range(n_blocks) for ref, ours in REF_ADAPTER_NAMES.items()}
+    )
+    return adapters
+
+
+def assert_adapters(adapters: AdapterSet, f: dict[str, torch.Tensor], prefix: str, what: str) -> None:
+    state = adapters.state_dict()
+    for i in range(len(adapters)):
+        for ref, ours in REF_ADAPTER_NAMES.items():
+            assert_golden(state[f"{i}.{ours}"], f[f"{prefix}{i}.{ref}"], f"{what}: block {i} {ours}")
+
+
+def check_mos_merge(backbone) -> None:
+    """MOS's merge of the current adapter set toward the mean of the stored sets, after an optimizer step
+    (models/mos.py -> backbone/vit_mos.py adapter_merge, m = 0.1), and PILOT's in-forward drift that the
+    ``reference`` protocol and ``reference_drift`` reproduce (reweight_adapter before each of the 4 blocks: stored
+    set 1 toward set 0 at evaluation; the current set toward mean(sets 0, 1) in a training forward). The merge is
+    run by MOS._train_adapters itself: one SGD step whose gradient is zero (lr 0 is refused, so the loss is
+    multiplied by 0), weight decay 0, so the step leaves the parameters where they were and only the merge moves
+    them."""
+    f = load("mos")
+    n_blocks = len(backbone.model.blocks)
+    cfg = MOSConfig(epochs=1, batch_size=4, weight_decay=0.0)
+    strategy = MOS(cfg, ctx_for(backbone))
+    strategy.stored = nn.ModuleList(adapter_set_from_reference(f, f"in.set{t}.", n_blocks) for t in range(2))
+    strategy.current = adapter_set_from_reference(f, "in.current.", n_blocks)
+    strategy.head.grow(6, torch.Generator().manual_seed(0))
+    strategy.class_mean = torch.zeros(6, D)
+    images = np.random.default_rng(0).integers(0, 256, size=(4, 32, 32, 3), dtype=np.uint8)
+    labels = np.array([4, 4, 5, 5])
+    tf = TransformSpec(32, None, backbone.mean, backbone.std).build()
+    train = Split(ArraySource(images, labels, "golden-mos"), np.arange(4), torch.as_tensor(labels), None, tf, tf)
+    zero_step = lambda optimizer, loss, where: optimizer_step(optimizer, loss * 0.0, where)  # noqa: E731
+    with mock.patch.object(mos_mod, "optimizer_step", zero_step):
+        strategy._train_adapters(Task(2, [4, 5], 6, train))  # one batch of 4, one epoch: one step, one merge
+    assert_adapters(strategy.current, f, "out.merged.", "current set after the post-step merge")
+
+    stored = [adapter_set_from_reference(f, f"in.set{t}.", n_blocks) for t in range(2)]
+    x = torch.randn(2, 5, D, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for layer in mos_mod.drifting(stored[1], stored[:1], cfg.adapter_momentum):  # one evaluation forward
+            layer(x)
+    assert_adapters(stored[1], f, "out.drift_set1.", "stored set 1 after one reference-protocol forward")
+    current = adapter_set_from_reference(f, "out.merged.", n_blocks)
+    with torch.no_grad():
+        for layer in mos_mod.drifting(current, stored[:1] + [adapter_set_from_reference(f, "in.set1.", n_blocks)], 0.1):
+            layer(x)
+    assert_adapters(current, f, "out.drift_train.", "current set after one reference_drift training forward")
+
+
+def check_mos_refinement(backbone) -> None:
+    """MOS inference after 3 tasks: the prototype head on the set-0 feature gives the initial task, self-refinement
+    (up to 4 rounds) picks the set, the output is softmax(linear logits) + softmax(3 * prototype cosine), against
+    models/mos.py Learner._eval_cnn with MOSNet.forward_orig. The features under each set are the fixture's."""
+    f = load("mos")
+    strategy = MOS(MOSConfig(), ctx_for(backbone))
+    strategy.stored = nn.ModuleList(
+        AdapterSet(len(backbone.model.blocks), D, MOSConfig(), torch.Generator().manual_seed(t)) for t in range(3)
+    )
+    strategy.head.grow(9, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        strategy.head.weight.copy_(f["in.head.weight"])
+        strategy.head.bias.copy_(f["in.head.bias"])
+    strategy.prototypes = f["in.prototypes"].clone()
+    strategy.class_task = [c // 3 for c in range(9)]
+    with torch.no_grad():
+        outputs, final = strategy.outputs_from_features(f["in.feats"])
+    path, rounds = f["out.path"], (f["out.path"] >= 0).sum(dim=1)
+    assert_golden(final, path[torch.arange(len(path)), rounds - 1], "adapter set chosen by self-refinement")
+    assert_golden(outputs, f["out.outputs"], "MOS ensemble outputs")
+    assert_golden(outputs.topk(5, dim=1).indices, f["out.top5"], "top-5 predictions")
+
+
+def check_mos_alignment(backbone) -> None:
+    """MOS classifier alignment, 2 epochs on 6 classes: 240 draws per class from N(mean_c, cov_c), shuffled, run as
+    6 mini-batches of 240 through the linear head (SGD lr 0.005, momentum 0.9, weight decay 5e-4, cosine), against
+    models/mos.py Learner.classifer_align. The reference draws from the global RNG (MultivariateNormal.sample, then
+    randperm) after torch.manual_seed(in.ca.seed); clbench's private generator is seeded alike, so the draws are the
+    same numbers (z ~ N(0, I) mapped through the Cholesky factor, as MultivariateNormal does)."""
+    f = load("mos")
+    strategy = MOS(MOSConfig(ca_epochs=2), ctx_for(backbone))
+    strategy.head.grow(6, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        strategy.head.weight.copy_(f["in.ca.head.weight"])
+        strategy.head.bias.copy_(f["in.ca.head.bias"])
+    strategy.class_mean = f["in.ca.mean"].clone()
+    strategy.class_cov = list(f["in.ca.cov"])
+    batches = []
+    strategy.head.register_forward_hook(lambda module, args, out: batches.append(args[0].detach().clone()))
+    seed = int(f["in.ca.seed"])
+    real_generator = strategy.ctx.generator
+    generator = lambda salt=0: torch.Generator().manual_seed(seed) if salt == 5001 else real_generator(salt)  # noqa: E731
+    task = Task(1, [3, 4, 5], 6, features_split(torch.zeros(6, D), torch.arange(6)))
+    with mock.patch.object(strategy.ctx, "generator", generator):
+        strategy._align_classifier(task)
+    assert len(batches) == 12, f"expected 6 mini-batches per epoch for 2 epochs, got {len(batches)}"
+    assert_golden(batches[0], f["out.ca.batch0"], "first alignment mini-batch (sampled features)")
+    assert_golden(batches[7], f["out.ca.batch7"], "second epoch's second mini-batch")
+    assert_golden(strategy.head.weight, f["out.ca.head.weight"], "head weights after alignment")
+    assert_golden(strategy.head.bias, f["out.ca.head.bias"], "head bias after alignment")
+
+
 # ----------------------------------------------------------------------------------------------- golden tests
 def test_luca_forward_matches_reference():
     check_luca_forward()
@@ -535,6 +651,18 @@ def test_dualprompt_reference_kv_layout_matches_pilot():
             "a permute) cannot be reproduced, so out.pilot.* of dualprompt_prefix.safetensors is not compared"
         )
     check_dualprompt("pilot")
+
+
+def test_mos_adapter_merge_and_drift_match_reference(backbone):
+    check_mos_merge(backbone)
+
+
+def test_mos_self_refined_retrieval_matches_reference(backbone):
+    check_mos_refinement(backbone)
+
+
+def test_mos_classifier_alignment_matches_reference(backbone):
+    check_mos_alignment(backbone)
 
 
 # ----------------------------------------------------------------------------------------------- planted bugs
