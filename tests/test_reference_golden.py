@@ -47,7 +47,7 @@ from baselines.ranpac import RIDGE_GRID, RanPAC, RanPACConfig
 from baselines.simplecil import SimpleCIL, SimpleCILConfig
 from clbench.backbones import load_backbone
 from clbench.benchmarks.base import ArraySource
-from clbench.blocks import masked_cross_entropy, optimizer_step
+from clbench.blocks import optimizer_step
 from clbench.strategy import PER_SAMPLE, REFERENCE, Context, Split, Task
 from clbench.transforms import TransformSpec
 from tosca.luca import LuCA
@@ -272,11 +272,40 @@ def check_l2p_prompt_selection(backbone) -> None:
                 _, pull = strategy._forward(x, query[i * b : (i + 1) * b], batchwise)
             assert_golden(pull, f[f"out.{name}.reduce_sim"][i], f"pull term, batch {i}, batchwise={batchwise}")
 
-    loss = (
-        masked_cross_entropy(f["in.loss.logits"], f["in.loss.targets"], list(range(10, 20)))
-        - cfg.pull_coeff * f["out.batchwise.reduce_sim"][0]
-    )  # the expression of L2P.learn_task
-    assert_golden(loss.reshape(1), f["out.loss"], "L2P loss (masked cross-entropy minus 0.1 pull)")
+
+def check_l2p_loss(backbone) -> None:
+    """The loss L2P.learn_task minimises, read from its optimizer step (a spy on ``optimizer_step``, as in
+    check_tosca_task), against the loss lines of models/l2p.py Learner._init_train: cross-entropy over the seen
+    classes with the logits of classes outside the task masked, minus 0.1 * reduce_sim. One task-1 batch of 16
+    (classes 10-19 of 20): the pull term comes from L2P's own batch-wise selection on the reference's keys and
+    the first 16 queries (the cached query, ``query="cached"``); only the head's output is replaced by the
+    fixture's logits (kept differentiable), and the loader keeps the fixture's order (no shuffle)."""
+    f = load("l2p_prompt_selection")
+    cfg = L2PConfig(epochs=1, query="cached")  # batch 16, batch-wise selection, pull 0.1: exps/l2p.json
+    strategy = L2P(cfg, ctx_for(backbone))
+    with torch.no_grad():
+        strategy.pool.keys.copy_(f["in.keys"])
+    logits, targets = f["in.loss.logits"], f["in.loss.targets"]
+    n = len(targets)
+    images = np.random.default_rng(0).integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
+    tf = TransformSpec(32, None, backbone.mean, backbone.std).build()
+    train = Split(
+        ArraySource(images, targets.numpy(), "golden-l2p-loss"), np.arange(n), targets, f["in.query"][:n], tf, tf
+    )
+    head = strategy.head
+    head.forward = lambda x: logits + 0.0 * F.linear(x, head.weight, head.bias)  # the fixture's logits, with a graph
+    losses = []
+
+    def spy(optimizer, loss, where):
+        losses.append(loss.detach().clone())
+        return optimizer_step(optimizer, loss, where)
+
+    real_loader = Split.image_loader
+    in_order = lambda self, batch_size, augment, shuffle=False, generator=None: real_loader(self, batch_size, augment)  # noqa: E731
+    with mock.patch.object(l2p_mod, "optimizer_step", spy), mock.patch.object(Split, "image_loader", in_order):
+        strategy.learn_task(Task(1, list(range(10, 20)), 20, train))
+    assert len(losses) == 1, f"expected one optimizer step (one batch of {n}, one epoch), got {len(losses)}"
+    assert_golden(losses[0].reshape(1), f["out.loss"], "L2P training loss (masked cross-entropy minus 0.1 pull)")
 
 
 def check_ease_prototype_synthesis() -> None:
@@ -613,6 +642,10 @@ def test_tosca_reference_routing_matches_reference(backbone):
 
 def test_l2p_prompt_selection_and_pull_match_reference(backbone):
     check_l2p_prompt_selection(backbone)
+
+
+def test_l2p_training_loss_matches_reference(backbone):
+    check_l2p_loss(backbone)
 
 
 def test_ease_prototype_synthesis_matches_reference():
