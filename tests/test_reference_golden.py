@@ -210,6 +210,27 @@ def check_tosca_routing(backbone) -> None:
     assert_golden(logits.topk(5, dim=1).indices, f["out.top5"], "top-5 predictions")
 
 
+def check_tosca_per_sample_routing(backbone) -> None:
+    """The ``per-sample`` protocol (the paper's rule: each test sample takes the module whose logits have the lowest
+    entropy) on the inputs of ``tosca_routing``, against the reference's own rule run on batches of one sample:
+    models/tosca.py Learner._eval_cnn over DataLoader(batch_size=1), where the batch-mean entropy of
+    get_lowentropy_logits is the sample's entropy. 40 of the 108 samples take another module than under the
+    batch rule, so this separates the two protocols."""
+    f, g = load("tosca_routing"), load("tosca_routing_per_sample")
+    strategy = TOSCA(TOSCAConfig(), ctx_for(backbone))
+    strategy.modules_ = nn.ModuleList(luca_from_reference(f, f"in.module{t}.") for t in range(3))
+    strategy.head.grow(9)
+    strategy.head.set_rows(range(9), f["in.head.weight"])
+    with torch.no_grad():
+        strategy.head.sigma.copy_(f["in.head.sigma"])
+    split = features_split(f["in.z"], f["in.y"])
+    choice = strategy.routes(strategy.all_logits(split), PER_SAMPLE)
+    assert_golden(choice, g["out.choice"], "module chosen for each test sample (per-sample rule)")
+    logits = strategy.predict(split, PER_SAMPLE)
+    assert_golden(logits, g["out.logits"], "per-sample-protocol logits")
+    assert_golden(logits.topk(5, dim=1).indices, g["out.top5"], "top-5 predictions (per-sample rule)")
+
+
 VIT_TOKENS = l2p_mod.vit_tokens  # the real function, kept before any patching
 
 
@@ -638,6 +659,10 @@ def test_tosca_sgd_steps_and_prototypes_match_reference(backbone):
 
 def test_tosca_reference_routing_matches_reference(backbone):
     check_tosca_routing(backbone)
+
+
+def test_tosca_per_sample_routing_matches_reference(backbone):
+    check_tosca_per_sample_routing(backbone)
 
 
 def test_l2p_prompt_selection_and_pull_match_reference(backbone):
