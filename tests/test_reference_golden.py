@@ -1,9 +1,9 @@
 """Golden tests: clbench's method pieces against numbers produced by the reference implementations.
 
 The fixtures in ``tests/reference_golden/`` hold fixed inputs and the outputs that the authors' TOSCA code
-(ladka6/tosca-eval @ 176f123) and LAMDA-PILOT (sun-hailong/LAMDA-PILOT @ 2647455) computed from them; the README
-there names the commit, file and function behind every number and how it was run. No reference code is in this
-repository, only those numbers.
+(ladka6/tosca-eval @ 176f123) and LAMDA-PILOT (sun-hailong/LAMDA-PILOT @ 2647455: SimpleCIL, L2P, EASE, RanPAC,
+APER, MOS, DualPrompt) computed from them; the README there names the commit, file and function behind every
+number and how it was run. No reference code is in this repository, only those numbers.
 
 Every comparison goes through one ``check_*`` function per piece, which calls clbench's real classes and functions
 and compares with :func:`assert_golden`. The planted-bug tests at the end swap one piece for a subtly wrong
