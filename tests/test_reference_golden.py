@@ -504,6 +504,7 @@ def check_dualprompt(layout: str = "intended") -> None:
         settings = {field[0]: field[1]}
     strategy = dualprompt_from_reference(f, **settings)
     x, query = f["in.x"], f["in.query"]
+    assert_golden(strategy.prompts.similarity(query), f["out.pilot.per_sample.similarity"], "query-key cosine")
     tokens = l2p_mod.vit_tokens(strategy.model, x)
     assert_golden(tokens, f["out.pilot.per_sample.block0.in"], "patch embedding + [CLS] + position (block 0 input)")
     runs = (
