@@ -616,6 +616,11 @@ def make_figures(
         if f is not None:
             figs.append(f)
     figs[1:1] = accuracy_matrices(coll, out_dir)
+    from clbench.report.uncertainty import Predicted, paired_rows
+
+    pairs = paired_matrix(paired_rows(coll, Predicted()), coll, out_dir, "paired_differences", "Paired differences")
+    if pairs is not None:  # only where runs kept predictions
+        figs.append(pairs)
     if with_tsne:
         t_figs, t_notes = tsne(coll, out_dir, tsne_points)
         figs += t_figs
@@ -657,7 +662,10 @@ def paired_matrix(rows: Sequence[Any], coll: Collection, out_dir: Path, name: st
             for i in range(len(names)):
                 for j in range(len(names)):
                     if marks[i][j]:
-                        ax.text(j, i, marks[i][j], ha="center", va="center", fontsize=8)
+                        dark = np.isfinite(diff[i, j]) and abs(diff[i, j]) > 0.6 * lim
+                        ax.text(
+                            j, i, marks[i][j], ha="center", va="center", fontsize=8, color="white" if dark else "black"
+                        )
             ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
             ax.set_yticks(range(len(names)), names)
             ax.set_title(f"{bench} ({protocol})")
