@@ -1,1 +1,1 @@
-"""Baseline methods: SimpleCIL, L2P and EASE, one method per file."""
+"""Baseline methods, one per file: SimpleCIL, L2P, EASE, RanPAC, APER, MOS and DualPrompt (TOSCA lives in ``tosca/``)."""
