@@ -1,1 +1,1 @@
-"""Baseline methods, one per file: SimpleCIL, L2P, EASE, RanPAC, APER, MOS and DualPrompt (TOSCA lives in ``tosca/``)."""
+"""Baseline methods, one per file: SimpleCIL, L2P, EASE, RanPAC, APER, MOS and DualPrompt (TOSCA: ``tosca/``)."""

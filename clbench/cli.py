@@ -658,8 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(
         prog="clbench",
-        description="Class-incremental learning on frozen pre-trained ViTs: every registered strategy (`clbench list`) on "
-        "Avalanche streams, with records, reports and a regression gate.",
+        description="Class-incremental learning on frozen pre-trained ViTs: every registered strategy "
+        "(`clbench list`) on Avalanche streams, with records, reports and a regression gate.",
         epilog=f"example: clbench run --strategy {DEFAULT_STRATEGY}   (embedded benchmark, offline ViT-S/14)",
     )
     parser.add_argument("--version", action="version", version=f"clbench {__version__}")
