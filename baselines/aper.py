@@ -259,9 +259,10 @@ class APER(Strategy):
             task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
         if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
-        adapters = trainable = 0
+        adapters = trainable = steps = 0
         if self.adapters is None:  # first session: tune, keep the adapters, discard the head
             self.adapters, head = tune_first_session(self.model, task, cfg, self.ctx, "APER")
+            steps = cfg.epochs * math.ceil(len(task.train) / cfg.batch_size)  # batches per epoch x epochs
             adapters = adapter_set_size(len(self.model.blocks), self.dim, cfg.bottleneck)
             trainable = adapters + n_head_params(head)
         feats = self.features(task.train)  # (N_t, 2d)
@@ -271,6 +272,7 @@ class APER(Strategy):
         self.n_classes = task.n_seen
         self._added.append(protos.numel() + adapters)
         self._trainable.append(trainable)
+        self.note_steps(steps)
 
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()

@@ -305,6 +305,7 @@ class DualPrompt(Strategy):
                 if advance:
                     advance(1)
             ctx.log(f"  DualPrompt task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
+        self.note_steps(cfg.epochs * len(loader))
         self.n_tasks += 1
         self.task_sizes.append(len(task.classes))
         counts = self.param_formula(cfg, self.head.weight.shape[1], len(self.model.blocks), self.task_sizes)

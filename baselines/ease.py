@@ -292,6 +292,7 @@ class EASE(Strategy):
             schedule.step()
             ctx.log(f"  EASE task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
         adapters.set_dropout_generator(None)
+        self.note_steps(cfg.epochs * len(loader))
 
     # ---------------------------------------------------------------------------------------- prediction
     def logits_from_features(self, feats: torch.Tensor) -> torch.Tensor:

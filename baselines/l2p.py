@@ -250,6 +250,7 @@ class L2P(Strategy):
                     advance(1)
             ctx.log(f"  L2P task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
         self.pool.eval()
+        self.note_steps(cfg.epochs * len(loader))
 
         dim = self.head.weight.shape[1]
         pool_params = self.pool.prompts.numel() + self.pool.keys.numel()

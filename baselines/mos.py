@@ -373,6 +373,7 @@ class MOS(Strategy):
                     advance(1)
             schedule.step()
             ctx.log(f"  MOS task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
+        self.note_steps(cfg.epochs * len(loader))  # the adapters' steps; head-only alignment steps are not counted
         self.current.eval()
         self._set_dropout(self.current, None)
 

@@ -282,9 +282,10 @@ class RanPAC(Strategy):
             task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
         if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
-        adapters = trainable = 0
+        adapters = trainable = steps = 0
         if cfg.first_session and self.adapters is None:  # Phase 1 on the first task only
             self.adapters, head = tune_first_session(self.model, task, cfg, self.ctx, "RanPAC")
+            steps = cfg.epochs * math.ceil(len(task.train) / cfg.batch_size)  # batches per epoch x epochs
             self.sigma = float(head.sigma.detach())
             adapters = adapter_set_size(len(self.model.blocks), self.dim, cfg.bottleneck)
             trainable = adapters + n_head_params(head)
@@ -307,6 +308,7 @@ class RanPAC(Strategy):
         first = len(self._added) == 0
         self._added.append(adapters + cfg.M * len(task.classes) + (self.W.numel() if first else 0))
         self._trainable.append(trainable)
+        self.note_steps(steps)
 
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()

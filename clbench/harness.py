@@ -719,6 +719,13 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy) -> None
     atomic_write_bytes(path / "features.npz", buf.getvalue())
 
 
+def budget_extra(strategy: Strategy, tasks_done: int) -> dict[str, list[int]]:
+    """``{"optimizer_steps_per_task": [...]}`` where the strategy noted its training steps (:meth:`Strategy.note_steps`)
+    for every task so far; empty otherwise (a method that trains nothing, or a run resumed from an older checkpoint)."""
+    steps = list(getattr(strategy, "optimizer_steps", []))
+    return {"optimizer_steps_per_task": steps} if steps and len(steps) == tasks_done else {}
+
+
 def _record(
     cfg: RunConfig,
     session: PreparedRun,
@@ -780,7 +787,7 @@ def _record(
             added_per_task=added,
             added_total=sum(added),
             head=params.head,
-            extra=dict(params.extra),
+            extra={**params.extra, **budget_extra(strategy, len(trainable))},
         ),
         time_s=Times(**times),
         per_task=list(per_task),

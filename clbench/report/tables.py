@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from clbench.report.budget import BudgetCurve, budget_table_rows
 from clbench.report.collect import Collection, Run, digest_short
 
 if TYPE_CHECKING:
@@ -275,8 +276,15 @@ def provenance_notes(coll: Collection) -> list[str]:
     return notes
 
 
-def sections(coll: Collection) -> list[Section]:
-    """Every table of a report, in order."""
+def budget_table(curves: Sequence[BudgetCurve]) -> pd.DataFrame:
+    """The points of the budget curves (:mod:`clbench.report.budget`)."""
+    import pandas as pd
+
+    return pd.DataFrame(budget_table_rows(curves))
+
+
+def sections(coll: Collection, budget: Sequence[BudgetCurve] = ()) -> list[Section]:
+    """Every table of a report, in order; ``budget``: the budget curves whose points get a table."""
     summary = summary_table(coll)
     protocols = sorted({p for r in coll.runs for p in r.protocols})
     out = [
@@ -317,6 +325,16 @@ def sections(coll: Collection) -> list[Section]:
             )
         )
 
+    if budget:
+        out.append(
+            Section(
+                "Training budget",
+                "budget",
+                budget_table(budget),
+                intro="Final accuracy (main protocol) against the optimizer steps of the whole run, for records "
+                "that differ only in their budget (epochs, train_per_class); mean ± sample std over seeds.",
+            )
+        )
     out.extend(routing_study_sections(coll))
     out.append(Section("Runs", "runs", runs_table(coll), intro="Every run the numbers and figures above come from."))
     out.append(
