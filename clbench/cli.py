@@ -606,8 +606,22 @@ def cmd_perf(args: argparse.Namespace) -> int:
         if args.steps < 1:
             raise ClbenchError(f"--steps must be >= 1 (got {args.steps})")
         names = args.strategies or [n for n in STRATEGIES.names() if STRATEGIES.get(n).needs_vit]
+
+        def partial(table: dict) -> None:  # a long measurement keeps what it has measured
+            if args.out:
+                from pathlib import Path
+
+                atomic_write_json(Path(args.out), {**table, "partial": True, "command": " ".join(sys.argv)})
+
         result = train_step_table(
-            names, args.precisions or ["auto"], args.backbone, args.img_size, args.bench, args.device, args.steps
+            names,
+            args.precisions or ["auto"],
+            args.backbone,
+            args.img_size,
+            args.bench,
+            args.device,
+            args.steps,
+            partial=partial,
         )
     elif args.which == "feature-probe":
         from clbench.perf import feature_probe

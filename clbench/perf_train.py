@@ -234,9 +234,11 @@ def train_step_table(
     device: str = "auto",
     steps: int = 4,
     log: Callable[[str], None] = print,
+    partial: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """:func:`step_ratio` of every strategy in ``names`` (default configs) at every requested precision, on the
-    first task of ``bench``, with the CPU, thread count and machine load the numbers were measured under."""
+    first task of ``bench``, with the CPU, thread count and machine load the numbers were measured under.
+    ``partial(table)`` is called after every measurement (to save what is done on a long run)."""
     from clbench.catalog import STRATEGIES
     from clbench.harness import RunConfig, prepare
     from clbench.precision import CpuInfo
@@ -276,6 +278,9 @@ def train_step_table(
             out.setdefault("img_size", row["img_size"])
             out["device"] = session.strategy.ctx.device.type
             rows[requested] = row
+            out["strategies"][name] = rows
+            if partial is not None:
+                partial(out)
             log(
                 f"{name} ({requested} -> {row['precision']}, batch {row['batch']}): "
                 f"{row['step_images_per_s']:.1f} img/s, limit {row['limit_images_per_s']:.1f} img/s, "
