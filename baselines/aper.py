@@ -316,7 +316,9 @@ class APER(Strategy):
 
     @classmethod
     def work(cls, cfg: APERConfig, shape: RunShape) -> Work:
-        """Frozen features of every image (clbench's cache), task-0 training passes, then one adapted pass per
+        """Passes per training image and epoch: one forward + backward with the adapters in the first task, none later
+        (the adapted ViT is then fixed, so each image's adapted feature is computed once and kept).
+        Frozen features of every image (clbench's cache), task-0 training passes, then one adapted pass per
         training and test image (kept by the strategy)."""
         learnt = shape.first_per_class(cfg.train_per_class).train_per_task  # the images tuning and prototypes use
         n_test = max(shape.test_seen, default=0)

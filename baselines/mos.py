@@ -532,7 +532,9 @@ class MOS(Strategy):
 
     @classmethod
     def work(cls, cfg: MOSConfig, shape: RunShape) -> Work:
-        """Training: ``epochs`` forward + backward passes per training image; end of task: two frozen passes per
+        """Passes per training image and epoch: one forward + backward with the current adapter set (the merge toward
+        earlier sets is parameter arithmetic after the step, not a pass). Training: ``epochs`` forward +
+        backward passes per training image; end of task: two frozen passes per
         training image (statistics under set t, prototypes under set 0); evaluation after task t: t + 1 passes
         per seen test image and protocol. Alignment is head-only (negligible). Nothing is cacheable: set 0 is not
         the frozen backbone. With ``train_per_class`` only the first k images of each class count."""

@@ -377,7 +377,9 @@ class RanPAC(Strategy):
     # ---------------------------------------------------------------------------------------- cost model
     @classmethod
     def work(cls, cfg: RanPACConfig, shape: RunShape) -> Work:
-        """Frozen features of every image (clbench's cache); with Phase 1 the task-0 training passes and one adapted
+        """Passes per training image and epoch: with Phase 1, one forward + backward with the adapters in the first
+        task, none later (the adapted ViT is then fixed; each image's adapted feature is computed once and kept).
+        Frozen features of every image (clbench's cache); with Phase 1 the task-0 training passes and one adapted
         pass per training and test image. Not counted: the M-dependent linear algebra (per task the Gram update,
         2 n M^2 flops for n images, and one M x M float64 Cholesky, M^3 / 3), which has no unit in the committed
         projection costs (``reports/perf/projection-cpu.json``); measured ~15-25 s per task at M = 10,000 on the

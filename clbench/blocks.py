@@ -118,19 +118,19 @@ def torch_threads(n: int) -> Iterator[None]:
 
 def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: str) -> float:
     """One training step shared by the trained methods: refuse a non-finite loss (naming ``where``), then
-    zero the gradients, backpropagate and step. Returns the loss value."""
-    check_finite(loss.detach(), where)
+    zero the gradients, backpropagate and step. Returns the loss value, read from the device once per step (the
+    one host sync a step needs)."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise _non_finite(value, where)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    return float(loss.detach())
+    return value
 
 
-def check_finite(loss: torch.Tensor, where: str) -> None:
-    if not math.isfinite(float(loss.detach())):
-        raise ClbenchError(
-            f"loss became {float(loss)} in {where}", "lower the learning rate (--set lr=...) or check the data"
-        )
+def _non_finite(value: float, where: str) -> ClbenchError:
+    return ClbenchError(f"loss became {value} in {where}", "lower the learning rate (--set lr=...) or check the data")
 
 
 # ----------------------------------------------------------------------------------------------- a timm ViT by hand
