@@ -83,3 +83,30 @@ def test_a_task_too_small_for_the_steps_is_refused(backbone):
     ctx = Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=0)
     with pytest.raises(ClbenchError, match="made 1 optimizer steps"):
         time_steps(BareStep(StepConfig(batch_size=16, epochs=1), ctx), Task(0, [0, 1], 2, split), steps=3)
+
+
+def test_the_cli_refuses_a_strategy_without_a_vit_step_and_bad_flags(capsys):
+    from clbench.cli import main
+
+    assert main(["perf", "train-step", "--strategy", "simplecil"]) == 2
+    err = capsys.readouterr().err
+    assert "simplecil trains nothing through the ViT" in err and "l2p" in err
+    assert main(["perf", "train-step", "--strategy", "ease", "--steps", "0"]) == 2
+    assert "--steps must be >= 1" in capsys.readouterr().err
+    assert main(["perf", "train-step", "--strategy", "ease", "--precision", "fp8"]) == 2
+    assert "fp8" in capsys.readouterr().err
+
+
+def test_the_cli_measures_a_micro_run_and_writes_json(tmp_path):
+    import json
+
+    from clbench.cli import main
+
+    out = tmp_path / "ts.json"
+    argv = ["perf", "train-step", "--strategy", "ease", "--backbone", "vit_micro", "--img-size", "32"]
+    assert main([*argv, "--precision", "fp32", "--steps", "2", "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    row = table["strategies"]["ease"]["fp32"]
+    assert row["batch"] == 48 and row["steps_timed"] == 2 and row["ratio"] > 0
+    assert table["cpu_capability"] and "amx" in table and len(table["load_before"]) == 3
+    assert "partial" not in table  # the final write replaces the partial ones
