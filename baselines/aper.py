@@ -270,9 +270,10 @@ class APER(Strategy):
             task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
         if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
-        adapters = trainable = 0
+        adapters = trainable = steps = 0
         if self.adapters is None:  # first session: tune, keep the adapters, discard the head
             self.adapters, head = tune_first_session(self.model, task, cfg, self.ctx, "APER")
+            steps = cfg.epochs * math.ceil(len(task.train) / cfg.batch_size)  # batches per epoch x epochs
             adapters = adapter_set_size(len(self.model.blocks), self.dim, cfg.bottleneck)
             trainable = adapters + n_head_params(head)
         feats = self.features(task.train)  # (N_t, 2d)
@@ -282,6 +283,7 @@ class APER(Strategy):
         self.n_classes = task.n_seen
         self._added.append(protos.numel() + adapters)
         self._trainable.append(trainable)
+        self.note_steps(steps)
 
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
@@ -335,7 +337,9 @@ class APER(Strategy):
 
     @classmethod
     def work(cls, cfg: APERConfig, shape: RunShape) -> Work:
-        """Frozen features of every image (clbench's cache), task-0 training passes, then one adapted pass per
+        """Passes per training image and epoch: one forward + backward with the adapters in the first task, none later
+        (the adapted ViT is then fixed, so each image's adapted feature is computed once and kept).
+        Frozen features of every image (clbench's cache), task-0 training passes, then one adapted pass per
         training and test image (kept by the strategy)."""
         learnt = shape.first_per_class(cfg.train_per_class).train_per_task  # the images tuning and prototypes use
         n_test = max(shape.test_seen, default=0)

@@ -325,6 +325,7 @@ class DualPrompt(Strategy):
                 if advance:
                     advance(1)
             ctx.log(f"  DualPrompt task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
+        self.note_steps(cfg.epochs * len(loader))
         self.n_tasks += 1
         self.task_sizes.append(len(task.classes))
         counts = self.param_formula(cfg, self.head.weight.shape[1], len(self.model.blocks), self.task_sizes)
@@ -409,7 +410,10 @@ class DualPrompt(Strategy):
 
     @classmethod
     def work(cls, cfg: DualPromptConfig, shape: RunShape) -> Work:
-        """The frozen features of every image (queries; cacheable), one query pass per training image and epoch
+        """Passes per training image and epoch: one prefix-prompted forward + backward with the task's own E-prompt,
+        and with ``query="augmented"`` one frozen forward whose query only feeds the pull term (the augmented image
+        changes every epoch, so it cannot be cached; ``query="cached"`` uses the cached feature instead).
+        The frozen features of every image (queries; cacheable), one query pass per training image and epoch
         with ``query="augmented"``, ``epochs`` prompted training passes per training image, and one prompted pass
         per seen test image, evaluation and protocol. Prefixes add no tokens: a prompted pass costs a plain one. With
         ``train_per_class`` only the first k images of each class are trained on (all are in the feature cache)."""

@@ -302,6 +302,7 @@ class EASE(Strategy):
             schedule.step()
             ctx.log(f"  EASE task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
         adapters.set_dropout_generator(None)
+        self.note_steps(cfg.epochs * len(loader))
 
     # ---------------------------------------------------------------------------------------- prediction
     def logits_from_features(self, feats: torch.Tensor) -> torch.Tensor:
@@ -347,7 +348,9 @@ class EASE(Strategy):
 
     @classmethod
     def work(cls, cfg: EASEConfig, shape: RunShape) -> Work:
-        """Training: every epoch, every image once through the ViT with the new adapter set and a backward pass (b).
+        """Passes per training image and epoch: one forward + backward with the new adapter set only (the old sets
+        are frozen and play no part in the task's loss). Training: every epoch, every image once through the ViT
+        with the new adapter set and a backward pass (b).
         After task t (t = 1..T subspaces): the task's training images through each of the t subspaces for the new
         prototypes, and, per protocol, every seen test image through each of the t subspaces (t f each)."""
         train = shape.first_per_class(cfg.train_per_class).train_per_task

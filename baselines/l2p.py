@@ -260,6 +260,7 @@ class L2P(Strategy):
                     advance(1)
             ctx.log(f"  L2P task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
         self.pool.eval()
+        self.note_steps(cfg.epochs * len(loader))
 
         dim = self.head.weight.shape[1]
         pool_params = self.pool.prompts.numel() + self.pool.keys.numel()
@@ -304,7 +305,10 @@ class L2P(Strategy):
 
     @classmethod
     def work(cls, cfg: L2PConfig, shape: RunShape) -> Work:
-        """Training: every epoch, every image once prompted through the ViT with a backward pass (b, scaled by the
+        """Passes per training image and epoch: one prompted forward + backward (the prompts enter the ViT), and
+        with ``query="augmented"`` one frozen forward for the query, since the reference queries the augmented image,
+        which changes every epoch and so cannot be cached (``query="cached"`` uses the cached feature instead).
+        Training: every epoch, every image once prompted through the ViT with a backward pass (b, scaled by the
         prompt tokens: k = (tokens + top_k * prompt_length) / tokens, a linear token-count scaling), plus one frozen
         pass for the query unless ``query="cached"``. Evaluation after task t, per protocol: every seen test image
         once prompted (k f) plus its query (f; the reference recomputes it)."""

@@ -383,6 +383,7 @@ class MOS(Strategy):
                     advance(1)
             schedule.step()
             ctx.log(f"  MOS task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
+        self.note_steps(cfg.epochs * len(loader))  # the adapters' steps; head-only alignment steps are not counted
         self.current.eval()
         self._set_dropout(self.current, None)
 
@@ -556,7 +557,9 @@ class MOS(Strategy):
 
     @classmethod
     def work(cls, cfg: MOSConfig, shape: RunShape) -> Work:
-        """Training: ``epochs`` forward + backward passes per training image; end of task: two frozen passes per
+        """Passes per training image and epoch: one forward + backward with the current adapter set (the merge toward
+        earlier sets is parameter arithmetic after the step, not a pass). Training: ``epochs`` forward +
+        backward passes per training image; end of task: two frozen passes per
         training image (statistics under set t, prototypes under set 0); evaluation after task t: t + 1 passes
         per seen test image and protocol. Alignment is head-only (negligible). Nothing is cacheable: set 0 is not
         the frozen backbone. With ``train_per_class`` only the first k images of each class count."""

@@ -292,9 +292,10 @@ class RanPAC(Strategy):
             task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
         if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
-        adapters = trainable = 0
+        adapters = trainable = steps = 0
         if cfg.first_session and self.adapters is None:  # Phase 1 on the first task only
             self.adapters, head = tune_first_session(self.model, task, cfg, self.ctx, "RanPAC")
+            steps = cfg.epochs * math.ceil(len(task.train) / cfg.batch_size)  # batches per epoch x epochs
             self.sigma = float(head.sigma.detach())
             adapters = adapter_set_size(len(self.model.blocks), self.dim, cfg.bottleneck)
             trainable = adapters + n_head_params(head)
@@ -317,6 +318,7 @@ class RanPAC(Strategy):
         first = len(self._added) == 0
         self._added.append(adapters + cfg.M * len(task.classes) + (self.W.numel() if first else 0))
         self._trainable.append(trainable)
+        self.note_steps(steps)
 
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
@@ -403,7 +405,9 @@ class RanPAC(Strategy):
     # ---------------------------------------------------------------------------------------- cost model
     @classmethod
     def work(cls, cfg: RanPACConfig, shape: RunShape) -> Work:
-        """Frozen features of every image (clbench's cache); with Phase 1 the task-0 training passes and one adapted
+        """Passes per training image and epoch: with Phase 1, one forward + backward with the adapters in the first
+        task, none later (the adapted ViT is then fixed; each image's adapted feature is computed once and kept).
+        Frozen features of every image (clbench's cache); with Phase 1 the task-0 training passes and one adapted
         pass per training and test image. Not counted: the M-dependent linear algebra (per task the Gram update,
         2 n M^2 flops for n images, and one M x M float64 Cholesky, M^3 / 3), which has no unit in the committed
         projection costs (``reports/perf/projection-cpu.json``); measured ~15-25 s per task at M = 10,000 on the

@@ -76,7 +76,8 @@ class SimpleCIL(Strategy):
 
     @classmethod
     def work(cls, cfg: SimpleCILConfig, shape: RunShape) -> Work:
-        """Every image once through the frozen backbone (train for the prototypes, test for prediction), all of it
+        """No training pass (nothing is trained). Every image once through the frozen backbone (train for the
+        prototypes, test for prediction), all of it
         from clbench's feature cache, which shares it across seeds and strategies."""
         f = sum(shape.train_per_task) + shape.test_seen[-1]
         return Work(f=f, f_cacheable=f)

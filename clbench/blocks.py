@@ -118,16 +118,17 @@ def torch_threads(n: int) -> Iterator[None]:
 
 def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: str) -> float:
     """One training step shared by the trained methods: refuse a non-finite loss (naming ``where``), then
-    zero the gradients, backpropagate and step. Returns the loss value (and tells an active
-    :class:`TrainingTrace`)."""
-    check_finite(loss.detach(), where)
+    zero the gradients, backpropagate and step. Returns the loss value, read from the device once per step (the
+    one host sync a step needs), and tells an active :class:`TrainingTrace`."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise _non_finite(value, where)
     trace = TrainingTrace.current()
     if trace is not None:
         trace.before_step(optimizer)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    value = float(loss.detach())
     if trace is not None:
         trace.after_step(optimizer, value, where)
     return value
@@ -197,11 +198,8 @@ class TrainingTrace:
         return out
 
 
-def check_finite(loss: torch.Tensor, where: str) -> None:
-    if not math.isfinite(float(loss.detach())):
-        raise ClbenchError(
-            f"loss became {float(loss)} in {where}", "lower the learning rate (--set lr=...) or check the data"
-        )
+def _non_finite(value: float, where: str) -> ClbenchError:
+    return ClbenchError(f"loss became {value} in {where}", "lower the learning rate (--set lr=...) or check the data")
 
 
 # ----------------------------------------------------------------------------------------------- a timm ViT by hand

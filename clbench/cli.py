@@ -464,6 +464,7 @@ GENERIC_PERF = (
     "projection-check",
     "params",
     "routers",
+    "train-step",
 )
 
 
@@ -506,8 +507,9 @@ def _add_perf_args(p: argparse.ArgumentParser) -> None:
         "sweep-overhead: local vs Ray sweep overhead per run; projection: device-hours of a paper table "
         "for every registered strategy from measured per-image costs; projection-check: that model "
         "against recorded runs; params: parameters per task of every registered strategy, from its "
-        "formula; routers: per-image cost of every router at T = 1, 5, 10, 20 modules; the rest are the "
-        "strategies' own benchmarks",
+        "formula; routers: per-image cost of every router at T = 1, 5, 10, 20 modules; train-step: images/s "
+        "of one real training step of each --strategy (default config) against a bare forward + backward of the "
+        "same ViT at the same batch and precision; the rest are the strategies' own benchmarks",
     )
     p.add_argument(
         "--device",
@@ -545,6 +547,23 @@ def _add_perf_args(p: argparse.ArgumentParser) -> None:
         metavar="TxC|C1,C2,..",
         help="params: T tasks of C classes, or the classes of each task (default: 10x10)",
     )
+    p.add_argument(
+        "--strategy",
+        dest="strategies",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="train-step: a strategy to measure (repeatable; default: every strategy that trains through the ViT)",
+    )
+    p.add_argument(
+        "--precision",
+        dest="precisions",
+        action="append",
+        default=[],
+        metavar="auto|fp32|bf16|fp16",
+        help="train-step: a precision to measure at (repeatable; default: auto)",
+    )
+    p.add_argument("--steps", type=int, default=4, help="train-step: timed steps per strategy (default: 4)")
     p.add_argument("--out", help="write the measurements to this JSON file")
 
 
@@ -594,6 +613,33 @@ def cmd_perf(args: argparse.Namespace) -> int:
 
         result = param_table(args.d, args.depth, parse_tasks(args.tasks))
         print(format_params(result))
+    elif args.which == "train-step":
+        from clbench.catalog import STRATEGIES
+        from clbench.perf_train import train_step_table
+        from clbench.precision import check_request
+
+        for requested in args.precisions:
+            check_request(requested)
+        if args.steps < 1:
+            raise ClbenchError(f"--steps must be >= 1 (got {args.steps})")
+        names = args.strategies or [n for n in STRATEGIES.names() if STRATEGIES.get(n).needs_vit]
+
+        def partial(table: dict) -> None:  # a long measurement keeps what it has measured
+            if args.out:
+                from pathlib import Path
+
+                atomic_write_json(Path(args.out), {**table, "partial": True, "command": " ".join(sys.argv)})
+
+        result = train_step_table(
+            names,
+            args.precisions or ["auto"],
+            args.backbone,
+            args.img_size,
+            args.bench,
+            args.device,
+            args.steps,
+            partial=partial,
+        )
     elif args.which == "feature-probe":
         from clbench.perf import feature_probe
 

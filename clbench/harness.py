@@ -770,6 +770,13 @@ def _write_record(record: RunRecord, path: Path, preds: Predictions | None) -> N
     record.write(path)
 
 
+def budget_extra(strategy: Strategy, tasks_done: int) -> dict[str, list[int]]:
+    """``{"optimizer_steps_per_task": [...]}`` where the strategy noted its training steps (:meth:`Strategy.note_steps`)
+    for every task so far; empty otherwise (a method that trains nothing, or a run resumed from an older checkpoint)."""
+    steps = list(getattr(strategy, "optimizer_steps", []))
+    return {"optimizer_steps_per_task": steps} if steps and len(steps) == tasks_done else {}
+
+
 def _record(
     cfg: RunConfig,
     session: PreparedRun,
@@ -841,7 +848,7 @@ def _record(
             stored_per_task=stored,
             stored_total=sum(stored),
             head=params.head,
-            extra=dict(params.extra),
+            extra={**params.extra, **budget_extra(strategy, len(trainable))},
         ),
         time_s=Times(**times),
         per_task=list(per_task),

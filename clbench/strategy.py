@@ -191,6 +191,14 @@ class Strategy(ABC):
     def __init__(self, config: Any, ctx: Context) -> None:
         self.cfg = config
         self.ctx = ctx
+        # per task: optimizer steps of the task's training through the ViT (0: none), see :meth:`note_steps`
+        self.optimizer_steps: list[int] = []
+
+    def note_steps(self, steps: int) -> None:
+        """Record this task's training budget: the optimizer steps its training through the ViT made (0 for a
+        task that trains nothing there). Called once per task by methods that train; the harness writes the list
+        into the record (``params.extra["optimizer_steps_per_task"]``), where the report's budget curves read it."""
+        self.optimizer_steps.append(int(steps))
 
     @abstractmethod
     def learn_task(self, task: Task) -> None: ...

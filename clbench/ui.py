@@ -87,6 +87,17 @@ def print_result(record: RunRecord, console: Console | None = None) -> None:
         matrix.add_row(f"T{i + 1}", *[_fmt(v, 1) for v in row], *[""] * (n - len(row)), _fmt(main.acc_curve[i], 2))
     console.print(matrix)
     console.print("forgetting = mean over old tasks of (max earlier R[t][j] - final R[T][j]) (Chaudhry/PILOT)")
+    for warning in run_warnings(record):
+        console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+
+
+def run_warnings(record: RunRecord) -> list[str]:
+    """What a finished run warns about, for the end of ``clbench run``: the routing warning of its last evaluation
+    (one module takes far more than its task's share of the test images) and the under-training warning (the trained
+    parts barely moved), each where the record has it."""
+    from clbench.report.tables import routing_warning, training_warning
+
+    return [w for w in (routing_warning(record), training_warning(record)) if w]
 
 
 # ----------------------------------------------------------------------------------------------- sweeps

@@ -362,7 +362,9 @@ class TOSCA(Strategy):
     # ------------------------------------------------------------------------------------------ cost model
     @classmethod
     def work(cls, cfg: TOSCAConfig, shape: RunShape) -> Work:
-        """``cached`` (default): every image once through the frozen backbone, from clbench's feature cache; E
+        """Passes per training image and epoch: ``cached``, none (LuCA trains on the cached frozen [CLS] feature);
+        ``augment``, one frozen forward (the augmented image changes every epoch). ``cached`` (default): every
+        image once through the frozen backbone, from clbench's feature cache; E
         module steps per training image on cached features. ``augment``: E frozen passes per training image on
         augmented images, plus one per test image. Both: after task t, every seen test image is routed through t
         modules, per protocol. Units ``luca_steps`` and ``route_module_images``: :func:`tosca.perf.unit_seconds`."""

@@ -91,8 +91,12 @@ def write_report(
     command: str | None = None,
     with_tsne: bool = True,
     tsne_points: int | None = None,
+    budget_strict: bool = False,
 ) -> Written:
-    """Tables, figures, ``index.html``, ``README.md`` and ``report.json`` for ``coll`` in ``out_dir``."""
+    """Tables, figures, ``index.html``, ``README.md`` and ``report.json`` for ``coll`` in ``out_dir``.
+    ``budget_strict``: every strategy's records must differ only in their budget (``--budget-curves``), else
+    :class:`ClbenchError` names the settings that differ (:func:`clbench.report.budget.budget_curves`)."""
+    from clbench.report.budget import budget_curves
     from clbench.report.figures import TSNE_MAX_POINTS
     from clbench.report.html import render_html, render_markdown
 
@@ -102,12 +106,14 @@ def write_report(
             f"no complete run record to report ({reasons})",
             "give run folders holding a complete result.json, or their parent folder",
         )
+    curves, budget_notes = budget_curves(coll, strict=budget_strict)  # refuses before anything is written
     meta = _meta(coll, command)  # before anything is written: a report inside the source tree stamps its revision
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures, fig_notes = make_figures(coll, out_dir, with_tsne, tsne_points or TSNE_MAX_POINTS)
+    figures, fig_notes = make_figures(coll, out_dir, with_tsne, tsne_points or TSNE_MAX_POINTS, budget=curves)
+    fig_notes += budget_notes
     _remove_stale(out_dir, {rel for f in figures for rel in f.files.values()})
-    secs = sections(coll)
+    secs = sections(coll, curves)
     written = Written(out_dir, figures=figures)
     written.files.append(_write_text(out_dir / "index.html", render_html(title, meta, secs, figures, fig_notes)))
     written.files.append(_write_text(out_dir / "README.md", render_markdown(title, meta, secs, figures, fig_notes)))

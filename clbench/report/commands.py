@@ -60,6 +60,13 @@ def add_report_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="test images per t-SNE, subsampled with a fixed seed (default: 1500)",
     )
+    p.add_argument(
+        "--budget-curves",
+        action="store_true",
+        help="the records are a budget study: every strategy's records must differ only in their budget (epochs, "
+        "train_per_class), else the report is refused naming the settings that differ (without it, the budget "
+        "figure draws whichever records differ only in their budget)",
+    )
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -71,7 +78,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise ClbenchError(f"--tsne-points must be >= 10 (got {args.tsne_points})")
     coll = collect(args.run_dirs, args.pool_class_orders)
     written = write_report(
-        coll, Path(args.out), title=args.title, command=_invocation(), with_tsne=args.tsne, tsne_points=args.tsne_points
+        coll,
+        Path(args.out),
+        title=args.title,
+        command=_invocation(),
+        with_tsne=args.tsne,
+        tsne_points=args.tsne_points,
+        budget_strict=args.budget_curves,
     )
     print(
         f"report: {len(coll.runs)} runs, {len(coll.skipped)} skipped, {len(written.figures)} figures -> "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from clbench.report.budget import QUICK, REFERENCE, BudgetCurve, curve_label
 from clbench.report.collect import AccKey, Collection, Run
 from clbench.report.tables import last_diagnostics, routing_protocols
 from clbench.results import Times
@@ -604,17 +605,79 @@ def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
         return _save(fig, out_dir, "routing_study", title, caption, runs)
 
 
+def budget_curves_figure(coll: Collection, out_dir: Path, curves: Sequence[BudgetCurve]) -> FigureOut | None:
+    """Final accuracy against training budget in optimizer steps (log), one line per strategy and settings, from
+    records that differ only in their budget (:mod:`clbench.report.budget`); the ``quick`` and reference-epoch
+    points marked."""
+    import matplotlib
+    from matplotlib.ticker import FuncFormatter
+
+    if not curves:
+        return None
+    benches = sorted({c.bench for c in curves})
+    colors = strategy_colors(coll)
+    by_id = {r.run_id: r for r in coll.runs}
+    with matplotlib.rc_context(RC):
+        ncols, nrows = _panel_grid(len(benches))
+        fig, axes = _new_figure(ncols, nrows, 5.2, 3.8)
+        _hide_unused(axes, len(benches))
+        for ax, bench in zip(axes, benches, strict=False):
+            for curve in (c for c in curves if c.bench == bench):
+                xs = [max(p.steps, 1) for p in curve.points]  # log axis: a run without steps sits at 1
+                ys = [p.mean for p in curve.points]
+                color = colors.get(curve.strategy)
+                ax.errorbar(
+                    xs,
+                    ys,
+                    yerr=[p.std for p in curve.points],
+                    fmt="-o",
+                    ms=4,
+                    capsize=2,
+                    color=color,
+                    label=curve_label(curve),
+                )
+                for x, y, p in zip(xs, ys, curve.points, strict=True):
+                    if QUICK in p.marks:
+                        ax.plot([x], [y], "s", ms=10, mfc="none", mec=color, mew=1.5)
+                    if REFERENCE in p.marks:
+                        ax.plot([x], [y], "*", ms=13, color=color, mec="black", mew=0.5)
+                    if p.marks:
+                        ax.annotate(", ".join(p.marks), (x, y), textcoords="offset points", xytext=(5, -10), fontsize=7)
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(FuncFormatter(_count_label))
+            ax.set_title(bench)
+            ax.set_xlabel("training budget: optimizer steps, all tasks (log)")
+            ax.set_ylabel("final accuracy A_T (%)")
+            _legend_below(ax)
+        runs = [by_id[rid] for c in curves for p in c.points for rid in p.runs if rid in by_id]
+        title = "Final accuracy against training budget"
+        caption = (
+            f"{title}: each line holds one strategy's records that differ only in epochs or train_per_class "
+            "(mean ± std over seeds); open square = the strategy's quick profile's budget, star = the reference's "
+            "epochs (its default config). " + provenance(runs)
+        )
+        return _save(fig, out_dir, "budget_curves", title, caption, runs)
+
+
 # ------------------------------------------------------------------------------------------- all
 def make_figures(
-    coll: Collection, out_dir: Path, with_tsne: bool = True, tsne_points: int = TSNE_MAX_POINTS
+    coll: Collection,
+    out_dir: Path,
+    with_tsne: bool = True,
+    tsne_points: int = TSNE_MAX_POINTS,
+    budget: Sequence[BudgetCurve] = (),
 ) -> tuple[list[FigureOut], list[str]]:
-    """Every figure of a report, saved under ``out_dir/figures``; returns them and notes on what is absent."""
+    """Every figure of a report, saved under ``out_dir/figures``; returns them and notes on what is absent.
+    ``budget``: the budget curves to draw (:func:`clbench.report.budget.budget_curves`)."""
     figs: list[FigureOut] = []
     notes: list[str] = []
     for make in (accuracy_curves, accuracy_vs_params, wall_clock, routing, routing_study):
         f = make(coll, out_dir)
         if f is not None:
             figs.append(f)
+    f = budget_curves_figure(coll, out_dir, budget)
+    if f is not None:
+        figs.append(f)
     figs[1:1] = accuracy_matrices(coll, out_dir)
     from clbench.report.uncertainty import Predicted, paired_rows
 

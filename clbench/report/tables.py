@@ -16,6 +16,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from clbench.report.budget import BudgetCurve, budget_table_rows
 from clbench.report.collect import Collection, Run, digest_short
 from clbench.report.uncertainty import Predicted, RowInterval, fmt_interval, paired_rows, pairs_frame, row_interval
 
@@ -194,6 +197,12 @@ def summary_table(coll: Collection, predicted: Predicted | None = None) -> pd.Da
                 "runs": run_ids(runs),
             }
         )
+        warnings = sorted({w for r in runs if (w := training_warning(r.record))})
+        if warnings:
+            rows[-1]["training warning"] = "; ".join(warnings)
+    if any("training warning" in row for row in rows):  # the column exists only where some record has a warning
+        for row in rows:
+            row.setdefault("training warning", "-")
     return pd.DataFrame(rows)
 
 
@@ -220,6 +229,51 @@ def gap_table(coll: Collection) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def training_warning(record: Any) -> str | None:
+    """The record's under-training warning (``training_warning``), also from a record read by a clbench that does
+    not know the field (kept in ``extra``); None when it has none."""
+    value = getattr(record, "training_warning", None)
+    if value is None:
+        value = getattr(record, "extra", {}).get("training_warning")
+    return str(value) if value else None
+
+
+def routing_warning(record: Any) -> str | None:
+    """The routing warnings of the record's last evaluation, one per protocol that has one (joined), or None."""
+    per_task = getattr(record, "per_task", None) or []
+    if not per_task:
+        return None
+    diag = per_task[-1].diagnostics
+    found = [w for p in record.protocol_names if (w := protocol_routing_warning(record, diag, p))]
+    return "; ".join(found) or None
+
+
+def protocol_routing_warning(record: Any, diag: dict[str, Any], protocol: str) -> str | None:
+    """The routing warning of one protocol's own module choices. Per-sample: the record's text (its router's
+    collapse test, ``diagnostics.routing_warning``). Another protocol (e.g. the reference protocol's batch vote):
+    the same collapse test (:func:`clbench.routers.collapse_warning`) on that protocol's chosen-module counts, against
+    the test images' true tasks (the rows of the router study's confusion counts; in records without them, each
+    task's share of the classes)."""
+    from clbench.routers import collapse_warning
+
+    if protocol == "per-sample":
+        value = diag.get("routing_warning")
+        return str(value) if value else None
+    hist = (diag.get(protocol) or {}).get("chosen_hist") if isinstance(diag.get(protocol), dict) else None
+    if not hist:
+        return None
+    n = len(hist)
+    routers = diag.get("routers") or {}
+    confusion = next((r.get("confusion") for r in routers.values() if isinstance(r, dict) and r.get("confusion")), None)
+    if confusion is not None:
+        per_task = [int(sum(row)) for row in confusion][:n]
+    else:
+        per_task = [int(c) for c in list(record.task_sizes)[:n]]
+    choice = np.repeat(np.arange(n), hist)
+    true_task = np.repeat(np.arange(n), per_task)
+    return collapse_warning(choice, true_task, n, f"{protocol}-protocol")
 
 
 def last_diagnostics(run: Run) -> dict[str, Any]:
@@ -256,7 +310,16 @@ def routing_table(coll: Collection) -> pd.DataFrame:
                 "oracle-routed acc %": fmt_mean_std(x.get("oracle_acc") for x in d),
                 "newest module share %": fmt_mean_std(x[key.protocol].get("newest_module_share") for x in d),
                 "module cosine sim.": fmt_mean_std((x.get("module_cosine_similarity") for x in d), 3),
-                "warning": "; ".join(sorted({x["routing_warning"] for x in d if x.get("routing_warning")})) or "-",
+                "warning": "; ".join(
+                    sorted(
+                        {
+                            w
+                            for r, x in zip(runs, d, strict=True)
+                            if (w := protocol_routing_warning(r.record, x, key.protocol))
+                        }
+                    )
+                )
+                or "-",
                 "runs": run_ids(runs),
             }
         )
@@ -312,6 +375,13 @@ def provenance_notes(coll: Collection) -> list[str]:
     return notes
 
 
+def budget_table(curves: Sequence[BudgetCurve]) -> pd.DataFrame:
+    """The points of the budget curves (:mod:`clbench.report.budget`)."""
+    import pandas as pd
+
+    return pd.DataFrame(budget_table_rows(curves))
+
+
 INTERVAL_NOTE = (
     "final / avg inc acc: mean over seeds ± half the 95 % interval (bootstrap over test images resampled within "
     "each class; several seeds: hierarchical, seeds then images); rows whose records kept no predictions show "
@@ -335,8 +405,8 @@ def pairs_section(coll: Collection, predicted: Predicted, baseline: str | None =
     )
 
 
-def sections(coll: Collection) -> list[Section]:
-    """Every table of a report, in order."""
+def sections(coll: Collection, budget: Sequence[BudgetCurve] = ()) -> list[Section]:
+    """Every table of a report, in order; ``budget``: the budget curves whose points get a table."""
     predicted = Predicted()
     summary = summary_table(coll, predicted)
     protocols = sorted({p for r in coll.runs for p in r.protocols})
@@ -382,6 +452,16 @@ def sections(coll: Collection) -> list[Section]:
             )
         )
 
+    if budget:
+        out.append(
+            Section(
+                "Training budget",
+                "budget",
+                budget_table(budget),
+                intro="Final accuracy (main protocol) against the optimizer steps of the whole run, for records "
+                "that differ only in their budget (epochs, train_per_class); mean ± sample std over seeds.",
+            )
+        )
     out.extend(routing_study_sections(coll))
     out.append(Section("Runs", "runs", runs_table(coll), intro="Every run the numbers and figures above come from."))
     out.append(

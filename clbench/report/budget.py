@@ -1,0 +1,244 @@
+"""Budget curves: final accuracy against training budget in optimizer steps, from records that differ only in their
+budget.
+
+A record's budget is its strategy settings that say how much it trains: ``epochs`` and every other setting ending in
+``epochs`` (the cosine schedules step per epoch, so this is also the schedule's length), and ``train_per_class``.
+Its optimizer steps are the sum of ``params.extra["optimizer_steps_per_task"]``, which the methods that train
+through the ViT note per task (:meth:`clbench.strategy.Strategy.note_steps`; records made before carry none).
+Everything else (benchmark and split, backbone, weights, input size, transform, precision, every other strategy
+setting) must be equal along a curve; seeds are averaged per point.
+
+On a curve, the point whose budget equals the strategy's ``quick`` profile is marked ``quick`` and the one whose
+budget equals its default config (the reference's epochs) ``reference epochs``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from clbench.errors import ClbenchError
+from clbench.report.collect import Collection, Run
+from clbench.results import RunRecord
+
+STEPS_KEY = "optimizer_steps_per_task"
+QUICK, REFERENCE = "quick", "reference epochs"
+RECORD_SETTINGS = (  # record fields a budget curve holds fixed (the strategy settings are compared besides)
+    "strategy",
+    "bench",
+    "task_sizes",
+    "class_order_seed",
+    "backbone",
+    "weights_digest",
+    "img_size",
+    "transform",
+    "precision",
+    "protocol",
+)
+
+
+def is_budget_setting(name: str) -> bool:
+    """Strategy settings that set how much a run trains (module docstring)."""
+    return name == "train_per_class" or name.endswith("epochs")
+
+
+def budget_of(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in sorted(settings.items()) if is_budget_setting(k)}
+
+
+def optimizer_steps(record: RunRecord) -> int | None:
+    """Optimizer steps of the whole run (every task), or None where the record does not carry them."""
+    steps = record.params.extra.get(STEPS_KEY)
+    if not isinstance(steps, list) or not all(isinstance(s, int) for s in steps):
+        return None
+    return int(sum(steps))
+
+
+def fixed_settings(record: RunRecord) -> dict[str, Any]:
+    """What must be equal along a budget curve: the record's defining fields and its non-budget strategy settings."""
+    out = {name: getattr(record, name) for name in RECORD_SETTINGS}
+    if (record.weights_source or "").startswith("random"):  # a random init follows the seed: seeds still average
+        out["weights_digest"] = "random init"
+    out.update({k: v for k, v in record.strategy_config.items() if not is_budget_setting(k)})
+    return out
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def differing_settings(records: Sequence[RunRecord]) -> dict[str, list[str]]:
+    """Setting name -> its distinct values, for every non-budget setting that is not the same in all ``records``."""
+    values: dict[str, set[str]] = defaultdict(set)
+    names: set[str] = set()
+    for r in records:
+        names |= fixed_settings(r).keys()
+    for r in records:
+        s = fixed_settings(r)
+        for name in names:
+            values[name].add(_text(s.get(name)))
+    return {name: sorted(v) for name, v in sorted(values.items()) if len(v) > 1}
+
+
+def _marks(record: RunRecord) -> dict[str, dict[str, Any]]:
+    """Budget of the strategy's ``quick`` profile and of its default config, where the strategy is registered."""
+    from clbench.catalog import STRATEGIES
+    from clbench.config import make_strategy_config
+
+    try:
+        cls = STRATEGIES.get(record.strategy)
+        out = {REFERENCE: budget_of(asdict(make_strategy_config(cls, None, ())))}
+        if QUICK in cls.profiles:
+            out[QUICK] = budget_of(asdict(make_strategy_config(cls, QUICK, ())))
+    except (ClbenchError, ValueError, TypeError):  # an unknown strategy or a settings class that changed since
+        return {}
+    return out
+
+
+@dataclass(frozen=True)
+class BudgetPoint:
+    steps: int  # optimizer steps of the run
+    budget: dict[str, Any]  # the budget settings
+    acc: list[float]  # final accuracy (main protocol) of each seed
+    runs: list[str]  # run ids
+    marks: tuple[str, ...]  # QUICK and/or REFERENCE
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.acc))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.acc, ddof=1)) if len(self.acc) > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class BudgetCurve:
+    strategy: str
+    bench: str  # the benchmark label
+    settings: dict[str, Any]  # the fixed settings
+    points: list[BudgetPoint]  # by steps
+
+
+def _curve(runs: list[Run]) -> BudgetCurve:
+    by_budget: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_budget[_text(budget_of(run.record.strategy_config))].append(run)
+    marks = _marks(runs[0].record)
+    points = []
+    for group in by_budget.values():
+        budget = budget_of(group[0].record.strategy_config)
+        steps = sorted({optimizer_steps(r.record) for r in group})
+        if len(steps) > 1:  # same settings, same budget: the step count is the same unless the data differ
+            raise ClbenchError(
+                f"{group[0].strategy}: runs {', '.join(r.run_id for r in group)} have the same budget but "
+                f"{', '.join(map(str, steps))} optimizer steps",
+                "report runs made on the same data",
+            )
+        points.append(
+            BudgetPoint(
+                steps=int(steps[0] or 0),
+                budget=budget,
+                acc=[float(r.summary(r.record.protocol).last_acc) for r in group],
+                runs=[r.run_id for r in group],
+                marks=tuple(name for name, b in marks.items() if _text(b) == _text(budget)),
+            )
+        )
+    return BudgetCurve(
+        runs[0].strategy, runs[0].bench_label, fixed_settings(runs[0].record), sorted(points, key=lambda p: p.steps)
+    )
+
+
+def budget_curves(coll: Collection, strict: bool = False) -> tuple[list[BudgetCurve], list[str]]:
+    """Curves of every strategy and benchmark whose records differ only in their budget, and notes on the rest.
+
+    ``strict`` (``clbench report --budget-curves``): all records of a strategy on a benchmark must form one curve;
+    records that differ in more than their budget, or that carry no step count, raise :class:`ClbenchError`
+    naming the differing settings. Otherwise the records are split into groups of equal settings and every group
+    with at least two budgets becomes a curve; the others are named in the notes.
+    """
+    by_strategy: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for run in coll.runs:
+        by_strategy[(run.bench_label, run.strategy)].append(run)
+    curves: list[BudgetCurve] = []
+    notes: list[str] = []
+    for (bench, strategy), runs in sorted(by_strategy.items()):
+        uncounted = [r.run_id for r in runs if optimizer_steps(r.record) is None]
+        if strict:
+            differ = differing_settings([r.record for r in runs])
+            if differ:
+                detail = "; ".join(f"{name}: {' vs '.join(values)}" for name, values in differ.items())
+                raise ClbenchError(
+                    f"budget curve of {strategy} on {bench}: the records differ in more than their budget ({detail})",
+                    "give only records that differ in epochs or train_per_class",
+                )
+            if uncounted:
+                raise ClbenchError(
+                    f"budget curve of {strategy} on {bench}: no optimizer step count in {', '.join(uncounted)}",
+                    "re-run them with this clbench (records carry params.optimizer_steps_per_task)",
+                )
+        groups: dict[str, list[Run]] = defaultdict(list)
+        for run in runs:
+            if optimizer_steps(run.record) is not None:
+                groups[_text(fixed_settings(run.record))].append(run)
+        for group in groups.values():
+            budgets = {_text(budget_of(r.record.strategy_config)) for r in group}
+            if len(budgets) >= 2 or (strict and budgets):
+                curves.append(_curve(group))
+        if not strict and len({_text(budget_of(r.record.strategy_config)) for r in runs}) > 1:
+            drawn = {
+                rid for c in curves if c.strategy == strategy and c.bench == bench for p in c.points for rid in p.runs
+            }
+            left = [r.run_id for r in runs if r.run_id not in drawn]
+            if left:
+                notes.append(
+                    f"budget curve of {strategy} on {bench} leaves out {', '.join(left)}: "
+                    + ("no optimizer step count" if set(left) <= set(uncounted) else "other settings than the rest")
+                )
+    return curves, notes
+
+
+def curve_label(curve: BudgetCurve) -> str:
+    return f"{curve.strategy} ({curve.settings.get('precision')})"
+
+
+def steps_label(steps: float) -> str:
+    return f"{steps:,.0f}" if steps < 10_000 else f"{steps / 1000:,.0f}k"
+
+
+def budget_table_rows(curves: Sequence[BudgetCurve]) -> list[dict[str, Any]]:
+    """One row per point: the numbers behind the figure."""
+    rows = []
+    for c in curves:
+        for p in c.points:
+            rows.append(
+                {
+                    "benchmark": c.bench,
+                    "strategy": curve_label(c),
+                    "budget": ", ".join(f"{k}={v}" for k, v in p.budget.items()),
+                    "optimizer steps": steps_label(p.steps),
+                    "final acc %": f"{p.mean:.2f}" + (f" ± {p.std:.2f}" if len(p.acc) > 1 else ""),
+                    "n (seeds)": str(len(p.acc)),
+                    "marks": ", ".join(p.marks) or "-",
+                    "runs": ", ".join(p.runs),
+                }
+            )
+    return rows
+
+
+__all__ = [
+    "QUICK",
+    "REFERENCE",
+    "BudgetCurve",
+    "BudgetPoint",
+    "budget_curves",
+    "budget_table_rows",
+    "differing_settings",
+    "is_budget_setting",
+    "optimizer_steps",
+]

@@ -1,0 +1,112 @@
+"""``clbench perf train-step``: the step clock and the ratio to the bare forward + backward limit, with test
+strategies on the micro ViT (ratios within one process, not timed absolute tests)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tinytasks import make_split
+
+from clbench.blocks import optimizer_step
+from clbench.errors import ClbenchError
+from clbench.perf_train import ReplayedSplit, step_ratio, time_steps
+from clbench.strategy import Context, ParamCounts, Split, Strategy, Task
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    batch_size: int = 32
+    epochs: int = 50
+    extra_forward: bool = False  # a second, frozen forward pass per step (as a recomputed query)
+
+
+class BareStep(Strategy):
+    """A step that is the limit itself: the ViT's forward + backward to an input-side shift, then SGD."""
+
+    name = "bare-step"
+    Config = StepConfig
+    needs_vit = True
+
+    def learn_task(self, task: Task) -> None:
+        model = self.ctx.backbone.model
+        shift = torch.zeros(1, 1, self.ctx.backbone.num_features, requires_grad=True)
+        optimizer = torch.optim.SGD([shift], lr=0.01)
+        hook = model.patch_embed.register_forward_hook(lambda m, i, o: o + shift.to(o.dtype))
+        loader = task.train.image_loader(self.cfg.batch_size, augment=True)
+        try:
+            for _ in range(self.cfg.epochs):
+                for images, _, _ in loader:
+                    if self.cfg.extra_forward:
+                        with torch.no_grad():
+                            model.forward_features(images)
+                    loss = model.forward_features(images).float().mean()
+                    optimizer_step(optimizer, loss, "test")
+        finally:
+            hook.remove()
+
+    def predict(self, split: Split, protocol: str = "per-sample") -> torch.Tensor:
+        return F.normalize(split.features, dim=1)
+
+    def param_counts(self) -> ParamCounts:
+        return ParamCounts()
+
+
+def _ratio(backbone, extra_forward: bool, split: Split) -> float:
+    ctx = Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=0)
+    task = Task(0, [0, 1], 2, ReplayedSplit(split))
+    return step_ratio(BareStep(StepConfig(extra_forward=extra_forward), ctx), task, steps=5)["ratio"]
+
+
+def test_a_bare_step_runs_at_the_limit_and_a_second_forward_costs(backbone, one_thread):
+    split = make_split(backbone, [0, 1], 32, seed=0)  # 64 images: two batches of 32
+    bare = statistics.median(_ratio(backbone, False, split) for _ in range(3))
+    double = statistics.median(_ratio(backbone, True, split) for _ in range(3))
+    assert 0.8 <= bare <= 1.25, bare
+    assert double < 0.85 * bare, (double, bare)
+
+
+def test_images_per_step_are_counted_from_the_loader(backbone):
+    split = make_split(backbone, [0, 1], 20, seed=1)  # 40 images in batches of 16: 16, 16, 8 per epoch
+    ctx = Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=0)
+    timing = time_steps(BareStep(StepConfig(batch_size=16), ctx), Task(0, [0, 1], 2, split), steps=5, warmup=1)
+    assert timing.images == (16, 8, 16, 16, 8)
+    assert timing.batch == 16
+    assert timing.data_images_per_s is not None and timing.data_images_per_s > 0
+
+
+def test_a_task_too_small_for_the_steps_is_refused(backbone):
+    split = make_split(backbone, [0, 1], 4, seed=2)
+    ctx = Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=0)
+    with pytest.raises(ClbenchError, match="made 1 optimizer steps"):
+        time_steps(BareStep(StepConfig(batch_size=16, epochs=1), ctx), Task(0, [0, 1], 2, split), steps=3)
+
+
+def test_the_cli_refuses_a_strategy_without_a_vit_step_and_bad_flags(capsys):
+    from clbench.cli import main
+
+    assert main(["perf", "train-step", "--strategy", "simplecil"]) == 2
+    err = capsys.readouterr().err
+    assert "simplecil trains nothing through the ViT" in err and "l2p" in err
+    assert main(["perf", "train-step", "--strategy", "ease", "--steps", "0"]) == 2
+    assert "--steps must be >= 1" in capsys.readouterr().err
+    assert main(["perf", "train-step", "--strategy", "ease", "--precision", "fp8"]) == 2
+    assert "fp8" in capsys.readouterr().err
+
+
+def test_the_cli_measures_a_micro_run_and_writes_json(tmp_path):
+    import json
+
+    from clbench.cli import main
+
+    out = tmp_path / "ts.json"
+    argv = ["perf", "train-step", "--strategy", "ease", "--backbone", "vit_micro", "--img-size", "32"]
+    assert main([*argv, "--precision", "fp32", "--steps", "2", "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    row = table["strategies"]["ease"]["fp32"]
+    assert row["batch"] == 48 and row["steps_timed"] == 2 and row["ratio"] > 0
+    assert table["cpu_capability"] and "amx" in table and len(table["load_before"]) == 3
+    assert "partial" not in table  # the final write replaces the partial ones
