@@ -176,6 +176,19 @@ class TrainingTrace:
             epochs.append((where, []))
         epochs[-1][1].append(loss)
 
+    def relative_change(self) -> float | None:
+        """``||after - init|| / ||init||`` over every parameter any optimiser stepped (each counted once; infinite
+        where only zero-initialised parts moved); None when nothing was stepped. The under-training detector's
+        per-task measure (:mod:`clbench.training_check`)."""
+        init = {id(p): (p, q) for key in self._init for p, q in zip(self._params[key], self._init[key], strict=True)}
+        if not init:
+            return None
+        moved = sum(float((p.detach() - q).double().pow(2).sum()) for p, q in init.values())
+        start = sum(float(q.double().pow(2).sum()) for _, q in init.values())
+        if start == 0.0:
+            return math.inf if moved > 0.0 else 0.0
+        return math.sqrt(moved / start)
+
     def summary(self) -> list[dict[str, float | int | None]]:
         """One entry per optimiser, in the order of their first steps."""
         out = []

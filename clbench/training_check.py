@@ -5,10 +5,10 @@ A run whose trained parts barely leave their initial values measures the frozen 
 budget of a few epochs on a small first task does this to first-session methods). Two measurements, both generic
 (no method name, nothing a strategy has to declare):
 
-- **Relative change per task** (:class:`Watch`): every tensor an optimizer steps during ``learn_task`` is copied
-  just before its first step of the task (a global optimizer step pre-hook), and after the task
-  ``||after - before|| / ||before||`` is taken over all of them together. ``None`` where no optimizer stepped (a
-  task that trains nothing, e.g. SimpleCIL, or RanPAC's and APER's later tasks).
+- **Relative change per task** (:meth:`clbench.blocks.TrainingTrace.relative_change`): every tensor an optimizer
+  steps through :func:`clbench.blocks.optimizer_step` during ``learn_task`` is copied just before its first step
+  of the task, and after the task ``||after - before|| / ||before||`` is taken over all of them together. ``None``
+  where no optimizer stepped (a task that trains nothing, e.g. SimpleCIL, or RanPAC's and APER's later tasks).
 - **Reset share** (:func:`reset_share`, first task only): the same strategy, built afresh with its training epochs
   set to 0 (so its trained parts keep their initial values, while prototypes, heads and statistics are computed as
   usual from them), learns the first task from the same global RNG states as the trained one (same initial
@@ -26,13 +26,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 if TYPE_CHECKING:
     from clbench.strategy import Split, Strategy, Task
@@ -40,45 +36,6 @@ if TYPE_CHECKING:
 RESET_SHARE_MIN = 0.02  # below: training changed fewer than 2 % of the first task's predictions
 CHANGE_MIN = 1e-3  # below: the trained parts moved by less than 0.1 % of their norm
 EPOCH_FIELDS = ("epochs",)  # config fields that set the training epochs of every task (0: nothing trains)
-
-
-class Watch:
-    """Copies every tensor an optimizer steps, just before its first step (see :func:`watch`)."""
-
-    def __init__(self) -> None:
-        self.initial: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (live tensor, copy before step 1)
-        self.steps = 0
-
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.steps += 1
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if id(p) not in self.initial:
-                    self.initial[id(p)] = (p, p.detach().to("cpu", torch.float64, copy=True))
-
-    def relative_change(self) -> float | None:
-        """``||after - before|| / ||before||`` over every stepped tensor; None when nothing was stepped."""
-        if not self.initial:
-            return None
-        moved = norm = 0.0
-        for live, before in self.initial.values():
-            now = live.detach().to("cpu", torch.float64)
-            moved += float(((now - before) ** 2).sum())
-            norm += float((before**2).sum())
-        if norm == 0.0:
-            return math.inf if moved > 0.0 else 0.0
-        return math.sqrt(moved / norm)
-
-
-@contextmanager
-def watch() -> Iterator[Watch]:
-    """Watch the optimizer steps taken inside the block (every optimizer, whoever made it)."""
-    w = Watch()
-    handle = register_optimizer_step_pre_hook(w._before_step)
-    try:
-        yield w
-    finally:
-        handle.remove()
 
 
 def untrained_config(cfg: Any) -> Any | None:
