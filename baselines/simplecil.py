@@ -34,7 +34,6 @@ class SimpleCILConfig:
 class SimpleCIL(Strategy):
     name = "simplecil"
     Config = SimpleCILConfig
-    state_types = (CosineHead,)
     # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
     # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
     profiles = {"ci": {"img_size": 56}}

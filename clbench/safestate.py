@@ -313,7 +313,10 @@ class _Decoder:
             return self.ndarray(node)
         if tag == "$npscalar":
             value = self.decode(node.get("value"), depth + 1)
-            return _np_dtype(arg).type(value)
+            try:
+                return _np_dtype(arg).type(value)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise StateError(f"{value!r:.50} is not a {arg}: {e}") from None
         if tag == "$generator":
             return self.generator(node)
         if tag == "$dtype":

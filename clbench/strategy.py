@@ -28,8 +28,12 @@ from torch.utils.data import DataLoader
 
 from clbench.backbones import FrozenBackbone
 from clbench.benchmarks.base import ImageSource
+from clbench.blocks import CosineHead
 from clbench.features import TransformedImages
 from clbench.safestate import ContextRef, SavedState, StateError, allowed, decode, encode
+
+# The layers of clbench.blocks that any strategy's state may hold (see Strategy.state_types for a method's own).
+BLOCK_TYPES: tuple[type, ...] = (CosineHead,)
 
 PER_SAMPLE = "per-sample"
 REFERENCE = "reference"
@@ -175,8 +179,8 @@ class Strategy(ABC):
     # profiles that get their own row in ``clbench perf projection`` (``<name>-<profile>``), besides the default config
     projection_profiles: ClassVar[tuple[str, ...]] = ()
     needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
-    # classes (besides tensors, plain data and torch's layers) whose instances the strategy's state holds; a checkpoint
-    # rebuilds these and no others (:meth:`restore_state`)
+    # classes (besides tensors, plain data, torch's layers and BLOCK_TYPES) whose instances the strategy's state holds;
+    # a checkpoint rebuilds these and no others (:meth:`restore_state`)
     state_types: ClassVar[tuple[type, ...]] = ()
 
     def __init__(self, config: Any, ctx: Context) -> None:
@@ -251,8 +255,9 @@ class Strategy(ABC):
     @classmethod
     def saved_types(cls) -> dict[str, type]:
         """The classes a saved state of this strategy may hold, by qualified name: torch's containers and layers
-        (:data:`clbench.safestate.TORCH_TYPES`) and :attr:`state_types`. Reading a checkpoint rebuilds these only."""
-        return allowed(cls.state_types)
+        (:data:`clbench.safestate.TORCH_TYPES`), clbench's shared blocks (:data:`BLOCK_TYPES`) and
+        :attr:`state_types`. Reading a checkpoint rebuilds these only."""
+        return allowed((*BLOCK_TYPES, *cls.state_types))
 
     def save_state(self) -> SavedState:
         """:meth:`state_dict` as JSON and named tensors (:mod:`clbench.safestate`): no pickle, no code. Raises
@@ -270,8 +275,9 @@ class Strategy(ABC):
         state = decode(saved, self.saved_types(), _context_objects(self.ctx, by_name=True), self.ctx.device)
         if type(state) is not dict:
             raise StateError(f"a {self.name} state is a dict of attributes, not a {type(state).__name__}")
-        for name in state:
-            if name in ("cfg", "ctx") or name.startswith("__") or callable(getattr(type(self), name, None)):
+        mine = vars(self)
+        for name in state:  # attributes only: never cfg, ctx, or what the class defines (methods, name, Config)
+            if name in ("cfg", "ctx") or (name not in mine and (name.startswith("__") or hasattr(type(self), name))):
                 raise StateError(f"{name!r} is not a {self.name} attribute that a state can set")
         self.load_state_dict(state)
 

@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shlex
 import shutil
@@ -25,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 from datatrees import make_tree
+from torch import nn
 
 from baselines.simplecil import SimpleCIL
 from clbench import checkpoint
@@ -320,3 +322,106 @@ def test_no_committed_file_needs_unpickling():
         elif p.name == LEGACY_FILE:
             with pytest.raises(ClbenchError, match="old pickle format"):
                 checkpoint.refuse_legacy(p.parent)
+
+
+# ----------------------------------------------------------------------------------------------- the state codec
+def test_the_codec_gives_back_what_it_saved():
+    """Every kind of value a strategy keeps comes back equal, with its type, aliasing and tensor layout."""
+    from clbench.blocks import CosineHead
+    from clbench.safestate import allowed, decode, encode
+
+    head = CosineHead(4)
+    head.grow(3)
+    w = torch.randn(3, 5)
+    g = torch.Generator().manual_seed(7)
+    value = {
+        "head": head,
+        "same_head": head,
+        "w": w,
+        "w_again": w,
+        "wt": w.T,  # a transposed view keeps its strides
+        "p": nn.Parameter(torch.ones(2)),
+        "frozen": nn.Parameter(torch.ones(2), requires_grad=False),
+        "pair": (1, 2.5, "x", None, float("nan"), float("-inf")),
+        "by_task": {0: [1, 2], 3: {"a": True}},
+        "$odd": 1,
+        "keys": np.arange(6, dtype=np.uint32).reshape(2, 3),
+        "scalar": np.float32(0.25),
+        "gen": g,
+        "dtype": torch.bfloat16,
+        "size": torch.Size([2, 3]),
+        "empty": torch.zeros(0, 4),
+    }
+    saved = encode(value, allowed([CosineHead]))
+    text = json.dumps(saved.tree, allow_nan=False)  # standard JSON: non-finite floats are tagged
+    back = decode(SavedState(json.loads(text), dict(saved.tensors)), allowed([CosineHead]))
+    assert type(back["head"]) is CosineHead and back["same_head"] is back["head"]
+    assert torch.equal(back["head"].weight, head.weight) and back["head"].weight is not head.weight
+    assert back["w_again"] is back["w"] and torch.equal(back["w"], w)
+    assert back["wt"].stride() == w.T.stride() and torch.equal(back["wt"], w.T)
+    assert type(back["p"]) is nn.Parameter and back["p"].requires_grad and not back["frozen"].requires_grad
+    assert back["pair"][:4] == (1, 2.5, "x", None) and math.isnan(back["pair"][4]) and back["pair"][5] == -math.inf
+    assert back["by_task"] == {0: [1, 2], 3: {"a": True}} and back["$odd"] == 1
+    assert back["keys"].dtype == np.uint32 and np.array_equal(back["keys"], value["keys"])
+    assert type(back["scalar"]) is np.float32 and back["scalar"] == 0.25
+    assert torch.equal(back["gen"].get_state(), g.get_state())
+    assert back["dtype"] is torch.bfloat16 and back["size"] == torch.Size([2, 3]) and back["empty"].shape == (0, 4)
+
+
+def test_the_codec_refuses_what_it_cannot_save():
+    from clbench.safestate import allowed, encode
+
+    for bad, needle in [
+        ({"f": print}, "self.f is a builtins.builtin_function_or_method"),
+        ({"m": nn.Conv2d(1, 1, 1)}, "torch.nn.modules.conv.Conv2d, which a checkpoint cannot hold"),
+        ({"s": {1, 2}}, "self.s is a builtins.set"),
+        ({"a": np.array([object()])}, "numpy array of object"),
+    ]:
+        with pytest.raises(TypeError, match=needle):
+            encode(bad, allowed(()))
+
+
+W = {"$tensor": "w", "device": "cpu", "grad": False, "param": False}
+
+
+@pytest.mark.parametrize(
+    "tree, needle",
+    [
+        ({"x": {"$object": "os.system", "id": 0}}, "'os.system', a class this reader does not rebuild"),
+        ({"x": {"$module": "builtins.eval", "id": 0}}, "a class this reader does not rebuild"),
+        ({"x": {"$object": "torch.nn.modules.linear.Linear", "id": 0}}, "saved as an object"),
+        ({"x": {"$module": "torch.nn.modules.linear.Linear", "id": 0, "attrs": {"__class__": 1}}}, "attribute name"),
+        ({"x": {"$module": "torch.nn.modules.linear.Linear", "id": 0, "attrs": {"_parameters": {}}}}, "torch's own"),
+        ({"x": {"$module": "torch.nn.modules.linear.Linear", "id": 0, "params": {"weight": W}}}, "not one"),
+        ({"x": {"$ref": 3}}, "not saved before it"),
+        ({"x": {"$context": "backbone"}}, "which this run does not have"),
+        ({"x": {"$tensor": "nope"}}, "does not hold"),
+        ({"x": {**W, "stride": [1, 10**12]}}, "does not lay out"),
+        ({"x": {**W, "grad": True, "$tensor": "i"}}, "cannot require gradients"),
+        ({"x": {"$ndarray": "w", "dtype": "O", "shape": [1]}}, "not a numeric numpy dtype"),
+        ({"x": {"$ndarray": "b", "dtype": "<f8", "shape": [10**9]}}, "do not make"),
+        ({"x": {"$npscalar": "<i1", "value": 10**30}}, "is not a <i1"),
+        ({"x": {"$dtype": "nn"}}, "not a torch dtype"),
+        ({"x": {"$float": "1e999"}}, "not a non-finite float"),
+        ({"x": {"$items": [[[1], 2]]}}, "cannot be hashed"),
+        ({"x": {"$tuple": [], "$items": []}}, "several tags"),
+        ({"x": {"$generator": "b", "device": "cpu"}}, "generator b"),
+        ({"x": {"$eval": "1"}}, "unknown tag"),
+        (json.loads("[" * 500 + "]" * 500), "nested more than"),
+    ],
+)
+def test_a_crafted_state_is_refused(tree, needle):
+    from clbench.safestate import StateError, decode
+
+    tensors = {"w": torch.ones(2, 3), "i": torch.ones(2, dtype=torch.long), "b": torch.zeros(3, dtype=torch.uint8)}
+    with pytest.raises(StateError, match=needle):
+        decode(SavedState(tree, tensors), SimpleCIL.saved_types())
+
+
+def test_a_state_sets_attributes_never_methods_or_the_config(micro_session_factory):
+    from clbench.safestate import StateError, encode
+
+    s = micro_session_factory("simplecil", init_cls=12, increment=12)
+    for name in ("learn_task", "cfg", "ctx", "name", "Config", "__class__"):
+        with pytest.raises(StateError, match="not a simplecil attribute"):
+            s.strategy.restore_state(encode({name: 1}, SimpleCIL.saved_types()))

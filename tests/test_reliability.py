@@ -183,7 +183,7 @@ def _kill_sequence(argv: list[str], out: Path, rng: random.Random, logs: Path, n
         )
         assert kills[-1] >= target, note
         assert not record(out)["complete"], note
-        assert load(out / CHECKPOINT_FILE)["resumed_from_task"] == kills[:-1], note  # run 2 started afresh
+        assert load(out / CHECKPOINT_FILE).resumed_from_task == kills[:-1], note  # run 2 started afresh
     return kills
 
 
