@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.ease import AdapterSet, adapter_set_size
+from baselines.ease import Adapter, AdapterSet, adapter_set_size
 from clbench.blocks import (
     CosineHead,
     check_vit_blocks,
@@ -216,6 +216,7 @@ def check_width(name: str, saved: int, dim: int) -> None:
 class APER(Strategy):
     name = "aper"
     Config = APERConfig
+    state_types = (AdapterSet, Adapter, AdaptedFeatures)
     needs_vit = True
     # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
     # 2 cores: 112 px input (8x8 patches of 14 px) and 3 first-session epochs instead of 20 (the only backward

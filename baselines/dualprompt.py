@@ -223,6 +223,7 @@ class Prompts(nn.Module):
 class DualPrompt(Strategy):
     name = "dualprompt"
     Config = DualPromptConfig
+    state_types = (Prompts, LinearHead)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
     # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on

@@ -184,6 +184,7 @@ def subspace_weights(class_task: Sequence[int], n_sets: int, alpha: float) -> to
 class EASE(Strategy):
     name = "ease"
     Config = EASEConfig
+    state_types = (AdapterSet, Adapter)
     needs_vit = True
     # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
     # 2 cores within 15 minutes: 112 px input (8x8 patches of 14 px; the emoji images are 64 px) and 3 epochs

@@ -177,6 +177,7 @@ class LinearHead(nn.Module):
 class L2P(Strategy):
     name = "l2p"
     Config = L2PConfig
+    state_types = (PromptPool, LinearHead)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
     # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on

@@ -83,7 +83,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.ease import AdapterSet, adapter_set_size
+from baselines.ease import Adapter, AdapterSet, adapter_set_size
 from baselines.l2p import LinearHead
 from clbench.blocks import (
     check_vit_blocks,
@@ -244,6 +244,7 @@ def mos_output(refined: torch.Tensor, proto_logits: torch.Tensor, n_tasks: int, 
 class MOS(Strategy):
     name = "mos"
     Config = MOSConfig
+    state_types = (AdapterSet, Adapter, LinearHead)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
     # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on

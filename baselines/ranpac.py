@@ -92,7 +92,7 @@ from baselines.aper import (
     n_head_params,
     tune_first_session,
 )
-from baselines.ease import AdapterSet, adapter_set_size
+from baselines.ease import Adapter, AdapterSet, adapter_set_size
 from clbench.blocks import check_vit_blocks, first_per_class
 from clbench.errors import ClbenchError
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
@@ -228,6 +228,7 @@ def check_memory(M: int, d: int) -> None:
 class RanPAC(Strategy):
     name = "ranpac"
     Config = RanPACConfig
+    state_types = (AdapterSet, Adapter, AdaptedFeatures)
     needs_vit = True
     # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
     # 2 cores: 112 px input and 3 first-session epochs instead of 20 (the only backward passes of the run); M stays

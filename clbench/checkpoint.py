@@ -1,35 +1,49 @@
 """Checkpoints: a run killed at any moment continues from its last finished task and ends with the record an
-uninterrupted run would have written.
+uninterrupted run would have written; and reading one never runs code from the file.
 
-After every task the harness writes ``<run folder>/checkpoint.pt`` atomically (a temporary file in the same folder,
-fsynced and renamed over the old one, :func:`clbench.files.atomic_write_bytes`), *before* that task's ``result.json``,
-so a record never claims more tasks than the checkpoint holds. The file is ``torch.save`` of a plain dict:
+After every task the harness writes ``<run folder>/checkpoint.safetensors`` atomically (a temporary file in the same
+folder, fsynced and renamed over the old one, :func:`clbench.files.atomic_write_bytes`), *before* that task's
+``result.json``, so a record never claims more tasks than the checkpoint holds.
 
-- ``format``, ``version``: ``"clbench-checkpoint"``, :data:`VERSION`.
+Format (version :data:`VERSION`): one `safetensors <https://huggingface.co/docs/safetensors>`_ file. Its tensors are
+the strategy's (named ``strategy.<n>``) and the RNG states (``rng.torch``, ``rng.cuda.<i>``); its metadata holds
+``format`` (``"clbench-checkpoint"``), ``version`` and ``checkpoint``, a JSON document with every other field of
+:class:`Checkpoint`:
+
 - ``config``: every :class:`~clbench.config.RunConfig` field (``clbench run --resume DIR`` reads them).
 - ``fingerprint``: the fields that define the run (:data:`clbench.config.DEFINING_FIELDS`, backbone resolved to its
   name); a run with other values is refused, never continued.
-- ``backbone_digest`` and ``data`` (train/test content fingerprints, class order, task sizes): checked once the
-  benchmark and backbone are loaded again.
+- ``backbone_digest``, ``precision``, ``precision_reason`` and ``data`` (train/test content fingerprints, class
+  order, task sizes): checked once the benchmark and backbone are loaded again.
 - ``tasks_done``: tasks learnt and evaluated; the run continues with task ``tasks_done``.
-- ``strategy``: :meth:`Strategy.state_dict() <clbench.strategy.Strategy.state_dict>` (modules, head, lists).
-- ``rng``: the global RNG states (torch CPU, CUDA where initialised, numpy, Python ``random``) after the task's
-  evaluation. Strategies otherwise draw from ``ctx.generator(salt)``, fixed per task.
+- ``strategy``: :meth:`Strategy.save_state() <clbench.strategy.Strategy.save_state>`, the strategy's attributes as a
+  JSON tree naming the tensors (:mod:`clbench.safestate`).
+- ``rng``: the global RNG states (numpy's and Python's as numbers; torch's as tensors) after the task's evaluation.
+  Strategies otherwise draw from ``ctx.generator(salt)``, fixed per task.
 - ``logs``: the accuracy rows so far per protocol (the harness's ``_ProtocolLog`` fields); ``per_task``: the
   record's per-task entries so far.
 - ``times`` (seconds so far: features, train, eval, checkpoint, total), ``peak_rss_mb``, ``feature_cache`` (cache
   events so far), ``resumed_from_task`` (``tasks_done`` at every earlier resume): summed over the run's segments.
 - ``git_revision``: the code that wrote it (a resume under other code is logged, not refused).
 
-The strategy state holds pickled modules, so the file is read with ``torch.load(weights_only=False)``: resume only
-run folders you wrote yourself, as with any pickle.
+What reading trusts: nothing in the file. safetensors holds raw tensor bytes with a dtype and shape; the rest is JSON,
+checked field by field; the strategy's state is rebuilt by the strategy class the run names (clbench's own code or a
+plug-in the user chose), which makes only the classes it declares (``Strategy.state_types``) and torch's plain layers,
+without calling their constructors, and imports nothing the file names. A tampered file can make a run learn or
+report wrong numbers (as a tampered record can); it cannot run code. A file that is not a checkpoint, or is torn, is
+refused with one line.
+
+Checkpoints of clbench before this format (``checkpoint.pt``, a pickle read with ``torch.load(weights_only=False)``)
+are refused: unpickling runs whatever code the file carries. ``clbench run --trust-checkpoint`` converts one that the
+user wrote themselves (:func:`convert_legacy`), after saying that it executes code from the file.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
+import json
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,14 +54,268 @@ from clbench import config
 from clbench.config import RunConfig
 from clbench.errors import ClbenchError, setting
 from clbench.files import atomic_write_bytes
+from clbench.safestate import SavedState, encode, unknown_classes
 
 if TYPE_CHECKING:
     from clbench.benchmarks.base import Benchmark
 
 
-CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_FILE = "checkpoint.safetensors"
+LEGACY_FILE = "checkpoint.pt"  # the pickle format of clbench before version 2: refused (see the module docstring)
 FORMAT = "clbench-checkpoint"
-VERSION = 1
+VERSION = 2
+STRATEGY_PREFIX = "strategy."
+_START_OVER = f"pass {setting('overwrite')} to start the run over"
+
+
+# ----------------------------------------------------------------------------------------------- RNG
+@dataclass(frozen=True)
+class RngState:
+    """The global RNG states a run may draw from (strategies should use ``ctx.generator``; libraries may not)."""
+
+    torch: torch.Tensor  # torch.get_rng_state(): uint8 bytes
+    numpy: tuple[str, np.ndarray, int, int, float]  # np.random.get_state(): (MT19937, (624,) uint32 keys, pos, ...)
+    python: tuple[Any, ...]  # random.getstate(): (version, 625 ints, gauss_next)
+    cuda: tuple[torch.Tensor, ...] = ()  # torch.cuda.get_rng_state_all(), where CUDA was initialised
+
+    def to_json(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        algorithm, keys, pos, has_gauss, cached = self.numpy
+        version, state, gauss_next = self.python
+        doc = {
+            "numpy": [str(algorithm), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+            "python": [int(version), [int(s) for s in state], gauss_next],
+            "cuda": len(self.cuda),
+        }
+        tensors = {"rng.torch": self.torch.cpu()} | {f"rng.cuda.{i}": s.cpu() for i, s in enumerate(self.cuda)}
+        return doc, tensors
+
+    @classmethod
+    def from_json(cls, doc: Any, tensors: dict[str, torch.Tensor]) -> RngState:
+        """The state ``doc`` and ``tensors`` hold, tried on private generators first; ValueError when it is not one."""
+        try:
+            algorithm, keys, pos, has_gauss, cached = doc["numpy"]
+            version, state, gauss_next = doc["python"]
+            n_cuda = doc["cuda"]
+            if type(n_cuda) is not int or not all(type(k) is int for k in [*keys, *state]):
+                raise TypeError("not integers")
+            rng = cls(
+                tensors["rng.torch"],
+                (algorithm, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
+                (version, tuple(state), gauss_next),
+                tuple(tensors[f"rng.cuda.{i}"] for i in range(n_cuda)),
+            )
+            torch.Generator().set_state(rng.torch)
+            np.random.RandomState().set_state(rng.numpy)
+            random.Random().setstate(rng.python)
+            for s in rng.cuda:
+                if s.dtype != torch.uint8 or s.dim() != 1:
+                    raise TypeError("a CUDA RNG state is a uint8 vector")
+        except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as e:
+            raise ValueError(f"its RNG state is not one ({type(e).__name__}: {e})") from None
+        return rng
+
+
+def capture_rng() -> RngState:
+    """The global RNG states now: torch's CPU (and CUDA where initialised), numpy's and Python's."""
+    cuda = tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() and torch.cuda.is_initialized() else ()
+    return RngState(torch.get_rng_state(), np.random.get_state(), random.getstate(), cuda)
+
+
+def restore_rng(state: RngState) -> None:
+    torch.set_rng_state(state.torch.cpu())
+    np.random.set_state(state.numpy)
+    random.setstate(state.python)
+    if state.cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state.cuda])
+
+
+# ----------------------------------------------------------------------------------------------- the checkpoint
+@dataclass(frozen=True)
+class Checkpoint:
+    """A run between two tasks: everything :func:`clbench.harness.run` needs to continue it (see the module
+    docstring for each field). Built and read only here and in the harness; :func:`save` / :func:`load` are the one
+    writer and reader."""
+
+    config: dict[str, Any]  # every RunConfig field, as JSON
+    fingerprint: dict[str, Any]  # the defining fields (clbench.config.fingerprint)
+    backbone_digest: str
+    precision: str | None  # the precision the backbone ran at (fp32 | bf16 | fp16)
+    precision_reason: str | None
+    data: dict[str, Any]  # data_identity(): content fingerprints, class order, task sizes
+    tasks_done: int
+    strategy: SavedState  # Strategy.save_state(): JSON tree + named tensors
+    rng: RngState
+    logs: dict[str, dict[str, Any]]  # protocol -> the harness's _ProtocolLog fields
+    per_task: list[dict[str, Any]]  # TaskEntry.to_dict() of every task done
+    times: dict[str, float]  # seconds so far per phase
+    peak_rss_mb: float
+    resumed_from_task: list[int]
+    feature_cache: list[str]
+    git_revision: str | None
+
+
+# JSON fields of the file: name -> the JSON types its value may have (checked on load, before anything uses them)
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "config": (dict,),
+    "fingerprint": (dict,),
+    "backbone_digest": (str,),
+    "precision": (str, type(None)),
+    "precision_reason": (str, type(None)),
+    "data": (dict,),
+    "tasks_done": (int,),
+    "logs": (dict,),
+    "per_task": (list,),
+    "times": (dict,),
+    "peak_rss_mb": (int, float),
+    "resumed_from_task": (list,),
+    "feature_cache": (list,),
+    "git_revision": (str, type(None)),
+}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as the JSON it will be read back as (numpy numbers to Python's, tuples to lists)."""
+
+    def default(v: Any) -> Any:
+        if isinstance(v, np.generic):
+            return v.item()
+        raise TypeError(f"a {type(v).__name__} cannot go in a checkpoint's JSON")
+
+    return json.loads(json.dumps(value, default=default, allow_nan=True))
+
+
+def save(path: Path, ckpt: Checkpoint) -> None:
+    """Write ``ckpt`` atomically: readers (and a resume after a kill) see the previous checkpoint or this one."""
+    from safetensors.torch import save as save_tensors
+
+    rng, rng_tensors = ckpt.rng.to_json()
+    doc = {name: _plain(getattr(ckpt, name)) for name in _FIELDS}
+    doc.update(strategy=ckpt.strategy.tree, rng=rng)
+    strategy_tensors = {n: t.detach().cpu().contiguous() for n, t in ckpt.strategy.tensors.items()}
+    if any(not n.startswith(STRATEGY_PREFIX) for n in strategy_tensors):
+        raise ValueError(f"strategy tensor names must start with {STRATEGY_PREFIX!r}")
+    meta = {"format": FORMAT, "version": str(VERSION), "checkpoint": json.dumps(doc, allow_nan=True)}
+    atomic_write_bytes(path, save_tensors({**strategy_tensors, **rng_tensors}, metadata=meta))
+
+
+def load(path: Path) -> Checkpoint:
+    """Read a checkpoint; a file that is not one (truncated, corrupted, tampered, another format) is a ClbenchError.
+    Tensors come back on the CPU (the strategy moves its own to the run's device when it restores them)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != FORMAT:
+                raise ValueError("no clbench checkpoint metadata")
+            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118  (safe_open is not a dict)
+    except Exception as e:  # not safetensors, truncated, unreadable: many kinds
+        raise ClbenchError(
+            f"{path} cannot be read as a clbench checkpoint ({type(e).__name__}: {str(e)[:200]})", _START_OVER
+        ) from None
+    if meta.get("version") != str(VERSION):
+        raise ClbenchError(
+            f"{path} is a version {str(meta.get('version'))[:20]} checkpoint; this clbench reads version {VERSION}",
+            _START_OVER,
+        )
+    try:
+        doc = json.loads(meta.get("checkpoint", ""))
+        if type(doc) is not dict:
+            raise ValueError("the checkpoint document is not a JSON object")
+        values: dict[str, Any] = {}
+        for name, kinds in _FIELDS.items():
+            if name not in doc or type(doc[name]) not in kinds:
+                raise ValueError(f"field {name!r} is missing or not a {' or '.join(k.__name__ for k in kinds)}")
+            values[name] = doc[name]
+        _check_contents(values)
+        rng = RngState.from_json(doc.get("rng"), tensors)
+    except (ValueError, RecursionError) as e:
+        raise ClbenchError(f"{path} cannot be read as a clbench checkpoint ({str(e)[:200]})", _START_OVER) from None
+    strategy = SavedState(doc.get("strategy"), {n: t for n, t in tensors.items() if n.startswith(STRATEGY_PREFIX)})
+    return Checkpoint(**values, strategy=strategy, rng=rng)
+
+
+def _check_contents(values: dict[str, Any]) -> None:
+    """The insides of the JSON fields the harness reads by key (types only; the harness checks the meanings)."""
+    if values["tasks_done"] < 1:
+        raise ValueError(f"tasks_done {values['tasks_done']} < 1")
+    for protocol, log in values["logs"].items():
+        if type(log) is not dict or not all(type(v) is list for v in log.values()):
+            raise ValueError(f"logs of {protocol!r} are not lists")
+    if not all(type(e) is dict and type(e.get("task")) is int for e in values["per_task"]):
+        raise ValueError("per_task entries are not task objects")
+    if not all(type(v) in (int, float) for v in values["times"].values()):
+        raise ValueError("times are not numbers")
+    if not all(type(t) is int for t in values["resumed_from_task"]):
+        raise ValueError("resumed_from_task is not a list of task counts")
+    if not all(type(e) is str for e in values["feature_cache"]):
+        raise ValueError("feature_cache is not a list of events")
+    for name in ("train", "test", "class_order", "task_sizes"):
+        if name not in values["data"]:
+            raise ValueError(f"data lacks {name!r}")
+
+
+def check_strategy(ckpt: Checkpoint, path: Path, saved_types: dict[str, type]) -> None:
+    """Refuse, before the run loads anything, a checkpoint whose strategy state names classes the run's strategy does
+    not rebuild (:meth:`Strategy.saved_types <clbench.strategy.Strategy.saved_types>`)."""
+    unknown = unknown_classes(ckpt.strategy, saved_types)
+    if unknown:
+        raise ClbenchError(
+            f"{path} does not hold a {ckpt.config.get('strategy')} state: it names {', '.join(unknown[:3])}, a class "
+            "this reader does not rebuild",
+            _START_OVER,
+        )
+
+
+# ----------------------------------------------------------------------------------------------- old checkpoints
+def refuse_legacy(folder: Path) -> None:
+    """Refuse a run folder holding a checkpoint in the old pickle format (:data:`LEGACY_FILE`): reading it could run
+    code. It is never opened here."""
+    legacy = Path(folder) / LEGACY_FILE
+    if legacy.exists() or legacy.is_symlink():
+        raise ClbenchError(
+            f"{legacy} cannot be read as a clbench checkpoint: it is in the old pickle format, which clbench no longer "
+            "reads (unpickling runs any code the file holds)",
+            f"{_START_OVER}; or, only for a run you made yourself, convert it with {setting('trust_checkpoint')}",
+        )
+
+
+def convert_legacy(folder: Path, say: Callable[[str], None]) -> bool:
+    """``clbench run --trust-checkpoint``: rewrite ``folder``'s old pickle checkpoint in this format and delete it.
+    This unpickles the file, which runs any code it carries: only for files the user wrote. Returns whether there
+    was one to convert."""
+    from clbench.catalog import STRATEGIES
+
+    legacy = Path(folder) / LEGACY_FILE
+    if not legacy.is_file():
+        say(f"{folder} holds no {LEGACY_FILE}; nothing to convert")
+        return False
+    say(f"unpickling {legacy}: this executes any code the file carries")
+    try:
+        old = torch.load(str(legacy), map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated zip, bad pickle, missing class: many kinds
+        raise ClbenchError(f"{legacy} cannot be read as a clbench checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(old, dict) or old.get("format") != FORMAT or old.get("version") != 1:
+        raise ClbenchError(f"{legacy} is not a version 1 clbench checkpoint", _START_OVER)
+    try:
+        for settings in (old["fingerprint"], old["config"]):  # before --precision: autocast true/false
+            if "autocast" in settings and "precision" not in settings:
+                settings["precision"] = "bf16" if settings.pop("autocast") else "fp32"
+        strategy_cls = STRATEGIES.get(old["config"]["strategy"])
+        strategy = encode(old["strategy"], strategy_cls.saved_types(), prefix=STRATEGY_PREFIX)
+        rng = old["rng"]
+        ckpt = Checkpoint(
+            **{name: _plain(old.get(name)) for name in _FIELDS},
+            strategy=strategy,
+            rng=RngState(rng["torch"], rng["numpy"], rng["python"], tuple(rng.get("cuda", ()))),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ClbenchError(f"{legacy} cannot be converted ({type(e).__name__}: {e})", _START_OVER) from None
+    save(Path(folder) / CHECKPOINT_FILE, ckpt)
+    legacy.unlink()
+    say(f"converted to {Path(folder) / CHECKPOINT_FILE}; {LEGACY_FILE} deleted")
+    return True
 
 
 # ----------------------------------------------------------------------------------------------- resume
@@ -60,6 +328,7 @@ def resume_config(run_dir: str | Path, given: dict[str, Any]) -> RunConfig:
 
     path = Path(run_dir)
     config.check_resume_request(path, given)
+    refuse_legacy(path)
     if not (path / CHECKPOINT_FILE).is_file():
         raise ClbenchError(
             _no_checkpoint_message(path, path / RESULT_FILE),
@@ -67,116 +336,51 @@ def resume_config(run_dir: str | Path, given: dict[str, Any]) -> RunConfig:
             f"without {setting('resume')} to start it over",
         )
     ckpt = load(path / CHECKPOINT_FILE)
-    return config.resume_config(path, dict(ckpt["config"]), ckpt["fingerprint"], given)
+    return config.resume_config(path, dict(ckpt.config), ckpt.fingerprint, given)
 
 
 def _no_checkpoint_message(path: Path, result: Path) -> str:
-    import json
-
     try:
         complete = json.loads(result.read_text()).get("complete", False)
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         complete = None
     if complete:
         return f"{setting('resume')} {path}: the run is finished; there is nothing to continue"
     return f"{setting('resume')} {path}: no {CHECKPOINT_FILE} to continue from"
 
 
-# ----------------------------------------------------------------------------------------------- RNG
-def capture_rng() -> dict[str, Any]:
-    """The global RNG states a run may draw from (strategies should use ``ctx.generator``; libraries may not)."""
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"].cpu())
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-
-
-# ----------------------------------------------------------------------------------------------- file
-def save(path: Path, ckpt: dict[str, Any]) -> None:
-    """Write ``ckpt`` atomically: readers (and a resume after a kill) see the previous checkpoint or this one."""
-    buf = io.BytesIO()
-    try:
-        torch.save({"format": FORMAT, "version": VERSION, **ckpt}, buf)
-    except (pickle.PicklingError, TypeError, AttributeError) as e:
-        raise TypeError(f"the checkpoint cannot be saved: {_unpicklable(ckpt.get('strategy', {})) or e}") from e
-    atomic_write_bytes(path, buf.getbuffer())
-
-
-def _unpicklable(state: dict[str, Any]) -> str | None:
-    for name, value in state.items():
-        try:
-            torch.save(value, io.BytesIO())
-        except Exception as e:
-            return (
-                f"strategy attribute {name!r} ({type(value).__name__}) cannot be pickled ({e}); keep state in "
-                f"modules, tensors and plain containers"
-            )
-    return None
-
-
-def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint; a file that is not one (truncated, corrupted, another format) is a ClbenchError."""
-    try:
-        ckpt = torch.load(str(path), map_location=map_location, weights_only=False)
-    except Exception as e:  # truncated zip, bad pickle, missing class: many kinds
-        raise ClbenchError(
-            f"{path} cannot be read as a clbench checkpoint ({type(e).__name__}: {e})",
-            f"pass {setting('overwrite')} to start the run over",
-        ) from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
-        raise ClbenchError(f"{path} is not a clbench checkpoint", f"pass {setting('overwrite')} to start the run over")
-    if ckpt.get("version") != VERSION:
-        raise ClbenchError(
-            f"{path} is a version {ckpt.get('version')} checkpoint; this clbench reads version {VERSION}",
-            f"pass {setting('overwrite')} to start the run over",
-        )
-    for settings in (ckpt.get("fingerprint") or {}, ckpt.get("config") or {}):  # before precision: autocast
-        if "autocast" in settings and "precision" not in settings:
-            settings["precision"] = "bf16" if settings.pop("autocast") else "fp32"
-    return ckpt
-
-
+# ----------------------------------------------------------------------------------------------- inputs
 def data_identity(bench: Benchmark) -> dict[str, Any]:
     """What the loaded benchmark is: content fingerprints, class order, task sizes."""
-    return {
-        "train": bench.train.fingerprint(),
-        "test": bench.test.fingerprint(),
-        "class_order": list(bench.class_order),
-        "task_sizes": list(bench.task_sizes),
-    }
+    return _plain(
+        {
+            "train": bench.train.fingerprint(),
+            "test": bench.test.fingerprint(),
+            "class_order": list(bench.class_order),
+            "task_sizes": list(bench.task_sizes),
+        }
+    )
 
 
 def check_inputs(
-    ckpt: dict[str, Any], path: Path, backbone_digest: str, precision: str, precision_reason: str, data: dict[str, Any]
+    ckpt: Checkpoint, path: Path, backbone_digest: str, precision: str, precision_reason: str, data: dict[str, Any]
 ) -> None:
     """Refuse to continue when the backbone weights (``backbone_digest``), the precision the backbone runs at or the
     data (:func:`data_identity`) differ from those the checkpoint was made with."""
-    if ckpt["backbone_digest"] != backbone_digest:
+    if ckpt.backbone_digest != backbone_digest:
         raise ClbenchError(
-            f"{path} was made with other backbone weights (digest {ckpt['backbone_digest'][:12]}, "
+            f"{path} was made with other backbone weights (digest {ckpt.backbone_digest[:12]}, "
             f"now {backbone_digest[:12]}); it cannot be continued",
             f"restore the weights file it was started with, or pass {setting('overwrite')} to start over",
         )
-    saved_precision = ckpt.get("precision", ckpt["fingerprint"].get("precision"))
+    saved_precision = ckpt.precision or ckpt.fingerprint.get("precision")
     if saved_precision in ("fp32", "bf16", "fp16") and saved_precision != precision:
         raise ClbenchError(
             f"{path} was made at precision {saved_precision}; here the backbone runs at "
             f"{precision} ({precision_reason})",
             f"continue it with {setting('precision')} {saved_precision}, or pass {setting('overwrite')} to start over",
         )
-    changed = [k for k in data if ckpt["data"].get(k) != data[k]]
+    changed = [k for k in data if ckpt.data.get(k) != data[k]]
     if changed:
         raise ClbenchError(
             f"{path}: the benchmark data changed since the checkpoint ({', '.join(changed)} differ); "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from clbench import __version__
 from clbench.errors import ClbenchError
@@ -143,6 +144,12 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
         "with (other flags given must match them). Running the same command with the same --out "
         "again continues it too",
     )
+    p.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="convert the run folder's checkpoint.pt (the old pickle format, refused otherwise) to the current "
+        "format. Unpickling it EXECUTES ANY CODE the file carries: only for a run you made yourself",
+    )
 
 
 def _log_spec(args: argparse.Namespace, group: str | None = None):
@@ -184,6 +191,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         feature_cache=args.feature_cache,
         ignore_data_problems=args.ignore_data_problems,
     )
+    if args.trust_checkpoint:
+        from clbench.checkpoint import convert_legacy
+
+        if not (args.resume or args.out):
+            raise ClbenchError("--trust-checkpoint converts the checkpoint of a run folder: name it with --resume DIR")
+        convert_legacy(
+            Path(args.resume or args.out), lambda m: print(f"clbench: --trust-checkpoint: {m}", file=sys.stderr)
+        )
     if args.resume:
         from clbench.checkpoint import resume_config
         from clbench.config import given_settings

@@ -58,6 +58,7 @@ from clbench.results import (
 if TYPE_CHECKING:
     from clbench.backbones import FrozenBackbone
     from clbench.benchmarks.base import Benchmark, BenchmarkSpec
+    from clbench.checkpoint import Checkpoint
     from clbench.strategy import Split, Strategy, Task
     from clbench.transforms import TransformSpec
 
@@ -139,11 +140,15 @@ class RunDir:
     def _check(self, overwrite: bool) -> None:
         for tmp in self.path.glob(".*.tmp"):  # left by a process killed mid-write (clbench.files.atomic_write_bytes)
             tmp.unlink(missing_ok=True)
+        from clbench.checkpoint import LEGACY_FILE, refuse_legacy
+
         result = self.path / RESULT_FILE
         if overwrite:  # the checkpoint first: a kill in between leaves a record that cannot be continued
             self.checkpoint_path.unlink(missing_ok=True)
+            (self.path / LEGACY_FILE).unlink(missing_ok=True)
             result.unlink(missing_ok=True)
             return
+        refuse_legacy(self.path)  # never unpickled
         if not result.exists():
             return
         if record_says_complete(result):
@@ -157,9 +162,7 @@ class RunDir:
                 f"pass {OVERWRITE} to replace it, or choose another {OUT}",
             )
 
-    def resumable(
-        self, fingerprint: dict[str, Any], map_location: torch.device, required: bool
-    ) -> dict[str, Any] | None:
+    def resumable(self, fingerprint: dict[str, Any], required: bool) -> Checkpoint | None:
         """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
         from clbench import checkpoint
 
@@ -170,13 +173,14 @@ class RunDir:
                     f"run the same command without {RESUME} to start it over",
                 )
             return None
-        ckpt = checkpoint.load(self.checkpoint_path, map_location)
-        diff = differences(ckpt["fingerprint"], fingerprint)
+        ckpt = checkpoint.load(self.checkpoint_path)
+        diff = differences(ckpt.fingerprint, fingerprint)
         if diff:
             raise ClbenchError(
                 f"{OUT} {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
                 f"continue it with {RESUME} {self.path}, pass {OVERWRITE} to start over, or choose another {OUT}",
             )
+        checkpoint.check_strategy(ckpt, self.checkpoint_path, STRATEGIES.get(fingerprint["strategy"]).saved_types())
         return ckpt
 
     def release(self) -> None:
@@ -507,6 +511,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     from clbench import checkpoint
     from clbench.backbones import state_digest
     from clbench.datacheck import check_before_run, check_loaded
+    from clbench.safestate import StateError
     from clbench.weights.resolve import check_weights_file
 
     rep = reporter or Reporter()
@@ -523,14 +528,14 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
     try:
         settings_fp, revision = fingerprint(cfg, backbone_name), git_revision()
-        ckpt = run_dir.resumable(settings_fp, resolve_device(cfg.device), required=resume)
+        ckpt = run_dir.resumable(settings_fp, required=resume)
         if ckpt is None:
             (run_dir.path / RESULT_FILE).unlink(missing_ok=True)
             (run_dir.path / PREDICTIONS_FILE).unlink(missing_ok=True)
         torch.manual_seed(cfg.seed)  # the run owns the seed; strategies draw from ctx.generator()
         started_at = None  # --precision auto: a resumed run keeps the precision auto chose when it started
-        if ckpt is not None and cfg.precision == "auto" and ckpt.get("precision") is not None:
-            started_at = Precision(ckpt["precision"], ckpt.get("precision_reason") or "auto, when the run started")
+        if ckpt is not None and cfg.precision == "auto" and ckpt.precision is not None:
+            started_at = Precision(ckpt.precision, ckpt.precision_reason or "auto, when the run started")
         session = prepare(cfg, rep, precision=started_at)
         session.data_problems = data_problems + check_loaded(session.bench, cfg.ignore_data_problems)
         for problem in session.data_problems:
@@ -551,14 +556,22 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 session.precision.reason,
                 checkpoint.data_identity(session.bench),
             )
-            if ckpt["git_revision"] != revision:
-                rep.log(f"note: the checkpoint was written by code at {ckpt['git_revision']}, now {revision}")
-            strategy.load_state_dict(ckpt["strategy"])
-            logs = {p: _ProtocolLog(**ckpt["logs"][p]) for p in protocols}
-            per_task, done = [TaskEntry.from_dict(t) for t in ckpt["per_task"]], ckpt["tasks_done"]
-            resumed_from = [*ckpt["resumed_from_task"], done]
-            cache_events = [*ckpt["feature_cache"], *cache_events]
-            before, peak_before = ckpt["times"], ckpt["peak_rss_mb"]
+            if ckpt.git_revision != revision:
+                rep.log(f"note: the checkpoint was written by code at {ckpt.git_revision}, now {revision}")
+            try:
+                strategy.restore_state(ckpt.strategy)
+                logs = {p: _ProtocolLog(**ckpt.logs[p]) for p in protocols}
+                before = {k: float(ckpt.times[k]) for k in before}
+            except (StateError, KeyError, TypeError) as e:
+                raise ClbenchError(
+                    f"{run_dir.checkpoint_path} does not hold a {cfg.strategy} run's state ({type(e).__name__}: "
+                    f"{str(e)[:200]})",
+                    f"pass {OVERWRITE} to start the run over",
+                ) from None
+            per_task, done = [TaskEntry.from_dict(t) for t in ckpt.per_task], ckpt.tasks_done
+            resumed_from = [*ckpt.resumed_from_task, done]
+            cache_events = [*ckpt.feature_cache, *cache_events]
+            peak_before = ckpt.peak_rss_mb
             rep.log(f"continuing {run_dir.path} after task {done}/{bench.n_tasks} (from its checkpoint)")
         t_train = t_eval = t_ckpt = 0.0
         rep.run_started(
@@ -587,7 +600,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             task, t = step.task, step.task.id
             if t < done:  # learnt before the checkpoint; its RNG state is the one after task done - 1
                 if t == done - 1:
-                    checkpoint.restore_rng(ckpt["rng"])
+                    checkpoint.restore_rng(ckpt.rng)
                 continue
             rep.log(
                 f"task {t + 1}/{bench.n_tasks}: classes {task.classes[0]}..{task.classes[-1]} "
@@ -632,24 +645,24 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             t0 = time.perf_counter()  # the checkpoint first: a record never claims more than it holds
             checkpoint.save(
                 run_dir.checkpoint_path,
-                {
-                    "config": dataclasses.asdict(cfg),
-                    "fingerprint": settings_fp,
-                    "backbone_digest": session.backbone.digest,
-                    "precision": session.precision.name,
-                    "precision_reason": session.precision.reason,
-                    "data": checkpoint.data_identity(session.bench),
-                    "tasks_done": t + 1,
-                    "strategy": strategy.state_dict(),
-                    "rng": checkpoint.capture_rng(),
-                    "logs": {p: dataclasses.asdict(log) for p, log in logs.items()},
-                    "per_task": [e.to_dict() for e in per_task],
-                    "times": times(),
-                    "peak_rss_mb": max(peak_before, peak_rss_mb()),
-                    "resumed_from_task": resumed_from,
-                    "feature_cache": cache_events,
-                    "git_revision": revision,
-                },
+                checkpoint.Checkpoint(
+                    config=dataclasses.asdict(cfg),
+                    fingerprint=settings_fp,
+                    backbone_digest=session.backbone.digest,
+                    precision=session.precision.name,
+                    precision_reason=session.precision.reason,
+                    data=checkpoint.data_identity(session.bench),
+                    tasks_done=t + 1,
+                    strategy=strategy.save_state(),
+                    rng=checkpoint.capture_rng(),
+                    logs={p: dataclasses.asdict(log) for p, log in logs.items()},
+                    per_task=[e.to_dict() for e in per_task],
+                    times=times(),
+                    peak_rss_mb=max(peak_before, peak_rss_mb()),
+                    resumed_from_task=resumed_from,
+                    feature_cache=cache_events,
+                    git_revision=revision,
+                ),
             )
             t_ckpt += time.perf_counter() - t0
             preds = _predictions(session, logs)

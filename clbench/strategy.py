@@ -28,7 +28,12 @@ from torch.utils.data import DataLoader
 
 from clbench.backbones import FrozenBackbone
 from clbench.benchmarks.base import ImageSource
+from clbench.blocks import CosineHead
 from clbench.features import TransformedImages
+from clbench.safestate import ContextRef, SavedState, StateError, allowed, decode, encode
+
+# The layers of clbench.blocks that any strategy's state may hold (see Strategy.state_types for a method's own).
+BLOCK_TYPES: tuple[type, ...] = (CosineHead,)
 
 PER_SAMPLE = "per-sample"
 REFERENCE = "reference"
@@ -187,6 +192,9 @@ class Strategy(ABC):
     # profiles that get their own row in ``clbench perf projection`` (``<name>-<profile>``), besides the default config
     projection_profiles: ClassVar[tuple[str, ...]] = ()
     needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
+    # classes (besides tensors, plain data, torch's layers and BLOCK_TYPES) whose instances the strategy's state holds;
+    # a checkpoint rebuilds these and no others (:meth:`restore_state`)
+    state_types: ClassVar[tuple[type, ...]] = ()
 
     def __init__(self, config: Any, ctx: Context) -> None:
         self.cfg = config
@@ -259,11 +267,12 @@ class Strategy(ABC):
     # ------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything the strategy has learnt, for a checkpoint (:mod:`clbench.checkpoint`): every attribute except
-        ``cfg`` and ``ctx`` (modules, heads, tensors, lists; pickled by ``torch.save``). An attribute that is the
-        context's frozen backbone (or its timm model) is stored as a reference to it, never as a copy."""
+        ``cfg`` and ``ctx`` (modules, heads, tensors, lists, objects of :attr:`state_types`). An attribute that is
+        the context's frozen backbone (or its timm model) is a :class:`~clbench.safestate.ContextRef` to it, never a
+        copy."""
         shared = _context_objects(self.ctx)
         return {
-            name: _ContextRef(shared[id(value)]) if id(value) in shared else value
+            name: ContextRef(shared[id(value)]) if id(value) in shared else value
             for name, value in vars(self).items()
             if name not in ("cfg", "ctx")
         }
@@ -271,18 +280,54 @@ class Strategy(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Set back the attributes saved by :meth:`state_dict` (on a strategy built with the same config)."""
         for name, value in state.items():
-            if isinstance(value, _ContextRef):
+            if isinstance(value, ContextRef):
                 value = _context_objects(self.ctx, by_name=True)[value.name]
             setattr(self, name, value)
 
+    @classmethod
+    def saved_types(cls) -> dict[str, type]:
+        """The classes a saved state of this strategy may hold, by qualified name: torch's containers and layers
+        (:data:`clbench.safestate.TORCH_TYPES`), clbench's shared blocks (:data:`BLOCK_TYPES`) and
+        :attr:`state_types`. Reading a checkpoint rebuilds these only."""
+        return allowed((*BLOCK_TYPES, *cls.state_types))
 
-@dataclass(frozen=True)
-class _ContextRef:
-    """In a saved strategy state: "this attribute is ``ctx.<name>``", restored from the new run's context."""
+    def save_state(self) -> SavedState:
+        """:meth:`state_dict` as JSON and named tensors (:mod:`clbench.safestate`): no pickle, no code. Raises
+        TypeError naming an attribute that cannot be saved (an object of a class missing from :attr:`state_types`,
+        a function, an open file)."""
+        try:
+            return encode(self.state_dict(), self.saved_types(), _context_objects(self.ctx), prefix="strategy.")
+        except TypeError as e:
+            raise TypeError(f"{self.name}: {e}") from None
 
-    name: str
+    def restore_state(self, saved: SavedState) -> None:
+        """Load a state written by :meth:`save_state`, rebuilding only classes of :meth:`saved_types` (nothing named
+        by the file is imported) and referring to this run's frozen backbone. Raises
+        :class:`~clbench.safestate.StateError` for a state that is not this strategy's."""
+        state = decode(saved, self.saved_types(), _context_objects(self.ctx, by_name=True), self.ctx.device)
+        if type(state) is not dict:
+            raise StateError(f"a {self.name} state is a dict of attributes, not a {type(state).__name__}")
+        mine = vars(self)
+        for name in state:  # attributes only: never cfg, ctx, or what the class defines (methods, name, Config)
+            if name in ("cfg", "ctx") or (name not in mine and (name.startswith("__") or hasattr(type(self), name))):
+                raise StateError(f"{name!r} is not a {self.name} attribute that a state can set")
+        self.load_state_dict(state)
+
+
+_ContextRef = ContextRef  # its name in the old pickled checkpoints (read only by --trust-checkpoint)
 
 
 def _context_objects(ctx: Context, by_name: bool = False) -> dict:
-    objects = {"backbone": ctx.backbone, "backbone.model": getattr(ctx.backbone, "model", None)}
+    """The run's own objects a state refers to instead of copying: the frozen backbone, its timm model and every
+    sub-module of it (a strategy may keep the ViT's blocks). ``{id: name}``, or ``{name: object}`` with
+    ``by_name``."""
+    objects: dict[str, Any] = {"backbone": ctx.backbone}
+    model = getattr(ctx.backbone, "model", None)
+    if isinstance(model, torch.nn.Module):
+        objects["backbone.model"] = model
+        for name, module in model.named_modules():
+            if name:
+                objects[f"backbone.model.{name}"] = module
+        for name, param in model.named_parameters():
+            objects[f"backbone.model.{name}"] = param
     return objects if by_name else {id(obj): name for name, obj in objects.items() if obj is not None}

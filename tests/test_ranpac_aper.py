@@ -214,9 +214,9 @@ def test_resumed_run_keeps_the_projection_and_the_record(tmp_path, monkeypatch, 
     with monkeypatch.context() as m, pytest.raises(Stop):
         m.setattr(RanPAC, "learn_task", stop_at)
         main(["run", "--strategy", "ranpac", *args, "--out", str(out)])
-    saved = load(out / CHECKPOINT_FILE)["strategy"]
+    saved = load(out / CHECKPOINT_FILE).strategy
     fresh = torch.randn(64, 64, generator=Context(None, torch.device("cpu"), "fp32", 1993).generator(5000))
-    assert torch.equal(saved["W"], fresh)  # the seeded projection, stored in the checkpoint
+    assert torch.equal(saved.tensors[saved.tree["W"]["$tensor"]], fresh)  # the seeded projection, in the checkpoint
     assert main(["run", "--resume", str(out)]) == 0
     resumed = json.loads((out / "result.json").read_text())
     assert resumed["accuracy_matrix"] == ref["accuracy_matrix"] and resumed["params"] == ref["params"]
@@ -242,7 +242,7 @@ def test_a_resumed_run_on_another_width_is_refused(tmp_path, monkeypatch, capsys
         m.setattr(RanPAC, "learn_task", stop_at)
         main(["run", "--strategy", "ranpac", *args, "--out", str(out)])
     ckpt = load(out / CHECKPOINT_FILE)
-    ckpt["strategy"]["W"] = torch.randn(32, 64)  # as saved from a 32-d backbone
+    ckpt.strategy.tensors[ckpt.strategy.tree["W"]["$tensor"]] = torch.randn(32, 64)  # as saved from a 32-d backbone
     save(out / CHECKPOINT_FILE, ckpt)
     capsys.readouterr()
     assert main(["run", "--resume", str(out)]) == 2

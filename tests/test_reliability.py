@@ -11,9 +11,9 @@ from a real run's files in ``test_every_state_a_kill_can_leave_resumes``.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
-import io
 import json
 import os
 import random
@@ -32,6 +32,7 @@ from datatrees import make_tree, png_bytes
 from clbench.checkpoint import CHECKPOINT_FILE
 from clbench.cli import main
 from clbench.errors import ClbenchError
+from clbench.safestate import SavedState
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
 SETTINGS = {
@@ -72,7 +73,7 @@ def cli(argv: list[str], capsys) -> tuple[int, str]:
 def tasks_done(out: Path) -> int | None:
     from clbench.checkpoint import load
 
-    return load(out / CHECKPOINT_FILE)["tasks_done"] if (out / CHECKPOINT_FILE).exists() else None
+    return load(out / CHECKPOINT_FILE).tasks_done if (out / CHECKPOINT_FILE).exists() else None
 
 
 def leftovers(out: Path) -> list[str]:
@@ -182,7 +183,7 @@ def _kill_sequence(argv: list[str], out: Path, rng: random.Random, logs: Path, n
         )
         assert kills[-1] >= target, note
         assert not record(out)["complete"], note
-        assert load(out / CHECKPOINT_FILE)["resumed_from_task"] == kills[:-1], note  # run 2 started afresh
+        assert load(out / CHECKPOINT_FILE).resumed_from_task == kills[:-1], note  # run 2 started afresh
     return kills
 
 
@@ -224,7 +225,7 @@ def _snapshots(strategy: str, out: Path, monkeypatch) -> dict[str, Path]:
 
     def save(path, ckpt):
         real_save(path, ckpt)
-        snap = out.parent / f"after-checkpoint-{ckpt['tasks_done']}"
+        snap = out.parent / f"after-checkpoint-{ckpt.tasks_done}"
         shutil.copytree(out, snap)  # checkpoint of task k, record of task k - 1: killed between the two writes
         snaps[snap.name] = snap
 
@@ -302,7 +303,7 @@ def test_resume_refuses_other_settings_and_contradictions(references, tmp_path, 
         (["run", "--resume", str(out), "--set", "epochs=2"], "--set: none in the checkpoint, epochs=2 here"),
         (["run", "--resume", str(out), "--overwrite"], "pass only one of them"),
         (["run", "--resume", str(out), "--out", str(tmp_path / "elsewhere")], "name different run folders"),
-        (["run", "--resume", str(tmp_path / "empty")], "no checkpoint.pt to continue from"),
+        (["run", "--resume", str(tmp_path / "empty")], f"no {CHECKPOINT_FILE} to continue from"),
         (["run"], "clbench run needs --strategy"),
     ]
     (tmp_path / "empty").mkdir()
@@ -341,15 +342,22 @@ def test_resumed_backbone_must_be_the_checkpoints(tmp_path, monkeypatch, capsys)
     out = tmp_path / "run"
     _interrupted(out, monkeypatch)
     ckpt = load(out / CHECKPOINT_FILE)
-    save(out / CHECKPOINT_FILE, {**ckpt, "backbone_digest": "0" * 64})  # as if the weights file had changed
+    save(out / CHECKPOINT_FILE, dataclasses.replace(ckpt, backbone_digest="0" * 64))  # as if the weights had changed
     code, err = cli(["run", "--resume", str(out)], capsys)
     assert code == 2 and "was made with other backbone weights" in err
 
 
-def test_state_dict_round_trip_for_every_strategy(micro_session_factory):
-    """A strategy restored from its state_dict after task 1 learns task 2 and predicts exactly as the original."""
-    import dataclasses
+def _through_a_file(saved: SavedState) -> SavedState:
+    """``saved`` written as a checkpoint writes it (JSON text, safetensors bytes) and read back."""
+    from safetensors.torch import load as load_tensors
+    from safetensors.torch import save as save_tensors
 
+    return SavedState(json.loads(json.dumps(saved.tree)), load_tensors(save_tensors(saved.tensors)))
+
+
+def test_state_dict_round_trip_for_every_strategy(micro_session_factory):
+    """A strategy restored from its saved state (JSON and safetensors, no pickle) after task 1 learns task 2 and
+    predicts exactly as the original."""
     from clbench.catalog import STRATEGIES
 
     def small(step):  # 4 training images per class, 60 test images: seconds for the methods that train on images
@@ -365,11 +373,10 @@ def test_state_dict_round_trip_for_every_strategy(micro_session_factory):
         b = micro_session_factory(name, init_cls=12, increment=12, overrides=overrides)
         steps = [small(step) for step in a.tasks()]
         a.strategy.learn_task(steps[0].task)
-        buf = io.BytesIO()
-        torch.save(a.strategy.state_dict(), buf)
-        assert buf.tell() < a.backbone.n_params() * 2, name  # the frozen backbone is referenced, never copied
-        buf.seek(0)
-        b.strategy.load_state_dict(torch.load(buf, weights_only=False))
+        saved = a.strategy.save_state()
+        size = sum(t.numel() * t.element_size() for t in saved.tensors.values())
+        assert size < a.backbone.n_params() * 2, name  # the frozen backbone is referenced, never copied
+        b.strategy.restore_state(_through_a_file(saved))
         for attr, value in vars(a.strategy).items():
             if value is a.backbone.model or value is a.backbone:
                 assert getattr(b.strategy, attr) is (b.backbone.model if value is a.backbone.model else b.backbone)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from clbench.checkpoint import CHECKPOINT_FILE
 from clbench.errors import ClbenchError
 from clbench.results import (
     RESULT_FILE,
@@ -241,7 +242,7 @@ def test_the_sweep_reads_unfinished_records_and_names_the_ones_it_cannot_use(tmp
     unfinished = _fixture("tosca-s1994")
     unfinished.update(complete=False, fingerprint={"seed": 1994})
     planned = PlannedRun("r", SimpleNamespace(out=str(_write(tmp_path / "a", unfinished))), {"seed": 1994})
-    (tmp_path / "a" / "checkpoint.pt").write_bytes(b"")
+    (tmp_path / "a" / CHECKPOINT_FILE).write_bytes(b"")
     assert inspect(planned) is None and (planned.state, planned.tasks_done) == ("partial", 6)
 
     future = {**unfinished, "schema_version": SCHEMA_VERSION + 1}

@@ -62,7 +62,7 @@ from clbench.blocks import (
     torch_threads,
 )
 from clbench.errors import ClbenchError
-from clbench.routers import ROUTERS, RouteInputs, RoutingMemory, entropy, parse_names, routing_summary
+from clbench.routers import ROUTERS, RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
 from clbench.routers import route as apply_router
 from clbench.strategy import (
     PER_SAMPLE,
@@ -141,6 +141,7 @@ def route_reference(all_logits: torch.Tensor, batch: int) -> torch.Tensor:
 class TOSCA(Strategy):
     name = "tosca"
     Config = TOSCAConfig
+    state_types = (LuCA, RoutingMemory, TaskStats)
     protocols = (PER_SAMPLE, REFERENCE)
     # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
     # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.

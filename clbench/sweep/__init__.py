@@ -2,8 +2,9 @@
 
 A sweep is a plan of ordinary runs (:func:`clbench.harness.run`), one run folder each, under ``--out DIR``:
 
-- ``DIR/runs/<strategy>-<bench>-s<seed>/``: the run folder (``result.json``; ``checkpoint.pt`` while unfinished;
-  ``features.npz``; ``run.log``, the run's messages; ``attempt.json``, where and when its last attempt started).
+- ``DIR/runs/<strategy>-<bench>-s<seed>/``: the run folder (``result.json``; ``checkpoint.safetensors`` while
+  unfinished; ``features.npz``; ``run.log``, the run's messages; ``attempt.json``, where and when its last attempt
+  started).
 - ``DIR/sweep.json``: the plan, each run's state and outcome with its timestamps, the backend, and the measured
   sweep overhead. Rewritten (atomically) whenever a run ends.
 - ``DIR/summary.md`` / ``summary.csv``: mean ± half the 95 % interval (and the std) over seeds per (benchmark,

@@ -195,9 +195,14 @@ def fingerprint_digest(fp: dict[str, Any] | None) -> str:
 
 def inspect(run: PlannedRun) -> str | None:
     """Set ``run.state`` from its folder; return why the folder cannot be used (other settings), or None."""
-    from clbench.checkpoint import CHECKPOINT_FILE
+    from clbench.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
     from clbench.config import differences
 
+    if (run.path / LEGACY_FILE).exists():
+        return (
+            f"it holds {LEGACY_FILE}, a checkpoint in the old pickle format, which clbench no longer reads "
+            "(unpickling runs any code the file holds)"
+        )
     try:
         record = read_run_record(run.path)
     except ClbenchError as e:
