@@ -114,6 +114,7 @@ def test_the_quick_profile_point_is_marked(tmp_path):
             rec["strategy"] = "ease"
             rec["strategy_config"] = asdict(EASEConfig(epochs=epochs))
             rec["params"]["optimizer_steps_per_task"] = [epochs] * len(rec["task_sizes"])
+            rec["params"]["adapter_params_per_task"] = 0  # what an EASE record's accounting needs (schema 4)
 
         return edit
 
