@@ -72,6 +72,24 @@ def open_lock(path: Path) -> IO[str]:
     return os.fdopen(fd, "w")
 
 
+def open_append(path: Path) -> IO[str]:
+    """Open the text file ``path`` for appending (a log clbench writes), creating it; a symbolic link or a special
+    file there is refused (ClbenchError), so that nothing is appended to a file elsewhere."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if path.is_symlink():
+            raise ClbenchError(f"{path} is a symbolic link; clbench writes its logs only to files it made") from None
+        raise ClbenchError(f"{path}: cannot write it ({e.strerror or e})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ClbenchError(f"{path} is {_kind(st.st_mode)}, not a log file clbench made", "delete it and run again")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", buffering=1)
+
+
 def owned_folder(parent: Path, name: str, what: str) -> Path:
     """``parent/name``, made if missing; refused when it is a symbolic link or not a folder, so that nothing is
     written (or deleted) outside ``parent`` through it."""

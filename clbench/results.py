@@ -506,6 +506,9 @@ def _is_task(t: Any) -> bool:
     )
 
 
+# The same checks for other files that carry record values (the gate's reference).
+is_count, is_positive, is_pct, is_matrix, is_name = _is_count, _is_positive, _is_pct, _is_matrix, _is_name
+
 FieldCheck = tuple[tuple[str, ...], str, Callable[[Any], bool]]
 NAME = f"a name (1 to {MAX_NAME} characters)"
 SECONDS = "seconds (a finite number >= 0)"
@@ -581,7 +584,7 @@ V1_FIELDS: tuple[FieldCheck, ...] = (  # version 1 only, upgraded away
 _ABSENT = object()
 
 
-def _out_of_bounds(node: Any, where: str = "") -> str | None:
+def out_of_bounds(node: Any, where: str = "") -> str | None:
     """The first value anywhere in the record that no field can mean: a string over :data:`MAX_TEXT` characters or an
     integer beyond :data:`MAX_INT` (also in fields this clbench does not know, which it keeps and writes back)."""
     stack = [(node, where)]
@@ -605,8 +608,8 @@ def _out_of_bounds(node: Any, where: str = "") -> str | None:
 
 def field_problems(data: Json, version: int = SCHEMA_VERSION) -> list[str]:
     """Missing required fields, then fields of the wrong type or outside what they mean, each named
-    (``time_s.train is str ...``); first any value no field can mean (:func:`_out_of_bounds`)."""
-    huge = _out_of_bounds(data)
+    (``time_s.train is str ...``); first any value no field can mean (:func:`out_of_bounds`)."""
+    huge = out_of_bounds(data)
     if huge is not None:
         return [huge]
     missing, wrong = [], []

@@ -51,6 +51,14 @@ def markdown(value: Any) -> str:
     return _MD_SPECIAL.sub(r"\\\1", html.escape(text, quote=False))
 
 
+def markdown_prose(value: Any) -> str:
+    """One line of Markdown prose clbench wrote around names (a note, a caption): controls and newlines made visible
+    and HTML entity-encoded, so that no name can start a new block or inject a tag; clbench's own code spans stay."""
+    import html
+
+    return html.escape(plain(value).replace("\\x0a", " ").replace("\\x0d", " "), quote=False)
+
+
 _LATEX = {
     "\\": r"\textbackslash{}",
     "&": r"\&",

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from clbench import text
 from clbench.report.collect import Collection, Run, digest_short
 
 if TYPE_CHECKING:
@@ -334,7 +335,7 @@ def sections(coll: Collection) -> list[Section]:
 
 # ------------------------------------------------------------------------------------------- rendering
 def _md_cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return text.markdown(value)
 
 
 def to_markdown(df: pd.DataFrame) -> str:
@@ -355,18 +356,18 @@ def to_html(df: pd.DataFrame) -> str:
 
 
 def section_markdown(sec: Section, level: int = 2) -> str:
-    parts = [f"{'#' * level} {sec.title}", ""]
+    parts = [f"{'#' * level} {text.markdown(sec.title)}", ""]
     if sec.intro:
-        parts += [sec.intro, ""]
+        parts += [text.markdown_prose(sec.intro), ""]
     if sec.table is not None and len(sec.table):
         parts += [to_markdown(sec.table), ""]
     for note in sec.notes:
-        parts.append(f"- {note}")
+        parts.append(f"- {text.markdown_prose(note)}")
     if sec.notes:
         parts.append("")
     if sec.definitions:
         parts += ["Metric definitions:", ""]
-        parts += [f"- `{term}`: {meaning}" for term, meaning in sec.definitions]
+        parts += [f"- `{term}`: {meaning}" for term, meaning in sec.definitions]  # clbench's own constants
         parts.append("")
     return "\n".join(parts)
 

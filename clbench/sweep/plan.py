@@ -134,9 +134,16 @@ def make_plan(spec: SweepSpec) -> list[PlannedRun]:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object clbench wrote in a sweep folder (``sweep.json``, a run's record or attempt file), read with the
+    bounded loader; None for a missing, torn, oversized, too deeply nested or special file, or one that is not an
+    object."""
+    from clbench.owned import load_json
+
+    if not path.exists():
+        return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = load_json(path, "sweep file")
+    except ClbenchError:
         return None
     return data if isinstance(data, dict) else None
 
