@@ -61,6 +61,7 @@ from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
 from clbench.report.collect import Collection, Run, bench_label, config_digest
 from clbench.owned import load_json
+from clbench.text import rich as esc
 from clbench.results import DEFAULT_CLASS_ORDER_SEED, is_count, is_matrix, is_name, is_pct, is_positive, out_of_bounds
 
 REFERENCE_FORMAT = "clbench-reference/2"
@@ -968,8 +969,8 @@ def _cell(rows: list[CheckRow]) -> str:
     parts = []
     for r in rows:
         style = STATUS_STYLE.get(r.status, "")
-        text = r.measured if r.status == OK else f"{r.measured}; needs {r.allowed}"
-        parts.append(f"[{style}]{text}[/]")
+        shown = r.measured if r.status == OK else f"{r.measured}; needs {r.allowed}"
+        parts.append(f"[{style}]{esc(shown)}[/]")
     return " / ".join(parts)
 
 
@@ -986,7 +987,7 @@ def print_check(result: CheckResult, reference_path: str, console=None) -> None:
     by_entry: dict[str, list[CheckRow]] = {}
     for r in result.rows:
         by_entry.setdefault(r.entry, []).append(r)
-    table = Table(title=f"clbench check against {reference_path}")
+    table = Table(title=f"clbench check against {esc(reference_path)}")
     table.add_column("benchmark | strategy | backbone | protocol")
     for name, _ in COLUMNS:
         table.add_column(name, justify="right")
@@ -995,20 +996,21 @@ def print_check(result: CheckResult, reference_path: str, console=None) -> None:
         statuses = {r.status for r in rows}
         verdict = next((s for s in (MISSING, FAIL, CHANGED) if s in statuses), OK)
         cells = [_cell([r for r in rows if r.check in checks]) for _, checks in COLUMNS]
-        table.add_row(entry, *cells, f"[{STATUS_STYLE.get(verdict, 'yellow')}]{verdict}[/]")
+        table.add_row(esc(entry), *cells, f"[{STATUS_STYLE.get(verdict, 'yellow')}]{verdict}[/]")
     console.print(table)
     for r in result.rows:
         if r.status == NOTE:
             console.print(
-                f"[yellow]note[/] {r.entry}: {r.check}: {r.measured}" + (f" ({r.detail})" if r.detail else "")
+                f"[yellow]note[/] {esc(r.entry)}: {esc(r.check)}: {esc(r.measured)}"
+                + (f" ({esc(r.detail)})" if r.detail else "")
             )
     fails = result.failures
     if fails:
         console.print(f"[bold red]check failed[/]: {len(fails)} of {len(result.rows)} checks do not hold:")
         for r in fails:
             console.print(
-                f"  [{STATUS_STYLE[r.status]}]{r.status}[/] {r.entry}: {r.check}: measured {r.measured}, "
-                f"allowed {r.allowed}" + (f" ({r.detail})" if r.detail else ""),
+                f"  [{STATUS_STYLE[r.status]}]{r.status}[/] {esc(r.entry)}: {esc(r.check)}: measured "
+                f"{esc(r.measured)}, allowed {esc(r.allowed)}" + (f" ({esc(r.detail)})" if r.detail else ""),
                 soft_wrap=True,
             )
     else:

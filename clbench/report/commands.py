@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from clbench.text import plain
+
 
 def _invocation() -> str:
     argv = sys.argv
@@ -65,10 +67,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     )
     print(
         f"report: {len(coll.runs)} runs, {len(coll.skipped)} skipped, {len(written.figures)} figures -> "
-        f"{Path(args.out) / 'index.html'}"
+        f"{plain(Path(args.out) / 'index.html')}"
     )
     for s in coll.skipped:
-        print(f"  skipped {s.path}: {s.reason}", file=sys.stderr)
+        print(f"  skipped {plain(s.path)}: {plain(s.reason)}", file=sys.stderr)
     return 0
 
 
@@ -91,8 +93,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     coll = collect(args.run_dirs)
     written = write_compare(coll, args.bench, Path(args.out), command=_invocation())
     print(
-        f"compare: {len(coll.select(args.bench).runs)} runs on {args.bench} -> "
-        + ", ".join(str(f) for f in written.files)
+        f"compare: {len(coll.select(args.bench).runs)} runs on {plain(args.bench)} -> "
+        + ", ".join(plain(f) for f in written.files)
     )
     return 0
 
@@ -208,7 +210,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         for line in ref["written_by"].get("changes", []):
-            print(f"  {line}")
+            print(f"  {plain(line)}")
         return 0
     if write_only:
         raise ClbenchError(
