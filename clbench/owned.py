@@ -58,7 +58,7 @@ def open_lock(path: Path) -> IO[str]:
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    except OSError as e:
+    except OSError:
         if path.is_symlink():
             raise ClbenchError(
                 f"{path} is a symbolic link; clbench refuses to open a lock through a link",
@@ -109,9 +109,7 @@ def owned_folder(parent: Path, name: str, what: str) -> Path:
 def is_own_tmp(entry: os.DirEntry[str]) -> bool:
     """Whether ``entry`` is a temporary file clbench made (its prefix and suffix; a regular file, not a link)."""
     return (
-        entry.name.startswith(TMP_PREFIX)
-        and entry.name.endswith(TMP_SUFFIX)
-        and entry.is_file(follow_symlinks=False)
+        entry.name.startswith(TMP_PREFIX) and entry.name.endswith(TMP_SUFFIX) and entry.is_file(follow_symlinks=False)
     )
 
 
@@ -143,9 +141,9 @@ def read_bytes(path: Path | str, limit: int, what: str, name: str | None = None)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ClbenchError(f"{name} is {_kind(st.st_mode)}, not a regular file", f"give a {what} file")
+            raise ClbenchError(f"{name}: it is {_kind(st.st_mode)}, not a regular file", f"give a {what} file")
         too_big = ClbenchError(
-            f"{name} is larger than the {limit / 2**20:g} MB a {what} may be", f"give the {what} file clbench wrote"
+            f"{name}: it is larger than the {limit / 2**20:g} MB a {what} may be", f"give the {what} file clbench wrote"
         )
         if st.st_size > limit:
             raise too_big
@@ -192,7 +190,7 @@ def load_json(
     converts. ``what`` names the kind of file (``run record``, ``reference``), ``name`` the file (default: the path)."""
     name = name or str(path)
     data = read_bytes(path, limit, what, name)
-    if b"[" * (max_depth + 1) in data or b"{" * (max_depth + 1) in data or nesting_depth(data) > max_depth:
+    if nesting_depth(data) > max_depth:  # before json.loads, whose recursion a deep file would exhaust
         raise ClbenchError(f"{name}: JSON nested more than {max_depth} levels deep, not a {what}", hint)
     try:
         return json.loads(data.decode("utf-8"))

@@ -12,7 +12,6 @@ load, others refused with a message.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import platform
 import resource
@@ -552,8 +551,11 @@ OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
     ),
     (("fingerprint",), "an object or null", _or_none(lambda v: isinstance(v, dict))),
     (("n_classes",), "an integer >= 1 or null", _or_none(_is_positive)),
-    (("n_images",), "an object of split -> count or null", _or_none(lambda v: isinstance(v, dict) and all(
-        _is_count(n) for n in v.values()))),
+    (
+        ("n_images",),
+        "an object of split -> count or null",
+        _or_none(lambda v: isinstance(v, dict) and all(_is_count(n) for n in v.values())),
+    ),
     (("class_order",), "a list of integers >= 0", _list_of(_is_count)),
     (("class_names",), "a list of names or null", _or_none(_list_of(_is_name))),
     (("params", "backbone"), "an integer >= 0", _is_count),

@@ -88,8 +88,8 @@ def _remove_stale(out_dir: Path, keep: set[str]) -> None:
             if not isinstance(rel, str) or rel in keep:
                 continue
             folder, sep, name = rel.partition("/")
-            if folder != FIG_DIR or not sep or "/" in name or name in ("", ".", "..") or not name.endswith(FIG_SUFFIXES):
-                continue
+            if folder != FIG_DIR or not sep or "/" in name or name.startswith(".") or not name.endswith(FIG_SUFFIXES):
+                continue  # only figures/NAME.png|svg: no other folder, no "..", no hidden file
             path = out_dir / FIG_DIR / name
             if path.is_file() and not path.is_symlink():
                 path.unlink()
@@ -202,8 +202,9 @@ def write_compare(coll: Collection, bench: str, out_dir: Path, *, command: str |
     sel = coll.select(bench)
     if not sel.runs:
         have = ", ".join(sorted({r.record.bench for r in coll.runs})) or "none"
+        skipped = f" ({'; '.join(f'{s.path}: {s.reason}' for s in coll.skipped)})" if coll.skipped else ""
         raise ClbenchError(
-            f"--bench {bench}: no complete run on that benchmark among the runs given",
+            f"--bench {bench}: no complete run on that benchmark among the runs given{skipped}",
             f"benchmarks in these runs: {have}",
         )
     meta = _meta(sel, command)  # before anything is written (see write_report)

@@ -44,7 +44,6 @@ Rules, per entry:
 from __future__ import annotations
 
 import getpass
-import json
 import math
 import os
 import statistics
@@ -59,10 +58,10 @@ from typing import Any, NamedTuple
 
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
-from clbench.report.collect import Collection, Run, bench_label, config_digest
 from clbench.owned import load_json
-from clbench.text import rich as esc
+from clbench.report.collect import Collection, Run, bench_label, config_digest
 from clbench.results import DEFAULT_CLASS_ORDER_SEED, is_count, is_matrix, is_name, is_pct, is_positive, out_of_bounds
+from clbench.text import rich as esc
 
 REFERENCE_FORMAT = "clbench-reference/2"
 OLD_FORMATS = {"clbench-reference/1": "one-sided, final/average accuracy only, time as total minus features"}

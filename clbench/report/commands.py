@@ -153,7 +153,8 @@ def add_check_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Exit 0 when every reference entry holds, 1 when one does not (the table and one line per failure say which)."""
+    """Exit 0 when every reference entry holds, 1 when one does not (the table and one line per failure say which),
+    2 when a run record or the reference is refused (unreadable, mistyped, out of range)."""
     from clbench.errors import ClbenchError
     from clbench.report import check as chk
     from clbench.report.collect import collect
@@ -218,6 +219,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             "a check uses the tolerances stored in the reference file; write a new one to change them",
         )
     ref = chk.load_reference(Path(args.reference))
+    if coll.skipped:  # a record the gate cannot read is refused input (exit 2), not a regression (exit 1)
+        s = coll.skipped[0]
+        more = f" (and {len(coll.skipped) - 1} more)" if len(coll.skipped) > 1 else ""
+        raise ClbenchError(
+            f"{s.path}: {s.reason}{more}", "the gate reads every record given: remove the folder or rerun it"
+        )
     result = chk.check(coll, ref, calibration, reference_path=args.reference)
     chk.print_check(result, args.reference)
     return 0 if result.ok else 1

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench.config import RunConfig
+from clbench.config import RunConfig, split_list
 from clbench.errors import ClbenchError
 from clbench.results import RunRecord
 
@@ -47,14 +47,8 @@ class PlannedRun:
 
 
 def parse_list(text: str, what: str) -> tuple[str, ...]:
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items:
-        raise ClbenchError(
-            f"--{what} is empty",
-            f"give a comma-separated list, e.g. --{what} "
-            + {"strategies": "tosca,simplecil", "benches": "emoji", "seeds": "1993,1994,1995"}[what],
-        )
-    return tuple(dict.fromkeys(items))  # order kept, repeats dropped
+    example = {"strategies": "tosca,simplecil", "benches": "emoji", "seeds": "1993,1994,1995"}[what]
+    return tuple(dict.fromkeys(split_list(text, f"--{what}", example)))  # order kept, repeats dropped
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
