@@ -187,7 +187,9 @@ def check_folder(path: Path, name: str) -> None:
 
 
 LOCK_FILE = ".lock"
-RUN_FOLDER_MARKS = (RESULT_FILE, LOCK_FILE)  # a folder holding one of these is a run folder clbench made
+# A folder holding one of these is a run folder clbench made: the record, the lock (taken before anything else is
+# written), or the attempt file a sweep worker writes before the run starts (clbench.sweep.plan.ATTEMPT_FILE).
+RUN_FOLDER_MARKS = (RESULT_FILE, LOCK_FILE, "attempt.json")
 
 
 def check_run_folder(path: Path) -> None:

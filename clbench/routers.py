@@ -279,6 +279,8 @@ def parse_names(text: str, setting: str) -> tuple[str, ...]:
     """``"a,b,c"`` -> registered router names in order, duplicates dropped (ClbenchError for an unknown one)."""
     from clbench.config import split_list
 
+    if not text.strip():  # none: the setting's empty default
+        return ()
     names = split_list(text, f"--set {setting}", "entropy,margin")
     for n in names:
         try:
