@@ -32,8 +32,16 @@ Deviations from the paper / reference code:
 - Inference matches q(x) against the keys of the tasks learnt so far. The reference matches all ``pool_size`` keys,
   including those of tasks not yet seen, which are still at their random uniform(-1, 1) init (a flaw: on the
   embedded benchmark's DINOv2 features two untrained keys won most images after task 0 in our ci run, since a few
-  steps at lr 0.001 barely move a trained key from its init). ``match_unseen_keys=True`` reproduces the reference;
-  with ``--protocol reference`` it reproduces the reference's evaluation in full.
+  steps at lr 0.001 barely move a trained key from its init). ``match_unseen_keys=True`` reproduces the reference.
+- E-prompt key/value layout: every image gets its E-prompt's (key, value) pair (``kv_layout="paired"``, the
+  algorithm). The reference's ``EPrompt`` indexes the pool as (layers, 2, B, L, ...) and reshapes it to
+  (layers, B, 2, L, ...) without a permute, so row b's prefix key is entry 2b and its value entry 2b + 1 of the
+  stacked (all keys, then all values) rows: when every image uses one slot (training, and a batch-wise vote), the
+  first half of the batch gets the key prompt as key and value, the second half the value prompt twice; with
+  per-image slots, rows get other images' prompts. The G-prompt has no such reshape. ``kv_layout="pilot"``
+  reproduces it, in training and evaluation (an open upstream bug, also in Mammoth and the DualPrompt PyTorch port).
+  The reference's whole protocol is ``--protocol reference --set match_unseen_keys=true --set kv_layout=pilot``;
+  ``--protocol reference`` alone reproduces its batch-wise evaluation only.
 
 - The query comes from the same frozen backbone rather than a second copy (same weights, same numbers). At
   evaluation it is the cached [CLS] feature (eval transform: what the reference computes). In training,
@@ -45,9 +53,9 @@ Deviations from the paper / reference code:
 - Prompt layers at or beyond the backbone's depth are not used (logged; the reference allocates them, but its
   block loop never reaches them); they are not allocated or counted here.
 - Prefix keys/values are stored as (layer, 2, L, d) vectors and split into heads the way timm splits q/k/v
-  (the reference stores (layer, 2, L, heads, d / heads): the same numbers in another layout); same uniform(-1, 1)
-  init. Batch-wise ties (equal vote counts) go to the lower slot; the reference's ``torch.topk`` leaves them to
-  the implementation.
+  (the reference stores (layer, 2, L, heads, d / heads) per slot; per image and layer the same L x d numbers,
+  with the key/value assignment above); same uniform(-1, 1) init. Batch-wise ties (equal vote counts) go to the
+  lower slot; the reference's ``torch.topk`` leaves them to the implementation.
 - The head grows when classes arrive (new rows: truncated normal std 0.02, bias 0, the reference's init of its
   ``nb_classes`` head); logits are sliced to the seen classes in the reference, so nothing else changes.
 - Per-sample evaluation runs in batches of max(``eval_batch_size``, 64) (its rows do not depend on the batch);
@@ -115,6 +123,7 @@ class DualPromptConfig:
     pull_coeff: float = 0.1  # "pull_constraint_coeff" (with "pull_constraint": true)
     copy_prompt: bool = True  # "shared_prompt_pool": slot t starts as a copy of slot t - 1
     match_unseen_keys: bool = False  # True: PILOT's matching over all pool keys, untrained ones included
+    kv_layout: Literal["paired", "pilot"] = "paired"  # "pilot": PILOT's E-prompt reshape without a permute
     query: Literal["augmented", "cached"] = "augmented"  # PromptVitNet: original backbone on the augmented batch
     train_per_class: int | None = None  # clbench: learn from the first k images of each class only (CI profile)
 
@@ -136,6 +145,8 @@ class DualPromptConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
         if self.query not in ("augmented", "cached"):
             raise ValueError(f"query must be 'augmented' or 'cached', got {self.query!r}")
+        if self.kv_layout not in ("paired", "pilot"):
+            raise ValueError(f"kv_layout must be 'paired' or 'pilot', got {self.kv_layout!r}")
 
     @property
     def g_layers(self) -> tuple[int, ...]:
@@ -160,6 +171,13 @@ def _block_list(spec: str, name: str) -> tuple[int, ...]:
 def prompt_layers(cfg: DualPromptConfig, depth: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The configured G- and E-prompt blocks that exist in a ViT of ``depth`` blocks."""
     return tuple(i for i in cfg.g_layers if i < depth), tuple(i for i in cfg.e_layers if i < depth)
+
+
+def pilot_kv_layout(prefix: torch.Tensor) -> torch.Tensor:
+    """(B, 2, L, d) per-image (key, value) prefixes as PILOT's ``EPrompt`` hands them to the attention: it stacks
+    them as (2, B, L, d) (every key, then every value) and reshapes to (B, 2, L, d) without a permute, so image b
+    gets stacked row 2b as its key and row 2b + 1 as its value."""
+    return prefix.transpose(0, 1).reshape(prefix.shape)
 
 
 def prefix_attention(attn: nn.Module, x: torch.Tensor, prefix: torch.Tensor | None) -> torch.Tensor:
@@ -213,7 +231,7 @@ class DualPrompt(Strategy):
     # L2P/EASE's unit costs at 112 px (~50 ms CPU per training step and image, ~21 ms per frozen pass): training
     # ~330 s, evaluation ~70 s per protocol, ~8 CPU-min with both protocols.
     # ``ci``: the regression gate's run: the embedded benchmark at 56 px, 3 tasks of 12 classes, the first 16
-    # training images of each class, 2 epochs.
+    # training images of each class, 2 epochs (its two protocols give the same matrix there: reports/gate/README.md).
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 2},
         "ci": {"img_size": 56, "init_cls": 12, "increment": 12, "epochs": 2, "train_per_class": 16},
@@ -258,6 +276,8 @@ class DualPrompt(Strategy):
                     prefix = self.prompts.g[g_at[i]].unsqueeze(0).expand(B, -1, -1, -1)  # (B, 2, L_g, d)
                 elif i in e_at:
                     prefix = e[:, e_at[i]]  # (B, 2, L_e, d)
+                    if self.cfg.kv_layout == "pilot":
+                        prefix = pilot_kv_layout(prefix)
                 else:
                     prefix = None
                 x = prefix_block(block, x, prefix)

@@ -233,10 +233,20 @@ class RanPAC(Strategy):
     # 2 cores: 112 px input and 3 first-session epochs instead of 20 (the only backward passes of the run); M stays
     # the reference's 10,000 (one 10,000 x 10,000 float64 Cholesky solve per task).
     # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): 56 px (the shared CI feature cache),
-    # 3 tasks of 12 classes, the first 16 training images per class, 2 first-session epochs and M = 2,000.
+    # 3 tasks of 12 classes, M = 2,000, and APER's first session (the same adapters and loop): the first 8 training
+    # images per class, 4 epochs of batches of 16 at lr 0.5, so that the loss falls (reports/gate/README.md).
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 3},
-        "ci": {"img_size": 56, "init_cls": 12, "increment": 12, "epochs": 2, "train_per_class": 16, "M": 2000},
+        "ci": {
+            "img_size": 56,
+            "init_cls": 12,
+            "increment": 12,
+            "epochs": 4,
+            "train_per_class": 8,
+            "batch_size": 16,
+            "lr": 0.5,
+            "M": 2000,
+        },
     }
 
     def __init__(self, config: RanPACConfig, ctx: Context) -> None:
@@ -338,12 +348,28 @@ class RanPAC(Strategy):
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:
+        extra = self._extra(self.cfg, self.dim, len(self.model.blocks), self.n_classes)
+        sizes = [
+            (k - (extra["adapter_params"] + extra["random_projection"] if t == 0 else 0)) // self.cfg.M
+            for t, k in enumerate(self._added)
+        ]
+        added, stored = self.split_kept(self._added, self.Wo.numel(), extra, sizes)
         return ParamCounts(
-            added_per_task=list(self._added),
+            added_per_task=added,
+            stored_per_task=stored,
             trainable_per_task=list(self._trainable),
             head=self.Wo.numel(),
-            extra=self._extra(self.cfg, self.dim, len(self.model.blocks), self.n_classes),
+            extra=extra,
         )
+
+    @classmethod
+    def split_kept(cls, kept_per_task, head, extra, task_sizes):
+        """Learned: the first-session adapters and the ridge head (M per class, solved in closed form); stored: the
+        fixed random projection W (d M), the Gram matrix G (M^2) and the class sums Q (M per class)."""
+        w, g, m = int(extra["random_projection"]), int(extra["gram_floats"]), int(extra["M"])
+        added = [k - (w if t == 0 else 0) for t, k in enumerate(kept_per_task)]
+        stored = [(w + g if t == 0 else 0) + m * c for t, c in enumerate(task_sizes)]
+        return added, stored
 
     @staticmethod
     def _extra(cfg: RanPACConfig, d: int, depth: int, n_classes: int) -> dict[str, Any]:
@@ -359,14 +385,16 @@ class RanPAC(Strategy):
 
     @classmethod
     def param_formula(cls, cfg: RanPACConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """Task 0: the adapters (with Phase 1), W (d M, fixed random) and M output weights per class; trained in task
-        0: adapters, the task-0 cosine head (d per class) and its sigma. Later tasks: M per new class, nothing
-        trained. Statistics (G: M^2, Q: M per class) in ``extra``."""
+        """Added: the adapters (with Phase 1) in task 0 and M output weights per class (the ridge head); stored:
+        W (d M, fixed random) and G (M^2) in task 0 and Q (M per class); trained in task 0: adapters, the task-0
+        cosine head (d per class, thrown away) and its sigma; later tasks train nothing."""
         adapters = adapter_set_size(depth, d, cfg.bottleneck) if cfg.first_session else 0
-        added = [cfg.M * n + (adapters + d * cfg.M if t == 0 else 0) for t, n in enumerate(task_sizes)]
+        added = [cfg.M * n + (adapters if t == 0 else 0) for t, n in enumerate(task_sizes)]
+        stored = [cfg.M * n + (d * cfg.M + cfg.M * cfg.M if t == 0 else 0) for t, n in enumerate(task_sizes)]
         trainable = [adapters + d * n + 1 if t == 0 and cfg.first_session else 0 for t, n in enumerate(task_sizes)]
         return ParamCounts(
             added_per_task=added,
+            stored_per_task=stored,
             trainable_per_task=trainable,
             head=cfg.M * sum(task_sizes),
             extra=cls._extra(cfg, d, depth, sum(task_sizes)),

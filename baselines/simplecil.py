@@ -55,16 +55,24 @@ class SimpleCIL(Strategy):
 
     def param_counts(self) -> ParamCounts:
         return ParamCounts(
-            added_per_task=list(self._added), trainable_per_task=[0] * len(self._added), head=self.head.weight.numel()
+            added_per_task=[0] * len(self._added),
+            stored_per_task=list(self._added),
+            trainable_per_task=[0] * len(self._added),
+            head=self.head.weight.numel(),
         )
+
+    @classmethod
+    def split_kept(cls, kept_per_task, head, extra, task_sizes):
+        return [0] * len(kept_per_task), list(kept_per_task)  # the prototypes are class means: stored, not learned
 
     @classmethod
     def param_formula(cls, cfg: SimpleCILConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
         return ParamCounts(
-            added_per_task=[c * d for c in task_sizes],
+            added_per_task=[0] * len(task_sizes),
+            stored_per_task=[c * d for c in task_sizes],
             trainable_per_task=[0] * len(task_sizes),
             head=sum(task_sizes) * d,
-        )  # one prototype row per class; nothing is trained
+        )  # one prototype row per class (a class mean: stored); nothing is learned
 
     @classmethod
     def work(cls, cfg: SimpleCILConfig, shape: RunShape) -> Work:

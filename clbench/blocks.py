@@ -118,12 +118,83 @@ def torch_threads(n: int) -> Iterator[None]:
 
 def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: str) -> float:
     """One training step shared by the trained methods: refuse a non-finite loss (naming ``where``), then
-    zero the gradients, backpropagate and step. Returns the loss value."""
+    zero the gradients, backpropagate and step. Returns the loss value (and tells an active
+    :class:`TrainingTrace`)."""
     check_finite(loss.detach(), where)
+    trace = TrainingTrace.current()
+    if trace is not None:
+        trace.before_step(optimizer)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    return float(loss.detach())
+    value = float(loss.detach())
+    if trace is not None:
+        trace.after_step(optimizer, value, where)
+    return value
+
+
+class TrainingTrace:
+    """What one ``learn_task`` did with each optimiser it stepped through :func:`optimizer_step`: the mean loss of
+    its first and last epoch (an epoch: the consecutive steps that share a ``where`` label) and how far its
+    parameters moved, ``||after - init|| / ||init||`` over all of them together (a zero-initialised part, such as an
+    adapter's up-projection, counts in the whole). The harness activates one around every ``learn_task`` and stores
+    :meth:`summary` in the task's diagnostics as ``training``; the gate's README states the criterion it must meet."""
+
+    _active: list[TrainingTrace] = []  # the innermost active trace is the last
+
+    def __init__(self) -> None:
+        self._init: dict[int, list[torch.Tensor]] = {}  # optimiser id -> its parameters before its first step
+        self._params: dict[int, list[torch.Tensor]] = {}
+        self._epochs: dict[int, list[tuple[str, list[float]]]] = {}  # optimiser id -> [(where, losses)]
+
+    @classmethod
+    def current(cls) -> TrainingTrace | None:
+        return cls._active[-1] if cls._active else None
+
+    @classmethod
+    @contextlib.contextmanager
+    def active(cls) -> Iterator[TrainingTrace]:
+        trace = cls()
+        cls._active.append(trace)
+        try:
+            yield trace
+        finally:
+            cls._active.remove(trace)
+
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        key = id(optimizer)
+        if key not in self._init:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self._params[key] = params
+            self._init[key] = [p.detach().clone() for p in params]
+            self._epochs[key] = []
+
+    def after_step(self, optimizer: torch.optim.Optimizer, loss: float, where: str) -> None:
+        epochs = self._epochs[id(optimizer)]
+        if not epochs or epochs[-1][0] != where:
+            epochs.append((where, []))
+        epochs[-1][1].append(loss)
+
+    def summary(self) -> list[dict[str, float | int | None]]:
+        """One entry per optimiser, in the order of their first steps."""
+        out = []
+        for key, epochs in self._epochs.items():
+            init, now = self._init[key], self._params[key]
+            moved = math.sqrt(sum(float((p.detach() - q).pow(2).sum()) for p, q in zip(now, init, strict=True)))
+            start = math.sqrt(sum(float(q.pow(2).sum()) for q in init))
+            first, last = epochs[0][1], epochs[-1][1]
+            out.append(
+                {
+                    "steps": sum(len(losses) for _, losses in epochs),
+                    "epochs": len(epochs),
+                    "params": sum(q.numel() for q in init),
+                    "loss_first_epoch": sum(first) / len(first),
+                    "loss_last_epoch": sum(last) / len(last),
+                    "param_change": moved / start if start > 0 else None,  # ||after - init|| / ||init||
+                    "param_change_abs": moved,
+                }
+            )
+        return out
 
 
 def check_finite(loss: torch.Tensor, where: str) -> None:

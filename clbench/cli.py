@@ -80,6 +80,24 @@ def _add_setting_args(p: argparse.ArgumentParser) -> None:
         "empty or mislabelled files, ...); the problems are logged and written into the record. "
         "Default: refuse such data before anything loads",
     )
+    p.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help="settings from a YAML file: the same keys as the flags (init-cls: 10), strategy settings under the "
+        "strategy's name (tosca: {epochs: 5}); flags given here override the file. See clbench/examples/TRACKERS.md",
+    )
+    p.add_argument(
+        "--log",
+        metavar="T1,T2",
+        help="experiment trackers to log to as the run goes: tensorboard, mlflow, wandb (any combination; "
+        "pip install 'clbench[trackers]'). Offline by default; a tracker that fails never fails the run",
+    )
+    p.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="--log: where trackers write (DIR/tensorboard/RUN, DIR/mlruns, DIR/wandb); default: TensorBoard and "
+        "W&B under the run folder, MLflow in ./mlruns or $MLFLOW_TRACKING_URI",
+    )
 
 
 SETTING_FIELDS = (
@@ -127,7 +145,19 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _log_spec(args: argparse.Namespace, group: str | None = None):
+    """``--log`` / ``--log-dir`` as a checked :class:`clbench.trackers.LogSpec`, or None without ``--log``."""
+    if args.log is None:
+        if args.log_dir is not None:
+            raise ClbenchError("--log-dir is for --log", "add --log tensorboard (or mlflow, wandb), or drop --log-dir")
+        return None
+    from clbench.trackers import LogSpec
+
+    return LogSpec.from_flags(args.log, args.log_dir, group)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    log = _log_spec(args)  # checked first: a tracker that is not installed is refused at once
     from clbench.harness import RunConfig, run
     from clbench.ui import RichReporter, print_result
 
@@ -165,7 +195,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         cfg = RunConfig(**values)
     with RichReporter() as reporter:
-        record = run(cfg, reporter, resume=bool(args.resume))
+        observer = reporter
+        if log is not None:
+            from clbench.trackers import TrackerHub
+
+            observer = TrackerHub(log, reporter)
+        try:
+            record = run(cfg, observer, resume=bool(args.resume))
+        except BaseException:
+            if log is not None:
+                observer.abort()  # the trackers' runs end as failed
+            raise
     print_result(record)
     return 0
 
@@ -178,7 +218,6 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
 
     g.add_argument(
         "--strategies",
-        required=True,
         metavar="S1,S2",
         help=f"comma-separated strategies, e.g. {','.join(EXAMPLE_STRATEGIES)}",
     )
@@ -188,10 +227,24 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         metavar="B1,B2",
         help=f"comma-separated benchmarks (default: {DEFAULT_BENCH})",
     )
-    g.add_argument("--seeds", default="1993", metavar="1993,1994", help="comma-separated seeds (default: 1993)")
+    g.add_argument(
+        "--seeds",
+        default="1993",
+        metavar="1993..1997",
+        help="seeds, comma-separated and/or ranges A..B (default: 1993); --vary says which seed they set",
+    )
+    g.add_argument(
+        "--vary",
+        default="seed",
+        choices=["seed", "class-order", "both"],
+        help="what --seeds varies: seed (initialisation; class order from --class-order-seed, the default), "
+        "class-order (class-order seed; initialisation from --seed), or both (each run sets both to the value)",
+    )
+    g.add_argument(
+        "--seed", type=int, default=1993, help="initialisation seed of every run with --vary class-order (default 1993)"
+    )
     g.add_argument(
         "--out",
-        required=True,
         metavar="DIR",
         help="sweep folder: runs/, sweep.json, summary.md|csv, report/. Re-running the same command "
         "skips complete runs and continues unfinished ones",
@@ -270,6 +323,7 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    import dataclasses
     from pathlib import Path
 
     from clbench.sweep import (
@@ -285,6 +339,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     )
     from clbench.ui import RichSweepView, print_plan, print_sweep_end
 
+    for flag, value in (("--strategies", args.strategies), ("--out", args.out)):
+        if value is None:
+            raise ClbenchError(f"clbench sweep needs {flag}", "give it on the command line or in a --config file")
+    log = _log_spec(args, group=Path(args.out).resolve().name)
     benches = parse_list(args.benches, "benches")
     res = Resources(
         args.jobs, args.cpus_per_run, args.gpus_per_run, args.memory_per_run, args.retries, args.ray_timeout
@@ -298,6 +356,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         data_roots=parse_data_roots(args.data_root, benches),
         profile=args.profile,
         overrides=tuple(parse_scoped_override(k, v) for k, v in args.overrides),
+        vary=args.vary,
+        seed=args.seed,
     )
     if args.dry_run:
         manifest = run_sweep(spec, args.backend, res, args.ray_address, dry_run=True)
@@ -305,10 +365,56 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     command = invocation()
     with RichSweepView() as view:
-        manifest = run_sweep(spec, args.backend, res, args.ray_address, view=view, cache=args.cache, command=command)
+        manifest = run_sweep(
+            spec,
+            args.backend,
+            res,
+            args.ray_address,
+            view=view,
+            cache=args.cache,
+            command=command,
+            log=dataclasses.asdict(log) if log else None,
+        )
     written = write_summary(Path(args.out), manifest, args.report, args.tsne, command)
     print_sweep_end(manifest, Path(args.out), written)
     return 0 if manifest["complete"] else 1
+
+
+def _add_export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUNS", help="run folders, or folders that hold run folders")
+    p.add_argument("--to", required=True, metavar="T1,T2", help="tensorboard, mlflow, wandb (any combination)")
+    p.add_argument(
+        "--log-dir",
+        default=".",
+        metavar="DIR",
+        help="where trackers write: DIR/tensorboard/RUN, DIR/mlruns (or $MLFLOW_TRACKING_URI), DIR/wandb "
+        "(default: the current folder)",
+    )
+    p.add_argument("--group", help="MLflow experiment / W&B group of the runs (default: clbench)")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from clbench.report.collect import find_run_dirs
+    from clbench.results import load_record
+    from clbench.trackers import LogSpec, TrackerHub
+
+    log = LogSpec.from_flags(args.to, args.log_dir, args.group)
+    dirs, skipped = find_run_dirs(args.runs)
+    for s in skipped:
+        print(f"clbench: skipped {s.path}: {s.reason}", file=sys.stderr)
+    if not dirs:
+        raise ClbenchError(f"no run records under {', '.join(args.runs)}", "give run folders that hold result.json")
+    failed = 0
+    for d in dirs:
+        record = load_record(d)
+        events = TrackerHub(log).replay(record, Path(d).parent)
+        for e in events:
+            print(f"clbench: warning: {record.run_id}: {e}", file=sys.stderr)
+        failed += bool(events)
+        print(f"exported {Path(d).parent} ({len(record.per_task)} tasks) to {', '.join(log.trackers)}")
+    return 1 if failed else 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -525,6 +631,11 @@ COMMANDS: dict[
         cmd_doctor,
     ),
     "perf": ("measure speed ratios, cost projections and parameter counts, and record them", _add_perf_args, cmd_perf),
+    "export": (
+        "send finished runs (a report folder, a sweep) to TensorBoard, MLflow or W&B, as `--log` does during a run",
+        _add_export_args,
+        cmd_export,
+    ),
 }
 
 
@@ -554,11 +665,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"clbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser.commands = {}  # name -> its parser (clbench.configfile sets a --config file's values as its defaults)
     for name, (help_text, add_args, func) in _all_commands().items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if add_args:
             add_args(p)
         p.set_defaults(func=func)
+        parser.commands[name] = p
     from clbench.datacheck import add_data_check_args, cmd_data_check
 
     data = sub.add_parser("data", help="data utilities: `clbench data check BENCH --data-root DIR`")
@@ -585,6 +698,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "config", None):  # the file's settings under the flags given here; a sweep file's groups
+            from clbench.configfile import apply
+
+            code = 0
+            for one in apply(build_parser, sys.argv[1:] if argv is None else argv, args.command, args.config):
+                if getattr(one, "group_name", None):
+                    print(f"group {one.group_name}: {one.out}")
+                code = max(code, one.func(one))
+            return code
         return args.func(args)
     except ClbenchError as e:
         print(f"clbench: error: {e.for_terminal()}", file=sys.stderr)

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from clbench import metrics
+from clbench import metrics, training_check
+from clbench.blocks import TrainingTrace
 from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
@@ -37,6 +38,7 @@ from clbench.owned import open_lock, remove_own_tmp
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
+from clbench.predictions import PREDICTIONS_FILE, Predictions
 from clbench.results import (
     RESULT_FILE,
     Host,
@@ -64,8 +66,23 @@ if TYPE_CHECKING:
 OUT, OVERWRITE, RESUME, DEVICE = setting("out"), setting("overwrite"), setting("resume"), setting("device")
 
 
+@dataclass(frozen=True)
+class RunStart:
+    """What an observer learns when a run starts (after loading, before the first task)."""
+
+    run_dir: Path
+    config: RunConfig
+    fingerprint: dict[str, Any]  # the defining settings (clbench.config.DEFINING_FIELDS)
+    strategy_config: dict[str, Any]
+    backbone: str
+    weights_digest: str
+    precision: str
+    revision: str  # git revision of the clbench source
+
+
 class Reporter:
-    """Progress and messages. The CLI subclasses this with rich; the default is silent."""
+    """Progress and messages, and the run's milestones for observers (experiment trackers,
+    :class:`clbench.trackers.TrackerHub`). The CLI subclasses this with rich; the default is silent."""
 
     def log(self, message: str) -> None:
         pass
@@ -75,6 +92,15 @@ class Reporter:
 
     def done(self, description: str) -> None:
         pass
+
+    def run_started(self, start: RunStart) -> None:
+        pass
+
+    def task_done(self, t: int, summary: ProtocolSummary, entry: TaskEntry, peak_rss_mb: float) -> None:
+        """Task ``t`` (0-based) is learnt and evaluated: ``summary``, the main protocol's metrics so far."""
+
+    def run_finished(self, record: RunRecord, run_dir: Path) -> None:
+        """The complete record, before it is written: an observer may add its ``tracker_events``."""
 
 
 # ----------------------------------------------------------------------------------------------- run folder
@@ -262,9 +288,17 @@ class _ProtocolLog:
     old: list[float] = field(default_factory=list)
     new: list[float] = field(default_factory=list)
     top5: list[float] = field(default_factory=list)
+    # Per image, per task (plain lists, so the checkpoint carries them; clbench.predictions writes the file):
+    index: list[list[int]] = field(default_factory=list)  # positions in the benchmark's test split
+    pred: list[list[int]] = field(default_factory=list)  # argmax of the logits
+    conf: list[list[float]] = field(default_factory=list)  # softmax probability of the argmax, float16 values
 
-    def add(self, logits: torch.Tensor, y: np.ndarray, sample_task: np.ndarray, t: int) -> None:
+    def add(self, logits: torch.Tensor, y: np.ndarray, sample_task: np.ndarray, t: int, index: np.ndarray) -> None:
         pred = logits.argmax(dim=1).numpy()
+        conf = torch.softmax(logits.float(), dim=1).amax(dim=1).numpy().astype(np.float16)
+        self.index.append(np.asarray(index).tolist())
+        self.pred.append(pred.tolist())
+        self.conf.append(conf.astype(np.float64).tolist())  # float16 values: a resumed run writes the same file
         self.matrix.append(metrics.task_row(pred, y, sample_task, t + 1))
         self.curve.append(metrics.accuracy(pred, y))
         old = sample_task < t
@@ -283,6 +317,7 @@ class _ProtocolLog:
             old_acc=self.old,
             new_acc=self.new,
             top5_curve=self.top5,
+            bwt=metrics.bwt(self.matrix) if self.matrix else None,
         )
 
 
@@ -326,6 +361,7 @@ class PreparedRun:
     strategy: Strategy
     protocols: list[str]
     data_problems: list[str] = field(default_factory=list)  # found and run anyway (ignore_data_problems)
+    rng_at_build: dict[str, Any] | None = None  # global RNG states just before the strategy was built
 
     def split(self, which: str, indices: np.ndarray) -> Split:
         from clbench.strategy import Split
@@ -465,9 +501,24 @@ def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precisi
     ctx = Context(
         backbone=backbone, device=device, precision=precision.name, seed=cfg.seed, log=rep.log, progress=rep.progress
     )
+    from clbench.checkpoint import capture_rng
+
+    rng_at_build = capture_rng()  # the under-training detector builds an untrained twin from the same states
     strategy = strategy_cls(strategy_cfg, ctx)
     return PreparedRun(
-        cfg, spec, bench, backbone, eval_tf, train_tf, precision, feats, cache.events, t_features, strategy, protocols
+        cfg,
+        spec,
+        bench,
+        backbone,
+        eval_tf,
+        train_tf,
+        precision,
+        feats,
+        cache.events,
+        t_features,
+        strategy,
+        protocols,
+        rng_at_build=rng_at_build,
     )
 
 
@@ -497,6 +548,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         ckpt = run_dir.resumable(settings_fp, resolve_device(cfg.device), required=resume)
         if ckpt is None:
             (run_dir.path / RESULT_FILE).unlink(missing_ok=True)
+            (run_dir.path / PREDICTIONS_FILE).unlink(missing_ok=True)
         torch.manual_seed(cfg.seed)  # the run owns the seed; strategies draw from ctx.generator()
         started_at = None  # --precision auto: a resumed run keeps the precision auto chose when it started
         if ckpt is not None and cfg.precision == "auto" and ckpt.get("precision") is not None:
@@ -531,6 +583,18 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             before, peak_before = ckpt["times"], ckpt["peak_rss_mb"]
             rep.log(f"continuing {run_dir.path} after task {done}/{bench.n_tasks} (from its checkpoint)")
         t_train = t_eval = t_ckpt = 0.0
+        rep.run_started(
+            RunStart(
+                run_dir.path,
+                cfg,
+                settings_fp,
+                dataclasses.asdict(strategy.cfg),
+                backbone_name,
+                session.backbone.digest,
+                session.precision.name,
+                revision,
+            )
+        )
 
         def times() -> dict[str, float]:
             return {
@@ -551,13 +615,17 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 f"task {t + 1}/{bench.n_tasks}: classes {task.classes[0]}..{task.classes[-1]} "
                 f"({len(task.train)} images)"
             )
+            rng_before_task = checkpoint.capture_rng() if t == 0 else None
             t0 = time.perf_counter()
-            strategy.learn_task(task)
+            with training_check.watch() as watch, TrainingTrace.active() as trace:  # movement and losses
+                strategy.learn_task(task)
             dt_train = time.perf_counter() - t0
+            trained_change = watch.relative_change()
             t_train += dt_train
 
             t0 = time.perf_counter()
             y = step.test.labels.numpy()
+            first_logits = None
             for p in protocols:
                 logits = strategy.predict(step.test, p)
                 if logits.shape != (len(y), task.n_seen):
@@ -566,13 +634,22 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                     )
                 if not torch.isfinite(logits).all():
                     raise ClbenchError(f"{cfg.strategy} produced NaN/inf logits after task {t}")
-                logs[p].add(logits, y, step.sample_task, t)
+                logs[p].add(logits, y, step.sample_task, t, step.test.indices)
+                first_logits = logits if first_logits is None else first_logits
             diagnostics = strategy.diagnostics(step.test, step.sample_task)
+            if training := trace.summary():
+                diagnostics = {**diagnostics, "training": training}
+            reset = None  # the first task only: does training change what the strategy predicts?
+            if t == 0 and trained_change is not None:
+                reset = training_check.reset_share(
+                    strategy, task, step.test, protocols[0], first_logits, session.rng_at_build, rng_before_task
+                )
             dt_eval = time.perf_counter() - t0
             t_eval += dt_eval
-            per_task.append(TaskEntry(t, task.classes, dt_train, diagnostics, dt_eval))
+            per_task.append(TaskEntry(t, task.classes, dt_train, diagnostics, dt_eval, trained_change, reset))
             main = logs[protocols[0]]
             rep.log(f"  A_{t + 1} = {main.curve[-1]:.2f}%  (old {main.old[-1]:.2f}, new {main.new[-1]:.2f})")
+            rep.task_done(t, main.summary(), per_task[-1], max(peak_before, peak_rss_mb()))
 
             t0 = time.perf_counter()  # the checkpoint first: a record never claims more than it holds
             checkpoint.save(
@@ -597,6 +674,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 },
             )
             t_ckpt += time.perf_counter() - t0
+            preds = _predictions(session, logs)
             record = _record(
                 cfg,
                 session,
@@ -608,14 +686,16 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 resumed_from_task=resumed_from,
                 cache_events=cache_events,
                 fingerprint=settings_fp,
+                preds=preds,
             )
             record.peak_rss_mb = max(peak_before, record.peak_rss_mb)  # over every segment of the run
-            record.write(run_dir.path)
+            _write_record(record, run_dir.path, preds)
 
         if state_digest(session.backbone.model) != session.backbone.digest:
             raise RuntimeError(f"{cfg.strategy} changed the frozen backbone's weights; the run is not valid")
         if cfg.save_features:
             _save_features(run_dir.path, session, strategy)
+        preds = _predictions(session, logs)
         record = _record(
             cfg,
             session,
@@ -627,10 +707,12 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
             resumed_from_task=resumed_from,
             cache_events=cache_events,
             fingerprint=settings_fp,
+            preds=preds,
         )
         record.peak_rss_mb = max(peak_before, record.peak_rss_mb)
         record.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        record.write(run_dir.path)
+        rep.run_finished(record, run_dir.path)
+        _write_record(record, run_dir.path, preds)
         run_dir.checkpoint_path.unlink(missing_ok=True)  # the record is complete; nothing is left to continue
         return record
     finally:
@@ -677,6 +759,39 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy) -> None
     atomic_write_bytes(path / "features.npz", buf.getvalue())
 
 
+def _predictions(session: PreparedRun, logs: dict[str, _ProtocolLog]) -> Predictions | None:
+    """The predictions of every evaluation so far; None when the logs lack an evaluated task's images (a run
+    resumed from a checkpoint written before clbench kept predictions)."""
+    from clbench import predictions
+
+    protocols, bench = session.protocols, session.bench
+    n_tasks = len(logs[protocols[0]].matrix)
+    if any(len(logs[p].pred) != n_tasks or len(logs[p].index) != n_tasks for p in protocols):
+        return None
+    task_of = bench.task_of_label()
+    per_task = []
+    for t in range(n_tasks):
+        index = np.asarray(logs[protocols[0]].index[t], dtype=np.int64)
+        per_task.append((index, bench.test_y[index], task_of[bench.test_y[index]]))
+    return predictions.build(
+        protocols,
+        per_task,
+        {p: [np.asarray(x) for x in logs[p].pred] for p in protocols},
+        {p: [np.asarray(x) for x in logs[p].conf] for p in protocols},
+        bench.n_classes,
+    )
+
+
+def _write_record(record: RunRecord, path: Path, preds: Predictions | None) -> None:
+    """``predictions.npz`` first (or no stale one), then the record that names it."""
+    from clbench import predictions
+
+    if preds is None:
+        (path / PREDICTIONS_FILE).unlink(missing_ok=True)
+    record.predictions = None if preds is None else predictions.write(path, preds)
+    record.write(path)
+
+
 def _record(
     cfg: RunConfig,
     session: PreparedRun,
@@ -688,6 +803,7 @@ def _record(
     resumed_from_task: list[int] | None = None,
     cache_events: list[str] | None = None,
     fingerprint: dict[str, Any] | None = None,
+    preds: Predictions | None = None,
 ) -> RunRecord:
     strategy, spec, bench, backbone, protocols = (
         session.strategy,
@@ -698,8 +814,15 @@ def _record(
     )
     params = strategy.param_counts()
     added = list(params.added_per_task)
+    stored = list(params.stored_per_task)
     trainable = list(params.trainable_per_task)
     summaries = {p: logs[p].summary() for p in protocols}
+    if preds is not None:  # intervals and calibration need every image's prediction
+        from clbench.predictions import uncertainty
+
+        for p, summary in summaries.items():
+            u = uncertainty(preds, p)
+            summary.last_acc_ci, summary.avg_acc_ci, summary.ece = u.last_acc_ci, u.avg_acc_ci, u.ece
     gap = None
     if len(protocols) > 1:
         ref, ps = summaries["reference"], summaries["per-sample"]
@@ -737,6 +860,8 @@ def _record(
             trainable_per_task=trainable,
             added_per_task=added,
             added_total=sum(added),
+            stored_per_task=stored,
+            stored_total=sum(stored),
             head=params.head,
             extra=dict(params.extra),
         ),
@@ -751,4 +876,7 @@ def _record(
         metric_definitions=metrics.DEFINITIONS,
         host=host_info(),
         protocol_gap=gap,
+        training_warning=training_check.warning(
+            per_task[0].reset_share if per_task else None, [e.trained_change for e in per_task]
+        ),
     )

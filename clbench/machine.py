@@ -222,6 +222,14 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     cpu = CpuInfo.detect()
     con.print(f"[bold]clbench {clbench.__version__}[/] on Python {platform.python_version()}, {platform.platform()}")
     con.print("libraries: " + ", ".join(f"{k} {v}" for k, v in library_versions().items()))
+    from clbench.trackers import EXTRA, TRACKERS, installed
+
+    found = {name: installed(name) for name in TRACKERS}
+    con.print(
+        "trackers (--log): "
+        + ", ".join(f"{n} {v}" if v else f"{n} not installed" for n, v in found.items())
+        + ("" if all(found.values()) else f" (pip install 'clbench[{EXTRA}]')")
+    )
     con.print(
         f"CPU: {cpu.describe()}; {os.cpu_count()} cores; torch threads {torch.get_num_threads()}; "
         f"OpenMP wait policy {clbench.OMP_WAIT_POLICY}"

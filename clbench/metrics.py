@@ -10,6 +10,13 @@ Definitions (printed in every report, see :data:`DEFINITIONS`):
 - ``forgetting`` (Chaudhry et al. 2018, as in PILOT): mean over old tasks ``j < T`` of
   ``max_{t<T} R[t][j] - R[T][j]``. Avalanche's "forgetting" is first minus last instead; we report that as
   ``forgetting_first_last`` so the two are never confused.
+- ``bwt`` (backward transfer, Lopez-Paz and Ranzato 2017, GEM): mean over old tasks ``j < T`` of
+  ``R[T][j] - R[j][j]``; negative when learning later tasks hurt earlier ones (it is ``-forgetting_first_last``).
+- ``ece`` (expected calibration error, Guo et al. 2017) of the final model: test images binned by their top-1
+  confidence into 15 equal-width bins of (0, 1]; the image-weighted mean over bins of ``|accuracy - mean
+  confidence|``, in points.
+- Intervals (:mod:`clbench.stats`): 95 % percentile intervals of a bootstrap over test images resampled within
+  each class (2,000 resamples, a fixed seed); over seeds, a hierarchical bootstrap (seeds, then images).
 """
 
 from __future__ import annotations
@@ -26,7 +33,12 @@ DEFINITIONS: dict[str, str] = {
     "forgetting": "mean over old tasks j of (max_{t<T} R[t][j] - R[T][j]) (Chaudhry et al.; PILOT)",
     "forgetting_first_last": "mean over old tasks j of (R[j][j] - R[T][j]) (Avalanche's definition)",
     "old_acc / new_acc": "accuracy after task t on classes of earlier tasks / of task t",
+    "bwt": "backward transfer: mean over old tasks j of (R[T][j] - R[j][j]) (Lopez-Paz and Ranzato, GEM)",
+    "ece": "expected calibration error of the final model, 15 equal-width confidence bins, in points (Guo et al.)",
+    "last_acc_ci / avg_acc_ci": "95 % interval: bootstrap over test images resampled within each class, 2,000 "
+    "resamples; over seeds: hierarchical bootstrap (seeds, then images)",
 }
+ECE_BINS = 15
 
 
 def accuracy(pred: np.ndarray, target: np.ndarray) -> float:
@@ -91,3 +103,25 @@ def forgetting_first_last(matrix: Sequence[Sequence[float]]) -> float:
     if n < 2:
         return float("nan")
     return float(np.mean([r[j, j] - r[n - 1, j] for j in range(n - 1)]))
+
+
+def bwt(matrix: Sequence[Sequence[float]]) -> float:
+    """Backward transfer (Lopez-Paz and Ranzato 2017): mean over old tasks of (final - just after learning it).
+    NaN with one task."""
+    r = _lower_triangle(matrix)
+    n = r.shape[0]
+    if n < 2:
+        return float("nan")
+    return float(np.mean([r[n - 1, j] - r[j, j] for j in range(n - 1)]))
+
+
+def ece(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
+    """Expected calibration error in points: images binned by confidence into ``bins`` equal-width bins of (0, 1]
+    (a confidence of exactly k/bins falls in bin k-1), the image-weighted mean of |accuracy - mean confidence|."""
+    confidence = np.asarray(confidence, dtype=np.float64)
+    correct = np.asarray(correct, dtype=np.float64)
+    if confidence.size == 0:
+        return float("nan")
+    which = np.clip(np.ceil(confidence * bins).astype(np.int64) - 1, 0, bins - 1)
+    gap = np.bincount(which, weights=correct - confidence, minlength=bins)  # per bin: sum(correct - confidence)
+    return float(np.abs(gap).sum() / confidence.size * 100.0)

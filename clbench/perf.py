@@ -94,7 +94,7 @@ def param_table(d: int, depth: int, task_sizes: tuple[int, ...], names: list[str
     its :meth:`~clbench.strategy.Strategy.param_formula`, for a ViT of width ``d`` and ``depth`` blocks."""
     import dataclasses
 
-    from clbench.catalog import STRATEGIES
+    from clbench.catalog import FEATURED_STRATEGY, STRATEGIES
     from clbench.config import make_strategy_config
     from clbench.errors import ClbenchError
 
@@ -120,17 +120,27 @@ def param_table(d: int, depth: int, task_sizes: tuple[int, ...], names: list[str
             raise ClbenchError(f"{name} at d={d}: {e}") from None
         out["strategies"][name] = {
             "added_per_task": list(pc.added_per_task),
+            "stored_per_task": list(pc.stored_per_task),
             "trainable_per_task": list(pc.trainable_per_task),
             "head": pc.head,
             "added_total": sum(pc.added_per_task),
+            "stored_total": sum(pc.stored_per_task),
             "config": dataclasses.asdict(cfg),
         }
+    base = out["strategies"].get(FEATURED_STRATEGY)
+    for row in out["strategies"].values():  # ratios to the featured method's (TOSCA), from the same counts
+        row["added_over_tosca"] = row["added_total"] / base["added_total"] if base and base["added_total"] else None
+        row["added_and_stored_over_tosca"] = (
+            (row["added_total"] + row["stored_total"]) / (base["added_total"] + base["stored_total"])
+            if base and base["added_total"] + base["stored_total"]
+            else None
+        )
     return out
 
 
 def format_params(table: dict[str, Any]) -> str:
-    """A Markdown table of :func:`param_table`: per strategy, parameters added and trained in the first and the
-    last task, and added in all."""
+    """A Markdown table of :func:`param_table`: per strategy, learned parameters added (first task, last task, in
+    all), statistics stored in all, parameters trained (first and last task), and the ratios to TOSCA's."""
     sizes = table["task_sizes"]
     lines = [
         (
@@ -138,12 +148,20 @@ def format_params(table: dict[str, Any]) -> str:
             f"({'+'.join(map(str, sizes))} classes)"
         ),
         "",
-        "| strategy | added, task 1 | added, last task | trained, task 1 | trained, last task | added in all |",
-        "|---|---|---|---|---|---|",
+        "| strategy | added, task 1 | added, last task | added in all | stored statistics in all | trainable, task 1 "
+        "| trainable, last task | added / TOSCA's | added + stored / TOSCA's |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def ratio(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}x"
+
     for name, row in table["strategies"].items():
         a, t = row["added_per_task"], row["trainable_per_task"]
-        lines.append(f"| {name} | {a[0]:,} | {a[-1]:,} | {t[0]:,} | {t[-1]:,} | {row['added_total']:,} |")
+        lines.append(
+            f"| {name} | {a[0]:,} | {a[-1]:,} | {row['added_total']:,} | {row['stored_total']:,} | {t[0]:,} "
+            f"| {t[-1]:,} | {ratio(row.get('added_over_tosca'))} | {ratio(row.get('added_and_stored_over_tosca'))} |"
+        )
     if table["unstated"]:
         lines.append(f"\nno parameter formula: {', '.join(table['unstated'])}")
     return "\n".join(lines)

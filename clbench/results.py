@@ -25,8 +25,9 @@ from typing import Any
 
 from clbench.errors import ClbenchError
 from clbench.owned import load_json
+from clbench.predictions import PredictionsFile
 
-SCHEMA_VERSION = 2  # see the version history above RunRecord
+SCHEMA_VERSION = 4  # see the version history above RunRecord
 RESULT_FILE = "result.json"
 Json = dict[str, Any]
 
@@ -92,7 +93,16 @@ def peak_rss_mb() -> float:
 #      time_s.checkpoint, host details, precision_reason); records before ``--precision`` say ``autocast: true/false``
 #      (bf16 / fp32) instead of ``precision``.
 #   2: written through :class:`RunRecord`: ``precision`` always named; every top-level field present (null where
-#      unknown) but ``protocol_gap`` and ``finished``, written where set. The JSON layout is version 1's.
+#      unknown) but ``protocol_gap``, ``finished``, ``training_warning`` and ``tracker_events``, written where set
+#      (the last two added later; a record without them means none). The JSON layout is version 1's.
+#   3: ``predictions`` names the run's per-image predictions file (clbench.predictions) with its sha256 and size, or
+#      is null where the run kept none; every protocol's metrics add ``bwt``, ``ece``, ``last_acc_ci`` and
+#      ``avg_acc_ci``, written where known (the last three need predictions). Version-2 records lack them all.
+#   4: one parameter accounting for every method (:class:`clbench.strategy.ParamCounts`): ``params.added_*`` counts
+#      learned parameters only (heads included: TOSCA's head rows are in it now), ``params.stored_*`` the statistics
+#      kept (prototypes, means, covariances, Gram matrices, random projections), which versions 2 and 3 counted as
+#      added for SimpleCIL, EASE, APER, RanPAC (its W) and MOS. :func:`_upgrade_v3` restates an older record through
+#      the strategy's :meth:`~clbench.strategy.Strategy.split_kept` (the split its live runs use).
 OLDEST_READABLE = 1
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
@@ -111,15 +121,21 @@ class ProtocolSummary:
     old_acc: list[float] = field(default_factory=list)  # per task: earlier tasks' test images (NaN after task 1)
     new_acc: list[float] = field(default_factory=list)  # per task: this task's test images
     top5_curve: list[float] = field(default_factory=list)  # per task: top-5 accuracy over every seen class
+    bwt: float | None = None  # backward transfer (Lopez-Paz and Ranzato): mean over j < T of R[T][j] - R[j][j]
+    ece: float | None = None  # final model's expected calibration error, 15 bins, points (None: no predictions)
+    last_acc_ci: list[float] | None = None  # [lo, hi] 95 % stratified image bootstrap (None: no predictions)
+    avg_acc_ci: list[float] | None = None  # [lo, hi] likewise for avg_acc
 
     @classmethod
     def from_dict(cls, d: Json) -> ProtocolSummary:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
     def to_dict(self) -> Json:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: v for k, v in out.items() if v is not None or k not in _WHERE_SET}
 
 
+_WHERE_SET = ("bwt", "ece", "last_acc_ci", "avg_acc_ci")  # written only where known (older records lack them)
 SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(ProtocolSummary))
 
 
@@ -129,11 +145,13 @@ class Params:
 
     backbone: int  # parameters of the frozen backbone
     trainable: int  # the most the optimiser updated in one task
-    added_total: int  # stored on top of the backbone after the last task (modules, prompts, adapters, head)
+    added_total: int  # learned parameters kept after the last task (modules, prompts, adapters, head rows)
     trainable_per_task: list[int] = field(default_factory=list)
     added_per_task: list[int] = field(default_factory=list)
     head: int = 0
     extra: Json = field(default_factory=dict)  # the strategy's own counts (ParamCounts.extra), written beside these
+    stored_total: int = 0  # statistics kept after the last task (prototypes, means, covariances, Gram matrices)
+    stored_per_task: list[int] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, d: Json) -> Params:
@@ -147,6 +165,8 @@ class Params:
             "trainable_per_task": self.trainable_per_task,
             "added_per_task": self.added_per_task,
             "added_total": self.added_total,
+            "stored_per_task": self.stored_per_task,
+            "stored_total": self.stored_total,
             "head": self.head,
             **self.extra,
         }
@@ -206,21 +226,36 @@ class TaskEntry:
     train_s: float
     diagnostics: Json = field(default_factory=dict)  # method-specific (Strategy.diagnostics): a free dict
     eval_s: float | None = None
+    # clbench.training_check: ||after - before|| / ||before|| of what the optimizers stepped in this task (None:
+    # nothing trained; absent in records before the detector) and, first task only, the share of its test
+    # predictions that change when its trained parts keep their initial values
+    trained_change: float | None = None
+    reset_share: float | None = None
 
     @classmethod
     def from_dict(cls, d: Json) -> TaskEntry:
         return cls(
-            d["task"], list(d.get("classes") or []), d.get("train_s"), d.get("diagnostics") or {}, d.get("eval_s")
+            d["task"],
+            list(d.get("classes") or []),
+            d.get("train_s"),
+            d.get("diagnostics") or {},
+            d.get("eval_s"),
+            d.get("trained_change"),
+            d.get("reset_share"),
         )
 
     def to_dict(self) -> Json:
-        return {
+        out = {
             "task": self.task,
             "classes": self.classes,
             "train_s": self.train_s,
             "diagnostics": self.diagnostics,
             "eval_s": self.eval_s,
         }
+        for name in ("trained_change", "reset_share"):  # written where measured: older records stay as they were
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
 
 
 @dataclass
@@ -281,9 +316,13 @@ class RunRecord:
     versions: dict[str, str] = field(default_factory=dict)  # library versions
     git_revision: str | None = None
     metric_definitions: dict[str, str] | None = None  # clbench.metrics.DEFINITIONS when the run was made
+    predictions: PredictionsFile | None = None  # predictions.npz beside the record (None: the run kept none)
     host: Host = field(default_factory=Host)
     protocol_gap: ProtocolGap | None = None  # runs of both protocols
     finished: str | None = None  # ISO time of the complete write
+    # clbench.training_check: set when training barely moved the trained parts (the run measures the backbone)
+    training_warning: str | None = None
+    tracker_events: list[str] = field(default_factory=list)  # experiment trackers that failed (clbench.trackers)
     extra: Json = field(default_factory=dict)  # fields this clbench does not know, kept as read (and written)
 
     # ------------------------------------------------------------------------------------------- derived
@@ -320,6 +359,17 @@ class RunRecord:
         return self.protocols[protocol]
 
     @property
+    def training_movement(self) -> list[float | None]:
+        """Per task: the relative change of what the optimizers stepped (None: nothing trained or not measured)."""
+        return [t.trained_change for t in self.per_task]
+
+    @property
+    def reset_share(self) -> float | None:
+        """Share of the first task's test predictions that change when its trained parts are reset (see
+        :mod:`clbench.training_check`); None where not measured."""
+        return self.per_task[0].reset_share if self.per_task else None
+
+    @property
     def tasks_done(self) -> int:
         return len(self.per_task)
 
@@ -342,6 +392,10 @@ class RunRecord:
             out["protocol_gap"] = self.protocol_gap.to_dict()
         if self.finished is not None:
             out["finished"] = self.finished
+        if self.training_warning is not None:
+            out["training_warning"] = self.training_warning
+        if self.tracker_events:
+            out["tracker_events"] = self.tracker_events
         return {**out, **self.extra}
 
     @classmethod
@@ -360,6 +414,7 @@ class RunRecord:
             per_task=[TaskEntry.from_dict({"task": i, **t}) for i, t in enumerate(data.get("per_task") or [])],
             host=Host.from_dict(data.get("host") or {}),
             protocol_gap=ProtocolGap.from_dict(data["protocol_gap"]) if data.get("protocol_gap") else None,
+            predictions=PredictionsFile.from_dict(data["predictions"]) if data.get("predictions") else None,
             extra={k: v for k, v in data.items() if k not in known},
         )
 
@@ -373,7 +428,7 @@ class RunRecord:
         return path
 
 
-_NESTED = {"protocols", "params", "time_s", "per_task", "host", "protocol_gap", "extra"}
+_NESTED = {"protocols", "params", "time_s", "per_task", "host", "protocol_gap", "predictions", "extra"}
 _LAYOUT = (
     "run_id",
     "complete",
@@ -411,6 +466,7 @@ _LAYOUT = (
     "versions",
     "git_revision",
     "metric_definitions",
+    "predictions",
     "host",
 )
 
@@ -475,7 +531,13 @@ def _is_summary(m: Any) -> bool:
         and _list_of(_is_pct)(m.get("acc_curve", []))
         and all(_list_of(_is_pct_or_nan)(m.get(k, [])) for k in ("old_acc", "new_acc", "top5_curve"))
         and all(_or_none(_is_points)(m.get(k)) for k in ("forgetting", "forgetting_first_last"))
+        and all(_or_none(_is_real)(m.get(k)) for k in ("bwt", "ece"))
+        and all(_or_none(_is_pair)(m.get(k)) for k in ("last_acc_ci", "avg_acc_ci"))
     )
+
+
+def _is_pair(v: Any) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(_is_number(x) for x in v) and v[0] <= v[1]
 
 
 def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -502,6 +564,18 @@ def _is_task(t: Any) -> bool:
         and _list_of(_is_count)(t.get("classes", []))
         and _or_none(_is_seconds)(t.get("train_s"))
         and _or_none(_is_seconds)(t.get("eval_s"))
+        and _or_none(_is_real)(t.get("trained_change"))
+        and _or_none(_is_real)(t.get("reset_share"))
+    )
+
+
+def _is_predictions_ref(v: Any) -> bool:
+    return (
+        isinstance(v, dict)
+        and _is_str(v.get("file"))
+        and _is_str(v.get("sha256"))
+        and _is_count(v.get("bytes"))
+        and _is_count(v.get("rows"))
     )
 
 
@@ -562,6 +636,8 @@ OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
     (("params", "head"), "an integer >= 0", _is_count),
     (("params", "added_per_task"), "a list of integers >= 0", _list_of(_is_count)),
     (("params", "trainable_per_task"), "a list of integers >= 0", _list_of(_is_count)),
+    (("params", "stored_total"), "an integer >= 0", _is_count),
+    (("params", "stored_per_task"), "a list of integers >= 0", _list_of(_is_count)),
     (("time_s", "checkpoint"), SECONDS, _is_seconds),
     (("per_task",), "a list of task objects", _list_of(_is_task)),
     (("host",), "an object", lambda v: isinstance(v, dict)),
@@ -579,6 +655,9 @@ OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
     (("git_revision",), "a string or null", _or_none(_is_str)),
     (("command",), "a string or null", _or_none(_is_str)),
     (("finished",), "a string or null", _or_none(_is_str)),
+    (("training_warning",), "a string or null", _or_none(_is_str)),
+    (("tracker_events",), "a list of strings", _list_of(_is_str)),
+    (("predictions",), "an object with file, sha256, bytes and rows, or null", _or_none(_is_predictions_ref)),
 )
 V1_FIELDS: tuple[FieldCheck, ...] = (  # version 1 only, upgraded away
     (("autocast",), "true or false", lambda v: isinstance(v, bool)),
@@ -648,7 +727,51 @@ def _upgrade_v1(data: Json) -> Json:
     return out
 
 
-UPGRADES: dict[int, Callable[[Json], Json]] = {1: _upgrade_v1}  # version -> the record as the next version
+def _upgrade_v2(data: Json) -> Json:
+    """A version-2 record as version 3: it kept no predictions."""
+    return {**data, "predictions": data.get("predictions")}
+
+
+def _upgrade_v3(data: Json) -> Json:
+    """A version-3 (or older) record as version 4: its ``params.added_per_task`` (everything kept per task; TOSCA's
+    module only) split into learned parameters and stored statistics by the strategy's own
+    :meth:`~clbench.strategy.Strategy.split_kept`, which its live runs use too; a strategy this clbench does not
+    register keeps everything as learned (the base rule). ``params.restated_from_schema`` says so."""
+    from clbench.catalog import STRATEGIES
+    from clbench.strategy import Strategy
+
+    params = dict(data["params"])
+    kept = list(params.get("added_per_task") or [params["added_total"]])
+    sizes = list(data["task_sizes"])
+    if len(kept) != len(sizes):  # an unfinished record: the tasks it has done
+        sizes = sizes[: len(kept)]
+    try:
+        cls = STRATEGIES.get(str(data["strategy"]))
+    except ClbenchError:
+        cls = Strategy
+    try:
+        added, stored = cls.split_kept(kept, int(params.get("head", 0)), params, sizes)
+    except (KeyError, ValueError, ZeroDivisionError, TypeError) as e:
+        raise ClbenchError(
+            f"record of {data['strategy']} (schema {data.get('schema_version', 3)}): "
+            f"its parameter counts cannot be restated ({e!r})",
+            RUN_HINT,
+        ) from None
+    params.update(
+        added_per_task=added,
+        added_total=sum(added),
+        stored_per_task=stored,
+        stored_total=sum(stored),
+        restated_from_schema=int(data.get("schema_version", 3)),
+    )
+    return {**data, "params": params}
+
+
+UPGRADES: dict[int, Callable[[Json], Json]] = {
+    1: _upgrade_v1,
+    2: _upgrade_v2,
+    3: _upgrade_v3,
+}  # version -> the next version
 
 
 # ------------------------------------------------------------------------------------------- reading

@@ -8,7 +8,7 @@ backbone, device, precision, seed). The harness then calls, for each task ``t`` 
 2. ``predict(split, protocol)``: logits (N, n_seen) for every image of ``split``. Under the default
    ``per-sample`` protocol a row may depend only on its own image (the harness tests this); a strategy may
    also offer a ``reference`` protocol that reproduces a reference implementation's batch behaviour.
-3. ``param_counts()``: added and trainable parameters (see :class:`ParamCounts`).
+3. ``param_counts()``: learned parameters added, statistics stored and parameters trained (:class:`ParamCounts`).
 
 Strategies never see test labels, never reseed global RNGs (use ``ctx.generator()``), and must leave the
 backbone untouched (bit-identical after a run; the contract tests check it).
@@ -108,16 +108,29 @@ class Context:
 
 @dataclass
 class ParamCounts:
-    """Parameter accounting, recorded in ``result.json``.
+    """Parameter accounting, recorded in ``result.json``; one rule for every method, three separate counts.
 
-    ``added_per_task[t]``: parameters stored because of task t beyond the frozen backbone (modules, prompts,
-    adapters, head rows). ``trainable_per_task[t]``: parameters the optimiser updated during task t.
+    ``added_per_task[t]``: learned parameters kept after task t because of it, beyond the frozen backbone:
+    modules, prompts, prompt keys, adapters, and head rows (trained, or solved in closed form as RanPAC's ridge
+    head). ``stored_per_task[t]``: numbers kept because of task t that no optimiser or solver learns: prototypes,
+    class means, covariances, Gram matrices and sums, fixed random projections. ``trainable_per_task[t]``:
+    parameters the optimiser updated during task t, whether kept or not (a task-local head thrown away after the
+    task counts here only). ``head``: the size of the final classifier, whichever of the two it counts in.
     """
 
     added_per_task: list[int] = field(default_factory=list)
     trainable_per_task: list[int] = field(default_factory=list)
     head: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    stored_per_task: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.stored_per_task:
+            self.stored_per_task = [0] * len(self.added_per_task)
+        if len(self.stored_per_task) != len(self.added_per_task):
+            raise ValueError(
+                f"stored_per_task has {len(self.stored_per_task)} tasks, added_per_task {len(self.added_per_task)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -188,6 +201,17 @@ class Strategy(ABC):
 
     @abstractmethod
     def param_counts(self) -> ParamCounts: ...
+
+    @classmethod
+    def split_kept(
+        cls, kept_per_task: list[int], head: int, extra: Mapping[str, Any], task_sizes: list[int]
+    ) -> tuple[list[int], list[int]]:
+        """(added_per_task, stored_per_task) of :class:`ParamCounts` from what the strategy kept per task in all
+        (``kept_per_task``: learned and stored together, the ``added_per_task`` of records before schema version 3)
+        and that record's ``head`` and ``extra`` counts. Used to restate older records (:mod:`clbench.results`)
+        and by the methods' own :meth:`param_counts`, so that both give the same numbers. Default: everything kept
+        is learned (a method without statistics)."""
+        return list(kept_per_task), [0] * len(kept_per_task)
 
     # ------------------------------------------------------------------------------------------ cost model
     @classmethod

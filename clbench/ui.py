@@ -67,7 +67,8 @@ def print_result(record: RunRecord, console: Console | None = None) -> None:
         ("final accuracy A_T (%)", _fmt(main.last_acc)),
         ("average incremental accuracy (%)", _fmt(main.avg_acc)),
         ("forgetting (max - last, points)", _fmt(main.forgetting)),
-        ("added parameters (total)", _fmt(p.added_total)),
+        ("added parameters, learned (total)", _fmt(p.added_total)),
+        ("stored statistics (total)", _fmt(p.stored_total)),
         ("trainable parameters (max per task)", _fmt(p.trainable)),
         ("backbone parameters (frozen)", _fmt(p.backbone)),
         ("wall-clock features / train / eval (s)", f"{t.features:.1f} / {t.train:.1f} / {t.eval:.1f}"),
@@ -148,14 +149,23 @@ class RichSweepView:
 
 def print_plan(manifest: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
+    from clbench.sweep.plan import fingerprint_digest
+
     table = Table(title=f"sweep plan: {len(manifest['runs'])} runs (dry run; nothing was started)")
     for col in ("run", "state", "tasks done", "folder"):
         table.add_column(col)
+    table.add_column("settings", no_wrap=True)  # a digest of the run's fingerprint: equal digests, same settings
     for run_id, info in manifest["runs"].items():
         state = {"complete": "complete: skipped", "partial": "continues from its checkpoint", "new": "new"}[
             info["state_at_start"]
         ]
-        table.add_row(esc(run_id), state, str(info["tasks_done_at_start"]), esc(info["path"]))
+        table.add_row(
+            esc(run_id),
+            state,
+            str(info["tasks_done_at_start"]),
+            esc(info["path"]),
+            fingerprint_digest(info["fingerprint"]),
+        )
     console.print(table)
 
 

@@ -127,6 +127,7 @@ def test_param_formula_equals_a_real_runs_counts(name, micro_session_factory):
     formula = cls.param_formula(s.strategy.cfg, s.backbone.num_features, len(model.blocks), tuple(sizes))
     assert sizes == [18, 9, 9]
     assert formula.added_per_task == real.added_per_task
+    assert formula.stored_per_task == real.stored_per_task
     assert formula.trainable_per_task == real.trainable_per_task
     assert formula.head == real.head
 
@@ -136,8 +137,11 @@ def test_tosca_module_at_vit_b16_is_the_papers_149808():
 
     table = param_table(768, 12, (10,) * 10)
     assert set(table["strategies"]) == set(STRATEGIES.names()) and table["unstated"] == []
-    assert table["strategies"]["tosca"]["added_per_task"] == [149_808] * 10
-    assert table["strategies"]["simplecil"]["added_per_task"] == [10 * 768] * 10
+    tosca = table["strategies"]["tosca"]
+    assert tosca["added_per_task"] == [149_808 + 10 * 768 + 1] + [149_808 + 10 * 768] * 9  # module and head rows
+    assert tosca["stored_total"] == 0 and tosca["added_over_tosca"] == 1.0
+    assert table["strategies"]["simplecil"]["added_per_task"] == [0] * 10  # class means: stored, not learned
+    assert table["strategies"]["simplecil"]["stored_per_task"] == [10 * 768] * 10
 
 
 def test_perf_params_cli_records_json_and_refuses_bad_tasks(tmp_path, capsys):
@@ -145,8 +149,8 @@ def test_perf_params_cli_records_json_and_refuses_bad_tasks(tmp_path, capsys):
 
     out = tmp_path / "params.json"
     assert main(["perf", "params", "--d", "768", "--depth", "12", "--tasks", "10x10", "--out", str(out)]) == 0
-    assert "| tosca | 149,808 |" in capsys.readouterr().out
-    assert json.loads(out.read_text())["strategies"]["tosca"]["added_total"] == 1_498_080
+    assert "| tosca | 157,489 | 157,488 | 1,574,881 | 0 |" in capsys.readouterr().out  # module + head rows
+    assert json.loads(out.read_text())["strategies"]["tosca"]["added_total"] == 1_498_080 + 100 * 768 + 1
     assert main(["perf", "params", "--tasks", "10y"]) == 2
     assert "--tasks '10y'" in capsys.readouterr().err
     assert main(["perf", "params", "--d", "100"]) == 2  # TOSCA's ratio 16 does not divide 100

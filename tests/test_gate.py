@@ -287,3 +287,69 @@ def test_write_reference_needs_why_and_records_who_what_why(runs, tmp_path):
     path = tmp_path / "ref.json"
     chk.write_reference(path, ref)
     assert chk.load_reference(path)["entries"][0]["last_acc"] > ENTRIES[0]["last_acc"]
+
+
+# ------------------------------------------------------------------------------------------- tolerances
+TOLERANCES = REPO / "reports" / "gate" / "tolerances.json"
+
+
+def test_every_entry_has_the_measured_tolerance_of_tolerances_json():
+    """The committed reference's tolerances are the ones reports/gate/spread.py derived (tolerances.json), entry by
+    entry: a rewrite that fell back to the defaults, or widened one, fails here."""
+    table = chk.load_tolerances(TOLERANCES)
+    for e in ENTRIES:
+        name = f"{e['strategy']}:{e['profile']}"
+        assert name in table, f"{name} has no measured tolerance in {TOLERANCES.name}: run reports/gate/spread.py"
+        assert e["tolerance"] == table[name], (entry_id(e), e["tolerance"], table[name])
+    assert {k: v for k, v in SHIPPED["tolerances"].items() if k != "source"} == {
+        k: v for k, v in table.items() if k != "source"
+    }
+
+
+def test_a_rewrite_keeps_the_tolerances_unless_a_file_is_given(runs, tmp_path):
+    calibration, _ = chk.find_calibration([runs])
+    previous = chk.load_reference(REFERENCE)
+    kept = chk.make_reference(collect([runs]), why="same runs", calibration=calibration, previous=previous)
+    assert [e["tolerance"] for e in kept["entries"]] == [e["tolerance"] for e in ENTRIES]
+    assert kept["tolerances"] == previous["tolerances"]
+    assert not any("tolerance" in line for line in kept["written_by"]["changes"])
+    wider = tmp_path / "wider.json"
+    wider.write_text(json.dumps({"tolerances": {"ease:ci": {"matrix": 1.5, "last_acc": 0.5, "avg_acc": 0.5}}}))
+    moved = chk.make_reference(
+        collect([runs]),
+        why="wider EASE",
+        calibration=calibration,
+        previous=previous,
+        tolerances=chk.load_tolerances(wider),
+    )
+    changes = moved["written_by"]["changes"]
+    ease = [line for line in changes if "ease:ci" in line and not line.startswith("tolerance table:")]
+    assert len(ease) == 1 and "tolerance matrix 0.77 / last_acc 0.32 / avg_acc 0.56 -> matrix 1.5" in ease[0]
+    # every other entry falls back to the defaults: each is listed, and so is the table
+    assert sum("tolerance matrix" in line for line in changes) == len(ENTRIES)
+    assert any(line.startswith("tolerance table:") for line in changes)
+
+
+# ------------------------------------------------------------------------------------------- training in the gate
+LOSS_RATIO_MAX = 0.95  # last-epoch mean loss over first-epoch mean, every task that trains (reports/gate/README.md)
+PARAM_CHANGE_MIN = 1e-3  # ||after - init|| / ||init|| of what the task's main optimiser stepped
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in RECORDS.iterdir() if p.is_dir()))
+def test_every_gate_run_that_trains_shows_its_loss_fall_and_its_parts_move(folder):
+    """A ci profile that trains must train visibly: in each task whose optimiser ran, the mean loss of the last
+    epoch is at most LOSS_RATIO_MAX of the first's and the trained parts moved by PARAM_CHANGE_MIN of their norm at
+    least. The gate then pins trained methods, not their initialisation (records written before the per-task
+    ``training`` diagnostics fail here: re-run .ci/gate and re-pin)."""
+    from clbench.results import load_record
+
+    rec = load_record(RECORDS / folder)
+    for t, entry in enumerate(rec.per_task):
+        if not rec.params.trainable_per_task[t]:
+            continue
+        assert entry.diagnostics.get("training"), f"{folder} task {t}: no training diagnostics; re-pin the gate"
+        main = entry.diagnostics["training"][0]  # the task's first optimiser: the method's training loop
+        ratio = main["loss_last_epoch"] / main["loss_first_epoch"]
+        fell = f"{main['loss_first_epoch']:.4f} -> {main['loss_last_epoch']:.4f}"
+        assert ratio <= LOSS_RATIO_MAX, f"{folder} task {t}: loss {fell}"
+        assert main["param_change"] >= PARAM_CHANGE_MIN, f"{folder} task {t}: parts moved {main['param_change']:.2e}"

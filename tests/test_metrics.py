@@ -39,3 +39,29 @@ def test_topk():
     assert metrics.topk_accuracy(logits, np.array([0, 2]), k=1) == 0.0
     assert metrics.topk_accuracy(logits, np.array([0, 2]), k=2) == 50.0
     assert metrics.topk_accuracy(logits, np.array([0, 2]), k=5) == 100.0
+
+
+def test_bwt_equals_hand_computed_values():
+    r = [[80.0], [60.0, 90.0], [50.0, 70.0, 85.0]]
+    # (R[2][0] - R[0][0] + R[2][1] - R[1][1]) / 2 = (50 - 80 + 70 - 90) / 2
+    assert metrics.bwt(r) == pytest.approx(-25.0)
+    assert metrics.bwt(r) == pytest.approx(-metrics.forgetting_first_last(r))
+    assert math.isnan(metrics.bwt([[70.0]]))  # one task: nothing to transfer backwards
+
+
+def test_ece_equals_hand_computed_values():
+    conf = np.array([0.95, 0.95, 0.95, 0.95, 0.55, 0.55, 0.10, 1.0])
+    correct = np.array([1, 1, 1, 0, 1, 0, 0, 1])
+    # bins of width 1/15: 0.95 and 1.0 share bin 15 ((14/15, 1]); 0.55 bin 9; 0.10 bin 2
+    # bin 15: 5 images, accuracy 4/5, confidence (4 * .95 + 1) / 5 = .96 -> |.8 - .96| * 5 = 0.8
+    # bin 9: |.5 - .55| * 2 = 0.1; bin 2: |0 - .1| * 1 = 0.1; ECE = (0.8 + 0.1 + 0.1) / 8 = 0.125 -> 12.5 points
+    assert metrics.ece(conf, correct) == pytest.approx(12.5)
+
+
+def test_ece_of_a_calibrated_classifier_is_near_zero_and_of_an_overconfident_one_is_not():
+    rng = np.random.default_rng(0)
+    conf = rng.uniform(0.2, 1.0, 20000)
+    calibrated = rng.random(conf.shape) < conf  # right with the probability it states
+    assert metrics.ece(conf, calibrated) < 1.0
+    overconfident = rng.random(conf.shape) < conf - 0.15
+    assert metrics.ece(conf, overconfident) == pytest.approx(15.0, abs=1.5)

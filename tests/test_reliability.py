@@ -43,7 +43,7 @@ SETTINGS = {
     "ranpac": ["--set", "epochs=1", "--set", "M=2000"],
     "aper": ["--set", "epochs=1"],
 }
-SAME = ("accuracy_matrix", "acc_curve", "params", "protocols", "class_order", "strategy_config")
+SAME = ("accuracy_matrix", "acc_curve", "params", "protocols", "class_order", "strategy_config", "predictions")
 
 
 def run_argv(strategy: str, out: Path, *extra: str) -> list[str]:

@@ -326,7 +326,8 @@ def test_compare_writes_one_figure_and_the_bench_rows(tmp_path):
     assert cli("compare", str(FIXTURES), "--bench", "emoji", "--out", str(out)) == 0
     md = (out / "compare.md").read_text()
     assert (out / "figures" / "compare_emoji.png").is_file() and (out / "figures" / "compare_emoji.svg").is_file()
-    assert "13.23 ± 0.34" in md  # the SimpleCIL micro row
+    assert "| 13.23 | 21.04 | none: no per-image predictions in its records" in md  # SimpleCIL micro: no interval
+    assert "| 0.34 |" in md  # its standard deviation over seeds
     assert "tosca-ref-s1995" in md
     assert r"\toprule" in (out / "compare.tex").read_text()
     assert len((out / "compare.csv").read_text().splitlines()) == 1 + 4

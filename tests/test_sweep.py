@@ -96,9 +96,9 @@ def test_local_sweep_survives_a_killed_worker_and_writes_the_table(local_sweep):
     assert manifest["runs"]["tosca-emoji-s1"]["attempts"] >= 2
     assert manifest["overhead"]["runs_executed"] == 4 and manifest["overhead"]["max_concurrent_runs"] == 2
     summary = (out / "summary.md").read_text()
-    for strategy in ("simplecil", "tosca"):  # one row per strategy, 2 seeds each, mean ± std
+    for strategy in ("simplecil", "tosca"):  # one row per strategy, 2 seeds each, mean ± half the interval
         row = next(line for line in summary.splitlines() if f"| {strategy} |" in line)
-        assert "2 (1, 2)" in row and row.count("±") >= 3
+        assert "2 (1, 2)" in row and row.count(" ± ") == 2 and "hierarchical bootstrap over 2 seeds" in row
     csv = (out / "summary.csv").read_text().splitlines()
     assert len(csv) == 3 and csv[0].startswith("bench,")
     assert (out / "report" / "index.html").exists()
@@ -238,6 +238,8 @@ def test_folder_with_other_settings_is_refused_before_anything_runs(local_sweep,
         (["--strategies", "tosca", "--set", "l2p.epochs=5"], "'l2p' is not one of the sweep's strategies"),
         (["--strategies", "simplecil,tosk"], "did you mean 'tosca'"),
         (["--strategies", "tosca", "--seeds", "1,x"], "--seeds: 'x' is not an integer"),
+        (["--strategies", "tosca", "--seeds", "5..1"], "--seeds: the range '5..1' runs backwards"),
+        (["--strategies", "tosca", "--seeds", "1..5000"], "asks for more than 1000 seeds"),
         (["--strategies", ","], "--strategies is empty"),
         (["--strategies", "tosca", "--profile", "quick"], "none of tosca has that profile"),
         (["--strategies", "tosca", "--ray-address", "127.0.0.1:1"], "--ray-address is for --backend ray"),
@@ -358,6 +360,31 @@ def test_dry_run_shows_the_plan_and_starts_nothing(tmp_path, capsys):
     code, text = sweep([*SWEEP, "--out", str(tmp_path / "d"), "--dry-run"], capsys)
     assert code == 0 and all(r in text for r in RUNS) and "nothing was started" in text
     assert not (tmp_path / "d").exists()
+
+
+def test_seeds_take_ranges_and_vary_the_seed_asked_for(tmp_path, capsys):
+    from clbench.sweep.plan import make_plan, parse_seeds
+
+    assert parse_seeds("1993..1997") == (1993, 1994, 1995, 1996, 1997)
+    assert parse_seeds("7,1..3,2") == (7, 1, 2, 3)  # order kept, repeats dropped
+    base = ["sweep", "--strategies", "simplecil", "--seeds", "1..2", *MICRO, "--dry-run"]
+    expected = {  # --vary -> (run ids, (seed, class-order seed) per run)
+        "seed": (["simplecil-emoji-s1", "simplecil-emoji-s2"], [(1, 5), (2, 5)]),
+        "class-order": (["simplecil-emoji-s9-o1", "simplecil-emoji-s9-o2"], [(9, 1), (9, 2)]),
+        "both": (["simplecil-emoji-s1-o1", "simplecil-emoji-s2-o2"], [(1, 1), (2, 2)]),
+    }
+    for vary, (ids, _seeds) in expected.items():
+        code, text = sweep(
+            [*base, "--vary", vary, "--seed", "9", "--class-order-seed", "5", "--out", str(tmp_path)], capsys
+        )
+        assert code == 0 and all(i in text for i in ids), text
+    from clbench.sweep.plan import SweepSpec
+
+    for vary, (ids, seeds) in expected.items():
+        spec = SweepSpec(("simplecil",), ("emoji",), (1, 2), tmp_path, {"class_order_seed": 5}, vary=vary, seed=9)
+        plan = make_plan(spec)
+        assert [r.run_id for r in plan] == ids
+        assert [(r.cfg.seed, r.cfg.class_order_seed) for r in plan] == seeds
 
 
 def test_overhead_arithmetic():

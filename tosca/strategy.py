@@ -392,21 +392,37 @@ class TOSCA(Strategy):
             raise ValueError(f"ratio {cfg.ratio} does not divide the backbone width {d}")
         r = d // cfg.ratio
         module = 4 * d * r + r + d + 2 * d  # W_down, W_up, W_1, W_2; b_down, b_up; LayerNorm (every variant)
-        trainable, seen = [], 0
-        for c in task_sizes:
+        trainable, added, seen = [], [], 0
+        for t, c in enumerate(task_sizes):
             seen += c
             trainable.append(module + seen * d + 1)  # the task's module and the whole head (all rows, the scale)
-        return ParamCounts(added_per_task=[module] * len(task_sizes), trainable_per_task=trainable, head=seen * d + 1)
+            added.append(module + c * d + (1 if t == 0 else 0))  # the module and its classes' trained head rows
+        return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * d + 1)
+
+    @classmethod
+    def split_kept(cls, kept_per_task, head, extra, task_sizes):
+        """Records before schema 3 kept TOSCA's module only: its head rows (trained with the module, d per class,
+        and the scale) are learned parameters too."""
+        d = (head - 1) // sum(task_sizes)
+        added = [
+            k + c * d + (1 if t == 0 else 0) for t, (k, c) in enumerate(zip(kept_per_task, task_sizes, strict=True))
+        ]
+        return added, [0] * len(added)
 
     def param_counts(self) -> ParamCounts:
         per_module = n_params(self.modules_[0]) if len(self.modules_) else 0
         r = self.d // self.cfg.ratio
         n_blocks = len(getattr(self.ctx.backbone.model, "blocks", [])) or 12
         ease_set = n_blocks * (2 * self.d * 64 + 64 + self.d)  # one EASE adapter set (bottleneck 64) on this backbone
+        head = self.head.weight.numel() + self.head.sigma.numel()
+        seen = [(n - per_module - 1) // self.d for n in self._trainable]  # trained: the module and the whole head
+        sizes = [b - a for a, b in zip([0, *seen[:-1]], seen, strict=True)]
+        added, stored = self.split_kept([per_module] * len(self.modules_), head, {}, sizes)
         return ParamCounts(
-            added_per_task=[per_module] * len(self.modules_),
+            added_per_task=added,
+            stored_per_task=stored,
             trainable_per_task=list(self._trainable),
-            head=self.head.weight.numel() + self.head.sigma.numel(),
+            head=head,
             extra={
                 "module": per_module,
                 "bottleneck": r,

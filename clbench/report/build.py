@@ -197,8 +197,15 @@ def to_latex(df, caption: str) -> str:
     return "\n".join(lines)
 
 
-def write_compare(coll: Collection, bench: str, out_dir: Path, *, command: str | None = None) -> Written:
-    """One figure (accuracy curves) and one table (the summary rows) comparing strategies on ``bench``."""
+def write_compare(
+    coll: Collection, bench: str, out_dir: Path, *, command: str | None = None, baseline: str | None = None
+) -> Written:
+    """Accuracy curves with their intervals, the summary rows (mean ± half the 95 % interval), the paired tests of
+    every pair of strategies (or each against ``baseline``) and their matrix figure, for ``bench``."""
+    from clbench.report.figures import paired_matrix
+    from clbench.report.tables import INTERVAL_NOTE
+    from clbench.report.uncertainty import Predicted, paired_rows, pairs_frame
+
     sel = coll.select(bench)
     if not sel.runs:
         have = ", ".join(sorted({r.record.bench for r in coll.runs})) or "none"
@@ -207,15 +214,25 @@ def write_compare(coll: Collection, bench: str, out_dir: Path, *, command: str |
             f"--bench {bench}: no complete run on that benchmark among the runs given{skipped}",
             f"benchmarks in these runs: {have}",
         )
+    if baseline is not None and baseline not in {r.strategy for r in sel.runs}:
+        have = ", ".join(sorted({r.strategy for r in sel.runs}))
+        raise ClbenchError(f"--baseline {baseline}: no run of that strategy on {bench}", f"strategies here: {have}")
+    predicted = Predicted()
+    pairs = paired_rows(sel, predicted, baseline)  # reads every predictions file: a changed one stops here
     meta = _meta(sel, command)  # before anything is written (see write_report)
     out_dir = Path(out_dir)
     _figures_folder(out_dir)
     fig = accuracy_curves(sel, out_dir, name=f"compare_{slug(bench)}", title=f"Accuracy after each task on {bench}")
     assert fig is not None
-    table = summary_table(sel)
+    table = summary_table(sel, predicted)
     protocols = sorted({p for r in sel.runs for p in r.protocols})
-    notes = [*(PROTOCOL_NOTES.get(p, p) for p in protocols), FORGETTING_NOTE, COST_NOTE, *sel.notes]
-    caption = f"Strategies on {bench}, mean ± std over seeds. " + provenance(sel.runs)
+    notes = [*(PROTOCOL_NOTES.get(p, p) for p in protocols), INTERVAL_NOTE, FORGETTING_NOTE, COST_NOTE, *sel.notes]
+    caption = f"Strategies on {bench}, mean over seeds ± half the 95 % interval. " + provenance(sel.runs)
+    matrix = paired_matrix(pairs, sel, out_dir, f"compare_{slug(bench)}_pairs", f"Paired differences on {bench}")
+    pairs_table = pairs_frame(pairs)
+    if baseline is not None:  # the README's column: each row against the baseline
+        table.insert(table.columns.get_loc("95 % interval") + 1, f"vs {baseline} (final acc)", _versus(table, pairs))
+    refused = [f"{r.a} vs {r.b}: {r.refused}" for r in pairs if r.refused]
     md = [
         f"# Comparison on {text.markdown(bench)}",
         "",
@@ -228,18 +245,54 @@ def write_compare(coll: Collection, bench: str, out_dir: Path, *, command: str |
         section_markdown(
             Section("Table", "table", table, intro=caption, notes=notes, definitions=metric_definitions())
         ),
-        section_markdown(Section("Runs", "runs", runs_table(sel))),
     ]
+    if len(pairs_table):
+        md.append(
+            section_markdown(
+                Section(
+                    "Paired comparisons",
+                    "pairs",
+                    pairs_table,
+                    intro="Final accuracy of A minus B on the same test images and seeds, with its 95 % interval; "
+                    "one seed: exact McNemar test, several: paired bootstrap over images, seeds held fixed. "
+                    "p (Holm): corrected for the number of pairs; 'no' marks pairs not significantly different "
+                    "at 5 %.",
+                    notes=[f"not paired: {line}" for line in refused],
+                )
+            )
+        )
+    if matrix is not None:
+        md += [f"![{matrix.title}]({matrix.files['png']})", "", f"**Figure.** {matrix.caption}", ""]
+    md.append(section_markdown(Section("Runs", "runs", runs_table(sel))))
     if sel.skipped:
         md.append(
             section_markdown(Section("Skipped", "skipped", None, notes=[f"{s.path}: {s.reason}" for s in sel.skipped]))
         )
-    written = Written(out_dir, figures=[fig])
+    written = Written(out_dir, figures=[fig] + ([matrix] if matrix is not None else []))
     written.files.append(_write_text(out_dir / "compare.md", "\n".join(md).rstrip() + "\n"))
     written.files.append(_write_text(out_dir / "compare.csv", table.to_csv(index=False)))
+    if len(pairs_table):
+        written.files.append(_write_text(out_dir / "compare_pairs.csv", pairs_table.to_csv(index=False)))
     written.files.append(_write_text(out_dir / "compare.tex", to_latex(table, caption)))
-    written.files += [out_dir / rel for rel in fig.files.values()]
+    for f in written.figures:
+        written.files += [out_dir / rel for rel in f.files.values()]
     return written
+
+
+def _versus(table, pairs) -> list[str]:
+    """Per summary row: its paired test against the baseline (A minus baseline, points, Holm p), or why not."""
+    by_row = {(r.bench, r.protocol, r.a): r for r in pairs}
+    cells = []
+    for bench, protocol, strategy in zip(table["benchmark"], table["protocol"], table["strategy"], strict=True):
+        r = by_row.get((bench, protocol, strategy))
+        if r is None:
+            cells.append("baseline" if any(p.b == strategy for p in pairs) else "-")
+        elif r.test is None:
+            cells.append(f"not paired: {r.refused}")
+        else:
+            verdict = "differs" if r.significant else "not significantly different"
+            cells.append(f"{r.test.diff.value:+.2f} (p {r.p_holm:.2g}, {verdict})")
+    return cells
 
 
 __all__ = ["Written", "write_compare", "write_report"]

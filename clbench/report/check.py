@@ -20,7 +20,7 @@ Reference file (JSON, written by :func:`make_reference` via ``clbench check --wr
         "seeds": [1993], "runs": ["tosca-ci"],
         "accuracy_matrix": [[...], ...], "last_acc": 27.18, "avg_acc": 38.0,   # means over the runs, percent
         "tolerance": {"matrix": 1.5, "last_acc": 0.5, "avg_acc": 0.5},         # points, either direction
-        "params": {"added_total": 228240, "trainable": 51865},                 # compared exactly
+        "params": {"added_total": 228240, "stored_total": 0, "trainable": 51865},  # compared exactly
         "time": {"train": 4.1, "eval": 0.6},   # seconds / calibration seconds (the same machine, the same job)
         "strategy_config": {...}
       }, ...]
@@ -312,7 +312,11 @@ def make_reference(
     """A reference from complete runs: one entry per (benchmark split, strategy, profile, backbone, protocol).
 
     ``why`` is required: a reference is rewritten on purpose. ``previous`` (the file being replaced) keeps its
-    history, and the entries that moved are listed in ``written_by.changes``."""
+    history, and the entries that moved are listed in ``written_by.changes``, tolerance changes included.
+
+    ``tolerances`` (a measured-spread table, :func:`load_tolerances`) sets every entry's tolerance. Without it a
+    rewrite keeps the previous reference's: an entry it pinned keeps its tolerance, a new one takes the previous
+    table's (else the defaults), so tolerances change only when a file of them is given on purpose."""
     from clbench.results import git_revision
 
     if not why or not why.strip():
@@ -330,7 +334,10 @@ def make_reference(
         )
     if not (time_slack >= 1 and math.isfinite(time_slack)) or not (time_floor >= 0 and math.isfinite(time_floor)):
         raise ClbenchError(f"--time-slack must be >= 1 and --time-floor >= 0 (got {time_slack}, {time_floor})")
-    tolerances = tolerances or {}
+    kept: dict[str, dict[str, float]] = {}
+    if tolerances is None:
+        tolerances = dict(previous.get("tolerances") or {}) if previous is not None else {}
+        kept = {label: e["tolerance"] for label, e in _entries_by_label(previous or {}).items() if e.get("tolerance")}
     calib = calibration_seconds(calibration) if calibration else None
     entries = []
     for key, runs in sorted(group_runs(coll).items(), key=lambda kv: kv[0].label()):
@@ -343,6 +350,7 @@ def make_reference(
         for what, values in (
             ("params.added_total", {r.record.params.added_total for r in runs}),
             ("params.trainable", {r.record.params.trainable for r in runs}),
+            ("params.stored_total", {r.record.params.stored_total for r in runs}),
             ("backbone weights", {weights_identity(r) for r in runs}),
             ("precision", {r.record.precision for r in runs}),
         ):
@@ -366,9 +374,10 @@ def make_reference(
                 "accuracy_matrix": [[round(v, 4) for v in row] for row in mean_matrix(runs, key.protocol)],
                 "last_acc": round(_mean([float(x.last_acc) for x in s]), 4),
                 "avg_acc": round(_mean([float(x.avg_acc) for x in s]), 4),
-                "tolerance": tolerance_for(tolerances, key.strategy, key.profile),
+                "tolerance": dict(kept.get(key.label()) or tolerance_for(tolerances, key.strategy, key.profile)),
                 "params": {
                     "added_total": runs[0].record.params.added_total,
+                    "stored_total": runs[0].record.params.stored_total,
                     "trainable": runs[0].record.params.trainable,
                 },
                 "time": None
@@ -426,20 +435,29 @@ def make_reference(
     return ref
 
 
+def _entries_by_label(ref: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for e in ref.get("entries", []) if isinstance(ref.get("entries"), list) else []:
+        try:
+            out[_entry_key(e, "previous reference").label()] = e
+        except ClbenchError:
+            continue
+    return out
+
+
+def _tolerance_text(tol: Any) -> str:
+    if not isinstance(tol, dict):
+        return str(tol)
+    return " / ".join(f"{m} {tol.get(m)}" for m in TOLERANCE_METRICS)
+
+
 def reference_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What a rewrite changes, one line per entry added, removed or moved (for the file's ``written_by``)."""
-
-    def index(ref):
-        out = {}
-        for e in ref.get("entries", []) if isinstance(ref.get("entries"), list) else []:
-            try:
-                out[_entry_key(e, "previous reference").label()] = e
-            except ClbenchError:
-                continue
-        return out
-
-    before, after = index(old), index(new)
-    lines = [f"added {k}" for k in sorted(set(after) - set(before))]
+    """What a rewrite changes, one line per entry added, removed or moved, its tolerance included, and one for the
+    tolerance table (for the file's ``written_by``)."""
+    before, after = _entries_by_label(old), _entries_by_label(new)
+    lines = [
+        f"added {k} (tolerance {_tolerance_text(after[k].get('tolerance'))})" for k in sorted(set(after) - set(before))
+    ]
     lines += [f"removed {k}" for k in sorted(set(before) - set(after))]
     for k in sorted(set(before) & set(after)):
         moved = [
@@ -447,8 +465,20 @@ def reference_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             for m in ("last_acc", "avg_acc", "params", "precision", "weights")
             if before[k].get(m) != after[k].get(m)
         ]
+        if before[k].get("tolerance") != after[k].get("tolerance"):
+            moved.append(
+                f"tolerance {_tolerance_text(before[k].get('tolerance'))} -> "
+                f"{_tolerance_text(after[k].get('tolerance'))}"
+            )
         if moved:
             lines.append(f"{k}: " + "; ".join(moved))
+    old_table, new_table = old.get("tolerances") or {}, new.get("tolerances") or {}
+    if old_table != new_table:
+        names = sorted(n for n in set(old_table) | set(new_table) if old_table.get(n) != new_table.get(n))
+        lines.append(
+            f"tolerance table: {old_table.get('source', 'built-in defaults')} -> "
+            f"{new_table.get('source', 'built-in defaults')} (differs in: {', '.join(names)})"
+        )
     return lines
 
 
@@ -809,7 +839,9 @@ def check(
                     rewrite,
                 )
             )
-        for field in ("added_total", "trainable"):
+        for field in ("added_total", "stored_total", "trainable"):
+            if field not in entry["params"]:  # references written before stored statistics were counted apart
+                continue
             want_p = int(entry["params"][field])
             got_p = sorted({int(getattr(r.record.params, field)) for r in runs})
             rows.append(
@@ -957,7 +989,7 @@ COLUMNS = (
     ("matrix", ("accuracy matrix",)),
     ("final acc %", ("final acc %",)),
     ("avg inc acc %", ("avg inc acc %",)),
-    ("params added / trainable", ("params added_total", "params trainable")),
+    ("params added / stored / trainable", ("params added_total", "params stored_total", "params trainable")),
     ("train / eval time", ("train time / calibration", "eval time / calibration")),
 )
 

@@ -41,6 +41,7 @@ class Run:
     record: RunRecord
     run_id: str
     variant: str
+    pool_class_orders: bool = False  # rows average runs of different class orders (a sweep with --vary both)
 
     # --------------------------------------------------------------------------------------- record fields
     @property
@@ -76,6 +77,8 @@ class Run:
     # --------------------------------------------------------------------------------------- labels
     @property
     def bench_label(self) -> str:
+        if self.pool_class_orders:
+            return bench_label(self.record.bench, self.record.task_sizes) + " (class orders pooled)"
         return bench_label(self.record.bench, self.record.task_sizes, self.record.class_order_seed)
 
     @property
@@ -250,8 +253,9 @@ def _load(path: Path) -> RunRecord | str:
         return reason.split(": ", 1)[1] if reason.startswith(str(path)) else reason
 
 
-def collect(paths: list[str | Path]) -> Collection:
-    """Load every record under ``paths``. Raises ClbenchError only for paths that do not exist."""
+def collect(paths: list[str | Path], pool_class_orders: bool = False) -> Collection:
+    """Load every record under ``paths``. Raises ClbenchError only for paths that do not exist. ``pool_class_orders``:
+    runs of one benchmark and split but different class orders share rows (seeds that also set the class order)."""
     from clbench import metrics
 
     files, skipped = find_run_dirs(paths)
@@ -280,14 +284,20 @@ def collect(paths: list[str | Path]) -> Collection:
         while rid in taken:
             rid, i = f"{base}#{i}", i + 1
         taken.add(rid)
-        runs.append(Run(folder, rec, rid, variants[id(rec)]))
+        runs.append(Run(folder, rec, rid, variants[id(rec)], pool_class_orders))
     runs.sort(key=lambda r: (r.bench_label, r.backbone_label, r.variant, r.seed, r.run_id))
 
     notes = []
-    changed = [r.run_id for r in runs if r.record.metric_definitions not in (None, metrics.DEFINITIONS)]
+    changed = [r.run_id for r in runs if _redefined(r.record.metric_definitions, metrics.DEFINITIONS)]
     if changed:
         notes.append("metric definitions in these records differ from this clbench's: " + ", ".join(changed))
     return Collection(runs, sorted(skipped, key=lambda s: s.path), notes)
+
+
+def _redefined(theirs: dict[str, str] | None, ours: dict[str, str]) -> bool:
+    """Whether a record's metric definitions give a metric another meaning than ours (metrics added since are not
+    a change)."""
+    return theirs is not None and any(ours.get(k) != v for k, v in theirs.items())
 
 
 def changed_settings(record: RunRecord) -> list[str] | None:

@@ -29,9 +29,19 @@ def _add_run_dirs(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_pool(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--pool-class-orders",
+        action="store_true",
+        help="average runs of one benchmark and split over their class orders (seeds that also set the class "
+        "order, `clbench sweep --vary both`); default: each class order is its own benchmark row",
+    )
+
+
 # ------------------------------------------------------------------------------------------- report
 def add_report_args(p: argparse.ArgumentParser) -> None:
     _add_run_dirs(p)
+    _add_pool(p)
     p.add_argument(
         "--out",
         required=True,
@@ -61,7 +71,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.tsne_points < 10:
         raise ClbenchError(f"--tsne-points must be >= 10 (got {args.tsne_points})")
-    coll = collect(args.run_dirs)
+    coll = collect(args.run_dirs, args.pool_class_orders)
     written = write_report(
         coll, Path(args.out), title=args.title, command=_invocation(), with_tsne=args.tsne, tsne_points=args.tsne_points
     )
@@ -77,12 +87,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------- compare
 def add_compare_args(p: argparse.ArgumentParser) -> None:
     _add_run_dirs(p)
+    _add_pool(p)
     p.add_argument("--bench", required=True, metavar="NAME", help="the benchmark to compare strategies on")
     p.add_argument(
         "--out",
         required=True,
         metavar="DIR",
-        help="folder for compare.md / .csv / .tex and figures/compare_<bench>.png|svg",
+        help="folder for compare.md / .csv / .tex, compare_pairs.csv and figures/compare_<bench>*.png|svg",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="STRATEGY",
+        help="test every strategy against this one only (default: every pair), e.g. simplecil",
     )
 
 
@@ -90,8 +106,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from clbench.report.build import write_compare
     from clbench.report.collect import collect
 
-    coll = collect(args.run_dirs)
-    written = write_compare(coll, args.bench, Path(args.out), command=_invocation())
+    coll = collect(args.run_dirs, args.pool_class_orders)
+    written = write_compare(coll, args.bench, Path(args.out), command=_invocation(), baseline=args.baseline)
     print(
         f"compare: {len(coll.select(args.bench).runs)} runs on {plain(args.bench)} -> "
         + ", ".join(plain(f) for f in written.files)
@@ -127,7 +143,7 @@ def add_check_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="per-metric tolerances per strategy:profile from a measured spread "
-        "(e.g. reports/gate/tolerances.json; default: the built-in ones)",
+        "(e.g. reports/gate/tolerances.json; default: keep the rewritten reference's, else the built-in ones)",
     )
     w.add_argument(
         "--time-slack",
@@ -188,7 +204,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.write_reference:
         target = Path(args.write_reference)
         previous = chk.load_reference(target, for_writing=True) if target.exists() else None
-        tolerances = chk.load_tolerances(Path(args.tolerances)) if args.tolerances else {}
+        tolerances = chk.load_tolerances(Path(args.tolerances)) if args.tolerances else None  # None: keep previous
         ref = chk.make_reference(
             coll,
             why=args.why,

@@ -174,11 +174,15 @@ def accuracy_curves(
     protocol), the mean over seeds with a band of one standard deviation."""
     import matplotlib
 
+    from clbench.report.uncertainty import Predicted, row_interval
+
     groups = coll.acc_groups()
     benches = coll.benches()
     if not benches:
         return None
     colors = strategy_colors(coll)
+    predicted = Predicted()
+    bands: set[str] = set()
     with matplotlib.rc_context(RC):
         fig, panels = _bench_panels(benches, groups)
         for panel in panels:
@@ -186,6 +190,7 @@ def accuracy_curves(
             for key in panel.keys:
                 runs = groups[key]
                 mean, std = _mean_std_curves([r.summary(key.protocol).acc_curve for r in runs])
+                ri = row_interval(runs, key.protocol, predicted)
                 x = np.array(runs[0].classes_seen[: len(mean)])
                 ax.plot(
                     x,
@@ -197,17 +202,31 @@ def accuracy_curves(
                     color=colors[key.strategy],
                     label=_line_label(key, len(runs), len(panel.backbones) > 1),
                 )
-                if len(runs) > 1:
+                if ri.curve_lo is not None and ri.curve_hi is not None:  # the 95 % interval of every A_t
+                    lo, hi = np.array(ri.curve_lo[: len(x)]), np.array(ri.curve_hi[: len(x)])
+                    ax.fill_between(x, lo, hi, color=colors[key.strategy], alpha=0.18, lw=0)
+                    bands.add("interval")
+                elif len(runs) > 1:
                     ax.fill_between(x, mean - std, mean + std, color=colors[key.strategy], alpha=0.15, lw=0)
+                    bands.add("std")
             ax.set_title(panel.bench)
             ax.set_xlabel("number of classes seen")
             ax.set_ylabel("accuracy A_t (%)")
             _legend_below(ax)
         runs = _unique_runs(list(groups.values()))
+        band_text = {
+            frozenset(): "no bands (one run per line, without predictions)",
+            frozenset({"interval"}): "bands the 95 % interval (bootstrap over test images; several seeds: "
+            "hierarchical, seeds then images)",
+            frozenset({"std"}): "bands ± one standard deviation over seeds (the records kept no predictions for "
+            "an interval)",
+        }.get(
+            frozenset(bands),
+            "bands the 95 % interval where the runs kept predictions, else ± one standard deviation over seeds",
+        )
         caption = (
             f"{title}: A_t (%) after each task against the number of classes seen; lines are means over "
-            f"seeds, bands ± one standard deviation; solid = per-sample protocol, dashed = reference. "
-            + provenance(runs)
+            f"seeds, {band_text}; solid = per-sample protocol, dashed = reference. " + provenance(runs)
         )
         return _save(fig, out_dir, name, title, caption, runs)
 
@@ -597,6 +616,11 @@ def make_figures(
         if f is not None:
             figs.append(f)
     figs[1:1] = accuracy_matrices(coll, out_dir)
+    from clbench.report.uncertainty import Predicted, paired_rows
+
+    pairs = paired_matrix(paired_rows(coll, Predicted()), coll, out_dir, "paired_differences", "Paired differences")
+    if pairs is not None:  # only where runs kept predictions
+        figs.append(pairs)
     if with_tsne:
         t_figs, t_notes = tsne(coll, out_dir, tsne_points)
         figs += t_figs
@@ -604,3 +628,54 @@ def make_figures(
     else:
         notes.append("t-SNE figures were not made (--no-tsne)")
     return figs, notes
+
+
+def paired_matrix(rows: Sequence[Any], coll: Collection, out_dir: Path, name: str, title: str) -> FigureOut | None:
+    """Final accuracy of row minus column (points) for every tested pair (:class:`clbench.report.uncertainty.
+    PairRow`), one panel per benchmark and protocol; * marks pairs that differ at 5 % after Holm's correction,
+    n/p pairs that could not be paired."""
+    import matplotlib
+
+    settings = sorted({(r.bench, r.protocol) for r in rows})
+    if not any(r.test is not None for r in rows):
+        return None
+    with matplotlib.rc_context({**RC, "axes.grid": False}):
+        ncols, nrows = _panel_grid(len(settings))
+        fig, axes = _new_figure(ncols, nrows, 4.6, 4.0)
+        for ax, (bench, protocol) in zip(axes, settings, strict=False):
+            mine = [r for r in rows if (r.bench, r.protocol) == (bench, protocol)]
+            names = sorted({r.a for r in mine} | {r.b for r in mine})
+            at = {n: i for i, n in enumerate(names)}
+            diff = np.full((len(names), len(names)), np.nan)
+            marks = [["" for _ in names] for _ in names]
+            for r in mine:
+                i, j = at[r.a], at[r.b]
+                if r.test is None:
+                    marks[i][j] = marks[j][i] = "n/p"
+                    continue
+                diff[i, j], diff[j, i] = r.test.diff.value, -r.test.diff.value
+                star = "*" if r.significant else ""
+                marks[i][j] = f"{r.test.diff.value:+.1f}{star}"
+                marks[j][i] = f"{-r.test.diff.value:+.1f}{star}"
+            lim = max(1.0, float(np.nanmax(np.abs(diff))) if np.isfinite(diff).any() else 1.0)
+            im = ax.imshow(diff, cmap="RdBu", vmin=-lim, vmax=lim)
+            for i in range(len(names)):
+                for j in range(len(names)):
+                    if marks[i][j]:
+                        dark = np.isfinite(diff[i, j]) and abs(diff[i, j]) > 0.6 * lim
+                        ax.text(
+                            j, i, marks[i][j], ha="center", va="center", fontsize=8, color="white" if dark else "black"
+                        )
+            ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
+            ax.set_yticks(range(len(names)), names)
+            ax.set_title(f"{bench} ({protocol})")
+            fig.colorbar(im, ax=ax, shrink=0.8, label="row - column, final acc (points)")
+        for ax in axes[len(settings) :]:
+            ax.set_visible(False)
+        caption = (
+            f"{title}: final accuracy of the row's strategy minus the column's, in points, on the same test images "
+            "and seeds; * = significantly different at 5 % (exact McNemar for one seed, paired bootstrap over "
+            "images for several, seeds held fixed; Holm-corrected over the pairs of each panel); n/p = not "
+            "paired (other seeds, class order or test set). " + provenance(coll.runs)
+        )
+        return _save(fig, out_dir, name, title, caption, coll.runs)

@@ -4,7 +4,8 @@ Each table is a :class:`Section`: a title, a DataFrame of display strings, and t
 sections make ``README.md``, ``index.html`` and the golden file of the tests, so the three never disagree.
 
 Rows: one per benchmark (with split) x backbone (name, input size, weights) x strategy configuration x protocol.
-Only seeds are averaged (mean ± sample standard deviation, n shown); every row names the runs it came from.
+Only seeds are averaged (mean ± half the 95 % interval where the runs kept predictions, the standard deviation over
+seeds beside it, n shown); every row names the runs it came from.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from clbench import text
 from clbench.report.collect import Collection, Run, digest_short
+from clbench.report.uncertainty import Predicted, RowInterval, fmt_interval, paired_rows, pairs_frame, row_interval
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -80,6 +82,14 @@ def fmt_mean_std(values: Iterable[Any], nd: int = 2) -> str:
     return f"{mean:.{nd}f}" if n == 1 else f"{mean:.{nd}f} ± {std:.{nd}f}"
 
 
+def fmt_mean_sd(values: Iterable[Any], nd: int = 2) -> str:
+    """``12.30 (sd 1.20)`` over seeds; ``±`` is kept for intervals."""
+    mean, std, n = mean_std(values)
+    if n == 0:
+        return "-"
+    return f"{mean:.{nd}f}" if n == 1 else f"{mean:.{nd}f} (sd {std:.{nd}f})"
+
+
 def fmt_signed_mean_std(values: Iterable[Any], nd: int = 2) -> str:
     mean, std, n = mean_std(values)
     if n == 0:
@@ -107,17 +117,32 @@ def run_ids(runs: Sequence[Run]) -> str:
 
 
 # ------------------------------------------------------------------------------------------- tables
-def summary_frame(coll: Collection) -> pd.DataFrame:
-    """Numbers per row (means, standard deviations, n): the machine-readable summary."""
+def _bwt(run: Run, protocol: str) -> float:
+    """The record's BWT, or (records before it) computed from its accuracy matrix: the same definition."""
+    from clbench import metrics
+
+    s = run.summary(protocol)
+    return s.bwt if s.bwt is not None else metrics.bwt(s.accuracy_matrix)
+
+
+def summary_frame(coll: Collection, predicted: Predicted | None = None) -> pd.DataFrame:
+    """Numbers per row (means, standard deviations, n, 95 % intervals): the machine-readable summary."""
     import pandas as pd
 
+    predicted = predicted or Predicted()
     rows = []
     for key, runs in coll.acc_groups().items():
         s = [r.summary(key.protocol) for r in runs]
         row: dict[str, Any] = dict(key._asdict())
-        for metric in ("last_acc", "avg_acc", "forgetting"):
+        for metric in ("last_acc", "avg_acc", "forgetting", "ece"):
             mean, std, _ = mean_std(getattr(x, metric) for x in s)
             row[f"{metric}_mean"], row[f"{metric}_std"] = mean, std
+        row["bwt_mean"] = mean_std(_bwt(r, key.protocol) for r in runs)[0]
+        ri = row_interval(runs, key.protocol, predicted)
+        for metric, interval in (("last_acc", ri.last), ("avg_acc", ri.avg)):
+            row[f"{metric}_lo"] = interval.lo if interval else math.nan
+            row[f"{metric}_hi"] = interval.hi if interval else math.nan
+        row["interval"] = interval_cell(ri)
         row["n"] = len(runs)
         row["seeds"] = sorted(r.seed for r in runs)
         row["added_params"] = sorted({r.record.params.added_total for r in runs})
@@ -131,13 +156,21 @@ def summary_frame(coll: Collection) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def summary_table(coll: Collection) -> pd.DataFrame:
+def interval_cell(ri: RowInterval) -> str:
+    return ri.method if ri.why_not is None else f"none: {ri.why_not}"
+
+
+def summary_table(coll: Collection, predicted: Predicted | None = None) -> pd.DataFrame:
+    """Rows of mean over seeds ± half the 95 % interval (where the runs kept predictions; the interval column says
+    how it was made, or why there is none), with the standard deviation over seeds beside it."""
     import pandas as pd
 
+    predicted = predicted or Predicted()
     rows = []
     for key, runs in coll.acc_groups().items():
         s = [r.summary(key.protocol) for r in runs]
         rss = _finite(r.record.peak_rss_mb for r in runs)
+        ri = row_interval(runs, key.protocol, predicted)
         rows.append(
             {
                 "benchmark": key.bench,
@@ -146,9 +179,13 @@ def summary_table(coll: Collection) -> pd.DataFrame:
                 "weights": key.weights,
                 "protocol": key.protocol,
                 "n (seeds)": seeds_cell(runs),
-                "final acc %": fmt_mean_std(x.last_acc for x in s),
-                "avg inc acc %": fmt_mean_std(x.avg_acc for x in s),
-                "forgetting": fmt_mean_std(x.forgetting for x in s),
+                "final acc %": fmt_interval(mean_std(x.last_acc for x in s)[0], ri.last),
+                "avg inc acc %": fmt_interval(mean_std(x.avg_acc for x in s)[0], ri.avg),
+                "95 % interval": interval_cell(ri),
+                "final acc sd over seeds": fmt_float(mean_std(x.last_acc for x in s)[1], 2),
+                "forgetting": fmt_mean_sd(x.forgetting for x in s),
+                "BWT": fmt_mean_sd(_bwt(r, key.protocol) for r in runs),
+                "ECE": fmt_mean_sd(x.ece for x in s),
                 "added params": fmt_int_range(r.record.params.added_total for r in runs),
                 "trainable params": fmt_int_range(r.record.params.trainable for r in runs),
                 "features s": fmt_float(mean_std(r.record.time_s.features for r in runs)[0]),
@@ -276,18 +313,43 @@ def provenance_notes(coll: Collection) -> list[str]:
     return notes
 
 
+INTERVAL_NOTE = (
+    "final / avg inc acc: mean over seeds ± half the 95 % interval (bootstrap over test images resampled within "
+    "each class; several seeds: hierarchical, seeds then images); rows whose records kept no predictions show "
+    "the value alone, and the interval column says why"
+)
+
+
+def pairs_section(coll: Collection, predicted: Predicted, baseline: str | None = None) -> Section | None:
+    """Paired tests of final accuracy between the rows of each benchmark and protocol (None: no pair tested)."""
+    rows = paired_rows(coll, predicted, baseline)
+    if not any(r.test is not None for r in rows):
+        return None
+    return Section(
+        "Paired comparisons",
+        "pairs",
+        pairs_frame(rows),
+        intro="Final accuracy of A minus B on the same test images and seeds, with its 95 % interval; one seed: "
+        "exact McNemar test, several: paired bootstrap over images (seeds held fixed). p (Holm): corrected for "
+        "the number of pairs tested on each benchmark and protocol; 'no' marks pairs not significantly different "
+        "at 5 %.",
+    )
+
+
 def sections(coll: Collection) -> list[Section]:
     """Every table of a report, in order."""
-    summary = summary_table(coll)
+    predicted = Predicted()
+    summary = summary_table(coll, predicted)
     protocols = sorted({p for r in coll.runs for p in r.protocols})
     out = [
         Section(
             "Summary",
             "summary",
             summary,
-            intro="One row per benchmark x strategy x backbone x protocol; mean ± sample std over seeds.",
+            intro="One row per benchmark x strategy x backbone x protocol; mean over seeds ± half the 95 % interval.",
             notes=[
                 *(PROTOCOL_NOTES.get(p, f"{p}: a protocol named by the strategy") for p in protocols),
+                INTERVAL_NOTE,
                 FORGETTING_NOTE,
                 COST_NOTE,
                 *coll.notes,
@@ -296,6 +358,9 @@ def sections(coll: Collection) -> list[Section]:
             definitions=metric_definitions(),
         )
     ]
+    pairs = pairs_section(coll, predicted)
+    if pairs is not None:
+        out.append(pairs)
     gap = gap_table(coll)
     if len(gap):
         out.append(

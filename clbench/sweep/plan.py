@@ -30,6 +30,8 @@ class SweepSpec:
     data_roots: dict[str | None, str] = field(default_factory=dict)  # bench (None: every bench) -> folder
     profile: str | None = None  # applied to the strategies that define it
     overrides: tuple[tuple[str | None, str, str], ...] = ()  # (strategy or None for all, key, value)
+    vary: str = "seed"  # which seed --seeds sets: "seed" (init), "class-order", or "both" (the same value)
+    seed: int = 1993  # the initialisation seed of every run when only the class order varies
 
 
 @dataclass
@@ -51,17 +53,42 @@ def parse_list(text: str, what: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(split_list(text, f"--{what}", example)))  # order kept, repeats dropped
 
 
+VARY = ("seed", "class-order", "both")  # SweepSpec.vary: what each value of --seeds is the seed of
+MAX_SEEDS = 1000
+SEEDS_EXAMPLE = "e.g. --seeds 1993,1994,1995 or --seeds 1993..1997"
+
+
 def parse_seeds(text: str) -> tuple[int, ...]:
+    """``1993,1994`` and ranges ``1993..1997`` (both ends included), mixed freely; order kept, repeats dropped."""
     from clbench.config import RUN_SETTINGS
 
-    seeds = []
+    check = dataclasses.replace(RUN_SETTINGS["seed"], flag="--seeds").check
+    seeds: list[int] = []
     for item in parse_list(text, "seeds"):
+        lo_text, dots, hi_text = item.partition("..")
         try:
-            seeds.append(int(item))
+            lo, hi = int(lo_text), int(hi_text) if dots else int(lo_text)
         except ValueError:
-            raise ClbenchError(f"--seeds: {item!r} is not an integer", "e.g. --seeds 1993,1994,1995") from None
-        dataclasses.replace(RUN_SETTINGS["seed"], flag="--seeds").check(seeds[-1])
-    return tuple(seeds)
+            raise ClbenchError(f"--seeds: {item!r} is not an integer or a range A..B", SEEDS_EXAMPLE) from None
+        if hi < lo:
+            raise ClbenchError(f"--seeds: the range {item!r} runs backwards", f"write {hi}..{lo}")
+        if hi - lo + 1 + len(seeds) > MAX_SEEDS:
+            raise ClbenchError(f"--seeds: {item!r} asks for more than {MAX_SEEDS} seeds", SEEDS_EXAMPLE)
+        for seed in (lo, hi):
+            check(seed)
+        seeds.extend(range(lo, hi + 1))
+    return tuple(dict.fromkeys(seeds))
+
+
+def seeds_of(spec: SweepSpec, value: int) -> tuple[int, int, str]:
+    """(init seed, class-order seed, run-id suffix) of the sweep's seed ``value`` under ``spec.vary``."""
+    if spec.vary == "seed":
+        return value, int(spec.settings.get("class_order_seed", 1993)), f"s{value}"
+    if spec.vary == "class-order":
+        return spec.seed, value, f"s{spec.seed}-o{value}"
+    if spec.vary == "both":
+        return value, value, f"s{value}-o{value}"
+    raise ClbenchError(f"--vary {spec.vary!r} is unknown", f"choose one of: {', '.join(VARY)}")
 
 
 def parse_scoped_override(key: str, value: str) -> tuple[str | None, str, str]:
@@ -101,8 +128,10 @@ def make_plan(spec: SweepSpec) -> list[PlannedRun]:
             cls = STRATEGIES.get(strategy)
             overrides = tuple((k, v) for scope, k, v in spec.overrides if scope in (None, strategy))
             profile = spec.profile if spec.profile in cls.profiles else None
-            for seed in spec.seeds:
-                run_id = f"{strategy}-{bench}-s{seed}"
+            for value in spec.seeds:
+                seed, order_seed, suffix = seeds_of(spec, value)
+                run_id = f"{strategy}-{bench}-{suffix}"
+                settings = {**spec.settings, "class_order_seed": order_seed}
                 cfg = RunConfig(
                     strategy=strategy,
                     bench=bench,
@@ -111,7 +140,7 @@ def make_plan(spec: SweepSpec) -> list[PlannedRun]:
                     overrides=overrides,
                     data_root=spec.data_roots.get(bench, spec.data_roots.get(None)),
                     out=str(spec.out / "runs" / run_id),
-                    **spec.settings,
+                    **settings,
                 )
                 try:
                     _, _, backbone, _, _ = resolve(cfg)
@@ -155,6 +184,14 @@ def read_run_record(run_dir: Path) -> RunRecord | None:
 
 def same_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any]) -> bool:
     return json.loads(json.dumps(saved)) == json.loads(json.dumps(current))
+
+
+def fingerprint_digest(fp: dict[str, Any] | None) -> str:
+    """A short digest of a run's settings fingerprint (as ``clbench sweep --dry-run`` lists it): equal digests,
+    equal fingerprints."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def inspect(run: PlannedRun) -> str | None:

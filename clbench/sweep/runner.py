@@ -36,7 +36,16 @@ from clbench.sweep.plan import (
 )
 
 # Environment passed from the sweep to every run (wherever it executes): where weights and caches live, offline mode.
-PASSED_ENV = ("CLBENCH_CACHE", "HF_HUB_OFFLINE", "HF_HOME", "TORCH_HOME", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")
+PASSED_ENV = (
+    "CLBENCH_CACHE",
+    "HF_HUB_OFFLINE",
+    "HF_HOME",
+    "TORCH_HOME",
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "WANDB_MODE",  # --log wandb: offline unless the user set another mode (clbench.trackers)
+    "WANDB_PROJECT",
+)
 HISTORY_FIELDS = ("command", "started", "finished", "interrupted", "complete", "backend", "overhead")
 
 
@@ -104,8 +113,10 @@ def run_sweep(
     cache: str | None = None,
     dry_run: bool = False,
     command: str | None = None,
+    log: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Plan, skip what is done, run the rest on the backend, and write ``sweep.json``. Returns the manifest."""
+    """Plan, skip what is done, run the rest on the backend, and write ``sweep.json``. Returns the manifest.
+    ``log``: the experiment trackers of every run (:class:`clbench.trackers.LogSpec` as a dict)."""
     view = view or SweepView()
     res = res or Resources(None, None, None, None)
     if backend_name not in BACKENDS:
@@ -139,7 +150,7 @@ def run_sweep(
         check_folders(plan)
         manifest = _manifest(spec, plan, command)
         manifest["cache"] = env["CLBENCH_CACHE"]
-        return _execute_plan(plan, manifest, out, backend_name, res, ray_address, view, env)
+        return _execute_plan(plan, manifest, out, backend_name, res, ray_address, view, env, log)
     finally:
         lock.close()  # releases the lock
 
@@ -154,6 +165,7 @@ def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> d
         "strategies": list(spec.strategies),
         "benches": list(spec.benches),
         "seeds": list(spec.seeds),
+        "vary": spec.vary,  # which seed the values of "seeds" set (clbench.sweep.plan.VARY)
         "settings": dict(spec.settings),
         "profile": spec.profile,
         "overrides": [list(o) for o in spec.overrides],
@@ -202,6 +214,7 @@ def _execute_plan(
     ray_address: str | None,
     view: SweepView,
     env: dict[str, str],
+    log: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from clbench.results import load_record
 
@@ -221,6 +234,7 @@ def _execute_plan(
             "env": env,
             "threads": backend.threads,
             "sweep_id": sweep_id,
+            "log": log,
         }
 
     def submit(r: PlannedRun) -> None:

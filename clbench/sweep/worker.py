@@ -13,6 +13,7 @@ from typing import Any
 
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
+from clbench.harness import Reporter
 from clbench.results import RunRecord
 from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record, same_fingerprint
 
@@ -34,7 +35,7 @@ VOLATILE_FIELDS = (
 VOLATILE_PER_TASK = ("train_s", "eval_s")
 
 
-class _LogReporter:
+class _LogReporter(Reporter):
     """The harness's Reporter for a run in a worker: messages appended to ``run.log`` (flushed at once, so the
     sweep's progress view and a user on another node can follow them)."""
 
@@ -86,14 +87,24 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
     atomic_write_json(path / ATTEMPT_FILE, {"sweep": payload["sweep_id"], **base})
     reporter = _LogReporter(path / LOG_FILE)
     reporter.log(f"attempt started on {where['host']} (pid {where['pid']}, {payload['threads']} threads)")
+    hub = None
+    if payload.get("log"):  # --log: the run's experiment trackers (clbench.trackers)
+        from clbench.trackers import LogSpec, TrackerHub
+
+        log = dict(payload["log"])
+        hub = TrackerHub(LogSpec(**{**log, "trackers": tuple(log["trackers"])}), reporter)
     try:
-        record = run(cfg, reporter)
+        record = run(cfg, hub or reporter)
     except ClbenchError as e:
         message = e.render(as_flags=True)  # a sweep is driven by the flags of `clbench sweep`
         reporter.log(f"error: {message}")
+        if hub is not None:
+            hub.abort()  # the trackers' runs end as failed
         return {**base, "status": "error", "error": message, "finished_at": time.time()}
     except BaseException as e:
         reporter.log(f"failed: {type(e).__name__}: {e}")
+        if hub is not None:
+            hub.abort()
         raise
     finally:
         reporter.close()

@@ -1,6 +1,11 @@
 """Measure the same-seed spread of the gate's runs across CPUs and precisions, and derive the gate's tolerances.
 
 usage: python reports/gate/spread.py BASE_DIR OTHER_DIR... --labels BASE OTHER... --out reports/gate
+       python reports/gate/spread.py --extend reports/gate/tolerances.json RUN_DIR
+
+The second form adds to an existing tolerances file every strategy:profile of RUN_DIR that it lacks, with the
+allowance alone (no measured spread: the fp32 difference between CPUs taken as 0, what every measured entry showed),
+and lists them under ``allowance_only``.
 
 Each DIR holds one complete set of gate runs (``.ci/gate CLBENCH DIR [flags]``) with its ``calibration.json``. BASE
 is the set the reference is written from; each OTHER is compared with it entry by entry. Writes
@@ -25,7 +30,7 @@ import json
 from pathlib import Path
 
 from clbench.report import check as chk
-from clbench.report.collect import collect, record_precision
+from clbench.report.collect import collect
 
 ALLOWANCE_IMAGES = {"matrix": 2, "last_acc": 3, "avg_acc": 3}
 MATRIX_CAP = 1.9  # points: a 2-point change of one task's accuracy must fail
@@ -40,11 +45,11 @@ def load_set(folder: Path) -> dict:
     entries = {}
     for key, runs in chk.group_runs(coll).items():
         (run,) = runs
-        rec = run.record
-        s = run.summary(key.protocol)
+        rec = run.record.to_dict()
+        s = run.summary(key.protocol).to_dict()
         n_test = test_images_per_task(rec)
         entries[f"{key.strategy}:{key.profile}/{key.protocol}"] = {
-            "precision": record_precision(rec), "matrix": s["accuracy_matrix"], "last_acc": s["last_acc"],
+            "precision": rec["precision"], "matrix": s["accuracy_matrix"], "last_acc": s["last_acc"],
             "avg_acc": s["avg_acc"], "test_images_per_task": n_test,
             "time_ratio": {ph: rec["time_s"][ph] / calib for ph in chk.TIME_PHASES},
             "time_s": rec["time_s"], "command": rec["command"], "cpu_capability": rec["host"]["cpu_capability"],
@@ -93,19 +98,41 @@ def compare(base: dict, other: dict) -> dict:
     return out
 
 
+def allowance(n: list[int]) -> dict[str, float]:
+    """ALLOWANCE_IMAGES in points, for a split of ``n[j]`` test images in task j."""
+    k = ALLOWANCE_IMAGES
+    seen = [sum(n[:t + 1]) for t in range(len(n))]
+    return {"matrix": 100 * k["matrix"] / min(n), "last_acc": 100 * k["last_acc"] / sum(n),
+            "avg_acc": sum(100 * k["avg_acc"] / m for m in seen) / len(seen)}
+
+
+def extend(path: Path, folder: Path) -> dict:
+    """Add allowance-only tolerances for every strategy:profile of ``folder``'s runs that ``path`` lacks."""
+    tol = json.loads(path.read_text())
+    table, added = tol["tolerances"], []
+    for run in collect([folder]).runs:
+        group = f"{run.strategy}:{run.record.profile}"
+        if group in table:
+            continue
+        a = allowance(test_images_per_task(run.record.to_dict()))
+        table[group] = {m: round(a[m], 2) for m in ("matrix", "last_acc", "avg_acc")}
+        table[group]["matrix"] = min(table[group]["matrix"], MATRIX_CAP)
+        added.append(group)
+    tol["tolerances"] = dict(sorted(table.items()))
+    tol["allowance_only"] = sorted({*tol.get("allowance_only", []), *added})
+    path.write_text(json.dumps(tol, indent=2) + "\n")
+    return tol
+
+
 def tolerances(base: dict, diffs: dict[str, dict], fp32_labels: list[str]) -> dict:
     table: dict[str, dict] = {}
-    k = ALLOWANCE_IMAGES
     for name, b in base["entries"].items():
         group = name.split("/")[0]  # strategy:profile (protocols share one tolerance)
-        n = b["test_images_per_task"]
-        seen = [sum(n[:t + 1]) for t in range(len(n))]
-        allowance = {"matrix": 100 * k["matrix"] / min(n), "last_acc": 100 * k["last_acc"] / sum(n),
-                     "avg_acc": sum(100 * k["avg_acc"] / m for m in seen) / len(seen)}
+        allowance_pts = allowance(b["test_images_per_task"])
         measured = {m: max([diffs[lab][name][key] for lab in fp32_labels if name in diffs[lab]] or [0.0])
                     for m, key in (("matrix", "matrix_max_abs_points"), ("last_acc", "last_acc_abs_points"),
                                    ("avg_acc", "avg_acc_abs_points"))}
-        tol = {m: round(measured[m] + allowance[m], 2) for m in measured}
+        tol = {m: round(measured[m] + allowance_pts[m], 2) for m in measured}
         tol["matrix"] = min(tol["matrix"], MATRIX_CAP)
         prev = table.get(group, {})
         table[group] = {m: max(tol[m], prev.get(m, 0.0)) for m in tol}
@@ -115,11 +142,18 @@ def tolerances(base: dict, diffs: dict[str, dict], fp32_labels: list[str]) -> di
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("dirs", nargs="+", type=Path)
-    ap.add_argument("--labels", nargs="+", required=True)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--extend", type=Path, help="a tolerances.json to add allowance-only entries to, from one DIR")
+    ap.add_argument("--labels", nargs="+")
+    ap.add_argument("--out", type=Path)
     ap.add_argument("--commands", nargs="*", default=[], help="the command that made each set, in order")
     ap.add_argument("--walls", nargs="*", default=[], help="wall.json of each set (gate wall-clock), in order")
     args = ap.parse_args()
+    if args.extend:
+        (folder,) = args.dirs
+        print(json.dumps(extend(args.extend, folder), indent=2))
+        return
+    if not args.labels or not args.out:
+        ap.error("--labels and --out are needed to measure a spread")
     sets = {lab: load_set(d) for lab, d in zip(args.labels, args.dirs)}
     base_label = args.labels[0]
     base = sets[base_label]

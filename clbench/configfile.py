@@ -1,0 +1,256 @@
+"""``--config FILE.yaml`` for ``clbench run`` and ``clbench sweep``: the flags, written down.
+
+A config file is a YAML mapping whose keys are the command's flags without the dashes (``init-cls: 10``;
+``init_cls`` is read the same), plus:
+
+- the strategy's settings under its name (``tosca: {epochs: 5}``), as ``--set`` gives them (``--set`` itself is
+  the key ``set``, a mapping); a sweep file may name any of its strategies, a run file only the strategy it runs;
+- for ``clbench sweep`` only, ``groups:``, a list of mappings each with a ``name``: one sweep per group, in
+  ``OUT/NAME``, with the group's keys on top of the file's (a table whose rows differ in more than strategy,
+  benchmark and seed, e.g. one row with ``--protocol both`` and another with ``--profile quick``).
+
+Flags given on the command line override the file (``--set`` pairs are applied after the file's). The file is
+checked before anything runs: an unknown key (with a did-you-mean), a value of the wrong type, settings for a
+strategy that is not run, or a file that is not a mapping is refused with one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import typing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from clbench.config import _convert
+from clbench.errors import ClbenchError
+
+SKIPPED = {"help", "config", "version", "autocast", "no-autocast"}  # not settings (or aliases of one)
+LIST_KEYS = {"strategies", "benches", "seeds", "log"}  # a YAML list or a comma-separated string
+
+
+def load(path: str) -> dict[str, Any]:
+    """The YAML mapping in ``path``."""
+    import yaml
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ClbenchError(f"--config {path}: no such file", "give the path of a YAML settings file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ClbenchError(f"--config {path}: cannot read it ({e})") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise ClbenchError(f"--config {path}: not valid YAML{line} ({getattr(e, 'problem', None) or e})") from None
+    if not isinstance(data, dict):
+        raise ClbenchError(
+            f"--config {path}: expected a mapping of settings (key: value), got {_kind(data)}",
+            "write one setting per line, e.g. `strategy: tosca`",
+        )
+    return data
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "an empty file"
+    names = {
+        bool: "true/false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }
+    return f"{names.get(type(value), type(value).__name__)} ({value!r:.40})"
+
+
+def _options(sub: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Config key (the long flag without dashes) -> its argparse action."""
+    out = {}
+    for action in sub._actions:
+        if isinstance(action, argparse._StoreConstAction) and not isinstance(
+            action, (argparse._StoreTrueAction, argparse._StoreFalseAction)
+        ):
+            continue  # aliases such as --autocast
+        for opt in action.option_strings:
+            if opt.startswith("--") and opt[2:] not in SKIPPED:
+                out[opt[2:]] = action
+    return out
+
+
+def _scalar(value: Any) -> str:
+    """A YAML value as ``--set`` would take it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_scalar(v) for v in value)
+    return str(value)
+
+
+class _File:
+    def __init__(self, path: str, command: str) -> None:
+        self.path, self.command = path, command
+
+    def error(self, key: str, message: str, hint: str | None = None) -> ClbenchError:
+        return ClbenchError(f"--config {self.path}: {key}: {message}", hint)
+
+    def value(self, key: str, action: argparse.Action, value: Any) -> tuple[str, Any]:
+        """(dest, value) for one flag key, type-checked like the flag."""
+        opt = "--" + key
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)):
+            if not isinstance(value, bool):
+                raise self.error(key, f"expected true or false, got {_kind(value)}")
+            flips = isinstance(action, argparse._StoreFalseAction) or opt.startswith("--no-")
+            return action.dest, (not value) if flips else value
+        if isinstance(action, argparse._AppendAction):  # --data-root (sweep): DIR, [DIR, BENCH=DIR], {BENCH: DIR}
+            if isinstance(value, dict):
+                return action.dest, [f"{k}={v}" for k, v in value.items()]
+            items = value if isinstance(value, list) else [value]
+            if not all(isinstance(v, str) for v in items):
+                raise self.error(key, f"expected a folder, a list of them or a mapping, got {_kind(value)}")
+            return action.dest, items
+        if key in LIST_KEYS and isinstance(value, list):
+            value = ",".join(_scalar(v) for v in value)
+        typ = action.type
+        if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise self.error(key, f"expected an integer, got {_kind(value)}")
+        if typ is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise self.error(key, f"expected a number, got {_kind(value)}")
+        if typ is None:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key in LIST_KEYS:
+                value = str(value)  # seeds: 1993
+            if not isinstance(value, str):
+                raise self.error(key, f"expected a string, got {_kind(value)}")
+        if action.choices is not None and value not in action.choices:
+            raise self.error(key, f"{value!r} is not one of {', '.join(map(str, action.choices))}")
+        return action.dest, value
+
+    def settings(self, key: str, value: Any, scoped: bool) -> list[tuple[str, str]]:
+        """``set: {KEY: VALUE}`` -> [(KEY, VALUE)] as strings (a sweep's keys may be ``STRATEGY.KEY``)."""
+        if not isinstance(value, dict):
+            raise self.error(key, f"expected a mapping of setting: value, got {_kind(value)}")
+        out = []
+        for k, v in value.items():
+            if not isinstance(k, str) or (not scoped and "." in k):
+                raise self.error(key, f"{k!r} is not a setting name")
+            if isinstance(v, dict):
+                raise self.error(f"{key}.{k}", f"expected a value, got {_kind(v)}")
+            out.append((k, _scalar(v)))
+        return out
+
+
+def read(path: str, command: str, sub: argparse.ArgumentParser, data: dict[str, Any]) -> tuple[dict, dict, list]:
+    """``data`` split and checked: (flag dest -> value, strategy -> [(key, value)], [(key, value)] of ``set``)."""
+    from clbench.catalog import STRATEGIES
+
+    f = _File(path, command)
+    options = _options(sub)
+    strategies = set(STRATEGIES.names())
+    defaults: dict[str, Any] = {}
+    sections: dict[str, list[tuple[str, str]]] = {}
+    general: list[tuple[str, str]] = []
+    for raw_key, value in data.items():
+        if not isinstance(raw_key, str):
+            raise f.error(repr(raw_key), "keys are setting names (strings)")
+        key = raw_key.replace("_", "-")
+        if raw_key in strategies:
+            sections[raw_key] = f.settings(raw_key, value, scoped=False)
+        elif key == "set":
+            general += f.settings(raw_key, value, scoped=command == "sweep")
+        elif key in options:
+            dest, v = f.value(key, options[key], value)
+            defaults[dest] = v
+        else:
+            valid = sorted(set(options) | {"set"} | ({"groups"} if command == "sweep" else set()))
+            close = difflib.get_close_matches(key, [*valid, *strategies], n=1)
+            raise ClbenchError(
+                f"--config {path}: unknown key {raw_key!r} for clbench {command}; valid keys: {', '.join(valid)}, "
+                "or a strategy's name with its settings",
+                f"did you mean {close[0]!r}?" if close else None,
+            )
+    return defaults, sections, general
+
+
+def _check_sections(path: str, sections: dict[str, list[tuple[str, str]]], run: Sequence[str]) -> None:
+    from clbench.catalog import STRATEGIES
+
+    for name, pairs in sections.items():
+        if name not in run:
+            raise ClbenchError(
+                f"--config {path}: {name}: settings for strategy {name}, which this command does not run "
+                f"(it runs {', '.join(run) or 'none'})",
+                f"remove the {name}: section, or add {name} to the strategies run",
+            )
+        config_cls = STRATEGIES.get(name).Config
+        fields = sorted(f.name for f in dataclasses.fields(config_cls))
+        hints = typing.get_type_hints(config_cls)
+        for key, value in pairs:
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=1)
+                raise ClbenchError(
+                    f"--config {path}: {name}.{key}: {name} has no setting {key!r}; valid keys: {', '.join(fields)}",
+                    f"did you mean {close[0]!r}?" if close else None,
+                )
+            try:  # the value's type, as --set checks it (ranges and cross-field checks come with the run's config)
+                _convert(value, hints[key], key)
+            except ClbenchError as e:
+                why = str(e.args[0]).rsplit(": ", 1)[-1]
+                raise ClbenchError(f"--config {path}: {name}.{key}: {value!r}: {why}") from None
+
+
+def apply(
+    make_parser: Callable[[], argparse.ArgumentParser], argv: Sequence[str], command: str, path: str
+) -> list[argparse.Namespace]:
+    """The command's arguments with ``path``'s settings under the command-line flags: one namespace, or one per
+    group of a sweep file."""
+    data = load(path)
+    groups = data.pop("groups", None)
+    if groups is None:
+        variants: list[tuple[str | None, dict[str, Any]]] = [(None, data)]
+    else:
+        if command != "sweep":
+            raise ClbenchError(f"--config {path}: groups: only a clbench sweep file has groups")
+        if not isinstance(groups, list) or not groups or not all(isinstance(g, dict) for g in groups):
+            raise ClbenchError(f"--config {path}: groups: expected a list of mappings, each with a name")
+        variants = []
+        for i, g in enumerate(groups):
+            name = g.get("name")
+            if not isinstance(name, str) or not name.strip() or "/" in name:
+                raise ClbenchError(f"--config {path}: groups[{i}]: expected a name (a folder name) for the group")
+            merged = {**data, **{k: v for k, v in g.items() if k != "name"}}
+            for key in ("set", *(k for k in data if isinstance(data.get(k), dict) and isinstance(g.get(k), dict))):
+                if isinstance(data.get(key), dict) and isinstance(g.get(key), dict):
+                    merged[key] = {**data[key], **g[key]}
+            variants.append((name, merged))
+    out = []
+    for name, values in variants:
+        parser = make_parser()
+        sub = parser.commands[command]  # type: ignore[attr-defined]
+        defaults, sections, general = read(path, command, sub, values)
+        sub.set_defaults(**defaults)
+        args = parser.parse_args(argv)
+        if command == "run":
+            run = [args.strategy] if args.strategy else []
+            _check_sections(path, sections, run)
+            pairs = general + [kv for n in run for kv in sections.get(n, [])]
+        else:
+            from clbench.sweep import parse_list
+
+            if args.strategies is None:
+                raise ClbenchError("clbench sweep needs --strategies", "give it on the command line or in the file")
+            _check_sections(path, sections, parse_list(args.strategies, "strategies"))
+            pairs = general + [(f"{n}.{k}", v) for n, kv in sections.items() for k, v in kv]
+            if name is not None:
+                if args.out is None:
+                    raise ClbenchError(f"--config {path}: a file with groups needs out (the folder of the groups)")
+                args.out = str(Path(args.out) / name)
+                args.group_name = name
+        args.overrides = [*pairs, *args.overrides]
+        out.append(args)
+    return out

@@ -1,0 +1,564 @@
+"""Experiment trackers: a run's progress and record in TensorBoard, MLflow or Weights & Biases.
+
+``clbench run --log tensorboard,mlflow,wandb`` (and ``clbench sweep``, and ``clbench export`` for records that
+exist) sends every tracker asked for the same things:
+
+- at the start, the resolved settings as parameters (``config.*``, ``strategy.*``, ``fingerprint.*``) and tags
+  (strategy, benchmark, backbone, weights digest, precision, git revision);
+- after each task t (step t, from 1): ``acc/A_t``, ``acc/old``, ``acc/new``, ``acc/top5``, ``acc/forgetting`` (so
+  far), ``R/task_<j>`` (the row R[t] of the accuracy matrix, j from 1), ``routing/<protocol>/acc`` (or
+  ``routing/acc``) where the strategy reports routing accuracy, ``time/train_s``, ``time/eval_s`` and
+  ``memory/peak_rss_mb``;
+- at the end, the summary metrics (``final/*``), the record (``result.json``) and the figures (accuracy curve and
+  matrix) as artifacts.
+
+Offline by default: TensorBoard event files under ``RUN_DIR/tensorboard`` (or ``LOG_DIR/tensorboard/RUN_ID``), an
+MLflow file store ``./mlruns`` (or ``LOG_DIR/mlruns``; ``MLFLOW_TRACKING_URI`` wins where set), W&B in offline
+mode under the run folder (or ``LOG_DIR``) unless ``WANDB_MODE`` says otherwise.
+
+A tracker never fails a run and never holds it up for longer than :data:`FINISH_TIMEOUT_S`: each runs on its own
+daemon thread, the run hands it work without waiting, and at the end waits for it at most that long. A tracker that
+raises (not installed in a worker, a server that does not answer, a full disk) is dropped with one warning and an
+entry in the record's ``tracker_events``.
+
+The adapters import their library only when used; this module imports neither torch nor any tracker.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import difflib
+import importlib.util
+import json
+import math
+import os
+import queue
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from clbench.errors import ClbenchError
+
+if TYPE_CHECKING:
+    from clbench.harness import RunStart
+    from clbench.results import ProtocolSummary, RunRecord, TaskEntry
+
+EXTRA = "trackers"  # pip install 'clbench[trackers]'
+# tracker name -> (module that must be importable, pip package)
+TRACKERS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "mlflow": ("mlflow", "mlflow-skinny"),
+    "wandb": ("wandb", "wandb"),
+}
+FINISH_TIMEOUT_S = 60.0  # the most a run waits at its end for its trackers (W&B's start alone takes ~5 s)
+DEFAULT_PROJECT = "clbench"  # MLflow experiment and W&B project when no sweep groups the run
+
+
+# ----------------------------------------------------------------------------------------------- choosing
+def installed(name: str) -> str | None:
+    """The installed version of tracker ``name``'s library, or None when it cannot be imported."""
+    module, package = TRACKERS[name]
+    if module in sys.modules:
+        if sys.modules[module] is None:  # import blocked
+            return None
+    elif importlib.util.find_spec(module) is None:
+        return None
+    from importlib import metadata
+
+    for dist in (package, module):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown version"
+
+
+def parse_trackers(text: str | list[str] | tuple[str, ...], check_installed: bool = True) -> tuple[str, ...]:
+    """``tensorboard,mlflow`` -> ("tensorboard", "mlflow"): known names, each installed (``check_installed``)."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = tuple(dict.fromkeys(str(x).strip().lower() for x in items if str(x).strip()))
+    if not names:
+        raise ClbenchError("--log is empty", f"give one or more of {', '.join(TRACKERS)}, e.g. --log tensorboard")
+    for name in names:
+        if name not in TRACKERS:
+            close = difflib.get_close_matches(name, list(TRACKERS), n=1)
+            raise ClbenchError(
+                f"--log {name}: unknown tracker; valid trackers: {', '.join(TRACKERS)}",
+                f"did you mean {close[0]!r}?" if close else None,
+            )
+        if check_installed and installed(name) is None:
+            raise ClbenchError(
+                f"--log {name}: {TRACKERS[name][1]} is not installed",
+                f"pip install 'clbench[{EXTRA}]' (or pip install {TRACKERS[name][1]})",
+            )
+    return names
+
+
+@dataclass(frozen=True)
+class LogSpec:
+    """Which trackers a run logs to, and where."""
+
+    trackers: tuple[str, ...]
+    log_dir: str | None = None  # None: the run folder (TensorBoard, W&B) and ./mlruns (MLflow)
+    group: str | None = None  # the sweep a run belongs to (MLflow experiment, W&B group)
+    mlflow_uri: str | None = None  # resolved where the run was asked for (a sweep's workers run elsewhere)
+
+    @classmethod
+    def from_flags(cls, log: str, log_dir: str | None, group: str | None = None) -> LogSpec:
+        """Checked and resolved on the machine where the command was given: names, installation, folders."""
+        trackers = parse_trackers(log)
+        if log_dir is not None:
+            from clbench.harness import check_folder
+
+            check_folder(Path(log_dir), "log_dir")
+            log_dir = str(Path(log_dir).expanduser().resolve())
+        uri = None
+        if "mlflow" in trackers:
+            uri = os.environ.get("MLFLOW_TRACKING_URI") or (Path(log_dir or ".") / "mlruns").resolve().as_uri()
+        return cls(trackers, log_dir, group, uri)
+
+
+# ----------------------------------------------------------------------------------------------- what is sent
+@dataclass(frozen=True)
+class RunInfo:
+    """What a tracker gets at the start of a run."""
+
+    run_id: str
+    run_dir: Path
+    group: str | None
+    params: dict[str, Any]  # flat: "config.seed", "strategy.epochs", "fingerprint.bench", ...
+    tags: dict[str, str]
+
+
+def _flat(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flat(f"{prefix}.{key}", value))
+        elif isinstance(value, (list, tuple)):
+            out[f"{prefix}.{key}"] = json.dumps(value)
+        else:
+            out[f"{prefix}.{key}"] = value
+    return out
+
+
+def _tags(strategy: str, bench: str, backbone: str, digest: str | None, precision: str, rev: str | None) -> dict:
+    tags = {"strategy": strategy, "bench": bench, "backbone": backbone, "weights_digest": digest or "unknown"}
+    return {**tags, "precision": precision, "git_revision": rev or "unknown"}
+
+
+def info_from_start(start: RunStart, group: str | None) -> RunInfo:
+    cfg = {k: v for k, v in dataclasses.asdict(start.config).items() if k != "overrides"}
+    params = {**_flat("config", cfg), **_flat("strategy", start.strategy_config)}
+    params.update(_flat("fingerprint", start.fingerprint))
+    tags = _tags(
+        start.config.strategy, start.config.bench, start.backbone, start.weights_digest, start.precision, start.revision
+    )
+    return RunInfo(start.run_dir.name, start.run_dir, group, params, tags)
+
+
+def info_from_record(record: RunRecord, run_dir: Path, group: str | None) -> RunInfo:
+    params = {**_flat("strategy", record.strategy_config), **_flat("fingerprint", record.fingerprint or {})}
+    tags = _tags(
+        record.strategy, record.bench, record.backbone, record.weights_digest, record.precision, record.git_revision
+    )
+    return RunInfo(record.run_id, run_dir, group, params, tags)
+
+
+def _finite(values: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[k] = float(v)
+    return out
+
+
+def task_metrics(summary: ProtocolSummary, entry: TaskEntry, peak_rss_mb: float | None) -> dict[str, float]:
+    """The metrics of the last task in ``summary`` (the main protocol's metrics so far). NaN and unknown values
+    (old accuracy after the first task) are left out."""
+    t = len(summary.acc_curve) - 1
+    values: dict[str, Any] = {
+        "acc/A_t": summary.acc_curve[t],
+        "acc/old": summary.old_acc[t] if t < len(summary.old_acc) else None,
+        "acc/new": summary.new_acc[t] if t < len(summary.new_acc) else None,
+        "acc/top5": summary.top5_curve[t] if t < len(summary.top5_curve) else None,
+        "acc/forgetting": summary.forgetting if t > 0 else None,
+        "routing/acc": entry.diagnostics.get("routing_acc"),  # a strategy with one router
+        "time/train_s": entry.train_s,
+        "time/eval_s": entry.eval_s,
+        "memory/peak_rss_mb": peak_rss_mb,
+    }
+    for protocol, diag in entry.diagnostics.items():  # routing per evaluation protocol (TOSCA, MOS)
+        if isinstance(diag, dict) and "routing_acc" in diag:
+            values[f"routing/{protocol}/acc"] = diag["routing_acc"]
+    for router, diag in (entry.diagnostics.get("routers") or {}).items():  # TOSCA's routing study, router by router
+        if isinstance(diag, dict):
+            values[f"routing/router/{router}/acc"] = diag.get("routing_acc")
+    values.update({f"R/task_{j + 1}": r for j, r in enumerate(summary.accuracy_matrix[t])})
+    return _finite(values)
+
+
+def summary_so_far(summary: ProtocolSummary, t: int) -> ProtocolSummary:
+    """``summary`` as it stood after task ``t`` (0-based): what the run logged then, for records replayed."""
+    from clbench import metrics
+    from clbench.results import ProtocolSummary
+
+    m, c = summary.accuracy_matrix[: t + 1], summary.acc_curve[: t + 1]
+    return ProtocolSummary(
+        accuracy_matrix=m,
+        acc_curve=c,
+        last_acc=metrics.last_acc(c),
+        avg_acc=metrics.avg_acc(c),
+        forgetting=metrics.forgetting(m),
+        forgetting_first_last=metrics.forgetting_first_last(m),
+        old_acc=summary.old_acc[: t + 1],
+        new_acc=summary.new_acc[: t + 1],
+        top5_curve=summary.top5_curve[: t + 1],
+    )
+
+
+def final_metrics(record: RunRecord) -> dict[str, float]:
+    """The summary metrics of a complete record, per protocol (``final/<protocol>/...``) and for the main one."""
+    out: dict[str, Any] = {}
+    for name in record.protocol_names:
+        s = record.summary(name)
+        prefix = "final/" if name == record.protocol else f"final/{name}/"
+        out.update(
+            {
+                f"{prefix}last_acc": s.last_acc,
+                f"{prefix}avg_acc": s.avg_acc,
+                f"{prefix}forgetting": s.forgetting,
+                f"{prefix}forgetting_first_last": s.forgetting_first_last,
+            }
+        )
+    out.update(
+        {
+            "final/params_added_total": record.params.added_total,
+            "final/params_trainable": record.params.trainable,
+            "final/peak_rss_mb": record.peak_rss_mb,
+            **{f"final/time_{k}_s": v for k, v in record.time_s.to_dict().items()},
+        }
+    )
+    return _finite(out)
+
+
+def write_artifacts(record: RunRecord, run_dir: Path, out: Path) -> list[Path]:
+    """The record and its figures (accuracy curve, accuracy matrix), written under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "result.json"]
+    files[0].write_text(json.dumps(record.to_dict(), indent=1))
+    try:
+        from clbench.report.collect import Collection, Run
+        from clbench.report.figures import accuracy_curves, accuracy_matrices
+
+        coll = Collection(runs=[Run(run_dir, record, record.run_id, record.strategy)])
+        figs = [accuracy_curves(coll, out), *accuracy_matrices(coll, out)]
+        files += [out / f.files["png"] for f in figs if f is not None and "png" in f.files]
+    except Exception as e:  # figures are a courtesy; the metrics and the record are what matter
+        print(f"clbench: warning: tracker figures not made ({type(e).__name__}: {e})", file=sys.stderr)
+    return files
+
+
+# ----------------------------------------------------------------------------------------------- adapters
+class Tracker(Protocol):
+    """One experiment tracker: the whole interface an adapter implements."""
+
+    def start(self, run: RunInfo) -> None: ...
+
+    def log_task(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def finish(self, metrics: dict[str, float], artifacts: list[Path]) -> None: ...
+
+    def abort(self) -> None:
+        """The run stopped with an error: close the tracker's run as failed."""
+
+
+class TensorBoardTracker:
+    """Event files read by ``tensorboard --logdir``: scalars per task, settings as text, figures as images."""
+
+    def __init__(self, spec: LogSpec) -> None:
+        self.spec = spec
+
+    def start(self, run: RunInfo) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        base = Path(self.spec.log_dir) / "tensorboard" / run.run_id if self.spec.log_dir else None
+        where = base or run.run_dir / "tensorboard"
+        self.writer = SummaryWriter(log_dir=str(where))
+        lines = [f"| {k} | {v} |" for k, v in {**run.tags, **run.params}.items()]
+        self.writer.add_text("settings", "| setting | value |\n|---|---|\n" + "\n".join(lines), 0)
+
+    def log_task(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def finish(self, metrics: dict[str, float], artifacts: list[Path]) -> None:
+        import numpy as np
+        from PIL import Image
+
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, 0)
+        for path in artifacts:
+            if path.suffix == ".png":
+                image = np.asarray(Image.open(path).convert("RGB"))  # (H, W, 3)
+                self.writer.add_image(f"figures/{path.stem}", image, 0, dataformats="HWC")
+            elif path.suffix == ".json":
+                self.writer.add_text("record", "```\n" + path.read_text()[:100_000] + "\n```", 0)
+        self.writer.close()
+
+    def abort(self) -> None:
+        self.writer.close()
+
+
+class MlflowTracker:
+    """One MLflow run per clbench run, in the experiment of its sweep (else ``clbench``)."""
+
+    PARAM_CHARS = 6000  # MLflow's limit on a parameter value
+
+    def __init__(self, spec: LogSpec) -> None:
+        self.spec = spec
+
+    def start(self, run: RunInfo) -> None:
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        if (self.spec.mlflow_uri or "").startswith("file:"):
+            # MLflow 3 keeps the file store in maintenance mode and refuses it unless asked; it is the offline
+            # store that needs no database, so clbench asks for it (a tracking URI the user sets is used as is)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=self.spec.mlflow_uri)
+        name = run.group or DEFAULT_PROJECT
+        exp = self.client.get_experiment_by_name(name)
+        if exp is None:
+            try:
+                exp_id = self.client.create_experiment(name)
+            except Exception:  # created meanwhile by another run of the sweep
+                exp_id = self.client.get_experiment_by_name(name).experiment_id
+        else:
+            exp_id = exp.experiment_id
+        tags = {**run.tags, "clbench.run_dir": str(run.run_dir), **({"clbench.sweep": run.group} if run.group else {})}
+        self.run_id = self.client.create_run(exp_id, run_name=run.run_id, tags=tags).info.run_id
+        params = [Param(k, str(v)[: self.PARAM_CHARS]) for k, v in run.params.items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters per batch
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
+
+    def log_task(self, step: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+
+    def finish(self, metrics: dict[str, float], artifacts: list[Path]) -> None:
+        self.log_task(0, metrics)
+        for path in artifacts:
+            self.client.log_artifact(self.run_id, str(path), "figures" if path.suffix == ".png" else None)
+        self.client.set_terminated(self.run_id, "FINISHED")
+
+    def abort(self) -> None:
+        self.client.set_terminated(self.run_id, "FAILED")
+
+
+class WandbTracker:
+    """One W&B run per clbench run, grouped by sweep; offline unless ``WANDB_MODE`` says otherwise."""
+
+    def __init__(self, spec: LogSpec) -> None:
+        self.spec = spec
+
+    def start(self, run: RunInfo) -> None:
+        import wandb
+
+        where = Path(self.spec.log_dir) if self.spec.log_dir else run.run_dir
+        where.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT),
+            group=run.group,
+            name=run.run_id,
+            dir=str(where),
+            mode=os.environ.get("WANDB_MODE", "offline"),
+            config=run.params,
+            tags=[run.tags["strategy"], run.tags["bench"]],
+            reinit="create_new",
+            settings=wandb.Settings(silent=True, console="off"),
+        )
+        self.run.summary.update({f"tag/{k}": v for k, v in run.tags.items()})
+
+    def log_task(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log({**metrics, "task": step}, step=step)
+
+    def finish(self, metrics: dict[str, float], artifacts: list[Path]) -> None:
+        import wandb
+
+        self.run.summary.update(metrics)
+        for path in artifacts:
+            if path.suffix == ".png":
+                self.run.summary[f"figures/{path.stem}"] = wandb.Image(str(path))
+        art = wandb.Artifact(f"record-{self.run.id}", type="clbench-record")
+        for path in artifacts:
+            art.add_file(str(path))
+        self.run.log_artifact(art)
+        self.run.finish()
+
+    def abort(self) -> None:
+        self.run.finish(exit_code=1)
+
+
+ADAPTERS: dict[str, Callable[[LogSpec], Tracker]] = {
+    "tensorboard": TensorBoardTracker,
+    "mlflow": MlflowTracker,
+    "wandb": WandbTracker,
+}
+
+
+# ----------------------------------------------------------------------------------------------- safety
+class _Lane:
+    """One daemon thread that runs a tracker's calls in order, so the run never waits for them (a hung tracker
+    cannot keep the process alive either)."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._work, name=f"clbench-tracker-{name}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            fn, future = self._queue.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as e:
+                    future.set_exception(e)
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((fn, future))
+        return future
+
+
+def _why(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+
+
+class TrackerHub:
+    """The harness's observer for ``--log``: forwards the run's hooks to every tracker on its own lane, drops a
+    tracker that fails (one warning, one event in the record) and waits at most :data:`FINISH_TIMEOUT_S` at the end.
+
+    Wraps the reporter that shows progress (``inner``): messages and progress bars go there unchanged."""
+
+    def __init__(self, spec: LogSpec, inner: Any = None, timeout: float = FINISH_TIMEOUT_S) -> None:
+        from clbench.harness import Reporter
+
+        self.spec, self.inner, self.timeout = spec, inner or Reporter(), timeout
+        self.events: list[str] = []
+        self._failed: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        self._lanes = {name: _Lane(name) for name in spec.trackers}
+        self._trackers: dict[str, Tracker] = {}
+        self._last: dict[str, concurrent.futures.Future] = {}
+
+    # the Reporter interface, forwarded
+    def log(self, message: str) -> None:
+        self.inner.log(message)
+
+    def progress(self, description: str, total: int) -> Callable[[int], None]:
+        return self.inner.progress(description, total)
+
+    def done(self, description: str) -> None:
+        self.inner.done(description)
+
+    # ------------------------------------------------------------------------------------------- hooks
+    def run_started(self, start: RunStart) -> None:
+        self._start(info_from_start(start, self.spec.group))
+
+    def task_done(self, t: int, summary: ProtocolSummary, entry: TaskEntry, peak_rss_mb: float | None) -> None:
+        metrics = task_metrics(summary, entry, peak_rss_mb)
+        self._each("log_task", lambda tr: tr.log_task(t + 1, metrics))
+        self._warn()
+
+    def run_finished(self, record: RunRecord, run_dir: Path) -> None:
+        """Send the summary and artifacts, wait for the trackers (at most the timeout) and add their events to the
+        record, which the harness writes next."""
+        metrics = final_metrics(record)
+        with tempfile.TemporaryDirectory(prefix="clbench-trackers-") as tmp:
+            artifacts = write_artifacts(record, run_dir, Path(tmp))
+            self._each("finish", lambda tr: tr.finish(metrics, artifacts))
+            self._wait()
+        record.tracker_events = [*record.tracker_events, *self.events]
+
+    def abort(self, timeout: float = 10.0) -> None:
+        """The run stopped with an error: close every tracker's run as failed, waiting at most ``timeout``."""
+        self._each("abort", lambda tr: tr.abort(), started_only=True)
+        self._wait(timeout)
+
+    def replay(self, record: RunRecord, run_dir: Path) -> list[str]:
+        """Send an existing complete record as its run would have (``clbench export``); return the events."""
+        self._start(info_from_record(record, run_dir, self.spec.group))
+        main = record.main
+        for t, entry in enumerate(record.per_task):
+            self.task_done(t, summary_so_far(main, t), entry, None)
+        with tempfile.TemporaryDirectory(prefix="clbench-trackers-") as tmp:
+            artifacts = write_artifacts(record, run_dir, Path(tmp))
+            self._each("finish", lambda tr: tr.finish(final_metrics(record), artifacts))
+            self._wait()
+        return list(self.events)
+
+    # ------------------------------------------------------------------------------------------- machinery
+    def _start(self, info: RunInfo) -> None:
+        for name in self.spec.trackers:
+
+            def start(name: str = name) -> None:
+                tracker = ADAPTERS[name](self.spec)
+                tracker.start(info)
+                self._trackers[name] = tracker
+
+            self._submit(name, "start", start)
+
+    def _each(self, what: str, call: Callable[[Tracker], None], started_only: bool = False) -> None:
+        for name in self.spec.trackers:
+            if started_only and name not in self._last:
+                continue
+            self._submit(name, what, lambda name=name: call(self._trackers[name]))
+
+    def _submit(self, name: str, what: str, fn: Callable[[], None]) -> None:
+        if name in self._failed:
+            return
+
+        def guarded() -> None:
+            if name in self._failed:  # an earlier call failed: skip the rest
+                return
+            try:
+                fn()
+            except BaseException as e:
+                self._fail(name, f"failed at {what} ({_why(e)})")
+
+        self._last[name] = self._lanes[name].submit(guarded)
+
+    def _fail(self, name: str, why: str) -> None:
+        with self._lock:
+            if name not in self._failed:
+                self._failed[name] = why
+                self.events.append(f"{name}: {why}; the run went on without it")
+
+    def _warn(self) -> None:
+        with self._lock:
+            new = [(n, w) for n, w in self._failed.items() if n not in self._warned]
+            self._warned.update(n for n, _ in new)
+        for name, why in new:
+            self.inner.log(f"warning: tracker {name} {why}; the run goes on without it")
+
+    def _wait(self, timeout: float | None = None) -> None:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        for name, future in self._last.items():
+            try:
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                self._fail(name, f"did not finish within {timeout:g} s (its data may be incomplete)")
+        self._warn()

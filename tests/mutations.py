@@ -1,0 +1,307 @@
+"""Planted bugs for ``tests/test_mutations.py``: realistic one-line mistakes in the eight methods, applied by
+monkeypatching (no file is edited), and the unit tests of each method that must catch them.
+
+Loaded as a pytest plugin (``-p mutations``) in a subprocess whose environment names one mutation in
+``CLBENCH_MUTATION``: the patch is started in ``pytest_configure``, before any test module is imported, and holds
+for the whole session, so the library code and the tests see the same planted bug.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+
+import baselines.aper as aper_mod
+import baselines.dualprompt as dualprompt_mod
+import baselines.ease as ease_mod
+import baselines.l2p as l2p_mod
+import baselines.mos as mos_mod
+import baselines.ranpac as ranpac_mod
+import baselines.simplecil as simplecil_mod
+import tosca.strategy as tosca_mod
+from clbench.blocks import cosine_logits, vit_tokens
+
+ENV = "CLBENCH_MUTATION"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    method: str
+    bug: str  # what the planted mistake is, in one line
+    patch: Callable[[], contextlib.AbstractContextManager]
+
+
+# ----------------------------------------------------------------------------------------------- SimpleCIL
+def _normalised_means(features, labels, classes):  # prototypes: mean of L2-normalised features
+    return REAL["class_means"](F.normalize(features, dim=-1), labels, classes)
+
+
+def _dot_product_predict(self, split, protocol="per-sample"):  # logits: f . p_c instead of cos(f, p_c)
+    return split.features @ self.head.weight.T
+
+
+# ----------------------------------------------------------------------------------------------- L2P
+def _pull_with_wrong_sign(self, images, query, batchwise):  # the training loss adds the pull instead of subtracting
+    logits, pull = REAL["l2p_forward"](self, images, query, batchwise)
+    return (logits, -pull) if torch.is_grad_enabled() else (logits, pull)
+
+
+def _dot_product_keys(self, query):  # unnormalised keys: long keys win
+    return F.normalize(query.float(), dim=-1) @ self.keys.T
+
+
+# ----------------------------------------------------------------------------------------------- EASE / TOSCA
+def _no_synthesis(protos, task_classes):  # old classes keep whatever stands in the new subspaces
+    return protos.clone()
+
+
+def _no_reweight(class_task, n_sets, alpha):  # every subspace weighted 1 (alpha / (T - 1) = 1)
+    return REAL["subspace_weights"](class_task, n_sets, float(max(n_sets - 1, 1)))
+
+
+def _l1_mean_epochs(self, task, module, optimizer, scheduler, advance):  # l1 term as a mean instead of a sum
+    for epoch in range(self.cfg.epochs):
+        for z, y in self._batches(task, epoch):
+            params = torch.cat([p.flatten() for p in module.parameters()])
+            loss = F.cross_entropy(self.head(module(z)), y) + self.cfg.l1 * params.abs().mean()
+            tosca_mod.optimizer_step(optimizer, loss, "planted")
+            if advance:
+                advance(1)
+        scheduler.step()
+
+
+# ----------------------------------------------------------------------------------------------- RanPAC / APER
+def _lambda_times_10(H, Y, numerics="exact", floor=0.0):
+    return 10 * REAL["select_ridge"](H, Y, numerics, floor)
+
+
+def _no_relu(self, f):  # h = f W without the ReLU
+    return f @ self.W.to(f.dtype)
+
+
+def _frozen_half_only(self, split, protocol="per-sample"):  # classify on the frozen half of concat(frozen, adapted)
+    d = self.dim
+    return cosine_logits(self.features(split)[:, :d], self.head.weight[:, :d])
+
+
+def _adapted_store_bypassed(self, split):  # the frozen [CLS] feature used for both halves
+    frozen = split.features.float()
+    return torch.cat([frozen, frozen], dim=1)
+
+
+# ----------------------------------------------------------------------------------------------- MOS
+def _skip_post_step_merge(target, previous, momentum, in_place_data=False):  # adapter_merge() after a step skipped
+    if in_place_data:  # the reference's in-forward drift is another call site
+        REAL["merge_toward"](target, previous, momentum, in_place_data)
+
+
+def _refine_one_round(feats, head, class_task, start_task, max_rounds):  # self-refinement never iterates
+    return REAL["self_refine"](feats, head, class_task, start_task, 1)
+
+
+def _unscaled_prototype_logits(refined, proto_logits, n_tasks, ensemble):  # softmax(proto) not scaled by t + 1
+    return REAL["mos_output"](refined, proto_logits, 1, ensemble)
+
+
+# ----------------------------------------------------------------------------------------------- DualPrompt
+def _e_prompts_at_first_e_layer(self, images, slots):
+    """DualPrompt._forward with one mistake: every E-prompt block gets the prefix of the first E-layer."""
+    g_at = {layer: i for i, layer in enumerate(self.g_layers)}
+    e_at = {layer: i for i, layer in enumerate(self.e_layers)}
+    e = self.prompts.e[slots]  # (B, n_e, 2, L_e, d)
+    B = len(images)
+    with self.ctx.autocast():
+        x = vit_tokens(self.model, images)
+        for i, block in enumerate(self.model.blocks):
+            if i in g_at:
+                prefix = self.prompts.g[g_at[i]].unsqueeze(0).expand(B, -1, -1, -1)
+            elif i in e_at:
+                prefix = e[:, 0]  # planted: should be e[:, e_at[i]]
+            else:
+                prefix = None
+            x = dualprompt_mod.prefix_block(block, x, prefix)
+        x = self.model.norm(x)
+        feat = self.model.forward_head(x, pre_logits=True)
+    return self.head(feat.float())
+
+
+def _key_value_swapped(attn, x, prefix):  # the prefix's value vectors used as keys and vice versa
+    return REAL["prefix_attention"](attn, x, None if prefix is None else prefix.flip(1))
+
+
+def _dot_product_e_keys(self, query):
+    return F.normalize(query.float(), dim=-1) @ self.keys.T
+
+
+REAL = {
+    "class_means": simplecil_mod.class_means,
+    "l2p_forward": l2p_mod.L2P._forward,
+    "subspace_weights": ease_mod.subspace_weights,
+    "select_ridge": ranpac_mod.select_ridge,
+    "merge_toward": mos_mod.merge_toward,
+    "self_refine": mos_mod.self_refine,
+    "mos_output": mos_mod.mos_output,
+    "prefix_attention": dualprompt_mod.prefix_attention,
+}
+
+
+def _per_sample_as_reference(all_logits, batch):  # the reference protocol routes each sample on its own
+    return tosca_mod.route_per_sample(all_logits)
+
+
+def _batch_rule_as_per_sample(self, all_logits, protocol, split=None):  # both protocols route by batch-mean entropy
+    return tosca_mod.route_reference(all_logits, self.cfg.ref_eval_batch)
+
+
+MUTATIONS: dict[str, Mutation] = {
+    "simplecil-normalised-mean": Mutation(
+        "simplecil",
+        "prototypes = mean of L2-normalised features",
+        lambda: mock.patch.object(simplecil_mod, "class_means", _normalised_means),
+    ),
+    "simplecil-dot-product-head": Mutation(
+        "simplecil",
+        "logits = f . prototype instead of the cosine",
+        lambda: mock.patch.object(simplecil_mod.SimpleCIL, "predict", _dot_product_predict),
+    ),
+    "l2p-pull-wrong-sign": Mutation(
+        "l2p",
+        "training loss adds the pull term instead of subtracting it",
+        lambda: mock.patch.object(l2p_mod.L2P, "_forward", _pull_with_wrong_sign),
+    ),
+    "l2p-dot-product-keys": Mutation(
+        "l2p",
+        "query-key match by dot product with unnormalised keys",
+        lambda: mock.patch.object(l2p_mod.PromptPool, "similarity", _dot_product_keys),
+    ),
+    "ease-no-synthesis": Mutation(
+        "ease",
+        "old-class prototypes in later subspaces are never synthesised",
+        lambda: mock.patch.object(ease_mod, "synthesize_prototypes", _no_synthesis),
+    ),
+    "ease-no-reweight": Mutation(
+        "ease",
+        "inference weights every subspace 1 (alpha ignored)",
+        lambda: mock.patch.object(ease_mod, "subspace_weights", _no_reweight),
+    ),
+    "tosca-reference-routes-per-sample": Mutation(
+        "tosca",
+        "the reference protocol routes each sample on its own",
+        lambda: mock.patch.object(tosca_mod, "route_reference", _per_sample_as_reference),
+    ),
+    "tosca-per-sample-routes-by-batch": Mutation(
+        "tosca",
+        "the per-sample protocol routes by batch-mean entropy",
+        lambda: mock.patch.object(tosca_mod.TOSCA, "routes", _batch_rule_as_per_sample),
+    ),
+    "tosca-l1-mean": Mutation(
+        "tosca",
+        "l1 term as a mean over parameters instead of a sum",
+        lambda: mock.patch.object(tosca_mod.TOSCA, "_train_epochs", _l1_mean_epochs),
+    ),
+    "ranpac-lambda-x10": Mutation(
+        "ranpac",
+        "the chosen ridge lambda multiplied by 10",
+        lambda: mock.patch.object(ranpac_mod, "select_ridge", _lambda_times_10),
+    ),
+    "ranpac-no-relu": Mutation(
+        "ranpac",
+        "random projection without the ReLU",
+        lambda: mock.patch.object(ranpac_mod.RanPAC, "project", _no_relu),
+    ),
+    "aper-frozen-half-only": Mutation(
+        "aper",
+        "classifies on the frozen half of the concatenated features only",
+        lambda: mock.patch.object(aper_mod.APER, "predict", _frozen_half_only),
+    ),
+    "aper-adapted-store-bypassed": Mutation(
+        "aper",
+        "the frozen feature stands in for the adapted half",
+        lambda: mock.patch.object(aper_mod.APER, "features", _adapted_store_bypassed),
+    ),
+    "mos-skip-merge": Mutation(
+        "mos",
+        "the adapter merge after each optimizer step is skipped",
+        lambda: mock.patch.object(mos_mod, "merge_toward", _skip_post_step_merge),
+    ),
+    "mos-refine-one-round": Mutation(
+        "mos",
+        "self-refinement stops after the first round",
+        lambda: mock.patch.object(mos_mod, "self_refine", _refine_one_round),
+    ),
+    "mos-unscaled-prototype-logits": Mutation(
+        "mos",
+        "the ensemble's prototype logits not scaled by the number of tasks",
+        lambda: mock.patch.object(mos_mod, "mos_output", _unscaled_prototype_logits),
+    ),
+    "dualprompt-e-prompts-at-first-e-layer": Mutation(
+        "dualprompt",
+        "every E-prompt block gets the first E-layer's prefix",
+        lambda: mock.patch.object(dualprompt_mod.DualPrompt, "_forward", _e_prompts_at_first_e_layer),
+    ),
+    "dualprompt-key-value-swapped": Mutation(
+        "dualprompt",
+        "prefix keys and values swapped",
+        lambda: mock.patch.object(dualprompt_mod, "prefix_attention", _key_value_swapped),
+    ),
+    "dualprompt-dot-product-keys": Mutation(
+        "dualprompt",
+        "E-key match by dot product with unnormalised keys",
+        lambda: mock.patch.object(dualprompt_mod.Prompts, "similarity", _dot_product_e_keys),
+    ),
+}
+
+# Each method's own tests: its golden checks (tests/test_reference_golden.py, first: they are the quickest) and its
+# unit-test file, by a -k selection; the tests marked slow or veryslow (real backbone, minutes) are left out.
+SELECTIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    "simplecil": (
+        ("tests/test_reference_golden.py", "tests/test_simplecil.py"),
+        "simplecil or prototypes_equal or class_means",
+    ),
+    "l2p": (
+        ("tests/test_reference_golden.py", "tests/test_l2p_ease.py"),
+        "l2p or select_prompts or batchwise or masked",
+    ),
+    "ease": (
+        ("tests/test_reference_golden.py", "tests/test_l2p_ease.py"),
+        "ease or synthesi or subspace or adapter_set",
+    ),
+    "tosca": (
+        ("tests/test_reference_golden.py", "tests/test_tosca.py"),
+        "tosca or luca or routing or module or prototype_rows or stacked",
+    ),
+    "ranpac": (
+        ("tests/test_reference_golden.py", "tests/test_ranpac_aper.py"),
+        "ranpac or ridge or lambda or floor or projection or statistics or plain_head",
+    ),
+    "aper": (("tests/test_reference_golden.py", "tests/test_ranpac_aper.py"), "aper or adapted"),
+    "mos": (
+        ("tests/test_reference_golden.py", "tests/test_mos_dualprompt.py"),
+        "mos or merge or reference_forward or orth or self_refinement or per_sample_predictions",
+    ),
+    "dualprompt": (
+        ("tests/test_reference_golden.py", "tests/test_mos_dualprompt.py"),
+        "dualprompt or prefix or prompt or untrained_keys",
+    ),
+}
+
+_active: list[contextlib.AbstractContextManager] = []
+
+
+def pytest_configure(config) -> None:
+    name = os.environ.get(ENV, "")
+    if name:
+        patch = MUTATIONS[name].patch()
+        patch.__enter__()  # raises AttributeError if the patched name no longer exists: the run errors, not passes
+        _active.append(patch)
+
+
+def pytest_unconfigure(config) -> None:
+    while _active:
+        _active.pop().__exit__(None, None, None)

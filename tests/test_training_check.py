@@ -1,0 +1,97 @@
+"""The under-training detector (clbench.training_check): relative change of what the optimizers stepped, the reset
+share of the first task's predictions, and the record's ``training_warning``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import MICRO
+
+from clbench import training_check
+from clbench.harness import RunConfig, run
+from clbench.results import load_record
+
+
+def test_watch_measures_only_what_an_optimizer_stepped():
+    moved = torch.nn.Parameter(torch.ones(4))
+    untouched = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([moved], lr=0.5)
+    with training_check.watch() as w:
+        moved.grad = torch.ones(4)
+        opt.step()
+        opt.step()  # the copy is the value before the first step, not before the last
+    assert w.steps == 2
+    assert w.relative_change() == pytest.approx(1.0)  # ||(0,0,0,0) - (1,1,1,1)|| / ||(1,1,1,1)||
+    assert id(untouched) not in w.initial
+    with training_check.watch() as w:
+        pass
+    assert w.relative_change() is None  # nothing trained
+    opt.step()  # outside a watch: the hook is removed
+    assert w.steps == 0
+
+
+def test_zero_initialised_parts_that_move_count_as_moved():
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([p], lr=1.0)
+    with training_check.watch() as w:
+        p.grad = torch.ones(3)
+        opt.step()
+    assert math.isinf(w.relative_change())
+
+
+def test_warning_thresholds():
+    assert training_check.warning(0.0, [0.5]) is not None  # the reset share decides where it was measured
+    assert training_check.warning(0.019, [0.5]) is not None
+    assert training_check.warning(0.02, [0.0]) is None
+    assert training_check.warning(None, [None, 5e-4, 1e-4]) is not None
+    assert training_check.warning(None, [None, 2e-3]) is None
+    assert training_check.warning(None, [None, None]) is None  # nothing trained: nothing to warn about
+
+
+def test_untrained_config_sets_epochs_to_zero_without_touching_the_original():
+    from baselines.l2p import L2PConfig
+
+    cfg = L2PConfig()
+    twin = training_check.untrained_config(cfg)
+    assert twin.epochs == 0 and cfg.epochs == L2PConfig().epochs
+    assert training_check.untrained_config(object()) is None
+
+
+def _micro_run(tmp_path, name, **overrides):
+    cfg = RunConfig(
+        strategy="l2p",
+        profile="ci",
+        precision="fp32",
+        out=str(tmp_path / name),
+        overrides=tuple(overrides.items()),
+        **MICRO,
+    )
+    run(cfg)
+    return load_record(tmp_path / name)
+
+
+def test_detector_fires_when_nothing_moves_and_is_silent_when_training_moves(tmp_path):
+    frozen = _micro_run(tmp_path, "lr0", lr="1e-12")  # lr 0 itself is refused by the config
+    assert frozen.training_movement[0] < 1e-9
+    assert frozen.reset_share == 0.0  # the twin starts from the same initial values: the same predictions
+    assert frozen.training_warning is not None and "barely" in frozen.training_warning
+
+    trained = _micro_run(tmp_path, "trained", lr="0.05")
+    assert trained.training_movement[0] > training_check.CHANGE_MIN
+    assert trained.reset_share > training_check.RESET_SHARE_MIN
+    assert trained.training_warning is None
+
+
+def test_detector_leaves_the_run_unchanged(tmp_path):
+    """The untrained twin draws from copies of the RNG states: the run's matrix equals one without the twin."""
+    with_twin = _micro_run(tmp_path, "a", lr="0.05")
+    original = training_check.reset_share
+    try:
+        training_check.reset_share = lambda *a, **k: None
+        without = _micro_run(tmp_path, "b", lr="0.05")
+    finally:
+        training_check.reset_share = original
+    assert with_twin.accuracy_matrix == without.accuracy_matrix
+    assert without.reset_share is None and with_twin.reset_share is not None

@@ -1,0 +1,40 @@
+"""clbench.blocks.TrainingTrace: the first and last epoch's mean loss and the relative parameter change of every
+optimiser a ``learn_task`` steps through ``optimizer_step``, stored by the harness as ``diagnostics["training"]``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from clbench.blocks import TrainingTrace, optimizer_step
+
+
+def test_epochs_are_the_steps_sharing_a_label_and_the_change_is_over_all_parameters():
+    w = torch.nn.Parameter(torch.tensor([3.0, 4.0]))  # norm 5
+    zero = torch.nn.Parameter(torch.zeros(2))  # a zero-initialised part counts in the whole
+    opt = torch.optim.SGD([w, zero], lr=0.5)
+    with TrainingTrace.active() as trace:
+        for epoch, losses in enumerate([(4.0, 2.0), (1.0, 1.0, 1.0)]):
+            for value in losses:
+                pull = (zero * torch.tensor([2.0, 0.0])).sum()  # gradient (2, 0) on zero, none on w
+                loss = (w * 0).sum() + pull - pull.detach() + value  # its value: ``value``
+                optimizer_step(opt, loss, f"epoch {epoch}")
+    (s,) = trace.summary()
+    assert s["steps"] == 5 and s["epochs"] == 2 and s["params"] == 4
+    assert s["loss_first_epoch"] == pytest.approx(3.0) and s["loss_last_epoch"] == pytest.approx(1.0)
+    assert s["param_change_abs"] == pytest.approx(5.0)  # zero moved by 5 steps x 0.5 x 2 = (5, 0)
+    assert s["param_change"] == pytest.approx(1.0)  # / ||init|| = 5
+
+
+def test_no_trace_outside_the_block_and_one_entry_per_optimiser():
+    a, b = torch.nn.Parameter(torch.ones(1)), torch.nn.Parameter(torch.ones(1))
+    oa, ob = torch.optim.SGD([a], lr=0.1), torch.optim.SGD([b], lr=0.1)
+    optimizer_step(oa, (a * 2).sum(), "before")  # no active trace: nothing recorded, nothing fails
+    with TrainingTrace.active() as trace:
+        optimizer_step(oa, (a * 2).sum(), "main epoch 0")
+        optimizer_step(ob, (b * 3).sum(), "alignment epoch 0")
+    assert [s["steps"] for s in trace.summary()] == [1, 1]
+    assert TrainingTrace.current() is None
+    with TrainingTrace.active() as empty:
+        pass
+    assert empty.summary() == []
