@@ -570,9 +570,11 @@ def record_of(e) -> dict:
 
 
 def run_with(t: Path, e, edit=None, raw: str | None = None, name: str = "run") -> Path:
-    """A copy of the earlier complete run folder (its record only), the record edited or replaced by ``raw``."""
+    """A copy of the earlier complete run folder (without its lock), the record edited or replaced by ``raw``."""
+    import shutil
+
     folder = t / "runs" / name
-    folder.mkdir(parents=True)
+    shutil.copytree(e["out"], folder, ignore=shutil.ignore_patterns(".lock"))  # predictions.npz beside the record
     rec = record_of(e)
     if edit is not None:
         edit(rec)
