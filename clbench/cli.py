@@ -711,7 +711,9 @@ class _Parser(argparse.ArgumentParser):
     every other bad input; argparse prints the whole usage block instead."""
 
     def error(self, message: str):
-        self.exit(2, f"clbench: error: {message}\n  hint: see `{self.prog} --help`\n")
+        from clbench.text import plain
+
+        self.exit(2, f"clbench: error: {plain(message)}\n  hint: see `{self.prog} --help`\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -751,7 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
     except ClbenchError as e:  # e.g. a malformed CLBENCH_PLUGINS
-        print(f"clbench: error: {e}", file=sys.stderr)
+        print(f"clbench: error: {e.for_terminal()}", file=sys.stderr)
         return e.exit_code
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -769,7 +771,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         return args.func(args)
     except ClbenchError as e:
-        print(f"clbench: error: {e.render(as_flags=True)}", file=sys.stderr)
+        print(f"clbench: error: {e.for_terminal()}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print(

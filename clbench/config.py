@@ -45,6 +45,20 @@ def run_level(strategy_cls: type, profile: str | None, cfg_value: Any, key: str)
 SEED_MAX = 2**32 - 1  # numpy's RandomState takes [0, 2**32); torch takes more, but one range for every RNG
 
 
+def split_list(text: str, flag: str, example: str) -> list[str]:
+    """A comma-separated flag value as its items, stripped; an empty item (``1993,,1994``, a trailing comma) is
+    refused: a typo must not silently change what runs. Every list flag is read with this."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        raise ClbenchError(f"{flag} is empty", f"give a comma-separated list, e.g. {flag} {example}")
+    if not all(items):
+        raise ClbenchError(
+            f"{flag} {text!r}: item {items.index('') + 1} is empty (two commas in a row, or a comma at an end)",
+            f"give a comma-separated list without empty items, e.g. {flag} {example}",
+        )
+    return items
+
+
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 

@@ -27,6 +27,7 @@ from clbench.benchmarks import BENCHMARKS
 from clbench.benchmarks.base import BenchmarkSpec, ImageSource, resolve_data_root
 from clbench.benchmarks.folder import LAYOUT, SPLITS, TreeLoader, inspect_file, scan_tree
 from clbench.errors import ClbenchError
+from clbench.text import plain
 
 MAX_LISTED = 10  # file names listed per problem; the count is always complete
 Progress = Callable[[int], None]
@@ -53,7 +54,7 @@ class DataReport:
 
 
 def _listing(items: list[str]) -> str:
-    shown = "".join(f"\n      {x}" for x in items[:MAX_LISTED])
+    shown = "".join(f"\n      {plain(x)}" for x in items[:MAX_LISTED])  # one line per item, whatever a name holds
     return shown + (f"\n      ... and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else "")
 
 
@@ -333,6 +334,7 @@ def format_report(r: DataReport) -> str:
     spec = r.spec
     lines = [f"clbench data check {spec.name}: {spec.summary}"]
     root = f"{r.root} (from {r.root_from})" if r.root and r.root_from else str(r.root) if r.root else "none"
+    root = plain(root)
     lines.append(_wrap("data root", root))
     if spec.source_info:
         lines.append(_wrap("published", spec.source_info))
@@ -348,12 +350,12 @@ def format_report(r: DataReport) -> str:
     if r.n_hashed:
         lines.append(_wrap("hashed", f"{r.n_hashed:,} images (sha256) to find test images equal to training images"))
     for note in r.notes:
-        lines.append(_wrap("note", note))
+        lines.append(_wrap("note", plain(note)))
     if r.ok:
-        lines.append(f"OK: {spec.name} data is ready" + (f" at {r.root}" if r.root else ""))
+        lines.append(f"OK: {spec.name} data is ready" + (f" at {plain(r.root)}" if r.root else ""))
     else:
         lines.append(f"{len(r.problems)} problem(s):")
-        lines += [f"  {i}. {p}" for i, p in enumerate(r.problems, 1)]
+        lines += [f"  {i}. {plain(p, keep_newlines=True)}" for i, p in enumerate(r.problems, 1)]  # listings: escaped
     return "\n".join(lines)
 
 

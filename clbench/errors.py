@@ -45,18 +45,27 @@ class ClbenchError(Exception):
         """The settings the message is about (marked with :func:`setting`), in order of mention."""
         return list(dict.fromkeys(_MARKED.findall(f"{self.args[0] if self.args else ''} {self.hint or ''}")))
 
-    def render(self, as_flags: bool = False) -> str:
-        """The message and hint, settings named as in Python (default) or as command-line flags."""
-
+    def _named(self, text: str, as_flags: bool) -> str:
         def name(m: re.Match[str]) -> str:
             key = m.group(1)
             if not as_flags:
                 return key
             return self.flags.get(key) or FLAG_SPELLINGS.get(key) or "--" + key.replace("_", "-")
 
-        msg = _MARKED.sub(name, str(self.args[0]) if self.args else "")
-        hint = _MARKED.sub(name, self.hint) if self.hint else None
-        return f"{msg}\n  hint: {hint}" if hint else msg
+        return _MARKED.sub(name, text)
+
+    def render(self, as_flags: bool = False) -> str:
+        """The message and hint, settings named as in Python (default) or as command-line flags."""
+        msg = self._named(str(self.args[0]) if self.args else "", as_flags)
+        return f"{msg}\n  hint: {self._named(self.hint, as_flags)}" if self.hint else msg
+
+    def for_terminal(self) -> str:
+        """:meth:`render` with flags, every control character in the message and the hint made visible (a file
+        name can neither break the line nor send escape sequences): one line, plus the hint's."""
+        from clbench.text import plain
+
+        msg = plain(self._named(str(self.args[0]) if self.args else "", True))
+        return f"{msg}\n  hint: {plain(self._named(self.hint, True))}" if self.hint else msg
 
     def __str__(self) -> str:
         return self.render()

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from clbench.benchmarks.base import ImageSource
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_bytes, cache_dir
+from clbench.owned import open_lock, special_file_problem
 from clbench.precision import autocast
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,11 @@ class FeatureCache:
         path = self.path(key)
         if not (self.enabled and path.exists()):
             return None
+        odd = special_file_problem(path)
+        if odd is not None:  # a FIFO would block the read, a device never end it: not read, replaced on save
+            log.warning("feature cache entry %s is %s, not a cache file; recomputing it", path.name, odd)
+            self.events.append("corrupt")
+            return None
         from safetensors import safe_open
 
         try:
@@ -194,7 +200,7 @@ class FeatureCache:
         lock_path = self.path(key).with_suffix(".lock")
         try:
             lock_path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(lock_path, "w")
+            handle = open_lock(lock_path)  # a planted symbolic link is refused, never followed
         except OSError:  # a read-only or odd cache folder: no sharing, but the run goes on
             yield
             return

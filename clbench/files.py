@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
+from clbench.owned import TMP_PREFIX, TMP_SUFFIX
 
 
 def cache_dir() -> Path:
@@ -25,7 +26,8 @@ def cache_dir() -> Path:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # mkstemp: O_EXCL, a fresh name; the prefix marks it as clbench's, the only kind clbench.owned sweeps up
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

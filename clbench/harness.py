@@ -34,6 +34,7 @@ from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: im
     run_level,
 )
 from clbench.errors import ClbenchError, setting
+from clbench.owned import open_lock, remove_own_tmp
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
@@ -111,9 +112,10 @@ class RunDir:
     def __init__(self, path: Path, overwrite: bool) -> None:
         self.path = path
         check_folder(path, "out")
+        check_run_folder(path)
         try:
             path.mkdir(parents=True, exist_ok=True)
-            self._lock = open(path / ".lock", "w")
+            self._lock = open_lock(path / LOCK_FILE)
         except OSError as e:
             raise ClbenchError(
                 f"{OUT} {path}: cannot write the run folder ({e.strerror or e})", "choose a folder you can write to"
@@ -138,8 +140,7 @@ class RunDir:
         return self.path / CHECKPOINT_FILE
 
     def _check(self, overwrite: bool) -> None:
-        for tmp in self.path.glob(".*.tmp"):  # left by a process killed mid-write (clbench.files.atomic_write_bytes)
-            tmp.unlink(missing_ok=True)
+        remove_own_tmp(self.path)  # left by a process killed mid-write (clbench.files.atomic_write_bytes)
         from clbench.checkpoint import LEGACY_FILE, refuse_legacy
 
         result = self.path / RESULT_FILE
@@ -213,6 +214,27 @@ def check_folder(path: Path, name: str) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         why = "it is on a read-only file system" if _read_only(parent) else "it is not writable by this user"
         raise ClbenchError(f"{flag} {path}: cannot write in {parent} ({why})", f"choose another {flag}")
+
+
+LOCK_FILE = ".lock"
+# A folder holding one of these is a run folder clbench made: the record, the lock (taken before anything else is
+# written), or the attempt file a sweep worker writes before the run starts (clbench.sweep.plan.ATTEMPT_FILE).
+RUN_FOLDER_MARKS = (RESULT_FILE, LOCK_FILE, "attempt.json")
+
+
+def check_run_folder(path: Path) -> None:
+    """Refuse an existing folder that is neither empty nor a clbench run folder (one holding its record or lock):
+    ``out`` names the run's own folder, and clbench writes and deletes files in it."""
+    try:
+        names = os.listdir(path)
+    except OSError:  # missing (made later) or unreadable (refused when the lock is taken)
+        return
+    if not names or any(os.path.isfile(path / m) and not os.path.islink(path / m) for m in RUN_FOLDER_MARKS):
+        return
+    raise ClbenchError(
+        f"{setting('out')} {path} is a folder of other files ({len(names)} entries), not a clbench run folder",
+        f"give a new or empty folder for the run, e.g. {setting('out')} {path / 'run'}",
+    )
 
 
 def _read_only(path: Path) -> bool:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
+from clbench.owned import open_lock
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 CHOICES = ("auto", *PRECISIONS)
@@ -249,7 +250,7 @@ def cached_probe(backbone, device, cpu: CpuInfo, cache_root: Path | None) -> Cal
         path = cache_root / "machine" / PROBE_FILE
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            lock = open(path.with_suffix(".lock"), "w")
+            lock = open_lock(path.with_suffix(".lock"))  # a planted symbolic link is refused, never followed
         except OSError:  # an unwritable cache only means measuring every time
             return _read_json(path).get(key) or measure()
         with lock:
@@ -270,11 +271,22 @@ def cached_probe(backbone, device, cpu: CpuInfo, cache_root: Path | None) -> Cal
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    """The probe cache (a dict of key -> rates), or {} for a missing, unreadable or odd one: it is measured again."""
+    from clbench.owned import load_json
+
+    if not path.exists():
         return {}
+    try:
+        data = load_json(path, "precision probe cache", limit=2**20)
+    except ClbenchError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        k: v
+        for k, v in data.items()
+        if isinstance(v, dict) and all(isinstance(r, (int, float)) and 0 < r < 1e9 for r in v.values())
+    }
 
 
 def for_backbone(backbone, device, requested: str = "auto", use_cache: bool = True) -> Precision:

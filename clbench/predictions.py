@@ -192,7 +192,10 @@ def read(run_dir: Path | str, ref: PredictionsFile, max_bytes: int = MAX_BYTES) 
         raise ClbenchError(f"{path}: the record names this predictions file but it is missing", _FIX) from None
     if size > max_bytes:
         raise ClbenchError(f"{path}: {size} bytes, more than the {max_bytes} a predictions file may have", _FIX)
-    data = path.read_bytes()
+    from clbench.owned import read_bytes
+
+    data = read_bytes(path, max_bytes, "predictions")  # a regular file, bounded: never a FIFO or /dev/zero
+    size = len(data)
     digest = hashlib.sha256(data).hexdigest()
     if digest != ref.sha256 or size != ref.bytes:
         raise ClbenchError(

@@ -12,7 +12,6 @@ load, others refused with a message.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import platform
 import resource
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
+from clbench.owned import load_json
 from clbench.predictions import PredictionsFile
 
 SCHEMA_VERSION = 4  # see the version history above RunRecord
@@ -472,30 +472,65 @@ _LAYOUT = (
 
 
 # ------------------------------------------------------------------------------------------- field checks
+# Bounds of what a field can mean; a record outside them was not written by clbench (or was edited) and is refused.
+MAX_INT = 2**63 - 1  # counts, sizes and seeds: what a C long holds
+MAX_NAME = 256  # characters of a name (strategy, benchmark, backbone, protocol, run id, profile)
+MAX_TEXT = 64 * 2**10  # characters of any other string (a command line, a data problem, a diagnostic)
+MAX_SECONDS = 10 * 365 * 86400.0  # a phase's wall-clock
+
+
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and -MAX_INT <= v <= MAX_INT
+
+
+def _is_count(v: Any) -> bool:  # a size, a count, a seed, an index: >= 0
+    return _is_int(v) and v >= 0
+
+
+def _is_positive(v: Any) -> bool:
+    return _is_int(v) and v >= 1
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) <= 1e15
 
 
 def _is_real(v: Any) -> bool:  # a number, NaN allowed (old_acc after the first task)
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and (math.isnan(v) or _is_number(v))
+
+
+def _is_pct(v: Any) -> bool:  # an accuracy in percent
+    return _is_number(v) and 0 <= v <= 100
+
+
+def _is_pct_or_nan(v: Any) -> bool:
+    return _is_pct(v) or (isinstance(v, float) and math.isnan(v))
+
+
+def _is_points(v: Any) -> bool:  # a difference of two accuracies (forgetting, a protocol gap); NaN: undefined
+    return (_is_number(v) and -100 <= v <= 100) or (isinstance(v, float) and math.isnan(v))
+
+
+def _is_seconds(v: Any) -> bool:
+    return _is_number(v) and 0 <= v <= MAX_SECONDS
 
 
 def _is_matrix(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(row, list) and all(_is_number(x) for x in row) for row in v)
+    """The accuracy matrix: lower triangular (row t holds tasks 0..t), percentages."""
+    return isinstance(v, list) and all(
+        isinstance(row, list) and len(row) == t + 1 and all(_is_pct(x) for x in row) for t, row in enumerate(v)
+    )
 
 
 def _is_summary(m: Any) -> bool:
     return (
         isinstance(m, dict)
         and _is_matrix(m.get("accuracy_matrix"))
-        and _is_number(m.get("last_acc"))
-        and _is_number(m.get("avg_acc"))
-        and isinstance(m.get("acc_curve", []), list)
-        and all(isinstance(m.get(k, []), list) for k in ("old_acc", "new_acc", "top5_curve"))
+        and _is_pct(m.get("last_acc"))
+        and _is_pct(m.get("avg_acc"))
+        and _list_of(_is_pct)(m.get("acc_curve", []))
+        and all(_list_of(_is_pct_or_nan)(m.get(k, [])) for k in ("old_acc", "new_acc", "top5_curve"))
+        and all(_or_none(_is_points)(m.get(k)) for k in ("forgetting", "forgetting_first_last"))
         and all(_or_none(_is_real)(m.get(k)) for k in ("bwt", "ece"))
         and all(_or_none(_is_pair)(m.get(k)) for k in ("last_acc_ci", "avg_acc_ci"))
     )
@@ -514,16 +549,21 @@ def _or_none(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
 
 def _is_str(v: Any) -> bool:
-    return isinstance(v, str)
+    return isinstance(v, str) and len(v) <= MAX_TEXT
+
+
+def _is_name(v: Any) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= MAX_NAME
 
 
 def _is_task(t: Any) -> bool:
     return (
         isinstance(t, dict)
-        and _is_int(t.get("task", 0))
+        and _is_count(t.get("task", 0))
         and isinstance(t.get("diagnostics") or {}, dict)
-        and _or_none(_is_real)(t.get("train_s"))
-        and _or_none(_is_real)(t.get("eval_s"))
+        and _list_of(_is_count)(t.get("classes", []))
+        and _or_none(_is_seconds)(t.get("train_s"))
+        and _or_none(_is_seconds)(t.get("eval_s"))
         and _or_none(_is_real)(t.get("trained_change"))
         and _or_none(_is_real)(t.get("reset_share"))
     )
@@ -534,38 +574,47 @@ def _is_predictions_ref(v: Any) -> bool:
         isinstance(v, dict)
         and _is_str(v.get("file"))
         and _is_str(v.get("sha256"))
-        and _is_int(v.get("bytes"))
-        and _is_int(v.get("rows"))
+        and _is_count(v.get("bytes"))
+        and _is_count(v.get("rows"))
     )
 
 
+# The same checks for other files that carry record values (the gate's reference).
+is_count, is_positive, is_pct, is_matrix, is_name = _is_count, _is_positive, _is_pct, _is_matrix, _is_name
+
 FieldCheck = tuple[tuple[str, ...], str, Callable[[Any], bool]]
+NAME = f"a name (1 to {MAX_NAME} characters)"
+SECONDS = "seconds (a finite number >= 0)"
 # Fields every record must have for the tables, figures and the gate; a record without one is refused, naming it.
 REQUIRED_FIELDS: tuple[FieldCheck, ...] = (
-    (("strategy",), "a string", _is_str),
-    (("bench",), "a string", _is_str),
-    (("backbone",), "a string", _is_str),
-    (("seed",), "an integer", _is_int),
-    (("protocol",), "a string", _is_str),
-    (("task_sizes",), "a list of integers", lambda v: isinstance(v, list) and bool(v) and all(_is_int(n) for n in v)),
-    (("acc_curve",), "a list of numbers", _list_of(_is_number)),
-    (("accuracy_matrix",), "a list of lists of numbers", _is_matrix),
-    (("last_acc",), "a number", _is_number),
-    (("avg_acc",), "a number", _is_number),
-    (("params", "added_total"), "an integer", _is_int),
-    (("params", "trainable"), "an integer", _is_int),
-    (("time_s", "features"), "a number", _is_number),
-    (("time_s", "train"), "a number", _is_number),
-    (("time_s", "eval"), "a number", _is_number),
-    (("time_s", "total"), "a number", _is_number),
+    (("strategy",), NAME, _is_name),
+    (("bench",), NAME, _is_name),
+    (("backbone",), NAME, _is_name),
+    (("seed",), "an integer >= 0", _is_count),
+    (("protocol",), NAME, _is_name),
+    (
+        ("task_sizes",),
+        "a list of integers >= 1",
+        lambda v: isinstance(v, list) and bool(v) and all(_is_positive(n) for n in v),
+    ),
+    (("acc_curve",), "a list of percentages (0 to 100)", _list_of(_is_pct)),
+    (("accuracy_matrix",), "a lower-triangular matrix of percentages (row t: t + 1 entries, 0 to 100)", _is_matrix),
+    (("last_acc",), "a percentage (0 to 100)", _is_pct),
+    (("avg_acc",), "a percentage (0 to 100)", _is_pct),
+    (("params", "added_total"), "an integer >= 0", _is_count),
+    (("params", "trainable"), "an integer >= 0", _is_count),
+    (("time_s", "features"), SECONDS, _is_seconds),
+    (("time_s", "train"), SECONDS, _is_seconds),
+    (("time_s", "eval"), SECONDS, _is_seconds),
+    (("time_s", "total"), SECONDS, _is_seconds),
 )
 # Fields a record may lack (older records do; a default stands in); one of another type is refused, naming it.
 OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
-    (("run_id",), "a string", _is_str),
-    (("profile",), "a string or null", _or_none(_is_str)),
-    (("img_size",), "an integer or null", _or_none(_is_int)),
-    (("class_order_seed",), "an integer", _is_int),
-    (("precision",), "a string", _is_str),
+    (("run_id",), NAME, _is_name),
+    (("profile",), f"{NAME} or null", _or_none(_is_name)),
+    (("img_size",), "an integer >= 1 or null", _or_none(_is_positive)),
+    (("class_order_seed",), "an integer >= 0", _is_count),
+    (("precision",), NAME, _is_name),
     (("weights_digest",), "a string or null", _or_none(_is_str)),
     (("weights_source",), "a string or null", _or_none(_is_str)),
     (("strategy_config",), "an object", lambda v: isinstance(v, dict)),
@@ -575,24 +624,34 @@ OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
         lambda v: isinstance(v, dict) and all(_is_summary(m) for m in v.values()),
     ),
     (("fingerprint",), "an object or null", _or_none(lambda v: isinstance(v, dict))),
-    (("n_classes",), "an integer or null", _or_none(_is_int)),
-    (("class_order",), "a list of integers", _list_of(_is_int)),
-    (("params", "backbone"), "an integer", _is_int),
-    (("params", "head"), "an integer", _is_int),
-    (("params", "added_per_task"), "a list of integers", _list_of(_is_int)),
-    (("params", "trainable_per_task"), "a list of integers", _list_of(_is_int)),
-    (("params", "stored_total"), "an integer", _is_int),
-    (("params", "stored_per_task"), "a list of integers", _list_of(_is_int)),
-    (("time_s", "checkpoint"), "a number", _is_number),
+    (("n_classes",), "an integer >= 1 or null", _or_none(_is_positive)),
+    (
+        ("n_images",),
+        "an object of split -> count or null",
+        _or_none(lambda v: isinstance(v, dict) and all(_is_count(n) for n in v.values())),
+    ),
+    (("class_order",), "a list of integers >= 0", _list_of(_is_count)),
+    (("class_names",), "a list of names or null", _or_none(_list_of(_is_name))),
+    (("params", "backbone"), "an integer >= 0", _is_count),
+    (("params", "head"), "an integer >= 0", _is_count),
+    (("params", "added_per_task"), "a list of integers >= 0", _list_of(_is_count)),
+    (("params", "trainable_per_task"), "a list of integers >= 0", _list_of(_is_count)),
+    (("params", "stored_total"), "an integer >= 0", _is_count),
+    (("params", "stored_per_task"), "a list of integers >= 0", _list_of(_is_count)),
+    (("time_s", "checkpoint"), SECONDS, _is_seconds),
     (("per_task",), "a list of task objects", _list_of(_is_task)),
     (("host",), "an object", lambda v: isinstance(v, dict)),
-    (("peak_rss_mb",), "a number or null", _or_none(_is_real)),
-    (("resumed_from_task",), "a list of integers", _list_of(_is_int)),
+    (("peak_rss_mb",), "a number >= 0 or null", _or_none(lambda v: _is_real(v) and not v < 0)),
+    (("resumed_from_task",), "a list of integers >= 0", _list_of(_is_count)),
     (
         ("protocol_gap",),
-        "an object with last_acc and avg_acc or null",
-        _or_none(lambda v: isinstance(v, dict) and _is_real(v.get("last_acc")) and _is_real(v.get("avg_acc"))),
+        "an object with last_acc and avg_acc (points, -100 to 100) or null",
+        _or_none(lambda v: isinstance(v, dict) and _is_points(v.get("last_acc")) and _is_points(v.get("avg_acc"))),
     ),
+    (("forgetting",), "points (-100 to 100) or null", _or_none(_is_points)),
+    (("forgetting_first_last",), "points (-100 to 100) or null", _or_none(_is_points)),
+    (("data_problems",), "a list of strings", _list_of(_is_str)),
+    (("feature_cache",), "a list of names", _list_of(_is_name)),
     (("git_revision",), "a string or null", _or_none(_is_str)),
     (("command",), "a string or null", _or_none(_is_str)),
     (("finished",), "a string or null", _or_none(_is_str)),
@@ -606,8 +665,34 @@ V1_FIELDS: tuple[FieldCheck, ...] = (  # version 1 only, upgraded away
 _ABSENT = object()
 
 
+def out_of_bounds(node: Any, where: str = "") -> str | None:
+    """The first value anywhere in the record that no field can mean: a string over :data:`MAX_TEXT` characters or an
+    integer beyond :data:`MAX_INT` (also in fields this clbench does not know, which it keeps and writes back)."""
+    stack = [(node, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, str):
+            if len(v) > MAX_TEXT:
+                return f"field {at or 'record'} is a string of {len(v):,} characters (at most {MAX_TEXT:,})"
+        elif isinstance(v, int) and not isinstance(v, bool):
+            if not -MAX_INT <= v <= MAX_INT:
+                return f"field {at or 'record'} is an integer of {len(str(abs(v)))} digits (at most 2**63 - 1)"
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                if len(k) > MAX_NAME:
+                    return f"a key in {at or 'record'} is {len(k):,} characters long (at most {MAX_NAME})"
+                stack.append((x, f"{at}.{k}" if at else k))
+        elif isinstance(v, list):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+    return None
+
+
 def field_problems(data: Json, version: int = SCHEMA_VERSION) -> list[str]:
-    """Missing required fields, then fields of the wrong type, each named (``time_s.train is str ...``)."""
+    """Missing required fields, then fields of the wrong type or outside what they mean, each named
+    (``time_s.train is str ...``); first any value no field can mean (:func:`out_of_bounds`)."""
+    huge = out_of_bounds(data)
+    if huge is not None:
+        return [huge]
     missing, wrong = [], []
     checks = ((REQUIRED_FIELDS, True), (OPTIONAL_FIELDS + (V1_FIELDS if version == 1 else ()), False))
     for fields, required in checks:
@@ -623,8 +708,13 @@ def field_problems(data: Json, version: int = SCHEMA_VERSION) -> list[str]:
                 if required:
                     missing.append(name)
             elif not ok(node):
-                wrong.append(f"{name} is {type(node).__name__} {node!r:.40}, expected {expected}")
+                wrong.append(f"{name} is {type(node).__name__} {_short(node)}, expected {expected}")
     return ([f"record lacks {', '.join(missing)}"] if missing else []) + [f"field {w}" for w in wrong]
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < 20 else f"of {len(value)} items"
+    return text[:40] + ("..." if len(text) > 40 else "")
 
 
 def _upgrade_v1(data: Json) -> Json:
@@ -726,9 +816,12 @@ def load_record(path: Path | str) -> RunRecord:
 def record_says_complete(path: Path | str) -> bool:
     """Whether ``path`` holds a record that says ``complete: true`` (of any schema version): a finished run a
     new run must not overwrite unasked. False for no file or a torn one."""
+    path = record_path(path)
+    if not path.is_file():
+        return False
     try:
-        data = json.loads(record_path(path).read_text())
-    except (OSError, ValueError):
+        data = load_json(path, "record")
+    except ClbenchError:
         return False
     return isinstance(data, dict) and bool(data.get("complete", False))
 
@@ -738,12 +831,9 @@ def _len(v: Any) -> int | str:
 
 
 def _read_json(path: Path) -> Json:
-    if not path.is_file():
+    if not path.exists():
         raise ClbenchError(f"{path.parent if path.name == RESULT_FILE else path}: no {RESULT_FILE}")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:  # ValueError: bad JSON or bytes that are not UTF-8
-        raise ClbenchError(f"{path}: not a readable JSON record ({e})") from None
+    data = load_json(path, "record", hint=RUN_HINT)  # bounded: size, nesting, special files
     if not isinstance(data, dict):
         raise ClbenchError(f"{path}: not a JSON record object (a {type(data).__name__})")
     return data

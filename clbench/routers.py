@@ -277,7 +277,11 @@ def route(name: str, inp: RouteInputs) -> torch.Tensor:
 
 def parse_names(text: str, setting: str) -> tuple[str, ...]:
     """``"a,b,c"`` -> registered router names in order, duplicates dropped (ClbenchError for an unknown one)."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    from clbench.config import split_list
+
+    if not text.strip():  # none: the setting's empty default
+        return ()
+    names = split_list(text, f"--set {setting}", "entropy,margin")
     for n in names:
         try:
             ROUTERS.check(n)

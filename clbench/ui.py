@@ -1,4 +1,7 @@
-"""Terminal output with rich: progress bars and messages on stderr, the results table on stdout."""
+"""Terminal output with rich: progress bars and messages on stderr, the results table on stdout.
+
+Every string that came from a file or a name (a record's fields, run ids, paths, log lines) is escaped with
+:func:`clbench.text.rich` before rich renders it: markup in a name prints as written, control characters as escapes."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from rich.table import Table
 
 from clbench.harness import Reporter
 from clbench.results import RunRecord
+from clbench.text import rich as esc
 
 
 class RichReporter(Reporter):
@@ -35,10 +39,10 @@ class RichReporter(Reporter):
         self._progress.stop()
 
     def log(self, message: str) -> None:
-        self._progress.console.log(message)
+        self._progress.console.log(esc(message))
 
     def progress(self, description: str, total: int) -> Callable[[int], None]:
-        task_id = self._progress.add_task(description, total=total)
+        task_id = self._progress.add_task(esc(description), total=total)
         return lambda n: self._progress.advance(task_id, n)
 
 
@@ -52,8 +56,10 @@ def print_result(record: RunRecord, console: Console | None = None) -> None:
     console = console or Console()
     p, t, main = record.params, record.time_s, record.main
     summary = Table(
-        title=f"{record.strategy} on {record.bench}: {record.backbone} "
-        f"({record.weights_source}), seed {record.seed}, protocol {record.protocol}"
+        title=esc(
+            f"{record.strategy} on {record.bench}: {record.backbone} "
+            f"({record.weights_source}), seed {record.seed}, protocol {record.protocol}"
+        )
     )
     summary.add_column("metric")
     summary.add_column("value", justify="right")
@@ -134,7 +140,7 @@ class RichSweepView:
         self._overall = self._progress.add_task("[bold]sweep[/bold]", total=len(plan), completed=len(plan) - len(todo))
 
     def running(self, run: Any, tasks_done: int, n_tasks: int | None, last_line: str) -> None:
-        text = f"  {run.run_id}  [dim]{last_line[:60]}[/dim]"
+        text = f"  {esc(run.run_id)}  [dim]{esc(last_line[:60])}[/dim]"
         if run.run_id not in self._rows:
             self._rows[run.run_id] = self._progress.add_task(text, total=n_tasks, completed=tasks_done)
         self._progress.update(self._rows[run.run_id], description=text, total=n_tasks, completed=tasks_done)
@@ -144,12 +150,12 @@ class RichSweepView:
         if row is not None:
             self._progress.remove_task(row)
         mark = "[green]done[/green]" if ok else "[red]FAILED[/red]"
-        self.log(f"{mark} {run.run_id}: {message}")
+        self._progress.console.log(f"{mark} {esc(run.run_id)}: {esc(message)}")
         if self._overall is not None:
             self._progress.advance(self._overall)
 
     def log(self, message: str) -> None:
-        self._progress.console.log(message)
+        self._progress.console.log(esc(message))
 
 
 def print_plan(manifest: dict[str, Any], console: Console | None = None) -> None:
@@ -165,7 +171,11 @@ def print_plan(manifest: dict[str, Any], console: Console | None = None) -> None
             info["state_at_start"]
         ]
         table.add_row(
-            run_id, state, str(info["tasks_done_at_start"]), info["path"], fingerprint_digest(info["fingerprint"])
+            esc(run_id),
+            state,
+            str(info["tasks_done_at_start"]),
+            esc(info["path"]),
+            fingerprint_digest(info["fingerprint"]),
         )
     console.print(table)
 
@@ -176,7 +186,7 @@ def print_sweep_end(manifest: dict[str, Any], out: Any, written: list, console: 
     failed = {k: v for k, v in manifest["runs"].items() if v.get("state") != "complete"}
     ran = sum(1 for r in runs if r.get("status") == "done")
     skipped = sum(1 for r in runs if r.get("status") == "skipped")
-    console.print(f"sweep {out}: {ran} runs executed, {skipped} skipped (complete), {len(failed)} not complete")
+    console.print(f"sweep {esc(out)}: {ran} runs executed, {skipped} skipped (complete), {len(failed)} not complete")
     ov = manifest.get("overhead") or {}
     if ov:
         console.print(
@@ -193,9 +203,9 @@ def print_sweep_end(manifest: dict[str, Any], out: Any, written: list, console: 
             table.add_column(col, justify="left" if col in ("benchmark", "strategy", "protocol") else "right")
         for row in df.itertuples(index=False):
             table.add_row(
-                row.bench,
-                row.strategy,
-                row.protocol,
+                esc(row.bench),
+                esc(row.strategy),
+                esc(row.protocol),
                 str(row.n),
                 *(
                     f"{getattr(row, m + '_mean'):.2f} ± {getattr(row, m + '_std'):.2f}"
@@ -204,9 +214,9 @@ def print_sweep_end(manifest: dict[str, Any], out: Any, written: list, console: 
             )
         console.print(table)
     for path in written:
-        console.print(f"wrote {path}")
+        console.print(f"wrote {esc(path)}")
     for run_id, info in failed.items():
-        console.print(f"[red]not complete[/red] {run_id}: {info.get('error', info.get('state'))}")
+        console.print(f"[red]not complete[/red] {esc(run_id)}: {esc(info.get('error', info.get('state')))}")
     if failed:
         console.print(
             "re-run the same command to finish them: complete runs are skipped, unfinished ones continue "

@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ import torch
 from datatrees import make_tree, png_bytes
 
 from clbench.cli import main
+from clbench.owned import TMP_PREFIX
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random"]
 RAY_TIMEOUT = 3.0
@@ -265,7 +267,7 @@ def _out_torn_record(t, e, m):
 
 def _resume_nothing(t, e, m):
     (t / "run").mkdir()
-    return ["run", "--resume", str(t / "run")], "no checkpoint.pt to continue from"
+    return ["run", "--resume", str(t / "run")], "no checkpoint.safetensors to continue from"
 
 
 def _resume_corrupt(t, e, m):
@@ -536,3 +538,536 @@ def test_hub_without_network_fails_at_once(tmp_path, monkeypatch):
         load_backbone("vit_base_patch16_224", "hub")
     assert time.monotonic() - t0 < 10
     assert "cannot be reached" in str(e.value) and "127.0.0.1" in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------- untrusted files
+# Files others wrote (run and sweep folders, records, references, caches, data trees) and files clbench creates in
+# folders others can write. Each case builds its files under tmp_path and returns a Case: the command, the exit code,
+# a needle its output must hold, and victim files that must not change (outside the folders clbench owns).
+class Case(NamedTuple):
+    argv: list[str]
+    needle: str
+    code: int = 2
+    victims: tuple[Path, ...] = ()
+    stream: str = "err"  # where the needle is: the error line (err) or the report (out)
+    max_s: float | None = None  # seconds: refused quickly, not after minutes of work
+
+
+CONTROL = "\x1b[2J\x1b]0;owned\x07"  # clear the screen, retitle the window
+MARKUP = "[/][red]x[/red]"  # rich markup that crashes an unescaped print ([/] closes nothing)
+
+
+def victim(t: Path, name: str = "precious.txt") -> Path:
+    """A file outside every folder clbench owns, that a followed link or a stray delete would damage."""
+    p = t / "elsewhere" / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("not clbench's\n")
+    return p
+
+
+def record_of(e) -> dict:
+    return json.loads((e["out"] / "result.json").read_text())
+
+
+def run_with(t: Path, e, edit=None, raw: str | None = None, name: str = "run") -> Path:
+    """A copy of the earlier complete run folder (without its lock), the record edited or replaced by ``raw``."""
+    import shutil
+
+    folder = t / "runs" / name
+    shutil.copytree(e["out"], folder, ignore=shutil.ignore_patterns(".lock"))  # predictions.npz beside the record
+    rec = record_of(e)
+    if edit is not None:
+        edit(rec)
+    (folder / "result.json").write_text(raw if raw is not None else json.dumps(rec))
+    return folder
+
+
+def deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+def reference_of(t: Path, e) -> Path:
+    """A reference written by clbench from the earlier run (ci profiles not required: one strategy only)."""
+    ref = t / "ref.json"
+    argv = ["check", "--write-reference", str(ref), str(e["out"]), "--why", "hostile tests", "--no-require-ci-profiles"]
+    assert main(argv) == 0
+    return ref
+
+
+def check_ref(edit=None, raw=None, make=None):
+    """``clbench check --reference REF RUN`` with a reference edited (``edit(ref)``), replaced by text, or made by
+    ``make(t)`` (a FIFO, a link to /dev/zero)."""
+
+    def case(t, e, m, needle):
+        ref = reference_of(t, e)
+        if make is not None:
+            ref.unlink()
+            make(ref)
+        elif raw is not None:
+            ref.write_text(raw)
+        elif edit is not None:
+            data = json.loads(ref.read_text())
+            edit(data)
+            ref.write_text(json.dumps(data))
+        return Case(["check", "--reference", str(ref), str(e["out"])], needle)
+
+    return case
+
+
+def record_case(command: str, edit=None, raw=None, make=None, max_s=None):
+    """``clbench report|check|compare`` over one run folder whose record is edited, replaced, or made by ``make``."""
+
+    def case(t, e, m, needle):
+        folder = run_with(t, e, edit, raw)
+        if make is not None:
+            (folder / "result.json").unlink()
+            make(folder / "result.json")
+        argv = {
+            "report": ["report", str(folder), "--out", str(t / "rep"), "--no-tsne"],
+            "compare": ["compare", str(folder), "--bench", "folder", "--out", str(t / "cmp")],
+            "check": ["check", "--reference", str(reference_of(t, e)), str(folder)],
+        }[command]
+        return Case(argv, needle, max_s=max_s)
+
+    return case
+
+
+def _fifo(p: Path) -> None:
+    os.mkfifo(p)
+
+
+def _dev_zero(p: Path) -> None:
+    p.symlink_to("/dev/zero")
+
+
+def _set(*path, value):
+    def edit(d):
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = value
+
+    return edit
+
+
+def _entry(*path, value):
+    return _set("entries", 0, *path, value=value)
+
+
+def _both(*path, value):  # a record's main metrics live at the top level and under protocols.<main>
+    def edit(rec):
+        _set(*path, value=value)(rec)
+        _set("protocols", rec["protocol"], *path, value=value)(rec)
+
+    return edit
+
+
+def _run_lock_link(t, e, m, needle):
+    folder = run_with(t, e)
+    v = victim(t)
+    (folder / ".lock").symlink_to(v)
+    return Case(folder_argv(e["data"], "--out", str(folder)), needle, victims=(v,))
+
+
+def _run_lock_fifo(t, e, m, needle):
+    folder = run_with(t, e)
+    os.mkfifo(folder / ".lock")
+    return Case(folder_argv(e["data"], "--out", str(folder)), needle)
+
+
+def _feature_lock_link(t, e, m, needle):
+    cache = t / "cache"
+    (cache / "features").mkdir(parents=True)
+    v = victim(t)
+    for entry in (e["cache"] / "features").glob("*.safetensors"):  # the entries this run needs, not yet cached
+        (cache / "features" / (entry.stem + ".lock")).symlink_to(v)
+    m.setenv("CLBENCH_CACHE", str(cache))
+    return Case(folder_argv(e["data"], "--out", str(t / "run")), needle, victims=(v,))
+
+
+def _sweep_lock_link(t, e, m, needle):
+    v = victim(t)
+    (t / "sweep").mkdir()
+    (t / "sweep" / ".sweep.lock").symlink_to(v)
+    argv = sweep(needle="")(t, e, m)[0]
+    return Case(argv, needle, victims=(v,))
+
+
+def _out_dotdot(t, e, m, needle):
+    home = t / "home"
+    (home / "project").mkdir(parents=True)
+    keep = [home / "notes.txt", home / ".draft.tmp", home / f"{TMP_PREFIX}x.tmp"]
+    for p in keep:
+        p.write_text("mine\n")
+    m.chdir(home / "project")
+    return Case(folder_argv(e["data"], "--out", ".."), needle, victims=tuple(keep))
+
+
+def _out_foreign_folder(t, e, m, needle):
+    photos = t / "photos"
+    photos.mkdir()
+    keep = [photos / "holiday.jpg", photos / ".edit.tmp"]
+    for p in keep:
+        p.write_bytes(b"mine")
+    return Case(folder_argv(e["data"], "--out", str(photos)), needle, victims=tuple(keep))
+
+
+def _out_run_folder_keeps_foreign_tmp(t, e, m, needle):
+    folder = t / "run"
+    folder.mkdir()
+    (folder / "result.json").write_text('{"complete": tr')  # torn, no checkpoint: refused after the lock
+    keep = folder / ".notes.tmp"
+    keep.write_text("mine\n")
+    return Case(folder_argv(e["data"], "--out", str(folder)), needle, victims=(keep,))
+
+
+def _report_figures_link(command):
+    def case(t, e, m, needle):
+        v = victim(t, "figure.png")
+        out = t / "rep"
+        out.mkdir()
+        (out / "figures").symlink_to(v.parent)
+        argv = (
+            ["report", str(e["out"]), "--out", str(out), "--no-tsne"]
+            if command == "report"
+            else ["compare", str(e["out"]), "--bench", "folder", "--out", str(out)]
+        )
+        return Case(argv, needle, victims=(v,))
+
+    return case
+
+
+def _report_planted_manifest(t, e, m, needle):
+    """A report.json that lists files outside figures/: report runs (exit 0) and deletes none of them."""
+    out = t / "rep"
+    (out / "figures").mkdir(parents=True)
+    v = victim(t, "figure.png")
+    inside = out / "figures" / "link.png"
+    inside.symlink_to(v)  # a link inside figures/ to a file elsewhere: the link may go, the file must stay
+    own = out / "index.html"
+    own.write_text("old")
+    listed = ["../elsewhere/figure.png", f"figures/../../elsewhere/{v.name}", str(v), "figures/link.png", "index.html"]
+    (out / "report.json").write_text(json.dumps({"figures": [{"files": {str(i): p for i, p in enumerate(listed)}}]}))
+    return Case(["report", str(e["out"]), "--out", str(out), "--no-tsne"], needle, code=0, victims=(v,), stream="out")
+
+
+def _data(make, check=False, ignore=False):
+    def case(t, e, m, needle):
+        root = make_tree(t / "data")
+        make(root)
+        if check:
+            return Case(["data", "check", "folder", "--data-root", str(root)], needle, code=1, stream="out")
+        extra = ("--ignore-data-problems",) if ignore else ()
+        return Case(folder_argv(root, "--out", str(t / "run"), *extra), needle)
+
+    return case
+
+
+def _plant_fifo(root):
+    os.mkfifo(root / "train" / "a" / "x.png")
+
+
+def _plant_dev_zero(root):
+    (root / "train" / "b" / "z.png").symlink_to("/dev/zero")
+
+
+def _plant_socket(root):
+    here = os.getcwd()
+    os.chdir(root / "train" / "c")  # a socket path must be short: bind a relative name
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind("s.png")
+        s.close()
+    finally:
+        os.chdir(here)
+
+
+def _sparse_reference(ref: Path) -> None:
+    with open(ref, "wb") as f:  # 65 MB of holes: written in no time, refused before it is read
+        f.truncate(65 * 2**20)
+
+
+def _seeds(value):
+    return lambda t, e, m, needle: Case(sweep("--seeds", value, needle="")(t, e, m)[0], needle)
+
+
+def _list_flag(flag, value):
+    def case(t, e, m, needle):
+        argv = sweep(needle="")(t, e, m)[0]
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+        return Case(argv, needle)
+
+    return case
+
+
+def _escaped_path(t, e, m, needle):
+    bad = t / f"runs{CONTROL}x"
+    bad.mkdir()
+    return Case(["report", str(bad), "--out", str(t / "rep")], needle)
+
+
+def _hostile_strings(rec: dict) -> None:
+    """Control characters and rich markup in every string field of a record (names, paths, the command)."""
+    tail = CONTROL + MARKUP + "<script>x</script>\n# h"
+    for k, v in list(rec.items()):
+        if isinstance(v, str):
+            rec[k] = v + tail
+    rec["protocols"] = {p + tail: m for p, m in rec["protocols"].items()}
+    rec["class_names"] = [c + tail for c in rec["class_names"]]
+    rec["data_problems"] = ["train/a/x.png" + tail]
+
+
+def _markup(command):
+    def case(t, e, m, needle):
+        folder = run_with(t, e, _hostile_strings, name="evil")
+        bench = json.loads((folder / "result.json").read_text())["bench"]
+        if command == "check":
+            ref = t / "ref.json"
+            argv = ["check", "--write-reference", str(ref), str(folder), "--why", "x", "--no-require-ci-profiles"]
+            assert main(argv) == 0
+            # exit 1: the strategy (with the markup in its name) is not registered, a regression the gate reports
+            return Case(["check", "--reference", str(ref), str(folder)], needle, code=1, stream="out")
+        argv = {
+            "report": ["report", str(folder), "--out", str(t / "rep"), "--no-tsne", "--title", MARKUP + CONTROL],
+            "compare": ["compare", str(folder), "--bench", bench, "--out", str(t / "cmp")],
+        }[command]
+        return Case(argv, needle, code=0, stream="out")
+
+    return case
+
+
+MB_NAME = "s" * (5 * 2**20)
+FILE_CASES = {
+    # files clbench creates: locks refuse links and special files; temporaries are its own
+    "run-lock-symlink": (_run_lock_link, ".lock is a symbolic link; clbench refuses to open a lock through a link"),
+    "run-lock-fifo": (_run_lock_fifo, ".lock is a FIFO (named pipe), not a lock file clbench made"),
+    "feature-cache-lock-symlink": (_feature_lock_link, ".lock is a symbolic link; clbench refuses to open a lock"),
+    "sweep-lock-symlink": (_sweep_lock_link, ".sweep.lock is a symbolic link"),
+    "report-figures-symlink": (_report_figures_link("report"), "figures/ is a symbolic link"),
+    "compare-figures-symlink": (_report_figures_link("compare"), "figures/ is a symbolic link"),
+    "report-planted-manifest-deletes-nothing": (_report_planted_manifest, "report: 1 runs"),
+    # --out names a run folder
+    "out-dotdot": (_out_dotdot, "--out .. is a folder of other files (4 entries), not a clbench run folder"),
+    "out-foreign-folder": (_out_foreign_folder, "is a folder of other files (2 entries), not a clbench run folder"),
+    "out-run-folder-keeps-foreign-tmp": (_out_run_folder_keeps_foreign_tmp, "without a checkpoint"),
+    # data trees: special files are refused, never opened
+    "data-fifo": (_data(_plant_fifo), "train/a/x.png is a FIFO (named pipe), not an image file"),
+    "data-dev-zero": (_data(_plant_dev_zero), "train/b/z.png is a character device, not an image file"),
+    "data-socket": (_data(_plant_socket), "train/c/s.png is a socket, not an image file"),
+    "data-fifo-ignore-problems": (_data(_plant_fifo, ignore=True), "train/a/x.png is a FIFO (named pipe)"),
+    "data-check-fifo": (_data(_plant_fifo, check=True), "train/a/x.png is a FIFO (named pipe), not an image file"),
+    "data-check-dev-zero": (_data(_plant_dev_zero, check=True), "train/b/z.png is a character device"),
+    # gate references
+    "reference-fifo": (check_ref(make=_fifo), "is a FIFO (named pipe), not a regular file"),
+    "reference-dev-zero": (check_ref(make=_dev_zero), "is a character device, not a regular file"),
+    "reference-folder": (check_ref(make=lambda p: p.mkdir()), "is a folder, not a regular file"),
+    "reference-65MB": (check_ref(make=_sparse_reference), "is larger than the 64 MB a reference may be"),
+    "reference-10000-deep": (check_ref(raw=deep(10_000)), "JSON nested more than 64 levels deep"),
+    "reference-10000-deep-mixed": (check_ref(raw='{"a":[' * 5000 + "]}" * 5000), "nested more than 64 levels"),
+    "reference-tolerance-1e308": (check_ref(_entry("tolerance", "matrix", value=1e308)), "field 'tolerance' is"),
+    "reference-tolerance-negative": (check_ref(_entry("tolerance", "last_acc", value=-1)), "field 'tolerance'"),
+    "reference-require-ci-profiles-string": (
+        check_ref(_set("require_ci_profiles", value="no")),
+        "require_ci_profiles is 'no', expected true or false",
+    ),
+    "reference-accuracy-1e308": (check_ref(_entry("last_acc", value=1e308)), "field 'last_acc' is 1e+308"),
+    "reference-accuracy-string": (check_ref(_entry("avg_acc", value="31.2")), "field 'avg_acc' is '31.2'"),
+    "reference-huge-int": (check_ref(_entry("params", "added_total", value=10**30)), "an integer of 31 digits"),
+    "reference-5000-digit-int": (
+        check_ref(raw='{"format": "clbench-reference/2", "x": ' + "9" * 5000 + "}"),
+        "not a readable JSON reference",
+    ),
+    "reference-ragged-matrix": (check_ref(_entry("accuracy_matrix", value=[[50.0, 1.0], [40.0]])), "lower-triangular"),
+    "reference-time-slack-1e308": (check_ref(_set("time", "slack", value=1e308)), "time.slack is 1e+308"),
+    "reference-multi-MB-strategy": (check_ref(_entry("strategy", value=MB_NAME)), "a string of 5,242,880 characters"),
+    # run records
+    "record-fifo": (record_case("report", make=_fifo), "is a FIFO (named pipe), not a regular file"),
+    "record-dev-zero": (record_case("report", make=_dev_zero), "is a character device, not a regular file"),
+    "record-10000-deep-report": (record_case("report", raw=deep(10_000)), "JSON nested more than 64 levels deep"),
+    "record-10000-deep-check": (record_case("check", raw=deep(10_000)), "JSON nested more than 64 levels deep"),
+    "record-10000-deep-compare": (record_case("compare", raw=deep(10_000)), "JSON nested more than 64 levels"),
+    "record-accuracy-1e308": (record_case("report", _both("last_acc", value=1e308)), "expected a percentage"),
+    "record-accuracy-negative": (record_case("check", _both("avg_acc", value=-5.0)), "expected a percentage"),
+    "record-accuracy-nan": (record_case("report", _both("last_acc", value=float("nan"))), "last_acc is float nan"),
+    "record-matrix-1e308": (
+        record_case("report", _both("accuracy_matrix", value=[[1e308], [1.0, 2.0]])),
+        "field accuracy_matrix",
+    ),
+    "record-ragged-matrix": (
+        record_case("check", _both("accuracy_matrix", value=[[50.0, 3.0], [40.0]])),
+        "expected a lower-triangular matrix",
+    ),
+    "record-huge-int-seed": (record_case("report", _set("seed", value=10**40)), "seed is an integer of 41 digits"),
+    "record-5000-digit-int": (
+        record_case("report", raw='{"schema_version": ' + "7" * 5000 + "}"),
+        "not a readable JSON record",
+    ),
+    "record-string-for-number": (
+        record_case("check", _set("time_s", "train", value="fast")),
+        "field time_s.train is str 'fast', expected seconds",
+    ),
+    "record-bool-for-int": (record_case("report", _set("seed", value=True)), "field seed is bool True"),
+    "record-negative-task-size": (record_case("report", _set("task_sizes", value=[2, -2])), "field task_sizes"),
+    "record-negative-params": (record_case("compare", _set("params", "trainable", value=-1)), "params.trainable"),
+    "record-complete-yes": (record_case("report", _set("complete", value="yes")), "expected the boolean true"),
+    "record-multi-MB-strategy-name": (
+        record_case("report", _set("strategy", value=MB_NAME), max_s=10.0),
+        "field strategy is a string of 5,242,880 characters",
+    ),
+    # printed escaped, written escaped: a record with control characters and markup in every string field
+    "record-markup-report": (_markup("report"), "report: 1 runs, 0 skipped"),
+    "record-markup-compare": (_markup("compare"), "compare: 1 runs on folder\\x1b[2J"),
+    "record-markup-check": (_markup("check"), "<script>x</script>\\x0a# h B0 Inc2 | simplecil\\x1b[2J"),
+    # list flags refuse empty items
+    "sweep-seeds-double-comma": (_seeds("1993,,1994"), "--seeds '1993,,1994': item 2 is empty"),
+    "sweep-seeds-trailing-comma": (_seeds("1993,"), "--seeds '1993,': item 2 is empty"),
+    "sweep-strategies-empty-item": (_list_flag("--strategies", "simplecil,,tosca"), "--strategies 'simplecil,,tosca'"),
+    "sweep-benches-empty-item": (_list_flag("--benches", ",emoji"), "--benches ',emoji': item 1 is empty"),
+    # printed names are escaped
+    "error-path-with-escape-sequences": (_escaped_path, "runs\\x1b[2J\\x1b]0;owned\\x07x"),
+}
+
+
+def test_there_are_at_least_forty_untrusted_file_cases():
+    assert len(FILE_CASES) >= 40
+
+
+def _digests(paths) -> dict[str, str]:
+    import hashlib
+
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else "gone" for p in paths}
+
+
+@pytest.mark.parametrize("name", list(FILE_CASES))
+def test_untrusted_file(name, earlier, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CLBENCH_CACHE", str(earlier["cache"]))
+    make, needle = FILE_CASES[name]
+    case = make(tmp_path, earlier, monkeypatch, needle)
+    capsys.readouterr()  # what building the case printed (a reference written)
+    before = _digests(case.victims)
+    t0 = time.monotonic()
+    try:
+        code = main(case.argv)
+    except SystemExit as e:
+        code = e.code
+    elapsed = time.monotonic() - t0
+    cap = capsys.readouterr()
+    out, err = cap.out, cap.err
+    assert code == case.code, (code, err, out[-2000:])
+    assert "Traceback" not in err + out, err
+    assert "\x1b" not in err + out and "\x07" not in err + out, (err, out)  # no escape sequence reaches the terminal
+    if case.code == 2:  # progress lines may come first (a refusal found mid-run); the error ends the output
+        assert err.count("clbench: error: ") == 1, err
+        lines = err[err.index("clbench: error: ") :].strip("\n").split("\n")
+        assert needle in lines[0], err
+        assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("  hint: ")), err
+    else:
+        assert needle in (out if case.stream == "out" else err), (out, err)
+    assert _digests(case.victims) == before, name  # files outside clbench's folders are untouched
+    assert snapshot(earlier["out"], earlier["cache"]) == earlier["files"]  # earlier results and caches untouched
+    if case.max_s is not None:
+        assert elapsed < case.max_s, elapsed
+
+
+def test_markdown_and_latex_outputs_escape_names(earlier, tmp_path, monkeypatch):
+    """The report's README.md and compare.md/.tex carry the hostile record's names escaped: no raw HTML, no new
+    Markdown block from a newline, no control character; LaTeX specials escaped exactly once."""
+    monkeypatch.setenv("CLBENCH_CACHE", str(earlier["cache"]))
+    folder = run_with(tmp_path, earlier, _hostile_strings, name="evil")
+    bench = json.loads((folder / "result.json").read_text())["bench"]
+    title = "T<img src=x onerror=alert(1)>\n# injected"
+    assert main(["report", str(folder), "--out", str(tmp_path / "rep"), "--no-tsne", "--title", title]) == 0
+    assert main(["compare", str(folder), "--bench", bench, "--out", str(tmp_path / "cmp")]) == 0
+    for md in (tmp_path / "rep" / "README.md", tmp_path / "cmp" / "compare.md"):
+        text = md.read_text()
+        assert "<script>" not in text and "<img" not in text and "\x1b" not in text, md
+        assert not [line for line in text.splitlines() if line.startswith("# h") or line == "# injected"], md
+    readme = (tmp_path / "rep" / "README.md").read_text()
+    assert readme.splitlines()[0] == "# T&lt;img src=x onerror=alert(1)&gt; # injected"  # one line
+    tex = (tmp_path / "cmp" / "compare.tex").read_text()
+    assert "\x1b" not in tex and "<script>" not in tex and r"\textbackslash{}x1b" in tex
+    assert r"\textbackslash\{\}" not in tex and r"vit\_micro" in tex  # escaped once, never twice
+
+
+def test_latex_escapes_every_special_once():
+    from clbench.text import latex
+
+    assert latex("a\\b{c}_%$#&~^") == r"a\textbackslash{}b\{c\}\_\%\$\#\&\textasciitilde{}\textasciicircum{}"
+    assert latex("±") == r"$\pm$"
+
+
+def test_locks_refuse_links_and_special_files(tmp_path):
+    from clbench.errors import ClbenchError
+    from clbench.owned import open_lock
+
+    target = victim(tmp_path)
+    (tmp_path / "link.lock").symlink_to(target)
+    with pytest.raises(ClbenchError, match="is a symbolic link"):
+        open_lock(tmp_path / "link.lock")
+    (tmp_path / "dangling.lock").symlink_to(tmp_path / "nowhere")  # O_CREAT through a dangling link: refused too
+    with pytest.raises(ClbenchError, match="is a symbolic link"):
+        open_lock(tmp_path / "dangling.lock")
+    assert not (tmp_path / "nowhere").exists()
+    os.mkfifo(tmp_path / "fifo.lock")
+    with pytest.raises(ClbenchError, match="FIFO"):
+        open_lock(tmp_path / "fifo.lock")
+    with open_lock(tmp_path / "ok.lock") as f:
+        assert not f.closed
+    assert target.read_text() == "not clbench's\n"
+
+
+def test_precision_probe_lock_refuses_a_link(tmp_path, monkeypatch):
+    """``machine/precision-probe.lock`` in the cache: a planted link is refused before anything is measured."""
+    from types import SimpleNamespace
+
+    from clbench import precision
+    from clbench.errors import ClbenchError
+
+    target = victim(tmp_path)
+    (tmp_path / "machine").mkdir()
+    (tmp_path / "machine" / "precision-probe.lock").symlink_to(target)
+    backbone = SimpleNamespace(spec=SimpleNamespace(name="vit_micro"), img_size=32)
+    cpu = precision.CpuInfo.detect()
+    probe = precision.cached_probe(backbone, None, cpu, tmp_path)
+    monkeypatch.setattr(precision, "throughput", lambda *a: pytest.fail("measured through a planted lock"))
+    with pytest.raises(ClbenchError, match="precision-probe.lock is a symbolic link"):
+        probe()
+    assert target.read_text() == "not clbench's\n"
+
+
+def test_only_clbench_temporaries_are_swept(tmp_path):
+    from clbench.files import atomic_write_json
+    from clbench.owned import remove_own_tmp
+
+    atomic_write_json(tmp_path / "a.json", {"x": 1})
+    own = tmp_path / f"{TMP_PREFIX}a.json.k3j2x.tmp"
+    own.write_text("torn")
+    theirs = [tmp_path / ".a.json.k3j2x.tmp", tmp_path / ".notes.tmp"]
+    for p in theirs:
+        p.write_text("mine")
+    (tmp_path / f"{TMP_PREFIX}link.tmp").symlink_to(theirs[1])
+    remove_own_tmp(tmp_path)
+    assert not own.exists() and all(p.read_text() == "mine" for p in theirs)
+    assert (tmp_path / f"{TMP_PREFIX}link.tmp").is_symlink()  # a link is not a file clbench made: left alone
+
+
+def test_bounded_json_depth_ignores_brackets_in_strings(tmp_path):
+    from clbench.errors import ClbenchError
+    from clbench.owned import load_json
+
+    (tmp_path / "ok.json").write_text(json.dumps({"name": "[" * 500, "v": [[1]]}))
+    assert load_json(tmp_path / "ok.json", "record")["v"] == [[1]]
+    (tmp_path / "deep.json").write_text('{"a":' * 65 + "1" + "}" * 65)
+    with pytest.raises(ClbenchError, match="nested more than 64 levels"):
+        load_json(tmp_path / "deep.json", "record")
+
+
+def test_a_sweep_run_folder_is_a_run_folder():
+    """A sweep worker writes its attempt file (and log) before the run takes the lock: the folder is still one
+    ``--out`` accepts."""
+    from clbench.harness import RUN_FOLDER_MARKS
+    from clbench.sweep.plan import ATTEMPT_FILE
+
+    assert ATTEMPT_FILE in RUN_FOLDER_MARKS

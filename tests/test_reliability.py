@@ -32,6 +32,7 @@ from datatrees import make_tree, png_bytes
 from clbench.checkpoint import CHECKPOINT_FILE
 from clbench.cli import main
 from clbench.errors import ClbenchError
+from clbench.owned import TMP_PREFIX
 from clbench.safestate import SavedState
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
@@ -77,7 +78,7 @@ def tasks_done(out: Path) -> int | None:
 
 
 def leftovers(out: Path) -> list[str]:
-    return sorted(p.name for p in out.glob(".*.tmp"))
+    return sorted(p.name for p in out.glob(".*.tmp"))  # any temporary, clbench's (TMP_PREFIX) or not
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +233,7 @@ def _snapshots(strategy: str, out: Path, monkeypatch) -> dict[str, Path]:
     def save_features(path, session, strategy):
         snap = out.parent / "finishing"
         shutil.copytree(out, snap)  # every task checkpointed and recorded: killed while writing the final files
-        (snap / ".features.npz.k3j2x.tmp").write_bytes(b"PK\x03\x04 half a zip")
+        (snap / f"{TMP_PREFIX}features.npz.k3j2x.tmp").write_bytes(b"PK\x03\x04 half a zip")
         snaps[snap.name] = snap
         real_features(path, session, strategy)
 
@@ -244,8 +245,8 @@ def _snapshots(strategy: str, out: Path, monkeypatch) -> dict[str, Path]:
     shutil.copytree(snaps["after-checkpoint-2"], mid)
     shutil.copy(snaps["after-checkpoint-3"] / "result.json", mid / "result.json")
     data = (snaps["after-checkpoint-3"] / CHECKPOINT_FILE).read_bytes()
-    (mid / f".{CHECKPOINT_FILE}.a8f0q.tmp").write_bytes(data[: len(data) // 2])
-    (mid / ".result.json.zz81c.tmp").write_text('{"complete": tr')
+    (mid / f"{TMP_PREFIX}{CHECKPOINT_FILE}.a8f0q.tmp").write_bytes(data[: len(data) // 2])
+    (mid / f"{TMP_PREFIX}result.json.zz81c.tmp").write_text('{"complete": tr')
     snaps["mid-write"] = mid
     return snaps
 

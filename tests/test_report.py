@@ -80,14 +80,18 @@ def copy_runs(dest: Path, names=MICRO_RUNS, mutate=None) -> Path:
 
 
 def shift_accuracy(delta: float):
-    """A record edit: every accuracy of every protocol moves by ``delta`` points."""
+    """A record edit: every accuracy of every protocol moves by ``delta`` points (kept within 0..100 %, which a
+    record must hold)."""
+
+    def move(a: float) -> float:
+        return min(100.0, max(0.0, a + delta))
 
     def edit(rec):
         for summary in [rec, *rec.get("protocols", {}).values()]:
-            summary["accuracy_matrix"] = [[a + delta for a in row] for row in summary["accuracy_matrix"]]
-            summary["acc_curve"] = [a + delta for a in summary["acc_curve"]]
-            summary["last_acc"] += delta
-            summary["avg_acc"] += delta
+            summary["accuracy_matrix"] = [[move(a) for a in row] for row in summary["accuracy_matrix"]]
+            summary["acc_curve"] = [move(a) for a in summary["acc_curve"]]
+            summary["last_acc"] = move(summary["last_acc"])
+            summary["avg_acc"] = move(summary["avg_acc"])
 
     return edit
 

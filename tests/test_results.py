@@ -150,7 +150,7 @@ def test_a_record_lacking_protocols_uses_its_top_level_metrics(tmp_path):
         (lambda r: r.update(schema_version="2"), "not a clbench run record \\(schema_version is '2'\\)"),
         (lambda r: r.pop("schema_version"), "not a clbench run record \\(schema_version is None\\)"),
         (lambda r: r.update(schema_version=-1), "schema version -1 \\(this clbench reads"),
-        (lambda r: r["time_s"].update(train="fast"), "field time_s.train is str 'fast', expected a number"),
+        (lambda r: r["time_s"].update(train="fast"), "field time_s.train is str 'fast', expected seconds"),
         (lambda r: r.pop("last_acc") and r["params"].pop("trainable"), "record lacks last_acc, params.trainable"),
         (lambda r: r.update(autocast="yes"), "field autocast is str 'yes', expected true or false"),
         (lambda r: r.update(per_task=[{"task": "one"}]), "field per_task is list"),

@@ -29,8 +29,10 @@ import numpy as np
 
 from clbench.benchmarks.base import ImageSource
 from clbench.errors import ClbenchError
+from clbench.owned import read_bytes, special_file_problem
 
 SPLITS = ("train", "test")
+MAX_IMAGE_BYTES = 512 * 2**20  # one image file; larger is refused unread (PIL would refuse its pixels anyway)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # = torchvision's
 LAYOUT = "DIR/train/<class>/<image> and DIR/test/<class>/<image> (ImageFolder layout, the same class folders in both)"
 
@@ -140,9 +142,9 @@ def inspect_file(path: Path, rel: str, decode: bool) -> FileFacts:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        return FileFacts(problem=f"{rel}: cannot read ({e.strerror or e})", kind="unreadable")
+        data = read_bytes(path, MAX_IMAGE_BYTES, "image", rel)  # a regular file, bounded: never a FIFO or a device
+    except ClbenchError as e:
+        return FileFacts(problem=str(e).split("\n")[0], kind="unreadable")
     facts = FileFacts(sha256=hashlib.sha256(data).hexdigest())
     if not data:
         facts.problem, facts.kind = f"{rel}: empty file (0 bytes)", "empty"
@@ -337,6 +339,11 @@ def _walk_class(class_dir: Path, rel_prefix: str, scan: TreeScan, seen: set[tupl
                 scan.ignored.append(r)
             elif not os.path.exists(entry.path):
                 scan.link_problems.append(f"{r}: a symbolic link loop")
+            elif (odd := special_file_problem(entry.path)) is not None:  # never opened: a FIFO blocks, /dev/zero
+                scan.problems.append(  # never ends
+                    f"{r} is {odd}, not an image file (in {scan.root})"
+                    + (f", through a symbolic link to {os.path.realpath(entry.path)}" if entry.is_symlink() else "")
+                )
             else:
                 names.append(entry.name)
         folders.append((path, rel, names))

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clbench import text
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_bytes
+from clbench.owned import load_json, owned_folder
 from clbench.report.collect import Collection, git_short
 from clbench.report.figures import FIG_DIR, FigureOut, accuracy_curves, make_figures, provenance, slug
 from clbench.report.tables import (
@@ -70,17 +72,37 @@ def _jsonable(value: Any) -> Any:
 
 
 def _remove_stale(out_dir: Path, keep: set[str]) -> None:
-    """Delete figure files a previous report in ``out_dir`` listed in its manifest and this one does not make."""
-    try:
-        old = json.loads((out_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
+    """Delete figure files a previous report in ``out_dir`` listed in its manifest and this one does not make: only
+    regular files (not links) named ``figures/NAME.png|svg`` directly in ``out_dir/figures``, which
+    :func:`_figures_folder` made sure is a real folder inside ``out_dir``. A planted ``report.json`` can name nothing
+    else."""
+    if not (out_dir / MANIFEST).is_file():
         return
-    fig_root = (out_dir / FIG_DIR).resolve()
-    for fig in old.get("figures", []) if isinstance(old, dict) else []:
-        for rel in (fig.get("files") or {}).values() if isinstance(fig, dict) else []:
-            path = (out_dir / str(rel)).resolve()
-            if str(rel) not in keep and path.parent == fig_root and path.is_file():
+    try:
+        old = load_json(out_dir / MANIFEST, "report manifest")
+    except ClbenchError:
+        return
+    for fig in old.get("figures", []) if isinstance(old, dict) and isinstance(old.get("figures"), list) else []:
+        files = fig.get("files") if isinstance(fig, dict) else None
+        for rel in files.values() if isinstance(files, dict) else []:
+            if not isinstance(rel, str) or rel in keep:
+                continue
+            folder, sep, name = rel.partition("/")
+            if folder != FIG_DIR or not sep or "/" in name or name.startswith(".") or not name.endswith(FIG_SUFFIXES):
+                continue  # only figures/NAME.png|svg: no other folder, no "..", no hidden file
+            path = out_dir / FIG_DIR / name
+            if path.is_file() and not path.is_symlink():
                 path.unlink()
+
+
+FIG_SUFFIXES = (".png", ".svg")
+
+
+def _figures_folder(out_dir: Path) -> None:
+    """Make ``out_dir`` and its ``figures/``; refuse a ``figures`` that is a link (or a file): reports write and
+    delete files in it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    owned_folder(out_dir, FIG_DIR, "--out")
 
 
 def write_report(
@@ -109,7 +131,7 @@ def write_report(
     curves, budget_notes = budget_curves(coll, strict=budget_strict)  # refuses before anything is written
     meta = _meta(coll, command)  # before anything is written: a report inside the source tree stamps its revision
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _figures_folder(out_dir)
     figures, fig_notes = make_figures(coll, out_dir, with_tsne, tsne_points or TSNE_MAX_POINTS, budget=curves)
     fig_notes += budget_notes
     _remove_stale(out_dir, {rel for f in figures for rel in f.files.values()})
@@ -159,21 +181,9 @@ LATEX_COLUMNS = (
 )
 
 
-def _latex_escape(text: str) -> str:
-    out = str(text)
-    for a, b in (
-        ("\\", r"\textbackslash{}"),
-        ("&", r"\&"),
-        ("%", r"\%"),
-        ("#", r"\#"),
-        ("_", r"\_"),
-        ("{", r"\{"),
-        ("}", r"\}"),
-        ("±", r"$\pm$"),
-        ("–", "--"),
-    ):
-        out = out.replace(a, b)
-    return out
+def _latex_escape(value: object) -> str:
+    """Every LaTeX special escaped once (:func:`clbench.text.latex`)."""
+    return text.latex(value)
 
 
 def to_latex(df, caption: str) -> str:
@@ -205,8 +215,9 @@ def write_compare(
     sel = coll.select(bench)
     if not sel.runs:
         have = ", ".join(sorted({r.record.bench for r in coll.runs})) or "none"
+        skipped = f" ({'; '.join(f'{s.path}: {s.reason}' for s in coll.skipped)})" if coll.skipped else ""
         raise ClbenchError(
-            f"--bench {bench}: no complete run on that benchmark among the runs given",
+            f"--bench {bench}: no complete run on that benchmark among the runs given{skipped}",
             f"benchmarks in these runs: {have}",
         )
     if baseline is not None and baseline not in {r.strategy for r in sel.runs}:
@@ -216,7 +227,7 @@ def write_compare(
     pairs = paired_rows(sel, predicted, baseline)  # reads every predictions file: a changed one stops here
     meta = _meta(sel, command)  # before anything is written (see write_report)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _figures_folder(out_dir)
     fig = accuracy_curves(sel, out_dir, name=f"compare_{slug(bench)}", title=f"Accuracy after each task on {bench}")
     assert fig is not None
     table = summary_table(sel, predicted)
@@ -229,13 +240,13 @@ def write_compare(
         table.insert(table.columns.get_loc("95 % interval") + 1, f"vs {baseline} (final acc)", _versus(table, pairs))
     refused = [f"{r.a} vs {r.b}: {r.refused}" for r in pairs if r.refused]
     md = [
-        f"# Comparison on {bench}",
+        f"# Comparison on {text.markdown(bench)}",
         "",
-        meta,
+        text.markdown_prose(meta),
         "",
-        f"![{fig.title}]({fig.files['png']})",
+        f"![{text.markdown(fig.title)}]({fig.files['png']})",
         "",
-        f"**Figure.** {fig.caption} ([SVG]({fig.files['svg']}))",
+        f"**Figure.** {text.markdown_prose(fig.caption)} ([SVG]({fig.files['svg']}))",
         "",
         section_markdown(
             Section("Table", "table", table, intro=caption, notes=notes, definitions=metric_definitions())

@@ -44,7 +44,6 @@ Rules, per entry:
 from __future__ import annotations
 
 import getpass
-import json
 import math
 import os
 import statistics
@@ -59,8 +58,10 @@ from typing import Any, NamedTuple
 
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
+from clbench.owned import load_json
 from clbench.report.collect import Collection, Run, bench_label, config_digest
-from clbench.results import DEFAULT_CLASS_ORDER_SEED
+from clbench.results import DEFAULT_CLASS_ORDER_SEED, is_count, is_matrix, is_name, is_pct, is_positive, out_of_bounds
+from clbench.text import rich as esc
 
 REFERENCE_FORMAT = "clbench-reference/2"
 OLD_FORMATS = {"clbench-reference/1": "one-sided, final/average accuracy only, time as total minus features"}
@@ -75,6 +76,8 @@ TOLERANCE_METRICS = tuple(DEFAULT_TOLERANCE)
 DEFAULT_TIME_SLACK = 2.0
 DEFAULT_TIME_FLOOR = 1.0
 TIME_PHASES = ("train", "eval")
+MAX_TOLERANCE = 100.0  # points: a tolerance beyond the whole accuracy range would let every result pass
+MAX_TIME_FACTOR = 1e6  # time.slack and time.floor: beyond this the time check can never fail
 
 # The calibration workload: a fixed forward pass of a randomly initialised ViT-S/14 (the gate's backbone
 # architecture, so no weights are needed) over a fixed batch at the gate's input size, fp32, on all torch threads.
@@ -214,12 +217,7 @@ def write_calibration(folder: Path, measurement: dict[str, Any]) -> Path:
 
 
 def load_calibration(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise ClbenchError(f"{path}: cannot read it ({e.strerror or e})") from None
-    except ValueError as e:
-        raise ClbenchError(f"{path}: not valid JSON ({e})", "run `clbench check --calibrate DIR` again") from None
+    data = load_json(path, "calibration", hint="run `clbench check --calibrate DIR` again")
     ms = data.get("measurements") if isinstance(data, dict) else None
     if (
         not isinstance(ms, list)
@@ -228,7 +226,7 @@ def load_calibration(path: Path) -> dict[str, Any]:
             isinstance(m, dict)
             and isinstance(m.get("seconds"), (int, float))
             and not isinstance(m["seconds"], bool)
-            and m["seconds"] > 0
+            and 0 < m["seconds"] < 1e6
             and isinstance(m.get("workload"), str)
             for m in ms
         )
@@ -260,12 +258,7 @@ def calibration_seconds(measurements: Sequence[dict[str, Any]]) -> float:
 def load_tolerances(path: Path) -> dict[str, Any]:
     """Per-metric tolerances (points) per ``strategy:profile``, with a ``default``, from a measured-spread summary
     (reports/gate/tolerances.json). Each value must be a number >= 0."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise ClbenchError(f"--tolerances {path}: cannot read it ({e.strerror or e})") from None
-    except ValueError as e:
-        raise ClbenchError(f"--tolerances {path}: not valid JSON ({e})") from None
+    data = load_json(path, "tolerances", name=f"--tolerances {path}")
     table = data.get("tolerances") if isinstance(data, dict) else None
     if not isinstance(table, dict):
         raise ClbenchError(f"--tolerances {path}: needs a 'tolerances' object of strategy:profile -> metric -> points")
@@ -277,8 +270,11 @@ def load_tolerances(path: Path) -> dict[str, Any]:
                 raise ClbenchError(
                     f"--tolerances {path}: {name}.{metric} is not a metric; valid: {', '.join(TOLERANCE_METRICS)}"
                 )
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ClbenchError(f"--tolerances {path}: {name}.{metric} must be a number >= 0 (got {value!r})")
+            if not _is_tolerance(value):
+                raise ClbenchError(
+                    f"--tolerances {path}: {name}.{metric} must be a number from 0 to {MAX_TOLERANCE:g} points "
+                    f"(got {value!r:.40})"
+                )
     return {"source": str(path), **table}
 
 
@@ -494,16 +490,12 @@ def load_reference(path: Path, *, for_writing: bool = False) -> dict[str, Any]:
     """Read and validate a reference file; an older format gets one line saying how to rewrite it."""
     path = Path(path)
     flag = "--write-reference" if for_writing else "--reference"
-    try:
-        ref = json.loads(path.read_text())
-    except OSError as e:
-        raise ClbenchError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
-    except ValueError as e:
-        raise ClbenchError(
-            f"{flag} {path}: not valid JSON ({e}); move it away to write a new reference"
-            if for_writing
-            else f"{flag} {path}: not valid JSON ({e})"
-        ) from None
+    ref = load_json(
+        path,
+        "reference",
+        name=f"{flag} {path}",
+        hint="move it away to write a new reference" if for_writing else None,
+    )
     got = ref.get("format") if isinstance(ref, dict) else type(ref).__name__
     if for_writing and got in OLD_FORMATS:
         return ref
@@ -517,50 +509,80 @@ def load_reference(path: Path, *, for_writing: bool = False) -> dict[str, Any]:
             f"{REFERENCE_FORMAT!r}: {fix}"
         )
     if got != REFERENCE_FORMAT:
-        raise ClbenchError(f"--reference {path}: format {got!r}, expected {REFERENCE_FORMAT!r}: {fix}")
+        raise ClbenchError(f"--reference {path}: format {got!r:.40}, expected {REFERENCE_FORMAT!r}: {fix}")
+    huge = out_of_bounds(ref)
+    if huge is not None:
+        raise ClbenchError(f"--reference {path}: {huge}", fix)
     for field, typ in (("entries", list), ("time", dict), ("tolerances", dict), ("written_by", dict)):
         if not isinstance(ref.get(field), typ):
             raise ClbenchError(f"--reference {path}: field {field!r} is missing or not a {typ.__name__}", fix)
+    if not isinstance(ref.get("require_ci_profiles", True), bool):
+        raise ClbenchError(
+            f"--reference {path}: require_ci_profiles is {ref['require_ci_profiles']!r:.40}, expected true or false",
+            fix,
+        )
     for i, e in enumerate(ref["entries"]):
         where = f"--reference {path}: entries[{i}]"
         if not isinstance(e, dict):
             raise ClbenchError(f"{where} is not an object", fix)
-        _entry_key(e, where)
-        for field, ok in (
-            (
-                "accuracy_matrix",
-                lambda v: (
-                    isinstance(v, list) and all(isinstance(row, list) and all(_is_number(x) for x in row) for row in v)
-                ),
-            ),
-            ("last_acc", _is_number),
-            ("avg_acc", _is_number),
-            (
-                "tolerance",
-                lambda v: isinstance(v, dict) and all(_is_number(v.get(m)) and v[m] >= 0 for m in TOLERANCE_METRICS),
-            ),
-            (
-                "params",
-                lambda v: (
-                    isinstance(v, dict)
-                    and all(
-                        isinstance(v.get(f), int) and not isinstance(v.get(f), bool)
-                        for f in ("added_total", "trainable")
-                    )
-                ),
-            ),
-            ("precision", lambda v: isinstance(v, str)),
-            ("time", lambda v: v is None or (isinstance(v, dict) and all(_is_number(v.get(ph)) for ph in TIME_PHASES))),
-        ):
+        for field, expected, ok in ENTRY_FIELDS:
             if not ok(e.get(field)):
+                strategy = f" ({e['strategy']})" if is_name(e.get("strategy")) else ""
                 raise ClbenchError(
-                    f"{where} ({e.get('strategy')}): field {field!r} is missing or mistyped (got {e.get(field)!r:.60})",
-                    fix,
+                    f"{where}{strategy}: field {field!r} is {_shown(e.get(field))}, expected {expected}", fix
                 )
+        _entry_key(e, where)
     t = ref["time"]
-    if not (_is_number(t.get("slack")) and _is_number(t.get("floor"))):
-        raise ClbenchError(f"--reference {path}: time.slack and time.floor must be numbers", fix)
+    for knob, low in (("slack", 1.0), ("floor", 0.0)):
+        if not (_is_number(t.get(knob)) and low <= t[knob] <= MAX_TIME_FACTOR):
+            raise ClbenchError(
+                f"--reference {path}: time.{knob} is {_shown(t.get(knob))}, expected a number from {low:g} to "
+                f"{MAX_TIME_FACTOR:g}",
+                fix,
+            )
     return ref
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < 10 else f"{type(value).__name__} of "
+    text += f"{len(value)} items" if text.endswith(" of ") else ""
+    return text[:60] + ("..." if len(text) > 60 else "")
+
+
+def _is_tolerance(v: Any) -> bool:
+    return _is_number(v) and 0 <= v <= MAX_TOLERANCE
+
+
+def _is_time(v: Any) -> bool:
+    return v is None or (isinstance(v, dict) and all(_is_number(v.get(ph)) and v[ph] >= 0 for ph in TIME_PHASES))
+
+
+# Every field of a reference entry the gate reads: (name, what it must be, check).
+ENTRY_FIELDS: tuple[tuple[str, str, Any], ...] = (
+    ("bench", "a name", is_name),
+    ("strategy", "a name", is_name),
+    ("backbone", "a name", is_name),
+    ("protocol", "a name", is_name),
+    ("profile", "a name or null", lambda v: v is None or is_name(v)),
+    ("task_sizes", "a list of integers >= 1", lambda v: isinstance(v, list) and bool(v) and all(map(is_positive, v))),
+    ("class_order_seed", "an integer >= 0", lambda v: v is None or is_count(v)),
+    ("img_size", "an integer >= 1 or null", lambda v: v is None or is_positive(v)),
+    ("accuracy_matrix", "a lower-triangular matrix of percentages (0 to 100)", is_matrix),
+    ("last_acc", "a percentage (0 to 100)", is_pct),
+    ("avg_acc", "a percentage (0 to 100)", is_pct),
+    (
+        "tolerance",
+        f"an object of {', '.join(TOLERANCE_METRICS)} -> points (0 to {MAX_TOLERANCE:g})",
+        lambda v: isinstance(v, dict) and all(_is_tolerance(v.get(m)) for m in TOLERANCE_METRICS),
+    ),
+    (
+        "params",
+        "an object of added_total and trainable (integers >= 0)",
+        lambda v: isinstance(v, dict) and all(is_count(v.get(f)) for f in ("added_total", "trainable")),
+    ),
+    ("precision", "a name", is_name),
+    ("time", f"null or an object of {', '.join(TIME_PHASES)} -> a number >= 0", _is_time),
+)
 
 
 def _is_number(v: Any) -> bool:
@@ -978,8 +1000,8 @@ def _cell(rows: list[CheckRow]) -> str:
     parts = []
     for r in rows:
         style = STATUS_STYLE.get(r.status, "")
-        text = r.measured if r.status == OK else f"{r.measured}; needs {r.allowed}"
-        parts.append(f"[{style}]{text}[/]")
+        shown = r.measured if r.status == OK else f"{r.measured}; needs {r.allowed}"
+        parts.append(f"[{style}]{esc(shown)}[/]")
     return " / ".join(parts)
 
 
@@ -996,7 +1018,7 @@ def print_check(result: CheckResult, reference_path: str, console=None) -> None:
     by_entry: dict[str, list[CheckRow]] = {}
     for r in result.rows:
         by_entry.setdefault(r.entry, []).append(r)
-    table = Table(title=f"clbench check against {reference_path}")
+    table = Table(title=f"clbench check against {esc(reference_path)}")
     table.add_column("benchmark | strategy | backbone | protocol")
     for name, _ in COLUMNS:
         table.add_column(name, justify="right")
@@ -1005,20 +1027,21 @@ def print_check(result: CheckResult, reference_path: str, console=None) -> None:
         statuses = {r.status for r in rows}
         verdict = next((s for s in (MISSING, FAIL, CHANGED) if s in statuses), OK)
         cells = [_cell([r for r in rows if r.check in checks]) for _, checks in COLUMNS]
-        table.add_row(entry, *cells, f"[{STATUS_STYLE.get(verdict, 'yellow')}]{verdict}[/]")
+        table.add_row(esc(entry), *cells, f"[{STATUS_STYLE.get(verdict, 'yellow')}]{verdict}[/]")
     console.print(table)
     for r in result.rows:
         if r.status == NOTE:
             console.print(
-                f"[yellow]note[/] {r.entry}: {r.check}: {r.measured}" + (f" ({r.detail})" if r.detail else "")
+                f"[yellow]note[/] {esc(r.entry)}: {esc(r.check)}: {esc(r.measured)}"
+                + (f" ({esc(r.detail)})" if r.detail else "")
             )
     fails = result.failures
     if fails:
         console.print(f"[bold red]check failed[/]: {len(fails)} of {len(result.rows)} checks do not hold:")
         for r in fails:
             console.print(
-                f"  [{STATUS_STYLE[r.status]}]{r.status}[/] {r.entry}: {r.check}: measured {r.measured}, "
-                f"allowed {r.allowed}" + (f" ({r.detail})" if r.detail else ""),
+                f"  [{STATUS_STYLE[r.status]}]{r.status}[/] {esc(r.entry)}: {esc(r.check)}: measured "
+                f"{esc(r.measured)}, allowed {esc(r.allowed)}" + (f" ({esc(r.detail)})" if r.detail else ""),
                 soft_wrap=True,
             )
     else:

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from clbench.text import plain
+
 
 def _invocation() -> str:
     argv = sys.argv
@@ -88,10 +90,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     )
     print(
         f"report: {len(coll.runs)} runs, {len(coll.skipped)} skipped, {len(written.figures)} figures -> "
-        f"{Path(args.out) / 'index.html'}"
+        f"{plain(Path(args.out) / 'index.html')}"
     )
     for s in coll.skipped:
-        print(f"  skipped {s.path}: {s.reason}", file=sys.stderr)
+        print(f"  skipped {plain(s.path)}: {plain(s.reason)}", file=sys.stderr)
     return 0
 
 
@@ -120,8 +122,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     coll = collect(args.run_dirs, args.pool_class_orders)
     written = write_compare(coll, args.bench, Path(args.out), command=_invocation(), baseline=args.baseline)
     print(
-        f"compare: {len(coll.select(args.bench).runs)} runs on {args.bench} -> "
-        + ", ".join(str(f) for f in written.files)
+        f"compare: {len(coll.select(args.bench).runs)} runs on {plain(args.bench)} -> "
+        + ", ".join(plain(f) for f in written.files)
     )
     return 0
 
@@ -180,7 +182,8 @@ def add_check_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Exit 0 when every reference entry holds, 1 when one does not (the table and one line per failure say which)."""
+    """Exit 0 when every reference entry holds, 1 when one does not (the table and one line per failure say which),
+    2 when a run record or the reference is refused (unreadable, mistyped, out of range)."""
     from clbench.errors import ClbenchError
     from clbench.report import check as chk
     from clbench.report.collect import collect
@@ -237,7 +240,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         for line in ref["written_by"].get("changes", []):
-            print(f"  {line}")
+            print(f"  {plain(line)}")
         return 0
     if write_only:
         raise ClbenchError(
@@ -245,6 +248,12 @@ def cmd_check(args: argparse.Namespace) -> int:
             "a check uses the tolerances stored in the reference file; write a new one to change them",
         )
     ref = chk.load_reference(Path(args.reference))
+    if coll.skipped:  # a record the gate cannot read is refused input (exit 2), not a regression (exit 1)
+        s = coll.skipped[0]
+        more = f" (and {len(coll.skipped) - 1} more)" if len(coll.skipped) > 1 else ""
+        raise ClbenchError(
+            f"{s.path}: {s.reason}{more}", "the gate reads every record given: remove the folder or rerun it"
+        )
     result = chk.check(coll, ref, calibration, reference_path=args.reference)
     chk.print_check(result, args.reference)
     return 0 if result.ok else 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from clbench import text
 from clbench.report.figures import FigureOut
 from clbench.report.tables import Section, section_markdown, to_html
 
@@ -117,15 +118,15 @@ def render_markdown(
     title: str, meta: str, sections: Sequence[Section], figures: Sequence[FigureOut], figure_notes: Sequence[str]
 ) -> str:
     head, tail = _split(sections)
-    parts = [f"# {title}", "", meta, ""]
+    parts = [f"# {text.markdown(title)}", "", text.markdown_prose(meta), ""]
     parts += [section_markdown(s) for s in head]
     parts += ["## Figures", ""]
     for i, f in enumerate(figures, 1):
         png, svg = f.files.get("png"), f.files.get("svg")
         if png:
-            parts += [f"![{f.title}]({png})", ""]
-        parts += [f"**Figure {i}.** {f.caption}" + (f" ([SVG]({svg}))" if svg else ""), ""]
-    parts += [f"- {n}" for n in figure_notes]
+            parts += [f"![{text.markdown(f.title)}]({png})", ""]
+        parts += [f"**Figure {i}.** {text.markdown_prose(f.caption)}" + (f" ([SVG]({svg}))" if svg else ""), ""]
+    parts += [f"- {text.markdown_prose(n)}" for n in figure_notes]
     if figure_notes:
         parts.append("")
     parts += [section_markdown(s) for s in tail]

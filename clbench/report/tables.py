@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from clbench import text
 from clbench.report.budget import BudgetCurve, budget_table_rows
 from clbench.report.collect import Collection, Run, digest_short
 from clbench.report.uncertainty import Predicted, RowInterval, fmt_interval, paired_rows, pairs_frame, row_interval
@@ -479,7 +480,7 @@ def sections(coll: Collection, budget: Sequence[BudgetCurve] = ()) -> list[Secti
 
 # ------------------------------------------------------------------------------------------- rendering
 def _md_cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return text.markdown(value)
 
 
 def to_markdown(df: pd.DataFrame) -> str:
@@ -500,18 +501,18 @@ def to_html(df: pd.DataFrame) -> str:
 
 
 def section_markdown(sec: Section, level: int = 2) -> str:
-    parts = [f"{'#' * level} {sec.title}", ""]
+    parts = [f"{'#' * level} {text.markdown(sec.title)}", ""]
     if sec.intro:
-        parts += [sec.intro, ""]
+        parts += [text.markdown_prose(sec.intro), ""]
     if sec.table is not None and len(sec.table):
         parts += [to_markdown(sec.table), ""]
     for note in sec.notes:
-        parts.append(f"- {note}")
+        parts.append(f"- {text.markdown_prose(note)}")
     if sec.notes:
         parts.append("")
     if sec.definitions:
         parts += ["Metric definitions:", ""]
-        parts += [f"- `{term}`: {meaning}" for term, meaning in sec.definitions]
+        parts += [f"- `{term}`: {meaning}" for term, meaning in sec.definitions]  # clbench's own constants
         parts.append("")
     return "\n".join(parts)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench.config import RunConfig
+from clbench.config import RunConfig, split_list
 from clbench.errors import ClbenchError
 from clbench.results import RunRecord
 
@@ -49,14 +49,8 @@ class PlannedRun:
 
 
 def parse_list(text: str, what: str) -> tuple[str, ...]:
-    items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items:
-        raise ClbenchError(
-            f"--{what} is empty",
-            f"give a comma-separated list, e.g. --{what} "
-            + {"strategies": "tosca,simplecil", "benches": "emoji", "seeds": "1993,1994,1995"}[what],
-        )
-    return tuple(dict.fromkeys(items))  # order kept, repeats dropped
+    example = {"strategies": "tosca,simplecil", "benches": "emoji", "seeds": "1993,1994,1995"}[what]
+    return tuple(dict.fromkeys(split_list(text, f"--{what}", example)))  # order kept, repeats dropped
 
 
 VARY = ("seed", "class-order", "both")  # SweepSpec.vary: what each value of --seeds is the seed of
@@ -163,9 +157,16 @@ def make_plan(spec: SweepSpec) -> list[PlannedRun]:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object clbench wrote in a sweep folder (``sweep.json``, a run's record or attempt file), read with the
+    bounded loader; None for a missing, torn, oversized, too deeply nested or special file, or one that is not an
+    object."""
+    from clbench.owned import load_json
+
+    if not path.exists():
+        return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = load_json(path, "sweep file")
+    except ClbenchError:
         return None
     return data if isinstance(data, dict) else None
 

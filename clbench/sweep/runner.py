@@ -66,6 +66,10 @@ class SweepView:
 
 
 def _last_line(path: Path) -> str:
+    from clbench.owned import special_file_problem
+
+    if special_file_problem(path) is not None:  # missing, or a FIFO that would block the read
+        return ""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, 2) - 400))
@@ -171,7 +175,9 @@ def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> d
         "runs": {},
     }
     earlier = read_json(spec.out / SWEEP_FILE)  # earlier invocations of this sweep: kept, with their overhead
-    manifest["history"] = [*earlier.get("history", []), {k: earlier.get(k) for k in HISTORY_FIELDS}] if earlier else []
+    history = earlier.get("history") if earlier else None
+    history = [h for h in history if isinstance(h, dict)] if isinstance(history, list) else []
+    manifest["history"] = [*history, {k: earlier.get(k) for k in HISTORY_FIELDS}] if earlier else []
     for r in plan:
         manifest["runs"][r.run_id] = {
             "path": str(r.path.relative_to(spec.out)),
@@ -185,7 +191,9 @@ def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> d
 def _lock_sweep(out: Path):
     import fcntl
 
-    handle = open(out / ".sweep.lock", "w")
+    from clbench.owned import open_lock
+
+    handle = open_lock(out / ".sweep.lock")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

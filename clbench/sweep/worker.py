@@ -40,7 +40,9 @@ class _LogReporter(Reporter):
     sweep's progress view and a user on another node can follow them)."""
 
     def __init__(self, path: Path) -> None:
-        self._file = open(path, "a", buffering=1)
+        from clbench.owned import open_append
+
+        self._file = open_append(path)
 
     def log(self, message: str) -> None:
         self._file.write(f"{datetime.now().strftime('%H:%M:%S')} {message}\n")
