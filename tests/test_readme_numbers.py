@@ -1,39 +1,61 @@
-"""The README's results table is read from committed records, not typed in: every row names its record here, and
-each number (precision, final and average incremental accuracy, forgetting, added and trainable parameters) must
-equal what the record says, rounded as printed. A re-run record that moves a number fails this test until the
-README follows."""
+"""The README's results tables are read from committed records, not typed in: every row names its records here, and
+each cell (precision, seeds, final and average incremental accuracy with their 95 % intervals, forgetting, the
+paired test against SimpleCIL, added parameters, stored statistics, trainable parameters) must equal what
+``clbench compare`` computes from those records (the same functions, the same resampling seeds), rounded as printed.
+A re-run record that moves a number fails this test until the README follows.
+
+Two tables: ``| strategy (budget)`` (seed 1993, every method; one compare over all its records, so the Holm
+correction covers all its pairs) and ``| strategy, five seeds`` (seeds 1993-1997, class order varied with the
+seed; class orders pooled)."""
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import pytest
 
+from clbench.report.build import _versus
+from clbench.report.collect import collect
+from clbench.report.tables import summary_table
+from clbench.report.uncertainty import Predicted, paired_rows
 from clbench.results import load_record
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = "reports/emoji/runs/fp32"
+RUNS = "reports/emoji/runs"
+SEEDS = range(1993, 1998)
+BASELINE = "simplecil"
 
 # first words of the row label -> (record folder, protocol or "router:NAME")
-ROWS = {
-    "SimpleCIL": (f"{RUNS}/simplecil", "per-sample"),
-    "TOSCA (per-sample": (f"{RUNS}/tosca", "per-sample"),
-    "TOSCA, `reference` protocol": (f"{RUNS}/tosca", "reference"),
+ONE_SEED = {
+    "SimpleCIL": (f"{RUNS}/seeds/simplecil-emoji-s1993-o1993", "per-sample"),
+    "TOSCA (per-sample": (f"{RUNS}/seeds/tosca-emoji-s1993-o1993", "per-sample"),
+    "TOSCA, `reference` protocol": (f"{RUNS}/seeds/tosca-emoji-s1993-o1993", "reference"),
     "TOSCA, `--set router=mahalanobis-task`": ("reports/routing/emoji/tosca-l1-5e-4", "router:mahalanobis-task"),
-    "RanPAC (`quick`": (f"{RUNS}/ranpac-quick", "per-sample"),
-    "RanPAC, no first-session": (f"{RUNS}/ranpac-quick-no-phase1", "per-sample"),
-    "APER": (f"{RUNS}/aper-quick", "per-sample"),
-    "MOS": (f"{RUNS}/mos-quick", "per-sample"),
-    "EASE": (f"{RUNS}/ease-quick", "per-sample"),
-    "L2P": (f"{RUNS}/l2p-quick", "per-sample"),
-    "DualPrompt": (f"{RUNS}/dualprompt-quick", "per-sample"),
+    "RanPAC (reference": (f"{RUNS}/reference/ranpac", "per-sample"),
+    "RanPAC, no first-session": (f"{RUNS}/fp32/ranpac-quick-no-phase1", "per-sample"),
+    "APER (reference": (f"{RUNS}/reference/aper", "per-sample"),
+    "MOS (`quick`": (f"{RUNS}/fp32/mos-quick", "per-sample"),
+    "EASE (`quick`": (f"{RUNS}/fp32/ease-quick", "per-sample"),
+    "L2P (`quick`": (f"{RUNS}/fp32/l2p-quick", "per-sample"),
 }
+# first words of the row label -> (strategy, protocol); records: every seed of SEEDS
+FIVE_SEEDS = {
+    "SimpleCIL": ("simplecil", "per-sample"),
+    "TOSCA (per-sample": ("tosca", "per-sample"),
+    "TOSCA, `reference` protocol": ("tosca", "reference"),
+}
+HEADERS = {"one": "| strategy (budget)", "five": "| strategy, five seeds"}
 
 
-def table_rows(text: str | None = None) -> list[list[str]]:
-    """The cells of the README table whose header starts with ``strategy (profile)``."""
+def five_seed_folders(strategy: str) -> list[str]:
+    return [f"{RUNS}/seeds/{strategy}-emoji-s{s}-o{s}" for s in SEEDS]
+
+
+def table_rows(which: str, text: str | None = None) -> list[list[str]]:
+    """The cells of the README table whose header starts with ``HEADERS[which]``."""
     lines = (text if text is not None else (ROOT / "README.md").read_text()).splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| strategy (profile)"))
+    start = next(i for i, line in enumerate(lines) if line.startswith(HEADERS[which]))
     rows = []
     for line in lines[start + 2 :]:
         if not line.startswith("|"):
@@ -42,47 +64,104 @@ def table_rows(text: str | None = None) -> list[list[str]]:
     return rows
 
 
-def row_key(label: str) -> str:
-    keys = [k for k in ROWS if label.startswith(k)]
-    assert len(keys) == 1, f"README row {label!r} matches {keys or 'no entry'} of ROWS: name its record there"
+def row_key(label: str, rows: dict) -> str:
+    keys = [k for k in rows if label.startswith(k)]
+    assert len(keys) == 1, f"README row {label!r} matches {keys or 'no entry'}: name its records in this test"
     return keys[0]
 
 
-def expected(folder: str, what: str) -> list[str]:
-    """The row's cells after the label, as the README prints them, from the record."""
+@cache
+def compare_table(folders: tuple[str, ...], pool: bool):
+    """``clbench compare``'s summary table with its ``vs simplecil`` column, for these record folders, and each
+    folder's (variant label, backbone label): the columns that name its row."""
+    coll = collect([ROOT / f for f in folders], pool).select("emoji")
+    predicted = Predicted()
+    pairs = paired_rows(coll, predicted, BASELINE)
+    table = summary_table(coll, predicted)
+    table.insert(0, "vs", _versus(table, pairs))
+    names = {str(r.path.resolve()): (r.variant, r.backbone_label) for r in coll.runs}
+    return table, names
+
+
+def table_row(folders: tuple[str, ...], pool: bool, folder: str, protocol: str):
+    table, names = compare_table(folders, pool)
+    variant, backbone = names[str((ROOT / folder).resolve())]
+    row = table[(table["strategy"] == variant) & (table["backbone"] == backbone) & (table["protocol"] == protocol)]
+    assert len(row) == 1, f"{folder}: {len(row)} rows of {variant} / {protocol} in the compare table"
+    return row.iloc[0]
+
+
+def versus_cell(text: str) -> str:
+    """The README's short form of the paired-test cell (the reason of a refusal lives in compare.md)."""
+    return "n/p" if text.startswith("not paired") else text
+
+
+def _params(rec) -> list[str]:
+    return [f"{rec.params.added_total:,}", f"{rec.params.stored_total:,}", f"{rec.params.trainable:,}"]
+
+
+def expected_one(label: str) -> list[str]:
+    """The row's cells after the label, as the README prints them (seed-1993 table)."""
+    folder, what = ONE_SEED[label]
     rec = load_record(ROOT / folder)
-    if what.startswith("router:"):
+    if what.startswith("router:"):  # one trained run evaluated by every router: no separate record to pair
         curve = [float(t.diagnostics["routers"][what[7:]]["acc"]) for t in rec.per_task]
-        final, avg, forgetting = curve[-1], sum(curve) / len(curve), None
-    else:
-        s = rec.summary(what)
-        final, avg, forgetting = s.last_acc, s.avg_acc, s.forgetting
+        final, avg = f"{curve[-1]:.2f}", f"{sum(curve) / len(curve):.2f}"
+        return [rec.precision, final, avg, "", "n/p", *_params(rec)]
+    folders = tuple(sorted({f for f, w in ONE_SEED.values() if not w.startswith("router:")}))
+    r = table_row(folders, False, folder, what)
+    forgetting = rec.summary(what).forgetting
     return [
         rec.precision,
-        f"{final:.2f}",
-        f"{avg:.2f}",
+        r["final acc %"],
+        r["avg inc acc %"],
         "" if forgetting is None else f"{forgetting:.2f}",
-        f"{rec.params.added_total:,}",
-        f"{rec.params.trainable:,}",
+        versus_cell(r["vs"]),
+        *_params(rec),
     ]
 
 
-def test_every_row_names_a_record_and_every_record_has_a_row():
-    keys = [row_key(r[0]) for r in table_rows()]
-    assert sorted(keys) == sorted(ROWS)
+def expected_five(label: str) -> list[str]:
+    """The row's cells after the label (five-seed table)."""
+    strategy, protocol = FIVE_SEEDS[label]
+    folders = tuple(f for s in sorted({s for s, _ in FIVE_SEEDS.values()}) for f in five_seed_folders(s))
+    r = table_row(folders, True, five_seed_folders(strategy)[0], protocol)
+    recs = [load_record(ROOT / f) for f in five_seed_folders(strategy)]
+    return [
+        recs[0].precision,
+        r["n (seeds)"],
+        r["final acc %"],
+        r["avg inc acc %"],
+        r["final acc sd over seeds"],
+        versus_cell(r["vs"]),
+        *_params(recs[0]),
+    ]
 
 
-@pytest.mark.parametrize("label", list(ROWS))
-def test_row_equals_its_record(label):
-    row = next(r for r in table_rows() if row_key(r[0]) == label)
-    assert row[1:] == expected(*ROWS[label]), f"README row {row[0]!r} differs from {ROWS[label][0]}"
+def test_every_row_names_its_records_and_every_record_has_a_row():
+    assert sorted(row_key(r[0], ONE_SEED) for r in table_rows("one")) == sorted(ONE_SEED)
+    assert sorted(row_key(r[0], FIVE_SEEDS) for r in table_rows("five")) == sorted(FIVE_SEEDS)
+
+
+@pytest.mark.parametrize("label", list(ONE_SEED))
+def test_one_seed_row_equals_its_record(label):
+    row = next(r for r in table_rows("one") if row_key(r[0], ONE_SEED) == label)
+    assert row[1:] == expected_one(label), f"README row {row[0]!r} differs from {ONE_SEED[label][0]}"
+
+
+@pytest.mark.parametrize("label", list(FIVE_SEEDS))
+def test_five_seed_row_equals_its_records(label):
+    row = next(r for r in table_rows("five") if row_key(r[0], FIVE_SEEDS) == label)
+    assert row[1:] == expected_five(label), f"README row {row[0]!r} differs from its five records"
 
 
 def test_a_changed_number_is_caught():
-    """The check can fail: the MOS row's final accuracy moved by 0.01 in the README text no longer equals its record."""
+    """The check can fail: APER's final accuracy moved by 0.01 in the README text no longer equals its record."""
     text = (ROOT / "README.md").read_text()
-    row = next(r for r in table_rows(text) if row_key(r[0]) == "MOS")
+    row = next(r for r in table_rows("one", text) if row_key(r[0], ONE_SEED) == "APER (reference")
     line = next(line for line in text.splitlines() if line.startswith(f"| {row[0]} |"))
-    changed = text.replace(line, line.replace(f"| {row[2]} |", f"| {float(row[2]) + 0.01:.2f} |", 1))
-    mos = next(r for r in table_rows(changed) if row_key(r[0]) == "MOS")
-    assert mos[1:] != expected(*ROWS["MOS"]) and row[1:] == expected(*ROWS["MOS"])
+    value, _, half = row[2].partition(" ± ")
+    moved = f"{float(value) + 0.01:.2f} ± {half}"
+    changed = text.replace(line, line.replace(f"| {row[2]} |", f"| {moved} |", 1))
+    aper = next(r for r in table_rows("one", changed) if row_key(r[0], ONE_SEED) == "APER (reference")
+    assert aper[1:] != expected_one("APER (reference") and row[1:] == expected_one("APER (reference")

@@ -287,12 +287,16 @@ def write_compare(
 
 def _versus(table, pairs) -> list[str]:
     """Per summary row: its paired test against the baseline (A minus baseline, points, Holm p), or why not."""
-    by_row = {(r.bench, r.protocol, r.a): r for r in pairs}
+
+    def strategy_of(label: str) -> str:  # pair labels add "(backbone ...)" where the two sides' backbones differ
+        return label.split(" (", 1)[0]
+
+    by_row = {(r.bench, r.protocol, strategy_of(r.a)): r for r in pairs}
     cells = []
     for bench, protocol, strategy in zip(table["benchmark"], table["protocol"], table["strategy"], strict=True):
         r = by_row.get((bench, protocol, strategy))
         if r is None:
-            cells.append("baseline" if any(p.b == strategy for p in pairs) else "-")
+            cells.append("baseline" if any(strategy_of(p.b) == strategy for p in pairs) else "-")
         elif r.test is None:
             cells.append(f"not paired: {r.refused}")
         else:
