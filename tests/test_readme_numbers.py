@@ -38,6 +38,8 @@ ONE_SEED = {
     "MOS (`quick`": (f"{RUNS}/fp32/mos-quick", "per-sample"),
     "EASE (`quick`": (f"{RUNS}/fp32/ease-quick", "per-sample"),
     "L2P (`quick`": (f"{RUNS}/fp32/l2p-quick", "per-sample"),
+    "DualPrompt (reference": (f"{RUNS}/reference/dualprompt", "per-sample"),
+    "DualPrompt, `reference` protocol": (f"{RUNS}/reference/dualprompt", "reference"),
 }
 # first words of the row label -> (strategy, protocol); records: every seed of SEEDS
 FIVE_SEEDS = {
