@@ -163,8 +163,10 @@ def print_plan(manifest: dict[str, Any], console: Console | None = None) -> None
     from clbench.sweep.plan import fingerprint_digest
 
     table = Table(title=f"sweep plan: {len(manifest['runs'])} runs (dry run; nothing was started)")
-    for col in ("run", "state", "tasks done", "folder"):
+    table.add_column("run", no_wrap=True)  # run ids are what a user copies: never cut
+    for col in ("state", "tasks done"):
         table.add_column(col)
+    table.add_column("folder", overflow="fold")
     table.add_column("settings", no_wrap=True)  # a digest of the run's fingerprint: equal digests, same settings
     for run_id, info in manifest["runs"].items():
         state = {"complete": "complete: skipped", "partial": "continues from its checkpoint", "new": "new"}[
