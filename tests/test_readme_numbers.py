@@ -37,7 +37,7 @@ ONE_SEED = {
     "APER (reference": (f"{RUNS}/reference/aper", "per-sample"),
     "MOS (`quick`": (f"{RUNS}/fp32/mos-quick", "per-sample"),
     "EASE (`quick`": (f"{RUNS}/fp32/ease-quick", "per-sample"),
-    "L2P (`quick`": (f"{RUNS}/fp32/l2p-quick", "per-sample"),
+    "L2P (reference": (f"{RUNS}/reference/l2p", "per-sample"),
     "DualPrompt (reference": (f"{RUNS}/reference/dualprompt", "per-sample"),
     "DualPrompt, `reference` protocol": (f"{RUNS}/reference/dualprompt", "reference"),
 }
