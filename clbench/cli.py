@@ -467,206 +467,34 @@ def cmd_weights(args: argparse.Namespace) -> int:
     return 0
 
 
-PERF_BACKBONE = ("vit_small_patch14_dinov2", 112)  # the offline ViT-S/14 at the embedded benchmark's input size
-PROJECTION_BACKBONE = ("vit_base_patch16_224", 224)  # the paper backbone
-GENERIC_PERF = (
-    "precision",
-    "threads",
-    "main-job",
-    "feature-probe",
-    "sweep-overhead",
-    "projection",
-    "projection-check",
-    "params",
-    "routers",
-    "train-step",
-)
+class _MeasurementList:
+    """The registered measurements with their help, formatted only when ``clbench perf --help`` is printed (it
+    imports the strategies, whose own measurements are listed too), so ``clbench --help`` stays torch-free."""
 
+    def __str__(self) -> str:
+        from clbench.perf import listing
 
-def strategy_perf_benchmarks() -> dict[str, Callable[..., dict]]:
-    """The ``clbench perf`` benchmarks the registered strategies contribute (:meth:`Strategy.perf_benchmarks`)."""
-    from clbench.catalog import STRATEGIES
-
-    found: dict[str, Callable[..., dict]] = {}
-    for name in STRATEGIES.names():
-        for bench, fn in STRATEGIES.get(name).perf_benchmarks().items():
-            if bench in GENERIC_PERF or bench in found:
-                raise ValueError(f"strategy {name}: perf benchmark {bench!r} is named twice")
-            found[bench] = fn
-    return found
-
-
-class _PerfChoices:
-    """``clbench perf``'s choices: the generic measurements, then the strategies' own, imported only when argparse
-    needs them (a strategy's benchmark is asked for, ``clbench perf --help``), so ``clbench --help`` stays
-    torch-free."""
-
-    def __contains__(self, which: object) -> bool:
-        return which in GENERIC_PERF or which in strategy_perf_benchmarks()
-
-    def __iter__(self):
-        return iter((*GENERIC_PERF, *strategy_perf_benchmarks()))
+        return listing()
 
 
 def _add_perf_args(p: argparse.ArgumentParser) -> None:
-    from clbench.catalog import DEFAULT_STRATEGY
-
-    p.add_argument(
+    which = p.add_argument(
         "which",
-        choices=_PerfChoices(),
-        metavar="WHICH",
-        help="which measurement: %(choices)s. precision: feature-extraction img/s per precision and thread "
-        "count, and what --precision auto picks; threads: the same at 1 and all threads, OpenMP wait "
-        f"policy default and passive, idle and with one core busy; main-job: `clbench run --strategy "
-        f"{DEFAULT_STRATEGY}` from a cold feature cache and warm, against one feature pass; "
-        "sweep-overhead: local vs Ray sweep overhead per run; projection: device-hours of a paper table "
-        "for every registered strategy from measured per-image costs; projection-check: that model "
-        "against recorded runs; params: parameters per task of every registered strategy, from its "
-        "formula; routers: per-image cost of every router at T = 1, 5, 10, 20 modules; train-step: images/s "
-        "of one real training step of each --strategy (default config) against a bare forward + backward of the "
-        "same ViT at the same batch and precision; the rest are the strategies' own benchmarks",
-    )
-    p.add_argument(
-        "--device",
-        default="auto",
-        choices=["auto", "cpu", "cuda"],
-        help="precision, projection: the device to measure on (default: auto)",
-    )
-    p.add_argument("--runs", type=int, default=6, help="sweep-overhead: runs per backend (default: 6)")
-    p.add_argument(
-        "--run",
-        dest="run_dirs",
-        action="append",
-        default=[],
-        metavar="RUN_DIR",
-        help="projection-check: a run whose recorded time the cost model should predict (repeatable)",
-    )
-    p.add_argument("--backbone", help=f"backbone (default: the offline ViT-S/14; projection: {PROJECTION_BACKBONE[0]})")
-    p.add_argument(
-        "--img-size",
-        type=int,
-        help=f"input size (default: 112, the embedded benchmark's; projection: {PROJECTION_BACKBONE[1]})",
-    )
-    p.add_argument("--bench", default="emoji", help="benchmark for feature-probe (default: emoji)")
-    p.add_argument(
-        "--normalize",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="feature-probe: apply the backbone's mean/std (default: the benchmark's choice)",
-    )
-    p.add_argument("--d", type=int, default=768, help="params: the ViT's width (default: 768, ViT-B/16)")
-    p.add_argument("--depth", type=int, default=12, help="params: the ViT's blocks (default: 12)")
-    p.add_argument(
-        "--tasks",
-        default="10x10",
-        metavar="TxC|C1,C2,..",
-        help="params: T tasks of C classes, or the classes of each task (default: 10x10)",
-    )
-    p.add_argument(
-        "--strategy",
-        dest="strategies",
-        action="append",
-        default=[],
         metavar="NAME",
-        help="train-step: a strategy to measure (repeatable; default: every strategy that trains through the ViT)",
+        help="which measurement (its flags: `clbench perf NAME --help`): %(measurements)s",
     )
-    p.add_argument(
-        "--precision",
-        dest="precisions",
-        action="append",
-        default=[],
-        metavar="auto|fp32|bf16|fp16",
-        help="train-step: a precision to measure at (repeatable; default: auto)",
-    )
-    p.add_argument("--steps", type=int, default=4, help="train-step: timed steps per strategy (default: 4)")
-    p.add_argument("--out", help="write the measurements to this JSON file")
+    which.measurements = _MeasurementList()  # read by argparse's help expansion: %(measurements)s
+    p.add_argument("flags", nargs=argparse.REMAINDER, metavar="...", help="the measurement's flags")
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
-    from clbench.files import atomic_write_json
-    from clbench.results import git_revision, library_versions
+    from clbench.perf import measurements, write
 
-    default = PROJECTION_BACKBONE if args.which == "projection" else PERF_BACKBONE
-    args.backbone, args.img_size = args.backbone or default[0], args.img_size or default[1]
-
-    if args.which == "precision":
-        from clbench.machine import precision_table
-
-        result = precision_table(args.backbone, args.img_size, args.device)
-    elif args.which == "threads":
-        from clbench.machine import thread_table
-
-        result = thread_table(args.backbone, args.img_size)
-    elif args.which == "main-job":
-        from clbench.machine import main_job
-
-        result = main_job()
-    elif args.which == "routers":
-        from clbench.routers import router_costs
-
-        result = router_costs(backbone=args.backbone, img_size=args.img_size)
-    elif args.which == "sweep-overhead":
-        from clbench.perf_sweep import sweep_overhead
-
-        if args.runs < 2:
-            raise ClbenchError(f"--runs must be >= 2 (got {args.runs})")
-        result = sweep_overhead(runs=args.runs)
-    elif args.which == "projection":
-        from clbench.perf_sweep import format_projection, measure_costs, projection
-
-        costs = measure_costs(device=args.device, backbone=args.backbone, img_size=args.img_size)
-        result = {"benchmark": "projection", "costs": costs, "projection": projection(costs)}
-        print(format_projection(result["projection"], costs))
-    elif args.which == "projection-check":
-        from clbench.perf_sweep import check_against_run
-
-        if not args.run_dirs:
-            raise ClbenchError("projection-check needs --run RUN_DIR (a run folder)")
-        result = {"benchmark": "projection-check", "checks": [check_against_run(d) for d in args.run_dirs]}
-    elif args.which == "params":
-        from clbench.perf import format_params, param_table, parse_tasks
-
-        result = param_table(args.d, args.depth, parse_tasks(args.tasks))
-        print(format_params(result))
-    elif args.which == "train-step":
-        from clbench.catalog import STRATEGIES
-        from clbench.perf_train import train_step_table
-        from clbench.precision import check_request
-
-        for requested in args.precisions:
-            check_request(requested)
-        if args.steps < 1:
-            raise ClbenchError(f"--steps must be >= 1 (got {args.steps})")
-        names = args.strategies or [n for n in STRATEGIES.names() if STRATEGIES.get(n).needs_vit]
-
-        def partial(table: dict) -> None:  # a long measurement keeps what it has measured
-            if args.out:
-                from pathlib import Path
-
-                atomic_write_json(Path(args.out), {**table, "partial": True, "command": " ".join(sys.argv)})
-
-        result = train_step_table(
-            names,
-            args.precisions or ["auto"],
-            args.backbone,
-            args.img_size,
-            args.bench,
-            args.device,
-            args.steps,
-            partial=partial,
-        )
-    elif args.which == "feature-probe":
-        from clbench.perf import feature_probe
-
-        result = feature_probe(args.bench, args.backbone, args.img_size, args.normalize)
-    else:
-        result = strategy_perf_benchmarks()[args.which](backbone=args.backbone, img_size=args.img_size)
-    result.update(git_revision=git_revision(), versions=library_versions(), command=" ".join(sys.argv))
-    if args.out:
-        from pathlib import Path
-
-        atomic_write_json(Path(args.out), result)
-        print(f"wrote {args.out}")
+    m = measurements().get(args.which)  # an unknown name: the valid ones and "did you mean"
+    parser = _Parser(prog=f"clbench perf {m.name}", description=m.help)
+    m.add_arguments(parser)
+    flags = parser.parse_args(args.flags)
+    write(m.run(flags), flags.out)
     return 0
 
 

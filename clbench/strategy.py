@@ -20,7 +20,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from clbench.benchmarks.base import ImageSource
 from clbench.blocks import CosineHead
 from clbench.features import TransformedImages
 from clbench.safestate import ContextRef, SavedState, StateError, allowed, decode, encode
+
+if TYPE_CHECKING:
+    from clbench.perf import Measurement
 
 # The layers of clbench.blocks that any strategy's state may hold (see Strategy.state_types for a method's own).
 BLOCK_TYPES: tuple[type, ...] = (CosineHead,)
@@ -243,10 +246,12 @@ class Strategy(ABC):
         return {}
 
     @classmethod
-    def perf_benchmarks(cls) -> dict[str, Callable[..., dict[str, Any]]]:
-        """Method-specific ``clbench perf`` benchmarks: name -> ``fn(backbone=..., img_size=...)`` returning the
-        JSON-able measurements (listed by ``clbench perf --help``, run as ``clbench perf NAME``; none by default).
-        Names are global: prefix them with the method's name."""
+    def perf_benchmarks(cls) -> Mapping[str, Measurement | Callable[..., dict[str, Any]]]:
+        """Method-specific ``clbench perf`` measurements: name -> a :class:`clbench.perf.Measurement` (its help, flags
+        and function), or a bare ``fn(backbone=..., img_size=...)`` returning the JSON-able measurements, given
+        ``--backbone`` and ``--img-size``. Registered with the generic ones (:func:`clbench.perf.measurements`),
+        listed by ``clbench perf --help``, run as ``clbench perf NAME``; none by default. Names are global: prefix
+        them with the method's name."""
         return {}
 
     @classmethod

@@ -10,6 +10,8 @@ name from a package (``from clbench.sweep import run_sweep``) an edge to the pac
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from itertools import pairwise
 from pathlib import Path
 
@@ -206,3 +208,36 @@ def test_the_cycle_finder_finds_cycles(tmp_path, source, expected):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert cycles(import_graph(tmp_path)) == expected
+
+
+REPORT_MAY_NOT_IMPORT = ("torch", "timm", "avalanche", "clbench.harness", "clbench.backbones")
+
+
+def test_the_report_package_reads_records_only():
+    """clbench.report builds tables, figures and the gate's check from records: no module of it imports torch, timm,
+    Avalanche, the harness or a backbone, at module level or inside a function (measuring is clbench.perf's job)."""
+    found = []
+    for module, path in module_files().items():
+        if module != "clbench.report" and not module.startswith("clbench.report."):
+            continue
+        for node, line in _imports(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for name in names:
+                if any(name == bad or name.startswith(bad + ".") for bad in REPORT_MAY_NOT_IMPORT):
+                    found.append(f"{module} (line {line}) imports {name}")
+    assert not found, "\n".join(found)
+
+
+def test_importing_the_report_package_loads_no_torch_nor_harness():
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import clbench.report as r\n"
+        "for m in pkgutil.iter_modules(r.__path__):\n"
+        "    importlib.import_module('clbench.report.' + m.name)\n"
+        "print(len(list(pkgutil.iter_modules(r.__path__))))\n"
+        "print(' '.join(k for k in ('torch', 'timm', 'clbench.harness', 'clbench.backbones') if k in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    count, loaded = (out.splitlines() + ["", ""])[:2]
+    assert int(count) >= 10  # it imported every submodule
+    assert loaded == "", f"importing clbench.report loaded {loaded}"

@@ -53,7 +53,7 @@ def test_paper_table_config_plans_the_projection_rows(capsys, monkeypatch, tmp_p
     and profile) on every paper benchmark, three seeds, each benchmark's default split and backbone."""
     from clbench.cli import build_parser
     from clbench.configfile import apply
-    from clbench.perf_sweep import PAPER_BENCHMARKS, projection_rows
+    from clbench.perf.projection import PAPER_BENCHMARKS, projection_rows
     from clbench.sweep import SweepSpec, make_plan, parse_list, parse_scoped_override, parse_seeds
 
     argv = ["sweep", "--config", str(ROOT / "reports/paper-table.yaml"), "--dry-run"]

@@ -21,7 +21,7 @@ def _cfg(name: str, profile: str | None = None, **overrides):
 
 
 def _work(name: str, shape: RunShape, profile: str | None = None, **overrides):
-    from clbench.perf_sweep import work_counts
+    from clbench.perf.projection import work_counts
 
     return work_counts(STRATEGIES.get(name).work(_cfg(name, profile, **overrides), shape))
 
@@ -76,7 +76,7 @@ def test_ci_profiles_count_only_the_images_they_learn_from():
 def test_projection_reproduces_the_committed_paper_table():
     """The committed reports/perf/projection-cpu.json, recomputed from its own measured costs by the strategies'
     cost models: the same rows, counts and hours (the counts' float sums may differ in the last bit)."""
-    from clbench.perf_sweep import format_projection, projection
+    from clbench.perf.projection import format_projection, projection
 
     old = json.loads((ROOT / "reports/perf/projection-cpu.json").read_text())
     new = projection(old["costs"], seeds=old["projection"]["seeds"], names=["simplecil", "tosca", "l2p", "ease"])
@@ -97,7 +97,7 @@ def test_projection_reproduces_the_committed_paper_table():
 
 
 def test_projection_has_a_row_for_every_registered_strategy():
-    from clbench.perf_sweep import projection, projection_rows
+    from clbench.perf.projection import projection, projection_rows
 
     rows = [r for r, _, _ in projection_rows()]
     assert set(STRATEGIES.names()) <= set(rows) and "tosca-augment" in rows
@@ -133,7 +133,7 @@ def test_param_formula_equals_a_real_runs_counts(name, micro_session_factory):
 
 
 def test_tosca_module_at_vit_b16_is_the_papers_149808():
-    from clbench.perf import param_table
+    from clbench.perf.params import param_table
 
     table = param_table(768, 12, (10,) * 10)
     assert set(table["strategies"]) == set(STRATEGIES.names()) and table["unstated"] == []
@@ -169,7 +169,7 @@ def test_projection_check_reads_any_strategys_record(tmp_path):
     """projection-check on a real TOSCA run (micro ViT): the work counted on the run's own split and config; the
     cached features are left out of the prediction; a run whose work is all cached has no ratio."""
     from clbench.harness import RunConfig, run
-    from clbench.perf_sweep import check_against_run
+    from clbench.perf.projection import check_against_run
 
     common = {
         "bench": "emoji",

@@ -13,7 +13,7 @@ from tinytasks import make_split
 
 from clbench.blocks import optimizer_step
 from clbench.errors import ClbenchError
-from clbench.perf_train import ReplayedSplit, step_ratio, time_steps
+from clbench.perf.train_step import ReplayedSplit, step_ratio, time_steps
 from clbench.strategy import Context, ParamCounts, Split, Strategy, Task
 
 

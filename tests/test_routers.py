@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from clbench.errors import ClbenchError
+from clbench.perf.routers import synthetic_memory
 from clbench.routers import (
     ROUTERS,
     RouteInputs,
@@ -18,7 +19,6 @@ from clbench.routers import (
     collapse_warning,
     fit_temperature,
     route,
-    synthetic_memory,
 )
 
 BASELINE = Path(__file__).parent / "fixtures" / "routing" / "entropy_baseline.json"
@@ -228,7 +228,7 @@ def test_a_checkpoint_without_routing_statistics_refuses_rules_that_need_them(mi
 
 
 def test_router_costs_runs_on_the_micro_vit():
-    from clbench.routers import router_costs
+    from clbench.perf.routers import router_costs
 
     out = router_costs(backbone="vit_micro", img_size=32, batch=8, tasks=(1, 3), log=lambda m: None)
     assert {r["router"] for r in out["rules"]} == set(ROUTERS.names())

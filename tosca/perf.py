@@ -1,5 +1,5 @@
-"""TOSCA's own speed measurements, contributed to ``clbench perf`` through :meth:`TOSCA.perf_benchmarks` and
-:meth:`TOSCA.unit_seconds`.
+"""TOSCA's own speed measurements, contributed to ``clbench perf`` through :meth:`TOSCA.perf_benchmarks` (the
+:data:`ROUTING` measurement) and :meth:`TOSCA.unit_seconds`.
 
 - ``tosca-routing``: TOSCA's inference cost per image for T = 1, 5, 10, 20 task modules on synthetic
   features, as a share of one backbone forward pass (target: 20 modules add < 5 %), and the speed-up of
@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from clbench.perf import median_seconds
+from clbench.perf import Measurement, backbone_args
+from clbench.perf.timing import median_seconds
 
 
 def tosca_parts(d: int, T: int, classes_per_task: int, seed: int = 0):
@@ -125,6 +127,19 @@ def tosca_routing(
         "reference_loop_s_T10": t_ref,
         "targets": {"added_share_at_T20": "< 0.05", "speedup_T10": ">= 8"},
     }
+
+
+def _routing(flags: argparse.Namespace) -> dict[str, Any]:
+    return tosca_routing(backbone=flags.backbone, img_size=flags.img_size)
+
+
+ROUTING = Measurement(
+    "tosca-routing",
+    help="TOSCA's routing cost per image at T = 1, 5, 10, 20 modules as a share of one backbone pass, and the "
+    "speed-up of one-pass stacked routing over the reference's backbone-per-module loop at T = 10",
+    run=_routing,
+    args=backbone_args(),
+)
 
 
 def unit_seconds(d: int, device: torch.device) -> dict[str, float]:

@@ -387,9 +387,9 @@ class TOSCA(Strategy):
 
     @classmethod
     def perf_benchmarks(cls):
-        from tosca.perf import tosca_routing
+        from tosca.perf import ROUTING
 
-        return {"tosca-routing": tosca_routing}
+        return {ROUTING.name: ROUTING}
 
     @classmethod
     def param_formula(cls, cfg: TOSCAConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:

@@ -32,9 +32,10 @@ Rules, per entry:
   ``changed``: an improvement is real only once the reference is rewritten on purpose (``--write-reference --why``).
   Tolerances are per metric and come from a measured spread (same seed, other CPUs; reports/gate/).
 - Parameter counts equal the reference exactly; the backbone weights digest and the precision are the reference's.
-- Train and eval seconds, each divided by the calibration workload (:func:`calibrate`, a fixed frozen-ViT forward pass
-  timed in the same CI job and stored beside the runs as ``calibration.json``), may exceed the reference's ratio by
-  at most ``time.slack`` times plus ``time.floor`` calibration units. Faster is reported, never failed.
+- Train and eval seconds, each divided by the calibration workload (a fixed frozen-ViT forward pass, timed by
+  :mod:`clbench.perf.calibration` in the same CI job and stored beside the runs as ``calibration.json``), may
+  exceed the reference's ratio by at most ``time.slack`` times plus ``time.floor`` calibration units. Faster
+  is reported, never failed.
 - Nothing passes by being skipped: an entry without runs, a run the reference does not pin, an unreadable or
   incomplete record among the runs, a strategy the reference names but this clbench lacks, and (with
   ``require_ci_profiles``) a registered strategy's ``ci`` profile that the reference does not pin all fail, each with
@@ -48,7 +49,6 @@ import math
 import os
 import statistics
 import subprocess
-import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +59,7 @@ from typing import Any, NamedTuple
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
 from clbench.owned import load_json
+from clbench.perf.calibration import CALIBRATION_ID
 from clbench.report.collect import Collection, Run, bench_label, config_digest
 from clbench.results import DEFAULT_CLASS_ORDER_SEED, is_count, is_matrix, is_name, is_pct, is_positive, out_of_bounds
 from clbench.text import rich as esc
@@ -78,20 +79,6 @@ DEFAULT_TIME_FLOOR = 1.0
 TIME_PHASES = ("train", "eval")
 MAX_TOLERANCE = 100.0  # points: a tolerance beyond the whole accuracy range would let every result pass
 MAX_TIME_FACTOR = 1e6  # time.slack and time.floor: beyond this the time check can never fail
-
-# The calibration workload: a fixed forward pass of a randomly initialised ViT-S/14 (the gate's backbone
-# architecture, so no weights are needed) over a fixed batch at the gate's input size, fp32, on all torch threads.
-CALIBRATION_WORKLOAD = {
-    "backbone": "vit_small_patch14_dinov2",
-    "weights": "random",
-    "img_size": 56,
-    "batch": 64,
-    "precision": "fp32",
-    "pass": "forward",
-    "repeats": 5,
-    "statistic": "median",
-}
-CALIBRATION_ID = "vit-s14-random-56px-b64-fp32-forward/1"
 
 EPS = 1e-9  # float slack on exact-boundary comparisons
 OK, CHANGED, FAIL, MISSING, NOTE = "ok", "changed", "FAIL", "missing", "note"
@@ -176,37 +163,6 @@ def mean_matrix(runs: Sequence[Run], protocol: str) -> list[list[float]]:
 
 
 # ------------------------------------------------------------------------------------------- calibration
-def calibrate(repeats: int | None = None) -> dict[str, Any]:
-    """Time :data:`CALIBRATION_WORKLOAD` on this machine: a warm-up pass, then the median of ``repeats`` passes."""
-    import torch
-
-    from clbench.backbones import load_backbone
-    from clbench.harness import host_info
-
-    w = CALIBRATION_WORKLOAD
-    repeats = repeats or int(w["repeats"])
-    backbone = load_backbone(str(w["backbone"]), "random", int(w["img_size"]), seed=0)
-    x = torch.randn(
-        int(w["batch"]), 3, int(w["img_size"]), int(w["img_size"]), generator=torch.Generator().manual_seed(0)
-    )
-    times = []
-    with torch.no_grad():
-        backbone(x)  # warm-up: allocator, oneDNN primitive cache
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            backbone(x)
-            times.append(time.perf_counter() - t0)
-    return {
-        "workload": CALIBRATION_ID,
-        "definition": dict(w),
-        "seconds": statistics.median(times),
-        "all_seconds": [round(t, 6) for t in times],
-        "torch": torch.__version__,
-        "host": host_info().to_dict(),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
 def write_calibration(folder: Path, measurement: dict[str, Any]) -> Path:
     """Add one calibration measurement to ``folder/calibration.json`` (kept: every earlier one of the same job)."""
     path = Path(folder) / CALIBRATION_FILE

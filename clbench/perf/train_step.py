@@ -20,6 +20,7 @@ before and after the strategy's steps; its median is the divisor, so a ratio hol
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -31,6 +32,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from clbench.errors import ClbenchError
+from clbench.perf import arg, backbone_args, device_arg, measurement, write
 from clbench.strategy import Split, Strategy, Task
 
 PERF_STRATEGY_SEED = 1993
@@ -289,3 +291,51 @@ def train_step_table(
         out["strategies"][name] = rows
     out["load_after"] = list(os.getloadavg())
     return out
+
+
+@measurement(
+    "train-step",
+    help="images/s of one real training step of each --strategy (default config) against a bare forward + backward "
+    "of the same ViT at the same batch and precision",
+    args=(
+        arg(
+            "--strategy",
+            dest="strategies",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="a strategy to measure (repeatable; default: every strategy that trains through the ViT)",
+        ),
+        arg(
+            "--precision",
+            dest="precisions",
+            action="append",
+            default=[],
+            metavar="auto|fp32|bf16|fp16",
+            help="a precision to measure at (repeatable; default: auto)",
+        ),
+        arg("--steps", type=int, default=4, help="timed steps per strategy (default: 4)"),
+        *backbone_args(),
+        arg("--bench", default="emoji", help="benchmark whose first task is trained on (default: emoji)"),
+        device_arg(),
+    ),
+)
+def _train_step(flags: argparse.Namespace) -> dict[str, Any]:
+    from clbench.catalog import STRATEGIES
+    from clbench.precision import check_request
+
+    for requested in flags.precisions:
+        check_request(requested)
+    if flags.steps < 1:
+        raise ClbenchError(f"--steps must be >= 1 (got {flags.steps})")
+    names = flags.strategies or [n for n in STRATEGIES.names() if STRATEGIES.get(n).needs_vit]
+    return train_step_table(
+        names,
+        flags.precisions or ["auto"],
+        flags.backbone,
+        flags.img_size,
+        flags.bench,
+        flags.device,
+        flags.steps,
+        partial=lambda table: write(table, flags.out, partial=True),  # a long measurement keeps what it measured
+    )

@@ -1,9 +1,6 @@
-"""Sweep measurements (``clbench perf sweep-overhead`` and ``clbench perf projection``), recorded as JSON.
+"""The cost model of a paper table (``clbench perf projection`` and ``clbench perf projection-check``), recorded as
+JSON.
 
-- ``sweep-overhead``: runs the same small sweep (the default strategy, several seeds, the micro ViT on the embedded
-  benchmark) on the local backend and on a local Ray, one run at a time, and reports each backend's overhead from the
-  sweep's own timestamps (:func:`clbench.sweep.runner.overhead`): scheduling and record collection per run, and the
-  start-up.
 - ``projection``: the compute a paper table needs. It measures, on this machine's device, the per-image cost of one
   frozen forward pass of the paper backbone (ViT-B/16 at 224 px, at the precision a run on that device chooses
   (:mod:`clbench.precision`)), of one training pass (forward and backward through the frozen ViT to input-side
@@ -17,15 +14,17 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from clbench.errors import ClbenchError
+from clbench.perf import arg, backbone_args, device_arg, measurement
+from clbench.perf.timing import median_seconds
 from clbench.strategy import RunShape, Work
 
 # The six benchmarks of the TOSCA paper (arXiv 2502.14762) with PILOT's pre-sampled splits. Provenance: test sizes are
@@ -41,40 +40,6 @@ PAPER_BENCHMARKS: dict[str, dict[str, int]] = {
     "omnibenchmark": {"classes": 300, "train": 89_697, "test": 5_985, "tasks": 10},
     "vtab": {"classes": 50, "train": 1_796, "test": 8_619, "tasks": 5},
 }
-
-
-# ----------------------------------------------------------------------------------------------- overhead
-def sweep_overhead(
-    runs: int = 6, log: Callable[[str], None] = print, backends: tuple[str, ...] = ("local", "ray")
-) -> dict[str, Any]:
-    """The same sweep (``runs`` seeds of the default strategy on the micro ViT) on each backend, one run at a time."""
-    from clbench.catalog import DEFAULT_STRATEGY
-    from clbench.sweep import Resources, SweepSpec, run_sweep
-
-    settings = {"backbone": "vit_micro", "weights": "random", "init_cls": 12, "increment": 12}
-    out: dict[str, Any] = {"benchmark": "sweep-overhead", "runs": runs, "settings": settings, "backends": {}}
-    with tempfile.TemporaryDirectory(prefix="clbench-sweep-overhead-") as tmp:
-        for backend in backends:
-            spec = SweepSpec(
-                strategies=(DEFAULT_STRATEGY,),
-                benches=("emoji",),
-                seeds=tuple(range(1, runs + 1)),
-                out=Path(tmp) / backend,
-                settings=settings,
-            )
-            t0 = time.perf_counter()
-            manifest = run_sweep(spec, backend, Resources(1, None, None, None))
-            wall = time.perf_counter() - t0
-            ov = manifest["overhead"]
-            ov["sweep_wall_s"] = wall
-            ov["run_s_mean"] = ov["run_time_s"] / ov["runs_executed"]
-            ov["backend"] = manifest["backend"]
-            out["backends"][backend] = ov
-            log(
-                f"{backend}: start-up {ov['startup_s']:.2f} s, {ov['per_run_s'] * 1e3:.0f} ms per run "
-                f"(collection {ov['collection_s_mean'] * 1e3:.0f} ms), run {ov['run_s_mean']:.2f} s, wall {wall:.1f} s"
-            )
-    return out
 
 
 # ----------------------------------------------------------------------------------------------- projection
@@ -117,7 +82,6 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     from clbench.benchmarks import BENCHMARKS, build_benchmark
     from clbench.blocks import torch_threads
     from clbench.catalog import STRATEGIES
-    from clbench.errors import ClbenchError
     from clbench.results import load_record
 
     rec = load_record(Path(run_dir))
@@ -198,7 +162,6 @@ def measure_costs(
     from clbench.backbones import load_backbone
     from clbench.catalog import STRATEGIES
     from clbench.harness import resolve_device
-    from clbench.perf import median_seconds
     from clbench.precision import for_backbone
 
     dev = resolve_device(device)
@@ -329,3 +292,38 @@ def format_projection(proj: dict[str, Any], costs: dict[str, Any]) -> str:
         f"{proj['table_hours_with_cache']:,.1f} {unit}-hours"
     )
     return "\n".join(lines)
+
+
+PROJECTION_BACKBONE = ("vit_base_patch16_224", 224)  # the paper backbone
+
+
+@measurement(
+    "projection",
+    help="device-hours of a paper table for every registered strategy from measured per-image costs",
+    args=(device_arg(), *backbone_args(PROJECTION_BACKBONE)),
+)
+def _projection(flags: argparse.Namespace) -> dict[str, Any]:
+    costs = measure_costs(device=flags.device, backbone=flags.backbone, img_size=flags.img_size)
+    result = {"benchmark": "projection", "costs": costs, "projection": projection(costs)}
+    print(format_projection(result["projection"], costs))
+    return result
+
+
+@measurement(
+    "projection-check",
+    help="the projection's cost model against recorded runs",
+    args=(
+        arg(
+            "--run",
+            dest="run_dirs",
+            action="append",
+            default=[],
+            metavar="RUN_DIR",
+            help="a run whose recorded time the cost model should predict (repeatable)",
+        ),
+    ),
+)
+def _projection_check(flags: argparse.Namespace) -> dict[str, Any]:
+    if not flags.run_dirs:
+        raise ClbenchError("projection-check needs --run RUN_DIR (a run folder)")
+    return {"benchmark": "projection-check", "checks": [check_against_run(d) for d in flags.run_dirs]}
