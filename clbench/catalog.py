@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clbench.benchmarks import BENCHMARKS, DEFAULT_BENCH
 from clbench.errors import ClbenchError
 from clbench.registry import Registry
 
-STRATEGIES: Registry[Any] = Registry("strategy")
+if TYPE_CHECKING:  # types only: this module stays torch-free
+    from clbench.strategy import Strategy
+
+STRATEGIES: Registry[type[Strategy[Any]]] = Registry("strategy")
 STRATEGIES.register_lazy("simplecil", "baselines.simplecil:SimpleCIL")
 STRATEGIES.register_lazy("l2p", "baselines.l2p:L2P")
 STRATEGIES.register_lazy("ease", "baselines.ease:EASE")

@@ -20,12 +20,18 @@ import math
 import numbers
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clbench.catalog import DEFAULT_BENCH
 from clbench.errors import ClbenchError, setting
+
+if TYPE_CHECKING:  # never imported at run time: this module stays free of torch
+    from _typeshed import DataclassInstance
+
+    from clbench.strategy import Strategy
 
 PROTOCOL_CHOICES = ("per-sample", "reference", "both")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
@@ -35,7 +41,7 @@ WEIGHT_SOURCES = ("auto", "offline", "hub", "random")  # --weights values that a
 RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size", "init_cls", "increment"})
 
 
-def run_level(strategy_cls: type, profile: str | None, cfg_value: Any, key: str) -> Any:
+def run_level(strategy_cls: type[Strategy[Any]], profile: str | None, cfg_value: int | None, key: str) -> int | None:
     """The run setting ``key``: the explicit value when given (0 included), else the profile's, else None."""
     if cfg_value is not None:
         return cfg_value
@@ -65,7 +71,8 @@ def _num(x: float) -> str:
 
 class _Setting:
     """What every kind of setting shares: its name (the :class:`RunConfig` field) and, where the command line
-    spells it otherwise than ``--`` plus the name with dashes, its flag."""
+    spells it otherwise than ``--`` plus the name with dashes, its flag. Each kind's ``check(value: Any)`` takes
+    whatever it is given: refusing the wrong types is its job."""
 
     name: str
     flag: str | None
@@ -109,7 +116,8 @@ class Number(_Setting):
         if self.kind is float and not math.isfinite(value):
             raise self.error(f" {value}: expected a finite number ({self.meaning})")
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
-        too_high = self.high is not None and value > self.high
+        # `not <=` rather than `>`: numbers.Real declares only < and <= (same result, NaN was refused above)
+        too_high = self.high is not None and not value <= self.high
         if too_low or too_high:
             hint = "; " + self.default_hint.replace("{s}", setting(self.name)) if self.default_hint else ""
             raise self.error(f" must be {self.range_text()} (got {value}): {self.meaning}{hint}")
@@ -216,8 +224,9 @@ RUN_SETTINGS: dict[str, Number | Choice | Text | Flag] = {
 }
 
 
-def check_settings(values: dict[str, Any], table: dict[str, Any] | None = None) -> None:
-    """Check the settings in ``values`` (all or some of a table's fields); the first bad one raises."""
+def check_settings(values: Mapping[str, Any], table: Mapping[str, Number | Choice | Text | Flag] | None = None) -> None:
+    """Check the settings in ``values`` (all or some of a table's fields; Any: values as given, not yet checked);
+    the first bad one raises."""
     table = RUN_SETTINGS if table is None else table
     for name, value in values.items():
         if name in table:
@@ -227,7 +236,7 @@ def check_settings(values: dict[str, Any], table: dict[str, Any] | None = None) 
 OVERRIDES = setting("overrides")  # strategy settings: ``--set KEY=VALUE`` on the command line
 
 
-def _check_overrides(overrides: Any) -> None:
+def _check_overrides(overrides: Any) -> None:  # Any: as given, checked here
     if not isinstance(overrides, tuple) or not all(
         isinstance(kv, tuple) and len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in overrides
     ):
@@ -290,7 +299,7 @@ DEFINING_FIELDS = (
 )
 
 
-def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:
+def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:  # Any: JSON values (settings of all types)
     """The defining settings of ``cfg``: the backbone resolved to its name, ``--set`` pairs as a sorted mapping
     (the last value of a repeated key wins, as in the strategy config)."""
     fp = {name: getattr(cfg, name) for name in DEFINING_FIELDS}
@@ -299,13 +308,15 @@ def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:
     return fp
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     if isinstance(value, dict):
         return " ".join(f"{k}={v}" for k, v in value.items()) or "none"
     return "default" if value is None else str(value)
 
 
-def differences(saved: dict[str, Any], current: dict[str, Any], there: str = "in the checkpoint") -> list[str]:
+def differences(
+    saved: Mapping[str, object], current: Mapping[str, object], there: str = "in the checkpoint"
+) -> list[str]:
     """``"seed: 1993 in the checkpoint, 1 here"`` for every defining setting that differs (``there``: where
     ``saved`` comes from)."""
     out = []
@@ -323,7 +334,8 @@ RESUME_AND_OVERWRITE = (
 
 def given_settings(values: dict[str, Any]) -> dict[str, Any]:
     """The settings in ``values`` that differ from :class:`RunConfig`'s defaults: what a user asked for when
-    continuing a run (a setting left at its default counts as not given). Checked as a fresh run's would be."""
+    continuing a run (a setting left at its default counts as not given). Checked as a fresh run's would be.
+    (Any: RunConfig field name -> a value of any field's type, as given.)"""
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
     given = {k: v for k, v in values.items() if k not in defaults or v != defaults[k]}
     given = {k: v for k, v in given.items() if not (k == "strategy" and v is None)}
@@ -371,7 +383,7 @@ def resume_config(
 
 
 # ----------------------------------------------------------------------------------------------- --set
-def _convert(value: str, typ: Any, key: str) -> Any:
+def _convert(value: str, typ: Any, key: str) -> Any:  # Any: typ is any field annotation, the result of that type
     origin = typing.get_origin(typ)
     if typ is bool:
         if value.lower() in ("1", "true", "yes", "on"):
@@ -399,7 +411,9 @@ def _convert(value: str, typ: Any, key: str) -> Any:
     return converted
 
 
-def make_strategy_config(strategy_cls: type, profile: str | None, overrides: tuple[tuple[str, str], ...]) -> Any:
+def make_strategy_config(
+    strategy_cls: type[Strategy[Any]], profile: str | None, overrides: tuple[tuple[str, str], ...]
+) -> DataclassInstance:
     """The strategy's config dataclass with a named profile and ``--set`` overrides applied and validated."""
     config_cls = strategy_cls.Config
     hints = typing.get_type_hints(config_cls)

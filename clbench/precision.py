@@ -102,7 +102,7 @@ class Precision:
     def reduced(self) -> bool:
         return self.name != "fp32"
 
-    def autocast(self, device_type: str):
+    def autocast(self, device_type: str) -> contextlib.AbstractContextManager[object]:
         """Autocast context for the backbone (a no-op in fp32)."""
         import torch
 
@@ -112,7 +112,7 @@ class Precision:
         return torch.autocast(device_type=device_type, dtype=dtype)
 
 
-def autocast(precision: str, device_type: str):
+def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager[object]:
     """Autocast context for a precision name (fp32: none)."""
     return Precision(precision, "").autocast(device_type)
 

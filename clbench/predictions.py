@@ -107,7 +107,7 @@ class Evaluation:
 
     @property
     def correct(self) -> np.ndarray:
-        return self.pred == self.label
+        return np.asarray(self.pred == self.label)  # numpy types == as Any
 
 
 def build(

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from clbench.errors import ClbenchError
 from clbench.owned import load_json
@@ -29,7 +29,7 @@ from clbench.predictions import PredictionsFile
 
 SCHEMA_VERSION = 4  # see the version history above RunRecord
 RESULT_FILE = "result.json"
-Json = dict[str, Any]
+Json = dict[str, Any]  # a JSON object as read or written: its values are arbitrary JSON (Any)
 
 
 def library_versions() -> dict[str, str]:
@@ -223,7 +223,7 @@ class TaskEntry:
 
     task: int
     classes: list[int]  # class ids (after the class order) learnt in this task
-    train_s: float
+    train_s: float | None  # None: not measured (the field checks let a record hold null)
     diagnostics: Json = field(default_factory=dict)  # method-specific (Strategy.diagnostics): a free dict
     eval_s: float | None = None
     # clbench.training_check: ||after - before|| / ||before|| of what the optimizers stepped in this task (None:
@@ -479,7 +479,7 @@ MAX_TEXT = 64 * 2**10  # characters of any other string (a command line, a data 
 MAX_SECONDS = 10 * 365 * 86400.0  # a phase's wall-clock
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and -MAX_INT <= v <= MAX_INT
 
 
@@ -746,11 +746,11 @@ def _upgrade_v3(data: Json) -> Json:
     if len(kept) != len(sizes):  # an unfinished record: the tasks it has done
         sizes = sizes[: len(kept)]
     try:
-        cls = STRATEGIES.get(str(data["strategy"]))
-    except ClbenchError:
-        cls = Strategy
+        split_kept = STRATEGIES.get(str(data["strategy"])).split_kept
+    except ClbenchError:  # not registered here: the base rule (the abstract class itself, so its method, not it)
+        split_kept = Strategy.split_kept
     try:
-        added, stored = cls.split_kept(kept, int(params.get("head", 0)), params, sizes)
+        added, stored = split_kept(kept, int(params.get("head", 0)), params, sizes)
     except (KeyError, ValueError, ZeroDivisionError, TypeError) as e:
         raise ClbenchError(
             f"record of {data['strategy']} (schema {data.get('schema_version', 3)}): "

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, overload
 
 import numpy as np
 import torch
@@ -33,7 +34,16 @@ from clbench.features import TransformedImages
 from clbench.safestate import ContextRef, SavedState, StateError, allowed, decode, encode
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+    from PIL.Image import Image
+
     from clbench.perf import Measurement
+
+# A strategy's settings: a (frozen) dataclass instance, its class the strategy's ``Config``. ``Strategy[MyConfig]``
+# types ``self.cfg``, :meth:`Strategy.work` and :meth:`Strategy.param_formula` with it; a subclass that names no
+# parameter (``class M(Strategy)``) leaves it unchecked.
+ConfigT = TypeVar("ConfigT", bound="DataclassInstance")
+Transform = Callable[["Image"], torch.Tensor]  # an RGB PIL image to the network's input tensor (C, H, W)
 
 # The layers of clbench.blocks that any strategy's state may hold (see Strategy.state_types for a method's own).
 BLOCK_TYPES: tuple[type, ...] = (CosineHead,)
@@ -50,13 +60,13 @@ class Split:
     indices: np.ndarray  # (N,) positions in ``source``
     labels: torch.Tensor  # (N,) long, arrival-order labels
     features: torch.Tensor  # (N, d) float32 frozen [CLS] features (eval transform)
-    eval_transform: Callable
-    train_transform: Callable
+    eval_transform: Transform
+    train_transform: Transform
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
 
-    def subset(self, positions) -> Split:
+    def subset(self, positions: Sequence[int] | np.ndarray | torch.Tensor) -> Split:
         pos = torch.as_tensor(np.asarray(positions), dtype=torch.long)
         return Split(
             self.source,
@@ -69,12 +79,12 @@ class Split:
 
     def image_loader(
         self, batch_size: int, augment: bool, shuffle: bool = False, generator: torch.Generator | None = None
-    ) -> DataLoader:
+    ) -> DataLoader[tuple[torch.Tensor, int]]:
         """Batches of (images, labels, positions) through the train (``augment``) or eval transform."""
         ds = TransformedImages(self.source, self.train_transform if augment else self.eval_transform, self.indices)
         labels = self.labels
 
-        def collate(items):
+        def collate(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             x = torch.stack([a for a, _ in items])
             pos = torch.tensor([k for _, k in items])
             return x, labels[pos], pos
@@ -99,7 +109,7 @@ class Context:
     log: Callable[[str], None] = print
     progress: Callable[[str, int], Callable[[int], None]] | None = None  # (description, total) -> advance(n)
 
-    def autocast(self):
+    def autocast(self) -> AbstractContextManager[object]:
         """Autocast context for passes through the frozen backbone at the run's precision (fp32: none)."""
         from clbench.precision import autocast
 
@@ -129,7 +139,7 @@ class ParamCounts:
     added_per_task: list[int] = field(default_factory=list)
     trainable_per_task: list[int] = field(default_factory=list)
     head: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # the method's own counts, written to JSON as they are (Any)
     stored_per_task: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -165,7 +175,7 @@ class RunShape:
         return dataclasses.replace(self, train_per_task=capped)
 
     @classmethod
-    def equal(cls, n_train: float, n_test: float, tasks: int, **kw: Any) -> RunShape:
+    def equal(cls, n_train: float, n_test: float, tasks: int, **kw: Any) -> RunShape:  # kw: RunShape's other fields
         """``tasks`` equal tasks over ``n_train`` / ``n_test`` images."""
         return cls(tuple([n_train / tasks] * tasks), tuple(n_test * (t + 1) / tasks for t in range(tasks)), **kw)
 
@@ -185,13 +195,14 @@ class Work:
     extra: Mapping[str, float] = field(default_factory=dict)  # unit name -> count
 
 
-class Strategy(ABC):
+class Strategy(ABC, Generic[ConfigT]):
     """Base class of every method. Subclasses set ``name``, ``Config`` and implement the three methods."""
 
     name: ClassVar[str]
-    Config: ClassVar[type]
+    Config: ClassVar[type[DataclassInstance]]  # = ConfigT (a class variable cannot name the type parameter)
     protocols: ClassVar[tuple[str, ...]] = (PER_SAMPLE,)
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {}  # named config overrides, e.g. a CPU "quick" profile
+    # named config overrides, e.g. a CPU "quick" profile: setting -> value, of whatever type the Config field has (Any)
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {}
     # profiles that get their own row in ``clbench perf projection`` (``<name>-<profile>``), besides the default config
     projection_profiles: ClassVar[tuple[str, ...]] = ()
     needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
@@ -199,7 +210,7 @@ class Strategy(ABC):
     # a checkpoint rebuilds these and no others (:meth:`restore_state`)
     state_types: ClassVar[tuple[type, ...]] = ()
 
-    def __init__(self, config: Any, ctx: Context) -> None:
+    def __init__(self, config: ConfigT, ctx: Context) -> None:
         self.cfg = config
         self.ctx = ctx
         # per task: optimizer steps of the task's training through the ViT (0: none), see :meth:`note_steps`
@@ -224,7 +235,7 @@ class Strategy(ABC):
     @classmethod
     def split_kept(
         cls, kept_per_task: list[int], head: int, extra: Mapping[str, Any], task_sizes: list[int]
-    ) -> tuple[list[int], list[int]]:
+    ) -> tuple[list[int], list[int]]:  # extra: the record's JSON params
         """(added_per_task, stored_per_task) of :class:`ParamCounts` from what the strategy kept per task in all
         (``kept_per_task``: learned and stored together, the ``added_per_task`` of records before schema version 3)
         and that record's ``head`` and ``extra`` counts. Used to restate older records (:mod:`clbench.results`)
@@ -234,7 +245,7 @@ class Strategy(ABC):
 
     # ------------------------------------------------------------------------------------------ cost model
     @classmethod
-    def work(cls, cfg: Any, shape: RunShape) -> Work:
+    def work(cls, cfg: ConfigT, shape: RunShape) -> Work:
         """The cost of one run of this strategy with config ``cfg`` on a run of ``shape`` (see :class:`Work`).
         Read by ``clbench perf projection`` and ``projection-check``; generic code never names a method."""
         raise NotImplementedError(f"strategy {cls.name} states no cost model (Strategy.work)")
@@ -255,14 +266,14 @@ class Strategy(ABC):
         return {}
 
     @classmethod
-    def param_formula(cls, cfg: Any, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+    def param_formula(cls, cfg: ConfigT, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
         """:meth:`param_counts` of a finished run, from the config alone: a ViT of width ``d`` and ``depth``
         blocks, tasks of ``task_sizes`` classes (``added_per_task``, ``trainable_per_task`` and ``head``; the
         tests compare it with a real run). Read by ``clbench perf params``."""
         raise NotImplementedError(f"strategy {cls.name} states no parameter formula (Strategy.param_formula)")
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
-        """Optional per-evaluation diagnostics (e.g. routing accuracy) stored in the record."""
+        """Optional per-evaluation diagnostics (e.g. routing accuracy) stored in the record: a free JSON object."""
         return {}
 
     def adapted_features(self, split: Split) -> torch.Tensor | None:
@@ -270,7 +281,7 @@ class Strategy(ABC):
         return None
 
     # ------------------------------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:  # Any: the attributes are whatever the method keeps
         """Everything the strategy has learnt, for a checkpoint (:mod:`clbench.checkpoint`): every attribute except
         ``cfg`` and ``ctx`` (modules, heads, tensors, lists, objects of :attr:`state_types`). An attribute that is
         the context's frozen backbone (or its timm model) is a :class:`~clbench.safestate.ContextRef` to it, never a
@@ -282,7 +293,7 @@ class Strategy(ABC):
             if name not in ("cfg", "ctx")
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # Any: as state_dict
         """Set back the attributes saved by :meth:`state_dict` (on a strategy built with the same config)."""
         for name, value in state.items():
             if isinstance(value, ContextRef):
@@ -322,11 +333,15 @@ class Strategy(ABC):
 _ContextRef = ContextRef  # its name in the old pickled checkpoints (read only by --trust-checkpoint)
 
 
-def _context_objects(ctx: Context, by_name: bool = False) -> dict:
+@overload
+def _context_objects(ctx: Context, by_name: Literal[False] = False) -> dict[int, str]: ...
+@overload
+def _context_objects(ctx: Context, by_name: Literal[True]) -> dict[str, object]: ...
+def _context_objects(ctx: Context, by_name: bool = False) -> dict[int, str] | dict[str, object]:
     """The run's own objects a state refers to instead of copying: the frozen backbone, its timm model and every
     sub-module of it (a strategy may keep the ViT's blocks). ``{id: name}``, or ``{name: object}`` with
     ``by_name``."""
-    objects: dict[str, Any] = {"backbone": ctx.backbone}
+    objects: dict[str, object] = {"backbone": ctx.backbone}
     model = getattr(ctx.backbone, "model", None)
     if isinstance(model, torch.nn.Module):
         objects["backbone.model"] = model

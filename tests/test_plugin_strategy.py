@@ -32,7 +32,7 @@ class PlugNearestConfig:
             raise ValueError(f"shrink must be in [0, 1), got {self.shrink}")
 
 
-class PlugNearest(Strategy):
+class PlugNearest(Strategy[PlugNearestConfig]):  # the parameter types self.cfg, work and param_formula
     """Nearest class mean on cached features with an optional shrinkage; the smallest complete strategy."""
 
     name = NAME
@@ -62,7 +62,7 @@ class PlugNearest(Strategy):
         )
 
     @classmethod
-    def param_formula(cls, cfg, d, depth, task_sizes) -> ParamCounts:
+    def param_formula(cls, cfg: PlugNearestConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
         return ParamCounts(
             added_per_task=[c * d for c in task_sizes],
             trainable_per_task=[0] * len(task_sizes),
@@ -70,7 +70,7 @@ class PlugNearest(Strategy):
         )
 
     @classmethod
-    def work(cls, cfg, shape: RunShape) -> Work:
+    def work(cls, cfg: PlugNearestConfig, shape: RunShape) -> Work:
         f = sum(shape.train_per_task) + shape.test_seen[-1]
         return Work(f=f, f_cacheable=f, extra={"plugnn_rows": sum(shape.test_seen)})
 

@@ -167,7 +167,7 @@ class Collection:
         return Collection(runs, list(self.skipped), list(self.notes))
 
 
-def _acc_sort_key(key: AccKey) -> tuple:
+def _acc_sort_key(key: AccKey) -> tuple[str, str, str, str, int, str]:
     protocol_rank = {"per-sample": 0, "reference": 1}.get(key.protocol, 2)
     return (key.bench, key.backbone, key.weights, key.strategy, protocol_rank, key.protocol)
 
@@ -187,13 +187,12 @@ def bench_label(bench: str, task_sizes: list[int], class_order_seed: int = DEFAU
     return label
 
 
-def digest_short(digest: Any) -> str:
+def digest_short(digest: str | None) -> str:
     return str(digest)[:12] if digest else "unknown"
 
 
-def git_short(rev: Any) -> str:
-    rev = str(rev or "unknown")
-    base, _, dirty = rev.partition("+")
+def git_short(rev: str | None) -> str:
+    base, _, dirty = (rev or "unknown").partition("+")
     return base[:12] + (f"+{dirty}" if dirty else "")
 
 
@@ -313,7 +312,7 @@ def changed_settings(record: RunRecord) -> list[str] | None:
     except Exception:  # an unknown strategy or profile, or a settings class that changed since the record
         return None
 
-    def same(a: Any, b: Any) -> bool:
+    def same(a: Any, b: Any) -> bool:  # two settings' JSON values
         return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
     return [f"{k}={v}" for k, v in record.strategy_config.items() if not same(v, defaults.get(k))]
@@ -323,7 +322,7 @@ def _variant_labels(records: list[RunRecord]) -> dict[int, str]:
     """``tosca``; ``tosca:quick`` for a profile; when runs of one strategy and profile have different settings, the
     settings that differ from the strategy's defaults (``tosca l1=0``; ``tosca[1a2b3c]``, a digest of the settings,
     only where those cannot be read), so that different configurations are never averaged together."""
-    digests: dict[tuple[str, Any], set[str]] = defaultdict(set)
+    digests: dict[tuple[str, str | None], set[str]] = defaultdict(set)  # (strategy, profile) -> config digests
     for r in records:
         digests[(r.strategy, r.profile)].add(config_digest(r))
     out = {}
