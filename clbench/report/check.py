@@ -2,7 +2,8 @@
 
 The reference file, its type and its one reader and writer are :mod:`clbench.report.reference`; the tolerances
 :mod:`clbench.report.tolerances`; the table and the failure lines :mod:`clbench.report.check_print`. This module holds
-the rules (:func:`check`) and the calibration workload the time rule divides by.
+the calibration workload the time rule divides by, :func:`make_reference` (a reference from runs) and the rules
+(:func:`check`, one function per rule).
 
 Rules, per entry:
 - Accuracy is two-sided: every entry R[t][j] of the mean accuracy matrix, the final and the average accuracy must lie
@@ -21,8 +22,11 @@ Rules, per entry:
 
 from __future__ import annotations
 
+import getpass
 import math
+import os
 import statistics
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,25 +37,29 @@ from typing import Any
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
 from clbench.owned import load_json
-from clbench.report.collect import Collection, Run
-from clbench.report.reference import (  # noqa: F401  (names the CLI, the tests and reports/gate/spread.py use here)
+from clbench.report.collect import Collection, Run, config_digest
+from clbench.report.reference import (  # noqa: F401  (also the names the CLI, tests and reports/gate/spread.py use)
     DEFAULT_TIME_FLOOR,
     DEFAULT_TIME_SLACK,
     REFERENCE_FORMAT,
     TIME_PHASES,
     EntryKey,
+    ParamPins,
+    PhaseTimes,
     Reference,
     ReferenceEntry,
+    TimeRule,
     group_runs,
     load_reference,
-    make_reference,
     mean,
     mean_matrix,
+    reference_changes,
     weights_identity,
     write_reference,
 )
-from clbench.report.tolerances import load_tolerances  # noqa: F401
+from clbench.report.tolerances import Tolerance, load_tolerances, tolerance_for  # noqa: F401
 
+Json = dict[str, Any]
 CALIBRATION_FILE = "calibration.json"
 CI_PROFILE_PREFIX = "ci"  # profiles named ci or ci-<something> are the gate's
 # The calibration workload: a fixed forward pass of a randomly initialised ViT-S/14 (the gate's backbone
@@ -259,6 +267,157 @@ def settings_differences(strategy: str, want: dict[str, Any], got: dict[str, Any
         for k in set(want) | set(got)
         if want.get(k) != got.get(k) and not (k not in want and k in defaults and got.get(k) == defaults[k])
     )
+
+
+# ------------------------------------------------------------------------------------------- writing a reference
+def _who() -> str:
+    try:
+        name = subprocess.run(["git", "config", "user.name"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        name = ""
+    return name or os.environ.get("USER") or getpass.getuser()
+
+
+def make_reference(
+    coll: Collection,
+    *,
+    why: str,
+    description: str = "",
+    who: str | None = None,
+    tolerances: Json | None = None,
+    time_slack: float = DEFAULT_TIME_SLACK,
+    time_floor: float = DEFAULT_TIME_FLOOR,
+    calibration: Sequence[Json] = (),
+    require_ci_profiles: bool = True,
+    previous: Reference | None = None,
+    written_by: str | None = None,
+) -> Reference:
+    """A reference from complete runs: one entry per (benchmark split, strategy, profile, backbone, protocol).
+
+    ``why`` is required: a reference is rewritten on purpose. ``previous`` (the file being replaced) keeps its
+    history, and the entries that moved are listed in ``written_by.changes``, tolerance changes included.
+
+    ``tolerances`` (a measured-spread table, :func:`~clbench.report.tolerances.load_tolerances`) sets every entry's
+    tolerance. Without it a rewrite keeps the previous reference's: an entry it pinned keeps its tolerance, a new one
+    takes the previous table's (else the defaults), so tolerances change only when a file of them is given on
+    purpose."""
+    from clbench.results import git_revision
+
+    if not why or not why.strip():
+        raise ClbenchError("--write-reference needs --why TEXT: say why the reference changes (it is recorded)")
+    if not coll.runs:
+        raise ClbenchError(
+            "no complete run record to make a reference from",
+            "; ".join(f"{s.path}: {s.reason}" for s in coll.skipped) or None,
+        )
+    if coll.skipped:
+        s = coll.skipped[0]
+        raise ClbenchError(
+            f"{s.path}: {s.reason}; a reference is made from complete records only",
+            "leave the folder out or finish the run",
+        )
+    if not (time_slack >= 1 and math.isfinite(time_slack)) or not (time_floor >= 0 and math.isfinite(time_floor)):
+        raise ClbenchError(f"--time-slack must be >= 1 and --time-floor >= 0 (got {time_slack}, {time_floor})")
+    kept: dict[str, Tolerance] = {}
+    if tolerances is None:
+        tolerances = dict(previous.tolerances) if previous is not None else {}
+        kept = {e.key.label(): e.tolerance for e in (previous.entries if previous is not None else [])}
+    calib = calibration_seconds(calibration) if calibration else None
+    entries = [
+        _entry(key, runs, kept.get(key.label()) or tolerance_for(tolerances, key.strategy, key.profile), calib)
+        for key, runs in sorted(group_runs(coll).items(), key=lambda kv: kv[0].label())
+    ]
+    ref = Reference(
+        description=description,
+        written_by={
+            "who": who or _who(),
+            "why": why.strip(),
+            "command": written_by,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "git_revision": git_revision(),
+        },
+        history=[],
+        produced_by=[_provenance(r) for r in coll.runs],
+        tolerances=tolerances,
+        time=TimeRule(
+            time_slack,
+            time_floor,
+            None
+            if calib is None
+            else {"workload": CALIBRATION_ID, "seconds": calib, "measurements": list(calibration)},
+        ),
+        require_ci_profiles=require_ci_profiles,
+        entries=entries,
+    )
+    if previous is not None:
+        ref.written_by["changes"] = reference_changes(previous, ref)
+        prior = previous.written_by
+        ref.history.extend([prior, *previous.history] if prior else previous.history)
+    return ref
+
+
+def _entry(key: EntryKey, runs: list[Run], tolerance: Tolerance, calib: float | None) -> ReferenceEntry:
+    """The entry pinning ``runs`` (one configuration; they must agree on everything but the seed)."""
+    if len({config_digest(r.record) for r in runs}) > 1:
+        raise ClbenchError(
+            f"{key.label()}: the runs {', '.join(r.run_id for r in runs)} use different "
+            f"{key.strategy} settings; a reference entry needs one configuration",
+            "give runs of one configuration per strategy, or use --profile to tell them apart",
+        )
+    for what, values in (
+        ("params.added_total", {r.record.params.added_total for r in runs}),
+        ("params.trainable", {r.record.params.trainable for r in runs}),
+        ("params.stored_total", {r.record.params.stored_total for r in runs}),
+        ("backbone weights", {weights_identity(r) for r in runs}),
+        ("precision", {r.record.precision for r in runs}),
+    ):
+        if len(values) > 1:
+            raise ClbenchError(f"{key.label()}: runs disagree on {what} ({', '.join(map(str, sorted(values)))})")
+    s = [r.summary(key.protocol) for r in runs]
+    first = runs[0].record
+    return ReferenceEntry(
+        bench=key.bench,
+        task_sizes=list(key.task_sizes),
+        class_order_seed=key.class_order_seed,
+        strategy=key.strategy,
+        profile=key.profile,
+        backbone=key.backbone,
+        img_size=key.img_size,
+        protocol=key.protocol,
+        precision=first.precision,
+        weights=weights_identity(runs[0]),
+        seeds=sorted(r.seed for r in runs),
+        runs=[r.run_id for r in runs],
+        accuracy_matrix=[[round(v, 4) for v in row] for row in mean_matrix(runs, key.protocol)],
+        last_acc=round(mean([float(x.last_acc) for x in s]), 4),
+        avg_acc=round(mean([float(x.avg_acc) for x in s]), 4),
+        tolerance=tolerance,
+        params=ParamPins(first.params.added_total, first.params.trainable, first.params.stored_total),
+        time=None
+        if calib is None
+        else PhaseTimes(
+            **{ph: round(mean([getattr(r.record.time_s, ph) for r in runs]) / calib, 4) for ph in TIME_PHASES}
+        ),
+        strategy_config=first.strategy_config,
+    )
+
+
+def _provenance(r: Run) -> Json:
+    return {
+        "run_id": r.run_id,
+        "strategy": r.strategy,
+        "profile": r.record.profile,
+        "bench": r.bench_label,
+        "seed": r.seed,
+        "protocols": r.protocols,
+        "precision": r.record.precision,
+        "git_revision": r.record.git_revision,
+        "command": r.record.command,
+        "weights_digest": r.record.weights_digest,
+        "finished": r.record.finished,
+        "time_s": r.record.time_s.to_dict(),
+        "host": r.record.host.to_dict(),
+    }
 
 
 # ------------------------------------------------------------------------------------------- the check

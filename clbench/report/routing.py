@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 
 from clbench.report.collect import Collection, Run
-from clbench.report.tables import task_routing
 from clbench.routing_diagnostics import ModuleChoices
 
 BOUND = "oracle"
@@ -43,7 +42,7 @@ def router_curves(run: Run) -> dict[str, list[float]]:
 
 def _study(run: Run, task: int = -1) -> dict[str, ModuleChoices] | None:
     """The routing study after ``task``: router -> its choices (None: none recorded)."""
-    routing = task_routing(run, task)
+    routing = run.routing(task)
     return routing.routers if routing is not None else None
 
 
@@ -106,7 +105,7 @@ def vary_table(runs: Sequence[Run], field: str) -> pd.DataFrame:
     routing accuracy after the last task per router."""
     rows = []
     for run in sorted(runs, key=lambda r: (r.record.bench, _setting(r, field), r.seed)):
-        routing = task_routing(run)
+        routing = run.routing()
         row: dict[str, Any] = {
             "bench": run.record.bench,
             field: _setting(run, field),
@@ -137,7 +136,7 @@ def vary_mean_table(runs: Sequence[Run], field: str) -> pd.DataFrame:
         groups.setdefault((run.record.bench, _setting(run, field)), []).append(run)
     rows = []
     for (bench, value), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-        diags = [task_routing(r) for r in group]
+        diags = [r.routing() for r in group]
         row: dict[str, Any] = {
             "bench": bench,
             field: value,

@@ -278,18 +278,9 @@ def protocol_routing_warning(record: Any, routing: RoutingDiagnostics, protocol:
     return collapse_warning(choice, true_task, n, f"{protocol}-protocol")
 
 
-def task_routing(run: Run, task: int = -1) -> RoutingDiagnostics | None:
-    """The routing diagnostics after ``task`` (default: the last), None where the strategy records none; a
-    mistyped one is a ClbenchError naming the run folder and the field."""
-    per_task = run.record.per_task
-    if not per_task:
-        return None
-    return read_routing(per_task[task].diagnostics, f"{run.path}: per_task[{task % len(per_task)}].diagnostics")
-
-
 def routing_protocols(run: Run) -> list[str]:
     """Protocols whose diagnostics report routing (a strategy that routes between per-task modules)."""
-    routing = task_routing(run)
+    routing = run.routing()
     return [p for p in run.protocols if routing is not None and p in routing.protocols]
 
 
@@ -303,7 +294,7 @@ def routing_table(coll: Collection) -> pd.DataFrame:
         runs = [r for r in runs if key.protocol in routing_protocols(r)]
         if not runs:
             continue
-        d = [task_routing(r) for r in runs]
+        d = [r.routing() for r in runs]
         rows.append(
             {
                 "benchmark": key.bench,
