@@ -5,8 +5,9 @@ A record is written atomically after every task with ``complete: false`` and onc
 ``complete: true``; readers (reports, checks) use only complete records (:func:`load_record`), the sweep also
 unfinished ones (:func:`read_record`). Code reads fields (``record.params.added_total``,
 ``record.summary("per-sample").last_acc``), never string keys; only the method-specific ``per_task[t].diagnostics``
-stays a free dict. ``SCHEMA_VERSION`` changes when a field changes meaning; older readable versions are upgraded on
-load, others refused with a message.
+stays a free dict (its routing part is typed: :mod:`clbench.routing_diagnostics`). ``SCHEMA_VERSION`` changes when
+a field changes meaning; older readable versions are upgraded on load, others refused with a message. The file's
+layout is said once, by :class:`RunRecord`'s declaration (:func:`json_field`).
 """
 
 from __future__ import annotations

@@ -431,7 +431,7 @@ def check(
     rows, calib = _calibration_rows(ref, calibration, rewrite)
     for entry in ref.entries:
         rows += _entry_rows(entry, groups.get(entry.key, []), ref, calib, rewrite)
-    rows += _unpinned_rows(groups, {e.key for e in ref.entries}, rewrite)
+    rows += _unpinned_rows(groups, {e.key for e in ref.entries if e.strategy in _registered()}, rewrite)
     if ref.require_ci_profiles:
         rows += _ci_profile_rows({(e.strategy, e.profile) for e in ref.entries}, rewrite)
     rows += [
@@ -447,6 +447,12 @@ def check(
         for s in coll.skipped
     ]
     return CheckResult(rows, [(s.path, s.reason) for s in coll.skipped])
+
+
+def _registered() -> list[str]:
+    from clbench.catalog import STRATEGIES
+
+    return STRATEGIES.names()
 
 
 def _calibration_rows(

@@ -381,6 +381,8 @@ def reference_problem(raw: Json) -> str | None:
     huge = out_of_bounds(raw)
     if huge is not None:
         return huge
+    if not isinstance(raw.get("description", ""), str):
+        return f"description is {_shown(raw['description'])}, expected a string"
     for name, typ in (("entries", list), ("time", dict), ("tolerances", dict), ("written_by", dict)):
         if not isinstance(raw.get(name), typ):
             return f"field {name!r} is missing or not a {typ.__name__}"
