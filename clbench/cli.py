@@ -392,7 +392,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
     written = write_summary(Path(args.out), manifest, args.report, args.tsne, command)
     print_sweep_end(manifest, Path(args.out), written)
-    return 0 if manifest["complete"] else 1
+    return 0 if manifest.complete else 1
 
 
 def _add_export_args(p: argparse.ArgumentParser) -> None:

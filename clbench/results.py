@@ -5,8 +5,9 @@ A record is written atomically after every task with ``complete: false`` and onc
 ``complete: true``; readers (reports, checks) use only complete records (:func:`load_record`), the sweep also
 unfinished ones (:func:`read_record`). Code reads fields (``record.params.added_total``,
 ``record.summary("per-sample").last_acc``), never string keys; only the method-specific ``per_task[t].diagnostics``
-stays a free dict. ``SCHEMA_VERSION`` changes when a field changes meaning; older readable versions are upgraded on
-load, others refused with a message.
+stays a free dict (its routing part is typed: :mod:`clbench.routing_diagnostics`). ``SCHEMA_VERSION`` changes when
+a field changes meaning; older readable versions are upgraded on load, others refused with a message. The file's
+layout is said once, by :class:`RunRecord`'s declaration (:func:`json_field`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from clbench.predictions import PredictionsFile
 
 SCHEMA_VERSION = 4  # see the version history above RunRecord
 RESULT_FILE = "result.json"
-Json = dict[str, Any]  # a JSON object as read or written: its values are arbitrary JSON (Any)
+Json = dict[str, Any]
 
 
 def library_versions() -> dict[str, str]:
@@ -106,369 +107,6 @@ def peak_rss_mb() -> float:
 OLDEST_READABLE = 1
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
-
-
-@dataclass
-class ProtocolSummary:
-    """The metrics of one evaluation protocol after every task (definitions: :data:`clbench.metrics.DEFINITIONS`)."""
-
-    accuracy_matrix: list[list[float]]  # R[t][j] in percent: after task t, on the test images of task j <= t
-    acc_curve: list[float]  # A_t in percent: every seen class's test images after task t
-    last_acc: float | None  # A_T (None before the first task ended)
-    avg_acc: float | None  # mean of the A_t
-    forgetting: float | None = None  # Chaudhry / PILOT: max earlier R[t][j] minus final R[T][j], mean over j < T
-    forgetting_first_last: float | None = None  # R[j][j] minus final R[T][j], mean over j < T
-    old_acc: list[float] = field(default_factory=list)  # per task: earlier tasks' test images (NaN after task 1)
-    new_acc: list[float] = field(default_factory=list)  # per task: this task's test images
-    top5_curve: list[float] = field(default_factory=list)  # per task: top-5 accuracy over every seen class
-    bwt: float | None = None  # backward transfer (Lopez-Paz and Ranzato): mean over j < T of R[T][j] - R[j][j]
-    ece: float | None = None  # final model's expected calibration error, 15 bins, points (None: no predictions)
-    last_acc_ci: list[float] | None = None  # [lo, hi] 95 % stratified image bootstrap (None: no predictions)
-    avg_acc_ci: list[float] | None = None  # [lo, hi] likewise for avg_acc
-
-    @classmethod
-    def from_dict(cls, d: Json) -> ProtocolSummary:
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
-
-    def to_dict(self) -> Json:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {k: v for k, v in out.items() if v is not None or k not in _WHERE_SET}
-
-
-_WHERE_SET = ("bwt", "ece", "last_acc_ci", "avg_acc_ci")  # written only where known (older records lack them)
-SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(ProtocolSummary))
-
-
-@dataclass
-class Params:
-    """Parameter counts (:class:`clbench.strategy.ParamCounts`): the frozen backbone, and what the strategy adds."""
-
-    backbone: int  # parameters of the frozen backbone
-    trainable: int  # the most the optimiser updated in one task
-    added_total: int  # learned parameters kept after the last task (modules, prompts, adapters, head rows)
-    trainable_per_task: list[int] = field(default_factory=list)
-    added_per_task: list[int] = field(default_factory=list)
-    head: int = 0
-    extra: Json = field(default_factory=dict)  # the strategy's own counts (ParamCounts.extra), written beside these
-    stored_total: int = 0  # statistics kept after the last task (prototypes, means, covariances, Gram matrices)
-    stored_per_task: list[int] = field(default_factory=list)
-
-    @classmethod
-    def from_dict(cls, d: Json) -> Params:
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        return cls(**{k: d[k] for k in known if k in d}, extra={k: v for k, v in d.items() if k not in known})
-
-    def to_dict(self) -> Json:
-        return {
-            "backbone": self.backbone,
-            "trainable": self.trainable,
-            "trainable_per_task": self.trainable_per_task,
-            "added_per_task": self.added_per_task,
-            "added_total": self.added_total,
-            "stored_per_task": self.stored_per_task,
-            "stored_total": self.stored_total,
-            "head": self.head,
-            **self.extra,
-        }
-
-
-TIME_PHASES = ("features", "train", "eval", "checkpoint", "total")
-
-
-@dataclass
-class Times:
-    """Wall-clock seconds per phase, summed over every segment of a resumed run."""
-
-    features: float  # frozen-feature extraction (near 0 when the feature cache hit)
-    train: float
-    eval: float  # covers every protocol the run evaluated
-    total: float  # the whole run, loading included
-    checkpoint: float | None = None  # writing checkpoints (None: a record from before checkpoints)
-
-    @classmethod
-    def from_dict(cls, d: Json) -> Times:
-        return cls(**{k: d[k] for k in TIME_PHASES if k in d})
-
-    def to_dict(self) -> Json:
-        return {k: getattr(self, k) for k in TIME_PHASES if getattr(self, k) is not None}
-
-
-@dataclass
-class Host:
-    """The machine a run's times come from. Fields a record predates are None and not written."""
-
-    cpus: int | None = None
-    torch_threads: int | None = None
-    omp_wait_policy: str | None = None
-    cpu: str | None = None  # model name
-    cpu_capability: str | None = None  # torch.backends.cpu.get_cpu_capability()
-    amx: bool | None = None
-    avx512_bf16: bool | None = None
-    isa_limits: dict[str, str] | None = None  # ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA where set
-    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
-
-    @classmethod
-    def from_dict(cls, d: Json) -> Host:
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        return cls(**{k: d[k] for k in known if k in d}, extra={k: v for k, v in d.items() if k not in known})
-
-    def to_dict(self) -> Json:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        return {**{k: v for k, v in out.items() if v is not None}, **self.extra}
-
-
-@dataclass
-class TaskEntry:
-    """One task of the run: its classes, its times and the strategy's diagnostics after it."""
-
-    task: int
-    classes: list[int]  # class ids (after the class order) learnt in this task
-    train_s: float | None  # None: not measured (the field checks let a record hold null)
-    diagnostics: Json = field(default_factory=dict)  # method-specific (Strategy.diagnostics): a free dict
-    eval_s: float | None = None
-    # clbench.training_check: ||after - before|| / ||before|| of what the optimizers stepped in this task (None:
-    # nothing trained; absent in records before the detector) and, first task only, the share of its test
-    # predictions that change when its trained parts keep their initial values
-    trained_change: float | None = None
-    reset_share: float | None = None
-
-    @classmethod
-    def from_dict(cls, d: Json) -> TaskEntry:
-        return cls(
-            d["task"],
-            list(d.get("classes") or []),
-            d.get("train_s"),
-            d.get("diagnostics") or {},
-            d.get("eval_s"),
-            d.get("trained_change"),
-            d.get("reset_share"),
-        )
-
-    def to_dict(self) -> Json:
-        out = {
-            "task": self.task,
-            "classes": self.classes,
-            "train_s": self.train_s,
-            "diagnostics": self.diagnostics,
-            "eval_s": self.eval_s,
-        }
-        for name in ("trained_change", "reset_share"):  # written where measured: older records stay as they were
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        return out
-
-
-@dataclass
-class ProtocolGap:
-    last_acc: float  # reference minus per-sample, points
-    avg_acc: float
-    note: str = "reference minus per-sample, in points"
-
-    @classmethod
-    def from_dict(cls, d: Json) -> ProtocolGap:
-        return cls(d["last_acc"], d["avg_acc"], d.get("note", cls.note))
-
-    def to_dict(self) -> Json:
-        return {"last_acc": self.last_acc, "avg_acc": self.avg_acc, "note": self.note}
-
-
-@dataclass
-class RunRecord:
-    """One run of one (strategy, benchmark, backbone, seed): what ``result.json`` holds.
-
-    Read with :func:`load_record` (complete runs) or :func:`read_record` (any state), write with :meth:`write`. The
-    JSON layout is the field order below, with the main protocol's metrics repeated at the top level after
-    ``protocol`` (as every record since version 1 has them) and ``protocol_gap`` / ``finished`` only where set."""
-
-    run_id: str
-    complete: bool
-    strategy: str
-    bench: str
-    backbone: str
-    seed: int
-    protocol: str  # the main evaluation protocol (the first of ``protocols``)
-    task_sizes: list[int]  # classes per task
-    protocols: dict[str, ProtocolSummary]  # every protocol evaluated, the main one included
-    params: Params
-    time_s: Times
-    created: str | None = None  # ISO time of this write
-    command: str | None = None
-    fingerprint: Json | None = None  # the run's defining settings (clbench.config.DEFINING_FIELDS)
-    strategy_config: Json = field(default_factory=dict)  # the strategy's settings dataclass, as written
-    profile: str | None = None
-    n_classes: int | None = None
-    n_images: dict[str, int] | None = None  # {"train": N, "test": N}
-    class_order: list[int] = field(default_factory=list)
-    class_order_seed: int = DEFAULT_CLASS_ORDER_SEED
-    class_names: list[str] | None = None  # in class order
-    weights_source: str | None = None  # "random-init(seed=...)", a file, a package ...
-    weights_digest: str | None = None
-    img_size: int | None = None
-    transform: str | None = None  # the eval transform's identity (TransformSpec.identity)
-    device: str | None = None
-    precision: str = "unknown"  # fp32 / bf16 / fp16 (records before --precision: from their autocast flag)
-    precision_reason: str | None = None
-    per_task: list[TaskEntry] = field(default_factory=list)
-    feature_cache: list[str] = field(default_factory=list)  # "hit" / "miss" per split and segment
-    data_problems: list[str] = field(default_factory=list)  # `clbench data check` problems run anyway
-    resumed_from_task: list[int] = field(default_factory=list)  # tasks done at each resume from a checkpoint
-    peak_rss_mb: float | None = None  # over every segment of the run
-    versions: dict[str, str] = field(default_factory=dict)  # library versions
-    git_revision: str | None = None
-    metric_definitions: dict[str, str] | None = None  # clbench.metrics.DEFINITIONS when the run was made
-    predictions: PredictionsFile | None = None  # predictions.npz beside the record (None: the run kept none)
-    host: Host = field(default_factory=Host)
-    protocol_gap: ProtocolGap | None = None  # runs of both protocols
-    finished: str | None = None  # ISO time of the complete write
-    # clbench.training_check: set when training barely moved the trained parts (the run measures the backbone)
-    training_warning: str | None = None
-    tracker_events: list[str] = field(default_factory=list)  # experiment trackers that failed (clbench.trackers)
-    extra: Json = field(default_factory=dict)  # fields this clbench does not know, kept as read (and written)
-
-    # ------------------------------------------------------------------------------------------- derived
-    @property
-    def main(self) -> ProtocolSummary:
-        """The main protocol's metrics."""
-        return self.protocols[self.protocol]
-
-    @property
-    def last_acc(self) -> float | None:
-        return self.main.last_acc
-
-    @property
-    def avg_acc(self) -> float | None:
-        return self.main.avg_acc
-
-    @property
-    def accuracy_matrix(self) -> list[list[float]]:
-        return self.main.accuracy_matrix
-
-    @property
-    def acc_curve(self) -> list[float]:
-        return self.main.acc_curve
-
-    @property
-    def protocol_names(self) -> list[str]:
-        """Evaluation protocols of this run, the main one first."""
-        return [self.protocol, *(p for p in self.protocols if p != self.protocol)]
-
-    def summary(self, protocol: str) -> ProtocolSummary:
-        """The metrics of one protocol; KeyError naming the run when it was not evaluated."""
-        if protocol not in self.protocols:
-            raise KeyError(f"run {self.run_id} has no protocol {protocol!r}")
-        return self.protocols[protocol]
-
-    @property
-    def training_movement(self) -> list[float | None]:
-        """Per task: the relative change of what the optimizers stepped (None: nothing trained or not measured)."""
-        return [t.trained_change for t in self.per_task]
-
-    @property
-    def reset_share(self) -> float | None:
-        """Share of the first task's test predictions that change when its trained parts are reset (see
-        :mod:`clbench.training_check`); None where not measured."""
-        return self.per_task[0].reset_share if self.per_task else None
-
-    @property
-    def tasks_done(self) -> int:
-        return len(self.per_task)
-
-    # ------------------------------------------------------------------------------------------- JSON
-    def to_dict(self) -> Json:
-        """The JSON object of ``result.json``, in its field order."""
-        out: Json = {"schema_version": SCHEMA_VERSION}
-        for name in _LAYOUT:
-            value = getattr(self, name)
-            if name == "protocols":
-                value = {p: s.to_dict() for p, s in value.items()}
-            elif name == "per_task":
-                value = [t.to_dict() for t in value]
-            elif hasattr(value, "to_dict"):
-                value = value.to_dict()
-            out[name] = value
-            if name == "protocol":  # the main protocol's metrics at the top level, as every record has them
-                out.update(self.main.to_dict())
-        if self.protocol_gap is not None:
-            out["protocol_gap"] = self.protocol_gap.to_dict()
-        if self.finished is not None:
-            out["finished"] = self.finished
-        if self.training_warning is not None:
-            out["training_warning"] = self.training_warning
-        if self.tracker_events:
-            out["tracker_events"] = self.tracker_events
-        return {**out, **self.extra}
-
-    @classmethod
-    def from_dict(cls, data: Json) -> RunRecord:
-        """A record from a current-version JSON object whose fields :func:`field_problems` found sound."""
-        known = {f.name for f in dataclasses.fields(cls)} | set(SUMMARY_FIELDS) | {"schema_version"}
-        protocols = {p: ProtocolSummary.from_dict(s) for p, s in (data.get("protocols") or {}).items()}
-        if data["protocol"] not in protocols:  # records that kept the main protocol at the top level only
-            protocols = {data["protocol"]: ProtocolSummary.from_dict(data), **protocols}
-        simple = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data and f.name not in _NESTED}
-        return cls(
-            **simple,
-            protocols=protocols,
-            params=Params.from_dict(data["params"]),
-            time_s=Times.from_dict(data["time_s"]),
-            per_task=[TaskEntry.from_dict({"task": i, **t}) for i, t in enumerate(data.get("per_task") or [])],
-            host=Host.from_dict(data.get("host") or {}),
-            protocol_gap=ProtocolGap.from_dict(data["protocol_gap"]) if data.get("protocol_gap") else None,
-            predictions=PredictionsFile.from_dict(data["predictions"]) if data.get("predictions") else None,
-            extra={k: v for k, v in data.items() if k not in known},
-        )
-
-    def write(self, run_dir: Path | str) -> Path:
-        """Write ``run_dir/result.json`` atomically (a reader sees the old record or the new one, never a torn
-        file); return its path."""
-        from clbench.files import atomic_write_json
-
-        path = Path(run_dir) / RESULT_FILE
-        atomic_write_json(path, self.to_dict())
-        return path
-
-
-_NESTED = {"protocols", "params", "time_s", "per_task", "host", "protocol_gap", "predictions", "extra"}
-_LAYOUT = (
-    "run_id",
-    "complete",
-    "created",
-    "command",
-    "fingerprint",
-    "strategy",
-    "strategy_config",
-    "profile",
-    "bench",
-    "n_classes",
-    "n_images",
-    "task_sizes",
-    "class_order",
-    "class_order_seed",
-    "class_names",
-    "backbone",
-    "weights_source",
-    "weights_digest",
-    "img_size",
-    "transform",
-    "seed",
-    "device",
-    "precision",
-    "precision_reason",
-    "protocol",
-    "protocols",
-    "params",
-    "time_s",
-    "per_task",
-    "feature_cache",
-    "data_problems",
-    "resumed_from_task",
-    "peak_rss_mb",
-    "versions",
-    "git_revision",
-    "metric_definitions",
-    "predictions",
-    "host",
-)
 
 
 # ------------------------------------------------------------------------------------------- field checks
@@ -585,79 +223,444 @@ is_count, is_positive, is_pct, is_matrix, is_name = _is_count, _is_positive, _is
 FieldCheck = tuple[tuple[str, ...], str, Callable[[Any], bool]]
 NAME = f"a name (1 to {MAX_NAME} characters)"
 SECONDS = "seconds (a finite number >= 0)"
-# Fields every record must have for the tables, figures and the gate; a record without one is refused, naming it.
-REQUIRED_FIELDS: tuple[FieldCheck, ...] = (
-    (("strategy",), NAME, _is_name),
-    (("bench",), NAME, _is_name),
-    (("backbone",), NAME, _is_name),
-    (("seed",), "an integer >= 0", _is_count),
-    (("protocol",), NAME, _is_name),
-    (
-        ("task_sizes",),
-        "a list of integers >= 1",
-        lambda v: isinstance(v, list) and bool(v) and all(_is_positive(n) for n in v),
-    ),
-    (("acc_curve",), "a list of percentages (0 to 100)", _list_of(_is_pct)),
-    (("accuracy_matrix",), "a lower-triangular matrix of percentages (row t: t + 1 entries, 0 to 100)", _is_matrix),
-    (("last_acc",), "a percentage (0 to 100)", _is_pct),
-    (("avg_acc",), "a percentage (0 to 100)", _is_pct),
-    (("params", "added_total"), "an integer >= 0", _is_count),
-    (("params", "trainable"), "an integer >= 0", _is_count),
-    (("time_s", "features"), SECONDS, _is_seconds),
-    (("time_s", "train"), SECONDS, _is_seconds),
-    (("time_s", "eval"), SECONDS, _is_seconds),
-    (("time_s", "total"), SECONDS, _is_seconds),
-)
-# Fields a record may lack (older records do; a default stands in); one of another type is refused, naming it.
-OPTIONAL_FIELDS: tuple[FieldCheck, ...] = (
-    (("run_id",), NAME, _is_name),
-    (("profile",), f"{NAME} or null", _or_none(_is_name)),
-    (("img_size",), "an integer >= 1 or null", _or_none(_is_positive)),
-    (("class_order_seed",), "an integer >= 0", _is_count),
-    (("precision",), NAME, _is_name),
-    (("weights_digest",), "a string or null", _or_none(_is_str)),
-    (("weights_source",), "a string or null", _or_none(_is_str)),
-    (("strategy_config",), "an object", lambda v: isinstance(v, dict)),
-    (
-        ("protocols",),
-        "an object of protocol -> metrics",
-        lambda v: isinstance(v, dict) and all(_is_summary(m) for m in v.values()),
-    ),
-    (("fingerprint",), "an object or null", _or_none(lambda v: isinstance(v, dict))),
-    (("n_classes",), "an integer >= 1 or null", _or_none(_is_positive)),
-    (
-        ("n_images",),
+COUNT = "an integer >= 0"
+COUNTS = "a list of integers >= 0"
+
+
+def _is_object(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def json_field(
+    expected: str | None = None,
+    ok: Callable[[Any], bool] | None = None,
+    *,
+    required: bool = False,
+    where_set: bool = False,
+    nested: bool = False,
+    parts: type | None = None,
+    main_summary: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """A dataclass field of ``result.json`` with how it is written and checked, the one place each is said:
+
+    - ``expected`` / ``ok``: what a value must be (the refusal names ``expected``); no ``ok``: not checked.
+    - ``required``: a record without it is refused (else older records may lack it; the default stands in).
+    - ``where_set``: written only when set (not None, not an empty list), as records always had it.
+    - ``nested``: a typed part read by :meth:`RunRecord.from_dict` itself; ``parts``: its dataclass, whose own
+      ``json_field`` checks apply under this field's name (``params.trainable``).
+    - ``main_summary``: the main protocol's metrics follow this field at the top level (as every record has them),
+      checked with :class:`ProtocolSummary`'s ``json_field`` checks.
+
+    Other arguments go to :func:`dataclasses.field` (``default``, ``default_factory``)."""
+    meta: dict[str, Any] = {"required": required, "where_set": where_set, "nested": nested or parts is not None}
+    if ok is not None:
+        meta["check"] = (expected, ok)
+    if parts is not None:
+        meta["parts"] = parts
+    if main_summary:
+        meta["main_summary"] = True
+    return field(metadata=meta, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------- the record's parts
+@dataclass
+class ProtocolSummary:
+    """The metrics of one evaluation protocol after every task (definitions: :data:`clbench.metrics.DEFINITIONS`)."""
+
+    # R[t][j] in percent: after task t, on the test images of task j <= t
+    accuracy_matrix: list[list[float]] = json_field(
+        "a lower-triangular matrix of percentages (row t: t + 1 entries, 0 to 100)", _is_matrix, required=True
+    )
+    # A_t in percent: every seen class's test images after task t
+    acc_curve: list[float] = json_field("a list of percentages (0 to 100)", _list_of(_is_pct), required=True)
+    last_acc: float | None = json_field("a percentage (0 to 100)", _is_pct, required=True)  # A_T
+    avg_acc: float | None = json_field("a percentage (0 to 100)", _is_pct, required=True)  # mean of the A_t
+    # Chaudhry / PILOT: max earlier R[t][j] minus final R[T][j], mean over j < T
+    forgetting: float | None = json_field("points (-100 to 100) or null", _or_none(_is_points), default=None)
+    # R[j][j] minus final R[T][j], mean over j < T
+    forgetting_first_last: float | None = json_field("points (-100 to 100) or null", _or_none(_is_points), default=None)
+    old_acc: list[float] = field(default_factory=list)  # per task: earlier tasks' test images (NaN after task 1)
+    new_acc: list[float] = field(default_factory=list)  # per task: this task's test images
+    top5_curve: list[float] = field(default_factory=list)  # per task: top-5 accuracy over every seen class
+    bwt: float | None = None  # backward transfer (Lopez-Paz and Ranzato): mean over j < T of R[T][j] - R[j][j]
+    ece: float | None = None  # final model's expected calibration error, 15 bins, points (None: no predictions)
+    last_acc_ci: list[float] | None = None  # [lo, hi] 95 % stratified image bootstrap (None: no predictions)
+    avg_acc_ci: list[float] | None = None  # [lo, hi] likewise for avg_acc
+
+    @classmethod
+    def from_dict(cls, d: Json) -> ProtocolSummary:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+    def to_dict(self) -> Json:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: v for k, v in out.items() if v is not None or k not in _WHERE_SET}
+
+
+_WHERE_SET = ("bwt", "ece", "last_acc_ci", "avg_acc_ci")  # written only where known (older records lack them)
+SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(ProtocolSummary))
+
+
+@dataclass
+class Params:
+    """Parameter counts (:class:`clbench.strategy.ParamCounts`): the frozen backbone, and what the strategy adds."""
+
+    backbone: int = json_field(COUNT, _is_count)  # parameters of the frozen backbone
+    trainable: int = json_field(COUNT, _is_count, required=True)  # the most the optimiser updated in one task
+    # learned parameters kept after the last task (modules, prompts, adapters, head rows)
+    added_total: int = json_field(COUNT, _is_count, required=True)
+    trainable_per_task: list[int] = json_field(COUNTS, _list_of(_is_count), default_factory=list)
+    added_per_task: list[int] = json_field(COUNTS, _list_of(_is_count), default_factory=list)
+    head: int = json_field(COUNT, _is_count, default=0)
+    extra: Json = field(default_factory=dict)  # the strategy's own counts (ParamCounts.extra), written beside these
+    # statistics kept after the last task (prototypes, means, covariances, Gram matrices)
+    stored_total: int = json_field(COUNT, _is_count, default=0)
+    stored_per_task: list[int] = json_field(COUNTS, _list_of(_is_count), default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: Json) -> Params:
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(**{k: d[k] for k in known if k in d}, extra={k: v for k, v in d.items() if k not in known})
+
+    def to_dict(self) -> Json:
+        return {
+            "backbone": self.backbone,
+            "trainable": self.trainable,
+            "trainable_per_task": self.trainable_per_task,
+            "added_per_task": self.added_per_task,
+            "added_total": self.added_total,
+            "stored_per_task": self.stored_per_task,
+            "stored_total": self.stored_total,
+            "head": self.head,
+            **self.extra,
+        }
+
+
+TIME_PHASES = ("features", "train", "eval", "checkpoint", "total")
+
+
+@dataclass
+class Times:
+    """Wall-clock seconds per phase, summed over every segment of a resumed run."""
+
+    # frozen-feature extraction (near 0 when the feature cache hit)
+    features: float = json_field(SECONDS, _is_seconds, required=True)
+    train: float = json_field(SECONDS, _is_seconds, required=True)
+    eval: float = json_field(SECONDS, _is_seconds, required=True)  # covers every protocol the run evaluated
+    total: float = json_field(SECONDS, _is_seconds, required=True)  # the whole run, loading included
+    # writing checkpoints (None: a record from before checkpoints)
+    checkpoint: float | None = json_field(SECONDS, _is_seconds, default=None)
+
+    @classmethod
+    def from_dict(cls, d: Json) -> Times:
+        return cls(**{k: d[k] for k in TIME_PHASES if k in d})
+
+    def to_dict(self) -> Json:
+        return {k: getattr(self, k) for k in TIME_PHASES if getattr(self, k) is not None}
+
+
+@dataclass
+class Host:
+    """The machine a run's times come from. Fields a record predates are None and not written."""
+
+    cpus: int | None = None
+    torch_threads: int | None = None
+    omp_wait_policy: str | None = None
+    cpu: str | None = None  # model name
+    cpu_capability: str | None = None  # torch.backends.cpu.get_cpu_capability()
+    amx: bool | None = None
+    avx512_bf16: bool | None = None
+    isa_limits: dict[str, str] | None = None  # ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA where set
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+    @classmethod
+    def from_dict(cls, d: Json) -> Host:
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(**{k: d[k] for k in known if k in d}, extra={k: v for k, v in d.items() if k not in known})
+
+    def to_dict(self) -> Json:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return {**{k: v for k, v in out.items() if v is not None}, **self.extra}
+
+
+@dataclass
+class TaskEntry:
+    """One task of the run: its classes, its times and the strategy's diagnostics after it."""
+
+    task: int
+    classes: list[int]  # class ids (after the class order) learnt in this task
+    train_s: float | None  # None: not measured (the field checks let a record hold null)
+    diagnostics: Json = field(default_factory=dict)  # method-specific (Strategy.diagnostics): a free dict
+    eval_s: float | None = None
+    # clbench.training_check: ||after - before|| / ||before|| of what the optimizers stepped in this task (None:
+    # nothing trained; absent in records before the detector) and, first task only, the share of its test
+    # predictions that change when its trained parts keep their initial values
+    trained_change: float | None = None
+    reset_share: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: Json) -> TaskEntry:
+        return cls(
+            d["task"],
+            list(d.get("classes") or []),
+            d.get("train_s"),
+            d.get("diagnostics") or {},
+            d.get("eval_s"),
+            d.get("trained_change"),
+            d.get("reset_share"),
+        )
+
+    def to_dict(self) -> Json:
+        out = {
+            "task": self.task,
+            "classes": self.classes,
+            "train_s": self.train_s,
+            "diagnostics": self.diagnostics,
+            "eval_s": self.eval_s,
+        }
+        for name in ("trained_change", "reset_share"):  # written where measured: older records stay as they were
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+
+@dataclass
+class ProtocolGap:
+    last_acc: float  # reference minus per-sample, points
+    avg_acc: float
+    note: str = "reference minus per-sample, in points"
+
+    @classmethod
+    def from_dict(cls, d: Json) -> ProtocolGap:
+        return cls(d["last_acc"], d["avg_acc"], d.get("note", cls.note))
+
+    def to_dict(self) -> Json:
+        return {"last_acc": self.last_acc, "avg_acc": self.avg_acc, "note": self.note}
+
+
+@dataclass(kw_only=True)
+class RunRecord:
+    """One run of one (strategy, benchmark, backbone, seed): what ``result.json`` holds.
+
+    Read with :func:`load_record` (complete runs) or :func:`read_record` (any state), write with :meth:`write`. This
+    declaration is the file's layout, said once: the JSON keys are the fields in this order (after
+    ``schema_version``), the main protocol's metrics repeated at the top level after ``protocol`` (as every record
+    since version 1 has them), fields marked ``where_set`` written only where set, and fields this clbench does not
+    know (``extra``) last. Each field's :func:`json_field` says what it must be and whether a record may lack it;
+    :data:`REQUIRED_FIELDS`, :data:`OPTIONAL_FIELDS` and :data:`LAYOUT` are derived from them."""
+
+    run_id: str = json_field(NAME, _is_name)  # older records lack it: the folder names the run
+    complete: bool
+    created: str | None = None  # ISO time of this write
+    command: str | None = json_field("a string or null", _or_none(_is_str), default=None)
+    # the run's defining settings (clbench.config.DEFINING_FIELDS)
+    fingerprint: Json | None = json_field("an object or null", _or_none(_is_object), default=None)
+    strategy: str = json_field(NAME, _is_name, required=True)
+    # the strategy's settings dataclass, as written
+    strategy_config: Json = json_field("an object", _is_object, default_factory=dict)
+    profile: str | None = json_field(f"{NAME} or null", _or_none(_is_name), default=None)
+    bench: str = json_field(NAME, _is_name, required=True)
+    n_classes: int | None = json_field("an integer >= 1 or null", _or_none(_is_positive), default=None)
+    n_images: dict[str, int] | None = json_field(  # {"train": N, "test": N}
         "an object of split -> count or null",
         _or_none(lambda v: isinstance(v, dict) and all(_is_count(n) for n in v.values())),
-    ),
-    (("class_order",), "a list of integers >= 0", _list_of(_is_count)),
-    (("class_names",), "a list of names or null", _or_none(_list_of(_is_name))),
-    (("params", "backbone"), "an integer >= 0", _is_count),
-    (("params", "head"), "an integer >= 0", _is_count),
-    (("params", "added_per_task"), "a list of integers >= 0", _list_of(_is_count)),
-    (("params", "trainable_per_task"), "a list of integers >= 0", _list_of(_is_count)),
-    (("params", "stored_total"), "an integer >= 0", _is_count),
-    (("params", "stored_per_task"), "a list of integers >= 0", _list_of(_is_count)),
-    (("time_s", "checkpoint"), SECONDS, _is_seconds),
-    (("per_task",), "a list of task objects", _list_of(_is_task)),
-    (("host",), "an object", lambda v: isinstance(v, dict)),
-    (("peak_rss_mb",), "a number >= 0 or null", _or_none(lambda v: _is_real(v) and not v < 0)),
-    (("resumed_from_task",), "a list of integers >= 0", _list_of(_is_count)),
-    (
-        ("protocol_gap",),
+        default=None,
+    )
+    task_sizes: list[int] = json_field(  # classes per task
+        "a list of integers >= 1",
+        lambda v: isinstance(v, list) and bool(v) and all(_is_positive(n) for n in v),
+        required=True,
+    )
+    class_order: list[int] = json_field("a list of integers >= 0", _list_of(_is_count), default_factory=list)
+    class_order_seed: int = json_field("an integer >= 0", _is_count, default=DEFAULT_CLASS_ORDER_SEED)
+    class_names: list[str] | None = json_field(  # in class order
+        "a list of names or null", _or_none(_list_of(_is_name)), default=None
+    )
+    backbone: str = json_field(NAME, _is_name, required=True)
+    # "random-init(seed=...)", a file, a package ...
+    weights_source: str | None = json_field("a string or null", _or_none(_is_str), default=None)
+    weights_digest: str | None = json_field("a string or null", _or_none(_is_str), default=None)
+    img_size: int | None = json_field("an integer >= 1 or null", _or_none(_is_positive), default=None)
+    transform: str | None = None  # the eval transform's identity (TransformSpec.identity)
+    seed: int = json_field("an integer >= 0", _is_count, required=True)
+    device: str | None = None
+    # fp32 / bf16 / fp16 (records before --precision: from their autocast flag)
+    precision: str = json_field(NAME, _is_name, default="unknown")
+    precision_reason: str | None = None
+    # the main evaluation protocol (the first of ``protocols``); its metrics follow at the top level
+    protocol: str = json_field(NAME, _is_name, required=True, main_summary=True)
+    protocols: dict[str, ProtocolSummary] = json_field(  # every protocol evaluated, the main one included
+        "an object of protocol -> metrics",
+        lambda v: isinstance(v, dict) and all(_is_summary(m) for m in v.values()),
+        nested=True,
+    )
+    params: Params = json_field(parts=Params)
+    time_s: Times = json_field(parts=Times)
+    per_task: list[TaskEntry] = json_field(
+        "a list of task objects", _list_of(_is_task), nested=True, default_factory=list
+    )
+    # "hit" / "miss" per split and segment
+    feature_cache: list[str] = json_field("a list of names", _list_of(_is_name), default_factory=list)
+    # `clbench data check` problems run anyway
+    data_problems: list[str] = json_field("a list of strings", _list_of(_is_str), default_factory=list)
+    # tasks done at each resume from a checkpoint
+    resumed_from_task: list[int] = json_field("a list of integers >= 0", _list_of(_is_count), default_factory=list)
+    peak_rss_mb: float | None = json_field(  # over every segment of the run
+        "a number >= 0 or null", _or_none(lambda v: _is_real(v) and not v < 0), default=None
+    )
+    versions: dict[str, str] = field(default_factory=dict)  # library versions
+    git_revision: str | None = json_field("a string or null", _or_none(_is_str), default=None)
+    metric_definitions: dict[str, str] | None = None  # clbench.metrics.DEFINITIONS when the run was made
+    # predictions.npz beside the record (None: the run kept none)
+    predictions: PredictionsFile | None = json_field(
+        "an object with file, sha256, bytes and rows, or null", _or_none(_is_predictions_ref), nested=True, default=None
+    )
+    host: Host = json_field("an object", _is_object, nested=True, default_factory=Host)
+    protocol_gap: ProtocolGap | None = json_field(  # runs of both protocols
         "an object with last_acc and avg_acc (points, -100 to 100) or null",
         _or_none(lambda v: isinstance(v, dict) and _is_points(v.get("last_acc")) and _is_points(v.get("avg_acc"))),
-    ),
-    (("forgetting",), "points (-100 to 100) or null", _or_none(_is_points)),
-    (("forgetting_first_last",), "points (-100 to 100) or null", _or_none(_is_points)),
-    (("data_problems",), "a list of strings", _list_of(_is_str)),
-    (("feature_cache",), "a list of names", _list_of(_is_name)),
-    (("git_revision",), "a string or null", _or_none(_is_str)),
-    (("command",), "a string or null", _or_none(_is_str)),
-    (("finished",), "a string or null", _or_none(_is_str)),
-    (("training_warning",), "a string or null", _or_none(_is_str)),
-    (("tracker_events",), "a list of strings", _list_of(_is_str)),
-    (("predictions",), "an object with file, sha256, bytes and rows, or null", _or_none(_is_predictions_ref)),
+        nested=True,
+        where_set=True,
+        default=None,
+    )
+    # ISO time of the complete write
+    finished: str | None = json_field("a string or null", _or_none(_is_str), where_set=True, default=None)
+    # clbench.training_check: set when training barely moved the trained parts (the run measures the backbone)
+    training_warning: str | None = json_field("a string or null", _or_none(_is_str), where_set=True, default=None)
+    # experiment trackers that failed (clbench.trackers)
+    tracker_events: list[str] = json_field("a list of strings", _list_of(_is_str), where_set=True, default_factory=list)
+    extra: Json = field(default_factory=dict)  # fields this clbench does not know, kept as read (and written)
+
+    # ------------------------------------------------------------------------------------------- derived
+    @property
+    def main(self) -> ProtocolSummary:
+        """The main protocol's metrics."""
+        return self.protocols[self.protocol]
+
+    @property
+    def last_acc(self) -> float | None:
+        return self.main.last_acc
+
+    @property
+    def avg_acc(self) -> float | None:
+        return self.main.avg_acc
+
+    @property
+    def accuracy_matrix(self) -> list[list[float]]:
+        return self.main.accuracy_matrix
+
+    @property
+    def acc_curve(self) -> list[float]:
+        return self.main.acc_curve
+
+    @property
+    def protocol_names(self) -> list[str]:
+        """Evaluation protocols of this run, the main one first."""
+        return [self.protocol, *(p for p in self.protocols if p != self.protocol)]
+
+    def summary(self, protocol: str) -> ProtocolSummary:
+        """The metrics of one protocol; KeyError naming the run when it was not evaluated."""
+        if protocol not in self.protocols:
+            raise KeyError(f"run {self.run_id} has no protocol {protocol!r}")
+        return self.protocols[protocol]
+
+    @property
+    def training_movement(self) -> list[float | None]:
+        """Per task: the relative change of what the optimizers stepped (None: nothing trained or not measured)."""
+        return [t.trained_change for t in self.per_task]
+
+    @property
+    def reset_share(self) -> float | None:
+        """Share of the first task's test predictions that change when its trained parts are reset (see
+        :mod:`clbench.training_check`); None where not measured."""
+        return self.per_task[0].reset_share if self.per_task else None
+
+    @property
+    def tasks_done(self) -> int:
+        return len(self.per_task)
+
+    # ------------------------------------------------------------------------------------------- JSON
+    def to_dict(self) -> Json:
+        """The JSON object of ``result.json``, in its field order."""
+        out: Json = {"schema_version": SCHEMA_VERSION}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or (f.metadata.get("where_set") and (value is None or value == [])):
+                continue
+            out[f.name] = _to_json(value)
+            if f.metadata.get("main_summary"):
+                out.update(self.main.to_dict())
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: Json) -> RunRecord:
+        """A record from a current-version JSON object whose fields :func:`field_problems` found sound."""
+        known = {f.name for f in dataclasses.fields(cls)} | set(SUMMARY_FIELDS) | {"schema_version"}
+        protocols = {p: ProtocolSummary.from_dict(s) for p, s in (data.get("protocols") or {}).items()}
+        if data["protocol"] not in protocols:  # records that kept the main protocol at the top level only
+            protocols = {data["protocol"]: ProtocolSummary.from_dict(data), **protocols}
+        simple = {
+            f.name: data[f.name]
+            for f in dataclasses.fields(cls)
+            if f.name in data and f.name != "extra" and not f.metadata.get("nested")
+        }
+        return cls(
+            **simple,
+            protocols=protocols,
+            params=Params.from_dict(data["params"]),
+            time_s=Times.from_dict(data["time_s"]),
+            per_task=[TaskEntry.from_dict({"task": i, **t}) for i, t in enumerate(data.get("per_task") or [])],
+            host=Host.from_dict(data.get("host") or {}),
+            protocol_gap=ProtocolGap.from_dict(data["protocol_gap"]) if data.get("protocol_gap") else None,
+            predictions=PredictionsFile.from_dict(data["predictions"]) if data.get("predictions") else None,
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+    def write(self, run_dir: Path | str) -> Path:
+        """Write ``run_dir/result.json`` atomically (a reader sees the old record or the new one, never a torn
+        file); return its path."""
+        from clbench.files import atomic_write_json
+
+        path = Path(run_dir) / RESULT_FILE
+        atomic_write_json(path, self.to_dict())
+        return path
+
+
+def _to_json(value: Any) -> Any:
+    """A field's value as JSON: typed parts through their ``to_dict``, lists and maps of them likewise."""
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, list) and value and all(hasattr(v, "to_dict") for v in value):
+        return [v.to_dict() for v in value]
+    if isinstance(value, dict) and value and all(hasattr(v, "to_dict") for v in value.values()):
+        return {k: v.to_dict() for k, v in value.items()}
+    return value
+
+
+def _declared_checks(cls: type, prefix: tuple[str, ...] = ()) -> list[tuple[FieldCheck, bool]]:
+    """Every :func:`json_field` check of ``cls`` in declaration order, parts under their field's name, with whether
+    the field is required."""
+    out: list[tuple[FieldCheck, bool]] = []
+    for f in dataclasses.fields(cls):
+        m = f.metadata
+        if "check" in m:
+            out.append((((*prefix, f.name), *m["check"]), m["required"]))
+        if "parts" in m:
+            out += _declared_checks(m["parts"], (*prefix, f.name))
+        if m.get("main_summary"):
+            out += _declared_checks(ProtocolSummary, prefix)
+    return out
+
+
+# The top-level fields of result.json in the order written (the main summary after ``protocol``; where-set fields
+# only where set; ``extra`` last), derived from RunRecord.
+LAYOUT = tuple(f.name for f in dataclasses.fields(RunRecord) if f.name != "extra")
+# Fields every record must have for the tables, figures and the gate (a record without one is refused, naming it),
+# and fields a record may lack (older records do; a default stands in; one of another type is refused, naming it):
+# both read from the declarations above.
+REQUIRED_FIELDS: tuple[FieldCheck, ...] = tuple(check for check, required in _declared_checks(RunRecord) if required)
+OPTIONAL_FIELDS: tuple[FieldCheck, ...] = tuple(
+    check for check, required in _declared_checks(RunRecord) if not required
 )
 V1_FIELDS: tuple[FieldCheck, ...] = (  # version 1 only, upgraded away
     (("autocast",), "true or false", lambda v: isinstance(v, bool)),

@@ -36,7 +36,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from clbench.errors import ClbenchError
 from clbench.registry import Registry
+from clbench.routing_diagnostics import ModuleChoices
 
 SHRINKAGE = 0.1  # weight of the scaled identity in a shrunk covariance: (1 - a) S + a tr(S)/d I
 TEMPERATURE_GRID = torch.logspace(-2, 2, 401, dtype=torch.float64)  # tau from 0.01 to 100, 1 % steps
@@ -310,7 +311,7 @@ def collapse_warning(choice: np.ndarray, task_id: np.ndarray, n_modules: int, ro
 
 def routing_summary(
     choice: torch.Tensor, all_logits: torch.Tensor, labels: np.ndarray, task_id: np.ndarray, router: str
-) -> dict[str, Any]:
+) -> ModuleChoices:
     """Routing accuracy (overall and per true task), the true x chosen confusion counts, the chosen-module histogram,
     the newest module's share, the routed accuracy and any collapse warning, for one router's choices."""
     T = all_logits.shape[0]
@@ -318,12 +319,13 @@ def routing_summary(
     pred = all_logits[choice, torch.arange(len(labels))].argmax(1).numpy()
     confusion = np.zeros((T, T), dtype=np.int64)
     np.add.at(confusion, (task_id, c), 1)
-    return {
-        "routing_acc": float((c == task_id).mean() * 100),
-        "routing_acc_per_task": [float((c[task_id == j] == j).mean() * 100) for j in range(T)],
-        "confusion": confusion.tolist(),  # rows: true task, columns: chosen module
-        "chosen_hist": np.bincount(c, minlength=T).tolist(),
-        "newest_module_share": float((c == T - 1).mean() * 100),
-        "acc": float((pred == labels).mean() * 100),
-        "collapse_warning": collapse_warning(c, task_id, T, router),
-    }
+    return ModuleChoices(
+        routing_acc=float((c == task_id).mean() * 100),
+        routing_acc_per_task=[float((c[task_id == j] == j).mean() * 100) for j in range(T)],
+        confusion=confusion.tolist(),  # rows: true task, columns: chosen module
+        chosen_hist=np.bincount(c, minlength=T).tolist(),
+        newest_module_share=float((c == T - 1).mean() * 100),
+        acc=float((pred == labels).mean() * 100),
+        collapse_warning=collapse_warning(c, task_id, T, router),
+        study=True,
+    )

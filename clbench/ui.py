@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -16,6 +16,9 @@ from rich.table import Table
 from clbench.harness import Reporter
 from clbench.results import RunRecord
 from clbench.text import rich as esc
+
+if TYPE_CHECKING:
+    from clbench.sweep.manifest import SweepManifest
 
 
 class RichReporter(Reporter):
@@ -158,38 +161,38 @@ class RichSweepView:
         self._progress.console.log(esc(message))
 
 
-def print_plan(manifest: dict[str, Any], console: Console | None = None) -> None:
+def print_plan(manifest: SweepManifest, console: Console | None = None) -> None:
     console = console or Console()
     from clbench.sweep.plan import fingerprint_digest
 
-    table = Table(title=f"sweep plan: {len(manifest['runs'])} runs (dry run; nothing was started)")
+    table = Table(title=f"sweep plan: {len(manifest.runs)} runs (dry run; nothing was started)")
     table.add_column("run", no_wrap=True)  # run ids are what a user copies: never cut
     for col in ("state", "tasks done"):
         table.add_column(col)
     table.add_column("folder", overflow="fold")
     table.add_column("settings", no_wrap=True)  # a digest of the run's fingerprint: equal digests, same settings
-    for run_id, info in manifest["runs"].items():
+    for run_id, entry in manifest.runs.items():
         state = {"complete": "complete: skipped", "partial": "continues from its checkpoint", "new": "new"}[
-            info["state_at_start"]
+            entry.state_at_start
         ]
         table.add_row(
             esc(run_id),
             state,
-            str(info["tasks_done_at_start"]),
-            esc(info["path"]),
-            fingerprint_digest(info["fingerprint"]),
+            str(entry.tasks_done_at_start),
+            esc(entry.path),
+            fingerprint_digest(entry.fingerprint),
         )
     console.print(table)
 
 
-def print_sweep_end(manifest: dict[str, Any], out: Any, written: list, console: Console | None = None) -> None:
+def print_sweep_end(manifest: SweepManifest, out: Any, written: list, console: Console | None = None) -> None:
     console = console or Console()
-    runs = manifest["runs"].values()
-    failed = {k: v for k, v in manifest["runs"].items() if v.get("state") != "complete"}
-    ran = sum(1 for r in runs if r.get("status") == "done")
-    skipped = sum(1 for r in runs if r.get("status") == "skipped")
+    runs = manifest.runs.values()
+    failed = {k: v for k, v in manifest.runs.items() if v.state != "complete"}
+    ran = sum(1 for r in runs if r.status == "done")
+    skipped = sum(1 for r in runs if r.status == "skipped")
     console.print(f"sweep {esc(out)}: {ran} runs executed, {skipped} skipped (complete), {len(failed)} not complete")
-    ov = manifest.get("overhead") or {}
+    ov = manifest.overhead or {}
     if ov:
         console.print(
             f"overhead: startup {ov['startup_s']:.1f} s, {ov['per_run_s']:.2f} s per run "
@@ -218,7 +221,7 @@ def print_sweep_end(manifest: dict[str, Any], out: Any, written: list, console: 
     for path in written:
         console.print(f"wrote {esc(path)}")
     for run_id, info in failed.items():
-        console.print(f"[red]not complete[/red] {esc(run_id)}: {esc(info.get('error', info.get('state')))}")
+        console.print(f"[red]not complete[/red] {esc(run_id)}: {esc(info.outcome.get('error', info.state))}")
     if failed:
         console.print(
             "re-run the same command to finish them: complete runs are skipped, unfinished ones continue "

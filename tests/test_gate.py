@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,7 @@ def edit(runs: Path, name: str, change) -> None:
     path.write_text(json.dumps(rec))
 
 
-def gate(runs: Path, ref: dict | None = None) -> chk.CheckResult:
+def gate(runs: Path, ref: chk.Reference | None = None) -> chk.CheckResult:
     calibration, _ = chk.find_calibration([runs])
     return chk.check(collect([runs]), ref or chk.load_reference(REFERENCE), calibration, str(REFERENCE))
 
@@ -186,14 +187,16 @@ def test_an_older_format_reference_is_refused_in_one_line(tmp_path):
 
 def test_a_reference_naming_an_unknown_strategy_is_flagged(runs):
     ref = chk.load_reference(REFERENCE)
-    ref["entries"].append({**ref["entries"][0], "strategy": "no-such-method"})
+    ref = replace(ref, entries=[*ref.entries, replace(ref.entries[0], strategy="no-such-method")])
     rows = [r for r in gate(runs, ref).failures if "no-such-method" in r.entry]
     assert len(rows) == 1 and "does not register" in rows[0].detail
 
 
 def test_a_reference_naming_a_profile_not_run_says_how_to_run_it(runs):
     ref = chk.load_reference(REFERENCE)
-    ref["entries"].append({**next(e for e in ref["entries"] if e["strategy"] == "ease"), "profile": "quick"})
+    ref = replace(
+        ref, entries=[*ref.entries, replace(next(e for e in ref.entries if e.strategy == "ease"), profile="quick")]
+    )
     rows = [r for r in gate(runs, ref).failures if "ease:quick" in r.entry]
     assert len(rows) == 1 and rows[0].status == chk.MISSING
     assert "clbench run --strategy ease --bench emoji --profile quick --precision fp32" in rows[0].detail
@@ -201,7 +204,7 @@ def test_a_reference_naming_a_profile_not_run_says_how_to_run_it(runs):
 
 def test_a_run_the_reference_does_not_pin_fails(runs):
     ref = chk.load_reference(REFERENCE)
-    ref["entries"] = [e for e in ref["entries"] if e["strategy"] != "ease"]
+    ref = replace(ref, entries=[e for e in ref.entries if e.strategy != "ease"])
     fails = failed(gate(runs, ref))
     assert any("ease:ci" in entry and check == "pinned" for entry, check, _ in fails)  # the run is not pinned
     assert any(entry == "ease:ci" and check == "pinned" for entry, check, _ in fails)  # the registered profile
@@ -280,13 +283,13 @@ def test_write_reference_needs_why_and_records_who_what_why(runs, tmp_path):
         previous=previous,
         written_by="clbench check --write-reference X",
     )
-    wb = ref["written_by"]
+    wb = ref.written_by
     assert wb["who"] == "tester" and wb["why"] == "a fix raised task 1" and wb["git_revision"]
     assert len(wb["changes"]) == 1 and entry_id(ENTRIES[0]).split("/")[0] in wb["changes"][0]
-    assert ref["history"][0] == previous["written_by"]
+    assert ref.history[0] == previous.written_by
     path = tmp_path / "ref.json"
     chk.write_reference(path, ref)
-    assert chk.load_reference(path)["entries"][0]["last_acc"] > ENTRIES[0]["last_acc"]
+    assert chk.load_reference(path).entries[0].last_acc > ENTRIES[0]["last_acc"]
 
 
 # ------------------------------------------------------------------------------------------- tolerances
@@ -310,9 +313,9 @@ def test_a_rewrite_keeps_the_tolerances_unless_a_file_is_given(runs, tmp_path):
     calibration, _ = chk.find_calibration([runs])
     previous = chk.load_reference(REFERENCE)
     kept = chk.make_reference(collect([runs]), why="same runs", calibration=calibration, previous=previous)
-    assert [e["tolerance"] for e in kept["entries"]] == [e["tolerance"] for e in ENTRIES]
-    assert kept["tolerances"] == previous["tolerances"]
-    assert not any("tolerance" in line for line in kept["written_by"]["changes"])
+    assert [e.tolerance.to_dict() for e in kept.entries] == [e["tolerance"] for e in ENTRIES]
+    assert kept.tolerances == previous.tolerances
+    assert not any("tolerance" in line for line in kept.changes)
     wider = tmp_path / "wider.json"
     wider.write_text(json.dumps({"tolerances": {"ease:ci": {"matrix": 1.5, "last_acc": 0.5, "avg_acc": 0.5}}}))
     moved = chk.make_reference(
@@ -322,7 +325,7 @@ def test_a_rewrite_keeps_the_tolerances_unless_a_file_is_given(runs, tmp_path):
         previous=previous,
         tolerances=chk.load_tolerances(wider),
     )
-    changes = moved["written_by"]["changes"]
+    changes = moved.changes
     ease = [line for line in changes if "ease:ci" in line and not line.startswith("tolerance table:")]
     assert len(ease) == 1 and "tolerance matrix 0.77 / last_acc 0.32 / avg_acc 0.56 -> matrix 1.5" in ease[0]
     # every other entry falls back to the defaults: each is listed, and so is the table

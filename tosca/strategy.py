@@ -64,6 +64,7 @@ from clbench.blocks import (
 from clbench.errors import ClbenchError
 from clbench.routers import ROUTERS, RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
 from clbench.routers import route as apply_router
+from clbench.routing_diagnostics import ModuleChoices, RoutingDiagnostics
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -288,31 +289,34 @@ class TOSCA(Strategy):
         T = all_logits.shape[0]
         y = split.labels.numpy()
         true = torch.as_tensor(true_task)
-        out: dict[str, Any] = {}
+        protocols = {}
         for protocol in self.protocols:
             choice = self.routes(all_logits, protocol, split)
             pred = all_logits[choice, torch.arange(len(y))].argmax(1).numpy()
             c = choice.numpy()
-            out[protocol] = {
-                "routing_acc": float((c == true_task).mean() * 100),
-                "routing_acc_per_task": [float((c[true_task == j] == j).mean() * 100) for j in range(T)],
-                "chosen_hist": np.bincount(c, minlength=T).tolist(),
-                "newest_module_share": float((c == T - 1).mean() * 100),
-                "acc": float((pred == y).mean() * 100),
-            }
-        out["routers"] = {
+            protocols[protocol] = ModuleChoices(
+                routing_acc=float((c == true_task).mean() * 100),
+                routing_acc_per_task=[float((c[true_task == j] == j).mean() * 100) for j in range(T)],
+                chosen_hist=np.bincount(c, minlength=T).tolist(),
+                newest_module_share=float((c == T - 1).mean() * 100),
+                acc=float((pred == y).mean() * 100),
+            )
+        routers = {
             name: routing_summary(self.route_with(name, split, all_logits, true_task), all_logits, y, true_task, name)
             for name in self.cfg.study_routers
         }
-        warning = out["routers"][self.cfg.router]["collapse_warning"]  # one module wins far beyond its task's share
-        if warning:
-            out["routing_warning"] = warning
         oracle = all_logits[true, torch.arange(len(y))].argmax(1).numpy()
-        out["oracle_acc"] = float((oracle == y).mean() * 100)
-        out["module_cosine_similarity"] = self.module_similarity()
-        out.update(self.output_similarity(split))
-        out["router_temperatures"] = [t.temperature for t in self.routing.tasks]
-        return out
+        outputs = self.output_similarity(split)
+        return RoutingDiagnostics(
+            protocols=protocols,
+            routers=routers,
+            routing_warning=routers[self.cfg.router].collapse_warning,  # one module wins far beyond its task's share
+            oracle_acc=float((oracle == y).mean() * 100),
+            module_cosine_similarity=self.module_similarity(),
+            module_output_cosine=outputs["module_output_cosine"],
+            module_output_cosine_centred=outputs["module_output_cosine_centred"],
+            router_temperatures=[t.temperature for t in self.routing.tasks],
+        ).to_diagnostics()
 
     @torch.no_grad()
     def output_similarity(self, split: Split) -> dict[str, float | None]:

@@ -37,10 +37,10 @@ def sweep_overhead(
             t0 = time.perf_counter()
             manifest = run_sweep(spec, backend, Resources(1, None, None, None))
             wall = time.perf_counter() - t0
-            ov = manifest["overhead"]
+            ov = manifest.overhead or {}
             ov["sweep_wall_s"] = wall
             ov["run_s_mean"] = ov["run_time_s"] / ov["runs_executed"]
-            ov["backend"] = manifest["backend"]
+            ov["backend"] = manifest.backend
             out["backends"][backend] = ov
             log(
                 f"{backend}: start-up {ov['startup_s']:.2f} s, {ov['per_run_s'] * 1e3:.0f} ms per run "

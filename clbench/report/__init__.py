@@ -7,7 +7,11 @@
   wall-clock, routing, t-SNE).
 - :mod:`clbench.report.html`: the static ``index.html`` and ``README.md`` of a report folder.
 - :mod:`clbench.report.build`: writes a report folder (``report``) or a one-benchmark comparison (``compare``).
-- :mod:`clbench.report.check`: the CI regression gate against a reference file written from real runs.
+- :mod:`clbench.report.check`: the CI regression gate against a reference file written from real runs: its rules,
+  its calibration workload, and making a reference from runs.
+- :mod:`clbench.report.reference`: the gate reference file (:class:`~clbench.report.reference.Reference`), its one
+  reader and one writer; :mod:`clbench.report.tolerances`: per-metric tolerances; :mod:`clbench.report.check_print`:
+  the gate's table and failure lines.
 - :mod:`clbench.report.commands`: argparse wiring for ``clbench report``, ``compare`` and ``check``.
 
 Importing this package is cheap: pandas, matplotlib, seaborn and scikit-learn are imported by the functions

@@ -1,30 +1,9 @@
 """The CI regression gate: compare runs with a reference file written from real runs, in both directions.
 
-Reference file (JSON, written by :func:`make_reference` via ``clbench check --write-reference``, never by hand)::
-
-    {
-      "format": "clbench-reference/2",
-      "description": "what these runs are for",
-      "written_by": {"who": "...", "why": "...", "command": "clbench check --write-reference ...",
-                     "created": "...", "git_revision": "...", "changes": ["tosca:ci per-sample: final 31.2 -> 30.9"]},
-      "history": [<earlier written_by blocks, newest first>],
-      "produced_by": [{"run_id", "strategy", "profile", "bench", "seed", "protocols", "precision", "git_revision",
-                       "command", "weights_digest", "finished", "host"}, ...],
-      "tolerances": {"source": "reports/gate/tolerances.json", "default": {...}, "<strategy>:<profile>": {...}},
-      "time": {"slack": 2.0, "floor": 1.0, "calibration": {<one calibration: workload, seconds, host>}},
-      "require_ci_profiles": true,          # every registered strategy's ci profiles must be pinned
-      "entries": [{
-        "bench": "emoji", "task_sizes": [6, 6, 6, 6, 6, 6], "class_order_seed": 1993,
-        "strategy": "tosca", "profile": "ci", "backbone": "vit_small_patch14_dinov2", "img_size": 56,
-        "protocol": "per-sample", "precision": "fp32", "weights": "<sha256 of the backbone state>" | "random init",
-        "seeds": [1993], "runs": ["tosca-ci"],
-        "accuracy_matrix": [[...], ...], "last_acc": 27.18, "avg_acc": 38.0,   # means over the runs, percent
-        "tolerance": {"matrix": 1.5, "last_acc": 0.5, "avg_acc": 0.5},         # points, either direction
-        "params": {"added_total": 228240, "stored_total": 0, "trainable": 51865},  # compared exactly
-        "time": {"train": 4.1, "eval": 0.6},   # seconds / calibration seconds (the same machine, the same job)
-        "strategy_config": {...}
-      }, ...]
-    }
+The reference file, its type and its one reader and writer are :mod:`clbench.report.reference`; the tolerances
+:mod:`clbench.report.tolerances`; the table and the failure lines :mod:`clbench.report.check_print`. This module holds
+the calibration workload the time rule divides by, :func:`make_reference` (a reference from runs) and the rules
+(:func:`check`, one function per rule).
 
 Rules, per entry:
 - Accuracy is two-sided: every entry R[t][j] of the mean accuracy matrix, the final and the average accuracy must lie
@@ -49,117 +28,45 @@ import math
 import os
 import statistics
 import subprocess
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
 from clbench.owned import load_json
 from clbench.perf.calibration import CALIBRATION_ID
-from clbench.report.collect import Collection, Run, bench_label, config_digest
-from clbench.results import DEFAULT_CLASS_ORDER_SEED, is_count, is_matrix, is_name, is_pct, is_positive, out_of_bounds
-from clbench.text import rich as esc
+from clbench.report.collect import Collection, Run, config_digest
+from clbench.report.reference import (  # noqa: F401  (also the names the CLI, tests and reports/gate/spread.py use)
+    DEFAULT_TIME_FLOOR,
+    DEFAULT_TIME_SLACK,
+    REFERENCE_FORMAT,
+    TIME_PHASES,
+    EntryKey,
+    ParamPins,
+    PhaseTimes,
+    Reference,
+    ReferenceEntry,
+    TimeRule,
+    group_runs,
+    load_reference,
+    mean,
+    mean_matrix,
+    reference_changes,
+    weights_identity,
+    write_reference,
+)
+from clbench.report.tolerances import Tolerance, load_tolerances, tolerance_for  # noqa: F401
 
-REFERENCE_FORMAT = "clbench-reference/2"
-OLD_FORMATS = {"clbench-reference/1": "one-sided, final/average accuracy only, time as total minus features"}
+Json = dict[str, Any]
 CALIBRATION_FILE = "calibration.json"
 CI_PROFILE_PREFIX = "ci"  # profiles named ci or ci-<something> are the gate's
-
-# Tolerances in points when no measured spread is given for an entry (the same-seed spread is measured per strategy
-# and profile by reports/gate/spread.py; see reports/gate/README.md for the figures behind each).
-DEFAULT_TOLERANCE = {"matrix": 1.5, "last_acc": 0.5, "avg_acc": 0.5}
-TOLERANCE_METRICS = tuple(DEFAULT_TOLERANCE)
-# A time ratio may grow by this factor plus FLOOR calibration units before it fails (reasons: reports/gate/README.md).
-DEFAULT_TIME_SLACK = 2.0
-DEFAULT_TIME_FLOOR = 1.0
-TIME_PHASES = ("train", "eval")
-MAX_TOLERANCE = 100.0  # points: a tolerance beyond the whole accuracy range would let every result pass
-MAX_TIME_FACTOR = 1e6  # time.slack and time.floor: beyond this the time check can never fail
 
 EPS = 1e-9  # float slack on exact-boundary comparisons
 OK, CHANGED, FAIL, MISSING, NOTE = "ok", "changed", "FAIL", "missing", "note"
 FAILING = {FAIL, MISSING, CHANGED}
-
-
-class EntryKey(NamedTuple):
-    """What a reference entry matches: everything that defines a row except the seed (precision and weights are
-    compared explicitly, so that a mismatch says what differs instead of showing as a missing run)."""
-
-    bench: str
-    task_sizes: tuple[int, ...]
-    class_order_seed: int
-    strategy: str
-    profile: str | None
-    backbone: str
-    img_size: int | None
-    protocol: str
-
-    def label(self) -> str:
-        profile = f":{self.profile}" if self.profile else ""
-        bench = bench_label(self.bench, list(self.task_sizes), self.class_order_seed)
-        return f"{bench} | {self.strategy}{profile} | {self.backbone} {self.img_size}px | {self.protocol}"
-
-    def run_command(self) -> str:
-        """The ``clbench run`` flags that make a run matching this key (for one-line fixes)."""
-        parts = [f"--strategy {self.strategy}", f"--bench {self.bench}"]
-        if self.profile:
-            parts.append(f"--profile {self.profile}")
-        if self.protocol != "per-sample":
-            parts.append("--protocol both")
-        return "clbench run " + " ".join(parts)
-
-
-def entry_key(run: Run, protocol: str) -> EntryKey:
-    r = run.record
-    return EntryKey(
-        r.bench, tuple(run.task_sizes), r.class_order_seed, run.strategy, r.profile, r.backbone, r.img_size, protocol
-    )
-
-
-def _entry_key(entry: dict[str, Any], where: str) -> EntryKey:
-    try:
-        return EntryKey(
-            str(entry["bench"]),
-            tuple(int(n) for n in entry["task_sizes"]),
-            int(entry.get("class_order_seed", DEFAULT_CLASS_ORDER_SEED)),
-            str(entry["strategy"]),
-            entry.get("profile"),
-            str(entry["backbone"]),
-            entry.get("img_size"),
-            str(entry["protocol"]),
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise ClbenchError(
-            f"{where}: a reference entry lacks or mistypes a field ({e})",
-            "rewrite the reference with `clbench check --write-reference`",
-        ) from None
-
-
-def weights_identity(run: Run) -> str:
-    """``random init`` (the init follows the seed) or the full weights digest."""
-    return "random init" if run.weights_label == "random init" else str(run.record.weights_digest)
-
-
-def group_runs(coll: Collection) -> dict[EntryKey, list[Run]]:
-    groups: dict[EntryKey, list[Run]] = defaultdict(list)
-    for run in coll.runs:
-        for p in run.protocols:
-            groups[entry_key(run, p)].append(run)
-    return dict(groups)
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
-def mean_matrix(runs: Sequence[Run], protocol: str) -> list[list[float]]:
-    """Entry-by-entry mean of the runs' lower-triangular accuracy matrices (rows: after task t)."""
-    mats = [r.summary(protocol).accuracy_matrix for r in runs]
-    return [[_mean([float(m[t][j]) for m in mats]) for j in range(len(mats[0][t]))] for t in range(len(mats[0]))]
 
 
 # ------------------------------------------------------------------------------------------- calibration
@@ -208,341 +115,6 @@ def find_calibration(paths: Sequence[str | Path]) -> tuple[list[dict[str, Any]],
 def calibration_seconds(measurements: Sequence[dict[str, Any]]) -> float:
     """The median over the job's calibration measurements (one before and one after the runs, in .ci/run)."""
     return statistics.median(float(m["seconds"]) for m in measurements)
-
-
-# ------------------------------------------------------------------------------------------- tolerances
-def load_tolerances(path: Path) -> dict[str, Any]:
-    """Per-metric tolerances (points) per ``strategy:profile``, with a ``default``, from a measured-spread summary
-    (reports/gate/tolerances.json). Each value must be a number >= 0."""
-    data = load_json(path, "tolerances", name=f"--tolerances {path}")
-    table = data.get("tolerances") if isinstance(data, dict) else None
-    if not isinstance(table, dict):
-        raise ClbenchError(f"--tolerances {path}: needs a 'tolerances' object of strategy:profile -> metric -> points")
-    for name, tol in table.items():
-        if not isinstance(tol, dict):
-            raise ClbenchError(f"--tolerances {path}: {name} is not an object of metric -> points")
-        for metric, value in tol.items():
-            if metric not in TOLERANCE_METRICS:
-                raise ClbenchError(
-                    f"--tolerances {path}: {name}.{metric} is not a metric; valid: {', '.join(TOLERANCE_METRICS)}"
-                )
-            if not _is_tolerance(value):
-                raise ClbenchError(
-                    f"--tolerances {path}: {name}.{metric} must be a number from 0 to {MAX_TOLERANCE:g} points "
-                    f"(got {value!r:.40})"
-                )
-    return {"source": str(path), **table}
-
-
-def tolerance_for(tolerances: dict[str, Any], strategy: str, profile: str | None) -> dict[str, float]:
-    name = f"{strategy}:{profile}" if profile else strategy
-    tol = dict(DEFAULT_TOLERANCE)
-    tol.update(tolerances.get("default", {}))
-    tol.update(tolerances.get(name, {}))
-    return {m: float(tol[m]) for m in TOLERANCE_METRICS}
-
-
-# ------------------------------------------------------------------------------------------- writing
-def _who() -> str:
-    try:
-        name = subprocess.run(["git", "config", "user.name"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        name = ""
-    return name or os.environ.get("USER") or getpass.getuser()
-
-
-def make_reference(
-    coll: Collection,
-    *,
-    why: str,
-    description: str = "",
-    who: str | None = None,
-    tolerances: dict[str, Any] | None = None,
-    time_slack: float = DEFAULT_TIME_SLACK,
-    time_floor: float = DEFAULT_TIME_FLOOR,
-    calibration: Sequence[dict[str, Any]] = (),
-    require_ci_profiles: bool = True,
-    previous: dict[str, Any] | None = None,
-    written_by: str | None = None,
-) -> dict[str, Any]:
-    """A reference from complete runs: one entry per (benchmark split, strategy, profile, backbone, protocol).
-
-    ``why`` is required: a reference is rewritten on purpose. ``previous`` (the file being replaced) keeps its
-    history, and the entries that moved are listed in ``written_by.changes``, tolerance changes included.
-
-    ``tolerances`` (a measured-spread table, :func:`load_tolerances`) sets every entry's tolerance. Without it a
-    rewrite keeps the previous reference's: an entry it pinned keeps its tolerance, a new one takes the previous
-    table's (else the defaults), so tolerances change only when a file of them is given on purpose."""
-    from clbench.results import git_revision
-
-    if not why or not why.strip():
-        raise ClbenchError("--write-reference needs --why TEXT: say why the reference changes (it is recorded)")
-    if not coll.runs:
-        raise ClbenchError(
-            "no complete run record to make a reference from",
-            "; ".join(f"{s.path}: {s.reason}" for s in coll.skipped) or None,
-        )
-    if coll.skipped:
-        s = coll.skipped[0]
-        raise ClbenchError(
-            f"{s.path}: {s.reason}; a reference is made from complete records only",
-            "leave the folder out or finish the run",
-        )
-    if not (time_slack >= 1 and math.isfinite(time_slack)) or not (time_floor >= 0 and math.isfinite(time_floor)):
-        raise ClbenchError(f"--time-slack must be >= 1 and --time-floor >= 0 (got {time_slack}, {time_floor})")
-    kept: dict[str, dict[str, float]] = {}
-    if tolerances is None:
-        tolerances = dict(previous.get("tolerances") or {}) if previous is not None else {}
-        kept = {label: e["tolerance"] for label, e in _entries_by_label(previous or {}).items() if e.get("tolerance")}
-    calib = calibration_seconds(calibration) if calibration else None
-    entries = []
-    for key, runs in sorted(group_runs(coll).items(), key=lambda kv: kv[0].label()):
-        if len({config_digest(r.record) for r in runs}) > 1:
-            raise ClbenchError(
-                f"{key.label()}: the runs {', '.join(r.run_id for r in runs)} use different "
-                f"{key.strategy} settings; a reference entry needs one configuration",
-                "give runs of one configuration per strategy, or use --profile to tell them apart",
-            )
-        for what, values in (
-            ("params.added_total", {r.record.params.added_total for r in runs}),
-            ("params.trainable", {r.record.params.trainable for r in runs}),
-            ("params.stored_total", {r.record.params.stored_total for r in runs}),
-            ("backbone weights", {weights_identity(r) for r in runs}),
-            ("precision", {r.record.precision for r in runs}),
-        ):
-            if len(values) > 1:
-                raise ClbenchError(f"{key.label()}: runs disagree on {what} ({', '.join(map(str, sorted(values)))})")
-        s = [r.summary(key.protocol) for r in runs]
-        entries.append(
-            {
-                "bench": key.bench,
-                "task_sizes": list(key.task_sizes),
-                "class_order_seed": key.class_order_seed,
-                "strategy": key.strategy,
-                "profile": key.profile,
-                "backbone": key.backbone,
-                "img_size": key.img_size,
-                "protocol": key.protocol,
-                "precision": runs[0].record.precision,
-                "weights": weights_identity(runs[0]),
-                "seeds": sorted(r.seed for r in runs),
-                "runs": [r.run_id for r in runs],
-                "accuracy_matrix": [[round(v, 4) for v in row] for row in mean_matrix(runs, key.protocol)],
-                "last_acc": round(_mean([float(x.last_acc) for x in s]), 4),
-                "avg_acc": round(_mean([float(x.avg_acc) for x in s]), 4),
-                "tolerance": dict(kept.get(key.label()) or tolerance_for(tolerances, key.strategy, key.profile)),
-                "params": {
-                    "added_total": runs[0].record.params.added_total,
-                    "stored_total": runs[0].record.params.stored_total,
-                    "trainable": runs[0].record.params.trainable,
-                },
-                "time": None
-                if calib is None
-                else {ph: round(_mean([getattr(r.record.time_s, ph) for r in runs]) / calib, 4) for ph in TIME_PHASES},
-                "strategy_config": runs[0].record.strategy_config,
-            }
-        )
-    ref = {
-        "format": REFERENCE_FORMAT,
-        "description": description,
-        "written_by": {
-            "who": who or _who(),
-            "why": why.strip(),
-            "command": written_by,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "git_revision": git_revision(),
-        },
-        "history": [],
-        "produced_by": [
-            {
-                "run_id": r.run_id,
-                "strategy": r.strategy,
-                "profile": r.record.profile,
-                "bench": r.bench_label,
-                "seed": r.seed,
-                "protocols": r.protocols,
-                "precision": r.record.precision,
-                "git_revision": r.record.git_revision,
-                "command": r.record.command,
-                "weights_digest": r.record.weights_digest,
-                "finished": r.record.finished,
-                "time_s": r.record.time_s.to_dict(),
-                "host": r.record.host.to_dict(),
-            }
-            for r in coll.runs
-        ],
-        "tolerances": tolerances,
-        "time": {
-            "slack": time_slack,
-            "floor": time_floor,
-            "calibration": None
-            if calib is None
-            else {"workload": CALIBRATION_ID, "seconds": calib, "measurements": list(calibration)},
-        },
-        "require_ci_profiles": require_ci_profiles,
-        "entries": entries,
-    }
-    if previous is not None:
-        ref["written_by"]["changes"] = reference_changes(previous, ref)
-        prior = previous.get("written_by")
-        if isinstance(prior, str):  # format 1 stored only the command
-            prior = {"command": prior, "created": previous.get("created"), "format": previous.get("format")}
-        ref["history"] = [prior, *previous.get("history", [])] if prior else list(previous.get("history", []))
-    return ref
-
-
-def _entries_by_label(ref: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    out = {}
-    for e in ref.get("entries", []) if isinstance(ref.get("entries"), list) else []:
-        try:
-            out[_entry_key(e, "previous reference").label()] = e
-        except ClbenchError:
-            continue
-    return out
-
-
-def _tolerance_text(tol: Any) -> str:
-    if not isinstance(tol, dict):
-        return str(tol)
-    return " / ".join(f"{m} {tol.get(m)}" for m in TOLERANCE_METRICS)
-
-
-def reference_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What a rewrite changes, one line per entry added, removed or moved, its tolerance included, and one for the
-    tolerance table (for the file's ``written_by``)."""
-    before, after = _entries_by_label(old), _entries_by_label(new)
-    lines = [
-        f"added {k} (tolerance {_tolerance_text(after[k].get('tolerance'))})" for k in sorted(set(after) - set(before))
-    ]
-    lines += [f"removed {k}" for k in sorted(set(before) - set(after))]
-    for k in sorted(set(before) & set(after)):
-        moved = [
-            f"{m} {before[k].get(m)} -> {after[k].get(m)}"
-            for m in ("last_acc", "avg_acc", "params", "precision", "weights")
-            if before[k].get(m) != after[k].get(m)
-        ]
-        if before[k].get("tolerance") != after[k].get("tolerance"):
-            moved.append(
-                f"tolerance {_tolerance_text(before[k].get('tolerance'))} -> "
-                f"{_tolerance_text(after[k].get('tolerance'))}"
-            )
-        if moved:
-            lines.append(f"{k}: " + "; ".join(moved))
-    old_table, new_table = old.get("tolerances") or {}, new.get("tolerances") or {}
-    if old_table != new_table:
-        names = sorted(n for n in set(old_table) | set(new_table) if old_table.get(n) != new_table.get(n))
-        lines.append(
-            f"tolerance table: {old_table.get('source', 'built-in defaults')} -> "
-            f"{new_table.get('source', 'built-in defaults')} (differs in: {', '.join(names)})"
-        )
-    return lines
-
-
-def write_reference(path: Path, reference: dict[str, Any]) -> None:
-    atomic_write_json(Path(path), reference)
-
-
-def load_reference(path: Path, *, for_writing: bool = False) -> dict[str, Any]:
-    """Read and validate a reference file; an older format gets one line saying how to rewrite it."""
-    path = Path(path)
-    flag = "--write-reference" if for_writing else "--reference"
-    ref = load_json(
-        path,
-        "reference",
-        name=f"{flag} {path}",
-        hint="move it away to write a new reference" if for_writing else None,
-    )
-    got = ref.get("format") if isinstance(ref, dict) else type(ref).__name__
-    if for_writing and got in OLD_FORMATS:
-        return ref
-    fix = (
-        f"rewrite it from fresh runs: `clbench check --write-reference {path} RUN_DIRS --why TEXT` "
-        "(.ci/run shows the runs)"
-    )
-    if got in OLD_FORMATS:  # one line: what differs and how to fix it
-        raise ClbenchError(
-            f"--reference {path}: older format {got!r} ({OLD_FORMATS[got]}), this clbench reads "
-            f"{REFERENCE_FORMAT!r}: {fix}"
-        )
-    if got != REFERENCE_FORMAT:
-        raise ClbenchError(f"--reference {path}: format {got!r:.40}, expected {REFERENCE_FORMAT!r}: {fix}")
-    huge = out_of_bounds(ref)
-    if huge is not None:
-        raise ClbenchError(f"--reference {path}: {huge}", fix)
-    for field, typ in (("entries", list), ("time", dict), ("tolerances", dict), ("written_by", dict)):
-        if not isinstance(ref.get(field), typ):
-            raise ClbenchError(f"--reference {path}: field {field!r} is missing or not a {typ.__name__}", fix)
-    if not isinstance(ref.get("require_ci_profiles", True), bool):
-        raise ClbenchError(
-            f"--reference {path}: require_ci_profiles is {ref['require_ci_profiles']!r:.40}, expected true or false",
-            fix,
-        )
-    for i, e in enumerate(ref["entries"]):
-        where = f"--reference {path}: entries[{i}]"
-        if not isinstance(e, dict):
-            raise ClbenchError(f"{where} is not an object", fix)
-        for field, expected, ok in ENTRY_FIELDS:
-            if not ok(e.get(field)):
-                strategy = f" ({e['strategy']})" if is_name(e.get("strategy")) else ""
-                raise ClbenchError(
-                    f"{where}{strategy}: field {field!r} is {_shown(e.get(field))}, expected {expected}", fix
-                )
-        _entry_key(e, where)
-    t = ref["time"]
-    for knob, low in (("slack", 1.0), ("floor", 0.0)):
-        if not (_is_number(t.get(knob)) and low <= t[knob] <= MAX_TIME_FACTOR):
-            raise ClbenchError(
-                f"--reference {path}: time.{knob} is {_shown(t.get(knob))}, expected a number from {low:g} to "
-                f"{MAX_TIME_FACTOR:g}",
-                fix,
-            )
-    return ref
-
-
-def _shown(value: Any) -> str:
-    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < 10 else f"{type(value).__name__} of "
-    text += f"{len(value)} items" if text.endswith(" of ") else ""
-    return text[:60] + ("..." if len(text) > 60 else "")
-
-
-def _is_tolerance(v: Any) -> bool:
-    return _is_number(v) and 0 <= v <= MAX_TOLERANCE
-
-
-def _is_time(v: Any) -> bool:
-    return v is None or (isinstance(v, dict) and all(_is_number(v.get(ph)) and v[ph] >= 0 for ph in TIME_PHASES))
-
-
-# Every field of a reference entry the gate reads: (name, what it must be, check).
-ENTRY_FIELDS: tuple[tuple[str, str, Any], ...] = (
-    ("bench", "a name", is_name),
-    ("strategy", "a name", is_name),
-    ("backbone", "a name", is_name),
-    ("protocol", "a name", is_name),
-    ("profile", "a name or null", lambda v: v is None or is_name(v)),
-    ("task_sizes", "a list of integers >= 1", lambda v: isinstance(v, list) and bool(v) and all(map(is_positive, v))),
-    ("class_order_seed", "an integer >= 0", lambda v: v is None or is_count(v)),
-    ("img_size", "an integer >= 1 or null", lambda v: v is None or is_positive(v)),
-    ("accuracy_matrix", "a lower-triangular matrix of percentages (0 to 100)", is_matrix),
-    ("last_acc", "a percentage (0 to 100)", is_pct),
-    ("avg_acc", "a percentage (0 to 100)", is_pct),
-    (
-        "tolerance",
-        f"an object of {', '.join(TOLERANCE_METRICS)} -> points (0 to {MAX_TOLERANCE:g})",
-        lambda v: isinstance(v, dict) and all(_is_tolerance(v.get(m)) for m in TOLERANCE_METRICS),
-    ),
-    (
-        "params",
-        "an object of added_total and trainable (integers >= 0)",
-        lambda v: isinstance(v, dict) and all(is_count(v.get(f)) for f in ("added_total", "trainable")),
-    ),
-    ("precision", "a name", is_name),
-    ("time", f"null or an object of {', '.join(TIME_PHASES)} -> a number >= 0", _is_time),
-)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 # ------------------------------------------------------------------------------------------- checking
@@ -654,351 +226,378 @@ def settings_differences(strategy: str, want: dict[str, Any], got: dict[str, Any
     )
 
 
+# ------------------------------------------------------------------------------------------- writing a reference
+def _who() -> str:
+    try:
+        name = subprocess.run(["git", "config", "user.name"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        name = ""
+    return name or os.environ.get("USER") or getpass.getuser()
+
+
+def make_reference(
+    coll: Collection,
+    *,
+    why: str,
+    description: str = "",
+    who: str | None = None,
+    tolerances: Json | None = None,
+    time_slack: float = DEFAULT_TIME_SLACK,
+    time_floor: float = DEFAULT_TIME_FLOOR,
+    calibration: Sequence[Json] = (),
+    require_ci_profiles: bool = True,
+    previous: Reference | None = None,
+    written_by: str | None = None,
+) -> Reference:
+    """A reference from complete runs: one entry per (benchmark split, strategy, profile, backbone, protocol).
+
+    ``why`` is required: a reference is rewritten on purpose. ``previous`` (the file being replaced) keeps its
+    history, and the entries that moved are listed in ``written_by.changes``, tolerance changes included.
+
+    ``tolerances`` (a measured-spread table, :func:`~clbench.report.tolerances.load_tolerances`) sets every entry's
+    tolerance. Without it a rewrite keeps the previous reference's: an entry it pinned keeps its tolerance, a new one
+    takes the previous table's (else the defaults), so tolerances change only when a file of them is given on
+    purpose."""
+    from clbench.results import git_revision
+
+    if not why or not why.strip():
+        raise ClbenchError("--write-reference needs --why TEXT: say why the reference changes (it is recorded)")
+    if not coll.runs:
+        raise ClbenchError(
+            "no complete run record to make a reference from",
+            "; ".join(f"{s.path}: {s.reason}" for s in coll.skipped) or None,
+        )
+    if coll.skipped:
+        s = coll.skipped[0]
+        raise ClbenchError(
+            f"{s.path}: {s.reason}; a reference is made from complete records only",
+            "leave the folder out or finish the run",
+        )
+    if not (time_slack >= 1 and math.isfinite(time_slack)) or not (time_floor >= 0 and math.isfinite(time_floor)):
+        raise ClbenchError(f"--time-slack must be >= 1 and --time-floor >= 0 (got {time_slack}, {time_floor})")
+    kept: dict[str, Tolerance] = {}
+    if tolerances is None:
+        tolerances = dict(previous.tolerances) if previous is not None else {}
+        kept = {e.key.label(): e.tolerance for e in (previous.entries if previous is not None else [])}
+    calib = calibration_seconds(calibration) if calibration else None
+    entries = [
+        _entry(key, runs, kept.get(key.label()) or tolerance_for(tolerances, key.strategy, key.profile), calib)
+        for key, runs in sorted(group_runs(coll).items(), key=lambda kv: kv[0].label())
+    ]
+    ref = Reference(
+        description=description,
+        written_by={
+            "who": who or _who(),
+            "why": why.strip(),
+            "command": written_by,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "git_revision": git_revision(),
+        },
+        history=[],
+        produced_by=[_provenance(r) for r in coll.runs],
+        tolerances=tolerances,
+        time=TimeRule(
+            time_slack,
+            time_floor,
+            None
+            if calib is None
+            else {"workload": CALIBRATION_ID, "seconds": calib, "measurements": list(calibration)},
+        ),
+        require_ci_profiles=require_ci_profiles,
+        entries=entries,
+    )
+    if previous is not None:
+        ref.written_by["changes"] = reference_changes(previous, ref)
+        prior = previous.written_by
+        ref.history.extend([prior, *previous.history] if prior else previous.history)
+    return ref
+
+
+def _entry(key: EntryKey, runs: list[Run], tolerance: Tolerance, calib: float | None) -> ReferenceEntry:
+    """The entry pinning ``runs`` (one configuration; they must agree on everything but the seed)."""
+    if len({config_digest(r.record) for r in runs}) > 1:
+        raise ClbenchError(
+            f"{key.label()}: the runs {', '.join(r.run_id for r in runs)} use different "
+            f"{key.strategy} settings; a reference entry needs one configuration",
+            "give runs of one configuration per strategy, or use --profile to tell them apart",
+        )
+    for what, values in (
+        ("params.added_total", {r.record.params.added_total for r in runs}),
+        ("params.trainable", {r.record.params.trainable for r in runs}),
+        ("params.stored_total", {r.record.params.stored_total for r in runs}),
+        ("backbone weights", {weights_identity(r) for r in runs}),
+        ("precision", {r.record.precision for r in runs}),
+    ):
+        if len(values) > 1:
+            raise ClbenchError(f"{key.label()}: runs disagree on {what} ({', '.join(map(str, sorted(values)))})")
+    s = [r.summary(key.protocol) for r in runs]
+    first = runs[0].record
+    return ReferenceEntry(
+        bench=key.bench,
+        task_sizes=list(key.task_sizes),
+        class_order_seed=key.class_order_seed,
+        strategy=key.strategy,
+        profile=key.profile,
+        backbone=key.backbone,
+        img_size=key.img_size,
+        protocol=key.protocol,
+        precision=first.precision,
+        weights=weights_identity(runs[0]),
+        seeds=sorted(r.seed for r in runs),
+        runs=[r.run_id for r in runs],
+        accuracy_matrix=[[round(v, 4) for v in row] for row in mean_matrix(runs, key.protocol)],
+        last_acc=round(mean([float(x.last_acc) for x in s]), 4),
+        avg_acc=round(mean([float(x.avg_acc) for x in s]), 4),
+        tolerance=tolerance,
+        params=ParamPins(first.params.added_total, first.params.trainable, first.params.stored_total),
+        time=None
+        if calib is None
+        else PhaseTimes(
+            **{ph: round(mean([getattr(r.record.time_s, ph) for r in runs]) / calib, 4) for ph in TIME_PHASES}
+        ),
+        strategy_config=first.strategy_config,
+    )
+
+
+def _provenance(r: Run) -> Json:
+    return {
+        "run_id": r.run_id,
+        "strategy": r.strategy,
+        "profile": r.record.profile,
+        "bench": r.bench_label,
+        "seed": r.seed,
+        "protocols": r.protocols,
+        "precision": r.record.precision,
+        "git_revision": r.record.git_revision,
+        "command": r.record.command,
+        "weights_digest": r.record.weights_digest,
+        "finished": r.record.finished,
+        "time_s": r.record.time_s.to_dict(),
+        "host": r.record.host.to_dict(),
+    }
+
+
+# ------------------------------------------------------------------------------------------- the check
 def check(
-    coll: Collection, ref: dict[str, Any], calibration: Sequence[dict[str, Any]] = (), reference_path: str = "REFERENCE"
+    coll: Collection, ref: Reference, calibration: Sequence[dict[str, Any]] = (), reference_path: str = "REFERENCE"
 ) -> CheckResult:
     """Every rule of every reference entry against the runs of ``coll``; ``calibration``: this job's calibration
     measurements (``calibration.json`` beside the runs)."""
-    from clbench.catalog import STRATEGIES
-
     rewrite = f"rewrite the reference on purpose: clbench check --write-reference {reference_path} RUNS --why TEXT"
     groups = group_runs(coll)
-    t_cfg = ref["time"]
-    slack, floor = float(t_cfg["slack"]), float(t_cfg["floor"])
-    ref_calib = t_cfg.get("calibration") or {}
-    rows: list[CheckRow] = []
-    calib: float | None = None
-    if any(e.get("time") for e in ref["entries"]):
-        if not calibration:
-            rows.append(
-                CheckRow(
-                    "calibration",
-                    "calibration present",
-                    ref_calib.get("workload", "-"),
-                    "none",
-                    "-",
-                    MISSING,
-                    f"no {CALIBRATION_FILE} among the run folders given: run `clbench check "
-                    "--calibrate RUN_DIR` in the same job as the runs (see .ci/run)",
-                )
-            )
-        elif {m["workload"] for m in calibration} != {ref_calib.get("workload")}:
-            got = ", ".join(sorted({m["workload"] for m in calibration}))
-            rows.append(
-                CheckRow(
-                    "calibration",
-                    "calibration workload",
-                    str(ref_calib.get("workload")),
-                    got,
-                    "same",
-                    FAIL,
-                    f"the calibration workload differs from the reference's: times are not comparable; {rewrite}",
-                )
-            )
-        else:
-            calib = calibration_seconds(calibration)
-            threads = {m.get("host", {}).get("torch_threads") for m in calibration}
-            ref_threads = {m.get("host", {}).get("torch_threads") for m in ref_calib.get("measurements", [])}
-            if ref_threads and threads != ref_threads:
-                rows.append(
-                    CheckRow(
-                        "calibration",
-                        "torch threads",
-                        str(sorted(ref_threads, key=str)),
-                        str(sorted(threads, key=str)),
-                        "-",
-                        NOTE,
-                        "time ratios compare machines with other thread counts",
-                    )
-                )
-    matched: set[EntryKey] = set()
-    pinned: set[tuple[str, str | None]] = set()
-    for i, entry in enumerate(ref["entries"]):
-        key = _entry_key(entry, f"entries[{i}]")
-        label = key.label()
-        pinned.add((key.strategy, key.profile))
-        if key.strategy not in STRATEGIES.names():
-            rows.append(
-                CheckRow(
-                    label,
-                    "strategy known",
-                    key.strategy,
-                    "unknown",
-                    "-",
-                    FAIL,
-                    f"the reference pins strategy {key.strategy!r}, which this clbench does not register "
-                    f"(registered: {', '.join(STRATEGIES.names())}); {rewrite}",
-                )
-            )
-            continue
-        runs = groups.get(key, [])
-        if not runs:
-            rows.append(
-                CheckRow(
-                    label,
-                    "run present",
-                    f"seeds {entry.get('seeds')}",
-                    "no matching run",
-                    "-",
-                    MISSING,
-                    f"no complete run of this strategy, profile, split, backbone and protocol was given: "
-                    f"`{key.run_command()} --precision {entry['precision']}` (see .ci/run)",
-                )
-            )
-            continue
-        matched.add(key)
-        tol = entry["tolerance"]
-        precisions = sorted({r.record.precision for r in runs})
-        if precisions != [entry["precision"]]:
-            rows.append(
-                CheckRow(
-                    label,
-                    "precision",
-                    entry["precision"],
-                    ", ".join(precisions),
-                    "same",
-                    FAIL,
-                    f"runs at {', '.join(precisions)}, reference at {entry['precision']}: rerun with "
-                    f"--precision {entry['precision']}, or write a reference at that precision",
-                )
-            )
-            continue  # numbers at another precision are not comparable: no further rows for this entry
-        want_w = entry.get("weights")
-        got_w = sorted({weights_identity(r) for r in runs})
-        if got_w != [want_w]:
-            rows.append(
-                CheckRow(
-                    label,
-                    "backbone weights",
-                    str(want_w)[:12],
-                    ", ".join(w[:12] for w in got_w),
-                    "same digest",
-                    FAIL,
-                    f"backbone weights digest {', '.join(w[:12] for w in got_w)} differs from the "
-                    f"reference's {str(want_w)[:12]}: run with the reference's weights (`clbench weights`), "
-                    f"or {rewrite}",
-                )
-            )
-            continue
-        s = [r.summary(key.protocol) for r in runs]
-        rows.append(
-            _matrix_row(label, entry["accuracy_matrix"], mean_matrix(runs, key.protocol), tol["matrix"], rewrite)
+    rows, calib = _calibration_rows(ref, calibration, rewrite)
+    for entry in ref.entries:
+        rows += _entry_rows(entry, groups.get(entry.key, []), ref, calib, rewrite)
+    rows += _unpinned_rows(groups, {e.key for e in ref.entries if e.strategy in _registered()}, rewrite)
+    if ref.require_ci_profiles:
+        rows += _ci_profile_rows({(e.strategy, e.profile) for e in ref.entries}, rewrite)
+    rows += [
+        CheckRow(
+            s.path,
+            "record readable",
+            "-",
+            "skipped",
+            "-",
+            FAIL,
+            f"{s.reason}: the gate reads every record given; remove the folder or rerun it",
         )
-        for metric, name in (("last_acc", "final acc %"), ("avg_acc", "avg inc acc %")):
-            rows.append(
-                _two_sided(
-                    label,
-                    name,
-                    float(entry[metric]),
-                    _mean([float(getattr(x, metric)) for x in s]),
-                    float(tol[metric]),
-                    rewrite,
-                )
-            )
-        for field in ("added_total", "stored_total", "trainable"):
-            if field not in entry["params"]:  # references written before stored statistics were counted apart
-                continue
-            want_p = int(entry["params"][field])
-            got_p = sorted({int(getattr(r.record.params, field)) for r in runs})
-            rows.append(
-                CheckRow(
-                    label,
-                    f"params {field}",
-                    f"{want_p:,}",
-                    ", ".join(f"{v:,}" for v in got_p),
-                    f"= {want_p:,}",
-                    OK if got_p == [want_p] else FAIL,
-                )
-            )
-        if entry.get("time") and calib is not None:
-            for ph in TIME_PHASES:
-                want_t = float(entry["time"][ph])
-                got_t = _mean([float(getattr(r.record.time_s, ph)) for r in runs]) / calib
-                limit = want_t * slack + floor
-                status = FAIL if got_t > limit + EPS else OK
-                detail = (
-                    (
-                        f"{ph} took {got_t / want_t if want_t > 0 else math.inf:.1f}x the reference's share of the "
-                        f"calibration workload"
-                    )
-                    if status == FAIL
-                    else (
-                        f"{ph} is {want_t / got_t:.1f}x faster than the reference"
-                        if got_t > 0 and got_t * slack + floor < want_t
-                        else ""
-                    )
-                )
-                rows.append(
-                    CheckRow(
-                        label,
-                        f"{ph} time / calibration",
-                        f"{want_t:.2f}",
-                        f"{got_t:.2f}",
-                        f"<= {limit:.2f}",
-                        status,
-                        detail,
-                    )
-                )
-                if status == OK and detail:
-                    rows.append(
-                        CheckRow(
-                            label,
-                            f"{ph} time faster",
-                            f"{want_t:.2f}",
-                            f"{got_t:.2f}",
-                            "-",
-                            NOTE,
-                            detail + ": consider rewriting the reference",
-                        )
-                    )
-        seeds = sorted(r.seed for r in runs)
-        if seeds != sorted(entry.get("seeds", seeds)):
-            rows.append(
-                CheckRow(
-                    label,
-                    "seeds",
-                    str(entry.get("seeds")),
-                    str(seeds),
-                    "same",
-                    FAIL,
-                    "means over other seeds than the reference's are not comparable: run its seeds",
-                )
-            )
-        cfg = entry.get("strategy_config")
-        diff = (
-            sorted({k for r in runs for k in settings_differences(r.record.strategy, cfg, r.record.strategy_config)})
-            if cfg is not None
-            else []
-        )
-        if diff:
-            rows.append(
-                CheckRow(
-                    label,
-                    "settings",
-                    "reference's",
-                    "differ: " + ", ".join(diff),
-                    "same",
-                    FAIL,
-                    f"the runs' {key.strategy} settings differ from the reference's ({', '.join(diff)}): "
-                    f"run the reference's profile, or {rewrite}",
-                )
-            )
-    for key in sorted(set(groups) - matched, key=lambda k: k.label()):
-        rows.append(
-            CheckRow(
-                key.label(),
-                "pinned",
-                "-",
-                ", ".join(r.run_id for r in groups[key]),
-                "-",
-                FAIL,
-                f"the reference does not pin this run: {rewrite}, or leave the run out",
-            )
-        )
-    if ref.get("require_ci_profiles"):
-        for strategy, profiles in _registered_ci_profiles().items():
-            if not profiles:
-                rows.append(
-                    CheckRow(
-                        strategy,
-                        "ci profile",
-                        "-",
-                        "none",
-                        "-",
-                        FAIL,
-                        f"strategy {strategy} is registered but has no `ci` profile: add one to its "
-                        f"`profiles`, run it in .ci/run and {rewrite}",
-                    )
-                )
-            for p in profiles:
-                if (strategy, p) not in pinned:
-                    rows.append(
-                        CheckRow(
-                            f"{strategy}:{p}",
-                            "pinned",
-                            "-",
-                            "not in the reference",
-                            "-",
-                            FAIL,
-                            f"registered profile {strategy}:{p} is not pinned: run `clbench run "
-                            f"--strategy {strategy} --profile {p} --precision fp32` in .ci/run and "
-                            f"{rewrite}",
-                        )
-                    )
-    for s in coll.skipped:
-        rows.append(
-            CheckRow(
-                s.path,
-                "record readable",
-                "-",
-                "skipped",
-                "-",
-                FAIL,
-                f"{s.reason}: the gate reads every record given; remove the folder or rerun it",
-            )
-        )
+        for s in coll.skipped
+    ]
     return CheckResult(rows, [(s.path, s.reason) for s in coll.skipped])
 
 
-STATUS_STYLE = {OK: "green", CHANGED: "bold magenta", FAIL: "bold red", MISSING: "bold red", NOTE: "yellow"}
-COLUMNS = (
-    ("matrix", ("accuracy matrix",)),
-    ("final acc %", ("final acc %",)),
-    ("avg inc acc %", ("avg inc acc %",)),
-    ("params added / stored / trainable", ("params added_total", "params stored_total", "params trainable")),
-    ("train / eval time", ("train time / calibration", "eval time / calibration")),
-)
+def _registered() -> list[str]:
+    from clbench.catalog import STRATEGIES
+
+    return STRATEGIES.names()
 
 
-def _cell(rows: list[CheckRow]) -> str:
-    if not rows:
-        return "-"
-    parts = []
-    for r in rows:
-        style = STATUS_STYLE.get(r.status, "")
-        shown = r.measured if r.status == OK else f"{r.measured}; needs {r.allowed}"
-        parts.append(f"[{style}]{esc(shown)}[/]")
-    return " / ".join(parts)
-
-
-def print_check(result: CheckResult, reference_path: str, console=None) -> None:
-    """One row per reference entry (green: holds; red: fell short or missing; magenta: changed upwards), then one
-    line per failed check saying what differs and how to fix it."""
-    import sys
-
-    from rich.console import Console
-    from rich.table import Table
-
-    if console is None:  # CI logs are not terminals: do not squeeze the table into 80 columns there
-        console = Console() if sys.stdout.isatty() else Console(width=180)
-    by_entry: dict[str, list[CheckRow]] = {}
-    for r in result.rows:
-        by_entry.setdefault(r.entry, []).append(r)
-    table = Table(title=f"clbench check against {esc(reference_path)}")
-    table.add_column("benchmark | strategy | backbone | protocol")
-    for name, _ in COLUMNS:
-        table.add_column(name, justify="right")
-    table.add_column("result")
-    for entry, rows in by_entry.items():
-        statuses = {r.status for r in rows}
-        verdict = next((s for s in (MISSING, FAIL, CHANGED) if s in statuses), OK)
-        cells = [_cell([r for r in rows if r.check in checks]) for _, checks in COLUMNS]
-        table.add_row(esc(entry), *cells, f"[{STATUS_STYLE.get(verdict, 'yellow')}]{verdict}[/]")
-    console.print(table)
-    for r in result.rows:
-        if r.status == NOTE:
-            console.print(
-                f"[yellow]note[/] {esc(r.entry)}: {esc(r.check)}: {esc(r.measured)}"
-                + (f" ({esc(r.detail)})" if r.detail else "")
+def _calibration_rows(
+    ref: Reference, calibration: Sequence[dict[str, Any]], rewrite: str
+) -> tuple[list[CheckRow], float | None]:
+    """Whether this job's calibration can divide the runs' times (the rows saying why not), and its seconds."""
+    if not any(e.time for e in ref.entries):
+        return [], None
+    want = ref.time.workload
+    if not calibration:
+        fix = (
+            f"no {CALIBRATION_FILE} among the run folders given: run `clbench check --calibrate RUN_DIR` in the same "
+            "job as the runs (see .ci/run)"
+        )
+        return [CheckRow("calibration", "calibration present", want or "-", "none", "-", MISSING, fix)], None
+    got = {m["workload"] for m in calibration}
+    if got != {want}:
+        fix = f"the calibration workload differs from the reference's: times are not comparable; {rewrite}"
+        return [
+            CheckRow("calibration", "calibration workload", str(want), ", ".join(sorted(got)), "same", FAIL, fix)
+        ], None
+    threads = {m.get("host", {}).get("torch_threads") for m in calibration}
+    ref_threads = ref.time.torch_threads
+    rows = []
+    if ref_threads and threads != ref_threads:
+        rows.append(
+            CheckRow(
+                "calibration",
+                "torch threads",
+                str(sorted(ref_threads, key=str)),
+                str(sorted(threads, key=str)),
+                "-",
+                NOTE,
+                "time ratios compare machines with other thread counts",
             )
-    fails = result.failures
-    if fails:
-        console.print(f"[bold red]check failed[/]: {len(fails)} of {len(result.rows)} checks do not hold:")
-        for r in fails:
-            console.print(
-                f"  [{STATUS_STYLE[r.status]}]{r.status}[/] {esc(r.entry)}: {esc(r.check)}: measured "
-                f"{esc(r.measured)}, allowed {esc(r.allowed)}" + (f" ({esc(r.detail)})" if r.detail else ""),
-                soft_wrap=True,
+        )
+    return rows, calibration_seconds(calibration)
+
+
+def _entry_rows(
+    entry: ReferenceEntry, runs: list[Run], ref: Reference, calib: float | None, rewrite: str
+) -> list[CheckRow]:
+    """The rows of one entry: its runs present and comparable (strategy, precision, weights), then accuracy,
+    parameter counts, times, seeds and settings."""
+    from clbench.catalog import STRATEGIES
+
+    key, label = entry.key, entry.key.label()
+    if key.strategy not in STRATEGIES.names():
+        why = (
+            f"the reference pins strategy {key.strategy!r}, which this clbench does not register "
+            f"(registered: {', '.join(STRATEGIES.names())}); {rewrite}"
+        )
+        return [CheckRow(label, "strategy known", key.strategy, "unknown", "-", FAIL, why)]
+    if not runs:
+        why = (
+            "no complete run of this strategy, profile, split, backbone and protocol was given: "
+            f"`{key.run_command()} --precision {entry.precision}` (see .ci/run)"
+        )
+        return [CheckRow(label, "run present", f"seeds {entry.seeds}", "no matching run", "-", MISSING, why)]
+    precisions = sorted({r.record.precision for r in runs})
+    if precisions != [entry.precision]:  # numbers at another precision are not comparable: no further rows
+        why = (
+            f"runs at {', '.join(precisions)}, reference at {entry.precision}: rerun with "
+            f"--precision {entry.precision}, or write a reference at that precision"
+        )
+        return [CheckRow(label, "precision", entry.precision, ", ".join(precisions), "same", FAIL, why)]
+    got_w = sorted({weights_identity(r) for r in runs})
+    if got_w != [entry.weights]:
+        shown = ", ".join(w[:12] for w in got_w)
+        why = (
+            f"backbone weights digest {shown} differs from the reference's {entry.weights[:12]}: run with the "
+            f"reference's weights (`clbench weights`), or {rewrite}"
+        )
+        return [CheckRow(label, "backbone weights", entry.weights[:12], shown, "same digest", FAIL, why)]
+    return [
+        *_accuracy_rows(entry, runs, label, rewrite),
+        *_param_rows(entry, runs, label),
+        *(_time_rows(entry, runs, label, ref, calib) if entry.time and calib is not None else []),
+        *_seed_rows(entry, runs, label),
+        *_settings_rows(entry, runs, label, rewrite),
+    ]
+
+
+def _accuracy_rows(entry: ReferenceEntry, runs: list[Run], label: str, rewrite: str) -> list[CheckRow]:
+    s = [r.summary(entry.protocol) for r in runs]
+    tol = entry.tolerance
+    return [
+        _matrix_row(label, entry.accuracy_matrix, mean_matrix(runs, entry.protocol), tol.matrix, rewrite),
+        *(
+            _two_sided(
+                label,
+                name,
+                float(getattr(entry, metric)),
+                mean([float(getattr(x, metric)) for x in s]),
+                float(getattr(tol, metric)),
+                rewrite,
             )
-    else:
-        console.print(f"[bold green]check passed[/]: {len(result.rows)} checks hold")
+            for metric, name in (("last_acc", "final acc %"), ("avg_acc", "avg inc acc %"))
+        ),
+    ]
+
+
+def _param_rows(entry: ReferenceEntry, runs: list[Run], label: str) -> list[CheckRow]:
+    """Exact counts; a reference written before stored statistics were counted apart pins no ``stored_total``."""
+    rows = []
+    for name, want in entry.params.pinned().items():
+        got = sorted({int(getattr(r.record.params, name)) for r in runs})
+        status = OK if got == [want] else FAIL
+        rows.append(
+            CheckRow(label, f"params {name}", f"{want:,}", ", ".join(f"{v:,}" for v in got), f"= {want:,}", status)
+        )
+    return rows
+
+
+def _time_rows(entry: ReferenceEntry, runs: list[Run], label: str, ref: Reference, calib: float) -> list[CheckRow]:
+    """Per phase: seconds / calibration seconds at most the reference's ratio x slack + floor; faster is a note."""
+    rows = []
+    slack, floor = float(ref.time.slack), float(ref.time.floor)
+    for ph in TIME_PHASES:
+        want = float(getattr(entry.time, ph))
+        got = mean([float(getattr(r.record.time_s, ph)) for r in runs]) / calib
+        limit = want * slack + floor
+        if got > limit + EPS:
+            ratio = got / want if want > 0 else math.inf
+            detail, status = f"{ph} took {ratio:.1f}x the reference's share of the calibration workload", FAIL
+        else:
+            faster = got > 0 and got * slack + floor < want
+            detail, status = (f"{ph} is {want / got:.1f}x faster than the reference" if faster else ""), OK
+        rows.append(
+            CheckRow(label, f"{ph} time / calibration", f"{want:.2f}", f"{got:.2f}", f"<= {limit:.2f}", status, detail)
+        )
+        if status == OK and detail:
+            note = detail + ": consider rewriting the reference"
+            rows.append(CheckRow(label, f"{ph} time faster", f"{want:.2f}", f"{got:.2f}", "-", NOTE, note))
+    return rows
+
+
+def _seed_rows(entry: ReferenceEntry, runs: list[Run], label: str) -> list[CheckRow]:
+    seeds = sorted(r.seed for r in runs)
+    if seeds == sorted(entry.seeds):
+        return []
+    why = "means over other seeds than the reference's are not comparable: run its seeds"
+    return [CheckRow(label, "seeds", str(entry.seeds), str(seeds), "same", FAIL, why)]
+
+
+def _settings_rows(entry: ReferenceEntry, runs: list[Run], label: str, rewrite: str) -> list[CheckRow]:
+    if entry.strategy_config is None:
+        return []
+    diff = sorted(
+        {
+            k
+            for r in runs
+            for k in settings_differences(r.record.strategy, entry.strategy_config, r.record.strategy_config)
+        }
+    )
+    if not diff:
+        return []
+    why = (
+        f"the runs' {entry.strategy} settings differ from the reference's ({', '.join(diff)}): "
+        f"run the reference's profile, or {rewrite}"
+    )
+    return [CheckRow(label, "settings", "reference's", "differ: " + ", ".join(diff), "same", FAIL, why)]
+
+
+def _unpinned_rows(groups: dict[EntryKey, list[Run]], pinned: set[EntryKey], rewrite: str) -> list[CheckRow]:
+    """A run the reference does not pin fails: nothing passes by being left out of the reference."""
+    why = f"the reference does not pin this run: {rewrite}, or leave the run out"
+    return [
+        CheckRow(key.label(), "pinned", "-", ", ".join(r.run_id for r in groups[key]), "-", FAIL, why)
+        for key in sorted(set(groups) - pinned, key=lambda k: k.label())
+    ]
+
+
+def _ci_profile_rows(pinned: set[tuple[str, str | None]], rewrite: str) -> list[CheckRow]:
+    """Every registered strategy has a ``ci`` profile and the reference pins each of them."""
+    rows = []
+    for strategy, profiles in _registered_ci_profiles().items():
+        if not profiles:
+            why = (
+                f"strategy {strategy} is registered but has no `ci` profile: add one to its `profiles`, run it in "
+                f".ci/run and {rewrite}"
+            )
+            rows.append(CheckRow(strategy, "ci profile", "-", "none", "-", FAIL, why))
+        for p in profiles:
+            if (strategy, p) not in pinned:
+                why = (
+                    f"registered profile {strategy}:{p} is not pinned: run `clbench run --strategy {strategy} "
+                    f"--profile {p} --precision fp32` in .ci/run and {rewrite}"
+                )
+                rows.append(CheckRow(f"{strategy}:{p}", "pinned", "-", "not in the reference", "-", FAIL, why))
+    return rows

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from clbench.errors import ClbenchError
 from clbench.results import DEFAULT_CLASS_ORDER_SEED, RESULT_FILE, ProtocolSummary, RunRecord, load_record
+from clbench.routing_diagnostics import RoutingDiagnostics, read_routing
 
 SEARCH_DEPTH = 2  # a parent folder is searched for run folders this many levels down
 RUN_MARKERS = (".lock", "features.npz")  # files the harness writes in a run folder before its first record
@@ -64,6 +65,14 @@ class Run:
     def summary(self, protocol: str) -> ProtocolSummary:
         """Metrics of one protocol: ``accuracy_matrix``, ``acc_curve``, ``last_acc``, ``avg_acc``, ``forgetting``..."""
         return self.record.summary(protocol)
+
+    def routing(self, task: int = -1) -> RoutingDiagnostics | None:
+        """The routing diagnostics after ``task`` (default: the last), None where the strategy records none; a
+        mistyped one is a ClbenchError naming the run folder, the task and the field."""
+        per_task = self.record.per_task
+        if not per_task:
+            return None
+        return read_routing(per_task[task].diagnostics, f"{self.path}: per_task[{task % len(per_task)}].diagnostics")
 
     @property
     def classes_seen(self) -> list[int]:

@@ -186,6 +186,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     2 when a run record or the reference is refused (unreadable, mistyped, out of range)."""
     from clbench.errors import ClbenchError
     from clbench.report import check as chk
+    from clbench.report.check_print import print_check
     from clbench.report.collect import collect
 
     write_only = [
@@ -234,14 +235,14 @@ def cmd_check(args: argparse.Namespace) -> int:
             written_by=_invocation(),
         )
         chk.write_reference(target, ref)
-        print(f"reference: {len(ref['entries'])} entries from {len(coll.runs)} runs -> {target}")
+        print(f"reference: {len(ref.entries)} entries from {len(coll.runs)} runs -> {target}")
         if not calibration:
             print(
                 f"  warning: no {chk.CALIBRATION_FILE} among the run folders: times are not pinned "
                 "(run `clbench check --calibrate RUN_DIR` in the same job as the runs)",
                 file=sys.stderr,
             )
-        for line in ref["written_by"].get("changes", []):
+        for line in ref.changes:
             print(f"  {plain(line)}")
         return 0
     if write_only:
@@ -257,7 +258,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"{s.path}: {s.reason}{more}", "the gate reads every record given: remove the folder or rerun it"
         )
     result = chk.check(coll, ref, calibration, reference_path=args.reference)
-    chk.print_check(result, args.reference)
+    print_check(result, args.reference)
     return 0 if result.ok else 1
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from clbench.report.budget import QUICK, REFERENCE, BudgetCurve, curve_label
 from clbench.report.collect import AccKey, Collection, Run
-from clbench.report.tables import last_diagnostics, routing_protocols
+from clbench.report.tables import routing_protocols
 from clbench.results import Times
 
 if TYPE_CHECKING:
@@ -422,7 +422,7 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
             protocols = routing_protocols(runs[0])
             width = 0.8 / len(protocols)
             for i, p in enumerate(protocols):
-                per_task = np.array([last_diagnostics(r)[p]["routing_acc_per_task"] for r in runs], dtype=float)
+                per_task = np.array([r.routing().protocols[p].routing_acc_per_task for r in runs], dtype=float)
                 x = np.arange(per_task.shape[1])
                 err = per_task.std(axis=0, ddof=1) if len(runs) > 1 else None
                 ax_bar.bar(

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from clbench.report.collect import Collection, Run
+from clbench.routing_diagnostics import ModuleChoices
 
 BOUND = "oracle"
 
@@ -24,7 +25,7 @@ def study_runs(coll: Collection) -> list[Run]:
     return [
         r
         for r in coll.runs
-        if r.record.per_task and all(isinstance(t.diagnostics.get("routers"), dict) for t in r.record.per_task)
+        if r.record.per_task and all(_study(r, t) is not None for t in range(len(r.record.per_task)))
     ]
 
 
@@ -34,16 +35,22 @@ def own_router(run: Run) -> str | None:
 
 def router_curves(run: Run) -> dict[str, list[float]]:
     """Routed accuracy after each task, per router (the order of the record; the bound last)."""
-    per_task = run.record.per_task
-    names = [n for n in per_task[-1].diagnostics["routers"] if n != BOUND] + [BOUND]
-    return {n: [float(t.diagnostics["routers"][n]["acc"]) for t in per_task] for n in names}
+    studies = [_study(run, t) for t in range(len(run.record.per_task))]
+    names = [n for n in studies[-1] if n != BOUND] + [BOUND]
+    return {n: [float(s[n].acc) for s in studies] for n in names}
+
+
+def _study(run: Run, task: int = -1) -> dict[str, ModuleChoices] | None:
+    """The routing study after ``task``: router -> its choices (None: none recorded)."""
+    routing = run.routing(task)
+    return routing.routers if routing is not None else None
 
 
 def router_rows(run: Run) -> list[dict[str, Any]]:
     """One row per router: routing and routed accuracy after the last task, average over tasks, newest-module share,
     the share of the gap between the run's own router and the oracle that the router closes (final accuracy)."""
     curves = router_curves(run)
-    last = run.record.per_task[-1].diagnostics["routers"]
+    last = _study(run)
     base = own_router(run)
     base_final = curves[base][-1] if base in curves else None
     bound_final = curves[BOUND][-1]
@@ -58,12 +65,12 @@ def router_rows(run: Run) -> list[dict[str, Any]]:
         rows.append(
             {
                 "router": name + (" (run's own)" if name == base else "") + (" (bound)" if name == BOUND else ""),
-                "routing acc %": d["routing_acc"],
+                "routing acc %": d.routing_acc,
                 "final acc %": curve[-1],
                 "avg acc %": float(np.mean(curve)),
-                "newest module share %": d["newest_module_share"],
+                "newest module share %": d.newest_module_share,
                 "oracle gap closed %": gap,
-                "collapse": d.get("collapse_warning") or "-",
+                "collapse": d.collapse_warning or "-",
             }
         )
     return rows
@@ -87,10 +94,9 @@ def study_table(run: Run) -> pd.DataFrame:
 
 def routing_per_task_table(run: Run) -> pd.DataFrame:
     """Routing accuracy per true task after the last task, one row per router."""
-    last = run.record.per_task[-1].diagnostics["routers"]
     rows = []
-    for name, d in last.items():
-        rows.append({"router": name, **{f"task {j + 1}": f"{v:.1f}" for j, v in enumerate(d["routing_acc_per_task"])}})
+    for name, d in (_study(run) or {}).items():
+        rows.append({"router": name, **{f"task {j + 1}": f"{v:.1f}" for j, v in enumerate(d.routing_acc_per_task)}})
     return pd.DataFrame(rows)
 
 
@@ -99,18 +105,18 @@ def vary_table(runs: Sequence[Run], field: str) -> pd.DataFrame:
     routing accuracy after the last task per router."""
     rows = []
     for run in sorted(runs, key=lambda r: (r.record.bench, _setting(r, field), r.seed)):
-        diag = run.record.per_task[-1].diagnostics
+        routing = run.routing()
         row: dict[str, Any] = {
             "bench": run.record.bench,
             field: _setting(run, field),
             "seed": run.seed,
             "run": run.run_id,
-            "weight cos": _fmt(diag.get("module_cosine_similarity"), 4),
-            "output cos": _fmt(diag.get("module_output_cosine"), 4),
-            "output cos (centred)": _fmt(diag.get("module_output_cosine_centred"), 4),
+            "weight cos": _fmt(routing.module_cosine_similarity, 4),
+            "output cos": _fmt(routing.module_output_cosine, 4),
+            "output cos (centred)": _fmt(routing.module_output_cosine_centred, 4),
         }
-        for name, d in diag["routers"].items():
-            row[f"{name} routing / final %"] = f"{d['routing_acc']:.1f} / {d['acc']:.2f}"
+        for name, d in (routing.routers or {}).items():
+            row[f"{name} routing / final %"] = f"{d.routing_acc:.1f} / {d.acc:.2f}"
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -130,19 +136,19 @@ def vary_mean_table(runs: Sequence[Run], field: str) -> pd.DataFrame:
         groups.setdefault((run.record.bench, _setting(run, field)), []).append(run)
     rows = []
     for (bench, value), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-        diags = [r.record.per_task[-1].diagnostics for r in group]
+        diags = [r.routing() for r in group]
         row: dict[str, Any] = {
             "bench": bench,
             field: value,
             "seeds": ", ".join(str(s) for s in sorted(r.seed for r in group)),
-            "weight cos": _fmt(_mean([d.get("module_cosine_similarity") for d in diags]), 4),
-            "output cos": _fmt(_mean([d.get("module_output_cosine") for d in diags]), 4),
-            "output cos (centred)": _fmt(_mean([d.get("module_output_cosine_centred") for d in diags]), 4),
+            "weight cos": _fmt(_mean([d.module_cosine_similarity for d in diags]), 4),
+            "output cos": _fmt(_mean([d.module_output_cosine for d in diags]), 4),
+            "output cos (centred)": _fmt(_mean([d.module_output_cosine_centred for d in diags]), 4),
         }
-        for name in diags[0]["routers"]:
-            if all(name in d["routers"] for d in diags):
-                routing = _mean([d["routers"][name]["routing_acc"] for d in diags])
-                final = _mean([d["routers"][name]["acc"] for d in diags])
+        for name in diags[0].routers or {}:
+            if all(name in (d.routers or {}) for d in diags):
+                routing = _mean([d.routers[name].routing_acc for d in diags])
+                final = _mean([d.routers[name].acc for d in diags])
                 row[f"{name} routing / final %"] = f"{routing:.1f} / {final:.2f}"
         rows.append(row)
     return pd.DataFrame(rows)

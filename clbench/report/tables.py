@@ -22,6 +22,7 @@ from clbench import text
 from clbench.report.budget import BudgetCurve, budget_table_rows
 from clbench.report.collect import Collection, Run, digest_short
 from clbench.report.uncertainty import Predicted, RowInterval, fmt_interval, paired_rows, pairs_frame, row_interval
+from clbench.routing_diagnostics import RoutingDiagnostics, read_routing
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -244,14 +245,16 @@ def training_warning(record: Any) -> str | None:
 def routing_warning(record: Any) -> str | None:
     """The routing warnings of the record's last evaluation, one per protocol that has one (joined), or None."""
     per_task = getattr(record, "per_task", None) or []
-    if not per_task:
+    routing = (
+        read_routing(per_task[-1].diagnostics, f"run {record.run_id}: last task's diagnostics") if per_task else None
+    )
+    if routing is None:
         return None
-    diag = per_task[-1].diagnostics
-    found = [w for p in record.protocol_names if (w := protocol_routing_warning(record, diag, p))]
+    found = [w for p in record.protocol_names if (w := protocol_routing_warning(record, routing, p))]
     return "; ".join(found) or None
 
 
-def protocol_routing_warning(record: Any, diag: dict[str, Any], protocol: str) -> str | None:
+def protocol_routing_warning(record: Any, routing: RoutingDiagnostics, protocol: str) -> str | None:
     """The routing warning of one protocol's own module choices. Per-sample: the record's text (its router's
     collapse test, ``diagnostics.routing_warning``). Another protocol (e.g. the reference protocol's batch vote):
     the same collapse test (:func:`clbench.routers.collapse_warning`) on that protocol's chosen-module counts, against
@@ -260,14 +263,12 @@ def protocol_routing_warning(record: Any, diag: dict[str, Any], protocol: str) -
     from clbench.routers import collapse_warning
 
     if protocol == "per-sample":
-        value = diag.get("routing_warning")
-        return str(value) if value else None
-    hist = (diag.get(protocol) or {}).get("chosen_hist") if isinstance(diag.get(protocol), dict) else None
+        return routing.routing_warning or None
+    hist = routing.protocols[protocol].chosen_hist if protocol in routing.protocols else None
     if not hist:
         return None
     n = len(hist)
-    routers = diag.get("routers") or {}
-    confusion = next((r.get("confusion") for r in routers.values() if isinstance(r, dict) and r.get("confusion")), None)
+    confusion = next((r.confusion for r in (routing.routers or {}).values() if r.confusion), None)
     if confusion is not None:
         per_task = [int(sum(row)) for row in confusion][:n]
     else:
@@ -277,15 +278,10 @@ def protocol_routing_warning(record: Any, diag: dict[str, Any], protocol: str) -
     return collapse_warning(choice, true_task, n, f"{protocol}-protocol")
 
 
-def last_diagnostics(run: Run) -> dict[str, Any]:
-    per_task = run.record.per_task
-    return per_task[-1].diagnostics if per_task else {}
-
-
 def routing_protocols(run: Run) -> list[str]:
     """Protocols whose diagnostics report routing (a strategy that routes between per-task modules)."""
-    diag = last_diagnostics(run)
-    return [p for p in run.protocols if isinstance(diag.get(p), dict) and "routing_acc" in diag[p]]
+    routing = run.routing()
+    return [p for p in run.protocols if routing is not None and p in routing.protocols]
 
 
 def routing_table(coll: Collection) -> pd.DataFrame:
@@ -298,7 +294,7 @@ def routing_table(coll: Collection) -> pd.DataFrame:
         runs = [r for r in runs if key.protocol in routing_protocols(r)]
         if not runs:
             continue
-        d = [last_diagnostics(r) for r in runs]
+        d = [r.routing() for r in runs]
         rows.append(
             {
                 "benchmark": key.bench,
@@ -306,11 +302,11 @@ def routing_table(coll: Collection) -> pd.DataFrame:
                 "backbone": key.backbone,
                 "protocol": key.protocol,
                 "n (seeds)": seeds_cell(runs),
-                "routing acc %": fmt_mean_std(x[key.protocol]["routing_acc"] for x in d),
-                "routed acc %": fmt_mean_std(x[key.protocol].get("acc") for x in d),
-                "oracle-routed acc %": fmt_mean_std(x.get("oracle_acc") for x in d),
-                "newest module share %": fmt_mean_std(x[key.protocol].get("newest_module_share") for x in d),
-                "module cosine sim.": fmt_mean_std((x.get("module_cosine_similarity") for x in d), 3),
+                "routing acc %": fmt_mean_std(x.protocols[key.protocol].routing_acc for x in d),
+                "routed acc %": fmt_mean_std(x.protocols[key.protocol].acc for x in d),
+                "oracle-routed acc %": fmt_mean_std(x.oracle_acc for x in d),
+                "newest module share %": fmt_mean_std(x.protocols[key.protocol].newest_module_share for x in d),
+                "module cosine sim.": fmt_mean_std((x.module_cosine_similarity for x in d), 3),
                 "warning": "; ".join(
                     sorted(
                         {

@@ -30,8 +30,8 @@ Overhead (``sweep.json`` -> ``overhead``): how it is measured is in :mod:`clbenc
 
 Parts: :mod:`~clbench.sweep.plan` (what to run, and which run folders can be skipped or continued),
 :mod:`~clbench.sweep.worker` (one run in a worker process), :mod:`~clbench.sweep.backends` (local process pool,
-Ray), :mod:`~clbench.sweep.runner` (submit, collect, ``sweep.json``, the overhead) and
-:mod:`~clbench.sweep.summary`.
+Ray), :mod:`~clbench.sweep.runner` (submit, collect, the overhead), :mod:`~clbench.sweep.manifest` (``sweep.json``:
+its type, its one reader and writer) and :mod:`~clbench.sweep.summary`.
 """
 
 from clbench.sweep.backends import BACKENDS, LocalBackend, RayBackend, Resources

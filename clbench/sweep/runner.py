@@ -21,8 +21,8 @@ from typing import Any
 
 from clbench.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.errors import ClbenchError
-from clbench.files import atomic_write_json
 from clbench.sweep.backends import BACKENDS, LocalBackend, RayBackend, Resources
+from clbench.sweep.manifest import PlannedEntry, SweepManifest, load_manifest, write_manifest
 from clbench.sweep.plan import (
     ATTEMPT_FILE,
     LOG_FILE,
@@ -46,7 +46,6 @@ PASSED_ENV = (
     "WANDB_MODE",  # --log wandb: offline unless the user set another mode (clbench.trackers)
     "WANDB_PROJECT",
 )
-HISTORY_FIELDS = ("command", "started", "finished", "interrupted", "complete", "backend", "overhead")
 
 
 class SweepView:
@@ -114,7 +113,7 @@ def run_sweep(
     dry_run: bool = False,
     command: str | None = None,
     log: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> SweepManifest:
     """Plan, skip what is done, run the rest on the backend, and write ``sweep.json``. Returns the manifest.
     ``log``: the experiment trackers of every run (:class:`clbench.trackers.LogSpec` as a dict)."""
     view = view or SweepView()
@@ -136,7 +135,7 @@ def run_sweep(
     plan = make_plan(spec)
     if dry_run:
         check_folders(plan)
-        return {**_manifest(spec, plan, command), "dry_run": True}
+        return dataclasses.replace(_manifest(spec, plan, command), dry_run=True)
     if cache:
         os.environ["CLBENCH_CACHE"] = str(Path(cache).resolve())
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
@@ -149,43 +148,45 @@ def run_sweep(
     try:
         check_folders(plan)
         manifest = _manifest(spec, plan, command)
-        manifest["cache"] = env["CLBENCH_CACHE"]
+        manifest.cache = env["CLBENCH_CACHE"]
         return _execute_plan(plan, manifest, out, backend_name, res, ray_address, view, env, log)
     finally:
         lock.close()  # releases the lock
 
 
-def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> dict[str, Any]:
+def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> SweepManifest:
     from clbench.results import git_revision
 
-    manifest: dict[str, Any] = {
-        "format": "clbench-sweep",
-        "version": 1,
-        "command": command,
-        "strategies": list(spec.strategies),
-        "benches": list(spec.benches),
-        "seeds": list(spec.seeds),
-        "vary": spec.vary,  # which seed the values of "seeds" set (clbench.sweep.plan.VARY)
-        "settings": dict(spec.settings),
-        "profile": spec.profile,
-        "overrides": [list(o) for o in spec.overrides],
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_revision": git_revision(),
-        "complete": False,
-        "runs": {},
-    }
-    earlier = read_json(spec.out / SWEEP_FILE)  # earlier invocations of this sweep: kept, with their overhead
-    history = earlier.get("history") if earlier else None
-    history = [h for h in history if isinstance(h, dict)] if isinstance(history, list) else []
-    manifest["history"] = [*history, {k: earlier.get(k) for k in HISTORY_FIELDS}] if earlier else []
-    for r in plan:
-        manifest["runs"][r.run_id] = {
-            "path": str(r.path.relative_to(spec.out)),
-            "state_at_start": r.state,
-            "tasks_done_at_start": r.tasks_done,
-            "fingerprint": r.fingerprint,
-        }
-    return manifest
+    return SweepManifest(
+        command=command,
+        strategies=list(spec.strategies),
+        benches=list(spec.benches),
+        seeds=list(spec.seeds),
+        vary=spec.vary,
+        settings=dict(spec.settings),
+        profile=spec.profile,
+        overrides=[list(o) for o in spec.overrides],
+        started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        git_revision=git_revision(),
+        complete=False,
+        runs={
+            r.run_id: PlannedEntry(str(r.path.relative_to(spec.out)), r.state, r.tasks_done, r.fingerprint)
+            for r in plan
+        },
+        history=_history(spec.out / SWEEP_FILE),
+    )
+
+
+def _history(path: Path) -> list[dict[str, Any]]:
+    """The earlier invocations of this sweep (kept, with their overhead); none where ``sweep.json`` is missing or
+    unreadable (a torn write, a file edited by hand): the runs' folders, not the manifest, say what is done."""
+    if not path.exists():
+        return []
+    try:
+        earlier = load_manifest(path)
+    except ClbenchError:
+        return []
+    return [*earlier.history, earlier.summary()]
 
 
 def _lock_sweep(out: Path):
@@ -207,7 +208,7 @@ def _lock_sweep(out: Path):
 
 def _execute_plan(
     plan: list[PlannedRun],
-    manifest: dict[str, Any],
+    manifest: SweepManifest,
     out: Path,
     backend_name: str,
     res: Resources,
@@ -215,13 +216,13 @@ def _execute_plan(
     view: SweepView,
     env: dict[str, str],
     log: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> SweepManifest:
     from clbench.results import load_record
 
     todo = [r for r in plan if r.state != "complete"]
     sweep_start = time.time()
     backend = (LocalBackend(res) if backend_name == "local" else RayBackend(res, ray_address)) if todo else None
-    manifest["backend"] = backend.describe() if backend else {"backend": backend_name, "note": "nothing to run"}
+    manifest.backend = backend.describe() if backend else {"backend": backend_name, "note": "nothing to run"}
     sweep_id = f"{socket.gethostname()}-{os.getpid()}-{int(sweep_start)}"
     by_id = {r.run_id: r for r in plan}
     attempts: dict[str, int] = {}
@@ -244,9 +245,10 @@ def _execute_plan(
 
     def save() -> None:
         for r in plan:
-            manifest["runs"][r.run_id].update(state=r.state, **r.outcome)
-        manifest["overhead"] = overhead([r.outcome for r in plan], sweep_start)
-        atomic_write_json(out / SWEEP_FILE, manifest)
+            manifest.runs[r.run_id].state = r.state
+            manifest.runs[r.run_id].outcome.update(r.outcome)
+        manifest.overhead = overhead([r.outcome for r in plan], sweep_start)
+        write_manifest(out / SWEEP_FILE, manifest)
 
     view.start(plan, todo)
     for r in plan:
@@ -310,14 +312,14 @@ def _execute_plan(
                     n_tasks = len(record.task_sizes) if record else None
                     view.running(r, done_tasks, n_tasks, _last_line(r.path / LOG_FILE))
     except BaseException:
-        manifest["interrupted"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        manifest.interrupted = datetime.now(timezone.utc).isoformat(timespec="seconds")
         save()
         if backend:
             backend.close(cancel=True)
         raise
     if backend:
         backend.close()
-    manifest["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    manifest["complete"] = all(r.state == "complete" for r in plan)
+    manifest.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    manifest.complete = all(r.state == "complete" for r in plan)
     save()
     return manifest

@@ -5,21 +5,24 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from clbench.sweep.manifest import SweepManifest
 
 
-def write_summary(out: Path, manifest: dict[str, Any], report: bool, tsne: bool, command: str | None) -> list[Path]:
+def write_summary(out: Path, manifest: SweepManifest, report: bool, tsne: bool, command: str | None) -> list[Path]:
     """``summary.md`` / ``summary.csv`` (mean ± std over seeds) and, with ``report``, ``report/``."""
     from clbench.files import atomic_write_bytes
     from clbench.report.build import write_report
     from clbench.report.collect import collect
     from clbench.report.tables import summary_frame, summary_table, to_markdown
 
-    folders = [out / info["path"] for info in manifest["runs"].values() if (out / info["path"]).is_dir()]
+    folders = [out / entry.path for entry in manifest.runs.values() if (out / entry.path).is_dir()]
     coll = collect(folders) if folders else None  # this plan's runs only, not whatever else lies in DIR/runs
     if coll is None or not coll.runs:
         return []
-    failed = {k: v for k, v in manifest["runs"].items() if v.get("state") != "complete"}
+    failed = {k: v for k, v in manifest.runs.items() if v.state != "complete"}
     lines = [
         f"# Sweep summary: {out.name}",
         "",
@@ -31,7 +34,7 @@ def write_summary(out: Path, manifest: dict[str, Any], report: bool, tsne: bool,
     ]
     if failed:
         lines += [
-            f"**Incomplete sweep: {len(failed)} of {len(manifest['runs'])} runs are not complete "
+            f"**Incomplete sweep: {len(failed)} of {len(manifest.runs)} runs are not complete "
             f"({', '.join(sorted(failed))}).** Rows average only the seeds that finished; re-run the same "
             "command to finish them.",
             "",

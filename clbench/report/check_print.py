@@ -1,0 +1,70 @@
+"""The gate's output: one table row per reference entry (green: holds; red: fell short or missing; magenta: changed
+upwards), then one line per note and per failed check saying what differs and how to fix it."""
+
+from __future__ import annotations
+
+from clbench.report.check import CHANGED, FAIL, MISSING, NOTE, OK, CheckResult, CheckRow
+from clbench.text import rich as esc
+
+STATUS_STYLE = {OK: "green", CHANGED: "bold magenta", FAIL: "bold red", MISSING: "bold red", NOTE: "yellow"}
+COLUMNS = (
+    ("matrix", ("accuracy matrix",)),
+    ("final acc %", ("final acc %",)),
+    ("avg inc acc %", ("avg inc acc %",)),
+    ("params added / stored / trainable", ("params added_total", "params stored_total", "params trainable")),
+    ("train / eval time", ("train time / calibration", "eval time / calibration")),
+)
+
+
+def _cell(rows: list[CheckRow]) -> str:
+    if not rows:
+        return "-"
+    parts = []
+    for r in rows:
+        style = STATUS_STYLE.get(r.status, "")
+        shown = r.measured if r.status == OK else f"{r.measured}; needs {r.allowed}"
+        parts.append(f"[{style}]{esc(shown)}[/]")
+    return " / ".join(parts)
+
+
+def print_check(result: CheckResult, reference_path: str, console=None) -> None:
+    """One row per reference entry (green: holds; red: fell short or missing; magenta: changed upwards), then one
+    line per failed check saying what differs and how to fix it."""
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:  # CI logs are not terminals: do not squeeze the table into 80 columns there
+        console = Console() if sys.stdout.isatty() else Console(width=180)
+    by_entry: dict[str, list[CheckRow]] = {}
+    for r in result.rows:
+        by_entry.setdefault(r.entry, []).append(r)
+    table = Table(title=f"clbench check against {esc(reference_path)}")
+    table.add_column("benchmark | strategy | backbone | protocol")
+    for name, _ in COLUMNS:
+        table.add_column(name, justify="right")
+    table.add_column("result")
+    for entry, rows in by_entry.items():
+        statuses = {r.status for r in rows}
+        verdict = next((s for s in (MISSING, FAIL, CHANGED) if s in statuses), OK)
+        cells = [_cell([r for r in rows if r.check in checks]) for _, checks in COLUMNS]
+        table.add_row(esc(entry), *cells, f"[{STATUS_STYLE.get(verdict, 'yellow')}]{verdict}[/]")
+    console.print(table)
+    for r in result.rows:
+        if r.status == NOTE:
+            console.print(
+                f"[yellow]note[/] {esc(r.entry)}: {esc(r.check)}: {esc(r.measured)}"
+                + (f" ({esc(r.detail)})" if r.detail else "")
+            )
+    fails = result.failures
+    if fails:
+        console.print(f"[bold red]check failed[/]: {len(fails)} of {len(result.rows)} checks do not hold:")
+        for r in fails:
+            console.print(
+                f"  [{STATUS_STYLE[r.status]}]{r.status}[/] {esc(r.entry)}: {esc(r.check)}: measured "
+                f"{esc(r.measured)}, allowed {esc(r.allowed)}" + (f" ({esc(r.detail)})" if r.detail else ""),
+                soft_wrap=True,
+            )
+    else:
+        console.print(f"[bold green]check passed[/]: {len(result.rows)} checks hold")
