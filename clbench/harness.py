@@ -6,9 +6,7 @@ times every phase and writes the run record. No method name appears here.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,13 +32,11 @@ from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: im
     run_level,
 )
 from clbench.errors import ClbenchError, setting
-from clbench.owned import open_lock, remove_own_tmp
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
 from clbench.predictions import PREDICTIONS_FILE, Predictions
 from clbench.results import (
-    RESULT_FILE,
     Host,
     Params,
     ProtocolGap,
@@ -52,14 +48,19 @@ from clbench.results import (
     git_revision,
     library_versions,
     peak_rss_mb,
-    record_says_complete,
     reset_peak_rss,
+)
+from clbench.rundir import (
+    RunDir,
+    check_folder,
+    check_free_space,
+    default_run_dir,
+    estimate_run_bytes,
 )
 
 if TYPE_CHECKING:
     from clbench.backbones import FrozenBackbone
     from clbench.benchmarks.base import Benchmark, BenchmarkSpec
-    from clbench.checkpoint import Checkpoint
     from clbench.strategy import Split, Strategy, Task
     from clbench.transforms import TransformSpec
 
@@ -102,176 +103,6 @@ class Reporter:
 
     def run_finished(self, record: RunRecord, run_dir: Path) -> None:
         """The complete record, before it is written: an observer may add its ``tracker_events``."""
-
-
-# ----------------------------------------------------------------------------------------------- run folder
-class RunDir:
-    """The run folder: holds an exclusive lock while running, refuses a finished run unless overwriting, and finds
-    the checkpoint of an unfinished one (:mod:`clbench.checkpoint`) so that the run continues from it."""
-
-    def __init__(self, path: Path, overwrite: bool) -> None:
-        self.path = path
-        check_folder(path, "out")
-        check_run_folder(path)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            self._lock = open_lock(path / LOCK_FILE)
-        except OSError as e:
-            raise ClbenchError(
-                f"{OUT} {path}: cannot write the run folder ({e.strerror or e})", "choose a folder you can write to"
-            ) from None
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            raise ClbenchError(
-                f"another clbench process is writing to {path}", f"wait for it to finish or choose another {OUT}"
-            ) from None
-        try:
-            self._check(overwrite)
-        except BaseException:
-            self.release()
-            raise
-
-    @property
-    def checkpoint_path(self) -> Path:
-        from clbench.checkpoint import CHECKPOINT_FILE
-
-        return self.path / CHECKPOINT_FILE
-
-    def _check(self, overwrite: bool) -> None:
-        remove_own_tmp(self.path)  # left by a process killed mid-write (clbench.files.atomic_write_bytes)
-        from clbench.checkpoint import LEGACY_FILE, refuse_legacy
-
-        result = self.path / RESULT_FILE
-        if overwrite:  # the checkpoint first: a kill in between leaves a record that cannot be continued
-            self.checkpoint_path.unlink(missing_ok=True)
-            (self.path / LEGACY_FILE).unlink(missing_ok=True)
-            result.unlink(missing_ok=True)
-            return
-        refuse_legacy(self.path)  # never unpickled
-        if not result.exists():
-            return
-        if record_says_complete(result):
-            raise ClbenchError(
-                f"{OUT} {self.path} already holds a finished run",
-                f"pass {OVERWRITE} to replace it, or choose another {OUT}",
-            )
-        if not self.checkpoint_path.exists():
-            raise ClbenchError(
-                f"{OUT} {self.path} already holds an unfinished run without a checkpoint to continue from",
-                f"pass {OVERWRITE} to replace it, or choose another {OUT}",
-            )
-
-    def resumable(self, fingerprint: dict[str, Any], required: bool) -> Checkpoint | None:
-        """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
-        from clbench import checkpoint
-
-        if not self.checkpoint_path.exists():
-            if required:
-                raise ClbenchError(
-                    f"{RESUME} {self.path}: no {self.checkpoint_path.name} to continue from",
-                    f"run the same command without {RESUME} to start it over",
-                )
-            return None
-        ckpt = checkpoint.load(self.checkpoint_path)
-        diff = differences(ckpt.fingerprint, fingerprint)
-        if diff:
-            raise ClbenchError(
-                f"{OUT} {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
-                f"continue it with {RESUME} {self.path}, pass {OVERWRITE} to start over, or choose another {OUT}",
-            )
-        checkpoint.check_strategy(ckpt, self.checkpoint_path, STRATEGIES.get(fingerprint["strategy"]).saved_types())
-        return ckpt
-
-    def release(self) -> None:
-        if not self._lock.closed:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
-
-
-def check_folder(path: Path, name: str) -> None:
-    """Refuse a folder that cannot hold files: one under a regular file, a file itself, inside a pseudo file system
-    (/proc, /sys, /dev), or whose nearest existing parent is not writable. Creates nothing. ``name``: the setting
-    that gave the folder (``out``, ``cache``), as the messages call it."""
-    flag = setting(name)
-    path = Path(path).expanduser()
-    absolute = Path(os.path.abspath(path))
-    if absolute.parts[1:2] and absolute.parts[1] in ("proc", "sys", "dev"):
-        raise ClbenchError(
-            f"{flag} {path} is inside /{absolute.parts[1]}, a pseudo file system that holds no ordinary files",
-            f"choose another {flag}",
-        )
-    if path.exists() and not path.is_dir():
-        raise ClbenchError(f"{flag} {path} is a file, not a folder", f"choose another {flag}")
-    parent = absolute
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ClbenchError(
-            f"{flag} {path}: {parent} is a file, so no folder can be made under it", f"choose another {flag}"
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        why = "it is on a read-only file system" if _read_only(parent) else "it is not writable by this user"
-        raise ClbenchError(f"{flag} {path}: cannot write in {parent} ({why})", f"choose another {flag}")
-
-
-LOCK_FILE = ".lock"
-# A folder holding one of these is a run folder clbench made: the record, the lock (taken before anything else is
-# written), or the attempt file a sweep worker writes before the run starts (clbench.sweep.plan.ATTEMPT_FILE).
-RUN_FOLDER_MARKS = (RESULT_FILE, LOCK_FILE, "attempt.json")
-
-
-def check_run_folder(path: Path) -> None:
-    """Refuse an existing folder that is neither empty nor a clbench run folder (one holding its record or lock):
-    ``out`` names the run's own folder, and clbench writes and deletes files in it."""
-    try:
-        names = os.listdir(path)
-    except OSError:  # missing (made later) or unreadable (refused when the lock is taken)
-        return
-    if not names or any(os.path.isfile(path / m) and not os.path.islink(path / m) for m in RUN_FOLDER_MARKS):
-        return
-    raise ClbenchError(
-        f"{setting('out')} {path} is a folder of other files ({len(names)} entries), not a clbench run folder",
-        f"give a new or empty folder for the run, e.g. {setting('out')} {path / 'run'}",
-    )
-
-
-def _read_only(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
-def check_free_space(path: Path, need: int, name: str, what: str) -> None:
-    """Refuse to start when the file system of ``path`` (given by setting ``name``) has less than ``need`` bytes
-    free."""
-    flag = setting(name)
-    try:
-        free = shutil.disk_usage(path).free
-    except OSError:
-        return
-    if free < need:
-        raise ClbenchError(
-            f"{flag} {path}: {free / 2**20:.1f} MB free, but {what} need about {need / 2**20:.1f} MB",
-            f"free disk space or choose another {flag}",
-        )
-
-
-def estimate_run_bytes(session: PreparedRun) -> int:
-    """A generous estimate of what a run folder will hold: the record, the checkpoint (class statistics and the
-    strategy's modules, twice while it is replaced) and features.npz (fp16, frozen and adapted)."""
-    d, n_test, n_classes = session.backbone.num_features, len(session.bench.test), session.bench.n_classes
-    record = 256 * 2**10 + 16 * 2**10 * session.bench.n_tasks
-    checkpoint = 2 * (16 * d * n_classes + 8 * 2**20)
-    features = 2 * 2 * d * n_test + 8 * n_test
-    return record + checkpoint + features
-
-
-def default_run_dir(cfg: RunConfig) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.strategy}-{cfg.bench}-s{cfg.seed}-{stamp}"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -552,8 +383,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         settings_fp, revision = fingerprint(cfg, backbone_name), git_revision()
         ckpt = run_dir.resumable(settings_fp, required=resume)
         if ckpt is None:
-            (run_dir.path / RESULT_FILE).unlink(missing_ok=True)
-            (run_dir.path / PREDICTIONS_FILE).unlink(missing_ok=True)
+            run_dir.start_afresh()
         torch.manual_seed(cfg.seed)  # the run owns the seed; strategies draw from ctx.generator()
         started_at = None  # --precision auto: a resumed run keeps the precision auto chose when it started
         if ckpt is not None and cfg.precision == "auto" and ckpt.precision is not None:
@@ -706,8 +536,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
 
         if state_digest(session.backbone.model) != session.backbone.digest:
             raise RuntimeError(f"{cfg.strategy} changed the frozen backbone's weights; the run is not valid")
-        if cfg.save_features:
-            _save_features(run_dir.path, session, strategy)
+        _save_features(run_dir.path, session, strategy)
         preds = _predictions(session, logs)
         record = _record(
             cfg,

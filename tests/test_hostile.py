@@ -1067,7 +1067,7 @@ def test_bounded_json_depth_ignores_brackets_in_strings(tmp_path):
 def test_a_sweep_run_folder_is_a_run_folder():
     """A sweep worker writes its attempt file (and log) before the run takes the lock: the folder is still one
     ``--out`` accepts."""
-    from clbench.harness import RUN_FOLDER_MARKS
+    from clbench.rundir import RUN_FOLDER_MARKS
     from clbench.sweep.plan import ATTEMPT_FILE
 
     assert ATTEMPT_FILE in RUN_FOLDER_MARKS
