@@ -1,6 +1,9 @@
-"""Run settings and the one place they are validated.
+"""Run settings: the one place each is declared and validated.
 
-:class:`RunConfig` holds every setting of one run; building one checks every field (type, range, choice) and raises
+:class:`RunConfig` holds every setting of one run, each declared once with :func:`run_field`: its default, its check
+and its command-line flag and help (:class:`Cli`). The ``clbench run`` and ``clbench sweep`` flags are generated from
+the fields (:func:`add_run_flags`), so a new field is a new flag with no other edit (CleanRL's ``Args`` dataclass,
+without a dependency). Building a RunConfig checks every field (type, range, choice) and raises
 a :class:`~clbench.errors.ClbenchError` naming the flag, the value and the fix. ``clbench run``, ``clbench sweep``,
 ``clbench run --resume`` and the Python API (``clbench.harness.run(RunConfig(...))``) therefore refuse the same values
 with the same message, before anything is loaded. ``None`` means "not given" (the benchmark's or strategy's default);
@@ -8,7 +11,8 @@ zero is a value like any other and is refused where it makes no sense, never rep
 
 The ``--set`` parsing of strategy settings (:func:`make_strategy_config`) lives here too: strings to the types of the
 strategy's config dataclass, then the dataclass's own checks. Names (strategy, benchmark, backbone) and what depends on
-the machine (a CUDA device, a precision) are checked by :func:`clbench.harness.resolve`, which needs the registries.
+the machine (a CUDA device, a precision) are decided once by :func:`clbench.harness.resolve`, which needs the
+registries.
 
 This module imports nothing from the runner (harness, sweep) and neither torch nor PIL.
 """
@@ -204,7 +208,7 @@ class Cli:
     aliases: tuple[Alias, ...] = ()
 
 
-def _field(default: Any, check: Number | Choice | Text | Flag | None, cli: Cli | None) -> Any:
+def run_field(default: Any, check: Number | Choice | Text | Flag | None, cli: Cli | None) -> Any:
     """A :class:`RunConfig` field with its check (type, range, choice; its name is the field's) and its flag
     (``cli=None``: none generated, the commands declare it)."""
     return dataclasses.field(default=default, metadata={"check": check, "cli": cli})
@@ -219,22 +223,22 @@ class RunConfig:
     """Every setting of one run, each declared once: its default, its check, its flag and help text
     (:func:`add_run_flags`). A new field is a new ``clbench run`` and ``clbench sweep`` flag with no other edit."""
 
-    strategy: str = _field(
+    strategy: str = run_field(
         dataclasses.MISSING,
         Text(meaning="a strategy name (see `clbench list`)"),
         Cli("method to run (see `clbench list`); required unless --resume", run_only=True),
     )
-    bench: str = _field(
+    bench: str = run_field(
         DEFAULT_BENCH,
         Text(meaning="a benchmark name (see `clbench list`)"),
         Cli("benchmark (default: %(default)s, embedded)", run_only=True),
     )
-    backbone: str | None = _field(  # None: the benchmark's default
+    backbone: str | None = run_field(  # None: the benchmark's default
         None,
         Text(optional=True, meaning="a backbone name (see `clbench list`)"),
         Cli("backbone name (default: the benchmark's)"),
     )
-    weights: str = _field(  # auto | offline | hub | random | PATH
+    weights: str = run_field(  # auto | offline | hub | random | PATH
         "auto",
         Text(meaning="auto, offline, hub, random or a weights file"),
         Cli(
@@ -243,37 +247,37 @@ class RunConfig:
             "without network (or with HF_HUB_OFFLINE=1) only the cache is read"
         ),
     )
-    data_root: str | None = _field(
+    data_root: str | None = run_field(
         None,
         Text(optional=True, meaning="a data folder"),
         Cli("data folder for benchmarks that are not embedded", run_only=True),
     )
-    init_cls: int | None = _field(  # None: the benchmark's split
+    init_cls: int | None = run_field(  # None: the benchmark's split
         None,
         Number(int, 1, MAX_CLASSES, optional=True, meaning="the classes in the first task", default_hint=ROUND_DEFAULT),
         Cli("classes in the first task (default: the benchmark's split)"),
     )
-    increment: int | None = _field(
+    increment: int | None = run_field(
         None,
         Number(int, 1, MAX_CLASSES, optional=True, meaning="the classes per later task", default_hint=ROUND_DEFAULT),
         Cli("classes per later task (default: the benchmark's split)"),
     )
-    seed: int = _field(  # PILOT's default seed; drives every RNG of the run
+    seed: int = run_field(  # PILOT's default seed; drives every RNG of the run
         1993,
         Number(int, 0, SEED_MAX, meaning="the run's seed"),
         Cli("seed of every RNG in the run (default: %(default)s)", run_only=True),
     )
-    class_order_seed: int = _field(  # the literature's class order; separate from --seed on purpose
+    class_order_seed: int = run_field(  # the literature's class order; separate from --seed on purpose
         1993,
         Number(int, 0, SEED_MAX, meaning="the class-order seed", default_hint="1993 is the literature's order"),
         Cli("seed of the class-order permutation (default: %(default)s, the literature's order)"),
     )
-    device: str = _field(
+    device: str = run_field(
         "auto",
         Choice(DEVICE_CHOICES, "devices"),
         Cli("default: %(default)s (GPU if present)", choices=DEVICE_CHOICES),
     )
-    precision: str = _field(  # for the frozen backbone (clbench.precision)
+    precision: str = run_field(  # for the frozen backbone (clbench.precision)
         "auto",
         Choice(PRECISION_CHOICES, "precisions"),
         Cli(
@@ -287,25 +291,25 @@ class RunConfig:
             ),
         ),
     )
-    protocol: str = _field(
+    protocol: str = run_field(
         "per-sample",
         Choice(PROTOCOL_CHOICES, "protocols"),
         Cli("per-sample (default) | reference (a reference implementation's batch behaviour) | both"),
     )
-    profile: str | None = _field(  # a strategy's named profile (e.g. "quick")
+    profile: str | None = run_field(  # a strategy's named profile (e.g. "quick")
         None,
         Text(optional=True, meaning="a profile name"),
         Cli("a strategy's named profile, e.g. quick (see `clbench list`)"),
     )
     # --set key=value on the strategy config (each command declares --set: a sweep's may name a strategy)
-    overrides: tuple[tuple[str, str], ...] = _field((), None, None)
-    out: str | None = _field(  # run folder; None: runs/<strategy>-<bench>-s<seed>-<time>
+    overrides: tuple[tuple[str, str], ...] = run_field((), None, None)
+    out: str | None = run_field(  # run folder; None: runs/<strategy>-<bench>-s<seed>-<time>
         None,
         Text(optional=True, meaning="a run folder"),
         Cli("run folder (default: runs/<strategy>-<bench>-s<seed>-<time>)", run_only=True),
     )
-    overwrite: bool = _field(False, Flag(), Cli("replace a finished run in --out", run_only=True))
-    img_size: int | None = _field(  # None: the benchmark's input size
+    overwrite: bool = run_field(False, Flag(), Cli("replace a finished run in --out", run_only=True))
+    img_size: int | None = run_field(  # None: the benchmark's input size
         None,
         Number(
             int,
@@ -317,25 +321,27 @@ class RunConfig:
         ),
         Cli("network input size (default: the benchmark's)"),
     )
-    normalize: bool | None = _field(  # None: the benchmark's choice
+    normalize: bool | None = run_field(  # None: the benchmark's choice
         None, Flag(optional=True), Cli("apply the backbone's mean/std (default: the benchmark's choice)")
     )
-    batch_size: int = _field(  # feature-extraction / evaluation batch
+    batch_size: int = run_field(  # feature-extraction / evaluation batch
         64,
         Number(int, 1, 65536, meaning="the feature-extraction batch"),
         Cli("feature-extraction batch (default: %(default)s)"),
     )
-    feature_cache: bool = _field(
+    feature_cache: bool = run_field(
         True, Flag(), Cli("recompute frozen features instead of using the on-disk cache", off="--no-feature-cache")
     )
-    ignore_data_problems: bool = _field(  # run on data that `clbench data check` fails (the problems go in the record)
-        False,
-        Flag(),
-        Cli(
-            "run on data that `clbench data check` fails (symbolic link loops, train/test duplicates, "
-            "empty or mislabelled files, ...); the problems are logged and written into the record. "
-            "Default: refuse such data before anything loads"
-        ),
+    ignore_data_problems: bool = (
+        run_field(  # run on data that `clbench data check` fails (the problems go in the record)
+            False,
+            Flag(),
+            Cli(
+                "run on data that `clbench data check` fails (symbolic link loops, train/test duplicates, "
+                "empty or mislabelled files, ...); the problems are logged and written into the record. "
+                "Default: refuse such data before anything loads"
+            ),
+        )
     )
 
     def __post_init__(self) -> None:

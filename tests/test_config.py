@@ -82,7 +82,7 @@ def test_a_new_field_is_a_flag_with_no_other_edit(monkeypatch, capsys):
 
     @dataclasses.dataclass(frozen=True)
     class More(config.RunConfig):
-        train_per_class: int | None = config._field(
+        train_per_class: int | None = config.run_field(
             7, config.Number(int, 1, 100, meaning="training images per class"), config.Cli("images kept per class")
         )
 
