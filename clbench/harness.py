@@ -23,10 +23,8 @@ from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
     RESUME_AND_OVERWRITE,
-    RUN_LEVEL_PROFILE_KEYS,
     RunConfig,
     check_settings,
-    differences,
     fingerprint,
     make_strategy_config,
     run_level,
@@ -66,7 +64,7 @@ if TYPE_CHECKING:
     from clbench.transforms import TransformSpec
 
 # Settings named in this module's messages: their Python names in str(error), their flags on the command line.
-OUT, OVERWRITE, RESUME, DEVICE = setting("out"), setting("overwrite"), setting("resume"), setting("device")
+OVERWRITE, DEVICE = setting("overwrite"), setting("device")
 
 
 @dataclass(frozen=True)
