@@ -17,8 +17,8 @@ Avalanche's metrics, ``EvaluationPlugin`` and loggers work unchanged.
 
 Same numbers as ``clbench run`` by construction: the strategy is configured with the CLI's own settings
 (:class:`clbench.harness.RunConfig`: ``bench`` names the setting, default the CLI's default benchmark) and builds
-its backbone, input size, transforms and precision with the CLI's code (:func:`clbench.harness.frozen_inputs`,
-:func:`clbench.precision.for_backbone`). It reads each experience's *raw* images (the stream's transform groups
+its backbone, input size, transforms and precision with the CLI's code (:func:`clbench.harness.resolve`, then
+:func:`clbench.harness.load_inputs`). It reads each experience's *raw* images (the stream's transform groups
 removed) and applies the benchmark transform itself; a stream whose eval transform gives other tensors is refused.
 Frozen features are computed once per experience and cached on disk under the CLI's key fields
 (:func:`clbench.harness.feature_key`; ``data`` is the content digest of the experience's raw images).
@@ -170,8 +170,7 @@ class ClbenchStrategy(SupervisedTemplate):
         log: Callable[[str], None] | None = None,
     ) -> None:
         from clbench.features import FeatureCache
-        from clbench.harness import RunConfig, frozen_inputs, resolve, resolve_device
-        from clbench.precision import for_backbone
+        from clbench.harness import RunConfig, load_inputs, resolve
 
         self.config = RunConfig(
             strategy=method,
@@ -188,12 +187,12 @@ class ClbenchStrategy(SupervisedTemplate):
             normalize=normalize,
             feature_cache=feature_cache,
         )
-        strategy_cls, self.spec, self.backbone_name, _, strategy_cfg = resolve(self.config)
-        dev = resolve_device(device)
-        self.backbone, self.eval_tf, self.train_tf = frozen_inputs(
-            self.config, self.spec, self.backbone_name, strategy_cls, dev
-        )
-        self.precision = for_backbone(self.backbone, dev, precision, use_cache=feature_cache)
+        self.resolved = resolve(self.config)  # names, device and input size decided once, as for `clbench run`
+        self.inputs = load_inputs(self.resolved)
+        self.spec, self.backbone_name = self.resolved.spec, self.resolved.backbone_name
+        self.backbone, self.eval_tf, self.train_tf = self.inputs.backbone, self.inputs.eval_tf, self.inputs.train_tf
+        self.precision = self.inputs.precision
+        dev = self.resolved.device
         self.eval_transform, self.train_transform = self.eval_tf.build(), self.train_tf.build()
         ctx = Context(
             backbone=self.backbone,
@@ -202,7 +201,7 @@ class ClbenchStrategy(SupervisedTemplate):
             seed=seed,
             log=log or (lambda message: None),
         )
-        self.method = strategy_cls(strategy_cfg, ctx)
+        self.method = self.resolved.strategy_cls(self.resolved.strategy_config, ctx)
         self.cache = FeatureCache(enabled=feature_cache)
         self.n_seen = 0  # classes learnt so far (arrival-order ids 0..n_seen-1)
         self.tasks_learnt = 0
@@ -244,16 +243,7 @@ class ClbenchStrategy(SupervisedTemplate):
         from clbench.features import extract
         from clbench.harness import feature_key
 
-        key = feature_key(
-            self.backbone_name,
-            self.backbone,
-            self.spec.name,
-            "avalanche-experience",
-            source.fingerprint(),
-            self.eval_tf,
-            self.precision.name,
-            self.device,
-        )
+        key = feature_key(self.resolved, self.inputs, "avalanche-experience", source.fingerprint())
         feats, _ = self.cache.get_or_compute(
             key,
             lambda: extract(

@@ -23,64 +23,12 @@ def parse_key_value(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def _add_setting_args(p: argparse.ArgumentParser) -> None:
-    """Run settings shared by ``clbench run`` and ``clbench sweep``."""
-    p.add_argument("--backbone", help="backbone name (default: the benchmark's)")
-    p.add_argument(
-        "--weights",
-        default="auto",
-        help="auto | offline | hub | random | PATH to a safetensors/state-dict file (default: auto). "
-        "hub: the Hugging Face cache, else a download; the hub must answer within 10 s, and "
-        "without network (or with HF_HUB_OFFLINE=1) only the cache is read",
-    )
-    p.add_argument("--init-cls", type=int, help="classes in the first task (default: the benchmark's split)")
-    p.add_argument("--increment", type=int, help="classes per later task (default: the benchmark's split)")
-    p.add_argument(
-        "--class-order-seed",
-        type=int,
-        default=1993,
-        help="seed of the class-order permutation (default: 1993, the literature's order)",
-    )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: auto (GPU if present)")
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", "fp32", "bf16", "fp16"],
-        help="precision of the frozen backbone (default: auto: bf16 only where the hardware runs it "
-        "natively fast: AMX CPUs, AVX-512 BF16 CPUs where a short probe measures a gain, CUDA "
-        "sm_80+; fp16 on older tensor-core GPUs; else fp32). `clbench doctor` shows the choice",
-    )
-    p.add_argument("--autocast", dest="precision", action="store_const", const="bf16", help="alias of --precision bf16")
-    p.add_argument(
-        "--no-autocast", dest="precision", action="store_const", const="fp32", help="alias of --precision fp32"
-    )
-    p.add_argument(
-        "--protocol",
-        default="per-sample",
-        help="per-sample (default) | reference (a reference implementation's batch behaviour) | both",
-    )
-    p.add_argument("--profile", help="a strategy's named profile, e.g. quick (see `clbench list`)")
-    p.add_argument("--img-size", type=int, help="network input size (default: the benchmark's)")
-    p.add_argument(
-        "--normalize",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="apply the backbone's mean/std (default: the benchmark's choice)",
-    )
-    p.add_argument("--batch-size", type=int, default=64, help="feature-extraction batch (default: 64)")
-    p.add_argument(
-        "--no-feature-cache",
-        dest="feature_cache",
-        action="store_false",
-        help="recompute frozen features instead of using the on-disk cache",
-    )
-    p.add_argument(
-        "--ignore-data-problems",
-        action="store_true",
-        help="run on data that `clbench data check` fails (symbolic link loops, train/test duplicates, "
-        "empty or mislabelled files, ...); the problems are logged and written into the record. "
-        "Default: refuse such data before anything loads",
-    )
+def _add_setting_args(p: argparse.ArgumentParser, command: str) -> None:
+    """The run settings of ``clbench COMMAND`` (run or sweep), generated from :class:`clbench.config.RunConfig`
+    (one declaration per setting: flag, type, default, help), then the options every run takes."""
+    from clbench.config import add_run_flags
+
+    add_run_flags(p, command)
     p.add_argument(
         "--config",
         metavar="FILE.yaml",
@@ -101,31 +49,8 @@ def _add_setting_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-SETTING_FIELDS = (
-    "backbone",
-    "weights",
-    "init_cls",
-    "increment",
-    "class_order_seed",
-    "device",
-    "precision",
-    "protocol",
-    "img_size",
-    "normalize",
-    "batch_size",
-    "feature_cache",
-    "ignore_data_problems",
-)
-
-
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    from clbench.catalog import DEFAULT_BENCH
-
-    p.add_argument("--strategy", help="method to run (see `clbench list`); required unless --resume")
-    p.add_argument("--bench", default=DEFAULT_BENCH, help=f"benchmark (default: {DEFAULT_BENCH}, embedded)")
-    p.add_argument("--data-root", help="data folder for benchmarks that are not embedded")
-    p.add_argument("--seed", type=int, default=1993, help="seed of every RNG in the run (default: 1993)")
-    _add_setting_args(p)
+    _add_setting_args(p, "run")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -135,8 +60,6 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override one strategy setting (repeatable), e.g. --set epochs=5",
     )
-    p.add_argument("--out", help="run folder (default: runs/<strategy>-<bench>-s<seed>-<time>)")
-    p.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
     p.add_argument(
         "--resume",
         metavar="DIR",
@@ -165,32 +88,12 @@ def _log_spec(args: argparse.Namespace, group: str | None = None):
 
 def cmd_run(args: argparse.Namespace) -> int:
     log = _log_spec(args)  # checked first: a tracker that is not installed is refused at once
-    from clbench.harness import RunConfig, run
+    from clbench.config import RunConfig, flag_fields
+    from clbench.harness import run
     from clbench.ui import RichReporter, print_result
 
-    values = dict(
-        strategy=args.strategy,
-        bench=args.bench,
-        backbone=args.backbone,
-        weights=args.weights,
-        data_root=args.data_root,
-        init_cls=args.init_cls,
-        increment=args.increment,
-        seed=args.seed,
-        class_order_seed=args.class_order_seed,
-        device=args.device,
-        precision=args.precision,
-        protocol=args.protocol,
-        profile=args.profile,
-        overrides=tuple(args.overrides),
-        out=args.out,
-        overwrite=args.overwrite,
-        batch_size=args.batch_size,
-        img_size=args.img_size,
-        normalize=args.normalize,
-        feature_cache=args.feature_cache,
-        ignore_data_problems=args.ignore_data_problems,
-    )
+    values = {name: getattr(args, name) for name in flag_fields("run")}
+    values["overrides"] = tuple(args.overrides)
     if args.trust_checkpoint:
         from clbench.checkpoint import convert_legacy
 
@@ -227,6 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     from clbench.catalog import DEFAULT_BENCH
+    from clbench.config import default_of
 
     g = p.add_argument_group("what to run")
     from clbench.catalog import EXAMPLE_STRATEGIES
@@ -256,7 +160,10 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         "class-order (class-order seed; initialisation from --seed), or both (each run sets both to the value)",
     )
     g.add_argument(
-        "--seed", type=int, default=1993, help="initialisation seed of every run with --vary class-order (default 1993)"
+        "--seed",
+        type=int,
+        default=default_of("seed"),
+        help="initialisation seed of every run with --vary class-order (default %(default)s)",
     )
     g.add_argument(
         "--out",
@@ -280,7 +187,7 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         metavar="[STRATEGY.]KEY=VALUE",
         help="override a strategy setting for every strategy, or for one with STRATEGY.KEY (repeatable)",
     )
-    _add_setting_args(p)
+    _add_setting_args(p, "sweep")
     g = p.add_argument_group("where to run")
     g.add_argument(
         "--backend",
@@ -341,6 +248,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
+    from clbench.config import flag_fields
     from clbench.sweep import (
         Resources,
         SweepSpec,
@@ -367,7 +275,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         benches=benches,
         seeds=parse_seeds(args.seeds),
         out=Path(args.out),
-        settings={k: getattr(args, k) for k in SETTING_FIELDS},
+        settings={k: getattr(args, k) for k in flag_fields("sweep") if k != "profile"},  # profile: per strategy
         data_roots=parse_data_roots(args.data_root, benches),
         profile=args.profile,
         overrides=tuple(parse_scoped_override(k, v) for k, v in args.overrides),

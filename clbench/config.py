@@ -1,6 +1,9 @@
-"""Run settings and the one place they are validated.
+"""Run settings: the one place each is declared and validated.
 
-:class:`RunConfig` holds every setting of one run; building one checks every field (type, range, choice) and raises
+:class:`RunConfig` holds every setting of one run, each declared once with :func:`run_field`: its default, its check
+and its command-line flag and help (:class:`Cli`). The ``clbench run`` and ``clbench sweep`` flags are generated from
+the fields (:func:`add_run_flags`), so a new field is a new flag with no other edit (CleanRL's ``Args`` dataclass,
+without a dependency). Building a RunConfig checks every field (type, range, choice) and raises
 a :class:`~clbench.errors.ClbenchError` naming the flag, the value and the fix. ``clbench run``, ``clbench sweep``,
 ``clbench run --resume`` and the Python API (``clbench.harness.run(RunConfig(...))``) therefore refuse the same values
 with the same message, before anything is loaded. ``None`` means "not given" (the benchmark's or strategy's default);
@@ -8,7 +11,8 @@ zero is a value like any other and is refused where it makes no sense, never rep
 
 The ``--set`` parsing of strategy settings (:func:`make_strategy_config`) lives here too: strings to the types of the
 strategy's config dataclass, then the dataclass's own checks. Names (strategy, benchmark, backbone) and what depends on
-the machine (a CUDA device, a precision) are checked by :func:`clbench.harness.resolve`, which needs the registries.
+the machine (a CUDA device, a precision) are decided once by :func:`clbench.harness.resolve`, which needs the
+registries.
 
 This module imports nothing from the runner (harness, sweep) and neither torch nor PIL.
 """
@@ -74,7 +78,7 @@ class _Setting:
     spells it otherwise than ``--`` plus the name with dashes, its flag. Each kind's ``check(value: Any)`` takes
     whatever it is given: refusing the wrong types is its job."""
 
-    name: str
+    name: str  # the RunConfig field: filled from the field (settings_of), or the table key (SWEEP_SETTINGS)
     flag: str | None
 
     def error(self, message: str) -> ClbenchError:
@@ -86,7 +90,6 @@ class _Setting:
 class Number(_Setting):
     """A numeric setting: its name, type, inclusive range and what it means (for the message)."""
 
-    name: str
     kind: type  # int or float
     low: float | None = None
     high: float | None = None
@@ -95,6 +98,7 @@ class Number(_Setting):
     meaning: str = ""
     default_hint: str = ""  # how to get the default, for optional settings; "{s}" stands for the setting
     flag: str | None = None
+    name: str = dataclasses.field(default="", kw_only=True)
 
     def range_text(self) -> str:
         lo = None if self.low is None else (f"> {_num(self.low)}" if self.low_open else f">= {_num(self.low)}")
@@ -125,10 +129,10 @@ class Number(_Setting):
 
 @dataclass(frozen=True)
 class Choice(_Setting):
-    name: str
     choices: tuple[str, ...]
     noun: str = "values"
     flag: str | None = None
+    name: str = dataclasses.field(default="", kw_only=True)
 
     def check(self, value: Any) -> None:
         if value not in self.choices:
@@ -139,10 +143,10 @@ class Choice(_Setting):
 class Text(_Setting):
     """A string setting (a name or a path); ``optional``: None allowed. An empty string is never "not given"."""
 
-    name: str
     optional: bool = False
     meaning: str = ""
     flag: str | None = None
+    name: str = dataclasses.field(default="", kw_only=True)
 
     def check(self, value: Any) -> None:
         if value is None and self.optional:
@@ -158,70 +162,13 @@ class Text(_Setting):
 
 @dataclass(frozen=True)
 class Flag(_Setting):
-    name: str
     optional: bool = False
     flag: str | None = None
+    name: str = dataclasses.field(default="", kw_only=True)
 
     def check(self, value: Any) -> None:
         if not (isinstance(value, bool) or (value is None and self.optional)):
             raise self.error(f": expected true or false, got {value!r}")
-
-
-MAX_CLASSES = 1_000_000
-RUN_SETTINGS: dict[str, Number | Choice | Text | Flag] = {
-    "strategy": Text("strategy", meaning="a strategy name (see `clbench list`)"),
-    "bench": Text("bench", meaning="a benchmark name (see `clbench list`)"),
-    "backbone": Text("backbone", optional=True, meaning="a backbone name (see `clbench list`)"),
-    "weights": Text("weights", meaning="auto, offline, hub, random or a weights file"),
-    "data_root": Text("data_root", optional=True, meaning="a data folder"),
-    "init_cls": Number(
-        "init_cls",
-        int,
-        1,
-        MAX_CLASSES,
-        optional=True,
-        meaning="the classes in the first task",
-        default_hint="leave {s} out for the benchmark's split",
-    ),
-    "increment": Number(
-        "increment",
-        int,
-        1,
-        MAX_CLASSES,
-        optional=True,
-        meaning="the classes per later task",
-        default_hint="leave {s} out for the benchmark's split",
-    ),
-    "seed": Number("seed", int, 0, SEED_MAX, meaning="the run's seed"),
-    "class_order_seed": Number(
-        "class_order_seed",
-        int,
-        0,
-        SEED_MAX,
-        meaning="the class-order seed",
-        default_hint="1993 is the literature's order",
-    ),
-    "device": Choice("device", DEVICE_CHOICES, "devices"),
-    "precision": Choice("precision", PRECISION_CHOICES, "precisions"),
-    "protocol": Choice("protocol", PROTOCOL_CHOICES, "protocols"),
-    "profile": Text("profile", optional=True, meaning="a profile name"),
-    "out": Text("out", optional=True, meaning="a run folder"),
-    "overwrite": Flag("overwrite"),
-    "batch_size": Number("batch_size", int, 1, 65536, meaning="the feature-extraction batch"),
-    "img_size": Number(
-        "img_size",
-        int,
-        16,
-        4096,
-        optional=True,
-        meaning="the network input size in pixels",
-        default_hint="leave {s} out for the benchmark's size",
-    ),
-    "normalize": Flag("normalize", optional=True),
-    "save_features": Flag("save_features", flag="save_features"),  # no command-line flag
-    "feature_cache": Flag("feature_cache"),
-    "ignore_data_problems": Flag("ignore_data_problems"),
-}
 
 
 def check_settings(values: Mapping[str, Any], table: Mapping[str, Number | Choice | Text | Flag] | None = None) -> None:
@@ -246,34 +193,250 @@ def _check_overrides(overrides: Any) -> None:  # Any: as given, checked here
             raise ClbenchError(f"{OVERRIDES} =VALUE has no key: expected KEY=VALUE, e.g. {OVERRIDES} epochs=5")
 
 
+# ----------------------------------------------------------------------------------------------- the settings
+@dataclass(frozen=True)
+class Alias:
+    """Another flag for one value of a setting (``--autocast`` = ``--precision bf16``)."""
+
+    flag: str
+    value: Any
+    help: str
+
+
+@dataclass(frozen=True)
+class Cli:
+    """How a :class:`RunConfig` field is spelt on the command line; :func:`add_run_flags` makes the flag from it,
+    its type and its default. ``help`` may show the default as ``%(default)s``."""
+
+    help: str
+    run_only: bool = False  # a `clbench run` flag only (`clbench sweep` declares its own spelling, or has none)
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None  # refused by the parser itself (else by the field's check)
+    off: str | None = None  # a bool on by default: the flag that turns it off (default: --no-NAME)
+    aliases: tuple[Alias, ...] = ()
+
+
+def run_field(default: Any, check: Number | Choice | Text | Flag | None, cli: Cli | None) -> Any:
+    """A :class:`RunConfig` field with its check (type, range, choice; its name is the field's) and its flag
+    (``cli=None``: none generated, the commands declare it)."""
+    return dataclasses.field(default=default, metadata={"check": check, "cli": cli})
+
+
+MAX_CLASSES = 1_000_000
+ROUND_DEFAULT = "leave {s} out for the benchmark's split"
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    strategy: str
-    bench: str = DEFAULT_BENCH
-    backbone: str | None = None  # None: the benchmark's default
-    weights: str = "auto"  # auto | offline | hub | random | PATH
-    data_root: str | None = None
-    init_cls: int | None = None  # None: the benchmark's split
-    increment: int | None = None
-    seed: int = 1993  # PILOT's default seed; drives every RNG of the run
-    class_order_seed: int = 1993  # the literature's class order; separate from --seed on purpose
-    device: str = "auto"  # auto | cpu | cuda
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16 for the frozen backbone (clbench.precision)
-    protocol: str = "per-sample"  # per-sample | reference | both
-    profile: str | None = None  # a strategy's named profile (e.g. "quick")
-    overrides: tuple[tuple[str, str], ...] = ()  # --set key=value on the strategy config
-    out: str | None = None  # run folder; None: runs/<strategy>-<bench>-<time>
-    overwrite: bool = False
-    batch_size: int = 64  # feature-extraction / evaluation batch
-    img_size: int | None = None  # None: the benchmark's input size
-    normalize: bool | None = None  # None: the benchmark's choice
-    save_features: bool = True  # test features for t-SNE figures
-    feature_cache: bool = True
-    ignore_data_problems: bool = False  # run on data that `clbench data check` fails (the problems go in the record)
+    """Every setting of one run, each declared once: its default, its check, its flag and help text
+    (:func:`add_run_flags`). A new field is a new ``clbench run`` and ``clbench sweep`` flag with no other edit."""
+
+    strategy: str = run_field(
+        dataclasses.MISSING,
+        Text(meaning="a strategy name (see `clbench list`)"),
+        Cli("method to run (see `clbench list`); required unless --resume", run_only=True),
+    )
+    bench: str = run_field(
+        DEFAULT_BENCH,
+        Text(meaning="a benchmark name (see `clbench list`)"),
+        Cli("benchmark (default: %(default)s, embedded)", run_only=True),
+    )
+    backbone: str | None = run_field(  # None: the benchmark's default
+        None,
+        Text(optional=True, meaning="a backbone name (see `clbench list`)"),
+        Cli("backbone name (default: the benchmark's)"),
+    )
+    weights: str = run_field(  # auto | offline | hub | random | PATH
+        "auto",
+        Text(meaning="auto, offline, hub, random or a weights file"),
+        Cli(
+            "auto | offline | hub | random | PATH to a safetensors/state-dict file (default: %(default)s). "
+            "hub: the Hugging Face cache, else a download; the hub must answer within 10 s, and "
+            "without network (or with HF_HUB_OFFLINE=1) only the cache is read"
+        ),
+    )
+    data_root: str | None = run_field(
+        None,
+        Text(optional=True, meaning="a data folder"),
+        Cli("data folder for benchmarks that are not embedded", run_only=True),
+    )
+    init_cls: int | None = run_field(  # None: the benchmark's split
+        None,
+        Number(int, 1, MAX_CLASSES, optional=True, meaning="the classes in the first task", default_hint=ROUND_DEFAULT),
+        Cli("classes in the first task (default: the benchmark's split)"),
+    )
+    increment: int | None = run_field(
+        None,
+        Number(int, 1, MAX_CLASSES, optional=True, meaning="the classes per later task", default_hint=ROUND_DEFAULT),
+        Cli("classes per later task (default: the benchmark's split)"),
+    )
+    seed: int = run_field(  # PILOT's default seed; drives every RNG of the run
+        1993,
+        Number(int, 0, SEED_MAX, meaning="the run's seed"),
+        Cli("seed of every RNG in the run (default: %(default)s)", run_only=True),
+    )
+    class_order_seed: int = run_field(  # the literature's class order; separate from --seed on purpose
+        1993,
+        Number(int, 0, SEED_MAX, meaning="the class-order seed", default_hint="1993 is the literature's order"),
+        Cli("seed of the class-order permutation (default: %(default)s, the literature's order)"),
+    )
+    device: str = run_field(
+        "auto",
+        Choice(DEVICE_CHOICES, "devices"),
+        Cli("default: %(default)s (GPU if present)", choices=DEVICE_CHOICES),
+    )
+    precision: str = run_field(  # for the frozen backbone (clbench.precision)
+        "auto",
+        Choice(PRECISION_CHOICES, "precisions"),
+        Cli(
+            "precision of the frozen backbone (default: %(default)s: bf16 only where the hardware runs it "
+            "natively fast: AMX CPUs, AVX-512 BF16 CPUs where a short probe measures a gain, CUDA "
+            "sm_80+; fp16 on older tensor-core GPUs; else fp32). `clbench doctor` shows the choice",
+            choices=PRECISION_CHOICES,
+            aliases=(
+                Alias("--autocast", "bf16", "alias of --precision bf16"),
+                Alias("--no-autocast", "fp32", "alias of --precision fp32"),
+            ),
+        ),
+    )
+    protocol: str = run_field(
+        "per-sample",
+        Choice(PROTOCOL_CHOICES, "protocols"),
+        Cli("per-sample (default) | reference (a reference implementation's batch behaviour) | both"),
+    )
+    profile: str | None = run_field(  # a strategy's named profile (e.g. "quick")
+        None,
+        Text(optional=True, meaning="a profile name"),
+        Cli("a strategy's named profile, e.g. quick (see `clbench list`)"),
+    )
+    # --set key=value on the strategy config (each command declares --set: a sweep's may name a strategy)
+    overrides: tuple[tuple[str, str], ...] = run_field((), None, None)
+    out: str | None = run_field(  # run folder; None: runs/<strategy>-<bench>-s<seed>-<time>
+        None,
+        Text(optional=True, meaning="a run folder"),
+        Cli("run folder (default: runs/<strategy>-<bench>-s<seed>-<time>)", run_only=True),
+    )
+    overwrite: bool = run_field(False, Flag(), Cli("replace a finished run in --out", run_only=True))
+    img_size: int | None = run_field(  # None: the benchmark's input size
+        None,
+        Number(
+            int,
+            16,
+            4096,
+            optional=True,
+            meaning="the network input size in pixels",
+            default_hint="leave {s} out for the benchmark's size",
+        ),
+        Cli("network input size (default: the benchmark's)"),
+    )
+    normalize: bool | None = run_field(  # None: the benchmark's choice
+        None, Flag(optional=True), Cli("apply the backbone's mean/std (default: the benchmark's choice)")
+    )
+    batch_size: int = run_field(  # feature-extraction / evaluation batch
+        64,
+        Number(int, 1, 65536, meaning="the feature-extraction batch"),
+        Cli("feature-extraction batch (default: %(default)s)"),
+    )
+    feature_cache: bool = run_field(
+        True, Flag(), Cli("recompute frozen features instead of using the on-disk cache", off="--no-feature-cache")
+    )
+    ignore_data_problems: bool = (
+        run_field(  # run on data that `clbench data check` fails (the problems go in the record)
+            False,
+            Flag(),
+            Cli(
+                "run on data that `clbench data check` fails (symbolic link loops, train/test duplicates, "
+                "empty or mislabelled files, ...); the problems are logged and written into the record. "
+                "Default: refuse such data before anything loads"
+            ),
+        )
+    )
 
     def __post_init__(self) -> None:
-        check_settings({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        check_settings({f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, settings_of(type(self)))
         _check_overrides(self.overrides)
+
+
+_SETTINGS: dict[type, dict[str, Number | Choice | Text | Flag]] = {}
+
+
+def settings_of(cls: type) -> dict[str, Number | Choice | Text | Flag]:
+    """Field name -> its check, for :class:`RunConfig` (or a subclass with more fields); computed once per class."""
+    if cls not in _SETTINGS:
+        _SETTINGS[cls] = {
+            f.name: dataclasses.replace(f.metadata["check"], name=f.name)
+            for f in dataclasses.fields(cls)
+            if f.metadata.get("check") is not None
+        }
+    return _SETTINGS[cls]
+
+
+RUN_SETTINGS = settings_of(RunConfig)
+
+
+def default_of(name: str) -> Any:
+    """The default of :class:`RunConfig` field ``name`` (for a flag another command spells its own way)."""
+    return next(f.default for f in dataclasses.fields(RunConfig) if f.name == name)
+
+
+def flag_fields(command: str, cls: type | None = None) -> list[str]:
+    """The :class:`RunConfig` fields that ``clbench COMMAND`` (run or sweep) takes as generated flags, in order."""
+    return [
+        f.name
+        for f in dataclasses.fields(cls or RunConfig)
+        if (cli := _cli(f)) is not None and (command == "run" or not cli.run_only)
+    ]
+
+
+def _cli(f: dataclasses.Field[Any]) -> Cli | None:
+    """The field's flag declaration; None: the commands declare its flag themselves."""
+    if "cli" not in f.metadata:  # a field declared without metadata still gets its flag
+        return Cli("")
+    cli: Cli | None = f.metadata["cli"]
+    return cli
+
+
+def _flag_cli(f: dataclasses.Field[Any]) -> Cli:
+    """The flag declaration of a field that :func:`flag_fields` lists (it has one)."""
+    cli = _cli(f)
+    if cli is None:
+        raise ValueError(f"RunConfig field {f.name} has no generated flag")
+    return cli
+
+
+def add_run_flags(parser: Any, command: str, cls: type | None = None) -> None:
+    """Add to the argparse ``parser`` of ``clbench COMMAND`` a flag per :class:`RunConfig` field it takes
+    (:func:`flag_fields`): ``--`` and the name with dashes, typed from the field's annotation, its default the
+    field's. Bad values are refused by the field's check when the RunConfig is built (the message names the flag)."""
+    import argparse
+
+    cls = cls or RunConfig
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    names = flag_fields(command, cls)
+    for name in sorted(names, key=lambda n: not _flag_cli(fields[n]).run_only):  # the command's own settings first
+        f, cli = fields[name], _flag_cli(fields[name])
+        flag = "--" + name.replace("_", "-")
+        default = None if f.default is dataclasses.MISSING else f.default
+        typ = hints[name]
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        base = args[0] if typing.get_origin(typ) in (typing.Union, types.UnionType) and len(args) == 1 else typ
+        extra: dict[str, Any] = {}
+        if cli.metavar:
+            extra["metavar"] = cli.metavar
+        if base is bool and default is None:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=cli.help, **extra)
+        elif base is bool and default:
+            parser.add_argument(
+                cli.off or "--no-" + name.replace("_", "-"), dest=name, action="store_false", help=cli.help
+            )
+        elif base is bool:
+            parser.add_argument(flag, action="store_true", help=cli.help)
+        else:
+            kind = base if base in (int, float) else None
+            parser.add_argument(flag, type=kind, default=default, choices=cli.choices, help=cli.help, **extra)
+        for alias in cli.aliases:
+            parser.add_argument(alias.flag, dest=name, action="store_const", const=alias.value, help=alias.help)
 
 
 # ----------------------------------------------------------------------------------------------- same run?
@@ -442,12 +605,9 @@ def make_strategy_config(
 
 
 # ----------------------------------------------------------------------------------------------- sweep resources
-SWEEP_SETTINGS: dict[str, Number] = {
-    "jobs": Number(
-        "jobs", int, 1, 4096, optional=True, meaning="runs at once", default_hint="leave {s} out for the default"
-    ),
+SWEEP_SETTINGS: dict[str, Number] = {  # names filled from the keys below
+    "jobs": Number(int, 1, 4096, optional=True, meaning="runs at once", default_hint="leave {s} out for the default"),
     "cpus_per_run": Number(
-        "cpus_per_run",
         int,
         1,
         4096,
@@ -455,9 +615,8 @@ SWEEP_SETTINGS: dict[str, Number] = {
         meaning="CPUs per run",
         default_hint="leave {s} out for the default",
     ),
-    "gpus_per_run": Number("gpus_per_run", float, 0, 64, optional=True, meaning="GPUs per run"),
+    "gpus_per_run": Number(float, 0, 64, optional=True, meaning="GPUs per run"),
     "memory_per_run_gb": Number(
-        "memory_per_run_gb",
         float,
         0,
         1 << 20,
@@ -467,8 +626,8 @@ SWEEP_SETTINGS: dict[str, Number] = {
         flag="--memory-per-run",
         default_hint="leave {s} out to reserve none",
     ),
-    "retries": Number("retries", int, 0, 100, meaning="the times a crashed run is started again"),
-    "ray_timeout": Number(
-        "ray_timeout", float, 0, 3600, low_open=True, meaning="the seconds to wait for a Ray cluster"
-    ),
+    "retries": Number(int, 0, 100, meaning="the times a crashed run is started again"),
+    "ray_timeout": Number(float, 0, 3600, low_open=True, meaning="the seconds to wait for a Ray cluster"),
 }
+
+SWEEP_SETTINGS = {k: dataclasses.replace(v, name=k) for k, v in SWEEP_SETTINGS.items()}

@@ -6,9 +6,7 @@ times every phase and writes the run record. No method name appears here.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,22 +23,18 @@ from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
     RESUME_AND_OVERWRITE,
-    RUN_LEVEL_PROFILE_KEYS,
     RunConfig,
     check_settings,
-    differences,
     fingerprint,
     make_strategy_config,
     run_level,
 )
 from clbench.errors import ClbenchError, setting
-from clbench.owned import open_lock, remove_own_tmp
 from clbench.precision import Precision
 from clbench.precision import check_request as check_precision
 from clbench.precision import choose as choose_precision
 from clbench.predictions import PREDICTIONS_FILE, Predictions
 from clbench.results import (
-    RESULT_FILE,
     Host,
     Params,
     ProtocolGap,
@@ -52,8 +46,14 @@ from clbench.results import (
     git_revision,
     library_versions,
     peak_rss_mb,
-    record_says_complete,
     reset_peak_rss,
+)
+from clbench.rundir import (
+    RunDir,
+    check_folder,
+    check_free_space,
+    default_run_dir,
+    estimate_run_bytes,
 )
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from clbench.transforms import TransformSpec
 
 # Settings named in this module's messages: their Python names in str(error), their flags on the command line.
-OUT, OVERWRITE, RESUME, DEVICE = setting("out"), setting("overwrite"), setting("resume"), setting("device")
+OVERWRITE, DEVICE = setting("overwrite"), setting("device")
 
 
 @dataclass(frozen=True)
@@ -102,176 +102,6 @@ class Reporter:
 
     def run_finished(self, record: RunRecord, run_dir: Path) -> None:
         """The complete record, before it is written: an observer may add its ``tracker_events``."""
-
-
-# ----------------------------------------------------------------------------------------------- run folder
-class RunDir:
-    """The run folder: holds an exclusive lock while running, refuses a finished run unless overwriting, and finds
-    the checkpoint of an unfinished one (:mod:`clbench.checkpoint`) so that the run continues from it."""
-
-    def __init__(self, path: Path, overwrite: bool) -> None:
-        self.path = path
-        check_folder(path, "out")
-        check_run_folder(path)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            self._lock = open_lock(path / LOCK_FILE)
-        except OSError as e:
-            raise ClbenchError(
-                f"{OUT} {path}: cannot write the run folder ({e.strerror or e})", "choose a folder you can write to"
-            ) from None
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            raise ClbenchError(
-                f"another clbench process is writing to {path}", f"wait for it to finish or choose another {OUT}"
-            ) from None
-        try:
-            self._check(overwrite)
-        except BaseException:
-            self.release()
-            raise
-
-    @property
-    def checkpoint_path(self) -> Path:
-        from clbench.checkpoint import CHECKPOINT_FILE
-
-        return self.path / CHECKPOINT_FILE
-
-    def _check(self, overwrite: bool) -> None:
-        remove_own_tmp(self.path)  # left by a process killed mid-write (clbench.files.atomic_write_bytes)
-        from clbench.checkpoint import LEGACY_FILE, refuse_legacy
-
-        result = self.path / RESULT_FILE
-        if overwrite:  # the checkpoint first: a kill in between leaves a record that cannot be continued
-            self.checkpoint_path.unlink(missing_ok=True)
-            (self.path / LEGACY_FILE).unlink(missing_ok=True)
-            result.unlink(missing_ok=True)
-            return
-        refuse_legacy(self.path)  # never unpickled
-        if not result.exists():
-            return
-        if record_says_complete(result):
-            raise ClbenchError(
-                f"{OUT} {self.path} already holds a finished run",
-                f"pass {OVERWRITE} to replace it, or choose another {OUT}",
-            )
-        if not self.checkpoint_path.exists():
-            raise ClbenchError(
-                f"{OUT} {self.path} already holds an unfinished run without a checkpoint to continue from",
-                f"pass {OVERWRITE} to replace it, or choose another {OUT}",
-            )
-
-    def resumable(self, fingerprint: dict[str, Any], required: bool) -> Checkpoint | None:
-        """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
-        from clbench import checkpoint
-
-        if not self.checkpoint_path.exists():
-            if required:
-                raise ClbenchError(
-                    f"{RESUME} {self.path}: no {self.checkpoint_path.name} to continue from",
-                    f"run the same command without {RESUME} to start it over",
-                )
-            return None
-        ckpt = checkpoint.load(self.checkpoint_path)
-        diff = differences(ckpt.fingerprint, fingerprint)
-        if diff:
-            raise ClbenchError(
-                f"{OUT} {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
-                f"continue it with {RESUME} {self.path}, pass {OVERWRITE} to start over, or choose another {OUT}",
-            )
-        checkpoint.check_strategy(ckpt, self.checkpoint_path, STRATEGIES.get(fingerprint["strategy"]).saved_types())
-        return ckpt
-
-    def release(self) -> None:
-        if not self._lock.closed:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
-
-
-def check_folder(path: Path, name: str) -> None:
-    """Refuse a folder that cannot hold files: one under a regular file, a file itself, inside a pseudo file system
-    (/proc, /sys, /dev), or whose nearest existing parent is not writable. Creates nothing. ``name``: the setting
-    that gave the folder (``out``, ``cache``), as the messages call it."""
-    flag = setting(name)
-    path = Path(path).expanduser()
-    absolute = Path(os.path.abspath(path))
-    if absolute.parts[1:2] and absolute.parts[1] in ("proc", "sys", "dev"):
-        raise ClbenchError(
-            f"{flag} {path} is inside /{absolute.parts[1]}, a pseudo file system that holds no ordinary files",
-            f"choose another {flag}",
-        )
-    if path.exists() and not path.is_dir():
-        raise ClbenchError(f"{flag} {path} is a file, not a folder", f"choose another {flag}")
-    parent = absolute
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ClbenchError(
-            f"{flag} {path}: {parent} is a file, so no folder can be made under it", f"choose another {flag}"
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        why = "it is on a read-only file system" if _read_only(parent) else "it is not writable by this user"
-        raise ClbenchError(f"{flag} {path}: cannot write in {parent} ({why})", f"choose another {flag}")
-
-
-LOCK_FILE = ".lock"
-# A folder holding one of these is a run folder clbench made: the record, the lock (taken before anything else is
-# written), or the attempt file a sweep worker writes before the run starts (clbench.sweep.plan.ATTEMPT_FILE).
-RUN_FOLDER_MARKS = (RESULT_FILE, LOCK_FILE, "attempt.json")
-
-
-def check_run_folder(path: Path) -> None:
-    """Refuse an existing folder that is neither empty nor a clbench run folder (one holding its record or lock):
-    ``out`` names the run's own folder, and clbench writes and deletes files in it."""
-    try:
-        names = os.listdir(path)
-    except OSError:  # missing (made later) or unreadable (refused when the lock is taken)
-        return
-    if not names or any(os.path.isfile(path / m) and not os.path.islink(path / m) for m in RUN_FOLDER_MARKS):
-        return
-    raise ClbenchError(
-        f"{setting('out')} {path} is a folder of other files ({len(names)} entries), not a clbench run folder",
-        f"give a new or empty folder for the run, e.g. {setting('out')} {path / 'run'}",
-    )
-
-
-def _read_only(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
-def check_free_space(path: Path, need: int, name: str, what: str) -> None:
-    """Refuse to start when the file system of ``path`` (given by setting ``name``) has less than ``need`` bytes
-    free."""
-    flag = setting(name)
-    try:
-        free = shutil.disk_usage(path).free
-    except OSError:
-        return
-    if free < need:
-        raise ClbenchError(
-            f"{flag} {path}: {free / 2**20:.1f} MB free, but {what} need about {need / 2**20:.1f} MB",
-            f"free disk space or choose another {flag}",
-        )
-
-
-def estimate_run_bytes(session: PreparedRun) -> int:
-    """A generous estimate of what a run folder will hold: the record, the checkpoint (class statistics and the
-    strategy's modules, twice while it is replaced) and features.npz (fp16, frozen and adapted)."""
-    d, n_test, n_classes = session.backbone.num_features, len(session.bench.test), session.bench.n_classes
-    record = 256 * 2**10 + 16 * 2**10 * session.bench.n_tasks
-    checkpoint = 2 * (16 * d * n_classes + 8 * 2**20)
-    features = 2 * 2 * d * n_test + 8 * n_test
-    return record + checkpoint + features
-
-
-def default_run_dir(cfg: RunConfig) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.strategy}-{cfg.bench}-s{cfg.seed}-{stamp}"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -348,24 +178,151 @@ class TaskAndTest:
     sample_task: np.ndarray  # (N_test,) the task each test image belongs to
 
 
-@dataclass
-class PreparedRun:
-    """A run ready to loop over its tasks: benchmark, frozen backbone, transforms, cached features and the strategy."""
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A :class:`RunConfig` with every name and every choice that depends on the registries or the machine
+    decided, once (:func:`resolve`; nothing is loaded). Everything downstream takes this and decides nothing again:
+    :func:`load_inputs`, :func:`prepare`, the task loop, the record, sweeps and the Avalanche API."""
 
-    cfg: RunConfig
+    config: RunConfig
+    strategy_cls: type[Strategy]
+    strategy_config: Any  # the strategy's Config dataclass, profile and --set applied and checked
     spec: BenchmarkSpec
-    bench: Benchmark
+    backbone_name: str  # the explicit backbone, else the benchmark's
+    protocols: tuple[str, ...]  # evaluated in this order; the first is the record's main protocol
+    device: torch.device
+    init_cls: int | None  # classes in the first task: explicit, else the profile's; None: the benchmark's split
+    increment: int | None  # classes per later task: the same
+    img_size: int  # network input size asked for: explicit, else the profile's, else the benchmark's
+    normalize: bool  # the backbone's mean/std: explicit, else the benchmark's choice
+    fingerprint: dict[str, Any]  # the defining settings (clbench.config.fingerprint), backbone by name
+
+
+def resolve(cfg: RunConfig) -> ResolvedRun:
+    """Check every name and setting of ``cfg`` and decide what depends on them (cheap; nothing is loaded). Raises
+    ClbenchError."""
+    check_settings({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # also set by RunConfig
+    strategy_cls = STRATEGIES.get(cfg.strategy)
+    spec = BENCHMARKS.get(cfg.bench)
+    backbone_name = BACKBONES.check(spec.backbone if cfg.backbone is None else cfg.backbone)
+    protocols = _protocols(cfg, strategy_cls)
+    strategy_cfg = make_strategy_config(strategy_cls, cfg.profile, cfg.overrides)
+    if strategy_cls.needs_vit and BACKBONES.get(backbone_name).family != "vit":
+        vits = [n for n in BACKBONES.names() if BACKBONES.get(n).family == "vit"]
+        raise ClbenchError(
+            f"{strategy_cls.name} enters the transformer's layers and needs a ViT backbone; {backbone_name} is not one",
+            f"choose one of: {', '.join(vits)}",
+        )
+    device = resolve_device(cfg.device)
+    check_precision(cfg.precision)
+    if cfg.precision != "auto":  # a forced precision the device cannot run fails here, before anything loads
+        choose_precision(cfg.precision, device.type)
+    img_size = run_level(strategy_cls, cfg.profile, cfg.img_size, "img_size")
+    return ResolvedRun(
+        config=cfg,
+        strategy_cls=strategy_cls,
+        strategy_config=strategy_cfg,
+        spec=spec,
+        backbone_name=backbone_name,
+        protocols=tuple(protocols),
+        device=device,
+        init_cls=run_level(strategy_cls, cfg.profile, cfg.init_cls, "init_cls"),
+        increment=run_level(strategy_cls, cfg.profile, cfg.increment, "increment"),
+        img_size=spec.img_size if img_size is None else img_size,
+        normalize=spec.normalize if cfg.normalize is None else cfg.normalize,
+        fingerprint=fingerprint(cfg, backbone_name),
+    )
+
+
+@dataclass(frozen=True)
+class FrozenInputs:
+    """What every image of a run goes through, loaded once (:func:`load_inputs`): the frozen backbone on the run's
+    device (its weights source and digest), the eval and train transforms, and the precision (with its reason)."""
+
     backbone: FrozenBackbone
     eval_tf: TransformSpec
     train_tf: TransformSpec
     precision: Precision
+
+
+def load_inputs(resolved: ResolvedRun, precision: Precision | None = None) -> FrozenInputs:
+    """Load the frozen backbone and decide the transforms and precision of ``resolved``: the benchmark's resize/crop
+    scaled to the input size, the backbone's mean/std where the run normalises, ``precision`` where given (a resumed
+    run keeps the one it started with), else the request resolved on the backbone. :func:`prepare` and
+    :class:`clbench.avalanche_api.ClbenchStrategy` both build their inputs here, so they see the same pixels."""
+    from clbench.backbones import load_backbone
+    from clbench.precision import for_backbone
+    from clbench.transforms import TransformSpec
+
+    cfg, spec = resolved.config, resolved.spec
+    backbone = load_backbone(resolved.backbone_name, cfg.weights, resolved.img_size, seed=cfg.seed).to(resolved.device)
+    mean, std = (backbone.mean, backbone.std) if resolved.normalize else (None, None)
+    img = backbone.img_size
+    resize = round(spec.resize * img / spec.img_size) if spec.resize else None
+    precision = precision or for_backbone(backbone, resolved.device, cfg.precision, use_cache=cfg.feature_cache)
+    return FrozenInputs(
+        backbone, TransformSpec(img, resize, mean, std), TransformSpec(img, resize, mean, std, train=True), precision
+    )
+
+
+def feature_key(resolved: ResolvedRun, inputs: FrozenInputs, split: str, data: str) -> str:
+    """The feature-cache key of one set of images (``data``: their content fingerprint) through ``inputs``."""
+    from clbench.features import cache_key
+
+    return cache_key(
+        backbone=resolved.backbone_name,
+        digest=inputs.backbone.digest,
+        bench=resolved.spec.name,
+        split=split,
+        data=data,
+        transform=inputs.eval_tf.identity(),
+        precision=inputs.precision.name,
+        device=resolved.device.type,
+    )
+
+
+@dataclass
+class PreparedRun:
+    """A run ready to loop over its tasks: what was resolved, the benchmark, the frozen inputs, the cached features
+    and the strategy."""
+
+    resolved: ResolvedRun
+    inputs: FrozenInputs
+    bench: Benchmark
     features: dict[str, torch.Tensor]  # "train" / "test" -> (N, d) frozen features
     cache_events: list[str]
     t_features: float  # seconds spent on frozen features (computing or loading them)
     strategy: Strategy
-    protocols: list[str]
     data_problems: list[str] = field(default_factory=list)  # found and run anyway (ignore_data_problems)
     rng_at_build: dict[str, Any] | None = None  # global RNG states just before the strategy was built
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.resolved.config
+
+    @property
+    def spec(self) -> BenchmarkSpec:
+        return self.resolved.spec
+
+    @property
+    def protocols(self) -> list[str]:
+        return list(self.resolved.protocols)
+
+    @property
+    def backbone(self) -> FrozenBackbone:
+        return self.inputs.backbone
+
+    @property
+    def eval_tf(self) -> TransformSpec:
+        return self.inputs.eval_tf
+
+    @property
+    def train_tf(self) -> TransformSpec:
+        return self.inputs.train_tf
+
+    @property
+    def precision(self) -> Precision:
+        return self.inputs.precision
 
     def split(self, which: str, indices: np.ndarray) -> Split:
         from clbench.strategy import Split
@@ -393,137 +350,61 @@ class PreparedRun:
             yield TaskAndTest(task, self.split("test", seen), task_of[self.bench.test_y[seen]])
 
 
-def resolve(cfg: RunConfig) -> tuple[type[Strategy], BenchmarkSpec, str, list[str], Any]:
-    """Check every name and setting of ``cfg`` (cheap; nothing is loaded). Raises ClbenchError."""
-    check_settings({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # also set by RunConfig
-    strategy_cls = STRATEGIES.get(cfg.strategy)
-    spec = BENCHMARKS.get(cfg.bench)
-    backbone_name = BACKBONES.check(spec.backbone if cfg.backbone is None else cfg.backbone)
-    protocols = _protocols(cfg, strategy_cls)
-    strategy_cfg = make_strategy_config(strategy_cls, cfg.profile, cfg.overrides)
-    if strategy_cls.needs_vit and BACKBONES.get(backbone_name).family != "vit":
-        vits = [n for n in BACKBONES.names() if BACKBONES.get(n).family == "vit"]
-        raise ClbenchError(
-            f"{strategy_cls.name} enters the transformer's layers and needs a ViT backbone; {backbone_name} is not one",
-            f"choose one of: {', '.join(vits)}",
-        )
-    device = resolve_device(cfg.device)
-    check_precision(cfg.precision)
-    if cfg.precision != "auto":  # a forced precision the device cannot run fails here, before anything loads
-        choose_precision(cfg.precision, device.type)
-    return strategy_cls, spec, backbone_name, protocols, strategy_cfg
-
-
-def frozen_inputs(
-    cfg: RunConfig, spec: BenchmarkSpec, backbone_name: str, strategy_cls: type[Strategy], device: torch.device
-) -> tuple[FrozenBackbone, TransformSpec, TransformSpec]:
-    """The frozen backbone on ``device`` and the (eval, train) :class:`~clbench.transforms.TransformSpec` of a run:
-    input size from ``cfg.img_size``, else the profile's, else the benchmark's; the benchmark's resize/crop scaled
-    to it; the benchmark's normalisation unless ``cfg.normalize`` says otherwise. :func:`prepare` and
-    :class:`clbench.avalanche_api.ClbenchStrategy` both build their inputs here, so they see the same pixels."""
-    from clbench.backbones import load_backbone
-    from clbench.transforms import TransformSpec
-
-    img_size = run_level(strategy_cls, cfg.profile, cfg.img_size, "img_size")
-    img_size = spec.img_size if img_size is None else img_size
-    backbone = load_backbone(backbone_name, cfg.weights, img_size, seed=cfg.seed).to(device)
-    normalize = spec.normalize if cfg.normalize is None else cfg.normalize
-    mean, std = (backbone.mean, backbone.std) if normalize else (None, None)
-    img = backbone.img_size
-    resize = round(spec.resize * img / spec.img_size) if spec.resize else None
-    return backbone, TransformSpec(img, resize, mean, std), TransformSpec(img, resize, mean, std, train=True)
-
-
-def feature_key(
-    backbone_name: str,
-    backbone: FrozenBackbone,
-    bench: str,
-    split: str,
-    data: str,
-    eval_tf: TransformSpec,
-    precision: str,
-    device: torch.device,
-) -> str:
-    """The feature-cache key of one set of images (``data``: their content fingerprint) under ``eval_tf``."""
-    from clbench.features import cache_key
-
-    return cache_key(
-        backbone=backbone_name,
-        digest=backbone.digest,
-        bench=bench,
-        split=split,
-        data=data,
-        transform=eval_tf.identity(),
-        precision=precision,
-        device=device.type,
-    )
-
-
-def prepare(cfg: RunConfig, reporter: Reporter | None = None, precision: Precision | None = None) -> PreparedRun:
-    """Resolve every name, load the benchmark and backbone, compute (or load) the frozen features once, and
-    build the strategy. Raises ClbenchError for any bad input before anything long starts. ``precision``: the one
-    to use instead of resolving ``cfg.precision`` (a resumed run keeps the precision it started with)."""
+def prepare(
+    run: ResolvedRun | RunConfig, reporter: Reporter | None = None, precision: Precision | None = None
+) -> PreparedRun:
+    """Load the benchmark and the frozen inputs of a resolved run (a RunConfig is resolved first), compute (or
+    load) the frozen features once, and build the strategy. ``precision``: the one to use instead of resolving the
+    request (a resumed run keeps the precision it started with)."""
     from clbench.benchmarks import build_benchmark
+    from clbench.checkpoint import capture_rng
     from clbench.features import FeatureCache, extract
-    from clbench.precision import for_backbone as precision_for_backbone
     from clbench.strategy import Context
 
+    resolved = run if isinstance(run, ResolvedRun) else resolve(run)
+    cfg, spec, device = resolved.config, resolved.spec, resolved.device
     rep = reporter or Reporter()
-    strategy_cls, spec, backbone_name, protocols, strategy_cfg = resolve(cfg)
-    device = resolve_device(cfg.device)
 
     rep.log(f"benchmark {spec.name}: loading")
-    bench = build_benchmark(
-        spec,
-        cfg.data_root,
-        run_level(strategy_cls, cfg.profile, cfg.init_cls, "init_cls"),
-        run_level(strategy_cls, cfg.profile, cfg.increment, "increment"),
-        cfg.class_order_seed,
-    )
-    rep.log(f"backbone {backbone_name} (weights: {cfg.weights})")
-    backbone, eval_tf, train_tf = frozen_inputs(cfg, spec, backbone_name, strategy_cls, device)
+    bench = build_benchmark(spec, cfg.data_root, resolved.init_cls, resolved.increment, cfg.class_order_seed)
+    rep.log(f"backbone {resolved.backbone_name} (weights: {cfg.weights})")
+    cache = FeatureCache(enabled=cfg.feature_cache, warn=lambda m: rep.log(f"warning: {m}"))
+    inputs = load_inputs(resolved, precision)
+    rep.log(f"precision {inputs.precision.name}: {inputs.precision.reason}")
 
     # Frozen features, once per image: cached across runs and strategies.
     t0 = time.perf_counter()
-    cache = FeatureCache(enabled=cfg.feature_cache, warn=lambda m: rep.log(f"warning: {m}"))
-    precision = precision or precision_for_backbone(backbone, device, cfg.precision, use_cache=cfg.feature_cache)
-    rep.log(f"precision {precision.name}: {precision.reason}")
     feats: dict[str, torch.Tensor] = {}
     for split_name, source in (("train", bench.train), ("test", bench.test)):
-        key = feature_key(
-            backbone_name, backbone, spec.name, split_name, source.fingerprint(), eval_tf, precision.name, device
-        )
+        key = feature_key(resolved, inputs, split_name, source.fingerprint())
 
         def compute(source=source, split_name=split_name):
             adv = rep.progress(f"features {split_name} ({len(source)} images)", len(source))
-            return extract(backbone, source, eval_tf.build(), device, precision.name, cfg.batch_size, progress=adv)
+            return extract(
+                inputs.backbone,
+                source,
+                inputs.eval_tf.build(),
+                device,
+                inputs.precision.name,
+                cfg.batch_size,
+                progress=adv,
+            )
 
         feats[split_name], hit = cache.get_or_compute(key, compute)
         rep.log(f"features {split_name}: {'cache hit' if hit else 'computed'} {tuple(feats[split_name].shape)}")
     t_features = time.perf_counter() - t0
 
     ctx = Context(
-        backbone=backbone, device=device, precision=precision.name, seed=cfg.seed, log=rep.log, progress=rep.progress
+        backbone=inputs.backbone,
+        device=device,
+        precision=inputs.precision.name,
+        seed=cfg.seed,
+        log=rep.log,
+        progress=rep.progress,
     )
-    from clbench.checkpoint import capture_rng
-
     rng_at_build = capture_rng()  # the under-training detector builds an untrained twin from the same states
-    strategy = strategy_cls(strategy_cfg, ctx)
-    return PreparedRun(
-        cfg,
-        spec,
-        bench,
-        backbone,
-        eval_tf,
-        train_tf,
-        precision,
-        feats,
-        cache.events,
-        t_features,
-        strategy,
-        protocols,
-        rng_at_build=rng_at_build,
-    )
+    strategy = resolved.strategy_cls(resolved.strategy_config, ctx)
+    return PreparedRun(resolved, inputs, bench, feats, cache.events, t_features, strategy, rng_at_build=rng_at_build)
 
 
 def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> RunRecord:
@@ -531,206 +412,256 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     record. An unfinished run in ``cfg.out`` with a checkpoint and the same settings is continued from its last
     finished task (``resume=True``: it must be). See :mod:`clbench.checkpoint`."""
     from clbench import checkpoint
-    from clbench.backbones import state_digest
-    from clbench.datacheck import check_before_run, check_loaded
-    from clbench.safestate import StateError
-    from clbench.weights.resolve import check_weights_file
 
     rep = reporter or Reporter()
     t_start = time.perf_counter()
-    _, _, backbone_name, _, _ = resolve(cfg)  # every bad name or setting fails here, before a run folder is made
+    resolved = resolve(cfg)  # every bad name or setting fails here, before a run folder is made
+    run_dir, data_problems = _claim_run_folder(resolved, resume)
+    caller_rng = checkpoint.capture_rng()
+    reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
+    try:
+        ckpt = run_dir.resumable(resolved.fingerprint, required=resume)
+        if ckpt is None:
+            run_dir.start_afresh()
+        torch.manual_seed(cfg.seed)  # the run owns the seed; strategies draw from ctx.generator()
+        session = prepare(resolved, rep, precision=_precision_started_with(cfg, ckpt))
+        _note_data_problems(session, data_problems, rep)
+        check_free_space(run_dir.path, estimate_run_bytes(session), "out", "the record, checkpoint and features")
+        state = _RunState(session, t_start)
+        if ckpt is not None:
+            state.restore(ckpt, run_dir, rep)
+        rep.run_started(state.run_start(run_dir.path))
+        for step in session.tasks():
+            if step.task.id < state.done:  # learnt before the checkpoint; its RNG state is the one after task done - 1
+                if step.task.id == state.done - 1:
+                    checkpoint.restore_rng(ckpt.rng)
+                continue
+            _learn_and_evaluate(session, step, state, rep)
+            _save_progress(state, run_dir)
+        return _finish(state, run_dir, rep)
+    finally:
+        checkpoint.restore_rng(caller_rng)
+        run_dir.release()
+
+
+def _claim_run_folder(resolved: ResolvedRun, resume: bool) -> tuple[RunDir, list[str]]:
+    """The run's folder, checked and locked, and the data problems found before anything loads (as `clbench data
+    check`; refused unless ignore_data_problems)."""
+    from clbench.datacheck import check_before_run
+    from clbench.weights.resolve import check_weights_file
+
+    cfg = resolved.config
     if resume and cfg.overwrite:
         raise ClbenchError(RESUME_AND_OVERWRITE)
     out = Path(cfg.out) if cfg.out is not None else default_run_dir(cfg)
     check_folder(out, "out")
     check_weights_file(cfg.weights)
-    data_problems = check_before_run(cfg.bench, cfg.data_root, cfg.ignore_data_problems)  # as `clbench data check`
-    run_dir = RunDir(out, cfg.overwrite)
-    caller_rng = checkpoint.capture_rng()
-    reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
-    try:
-        settings_fp, revision = fingerprint(cfg, backbone_name), git_revision()
-        ckpt = run_dir.resumable(settings_fp, required=resume)
-        if ckpt is None:
-            (run_dir.path / RESULT_FILE).unlink(missing_ok=True)
-            (run_dir.path / PREDICTIONS_FILE).unlink(missing_ok=True)
-        torch.manual_seed(cfg.seed)  # the run owns the seed; strategies draw from ctx.generator()
-        started_at = None  # --precision auto: a resumed run keeps the precision auto chose when it started
-        if ckpt is not None and cfg.precision == "auto" and ckpt.precision is not None:
-            started_at = Precision(ckpt.precision, ckpt.precision_reason or "auto, when the run started")
-        session = prepare(cfg, rep, precision=started_at)
-        session.data_problems = data_problems + check_loaded(session.bench, cfg.ignore_data_problems)
-        for problem in session.data_problems:
-            rep.log(f"warning: data problem, run anyway (ignore_data_problems): {problem}")
-        check_free_space(run_dir.path, estimate_run_bytes(session), "out", "the record, checkpoint and features")
-        strategy, bench, protocols = session.strategy, session.bench, session.protocols
-        logs = {p: _ProtocolLog() for p in protocols}
-        per_task: list[TaskEntry] = []
-        done, resumed_from, cache_events = 0, [], list(session.cache_events)
-        before = {"features": 0.0, "train": 0.0, "eval": 0.0, "checkpoint": 0.0, "total": 0.0}  # earlier segments
-        peak_before = 0.0
-        if ckpt is not None:
-            checkpoint.check_inputs(
-                ckpt,
-                run_dir.checkpoint_path,
-                session.backbone.digest,
-                session.precision.name,
-                session.precision.reason,
-                checkpoint.data_identity(session.bench),
-            )
-            if ckpt.git_revision != revision:
-                rep.log(f"note: the checkpoint was written by code at {ckpt.git_revision}, now {revision}")
-            try:
-                strategy.restore_state(ckpt.strategy)
-                logs = {p: _ProtocolLog(**ckpt.logs[p]) for p in protocols}
-                before = {k: float(ckpt.times[k]) for k in before}
-            except (StateError, KeyError, TypeError) as e:
-                raise ClbenchError(
-                    f"{run_dir.checkpoint_path} does not hold a {cfg.strategy} run's state ({type(e).__name__}: "
-                    f"{str(e)[:200]})",
-                    f"pass {OVERWRITE} to start the run over",
-                ) from None
-            per_task, done = [TaskEntry.from_dict(t) for t in ckpt.per_task], ckpt.tasks_done
-            resumed_from = [*ckpt.resumed_from_task, done]
-            cache_events = [*ckpt.feature_cache, *cache_events]
-            peak_before = ckpt.peak_rss_mb
-            rep.log(f"continuing {run_dir.path} after task {done}/{bench.n_tasks} (from its checkpoint)")
-        t_train = t_eval = t_ckpt = 0.0
-        rep.run_started(
-            RunStart(
-                run_dir.path,
-                cfg,
-                settings_fp,
-                dataclasses.asdict(strategy.cfg),
-                backbone_name,
-                session.backbone.digest,
-                session.precision.name,
-                revision,
-            )
+    data_problems = check_before_run(cfg.bench, cfg.data_root, cfg.ignore_data_problems)
+    return RunDir(out, cfg.overwrite), data_problems
+
+
+def _precision_started_with(cfg: RunConfig, ckpt: Checkpoint | None) -> Precision | None:
+    """--precision auto: a resumed run keeps the precision auto chose when it started (None: resolve it now)."""
+    if ckpt is not None and cfg.precision == "auto" and ckpt.precision is not None:
+        return Precision(ckpt.precision, ckpt.precision_reason or "auto, when the run started")
+    return None
+
+
+def _note_data_problems(session: PreparedRun, before_loading: list[str], rep: Reporter) -> None:
+    from clbench.datacheck import check_loaded
+
+    session.data_problems = before_loading + check_loaded(session.bench, session.cfg.ignore_data_problems)
+    for problem in session.data_problems:
+        rep.log(f"warning: data problem, run anyway (ignore_data_problems): {problem}")
+
+
+TIME_KEYS = ("features", "train", "eval", "checkpoint", "total")
+
+
+class _RunState:
+    """What a run has done so far: restored from its checkpoint when it continues, saved in it after every task."""
+
+    def __init__(self, session: PreparedRun, t_start: float) -> None:
+        self.session, self.t_start, self.revision = session, t_start, git_revision()
+        self.logs = {p: _ProtocolLog() for p in session.protocols}  # protocol -> its matrices and predictions
+        self.per_task: list[TaskEntry] = []
+        self.done = 0  # tasks learnt and evaluated
+        self.resumed_from: list[int] = []  # tasks_done at each resume from a checkpoint
+        self.cache_events = list(session.cache_events)
+        self.before = dict.fromkeys(TIME_KEYS, 0.0)  # times of earlier segments of the run
+        self.peak_before = 0.0  # peak memory of earlier segments, MB
+        self.t_train = self.t_eval = self.t_ckpt = 0.0
+
+    def restore(self, ckpt: Checkpoint, run_dir: RunDir, rep: Reporter) -> None:
+        """Continue from ``ckpt``, once its inputs (backbone, precision, data) are checked to be this run's."""
+        from clbench import checkpoint
+        from clbench.safestate import StateError
+
+        session = self.session
+        checkpoint.check_inputs(
+            ckpt,
+            run_dir.checkpoint_path,
+            session.backbone.digest,
+            session.precision.name,
+            session.precision.reason,
+            checkpoint.data_identity(session.bench),
+        )
+        if ckpt.git_revision != self.revision:
+            rep.log(f"note: the checkpoint was written by code at {ckpt.git_revision}, now {self.revision}")
+        try:
+            session.strategy.restore_state(ckpt.strategy)
+            self.logs = {p: _ProtocolLog(**ckpt.logs[p]) for p in session.protocols}
+            self.before = {k: float(ckpt.times[k]) for k in self.before}
+        except (StateError, KeyError, TypeError) as e:
+            raise ClbenchError(
+                f"{run_dir.checkpoint_path} does not hold a {session.cfg.strategy} run's state ({type(e).__name__}: "
+                f"{str(e)[:200]})",
+                f"pass {OVERWRITE} to start the run over",
+            ) from None
+        self.per_task, self.done = [TaskEntry.from_dict(t) for t in ckpt.per_task], ckpt.tasks_done
+        self.resumed_from = [*ckpt.resumed_from_task, self.done]
+        self.cache_events = [*ckpt.feature_cache, *self.cache_events]
+        self.peak_before = ckpt.peak_rss_mb
+        rep.log(f"continuing {run_dir.path} after task {self.done}/{session.bench.n_tasks} (from its checkpoint)")
+
+    def run_start(self, run_path: Path) -> RunStart:
+        s = self.session
+        return RunStart(
+            run_path,
+            s.cfg,
+            s.resolved.fingerprint,
+            dataclasses.asdict(s.strategy.cfg),
+            s.resolved.backbone_name,
+            s.backbone.digest,
+            s.precision.name,
+            self.revision,
         )
 
-        def times() -> dict[str, float]:
-            return {
-                "features": before["features"] + session.t_features,
-                "train": before["train"] + t_train,
-                "eval": before["eval"] + t_eval,
-                "checkpoint": before["checkpoint"] + t_ckpt,
-                "total": before["total"] + time.perf_counter() - t_start,
-            }
+    def times(self) -> dict[str, float]:
+        return {
+            "features": self.before["features"] + self.session.t_features,
+            "train": self.before["train"] + self.t_train,
+            "eval": self.before["eval"] + self.t_eval,
+            "checkpoint": self.before["checkpoint"] + self.t_ckpt,
+            "total": self.before["total"] + time.perf_counter() - self.t_start,
+        }
 
-        for step in session.tasks():
-            task, t = step.task, step.task.id
-            if t < done:  # learnt before the checkpoint; its RNG state is the one after task done - 1
-                if t == done - 1:
-                    checkpoint.restore_rng(ckpt.rng)
-                continue
-            rep.log(
-                f"task {t + 1}/{bench.n_tasks}: classes {task.classes[0]}..{task.classes[-1]} "
-                f"({len(task.train)} images)"
-            )
-            rng_before_task = checkpoint.capture_rng() if t == 0 else None
-            t0 = time.perf_counter()
-            with TrainingTrace.active() as trace:  # losses and parameter movement, for the record
-                strategy.learn_task(task)
-            dt_train = time.perf_counter() - t0
-            trained_change = trace.relative_change()
-            t_train += dt_train
+    def peak_rss_mb(self) -> float:
+        """Peak memory over every segment of the run, MB."""
+        return max(self.peak_before, peak_rss_mb())
 
-            t0 = time.perf_counter()
-            y = step.test.labels.numpy()
-            first_logits = None
-            for p in protocols:
-                logits = strategy.predict(step.test, p)
-                if logits.shape != (len(y), task.n_seen):
-                    raise RuntimeError(
-                        f"{cfg.strategy}.predict returned {tuple(logits.shape)}, expected {(len(y), task.n_seen)}"
-                    )
-                if not torch.isfinite(logits).all():
-                    raise ClbenchError(f"{cfg.strategy} produced NaN/inf logits after task {t}")
-                logs[p].add(logits, y, step.sample_task, t, step.test.indices)
-                first_logits = logits if first_logits is None else first_logits
-            diagnostics = strategy.diagnostics(step.test, step.sample_task)
-            if training := trace.summary():
-                diagnostics = {**diagnostics, "training": training}
-            reset = None  # the first task only: does training change what the strategy predicts?
-            if t == 0 and trained_change is not None:
-                reset = training_check.reset_share(
-                    strategy, task, step.test, protocols[0], first_logits, session.rng_at_build, rng_before_task
-                )
-            dt_eval = time.perf_counter() - t0
-            t_eval += dt_eval
-            per_task.append(TaskEntry(t, task.classes, dt_train, diagnostics, dt_eval, trained_change, reset))
-            main = logs[protocols[0]]
-            rep.log(f"  A_{t + 1} = {main.curve[-1]:.2f}%  (old {main.old[-1]:.2f}, new {main.new[-1]:.2f})")
-            rep.task_done(t, main.summary(), per_task[-1], max(peak_before, peak_rss_mb()))
-
-            t0 = time.perf_counter()  # the checkpoint first: a record never claims more than it holds
-            checkpoint.save(
-                run_dir.checkpoint_path,
-                checkpoint.Checkpoint(
-                    config=dataclasses.asdict(cfg),
-                    fingerprint=settings_fp,
-                    backbone_digest=session.backbone.digest,
-                    precision=session.precision.name,
-                    precision_reason=session.precision.reason,
-                    data=checkpoint.data_identity(session.bench),
-                    tasks_done=t + 1,
-                    strategy=strategy.save_state(),
-                    rng=checkpoint.capture_rng(),
-                    logs={p: dataclasses.asdict(log) for p, log in logs.items()},
-                    per_task=[e.to_dict() for e in per_task],
-                    times=times(),
-                    peak_rss_mb=max(peak_before, peak_rss_mb()),
-                    resumed_from_task=resumed_from,
-                    feature_cache=cache_events,
-                    git_revision=revision,
-                ),
-            )
-            t_ckpt += time.perf_counter() - t0
-            preds = _predictions(session, logs)
-            record = _record(
-                cfg,
-                session,
-                logs,
-                per_task,
-                run_dir.path,
-                times(),
-                complete=False,
-                resumed_from_task=resumed_from,
-                cache_events=cache_events,
-                fingerprint=settings_fp,
-                preds=preds,
-            )
-            record.peak_rss_mb = max(peak_before, record.peak_rss_mb)  # over every segment of the run
-            _write_record(record, run_dir.path, preds)
-
-        if state_digest(session.backbone.model) != session.backbone.digest:
-            raise RuntimeError(f"{cfg.strategy} changed the frozen backbone's weights; the run is not valid")
-        if cfg.save_features:
-            _save_features(run_dir.path, session, strategy)
-        preds = _predictions(session, logs)
+    def record(self, run_path: Path, complete: bool, preds: Predictions | None) -> RunRecord:
         record = _record(
-            cfg,
-            session,
-            logs,
-            per_task,
-            run_dir.path,
-            times(),
-            complete=True,
-            resumed_from_task=resumed_from,
-            cache_events=cache_events,
-            fingerprint=settings_fp,
+            self.session.cfg,
+            self.session,
+            self.logs,
+            self.per_task,
+            run_path,
+            self.times(),
+            complete=complete,
+            resumed_from_task=self.resumed_from,
+            cache_events=self.cache_events,
+            fingerprint=self.session.resolved.fingerprint,
             preds=preds,
         )
-        record.peak_rss_mb = max(peak_before, record.peak_rss_mb)
-        record.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        rep.run_finished(record, run_dir.path)
-        _write_record(record, run_dir.path, preds)
-        run_dir.checkpoint_path.unlink(missing_ok=True)  # the record is complete; nothing is left to continue
+        record.peak_rss_mb = max(self.peak_before, record.peak_rss_mb)  # over every segment of the run
         return record
-    finally:
-        checkpoint.restore_rng(caller_rng)
-        run_dir.release()
+
+
+def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunState, rep: Reporter) -> None:
+    """Learn one task, then evaluate on every seen class under each protocol; the task's entry joins ``state``."""
+    strategy, task, t, protocols = session.strategy, step.task, step.task.id, session.protocols
+    rep.log(
+        f"task {t + 1}/{session.bench.n_tasks}: classes {task.classes[0]}..{task.classes[-1]} "
+        f"({len(task.train)} images)"
+    )
+    from clbench.checkpoint import capture_rng
+
+    rng_before_task = capture_rng() if t == 0 else None
+    t0 = time.perf_counter()
+    with TrainingTrace.active() as trace:  # losses and parameter movement, for the record
+        strategy.learn_task(task)
+    dt_train = time.perf_counter() - t0
+    trained_change = trace.relative_change()
+    state.t_train += dt_train
+
+    t0 = time.perf_counter()
+    y = step.test.labels.numpy()
+    first_logits = None
+    for p in protocols:
+        logits = strategy.predict(step.test, p)
+        if logits.shape != (len(y), task.n_seen):
+            raise RuntimeError(
+                f"{session.cfg.strategy}.predict returned {tuple(logits.shape)}, expected {(len(y), task.n_seen)}"
+            )
+        if not torch.isfinite(logits).all():
+            raise ClbenchError(f"{session.cfg.strategy} produced NaN/inf logits after task {t}")
+        state.logs[p].add(logits, y, step.sample_task, t, step.test.indices)
+        first_logits = logits if first_logits is None else first_logits
+    diagnostics = strategy.diagnostics(step.test, step.sample_task)
+    if training := trace.summary():
+        diagnostics = {**diagnostics, "training": training}
+    reset = None  # the first task only: does training change what the strategy predicts?
+    if t == 0 and trained_change is not None:
+        reset = training_check.reset_share(
+            strategy, task, step.test, protocols[0], first_logits, session.rng_at_build, rng_before_task
+        )
+    dt_eval = time.perf_counter() - t0
+    state.t_eval += dt_eval
+    state.per_task.append(TaskEntry(t, task.classes, dt_train, diagnostics, dt_eval, trained_change, reset))
+    state.done = t + 1
+    main = state.logs[protocols[0]]
+    rep.log(f"  A_{t + 1} = {main.curve[-1]:.2f}%  (old {main.old[-1]:.2f}, new {main.new[-1]:.2f})")
+    rep.task_done(t, main.summary(), state.per_task[-1], state.peak_rss_mb())
+
+
+def _save_progress(state: _RunState, run_dir: RunDir) -> None:
+    """The checkpoint, then the (unfinished) record: a record never claims more than the checkpoint holds."""
+    from clbench import checkpoint
+
+    session = state.session
+    t0 = time.perf_counter()
+    checkpoint.save(
+        run_dir.checkpoint_path,
+        checkpoint.Checkpoint(
+            config=dataclasses.asdict(session.cfg),
+            fingerprint=session.resolved.fingerprint,
+            backbone_digest=session.backbone.digest,
+            precision=session.precision.name,
+            precision_reason=session.precision.reason,
+            data=checkpoint.data_identity(session.bench),
+            tasks_done=state.done,
+            strategy=session.strategy.save_state(),
+            rng=checkpoint.capture_rng(),
+            logs={p: dataclasses.asdict(log) for p, log in state.logs.items()},
+            per_task=[e.to_dict() for e in state.per_task],
+            times=state.times(),
+            peak_rss_mb=state.peak_rss_mb(),
+            resumed_from_task=state.resumed_from,
+            feature_cache=state.cache_events,
+            git_revision=state.revision,
+        ),
+    )
+    state.t_ckpt += time.perf_counter() - t0
+    preds = _predictions(session, state.logs)
+    _write_record(state.record(run_dir.path, complete=False, preds=preds), run_dir.path, preds)
+
+
+def _finish(state: _RunState, run_dir: RunDir, rep: Reporter) -> RunRecord:
+    """Check the backbone is untouched, write the features and the complete record, drop the checkpoint."""
+    from clbench.backbones import state_digest
+
+    session = state.session
+    if state_digest(session.backbone.model) != session.backbone.digest:
+        raise RuntimeError(f"{session.cfg.strategy} changed the frozen backbone's weights; the run is not valid")
+    _save_features(run_dir.path, session, session.strategy)
+    preds = _predictions(session, state.logs)
+    record = state.record(run_dir.path, complete=True, preds=preds)
+    record.finished = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    rep.run_finished(record, run_dir.path)
+    _write_record(record, run_dir.path, preds)
+    run_dir.checkpoint_path.unlink(missing_ok=True)  # the record is complete; nothing is left to continue
+    return record
 
 
 def host_info() -> Host:

@@ -114,7 +114,7 @@ class LogSpec:
         """Checked and resolved on the machine where the command was given: names, installation, folders."""
         trackers = parse_trackers(log)
         if log_dir is not None:
-            from clbench.harness import check_folder
+            from clbench.rundir import check_folder
 
             check_folder(Path(log_dir), "log_dir")
             log_dir = str(Path(log_dir).expanduser().resolve())

@@ -62,7 +62,7 @@ def _avalanche_run(strategy, benchmark) -> dict:
 def _cli_record(tmp_path: Path, method: str, **kw) -> RunRecord:
     from clbench.harness import RunConfig, run
 
-    return run(RunConfig(strategy=method, out=str(tmp_path / f"cli-{method}"), save_features=False, **kw))
+    return run(RunConfig(strategy=method, out=str(tmp_path / f"cli-{method}"), **kw))
 
 
 def _assert_same(mine: dict, record: RunRecord) -> None:

@@ -56,7 +56,6 @@ def test_same_seed_same_matrix(strategy_name, tmp_path):
         init_cls=18,
         increment=9,
         overrides=_overrides(strategy_name),
-        save_features=False,
     )
     a = run(RunConfig(**cfg, out=str(tmp_path / "a")))
     b = run(RunConfig(**cfg, out=str(tmp_path / "b")))

@@ -177,7 +177,6 @@ def test_projection_check_reads_any_strategys_record(tmp_path):
         "weights": "random",
         "init_cls": 18,
         "increment": 9,
-        "save_features": False,
     }
     rec = run(RunConfig(strategy="tosca", overrides=(("epochs", "2"),), out=str(tmp_path / "t"), **common))
     n_train, n_test = rec.n_images["train"], rec.n_images["test"]  # 2,320 and 942 on the embedded benchmark

@@ -498,30 +498,6 @@ def test_data_check_and_run_agree(tmp_path, capsys):
     assert check_data("folder", clean).ok and check_before_run("folder", str(clean), ignore=False) == []
 
 
-def test_python_api_validates_as_the_cli(tmp_path):
-    from clbench.config import RunConfig
-    from clbench.errors import ClbenchError
-    from clbench.harness import RunConfig as FromHarness
-
-    assert FromHarness is RunConfig
-    for bad, needle in (
-        (dict(increment=0), r"^increment must be >= 1 .*\(got 0\)"),
-        (dict(seed=2**64), "^seed"),
-        (dict(img_size=0), r"^img_size must be .*\(got 0\)"),
-        (dict(batch_size=True), "expected an integer"),
-        (dict(seed="7"), "expected an integer"),
-        (dict(device="tpu"), "valid devices"),
-    ):
-        with pytest.raises(ClbenchError, match=needle) as e:
-            RunConfig(strategy="simplecil", **bad)
-        # the Python API names the setting as written in Python; the CLI renders it as the flag, same wording
-        name = next(iter(bad))
-        assert str(e.value).startswith(name) and e.value.settings == [name], str(e.value)
-        assert e.value.render(as_flags=True).startswith("--" + name.replace("_", "-"))
-    cfg = RunConfig(strategy="simplecil", init_cls=None, increment=None)  # None: not given
-    assert cfg.increment is None
-
-
 def test_hub_without_network_fails_at_once(tmp_path, monkeypatch):
     """No hub reachable (an endpoint nothing listens on, offline mode off): one message within seconds, not a
     minute of retries."""
@@ -1062,12 +1038,3 @@ def test_bounded_json_depth_ignores_brackets_in_strings(tmp_path):
     (tmp_path / "deep.json").write_text('{"a":' * 65 + "1" + "}" * 65)
     with pytest.raises(ClbenchError, match="nested more than 64 levels"):
         load_json(tmp_path / "deep.json", "record")
-
-
-def test_a_sweep_run_folder_is_a_run_folder():
-    """A sweep worker writes its attempt file (and log) before the run takes the lock: the folder is still one
-    ``--out`` accepts."""
-    from clbench.harness import RUN_FOLDER_MARKS
-    from clbench.sweep.plan import ATTEMPT_FILE
-
-    assert ATTEMPT_FILE in RUN_FOLDER_MARKS

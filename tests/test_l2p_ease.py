@@ -238,7 +238,6 @@ def test_end_to_end_through_the_harness(tmp_path, method, protocol):
             device="cpu",
             precision="fp32",
             protocol=protocol,
-            save_features=False,
             overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64")),
         )
     )
@@ -275,7 +274,6 @@ def test_quick_profile_on_the_embedded_benchmark_with_the_offline_vit(tmp_path, 
             weights="offline",
             out=str(tmp_path / method),
             protocol="both" if method == "l2p" else "per-sample",
-            save_features=False,
         )
     )
     assert record.complete and record.img_size == 112 and len(record.acc_curve) == 6

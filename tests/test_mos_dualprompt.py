@@ -425,7 +425,6 @@ def test_end_to_end_both_protocols_through_the_harness(tmp_path, method):
             device="cpu",
             precision="fp32",
             protocol="both",
-            save_features=False,
             overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64")),
         )
     )
@@ -460,7 +459,6 @@ def test_quick_profile_beats_random_weights_on_the_embedded_benchmark(tmp_path, 
                 weights=w,
                 out=str(tmp_path / w),
                 precision="fp32",
-                save_features=False,
             )
         )
         for w in ("offline", "random")

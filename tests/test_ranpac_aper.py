@@ -345,7 +345,6 @@ def test_param_formula_equals_the_counts_after_a_real_run(tmp_path, strategy, ov
             overrides=(("epochs", "1"), *overrides),
             precision="fp32",
             out=str(tmp_path / strategy),
-            save_features=False,
         )
     )
     from clbench.catalog import STRATEGIES
@@ -422,7 +421,6 @@ def test_ci_profile_beats_a_random_weights_copy_of_the_backbone(tmp_path, strate
                 weights=weights,
                 precision="fp32",
                 out=str(tmp_path / weights),
-                save_features=False,
             )
         )
         assert record.complete and record.task_sizes == [12, 12, 12]

@@ -223,7 +223,6 @@ def test_the_harness_returns_the_record_it_wrote(tmp_path):
             init_cls=18,
             increment=18,
             precision="fp32",
-            save_features=False,
             out=str(tmp_path / "run"),
         )
     )

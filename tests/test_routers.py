@@ -248,7 +248,6 @@ def test_routing_study_tables_come_from_the_record(tmp_path):
             bench="emoji",
             backbone="vit_micro",
             weights="random",
-            save_features=False,
             overrides=(("epochs", "2"), ("routers", "prototype,energy")),
             out=str(tmp_path / "run"),
         )

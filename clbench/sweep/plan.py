@@ -112,7 +112,6 @@ def parse_data_roots(values: Sequence[str], benches: Sequence[str]) -> dict[str 
 def make_plan(spec: SweepSpec) -> list[PlannedRun]:
     """Every run of the sweep, each checked (names, settings) before anything is loaded."""
     from clbench.catalog import STRATEGIES
-    from clbench.config import fingerprint
     from clbench.harness import resolve
 
     for scope, key, _ in spec.overrides:
@@ -143,7 +142,7 @@ def make_plan(spec: SweepSpec) -> list[PlannedRun]:
                     **settings,
                 )
                 try:
-                    _, _, backbone, _, _ = resolve(cfg)
+                    resolved = resolve(cfg)
                 except ClbenchError as e:
                     if any(s is None for s, _, _ in spec.overrides) and "has no setting" in str(e):
                         raise ClbenchError(
@@ -152,7 +151,7 @@ def make_plan(spec: SweepSpec) -> list[PlannedRun]:
                             e.flags,
                         ) from None
                     raise
-                plan.append(PlannedRun(run_id, cfg, fingerprint(cfg, backbone)))
+                plan.append(PlannedRun(run_id, cfg, resolved.fingerprint))
     return plan
 
 

@@ -122,7 +122,7 @@ def run_sweep(
         raise ClbenchError(f"--backend {backend_name!r} is unknown; valid backends: {', '.join(BACKENDS)}")
     if backend_name == "local" and ray_address:
         raise ClbenchError("--ray-address is for --backend ray", "add --backend ray, or drop --ray-address")
-    from clbench.harness import check_folder
+    from clbench.rundir import check_folder
 
     check_folder(spec.out, "out")
     if cache is not None:

@@ -1,0 +1,147 @@
+"""clbench.config: every run setting declared once (default, check, flag, help), validated the same from Python and
+the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from clbench import config
+from clbench.cli import build_parser, main
+
+# `clbench run` and `clbench sweep` flags before the parser was generated from RunConfig (flag, dest), in order.
+RUN_FLAGS_BEFORE = {
+    "--strategy", "--bench", "--data-root", "--seed", "--backbone", "--weights", "--init-cls", "--increment",
+    "--class-order-seed", "--device", "--precision", "--autocast", "--no-autocast", "--protocol", "--profile",
+    "--img-size", "--normalize", "--no-normalize", "--batch-size", "--no-feature-cache", "--ignore-data-problems",
+    "--config", "--log", "--log-dir", "--set", "--out", "--overwrite", "--resume", "--trust-checkpoint", "-h",
+    "--help",
+}  # fmt: skip
+SWEEP_FLAGS_BEFORE = {
+    "--strategies", "--benches", "--seeds", "--vary", "--seed", "--out", "--data-root", "--set", "--backbone",
+    "--weights", "--init-cls", "--increment", "--class-order-seed", "--device", "--precision", "--autocast",
+    "--no-autocast", "--protocol", "--profile", "--img-size", "--normalize", "--no-normalize", "--batch-size",
+    "--no-feature-cache", "--ignore-data-problems", "--config", "--log", "--log-dir", "--backend", "--jobs",
+    "--cpus-per-run", "--gpus-per-run", "--memory-per-run", "--ray-address", "--ray-timeout", "--retries", "--cache",
+    "--report", "--no-report", "--tsne", "--no-tsne", "--dry-run", "-h", "--help",
+}  # fmt: skip
+
+
+def _options(command: str) -> dict[str, object]:
+    return {o: a for a in build_parser().commands[command]._actions for o in a.option_strings}
+
+
+def test_the_generated_parser_has_the_flags_it_had():
+    run, sweep = _options("run"), _options("sweep")
+    assert set(run) == RUN_FLAGS_BEFORE
+    assert set(sweep) == SWEEP_FLAGS_BEFORE
+    # defaults, types, choices and aliases as they were written by hand
+    assert run["--seed"].default == 1993 and run["--seed"].type is int
+    assert run["--class-order-seed"].default == 1993 and run["--batch-size"].default == 64
+    assert run["--bench"].default == "emoji" and run["--weights"].default == "auto"
+    assert run["--init-cls"].default is None and run["--img-size"].type is int
+    assert list(run["--device"].choices) == ["auto", "cpu", "cuda"]
+    assert list(run["--precision"].choices) == ["auto", "fp32", "bf16", "fp16"]
+    assert run["--protocol"].choices is None  # refused by RunConfig, with its own message
+    assert (run["--autocast"].dest, run["--autocast"].const) == ("precision", "bf16")
+    assert (run["--no-autocast"].dest, run["--no-autocast"].const) == ("precision", "fp32")
+    assert run["--normalize"] is run["--no-normalize"] and run["--normalize"].default is None
+    assert (run["--no-feature-cache"].dest, run["--no-feature-cache"].default) == ("feature_cache", True)
+    assert sweep["--seed"].help.startswith("initialisation seed") and sweep["--seed"].default == 1993
+    assert sweep["--data-root"].default == [] and "--strategy" not in sweep
+
+
+def test_help_shows_the_defaults_from_the_fields(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in (
+        "seed of every RNG in the run (default: 1993)",
+        "feature-extraction batch (default: 64)",
+        "benchmark (default: emoji, embedded)",
+        "seed of the class-order permutation (default: 1993, the literature's order)",
+        "default: auto (GPU if present)",
+    ):
+        assert text in out
+
+
+def test_every_field_declares_its_check_and_help():
+    for f in dataclasses.fields(config.RunConfig):
+        if f.name == "overrides":  # --set: each command declares its own spelling
+            assert f.metadata["cli"] is None
+            continue
+        assert f.metadata["check"] is not None and f.metadata["cli"].help, f.name
+        assert config.RUN_SETTINGS[f.name].name == f.name
+
+
+def test_a_new_field_is_a_flag_with_no_other_edit(monkeypatch, capsys):
+    """One declaration: a field added to RunConfig (here a subclass patched in) is a `clbench run` and `clbench
+    sweep` flag with its help and default, and reaches the RunConfig `clbench run` builds."""
+    import clbench.harness  # noqa: F401  (imported before the patch: it binds RunConfig by name)
+
+    @dataclasses.dataclass(frozen=True)
+    class More(config.RunConfig):
+        train_per_class: int | None = config.run_field(
+            7, config.Number(int, 1, 100, meaning="training images per class"), config.Cli("images kept per class")
+        )
+
+    monkeypatch.setattr(config, "RunConfig", More)
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert "--train-per-class TRAIN_PER_CLASS" in out and "images kept per class" in out
+    assert _options("run")["--train-per-class"].default == 7
+    assert _options("sweep")["--train-per-class"].type is int
+    assert "train_per_class" in config.flag_fields("sweep")
+    with pytest.raises(config.ClbenchError, match="^train_per_class must be >= 1"):
+        More(strategy="simplecil", train_per_class=0)
+
+    seen = {}
+
+    def fake_run(cfg, observer, resume=False):
+        seen["cfg"] = cfg
+        raise config.ClbenchError("stop here")
+
+    monkeypatch.setattr("clbench.harness.run", fake_run)
+    assert main(["run", "--strategy", "simplecil", "--train-per-class", "3"]) == 2
+    assert isinstance(seen["cfg"], More) and seen["cfg"].train_per_class == 3
+    assert main(["run", "--strategy", "simplecil", "--train-per-class", "0"]) == 2
+    assert "--train-per-class must be >= 1" in capsys.readouterr().err
+
+
+def test_a_field_without_metadata_still_gets_a_flag():
+    @dataclasses.dataclass(frozen=True)
+    class Plain(config.RunConfig):
+        plain_setting: int = 3
+
+    import argparse
+
+    p = argparse.ArgumentParser()
+    config.add_run_flags(p, "run", Plain)
+    assert p.parse_args(["--plain-setting", "5"]).plain_setting == 5
+    assert p.parse_args([]).plain_setting == 3
+
+
+def test_python_api_validates_as_the_cli(tmp_path):
+    from clbench.config import RunConfig
+    from clbench.errors import ClbenchError
+    from clbench.harness import RunConfig as FromHarness
+
+    assert FromHarness is RunConfig
+    for bad, needle in (
+        (dict(increment=0), r"^increment must be >= 1 .*\(got 0\)"),
+        (dict(seed=2**64), "^seed"),
+        (dict(img_size=0), r"^img_size must be .*\(got 0\)"),
+        (dict(batch_size=True), "expected an integer"),
+        (dict(seed="7"), "expected an integer"),
+        (dict(device="tpu"), "valid devices"),
+    ):
+        with pytest.raises(ClbenchError, match=needle) as e:
+            RunConfig(strategy="simplecil", **bad)
+        # the Python API names the setting as written in Python; the CLI renders it as the flag, same wording
+        name = next(iter(bad))
+        assert str(e.value).startswith(name) and e.value.settings == [name], str(e.value)
+        assert e.value.render(as_flags=True).startswith("--" + name.replace("_", "-"))
+    cfg = RunConfig(strategy="simplecil", init_cls=None, increment=None)  # None: not given
+    assert cfg.increment is None

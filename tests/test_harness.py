@@ -1,0 +1,74 @@
+"""clbench.harness: a run is resolved once (:class:`ResolvedRun`), its inputs loaded once, and the task loop writes
+the same record as before."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from clbench import harness
+from clbench.config import RunConfig, fingerprint
+from clbench.errors import ClbenchError
+
+MICRO = dict(bench="emoji", backbone="vit_micro", weights="random", init_cls=18, increment=9)
+
+
+def test_resolve_decides_every_name_once():
+    r = harness.resolve(RunConfig(strategy="tosca", bench="emoji", device="cpu", protocol="both"))
+    assert isinstance(r, harness.ResolvedRun)
+    assert r.backbone_name == r.spec.backbone  # the benchmark's default, by name
+    assert r.protocols == ("per-sample", "reference") and r.device.type == "cpu"
+    assert r.img_size == r.spec.img_size and r.normalize == r.spec.normalize
+    assert r.init_cls is None and r.increment is None  # the benchmark's split
+    assert r.fingerprint == fingerprint(r.config, r.backbone_name)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.device = None  # type: ignore[misc]
+
+
+def test_resolve_takes_the_profiles_run_level_settings():
+    r = harness.resolve(RunConfig(strategy="aper", profile="ci"))  # ci: img_size 56, init_cls 12, increment 12
+    assert (r.img_size, r.init_cls, r.increment) == (56, 12, 12)
+    explicit = harness.resolve(RunConfig(strategy="aper", profile="ci", img_size=48, increment=5))
+    assert (explicit.img_size, explicit.init_cls, explicit.increment) == (48, 12, 5)  # explicit wins
+
+
+def test_resolve_refuses_before_anything_loads():
+    with pytest.raises(ClbenchError, match="has no 'reference' protocol|valid"):
+        harness.resolve(RunConfig(strategy="simplecil", protocol="reference", backbone="no_such_backbone"))
+
+
+def test_a_run_resolves_its_device_once_and_passes_the_resolution_on(tmp_path, monkeypatch):
+    calls = []
+    real = harness.resolve_device
+
+    def counting(name):
+        calls.append(name)
+        return real(name)
+
+    monkeypatch.setattr(harness, "resolve_device", counting)
+    prepared = []
+    real_prepare = harness.prepare
+
+    def spy(run, *a, **kw):
+        prepared.append(run)
+        return real_prepare(run, *a, **kw)
+
+    monkeypatch.setattr(harness, "prepare", spy)
+    cfg = RunConfig(strategy="simplecil", out=str(tmp_path / "run"), **MICRO)
+    record = harness.run(cfg)
+    assert calls == ["auto"]
+    assert len(prepared) == 1 and isinstance(prepared[0], harness.ResolvedRun) and prepared[0].config is cfg
+    assert record.complete and record.fingerprint == prepared[0].fingerprint
+    assert record.backbone == "vit_micro" and len(record.per_task) == record.n_classes // 9 - 1
+    assert (tmp_path / "run" / "features.npz").is_file()  # always written (the report's t-SNE figures read it)
+
+
+def test_prepare_takes_a_config_or_a_resolved_run(micro_session_factory):
+    session = micro_session_factory("simplecil")
+    assert isinstance(session.resolved, harness.ResolvedRun) and isinstance(session.inputs, harness.FrozenInputs)
+    assert session.backbone is session.inputs.backbone and session.protocols == ["per-sample"]
+    key = harness.feature_key(session.resolved, session.inputs, "test", session.bench.test.fingerprint())
+    assert isinstance(key, str) and key == harness.feature_key(
+        session.resolved, session.inputs, "test", session.bench.test.fingerprint()
+    )
