@@ -79,10 +79,8 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from baselines.l2p import LinearHead, select_prompts
 from clbench.blocks import (
     check_vit_blocks,
     first_per_class,
@@ -91,6 +89,8 @@ from clbench.blocks import (
     vit_tokens,
 )
 from clbench.errors import ClbenchError
+from clbench.layers.heads import LinearHead
+from clbench.layers.prompts import key_similarity, select_prompts
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -217,7 +217,7 @@ class Prompts(nn.Module):
 
     def similarity(self, query: torch.Tensor) -> torch.Tensor:
         """(B, d) queries -> (B, M) cosine similarities, float32."""
-        return F.normalize(query.float(), dim=-1) @ F.normalize(self.keys, dim=-1).T
+        return key_similarity(query, self.keys)
 
 
 class DualPrompt(Strategy):

@@ -83,8 +83,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.ease import Adapter, AdapterSet, adapter_set_size
-from baselines.l2p import LinearHead
 from clbench.blocks import (
     check_vit_blocks,
     class_means,
@@ -97,6 +95,8 @@ from clbench.blocks import (
     vit_tokens,
 )
 from clbench.errors import ClbenchError
+from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
+from clbench.layers.heads import LinearHead
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,

@@ -15,13 +15,13 @@ import torch.nn.functional as F
 from tinytasks import make_split
 
 from baselines.dualprompt import DualPrompt, DualPromptConfig, prefix_attention, prefix_block
-from baselines.ease import AdapterSet
 from baselines.mos import MOS, MOSConfig, drifting, merge_toward, orth_loss, self_refine
 from clbench.backbones import state_digest
 from clbench.blocks import vit_block
 from clbench.config import make_strategy_config
 from clbench.errors import ClbenchError
 from clbench.harness import RunConfig, run
+from clbench.layers.adapters import AdapterSet
 from clbench.strategy import PER_SAMPLE, REFERENCE, Context, RunShape, Split, Task
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
