@@ -66,6 +66,7 @@ from clbench.blocks import (
     class_means,
     first_per_class,
 )
+from clbench.config import CI_SHAPE
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
 from clbench.layers.first_session import (
     AdaptedFeatures,
@@ -115,9 +116,7 @@ class APER(Strategy):
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 3},
         "ci": {
-            "img_size": 56,
-            "init_cls": 12,
-            "increment": 12,
+            **CI_SHAPE,
             "epochs": 4,
             "train_per_class": 8,
             "batch_size": 16,

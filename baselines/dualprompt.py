@@ -88,6 +88,7 @@ from clbench.blocks import (
     optimizer_step,
     vit_tokens,
 )
+from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import key_similarity, select_prompts
@@ -235,7 +236,7 @@ class DualPrompt(Strategy):
     # training images of each class, 2 epochs (its two protocols give the same matrix there: reports/gate/README.md).
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 2},
-        "ci": {"img_size": 56, "init_cls": 12, "increment": 12, "epochs": 2, "train_per_class": 16},
+        "ci": {**CI_SHAPE, "epochs": 2, "train_per_class": 16},
     }
 
     def __init__(self, config: DualPromptConfig, ctx: Context) -> None:

@@ -72,6 +72,7 @@ from clbench.blocks import (
     vit_forward_tokens,
     vit_tokens,
 )
+from clbench.config import CI_SHAPE
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
@@ -157,9 +158,7 @@ class EASE(Strategy):
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 3},
         "ci": {
-            "img_size": 56,
-            "init_cls": 12,
-            "increment": 12,
+            **CI_SHAPE,
             "epochs": 4,
             "train_per_class": 8,
             "batch_size": 16,

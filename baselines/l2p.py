@@ -73,6 +73,7 @@ from clbench.blocks import (
     vit_inserted_position,
     vit_tokens,
 )
+from clbench.config import CI_SHAPE
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import key_similarity, select_prompts
 from clbench.strategy import (
@@ -158,9 +159,7 @@ class L2P(Strategy):
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "query": "cached", "epochs": 3},
         "ci": {
-            "img_size": 56,
-            "init_cls": 12,
-            "increment": 12,
+            **CI_SHAPE,
             "query": "cached",
             "epochs": 4,
             "train_per_class": 8,

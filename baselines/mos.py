@@ -94,6 +94,7 @@ from clbench.blocks import (
     vit_forward_tokens,
     vit_tokens,
 )
+from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
 from clbench.layers.heads import LinearHead
@@ -260,9 +261,7 @@ class MOS(Strategy):
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 2, "ca_epochs": 10, "train_per_class": 32},
         "ci": {
-            "img_size": 56,
-            "init_cls": 12,
-            "increment": 12,
+            **CI_SHAPE,
             "epochs": 4,
             "ca_epochs": 5,
             "train_per_class": 8,

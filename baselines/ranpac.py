@@ -86,6 +86,7 @@ import torch
 import torch.nn.functional as F
 
 from clbench.blocks import check_vit_blocks, first_per_class
+from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
 from clbench.layers.first_session import (
@@ -240,9 +241,7 @@ class RanPAC(Strategy):
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 3},
         "ci": {
-            "img_size": 56,
-            "init_cls": 12,
-            "increment": 12,
+            **CI_SHAPE,
             "epochs": 4,
             "train_per_class": 8,
             "batch_size": 16,
