@@ -1,8 +1,7 @@
-"""MOS and DualPrompt: mechanics on the tiny random ViT, the reference protocols, and one veryslow real run each.
+"""MOS: mechanics on the tiny random ViT, the reference protocol, and one veryslow real run.
 
-Every test states an invariant from the papers / PILOT code (merging formula, frozen stored sets, self-refinement,
-forced E-prompt, batch-wise prompt vote, parameter formula, per-sample predictions) and would fail if the code
-broke it.
+Every test states an invariant from the paper / PILOT code (merging formula, frozen stored sets, self-refinement,
+parameter formula, per-sample predictions) and would fail if the code broke it.
 """
 
 from __future__ import annotations
@@ -14,10 +13,8 @@ import torch
 import torch.nn.functional as F
 from tinytasks import make_split
 
-from baselines.dualprompt import DualPrompt, DualPromptConfig, prefix_attention, prefix_block
 from baselines.mos import MOS, MOSConfig, drifting, merge_toward, orth_loss, self_refine
 from clbench.backbones import state_digest
-from clbench.blocks import vit_block
 from clbench.config import make_strategy_config
 from clbench.errors import ClbenchError
 from clbench.harness import RunConfig, run
@@ -27,7 +24,6 @@ from clbench.strategy import PER_SAMPLE, REFERENCE, Context, RunShape, Split, Ta
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
 
 MOS_SMALL = MOSConfig(epochs=1, batch_size=8, eval_batch_size=4, ca_epochs=2)
-DP_SMALL = DualPromptConfig(epochs=1, batch_size=8, eval_batch_size=4, e_prompt_layers="2,3", pool_size=4)
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
@@ -50,14 +46,6 @@ def ctx_for(backbone) -> Context:
 @pytest.fixture(scope="module")
 def trained_mos(backbone, tasks) -> MOS:
     strategy = MOS(MOS_SMALL, ctx_for(backbone))
-    for task in tasks:
-        strategy.learn_task(task)
-    return strategy
-
-
-@pytest.fixture(scope="module")
-def trained_dp(backbone, tasks) -> DualPrompt:
-    strategy = DualPrompt(DP_SMALL, ctx_for(backbone))
     for task in tasks:
         strategy.learn_task(task)
     return strategy
@@ -156,13 +144,9 @@ def test_self_refinement_follows_the_head_until_the_task_is_stable():
     assert one.tolist() == [0, 0, 0]  # one round: the starting set, whatever the head says
 
 
-@pytest.mark.parametrize("method", ["mos", "dualprompt"])
-def test_per_sample_predictions_do_not_depend_on_order_or_batch_size(trained_mos, trained_dp, test_split, method):
-    strategy = trained_mos if method == "mos" else trained_dp
-    if method == "dualprompt":  # keys at the (centred) test queries: images choose different prompts
-        feats = test_split.features
-        aim_keys(strategy, feats, [0, 14])
-        assert len(set(strategy.select(feats, batchwise=False).tolist())) > 1
+@pytest.mark.parametrize("method", ["mos"])
+def test_per_sample_predictions_do_not_depend_on_order_or_batch_size(trained_mos, test_split, method):
+    strategy = trained_mos
     full = strategy.predict(test_split, PER_SAMPLE)
     assert full.shape == (len(test_split), 5) and torch.isfinite(full).all()
     rows = [7, 0, 11, 3, 5, 14, 2]  # another order and other neighbours in every batch
@@ -252,157 +236,32 @@ def test_mos_refuses_a_class_with_one_training_image(backbone):
     split = make_split(backbone, [0, 1], 1, seed=5)
     with pytest.raises(ClbenchError, match="2 training images"):
         MOS(MOS_SMALL, ctx_for(backbone)).learn_task(Task(0, [0, 1], 2, split))
-
-
-# ----------------------------------------------------------------------------------------------- DualPrompt
-def test_prefix_attention_without_prefix_is_the_timm_block(backbone):
-    block = backbone.model.blocks[1]
-    x = torch.randn(2, 7, backbone.num_features)
-    with torch.no_grad():
-        assert torch.allclose(prefix_block(block, x, None), vit_block(block, x), atol=1e-5)
-
-
-def test_prefixes_are_extra_keys_and_values_of_every_head(backbone):
-    attn = backbone.model.blocks[0].attn
-    d, heads = backbone.num_features, attn.num_heads
-    x, prefix = torch.randn(1, 3, d), torch.randn(1, 2, 4, d)
-    with torch.no_grad():
-        got = prefix_attention(attn, x, prefix)
-        q, k, v = attn.qkv(x).reshape(1, 3, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-        pk = prefix[:, 0].reshape(1, 4, heads, d // heads).transpose(1, 2)
-        pv = prefix[:, 1].reshape(1, 4, heads, d // heads).transpose(1, 2)
-        w = torch.softmax(q @ torch.cat([pk, k], 2).transpose(-2, -1) / (d // heads) ** 0.5, dim=-1)
-        expected = attn.proj((w @ torch.cat([pv, v], 2)).transpose(1, 2).reshape(1, 3, d))
-    assert torch.allclose(got, expected, atol=1e-5)
-    with torch.no_grad():  # a prefix changes the output (no silent no-op)
-        assert not torch.allclose(got, prefix_attention(attn, x, None), atol=1e-3)
-
-
-def test_training_forces_the_task_slot_and_copies_the_previous_prompt(backbone, tasks):
-    strategy = DualPrompt(DP_SMALL, ctx_for(backbone))
-    init_e, init_keys = strategy.prompts.e.detach().clone(), strategy.prompts.keys.detach().clone()
-    strategy.learn_task(tasks[0])
-    e0, keys0 = strategy.prompts.e.detach().clone(), strategy.prompts.keys.detach().clone()
-    assert not torch.equal(e0[0], init_e[0]) and not torch.equal(keys0[0], init_keys[0])  # slot 0 trained
-    assert torch.equal(e0[1:], init_e[1:]) and torch.equal(keys0[1:], init_keys[1:])  # others untouched
-    seen = {}
-    original = DualPrompt._forward
-
-    def spy(self, images, slots):
-        seen.setdefault("e1", self.prompts.e[1].detach().clone())
-        seen.setdefault("slots", set()).update(slots.tolist())
-        return original(self, images, slots)
-
-    DualPrompt._forward = spy
-    try:
-        strategy.learn_task(tasks[1])
-    finally:
-        DualPrompt._forward = original
-    assert torch.equal(seen["e1"], e0[0])  # slot 1 started as a copy of slot 0
-    assert seen["slots"] == {1}  # prompt_mask: every training image used slot 1
-    assert torch.equal(strategy.prompts.e[0], e0[0]) and torch.equal(strategy.prompts.keys[0], keys0[0])
-    assert torch.equal(strategy.prompts.e[2:], init_e[2:])
-
-
-def aim_keys(strategy: DualPrompt, feats: torch.Tensor, rows: list[int]) -> None:
-    """Key i = the query of test image rows[i] (so that image picks slot i); other keys point away from all."""
-    with torch.no_grad():
-        strategy.prompts.keys.copy_(-feats.mean(0).expand_as(strategy.prompts.keys))
-        strategy.prompts.keys[: len(rows)] = feats[rows]
-
-
-def test_dualprompt_reference_protocol_is_the_batch_vote(trained_dp, test_split):
-    """A constructed case: a batch of 4 (``eval_batch_size``) holding three images that pick slot A and one that
-    picks slot B: under the reference protocol the fourth is outvoted and uses slot A; in a batch of its own it
-    keeps slot B. Per-sample rows never change."""
-    s = trained_dp
-    feats = test_split.features
-    saved = s.prompts.keys.detach().clone()
-    try:
-        aim_keys(s, feats, [0, 14])
-        own = s.select(feats, batchwise=False)
-        counts = torch.bincount(own, minlength=2)
-        major = int(counts[:2].argmax())
-        a_rows = torch.nonzero(own == major).flatten().tolist()[:3]
-        b_row = int(torch.nonzero(own == 1 - major).flatten()[0])
-        assert len(a_rows) == 3
-        batch = test_split.subset(a_rows + [b_row])
-        ref, per = s.predict(batch, REFERENCE), s.predict(batch, PER_SAMPLE)
-        with torch.no_grad():
-            images = torch.stack([test_split.eval_transform(test_split.source.image(i)) for i in a_rows + [b_row]])
-            forced = s._forward(images, torch.full((4,), major, dtype=torch.long))[:, : s.n_seen]
-        assert torch.allclose(ref, forced, atol=1e-5)  # everyone used the majority's slot
-        assert torch.allclose(ref[:3], per[:3], atol=1e-5)  # the majority's own rows are unchanged
-        assert not torch.allclose(ref[3], per[3], atol=1e-4)  # the fourth image was outvoted
-        alone = s.predict(test_split.subset([b_row]), REFERENCE)  # the same image in another batch
-        assert torch.allclose(alone[0], per[3], atol=1e-5)
-    finally:
-        with torch.no_grad():
-            s.prompts.keys.copy_(saved)
-
-
-def test_untrained_keys_are_matched_only_with_the_reference_switch(trained_dp, test_split):
-    s = trained_dp
-    feats = test_split.features
-    saved = s.prompts.keys.detach().clone()
-    try:
-        aim_keys(s, feats, [0, 14])
-        with torch.no_grad():
-            s.prompts.keys[3] = feats[5]  # slot 3 belongs to no task learnt so far (2 tasks)
-        assert s.select(feats[[5]], batchwise=False).tolist() != [3]
-        s.cfg = replace(s.cfg, match_unseen_keys=True)
-        assert s.select(feats[[5]], batchwise=False).tolist() == [3]
-    finally:
-        s.cfg = replace(s.cfg, match_unseen_keys=False)
-        with torch.no_grad():
-            s.prompts.keys.copy_(saved)
-
-
-def test_dualprompt_refuses_more_tasks_than_slots(backbone, tasks):
-    strategy = DualPrompt(replace(DP_SMALL, pool_size=1), ctx_for(backbone))
-    strategy.learn_task(tasks[0])
-    with pytest.raises(ClbenchError, match="pool_size"):
-        strategy.learn_task(tasks[1])
-
-
-def test_dualprompt_config_rejects_bad_layers():
-    with pytest.raises(ValueError, match="e_prompt_layers"):
-        DualPromptConfig(e_prompt_layers="2,x")
-    with pytest.raises(ValueError, match="share a block"):
-        DualPromptConfig(g_prompt_layers="0,1", e_prompt_layers="1,2")
-    with pytest.raises(ValueError, match="train_per_class"):
+    with pytest.raises(ValueError, match="train_per_class"):  # nor a config that would train on one
         MOSConfig(train_per_class=1)
 
 
 # ----------------------------------------------------------------------------------------------- accounting
-@pytest.mark.parametrize("method", ["mos", "dualprompt"])
-def test_param_formula_equals_the_counts_of_a_real_run(trained_mos, trained_dp, backbone, tasks, method):
-    strategy = trained_mos if method == "mos" else trained_dp
+@pytest.mark.parametrize("method", ["mos"])
+def test_param_formula_equals_the_counts_of_a_real_run(trained_mos, backbone, tasks, method):
+    strategy = trained_mos
     d, depth = backbone.num_features, len(backbone.model.blocks)
     formula = type(strategy).param_formula(strategy.cfg, d, depth, [len(t.classes) for t in tasks])
     counts = strategy.param_counts()
     assert formula.added_per_task == counts.added_per_task
     assert formula.trainable_per_task == counts.trainable_per_task
     assert formula.head == counts.head
-    if method == "mos":
-        assert counts.extra["adapter_params_per_task"] == depth * (2 * d * 16 + 16 + d)
-        stats = counts.extra["class_statistics_params"]
-        assert stats == 5 * (d + d * d)
-    else:
-        used = sum(p.numel() for p in (strategy.prompts.g, strategy.prompts.keys[:2], strategy.prompts.e[:2]))
-        assert sum(counts.added_per_task) == used + counts.head
+    assert counts.extra["adapter_params_per_task"] == depth * (2 * d * 16 + 16 + d)
+    stats = counts.extra["class_statistics_params"]
+    assert stats == 5 * (d + d * d)
 
 
 def test_cost_models_count_the_passes():
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(10.0, 20.0), protocols=2)
     mos = MOS.work(MOSConfig(epochs=3), shape)
     assert mos.b == 600 and mos.f == 2 * 200 + 2 * (10 * 1 + 20 * 2) and mos.f_cacheable == 0
-    dp = DualPrompt.work(DualPromptConfig(epochs=3, query="cached"), shape)
-    assert dp.b == 600 and dp.f == 220 + 2 * 30 and dp.f_cacheable == 220
-    assert DualPrompt.work(DualPromptConfig(epochs=3), shape).f == dp.f + 600  # augmented queries
 
 
-@pytest.mark.parametrize("cls", [MOS, DualPrompt])
+@pytest.mark.parametrize("cls", [MOS])
 def test_profiles_are_valid_configs(cls):
     for profile in ("quick", "ci"):
         cfg = make_strategy_config(cls, profile, ())
@@ -411,7 +270,7 @@ def test_profiles_are_valid_configs(cls):
 
 
 # ----------------------------------------------------------------------------------------------- harness
-@pytest.mark.parametrize("method", ["mos", "dualprompt"])
+@pytest.mark.parametrize("method", ["mos"])
 def test_end_to_end_both_protocols_through_the_harness(tmp_path, method):
     record = run(
         RunConfig(
@@ -432,19 +291,16 @@ def test_end_to_end_both_protocols_through_the_harness(tmp_path, method):
     assert record.complete and record.task_sizes == [18, 18]
     assert set(record.protocols) == {"per-sample", "reference"} and record.protocol_gap is not None
     diag = record.per_task[-1].diagnostics
-    if method == "mos":
-        assert diag["backbone_passes_per_image"] == 2 and len(diag["reference_set_drift_l2"]) == 2
-        assert diag["reference_set_drift_l2"][0] == 0.0 and diag["reference_set_drift_l2"][1] > 0
-    else:
-        assert diag["reference_eval_batch_size"] == 64 and 0 <= diag["prompt_id_accuracy"] <= 100
+    assert diag["backbone_passes_per_image"] == 2 and len(diag["reference_set_drift_l2"]) == 2
+    assert diag["reference_set_drift_l2"][0] == 0.0 and diag["reference_set_drift_l2"][1] > 0
 
 
 # ----------------------------------------------------------------------------------------------- real data
-MARGIN = {"mos": 10, "dualprompt": 5}  # points of final accuracy the real backbone must add over random weights
+MARGIN = {"mos": 10}  # points of final accuracy the real backbone must add over random weights
 
 
 @pytest.mark.veryslow
-@pytest.mark.parametrize("method", ["mos", "dualprompt"])
+@pytest.mark.parametrize("method", ["mos"])
 def test_quick_profile_beats_random_weights_on_the_embedded_benchmark(tmp_path, method):
     from clbench.weights import sources as ow
 
