@@ -54,7 +54,7 @@ Deviations from the paper / reference code:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -64,7 +64,6 @@ from clbench.blocks import (
     CosineHead,
     check_vit_blocks,
     class_means,
-    first_per_class,
 )
 from clbench.config import CI_SHAPE
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
@@ -152,8 +151,7 @@ class APER(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg = self.cfg
-        if cfg.train_per_class is not None:
-            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        task = task.first_per_class(cfg.train_per_class)
         if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
         adapters = trainable = steps = 0

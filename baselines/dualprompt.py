@@ -74,7 +74,7 @@ Deviations from the paper / reference code:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -83,7 +83,6 @@ from torch import nn
 
 from clbench.blocks import (
     check_vit_blocks,
-    first_per_class,
     masked_cross_entropy,
     optimizer_step,
     vit_tokens,
@@ -300,8 +299,7 @@ class DualPrompt(Strategy):
                 f"DualPrompt has {cfg.pool_size} E-prompt slots but this is task {t + 1}",
                 "run with --set pool_size=N, N >= the number of tasks",
             )
-        if cfg.train_per_class is not None:
-            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        task = task.first_per_class(cfg.train_per_class)
         self.head.grow(task.n_seen, ctx.generator(1000 + t))
         self.n_seen = task.n_seen
         if t >= 1 and cfg.copy_prompt:  # _init_prompt: slot t starts from slot t - 1 (keys are not copied)

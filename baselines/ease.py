@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -67,7 +67,6 @@ from clbench.blocks import (
     check_vit_blocks,
     class_means,
     cosine_lr,
-    first_per_class,
     optimizer_step,
     vit_forward_tokens,
     vit_tokens,
@@ -201,8 +200,7 @@ class EASE(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         t, cfg, ctx, dev = len(self.adapter_sets), self.cfg, self.ctx, self.ctx.device
-        if cfg.train_per_class is not None:
-            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        task = task.first_per_class(cfg.train_per_class)
         if sorted(task.classes) != list(range(len(self.class_task), task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
 

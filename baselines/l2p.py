@@ -57,7 +57,7 @@ Deviations from the paper / reference code:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -66,7 +66,6 @@ from torch import nn
 
 from clbench.blocks import (
     check_vit_blocks,
-    first_per_class,
     masked_cross_entropy,
     optimizer_step,
     vit_forward_tokens,
@@ -200,8 +199,7 @@ class L2P(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
-        if cfg.train_per_class is not None:
-            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        task = task.first_per_class(cfg.train_per_class)
         self.head.grow(task.n_seen, ctx.generator(1000 + task.id))
         self.n_seen = task.n_seen
         params = [self.pool.prompts, self.pool.keys, self.head.weight, self.head.bias]

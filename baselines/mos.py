@@ -75,7 +75,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -88,7 +88,6 @@ from clbench.blocks import (
     class_means,
     cosine_logits,
     cosine_lr,
-    first_per_class,
     masked_cross_entropy,
     optimizer_step,
     vit_forward_tokens,
@@ -312,8 +311,7 @@ class MOS(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         t, cfg = len(self.stored), self.cfg
-        if cfg.train_per_class is not None:
-            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        task = task.first_per_class(cfg.train_per_class)
         if sorted(task.classes) != list(range(len(self.class_task), task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
         counts = torch.bincount(task.train.labels, minlength=task.n_seen)[task.classes]

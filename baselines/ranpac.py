@@ -77,7 +77,7 @@ Deviations from the paper / reference code:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -85,7 +85,7 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-from clbench.blocks import check_vit_blocks, first_per_class
+from clbench.blocks import check_vit_blocks
 from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
@@ -289,8 +289,7 @@ class RanPAC(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg = self.cfg
-        if cfg.train_per_class is not None:
-            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        task = task.first_per_class(cfg.train_per_class)
         if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
         adapters = trainable = steps = 0
