@@ -68,7 +68,8 @@ TORCH_TYPES: tuple[type, ...] = (
 
 # Classes that moved: {the qualified name an earlier clbench wrote into checkpoints: the name of the class now}.
 # A saved state naming an old name is read as the new one (the reader still decides whether it allows the class).
-# Entries stay for good: a checkpoint written before the move must keep loading.
+# Entries stay for good: a checkpoint written before the move must keep loading. (An old pickle checkpoint, converted
+# with --trust-checkpoint, finds these classes through the method modules, which import them under the old names.)
 MOVED_TYPES: dict[str, str] = {
     "baselines.ease.Adapter": "clbench.layers.adapters.Adapter",  # shared layers, issue #22
     "baselines.ease.AdapterSet": "clbench.layers.adapters.AdapterSet",
