@@ -74,23 +74,23 @@ Deviations from the paper / reference code:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from baselines.l2p import LinearHead, select_prompts
 from clbench.blocks import (
     check_vit_blocks,
-    first_per_class,
     masked_cross_entropy,
     optimizer_step,
     vit_tokens,
 )
+from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
+from clbench.layers.heads import LinearHead
+from clbench.layers.prompts import key_similarity, select_prompts
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -217,7 +217,7 @@ class Prompts(nn.Module):
 
     def similarity(self, query: torch.Tensor) -> torch.Tensor:
         """(B, d) queries -> (B, M) cosine similarities, float32."""
-        return F.normalize(query.float(), dim=-1) @ F.normalize(self.keys, dim=-1).T
+        return key_similarity(query, self.keys)
 
 
 class DualPrompt(Strategy):
@@ -235,7 +235,7 @@ class DualPrompt(Strategy):
     # training images of each class, 2 epochs (its two protocols give the same matrix there: reports/gate/README.md).
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 2},
-        "ci": {"img_size": 56, "init_cls": 12, "increment": 12, "epochs": 2, "train_per_class": 16},
+        "ci": {**CI_SHAPE, "epochs": 2, "train_per_class": 16},
     }
 
     def __init__(self, config: DualPromptConfig, ctx: Context) -> None:
@@ -299,8 +299,7 @@ class DualPrompt(Strategy):
                 f"DualPrompt has {cfg.pool_size} E-prompt slots but this is task {t + 1}",
                 "run with --set pool_size=N, N >= the number of tasks",
             )
-        if cfg.train_per_class is not None:
-            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        task = task.first_per_class(cfg.train_per_class)
         self.head.grow(task.n_seen, ctx.generator(1000 + t))
         self.n_seen = task.n_seen
         if t >= 1 and cfg.copy_prompt:  # _init_prompt: slot t starts from slot t - 1 (keys are not copied)

@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -67,11 +67,12 @@ from clbench.blocks import (
     check_vit_blocks,
     class_means,
     cosine_lr,
-    first_per_class,
     optimizer_step,
     vit_forward_tokens,
     vit_tokens,
 )
+from clbench.config import CI_SHAPE
+from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 
@@ -108,49 +109,6 @@ class EASEConfig:
         for name in ("momentum", "weight_decay", "alpha", "adapter_scale"):
             if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
                 raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
-
-
-class Adapter(nn.Module):
-    """AdaptFormer bottleneck: scale * W_up(dropout(ReLU(W_down x + b_down))) + scale * b_up, (..., d) -> (..., d).
-
-    PILOT ``Adapter(init_option="lora")``: W_down kaiming-uniform(a=sqrt(5)), W_up and both biases zero, so a
-    new adapter starts as the identity of the block.
-    """
-
-    def __init__(self, dim: int, bottleneck: int, scale: float, dropout: float, generator: torch.Generator) -> None:
-        super().__init__()
-        self.down_weight = nn.Parameter(torch.empty(bottleneck, dim))
-        nn.init.kaiming_uniform_(self.down_weight, a=math.sqrt(5), generator=generator)
-        self.down_bias = nn.Parameter(torch.zeros(bottleneck))
-        self.up_weight = nn.Parameter(torch.zeros(dim, bottleneck))
-        self.up_bias = nn.Parameter(torch.zeros(dim))
-        self.scale, self.p = scale, dropout
-        self.dropout_generator: torch.Generator | None = None  # set while training
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.relu(F.linear(x, self.down_weight, self.down_bias))  # (B, N, r)
-        if self.training and self.p > 0:
-            keep = torch.empty_like(h).bernoulli_(1 - self.p, generator=self.dropout_generator)
-            h = h * keep / (1 - self.p)
-        return F.linear(h, self.up_weight, self.up_bias) * self.scale
-
-
-class AdapterSet(nn.ModuleList):
-    """One adapter per block: the parameters added by one task."""
-
-    def __init__(self, n_blocks: int, dim: int, cfg: EASEConfig, generator: torch.Generator) -> None:
-        super().__init__(
-            Adapter(dim, cfg.bottleneck, cfg.adapter_scale, cfg.adapter_dropout, generator) for _ in range(n_blocks)
-        )
-
-    def set_dropout_generator(self, generator: torch.Generator | None) -> None:
-        for adapter in self:
-            adapter.dropout_generator = generator
-
-
-def adapter_set_size(n_blocks: int, dim: int, bottleneck: int) -> int:
-    """n_blocks * (2 d r + r + d): W_down, b_down, W_up, b_up in every block."""
-    return n_blocks * (2 * dim * bottleneck + bottleneck + dim)
 
 
 def synthesize_prototypes(protos: torch.Tensor, task_classes: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -199,9 +157,7 @@ class EASE(Strategy):
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 3},
         "ci": {
-            "img_size": 56,
-            "init_cls": 12,
-            "increment": 12,
+            **CI_SHAPE,
             "epochs": 4,
             "train_per_class": 8,
             "batch_size": 16,
@@ -244,8 +200,7 @@ class EASE(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         t, cfg, ctx, dev = len(self.adapter_sets), self.cfg, self.ctx, self.ctx.device
-        if cfg.train_per_class is not None:
-            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        task = task.first_per_class(cfg.train_per_class)
         if sorted(task.classes) != list(range(len(self.class_task), task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
 

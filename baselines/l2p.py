@@ -57,23 +57,24 @@ Deviations from the paper / reference code:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from clbench.blocks import (
     check_vit_blocks,
-    first_per_class,
     masked_cross_entropy,
     optimizer_step,
     vit_forward_tokens,
     vit_inserted_position,
     vit_tokens,
 )
+from clbench.config import CI_SHAPE
+from clbench.layers.heads import LinearHead
+from clbench.layers.prompts import key_similarity, select_prompts
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -125,20 +126,6 @@ class L2PConfig:
             raise ValueError(f"query must be 'augmented' or 'cached', got {self.query!r}")
 
 
-def select_prompts(similarity: torch.Tensor, top_k: int, batchwise: bool) -> torch.Tensor:
-    """Prompt ids (B, k) from query-key similarities (B, M).
-
-    Per sample: each row's k most similar keys. Batch-wise (PILOT ``batchwise_prompt``): the k ids chosen most
-    often among the rows' own top-k, the same for every row; equal counts go to the lower id.
-    """
-    idx = similarity.topk(top_k, dim=1).indices  # (B, k)
-    if not batchwise:
-        return idx
-    counts = torch.bincount(idx.flatten(), minlength=similarity.shape[1])  # (M,)
-    major = torch.sort(-counts, stable=True).indices[:top_k]  # (k,) most frequent first, ties by id
-    return major.unsqueeze(0).expand(similarity.shape[0], -1)
-
-
 class PromptPool(nn.Module):
     """M prompts of L tokens and M keys, uniform(-1, 1) init (``prompt_init`` / ``prompt_key_init`` "uniform")."""
 
@@ -149,29 +136,7 @@ class PromptPool(nn.Module):
 
     def similarity(self, query: torch.Tensor) -> torch.Tensor:
         """(B, d) queries -> (B, M) cosine similarities, float32."""
-        return F.normalize(query.float(), dim=-1) @ F.normalize(self.keys, dim=-1).T
-
-
-class LinearHead(nn.Module):
-    """A linear classifier whose rows are added when classes arrive (new rows: trunc-normal std 0.02, bias 0)."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(0, dim))
-        self.bias = nn.Parameter(torch.zeros(0))
-
-    def grow(self, n_total: int, generator: torch.Generator) -> None:
-        n_new = n_total - self.weight.shape[0]
-        if n_new < 0:
-            raise ValueError("the head never shrinks")
-        rows = torch.empty(n_new, self.weight.shape[1])
-        nn.init.trunc_normal_(rows, std=0.02, a=-2.0, b=2.0, generator=generator)  # timm's init_weights_vit_timm
-        dev = self.weight.device
-        self.weight = nn.Parameter(torch.cat([self.weight.data, rows.to(dev)]))
-        self.bias = nn.Parameter(torch.cat([self.bias.data, torch.zeros(n_new, device=dev)]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return key_similarity(query, self.keys)
 
 
 class L2P(Strategy):
@@ -193,9 +158,7 @@ class L2P(Strategy):
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "query": "cached", "epochs": 3},
         "ci": {
-            "img_size": 56,
-            "init_cls": 12,
-            "increment": 12,
+            **CI_SHAPE,
             "query": "cached",
             "epochs": 4,
             "train_per_class": 8,
@@ -236,8 +199,7 @@ class L2P(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
-        if cfg.train_per_class is not None:
-            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        task = task.first_per_class(cfg.train_per_class)
         self.head.grow(task.n_seen, ctx.generator(1000 + task.id))
         self.n_seen = task.n_seen
         params = [self.pool.prompts, self.pool.keys, self.head.weight, self.head.bias]

@@ -75,7 +75,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -83,20 +83,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.ease import Adapter, AdapterSet, adapter_set_size
-from baselines.l2p import LinearHead
 from clbench.blocks import (
     check_vit_blocks,
     class_means,
     cosine_logits,
     cosine_lr,
-    first_per_class,
     masked_cross_entropy,
     optimizer_step,
     vit_forward_tokens,
     vit_tokens,
 )
+from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
+from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
+from clbench.layers.heads import LinearHead
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -260,9 +260,7 @@ class MOS(Strategy):
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 2, "ca_epochs": 10, "train_per_class": 32},
         "ci": {
-            "img_size": 56,
-            "init_cls": 12,
-            "increment": 12,
+            **CI_SHAPE,
             "epochs": 4,
             "ca_epochs": 5,
             "train_per_class": 8,
@@ -313,8 +311,7 @@ class MOS(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         t, cfg = len(self.stored), self.cfg
-        if cfg.train_per_class is not None:
-            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        task = task.first_per_class(cfg.train_per_class)
         if sorted(task.classes) != list(range(len(self.class_task), task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
         counts = torch.bincount(task.train.labels, minlength=task.n_seen)[task.classes]

@@ -11,10 +11,11 @@ Reference implementations checked: LAMDA-PILOT ``models/ranpac.py`` (``setup_RP`
 Algorithm, for task t with new classes C_t (d = backbone width, M = projection width):
 
 1. Task 0 only ("Phase 1", ``first_session=True``): train one AdaptFormer adapter per block (r = 64) with a cosine
-   head over the task-0 classes, as APER does (``baselines/aper.tune_first_session``): SGD lr 0.01, momentum 0.9,
-   weight decay 5e-4, cosine schedule to 0 over 20 epochs, batch 48. The head is discarded (its learnt sigma is
-   kept for the ``cosine`` head); the adapted ViT is frozen from then on. ``first_session=False`` is the paper's
-   "No Phase 1" ablation: the frozen pre-trained features, no ViT pass at all beyond clbench's feature cache.
+   head over the task-0 classes, as APER does (``clbench.layers.first_session.tune_first_session``): SGD lr 0.01,
+   momentum 0.9, weight decay 5e-4, cosine schedule to 0 over 20 epochs, batch 48. The head is discarded (its
+   learnt sigma is kept for the ``cosine`` head); the adapted ViT is frozen from then on. ``first_session=False`` is
+   the paper's "No Phase 1" ablation: the frozen pre-trained features, no ViT pass at all beyond clbench's feature
+   cache.
 2. Once: W ~ N(0, 1), shape (d, M), drawn from the run's seed (``ctx.generator``) and kept in the strategy state
    (so every checkpoint holds it). G = 0 (M x M), Q = 0 (M x C).
 3. Every task: f = the [CLS] features of the task's training images (test transform), h = ReLU(f W) (N, M);
@@ -28,9 +29,9 @@ Algorithm, for task t with new classes C_t (d = backbone width, M = projection w
    ``head="cosine"`` gives sigma * cos(ReLU(f W), Wo_c) instead.
 
 Cost: only task 0 trains. With Phase 1 the adapted ViT is frozen after task 0 and its features are kept per image
-(``baselines/aper.AdaptedFeatures``), so every later training image and every test image passes it exactly once;
-everything after that runs on those d-dimensional features. Memory: G is M x M float32 and the float64 solve
-needs two more M x M float64 matrices; measured ~35 M^2 bytes at peak (3.5 GB at M = 10,000, see
+(``clbench.layers.first_session.AdaptedFeatures``), so every later training image and every test image passes it
+exactly once; everything after that runs on those d-dimensional features. Memory: G is M x M float32 and the
+float64 solve needs two more M x M float64 matrices; measured ~35 M^2 bytes at peak (3.5 GB at M = 10,000, see
 ``memory_estimate``); a larger M than the machine has memory for is refused before training, with the estimate.
 
 Deviations from the paper / reference code:
@@ -76,7 +77,7 @@ Deviations from the paper / reference code:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -84,7 +85,11 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-from baselines.aper import (
+from clbench.blocks import check_vit_blocks
+from clbench.config import CI_SHAPE
+from clbench.errors import ClbenchError
+from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
+from clbench.layers.first_session import (
     AdaptedFeatures,
     adapted_cls,
     check_first_session_fields,
@@ -92,9 +97,6 @@ from baselines.aper import (
     n_head_params,
     tune_first_session,
 )
-from baselines.ease import Adapter, AdapterSet, adapter_set_size
-from clbench.blocks import check_vit_blocks, first_per_class
-from clbench.errors import ClbenchError
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 RIDGE_GRID = tuple(10.0**k for k in range(-8, 9))  # optimise_ridge_parameter: 10.0 ** np.arange(-8, 9)
@@ -239,9 +241,7 @@ class RanPAC(Strategy):
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 3},
         "ci": {
-            "img_size": 56,
-            "init_cls": 12,
-            "increment": 12,
+            **CI_SHAPE,
             "epochs": 4,
             "train_per_class": 8,
             "batch_size": 16,
@@ -289,8 +289,7 @@ class RanPAC(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg = self.cfg
-        if cfg.train_per_class is not None:
-            task = replace(task, train=task.train.subset(first_per_class(task.train.labels, cfg.train_per_class)))
+        task = task.first_per_class(cfg.train_per_class)
         if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
         adapters = trainable = steps = 0

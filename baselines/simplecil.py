@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from clbench.blocks import CosineHead, class_means
+from clbench.config import CI_INPUT
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 
@@ -36,7 +37,7 @@ class SimpleCIL(Strategy):
     Config = SimpleCILConfig
     # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
     # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
-    profiles = {"ci": {"img_size": 56}}
+    profiles = {"ci": dict(CI_INPUT)}
 
     def __init__(self, config: SimpleCILConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

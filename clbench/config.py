@@ -43,6 +43,12 @@ PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")  # = clbench.precision.CHOI
 WEIGHT_SOURCES = ("auto", "offline", "hub", "random")  # --weights values that are not a file
 # Profile keys that set the run, not the strategy config (an explicit setting wins over the profile).
 RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size", "init_cls", "increment"})
+# The run shape of the regression gate's ``ci`` profiles (.ci/gate, reports/gate/README.md), declared once for every
+# strategy's profiles to reuse: the embedded benchmark at 56 px (4x4 patches of 14 px), so that every ci run shares
+# one feature cache; the methods that pass images through the ViT per task run 3 tasks of 12 classes instead of the
+# benchmark's 6 of 6 (their inference cost grows with the tasks).
+CI_INPUT: dict[str, int] = {"img_size": 56}
+CI_SHAPE: dict[str, int] = {**CI_INPUT, "init_cls": 12, "increment": 12}
 
 
 def run_level(strategy_cls: type[Strategy[Any]], profile: str | None, cfg_value: int | None, key: str) -> int | None:

@@ -66,6 +66,23 @@ TORCH_TYPES: tuple[type, ...] = (
 )
 
 
+# Classes that moved: {the qualified name an earlier clbench wrote into checkpoints: the name of the class now}.
+# A saved state naming an old name is read as the new one (the reader still decides whether it allows the class).
+# Entries stay for good: a checkpoint written before the move must keep loading. (An old pickle checkpoint, converted
+# with --trust-checkpoint, finds these classes through the method modules, which import them under the old names.)
+MOVED_TYPES: dict[str, str] = {
+    "baselines.ease.Adapter": "clbench.layers.adapters.Adapter",  # shared layers, issue #22
+    "baselines.ease.AdapterSet": "clbench.layers.adapters.AdapterSet",
+    "baselines.l2p.LinearHead": "clbench.layers.heads.LinearHead",
+    "baselines.aper.AdaptedFeatures": "clbench.layers.first_session.AdaptedFeatures",
+}
+
+
+def current_name(name: Any) -> Any:
+    """The class name to look up for ``name`` read from a file: its new name if it moved (:data:`MOVED_TYPES`)."""
+    return MOVED_TYPES.get(name, name) if type(name) is str else name
+
+
 class StateError(ValueError):
     """A saved state that cannot be decoded (tampered, truncated, or naming a class the reader does not allow)."""
 
@@ -247,7 +264,7 @@ def unknown_classes(saved: SavedState, types: Mapping[str, type]) -> list[str]:
             stack.extend(node)
         elif type(node) is dict:
             for tag in ("$module", "$object"):
-                if tag in node and node[tag] not in types:
+                if tag in node and current_name(node[tag]) not in types:
                     names.add(str(node[tag])[:200])
             stack.extend(node.values())
     return sorted(names)
@@ -389,7 +406,7 @@ class _Decoder:
         return g
 
     def instance(self, node: dict[str, Any], tag: str, depth: int) -> Any:
-        name, key = node[tag], node.get("id")
+        name, key = current_name(node[tag]), node.get("id")
         cls = self.types.get(name) if type(name) is str else None
         if cls is None:
             raise StateError(f"the saved state holds a {name!r}, a class this reader does not rebuild")

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 
 from clbench.backbones import FrozenBackbone
 from clbench.benchmarks.base import ImageSource
-from clbench.blocks import CosineHead
+from clbench.blocks import CosineHead, first_per_class
 from clbench.features import TransformedImages
 from clbench.safestate import ContextRef, SavedState, StateError, allowed, decode, encode
 
@@ -98,6 +98,14 @@ class Task:
     classes: list[int]  # new classes of this task (arrival-order labels)
     n_seen: int  # classes seen after this task
     train: Split
+
+    def first_per_class(self, k: int | None) -> Task:
+        """This task learning from the first ``k`` training images of each class only (itself when ``k`` is None):
+        the fixed, seed-independent subset of a profile's ``train_per_class`` (:func:`clbench.blocks.first_per_class`;
+        :meth:`RunShape.first_per_class` is its cost)."""
+        if k is None:
+            return self
+        return dataclasses.replace(self, train=self.train.subset(first_per_class(self.train.labels, k)))
 
 
 @dataclass

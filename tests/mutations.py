@@ -265,11 +265,11 @@ SELECTIONS: dict[str, tuple[tuple[str, ...], str]] = {
         "simplecil or prototypes_equal or class_means",
     ),
     "l2p": (
-        ("tests/test_reference_golden.py", "tests/test_l2p_ease.py"),
+        ("tests/test_reference_golden.py", "tests/test_l2p.py"),
         "l2p or select_prompts or batchwise or masked",
     ),
     "ease": (
-        ("tests/test_reference_golden.py", "tests/test_l2p_ease.py"),
+        ("tests/test_reference_golden.py", "tests/test_ease.py"),
         "ease or synthesi or subspace or adapter_set",
     ),
     "tosca": (
@@ -277,16 +277,16 @@ SELECTIONS: dict[str, tuple[tuple[str, ...], str]] = {
         "tosca or luca or routing or module or prototype_rows or stacked",
     ),
     "ranpac": (
-        ("tests/test_reference_golden.py", "tests/test_ranpac_aper.py"),
+        ("tests/test_reference_golden.py", "tests/test_ranpac.py"),
         "ranpac or ridge or lambda or floor or projection or statistics or plain_head",
     ),
-    "aper": (("tests/test_reference_golden.py", "tests/test_ranpac_aper.py"), "aper or adapted"),
+    "aper": (("tests/test_reference_golden.py", "tests/test_aper.py"), "aper or adapted"),
     "mos": (
-        ("tests/test_reference_golden.py", "tests/test_mos_dualprompt.py"),
+        ("tests/test_reference_golden.py", "tests/test_mos.py"),
         "mos or merge or reference_forward or orth or self_refinement or per_sample_predictions",
     ),
     "dualprompt": (
-        ("tests/test_reference_golden.py", "tests/test_mos_dualprompt.py"),
+        ("tests/test_reference_golden.py", "tests/test_dualprompt.py"),
         "dualprompt or prefix or prompt or untrained_keys",
     ),
 }

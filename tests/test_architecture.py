@@ -1,4 +1,5 @@
-"""The package's shape: no two modules import each other, directly or through others.
+"""The package's shape: no two modules import each other, directly or through others, and no method imports
+another method (what two methods share lives in ``clbench/layers/`` or ``clbench/blocks.py``).
 
 The import graph is read from the source (the AST), not by importing anything: every ``import`` and ``from ...
 import`` of ``clbench/``, ``baselines/`` and ``tosca/``, at module level and inside functions (a function-level import
@@ -152,6 +153,65 @@ def test_the_import_graph_has_no_cycle():
     assert len(graph) > 40 and "clbench.harness" in graph and "tosca.strategy" in graph  # it read the tree
     found = cycles(graph)
     assert not found, "import cycles:\n" + "\n".join(describe(c, graph) for c in found)
+
+
+def method_of(files: dict[str, Path]) -> dict[str, str]:
+    """Module -> the method it belongs to, read from the files: every module of ``baselines/`` but its ``__init__``
+    is one method; a method package (a top-level package other than ``clbench`` and ``baselines``, e.g. ``tosca``)
+    is one method with all its modules."""
+    out = {}
+    for module in files:
+        package, _, rest = module.partition(".")
+        if package == "baselines" and rest:
+            out[module] = module
+        elif package not in ("clbench", "baselines"):
+            out[module] = package
+    return out
+
+
+def cross_method_imports(graph: dict[str, dict[str, int]], method: dict[str, str]) -> list[str]:
+    """``"a (line n) -> b"`` for every import of a module of one method by a module of another."""
+    return [
+        f"{a} (line {line}) -> {b}"
+        for a, targets in sorted(graph.items())
+        for b, line in sorted(targets.items())
+        if a in method and b in method and method[a] != method[b]
+    ]
+
+
+def test_no_method_imports_another_method():
+    from clbench.catalog import STRATEGIES
+
+    files = module_files()
+    method = method_of(files)
+    # every registered strategy lives in a module the rule covers (a method added elsewhere would escape it)
+    homes = {name: STRATEGIES.get(name).__module__ for name in STRATEGIES.names()}
+    assert len(homes) >= 8 and {"tosca.strategy", "baselines.ease", "baselines.l2p"} <= set(homes.values())
+    assert not {n: m for n, m in homes.items() if m not in method}, homes
+    assert len(set(method.values())) >= len(homes)  # one method per registered strategy, at least
+    found = cross_method_imports(import_graph(), method)
+    assert not found, "methods importing methods (move the shared part to clbench/layers/):\n" + "\n".join(found)
+
+
+def test_the_method_import_check_finds_one(tmp_path):
+    source = {
+        "clbench/__init__.py": "",
+        "clbench/layers.py": "",
+        "baselines/__init__.py": "",
+        "baselines/a.py": "from clbench import layers\nimport torch\n",
+        "baselines/b.py": "def f():\n    from baselines.a import g\n",
+        "tosca/__init__.py": "",
+        "tosca/luca.py": "",
+        "tosca/strategy.py": "from tosca.luca import LuCA\nfrom baselines import a\n",
+    }
+    for name, text in source.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path)
+    assert cross_method_imports(graph, method_of(module_files(tmp_path))) == [
+        "baselines.b (line 2) -> baselines.a",
+        "tosca.strategy (line 2) -> baselines.a",
+    ]
 
 
 def test_config_and_checkpoint_import_nothing_from_the_runner():

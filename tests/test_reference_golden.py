@@ -40,7 +40,7 @@ import baselines.ranpac as ranpac_mod
 import tosca.strategy as tosca_mod
 from baselines.aper import APER, APERConfig
 from baselines.dualprompt import DualPrompt, DualPromptConfig
-from baselines.ease import EASE, AdapterSet, EASEConfig
+from baselines.ease import EASE, EASEConfig
 from baselines.l2p import L2P, L2PConfig
 from baselines.mos import MOS, MOSConfig
 from baselines.ranpac import RIDGE_GRID, RanPAC, RanPACConfig
@@ -48,6 +48,7 @@ from baselines.simplecil import SimpleCIL, SimpleCILConfig
 from clbench.backbones import load_backbone
 from clbench.benchmarks.base import ArraySource
 from clbench.blocks import optimizer_step
+from clbench.layers.adapters import AdapterSet
 from clbench.strategy import PER_SAMPLE, REFERENCE, Context, Split, Task
 from clbench.transforms import TransformSpec
 from tosca.luca import LuCA

@@ -32,3 +32,18 @@ def test_catalog_contents():
     assert {"simplecil", "tosca"} <= set(STRATEGIES.names())
     assert {"emoji", "fashion-mnist"} <= set(BENCHMARKS.names())
     assert "vit_small_patch14_dinov2" in BACKBONES
+
+
+def test_every_ci_profile_runs_the_one_declared_ci_shape():
+    """The gate's runs share one feature cache and one split: a ci profile takes its run shape from
+    clbench.config (CI_INPUT, or CI_SHAPE for the methods run on 3 tasks), never its own copy."""
+    from clbench.config import CI_INPUT, CI_SHAPE, RUN_LEVEL_PROFILE_KEYS
+
+    seen = 0
+    for name in STRATEGIES.names():
+        for profile, values in STRATEGIES.get(name).profiles.items():
+            if profile == "ci" or profile.startswith("ci-"):
+                shape = {k: v for k, v in values.items() if k in RUN_LEVEL_PROFILE_KEYS}
+                assert shape in (CI_INPUT, CI_SHAPE), (name, profile, shape)
+                seen += 1
+    assert seen >= len(STRATEGIES.names())  # every strategy has one

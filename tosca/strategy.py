@@ -61,6 +61,7 @@ from clbench.blocks import (
     optimizer_step,
     torch_threads,
 )
+from clbench.config import CI_INPUT
 from clbench.errors import ClbenchError
 from clbench.routers import ROUTERS, RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
 from clbench.routers import route as apply_router
@@ -153,8 +154,8 @@ class TOSCA(Strategy):
     # ``augment``: the reference's training (train_mode=augment, see the module docstring); it gets its own row in
     # ``clbench perf projection``.
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
-        "ci": {"img_size": 56},
-        "ci-augment": {"img_size": 56, "train_mode": "augment", "epochs": 2, "batch_size": 16, "lr": 0.1},
+        "ci": dict(CI_INPUT),
+        "ci-augment": {**CI_INPUT, "train_mode": "augment", "epochs": 2, "batch_size": 16, "lr": 0.1},
         "augment": {"train_mode": "augment"},
     }
     projection_profiles = ("augment",)

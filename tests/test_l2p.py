@@ -1,9 +1,9 @@
-"""L2P and EASE: mechanics on the tiny random ViT, end to end through the harness, and one slow real run.
+"""L2P: mechanics on the tiny random ViT, end to end through the harness, and one slow real run.
 
 The clbench cache (``CLBENCH_CACHE``) is isolated per session by ``conftest.py``.
 
-Every test states an invariant from the papers / reference code (top-k by cosine, masked loss, one frozen
-adapter set per task, parameter formula, per-sample predictions) and would fail if the code broke it.
+Every test states an invariant from the paper / reference code (top-k by cosine, masked loss, parameter counts,
+per-sample predictions) and would fail if the code broke it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from tinytasks import make_split
 
-from baselines.ease import EASE, AdapterSet, EASEConfig, adapter_set_size, subspace_weights, synthesize_prototypes
 from baselines.l2p import L2P, L2PConfig, PromptPool, select_prompts
 from clbench.backbones import state_digest
 from clbench.blocks import masked_cross_entropy, vit_forward_tokens, vit_inserted_position, vit_tokens
@@ -25,7 +24,6 @@ from clbench.strategy import PER_SAMPLE, REFERENCE, Context, Split, Task
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
 
 L2P_SMALL = L2PConfig(epochs=1, batch_size=8, eval_batch_size=4)
-EASE_SMALL = EASEConfig(epochs=1, batch_size=8, eval_batch_size=4, bottleneck=8)
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
@@ -92,10 +90,10 @@ def test_vit_helpers_reproduce_the_frozen_feature_and_insert_after_cls(backbone)
     assert torch.equal(tokens[:, 6:], vit_tokens(model, x)[:, 1:])  # patches unchanged, after the prompts
 
 
-@pytest.mark.parametrize("method", ["l2p", "ease"])
+@pytest.mark.parametrize("method", ["l2p"])
 def test_training_leaves_the_backbone_bit_identical(backbone, tasks, method):
     before = state_digest(backbone.model)
-    strategy = L2P(L2P_SMALL, ctx_for(backbone)) if method == "l2p" else EASE(EASE_SMALL, ctx_for(backbone))
+    strategy = L2P(L2P_SMALL, ctx_for(backbone))
     for task in tasks:
         strategy.learn_task(task)
     assert state_digest(backbone.model) == before == backbone.digest
@@ -116,17 +114,17 @@ def test_l2p_learns_prompts_keys_and_head_and_counts_them(backbone, tasks):
     assert counts.head == 4 * (d + 1)
 
 
-@pytest.mark.parametrize("method", ["l2p", "ease"])
+@pytest.mark.parametrize("method", ["l2p"])
 def test_per_sample_predictions_do_not_depend_on_the_batch(backbone, tasks, test_split, method):
-    strategy = L2P(L2P_SMALL, ctx_for(backbone)) if method == "l2p" else EASE(EASE_SMALL, ctx_for(backbone))
+    strategy = L2P(L2P_SMALL, ctx_for(backbone))
     for task in tasks:
         strategy.learn_task(task)
-    if method == "l2p":  # keys at the (centred) test queries: images choose different prompts
-        feats = test_split.features
-        with torch.no_grad():
-            strategy.pool.keys.copy_(feats[: L2P_SMALL.pool_size] - feats.mean(0))
-        own = select_prompts(strategy.pool.similarity(feats), L2P_SMALL.top_k, batchwise=False)
-        assert len({tuple(sorted(r)) for r in own.tolist()}) > 1
+    # keys at the (centred) test queries: images choose different prompts
+    feats = test_split.features
+    with torch.no_grad():
+        strategy.pool.keys.copy_(feats[: L2P_SMALL.pool_size] - feats.mean(0))
+    own = select_prompts(strategy.pool.similarity(feats), L2P_SMALL.top_k, batchwise=False)
+    assert len({tuple(sorted(r)) for r in own.tolist()}) > 1
     full = strategy.predict(test_split, PER_SAMPLE)
     assert full.shape == (len(test_split), 4) and torch.isfinite(full).all()
     rows = [7, 0, 11, 3, 5]  # another order and other neighbours in every batch of 4
@@ -141,82 +139,15 @@ def test_l2p_reference_protocol_with_batches_of_one_is_per_sample(backbone, task
     assert torch.allclose(strategy.predict(test_split, REFERENCE), strategy.predict(test_split, PER_SAMPLE))
 
 
-# ----------------------------------------------------------------------------------------------- EASE
-def test_new_adapter_set_starts_as_the_frozen_backbone(backbone, test_split):
-    strategy = EASE(EASE_SMALL, ctx_for(backbone))
-    fresh = AdapterSet(len(backbone.model.blocks), backbone.num_features, EASE_SMALL, torch.Generator().manual_seed(0))
-    fresh.eval()
-    images = torch.stack([test_split.eval_transform(test_split.source.image(i)) for i in range(4)])
-    with torch.no_grad():
-        feats = strategy._features(images, [fresh])  # W_up = 0: the adapter adds nothing
-    assert torch.allclose(feats[:, 0], test_split.features[:4], atol=1e-5)
-
-
-def test_ease_adds_one_frozen_adapter_set_per_task_of_the_formula_size(backbone, tasks):
-    strategy = EASE(EASE_SMALL, ctx_for(backbone))
-    n_blocks, d, r = len(backbone.model.blocks), backbone.num_features, EASE_SMALL.bottleneck
-    assert r != d  # so the formula's d and r cannot be swapped unnoticed
-    expected = n_blocks * (2 * d * r + r + d)
-    strategy.learn_task(tasks[0])
-    assert len(strategy.adapter_sets) == 1
-    first = state_digest(strategy.adapter_sets[0])
-    assert any(float(a.up_weight.abs().sum()) > 0 for a in strategy.adapter_sets[0])  # it was trained
-    strategy.learn_task(tasks[1])
-    assert len(strategy.adapter_sets) == 2
-    assert state_digest(strategy.adapter_sets[0]) == first  # old set bit-identical after the next task
-    for s in strategy.adapter_sets:
-        assert sum(p.numel() for p in s.parameters()) == expected == adapter_set_size(n_blocks, d, r)
-        assert not any(p.requires_grad for p in s.parameters())
-    counts = strategy.param_counts()
-    assert counts.extra["adapter_params_per_task"] == expected
-    assert counts.trainable_per_task == [expected + 2 * d + 1] * 2  # adapters + task head (2 classes) + sigma
-    assert strategy.protos.shape == (4, 2, d)
-    assert counts.extra["backbone_passes_per_test_image_per_task"] == [1, 2]
-
-
-def test_ease_prototypes_are_class_means_in_every_subspace(backbone, tasks):
-    strategy = EASE(EASE_SMALL, ctx_for(backbone))
-    for task in tasks:
-        strategy.learn_task(task)
-    feats = strategy._split_features(tasks[1].train)  # (N, 2, d)
-    labels = tasks[1].train.labels
-    for c in (2, 3):
-        for j in (0, 1):  # task 1's classes are real in both subspaces
-            assert torch.allclose(strategy.protos[c, j], feats[labels == c, j].mean(0), atol=1e-5)
-
-
-def test_synthesized_prototypes_follow_solve_sim_reset():
-    g = torch.Generator().manual_seed(0)
-    protos = torch.randn(6, 3, 4, generator=g)  # tasks: [0, 1], [2, 3], [4, 5]
-    tasks = [[0, 1], [2, 3], [4, 5]]
-    out = synthesize_prototypes(protos, tasks)
-    for i, j, ref in [(0, 1, [2, 3, 4, 5]), (0, 2, [4, 5]), (1, 2, [4, 5])]:
-        old = tasks[i]
-        w = torch.softmax(F.cosine_similarity(protos[old, i][:, None], protos[ref, i][None], dim=-1), dim=1)
-        assert torch.allclose(out[old, j], w @ protos[ref, j], atol=1e-6)
-    for c, task in enumerate([0, 0, 1, 1, 2, 2]):  # real prototypes are kept
-        assert torch.equal(out[c, : task + 1], protos[c, : task + 1])
-
-
-def test_subspace_weights_follow_forward_reweight():
-    w = subspace_weights([0, 0, 1, 2], 3, alpha=0.1)
-    assert torch.allclose(w, torch.tensor([[1, 0.05, 0.05], [1, 0.05, 0.05], [0.05, 1, 0.05], [0.05, 0.05, 1]]))
-    assert torch.equal(subspace_weights([0, 0], 1, alpha=0.1), torch.ones(2, 1))
-
-
 # ----------------------------------------------------------------------------------------------- configs
 def test_configs_reject_bad_values_naming_the_field():
     with pytest.raises(ValueError, match="top_k"):
         L2PConfig(top_k=11)
     with pytest.raises(ValueError, match="epochs"):
         L2PConfig(epochs=0)
-    with pytest.raises(ValueError, match="adapter_dropout"):
-        EASEConfig(adapter_dropout=1.0)
-    with pytest.raises(ValueError, match="min_lr"):
-        EASEConfig(min_lr=1.0)
 
 
-@pytest.mark.parametrize("cls", [L2P, EASE])
+@pytest.mark.parametrize("cls", [L2P])
 def test_quick_profile_is_a_valid_config(cls):
     cfg = make_strategy_config(cls, "quick", ())
     assert cls.profiles["quick"]["img_size"] == 112
@@ -224,7 +155,7 @@ def test_quick_profile_is_a_valid_config(cls):
 
 
 # ----------------------------------------------------------------------------------------------- harness
-@pytest.mark.parametrize("method,protocol", [("l2p", "both"), ("ease", "per-sample")])
+@pytest.mark.parametrize("method,protocol", [("l2p", "both")])
 def test_end_to_end_through_the_harness(tmp_path, method, protocol):
     record = run(
         RunConfig(
@@ -243,23 +174,18 @@ def test_end_to_end_through_the_harness(tmp_path, method, protocol):
     )
     assert record.complete and record.task_sizes == [18, 18]
     assert len(record.accuracy_matrix) == 2 and all(np.isfinite(record.acc_curve))
-    params = record.params
-    if method == "l2p":
-        assert set(record.protocols) == {"per-sample", "reference"} and record.protocol_gap is not None
-        assert record.per_task[-1].diagnostics["reference_eval_batch_size"] == 64
-    else:
-        assert params.extra["adapter_params_per_task"] == 4 * (2 * 64 * 64 + 64 + 64)  # vit_micro: 4 blocks, d = r = 64
-        assert [t.diagnostics["backbone_passes_per_image"] for t in record.per_task] == [1, 2]
+    assert set(record.protocols) == {"per-sample", "reference"} and record.protocol_gap is not None
+    assert record.per_task[-1].diagnostics["reference_eval_batch_size"] == 64
 
 
-@pytest.mark.parametrize("method", ["l2p", "ease"])
+@pytest.mark.parametrize("method", ["l2p"])
 def test_non_vit_backbone_is_refused_with_a_clear_error(tmp_path, method):
     with pytest.raises(ClbenchError, match="needs a ViT backbone"):
         run(RunConfig(strategy=method, backbone="tf_efficientnet_lite0", weights="random", out=str(tmp_path / "x")))
 
 
 @pytest.mark.veryslow
-@pytest.mark.parametrize("method", ["l2p", "ease"])
+@pytest.mark.parametrize("method", ["l2p"])
 def test_quick_profile_on_the_embedded_benchmark_with_the_offline_vit(tmp_path, method):
     from clbench.weights import sources as ow
 
@@ -273,7 +199,7 @@ def test_quick_profile_on_the_embedded_benchmark_with_the_offline_vit(tmp_path, 
             profile="quick",
             weights="offline",
             out=str(tmp_path / method),
-            protocol="both" if method == "l2p" else "per-sample",
+            protocol="both",
         )
     )
     assert record.complete and record.img_size == 112 and len(record.acc_curve) == 6

@@ -1,5 +1,5 @@
-"""RanPAC and APER: the ridge algebra against direct solves, the reference's lambda rule, the seeded projection kept
-in the checkpoint, the concatenated prototypes, one adapted pass per image, parameter formulas, and refusals.
+"""RanPAC: the ridge algebra against direct solves, the reference's lambda rule, the seeded projection kept in the
+checkpoint, one adapted pass per image (its first session is APER's), parameter formulas, and refusals.
 
 Mechanics on the tiny random ViT (``vit_micro``, 64-d) with tiny data; one slow test on the embedded benchmark with
 the real offline ViT. The clbench cache (``CLBENCH_CACHE``) is isolated per session by ``conftest.py``.
@@ -285,9 +285,9 @@ def test_ranpac_without_phase_1_passes_no_image_through_the_vit(backbone, tasks,
 
 
 # ----------------------------------------------------------------------------------------------- one pass per image
-@pytest.mark.parametrize("method", ["ranpac", "aper"])
+@pytest.mark.parametrize("method", ["ranpac"])
 def test_after_task_0_every_image_passes_the_adapted_vit_once(backbone, tasks, test_split, method):
-    s = RanPAC(RANPAC_SMALL, ctx_for(backbone)) if method == "ranpac" else APER(APER_SMALL, ctx_for(backbone))
+    s = RanPAC(RANPAC_SMALL, ctx_for(backbone))
     count = PassCounter(backbone.model)
     try:
         s.learn_task(tasks[0])
@@ -310,28 +310,10 @@ def test_after_task_0_every_image_passes_the_adapted_vit_once(backbone, tasks, t
     assert s.store.passes == len(tasks[0].train) + len(test_split) + len(tasks[1].train)
 
 
-def test_aper_prototypes_are_class_means_of_the_concatenated_features(backbone, tasks):
-    s = APER(APER_SMALL, ctx_for(backbone))
-    d = backbone.num_features
-    for task in tasks:
-        s.learn_task(task)
-    assert s.head.weight.shape == (4, 2 * d)
-    feats = s.features(tasks[1].train)
-    assert feats.shape == (len(tasks[1].train), 2 * d)
-    assert torch.equal(feats[:, :d], tasks[1].train.features)  # first half: the frozen cached feature
-    assert not torch.allclose(feats[:, d:], feats[:, :d], atol=1e-4)  # second half: the adapted one
-    labels = tasks[1].train.labels
-    for c in (2, 3):
-        torch.testing.assert_close(s.head.weight[c], feats[labels == c].mean(0))
-    x = s.features(tasks[0].train.subset([0, 1, 2]))
-    want = F.normalize(x, dim=1) @ F.normalize(s.head.weight, dim=1).T  # cosine on the whole concatenation
-    torch.testing.assert_close(s.predict(tasks[0].train.subset([0, 1, 2])), want)
-
-
 # ----------------------------------------------------------------------------------------------- accounting
 @pytest.mark.parametrize(
     "strategy,overrides",
-    [("ranpac", (("M", "200"),)), ("ranpac", (("M", "200"), ("first_session", "false"))), ("aper", ())],
+    [("ranpac", (("M", "200"),)), ("ranpac", (("M", "200"), ("first_session", "false")))],
 )
 def test_param_formula_equals_the_counts_after_a_real_run(tmp_path, strategy, overrides):
     record = run(
@@ -383,11 +365,9 @@ def test_configs_reject_bad_values_naming_the_field():
         RanPACConfig(head="linear")
     with pytest.raises(ValueError, match="ridge_numerics"):
         RanPACConfig(ridge_numerics="fast")
-    with pytest.raises(ValueError, match="epochs"):
-        APERConfig(epochs=0)
 
 
-@pytest.mark.parametrize("cls", [RanPAC, APER])
+@pytest.mark.parametrize("cls", [RanPAC])
 def test_profiles_are_valid_configs(cls):
     for profile in ("quick", "ci"):
         cfg = make_strategy_config(cls, profile, ())
@@ -395,7 +375,7 @@ def test_profiles_are_valid_configs(cls):
     assert cls.profiles["quick"]["img_size"] == 112 and cls.profiles["ci"]["img_size"] == 56
 
 
-@pytest.mark.parametrize("strategy", ["ranpac", "aper"])
+@pytest.mark.parametrize("strategy", ["ranpac"])
 def test_unknown_set_key_lists_the_valid_ones(strategy, tmp_path, capsys):
     code = main(["run", "--strategy", strategy, *MICRO, "--set", "bottlenek=8", "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err
@@ -404,7 +384,7 @@ def test_unknown_set_key_lists_the_valid_ones(strategy, tmp_path, capsys):
 
 # ----------------------------------------------------------------------------------------------- real data
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ranpac", "aper"])
+@pytest.mark.parametrize("strategy", ["ranpac"])
 def test_ci_profile_beats_a_random_weights_copy_of_the_backbone(tmp_path, strategy):
     from clbench.weights import sources as ow
 

@@ -1,0 +1,11 @@
+"""Layers shared by two or more methods, one small module per kind (as timm's ``layers/``); no method file imports
+another method file, they import from here (or from :mod:`clbench.blocks`) instead.
+
+- :mod:`clbench.layers.adapters`: the AdaptFormer bottleneck adapter and one-per-block adapter sets (EASE, APER,
+  RanPAC, MOS).
+- :mod:`clbench.layers.first_session`: APER's first-session adaptation and the store of adapted features (APER,
+  RanPAC's "Phase 1").
+- :mod:`clbench.layers.prompts`: prompt-pool key matching and prompt selection (L2P, DualPrompt).
+- :mod:`clbench.layers.heads`: the growing linear classifier (L2P, DualPrompt, MOS). The cosine head is
+  :class:`clbench.blocks.CosineHead`.
+"""

@@ -1,0 +1,142 @@
+"""APER's first-session adaptation, shared with RanPAC's "Phase 1": tune one adapter set and a cosine head on the
+first task (:func:`tune_first_session`), then keep each image's adapted [CLS] feature (:class:`AdaptedFeatures`).
+
+APER: Zhou et al., "Revisiting Class-Incremental Learning with Pre-Trained Models: Generalizability and Adaptivity
+are All You Need", IJCV 2024, arXiv 2303.07338 (LAMDA-PILOT ``models/aper_adapter.py`` ``_train``). RanPAC: McDonnell
+et al., "RanPAC: Random Projections and Pre-trained Models for Continual Learning", NeurIPS 2023, arXiv 2307.02251,
+which adopted APER's first session as its Phase 1 (PILOT ``models/ranpac.py`` ``_train``). Used by
+``baselines/aper.py`` and ``baselines/ranpac.py``; the adapters are :mod:`clbench.layers.adapters`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from clbench.blocks import CosineHead, cosine_lr, optimizer_step, vit_forward_tokens, vit_tokens
+from clbench.errors import ClbenchError
+from clbench.layers.adapters import AdapterSet
+from clbench.strategy import Context, Split, Task
+
+
+def check_first_session_fields(cfg: Any) -> None:
+    """Cross-field checks shared by APER and RanPAC configs; raises ``ValueError`` naming the field."""
+    for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.train_per_class is not None and cfg.train_per_class < 1:
+        raise ValueError(f"train_per_class must be >= 1 or None, got {cfg.train_per_class}")
+    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
+        raise ValueError(f"lr must be a positive number, got {cfg.lr}")
+    if not 0 <= cfg.min_lr <= cfg.lr:
+        raise ValueError(f"min_lr must be in [0, lr], got {cfg.min_lr}")
+    if not 0 <= cfg.adapter_dropout < 1:
+        raise ValueError(f"adapter_dropout must be in [0, 1), got {cfg.adapter_dropout}")
+    for name in ("momentum", "weight_decay", "adapter_scale"):
+        if not (getattr(cfg, name) >= 0 and math.isfinite(getattr(cfg, name))):
+            raise ValueError(f"{name} must be a finite number >= 0, got {getattr(cfg, name)}")
+
+
+def adapted_cls(model: nn.Module, images: torch.Tensor, adapters: AdapterSet, ctx: Context) -> torch.Tensor:
+    """(B, d) float32 [CLS] pre-logits feature of the frozen ViT with one adapter per block."""
+    with ctx.autocast():
+        x = vit_forward_tokens(model, vit_tokens(model, images), adapters)  # (B, N, d)
+        return model.forward_head(x, pre_logits=True).float()
+
+
+def tune_first_session(
+    model: nn.Module, task: Task, cfg: Any, ctx: Context, label: str
+) -> tuple[AdapterSet, CosineHead]:
+    """Phase 1 of APER / RanPAC: a fresh adapter set and a cosine head over ``task.classes``, trained with
+    cross-entropy on the augmented training images (SGD with momentum and weight decay over adapters, head and
+    sigma, as the reference's ``optim.SGD(self._network.parameters(), ...)`` where only those have gradients;
+    cosine schedule stepped per epoch). Returns the adapters frozen in eval mode and the trained head."""
+    dev, dim, n_blocks = ctx.device, ctx.backbone.num_features, len(model.blocks)
+    adapters = AdapterSet(n_blocks, dim, cfg, ctx.generator(1000)).to(dev)
+    head = CosineHead(dim)
+    head.grow(len(task.classes))
+    with torch.no_grad():
+        bound = 1.0 / math.sqrt(dim)  # CosineLinear.reset_parameters
+        head.weight.uniform_(-bound, bound, generator=ctx.generator(2000))
+    head.to(dev)
+    local = torch.full((task.n_seen,), -1, dtype=torch.long)
+    local[torch.as_tensor(task.classes)] = torch.arange(len(task.classes))  # label -> row of the task-0 head
+    optimizer = torch.optim.SGD(
+        [*adapters.parameters(), *head.parameters()], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
+    schedule = cosine_lr(optimizer, cfg.epochs, eta_min=cfg.min_lr)
+    loader = task.train.image_loader(cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(3000))
+    seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator(4000)))
+    adapters.set_dropout_generator(torch.Generator(device=dev).manual_seed(seed))
+    advance = ctx.progress(f"{label} first session", cfg.epochs * len(loader)) if ctx.progress else None
+    adapters.train()
+    for epoch in range(cfg.epochs):
+        total, n = 0.0, 0
+        for images, labels, _ in loader:
+            target = local[labels].to(dev)
+            logits = head(adapted_cls(model, images.to(dev), adapters, ctx))  # (B, |C_0|)
+            value = optimizer_step(optimizer, F.cross_entropy(logits, target), f"first session epoch {epoch}")
+            total, n = total + value * len(target), n + len(target)
+            if advance:
+                advance(1)
+        schedule.step()
+        ctx.log(f"  {label} first session epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
+    adapters.set_dropout_generator(None)
+    adapters.requires_grad_(False)
+    adapters.eval()
+    return adapters, head
+
+
+class AdaptedFeatures:
+    """Adapted [CLS] features computed once per image and kept, keyed by image identity (the source's content
+    fingerprint and the image's index in it). Valid because the adapted ViT never changes after task 0; saved with
+    the strategy, so a resumed run does not pass an image again. Only computed rows are stored (a row index per
+    image of the source, -1 where not computed). ``passes`` counts images sent through the ViT."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # fingerprint -> ((len,) int32 row, (K, d))
+        self.passes = 0
+
+    def get(
+        self, split: Split, compute: Callable[[torch.Tensor], torch.Tensor], batch_size: int, device: torch.device
+    ) -> torch.Tensor:
+        """(len(split), d) float32 features of ``split``'s images (eval transform), computing only the missing."""
+        key = split.source.fingerprint()
+        if key not in self.tables:
+            self.tables[key] = (torch.full((len(split.source),), -1, dtype=torch.int32), torch.zeros(0, self.dim))
+        row, feats = self.tables[key]
+        need = np.flatnonzero(row.numpy()[split.indices] < 0)
+        if need.size:
+            _, first = np.unique(split.indices[need], return_index=True)  # an image listed twice passes once
+            missing = split.subset(need[np.sort(first)])
+            new = []
+            with torch.no_grad():
+                for images, _, _ in missing.image_loader(batch_size, augment=False):
+                    new.append(compute(images.to(device)).cpu())
+                    self.passes += len(images)
+            row[torch.as_tensor(missing.indices)] = torch.arange(
+                len(feats), len(feats) + len(missing), dtype=torch.int32
+            )
+            feats = torch.cat([feats, *new])
+            self.tables[key] = (row, feats)
+        return feats[row[torch.as_tensor(split.indices)].long()]
+
+
+def check_width(name: str, saved: int, dim: int) -> None:
+    """A resumed state must come from a backbone of the current width."""
+    if saved != dim:
+        raise ClbenchError(
+            f"{name}: the saved run was made on {saved}-d backbone features, but this backbone gives {dim}-d features",
+            "resume with the backbone the run started with, or start over with --overwrite",
+        )
+
+
+def n_head_params(head: CosineHead) -> int:
+    return head.weight.numel() + head.sigma.numel()

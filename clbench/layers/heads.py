@@ -1,0 +1,34 @@
+"""Classifier heads shared by methods: :class:`LinearHead`, the linear classifier that grows a row per arriving class.
+
+Used by L2P (``baselines/l2p.py``), DualPrompt (``baselines/dualprompt.py``) and MOS (``baselines/mos.py``), each the
+``head`` of PILOT's ViT (``nn.Linear(d, classes)``, timm init). The cosine head of SimpleCIL, EASE, APER and TOSCA is
+:class:`clbench.blocks.CosineHead`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LinearHead(nn.Module):
+    """A linear classifier whose rows are added when classes arrive (new rows: trunc-normal std 0.02, bias 0)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(0, dim))
+        self.bias = nn.Parameter(torch.zeros(0))
+
+    def grow(self, n_total: int, generator: torch.Generator) -> None:
+        n_new = n_total - self.weight.shape[0]
+        if n_new < 0:
+            raise ValueError("the head never shrinks")
+        rows = torch.empty(n_new, self.weight.shape[1])
+        nn.init.trunc_normal_(rows, std=0.02, a=-2.0, b=2.0, generator=generator)  # timm's init_weights_vit_timm
+        dev = self.weight.device
+        self.weight = nn.Parameter(torch.cat([self.weight.data, rows.to(dev)]))
+        self.bias = nn.Parameter(torch.cat([self.bias.data, torch.zeros(n_new, device=dev)]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
