@@ -47,7 +47,7 @@ def failed_tests(output: str) -> list[str]:
     return re.findall(r"^FAILED (\S+)", output, flags=re.MULTILINE)
 
 
-@pytest.mark.mutations  # one pytest process per planted bug (~10-60 s each on a 2-core CPU): .ci/run's own step
+@pytest.mark.mutations  # one pytest process per planted bug (48-120 s each under load): .ci/run's own step
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_planted_bug_is_caught_by_the_methods_tests(name):
     mutation = MUTATIONS[name]
