@@ -20,7 +20,6 @@ import pytest
 from mutations import ENV, MUTATIONS, SELECTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow  # one pytest process per planted bug (~10-60 s each on a 2-core CPU)
 
 
 def run_selection(method: str, mutation: str) -> subprocess.CompletedProcess:
@@ -33,7 +32,14 @@ def run_selection(method: str, mutation: str) -> subprocess.CompletedProcess:
         "HF_HUB_OFFLINE": "1",
     }
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutations"]
-    cmd += ["-x", "-m", "not slow and not veryslow", "-k", keyword, *files]  # -x: the first catch is enough
+    cmd += [
+        "-x",
+        "-m",
+        "not slow and not veryslow and not full and not mutations",
+        "-k",
+        keyword,
+        *files,
+    ]  # -x: the first catch is enough
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -41,6 +47,7 @@ def failed_tests(output: str) -> list[str]:
     return re.findall(r"^FAILED (\S+)", output, flags=re.MULTILINE)
 
 
+@pytest.mark.mutations  # one pytest process per planted bug (48-120 s each under load): .ci/run's own step
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_planted_bug_is_caught_by_the_methods_tests(name):
     mutation = MUTATIONS[name]

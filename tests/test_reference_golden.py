@@ -55,6 +55,7 @@ from tosca.luca import LuCA
 from tosca.strategy import TOSCA, TOSCAConfig, stacked_forward
 
 FIXTURES = Path(__file__).parent / "reference_golden"
+pytestmark = pytest.mark.pins_numbers  # fp32 on both sides; .ci/run also runs these under ATEN_CPU_CAPABILITY=avx2
 RTOL, ATOL = 1e-5, 1e-5  # float32 on both sides; see the module docstring
 SGD_ATOL = 1e-6  # below the 1.25e-5 that one l1 step moves a parameter
 # The new classes' head rows start at zero, so their first gradient is ~1e12 times the usual one and they reach ~1e9

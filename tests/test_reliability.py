@@ -81,16 +81,24 @@ def leftovers(out: Path) -> list[str]:
     return sorted(p.name for p in out.glob(".*.tmp"))  # any temporary, clbench's (TMP_PREFIX) or not
 
 
+class _References(dict):
+    """Uninterrupted records, each made on first use (in-process, warming the feature cache that the subprocesses
+    then hit), so that a selection of the tests runs only the strategies it needs."""
+
+    def __init__(self, root: Path, cache_root: Path) -> None:
+        super().__init__()
+        self.root, self.cache_root = root, cache_root
+
+    def __missing__(self, strategy: str) -> dict:
+        os.environ["CLBENCH_CACHE"] = str(self.cache_root)
+        assert main(run_argv(strategy, self.root / strategy)) == 0
+        self[strategy] = record(self.root / strategy)
+        return self[strategy]
+
+
 @pytest.fixture(scope="module")
 def references(tmp_path_factory, cache_root):
-    """Uninterrupted records (in-process, warming the feature cache that the subprocesses then hit)."""
-    os.environ["CLBENCH_CACHE"] = str(cache_root)
-    root = tmp_path_factory.mktemp("ref")
-    out = {}
-    for strategy in SETTINGS:
-        assert main(run_argv(strategy, root / strategy)) == 0
-        out[strategy] = record(root / strategy)
-    return out
+    return _References(tmp_path_factory.mktemp("ref"), cache_root)
 
 
 # ----------------------------------------------------------------------------------------------- kills
@@ -192,10 +200,23 @@ def _kill_sequence(argv: list[str], out: Path, rng: random.Random, logs: Path, n
 # real kill can land in them (three misses in a row were seen). Its kill states are covered deterministically by
 # test_every_state_a_kill_can_leave_resumes below.
 KILLABLE = [s for s in SETTINGS if s != "aper"]
+# The default run kills and resumes TOSCA (it trains, so its optimiser, scheduler and RNG state must carry over) and
+# rebuilds every kill state for TOSCA and SimpleCIL. What differs between strategies on resume is only the state they
+# save, which test_state_dict_round_trip_for_every_strategy proves for every strategy; the same kill tests for the
+# other strategies are the `full` tier (pytest -m full; .ci/run runs it).
+DEFAULT_KILLED = ("tosca",)
+DEFAULT_REBUILT = ("tosca", "simplecil")
 
 
-@pytest.mark.parametrize("strategy", KILLABLE)
+def _tiered(strategies, default) -> list:
+    return [s if s in default else pytest.param(s, marks=pytest.mark.full) for s in strategies]
+
+
+@pytest.mark.parametrize("strategy", _tiered(KILLABLE, DEFAULT_KILLED))
 def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_record(strategy, references, tmp_path, capsys):
+    """A real SIGKILL at a random moment, then `clbench run --resume`. The `full` cases (every strategy but TOSCA)
+    repeat this proof per strategy; the default run carries it with [tosca] plus
+    test_state_dict_round_trip_for_every_strategy."""
     ref, out, rng = references[strategy], tmp_path / "run", random.Random()
     for _attempt in range(5):
         note: list[str] = []
@@ -251,8 +272,11 @@ def _snapshots(strategy: str, out: Path, monkeypatch) -> dict[str, Path]:
     return snaps
 
 
-@pytest.mark.parametrize("strategy", list(SETTINGS))
+@pytest.mark.parametrize("strategy", _tiered(SETTINGS, DEFAULT_REBUILT))
 def test_every_state_a_kill_can_leave_resumes(strategy, references, tmp_path, monkeypatch, capsys):
+    """Every file state a kill can leave resumes to the uninterrupted record. The `full` cases (MOS, DualPrompt,
+    RanPAC, APER) repeat it per strategy; the default run carries it with [tosca] and [simplecil] plus
+    test_state_dict_round_trip_for_every_strategy."""
     snaps = _snapshots(strategy, tmp_path / "run", monkeypatch)
     assert_same_run(record(tmp_path / "run"), references[strategy])
     cases = {"after-checkpoint-1": 1, "after-checkpoint-2": 2, "mid-write": 2, "finishing": 3}

@@ -97,6 +97,7 @@ def shift_accuracy(delta: float):
 
 
 # ------------------------------------------------------------------------------------------- tables
+@pytest.mark.pins_numbers  # tables of committed records: the same on every CPU
 def test_markdown_tables_match_golden():
     text = markdown_tables(collect([FIXTURES]))
     if os.environ.get("CLBENCH_UPDATE_GOLDEN"):
