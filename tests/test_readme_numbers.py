@@ -46,6 +46,8 @@ FIVE_SEEDS = {
     "SimpleCIL": ("simplecil", "per-sample"),
     "TOSCA (per-sample": ("tosca", "per-sample"),
     "TOSCA, `reference` protocol": ("tosca", "reference"),
+    "RanPAC": ("ranpac", "per-sample"),
+    "APER": ("aper", "per-sample"),
 }
 HEADERS = {"one": "| strategy (budget)", "five": "| strategy, five seeds"}
 
