@@ -154,6 +154,19 @@ def test_different_settings_of_one_strategy_are_not_averaged(tmp_path):
     assert sorted(set(df["strategy"])) == ["tosca", "tosca epochs=5"]  # named by the setting that differs
 
 
+def test_a_repeated_seed_counts_once_and_is_named(tmp_path):
+    def later(rec):
+        rec["run_id"], rec["created"] = "sc-again", "2099-01-01T00:00:00+00:00"
+
+    first = copy_runs(tmp_path / "a", ["sc-s1993", "sc-s1994"])
+    again = copy_runs(tmp_path / "b", ["sc-s1993"], {"sc-s1993": later})
+    coll = collect([first, again])
+    assert {r.run_id: r.repeat_of for r in coll.runs}["sc-s1993"] == "sc-again"  # the newest of one seed is kept
+    df = summary_frame(coll)
+    assert list(df["n"]) == [2]  # seeds 1993 and 1994, not 1993 twice
+    assert any("sc-s1993 repeats seed 1993" in n and "from sc-again" in n for n in coll.notes)
+
+
 def test_skipped_runs_are_listed_and_not_averaged():
     coll = collect([FIXTURES])
     reasons = {Path(s.path).name: s.reason for s in coll.skipped}

@@ -163,7 +163,7 @@ def budget_curves(coll: Collection, strict: bool = False) -> tuple[list[BudgetCu
     with at least two budgets becomes a curve; the others are named in the notes.
     """
     by_strategy: dict[tuple[str, str], list[Run]] = defaultdict(list)
-    for run in coll.runs:
+    for run in coll.seeded():
         by_strategy[(run.bench_label, run.strategy)].append(run)
     curves: list[BudgetCurve] = []
     notes: list[str] = []

@@ -6,6 +6,9 @@ unreadable JSON, missing fields) becomes a :class:`Skipped` entry with the reaso
 
 Grouping keys keep apart what must not be averaged together: benchmark and split, backbone (name, input size and
 weights), strategy configuration and evaluation protocol are all part of a row's key; only seeds are averaged.
+Two records of one row with the same seed (and class order) are repeats, not two seeds: a row counts a seed once,
+from the record that keeps per-image predictions (then the newest); the repeat stays in the list of runs and the
+report's notes name it (:attr:`Run.repeat_of`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -43,6 +46,7 @@ class Run:
     run_id: str
     variant: str
     pool_class_orders: bool = False  # rows average runs of different class orders (a sweep with --vary both)
+    repeat_of: str | None = None  # the run whose seed this one repeats (the rows use that one; module docstring)
 
     # --------------------------------------------------------------------------------------- record fields
     @property
@@ -156,16 +160,20 @@ class Collection:
     def acc_groups(self) -> dict[AccKey, list[Run]]:
         """Runs per accuracy row, in display order (benchmark, backbone, strategy, protocol)."""
         groups: dict[AccKey, list[Run]] = defaultdict(list)
-        for run in self.runs:
+        for run in self.seeded():
             for p in run.protocols:
                 groups[acc_key(run, p)].append(run)
         return {k: groups[k] for k in sorted(groups, key=_acc_sort_key)}
 
     def run_groups(self) -> dict[RunKey, list[Run]]:
         groups: dict[RunKey, list[Run]] = defaultdict(list)
-        for run in self.runs:
+        for run in self.seeded():
             groups[run_key(run)].append(run)
         return {k: groups[k] for k in sorted(groups)}
+
+    def seeded(self) -> list[Run]:
+        """The runs rows average: every run but the repeats of a seed (module docstring)."""
+        return [r for r in self.runs if r.repeat_of is None]
 
     def benches(self) -> list[str]:
         return sorted({r.bench_label for r in self.runs})
@@ -294,12 +302,35 @@ def collect(paths: list[str | Path], pool_class_orders: bool = False) -> Collect
         taken.add(rid)
         runs.append(Run(folder, rec, rid, variants[id(rec)], pool_class_orders))
     runs.sort(key=lambda r: (r.bench_label, r.backbone_label, r.variant, r.seed, r.run_id))
+    runs, notes = _mark_repeats(runs)
 
-    notes = []
     changed = [r.run_id for r in runs if _redefined(r.record.metric_definitions, metrics.DEFINITIONS)]
     if changed:
         notes.append("metric definitions in these records differ from this clbench's: " + ", ".join(changed))
     return Collection(runs, sorted(skipped, key=lambda s: s.path), notes)
+
+
+def _mark_repeats(runs: list[Run]) -> tuple[list[Run], list[str]]:
+    """Runs with ``repeat_of`` set where another run of the same row has the same seed and class order, and a note
+    per repeat. The run kept is the one with per-image predictions, then the newest, then the first by id."""
+    same: dict[tuple[Any, ...], list[Run]] = defaultdict(list)
+    for r in runs:
+        same[(r.bench_label, r.backbone_label, r.weights_label, r.variant, r.seed, r.record.class_order_seed)].append(r)
+    kept: dict[str, str] = {}
+    notes: list[str] = []
+    for group in same.values():
+        if len(group) < 2:
+            continue
+        by_id = sorted(group, key=lambda r: r.run_id)  # a stable sort keeps this order among equals
+        best = sorted(by_id, key=lambda r: (r.record.predictions is not None, r.record.created), reverse=True)[0]
+        others = sorted(r.run_id for r in group if r is not best)
+        kept.update({rid: best.run_id for rid in others})
+        notes.append(
+            f"{', '.join(others)} {'repeats' if len(others) == 1 else 'repeat'} seed {best.seed} of {best.variant} "
+            f"({best.bench_label}): the rows count that seed once, from {best.run_id}"
+        )
+    marked = [replace(r, repeat_of=kept.get(r.run_id)) for r in runs]
+    return marked, notes
 
 
 def _redefined(theirs: dict[str, str] | None, ours: dict[str, str]) -> bool:
