@@ -14,7 +14,14 @@ from test_report import FIXTURES, REPO, cli, copy_runs, shift_accuracy
 from tinytasks import make_split
 
 from clbench.errors import ClbenchError
-from clbench.report.budget import QUICK, REFERENCE, budget_curves, differing_settings, optimizer_steps
+from clbench.report.budget import (
+    QUICK,
+    REFERENCE,
+    budget_curves,
+    curve_label,
+    differing_settings,
+    optimizer_steps,
+)
 from clbench.report.collect import collect
 from clbench.strategy import Context, Task
 
@@ -87,6 +94,32 @@ def test_records_that_differ_in_more_than_budget_are_refused_by_name(tmp_path):
     curves, notes = budget_curves(coll)
     assert [p.budget["epochs"] for c in curves for p in c.points] == [2, 5]
     assert len(notes) == 1 and "leaves out tosca-e20: other settings than the rest" in notes[0]
+
+
+def on_cpu(precision: str, capability: str, amx: bool):
+    def edit(rec):
+        rec["precision"] = precision
+        rec["host"] = {**rec.get("host", {}), "cpu_capability": capability, "amx": amx}
+
+    return edit
+
+
+def test_bf16_records_of_other_cpu_kernels_are_other_curves_fp32_ones_are_not(tmp_path):
+    """bf16 numbers move with the CPU's kernels, fp32 ones do not: a bf16 curve holds one CPU kind."""
+    xeon, epyc = on_cpu("bf16", "AVX512", True), on_cpu("bf16", "AVX512", False)
+    runs = budget_runs(tmp_path / "bf16", {"tosca-s1993": xeon, "tosca-s1994": epyc, "tosca-e20": epyc})
+    coll = collect([runs])
+    assert differing_settings([r.record for r in coll.runs]) == {"bf16 kernels": ['"AVX512 AMX"', '"AVX512"']}
+    with pytest.raises(ClbenchError, match=r"bf16 kernels: \"AVX512 AMX\" vs \"AVX512\""):
+        budget_curves(coll, strict=True)
+    curves, notes = budget_curves(coll)
+    assert [p.budget["epochs"] for c in curves for p in c.points] == [5, 20]
+    assert curve_label(curves[0]) == "tosca (bf16, AVX512)"
+    assert "leaves out tosca-s1993: other settings than the rest" in notes[0]
+    fp32 = {"tosca-s1993": on_cpu("fp32", "AVX512", True), "tosca-s1994": on_cpu("fp32", "AVX2", False)}
+    fp32["tosca-e20"] = fp32["tosca-s1994"]
+    (curve,) = budget_curves(collect([budget_runs(tmp_path / "fp32", fp32)]), strict=True)[0]
+    assert len(curve.points) == 3 and curve_label(curve) == "tosca (fp32)"
 
 
 def test_records_without_step_counts_are_refused_or_left_out(tmp_path):

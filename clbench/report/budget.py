@@ -6,7 +6,11 @@ A record's budget is its strategy settings that say how much it trains: ``epochs
 Its optimizer steps are the sum of ``params.extra["optimizer_steps_per_task"]``, which the methods that train
 through the ViT note per task (:meth:`clbench.strategy.Strategy.note_steps`; records made before carry none).
 Everything else (benchmark and split, backbone, weights, input size, transform, precision, every other strategy
-setting) must be equal along a curve; seeds are averaged per point.
+setting) must be equal along a curve; seeds are averaged per point. A bf16 record's kernels are part of its settings
+too (``bf16 kernels``: torch's CPU capability, and AMX where the record says so): bf16 numbers move with the CPU's
+kernels (L2P's reference config, seed 1993: 23.35 on an Intel Xeon with AMX, 25.37 on an AMD EPYC with AVX-512 BF16
+and no AMX), so a curve never mixes them; fp32 numbers do not (the gate's fp32 runs are bit-identical under AVX512
+and AVX2), so fp32 records of any CPU share a curve.
 
 On a curve, the point whose budget equals the strategy's ``quick`` profile is marked ``quick`` and the one whose
 budget equals its default config (the reference's epochs) ``reference epochs``.
@@ -59,9 +63,19 @@ def optimizer_steps(record: RunRecord) -> int | None:
     return int(sum(steps))
 
 
+def bf16_kernels(record: RunRecord) -> str | None:
+    """The CPU kernels a bf16 record's numbers depend on (module docstring); None for other precisions."""
+    if record.precision != "bf16" or (record.device or "cpu") != "cpu":
+        return None
+    host = record.host
+    return f"{host.cpu_capability or 'unknown CPU'}{' AMX' if host.amx else ''}"
+
+
 def fixed_settings(record: RunRecord) -> dict[str, Any]:
     """What must be equal along a budget curve: the record's defining fields and its non-budget strategy settings."""
     out = {name: getattr(record, name) for name in RECORD_SETTINGS}
+    if (kernels := bf16_kernels(record)) is not None:
+        out["bf16 kernels"] = kernels
     if (record.weights_source or "").startswith("random"):  # a random init follows the seed: seeds still average
         out["weights_digest"] = "random init"
     out.update({k: v for k, v in record.strategy_config.items() if not is_budget_setting(k)})
@@ -204,7 +218,8 @@ def budget_curves(coll: Collection, strict: bool = False) -> tuple[list[BudgetCu
 
 
 def curve_label(curve: BudgetCurve) -> str:
-    return f"{curve.strategy} ({curve.settings.get('precision')})"
+    kernels = curve.settings.get("bf16 kernels")
+    return f"{curve.strategy} ({curve.settings.get('precision')}{f', {kernels}' if kernels else ''})"
 
 
 def steps_label(steps: float) -> str:
