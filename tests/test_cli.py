@@ -169,3 +169,22 @@ def test_run_writes_record_and_refuses_to_overwrite(capsys, tmp_path):
     code, _, err = _run(["run", "--strategy", "simplecil", *MICRO, "--out", str(out)], capsys)
     assert code == 2 and "already holds a finished run" in err and "--overwrite" in err
     assert json.loads((out / "result.json").read_text()) == rec  # untouched
+
+
+def test_a_random_only_backbone_takes_random_or_a_file_of_its_weights(tmp_path):
+    """vit_micro has no published weights: offline and hub are refused by name; a saved file loads bit for bit (the
+    pinned routing test relies on it, since the random init itself differs between CPU kinds)."""
+    from safetensors.torch import save_file
+
+    from clbench.backbones import load_backbone
+    from clbench.errors import ClbenchError
+
+    for source in ("offline", "hub"):
+        with pytest.raises(ClbenchError, match="vit_micro has no published weights"):
+            load_backbone("vit_micro", source)
+    drawn = load_backbone("vit_micro", "random", seed=7)
+    path = tmp_path / "micro.safetensors"
+    save_file({k: v.contiguous() for k, v in drawn.model.state_dict().items()}, str(path))
+    loaded = load_backbone("vit_micro", str(path))
+    assert loaded.digest == drawn.digest and loaded.weights_source == f"file:{path}"
+    assert load_backbone("vit_micro", "auto", seed=7).digest == drawn.digest  # auto: a random init, as before

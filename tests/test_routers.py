@@ -23,6 +23,9 @@ from clbench.routers import (
 )
 
 BASELINE = Path(__file__).parent / "fixtures" / "routing" / "entropy_baseline.json"
+# The micro ViT's random init (seed 1993, 32 px) saved once: the init itself differs between CPU kinds (an Intel Xeon
+# with AMX and an AMD EPYC gave other digests), so the pinned run loads these weights instead of drawing them.
+MICRO_WEIGHTS = BASELINE.parent / "vit_micro_s1993.safetensors"
 SUM_RTOL = 1e-6  # logits/features sums across CPU kernels (measured 3e-8); a changed rule moves them by far more
 ALL = ("max-logit", "energy", "margin", "entropy-calibrated", "prototype", "mahalanobis", "mahalanobis-task")
 
@@ -125,15 +128,19 @@ def entropy_trace(session) -> dict:
 
 @pytest.mark.pins_numbers
 def test_entropy_default_is_the_pre_router_result_and_oracle_is_the_recorded_bound(micro_session_factory):
-    """The fixture pins TOSCA's entropy routing as it was before routers existed, at fp32 so that it holds on every
-    CPU kind (AMX, AVX-512, AVX2; .ci/run also runs it with ATEN_CPU_CAPABILITY=avx2)."""
+    """The fixture pins TOSCA's entropy routing, at fp32 and from saved micro-ViT weights so that it holds on every CPU
+    kind (AMX, AVX-512 without AMX, AVX2; .ci/run also runs it with ATEN_CPU_CAPABILITY=avx2)."""
     s = micro_session_factory(
-        "tosca", seed=1993, precision="fp32", overrides=(("epochs", "3"), ("routers", ",".join(ALL)))
+        "tosca",
+        seed=1993,
+        precision="fp32",
+        weights=str(MICRO_WEIGHTS),
+        overrides=(("epochs", "3"), ("routers", ",".join(ALL))),
     )
     assert s.strategy.cfg.router == "entropy"
     got = entropy_trace(s)
     if os.environ.get("CLBENCH_UPDATE_GOLDEN"):  # regenerate after an intended change, and review the diff
-        made_with = "tests/test_routers.py::entropy_trace, micro ViT, random weights, seed 1993, epochs 3, fp32"
+        made_with = "tests/test_routers.py::entropy_trace, micro ViT from MICRO_WEIGHTS, seed 1993, epochs 3, fp32"
         fixture = {
             "made_with": made_with,
             **got,
@@ -141,7 +148,7 @@ def test_entropy_default_is_the_pre_router_result_and_oracle_is_the_recorded_bou
         }
         BASELINE.write_text(json.dumps(fixture, indent=1) + "\n")
     want = json.loads(BASELINE.read_text())
-    assert got["weights_digest"] == want["weights_digest"], "the micro ViT changed: the fixture no longer pins routing"
+    assert got["weights_digest"] == want["weights_digest"], "the micro ViT's weights file changed"
     for key in ("features_sq_sum", "features_abs_sum"):
         assert got[key] == pytest.approx(want[key], rel=SUM_RTOL), f"the micro ViT's features changed ({key})"
     for g, w in zip(got["tasks"], want["tasks"], strict=True):
