@@ -22,7 +22,14 @@ MICRO = dict(bench="emoji", backbone="vit_micro", weights="random")
 @pytest.fixture(scope="session")
 def cache_root(tmp_path_factory) -> Path:
     shared = os.environ.get("CLBENCH_TEST_CACHE")
-    return Path(shared) if shared else tmp_path_factory.mktemp("clbench-cache")
+    if shared:
+        return Path(shared)
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # xdist workers share one cache: weights converted, features made once
+        base = base.parent
+    path = base / "clbench-cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(autouse=True)

@@ -31,7 +31,7 @@ def run_selection(method: str, mutation: str) -> subprocess.CompletedProcess:
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
     }
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutations"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "mutations", "-n", "0"]
     cmd += [
         "-x",
         "-m",
