@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 FIG_DIR = "figures"
 FORMATS = ("png", "svg")
 PNG_DPI = 110
+MATRIX_PANELS = 12  # heatmaps per accuracy-matrix figure (more: further figures; 63 in one ran out of memory)
 TSNE_MAX_POINTS = 1500  # t-SNE cost grows with n log n; 1500 points keep a report under a minute on a CPU
 TSNE_SEED = 0  # fixed random_state and subsample seed: the same records give the same picture
 PROTOCOL_STYLE = {"per-sample": "-", "reference": "--"}
@@ -233,51 +234,68 @@ def accuracy_curves(
 
 
 def accuracy_matrices(coll: Collection, out_dir: Path) -> list[FigureOut]:
-    """Heatmaps of R[t][j] (mean over seeds) per strategy: one figure per benchmark, one panel per row key."""
-    import matplotlib
-    import seaborn as sns
-
+    """Heatmaps of R[t][j] (mean over seeds) per strategy: one panel per row key, up to :data:`MATRIX_PANELS` per
+    figure, one or more figures per benchmark."""
     groups = coll.acc_groups()
     out = []
     for bench in coll.benches():
-        keys = [k for k in groups if k.bench == bench]
-        several_backbones = len({(k.backbone, k.weights) for k in keys}) > 1
-        with matplotlib.rc_context({**RC, "axes.grid": False}):
-            ncols, nrows = _panel_grid(len(keys))
-            fig, axes = _new_figure(ncols, nrows, 4.2, 3.6)
-            for ax, key in zip(axes, keys, strict=False):
-                mats = [_square(r.summary(key.protocol).accuracy_matrix) for r in groups[key]]
-                n = min(m.shape[0] for m in mats)
-                mean = _nanmean(np.stack([m[:n, :n] for m in mats]))  # (T, T), NaN above the diagonal
-                labels = [str(i + 1) for i in range(n)]
-                sns.heatmap(
-                    mean,
-                    mask=np.isnan(mean),
-                    vmin=0,
-                    vmax=100,
-                    cmap="viridis",
-                    annot=n <= 10,
-                    fmt=".0f",
-                    annot_kws={"fontsize": 7},
-                    square=True,
-                    ax=ax,
-                    xticklabels=labels,
-                    yticklabels=labels,
-                    cbar_kws={"label": "accuracy (%)", "shrink": 0.8},
-                )
-                ax.set_xlabel("task j (test classes)")
-                ax.set_ylabel("after learning task t")
-                t = f"{key.strategy}, {key.protocol} (n={len(groups[key])})"
-                ax.set_title(t + (f"\n{key.backbone} ({key.weights})" if several_backbones else ""))
-            _hide_unused(axes, len(keys))
-            runs = _unique_runs([groups[k] for k in keys])
-            title = f"Accuracy matrices, {bench}"
-            caption = (
-                f"{title}: R[t][j] (%), accuracy on task j's classes after learning task t, mean over seeds. "
-                + provenance(runs)
-            )
-            out.append(_save(fig, out_dir, f"accuracy_matrix_{slug(bench)}", title, caption, runs))
+        bench_keys = [k for k in groups if k.bench == bench]
+        several_backbones = len({(k.backbone, k.weights) for k in bench_keys}) > 1
+        pages = [bench_keys[i : i + MATRIX_PANELS] for i in range(0, len(bench_keys), MATRIX_PANELS)]
+        for page, keys in enumerate(pages, start=1):
+            out.append(_matrix_page(groups, keys, bench, several_backbones, page, len(pages), out_dir))
     return out
+
+
+def _matrix_page(
+    groups: dict[Any, list[Run]],
+    keys: list[Any],
+    bench: str,
+    several_backbones: bool,
+    page: int,
+    pages: int,
+    out_dir: Path,
+) -> FigureOut:
+    """One figure of :func:`accuracy_matrices`: up to :data:`MATRIX_PANELS` row keys of one benchmark."""
+    import matplotlib
+    import seaborn as sns
+
+    with matplotlib.rc_context({**RC, "axes.grid": False}):
+        ncols, nrows = _panel_grid(len(keys))
+        fig, axes = _new_figure(ncols, nrows, 4.2, 3.6)
+        for ax, key in zip(axes, keys, strict=False):
+            mats = [_square(r.summary(key.protocol).accuracy_matrix) for r in groups[key]]
+            n = min(m.shape[0] for m in mats)
+            mean = _nanmean(np.stack([m[:n, :n] for m in mats]))  # (T, T), NaN above the diagonal
+            labels = [str(i + 1) for i in range(n)]
+            sns.heatmap(
+                mean,
+                mask=np.isnan(mean),
+                vmin=0,
+                vmax=100,
+                cmap="viridis",
+                annot=n <= 10,
+                fmt=".0f",
+                annot_kws={"fontsize": 7},
+                square=True,
+                ax=ax,
+                xticklabels=labels,
+                yticklabels=labels,
+                cbar_kws={"label": "accuracy (%)", "shrink": 0.8},
+            )
+            ax.set_xlabel("task j (test classes)")
+            ax.set_ylabel("after learning task t")
+            t = f"{key.strategy}, {key.protocol} (n={len(groups[key])})"
+            ax.set_title(t + (f"\n{key.backbone} ({key.weights})" if several_backbones else ""))
+        _hide_unused(axes, len(keys))
+        runs = _unique_runs([groups[k] for k in keys])
+        title = f"Accuracy matrices, {bench}" + (f" ({page} of {pages})" if pages > 1 else "")
+        caption = (
+            f"{title}: R[t][j] (%), accuracy on task j's classes after learning task t, mean over seeds. "
+            + provenance(runs)
+        )
+        name = f"accuracy_matrix_{slug(bench)}" + (f"_{page}" if page > 1 else "")
+        return _save(fig, out_dir, name, title, caption, runs)
 
 
 def _nanmean(stack: np.ndarray) -> np.ndarray:
