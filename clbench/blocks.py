@@ -147,6 +147,9 @@ class TrainingTrace:
         self._init: dict[int, list[torch.Tensor]] = {}  # optimiser id -> its parameters before its first step
         self._params: dict[int, list[torch.Tensor]] = {}
         self._epochs: dict[int, list[tuple[str, list[float]]]] = {}  # optimiser id -> [(where, losses)]
+        # The optimisers themselves, held for the task: a freed optimiser's id can be reused by the next one (MOS's
+        # alignment optimiser after its adapter optimiser), which merged two optimisers' entries into one.
+        self._optimizers: dict[int, torch.optim.Optimizer] = {}
 
     @classmethod
     def current(cls) -> TrainingTrace | None:
@@ -169,6 +172,7 @@ class TrainingTrace:
             self._params[key] = params
             self._init[key] = [p.detach().clone() for p in params]
             self._epochs[key] = []
+            self._optimizers[key] = optimizer
 
     def after_step(self, optimizer: torch.optim.Optimizer, loss: float, where: str) -> None:
         epochs = self._epochs[id(optimizer)]

@@ -38,3 +38,16 @@ def test_no_trace_outside_the_block_and_one_entry_per_optimiser():
     with TrainingTrace.active() as empty:
         pass
     assert empty.summary() == []
+
+
+def test_an_optimiser_made_after_another_is_freed_is_its_own_entry():
+    """MOS frees its adapter optimiser before making the alignment one; CPython may give the new one the freed id, which
+    once merged the two entries (seen as a resumed MOS run whose trace differed from the uninterrupted one)."""
+    with TrainingTrace.active() as trace:
+        for phase, steps in (("main", 1), ("alignment", 2)):
+            p = torch.nn.Parameter(torch.ones(3))
+            opt = torch.optim.SGD([p], lr=0.1)  # the previous phase's optimiser is gone by now
+            for _ in range(steps):
+                optimizer_step(opt, (p * 2).sum(), f"{phase} epoch 0")
+            del opt, p
+    assert [(s["steps"], s["epochs"]) for s in trace.summary()] == [(1, 1), (2, 1)]
