@@ -45,8 +45,9 @@ Deviations from the paper / reference code:
 - The reference hard-codes width 768; here the width is the backbone's ``num_features`` (any d; prototypes 2d).
 - The backbone runs at the run's precision (bf16 autocast where ``--precision`` resolves to it); heads and
   prototypes are float32.
-- ``train_per_class`` (CI profile only) restricts both the tuning and the prototypes to the first k training images
-  of each class.
+- The run setting ``train_per_class`` (``--train-per-class``; the ``ci`` profile sets 8) restricts both the tuning
+  and the prototypes to the first k training images of each class: the harness cuts each task before
+  ``learn_task``.
 - The CPU ``quick`` profile (not the default) runs at 112 px with 3 first-session epochs instead of 20; see
   ``APER.profiles``. Transforms, class order and task split are the harness's, shared by every method.
 """
@@ -92,7 +93,6 @@ class APERConfig:
     epochs: int = 20  # "tuned_epoch": first session only; later tasks train nothing
     batch_size: int = 48  # "batch_size" (training)
     eval_batch_size: int = 48  # the reference's prototype/test loaders reuse "batch_size"; speed only
-    train_per_class: int | None = None  # clbench: tuning and prototypes from the first k images per class (CI)
 
     def __post_init__(self) -> None:
         check_first_session_fields(self)
@@ -151,7 +151,6 @@ class APER(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg = self.cfg
-        task = task.first_per_class(cfg.train_per_class)
         if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
         adapters = trainable = steps = 0
@@ -225,7 +224,7 @@ class APER(Strategy):
         (the adapted ViT is then fixed, so each image's adapted feature is computed once and kept).
         Frozen features of every image (clbench's cache), task-0 training passes, then one adapted pass per
         training and test image (kept by the strategy)."""
-        learnt = shape.first_per_class(cfg.train_per_class).train_per_task  # the images tuning and prototypes use
+        learnt = shape.learnt  # the images tuning and prototypes use
         n_test = max(shape.test_seen, default=0)
         frozen = sum(shape.train_per_task) + n_test
         return Work(f=frozen + sum(learnt) + n_test, b=cfg.epochs * learnt[0], f_cacheable=frozen)

@@ -125,7 +125,6 @@ class DualPromptConfig:
     match_unseen_keys: bool = False  # True: PILOT's matching over all pool keys, untrained ones included
     kv_layout: Literal["paired", "pilot"] = "paired"  # "pilot": PILOT's E-prompt reshape without a permute
     query: Literal["augmented", "cached"] = "augmented"  # PromptVitNet: original backbone on the augmented batch
-    train_per_class: int | None = None  # clbench: learn from the first k images of each class only (CI profile)
 
     def __post_init__(self) -> None:
         for name in ("g_prompt_length", "e_prompt_length", "pool_size", "epochs", "batch_size", "eval_batch_size"):
@@ -136,8 +135,6 @@ class DualPromptConfig:
             raise ValueError(f"g_prompt_layers {g} and e_prompt_layers {e} must not share a block")
         if not e:
             raise ValueError("e_prompt_layers must name at least one block")
-        if self.train_per_class is not None and self.train_per_class < 1:
-            raise ValueError(f"train_per_class must be >= 1 or None, got {self.train_per_class}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number, got {self.lr}")
         for name in ("weight_decay", "pull_coeff"):
@@ -299,7 +296,6 @@ class DualPrompt(Strategy):
                 f"DualPrompt has {cfg.pool_size} E-prompt slots but this is task {t + 1}",
                 "run with --set pool_size=N, N >= the number of tasks",
             )
-        task = task.first_per_class(cfg.train_per_class)
         self.head.grow(task.n_seen, ctx.generator(1000 + t))
         self.n_seen = task.n_seen
         if t >= 1 and cfg.copy_prompt:  # _init_prompt: slot t starts from slot t - 1 (keys are not copied)
@@ -416,9 +412,9 @@ class DualPrompt(Strategy):
         The frozen features of every image (queries; cacheable), one query pass per training image and epoch
         with ``query="augmented"``, ``epochs`` prompted training passes per training image, and one prompted pass
         per seen test image, evaluation and protocol. Prefixes add no tokens: a prompted pass costs a plain one. With
-        ``train_per_class`` only the first k images of each class are trained on (all are in the feature cache)."""
+        the run's ``train_per_class`` only the first k images of each class are trained on (all are in the feature cache)."""
         n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
-        n_learn = sum(shape.first_per_class(cfg.train_per_class).train_per_task)
+        n_learn = sum(shape.learnt)
         cached = n_train + n_test
         augmented = cfg.epochs * n_learn if cfg.query == "augmented" else 0.0
         return Work(

@@ -92,14 +92,11 @@ class EASEConfig:
     eval_batch_size: int = 48  # the reference's test/prototype loaders reuse "batch_size"; speed only
     alpha: float = 0.1  # "alpha": other subspaces weigh alpha / t at inference
     use_reweight: bool = True  # "use_reweight": false = plain cosine on the concatenated feature
-    train_per_class: int | None = None  # clbench: adapters and prototypes from the first k images per class (CI)
 
     def __post_init__(self) -> None:
         for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.train_per_class is not None and self.train_per_class < 1:
-            raise ValueError(f"train_per_class must be >= 1 or None, got {self.train_per_class}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a positive number, got {self.lr}")
         if not 0 <= self.min_lr <= self.lr:
@@ -200,7 +197,6 @@ class EASE(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         t, cfg, ctx, dev = len(self.adapter_sets), self.cfg, self.ctx, self.ctx.device
-        task = task.first_per_class(cfg.train_per_class)
         if sorted(task.classes) != list(range(len(self.class_task), task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
 
@@ -309,7 +305,7 @@ class EASE(Strategy):
         with the new adapter set and a backward pass (b).
         After task t (t = 1..T subspaces): the task's training images through each of the t subspaces for the new
         prototypes, and, per protocol, every seen test image through each of the t subspaces (t f each)."""
-        train = shape.first_per_class(cfg.train_per_class).train_per_task
+        train = shape.learnt
         prototypes = sum(n * (t + 1) for t, n in enumerate(train))
         with_t = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))
         return Work(f=prototypes + shape.protocols * with_t, b=cfg.epochs * sum(train))

@@ -105,14 +105,11 @@ class L2PConfig:
     pull_coeff: float = 0.1  # "pull_constraint_coeff" (with "pull_constraint": true)
     train_selection: Literal["batchwise", "per-sample"] = "batchwise"  # "batchwise_prompt": true, also in training
     query: Literal["augmented", "cached"] = "augmented"  # PromptVitNet: original backbone on the augmented batch
-    train_per_class: int | None = None  # clbench: learn from the first k images of each class only (CI profile)
 
     def __post_init__(self) -> None:
         for name in ("pool_size", "prompt_length", "top_k", "epochs", "batch_size", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.train_per_class is not None and self.train_per_class < 1:
-            raise ValueError(f"train_per_class must be >= 1 or None, got {self.train_per_class}")
         if self.top_k > self.pool_size:
             raise ValueError(f"top_k ({self.top_k}) must be <= pool_size ({self.pool_size})")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -199,7 +196,6 @@ class L2P(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
-        task = task.first_per_class(cfg.train_per_class)
         self.head.grow(task.n_seen, ctx.generator(1000 + task.id))
         self.n_seen = task.n_seen
         params = [self.pool.prompts, self.pool.keys, self.head.weight, self.head.bias]
@@ -275,7 +271,7 @@ class L2P(Strategy):
         prompt tokens: k = (tokens + top_k * prompt_length) / tokens, a linear token-count scaling), plus one frozen
         pass for the query unless ``query="cached"``. Evaluation after task t, per protocol: every seen test image
         once prompted (k f) plus its query (f; the reference recomputes it)."""
-        n_train = sum(shape.first_per_class(cfg.train_per_class).train_per_task)
+        n_train = sum(shape.learnt)
         k = (shape.tokens + cfg.top_k * cfg.prompt_length) / shape.tokens
         query = 0.0 if cfg.query == "cached" else 1.0
         return Work(

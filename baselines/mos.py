@@ -136,7 +136,6 @@ class MOSConfig:
     max_refine: int = 4  # _eval_cnn: MAX_ITER of the self-refinement loop
     ensemble: bool = True  # "ensemble": add softmax((t+1) * prototype logits) to the refined softmax
     reference_drift: bool = False  # True: PILOT's in-place merging in every forward (see module docstring)
-    train_per_class: int | None = None  # clbench: learn from the first k images per class (CI profile)
 
     def __post_init__(self) -> None:
         for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size", "ca_samples_scale", "max_refine"):
@@ -144,10 +143,6 @@ class MOSConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.ca_epochs < 0:
             raise ValueError(f"ca_epochs must be >= 0, got {self.ca_epochs}")
-        if self.train_per_class is not None and self.train_per_class < 2:
-            raise ValueError(
-                f"train_per_class must be >= 2 (a class covariance needs 2 images) or None, got {self.train_per_class}"
-            )
         for name in ("lr", "ca_lr", "orth_temperature", "head_lr_scale"):
             if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
                 raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
@@ -247,6 +242,7 @@ class MOS(Strategy):
     state_types = (AdapterSet, Adapter, LinearHead)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
+    min_train_per_class = 2  # a class covariance needs 2 images
     # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
     # 2 cores within ~15 minutes: 112 px input, the first 32 training images of each class (about half), 2 epochs
     # instead of 20 and 10 alignment epochs instead of 30 (head-only steps on sampled features). With EASE's
@@ -311,7 +307,6 @@ class MOS(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         t, cfg = len(self.stored), self.cfg
-        task = task.first_per_class(cfg.train_per_class)
         if sorted(task.classes) != list(range(len(self.class_task), task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
         counts = torch.bincount(task.train.labels, minlength=task.n_seen)[task.classes]
@@ -560,7 +555,7 @@ class MOS(Strategy):
         backward passes per training image; end of task: two frozen passes per
         training image (statistics under set t, prototypes under set 0); evaluation after task t: t + 1 passes
         per seen test image and protocol. Alignment is head-only (negligible). Nothing is cacheable: set 0 is not
-        the frozen backbone. With ``train_per_class`` only the first k images of each class count."""
-        n_train = sum(shape.first_per_class(cfg.train_per_class).train_per_task)
+        the frozen backbone. With the run's ``train_per_class`` only the first k images of each class count."""
+        n_train = sum(shape.learnt)
         evals = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))
         return Work(f=2 * n_train + shape.protocols * evals, b=cfg.epochs * n_train, f_cacheable=0.0)

@@ -69,7 +69,8 @@ Deviations from the paper / reference code:
 - The reference's width is hard-coded 768; here d is the backbone's ``num_features`` (recorded with M in the run's
   ``params``). A resumed run whose saved width differs from the backbone's is refused.
 - Adapter details (LayerScale in DINOv2, private dropout generator, task-0 head init) as in ``baselines/aper.py``.
-- ``train_per_class`` (CI profile only) restricts tuning and statistics to the first k training images per class.
+- The run setting ``train_per_class`` (``--train-per-class``; the ``ci`` profile sets 8) restricts tuning and
+  statistics to the first k training images per class: the harness cuts each task before ``learn_task``.
 - Profiles (not the default): ``quick`` = 112 px and 3 first-session epochs (CPU); ``ci`` = 56 px, 3 tasks of 12
   classes, 16 images per class, 2 epochs and M = 2,000 so that the gate's run stays well under a minute.
 """
@@ -121,7 +122,6 @@ class RanPACConfig:
     epochs: int = 20  # "tuned_epoch": first session only; later tasks train nothing
     batch_size: int = 48  # "batch_size" (training)
     eval_batch_size: int = 48  # the reference's protonet/test loaders reuse "batch_size"; speed only
-    train_per_class: int | None = None  # clbench: tuning and statistics from the first k images per class (CI)
 
     def __post_init__(self) -> None:
         check_first_session_fields(self)
@@ -162,7 +162,7 @@ def ridge_losses(H: torch.Tensor, Y: torch.Tensor, numerics: str = "exact") -> l
     if n_fit < 1 or n_fit >= n:
         raise ClbenchError(
             f"RanPAC's ridge selection splits a task's training images 80/20, but this task has {n}",
-            "use tasks with at least 2 training images (or a larger train_per_class)",
+            "use tasks with at least 2 training images (or a larger --train-per-class)",
         )
     if numerics == "reference":  # optimise_ridge_parameter, float32 solves on the M x M fit Gram
         Ha, Hb, Ya, Yb = H[:n_fit], H[n_fit:], Y[:n_fit], Y[n_fit:]
@@ -289,7 +289,6 @@ class RanPAC(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg = self.cfg
-        task = task.first_per_class(cfg.train_per_class)
         if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
         adapters = trainable = steps = 0
@@ -412,7 +411,7 @@ class RanPAC(Strategy):
         2 n M^2 flops for n images, and one M x M float64 Cholesky, M^3 / 3), which has no unit in the committed
         projection costs (``reports/perf/projection-cpu.json``); measured ~15-25 s per task at M = 10,000 on the
         2-core CPU of ``reports/rivals/ranpac-aper.md``."""
-        learnt = shape.first_per_class(cfg.train_per_class).train_per_task  # the images tuning and statistics use
+        learnt = shape.learnt  # the images tuning and statistics use
         n_test = max(shape.test_seen, default=0)
         frozen = sum(shape.train_per_task) + n_test
         adapted = sum(learnt) + n_test if cfg.first_session else 0

@@ -308,7 +308,8 @@ class ClbenchStrategy(SupervisedTemplate):
             self.eval_transform,
             self.train_transform,
         )
-        self.method.learn_task(Task(self.tasks_learnt, classes, self.n_seen + len(classes), split))
+        task = Task(self.tasks_learnt, classes, self.n_seen + len(classes), split)
+        self.method.learn_task(task.first_per_class(self.resolved.train_per_class))  # the run's subset, as in a run
         self.n_seen += len(classes)
         self.tasks_learnt += 1
 

@@ -42,7 +42,7 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")  # = clbench.precision.CHOICES (that module imports torch lazily)
 WEIGHT_SOURCES = ("auto", "offline", "hub", "random")  # --weights values that are not a file
 # Profile keys that set the run, not the strategy config (an explicit setting wins over the profile).
-RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size", "init_cls", "increment"})
+RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size", "init_cls", "increment", "train_per_class"})
 # The run shape of the regression gate's ``ci`` profiles (.ci/gate, reports/gate/README.md), declared once for every
 # strategy's profiles to reuse: the embedded benchmark at 56 px (4x4 patches of 14 px), so that every ci run shares
 # one feature cache; the methods that pass images through the ViT per task run 3 tasks of 12 classes instead of the
@@ -276,6 +276,23 @@ class RunConfig:
         Number(int, 1, MAX_CLASSES, optional=True, meaning="the classes per later task", default_hint=ROUND_DEFAULT),
         Cli("classes per later task (default: the benchmark's split)"),
     )
+    train_per_class: int | None = run_field(  # None: every training image (the profile's value where it sets one)
+        None,
+        Number(
+            int,
+            1,
+            MAX_CLASSES,
+            optional=True,
+            meaning="the training images per class each task learns from",
+            default_hint="leave {s} out to learn from every training image",
+        ),
+        Cli(
+            "learn each task from the first K training images of each class only, a fixed subset that does not "
+            "depend on the seed (default: every image; the ci profiles set it). The frozen features of every image "
+            "are still computed and cached",
+            metavar="K",
+        ),
+    )
     seed: int = run_field(  # PILOT's default seed; drives every RNG of the run
         1993,
         Number(int, 0, SEED_MAX, meaning="the run's seed"),
@@ -457,6 +474,7 @@ DEFINING_FIELDS = (
     "weights",
     "init_cls",
     "increment",
+    "train_per_class",
     "seed",
     "class_order_seed",
     "protocol",
@@ -467,11 +485,19 @@ DEFINING_FIELDS = (
     "precision",
 )
 
+# Defining settings added after records and checkpoints were written: left out of a fingerprint while unset, so
+# that an earlier run's fingerprint (which lacks them) still matches a request that leaves them unset.
+ADDED_LATER = frozenset({"train_per_class"})
+
 
 def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:  # Any: JSON values (settings of all types)
     """The defining settings of ``cfg``: the backbone resolved to its name, ``--set`` pairs as a sorted mapping
     (the last value of a repeated key wins, as in the strategy config)."""
-    fp = {name: getattr(cfg, name) for name in DEFINING_FIELDS}
+    fp = {
+        name: getattr(cfg, name)
+        for name in DEFINING_FIELDS
+        if not (name in ADDED_LATER and getattr(cfg, name) is None)
+    }
     fp["backbone"] = backbone_name
     fp["overrides"] = dict(sorted(dict(cfg.overrides).items()))
     return fp
@@ -594,6 +620,11 @@ def make_strategy_config(
             raise ClbenchError(f"strategy {strategy_cls.name} has no profile {profile!r}; valid profiles: {valid}")
         values.update({k: v for k, v in strategy_cls.profiles[profile].items() if k not in RUN_LEVEL_PROFILE_KEYS})
     for key, value in overrides:
+        if key in RUN_LEVEL_PROFILE_KEYS:  # a run setting given as a strategy setting (train_per_class was one)
+            raise ClbenchError(
+                f"{OVERRIDES} {key}={value}: {key} is a run setting, not a {strategy_cls.name} setting",
+                f"give {setting(key)} {value} instead",
+            )
         if key not in fields:
             import difflib
 

@@ -194,6 +194,7 @@ class ResolvedRun:
     init_cls: int | None  # classes in the first task: explicit, else the profile's; None: the benchmark's split
     increment: int | None  # classes per later task: the same
     img_size: int  # network input size asked for: explicit, else the profile's, else the benchmark's
+    train_per_class: int | None  # each task learns from its first k images per class: explicit, else the profile's
     normalize: bool  # the backbone's mean/std: explicit, else the benchmark's choice
     fingerprint: dict[str, Any]  # the defining settings (clbench.config.fingerprint), backbone by name
 
@@ -218,6 +219,13 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
     if cfg.precision != "auto":  # a forced precision the device cannot run fails here, before anything loads
         choose_precision(cfg.precision, device.type)
     img_size = run_level(strategy_cls, cfg.profile, cfg.img_size, "img_size")
+    train_per_class = run_level(strategy_cls, cfg.profile, cfg.train_per_class, "train_per_class")
+    if train_per_class is not None and train_per_class < strategy_cls.min_train_per_class:
+        raise ClbenchError(
+            f"{setting('train_per_class')} {train_per_class}: {strategy_cls.name} learns from at least "
+            f"{strategy_cls.min_train_per_class} images per class",
+            f"give {setting('train_per_class')} {strategy_cls.min_train_per_class} or more, or leave it out",
+        )
     return ResolvedRun(
         config=cfg,
         strategy_cls=strategy_cls,
@@ -229,6 +237,7 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
         init_cls=run_level(strategy_cls, cfg.profile, cfg.init_cls, "init_cls"),
         increment=run_level(strategy_cls, cfg.profile, cfg.increment, "increment"),
         img_size=spec.img_size if img_size is None else img_size,
+        train_per_class=train_per_class,
         normalize=spec.normalize if cfg.normalize is None else cfg.normalize,
         fingerprint=fingerprint(cfg, backbone_name),
     )
@@ -345,6 +354,7 @@ class PreparedRun:
             classes = experience_classes(exp)
             n_seen += len(classes)
             task = Task(exp.current_experience, classes, n_seen, self.split("train", experience_indices(exp)))
+            task = task.first_per_class(self.resolved.train_per_class)  # the run's subset, cut here for every method
             seen = np.flatnonzero(self.bench.test_y < n_seen)
             seen = seen[np.argsort(self.bench.test_y[seen], kind="stable")]  # class by class, as the reference
             yield TaskAndTest(task, self.split("test", seen), task_of[self.bench.test_y[seen]])
@@ -786,6 +796,7 @@ def _record(
         fingerprint=fingerprint,  # the run's defining settings (clbench.config.DEFINING_FIELDS)
         strategy=strategy.name,
         strategy_config=dataclasses.asdict(strategy.cfg),
+        train_per_class=session.resolved.train_per_class,
         profile=cfg.profile,
         bench=spec.name,
         n_classes=bench.n_classes,

@@ -28,7 +28,7 @@ from clbench.errors import ClbenchError
 from clbench.owned import load_json
 from clbench.predictions import PredictionsFile
 
-SCHEMA_VERSION = 4  # see the version history above RunRecord
+SCHEMA_VERSION = 5  # see the version history above RunRecord
 RESULT_FILE = "result.json"
 Json = dict[str, Any]
 
@@ -104,6 +104,8 @@ def peak_rss_mb() -> float:
 #      kept (prototypes, means, covariances, Gram matrices, random projections), which versions 2 and 3 counted as
 #      added for SimpleCIL, EASE, APER, RanPAC (its W) and MOS. :func:`_upgrade_v3` restates an older record through
 #      the strategy's :meth:`~clbench.strategy.Strategy.split_kept` (the split its live runs use).
+#   5: ``train_per_class`` is a run setting (``--train-per-class``), written at the top level where set; version 4
+#      held it in ``strategy_config`` of the six methods that had it. :func:`_upgrade_v4` moves it out.
 OLDEST_READABLE = 1
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
@@ -458,6 +460,10 @@ class RunRecord:
     strategy: str = json_field(NAME, _is_name, required=True)
     # the strategy's settings dataclass, as written
     strategy_config: Json = json_field("an object", _is_object, default_factory=dict)
+    # the run's train_per_class (clbench.config.RunConfig): each task learnt from its first k images per class
+    train_per_class: int | None = json_field(
+        "an integer >= 1 or null", _or_none(_is_positive), where_set=True, default=None
+    )
     profile: str | None = json_field(f"{NAME} or null", _or_none(_is_name), default=None)
     bench: str = json_field(NAME, _is_name, required=True)
     n_classes: int | None = json_field("an integer >= 1 or null", _or_none(_is_positive), default=None)
@@ -616,6 +622,12 @@ class RunRecord:
             extra={k: v for k, v in data.items() if k not in known},
         )
 
+    @property
+    def settings(self) -> Json:
+        """What the run trained with: its strategy's settings and the run-level ``train_per_class`` where set."""
+        k = self.train_per_class
+        return {**self.strategy_config, **({"train_per_class": k} if k is not None else {})}
+
     def write(self, run_dir: Path | str) -> Path:
         """Write ``run_dir/result.json`` atomically (a reader sees the old record or the new one, never a torn
         file); return its path."""
@@ -770,10 +782,19 @@ def _upgrade_v3(data: Json) -> Json:
     return {**data, "params": params}
 
 
+def _upgrade_v4(data: Json) -> Json:
+    """A version-4 (or older) record as version 5: ``train_per_class`` moved from ``strategy_config`` to the top
+    level (a run setting now); absent or null there stays unset."""
+    config = dict(data.get("strategy_config") or {})
+    k = config.pop("train_per_class", None)
+    return {**data, "strategy_config": config, **({"train_per_class": k} if k is not None else {})}
+
+
 UPGRADES: dict[int, Callable[[Json], Json]] = {
     1: _upgrade_v1,
     2: _upgrade_v2,
     3: _upgrade_v3,
+    4: _upgrade_v4,
 }  # version -> the next version
 
 

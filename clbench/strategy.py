@@ -4,7 +4,9 @@ A strategy is built once per run with its frozen config dataclass and a :class:`
 backbone, device, precision, seed). The harness then calls, for each task ``t`` of the stream:
 
 1. ``learn_task(task)``: ``task.train`` is a :class:`Split` of the task's training images, with their cached
-   frozen features and labels in arrival order (``task.classes`` are new; ``task.n_seen`` classes in all).
+   frozen features and labels in arrival order (``task.classes`` are new; ``task.n_seen`` classes in all). Where the
+   run sets ``train_per_class`` (a run setting, :class:`clbench.config.RunConfig`), the harness has already cut
+   ``task.train`` to the first k images of each class (:meth:`Task.first_per_class`).
 2. ``predict(split, protocol)``: logits (N, n_seen) for every image of ``split``. Under the default
    ``per-sample`` protocol a row may depend only on its own image (the harness tests this); a strategy may
    also offer a ``reference`` protocol that reproduces a reference implementation's batch behaviour.
@@ -101,8 +103,8 @@ class Task:
 
     def first_per_class(self, k: int | None) -> Task:
         """This task learning from the first ``k`` training images of each class only (itself when ``k`` is None):
-        the fixed, seed-independent subset of a profile's ``train_per_class`` (:func:`clbench.blocks.first_per_class`;
-        :meth:`RunShape.first_per_class` is its cost)."""
+        the fixed, seed-independent subset of the run's ``train_per_class`` (:func:`clbench.blocks.first_per_class`;
+        :attr:`RunShape.learnt` is its cost). The harness applies it before ``learn_task``."""
         if k is None:
             return self
         return dataclasses.replace(self, train=self.train.subset(first_per_class(self.train.labels, k)))
@@ -168,19 +170,21 @@ class RunShape:
     tokens: int = 197  # tokens per image through the backbone at its input size, [CLS] included (ViT-B/16 @ 224)
     protocols: int = 1  # evaluation protocols run; each predicts the test set again
     classes_per_task: tuple[int, ...] = ()  # new classes of task t, where known (a recorded run's split)
+    train_per_class: int | None = None  # the run's train_per_class: tasks learn from the first k images per class
 
     @property
     def tasks(self) -> int:
         return len(self.train_per_task)
 
-    def first_per_class(self, k: int | None) -> RunShape:
-        """The shape when a method learns from the first ``k`` training images of each class only (a ``ci``
-        profile's ``train_per_class``): at most ``k`` x the task's classes per task; unchanged where ``k`` is None or
-        the classes per task are not known."""
+    @property
+    def learnt(self) -> tuple[float, ...]:
+        """Training images each task learns from: all of ``train_per_task``, or where the run sets
+        ``train_per_class`` = k, at most k x the task's classes (unchanged where the classes per task are not
+        known). The frozen features of every training image are still computed (``train_per_task``)."""
+        k = self.train_per_class
         if k is None or not self.classes_per_task:
-            return self
-        capped = tuple(min(n, k * c) for n, c in zip(self.train_per_task, self.classes_per_task, strict=True))
-        return dataclasses.replace(self, train_per_task=capped)
+            return self.train_per_task
+        return tuple(min(n, k * c) for n, c in zip(self.train_per_task, self.classes_per_task, strict=True))
 
     @classmethod
     def equal(cls, n_train: float, n_test: float, tasks: int, **kw: Any) -> RunShape:  # kw: RunShape's other fields
@@ -214,6 +218,8 @@ class Strategy(ABC, Generic[ConfigT]):
     # profiles that get their own row in ``clbench perf projection`` (``<name>-<profile>``), besides the default config
     projection_profiles: ClassVar[tuple[str, ...]] = ()
     needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
+    # the smallest run-level ``train_per_class`` the method can learn from (e.g. 2 for a class covariance)
+    min_train_per_class: ClassVar[int] = 1
     # classes (besides tensors, plain data, torch's layers and BLOCK_TYPES) whose instances the strategy's state holds;
     # a checkpoint rebuilds these and no others (:meth:`restore_state`)
     state_types: ClassVar[tuple[type, ...]] = ()

@@ -164,7 +164,7 @@ def info_from_start(start: RunStart, group: str | None) -> RunInfo:
 
 
 def info_from_record(record: RunRecord, run_dir: Path, group: str | None) -> RunInfo:
-    params = {**_flat("strategy", record.strategy_config), **_flat("fingerprint", record.fingerprint or {})}
+    params = {**_flat("strategy", record.settings), **_flat("fingerprint", record.fingerprint or {})}
     tags = _tags(
         record.strategy, record.bench, record.backbone, record.weights_digest, record.precision, record.git_revision
     )

@@ -82,20 +82,20 @@ def test_a_new_field_is_a_flag_with_no_other_edit(monkeypatch, capsys):
 
     @dataclasses.dataclass(frozen=True)
     class More(config.RunConfig):
-        train_per_class: int | None = config.run_field(
-            7, config.Number(int, 1, 100, meaning="training images per class"), config.Cli("images kept per class")
+        max_tasks: int | None = config.run_field(
+            7, config.Number(int, 1, 100, meaning="tasks to learn"), config.Cli("stop after this many tasks")
         )
 
     monkeypatch.setattr(config, "RunConfig", More)
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     out = capsys.readouterr().out
-    assert "--train-per-class TRAIN_PER_CLASS" in out and "images kept per class" in out
-    assert _options("run")["--train-per-class"].default == 7
-    assert _options("sweep")["--train-per-class"].type is int
-    assert "train_per_class" in config.flag_fields("sweep")
-    with pytest.raises(config.ClbenchError, match="^train_per_class must be >= 1"):
-        More(strategy="simplecil", train_per_class=0)
+    assert "--max-tasks MAX_TASKS" in out and "stop after this many tasks" in out
+    assert _options("run")["--max-tasks"].default == 7
+    assert _options("sweep")["--max-tasks"].type is int
+    assert "max_tasks" in config.flag_fields("sweep")
+    with pytest.raises(config.ClbenchError, match="^max_tasks must be >= 1"):
+        More(strategy="simplecil", max_tasks=0)
 
     seen = {}
 
@@ -104,10 +104,10 @@ def test_a_new_field_is_a_flag_with_no_other_edit(monkeypatch, capsys):
         raise config.ClbenchError("stop here")
 
     monkeypatch.setattr("clbench.harness.run", fake_run)
-    assert main(["run", "--strategy", "simplecil", "--train-per-class", "3"]) == 2
-    assert isinstance(seen["cfg"], More) and seen["cfg"].train_per_class == 3
-    assert main(["run", "--strategy", "simplecil", "--train-per-class", "0"]) == 2
-    assert "--train-per-class must be >= 1" in capsys.readouterr().err
+    assert main(["run", "--strategy", "simplecil", "--max-tasks", "3"]) == 2
+    assert isinstance(seen["cfg"], More) and seen["cfg"].max_tasks == 3
+    assert main(["run", "--strategy", "simplecil", "--max-tasks", "0"]) == 2
+    assert "--max-tasks must be >= 1" in capsys.readouterr().err
 
 
 def test_a_field_without_metadata_still_gets_a_flag():

@@ -59,18 +59,14 @@ def test_counts_follow_a_runs_own_split_protocols_and_config():
 
 
 def test_ci_profiles_count_only_the_images_they_learn_from():
-    """``train_per_class`` (L2P's and EASE's ci profiles): at most k images per class of a task enter training and
+    """The run's ``train_per_class`` (the ci profiles'): at most k images per class of a task enter training and
     prototypes; without the split's classes per task the shape cannot say, and stays as it is."""
-    shape = RunShape((100.0, 30.0), (5.0, 12.0), classes_per_task=(4, 2))
-    capped = shape.first_per_class(16)
-    assert capped.train_per_task == (64, 30) and capped.test_seen == shape.test_seen
-    assert shape.first_per_class(None) is shape and RunShape((100.0,), (5.0,)).first_per_class(16).train_per_task == (
-        100.0,
-    )
-    assert _work("ease", shape, train_per_class=16, epochs=2) == {"f": 64 * 1 + 30 * 2 + 5 * 1 + 12 * 2, "b": 2 * 94}
-    assert _work("l2p", shape, train_per_class=16, epochs=2, query="cached")["b"] == pytest.approx(
-        2 * 94 * (197 + 25) / 197
-    )
+    full = RunShape((100.0, 30.0), (5.0, 12.0), classes_per_task=(4, 2))
+    shape = dataclasses.replace(full, train_per_class=16)
+    assert shape.learnt == (64, 30) and full.learnt == full.train_per_task
+    assert RunShape((100.0,), (5.0,), train_per_class=16).learnt == (100.0,)
+    assert _work("ease", shape, epochs=2) == {"f": 64 * 1 + 30 * 2 + 5 * 1 + 12 * 2, "b": 2 * 94}
+    assert _work("l2p", shape, epochs=2, query="cached")["b"] == pytest.approx(2 * 94 * (197 + 25) / 197)
 
 
 def test_projection_reproduces_the_committed_paper_table():

@@ -31,6 +31,21 @@ def test_resolve_takes_the_profiles_run_level_settings():
     assert (r.img_size, r.init_cls, r.increment) == (56, 12, 12)
     explicit = harness.resolve(RunConfig(strategy="aper", profile="ci", img_size=48, increment=5))
     assert (explicit.img_size, explicit.init_cls, explicit.increment) == (48, 12, 5)  # explicit wins
+    assert r.train_per_class == 8 and explicit.train_per_class == 8  # a run setting since record schema 5
+    assert harness.resolve(RunConfig(strategy="aper", profile="ci", train_per_class=3)).train_per_class == 3
+    assert harness.resolve(RunConfig(strategy="aper")).train_per_class is None  # every image
+    assert "train_per_class" not in dataclasses.asdict(r.strategy_config)  # not a strategy setting any more
+
+
+def test_train_per_class_is_a_run_setting_that_each_method_may_bound():
+    with pytest.raises(ClbenchError, match=r"^train_per_class 1: mos learns from at least 2 images per class"):
+        harness.resolve(RunConfig(strategy="mos", train_per_class=1))
+    harness.resolve(RunConfig(strategy="mos", train_per_class=2))
+    with pytest.raises(ClbenchError, match=r"(?s)train_per_class is a run setting.*give train_per_class 8 instead"):
+        harness.resolve(RunConfig(strategy="aper", overrides=(("train_per_class", "8"),)))
+    # an unset train_per_class stays out of the fingerprint, so that older runs' fingerprints still match
+    assert "train_per_class" not in harness.resolve(RunConfig(strategy="aper")).fingerprint
+    assert harness.resolve(RunConfig(strategy="aper", train_per_class=4)).fingerprint["train_per_class"] == 4
 
 
 def test_resolve_refuses_before_anything_loads():

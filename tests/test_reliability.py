@@ -39,8 +39,8 @@ MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "
 SETTINGS = {
     "simplecil": [],
     "tosca": ["--set", "epochs=3"],  # 3 tasks of 12 classes each
-    "mos": ["--set", "epochs=1", "--set", "ca_epochs=2", "--set", "train_per_class=4", "--protocol", "both"],
-    "dualprompt": ["--set", "epochs=1", "--set", "train_per_class=4", "--protocol", "both"],
+    "mos": ["--set", "epochs=1", "--set", "ca_epochs=2", "--train-per-class", "4", "--protocol", "both"],
+    "dualprompt": ["--set", "epochs=1", "--train-per-class", "4", "--protocol", "both"],
     "ranpac": ["--set", "epochs=1", "--set", "M=2000"],
     "aper": ["--set", "epochs=1"],
 }

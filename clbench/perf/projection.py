@@ -113,6 +113,7 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
         tokens=costs["tokens"],
         protocols=len(rec.protocols),
         classes_per_task=tuple(bench.task_sizes),
+        train_per_class=rec.train_per_class,
     )
     try:
         w = cls.work(cfg, shape)

@@ -55,6 +55,11 @@ def budget_of(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in sorted(settings.items()) if is_budget_setting(k)}
 
 
+def record_budget(record: RunRecord) -> dict[str, Any]:
+    """The budget settings of ``record`` (module docstring)."""
+    return budget_of(record.settings)
+
+
 def optimizer_steps(record: RunRecord) -> int | None:
     """Optimizer steps of the whole run (every task), or None where the record does not carry them."""
     steps = record.params.extra.get(STEPS_KEY)
@@ -78,7 +83,7 @@ def fixed_settings(record: RunRecord) -> dict[str, Any]:
         out["bf16 kernels"] = kernels
     if (record.weights_source or "").startswith("random"):  # a random init follows the seed: seeds still average
         out["weights_digest"] = "random init"
-    out.update({k: v for k, v in record.strategy_config.items() if not is_budget_setting(k)})
+    out.update({k: v for k, v in record.settings.items() if not is_budget_setting(k)})
     return out
 
 
@@ -102,13 +107,17 @@ def differing_settings(records: Sequence[RunRecord]) -> dict[str, list[str]]:
 def _marks(record: RunRecord) -> dict[str, dict[str, Any]]:
     """Budget of the strategy's ``quick`` profile and of its default config, where the strategy is registered."""
     from clbench.catalog import STRATEGIES
-    from clbench.config import make_strategy_config
+    from clbench.config import make_strategy_config, run_level
+
+    def budget(cls: Any, profile: str | None) -> dict[str, Any]:  # cls: the registered strategy class
+        k = run_level(cls, profile, None, "train_per_class")
+        return budget_of({**asdict(make_strategy_config(cls, profile, ())), **({"train_per_class": k} if k else {})})
 
     try:
         cls = STRATEGIES.get(record.strategy)
-        out = {REFERENCE: budget_of(asdict(make_strategy_config(cls, None, ())))}
+        out = {REFERENCE: budget(cls, None)}
         if QUICK in cls.profiles:
-            out[QUICK] = budget_of(asdict(make_strategy_config(cls, QUICK, ())))
+            out[QUICK] = budget(cls, QUICK)
     except (ClbenchError, ValueError, TypeError):  # an unknown strategy or a settings class that changed since
         return {}
     return out
@@ -142,11 +151,11 @@ class BudgetCurve:
 def _curve(runs: list[Run]) -> BudgetCurve:
     by_budget: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
-        by_budget[_text(budget_of(run.record.strategy_config))].append(run)
+        by_budget[_text(record_budget(run.record))].append(run)
     marks = _marks(runs[0].record)
     points = []
     for group in by_budget.values():
-        budget = budget_of(group[0].record.strategy_config)
+        budget = record_budget(group[0].record)
         steps = sorted({optimizer_steps(r.record) for r in group})
         if len(steps) > 1:  # same settings, same budget: the step count is the same unless the data differ
             raise ClbenchError(
@@ -201,10 +210,10 @@ def budget_curves(coll: Collection, strict: bool = False) -> tuple[list[BudgetCu
             if optimizer_steps(run.record) is not None:
                 groups[_text(fixed_settings(run.record))].append(run)
         for group in groups.values():
-            budgets = {_text(budget_of(r.record.strategy_config)) for r in group}
+            budgets = {_text(record_budget(r.record)) for r in group}
             if len(budgets) >= 2 or (strict and budgets):
                 curves.append(_curve(group))
-        if not strict and len({_text(budget_of(r.record.strategy_config)) for r in runs}) > 1:
+        if not strict and len({_text(record_budget(r.record)) for r in runs}) > 1:
             drawn = {
                 rid for c in curves if c.strategy == strategy and c.bench == bench for p in c.points for rid in p.runs
             }

@@ -355,7 +355,7 @@ def _entry(key: EntryKey, runs: list[Run], tolerance: Tolerance, calib: float | 
         else PhaseTimes(
             **{ph: round(mean([getattr(r.record.time_s, ph) for r in runs]) / calib, 4) for ph in TIME_PHASES}
         ),
-        strategy_config=first.strategy_config,
+        strategy_config=first.settings,
     )
 
 
@@ -562,7 +562,7 @@ def _settings_rows(entry: ReferenceEntry, runs: list[Run], label: str, rewrite: 
         {
             k
             for r in runs
-            for k in settings_differences(r.record.strategy, entry.strategy_config, r.record.strategy_config)
+            for k in settings_differences(r.record.strategy, entry.strategy_config, r.record.settings)
         }
     )
     if not diff:

@@ -214,7 +214,7 @@ def git_short(rev: str | None) -> str:
 
 
 def config_digest(record: RunRecord) -> str:
-    text = json.dumps(record.strategy_config, sort_keys=True, default=str)
+    text = json.dumps(record.settings, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:6]
 
 
@@ -345,17 +345,19 @@ def changed_settings(record: RunRecord) -> list[str] | None:
     from dataclasses import asdict
 
     from clbench.catalog import STRATEGIES
-    from clbench.config import make_strategy_config
+    from clbench.config import make_strategy_config, run_level
 
     try:
-        defaults = asdict(make_strategy_config(STRATEGIES.get(record.strategy), record.profile, ()))
+        cls = STRATEGIES.get(record.strategy)
+        defaults = asdict(make_strategy_config(cls, record.profile, ()))
+        defaults["train_per_class"] = run_level(cls, record.profile, None, "train_per_class")
     except Exception:  # an unknown strategy or profile, or a settings class that changed since the record
         return None
 
     def same(a: Any, b: Any) -> bool:  # two settings' JSON values
         return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
-    return [f"{k}={v}" for k, v in record.strategy_config.items() if not same(v, defaults.get(k))]
+    return [f"{k}={v}" for k, v in record.settings.items() if not same(v, defaults.get(k))]
 
 
 def _variant_labels(records: list[RunRecord]) -> dict[int, str]:

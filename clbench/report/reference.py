@@ -180,7 +180,9 @@ class ReferenceEntry:
     tolerance: Tolerance  # points, either direction
     params: ParamPins
     time: PhaseTimes | None  # None: written without a calibration (times not pinned)
-    strategy_config: Json | None  # the strategy's settings (None: not pinned)
+    # the settings the runs trained with (RunRecord.settings: the strategy's and the run's train_per_class where set;
+    # None: not pinned)
+    strategy_config: Json | None
 
     @property
     def key(self) -> EntryKey:
