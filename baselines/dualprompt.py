@@ -412,7 +412,8 @@ class DualPrompt(Strategy):
         The frozen features of every image (queries; cacheable), one query pass per training image and epoch
         with ``query="augmented"``, ``epochs`` prompted training passes per training image, and one prompted pass
         per seen test image, evaluation and protocol. Prefixes add no tokens: a prompted pass costs a plain one. With
-        the run's ``train_per_class`` only the first k images of each class are trained on (all are in the feature cache)."""
+        the run's ``train_per_class`` only the first k images of each class are trained on (all are in the feature
+        cache)."""
         n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
         n_learn = sum(shape.learnt)
         cached = n_train + n_test

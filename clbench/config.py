@@ -494,9 +494,7 @@ def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:  # Any: J
     """The defining settings of ``cfg``: the backbone resolved to its name, ``--set`` pairs as a sorted mapping
     (the last value of a repeated key wins, as in the strategy config)."""
     fp = {
-        name: getattr(cfg, name)
-        for name in DEFINING_FIELDS
-        if not (name in ADDED_LATER and getattr(cfg, name) is None)
+        name: getattr(cfg, name) for name in DEFINING_FIELDS if not (name in ADDED_LATER and getattr(cfg, name) is None)
     }
     fp["backbone"] = backbone_name
     fp["overrides"] = dict(sorted(dict(cfg.overrides).items()))

@@ -26,7 +26,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "records"
 COMMITTED = sorted(p for root in ("reports", "tests/fixtures") for p in (REPO / root).rglob(RESULT_FILE))
 BROKEN = {  # the fixtures that must be refused, and what the refusal says
     "garbage": "not a readable JSON record",
-    "old-schema": "schema version 0 (this clbench reads 1 to 4)",
+    "old-schema": "schema version 0 (this clbench reads 1 to 5)",
     "tosca-incomplete": "the run is not complete (finished 3 of 6 tasks)",
 }
 
@@ -66,11 +66,17 @@ def test_every_committed_record_loads_or_is_refused_as_its_fixture_says(path):
     kept = rec.params.added_total + rec.params.stored_total  # schema 3 splits what schema 1/2 counted as added
     assert kept >= raw["params"]["added_total"] and rec.time_s.train == raw["time_s"]["train"]
     assert [t.diagnostics for t in rec.per_task] == [t["diagnostics"] for t in raw["per_task"]]
-    # the typed layer keeps every field as the file has it: only the version, autocast -> precision and the
-    # parameter accounting (restated, tests/test_param_accounting.py) change
+    # the typed layer keeps every field as the file has it: only the version, autocast -> precision, the
+    # parameter accounting (restated, tests/test_param_accounting.py) and train_per_class (a run setting since
+    # schema 5, moved out of strategy_config) change
     written = rec.to_dict()
+    config = dict(raw.get("strategy_config", {}))
+    assert rec.train_per_class == config.pop("train_per_class", None) and rec.strategy_config == config
+    assert rec.settings == {
+        k: v for k, v in raw.get("strategy_config", {}).items() if v is not None or k != "train_per_class"
+    }
     for key, value in raw.items():
-        if key not in ("schema_version", "autocast", "params"):
+        if key not in ("schema_version", "autocast", "params", "strategy_config"):
             assert json.dumps(written[key], allow_nan=True) == json.dumps(value, allow_nan=True), key
 
 

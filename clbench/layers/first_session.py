@@ -30,8 +30,6 @@ def check_first_session_fields(cfg: Any) -> None:
     for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.train_per_class is not None and cfg.train_per_class < 1:
-        raise ValueError(f"train_per_class must be >= 1 or None, got {cfg.train_per_class}")
     if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
         raise ValueError(f"lr must be a positive number, got {cfg.lr}")
     if not 0 <= cfg.min_lr <= cfg.lr:

@@ -559,11 +559,7 @@ def _settings_rows(entry: ReferenceEntry, runs: list[Run], label: str, rewrite: 
     if entry.strategy_config is None:
         return []
     diff = sorted(
-        {
-            k
-            for r in runs
-            for k in settings_differences(r.record.strategy, entry.strategy_config, r.record.settings)
-        }
+        {k for r in runs for k in settings_differences(r.record.strategy, entry.strategy_config, r.record.settings)}
     )
     if not diff:
         return []
