@@ -205,10 +205,26 @@ def test_the_old_learner_points_to_the_new_strategy():
         api.Learner  # noqa: B018
 
 
+@pytest.mark.parametrize("method", ["simplecil", "tosca"])
+def test_example_script_equals_the_cli_record(tmp_path, capsys, method):
+    """The runnable example (clbench/examples/avalanche_loop.py) on the micro ViT against a `clbench run` record."""
+    from clbench.examples.avalanche_loop import main
+
+    record = _cli_record(tmp_path, method, **MICRO)
+    flags = ["--backbone", MICRO["backbone"], "--weights", MICRO["weights"]]
+    mine = main(["--method", method, *flags, "--quiet", "--json", str(tmp_path / f"{method}.json")])
+    assert mine["transform"] == record.transform and mine["precision"] == record.precision
+    _assert_same(mine, record)
+    assert f"final {record.last_acc:.2f}" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------------------- real backbone
 @pytest.mark.slow
+@pytest.mark.full
 def test_example_on_the_real_backbone_equals_the_cli_record(tmp_path, capsys):
-    """The runnable example (real offline ViT-S/14, embedded data) against real `clbench run` records."""
+    """The runnable example (real offline ViT-S/14, embedded data) against real `clbench run` records. A slower
+    repeat (``full`` tier) of test_example_script_equals_the_cli_record (the same script on the micro ViT) and of
+    test_readme_section_runs_and_gives_the_cli_numbers (Avalanche against `clbench run` on the real backbone)."""
     from clbench.examples.avalanche_loop import main
 
     for method in ("simplecil", "tosca"):

@@ -1,0 +1,156 @@
+"""clbench.checkpoint: the one writer and reader of ``checkpoint.safetensors``, the RNG states it carries, the checks
+of what a resumed run loads again, and how a resume decides its settings. End-to-end kills and resumes of every
+strategy are in tests/test_reliability.py; planted and hostile files in tests/test_hostile_checkpoints.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from clbench import checkpoint as ck
+from clbench.config import RunConfig, fingerprint
+from clbench.errors import ClbenchError
+from clbench.safestate import SavedState
+
+DATA = {"train": "a" * 8, "test": "b" * 8, "class_order": [2, 0, 1], "task_sizes": [2, 1]}
+
+
+def _checkpoint(**changes) -> ck.Checkpoint:
+    cfg = RunConfig(strategy="simplecil", backbone="vit_micro", weights="random")
+    values = dict(
+        config=dataclasses.asdict(cfg),
+        fingerprint=fingerprint(cfg, "vit_micro"),
+        backbone_digest="d" * 64,
+        precision="fp32",
+        precision_reason="forced",
+        data=DATA,
+        tasks_done=1,
+        strategy=SavedState({"protos": {"tensor": "strategy.0"}}, {"strategy.0": torch.arange(6.0).reshape(2, 3)}),
+        rng=ck.capture_rng(),
+        logs={"per-sample": {"rows": [[50.0]], "top5": [[100.0]]}},
+        per_task=[{"task": 0, "acc": 50.0}],
+        times={"features": 1.5, "train": 0.25, "eval": 0.5, "checkpoint": 0.0, "total": 2.25},
+        peak_rss_mb=123.5,
+        resumed_from_task=[],
+        feature_cache=["train:hit", "test:miss"],
+        git_revision=None,
+    )
+    values.update(changes)
+    return ck.Checkpoint(**values)
+
+
+def test_save_then_load_gives_every_field_back(tmp_path):
+    saved = _checkpoint()
+    path = tmp_path / ck.CHECKPOINT_FILE
+    ck.save(path, saved)
+    back = ck.load(path)
+    for f in dataclasses.fields(ck.Checkpoint):  # as JSON: the config's tuples come back as lists
+        if f.name not in ("strategy", "rng"):
+            assert getattr(back, f.name) == json.loads(json.dumps(getattr(saved, f.name))), f.name
+    assert back.strategy.tree == saved.strategy.tree
+    assert torch.equal(back.strategy.tensors["strategy.0"], saved.strategy.tensors["strategy.0"])
+    assert torch.equal(back.rng.torch, saved.rng.torch) and back.rng.python == saved.rng.python
+    assert not list(tmp_path.glob("*.tmp*"))  # written atomically: no temporary file left
+
+
+def test_a_restored_rng_draws_what_the_captured_one_would_have():
+    state = ck.capture_rng()
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.rand(5), np.random.rand(5), random.random()  # the run goes on drawing
+    ck.restore_rng(state)
+    assert torch.equal(torch.rand(3), expected[0])
+    assert np.array_equal(np.random.rand(3), expected[1]) and random.random() == expected[2]
+
+
+def test_the_rng_survives_the_file(tmp_path):
+    path = tmp_path / ck.CHECKPOINT_FILE
+    ck.save(path, _checkpoint())
+    expected = torch.rand(4)
+    ck.restore_rng(ck.load(path).rng)
+    assert torch.equal(torch.rand(4), expected)
+
+
+def _rewrite(path, edit) -> None:
+    """The checkpoint at ``path`` with its JSON document passed through ``edit`` (tensors unchanged)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    doc = json.loads(meta["checkpoint"])
+    edit(doc, meta)
+    save_file(tensors, str(path), metadata={**meta, "checkpoint": json.dumps(doc)})
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda doc, meta: meta.update(version="1"), "is a version 1 checkpoint; this clbench reads version 2"),
+        (lambda doc, meta: doc.pop("fingerprint"), "field 'fingerprint' is missing or not a dict"),
+        (lambda doc, meta: doc.update(tasks_done=0), "tasks_done 0 < 1"),
+        (lambda doc, meta: doc.update(times={"train": "fast"}), "times are not numbers"),
+        (lambda doc, meta: doc["data"].pop("class_order"), "data lacks 'class_order'"),
+        (lambda doc, meta: doc["rng"].update(numpy=[1, 2]), "its RNG state is not one"),
+    ],
+)
+def test_a_file_that_is_not_a_sound_checkpoint_is_one_line_naming_it(tmp_path, edit, needle):
+    path = tmp_path / ck.CHECKPOINT_FILE
+    ck.save(path, _checkpoint())
+    _rewrite(path, edit)
+    with pytest.raises(ClbenchError) as err:
+        ck.load(path)
+    assert needle in str(err.value) and str(path) in str(err.value)
+    assert "--overwrite" in err.value.render(as_flags=True)  # and how to start over
+
+
+def test_a_torn_file_is_refused(tmp_path):
+    path = tmp_path / ck.CHECKPOINT_FILE
+    ck.save(path, _checkpoint())
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ClbenchError, match="cannot be read as a clbench checkpoint"):
+        ck.load(path)
+
+
+def test_strategy_tensors_must_carry_the_prefix(tmp_path):
+    bad = _checkpoint(strategy=SavedState({}, {"weights": torch.zeros(1)}))
+    with pytest.raises(ValueError, match="strategy tensor names must start with 'strategy.'"):
+        ck.save(tmp_path / ck.CHECKPOINT_FILE, bad)
+
+
+def test_inputs_that_changed_since_the_checkpoint_are_refused(tmp_path):
+    saved = _checkpoint()
+    ck.check_inputs(saved, tmp_path, "d" * 64, "fp32", "forced", DATA)  # the same inputs: continues
+    with pytest.raises(ClbenchError, match="other backbone weights"):
+        ck.check_inputs(saved, tmp_path, "e" * 64, "fp32", "forced", DATA)
+    with pytest.raises(ClbenchError, match="was made at precision fp32; here the backbone runs at bf16"):
+        ck.check_inputs(saved, tmp_path, "d" * 64, "bf16", "AMX", DATA)
+    with pytest.raises(ClbenchError, match=r"data changed since the checkpoint \(test differ\)"):
+        ck.check_inputs(saved, tmp_path, "d" * 64, "fp32", "forced", {**DATA, "test": "c" * 8})
+
+
+def test_a_resume_takes_the_checkpoints_settings_and_fills_later_ones_with_their_defaults(tmp_path):
+    """A checkpoint written before a setting existed (here train_per_class, which it lacks in its config and its
+    fingerprint) continues with that setting's default; a given setting that defines the run is refused."""
+    saved = _checkpoint(config=dict(_checkpoint().config, seed=7), fingerprint={**_checkpoint().fingerprint, "seed": 7})
+    saved.config.pop("train_per_class")
+    assert "train_per_class" not in saved.fingerprint
+    ck.save(tmp_path / ck.CHECKPOINT_FILE, saved)
+    cfg = ck.resume_config(tmp_path, {})
+    assert cfg.seed == 7 and cfg.train_per_class is None and cfg.strategy == "simplecil"
+    with pytest.raises(ClbenchError, match="seed"):
+        ck.resume_config(tmp_path, {"seed": 8})
+    with pytest.raises(ClbenchError, match="train_per_class"):
+        ck.resume_config(tmp_path, {"train_per_class": 4})
+
+
+def test_resume_without_a_checkpoint_says_why(tmp_path):
+    with pytest.raises(ClbenchError, match="no checkpoint.safetensors to continue from"):
+        ck.resume_config(tmp_path, {})
+    (tmp_path / "result.json").write_text(json.dumps({"complete": True}))
+    with pytest.raises(ClbenchError, match="the run is finished; there is nothing to continue"):
+        ck.resume_config(tmp_path, {})
