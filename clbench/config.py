@@ -620,7 +620,7 @@ def make_strategy_config(
     for key, value in overrides:
         if key in RUN_LEVEL_PROFILE_KEYS:  # a run setting given as a strategy setting (train_per_class was one)
             raise ClbenchError(
-                f"{OVERRIDES} {key}={value}: {key} is a run setting, not a {strategy_cls.name} setting",
+                f"{OVERRIDES} {key}={value}: {key} is a run setting, not a setting of {strategy_cls.name}",
                 f"give {setting(key)} {value} instead",
             )
         if key not in fields:

@@ -4,6 +4,7 @@ message that says why."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -78,6 +79,26 @@ def test_every_committed_record_loads_or_is_refused_as_its_fixture_says(path):
     for key, value in raw.items():
         if key not in ("schema_version", "autocast", "params", "strategy_config"):
             assert json.dumps(written[key], allow_nan=True) == json.dumps(value, allow_nan=True), key
+
+
+def test_train_per_class_moves_out_of_the_strategy_settings_and_back_into_what_the_run_trained_with(tmp_path):
+    """Schema 5: a schema-4 record's train_per_class (MOS quick: 32) reads as the run setting; written again it sits
+    at the top level, and the settings the run trained with (what the gate and the budget curves compare) are
+    the file's, before and after."""
+    path = REPO / "reports/emoji/runs/budget/mos-quick"
+    raw = json.loads((path / RESULT_FILE).read_text())
+    assert raw["schema_version"] == 4 and raw["strategy_config"]["train_per_class"] == 32
+    rec = load_record(path)
+    assert rec.train_per_class == 32 and "train_per_class" not in rec.strategy_config
+    assert rec.settings == raw["strategy_config"]
+    rec.write(tmp_path / "r")
+    data = json.loads((tmp_path / "r" / RESULT_FILE).read_text())
+    assert data["schema_version"] == SCHEMA_VERSION == 5 and data["train_per_class"] == 32
+    assert "train_per_class" not in data["strategy_config"]
+    assert load_record(tmp_path / "r").settings == raw["strategy_config"]
+    unset = dataclasses.replace(rec, train_per_class=None)  # every image: the key is not written
+    unset.write(tmp_path / "u")
+    assert "train_per_class" not in json.loads((tmp_path / "u" / RESULT_FILE).read_text())
 
 
 # ------------------------------------------------------------------------------------------- round trip
