@@ -16,6 +16,22 @@ import clbench  # noqa: F401  (first: sets OpenMP's wait policy before any test 
 
 pytest_plugins = ["tinytasks"]  # fixtures of the method tests: backbone, one_thread
 
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist each worker takes its share of the cores for torch's threads, and so do the processes
+    its tests start (``OMP_NUM_THREADS``): two workers each running two threads on two cores lose time to switching.
+    A test that sets its own thread count (``one_thread``, ``clbench.blocks.torch_threads``) still does."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        torch.set_num_threads(threads)
+
+
+_share_the_cores()
+
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random")
 
 

@@ -13,6 +13,7 @@ import errno
 import io
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from datatrees import make_tree, png_bytes
 
 from clbench.cli import main
 from clbench.owned import TMP_PREFIX
+from clbench.precision import PROBE_FILE
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random"]
 RAY_TIMEOUT = 3.0
@@ -656,6 +658,12 @@ def _feature_lock_link(t, e, m, needle):
     v = victim(t)
     for entry in (e["cache"] / "features").glob("*.safetensors"):  # the entries this run needs, not yet cached
         (cache / "features" / (entry.stem + ".lock")).symlink_to(v)
+    # the earlier run's precision decision too: probed afresh under load, `auto` may choose another precision, whose
+    # feature keys no planted lock names (the run then succeeds and the case proves nothing)
+    probe = e["cache"] / "machine" / PROBE_FILE
+    if probe.is_file():
+        (cache / "machine").mkdir()
+        shutil.copy2(probe, cache / "machine" / PROBE_FILE)
     m.setenv("CLBENCH_CACHE", str(cache))
     return Case(folder_argv(e["data"], "--out", str(t / "run")), needle, victims=(v,))
 
