@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch import Tensor  # the annotations of RngState, whose field ``torch`` hides the module there
 
 from clbench import config
 from clbench.config import RunConfig
@@ -73,12 +74,12 @@ _START_OVER = f"pass {setting('overwrite')} to start the run over"
 class RngState:
     """The global RNG states a run may draw from (strategies should use ``ctx.generator``; libraries may not)."""
 
-    torch: torch.Tensor  # torch.get_rng_state(): uint8 bytes
+    torch: Tensor  # torch.get_rng_state(): uint8 bytes
     numpy: tuple[str, np.ndarray, int, int, float]  # np.random.get_state(): (MT19937, (624,) uint32 keys, pos, ...)
     python: tuple[Any, ...]  # random.getstate(): (version, 625 ints, gauss_next)
-    cuda: tuple[torch.Tensor, ...] = ()  # torch.cuda.get_rng_state_all(), where CUDA was initialised
+    cuda: tuple[Tensor, ...] = ()  # torch.cuda.get_rng_state_all(), where CUDA was initialised
 
-    def to_json(self) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    def to_json(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
         algorithm, keys, pos, has_gauss, cached = self.numpy
         version, state, gauss_next = self.python
         doc = {
@@ -90,7 +91,7 @@ class RngState:
         return doc, tensors
 
     @classmethod
-    def from_json(cls, doc: Any, tensors: dict[str, torch.Tensor]) -> RngState:
+    def from_json(cls, doc: Any, tensors: dict[str, Tensor]) -> RngState:
         """The state ``doc`` and ``tensors`` hold, tried on private generators first; ValueError when it is not one."""
         try:
             algorithm, keys, pos, has_gauss, cached = doc["numpy"]
@@ -117,8 +118,12 @@ class RngState:
 
 def capture_rng() -> RngState:
     """The global RNG states now: torch's CPU (and CUDA where initialised), numpy's and Python's."""
-    cuda = tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() and torch.cuda.is_initialized() else ()
-    return RngState(torch.get_rng_state(), np.random.get_state(), random.getstate(), cuda)
+    initialised = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    cuda = tuple(torch.cuda.get_rng_state_all()) if initialised else ()
+    numpy_state = np.random.get_state(legacy=True)
+    if not isinstance(numpy_state, tuple):  # legacy=True gives the tuple form; the stubs allow a dict too
+        raise TypeError(f"numpy's RNG state is a {type(numpy_state).__name__}, not the legacy tuple")
+    return RngState(torch.get_rng_state(), numpy_state, random.getstate(), cuda)
 
 
 def restore_rng(state: RngState) -> None:
@@ -352,7 +357,7 @@ def _no_checkpoint_message(path: Path, result: Path) -> str:
 # ----------------------------------------------------------------------------------------------- inputs
 def data_identity(bench: Benchmark) -> dict[str, Any]:
     """What the loaded benchmark is: content fingerprints, class order, task sizes."""
-    return _plain(
+    identity: dict[str, Any] = _plain(
         {
             "train": bench.train.fingerprint(),
             "test": bench.test.fingerprint(),
@@ -360,6 +365,7 @@ def data_identity(bench: Benchmark) -> dict[str, Any]:
             "task_sizes": list(bench.task_sizes),
         }
     )
+    return identity
 
 
 def check_inputs(

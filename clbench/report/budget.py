@@ -148,6 +148,13 @@ class BudgetCurve:
     points: list[BudgetPoint]  # by steps
 
 
+def _final_acc(run: Run) -> float:
+    acc = run.summary(run.record.protocol).last_acc
+    if acc is None:  # a complete record has it; collect() reads complete records only
+        raise ClbenchError(f"{run.run_id}: the record has no final accuracy", "report complete runs only")
+    return float(acc)
+
+
 def _curve(runs: list[Run]) -> BudgetCurve:
     by_budget: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
@@ -156,7 +163,7 @@ def _curve(runs: list[Run]) -> BudgetCurve:
     points = []
     for group in by_budget.values():
         budget = record_budget(group[0].record)
-        steps = sorted({optimizer_steps(r.record) for r in group})
+        steps = sorted({optimizer_steps(r.record) or 0 for r in group})  # every group's records carry steps
         if len(steps) > 1:  # same settings, same budget: the step count is the same unless the data differ
             raise ClbenchError(
                 f"{group[0].strategy}: runs {', '.join(r.run_id for r in group)} have the same budget but "
@@ -165,9 +172,9 @@ def _curve(runs: list[Run]) -> BudgetCurve:
             )
         points.append(
             BudgetPoint(
-                steps=int(steps[0] or 0),
+                steps=steps[0],
                 budget=budget,
-                acc=[float(r.summary(r.record.protocol).last_acc) for r in group],
+                acc=[_final_acc(r) for r in group],
                 runs=[r.run_id for r in group],
                 marks=tuple(name for name, b in marks.items() if _text(b) == _text(budget)),
             )
