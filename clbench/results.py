@@ -625,8 +625,7 @@ class RunRecord:
     @property
     def settings(self) -> Json:
         """What the run trained with: its strategy's settings and the run-level ``train_per_class`` where set."""
-        k = self.train_per_class
-        return {**self.strategy_config, **({"train_per_class": k} if k is not None else {})}
+        return trained_settings(self.strategy_config, self.train_per_class)
 
     def write(self, run_dir: Path | str) -> Path:
         """Write ``run_dir/result.json`` atomically (a reader sees the old record or the new one, never a torn
@@ -636,6 +635,12 @@ class RunRecord:
         path = Path(run_dir) / RESULT_FILE
         atomic_write_json(path, self.to_dict())
         return path
+
+
+def trained_settings(strategy_config: Json, train_per_class: int | None) -> Json:
+    """The settings a run trains with: the strategy's, and the run-level ``train_per_class`` where set (the one
+    view of both that the gate's reference pins and the budget curves compare)."""
+    return {**strategy_config, **({"train_per_class": train_per_class} if train_per_class is not None else {})}
 
 
 def _to_json(value: Any) -> Any:

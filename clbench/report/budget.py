@@ -28,7 +28,7 @@ import numpy as np
 
 from clbench.errors import ClbenchError
 from clbench.report.collect import Collection, Run
-from clbench.results import RunRecord
+from clbench.results import RunRecord, trained_settings
 
 STEPS_KEY = "optimizer_steps_per_task"
 QUICK, REFERENCE = "quick", "reference epochs"
@@ -111,7 +111,7 @@ def _marks(record: RunRecord) -> dict[str, dict[str, Any]]:
 
     def budget(cls: Any, profile: str | None) -> dict[str, Any]:  # cls: the registered strategy class
         k = run_level(cls, profile, None, "train_per_class")
-        return budget_of({**asdict(make_strategy_config(cls, profile, ())), **({"train_per_class": k} if k else {})})
+        return budget_of(trained_settings(asdict(make_strategy_config(cls, profile, ())), k))
 
     try:
         cls = STRATEGIES.get(record.strategy)
