@@ -58,8 +58,8 @@ from clbench.rundir import (
 
 if TYPE_CHECKING:
     from clbench.backbones import FrozenBackbone
-    from clbench.benchmarks.base import Benchmark, BenchmarkSpec
-    from clbench.checkpoint import Checkpoint
+    from clbench.benchmarks.base import Benchmark, BenchmarkSpec, ImageSource
+    from clbench.checkpoint import Checkpoint, RngState
     from clbench.strategy import Split, Strategy, Task
     from clbench.transforms import TransformSpec
 
@@ -155,7 +155,7 @@ class _ProtocolLog:
         )
 
 
-def _protocols(cfg: RunConfig, strategy_cls: type) -> list[str]:
+def _protocols(cfg: RunConfig, strategy_cls: type[Strategy[Any]]) -> list[str]:
     if cfg.protocol not in PROTOCOL_CHOICES:
         raise ClbenchError(
             f"{setting('protocol')} {cfg.protocol!r} is unknown; valid protocols: {', '.join(PROTOCOL_CHOICES)}"
@@ -185,7 +185,7 @@ class ResolvedRun:
     :func:`load_inputs`, :func:`prepare`, the task loop, the record, sweeps and the Avalanche API."""
 
     config: RunConfig
-    strategy_cls: type[Strategy]
+    strategy_cls: type[Strategy[Any]]
     strategy_config: Any  # the strategy's Config dataclass, profile and --set applied and checked
     spec: BenchmarkSpec
     backbone_name: str  # the explicit backbone, else the benchmark's
@@ -301,9 +301,9 @@ class PreparedRun:
     features: dict[str, torch.Tensor]  # "train" / "test" -> (N, d) frozen features
     cache_events: list[str]
     t_features: float  # seconds spent on frozen features (computing or loading them)
-    strategy: Strategy
+    strategy: Strategy[Any]
     data_problems: list[str] = field(default_factory=list)  # found and run anyway (ignore_data_problems)
-    rng_at_build: dict[str, Any] | None = None  # global RNG states just before the strategy was built
+    rng_at_build: RngState | None = None  # global RNG states just before the strategy was built
 
     @property
     def cfg(self) -> RunConfig:
@@ -388,7 +388,7 @@ def prepare(
     for split_name, source in (("train", bench.train), ("test", bench.test)):
         key = feature_key(resolved, inputs, split_name, source.fingerprint())
 
-        def compute(source=source, split_name=split_name):
+        def compute(source: ImageSource = source, split_name: str = split_name) -> torch.Tensor:
             adv = rep.progress(f"features {split_name} ({len(source)} images)", len(source))
             return extract(
                 inputs.backbone,
@@ -443,7 +443,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         rep.run_started(state.run_start(run_dir.path))
         for step in session.tasks():
             if step.task.id < state.done:  # learnt before the checkpoint; its RNG state is the one after task done - 1
-                if step.task.id == state.done - 1:
+                if step.task.id == state.done - 1 and ckpt is not None:  # state.done > 0: restored from it
                     checkpoint.restore_rng(ckpt.rng)
                 continue
             _learn_and_evaluate(session, step, state, rep)
@@ -574,7 +574,7 @@ class _RunState:
             fingerprint=self.session.resolved.fingerprint,
             preds=preds,
         )
-        record.peak_rss_mb = max(self.peak_before, record.peak_rss_mb)  # over every segment of the run
+        record.peak_rss_mb = max(self.peak_before, record.peak_rss_mb or 0.0)  # over every segment of the run
         return record
 
 
@@ -612,7 +612,7 @@ def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunStat
     if training := trace.summary():
         diagnostics = {**diagnostics, "training": training}
     reset = None  # the first task only: does training change what the strategy predicts?
-    if t == 0 and trained_change is not None:
+    if t == 0 and trained_change is not None and first_logits is not None:
         reset = training_check.reset_share(
             strategy, task, step.test, protocols[0], first_logits, session.rng_at_build, rng_before_task
         )
@@ -692,7 +692,7 @@ def host_info() -> Host:
     )
 
 
-def _save_features(path: Path, session: PreparedRun, strategy: Strategy) -> None:
+def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) -> None:
     """Test features for t-SNE figures: frozen and (when the method has them) adapted, fp16."""
     import io
 
@@ -746,7 +746,7 @@ def _write_record(record: RunRecord, path: Path, preds: Predictions | None) -> N
     record.write(path)
 
 
-def budget_extra(strategy: Strategy, tasks_done: int) -> dict[str, list[int]]:
+def budget_extra(strategy: Strategy[Any], tasks_done: int) -> dict[str, list[int]]:
     """``{"optimizer_steps_per_task": [...]}`` where the strategy noted its training steps (:meth:`Strategy.note_steps`)
     for every task so far; empty otherwise (a method that trains nothing, or a run resumed from an older checkpoint)."""
     steps = list(getattr(strategy, "optimizer_steps", []))
@@ -787,7 +787,9 @@ def _record(
     gap = None
     if len(protocols) > 1:
         ref, ps = summaries["reference"], summaries["per-sample"]
-        gap = ProtocolGap(last_acc=ref.last_acc - ps.last_acc, avg_acc=ref.avg_acc - ps.avg_acc)
+        r_last, p_last, r_avg, p_avg = ref.last_acc, ps.last_acc, ref.avg_acc, ps.avg_acc
+        if r_last is not None and p_last is not None and r_avg is not None and p_avg is not None:  # after a task
+            gap = ProtocolGap(last_acc=r_last - p_last, avg_acc=r_avg - p_avg)
     return RunRecord(
         run_id=run_path.name,
         complete=complete,

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from clbench.checkpoint import RngState
     from clbench.strategy import Split, Strategy, Task
 
 RESET_SHARE_MIN = 0.02  # below: training changed fewer than 2 % of the first task's predictions
@@ -51,13 +52,13 @@ def untrained_config(cfg: Any) -> Any | None:
 
 
 def reset_share(
-    strategy: Strategy,
+    strategy: Strategy[Any],
     task: Task,
     test: Split,
     protocol: str,
     trained: torch.Tensor,
-    rng_at_build: dict[str, Any] | None = None,
-    rng_before_task: dict[str, Any] | None = None,
+    rng_at_build: RngState | None = None,
+    rng_before_task: RngState | None = None,
 ) -> float | None:
     """Share of ``test`` images (the first task's) whose predicted class changes when the strategy learns the first
     task with its trained parts left at their initial values. ``trained``: the trained strategy's logits on ``test``.
