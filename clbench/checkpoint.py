@@ -208,7 +208,12 @@ def load(path: Path) -> Checkpoint:
     Tensors come back on the CPU (the strategy moves its own to the run's device when it restores them)."""
     from safetensors import safe_open
 
+    from clbench.owned import special_file_problem
+
     path = Path(path)
+    special = special_file_problem(path)
+    if special is not None:  # a FIFO would block the open; a device would be read forever
+        raise ClbenchError(f"{path} is {special}, not a checkpoint clbench wrote", _START_OVER)
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = f.metadata() or {}

@@ -12,6 +12,12 @@ A config file is a YAML mapping whose keys are the command's flags without the d
 Flags given on the command line override the file (``--set`` pairs are applied after the file's). The file is
 checked before anything runs: an unknown key (with a did-you-mean), a value of the wrong type, settings for a
 strategy that is not run, or a file that is not a mapping is refused with one line naming the file and the key.
+
+The file is read as YAML 1.2 writes values (:func:`load`): ``true``/``false``, decimal numbers, everything else a
+string (PyYAML's YAML 1.1 would read ``seed: 0123`` as 83, ``1:30`` as 90, ``off`` as false). Number forms the two
+versions read differently (a leading zero, ``0x``/``0o``/``0b``, base 60, ``_`` separators), aliases (``*name``,
+which a few hundred bytes can expand to billions of values), a key given twice and nesting deeper than
+:data:`MAX_DEPTH` are refused with the line they are on.
 """
 
 from __future__ import annotations
@@ -26,26 +32,138 @@ from typing import Any
 
 from clbench.config import _convert
 from clbench.errors import ClbenchError
+from clbench.owned import folder_name_problem
+from clbench.text import plain
 
 SKIPPED = {"help", "config", "version", "autocast", "no-autocast"}  # not settings (or aliases of one)
 LIST_KEYS = {"strategies", "benches", "seeds", "log"}  # a YAML list or a comma-separated string
 
 
+MAX_BYTES = 2**20  # a config file of every flag and every strategy's settings is a few kilobytes
+MAX_DEPTH = 16  # mappings and lists nest 3 deep (groups: [{tosca: {epochs: 1}}])
+
+
+class _Refused(Exception):
+    """A config file construct clbench refuses (an alias, a YAML 1.1 number form, a duplicate key), at a line."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line, self.message = line, message
+
+
+# YAML 1.2 core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution): true/false, decimal integers, decimal
+# floats; everything else a string. PyYAML implements YAML 1.1, where `0123` is octal 83, `1:30` is 90, `1_000` is
+# 1000, `yes`/`off` are booleans and `2024-01-01` a date: each silently another value than most readers expect.
+_NULL = r"^(?:~|null|Null|NULL|)$"
+_BOOL = r"^(?:true|True|TRUE|false|False|FALSE)$"
+_INT = r"^[-+]?(?:0|[1-9][0-9]*)$"
+_FLOAT = (
+    r"^(?:[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?[0-9]+[eE][-+]?[0-9]+"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+# Number forms whose value YAML 1.1 and 1.2 disagree on (leading zeros, 0b/0o/0x, base 60, digit separators):
+# refused, so that the file says what it means.
+_AMBIGUOUS = (
+    r"^[-+]?(?:0[0-9_]+(?:\.[0-9_]*)?|0[bBoOxX][0-9a-fA-F_]*|[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?"
+    r"|[0-9][0-9_]*_[0-9_]*(?:\.[0-9_]*)?)$"
+)
+_AMBIGUOUS_TAG = "tag:clbench.config,2026:ambiguous-number"
+_LOADER: Any = None
+
+
+def _loader() -> Any:
+    """A PyYAML SafeLoader with YAML 1.2's scalar rules, no aliases, no duplicate keys and a nesting bound."""
+    global _LOADER
+    if _LOADER is not None:
+        return _LOADER
+    import re
+
+    import yaml
+    from yaml.events import AliasEvent
+
+    class Loader(yaml.SafeLoader):
+        yaml_implicit_resolvers: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            if isinstance(event, AliasEvent):  # refused before it is expanded (a few bytes can name 10^9 nodes)
+                raise _Refused(
+                    event.start_mark.line + 1,
+                    f"alias *{event.anchor}: clbench config files take no anchors and aliases; write the values out",
+                )
+            self._depth = getattr(self, "_depth", 0) + 1
+            if self._depth > MAX_DEPTH:
+                raise _Refused(event.start_mark.line + 1, f"nested more than {MAX_DEPTH} levels deep")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:  # unhashable: PyYAML's own error follows
+                    continue
+                if first is not None:
+                    raise _Refused(line, f"key {key!r:.60} appears twice (first at line {first}); give each once")
+                seen[key] = line
+            return super().construct_mapping(node, deep)
+
+        def construct_yaml_int(self, node: Any) -> int:
+            value = self.construct_scalar(node)
+            if not re.match(_INT, value):  # an explicit !!int of another form
+                raise _Refused(node.start_mark.line + 1, f"{value!r:.40} is not a decimal integer")
+            return int(value)
+
+        def construct_ambiguous(self, node: Any) -> Any:
+            value = self.construct_scalar(node)
+            raise _Refused(
+                node.start_mark.line + 1,
+                f"{value!r:.40} is a number form YAML versions read differently (YAML 1.1: "
+                f"{yaml.safe_load(value)!r:.40}); write it in plain decimal digits, or quote it for a string",
+            )
+
+    for tag, pattern, first in (
+        ("tag:yaml.org,2002:null", _NULL, ["~", "n", "N", ""]),
+        ("tag:yaml.org,2002:bool", _BOOL, list("tTfF")),
+        ("tag:yaml.org,2002:int", _INT, list("-+0123456789")),
+        ("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789.")),
+        (_AMBIGUOUS_TAG, _AMBIGUOUS, list("-+0123456789")),
+    ):
+        Loader.add_implicit_resolver(tag, re.compile(pattern), first)
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    Loader.add_constructor(_AMBIGUOUS_TAG, Loader.construct_ambiguous)
+    _LOADER = Loader
+    return Loader
+
+
 def load(path: str) -> dict[str, Any]:
-    """The YAML mapping in ``path``."""
+    """The YAML mapping in ``path``: YAML 1.2 scalars (a leading zero, base 60, ``0x``, ``_`` separators refused),
+    no aliases, no key given twice, at most :data:`MAX_DEPTH` levels and :data:`MAX_BYTES` bytes; each refusal one
+    line naming the file and the line."""
     import yaml
 
+    from clbench.owned import read_bytes
+
     p = Path(path).expanduser()
-    if not p.is_file():
+    if not p.exists() and not p.is_symlink():
         raise ClbenchError(f"--config {path}: no such file", "give the path of a YAML settings file")
+    raw = read_bytes(p, MAX_BYTES, "YAML settings", name=f"--config {path}")  # a FIFO, a folder: said as such
     try:
-        data = yaml.safe_load(p.read_text())
-    except (OSError, UnicodeDecodeError) as e:
+        data = yaml.load(raw.decode("utf-8"), Loader=_loader())  # noqa: S506  (a SafeLoader: builds plain data only)
+    except UnicodeDecodeError as e:
         raise ClbenchError(f"--config {path}: cannot read it ({e})") from None
+    except _Refused as e:
+        raise ClbenchError(f"--config {path}: line {e.line}: {e.message}") from None
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""
         raise ClbenchError(f"--config {path}: not valid YAML{line} ({getattr(e, 'problem', None) or e})") from None
+    except (ValueError, RecursionError) as e:  # an integer of more digits than Python converts
+        raise ClbenchError(f"--config {path}: not a readable settings file ({str(e)[:100]})") from None
     if not isinstance(data, dict):
         raise ClbenchError(
             f"--config {path}: expected a mapping of settings (key: value), got {_kind(data)}",
@@ -219,10 +337,19 @@ def apply(
         if not isinstance(groups, list) or not groups or not all(isinstance(g, dict) for g in groups):
             raise ClbenchError(f"--config {path}: groups: expected a list of mappings, each with a name")
         variants = []
+        seen: set[str] = set()
         for i, g in enumerate(groups):
             name = g.get("name")
-            if not isinstance(name, str) or not name.strip() or "/" in name:
-                raise ClbenchError(f"--config {path}: groups[{i}]: expected a name (a folder name) for the group")
+            why = folder_name_problem(name) if name is not None else None
+            if name is None or why is not None:  # its sweep goes to OUT/NAME: a folder inside OUT, never OUT's parent
+                given = "" if name is None else f"; {plain(repr(name))[:80]} is not one ({why})"
+                raise ClbenchError(
+                    f"--config {path}: groups[{i}]: expected a name (one folder name) for the group{given}",
+                    "name each group with one plain folder name, e.g. `name: quick`",
+                )
+            if name in seen:
+                raise ClbenchError(f"--config {path}: groups[{i}]: name {name!r} is the name of an earlier group")
+            seen.add(name)
             merged = {**data, **{k: v for k, v in g.items() if k != "name"}}
             for key in ("set", *(k for k in data if isinstance(data.get(k), dict) and isinstance(g.get(k), dict))):
                 if isinstance(data.get(key), dict) and isinstance(g.get(key), dict):

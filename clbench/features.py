@@ -6,6 +6,14 @@ file carrying its key and the SHA-256 of the feature bytes in its metadata; both
 and an entry that fails (truncated, corrupted, wrong key) is reported, deleted and recomputed, never used.
 A missing entry is computed under a file lock (``<entry>.lock``): runs sharing the cache, on one machine or on
 shared storage, compute each entry once.
+
+Trust: the digest an entry carries proves only that the file is whole, not who wrote it: anyone who can write to
+the cache folder can write an entry with a matching digest. So every entry a run uses is spot-checked against the
+backbone: :data:`SPOT_CHECK` images, drawn afresh by the operating system's random source on each use (no one can
+know which beforehand), are run through the backbone and must give the entry's features (:func:`spot_mismatch`);
+an entry that does not is reported, deleted and recomputed. This catches an entry rewritten with other features;
+it cannot catch one that changed only a few rows. A cache folder shared with others trusts everyone who can write
+to it: share it only with people whose results you would trust, or give each user their own ``$CLBENCH_CACHE``.
 """
 
 from __future__ import annotations
@@ -33,6 +41,12 @@ from clbench.precision import autocast
 log = logging.getLogger(__name__)
 
 FEATURE_VERSION = 1  # bump when extraction changes in a way that changes the numbers
+SPOT_CHECK = 8  # images of a cached entry recomputed on each use
+# Largest relative distance ||cached - recomputed|| / ||recomputed|| of a spot-checked row: the same images in a
+# batch of another size move fp32 features by ~1e-6 and bf16/fp16 ones by ~1e-2; features of other weights or
+# images differ by order 1.
+SPOT_TOLERANCE = {"fp32": 1e-3, "bf16": 0.1, "fp16": 0.1}
+Spot = Callable[[list[int]], torch.Tensor]  # the features of these rows, recomputed with the backbone
 Progress = Callable[[int], None]  # called with the number of images just processed
 
 
@@ -131,7 +145,8 @@ class FeatureCache:
     def path(self, key: str) -> Path:
         return self.root / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".safetensors")
 
-    def load(self, key: str) -> torch.Tensor | None:
+    def load(self, key: str, spot: Spot | None = None, precision: str = "fp32") -> torch.Tensor | None:
+        """The entry of ``key``, or None (absent, unreadable, or failing its digest or the spot check ``spot``)."""
         path = self.path(key)
         if not (self.enabled and path.exists()):
             return None
@@ -148,6 +163,11 @@ class FeatureCache:
                 feats = f.get_tensor("features")
             if meta.get("key") != key or meta.get("sha256") != _digest(feats):
                 raise ValueError("key or digest mismatch")
+            if feats.dim() != 2:
+                raise ValueError(f"features of shape {tuple(feats.shape)}")
+            problem = None if spot is None else spot_mismatch(feats, spot, SPOT_TOLERANCE.get(precision, 0.1))
+            if problem is not None:
+                raise ValueError(problem)
             return feats
         except Exception as e:  # truncated or corrupted files raise many kinds of errors
             log.warning("feature cache entry %s is corrupt (%s); recomputing it", path.name, e)
@@ -175,15 +195,18 @@ class FeatureCache:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).split("\n")[0]
             self._warn(f"cannot write an entry ({reason})")
 
-    def get_or_compute(self, key: str, compute: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, bool]:
+    def get_or_compute(
+        self, key: str, compute: Callable[[], torch.Tensor], spot: Spot | None = None, precision: str = "fp32"
+    ) -> tuple[torch.Tensor, bool]:
         """(features, was_cached). A miss takes an exclusive lock on the entry first, so concurrent runs of a sweep
-        that need the same features compute them once: the others wait and then read the entry."""
-        feats = self.load(key)
+        that need the same features compute them once: the others wait and then read the entry. ``spot``: how to
+        recompute a few rows with the backbone, to check a cached entry against it (module docstring)."""
+        feats = self.load(key, spot, precision)
         if feats is not None:
             self.events.append("hit")
             return feats, True
         with self._entry_lock(key):
-            feats = self.load(key)  # written by another process while this one waited
+            feats = self.load(key, spot, precision)  # written by another process while this one waited
             if feats is not None:
                 self.events.append("hit")
                 return feats, True
@@ -209,3 +232,27 @@ class FeatureCache:
             yield
         finally:
             handle.close()  # closing releases the lock
+
+
+def spot_mismatch(feats: torch.Tensor, spot: Spot, tolerance: float, k: int = SPOT_CHECK) -> str | None:
+    """Whether ``k`` rows of ``feats``, chosen by the operating system's random source (never the run's RNGs: a run
+    from the cache and one that computed its features stay the same run), match ``spot``'s recomputation within
+    ``tolerance`` (relative distance); a few words saying how they differ, or None."""
+    import random
+
+    n = feats.shape[0]
+    if n == 0:
+        return None
+    rows = sorted(random.SystemRandom().sample(range(n), min(k, n)))
+    fresh = spot(rows).float()
+    if fresh.shape != (len(rows), feats.shape[1]):
+        return f"the backbone gives features of shape {tuple(fresh.shape)} for {len(rows)} images"
+    cached = feats[rows].float()
+    distance = (cached - fresh).norm(dim=1) / fresh.norm(dim=1).clamp_min(1e-12)
+    bad = int((distance > tolerance).sum())
+    if bad:
+        return (
+            f"{bad} of {len(rows)} spot-checked images differ from what the backbone gives (relative distance up to "
+            f"{float(distance.max()):.3g}); the entry was not written from these images and weights"
+        )
+    return None

@@ -5,6 +5,7 @@ times every phase and writes the run record. No method name appears here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -265,12 +266,73 @@ def load_inputs(resolved: ResolvedRun, precision: Precision | None = None) -> Fr
 
     cfg, spec = resolved.config, resolved.spec
     backbone = load_backbone(resolved.backbone_name, cfg.weights, resolved.img_size, seed=cfg.seed).to(resolved.device)
+    check_batch_memory(backbone, cfg.batch_size, resolved.device)  # before the precision probe runs a batch
     mean, std = (backbone.mean, backbone.std) if resolved.normalize else (None, None)
     img = backbone.img_size
     resize = round(spec.resize * img / spec.img_size) if spec.resize else None
     precision = precision or for_backbone(backbone, resolved.device, cfg.precision, use_cache=cfg.feature_cache)
     return FrozenInputs(
         backbone, TransformSpec(img, resize, mean, std), TransformSpec(img, resize, mean, std, train=True), precision
+    )
+
+
+def batch_bytes(backbone: Any, batch_size: int) -> int:
+    """A generous estimate of the memory one forward pass of ``batch_size`` images takes (inference: one block's
+    activations at a time): the float32 input, then per image a ViT block's widest moment, the MLP's hidden
+    activations and the attention scores of every head (``tokens^2``, as the reference attention materialises them);
+    for other backbones 32 times the input."""
+    img = int(backbone.img_size)
+    image = 3 * img * img * 4
+    model: Any = getattr(backbone, "model", None)  # a timm model, or anything: probed for a ViT's shape
+    try:
+        patch = model.patch_embed.patch_size
+        heads = int(model.blocks[0].attn.num_heads)
+        width = int(backbone.num_features)
+        tokens = (img // int(patch[0])) * (img // int(patch[1])) + int(getattr(model, "num_prefix_tokens", 1))
+        per_image = image + 4 * tokens * (8 * width + heads * tokens)
+    except (AttributeError, TypeError, IndexError, ValueError, ZeroDivisionError):  # not a timm ViT
+        per_image = 32 * image
+    return batch_size * per_image
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for a batch: the GPU's free memory, or the host's available memory (``MemAvailable``); None
+    where it cannot be told."""
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):
+            return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_batch_memory(backbone: Any, batch_size: int, device: torch.device) -> None:
+    """Refuse, in one line and before anything is allocated, an input size and batch size whose forward pass cannot
+    fit in the memory this machine has free (each in its range, together they can ask for petabytes)."""
+    need, free = batch_bytes(backbone, batch_size), available_memory(device)
+    if free is None or need <= free:
+        return
+    fits = max(0, batch_size * free // need)
+    img = backbone.img_size
+    fix = (
+        f"use {setting('batch_size')} {fits} or less (or a smaller {setting('img_size')})"
+        if fits >= 1
+        else f"use a smaller {setting('img_size')}: at {img} px not even one image fits"
+    )
+    raise ClbenchError(
+        f"{setting('img_size')} {img} with {setting('batch_size')} {batch_size}: one batch of features needs about "
+        f"{need / 2**30:,.1f} GB, and {device.type} has {free / 2**30:,.1f} GB free",
+        fix,
     )
 
 
@@ -400,7 +462,12 @@ def prepare(
                 progress=adv,
             )
 
-        feats[split_name], hit = cache.get_or_compute(key, compute)
+        def spot(rows: list[int], source: ImageSource = source) -> torch.Tensor:  # a cached entry's spot check
+            return extract(
+                inputs.backbone, source, inputs.eval_tf.build(), device, inputs.precision.name, len(rows), rows
+            )
+
+        feats[split_name], hit = cache.get_or_compute(key, compute, spot, inputs.precision.name)
         rep.log(f"features {split_name}: {'cache hit' if hit else 'computed'} {tuple(feats[split_name].shape)}")
     t_features = time.perf_counter() - t0
 
@@ -441,17 +508,40 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         if ckpt is not None:
             state.restore(ckpt, run_dir, rep)
         rep.run_started(state.run_start(run_dir.path))
+        resumed_at = state.done if ckpt is not None else None
         for step in session.tasks():
             if step.task.id < state.done:  # learnt before the checkpoint; its RNG state is the one after task done - 1
                 if step.task.id == state.done - 1 and ckpt is not None:  # state.done > 0: restored from it
                     checkpoint.restore_rng(ckpt.rng)
                 continue
-            _learn_and_evaluate(session, step, state, rep)
+            with _restored_state_used(run_dir, resumed_at == step.task.id, session.cfg.strategy):
+                _learn_and_evaluate(session, step, state, rep)
             _save_progress(state, run_dir)
-        return _finish(state, run_dir, rep)
+        with _restored_state_used(run_dir, resumed_at == session.bench.n_tasks, session.cfg.strategy):
+            return _finish(state, run_dir, rep)
     finally:
         checkpoint.restore_rng(caller_rng)
         run_dir.release()
+
+
+@contextlib.contextmanager
+def _restored_state_used(run_dir: RunDir, first_use: bool, strategy: str) -> Iterator[None]:
+    """Where a resumed run first uses the state its checkpoint held (``first_use``: the first task after the resume,
+    or the finish when none was left), a failure of the strategy's code is a checkpoint whose values have the right
+    types but impossible meanings (a tensor of another shape, an index past a list): one line naming the file. A
+    failure anywhere else stays the programming error it is."""
+    try:
+        yield
+    except ClbenchError:
+        raise
+    except (RuntimeError, ValueError, IndexError, KeyError, TypeError, AttributeError, ZeroDivisionError) as e:
+        if not first_use:
+            raise
+        raise ClbenchError(
+            f"{run_dir.checkpoint_path} does not hold a {strategy} run's state that can be continued: its first use "
+            f"failed ({type(e).__name__}: {str(e)[:200]})",
+            f"pass {OVERWRITE} to start the run over",
+        ) from None
 
 
 def _claim_run_folder(resolved: ResolvedRun, resume: bool) -> tuple[RunDir, list[str]]:
@@ -501,6 +591,7 @@ class _RunState:
         self.before = dict.fromkeys(TIME_KEYS, 0.0)  # times of earlier segments of the run
         self.peak_before = 0.0  # peak memory of earlier segments, MB
         self.t_train = self.t_eval = self.t_ckpt = 0.0
+        self.resume_warning: str | None = None  # a resume that found every task done (RunRecord.resume_warning)
 
     def restore(self, ckpt: Checkpoint, run_dir: RunDir, rep: Reporter) -> None:
         """Continue from ``ckpt``, once its inputs (backbone, precision, data) are checked to be this run's."""
@@ -518,11 +609,16 @@ class _RunState:
         )
         if ckpt.git_revision != self.revision:
             rep.log(f"note: the checkpoint was written by code at {ckpt.git_revision}, now {self.revision}")
+        problem = _impossible_counts(ckpt, session)
+        if problem is not None:
+            raise ClbenchError(
+                f"{run_dir.checkpoint_path} cannot be continued: {problem}", f"pass {OVERWRITE} to start the run over"
+            )
         try:
             session.strategy.restore_state(ckpt.strategy)
             self.logs = {p: _ProtocolLog(**ckpt.logs[p]) for p in session.protocols}
             self.before = {k: float(ckpt.times[k]) for k in self.before}
-        except (StateError, KeyError, TypeError) as e:
+        except (StateError, KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
             raise ClbenchError(
                 f"{run_dir.checkpoint_path} does not hold a {session.cfg.strategy} run's state ({type(e).__name__}: "
                 f"{str(e)[:200]})",
@@ -533,6 +629,12 @@ class _RunState:
         self.cache_events = [*ckpt.feature_cache, *self.cache_events]
         self.peak_before = ckpt.peak_rss_mb
         rep.log(f"continuing {run_dir.path} after task {self.done}/{session.bench.n_tasks} (from its checkpoint)")
+        if self.done == session.bench.n_tasks:
+            self.resume_warning = (
+                f"resumed from a checkpoint with every task ({self.done} of {self.done}) done: this segment trained "
+                "and evaluated nothing; the numbers are the checkpoint's"
+            )
+            rep.log(f"warning: {self.resume_warning}")
 
     def run_start(self, run_path: Path) -> RunStart:
         s = self.session
@@ -575,7 +677,60 @@ class _RunState:
             preds=preds,
         )
         record.peak_rss_mb = max(self.peak_before, record.peak_rss_mb or 0.0)  # over every segment of the run
+        record.resume_warning = self.resume_warning
         return record
+
+
+_LOG_ROWS = ("matrix", "curve", "old", "new", "top5")  # one entry per task done (_ProtocolLog)
+_LOG_IMAGES = ("index", "pred", "conf")  # one list per task done, or none (checkpoints before predictions were kept)
+
+
+def _impossible_counts(ckpt: Checkpoint, session: PreparedRun) -> str | None:
+    """What in a checkpoint's counts no run of this benchmark can have written (more tasks done than it has, per-task
+    entries, accuracy rows or evaluated images in other numbers, indices or classes outside the test split), said
+    in a few words; None when they fit. Values of the right JSON type but impossible meaning stop here, before the
+    harness or the strategy index anything with them."""
+    bench, done = session.bench, ckpt.tasks_done
+    if done > bench.n_tasks:
+        return f"it claims {done} tasks done, but the run has {bench.n_tasks}"
+    if len(ckpt.per_task) != done or any(e.get("task") != i for i, e in enumerate(ckpt.per_task)):
+        return f"it holds {len(ckpt.per_task)} per-task entries for {done} tasks done"
+    resumes = ckpt.resumed_from_task
+    if any(not 1 <= r <= done for r in resumes) or resumes != sorted(resumes):
+        return f"its resumes ({resumes[:8]}) are not task counts from 1 to {done} in order"
+    sizes = np.cumsum(bench.task_sizes)
+    for p in session.protocols:
+        log = ckpt.logs.get(p)
+        if log is None:
+            return f"it holds no evaluations of protocol {p!r}"
+        for name in (*_LOG_ROWS, *_LOG_IMAGES):
+            if name not in log and name not in ("matrix", "curve"):  # a field later clbench added: absent, not wrong
+                continue
+            rows = log.get(name, [])
+            if len(rows) != done and not (name in _LOG_IMAGES and not rows):
+                return f"its {p} {name} has {len(rows)} entries for {done} tasks done"
+        for t, row in enumerate(log.get("matrix", [])):
+            if type(row) is not list or len(row) != t + 1:
+                return f"its {p} accuracy matrix row {t} is not {t + 1} accuracies"
+        for name in (n for n in _LOG_ROWS if n in log):
+            flat = [v for row in log[name] for v in (row if type(row) is list else [row])]
+            if not all(type(v) in (int, float) and (v != v or 0 <= v <= 100) for v in flat):
+                return f"its {p} {name} holds a value that is not a percentage"
+        for t in range(len(log.get("index", []))):
+            seen = np.flatnonzero(bench.test_y < sizes[t])
+            seen = seen[np.argsort(bench.test_y[seen], kind="stable")]  # as PreparedRun.tasks evaluates them
+            index, pred, conf = log["index"][t], log["pred"][t], log["conf"][t]
+            if type(index) is not list or index != seen.tolist():
+                return f"its {p} evaluation after task {t + 1} is not of the {len(seen)} test images seen by then"
+            if type(pred) is not list or len(pred) != len(seen) or not all(type(v) is int for v in pred):
+                return f"its {p} predictions after task {t + 1} are not {len(seen)} class ids"
+            if pred and not 0 <= min(pred) <= max(pred) < sizes[t]:
+                return f"its {p} predictions after task {t + 1} name classes outside the {sizes[t]} seen"
+            if type(conf) is not list or len(conf) != len(seen) or not all(type(v) in (int, float) for v in conf):
+                return f"its {p} confidences after task {t + 1} are not {len(seen)} numbers"
+            if conf and not 0 <= min(conf) <= max(conf) <= 1:
+                return f"its {p} confidences after task {t + 1} are not probabilities"
+    return None
 
 
 def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunState, rep: Reporter) -> None:
@@ -803,6 +958,7 @@ def _record(
         bench=spec.name,
         n_classes=bench.n_classes,
         n_images={"train": len(bench.train), "test": len(bench.test)},
+        data_fingerprint={"train": bench.train.data_id(), "test": bench.test.data_id()},
         task_sizes=bench.task_sizes,
         class_order=bench.class_order,
         class_order_seed=cfg.class_order_seed,

@@ -3,7 +3,13 @@
 Creating: locks are opened with ``O_NOFOLLOW`` and must be regular files (a planted symbolic link named ``.lock`` is
 refused, never followed and truncated); temporary files carry the prefix :data:`TMP_PREFIX`, are made with
 ``O_EXCL`` (``tempfile.mkstemp``), and only files with that prefix are ever swept up; a sub-folder clbench writes
-into (``figures/``) must be a real folder inside its parent, not a link leading out of it.
+into (``figures/``, a sweep's ``runs/`` and ``report/``, a tracker's ``tensorboard/``) must be a real folder inside
+its parent, not a link leading out of it; a folder name taken from a file (a config's group, a record's run id) is
+one path component (:func:`folder_name_problem`).
+
+Output folders: ``--out`` of a run, a sweep or a report is new, empty, or a folder clbench made, told by its mark
+file :data:`FOLDER_MARK` (JSON naming the kind of folder, written first) or by clbench's own record of that kind;
+a folder of other files is refused before anything is written (:func:`check_output_folder`).
 
 Reading: :func:`read_bytes` opens without blocking, refuses anything that is not a regular file (a FIFO, a device
 such as ``/dev/zero``, a socket), and reads at most a size limit; :func:`load_json` adds a nesting limit and maps
@@ -17,6 +23,8 @@ import json
 import os
 import re
 import stat
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -90,9 +98,9 @@ def open_append(path: Path) -> IO[str]:
     return os.fdopen(fd, "a", buffering=1)
 
 
-def owned_folder(parent: Path, name: str, what: str) -> Path:
-    """``parent/name``, made if missing; refused when it is a symbolic link or not a folder, so that nothing is
-    written (or deleted) outside ``parent`` through it."""
+def owned_folder(parent: Path, name: str, what: str, create: bool = True) -> Path:
+    """``parent/name``, made if missing (``create``; else only checked); refused when it is a symbolic link or not
+    a folder, so that nothing is written (or deleted) outside ``parent`` through it."""
     path = Path(parent) / name
     if path.is_symlink():
         raise ClbenchError(
@@ -102,8 +110,141 @@ def owned_folder(parent: Path, name: str, what: str) -> Path:
         )
     if path.exists() and not path.is_dir():
         raise ClbenchError(f"{what} {parent}: {name} is a file, not a folder", f"delete it or choose another {what}")
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# A name clbench makes a folder of (a sweep group, a run id under a tracker's folder): one path component.
+NAME_MAX_BYTES = 255  # the longest file name ext4, XFS, APFS and NTFS take
+_NAME_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")  # clbench.text
+
+
+def folder_name_problem(name: object) -> str | None:
+    """Why ``name`` (from a file someone else wrote: a config's group, a record's run id) cannot be the name of a
+    folder clbench makes inside the folder it was given, or None: it must be one path component (not empty, not
+    ``.`` or ``..``, no ``/`` or ``\\``), without control characters, at most 255 bytes."""
+    if not isinstance(name, str) or not name.strip():
+        return "it is empty" if isinstance(name, str) else f"it is {type(name).__name__}, not a name"
+    if name in (".", ".."):
+        return f"{name!r} names no folder of its own (it is the folder itself or its parent)"
+    if "/" in name or "\\" in name:
+        return "it holds a path separator (/ or \\): a folder name is one path component"
+    if _NAME_CONTROL.search(name):
+        return "it holds a control character"
+    if len(name.encode("utf-8", "surrogateescape")) > NAME_MAX_BYTES:
+        return f"it is longer than {NAME_MAX_BYTES} bytes"
+    return None
+
+
+# ------------------------------------------------------------------------------------------- output folders
+# An output folder (``run --out``, ``sweep --out``, ``report --out`` ...) is new, empty, or one clbench made: it holds
+# the mark file below, whose content names the kind of folder, or (for folders an older clbench made) clbench's own
+# record of that kind (a run's result.json, a sweep's sweep.json, a report's report.json). A file merely named like
+# one of clbench's (``.lock``, ``attempt.json``) makes no folder clbench's.
+FOLDER_MARK = ".clbench-folder"
+MARK_FORMAT = "clbench-folder"
+MARK_MAX_BYTES = 4096
+FOLDER_KINDS = {"run": "run folder", "sweep": "sweep folder", "report": "report folder"}
+
+
+def folder_mark(path: Path) -> str | None:
+    """The kind named by the mark file in ``path`` (``run``, ``sweep``, ``report``), or None: no mark, a link or a
+    special file there, or content that is not clbench's mark."""
+    mark = Path(path) / FOLDER_MARK
+    if mark.is_symlink() or not mark.is_file():
+        return None
+    try:
+        data = load_json(mark, "folder mark", limit=MARK_MAX_BYTES, max_depth=2)
+    except ClbenchError:
+        return None
+    if not isinstance(data, dict) or data.get("format") != MARK_FORMAT or data.get("kind") not in FOLDER_KINDS:
+        return None
+    return str(data["kind"])
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: a fresh temporary beside it, then a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # mkstemp: O_EXCL, a fresh name; the prefix marks it as clbench's, the only kind clbench.owned sweeps up
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise ClbenchError(
+            f"could not write {path}: {e.strerror or e}", "free disk space or choose another folder"
+        ) from None
+
+
+def mark_folder(path: Path, kind: str) -> None:
+    """Write ``path``'s mark file (``kind``: a key of :data:`FOLDER_KINDS`) unless it is there already: the first
+    thing clbench writes in an output folder, so that a folder it made is recognised even before its record exists.
+    The folder must have passed :func:`check_output_folder`."""
+    if folder_mark(path) == kind:
+        return
+    text = json.dumps({"format": MARK_FORMAT, "kind": kind, "note": f"a clbench {FOLDER_KINDS[kind]}"}) + "\n"
+    atomic_write_bytes(Path(path) / FOLDER_MARK, text.encode())
+
+
+def starts_with(path: Path, prefix: bytes) -> bool:
+    """Whether ``path`` is a regular file (not a link) whose content begins with ``prefix``; reads only that much."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(prefix)) == prefix
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def foreign_entries(path: Path) -> list[str] | None:
+    """The names in the folder ``path`` other than clbench's own temporaries (which a killed clbench leaves); None
+    where ``path`` is missing or cannot be listed (made later, or refused when written)."""
+    try:
+        return [e.name for e in os.scandir(path) if not is_own_tmp(e)]
+    except OSError:
+        return None
+
+
+def is_empty_folder(path: Path) -> bool:
+    """Whether ``path`` is missing, or a folder holding nothing but clbench's own temporaries."""
+    return not foreign_entries(path)
+
+
+def check_output_folder(
+    path: Path, kind: str, flag: str, recognise: Callable[[Path], bool] | None = None, example: str = "out"
+) -> None:
+    """Refuse an existing folder ``path`` (given by ``flag``) that is neither empty nor a clbench folder of ``kind``
+    (its mark file, or ``recognise(path)``: clbench's own record of that kind, for folders an older clbench made):
+    clbench writes, replaces and deletes files in it. Writes nothing."""
+    path = Path(path)
+    if not foreign_entries(path):
+        return
+    mark = folder_mark(path)
+    if mark == kind or (mark is None and recognise is not None and recognise(path)):
+        return
+    what = FOLDER_KINDS[kind]
+    if mark is not None:
+        raise ClbenchError(
+            f"{flag} {path} is a clbench {FOLDER_KINDS[mark]}, not a {what}",
+            f"give a new or empty folder, e.g. {flag} {path / example}",
+        )
+    raise ClbenchError(
+        f"{flag} {path} is a folder of other files ({len(os.listdir(path))} entries), not a clbench {what}",
+        f"give a new or empty folder, e.g. {flag} {path / example}",
+    )
 
 
 def is_own_tmp(entry: os.DirEntry[str]) -> bool:
@@ -196,3 +337,49 @@ def load_json(
         return json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # ValueError: bad JSON, bad UTF-8, an int of > 4300 digits
         raise ClbenchError(f"{name}: not a readable JSON {what} ({str(e)[:120]})", hint) from None
+
+
+def npz_arrays(data: bytes, limit: int) -> dict[str, Any]:
+    """The arrays of the ``.npz`` bytes ``data`` (numpy arrays, never unpickled), each member's ``.npy`` header
+    checked before anything is allocated: its element count times item size must be the bytes the member holds (a
+    header claiming 2^40 elements in a small file is refused, not allocated), an object dtype is refused, and the
+    members together may expand to at most ``limit`` bytes. Raises ValueError saying why (the caller names the
+    file)."""
+    import io
+    import math
+    import zipfile
+
+    import numpy as np
+
+    headers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            members = zf.infolist()
+            expanded = sum(i.file_size for i in members)
+            if expanded > limit:
+                raise ValueError(f"{expanded:,} bytes expanded, more than {limit:,}")
+            arrays: dict[str, Any] = {}
+            for info in members:
+                name = info.filename[:60]
+                if not info.filename.endswith(".npy"):
+                    raise ValueError(f"member {name!r} is not an .npy array")
+                member = io.BytesIO(zf.read(info))  # at most `limit` bytes: checked above
+                version = np.lib.format.read_magic(member)
+                if version not in headers:
+                    raise ValueError(f"{name}: .npy format {version}")
+                shape, _, dtype = headers[version](member)
+                if dtype.hasobject:
+                    raise ValueError(
+                        f"{name}: Object arrays cannot be loaded without unpickling, which clbench never does"
+                    )
+                claimed = math.prod(shape) * dtype.itemsize
+                held = len(member.getbuffer()) - member.tell()
+                if claimed != held:
+                    raise ValueError(f"{name}: its header claims shape {shape} ({claimed:,} bytes), it holds {held:,}")
+                member.seek(0)
+                arrays[info.filename[: -len(".npy")]] = np.lib.format.read_array(member, allow_pickle=False)
+            return arrays
+    except ValueError:
+        raise
+    except (OSError, zipfile.BadZipFile, EOFError, KeyError, TypeError, OverflowError, MemoryError) as e:
+        raise ValueError(f"{type(e).__name__}: {str(e)[:120]}") from None

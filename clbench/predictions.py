@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,10 +178,13 @@ def write(run_dir: Path, preds: Predictions) -> PredictionsFile:
 _FIX = "rerun the run (`clbench run ... --overwrite`) to write it again, or leave the run out"
 
 
-def read(run_dir: Path | str, ref: PredictionsFile, max_bytes: int = MAX_BYTES) -> Predictions:
-    """The predictions a record names, checked against its digest and size. Raises ClbenchError (one line naming
-    the file) when the file is missing, larger than ``max_bytes``, changed since the record was written, or not a
-    predictions file."""
+def read(
+    run_dir: Path | str, ref: PredictionsFile, max_bytes: int = MAX_BYTES, expect: Mapping[str, Any] | None = None
+) -> Predictions:
+    """The predictions a record names, checked against its digest and size, and (``expect``: the record's
+    ``protocols``, protocol -> its metrics) against the accuracies the record states (:func:`disagreement`).
+    Raises ClbenchError (one line naming the file) when the file is missing, larger than ``max_bytes``, changed
+    since the record was written, not a predictions file, or giving other accuracies than its record."""
     import hashlib
 
     path = Path(run_dir) / ref.file
@@ -203,7 +207,53 @@ def read(run_dir: Path | str, ref: PredictionsFile, max_bytes: int = MAX_BYTES) 
             f"({ref.bytes} bytes); the file was changed after the run",
             _FIX,
         )
-    return from_bytes(data, path, max_bytes)
+    preds = from_bytes(data, path, max_bytes)
+    if expect is not None:
+        problem = disagreement(preds, expect)
+        if problem is not None:
+            raise ClbenchError(
+                f"{path}: the record and its predictions disagree: {problem}; one of them was changed after the run",
+                _FIX,
+            )
+    return preds
+
+
+# Points: the record's accuracies are computed from the very predictions the file holds (clbench.metrics.accuracy on
+# the same arrays), so they agree to the last bit; the slack only absorbs a JSON round trip.
+ACC_SLACK = 1e-6
+
+
+def recomputed_curve(preds: Predictions, protocol: str) -> list[float]:
+    """Accuracy after every task (percent of the images seen so far), recomputed from the predictions."""
+    out = []
+    for e in preds.evaluations(protocol):
+        out.append(float(e.correct.mean() * 100.0) if len(e.index) else float("nan"))
+    return out
+
+
+def disagreement(preds: Predictions, summaries: Mapping[str, Any]) -> str | None:
+    """The first accuracy a record states (``summaries``: protocol -> its metrics, with ``acc_curve``,
+    ``last_acc`` and ``avg_acc``) that ``preds`` do not give, said in a few words; None when every one agrees.
+    A protocol the predictions do not hold is not compared (they say nothing about it; reports show no interval
+    for it, and the gate matches entries by protocol name)."""
+    for protocol, s in summaries.items():
+        if protocol not in preds.protocols:
+            continue
+        curve = recomputed_curve(preds, protocol)
+        stated = [float(v) for v in s.acc_curve]
+        if len(curve) != len(stated):
+            return f"{protocol}: the predictions hold {len(curve)} evaluations, the record {len(stated)} tasks"
+        checks = [(f"accuracy after task {t + 1}", stated[t], curve[t]) for t in range(len(curve))]
+        if curve:
+            checks[:0] = [
+                ("final accuracy", s.last_acc, curve[-1]),
+                ("average accuracy", s.avg_acc, float(np.mean(curve))),
+            ]
+        for what, said, got in checks:
+            if said is None or not np.isclose(float(said), got, rtol=0.0, atol=ACC_SLACK, equal_nan=True):
+                shown = "none" if said is None else f"{float(said):.2f} %"
+                return f"{protocol} {what}: the record says {shown}, its predictions give {got:.2f} %"
+    return None
 
 
 def from_bytes(data: bytes, path: Path | str = PREDICTIONS_FILE, max_bytes: int = MAX_BYTES) -> Predictions:
@@ -212,17 +262,12 @@ def from_bytes(data: bytes, path: Path | str = PREDICTIONS_FILE, max_bytes: int 
     def bad(why: str) -> ClbenchError:
         return ClbenchError(f"{path}: not a clbench predictions file ({why})", _FIX)
 
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            expanded = sum(i.file_size for i in zf.infolist())
-        if expanded > max_bytes:
-            raise bad(f"{expanded} bytes expanded, more than {max_bytes}")
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except ClbenchError:
-        raise
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:  # ValueError: a pickled (object) array
-        raise bad(f"{type(e).__name__}: {e}") from None
+    from clbench.owned import npz_arrays
+
+    try:  # every header checked before its array is allocated; never unpickled
+        arrays = npz_arrays(data, max_bytes)
+    except ValueError as e:
+        raise bad(str(e)) from None
     names = ("version", "protocols", "after_task", "index", "label", "image_task", "pred", "conf")
     missing = [n for n in names if n not in arrays]
     if missing:

@@ -105,7 +105,9 @@ def peak_rss_mb() -> float:
 #      added for SimpleCIL, EASE, APER, RanPAC (its W) and MOS. :func:`_upgrade_v3` restates an older record through
 #      the strategy's :meth:`~clbench.strategy.Strategy.split_kept` (the split its live runs use).
 #   5: ``train_per_class`` is a run setting (``--train-per-class``), written at the top level where set; version 4
-#      held it in ``strategy_config`` of the six methods that had it. :func:`_upgrade_v4` moves it out.
+#      held it in ``strategy_config`` of the six methods that had it. :func:`_upgrade_v4` moves it out. Added later
+#      without a version change, written where known: ``data_fingerprint`` (train/test content digests; a record
+#      without it is of unknown data, which matches any) and ``resume_warning`` (a resume that added no task).
 OLDEST_READABLE = 1
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
@@ -472,6 +474,15 @@ class RunRecord:
         _or_none(lambda v: isinstance(v, dict) and all(_is_count(n) for n in v.values())),
         default=None,
     )
+    # what data the run learnt from and was tested on: {"train": digest, "test": digest} of the splits' contents
+    # (ImageSource.data_id); two records of other data never share a row, a pairing or a gate entry. Older records
+    # lack it: unknown, which matches any data
+    data_fingerprint: dict[str, str] | None = json_field(
+        "an object of split -> digest or null",
+        _or_none(lambda v: isinstance(v, dict) and bool(v) and all(_is_name(k) and _is_name(d) for k, d in v.items())),
+        where_set=True,
+        default=None,
+    )
     task_sizes: list[int] = json_field(  # classes per task
         "a list of integers >= 1",
         lambda v: isinstance(v, list) and bool(v) and all(_is_positive(n) for n in v),
@@ -511,6 +522,8 @@ class RunRecord:
     data_problems: list[str] = json_field("a list of strings", _list_of(_is_str), default_factory=list)
     # tasks done at each resume from a checkpoint
     resumed_from_task: list[int] = json_field("a list of integers >= 0", _list_of(_is_count), default_factory=list)
+    # set when a resume found every task done already (its checkpoint said so): that segment trained nothing
+    resume_warning: str | None = json_field("a string or null", _or_none(_is_str), where_set=True, default=None)
     peak_rss_mb: float | None = json_field(  # over every segment of the run
         "a number >= 0 or null", _or_none(lambda v: _is_real(v) and not v < 0), default=None
     )
@@ -584,6 +597,17 @@ class RunRecord:
     @property
     def tasks_done(self) -> int:
         return len(self.per_task)
+
+    @property
+    def empty_resume(self) -> str | None:
+        """Why a resume of this run added no task (its checkpoint had every task done), or None: the record's
+        ``resume_warning``, or for a record written before it, a resume counted at the last task."""
+        if self.resume_warning:
+            return self.resume_warning
+        if self.task_sizes and len(self.task_sizes) in self.resumed_from_task:
+            n = len(self.task_sizes)
+            return f"resumed from a checkpoint with every task ({n} of {n}) done: a segment trained nothing"
+        return None
 
     # ------------------------------------------------------------------------------------------- JSON
     def to_dict(self) -> Json:
@@ -839,6 +863,12 @@ def load_record(path: Path | str) -> RunRecord:
         raise ClbenchError(f"{path}: accuracy matrix has {len(data['accuracy_matrix'])} rows for {tasks} tasks")
     if len(data["acc_curve"]) != tasks:
         raise ClbenchError(f"{path}: accuracy curve has {len(data['acc_curve'])} points for {tasks} tasks")
+    if len(data.get("per_task") or []) > tasks:
+        raise ClbenchError(f"{path}: {len(data['per_task'])} per-task entries for {tasks} tasks")
+    if any(r > tasks for r in data.get("resumed_from_task") or []):
+        raise ClbenchError(
+            f"{path}: resumed_from_task {data['resumed_from_task'][:8]} counts more than its {tasks} tasks"
+        )
     return _build(path, data)
 
 

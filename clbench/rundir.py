@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from clbench.config import RunConfig, differences
 from clbench.errors import ClbenchError, setting
-from clbench.owned import open_lock, remove_own_tmp
+from clbench.owned import (
+    FOLDER_MARK,
+    check_output_folder,
+    folder_mark,
+    is_empty_folder,
+    load_json,
+    mark_folder,
+    open_lock,
+    remove_own_tmp,
+)
 from clbench.predictions import PREDICTIONS_FILE
 from clbench.results import RESULT_FILE, record_says_complete
 
@@ -36,8 +45,11 @@ class RunDir:
         self.path = path
         check_folder(path, "out")
         check_run_folder(path)
+        fresh = is_empty_folder(path)
         try:
             path.mkdir(parents=True, exist_ok=True)
+            if fresh:  # the mark first: a run killed before its record is still recognised as clbench's
+                mark_folder(path, "run")
             self._lock = open_lock(path / LOCK_FILE)
         except OSError as e:
             raise ClbenchError(
@@ -52,6 +64,7 @@ class RunDir:
             ) from None
         try:
             self._check(overwrite)
+            mark_folder(path, "run")  # a run folder an older clbench made (told by its record): marked as it is used
         except BaseException:
             self.release()
             raise
@@ -146,24 +159,43 @@ def check_folder(path: Path, name: str) -> None:
 
 
 LOCK_FILE = ".lock"
-# A folder holding one of these is a run folder clbench made: the record, the lock (taken before anything else is
-# written), or the attempt file a sweep worker writes before the run starts (clbench.sweep.plan.ATTEMPT_FILE).
-RUN_FOLDER_MARKS = (RESULT_FILE, LOCK_FILE, "attempt.json")
+ATTEMPT_FILE = "attempt.json"  # clbench.sweep.plan.ATTEMPT_FILE (that module imports the harness)
+# The files that make a folder a run folder clbench made, each only by its content: the folder's mark file (written
+# before anything else), the record, or the attempt file a sweep worker writes before the run starts. A file merely
+# named like them (a `.lock` of another program, an `attempt.json` of a grading script) makes nothing a run folder.
+RUN_FOLDER_MARKS = (FOLDER_MARK, RESULT_FILE, ATTEMPT_FILE)
+_ATTEMPT_KEYS = ("sweep", "run_id", "started_at", "host", "pid")  # what clbench.sweep.worker writes
+
+
+def _clbench_json(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (a regular file, not a link) when it holds every one of ``keys``, else None."""
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        data = load_json(path, "run folder file")
+    except ClbenchError:
+        return None
+    return data if isinstance(data, dict) and all(k in data for k in keys) else None
+
+
+def is_run_folder(path: Path) -> bool:
+    """Whether ``path`` is a run folder clbench made: its mark file says so, or it holds a clbench record (a JSON
+    object with an integer ``schema_version`` and ``complete``, as every schema version has) or a sweep worker's
+    attempt file. Committed run folders (``reports/**/runs/*``) are recognised by their records."""
+    path = Path(path)
+    mark = folder_mark(path)
+    if mark is not None:
+        return mark == "run"
+    record = _clbench_json(path / RESULT_FILE, ("schema_version", "complete"))
+    if record is not None and type(record["schema_version"]) is int:
+        return True
+    return _clbench_json(path / ATTEMPT_FILE, _ATTEMPT_KEYS) is not None
 
 
 def check_run_folder(path: Path) -> None:
-    """Refuse an existing folder that is neither empty nor a clbench run folder (one holding its record or lock):
-    ``out`` names the run's own folder, and clbench writes and deletes files in it."""
-    try:
-        names = os.listdir(path)
-    except OSError:  # missing (made later) or unreadable (refused when the lock is taken)
-        return
-    if not names or any(os.path.isfile(path / m) and not os.path.islink(path / m) for m in RUN_FOLDER_MARKS):
-        return
-    raise ClbenchError(
-        f"{setting('out')} {path} is a folder of other files ({len(names)} entries), not a clbench run folder",
-        f"give a new or empty folder for the run, e.g. {setting('out')} {path / 'run'}",
-    )
+    """Refuse an existing folder that is neither empty nor a clbench run folder (:func:`is_run_folder`): ``out``
+    names the run's own folder, and clbench writes, replaces and deletes files in it. Writes nothing."""
+    check_output_folder(path, "run", setting("out"), is_run_folder, example="run")
 
 
 def _read_only(path: Path) -> bool:

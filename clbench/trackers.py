@@ -19,7 +19,13 @@ mode under the run folder (or ``LOG_DIR``) unless ``WANDB_MODE`` says otherwise.
 A tracker never fails a run and never holds it up for longer than :data:`FINISH_TIMEOUT_S`: each runs on its own
 daemon thread, the run hands it work without waiting, and at the end waits for it at most that long. A tracker that
 raises (not installed in a worker, a server that does not answer, a full disk) is dropped with one warning and an
-entry in the record's ``tracker_events``.
+entry in the record's ``tracker_events``. ``clbench export`` sends all its records through one
+:class:`TrackerHub`: each tracker is made once (one MLflow client), and one that failed or missed the deadline is
+dropped for the rest of the export (an unreachable server costs the deadline once, not once per record).
+
+The folders trackers write in (``tensorboard/``, ``mlruns/``, ``wandb/`` in ``LOG_DIR`` or the run folder, and
+``LOG_DIR/tensorboard/RUN_ID``) are real folders inside their parent, never links, and ``RUN_ID`` (from a record, in
+an export) is one plain folder name (:func:`tracker_folder`).
 
 The adapters import their library only when used; this module imports neither torch nor any tracker.
 """
@@ -120,8 +126,35 @@ class LogSpec:
             log_dir = str(Path(log_dir).expanduser().resolve())
         uri = None
         if "mlflow" in trackers:
-            uri = os.environ.get("MLFLOW_TRACKING_URI") or (Path(log_dir or ".") / "mlruns").resolve().as_uri()
+            uri = os.environ.get("MLFLOW_TRACKING_URI")
+            if not uri:  # clbench's own choice of folder: ./mlruns or LOG_DIR/mlruns, a real folder, not a link
+                tracker_folder(Path(log_dir or "."), "mlruns", create=False)
+                uri = (Path(log_dir or ".") / "mlruns").resolve().as_uri()
+        if log_dir is not None:
+            for name in trackers:
+                if name in TRACKER_FOLDERS:
+                    tracker_folder(Path(log_dir), TRACKER_FOLDERS[name], create=False)
         return cls(trackers, log_dir, group, uri)
+
+
+TRACKER_FOLDERS = {"tensorboard": "tensorboard", "wandb": "wandb"}  # the folder each writes in LOG_DIR or RUN_DIR
+
+
+def tracker_folder(parent: Path, name: str, create: bool = True, what: str = "--log-dir") -> Path:
+    """``parent/name``, a folder a tracker writes into (``tensorboard``, ``mlruns``, ``wandb``, a run's folder
+    under ``tensorboard``): one plain name, and a real folder inside ``parent``, never a link leading out of it
+    (:func:`clbench.owned.owned_folder`). ``what``: the setting that gave ``parent``. Raises ClbenchError."""
+    from clbench.owned import folder_name_problem, owned_folder
+
+    why = folder_name_problem(name)
+    if why is not None:
+        from clbench.text import plain
+
+        raise ClbenchError(
+            f"{plain(repr(name))[:80]} cannot name a tracker's folder inside {parent} ({why})",
+            "give the run a plain name (its record's run_id, or its folder's name)",
+        )
+    return owned_folder(parent, name, what, create=create)
 
 
 # ----------------------------------------------------------------------------------------------- what is sent
@@ -288,8 +321,10 @@ class TensorBoardTracker:
     def start(self, run: RunInfo) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        base = Path(self.spec.log_dir) / "tensorboard" / run.run_id if self.spec.log_dir else None
-        where = base or run.run_dir / "tensorboard"
+        if self.spec.log_dir:  # LOG_DIR/tensorboard/RUN_ID: the run id (from a record) is one plain folder name
+            where = tracker_folder(tracker_folder(Path(self.spec.log_dir), "tensorboard"), run.run_id)
+        else:
+            where = tracker_folder(run.run_dir, "tensorboard", what="--out")
         self.writer = SummaryWriter(log_dir=str(where))
         lines = [f"| {k} | {v} |" for k, v in {**run.tags, **run.params}.items()]
         self.writer.add_text("settings", "| setting | value |\n|---|---|\n" + "\n".join(lines), 0)
@@ -324,6 +359,8 @@ class MlflowTracker:
 
     def __init__(self, spec: LogSpec) -> None:
         self.spec = spec
+        self.client: Any = None
+        self._experiments: dict[str, str] = {}  # experiment name -> id
 
     def start(self, run: RunInfo) -> None:
         from mlflow.entities import Param
@@ -333,16 +370,20 @@ class MlflowTracker:
             # MLflow 3 keeps the file store in maintenance mode and refuses it unless asked; it is the offline
             # store that needs no database, so clbench asks for it (a tracking URI the user sets is used as is)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self.client = MlflowClient(tracking_uri=self.spec.mlflow_uri)
+        if self.client is None:  # one client (one connection) for every run this adapter logs (an export)
+            self.client = MlflowClient(tracking_uri=self.spec.mlflow_uri)
         name = run.group or DEFAULT_PROJECT
-        exp = self.client.get_experiment_by_name(name)
-        if exp is None:
-            try:
-                exp_id = self.client.create_experiment(name)
-            except Exception:  # created meanwhile by another run of the sweep
-                exp_id = self.client.get_experiment_by_name(name).experiment_id
-        else:
-            exp_id = exp.experiment_id
+        exp_id = self._experiments.get(name)
+        if exp_id is None:
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                try:
+                    exp_id = self.client.create_experiment(name)
+                except Exception:  # created meanwhile by another run of the sweep
+                    exp_id = self.client.get_experiment_by_name(name).experiment_id
+            else:
+                exp_id = exp.experiment_id
+            self._experiments[name] = exp_id
         tags = {**run.tags, "clbench.run_dir": str(run.run_dir), **({"clbench.sweep": run.group} if run.group else {})}
         self.run_id = self.client.create_run(exp_id, run_name=run.run_id, tags=tags).info.run_id
         params = [Param(k, str(v)[: self.PARAM_CHARS]) for k, v in run.params.items()]
@@ -376,6 +417,7 @@ class WandbTracker:
 
         where = Path(self.spec.log_dir) if self.spec.log_dir else run.run_dir
         where.mkdir(parents=True, exist_ok=True)
+        tracker_folder(where, "wandb", what="--log-dir" if self.spec.log_dir else "--out")  # W&B writes in there
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT),
             group=run.group,
@@ -448,13 +490,16 @@ def _why(e: BaseException) -> str:
 class TrackerHub:
     """The harness's observer for ``--log``: forwards the run's hooks to every tracker on its own lane, drops a
     tracker that fails (one warning, one event in the record) and waits at most :data:`FINISH_TIMEOUT_S` at the end.
+    A dropped tracker stays dropped for the hub's life: ``clbench export`` replays every record through one hub, so
+    a tracker that cannot be reached costs one deadline per export, not one per record.
 
     Wraps the reporter that shows progress (``inner``): messages and progress bars go there unchanged."""
 
-    def __init__(self, spec: LogSpec, inner: Any = None, timeout: float = FINISH_TIMEOUT_S) -> None:
+    def __init__(self, spec: LogSpec, inner: Any = None, timeout: float | None = None) -> None:
         from clbench.harness import Reporter
 
-        self.spec, self.inner, self.timeout = spec, inner or Reporter(), timeout
+        self.spec, self.inner = spec, inner or Reporter()
+        self.timeout = FINISH_TIMEOUT_S if timeout is None else timeout  # read when made: a test may lower it
         self.events: list[str] = []
         self._failed: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -462,6 +507,12 @@ class TrackerHub:
         self._lanes = {name: _Lane(name) for name in spec.trackers}
         self._trackers: dict[str, Tracker] = {}
         self._last: dict[str, concurrent.futures.Future] = {}
+
+    @property
+    def dropped(self) -> list[str]:
+        """The trackers that failed or missed a deadline, dropped for the rest of the hub's life."""
+        with self._lock:
+            return list(self._failed)
 
     # the Reporter interface, forwarded
     def log(self, message: str) -> None:
@@ -498,7 +549,12 @@ class TrackerHub:
         self._wait(timeout)
 
     def replay(self, record: RunRecord, run_dir: Path) -> list[str]:
-        """Send an existing complete record as its run would have (``clbench export``); return the events."""
+        """Send an existing complete record as its run would have (``clbench export``); return this record's events.
+        One hub replays every record of an export: each tracker is made (and connects) once, and one that failed
+        or missed its deadline on an earlier record is not tried again."""
+        before = len(self.events)
+        if all(name in self.dropped for name in self.spec.trackers):  # nothing left to send to: no figures made
+            return []
         self._start(info_from_record(record, run_dir, self.spec.group))
         main = record.main
         for t, entry in enumerate(record.per_task):
@@ -507,16 +563,16 @@ class TrackerHub:
             artifacts = write_artifacts(record, run_dir, Path(tmp))
             self._each("finish", lambda tr: tr.finish(final_metrics(record), artifacts))
             self._wait()
-        return list(self.events)
+        return self.events[before:]
 
     # ------------------------------------------------------------------------------------------- machinery
     def _start(self, info: RunInfo) -> None:
         for name in self.spec.trackers:
 
             def start(name: str = name) -> None:
-                tracker = ADAPTERS[name](self.spec)
-                tracker.start(info)
+                tracker = self._trackers.get(name) or ADAPTERS[name](self.spec)  # made once per hub
                 self._trackers[name] = tracker
+                tracker.start(info)
 
             self._submit(name, "start", start)
 
@@ -557,6 +613,8 @@ class TrackerHub:
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         for name, future in self._last.items():
+            if name in self._failed:  # dropped: its last call may hang for ever, and is waited for never again
+                continue
             try:
                 future.result(timeout=max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:

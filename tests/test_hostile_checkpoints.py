@@ -33,6 +33,7 @@ from clbench import checkpoint
 from clbench.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
 from clbench.cli import main
 from clbench.errors import ClbenchError
+from clbench.owned import mark_folder
 from clbench.safestate import SavedState
 from clbench.strategy import Strategy
 
@@ -100,11 +101,14 @@ def one_line(err: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, cache_root):
+def runs(tmp_path_factory):
     """A complete run (the reference) and the same run stopped after its first task (record + checkpoint of task 1),
-    with the live strategy state that checkpoint was made from (to write an old-format file from it)."""
-    os.environ["CLBENCH_CACHE"] = str(cache_root)
+    with the live strategy state that checkpoint was made from (to write an old-format file from it). Their feature
+    cache is this module's own (``cache``): the tests compare it byte for byte before and after a command, and the
+    shared test cache is written meanwhile by the other xdist worker (its temporaries, its new entries)."""
     base = tmp_path_factory.mktemp("runs")
+    cache = base / "cache"
+    os.environ["CLBENCH_CACHE"] = str(cache)
     data = make_tree(base / "data")
     assert main(run_argv(data, base / "complete")) == 0
     states: list[dict] = []
@@ -129,7 +133,13 @@ def runs(tmp_path_factory, cache_root):
         main(run_argv(data, base / "stopped"))
     assert checkpoint.load(base / "stopped" / CHECKPOINT_FILE).tasks_done == 1
     assert not json.loads((base / "stopped" / "result.json").read_text())["complete"]
-    return {"data": data, "complete": base / "complete", "stopped": base / "stopped", "state": states[-1]}
+    return {
+        "data": data,
+        "complete": base / "complete",
+        "stopped": base / "stopped",
+        "state": states[-1],
+        "cache": cache,
+    }
 
 
 def test_the_payload_runs_when_unpickled(tmp_path):
@@ -181,19 +191,20 @@ PLANTS = {
 
 @pytest.mark.parametrize("how", ["resume", "out"])
 @pytest.mark.parametrize("name", list(PLANTS))
-def test_a_planted_checkpoint_in_a_run_folder_is_refused(name, how, runs, cache_root, tmp_path, capsys):
+def test_a_planted_checkpoint_in_a_run_folder_is_refused(name, how, runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CLBENCH_CACHE", str(runs["cache"]))  # this module's own cache: no other worker writes it
     run, marker = tmp_path / "run", tmp_path / "marker"
     shutil.copytree(runs["stopped"], run)
     make, needle = PLANTS[name]
     make(run, marker)
-    before = digests(run, runs["complete"], cache_root)
+    before = digests(run, runs["complete"], runs["cache"])
     argv = ["run", "--resume", str(run)] if how == "resume" else run_argv(runs["data"], run)
     code, err = cli(argv, capsys)
     assert code == 2, err
     lines = one_line(err)
     assert needle in lines[0], err
     assert not marker.exists()
-    assert digests(run, runs["complete"], cache_root) == before  # nothing deleted, rewritten or converted
+    assert digests(run, runs["complete"], runs["cache"]) == before  # nothing deleted, rewritten or converted
     if "legacy" in name:
         assert "--overwrite" in err and "--trust-checkpoint" in err, err
 
@@ -209,18 +220,20 @@ def test_overwrite_deletes_a_planted_checkpoint_unread(runs, tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------------------------- sweep folders
-def test_a_planted_checkpoint_in_a_sweep_folder_is_refused_before_anything_runs(runs, cache_root, tmp_path, capsys):
+def test_a_planted_checkpoint_in_a_sweep_folder_is_refused_before_anything_runs(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CLBENCH_CACHE", str(runs["cache"]))  # this module's own cache: no other worker writes it
     sweep, marker = tmp_path / "sweep", tmp_path / "marker"
     run = sweep / "runs" / "simplecil-folder-s1993"
     shutil.copytree(runs["stopped"], run)
+    mark_folder(sweep, "sweep")  # a sweep folder clbench made (its mark file: a folder of other files is refused)
     _legacy_only(run, marker)
-    before = digests(sweep, cache_root)
+    before = digests(sweep, runs["cache"])
     argv = ["sweep", "--strategies", "simplecil", "--benches", "folder", "--data-root", str(runs["data"])]
     code, err = cli([*argv, "--seeds", "1993", *MICRO, "--out", str(sweep), "--no-tsne"], capsys)
     assert code == 2, err
     assert "Traceback" not in err and f"{LEGACY_FILE}, a checkpoint in the old pickle format" in err, err
     assert not marker.exists()
-    after = digests(sweep, cache_root)
+    after = digests(sweep, runs["cache"])
     assert {k: after.get(k) for k in before} == before  # every file that was there is unchanged
     assert [Path(k).name for k in set(after) - set(before)] in ([], [".sweep.lock"])  # only the sweep's lock is new
 

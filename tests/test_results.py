@@ -13,6 +13,7 @@ import pytest
 
 from clbench.checkpoint import CHECKPOINT_FILE
 from clbench.errors import ClbenchError
+from clbench.owned import mark_folder
 from clbench.results import (
     RESULT_FILE,
     SCHEMA_VERSION,
@@ -278,5 +279,8 @@ def test_the_sweep_reads_unfinished_records_and_names_the_ones_it_cannot_use(tmp
         f"this clbench reads (1 to {SCHEMA_VERSION}))"
     )
 
-    planned = PlannedRun("r", SimpleNamespace(out=str(_write(tmp_path / "c", '{"complete": tr'))), {"seed": 1994})
-    assert inspect(planned) is None and planned.state == "new"  # a torn record: as if none was written
+    torn = _write(tmp_path / "c", '{"complete": tr')
+    planned = PlannedRun("r", SimpleNamespace(out=str(torn)), {"seed": 1994})
+    assert inspect(planned) == "it is a folder of other files, not a clbench run folder"  # a torn record proves nothing
+    mark_folder(torn, "run")  # clbench's own run folder whose record was torn: as if none was written
+    assert inspect(planned) is None and planned.state == "new"

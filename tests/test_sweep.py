@@ -201,7 +201,8 @@ def test_a_killed_sweep_is_continued_not_restarted(local_sweep, tmp_path, capsys
     proc.wait(timeout=60)
     assert killed_after is not None, "the sweep ended before the kill"
     worker = json.loads((run_dir / ATTEMPT_FILE).read_text())["pid"]
-    for _ in range(100):  # the worker dies with the sweep (PR_SET_PDEATHSIG)
+    for _ in range(1200):  # the worker dies with the sweep (PR_SET_PDEATHSIG); a minute at most, so that a busy
+        # machine, slow to schedule the dying worker, does not fail the test (it dies within milliseconds when idle)
         if not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]:
             break
         time.sleep(0.05)
@@ -347,8 +348,11 @@ def test_a_failing_run_is_reported_and_the_table_says_incomplete(tmp_path, capsy
 def test_a_second_sweep_on_the_same_folder_is_refused(tmp_path, capsys):
     import fcntl
 
+    from clbench.owned import mark_folder
+
     out = tmp_path / "busy"
     out.mkdir()
+    mark_folder(out, "sweep")  # as the running sweep marked it, first
     with open(out / ".sweep.lock", "w") as held:  # as a running sweep holds it
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         code, text = sweep([*SWEEP, "--out", str(out)], capsys)

@@ -215,21 +215,22 @@ def test_a_failing_tracker_leaves_the_run_complete(tmp_path, capsys, monkeypatch
 
 
 def test_a_hung_tracker_is_left_behind_after_the_timeout(tmp_path):
-    """A tracker whose call never returns costs the run at most the timeout, then becomes an event."""
+    """A tracker whose call never returns costs the run at most the timeout, then becomes an event. Shown without a
+    clock: the wait ends while the tracker's call is still blocked (it returns only once the test releases it)."""
     import threading
-    import time
 
     from clbench import trackers
     from clbench.results import ProtocolSummary, TaskEntry
 
-    release = threading.Event()
+    release, returned = threading.Event(), threading.Event()
 
     class Hung:
         def __init__(self, spec):
             pass
 
         def start(self, run):
-            release.wait(30)
+            release.wait()
+            returned.set()
 
         def log_task(self, step, metrics):
             pass
@@ -243,10 +244,9 @@ def test_a_hung_tracker_is_left_behind_after_the_timeout(tmp_path):
     try:
         hub._start(trackers.RunInfo("r", tmp_path, None, {}, {"strategy": "s", "bench": "b"}))
         summary = ProtocolSummary([[50.0]], [50.0], 50.0, 50.0, old_acc=[float("nan")], new_acc=[50.0])
-        t0 = time.monotonic()
         hub.task_done(0, summary, TaskEntry(0, [0], 1.0), 10.0)
         hub._wait()
-        assert time.monotonic() - t0 < 5
+        assert not returned.is_set()  # the wait gave up on the tracker; it did not wait for it to return
     finally:
         trackers.ADAPTERS["tensorboard"] = original
         release.set()

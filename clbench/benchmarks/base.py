@@ -38,6 +38,13 @@ class ImageSource(ABC):
     def fingerprint(self) -> str:
         """A short digest identifying the content (used in feature-cache keys)."""
 
+    def data_id(self) -> str:
+        """A short digest of what the images are, written in the run's record (``data_fingerprint``): two records
+        with other digests were made on other data and are never averaged, paired or gated together. The content
+        fingerprint unless a source says otherwise (:meth:`FileSource.data_id
+        <clbench.benchmarks.folder.FileSource.data_id>`: the same for every copy of one tree)."""
+        return self.fingerprint()
+
 
 class ArraySource(ImageSource):
     """Images held in a uint8 array (N, H, W, 3) or (N, H, W) (grey, expanded to RGB)."""

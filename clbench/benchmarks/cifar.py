@@ -44,15 +44,20 @@ class _ArrayUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+MAX_BYTES = 512 * 2**20  # the official train file is 155 MB
+_REFETCH = "delete the cifar-100-python folder and download it again (torchvision's CIFAR100(download=True))"
+
+
 def _read_pickle(path: Path) -> dict:
+    import io
+
+    from clbench.owned import read_bytes
+
+    data = read_bytes(path, MAX_BYTES, "CIFAR-100", name=f"CIFAR-100 file {path}")  # no FIFO, no /dev/zero
     try:
-        with open(path, "rb") as f:
-            obj = _ArrayUnpickler(f, encoding="latin1").load()  # the official files are Python 2 pickles
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError) as e:
-        raise ClbenchError(
-            f"cannot read CIFAR-100 file {path}: {e}",
-            "delete the cifar-100-python folder and download it again (torchvision's CIFAR100(download=True))",
-        ) from None
+        obj = _ArrayUnpickler(io.BytesIO(data), encoding="latin1").load()  # the official files are Python 2 pickles
+    except Exception as e:  # a crafted file fails in many ways (memo, shapes, sizes); find_class builds arrays only
+        raise ClbenchError(f"cannot read CIFAR-100 file {path}: {type(e).__name__}: {str(e)[:160]}", _REFETCH) from None
     if not isinstance(obj, dict):
         raise ClbenchError(f"{path} is not a CIFAR-100 pickle (expected a dict, got {type(obj).__name__})")
     return {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
@@ -84,8 +89,18 @@ def _split(folder: Path, split: str) -> ArraySource:
     d = _read_pickle(folder / split)
     if "data" not in d or "fine_labels" not in d:
         raise ClbenchError(f"{folder / split} lacks 'data' or 'fine_labels': not a CIFAR-100 pickle")
-    x = np.asarray(d["data"])
-    y = np.asarray(d["fine_labels"], dtype=np.int64)
+    x, labels = d["data"], d["fine_labels"]
+    # plain values only, checked before numpy touches them: a list nesting shared references (a few bytes of pickle
+    # naming 2^60 elements) or labels of another type would hang or fail inside np.asarray
+    if not isinstance(x, np.ndarray):
+        raise ClbenchError(f"{folder / split}: 'data' is a {type(x).__name__}, expected a uint8 array", _REFETCH)
+    if isinstance(labels, np.ndarray):
+        ok = labels.ndim == 1 and labels.dtype.kind in "iu"
+    else:
+        ok = isinstance(labels, list) and all(type(v) is int for v in labels)
+    if not ok:
+        raise ClbenchError(f"{folder / split}: 'fine_labels' is not a flat list of integers", _REFETCH)
+    y = np.asarray(labels, dtype=np.int64)
     if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3 * 32 * 32 or x.shape[0] != y.shape[0]:
         raise ClbenchError(
             f"{folder / split}: expected uint8 data (N, 3072) and N labels, got {x.dtype} {x.shape} and {y.shape[0]}"
@@ -104,7 +119,9 @@ def load(data_root: Path | None) -> tuple[ArraySource, ArraySource, list[str]]:
                 "clbench cache",
             )
         folder = _download()
-    names = [str(n) for n in _read_pickle(folder / "meta").get("fine_label_names", [])]
+    names = _read_pickle(folder / "meta").get("fine_label_names", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):  # checked before str() walks it
+        raise ClbenchError(f"{folder / 'meta'}: fine_label_names is not a list of names", _REFETCH)
     if len(names) != N_CLASSES:
         raise ClbenchError(f"{folder / 'meta'}: expected {N_CLASSES} fine_label_names, found {len(names)}")
     train, test = _split(folder, "train"), _split(folder, "test")

@@ -16,6 +16,7 @@ from clbench.benchmarks.base import ArraySource, torchvision_download
 from clbench.errors import ClbenchError
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
+MAX_BYTES = 64 * 2**20  # the training images are 47 MB uncompressed
 CLASS_NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -25,18 +26,29 @@ FILES = {
 
 def read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (optionally gzipped) into a uint8 array of its declared shape."""
-    opener = gzip.open if path.suffix == ".gz" else open
+    import io
+    import math
+
+    from clbench.owned import read_bytes
+
+    raw = read_bytes(path, MAX_BYTES, "IDX", name=f"IDX file {path}")  # a regular file, bounded
     try:
-        with opener(path, "rb") as f:
-            data = f.read()
-    except (OSError, EOFError) as e:
-        raise ClbenchError(f"cannot read IDX file {path}: {e}") from None
-    if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 0x08:
-        raise ClbenchError(f"{path} is not an unsigned-byte IDX file")
+        data = raw
+        if path.suffix == ".gz":
+            with gzip.open(io.BytesIO(raw), "rb") as f:
+                data = f.read(MAX_BYTES + 1)  # a small .gz may expand to any size: read no further than the bound
+    except Exception as e:  # gzip.BadGzipFile, EOFError, zlib.error: a torn or crafted file fails in many ways
+        raise ClbenchError(f"cannot read IDX file {path}: {type(e).__name__}: {e}") from None
+    if len(data) > MAX_BYTES:
+        raise ClbenchError(f"IDX file {path} expands to more than {MAX_BYTES // 2**20} MB, more than Fashion-MNIST")
+    if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 0x08 or not 1 <= data[3] <= 3:
+        raise ClbenchError(f"{path} is not an unsigned-byte IDX file of 1 to 3 dimensions")
     ndim = data[3]
+    if len(data) < 4 + 4 * ndim:
+        raise ClbenchError(f"{path} is truncated: its header is cut short")
     shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
     body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-    if body.size != int(np.prod(shape)):
+    if body.size != math.prod(shape):
         raise ClbenchError(f"{path} is truncated: header says {shape}, found {body.size} bytes")
     return body.reshape(shape)
 

@@ -204,6 +204,7 @@ class FileSource(ImageSource):
         self.labels = np.asarray(labels, dtype=np.int64)
         self.name = name
         self._fp: str | None = None
+        self._id: str | None = None  # data_id, once computed
 
     def path(self, i: int) -> Path:
         return self.root / self.paths[i]
@@ -224,6 +225,21 @@ class FileSource(ImageSource):
                 h.update(f"{rel}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
             self._fp = h.hexdigest()[:16]
         return self._fp
+
+    def data_id(self) -> str:
+        """Digest of (relative path, label, size) of every file: as :meth:`fingerprint` without the times, so that
+        every copy of one tree (another machine, a restored backup) gives the same digest while two trees that
+        differ in a class, a file name or a file's size do not. One stat per file, no reads; computed once."""
+        if self._id is None:
+            h = hashlib.sha256()
+            for rel, label in zip(self.paths, self.labels.tolist(), strict=True):
+                try:
+                    size = os.stat(self.root / rel).st_size
+                except OSError as e:
+                    raise ClbenchError(f"cannot read {self.root / rel}: {e.strerror or e}") from None
+                h.update(f"{rel}\0{label}\0{size}\n".encode())
+            self._id = h.hexdigest()[:16]
+        return self._id
 
 
 @dataclass
@@ -283,15 +299,31 @@ def _layout_problem(root: Path, missing: list[str]) -> str:
     return msg
 
 
+def _is_utf8(name: str) -> bool:
+    """Whether a file name decoded from the file system is UTF-8 (Python keeps other bytes as lone surrogates, which
+    no record, report or terminal can hold)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_utf8(where: str, name: str, root: Path) -> str:
+    shown = os.fsencode(name).decode("utf-8", "backslashreplace")
+    return f"{where}{shown}: a file or folder name that is not UTF-8 (in {root}); rename it"
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _walk_class(class_dir: Path, rel_prefix: str, scan: TreeScan, seen: set[tuple[int, int]]) -> list[str]:
     """Image files below ``class_dir`` as paths relative to the tree root, in ImageFolder's order (``sorted(os.walk(
-    followlinks=True))``, files sorted in each folder). Symbolic links are followed, but a folder reached twice (a
-    link loop, or a link to a folder walked already) is walked once, and links that leave the data root or lead
-    nowhere are listed in ``scan.link_problems``; hidden folders and files are skipped."""
+    followlinks=True))``, files sorted in each folder). Symbolic links inside the data root are followed, but a
+    folder reached twice (a link loop, or a link to a folder walked already) is walked once; links that leave the
+    data root (never followed, also with ``--ignore-data-problems``) or lead nowhere are listed in
+    ``scan.link_problems``; hidden folders and files are skipped."""
     real_root = os.path.realpath(scan.root)
     folders: list[tuple[str, str, list[str]]] = []  # (path for sorting, relative path, file names)
 
@@ -305,6 +337,9 @@ def _walk_class(class_dir: Path, rel_prefix: str, scan: TreeScan, seen: set[tupl
         subdirs: list[tuple[str, str]] = []
         for entry in entries:
             r = f"{rel}/{entry.name}"
+            if not _is_utf8(entry.name):
+                scan.problems.append(_not_utf8(f"{rel}/", entry.name, scan.root))
+                continue
             if _is_hidden(entry.name):
                 scan.ignored.append(r)
                 continue
@@ -315,8 +350,17 @@ def _walk_class(class_dir: Path, rel_prefix: str, scan: TreeScan, seen: set[tupl
                         f"{r}: a symbolic link to {os.readlink(entry.path)}, which does not exist"
                     )
                     continue
-                if not _inside(target, real_root):
-                    scan.link_problems.append(f"{r}: a symbolic link that leaves the data root (to {target})")
+                if not _inside(target, real_root):  # listed, never followed: nothing outside the root is read
+                    odd = special_file_problem(entry.path)  # a device or FIFO is said as such (never opened)
+                    if odd is not None and odd != "a folder":
+                        scan.problems.append(
+                            f"{r} is {odd}, not an image file (in {scan.root}), through a symbolic link to {target}"
+                        )
+                    else:
+                        scan.link_problems.append(
+                            f"{r}: a symbolic link that leaves the data root (to {target}); not followed"
+                        )
+                    continue
             try:
                 is_dir = entry.is_dir()
             except OSError:  # a link loop pointing at itself
@@ -368,13 +412,17 @@ def scan_tree(root: Path, expected_classes: int | None = None, name: str = "fold
     for split in SPLITS:
         classes: dict[str, list[str]] = {}
         for entry in sorted(os.scandir(root / split), key=lambda e: e.name):
+            if not _is_utf8(entry.name):
+                scan.problems.append(_not_utf8(f"{split}/", entry.name, root))
+                continue
             if _is_hidden(entry.name):
                 continue
             if entry.is_symlink() and not _inside(os.path.realpath(entry.path), os.path.realpath(root)):
                 scan.link_problems.append(
                     f"{split}/{entry.name}: a symbolic link that leaves the data root (to "
-                    f"{os.path.realpath(entry.path)})"
+                    f"{os.path.realpath(entry.path)}); not followed"
                 )
+                continue
             if entry.is_dir():
                 st = os.stat(entry.path)
                 if (st.st_dev, st.st_ino) in seen:

@@ -10,7 +10,10 @@ Rules, per entry:
   within the entry's tolerance of the reference, in either direction. A drop fails as ``FAIL``; a gain fails as
   ``changed``: an improvement is real only once the reference is rewritten on purpose (``--write-reference --why``).
   Tolerances are per metric and come from a measured spread (same seed, other CPUs; reports/gate/).
-- Parameter counts equal the reference exactly; the backbone weights digest and the precision are the reference's.
+- Parameter counts equal the reference exactly; the backbone weights digest and the precision are the reference's,
+  and so are the train and test data digests (``data``) where both the entry and the run's record have them.
+- Every record agrees with its predictions file where the file exists (:func:`clbench.report.collect.collect`
+  refuses one that does not, exit 2).
 - Train and eval seconds, each divided by the calibration workload (a fixed frozen-ViT forward pass, timed by
   :mod:`clbench.perf.calibration` in the same CI job and stored beside the runs as ``calibration.json``), may
   exceed the reference's ratio by at most ``time.slack`` times plus ``time.floor`` calibration units. Faster
@@ -327,6 +330,7 @@ def _entry(key: EntryKey, runs: list[Run], tolerance: Tolerance, calib: float | 
         ("params.stored_total", {r.record.params.stored_total for r in runs}),
         ("backbone weights", {weights_identity(r) for r in runs}),
         ("precision", {r.record.precision for r in runs}),
+        ("data", {str(sorted(r.record.data_fingerprint.items())) for r in runs if r.record.data_fingerprint}),
     ):
         if len(values) > 1:
             raise ClbenchError(f"{key.label()}: runs disagree on {what} ({', '.join(map(str, sorted(values)))})")
@@ -356,6 +360,7 @@ def _entry(key: EntryKey, runs: list[Run], tolerance: Tolerance, calib: float | 
             **{ph: round(mean([getattr(r.record.time_s, ph) for r in runs]) / calib, 4) for ph in TIME_PHASES}
         ),
         strategy_config=first.settings,
+        data=next((dict(r.record.data_fingerprint) for r in runs if r.record.data_fingerprint), None),
     )
 
 
@@ -484,6 +489,10 @@ def _entry_rows(
             f"reference's weights (`clbench weights`), or {rewrite}"
         )
         return [CheckRow(label, "backbone weights", entry.weights[:12], shown, "same digest", FAIL, why)]
+    other_data = _data_differences(entry, runs)
+    if other_data:  # numbers of other images are not comparable: no further rows
+        why = f"{'; '.join(other_data)}: run on the data the reference was written from, or {rewrite}"
+        return [CheckRow(label, "data", "the reference's", "other data", "same digests", FAIL, why)]
     return [
         *_accuracy_rows(entry, runs, label, rewrite),
         *_param_rows(entry, runs, label),
@@ -491,6 +500,17 @@ def _entry_rows(
         *_seed_rows(entry, runs, label),
         *_settings_rows(entry, runs, label, rewrite),
     ]
+
+
+def _data_differences(entry: ReferenceEntry, runs: list[Run]) -> list[str]:
+    """Where a run's train or test data digest differs from the entry's (either side unknown: no difference)."""
+    out = []
+    for r in runs:
+        got = r.record.data_fingerprint or {}
+        for split, want in sorted((entry.data or {}).items()):
+            if got.get(split) and got[split] != want:
+                out.append(f"run {r.run_id}: {split} data digest {got[split]}, the reference's {want}")
+    return out
 
 
 def _accuracy_rows(entry: ReferenceEntry, runs: list[Run], label: str, rewrite: str) -> list[CheckRow]:

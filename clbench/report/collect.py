@@ -5,7 +5,8 @@ folders lie up to two levels below. Every folder that cannot be used (no record,
 unreadable JSON, missing fields) becomes a :class:`Skipped` entry with the reason; it is never averaged in.
 
 Grouping keys keep apart what must not be averaged together: benchmark and split, backbone (name, input size and
-weights), strategy configuration and evaluation protocol are all part of a row's key; only seeds are averaged.
+weights), strategy configuration and evaluation protocol are all part of a row's key, and so is the data where runs
+of one benchmark were made on different data (their records' ``data_fingerprint``); only seeds are averaged.
 Two records of one row with the same seed (and class order) are repeats, not two seeds: a row counts a seed once,
 from the record that keeps per-image predictions (then the newest); the repeat stays in the list of runs and the
 report's notes name it (:attr:`Run.repeat_of`).
@@ -47,6 +48,7 @@ class Run:
     variant: str
     pool_class_orders: bool = False  # rows average runs of different class orders (a sweep with --vary both)
     repeat_of: str | None = None  # the run whose seed this one repeats (the rows use that one; module docstring)
+    data_tag: str = ""  # " data 1a2b3c4d" where runs of its benchmark were made on other data (_data_tags)
 
     # --------------------------------------------------------------------------------------- record fields
     @property
@@ -91,8 +93,8 @@ class Run:
     @property
     def bench_label(self) -> str:
         if self.pool_class_orders:
-            return bench_label(self.record.bench, self.record.task_sizes) + " (class orders pooled)"
-        return bench_label(self.record.bench, self.record.task_sizes, self.record.class_order_seed)
+            return bench_label(self.record.bench, self.record.task_sizes) + self.data_tag + " (class orders pooled)"
+        return bench_label(self.record.bench, self.record.task_sizes, self.record.class_order_seed) + self.data_tag
 
     @property
     def backbone_label(self) -> str:
@@ -270,7 +272,9 @@ def _load(path: Path) -> RunRecord | str:
 
 
 def collect(paths: list[str | Path], pool_class_orders: bool = False) -> Collection:
-    """Load every record under ``paths``. Raises ClbenchError only for paths that do not exist. ``pool_class_orders``:
+    """Load every record under ``paths``. Raises ClbenchError for paths that do not exist and for a record that its
+    predictions file contradicts (:func:`verify_predictions`: as a changed predictions file, it stops every command
+    that reads records, the gate included). ``pool_class_orders``:
     runs of one benchmark and split but different class orders share rows (seeds that also set the class order)."""
     from clbench import metrics
 
@@ -301,13 +305,54 @@ def collect(paths: list[str | Path], pool_class_orders: bool = False) -> Collect
             rid, i = f"{base}#{i}", i + 1
         taken.add(rid)
         runs.append(Run(folder, rec, rid, variants[id(rec)], pool_class_orders))
+    verify_predictions(runs)
+    runs = _data_tags(runs)
     runs.sort(key=lambda r: (r.bench_label, r.backbone_label, r.variant, r.seed, r.run_id))
     runs, notes = _mark_repeats(runs)
 
+    notes += [f"{r.run_id}: {r.record.empty_resume}" for r in runs if r.record.empty_resume]
     changed = [r.run_id for r in runs if _redefined(r.record.metric_definitions, metrics.DEFINITIONS)]
     if changed:
         notes.append("metric definitions in these records differ from this clbench's: " + ", ".join(changed))
     return Collection(runs, sorted(skipped, key=lambda s: s.path), notes)
+
+
+def data_identity(record: RunRecord) -> str | None:
+    """A short digest of the train and test data a record names (``data_fingerprint``); None: unknown (a record
+    written before clbench recorded it)."""
+    fp = record.data_fingerprint
+    if not fp:
+        return None
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def _data_tags(runs: list[Run]) -> list[Run]:
+    """Runs of a benchmark made on different data (two folder trees, two copies of a benchmark that differ) get
+    their data's digest in the benchmark label, so that no row, pairing or repeat mixes them: ``folder B2 Inc2
+    data 1a2b3c4d``. Where a benchmark's runs agree on their data, or only one data digest is known among them, the
+    label stays as it was (records without a digest are of unknown data, which matches any)."""
+    known: dict[str, set[str]] = defaultdict(set)
+    for r in runs:
+        ident = data_identity(r.record)
+        if ident is not None:
+            known[r.record.bench].add(ident)
+    return [
+        replace(r, data_tag=f" data {data_identity(r.record) or 'unknown'}") if len(known[r.record.bench]) > 1 else r
+        for r in runs
+    ]
+
+
+def verify_predictions(runs: list[Run]) -> None:
+    """Every record against its predictions file where the file exists (records committed without theirs, as the
+    gate's, are read as they are): a ClbenchError (one line naming the file) for the first file that changed since
+    its run or that gives other accuracies than its record states, so that an edited record or file is neither
+    shown, nor averaged, nor passed by the gate."""
+    from clbench.predictions import read
+
+    for run in runs:
+        ref = run.record.predictions
+        if ref is not None and (run.path / ref.file).exists():
+            read(run.path, ref, expect=run.record.protocols)
 
 
 def _mark_repeats(runs: list[Run]) -> tuple[list[Run], list[str]]:

@@ -486,13 +486,33 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
 
 # ------------------------------------------------------------------------------------------- t-SNE
 def load_features(run: Run) -> dict[str, np.ndarray]:
-    """``features.npz`` beside the record: ``frozen`` (N, d), ``labels`` (N,), ``tasks`` (N,), maybe ``adapted``."""
-    with np.load(run.path / "features.npz", allow_pickle=False) as z:
-        data = {k: z[k] for k in z.files}
+    """``features.npz`` beside the record: ``frozen`` (N, d), ``labels`` (N,), ``tasks`` (N,), maybe ``adapted``.
+    Read bounded (:data:`FEATURES_MAX_BYTES` on disk and expanded, every array header checked before it is
+    allocated: :func:`clbench.owned.npz_arrays`); ValueError for a file that is not one, or whose sizes differ from
+    its record's test split."""
+    from clbench.errors import ClbenchError
+    from clbench.owned import npz_arrays, read_bytes
+
+    n_test = (run.record.n_images or {}).get("test")
+    # what the record's test split can need: fp16 frozen and adapted features up to FEATURE_WIDTH wide per image
+    limit = FEATURES_MAX_BYTES if n_test is None else min(FEATURES_MAX_BYTES, 2**26 + n_test * 4 * FEATURE_WIDTH)
+    try:
+        raw = read_bytes(run.path / "features.npz", limit, "features")
+    except ClbenchError as e:
+        raise ValueError(str(e.args[0]).rsplit(": ", 1)[-1]) from None
+    data = npz_arrays(raw, limit)
     missing = {"frozen", "labels", "tasks"} - set(data)
     if missing:
         raise ValueError(f"features.npz lacks {', '.join(sorted(missing))}")
+    n = len(data["labels"]) if n_test is None else n_test
+    for name, arr in data.items():
+        if arr.ndim not in (1, 2) or arr.shape[0] != n or arr.dtype.kind not in "iuf":
+            raise ValueError(f"{name} is {arr.dtype} {arr.shape}, expected {n} rows of numbers (the test split)")
     return data
+
+
+FEATURES_MAX_BYTES = 2**30  # frozen and adapted fp16 features of a 100k-image test split at d=2048 stay below
+FEATURE_WIDTH = 8192  # widest feature a backbone gives (ViT-g: 1536; ViT-22B: 6144)
 
 
 def subsample(n: int, max_points: int = TSNE_MAX_POINTS, seed: int = TSNE_SEED) -> np.ndarray:

@@ -24,14 +24,16 @@ File layout (``"format": "clbench-reference/2"``; the number is :data:`SCHEMA_VE
         "tolerance": {"matrix": 1.5, "last_acc": 0.5, "avg_acc": 0.5},         # points, either direction
         "params": {"added_total": 228240, "stored_total": 0, "trainable": 51865},  # compared exactly
         "time": {"train": 4.1, "eval": 0.6},   # seconds / calibration seconds (the same machine, the same job)
-        "strategy_config": {...}
+        "strategy_config": {...},
+        "data": {"train": "<digest>", "test": "<digest>"}   # where the runs' records hold them (else absent)
       }, ...]
     }
 
 Reading checks every field the gate uses and refuses a file that is not a reference with one line naming the file,
 the field and the fix. Older files: an entry without ``class_order_seed`` (written before class orders were chosen)
 reads as the literature's order; ``params`` without ``stored_total`` (before stored statistics were counted apart)
-pins the other two counts only. Format 1 (one-sided, final/average accuracy only) is refused for checking; when it
+pins the other two counts only; an entry without ``data`` (written before records held data digests) pins no data.
+Format 1 (one-sided, final/average accuracy only) is refused for checking; when it
 is being rewritten its provenance is kept in the new file's history. A newer format is refused: it was written by a
 newer clbench.
 """
@@ -183,6 +185,10 @@ class ReferenceEntry:
     # the settings the runs trained with (RunRecord.settings: the strategy's and the run's train_per_class where set;
     # None: not pinned)
     strategy_config: Json | None
+    # the runs' data ({"train": digest, "test": digest}, RunRecord.data_fingerprint); None: not pinned (references
+    # written before records held it, or from runs that lack it). Compared like the weights: absent on either side
+    # matches
+    data: dict[str, str] | None = None
 
     @property
     def key(self) -> EntryKey:
@@ -202,6 +208,8 @@ class ReferenceEntry:
         for name in _ENTRY_LAYOUT:
             value = getattr(self, name)
             out[name] = value.to_dict() if hasattr(value, "to_dict") else value
+        if self.data is not None:  # written where pinned: a reference of runs without it reads as before
+            out["data"] = dict(self.data)
         return out
 
     @classmethod
@@ -218,6 +226,7 @@ class ReferenceEntry:
             tolerance=Tolerance(**{m: e["tolerance"][m] for m in TOLERANCE_METRICS}),
             params=ParamPins(params["added_total"], params["trainable"], params.get("stored_total")),
             time=PhaseTimes(e["time"]["train"], e["time"]["eval"]) if e.get("time") is not None else None,
+            data=dict(e["data"]) if e.get("data") is not None else None,
         )
 
 
@@ -393,10 +402,15 @@ def reference_problem(raw: Json) -> str | None:
     for name in ("history", "produced_by"):
         if not isinstance(raw.get(name, []), list) or not all(isinstance(h, dict) for h in raw.get(name, [])):
             return f"field {name!r} is not a list of objects"
+    keys: dict[EntryKey, int] = {}
     for i, e in enumerate(raw["entries"]):
         problem = entry_problem(e)
         if problem is not None:
             return f"entries[{i}]{problem}"
+        key = ReferenceEntry.from_dict(e).key  # two entries pinning one configuration: which would the gate use?
+        if key in keys:
+            return f"entries[{i}] ({key.label()}) pins the same configuration as entries[{keys[key]}]"
+        keys[key] = i
     t = raw["time"]
     for knob, low in (("slack", 1.0), ("floor", 0.0)):
         if not (is_number(t.get(knob)) and low <= t[knob] <= MAX_TIME_FACTOR):
@@ -414,6 +428,11 @@ def entry_problem(e: Any) -> str | None:
         if not ok(e.get(name)):
             strategy = f" ({e['strategy']})" if is_name(e.get("strategy")) else ""
             return f"{strategy}: field {name!r} is {_shown(e.get(name))}, expected {expected}"
+    strategy = f" ({e['strategy']})"  # the fields agree with each other, as a written reference's do
+    if len(e["accuracy_matrix"]) != len(e["task_sizes"]):
+        return f"{strategy}: its accuracy matrix has {len(e['accuracy_matrix'])} rows for {len(e['task_sizes'])} tasks"
+    if len(e["seeds"]) != len(e["runs"]) or not e["runs"]:
+        return f"{strategy}: {len(e['seeds'])} seeds for {len(e['runs'])} runs"
     return None
 
 
@@ -464,6 +483,11 @@ ENTRY_FIELDS: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
     ("seeds", "a list of integers >= 0", _is_list_of(is_count)),
     ("runs", "a list of run ids", _is_list_of(is_name)),
     ("strategy_config", "an object or null", lambda v: v is None or isinstance(v, dict)),
+    (
+        "data",
+        "null or an object of train/test -> digest",
+        lambda v: v is None or (isinstance(v, dict) and bool(v) and all(map(is_name, [*v, *v.values()]))),
+    ),
 )
 
 

@@ -28,7 +28,9 @@ def write_study(coll: Collection, out: Path, vary: str | None = None, command: s
             "run a strategy with --set routers=a,b,c (e.g. clbench run --strategy tosca "
             "--set routers=energy,prototype) and pass its folder",
         )
-    out.mkdir(parents=True, exist_ok=True)
+    from clbench.report.build import _figures_folder
+
+    _figures_folder(out)  # a new, empty or clbench report folder, marked; figures/ inside it, not a link
     fig = routing_study(coll, out)
     parts = [
         "# Routing study",

@@ -38,7 +38,7 @@ class RowInterval:
 
 
 class Predicted:
-    """Loads each run's predictions once (checked against its record's digest: a mismatch raises)."""
+    """Loads each run's predictions once, checked against its record's digest and accuracies (a mismatch raises)."""
 
     def __init__(self) -> None:
         self._cache: dict[Path, Predictions | None] = {}
@@ -46,7 +46,9 @@ class Predicted:
     def get(self, run: Run) -> Predictions | None:
         if run.path not in self._cache:
             ref = run.record.predictions
-            self._cache[run.path] = None if ref is None else read_predictions(run.path, ref)
+            self._cache[run.path] = (
+                None if ref is None else read_predictions(run.path, ref, expect=run.record.protocols)
+            )
         return self._cache[run.path]
 
     def aligned(self, run: Run, protocol: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -137,6 +139,10 @@ def pairing_problem(a_runs: list[Run], b_runs: list[Run]) -> str | None:
             )
         if ra.record.n_images != rb.record.n_images:
             return f"test sets differ (seed {ra.seed}: {ra.record.n_images} vs {rb.record.n_images} images)"
+        fa, fb = ra.record.data_fingerprint or {}, rb.record.data_fingerprint or {}
+        for split in ("test", "train"):  # a record without the digest is of unknown data: it matches
+            if fa.get(split) and fb.get(split) and fa[split] != fb[split]:
+                return f"{split} data differ (seed {ra.seed}: {split} digests {fa[split]} vs {fb[split]})"
     return None
 
 

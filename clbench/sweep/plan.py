@@ -197,7 +197,15 @@ def inspect(run: PlannedRun) -> str | None:
     """Set ``run.state`` from its folder; return why the folder cannot be used (other settings), or None."""
     from clbench.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
     from clbench.config import differences
+    from clbench.owned import is_empty_folder
+    from clbench.rundir import is_run_folder
 
+    if run.path.is_symlink():
+        return "it is a symbolic link; a sweep writes only into run folders inside its own folder"
+    if run.path.exists() and not run.path.is_dir():
+        return "it is a file, not a run folder"
+    if not is_empty_folder(run.path) and not is_run_folder(run.path):
+        return "it is a folder of other files, not a clbench run folder"
     if (run.path / LEGACY_FILE).exists():
         return (
             f"it holds {LEGACY_FILE}, a checkpoint in the old pickle format, which clbench no longer reads "
@@ -227,6 +235,11 @@ def inspect(run: PlannedRun) -> str | None:
 
 def check_folders(plan: list[PlannedRun]) -> None:
     conflicts = [f"{r.path}: {why}" for r in plan if (why := inspect(r)) is not None]
+    if len(conflicts) == 1:  # one line
+        raise ClbenchError(
+            f"a run folder of this sweep cannot be skipped or continued: {conflicts[0]}",
+            "choose another --out, or delete that run folder to run it again",
+        )
     if conflicts:
         shown = "\n  ".join(conflicts[:10]) + (f"\n  ... and {len(conflicts) - 10} more" if len(conflicts) > 10 else "")
         raise ClbenchError(

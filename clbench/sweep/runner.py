@@ -125,6 +125,7 @@ def run_sweep(
     from clbench.rundir import check_folder
 
     check_folder(spec.out, "out")
+    check_sweep_folder(spec.out)
     if cache is not None:
         check_folder(Path(cache), "cache")
     out = spec.out.resolve()
@@ -133,8 +134,8 @@ def run_sweep(
         settings["weights"] = str(Path(settings["weights"]).expanduser().resolve())
     spec = dataclasses.replace(spec, out=out, settings=settings)
     plan = make_plan(spec)
+    check_folders(plan)  # before anything is written (again under the lock below: a second sweep may change them)
     if dry_run:
-        check_folders(plan)
         return dataclasses.replace(_manifest(spec, plan, command), dry_run=True)
     if cache:
         os.environ["CLBENCH_CACHE"] = str(Path(cache).resolve())
@@ -144,14 +145,48 @@ def run_sweep(
 
         env["CLBENCH_CACHE"] = str(cache_dir().resolve())
     out.mkdir(parents=True, exist_ok=True)
+    from clbench.owned import mark_folder, owned_folder
+
+    mark_folder(out, "sweep")  # first: a sweep killed before sweep.json is still recognised as clbench's
     lock = _lock_sweep(out)  # before the folders are read: a second sweep on DIR must not change them meanwhile
     try:
+        owned_folder(out, "runs", "--out")  # a real folder inside DIR, not a link
         check_folders(plan)
         manifest = _manifest(spec, plan, command)
         manifest.cache = env["CLBENCH_CACHE"]
         return _execute_plan(plan, manifest, out, backend_name, res, ray_address, view, env, log)
     finally:
         lock.close()  # releases the lock
+
+
+def is_sweep_folder(path: Path) -> bool:
+    """Whether ``path`` is a sweep folder clbench made: its mark file says so, or (a sweep of an older clbench) it
+    holds a ``sweep.json`` that reads as a sweep manifest."""
+    from clbench.owned import folder_mark
+
+    mark = folder_mark(path)
+    if mark is not None:
+        return mark == "sweep"
+    if not (path / SWEEP_FILE).is_file() or (path / SWEEP_FILE).is_symlink():
+        return False
+    try:
+        load_manifest(path / SWEEP_FILE)
+    except ClbenchError:
+        return False
+    return True
+
+
+def check_sweep_folder(out: Path) -> None:
+    """Refuse ``--out`` before anything is written when it is an existing folder of other files (not new, empty or
+    a clbench sweep folder), or when its ``runs/`` or ``report/`` is a link or a file, or its ``report/`` a folder
+    of other files: the sweep writes, replaces and deletes files in all of them. Writes nothing."""
+    from clbench.owned import check_output_folder, owned_folder
+    from clbench.report.build import check_report_folder
+
+    owned_folder(out, "runs", "--out", create=False)
+    owned_folder(out, "report", "--out", create=False)
+    check_output_folder(out, "sweep", "--out", is_sweep_folder, example="sweep")
+    check_report_folder(out / "report")
 
 
 def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> SweepManifest:

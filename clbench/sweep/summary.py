@@ -1,5 +1,6 @@
 """What a sweep leaves to read: ``summary.md`` / ``summary.csv`` (mean ± standard deviation over seeds per
-(benchmark, backbone, strategy, protocol), from :mod:`clbench.report.tables`) and ``report/``."""
+(benchmark, backbone, strategy, protocol), from :mod:`clbench.report.tables`) and ``report/`` (a real folder inside
+the sweep folder, new, empty or a clbench report folder; a link there is refused, never followed)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ if TYPE_CHECKING:
 def write_summary(out: Path, manifest: SweepManifest, report: bool, tsne: bool, command: str | None) -> list[Path]:
     """``summary.md`` / ``summary.csv`` (mean ± std over seeds) and, with ``report``, ``report/``."""
     from clbench.files import atomic_write_bytes
-    from clbench.report.build import write_report
+    from clbench.owned import owned_folder
+    from clbench.report.build import check_report_folder, write_report
     from clbench.report.collect import collect
     from clbench.report.tables import summary_frame, summary_table, to_markdown
 
@@ -22,6 +24,9 @@ def write_summary(out: Path, manifest: SweepManifest, report: bool, tsne: bool, 
     coll = collect(folders) if folders else None  # this plan's runs only, not whatever else lies in DIR/runs
     if coll is None or not coll.runs:
         return []
+    if report:  # before anything is written: a report/ link (or folder of other files) planted meanwhile is refused
+        owned_folder(out, "report", "--out", create=False)
+        check_report_folder(out / "report")
     failed = {k: v for k, v in manifest.runs.items() if v.state != "complete"}
     lines = [
         f"# Sweep summary: {out.name}",

