@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from clbench import __version__
 from clbench.errors import ClbenchError
@@ -329,15 +331,32 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"clbench: skipped {s.path}: {s.reason}", file=sys.stderr)
     if not dirs:
         raise ClbenchError(f"no run records under {', '.join(args.runs)}", "give run folders that hold result.json")
+    from clbench.owned import folder_name_problem
+    from clbench.text import plain
+
+    records = [(Path(d), load_record(d)) for d in dirs]  # every record checked before anything is sent
+    for d, record in records:
+        why = folder_name_problem(record.run_id)  # TensorBoard's folder LOG_DIR/tensorboard/RUN_ID, the runs' names
+        if why is not None:
+            raise ClbenchError(
+                f"{d}: run_id {plain(repr(record.run_id))[:80]} is not a plain name ({why})",
+                "correct the record's run_id, or leave that run folder out of the export",
+            )
+        ref = record.predictions  # a record that disagrees with its own predictions is refused, as by report/check
+        if ref is not None and (d / ref.file).exists():
+            from clbench.predictions import read
+
+            read(d, ref, expect=record.protocols)
+    hub = TrackerHub(log)  # one for the export: each tracker connects once; one that fails is dropped for the rest
     failed = 0
-    for d in dirs:
-        record = load_record(d)
-        events = TrackerHub(log).replay(record, Path(d).parent)
+    for d, record in records:
+        events = hub.replay(record, d.parent)
         for e in events:
-            print(f"clbench: warning: {record.run_id}: {e}", file=sys.stderr)
+            print(f"clbench: warning: {plain(record.run_id)}: {plain(e)}", file=sys.stderr)
         failed += bool(events)
-        print(f"exported {Path(d).parent} ({len(record.per_task)} tasks) to {', '.join(log.trackers)}")
-    return 1 if failed else 0
+        left = [t for t in log.trackers if t not in hub.dropped]
+        print(f"exported {plain(d.parent)} ({len(record.per_task)} tasks) to {', '.join(left) or 'no tracker'}")
+    return 1 if failed or hub.dropped else 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -442,9 +461,28 @@ def _all_commands() -> dict:
     return {**COMMANDS, **REPORT_COMMANDS}
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, wrapped without breaking names at their hyphens (``tosca-routing`` stays one word)."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's refusals (a missing value, ``--seed abc``) as one ``clbench: error:`` line and a hint, exit 2, like
-    every other bad input; argparse prints the whole usage block instead."""
+    every other bad input; argparse prints the whole usage block instead. Help text wraps at spaces only."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         from clbench.text import plain
@@ -495,6 +533,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    with warnings.catch_warnings():  # a library's warning quotes what it was given (a record's names): made visible
+        warnings.showwarning = _show_warning
+        return _dispatch(args, argv)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: object) -> None:
+    """A Python warning on the terminal, every control character in it made visible (:func:`clbench.text.plain`):
+    matplotlib and others quote labels and names from records, which may carry escape sequences."""
+    from clbench.text import plain
+
+    print(f"{plain(str(filename))}:{lineno}: {category.__name__}: {plain(str(message))}", file=sys.stderr)
+
+
+def _dispatch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     try:
         if getattr(args, "config", None):  # the file's settings under the flags given here; a sweep file's groups
             from clbench.configfile import apply
