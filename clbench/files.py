@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from clbench.owned import atomic_write_bytes
+from clbench.owned import atomic_write_bytes as atomic_write_bytes  # re-exported: where the writers import it
 
 
 def cache_dir() -> Path:
