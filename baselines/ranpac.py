@@ -82,7 +82,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-import psutil
 import torch
 import torch.nn.functional as F
 
@@ -90,6 +89,7 @@ from clbench.blocks import check_vit_blocks
 from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
+from clbench.layers.analytic import available_memory, relu_projection, ridge_solution
 from clbench.layers.first_session import (
     AdaptedFeatures,
     adapted_cls,
@@ -138,15 +138,7 @@ def solve_ridge(G: torch.Tensor, Q: torch.Tensor, lam: float, numerics: str = "e
     """Wo = ((G + lam I)^-1 Q)^T: (M, M), (M, C) -> (C, M) float32."""
     if numerics == "reference":  # replace_fc: torch.linalg.solve in float32
         return torch.linalg.solve(G + lam * torch.eye(G.shape[0], dtype=G.dtype), Q).T.contiguous()
-    a = G.double()
-    a.diagonal().add_(lam)
-    factor, info = torch.linalg.cholesky_ex(a)
-    if int(info) == 0:
-        x = torch.cholesky_solve(Q.double(), factor)
-    else:  # positive definite in exact arithmetic; rounding made it indefinite: solve by LU instead
-        del factor
-        x = torch.linalg.solve(a, Q.double())
-    return x.T.float().contiguous()
+    return ridge_solution(G, Q, lam).T.float().contiguous()  # float64 Cholesky (LU where rounding needs it)
 
 
 def ridge_losses(H: torch.Tensor, Y: torch.Tensor, numerics: str = "exact") -> list[float]:
@@ -203,10 +195,6 @@ def memory_estimate(M: int, d: int) -> int:
     the ~1.4 GB of a SimpleCIL run, i.e. ~35 M^2 with the allocator's slack, hence 36. Plus W (d M) and a
     batch of projected features."""
     return 36 * M * M + 4 * d * M + 8 * 4096 * M
-
-
-def available_memory() -> int:
-    return int(psutil.virtual_memory().available)
 
 
 def largest_M(d: int, free: int) -> int:
@@ -284,7 +272,7 @@ class RanPAC(Strategy):
 
     def project(self, f: torch.Tensor) -> torch.Tensor:
         """h = ReLU(f W): (N, d) -> (N, M) in ``f``'s dtype."""
-        return F.relu(f @ self.W.to(f.dtype))
+        return relu_projection(f, self.W)
 
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:

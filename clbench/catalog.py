@@ -35,6 +35,11 @@ STRATEGIES.register_lazy("mos", "baselines.mos:MOS")
 STRATEGIES.register_lazy("dualprompt", "baselines.dualprompt:DualPrompt")
 STRATEGIES.register_lazy("ranpac", "baselines.ranpac:RanPAC")
 STRATEGIES.register_lazy("aper", "baselines.aper:APER")
+STRATEGIES.register_lazy("slda", "baselines.slda:SLDA")
+STRATEGIES.register_lazy("randumb", "baselines.randumb:RanDumb")
+STRATEGIES.register_lazy("fecam", "baselines.fecam:FeCAM")
+STRATEGIES.register_lazy("acil", "baselines.acil:ACIL")
+STRATEGIES.register_lazy("dsal", "baselines.dsal:DSAL")
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
 EXAMPLE_STRATEGIES = (FEATURED_STRATEGY, DEFAULT_STRATEGY)  # help-text examples of a strategy list

@@ -17,13 +17,19 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
+import baselines.acil as acil_mod
 import baselines.aper as aper_mod
+import baselines.dsal as dsal_mod
 import baselines.dualprompt as dualprompt_mod
 import baselines.ease as ease_mod
+import baselines.fecam as fecam_mod
 import baselines.l2p as l2p_mod
 import baselines.mos as mos_mod
+import baselines.randumb as randumb_mod
 import baselines.ranpac as ranpac_mod
 import baselines.simplecil as simplecil_mod
+import baselines.slda as slda_mod
+import clbench.layers.lda as lda_mod
 import tosca.strategy as tosca_mod
 from clbench.blocks import cosine_logits, vit_tokens
 
@@ -148,6 +154,8 @@ REAL = {
     "self_refine": mos_mod.self_refine,
     "mos_output": mos_mod.mos_output,
     "prefix_attention": dualprompt_mod.prefix_attention,
+    "rls_fit": acil_mod.RecursiveRidge.fit,
+    "lda_stats_head": lda_mod.LDAStatistics.head,
 }
 
 
@@ -157,6 +165,67 @@ def _per_sample_as_reference(all_logits, batch):  # the reference protocol route
 
 def _batch_rule_as_per_sample(self, all_logits, protocol, split=None):  # both protocols route by batch-mean entropy
     return tosca_mod.route_reference(all_logits, self.cfg.ref_eval_batch)
+
+
+# ----------------------------------------------------------------------------------------------- FeCAM
+def _no_cov_normalisation(cov):  # the shrunk covariance used as it is, not as a correlation matrix
+    return cov
+
+
+def _unscaled_shrinkage(cov, alpha1, alpha2):  # alpha1 I added, not alpha1 x the mean variance
+    return cov + alpha1 * torch.eye(cov.shape[0], dtype=cov.dtype)
+
+
+def _unnormalised_features(f, cfg):  # statistics and distances on the raw features, not the L2-normalised ones
+    return f.double()
+
+
+# ----------------------------------------------------------------------------------------------- ACIL / DS-AL
+def _acil_no_relu(self, f):  # the buffer layer without its ReLU
+    return f.double() @ self.buffer
+
+
+def _rls_fit_old_R(self, X, Y, what="the analytic classifier"):  # eq. (9) with R from before eq. (10)'s update
+    X, Y = X.double(), Y.double()
+    self.grow(Y.shape[1])
+    W, R = self.W.clone(), self.R.clone()
+    REAL["rls_fit"](self, X, Y, what)  # R updated as it should be
+    self.W = W + R @ X.T @ (Y - X @ W)
+
+
+def _no_label_cleansing(self, X, Y, n_old):  # the residue keeps the earlier classes' columns
+    return Y - self.main(F.relu(X))
+
+
+def _dsal_ratio_ignored(self, split, protocol="per-sample"):  # main + comp, the compensation ratio C taken as 1
+    X = self.expand(split.features)
+    return (self.main(F.relu(X)) + self.comp(torch.tanh(X))).float()
+
+
+# ----------------------------------------------------------------------------------------------- SLDA / RanDumb
+def _slda_constant_added(self, split, protocol="per-sample"):  # logits x W + c: the class constant's sign flipped
+    return lda_mod.lda_logits(split.features, self.weight, -self.bias)
+
+
+def _slda_head_from_scatter(self):  # the head solved from the scatter sum (n Sigma), not the covariance Sigma
+    return lda_mod.lda_head(lda_mod.shrink(self.stats.scatter, self.cfg.shrinkage), self.stats.means, None, "SLDA", "")
+
+
+def _randumb_no_priors(self, log_priors, what, fix):  # the intercept without log(prior)
+    return REAL["lda_stats_head"](self, None, what, fix)
+
+
+def _randumb_unscaled_features(self, x):  # cos(x Omega + b) without its sqrt(2 / M) factor
+    x = x.to(torch.float64)
+    return torch.cos(x @ self.omega + self.offset) if self.cfg.embed else x
+
+
+def _oas_n_not_n_plus_1(centred):  # OAS's denominator with n samples instead of n + 1
+    n, d = centred.shape
+    gram = centred @ centred.T
+    mu, alpha = float(torch.trace(gram)) / n / d, float(gram.pow(2).sum()) / (n * n) / (d * d)
+    den = n * (alpha - mu * mu / d)
+    return 1.0 if den == 0 else min((alpha + mu * mu) / den, 1.0)
 
 
 MUTATIONS: dict[str, Mutation] = {
@@ -255,6 +324,66 @@ MUTATIONS: dict[str, Mutation] = {
         "E-key match by dot product with unnormalised keys",
         lambda: mock.patch.object(dualprompt_mod.Prompts, "similarity", _dot_product_e_keys),
     ),
+    "fecam-no-cov-normalisation": Mutation(
+        "fecam",
+        "the shrunk covariance is not normalised to a correlation matrix",
+        lambda: mock.patch.object(fecam_mod, "normalize_cov", _no_cov_normalisation),
+    ),
+    "fecam-unscaled-shrinkage": Mutation(
+        "fecam",
+        "shrinkage adds alpha1 I instead of alpha1 x the mean variance x I",
+        lambda: mock.patch.object(fecam_mod, "shrink_cov", _unscaled_shrinkage),
+    ),
+    "fecam-unnormalised-features": Mutation(
+        "fecam",
+        "class statistics and distances on the raw features instead of the L2-normalised ones",
+        lambda: mock.patch.object(fecam_mod, "embed", _unnormalised_features),
+    ),
+    "acil-no-relu": Mutation(
+        "acil",
+        "the buffer layer without its ReLU",
+        lambda: mock.patch.object(acil_mod.ACIL, "expand", _acil_no_relu),
+    ),
+    "acil-weights-with-old-R": Mutation(
+        "acil",
+        "the weight update (eq. 9) uses R before its own update (eq. 10)",
+        lambda: mock.patch.object(acil_mod.RecursiveRidge, "fit", _rls_fit_old_R),
+    ),
+    "dsal-no-label-cleansing": Mutation(
+        "dsal",
+        "the compensation stream's targets keep the earlier classes' residue",
+        lambda: mock.patch.object(dsal_mod.DSAL, "residue", _no_label_cleansing),
+    ),
+    "dsal-ratio-ignored": Mutation(
+        "dsal",
+        "logits = main + comp, the compensation ratio C ignored",
+        lambda: mock.patch.object(dsal_mod.DSAL, "predict", _dsal_ratio_ignored),
+    ),
+    "slda-constant-added": Mutation(
+        "slda",
+        "logits x W + c instead of x W - c (the class constant's sign)",
+        lambda: mock.patch.object(slda_mod.SLDA, "predict", _slda_constant_added),
+    ),
+    "slda-head-from-scatter": Mutation(
+        "slda",
+        "the head solved from the covariance's running sum, not the sum / n",
+        lambda: mock.patch.object(slda_mod.SLDA, "solve", _slda_head_from_scatter),
+    ),
+    "randumb-no-priors": Mutation(
+        "randumb",
+        "the LDA intercept without the log class priors",
+        lambda: mock.patch.object(lda_mod.LDAStatistics, "head", _randumb_no_priors),
+    ),
+    "randumb-unscaled-features": Mutation(
+        "randumb",
+        "random Fourier features without the sqrt(2 / M) factor",
+        lambda: mock.patch.object(randumb_mod.RanDumb, "embed", _randumb_unscaled_features),
+    ),
+    "randumb-oas-n": Mutation(
+        "randumb",
+        "OAS shrinkage with n instead of n + 1 in its denominator",
+        lambda: mock.patch.object(lda_mod, "oas_shrinkage", _oas_n_not_n_plus_1),
+    ),
 }
 
 # Each method's own tests: its golden checks (tests/test_reference_golden.py, first: they are the quickest) and its
@@ -289,6 +418,11 @@ SELECTIONS: dict[str, tuple[tuple[str, ...], str]] = {
         ("tests/test_reference_golden.py", "tests/test_dualprompt.py"),
         "dualprompt or prefix or prompt or untrained_keys",
     ),
+    "fecam": (("tests/test_reference_golden.py", "tests/test_fecam.py"), "fecam"),
+    "acil": (("tests/test_reference_golden.py", "tests/test_acil.py"), "acil or recursive"),
+    "dsal": (("tests/test_reference_golden.py", "tests/test_dsal.py"), "dsal or streams or residue or compensation"),
+    "slda": (("tests/test_reference_golden.py", "tests/test_slda.py"), "slda"),
+    "randumb": (("tests/test_reference_golden.py", "tests/test_randumb.py"), "randumb"),
 }
 
 _active: list[contextlib.AbstractContextManager] = []

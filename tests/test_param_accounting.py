@@ -33,8 +33,13 @@ def formula_for(rec):
     return cls.param_formula(cfg, d, depth, tuple(rec.task_sizes))
 
 
+# the strategies registered before one parameter accounting (schema 4); every later one writes its counts directly
+BEFORE_SCHEMA_4 = {"aper", "dualprompt", "ease", "l2p", "mos", "ranpac", "simplecil", "tosca"}
+
+
 def test_there_are_old_records_of_every_strategy_to_restate():
-    assert {json.loads(p.read_text())["strategy"] for p in OLD} == set(STRATEGIES.names())
+    assert BEFORE_SCHEMA_4 <= set(STRATEGIES.names())
+    assert {json.loads(p.read_text())["strategy"] for p in OLD} == BEFORE_SCHEMA_4
 
 
 @pytest.mark.parametrize("path", OLD, ids=lambda p: str(p.parent.relative_to(REPO)))

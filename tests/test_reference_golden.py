@@ -817,3 +817,209 @@ def test_planted_tosca_l1_mean_fails_the_golden_check(backbone):
         pytest.raises(AssertionError, match="differs from the reference"),
     ):
         check_tosca_task(backbone)
+
+
+# ----------------------------------------------------------------------------------------------- ACIL
+ACIL_RTOL, ACIL_ATOL = 1e-9, 1e-9  # float64 on both sides: only the order of float64 operations differs
+
+
+def check_acil(backbone, il_batch_size: int = 4096) -> None:
+    """ACIL over two tasks: the buffer ReLU(z W_b) (the reference's weights, drawn from torch's global RNG, fed in),
+    the recursive update of R and W (eqs. 9-10) and the logits ReLU(z W_b) W, against analytic/ACIL.py ACIL.fit /
+    update / forward with one IL batch per task. R and W are float64 on both sides (1e-9: clbench's Cholesky form
+    of the update against the reference's explicit inverse); the logits are returned as float32 (``RTOL``).
+    ``il_batch_size`` < the task's 30 images splits each task into batches: the same numbers (ACIL's result does
+    not depend on the batching)."""
+    from baselines.acil import ACIL, ACILConfig
+
+    f = load("acil")
+    M = f["in.buffer_weight"].shape[0]
+    cfg = ACILConfig(M=M, gamma=float(f["in.gamma"]), il_batch_size=il_batch_size)
+    strategy = ACIL(cfg, ctx_for(backbone))
+    strategy.buffer = f["in.buffer_weight"].T.double().contiguous()  # (d, M); nn.Linear keeps (M, d)
+    test = features_split(f["in.test.z"], f["in.test.y"])
+    for t in range(2):
+        classes = [3 * t, 3 * t + 1, 3 * t + 2]
+        strategy.learn_task(Task(t, classes, 3 * t + 3, features_split(f[f"in.task{t}.z"], f[f"in.task{t}.y"])))
+        tol = {"rtol": ACIL_RTOL, "atol": ACIL_ATOL}
+        assert_golden(strategy.head.R, f[f"out.task{t}.R"], f"ACIL's R after task {t}", **tol)
+        assert_golden(strategy.head.W, f[f"out.task{t}.W"], f"ACIL's W after task {t}", **tol)
+        assert_golden(strategy.predict(test), f[f"out.task{t}.logits"], f"ACIL's logits after task {t}")
+
+
+def test_acil_matches_reference(backbone):
+    check_acil(backbone)
+
+
+def test_acil_in_mini_batches_matches_reference(backbone):
+    check_acil(backbone, il_batch_size=7)
+
+
+# ----------------------------------------------------------------------------------------------- SLDA
+# Avalanche inverts the shrunk covariance with float32 torch.pinverse; its relative error is ~eps_32 x cond, and the
+# fixture's first task (72 samples in 64 dimensions, shrinkage 1e-4) has cond ~1e4: measured 1.0e-3 relative on
+# the logits after task 0, 3.6e-5 after task 1. clbench solves in float64, so the logits are held to 5e-3 relative;
+# the statistics (float32 running averages on the reference's side, 144 sequential updates) to 1e-5.
+SLDA_LOGIT_RTOL, SLDA_LOGIT_ATOL = 5e-3, 1e-2
+
+
+def check_slda(backbone) -> None:
+    """SLDA over two tasks with Avalanche's covariance update (``sigma_update="reference"``): the per-sample updates
+    of Sigma and the class means in the fixture's (shuffled) order, the head from the shrunk covariance and the
+    logits x W - c, against avalanche/training/supervised/deep_slda.py StreamingLDA.fit / predict. Predictions
+    must be equal."""
+    from baselines.slda import SLDA, SLDAConfig
+
+    f = load("slda")
+    strategy = SLDA(SLDAConfig(sigma_update="reference"), ctx_for(backbone))
+    test = features_split(f["in.test.z"], f["in.test.y"])
+    for t in range(2):
+        classes = [3 * t, 3 * t + 1, 3 * t + 2]
+        strategy.learn_task(Task(t, classes, 3 * t + 3, features_split(f[f"in.task{t}.z"], f[f"in.task{t}.y"])))
+        assert_golden(strategy.stats.covariance(), f[f"out.task{t}.Sigma"], f"SLDA's Sigma after task {t}")
+        assert_golden(strategy.stats.means, f[f"out.task{t}.muK"], f"SLDA's class means after task {t}")
+        assert_golden(strategy.stats.counts, f[f"out.task{t}.cK"], f"SLDA's class counts after task {t}")
+        logits = strategy.predict(test)
+        tol = {"rtol": SLDA_LOGIT_RTOL, "atol": SLDA_LOGIT_ATOL}
+        assert_golden(logits, f[f"out.task{t}.logits"], f"SLDA's logits after task {t}", **tol)
+        assert_golden(logits.argmax(1), f[f"out.task{t}.pred"], f"SLDA's predictions after task {t}")
+
+
+def test_slda_matches_reference(backbone):
+    check_slda(backbone)
+
+
+# ----------------------------------------------------------------------------------------------- FeCAM
+# (rule, config, fixture prefix): the authors' two ViT scripts' shrinkage (FeCAM_vit_cifar100.py alpha1 = 1,
+# alpha2 = 0; FeCAM_vit_imagenet-r.py 10 and 10) and PILOT's classifier (models/fecam.py).
+FECAM_CASES = {
+    "authors": ({}, "authors"),
+    "authors-imagenet-r": ({"alpha1": 10.0, "alpha2": 10.0}, "authors_inr"),
+    "pilot": ({"rule": "pilot"}, "pilot"),
+}
+
+
+def check_fecam(backbone, case: str = "authors") -> None:
+    """FeCAM over two tasks: class means, the shrunk and normalised covariance (the inverse of clbench's precision
+    matrix; for PILOT's rule the pseudo-inverse of it, the rank d - 1 row correlation) and the squared Mahalanobis
+    distances of every test image to every seen class (= -logits), against the authors' FeCAM_vit_*.py shrink_cov /
+    normalize_cov / _mahalanobis and PILOT's Learner.replace_fc / _maha_dist. Predictions must be equal.
+
+    ``RTOL``/``ATOL`` hold although the reference normalises in float32 (clbench in float64) and PILOT computes in
+    float32 throughout: the distances are O(1) and the normalised covariances well conditioned (alpha1 V1 on the
+    diagonal); measured 2e-7 relative on the distances (5e-7 for PILOT) and 4e-8 on the statistics (2e-7)."""
+    from baselines.fecam import FeCAM, FeCAMConfig
+
+    overrides, prefix = FECAM_CASES[case]
+    f = load("fecam")
+    strategy = FeCAM(FeCAMConfig(**overrides), ctx_for(backbone))
+    test = features_split(f["in.test.z"], f["in.test.y"])
+    for t in range(2):
+        classes = [3 * t, 3 * t + 1, 3 * t + 2]
+        strategy.learn_task(Task(t, classes, 3 * t + 3, features_split(f[f"in.task{t}.z"], f[f"in.task{t}.y"])))
+        if prefix == "authors":
+            assert_golden(strategy.means[t], f[f"out.{prefix}.task{t}.means"], f"class means, task {t}")
+            covariance = torch.linalg.inv(strategy.precisions[t])  # (3, d, d) the shrunk, normalised covariances
+            assert_golden(covariance, f[f"out.{prefix}.task{t}.norm_cov"], f"normalised covariances, task {t}")
+        if prefix == "pilot":
+            means = F.normalize(f[f"out.{prefix}.task{t}.means"].double(), dim=-1)  # its distance normalises them
+            assert_golden(strategy.means[t], means, f"PILOT-rule class means, task {t}")
+            corr = torch.linalg.pinv(strategy.precisions[t], hermitian=True)
+            assert_golden(corr, f[f"out.{prefix}.task{t}.corr"], f"PILOT-rule corrcoef(cov + 100 I), task {t}")
+        logits = strategy.predict(test)
+        assert_golden(-logits, f[f"out.{prefix}.task{t}.distances"], f"Mahalanobis distances after task {t}")
+        assert_golden(logits.argmax(1), f[f"out.{prefix}.task{t}.pred"], f"predictions after task {t}")
+
+
+@pytest.mark.parametrize("case", sorted(FECAM_CASES))
+def test_fecam_matches_reference(backbone, case):
+    check_fecam(backbone, case)
+
+
+# ----------------------------------------------------------------------------------------------- DS-AL
+def check_dsal(backbone, residue: str = "task") -> None:
+    """DS-AL over two tasks: the linear buffer z W_b (the reference's weights, from torch's global RNG, fed in), the
+    main stream on ReLU, previous label cleansing (residue of the new classes only) and the compensation stream on
+    tanh, logits main + C comp, against analytic/DSAL.py DSAL.fit / update / forward. ``residue="task"``: one IL
+    batch per task (out.*); ``"batch"``: DSAL.fit per IL batch of 10 in the fixture's order (out.batch10.*,
+    clbench's shuffle replaced by the identity). Weights float64 on both sides (``ACIL_RTOL``); logits float32."""
+    import baselines.dsal as dsal_mod
+
+    f = load("dsal")
+    gamma, gamma_comp, C, batch = f["in.hyper"].tolist()
+    M = f["in.buffer_weight"].shape[0]
+    cfg = dsal_mod.DSALConfig(
+        M=M,
+        gamma=gamma,
+        gamma_comp=gamma_comp,
+        compensation_ratio=C,
+        residue=residue,
+        il_batch_size=int(batch) if residue == "batch" else 4096,
+    )
+    strategy = dsal_mod.DSAL(cfg, ctx_for(backbone))
+    strategy.buffer = f["in.buffer_weight"].T.double().contiguous()  # (d, M)
+    prefix = "out" if residue == "task" else "out.batch10"
+    test = features_split(f["in.test.z"], f["in.test.y"])
+    identity_order = lambda n, generator=None: torch.arange(n)  # noqa: E731
+    tol = {"rtol": ACIL_RTOL, "atol": ACIL_ATOL}
+    for t in range(2):
+        classes = [3 * t, 3 * t + 1, 3 * t + 2]
+        task = Task(t, classes, 3 * t + 3, features_split(f[f"in.task{t}.z"], f[f"in.task{t}.y"]))
+        with mock.patch.object(dsal_mod.torch, "randperm", identity_order):
+            strategy.learn_task(task)
+        assert_golden(strategy.main.W, f[f"{prefix}.task{t}.W_main"], f"DS-AL main stream W after task {t}", **tol)
+        assert_golden(strategy.comp.W, f[f"{prefix}.task{t}.W_comp"], f"DS-AL compensation W after task {t}", **tol)
+        assert_golden(strategy.predict(test), f[f"{prefix}.task{t}.logits"], f"DS-AL logits after task {t}")
+    if residue == "task":
+        assert_golden(strategy.main.R, f["out.task1.R_main"], "DS-AL main stream R after task 1", **tol)
+
+
+def test_dsal_matches_reference(backbone):
+    check_dsal(backbone, "task")
+
+
+def test_dsal_per_batch_residue_matches_reference(backbone):
+    check_dsal(backbone, "batch")
+
+
+# ----------------------------------------------------------------------------------------------- RanDumb
+RANDUMB_TOL = 1e-9  # float64 on both sides (the fixture's features were float64 .npy files for the reference)
+
+
+def check_randumb(backbone) -> None:
+    """RanDumb (M = 256 random Fourier features) learning two tasks class-incrementally, against the reference's
+    src/main.py fit once in a batch (RBFSampler gamma='scale' -> LDA lsqr with per-class OAS): fit A on task 0's
+    training data, fit B on both tasks'. One clbench run per fit, each fed that fit's own random weights and
+    offsets (RBFSampler's ``random_weights_`` include sqrt(2 gamma), so the run's gamma is the fit's); after task 0
+    it must equal A, after task 1 B (streaming = batch). clbench's gamma='scale' rule on the same data gives the
+    fits' gammas. Covariance, means, priors, coef, intercept and logits within ``RANDUMB_TOL`` relative and
+    absolute; predictions equal."""
+    from baselines.randumb import RanDumb, RanDumbConfig, scale_gamma
+
+    f = load("randumb")
+    M = f["in.task0.random_weights"].shape[1]
+    test = features_split(f["in.test.z"], f["in.test.y"])
+    data = [features_split(f[f"in.task{t}.z"], f[f"in.task{t}.y"]) for t in range(2)]
+    seen = [data[0].features, torch.cat([data[0].features, data[1].features])]
+    tol = {"rtol": RANDUMB_TOL, "atol": RANDUMB_TOL}
+    for fit in range(2):  # A = "task0", B = "task1": the fit the run is compared with after task `fit`
+        ref = f"out.task{fit}."
+        assert scale_gamma(seen[fit]) == pytest.approx(float(f[ref + "gamma"]), rel=1e-12)
+        strategy = RanDumb(RanDumbConfig(M=M), ctx_for(backbone))
+        strategy.omega = f[f"in.task{fit}.random_weights"].clone()
+        strategy.offset = f[f"in.task{fit}.random_offset"].clone()
+        strategy.gamma = float(f[ref + "gamma"])  # set: the first task keeps the weights as they are
+        for t in range(fit + 1):
+            strategy.learn_task(Task(t, [3 * t, 3 * t + 1, 3 * t + 2], 3 * t + 3, data[t]))
+        assert_golden(strategy.stats.covariance(), f[ref + "covariance"], f"RanDumb's covariance ({fit=})", **tol)
+        assert_golden(strategy.stats.means, f[ref + "means"], f"RanDumb's class means ({fit=})", **tol)
+        assert_golden(strategy.stats.priors(), f[ref + "priors"], f"RanDumb's priors ({fit=})", **tol)
+        assert_golden(strategy.weight, f[ref + "coef"], f"RanDumb's coef ({fit=})", **tol)
+        assert_golden(strategy.bias, f[ref + "intercept"], f"RanDumb's intercept ({fit=})", **tol)
+        logits = strategy.predict(test)
+        assert_golden(logits.double(), f[ref + "logits"], f"RanDumb's logits ({fit=})", rtol=1e-5, atol=1e-5)
+        assert_golden(logits.argmax(1), f[ref + "pred"], f"RanDumb's predictions ({fit=})")
+
+
+def test_randumb_matches_reference(backbone):
+    check_randumb(backbone)

@@ -8,4 +8,8 @@ another method file, they import from here (or from :mod:`clbench.blocks`) inste
 - :mod:`clbench.layers.prompts`: prompt-pool key matching and prompt selection (L2P, DualPrompt).
 - :mod:`clbench.layers.heads`: the growing linear classifier (L2P, DualPrompt, MOS). The cosine head is
   :class:`clbench.blocks.CosineHead`.
+- :mod:`clbench.layers.analytic`: the frozen random expansion with ReLU, the float64 ridge solve over accumulated
+  statistics and the recursive least-squares (analytic) classifier, with their memory estimates (RanPAC, ACIL, DS-AL).
+- :mod:`clbench.layers.lda`: streaming linear discriminant analysis: running class means, one shared covariance
+  (per-sample or per-class OAS updates), shrinkage and the solve to a linear head (SLDA, RanDumb).
 """

@@ -1,0 +1,197 @@
+"""ACIL: analytic class-incremental learning, a fixed random expansion ("buffer") layer and a recursive
+least-squares classifier on the frozen features, exemplar-free and equal to joint training on all tasks.
+
+Paper: Zhuang et al., "ACIL: Analytic Class-Incremental Learning with Absolute Memorization and Privacy
+Protection", NeurIPS 2022, arXiv 2205.14922 (the mini-batch form of the recursion from G-ACIL, arXiv 2403.15706).
+Reference implementation checked: ``ZHUANGHP/Analytic-continual-learning`` @ 0afd6bf87622e808ce7f730f8556e78229b9e758,
+``analytic/ACIL.py`` (``ACIL``, ``ACILLearner.learn`` / ``before_validation`` / ``inference``),
+``analytic/AnalyticLinear.py`` (``RecursiveLinear.fit``), ``analytic/Buffer.py`` (``RandomBuffer``), ``config.py``
+(defaults) and ``main.py`` (the phase loop, ``--cache-features``).
+
+Algorithm (d = backbone width, M = buffer size (``M``), gamma = regularisation):
+
+1. Once: the buffer weights W_b (d, M) ~ U(-1/sqrt(d), 1/sqrt(d)) (``RandomBuffer`` = ``nn.Linear`` without bias,
+   its default initialisation), never trained; R = I / gamma (M, M); W = 0 (M, 0).
+2. Every task, in mini-batches of ``il_batch_size`` of its training images (arrival order): X = ReLU(f W_b) (n, M),
+   Y one-hot over the classes seen so far; R <- R - R X^T (I + X R X^T)^-1 X R (ACIL eq. 10), then
+   W <- W + R X^T (Y - X W) (eq. 9), old columns of W included: no old sample is needed, yet after every task W is
+   the ridge solution (sum X^T X + gamma I)^-1 sum X^T Y over all tasks so far (tested,
+   ``tests/test_acil.py``).
+3. Inference: logits = ReLU(f W_b) W.
+
+Numerics: float64 for the buffer, R, W and the logits (the reference builds ``RandomBuffer`` and
+``RecursiveLinear`` with ``dtype=torch.double``); the recursion subtracts nearly equal numbers and R is the inverse of
+a Gram matrix. (I + X R X^T) is factorised by Cholesky (:class:`clbench.layers.analytic.RecursiveRidge`); should it
+not be positive definite in float64, or W not finite, the run stops with a ClbenchError asking for a larger gamma
+(the reference asserts ``isfinite`` with the same advice). Logits are returned as float32.
+
+Cost and memory: R is M x M float64, 8 M^2 bytes (512 MiB at the reference's M = 8192), saved in every checkpoint;
+each batch of n images costs 4 n M^2 flops. :func:`clbench.layers.analytic.memory_estimate` (measured in
+``reports/perf/acil-growth.json``) is checked before anything is learnt, and a width that does not fit is refused
+in one line with the estimate.
+
+Deviations from the paper / reference code:
+
+- No base training: the reference first trains its ResNet backbone on the base classes with SGD (``base_training``,
+  300 epochs) and then "re-aligns" the analytic classifier on them. clbench's backbone is the frozen pre-trained ViT
+  (the reference's ``--cache-features`` path with a given ``--backbone-path``, where base training is skipped):
+  the first task is learnt by the same recursion as every later one, which is what the re-alignment does.
+- Buffer weights from a private generator seeded by the run seed (``ctx.generator``), not torch's global RNG; the
+  same distribution. They are kept in the state (every checkpoint holds them).
+- The recursion is evaluated as U = R X^T, V = (I + X U)^-1 U^T (Cholesky), R <- R - U V, W <- W + V^T (Y - X W)
+  instead of the explicit ``torch.inverse`` and ``R @ X.T @ K @ X @ R``: the same update in exact arithmetic
+  (because the new R X^T = U (I + X U)^-1). 4 n M^2 flops per batch of n and no M x M temporary, where the
+  reference's left-to-right product forms (R X^T K X) (M x M) and multiplies it by R (2 M^3 flops: 1.1 TFLOP per
+  batch at M = 8192); agrees with the reference to float64 rounding (``tests/test_reference_golden.py``).
+- Mini-batches in the task's arrival order (the reference's training loader shuffles); ACIL's result does not depend
+  on the batching or the order (up to rounding), so only memory does. Default 4096, the README's
+  ``--IL-batch-size 4096`` (``config.py``'s fallback is the base-training batch size, 256).
+- W grows by the new classes' columns per task (the reference pads the same zero ``tail``).
+- Prediction in row blocks of ``eval_batch_size`` (memory only; rows are independent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from clbench.config import CI_INPUT
+from clbench.errors import ClbenchError
+from clbench.layers.analytic import (
+    RecursiveRidge,
+    check_memory,
+    growth_measurement,
+    relu_projection,
+    uniform_expansion,
+)
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+
+
+@dataclass(frozen=True)
+class ACILConfig:
+    """Defaults: ``config.py`` of the reference (its argparse defaults, which the README's commands keep)."""
+
+    M: int = 8192  # buffer size, --buffer-size 8192 (README: CIFAR-100; 16384 on ImageNet-1k)
+    gamma: float = 0.1  # --gamma 0.1 (README: "On both CIFAR-100 and ImageNet-1k, gamma is 0.1")
+    il_batch_size: int = 4096  # --IL-batch-size 4096 in every README command; memory only for ACIL
+    eval_batch_size: int = 4096  # rows per prediction block (the README's IL batch size); memory only
+
+    def __post_init__(self) -> None:
+        if self.M < 1:
+            raise ValueError(f"M must be >= 1, got {self.M}")
+        if not self.gamma > 0:
+            raise ValueError(f"gamma must be > 0 (R starts at I / gamma), got {self.gamma}")
+        if self.il_batch_size < 1:
+            raise ValueError(f"il_batch_size must be >= 1, got {self.il_batch_size}")
+        if self.eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+
+
+class ACIL(Strategy[ACILConfig]):
+    name = "acil"
+    Config = ACILConfig
+    state_types = (RecursiveRidge,)
+    # ``ci``: the regression gate's run: the embedded benchmark at 56 px (the shared CI feature cache), the
+    # reference's gamma and a buffer of 2048 (one 2048 x 2048 float64 R, so the run takes about a second).
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {"ci": {**CI_INPUT, "M": 2048}}
+
+    def __init__(self, config: ACILConfig, ctx: Context) -> None:
+        super().__init__(config, ctx)
+        self.dim = ctx.backbone.num_features
+        check_memory("ACIL", config.M, self.dim, config.il_batch_size)  # before anything is learnt
+        self.buffer = uniform_expansion(self.dim, config.M, ctx.generator(5100))  # (d, M) float64
+        self.head = RecursiveRidge(config.M, config.gamma)  # R (M, M), W (M, C) float64
+        self.n_classes = 0
+        self._sizes: list[int] = []
+
+    def expand(self, f: torch.Tensor) -> torch.Tensor:
+        """The buffer layer: X = ReLU(f W_b), (N, d) -> (N, M) float64."""
+        return relu_projection(f.double(), self.buffer)
+
+    def learn_task(self, task: Task) -> None:
+        if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
+            raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
+        f, y = task.train.features, task.train.labels
+        for start in range(0, len(y), self.cfg.il_batch_size):  # ACILLearner.learn: one fit per IL batch
+            rows = slice(start, start + self.cfg.il_batch_size)
+            X = self.expand(f[rows])  # (n, M)
+            Y = F.one_hot(y[rows], task.n_seen).double()  # (n, C)
+            self.head.fit(X, Y, "ACIL")
+        self.head.grow(task.n_seen)  # a task without images still gets its (zero) columns
+        self.n_classes = task.n_seen
+        self._sizes.append(len(task.classes))
+
+    @torch.no_grad()
+    def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
+        if protocol != PER_SAMPLE:
+            raise ValueError(f"unknown protocol {protocol!r}; ACIL supports {PER_SAMPLE}")
+        f, step = split.features, self.cfg.eval_batch_size
+        blocks = [self.head(self.expand(f[i : i + step])).float() for i in range(0, len(f), step)]
+        return torch.cat(blocks) if blocks else torch.zeros(0, self.n_classes)  # (N, n_seen)
+
+    def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
+        return {"M": self.cfg.M, "gamma": self.cfg.gamma}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = tuple(state["buffer"].shape)
+        if saved != (self.dim, self.cfg.M):
+            raise ClbenchError(
+                f"acil: the saved run's buffer is {saved[0]} x {saved[1]}, this one {self.dim} x {self.cfg.M}",
+                "resume with the same backbone and --set M, or start over with --overwrite",
+            )
+        super().load_state_dict(state)
+
+    # ---------------------------------------------------------------------------------------- accounting
+    def param_counts(self) -> ParamCounts:
+        M = int(self.head.W.shape[0])
+        first = self.buffer.numel() + self.head.R.numel()  # W_b (d, M) and R (M, M), kept from task 0
+        return ParamCounts(
+            added_per_task=[M * n for n in self._sizes],
+            stored_per_task=[(first if t == 0 else 0) for t in range(len(self._sizes))],
+            trainable_per_task=[0] * len(self._sizes),
+            head=self.head.W.numel(),
+            extra=self._extra(self.cfg, self.dim),
+        )
+
+    @staticmethod
+    def _extra(cfg: ACILConfig, d: int) -> dict[str, Any]:
+        M = cfg.M
+        return {"M": M, "feature_width": d, "buffer_weights": d * M, "autocorrelation_floats": M * M}
+
+    @classmethod
+    def param_formula(cls, cfg: ACILConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+        """Learned: the analytic classifier W, M weights per class (solved in closed form); stored in task 0: the
+        fixed random buffer W_b (d M) and R (M^2, the regularised inverse autocorrelation of the expanded
+        features); nothing is trained by an optimiser."""
+        M = cfg.M
+        return ParamCounts(
+            added_per_task=[M * n for n in task_sizes],
+            stored_per_task=[(d * M + M * M if t == 0 else 0) for t in range(len(task_sizes))],
+            trainable_per_task=[0] * len(task_sizes),
+            head=M * sum(task_sizes),
+            extra=cls._extra(cfg, d),
+        )
+
+    @classmethod
+    def split_kept(cls, kept_per_task, head, extra, task_sizes):
+        """Learned: M per class (W); stored: W_b and R in task 0."""
+        M, d = int(extra["M"]), int(extra["feature_width"])
+        return [M * c for c in task_sizes], [(d * M + M * M if t == 0 else 0) for t in range(len(task_sizes))]
+
+    # ---------------------------------------------------------------------------------------- cost model
+    @classmethod
+    def work(cls, cfg: ACILConfig, shape: RunShape) -> Work:
+        """No pass through the ViT beyond clbench's feature cache: every training image and every test image once
+        (frozen [CLS] features, eval transform), all cacheable, as SimpleCIL. Not counted: the buffer-size
+        dependent linear algebra (4 n M^2 float64 flops per n training images), which has no unit in the committed
+        projection costs; measured in ``reports/perf/acil-growth.json``."""
+        f = sum(shape.train_per_task) + max(shape.test_seen, default=0)
+        return Work(f=f, f_cacheable=f)
+
+    @classmethod
+    def perf_benchmarks(cls):
+        return {"acil-growth": growth_measurement(cls, "acil-growth", cls.Config())}

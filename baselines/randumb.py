@@ -1,0 +1,298 @@
+"""RanDumb: a random Fourier-feature embedding of the frozen features and linear discriminant analysis with one
+shared, OAS-shrunk covariance, learnt class by class.
+
+Paper: Prabhu, Sinha, Kumaraguru, Torr, Sener and Dokania, "RanDumb: Random Representations Outperform Online
+Continually Learned Representations", NeurIPS 2024, arXiv 2402.08823.
+Reference implementation checked: ``drimpossible/RanDumb`` @ 14a51ee0c045bff642f6ffbfe481efa4d49a3033,
+``src/main.py`` (``parse_args`` and ``__main__``: ``RBFSampler(gamma='scale', n_components=embed_dim)``, then
+``LinearDiscriminantAnalysis(solver='lsqr', covariance_estimator=OAS(assume_centered=False))``), ``scripts/runall.sh``
+(the runs and their flags) and ``src/legacy_model.py``; scikit-learn 1.9.1 for the classes it calls
+(``kernel_approximation.RBFSampler``, ``covariance.OAS``, ``discriminant_analysis._class_cov`` /
+``_solve_lstsq``).
+
+Algorithm (d = backbone width, W = M with the embedding, W = d without):
+
+1. Embedding: phi(x) = sqrt(2 / M) cos(x Omega + b), Omega = sqrt(2 gamma) N(0, 1) of shape (d, M), b ~ U(0, 2 pi)
+   (M,), gamma = 1 / (d Var(x)) (``gamma='scale'``: the variance of every entry of the training features).
+   ``embed=False``: phi(x) = x.
+2. Each new class c (all its images arrive in one task): mean mu_c, count n_c, and its own OAS-shrunk covariance
+   OAS_c = (1 - s_c) S_c + s_c tr(S_c)/W I (S_c the biased empirical covariance, s_c the OAS coefficient,
+   :func:`clbench.layers.lda.oas_shrinkage`); the shared covariance is Sigma = sum_c n_c OAS_c / sum_c n_c, the
+   classes' OAS estimates weighted by their priors as scikit-learn's ``_class_cov``. Kept as the running sum, so a
+   task adds its classes and nothing is recomputed (``LDAStatistics.add_classes_oas``).
+3. After each task: coef_c = Sigma^-1 mu_c, intercept_c = -mu_c^T Sigma^-1 mu_c / 2 + log(n_c / N); logits =
+   phi(x) coef^T + intercept (``_solve_lstsq`` with no extra ridge: "no lambda used when inverting", README).
+Numerics: the embedding, the statistics, the solve (float64 Cholesky) and the logits are float64; logits are
+returned as float32.
+
+Defaults: the embedding on at M = 10,000 (``--embed_dim``'s default), which is what ``src/main.py`` computes for
+every run, the pre-trained ViT ones included: its embedding branch tests only ``--embed_mode`` (default
+``RanDumb``), never ``--embed``, so the ``vitbi1k_*``/``vitbi21k_*`` runs of ``scripts/runall.sh`` ("No embedding
+for pretrained models", run without ``--embed``) still embed (the flag only names the log file). ``--set
+embed=false`` gives what that comment intends (LDA on the raw features).
+
+Memory and time: the covariance is M x M. While fewer training images than M have arrived (the embedded
+benchmark's 2,320 at M = 10,000), its running sum is kept in low-rank form (each class's centred embedded samples,
+scaled by sqrt(1 - s_c), their n x n Gram matrix, and the identity part) and the head is solved through the
+Woodbury identity in an n x n system (``LDAStatistics.head``): the same numbers as the M x M solve (the golden test
+holds it to 1e-9), at n^2 M + n^3 / 3 flops instead of M^3 / 3 per task. Past M images the sum becomes the dense
+M x M matrix: the covariance sum, the copy that is factored, its Cholesky factor and the checkpoint's copy are
+4 x 8 M^2 bytes (3.2 GB at M = 10,000, 20 GB at the README's example M = 25,000), and a width whose dense estimate
+exceeds the available memory is refused before anything is computed (``check_memory``; conservative: the run may
+never need the dense form). Measured in ``reports/perf/randumb-growth.json``.
+
+Deviations from the paper / reference code:
+
+- ``embed`` switch: the reference has the flag but ignores it (above); here ``embed=False`` really skips the
+  embedding. Default ``True``, what the reference runs.
+- Streaming instead of one batch fit: the reference fits scikit-learn's LDA once on all training data. Because a
+  class's images all arrive in one task, the per-class OAS estimates, the means and the counts are final when the
+  class arrives, so the running sums give exactly the batch fit on the data seen so far after every task (the
+  golden test checks both tasks against the batch fit).
+- Random features: drawn from the run's seed (``ctx.generator``: Omega's normals then b's uniforms, torch's RNG)
+  instead of scikit-learn's unseeded global numpy RNG (``random_state=None``); the golden test feeds the reference's
+  own ``random_weights_``/``random_offset_`` in.
+- gamma = "scale" uses the variance of the first task's training features (the data available when the embedding
+  is fixed); the reference fits it on the whole training set, which a class-incremental learner never sees at
+  once. It is then fixed for the run (kept in the state).
+- The low-rank (Woodbury) solve above is an implementation choice with the reference's numbers; the reference forms
+  the M x M covariance and calls ``lstsq`` on it.
+- Float64 throughout (the reference runs float32 when the features are float32, as the saved ``.npy`` features are,
+  since ``RBFSampler`` and the LDA preserve float32); the solve is a Cholesky solve where the reference calls
+  ``scipy.linalg.lstsq``: the same answer for the positive definite Sigma that OAS gives (every class with at least
+  2 images has a positive shrinkage target), and a clear error instead of a minimum-norm answer if Sigma is singular.
+- A class with fewer than 2 training images is refused (its OAS covariance is zero; ``min_train_per_class = 2``).
+- Not offered: the reference's ``--embed_mode RanPAC`` (a ReLU random projection: ``baselines/ranpac.py`` has it),
+  ``--model NCM`` (the cosine nearest-mean classifier: ``simplecil``), and ``--augment`` (flipped copies of the
+  training images' features: clbench's cache holds eval-transform features only). The reference reports the mean
+  per-class accuracy (confusion-matrix diagonal); clbench reports its own metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import psutil
+import torch
+
+from clbench.config import CI_INPUT
+from clbench.errors import ClbenchError
+from clbench.layers.lda import (
+    F64,
+    GROWTH_SHAPES,
+    LDAStatistics,
+    growth_report,
+    growth_run,
+    lda_logits,
+    memory_estimate,
+)
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+
+MEMORY_BATCH, MEMORY_CLASSES = 4096, 1000  # the task size and class count the memory check allows for
+
+
+@dataclass(frozen=True)
+class RanDumbConfig:
+    """Defaults: ``src/main.py`` ``parse_args`` and ``scripts/runall.sh``'s runs on pre-trained ViT features."""
+
+    embed: bool = True  # main.py embeds in every run (its branch tests --embed_mode 'RanDumb' only, never --embed)
+    M: int = 10000  # --embed_dim default: the random Fourier features' width
+    gamma: float = 0.0  # RBFSampler(gamma='scale'), written 0: 1 / (d Var(x)); > 0: that RBF gamma
+
+    def __post_init__(self) -> None:
+        if self.M < 1:
+            raise ValueError(f"M must be >= 1, got {self.M}")
+        if not self.gamma >= 0.0 or math.isinf(self.gamma):
+            raise ValueError(f"gamma must be a finite number >= 0 (0 = 'scale'), got {self.gamma}")
+
+
+def scale_gamma(x: torch.Tensor) -> float:
+    """RBFSampler's ``gamma='scale'``: 1 / (d Var(x)) over every entry of ``x`` (N, d); 1 if the variance is 0."""
+    var = float(x.to(F64).var(unbiased=False))
+    return 1.0 / (x.shape[1] * var) if var != 0 else 1.0
+
+
+def available_memory() -> int:
+    return int(psutil.virtual_memory().available)
+
+
+def check_memory(width: int) -> None:
+    need, free = memory_estimate(width, MEMORY_BATCH, MEMORY_CLASSES), available_memory()
+    if need > free:
+        fits = int(math.sqrt(max(free - 24 * width * (MEMORY_BATCH + MEMORY_CLASSES), 0) / 32)) // 100 * 100
+        raise ClbenchError(
+            f"RanDumb with M={width}: the {width} x {width} covariance and its solve need about "
+            f"{need / 2**30:.1f} GiB (~32 M^2 bytes), but only {free / 2**30:.1f} GiB of memory is available",
+            f"lower M (--set M=...); about M={fits} fits now",
+        )
+
+
+class RanDumb(Strategy[RanDumbConfig]):
+    name = "randumb"
+    Config = RanDumbConfig
+    state_types = (LDAStatistics,)
+    min_train_per_class = 2  # a class's OAS covariance needs 2 images
+    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the whole embedded benchmark at 56 px (the
+    # shared CI feature cache) with M = 1,000 random Fourier features (runall.sh's smallest width) instead of
+    # 10,000: a few seconds on 2 cores instead of minutes.
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {"ci": {**CI_INPUT, "M": 1000}}
+
+    def __init__(self, config: RanDumbConfig, ctx: Context) -> None:
+        super().__init__(config, ctx)
+        self.dim = ctx.backbone.num_features
+        self.width = config.M if config.embed else self.dim
+        if config.embed:
+            check_memory(self.width)  # before anything is computed
+            g = ctx.generator(7100)
+            self.omega = torch.randn(self.dim, self.width, generator=g, dtype=F64)  # (d, M) N(0, 1), scaled at task 0
+            self.offset = torch.rand(self.width, generator=g, dtype=F64) * (2 * math.pi)  # (M,) U(0, 2 pi)
+        else:
+            self.omega = torch.zeros(0, 0, dtype=F64)
+            self.offset = torch.zeros(0, dtype=F64)
+        self.gamma = 0.0  # the RBF gamma in use (set by the first task with embed)
+        self.stats = LDAStatistics(self.width)
+        self.weight = torch.zeros(0, self.width, dtype=F64)  # (C, W) Sigma^-1 mu_c
+        self.bias = torch.zeros(0, dtype=F64)  # (C,) -mu_c^T Sigma^-1 mu_c / 2 + log prior_c
+        self.shrinkages: list[float] = []  # each class's OAS coefficient
+        self.task_sizes: list[int] = []
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """phi(x): (N, d) -> (N, W) float64; the random Fourier features sqrt(2/M) cos(x Omega + b) with embed."""
+        x = x.to(F64)
+        if not self.cfg.embed:
+            return x
+        return torch.cos(x @ self.omega + self.offset) * math.sqrt(2.0 / self.width)
+
+    def learn_task(self, task: Task) -> None:
+        if sorted(task.classes) != list(range(self.stats.means.shape[0], task.n_seen)):
+            raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
+        if self.cfg.embed and self.gamma == 0.0:  # fix the embedding's scale on the first task
+            self.gamma = self.cfg.gamma or scale_gamma(task.train.features)
+            self.omega.mul_(math.sqrt(2.0 * self.gamma))  # RBFSampler: random_weights_ = sqrt(2 gamma) N(0, 1)
+        self.stats.grow(task.n_seen)
+        h = self.embed(task.train.features)  # (N_t, W)
+        self.shrinkages += self.stats.add_classes_oas(h, task.train.labels, sorted(task.classes))
+        del h
+        fix = "use at least 2 training images per class and a backbone whose features are not constant"
+        self.weight, self.bias = self.stats.head(self.stats.priors().log(), "RanDumb", fix)
+        self.task_sizes.append(len(task.classes))
+        self.ctx.log(f"  RanDumb task {task.id}: OAS shrinkage {min(self.shrinkages):.3g}-{max(self.shrinkages):.3g}")
+
+    @torch.no_grad()
+    def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
+        if protocol != PER_SAMPLE:
+            raise ValueError(f"unknown protocol {protocol!r}; RanDumb supports {PER_SAMPLE}")
+        logits = []
+        for start in range(0, len(split), 1024):  # (1024, M) float64 at a time: memory, not the numbers
+            logits.append(lda_logits(self.embed(split.features[start : start + 1024]), self.weight, self.bias))
+        return torch.cat(logits) if logits else torch.zeros(0, self.weight.shape[0])  # (N, n_seen)
+
+    def diagnostics(self, split: Split, true_task: Any) -> dict[str, Any]:
+        return {
+            "width": self.width,
+            "gamma": self.gamma if self.cfg.embed else None,
+            "oas_shrinkage_min": min(self.shrinkages, default=None),
+            "oas_shrinkage_max": max(self.shrinkages, default=None),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from clbench.layers.first_session import check_width
+
+        check_width("randumb", int(state["dim"]), self.dim)
+        if int(state["width"]) != self.width:
+            raise ClbenchError(
+                f"randumb: the saved run's LDA works at width {state['width']}, this one at {self.width}",
+                "resume with the same --set embed / M, or start over with --overwrite",
+            )
+        super().load_state_dict(state)
+
+    # ---------------------------------------------------------------------------------------- accounting
+    @staticmethod
+    def _extra(cfg: RanDumbConfig, d: int) -> dict[str, Any]:
+        width = cfg.M if cfg.embed else d
+        return {
+            "feature_width": d,
+            "lda_width": width,
+            "random_features": (d * width + width) if cfg.embed else 0,
+            "covariance_floats": width * width,
+        }
+
+    def param_counts(self) -> ParamCounts:
+        extra = self._extra(self.cfg, self.dim)
+        w = self.width
+        kept = [
+            (w + 1) * c + (w + 1) * c + (extra["covariance_floats"] + extra["random_features"] if t == 0 else 0)
+            for t, c in enumerate(self.task_sizes)
+        ]
+        head = self.weight.numel() + self.bias.numel()
+        added, stored = self.split_kept(kept, head, extra, self.task_sizes)
+        return ParamCounts(
+            added_per_task=added,
+            stored_per_task=stored,
+            trainable_per_task=[0] * len(self.task_sizes),
+            head=head,
+            extra=extra,
+        )
+
+    @classmethod
+    def split_kept(cls, kept_per_task, head, extra, task_sizes):
+        """Learned: the LDA head solved in closed form (W weights and a bias per class); stored: the class means and
+        counts (W + 1 per class), the shared covariance (W^2, counted as the W x W statistic it is even while it is
+        held in low-rank form, which keeps fewer numbers) and the fixed random features (d M + M), in task 0."""
+        w = int(extra["lda_width"])
+        added = [(w + 1) * c for c in task_sizes]
+        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
+
+    @classmethod
+    def param_formula(cls, cfg: RanDumbConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+        """W = M with the embedding, d without. Added: W + 1 head numbers per class; stored: W + 1 per class
+        (mean, count), and in task 0 the covariance (W^2) and the random features (d M + M, with the embedding);
+        nothing is trained."""
+        extra = cls._extra(cfg, d)
+        w, first = extra["lda_width"], extra["covariance_floats"] + extra["random_features"]
+        return ParamCounts(
+            added_per_task=[(w + 1) * c for c in task_sizes],
+            stored_per_task=[(w + 1) * c + (first if t == 0 else 0) for t, c in enumerate(task_sizes)],
+            trainable_per_task=[0] * len(task_sizes),
+            head=(w + 1) * sum(task_sizes),
+            extra=extra,
+        )
+
+    @classmethod
+    def work(cls, cfg: RanDumbConfig, shape: RunShape) -> Work:
+        """No training pass. Every image once through the frozen backbone (training images for the statistics,
+        test images for prediction), all of it from clbench's feature cache. Not counted: the W x W linear algebra
+        (2 N W^2 flops for a task's covariance update and W^3 / 3 for its Cholesky solve): milliseconds without the
+        embedding, seconds per task at M = 10,000 (``reports/perf/randumb-growth.json``)."""
+        f = sum(shape.train_per_task) + shape.test_seen[-1]
+        return Work(f=f, f_cacheable=f)
+
+    @classmethod
+    def perf_benchmarks(cls):
+        from clbench.perf import Measurement
+
+        return {
+            "randumb-growth": Measurement(
+                "randumb-growth",
+                help="RanDumb's fit + predict seconds and peak memory on synthetic features, without the embedding "
+                "and with random Fourier features of M = 1,000-10,000: 36 classes / 6 tasks (d = 384) and 200 "
+                "classes / 10 tasks (d = 384, 768)",
+                run=_growth,
+            )
+        }
+
+
+GROWTH_WIDTHS = (1000, 2500, 5000)  # M on every shape; the reference's 10,000 on the embedded benchmark's
+
+
+def _growth(flags: Any) -> dict[str, Any]:  # flags: the argparse namespace (no flags of its own)
+    runs = []
+    for c, t, d in GROWTH_SHAPES:
+        runs.append({"embed": False, **growth_run(RanDumb, RanDumbConfig(embed=False), c, t, d)})
+        for m in GROWTH_WIDTHS + ((10000,) if c == 36 else ()):
+            cfg = RanDumbConfig(M=m)
+            runs.append({"embed": True, "M": m, **growth_run(RanDumb, cfg, c, t, d)})
+            runs[-1]["memory_estimate_mib"] = round(memory_estimate(m, c * 64 // t, c) / 2**20, 1)
+    return growth_report("randumb-growth", runs)

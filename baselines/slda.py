@@ -1,0 +1,181 @@
+"""SLDA: deep streaming linear discriminant analysis on a frozen pre-trained model.
+
+Paper: Hayes and Kanan, "Lifelong Machine Learning with Deep Streaming Linear Discriminant Analysis", CVPR
+Workshops 2020, arXiv 1909.01520.
+Reference implementation checked: Avalanche (avalanche-lib 0.6.0, ``avalanche/training/supervised/deep_slda.py``,
+class ``StreamingLDA``: ``__init__``, ``fit``, ``predict``, ``training_epoch``), the same file as
+``ContinualAI/avalanche`` @ eb075be393e1f458b2c352514ff6c17b5a2c0f4e.
+
+Algorithm (d = backbone width): no training through the ViT. Each training image's frozen [CLS] feature x with label
+y is absorbed once, in arrival order: the shared covariance gets a rank-1 update with x - mu_y (the class mean
+before x), then mu_y and the class count are updated (``clbench.layers.lda.LDAStatistics.update_per_sample``).
+After each task the head is solved: Lambda = ((1 - eps) Sigma + eps I)^-1 with eps = ``shrinkage`` (1e-4),
+W = Lambda mu (one column per class), c_k = mu_k^T Lambda mu_k / 2, logits = x W - c (no class priors).
+Numerics: the statistics, the solve (float64 Cholesky) and the logits are float64 (``clbench.layers.lda``); the
+logits are returned as float32.
+
+Deviations from the paper / reference code:
+
+- Covariance update (``sigma_update``). The reference (and the paper's eq.) updates
+  Sigma_{t+1} = (t Sigma_t + t/(t+1) (x - mu_y)(x - mu_y)^T) / (t + 1) with t the number of samples seen in all and
+  mu_y the class mean before x, which is the zero vector for a class's first sample: every new class adds the
+  outer product of its first raw feature with itself (about the origin, not about its mean), and the factor t/(t+1)
+  is ~1 where Welford's update of the within-class scatter has k/(k+1) (k = samples of that class seen before).
+  Default ``"exact"``: Welford's update, so Sigma is exactly the biased pooled within-class covariance of all samples
+  seen; ``sigma_update="reference"`` reproduces Avalanche's update (the golden test runs it against Avalanche's own
+  class). Both are computed per task as one weighted product of the per-sample differences (the recursion's sum,
+  reordered), not sample by sample.
+- Solve: the reference inverts the shrunk covariance with ``torch.pinverse`` in float32 on every change; here a
+  float64 Cholesky solve of the same system, once per task. With ``shrinkage=0`` and a singular covariance (fewer
+  samples than dimensions) the head is refused with an error instead of the pseudo-inverse's answer.
+- ``streaming_update_sigma=False``: the reference keeps its initial Sigma (a matrix of ones, unless ``fit_base``
+  estimated one); here the covariance is estimated on task 0 (the paper's base initialisation, with the same
+  streaming update instead of ``fit_base``'s OAS) and frozen after it.
+- Order: samples are absorbed in the task's arrival order (clbench's, per class contiguous as the feature cache
+  lists them); the reference's training loader shuffles. The ``exact`` update does not depend on the order.
+- Features come from clbench's feature cache (each image once through the frozen backbone, eval transform); the
+  reference passes every minibatch through its frozen feature extractor. Class means and counts grow with the seen
+  classes instead of holding ``num_classes`` rows from the start (unseen rows are zero in the reference and never
+  predicted here).
+- The backbone is the benchmark's (the embedded benchmark: offline DINOv2 ViT-S/14, d = 384); the paper uses a
+  ResNet-18 trained on ImageNet's base classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from clbench.config import CI_INPUT
+from clbench.layers.lda import (
+    F64,
+    GROWTH_SHAPES,
+    LDAStatistics,
+    growth_report,
+    growth_run,
+    lda_head,
+    lda_logits,
+    shrink,
+)
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+
+
+@dataclass(frozen=True)
+class SLDAConfig:
+    """Defaults: Avalanche ``StreamingLDA.__init__``."""
+
+    shrinkage: float = 1e-4  # shrinkage_param=1e-4: Sigma -> (1 - eps) Sigma + eps I before the inverse
+    streaming_update_sigma: bool = True  # streaming_update_sigma=True: the covariance keeps learning (plastic)
+    sigma_update: Literal["exact", "reference"] = "exact"  # "reference": fit()'s update (see the deviations)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.shrinkage <= 1.0:
+            raise ValueError(f"shrinkage must be in [0, 1], got {self.shrinkage}")
+        if self.sigma_update not in ("exact", "reference"):
+            raise ValueError(f"sigma_update must be 'exact' or 'reference', got {self.sigma_update!r}")
+
+
+class SLDA(Strategy[SLDAConfig]):
+    name = "slda"
+    Config = SLDAConfig
+    state_types = (LDAStatistics,)
+    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the whole embedded benchmark at 56 px (the
+    # shared CI feature cache), the reference's defaults; it runs in about a second on cached features.
+    profiles: ClassVar[dict[str, dict[str, Any]]] = {"ci": {**CI_INPUT}}
+
+    def __init__(self, config: SLDAConfig, ctx: Context) -> None:
+        super().__init__(config, ctx)
+        self.dim = ctx.backbone.num_features
+        self.stats = LDAStatistics(self.dim)
+        self.weight = torch.zeros(0, self.dim, dtype=F64)  # (C, d) Lambda mu_k
+        self.bias = torch.zeros(0, dtype=F64)  # (C,) -mu_k^T Lambda mu_k / 2
+        self.task_sizes: list[int] = []
+
+    def learn_task(self, task: Task) -> None:
+        if sorted(task.classes) != list(range(self.stats.means.shape[0], task.n_seen)):
+            raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
+        plastic = self.cfg.streaming_update_sigma or not self.task_sizes  # frozen after task 0 when not plastic
+        self.stats.grow(task.n_seen)
+        self.stats.update_per_sample(task.train.features, task.train.labels, self.cfg.sigma_update, sigma=plastic)
+        self.weight, self.bias = self.solve()
+        self.task_sizes.append(len(task.classes))
+
+    def solve(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(C, d) and (C,) float64: the head from the current statistics (``StreamingLDA.predict``'s W and c)."""
+        cov = shrink(self.stats.covariance(), self.cfg.shrinkage)
+        fix = "use a positive shrinkage (--set shrinkage=1e-4) or more training images"
+        return lda_head(cov, self.stats.means, None, "SLDA", fix)
+
+    @torch.no_grad()
+    def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
+        if protocol != PER_SAMPLE:
+            raise ValueError(f"unknown protocol {protocol!r}; SLDA supports {PER_SAMPLE}")
+        return lda_logits(split.features, self.weight, self.bias)  # (N, n_seen)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from clbench.layers.first_session import check_width
+
+        check_width("slda", int(state["dim"]), self.dim)
+        super().load_state_dict(state)
+
+    # ---------------------------------------------------------------------------------------- accounting
+    def param_counts(self) -> ParamCounts:
+        d = self.dim
+        kept = [(d + 1) * c + d * c + c + (d * d if t == 0 else 0) for t, c in enumerate(self.task_sizes)]
+        extra = {"feature_width": d}
+        added, stored = self.split_kept(kept, self.weight.numel() + self.bias.numel(), extra, self.task_sizes)
+        return ParamCounts(
+            added_per_task=added,
+            stored_per_task=stored,
+            trainable_per_task=[0] * len(self.task_sizes),
+            head=self.weight.numel() + self.bias.numel(),
+            extra=extra,
+        )
+
+    @classmethod
+    def split_kept(cls, kept_per_task, head, extra, task_sizes):
+        """Learned: the head solved in closed form (d weights and a bias per class); stored: the class means
+        (d per class), the class counts (1 per class) and the shared covariance (d^2, in task 0)."""
+        d = int(extra["feature_width"])
+        added = [(d + 1) * c for c in task_sizes]
+        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
+
+    @classmethod
+    def param_formula(cls, cfg: SLDAConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+        """Added: d + 1 head numbers per class (W column and c); stored: d + 1 per class (mean and count) and the
+        covariance (d^2) in task 0; nothing is trained."""
+        return ParamCounts(
+            added_per_task=[(d + 1) * c for c in task_sizes],
+            stored_per_task=[(d + 1) * c + (d * d if t == 0 else 0) for t, c in enumerate(task_sizes)],
+            trainable_per_task=[0] * len(task_sizes),
+            head=(d + 1) * sum(task_sizes),
+            extra={"feature_width": d},
+        )
+
+    @classmethod
+    def work(cls, cfg: SLDAConfig, shape: RunShape) -> Work:
+        """No training pass. Every image once through the frozen backbone (training images for the statistics,
+        test images for prediction), all of it from clbench's feature cache. Not counted: the d x d linear algebra
+        (a rank-N update and one d^3 / 3 Cholesky per task), milliseconds at d = 384."""
+        f = sum(shape.train_per_task) + shape.test_seen[-1]
+        return Work(f=f, f_cacheable=f)
+
+    @classmethod
+    def perf_benchmarks(cls):
+        from clbench.perf import Measurement
+
+        return {
+            "slda-growth": Measurement(
+                "slda-growth",
+                help="SLDA's fit + predict seconds and peak memory on synthetic features: 36 classes / 6 tasks "
+                "(d = 384) and 200 classes / 10 tasks (d = 384, 768)",
+                run=_growth,
+            )
+        }
+
+
+def _growth(flags: Any) -> dict[str, Any]:  # flags: the argparse namespace (no flags of its own)
+    runs = [growth_run(SLDA, SLDAConfig(), c, t, d) for c, t, d in GROWTH_SHAPES]
+    return growth_report("slda-growth", runs)

@@ -1,0 +1,125 @@
+"""ACIL (baselines/acil.py): the paper's invariant (the recursive, exemplar-free update equals the joint ridge solve
+over every task so far), its refusals (memory, gamma, non-finite updates) and a checkpoint round trip. The
+reference's numbers are pinned in tests/test_reference_golden.py (``check_acil``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import clbench.layers.analytic as analytic_mod
+from baselines.acil import ACIL, ACILConfig
+from clbench.errors import ClbenchError
+from clbench.layers.analytic import RecursiveRidge, relu_projection, ridge_solution
+from clbench.safestate import SavedState
+from clbench.strategy import Context, Split, Task
+
+D = 64  # vit_micro's width
+
+
+class Width:
+    num_features = D
+
+
+def ctx(seed: int = 3) -> Context:
+    return Context(backbone=Width(), device=torch.device("cpu"), precision="fp32", seed=seed, log=lambda s: None)
+
+
+def split(classes: list[int], n: int, seed: int) -> Split:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.tensor([c for c in classes for _ in range(n)])
+    centres = torch.randn(max(classes) + 1, D, generator=torch.Generator().manual_seed(0))
+    z = centres[y] + torch.randn(len(y), D, generator=g)
+    return Split(None, np.arange(len(y)), y, z.float(), None, None)
+
+
+def three_tasks() -> list[Task]:
+    return [Task(t, [2 * t, 2 * t + 1], 2 * t + 2, split([2 * t, 2 * t + 1], 9, seed=10 + t)) for t in range(3)]
+
+
+# ----------------------------------------------------------------------------------------------- the invariant
+@pytest.mark.parametrize("il_batch_size", [4096, 5])
+def test_recursive_update_equals_the_joint_ridge_solve_over_all_tasks(il_batch_size):
+    """ACIL's claim (Theorem 1, "absolute memorization"): after task t, with no old sample kept, W equals the ridge
+    solution (X^T X + gamma I)^-1 X^T Y over the expanded features of tasks 0..t together, and R equals
+    (X^T X + gamma I)^-1; whatever the mini-batching."""
+    s = ACIL(ACILConfig(M=80, gamma=0.1, il_batch_size=il_batch_size), ctx())
+    seen: list[Task] = []
+    for task in three_tasks():
+        s.learn_task(task)
+        seen.append(task)
+        X = relu_projection(torch.cat([t.train.features for t in seen]).double(), s.buffer)  # (N, M)
+        Y = F.one_hot(torch.cat([t.train.labels for t in seen]), task.n_seen).double()  # (N, C)
+        G = X.T @ X
+        joint = ridge_solution(G, X.T @ Y, 0.1)  # (M, C)
+        torch.testing.assert_close(s.head.W, joint, rtol=1e-8, atol=1e-10)
+        eye = torch.eye(80, dtype=torch.float64)
+        torch.testing.assert_close(s.head.R, torch.linalg.inv(G + 0.1 * eye), rtol=1e-8, atol=1e-10)
+        logits = s.predict(seen[0].train)
+        torch.testing.assert_close(logits, (X[: len(logits)] @ joint).float())
+
+
+def test_the_buffer_is_the_reference_init_from_the_run_seed():
+    """W_b ~ U(-1/sqrt(d), 1/sqrt(d)) (nn.Linear's default init), (d, M), from ctx.generator: same seed, same
+    buffer; another seed, another."""
+    a, b, c = (ACIL(ACILConfig(M=4000), ctx(seed)).buffer for seed in (1, 1, 2))
+    assert a.shape == (D, 4000) and a.dtype == torch.float64
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    bound = 1 / D**0.5
+    assert float(a.abs().max()) <= bound and float(a.abs().max()) > 0.99 * bound
+    assert abs(float(a.mean())) < 0.01 * bound
+
+
+# ----------------------------------------------------------------------------------------------- refusals
+def test_a_buffer_too_large_for_memory_is_refused_with_the_estimate(monkeypatch):
+    monkeypatch.setattr(analytic_mod, "available_memory", lambda: 2**30)  # 1 GiB free
+    with pytest.raises(ClbenchError, match=r"M=16384.*GiB.*16 M\^2") as e:
+        ACIL(ACILConfig(M=16384), ctx())
+    assert "fits now" in str(e.value)
+    ACIL(ACILConfig(M=4096), ctx())  # 16 x 4096^2 = 256 MiB fits
+
+
+@pytest.mark.parametrize("field, value", [("gamma", 0.0), ("gamma", -1.0), ("M", 0), ("il_batch_size", 0)])
+def test_bad_settings_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        ACILConfig(**{field: value})
+
+
+def test_a_non_finite_update_is_refused_asking_for_a_larger_gamma():
+    head = RecursiveRidge(8, 0.1)
+    X = torch.full((3, 8), float("nan"), dtype=torch.float64)
+    with pytest.raises(ClbenchError, match="gamma"):
+        head.fit(X, torch.eye(3, dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------------------------- state
+def test_checkpoint_round_trip_continues_bit_for_bit():
+    tasks = three_tasks()
+    a = ACIL(ACILConfig(M=48), ctx())
+    a.learn_task(tasks[0])
+    saved = a.save_state()
+    b = ACIL(ACILConfig(M=48), ctx(seed=99))  # another seed: the buffer must come from the state
+    b.restore_state(SavedState(saved.tree, dict(saved.tensors)))
+    for s in (a, b):
+        s.learn_task(tasks[1])
+    assert torch.equal(a.predict(tasks[2].train), b.predict(tasks[2].train))
+    assert a.param_counts() == b.param_counts()
+
+
+def test_a_state_of_another_width_is_refused():
+    a = ACIL(ACILConfig(M=48), ctx())
+    b = ACIL(ACILConfig(M=40), ctx())
+    with pytest.raises(ClbenchError, match="48"):
+        b.load_state_dict(a.state_dict())
+
+
+def test_param_counts_follow_the_formula():
+    s = ACIL(ACILConfig(M=48), ctx())
+    for task in three_tasks():
+        s.learn_task(task)
+    p, want = s.param_counts(), ACIL.param_formula(s.cfg, D, 0, (2, 2, 2))
+    assert p == want
+    assert p.added_per_task == [96, 96, 96] and p.stored_per_task == [D * 48 + 48 * 48, 0, 0]
+    assert p.trainable_per_task == [0, 0, 0] and p.head == 48 * 6
