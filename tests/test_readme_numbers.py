@@ -43,6 +43,11 @@ ONE_SEED = {
     "L2P (reference": (f"{RUNS}/reference/l2p", "per-sample"),
     "DualPrompt (reference": (f"{RUNS}/reference/dualprompt", "per-sample"),
     "DualPrompt, `reference` protocol": (f"{RUNS}/reference/dualprompt", "reference"),
+    "FeCAM": (f"{RUNS}/seeds/fecam-emoji-s1993-o1993", "per-sample"),
+    "SLDA": (f"{RUNS}/seeds/slda-emoji-s1993-o1993", "per-sample"),
+    "RanDumb": (f"{RUNS}/seeds/randumb-emoji-s1993-o1993", "per-sample"),
+    "ACIL": (f"{RUNS}/seeds/acil-emoji-s1993-o1993", "per-sample"),
+    "DS-AL": (f"{RUNS}/seeds/dsal-emoji-s1993-o1993", "per-sample"),
 }
 # first words of the row label -> (strategy, protocol); records: every seed of SEEDS
 FIVE_SEEDS = {
@@ -51,6 +56,11 @@ FIVE_SEEDS = {
     "TOSCA, `reference` protocol": ("tosca", "reference"),
     "RanPAC": ("ranpac", "per-sample"),
     "APER": ("aper", "per-sample"),
+    "FeCAM": ("fecam", "per-sample"),
+    "SLDA": ("slda", "per-sample"),
+    "RanDumb": ("randumb", "per-sample"),
+    "ACIL": ("acil", "per-sample"),
+    "DS-AL": ("dsal", "per-sample"),
 }
 HEADERS = {"one": "| strategy (budget)", "five": "| strategy, five seeds"}
 
