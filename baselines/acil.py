@@ -189,8 +189,7 @@ class ACIL(Strategy[ACILConfig]):
         (frozen [CLS] features, eval transform), all cacheable, as SimpleCIL. Not counted: the buffer-size
         dependent linear algebra (4 n M^2 float64 flops per n training images), which has no unit in the committed
         projection costs; measured in ``reports/perf/acil-growth.json``."""
-        f = sum(shape.train_per_task) + max(shape.test_seen, default=0)
-        return Work(f=f, f_cacheable=f)
+        return Work.cached_features(shape)
 
     @classmethod
     def perf_benchmarks(cls):

@@ -223,8 +223,7 @@ class DSAL(Strategy[DSALConfig]):
         (frozen [CLS] features, eval transform), all cacheable, as SimpleCIL. Not counted: the buffer-size
         dependent linear algebra (8 n M^2 float64 flops per n training images, two streams), which has no unit in
         the committed projection costs; measured in ``reports/perf/dsal-growth.json``."""
-        f = sum(shape.train_per_task) + max(shape.test_seen, default=0)
-        return Work(f=f, f_cacheable=f)
+        return Work.cached_features(shape)
 
     @classmethod
     def perf_benchmarks(cls):

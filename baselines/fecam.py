@@ -285,8 +285,7 @@ class FeCAM(Strategy[FeCAMConfig]):
         images for prediction), all of it from clbench's feature cache. Not counted: the per-class d x d algebra
         (a Cholesky inverse per class, d^3 / 3 flops each, and 2 d^2 flops per test image and seen class), which has
         no unit in the projection; ``fecam-growth`` measures it."""
-        f = sum(shape.train_per_task) + shape.test_seen[-1]
-        return Work(f=f, f_cacheable=f)
+        return Work.cached_features(shape)
 
     @classmethod
     def perf_benchmarks(cls) -> dict[str, Measurement]:

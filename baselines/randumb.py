@@ -266,8 +266,7 @@ class RanDumb(Strategy[RanDumbConfig]):
         test images for prediction), all of it from clbench's feature cache. Not counted: the W x W linear algebra
         (2 N W^2 flops for a task's covariance update and W^3 / 3 for its Cholesky solve): milliseconds without the
         embedding, seconds per task at M = 10,000 (``reports/perf/randumb-growth.json``)."""
-        f = sum(shape.train_per_task) + shape.test_seen[-1]
-        return Work(f=f, f_cacheable=f)
+        return Work.cached_features(shape)
 
     @classmethod
     def perf_benchmarks(cls):

@@ -80,5 +80,4 @@ class SimpleCIL(Strategy):
         """No training pass (nothing is trained). Every image once through the frozen backbone (train for the
         prototypes, test for prediction), all of it
         from clbench's feature cache, which shares it across seeds and strategies."""
-        f = sum(shape.train_per_task) + shape.test_seen[-1]
-        return Work(f=f, f_cacheable=f)
+        return Work.cached_features(shape)

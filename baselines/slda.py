@@ -159,8 +159,7 @@ class SLDA(Strategy[SLDAConfig]):
         """No training pass. Every image once through the frozen backbone (training images for the statistics,
         test images for prediction), all of it from clbench's feature cache. Not counted: the d x d linear algebra
         (a rank-N update and one d^3 / 3 Cholesky per task), milliseconds at d = 384."""
-        f = sum(shape.train_per_task) + shape.test_seen[-1]
-        return Work(f=f, f_cacheable=f)
+        return Work.cached_features(shape)
 
     @classmethod
     def perf_benchmarks(cls):

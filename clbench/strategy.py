@@ -206,6 +206,14 @@ class Work:
     f_cacheable: float = 0.0  # the part of ``f`` that clbench's feature cache shares across seeds and strategies
     extra: Mapping[str, float] = field(default_factory=dict)  # unit name -> count
 
+    @classmethod
+    def cached_features(cls, shape: RunShape) -> Work:
+        """The work of a method that trains nothing through the ViT and reads only the frozen features: every
+        training image and the final test set once through the frozen backbone (eval transform), all of it served
+        by clbench's feature cache, which shares it across seeds and strategies."""
+        f = sum(shape.train_per_task) + max(shape.test_seen, default=0)
+        return cls(f=f, f_cacheable=f)
+
 
 class Strategy(ABC, Generic[ConfigT]):
     """Base class of every method. Subclasses set ``name``, ``Config`` and implement the three methods."""

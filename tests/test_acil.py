@@ -4,10 +4,10 @@ reference's numbers are pinned in tests/test_reference_golden.py (``check_acil``
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tinytasks import features_context, gaussian_split
 
 import clbench.layers.analytic as analytic_mod
 from baselines.acil import ACIL, ACILConfig
@@ -19,20 +19,12 @@ from clbench.strategy import Context, Split, Task
 D = 64  # vit_micro's width
 
 
-class Width:
-    num_features = D
-
-
 def ctx(seed: int = 3) -> Context:
-    return Context(backbone=Width(), device=torch.device("cpu"), precision="fp32", seed=seed, log=lambda s: None)
+    return features_context(D, seed)
 
 
 def split(classes: list[int], n: int, seed: int) -> Split:
-    g = torch.Generator().manual_seed(seed)
-    y = torch.tensor([c for c in classes for _ in range(n)])
-    centres = torch.randn(max(classes) + 1, D, generator=torch.Generator().manual_seed(0))
-    z = centres[y] + torch.randn(len(y), D, generator=g)
-    return Split(None, np.arange(len(y)), y, z.float(), None, None)
+    return gaussian_split(classes, n, seed, D)
 
 
 def three_tasks() -> list[Task]:

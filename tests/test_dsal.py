@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tinytasks import features_context, gaussian_split
 
 import clbench.layers.analytic as analytic_mod
 from baselines.acil import ACIL, ACILConfig
@@ -21,21 +22,12 @@ from clbench.strategy import Context, Split, Task
 D, M = 64, 40  # vit_micro's width; a buffer narrower than the 3 x 24 training images, so residues are not ~0
 
 
-class Width:
-    num_features = D
-
-
 def ctx(seed: int = 3) -> Context:
-    return Context(backbone=Width(), device=torch.device("cpu"), precision="fp32", seed=seed, log=lambda s: None)
+    return features_context(D, seed)
 
 
 def split(classes: list[int], n: int, seed: int) -> Split:
-    g = torch.Generator().manual_seed(seed)
-    y = torch.tensor([c for c in classes for _ in range(n)])
-    y = y[torch.randperm(len(y), generator=g)]  # classes interleaved in arrival order
-    centres = torch.randn(max(classes) + 1, D, generator=torch.Generator().manual_seed(0))
-    z = centres[y] + 1.5 * torch.randn(len(y), D, generator=g)
-    return Split(None, np.arange(len(y)), y, z.float(), None, None)
+    return gaussian_split(classes, n, seed, D, noise=1.5, interleave=True)  # classes interleaved in arrival order
 
 
 def three_tasks() -> list[Task]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from cli_checks import assert_outcome, run_cli
 from datatrees import make_tree
 
 from clbench.cli import main
@@ -427,22 +428,8 @@ def test_no_write_outside_what_the_user_gave(name, made, tmp_path, monkeypatch, 
     capsys.readouterr()  # what building the case printed
     guarded = [tmp_path, made["run"], made["cache"]]
     before = tree(guarded, case.owned)
-    try:
-        code = main(case.argv)
-    except SystemExit as e:
-        code = e.code
-    cap = capsys.readouterr()
-    out, err = cap.out, cap.err
-    assert code == case.code, (code, err[-3000:], out[-2000:])
-    assert "Traceback" not in err + out, err
-    assert "\x1b" not in err + out and "\x07" not in err + out, (err, out)
-    if case.code == 2:
-        assert err.count("clbench: error: ") == 1, err
-        lines = err[err.index("clbench: error: ") :].strip("\n").split("\n")
-        assert needle in lines[0], err
-        assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("  hint: ")), err
-    else:
-        assert needle in " ".join((out if case.stream == "out" else err).split()), (out, err)
+    code, out, err = run_cli(case.argv, capsys)
+    assert_outcome(code, out, err, case.code, needle, case.stream, flat=True)
     assert tree(guarded, case.owned) == before, name  # every file outside the owned folders byte-identical
 
 
