@@ -30,10 +30,12 @@ Numerics: float64 for the buffer, both streams and the logits (the reference's `
 factorisation in each update, a ClbenchError asking for a larger gamma where it fails or a weight is not finite (the
 reference asserts ``isfinite``). Logits are returned as float32.
 
-Cost and memory: two M x M float64 R matrices, 16 M^2 bytes (1 GiB at M = 8192), saved in every checkpoint; each
-batch of n images costs 8 n M^2 flops. The estimate (:func:`clbench.layers.analytic.memory_estimate` with two
-streams; measured in ``reports/perf/dsal-growth.json``) is checked before anything is learnt, and a width that does
-not fit is refused in one line with the estimate.
+Cost and memory (``solver="recursive"``, the reference's form): two M x M float64 R matrices, 16 M^2 bytes (1 GiB
+at M = 8192), saved in every checkpoint; each batch of n images costs 8 n M^2 flops. The default ``solver="auto"``
+keeps both streams in the dual form of :class:`clbench.layers.analytic.AnalyticRidge` while it is
+the cheaper form (as ACIL, ``baselines/acil.py``), then switches to the recursion once. The estimate
+(:func:`clbench.layers.analytic.memory_estimate` with two streams; measured in ``reports/perf/dsal-growth.json``)
+is checked before anything is learnt, and a width that does not fit is refused in one line with the estimate.
 
 Deviations from the paper / reference code:
 
@@ -46,6 +48,9 @@ Deviations from the paper / reference code:
   uncleansed; here Y always spans the seen classes and exactly the earlier classes are zeroed.
 - Buffer weights from a private generator seeded by the run seed (``ctx.generator``), not torch's global RNG; the
   same distribution, kept in the state.
+- ``solver="auto"`` (default): each stream in the dual form while it is the cheaper form (the same W
+  to float64 rounding, checked against the reference's fixture in both forms; see ``baselines/acil.py``);
+  ``solver="recursive"``: the recursion from the first batch.
 - The recursion in the Cholesky form of :class:`~clbench.layers.analytic.RecursiveRidge` (the same update as the
   reference's explicit inverse, to float64 rounding: ``tests/test_reference_golden.py``; 4 n M^2 flops per stream
   and batch instead of the reference's 2 M^3 + 6 n M^2).
@@ -69,7 +74,14 @@ import torch.nn.functional as F
 
 from clbench.config import CI_INPUT
 from clbench.errors import ClbenchError
-from clbench.layers.analytic import RecursiveRidge, check_memory, growth_measurement, uniform_expansion
+from clbench.layers.analytic import (
+    SOLVERS,
+    AnalyticRidge,
+    RecursiveRidge,
+    check_memory,
+    growth_measurement,
+    uniform_expansion,
+)
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 
@@ -84,8 +96,11 @@ class DSALConfig:
     residue: Literal["task", "batch"] = "task"  # "task": the paper; "batch": the reference's per-IL-batch residue
     il_batch_size: int = 4096  # --IL-batch-size 4096 in every README command
     eval_batch_size: int = 4096  # rows per prediction block; memory only
+    solver: str = "auto"  # clbench: the dual form while it is the cheaper form; "recursive": the reference's
 
     def __post_init__(self) -> None:
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {self.solver!r}")
         if self.M < 1:
             raise ValueError(f"M must be >= 1, got {self.M}")
         if not self.gamma > 0:
@@ -105,7 +120,7 @@ class DSALConfig:
 class DSAL(Strategy[DSALConfig]):
     name = "dsal"
     Config = DSALConfig
-    state_types = (RecursiveRidge,)
+    state_types = (AnalyticRidge, RecursiveRidge)
     streams: ClassVar[int] = 2  # R matrices held (the memory estimate)
     # ``ci``: the regression gate's run: the embedded benchmark at 56 px (the shared CI feature cache), the
     # reference's gammas and C, and a buffer of 2048 (two 2048 x 2048 float64 R, so the run takes a few seconds).
@@ -116,8 +131,8 @@ class DSAL(Strategy[DSALConfig]):
         self.dim = ctx.backbone.num_features
         check_memory("DS-AL", config.M, self.dim, config.il_batch_size, self.streams)
         self.buffer = uniform_expansion(self.dim, config.M, ctx.generator(5200))  # (d, M) float64
-        self.main = RecursiveRidge(config.M, config.gamma)  # on ReLU(f W_b)
-        self.comp = RecursiveRidge(config.M, config.gamma_comp)  # on tanh(f W_b)
+        self.main = AnalyticRidge(config.M, config.gamma, config.solver)  # on ReLU(f W_b)
+        self.comp = AnalyticRidge(config.M, config.gamma_comp, config.solver)  # on tanh(f W_b)
         self.n_classes = 0
         self._sizes: list[int] = []
 
@@ -183,7 +198,7 @@ class DSAL(Strategy[DSALConfig]):
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:
         M = int(self.main.W.shape[0])
-        first = self.buffer.numel() + self.main.R.numel() + self.comp.R.numel()  # W_b and both R, from task 0
+        first = self.buffer.numel() + 2 * self.cfg.M**2  # W_b and both R (or their dual forms), from task 0
         return ParamCounts(
             added_per_task=[2 * M * n for n in self._sizes],
             stored_per_task=[(first if t == 0 else 0) for t in range(len(self._sizes))],

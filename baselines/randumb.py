@@ -39,7 +39,11 @@ holds it to 1e-9), at n^2 M + n^3 / 3 flops instead of M^3 / 3 per task. Past M 
 M x M matrix: the covariance sum, the copy that is factored, its Cholesky factor and the checkpoint's copy are
 4 x 8 M^2 bytes (3.2 GB at M = 10,000, 20 GB at the README's example M = 25,000), and a width whose dense estimate
 exceeds the available memory is refused before anything is computed (``check_memory``; conservative: the run may
-never need the dense form). Measured in ``reports/perf/randumb-growth.json``.
+never need the dense form). Measured in ``reports/perf/randumb-growth.json``. The checkpoint (``state_dict``) holds
+neither Omega (drawn again from the run's seed on resume; its first row is kept and compared) nor the low-rank rows
+and their Gram (rebuilt from the kept (N, d) training features, by the same operations: the same bits): about
+10 MB per checkpoint of the embedded benchmark instead of the ~1 GB a dense zero covariance, Omega and the rows
+took.
 
 Deviations from the paper / reference code:
 
@@ -70,6 +74,7 @@ Deviations from the paper / reference code:
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -157,6 +162,11 @@ class RanDumb(Strategy[RanDumbConfig]):
         self.bias = torch.zeros(0, dtype=F64)  # (C,) -mu_c^T Sigma^-1 mu_c / 2 + log prior_c
         self.shrinkages: list[float] = []  # each class's OAS coefficient
         self.task_sizes: list[int] = []
+        # The training features (N, d) float64 and labels of the tasks whose rows the low-rank sum holds: a checkpoint
+        # keeps these instead of the rows (N, M) and their Gram (N, N) and rebuilds those on load (load_state_dict).
+        self.features_seen = torch.zeros(0, self.dim, dtype=F64)
+        self.labels_seen = torch.zeros(0, dtype=torch.long)
+        self.images_per_task: list[int] = []
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """phi(x): (N, d) -> (N, W) float64; the random Fourier features sqrt(2/M) cos(x Omega + b) with embed."""
@@ -172,9 +182,16 @@ class RanDumb(Strategy[RanDumbConfig]):
             self.gamma = self.cfg.gamma or scale_gamma(task.train.features)
             self.omega.mul_(math.sqrt(2.0 * self.gamma))  # RBFSampler: random_weights_ = sqrt(2 gamma) N(0, 1)
         self.stats.grow(task.n_seen)
-        h = self.embed(task.train.features)  # (N_t, W)
+        x = task.train.features.to(F64)  # (N_t, d)
+        h = self.embed(x)  # (N_t, W)
         self.shrinkages += self.stats.add_classes_oas(h, task.train.labels, sorted(task.classes))
         del h
+        if self.stats.low_rank_done:  # the sum is dense: no rows to rebuild, so no features to keep
+            self.features_seen, self.labels_seen = self.features_seen[:0], self.labels_seen[:0]
+        else:
+            self.features_seen = torch.cat([self.features_seen, x])
+            self.labels_seen = torch.cat([self.labels_seen, task.train.labels.long()])
+        self.images_per_task.append(len(x))
         fix = "use at least 2 training images per class and a backbone whose features are not constant"
         self.weight, self.bias = self.stats.head(self.stats.priors().log(), "RanDumb", fix)
         self.task_sizes.append(len(task.classes))
@@ -206,7 +223,43 @@ class RanDumb(Strategy[RanDumbConfig]):
                 f"randumb: the saved run's LDA works at width {state['width']}, this one at {self.width}",
                 "resume with the same --set embed / M, or start over with --overwrite",
             )
+        state = dict(state)
+        first_row = state.pop("omega_first_row", None)
+        regenerate = self.cfg.embed and "omega" not in state  # written by state_dict below (older states hold omega)
         super().load_state_dict(state)
+        if regenerate and self.gamma != 0.0:  # __init__ drew Omega from the run's seed; scale it as task 0 did
+            self.omega.mul_(math.sqrt(2.0 * self.gamma))
+        if first_row is not None and not torch.equal(self.omega[:1], first_row):
+            raise ClbenchError(
+                "randumb: the saved run's random features are not the ones this run's seed draws",
+                "resume with the same --seed, or start over with --overwrite",
+            )
+        if not self.stats.low_rank_done and len(self.features_seen):
+            self._rebuild_rows()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The learnt state without what the run's seed and the kept features give back: Omega (d x M) is drawn
+        again from the seed (its first row is kept to check that), and the low-rank rows (N x M) and their Gram
+        (N x N) are rebuilt from the training features (N x d): at M = 10,000 about 10 MB instead of 1 GB per
+        checkpoint of the embedded benchmark."""
+        state = super().state_dict()
+        if self.cfg.embed:
+            del state["omega"]
+            state["omega_first_row"] = self.omega[:1].clone()
+        if len(self.stats.rows):
+            stats = copy.copy(self.stats)
+            stats.rows, stats.gram = stats.rows[:0], stats.gram[:0, :0]
+            state["stats"] = stats
+        return state
+
+    def _rebuild_rows(self) -> None:
+        """The low-rank rows and Gram, task by task as learn_task built them (same shapes, so the same bits)."""
+        start, first_class = 0, 0
+        for n_images, n_classes in zip(self.images_per_task, self.task_sizes, strict=True):
+            classes = list(range(first_class, first_class + n_classes))
+            x, y = self.features_seen[start : start + n_images], self.labels_seen[start : start + n_images]
+            self.stats.restore_rows(self.embed(x), y, classes, [self.shrinkages[c] for c in classes])
+            start, first_class = start + n_images, first_class + n_classes
 
     # ---------------------------------------------------------------------------------------- accounting
     @staticmethod

@@ -155,6 +155,7 @@ REAL = {
     "mos_output": mos_mod.mos_output,
     "prefix_attention": dualprompt_mod.prefix_attention,
     "rls_fit": acil_mod.RecursiveRidge.fit,
+    "dual_fit": acil_mod.AnalyticRidge.fit,
     "lda_stats_head": lda_mod.LDAStatistics.head,
 }
 
@@ -191,6 +192,14 @@ def _rls_fit_old_R(self, X, Y, what="the analytic classifier"):  # eq. (9) with 
     W, R = self.W.clone(), self.R.clone()
     REAL["rls_fit"](self, X, Y, what)  # R updated as it should be
     self.W = W + R @ X.T @ (Y - X @ W)
+
+
+def _dual_unrotated_targets(self, X, Y, what="the analytic classifier"):  # Y appended, not the batch's Q^T Y
+    REAL["dual_fit"](self, X, Y, what)
+    if self.recursive is None:
+        n = len(X)
+        self.targets[-n:] = Y.double()[:, : self.targets.shape[1]]
+        self._solve(what)
 
 
 def _no_label_cleansing(self, X, Y, n_old):  # the residue keeps the earlier classes' columns
@@ -348,6 +357,11 @@ MUTATIONS: dict[str, Mutation] = {
         "acil",
         "the weight update (eq. 9) uses R before its own update (eq. 10)",
         lambda: mock.patch.object(acil_mod.RecursiveRidge, "fit", _rls_fit_old_R),
+    ),
+    "acil-dual-unrotated-targets": Mutation(
+        "acil",
+        "the dual form keeps each batch's one-hot targets unrotated (Y, not V_b^T Y): W = F^T (F F^T + gamma I)^-1 Y",
+        lambda: mock.patch.object(acil_mod.AnalyticRidge, "fit", _dual_unrotated_targets),
     ),
     "dsal-no-label-cleansing": Mutation(
         "dsal",

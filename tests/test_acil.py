@@ -32,25 +32,53 @@ def three_tasks() -> list[Task]:
 
 
 # ----------------------------------------------------------------------------------------------- the invariant
-@pytest.mark.parametrize("il_batch_size", [4096, 5])
-def test_recursive_update_equals_the_joint_ridge_solve_over_all_tasks(il_batch_size):
+@pytest.mark.parametrize("solver", ["auto", "recursive"])
+@pytest.mark.parametrize("M, il_batch_size", [(80, 4096), (80, 5), (20, 4096), (24, 5)])
+def test_recursive_update_equals_the_joint_ridge_solve_over_all_tasks(M, il_batch_size, solver):
     """ACIL's claim (Theorem 1, "absolute memorization"): after task t, with no old sample kept, W equals the ridge
-    solution (X^T X + gamma I)^-1 X^T Y over the expanded features of tasks 0..t together, and R equals
-    (X^T X + gamma I)^-1; whatever the mini-batching."""
-    s = ACIL(ACILConfig(M=80, gamma=0.1, il_batch_size=il_batch_size), ctx())
+    solution (X^T X + gamma I)^-1 X^T Y over the expanded features of tasks 0..t together (and, in the recursion,
+    R equals (X^T X + gamma I)^-1); whatever the mini-batching, and in either form of the solver: the dual form
+    throughout (M = 80 > the 54 images), or switching to the recursion part-way (M = 20, 24 < 54)."""
+    s = ACIL(ACILConfig(M=M, gamma=0.1, il_batch_size=il_batch_size, solver=solver), ctx())
     seen: list[Task] = []
+    forms = []
     for task in three_tasks():
         s.learn_task(task)
         seen.append(task)
+        forms.append(s.head.form)
         X = relu_projection(torch.cat([t.train.features for t in seen]).double(), s.buffer)  # (N, M)
         Y = F.one_hot(torch.cat([t.train.labels for t in seen]), task.n_seen).double()  # (N, C)
         G = X.T @ X
         joint = ridge_solution(G, X.T @ Y, 0.1)  # (M, C)
         torch.testing.assert_close(s.head.W, joint, rtol=1e-8, atol=1e-10)
-        eye = torch.eye(80, dtype=torch.float64)
-        torch.testing.assert_close(s.head.R, torch.linalg.inv(G + 0.1 * eye), rtol=1e-8, atol=1e-10)
+        if s.head.recursive is not None:
+            eye = torch.eye(M, dtype=torch.float64)
+            R = s.head.recursive.R
+            torch.testing.assert_close(R, torch.linalg.inv(G + 0.1 * eye), rtol=1e-8, atol=1e-10)
         logits = s.predict(seen[0].train)
         torch.testing.assert_close(logits, (X[: len(logits)] @ joint).float())
+    if solver == "recursive":
+        assert forms == ["recursive"] * 3
+    elif (M, il_batch_size) == (80, 4096):
+        assert forms == ["dual"] * 3
+    elif M < 54:  # 18 images per task: dual until the rows would reach M, then the recursion for good
+        assert forms[0] == "dual" and forms[-1] == "recursive"
+    else:  # batches of 5: the dual form's solve grows with the rows; the recursion once it is cheaper
+        assert forms[0] == "dual"
+
+
+def test_the_dual_form_keeps_no_sample_and_less_than_r():
+    """The dual form's state: per-batch factors (r, M) whose Gram is X^T X but which are not the images' expanded
+    features (each batch rotated by the eigenvectors of its X X^T), and no M x M matrix."""
+    s = ACIL(ACILConfig(M=80), ctx())
+    task = three_tasks()[0]
+    s.learn_task(task)
+    X = relu_projection(task.train.features.double(), s.buffer)  # (18, 80)
+    head = s.head
+    assert head.factor.shape == (18, 80) and head.gram.shape == (18, 18)
+    torch.testing.assert_close(head.factor.T @ head.factor, X.T @ X, rtol=1e-10, atol=1e-10)
+    assert not any(torch.allclose(row, x) or torch.allclose(row, -x) for row in head.factor for x in X[1:])
+    assert max(t.numel() for t in (head.factor, head.gram, head.targets, head.W)) < 80 * 80
 
 
 def test_the_buffer_is_the_reference_init_from_the_run_seed():
@@ -115,3 +143,10 @@ def test_param_counts_follow_the_formula():
     assert p == want
     assert p.added_per_task == [96, 96, 96] and p.stored_per_task == [D * 48 + 48 * 48, 0, 0]
     assert p.trainable_per_task == [0, 0, 0] and p.head == 48 * 6
+
+
+def test_non_finite_features_are_refused_in_the_dual_form():
+    head = analytic_mod.AnalyticRidge(8, 0.1)
+    X = torch.full((3, 8), float("inf"), dtype=torch.float64)
+    with pytest.raises(ClbenchError, match="NaN or inf"):
+        head.fit(X, torch.eye(3, dtype=torch.float64))

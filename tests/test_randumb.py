@@ -133,3 +133,33 @@ def test_param_counts_follow_the_one_rule(backbone, embed):
     first = w * w + (64 * 100 + 100 if embed else 0)
     assert counts.added_per_task == [(w + 1) * 3, (w + 1) * 2]
     assert counts.stored_per_task == [(w + 1) * 3 + first, (w + 1) * 2]
+
+
+@pytest.mark.parametrize("M", [300, 12])  # 300: the low-rank sum throughout; 12 < the 15 images: dense from task 0
+def test_checkpoint_round_trip_continues_bit_for_bit_from_a_small_state(backbone, M):
+    """The saved state holds neither Omega (drawn again from the seed; its first row checks that) nor the low-rank
+    rows and Gram (rebuilt from the kept training features): a resumed run continues with the same bits, and a
+    state resumed under another seed is refused."""
+    from clbench.safestate import SavedState
+
+    tasks = [
+        Task(t, [3 * t, 3 * t + 1, 3 * t + 2], 3 * t + 3, clusters([3 * t, 3 * t + 1, 3 * t + 2], 5, seed=20 + t))
+        for t in range(3)
+    ]
+    a = RanDumb(RanDumbConfig(M=M), ctx_for(backbone, seed=4))
+    a.learn_task(tasks[0])
+    a.learn_task(tasks[1])
+    saved = a.save_state()
+    assert "omega" not in a.state_dict()
+    biggest = max(t.numel() for t in saved.tensors.values())
+    assert biggest < 64 * M  # no Omega (d x M), no rows (30 x M) nor their Gram
+    b = RanDumb(RanDumbConfig(M=M), ctx_for(backbone, seed=4))
+    b.restore_state(SavedState(saved.tree, dict(saved.tensors)))
+    assert torch.equal(a.omega, b.omega)
+    assert torch.equal(a.stats.rows, b.stats.rows) and torch.equal(a.stats.gram, b.stats.gram)
+    for s in (a, b):
+        s.learn_task(tasks[2])
+    assert torch.equal(a.predict(tasks[2].train), b.predict(tasks[2].train))
+    other = RanDumb(RanDumbConfig(M=M), ctx_for(backbone, seed=5))
+    with pytest.raises(ClbenchError, match="seed"):
+        other.restore_state(SavedState(saved.tree, dict(saved.tensors)))

@@ -823,18 +823,19 @@ def test_planted_tosca_l1_mean_fails_the_golden_check(backbone):
 ACIL_RTOL, ACIL_ATOL = 1e-9, 1e-9  # float64 on both sides: only the order of float64 operations differs
 
 
-def check_acil(backbone, il_batch_size: int = 4096) -> None:
+def check_acil(backbone, il_batch_size: int = 4096, solver: str = "auto") -> None:
     """ACIL over two tasks: the buffer ReLU(z W_b) (the reference's weights, drawn from torch's global RNG, fed in),
     the recursive update of R and W (eqs. 9-10) and the logits ReLU(z W_b) W, against analytic/ACIL.py ACIL.fit /
     update / forward with one IL batch per task. R and W are float64 on both sides (1e-9: clbench's Cholesky form
     of the update against the reference's explicit inverse); the logits are returned as float32 (``RTOL``).
     ``il_batch_size`` < the task's 30 images splits each task into batches: the same numbers (ACIL's result does
-    not depend on the batching)."""
+    not depend on the batching). ``solver``: clbench's dual form (R formed from its factors for the comparison) or
+    the reference's recursion."""
     from baselines.acil import ACIL, ACILConfig
 
     f = load("acil")
     M = f["in.buffer_weight"].shape[0]
-    cfg = ACILConfig(M=M, gamma=float(f["in.gamma"]), il_batch_size=il_batch_size)
+    cfg = ACILConfig(M=M, gamma=float(f["in.gamma"]), il_batch_size=il_batch_size, solver=solver)
     strategy = ACIL(cfg, ctx_for(backbone))
     strategy.buffer = f["in.buffer_weight"].T.double().contiguous()  # (d, M); nn.Linear keeps (M, d)
     test = features_split(f["in.test.z"], f["in.test.y"])
@@ -842,17 +843,19 @@ def check_acil(backbone, il_batch_size: int = 4096) -> None:
         classes = [3 * t, 3 * t + 1, 3 * t + 2]
         strategy.learn_task(Task(t, classes, 3 * t + 3, features_split(f[f"in.task{t}.z"], f[f"in.task{t}.y"])))
         tol = {"rtol": ACIL_RTOL, "atol": ACIL_ATOL}
-        assert_golden(strategy.head.R, f[f"out.task{t}.R"], f"ACIL's R after task {t}", **tol)
+        assert_golden(strategy.head.inverse_autocorrelation(), f[f"out.task{t}.R"], f"ACIL's R after task {t}", **tol)
         assert_golden(strategy.head.W, f[f"out.task{t}.W"], f"ACIL's W after task {t}", **tol)
         assert_golden(strategy.predict(test), f[f"out.task{t}.logits"], f"ACIL's logits after task {t}")
 
 
-def test_acil_matches_reference(backbone):
-    check_acil(backbone)
+@pytest.mark.parametrize("solver", ["auto", "recursive"])
+def test_acil_matches_reference(backbone, solver):
+    check_acil(backbone, solver=solver)
 
 
-def test_acil_in_mini_batches_matches_reference(backbone):
-    check_acil(backbone, il_batch_size=7)
+@pytest.mark.parametrize("solver", ["auto", "recursive"])
+def test_acil_in_mini_batches_matches_reference(backbone, solver):
+    check_acil(backbone, il_batch_size=7, solver=solver)
 
 
 # ----------------------------------------------------------------------------------------------- SLDA
@@ -937,7 +940,7 @@ def test_fecam_matches_reference(backbone, case):
 
 
 # ----------------------------------------------------------------------------------------------- DS-AL
-def check_dsal(backbone, residue: str = "task") -> None:
+def check_dsal(backbone, residue: str = "task", solver: str = "auto") -> None:
     """DS-AL over two tasks: the linear buffer z W_b (the reference's weights, from torch's global RNG, fed in), the
     main stream on ReLU, previous label cleansing (residue of the new classes only) and the compensation stream on
     tanh, logits main + C comp, against analytic/DSAL.py DSAL.fit / update / forward. ``residue="task"``: one IL
@@ -955,6 +958,7 @@ def check_dsal(backbone, residue: str = "task") -> None:
         compensation_ratio=C,
         residue=residue,
         il_batch_size=int(batch) if residue == "batch" else 4096,
+        solver=solver,
     )
     strategy = dsal_mod.DSAL(cfg, ctx_for(backbone))
     strategy.buffer = f["in.buffer_weight"].T.double().contiguous()  # (d, M)
@@ -971,15 +975,18 @@ def check_dsal(backbone, residue: str = "task") -> None:
         assert_golden(strategy.comp.W, f[f"{prefix}.task{t}.W_comp"], f"DS-AL compensation W after task {t}", **tol)
         assert_golden(strategy.predict(test), f[f"{prefix}.task{t}.logits"], f"DS-AL logits after task {t}")
     if residue == "task":
-        assert_golden(strategy.main.R, f["out.task1.R_main"], "DS-AL main stream R after task 1", **tol)
+        R = strategy.main.inverse_autocorrelation()
+        assert_golden(R, f["out.task1.R_main"], "DS-AL main stream R after task 1", **tol)
 
 
-def test_dsal_matches_reference(backbone):
-    check_dsal(backbone, "task")
+@pytest.mark.parametrize("solver", ["auto", "recursive"])
+def test_dsal_matches_reference(backbone, solver):
+    check_dsal(backbone, "task", solver)
 
 
-def test_dsal_per_batch_residue_matches_reference(backbone):
-    check_dsal(backbone, "batch")
+@pytest.mark.parametrize("solver", ["auto", "recursive"])
+def test_dsal_per_batch_residue_matches_reference(backbone, solver):
+    check_dsal(backbone, "batch", solver)
 
 
 # ----------------------------------------------------------------------------------------------- RanDumb

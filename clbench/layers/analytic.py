@@ -6,6 +6,9 @@ classifiers over it, solved jointly from accumulated statistics or recursively (
   which the analytic-learning reference (``RandomBuffer``) keeps.
 - :func:`ridge_solution`: the joint ridge solve (G + lambda I)^-1 Q in float64 over accumulated G = sum h^T h and
   Q = sum h^T Y (RanPAC's head; the invariant ACIL's recursion must meet).
+- :class:`AnalyticRidge`: ACIL's and DS-AL's classifier, that joint ridge solution after every batch, in its dual
+  form (stacked per-batch factors of the autocorrelation, an r x r solve) while that is the cheaper form,
+  else by the recursion below.
 - :class:`RecursiveRidge`: the recursive least-squares classifier of ACIL (Zhuang et al., NeurIPS 2022, eqs. 9-10;
   G-ACIL's mini-batch form): R = (sum h^T h + gamma I)^-1 and W = R sum h^T Y updated per batch, never seeing an
   old sample again; after any sequence of batches W equals the joint ridge solve with lambda = gamma.
@@ -80,6 +83,25 @@ def check_memory(method: str, M: int, d: int, batch: int, streams: int = 1) -> N
         )
 
 
+def _spd_factor(a: torch.Tensor, what: str, matrix: str, gamma: float) -> torch.Tensor:
+    """The Cholesky factor of ``a``, or the one-line refusal that asks for a larger gamma (``matrix`` names it)."""
+    factor, info = torch.linalg.cholesky_ex(a)
+    if int(info) != 0:
+        raise ClbenchError(
+            f"{what}: {matrix} is not positive definite in float64 (gamma={gamma:g}), so the least-squares "
+            "solution is rounding noise",
+            "increase gamma (--set gamma=...)",
+        )
+    return factor
+
+
+def _check_finite(W: torch.Tensor, what: str, gamma: float) -> None:
+    if not bool(torch.isfinite(W).all()):
+        raise ClbenchError(
+            f"{what}: the least-squares weights are not finite (gamma={gamma:g})", "increase gamma (--set gamma=...)"
+        )
+
+
 class RecursiveRidge:
     """The recursive least-squares (analytic) classifier: R (M, M) float64 and W (M, C) float64.
 
@@ -121,26 +143,160 @@ class RecursiveRidge:
         U = self.R @ X.T  # (M, n)
         S = X @ U  # (n, n)
         S.diagonal().add_(1.0)
-        factor, info = torch.linalg.cholesky_ex(S)
-        if int(info) != 0:
-            raise ClbenchError(
-                f"{what}: I + X R X^T is not positive definite in float64 (gamma={self.gamma:g}), so the recursive "
-                "least-squares update is rounding noise",
-                "increase gamma (--set gamma=...)",
-            )
+        factor = _spd_factor(S, what, "I + X R X^T", self.gamma)
         V = torch.cholesky_solve(U.T.contiguous(), factor)  # (n, M) = S^-1 U^T
         E = Y - X @ self.W  # (n, C) residual of the old weights on the batch
         self.R.addmm_(U, V, alpha=-1.0)  # eq. (10)
         self.W += V.T @ E  # eq. (9): (new R) X^T (Y - X W)
-        if not bool(torch.isfinite(self.W).all()):
-            raise ClbenchError(
-                f"{what}: the recursive least-squares weights are not finite (gamma={self.gamma:g})",
-                "increase gamma (--set gamma=...)",
-            )
+        _check_finite(self.W, what, self.gamma)
 
     def __call__(self, X: torch.Tensor) -> torch.Tensor:
         """Logits X W: (N, M) -> (N, C) float64."""
         return X.double() @ self.W
+
+
+SOLVERS = ("auto", "recursive")
+
+
+def dual_flops(rows: int, n: int, M: int) -> float:
+    """The dual form's update with a batch of n on ``rows`` rows: X X^T and the rotation (4 n^2 M), the Gram's new
+    block (2 n rows M) and the Cholesky solve on rows + n ((rows + n)^3 / 3)."""
+    return 4 * n * n * M + 2 * n * rows * M + (rows + n) ** 3 / 3
+
+
+def recursive_flops(n: int, M: int) -> float:
+    """The recursion's update with a batch of n: U = R X^T and R -= U V (4 n M^2)."""
+    return 4 * n * M * M
+
+
+def switch_flops(rows: int, M: int) -> float:
+    """Forming R from the dual form's ``rows`` factors: F^T F (2 M^2 rows), its Cholesky and inverse (M^3)."""
+    return 2 * M * M * rows + M**3
+
+
+class AnalyticRidge:
+    """The analytic classifier W = (sum X^T X + gamma I)^-1 sum X^T Y over every batch so far, exact after every
+    update (ACIL's Theorem 1), in the cheaper of two forms; float64.
+
+    - ``solver="recursive"``: the reference's recursion (:class:`RecursiveRidge`): R (M, M) from the start.
+    - ``solver="auto"`` (default): the dual form while it is the cheaper (every task of the embedded benchmark:
+      2,320 images against M = 8,192), then the recursion, switched to once (:meth:`_switch_now`). The
+      dual form keeps the autocorrelation sum X^T X as a stack of per-batch factors ``factor`` (r, M): each batch
+      X adds R_b = V^T X, V the (n, n) orthogonal eigenvectors of X X^T (so R_b^T R_b = X^T X and the rows of R_b
+      are orthogonal), and its targets rotated the same way, V^T Y, to ``targets`` (r, C), so that
+      factor^T targets = sum X^T Y; ``gram`` = factor factor^T (r, r) grows by one block per batch. The weights
+      follow from the push-through identity
+      (F^T F + gamma I)^-1 F^T = F^T (F F^T + gamma I)^-1: W = factor^T (gram + gamma I)^-1 targets, an r x r
+      Cholesky solve. Per batch of n on r rows: 4 n^2 M + 2 n r M + (r + n)^3 / 3 flops and an n x n eigh, not the
+      recursion's 4 n M^2 (about 10 x fewer for the embedded benchmark at M = 8192), and r M + r^2 floats kept
+      instead of M^2. No sample is kept: R_b is a factor of X^T X, from which a batch's images are recovered only
+      up to an unknown rotation of the batch (a batch of one image gives its expanded features up to sign, as its
+      X^T X does); what the dual form reveals beyond the recursion's single R is each batch's autocorrelation
+      instead of only their sum.
+    Both forms give the same W to float64 rounding (``tests/test_acil.py``); which one ran is in ``form``.
+    """
+
+    def __init__(self, M: int, gamma: float, solver: str = "auto") -> None:
+        if solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {solver!r}")
+        self.M = int(M)
+        self.gamma = float(gamma)
+        self.factor = torch.zeros(0, self.M, dtype=torch.float64)  # (r, M) stacked batch factors R_b
+        self.gram = torch.zeros(0, 0, dtype=torch.float64)  # (r, r) factor factor^T
+        self.targets = torch.zeros(0, 0, dtype=torch.float64)  # (r, C) stacked V_b^T Y_b
+        self.W = torch.zeros(self.M, 0, dtype=torch.float64)  # (M, C)
+        self.excess_flops = 0.0  # what the dual form's updates cost beyond the recursion's (see _switch_now)
+        self.recursive: RecursiveRidge | None = RecursiveRidge(self.M, self.gamma) if solver == "recursive" else None
+
+    @property
+    def form(self) -> str:
+        return "recursive" if self.recursive is not None else "dual"
+
+    @property
+    def n_classes(self) -> int:
+        return int(self.W.shape[1])
+
+    def grow(self, n_classes: int) -> None:
+        """Add zero columns up to ``n_classes`` (the reference's ``tail`` of zeros)."""
+        if self.recursive is not None:
+            self.recursive.grow(n_classes)
+            self.W = self.recursive.W
+            return
+        extra = n_classes - self.n_classes
+        if extra > 0:
+            self.W = torch.cat([self.W, self.W.new_zeros(self.M, extra)], dim=1)
+            self.targets = torch.cat([self.targets, self.targets.new_zeros(len(self.targets), extra)], dim=1)
+
+    def fit(self, X: torch.Tensor, Y: torch.Tensor, what: str = "the analytic classifier") -> None:
+        """Absorb the batch (X, Y): (n, M), (n, C') with C' >= ``n_classes`` (fewer columns are padded with zeros,
+        as the reference); W is the joint ridge solution over every batch so far afterwards."""
+        X, Y = X.double(), Y.double()
+        self.grow(Y.shape[1])
+        if Y.shape[1] < self.n_classes:
+            Y = torch.cat([Y, Y.new_zeros(Y.shape[0], self.n_classes - Y.shape[1])], dim=1)
+        if self.recursive is None and self._switch_now(len(X)):
+            self._to_recursive(what)
+        if self.recursive is not None:
+            self.recursive.fit(X, Y, what)
+            self.W = self.recursive.W
+            return
+        if not bool(torch.isfinite(X).all()):  # eigh would fail inside LAPACK
+            raise ClbenchError(
+                f"{what}: the expanded features hold NaN or inf",
+                "check the backbone's features: the input images, and --precision (a bf16 overflow shows as inf)",
+            )
+        own = X @ X.T  # (n, n)
+        _, V = torch.linalg.eigh(own)  # X X^T = V S V^T, V (n, n) orthogonal
+        r = V.T @ X  # (n, M) the batch rotated: r^T r = X^T X, r^T (V^T Y) = X^T Y
+        cross = r @ self.factor.T  # (n, r_old)
+        block = V.T @ own @ V  # (n, n) r r^T (= S up to rounding), from the n x n product: no second n^2 M
+        self.gram = torch.cat([torch.cat([self.gram, cross.T], 1), torch.cat([cross, (block + block.T) / 2], 1)], 0)
+        self.factor = torch.cat([self.factor, r])
+        self.targets = torch.cat([self.targets, V.T @ Y])
+        self._solve(what)
+
+    def _switch_now(self, n: int) -> bool:
+        """Whether to leave the dual form before a batch of n: once the dual form's updates have cost more than the
+        recursion's would have, by as much as forming R costs (a rent-or-buy rule: never more than twice the cost of
+        the better choice in hindsight), or once its factors would exceed 2 M rows (the memory of R and its
+        checkpoint copy, which the memory check allows for)."""
+        rows = len(self.factor)
+        if rows + n > 2 * self.M:
+            return True
+        self.excess_flops += max(0.0, dual_flops(rows, n, self.M) - recursive_flops(n, self.M))
+        return self.excess_flops >= switch_flops(rows, self.M)
+
+    def _solve(self, what: str) -> None:
+        a = self.gram.clone()
+        a.diagonal().add_(self.gamma)
+        factor = _spd_factor(a, what, "F F^T + gamma I", self.gamma)
+        self.W = self.factor.T @ torch.cholesky_solve(self.targets, factor)  # (M, C)
+        _check_finite(self.W, what, self.gamma)
+
+    def _to_recursive(self, what: str) -> None:
+        """Switch to the recursion for good: R = (F^T F + gamma I)^-1 (an M x M Cholesky inverse, once), W as is."""
+        rec = RecursiveRidge(self.M, self.gamma)
+        a = self.factor.T @ self.factor  # (M, M)
+        self.factor, self.gram, self.targets = self.factor[:0], self.gram[:0, :0], self.targets[:0]  # memory: 2 M^2
+        a.diagonal().add_(self.gamma)
+        chol = _spd_factor(a, what, "sum X^T X + gamma I", self.gamma)
+        del a
+        rec.R = torch.cholesky_inverse(chol)
+        rec.W = self.W
+        self.recursive = rec
+
+    def __call__(self, X: torch.Tensor) -> torch.Tensor:
+        """Logits X W: (N, M) -> (N, C) float64."""
+        return X.double() @ self.W
+
+    def inverse_autocorrelation(self) -> torch.Tensor:
+        """R = (sum X^T X + gamma I)^-1 (M, M), what the reference's recursion keeps: the recursion's own, or formed
+        from the dual form's factors (M^3 flops: for tests and inspection, not used in learning)."""
+        if self.recursive is not None:
+            return self.recursive.R
+        a = self.factor.T @ self.factor
+        a.diagonal().add_(self.gamma)
+        return torch.cholesky_inverse(torch.linalg.cholesky(a))
 
 
 # ----------------------------------------------------------------------------------------------- growth measurement

@@ -49,7 +49,7 @@ class LDAStatistics:
         self.dim = dim
         self.means = torch.zeros(0, dim, dtype=F64)  # (C, d)
         self.counts = torch.zeros(0, dtype=F64)  # (C,) samples per class
-        self.scatter = torch.zeros(dim, dim, dtype=F64)  # (d, d) n_cov * Sigma
+        self.scatter = torch.zeros(0, 0, dtype=F64)  # (d, d) dense part of n_cov * Sigma; (0, 0) until first used
         self.rows = torch.zeros(0, dim, dtype=F64)  # (n, d) low-rank part: sqrt(1 - s_c) (x - mu_c), class by class
         self.gram = torch.zeros(0, 0, dtype=F64)  # (n, n) rows rows^T
         self.ridge = 0.0  # the identity part of the sum: sum_c n_c s_c tr(S_c) / d
@@ -64,9 +64,16 @@ class LDAStatistics:
             self.means = torch.cat([self.means, torch.zeros(extra, self.dim, dtype=F64)])
             self.counts = torch.cat([self.counts, torch.zeros(extra, dtype=F64)])
 
+    def dense_sum(self) -> torch.Tensor:
+        """``scatter``, allocated (d x d zeros) on first use: a low-rank run at a large width (RanDumb's 10,000 random
+        features) never holds, or checkpoints, the 8 d^2 bytes of a dense sum it does not use."""
+        if self.scatter.shape != (self.dim, self.dim):
+            self.scatter = torch.zeros(self.dim, self.dim, dtype=F64)
+        return self.scatter
+
     def covariance(self) -> torch.Tensor:
         """(d, d) float64 shared covariance (zero before any sample)."""
-        cov = self.scatter.clone()
+        cov = self.dense_sum().clone()
         if len(self.rows):
             cov.addmm_(self.rows.T, self.rows)
         cov.diagonal().add_(self.ridge)
@@ -114,7 +121,7 @@ class LDAStatistics:
             self.counts[c] = total
         if sigma:
             w = t / (t + 1) if rule == "reference" else k / (k + 1)  # (N,)
-            self.scatter.addmm_(diff.T, diff * w[:, None])
+            self.dense_sum().addmm_(diff.T, diff * w[:, None])
             self.n_cov += len(y)
         self.n += len(y)
 
@@ -147,15 +154,29 @@ class LDAStatistics:
         self._add_rows(torch.cat(scaled))  # one update for the task's classes: one copy of the rows, not one per class
         return shrinkages
 
+    def restore_rows(
+        self, x: torch.Tensor, y: torch.Tensor, classes: Sequence[int], shrinkages: Sequence[float]
+    ) -> None:
+        """Rebuild the low-rank rows (and their Gram blocks) of ``classes``, already absorbed by
+        :meth:`add_classes_oas` with these ``shrinkages``, from the same samples ``x`` (N, d): the same operations on
+        the same numbers, so the same bits. A checkpoint keeps the (n, d_in) samples before the embedding instead
+        of the (n, d) rows and (n, n) Gram (RanDumb: 384 instead of 10,000 + n floats per image)."""
+        x = x.to(F64)
+        self._add_rows(
+            torch.cat(
+                [(x[y == c] - self.means[c]) * (1.0 - s) ** 0.5 for c, s in zip(classes, shrinkages, strict=True)]
+            )
+        )
+
     def _add_rows(self, r: torch.Tensor) -> None:
         """Add r^T r (r: (k, d)) to the covariance sum: to the low-rank part while it has fewer rows than d, else
         (and from then on) to ``scatter``."""
         if len(self.rows) + len(r) >= self.dim or self.low_rank_done:
             if len(self.rows):  # fold the low-rank part in, once
-                self.scatter.addmm_(self.rows.T, self.rows)
+                self.dense_sum().addmm_(self.rows.T, self.rows)
                 self.rows, self.gram = self.rows[:0], self.gram[:0, :0]
             self.low_rank_done = True
-            self.scatter.addmm_(r.T, r)
+            self.dense_sum().addmm_(r.T, r)
             return
         cross = r @ self.rows.T  # (k, n)
         self.gram = torch.cat([torch.cat([self.gram, cross.T], 1), torch.cat([cross, r @ r.T], 1)], 0)
