@@ -53,6 +53,11 @@ from clbench.strategy import PER_SAMPLE, Context, Split, Task
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
+    # The whole of Avalanche, as its users import it: a run's stream (clbench.benchmarks.streams) may have imported
+    # only its scenario classes, with avalanche/__init__ deferred (clbench.imports).
+    from clbench.imports import complete
+
+    complete("avalanche")
     from avalanche.core import BasePlugin
     from avalanche.training.plugins.evaluation import EvaluationPlugin, default_evaluator
     from avalanche.training.templates import SupervisedTemplate

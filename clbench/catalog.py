@@ -43,6 +43,7 @@ STRATEGIES.register_lazy("dsal", "baselines.dsal:DSAL")
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
 EXAMPLE_STRATEGIES = (FEATURED_STRATEGY, DEFAULT_STRATEGY)  # help-text examples of a strategy list
+PROMPT_STRATEGY = "l2p"  # a method that trains prompts through the ViT on augmented images (decoded-cache)
 
 PLUGINS_ENV = "CLBENCH_PLUGINS"
 ENTRY_POINT_GROUP = "clbench.strategies"

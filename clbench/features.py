@@ -8,12 +8,21 @@ A missing entry is computed under a file lock (``<entry>.lock``): runs sharing t
 shared storage, compute each entry once.
 
 Trust: the digest an entry carries proves only that the file is whole, not who wrote it: anyone who can write to
-the cache folder can write an entry with a matching digest. So every entry a run uses is spot-checked against the
-backbone: :data:`SPOT_CHECK` images, drawn afresh by the operating system's random source on each use (no one can
-know which beforehand), are run through the backbone and must give the entry's features (:func:`spot_mismatch`);
-an entry that does not is reported, deleted and recomputed. This catches an entry rewritten with other features;
-it cannot catch one that changed only a few rows. A cache folder shared with others trusts everyone who can write
-to it: share it only with people whose results you would trust, or give each user their own ``$CLBENCH_CACHE``.
+the cache folder can write an entry with a matching digest. So an entry is spot-checked against the backbone:
+:data:`SPOT_CHECK` images, drawn by the operating system's random source (no one can know which beforehand), are run
+through the backbone and must give the entry's features (:func:`spot_mismatch`); an entry that does not is
+reported, deleted and recomputed. This catches an entry rewritten with other features; it cannot catch one that
+changed only a few rows.
+
+Once per entry, not once per run: a run that reads every feature from the cache and whose strategy never enters the
+backbone must not build the ViT only to check 8 images (:class:`clbench.backbones.LazyBackbone`). So an entry that
+passed is remembered in :data:`CHECKED_FILE`, keyed by the entry's name and recording the SHA-256 of its features
+and its key (which holds the backbone's digest); an entry whose bytes are the ones that passed is not checked again.
+A rewritten entry has another digest, so it is checked (and caught) on its next use, as before. The memory is
+trusted only when it cannot have been written by anyone but this user (:func:`read_private_json`: owned by this
+user, writable by no one else, not a link), so whoever shares the cache folder cannot mark their entry as checked.
+A cache folder shared with others trusts everyone who can write to it otherwise: share it only with people whose
+results you would trust, or give each user their own ``$CLBENCH_CACHE``.
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ from clbench.precision import autocast
 log = logging.getLogger(__name__)
 
 FEATURE_VERSION = 1  # bump when extraction changes in a way that changes the numbers
-SPOT_CHECK = 8  # images of a cached entry recomputed on each use
+SPOT_CHECK = 8  # images of a cached entry recomputed the first time it is used (module docstring)
+CHECKED_FILE = "spot-checked-{uid}.json"  # in the features folder: entry name -> {sha256, key digest} that passed
 # Largest relative distance ||cached - recomputed|| / ||recomputed|| of a spot-checked row: the same images in a
 # batch of another size move fp32 features by ~1e-6 and bf16/fp16 ones by ~1e-2; features of other weights or
 # images differ by order 1.
@@ -105,9 +115,40 @@ def extract(
     return feats
 
 
+def read_private_json(path: Path) -> dict:
+    """The JSON object in ``path`` if only this user can have written it (a regular file, not a link, owned by this
+    user, writable by neither group nor others), else {} (absent, unreadable, foreign or odd: nothing is trusted)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return {}
+    import stat
+
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(16 << 20))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_private_json(path: Path, obj: dict) -> None:
+    """Write ``obj`` to ``path`` atomically, readable and writable by this user only; a folder that cannot take it
+    only means the memory is not kept (it is a cache)."""
+    with contextlib.suppress(OSError, ClbenchError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, (json.dumps(obj, sort_keys=True) + "\n").encode())  # mkstemp: mode 0600
+
+
 def cache_key(**fields) -> str:
     fields["feature_version"] = FEATURE_VERSION
     return json.dumps(fields, sort_keys=True)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _digest(t: torch.Tensor) -> str:
@@ -165,15 +206,30 @@ class FeatureCache:
                 raise ValueError("key or digest mismatch")
             if feats.dim() != 2:
                 raise ValueError(f"features of shape {tuple(feats.shape)}")
-            problem = None if spot is None else spot_mismatch(feats, spot, SPOT_TOLERANCE.get(precision, 0.1))
-            if problem is not None:
-                raise ValueError(problem)
+            seal = {"sha256": meta["sha256"], "key": _sha(key)}
+            if spot is not None and self._checked().get(path.name) != seal:
+                problem = spot_mismatch(feats, spot, SPOT_TOLERANCE.get(precision, 0.1))
+                if problem is not None:
+                    raise ValueError(problem)
+                self._remember_checked(path.name, seal)
             return feats
         except Exception as e:  # truncated or corrupted files raise many kinds of errors
             log.warning("feature cache entry %s is corrupt (%s); recomputing it", path.name, e)
             self.events.append("corrupt")
             path.unlink(missing_ok=True)
             return None
+
+    def _checked_path(self) -> Path:
+        return self.root / CHECKED_FILE.format(uid=os.getuid())
+
+    def _checked(self) -> dict:
+        """The entries this user's runs spot-checked and found right (module docstring)."""
+        return read_private_json(self._checked_path()) if self.enabled else {}
+
+    def _remember_checked(self, name: str, seal: dict[str, str]) -> None:
+        if self.enabled and self.writable:
+            known = {k: v for k, v in self._checked().items() if (self.root / k).exists()}  # drop deleted entries
+            write_private_json(self._checked_path(), {**known, name: seal})
 
     def save(self, key: str, feats: torch.Tensor) -> None:
         """Write an entry. A cache that cannot take it (full disk, read-only, quota) never aborts the run that
@@ -183,12 +239,15 @@ class FeatureCache:
         from safetensors.torch import save
 
         feats = feats.contiguous()
-        data = save({"features": feats}, metadata={"key": key, "sha256": _digest(feats)})
+        digest = _digest(feats)
+        data = save({"features": feats}, metadata={"key": key, "sha256": digest})
         try:
             free = shutil.disk_usage(self.root).free
             if free < len(data) + (1 << 20):
                 raise OSError(errno.ENOSPC, f"{free / 2**20:.1f} MB free, the entry needs {len(data) / 2**20:.1f} MB")
             atomic_write_bytes(self.path(key), data)
+            # computed here with the backbone: as good as spot-checked (a rewrite changes the digest)
+            self._remember_checked(self.path(key).name, {"sha256": digest, "key": _sha(key)})
         except (OSError, ClbenchError) as e:
             self.writable = False
             self.events.append("unsaved")

@@ -265,7 +265,18 @@ def load_inputs(resolved: ResolvedRun, precision: Precision | None = None) -> Fr
     from clbench.transforms import TransformSpec
 
     cfg, spec = resolved.config, resolved.spec
-    backbone = load_backbone(resolved.backbone_name, cfg.weights, resolved.img_size, seed=cfg.seed).to(resolved.device)
+    from clbench.files import cache_dir
+
+    # built on first use where the facts of these weights are cached (clbench.backbones.LazyBackbone)
+    backbone = load_backbone(
+        resolved.backbone_name,
+        cfg.weights,
+        resolved.img_size,
+        seed=cfg.seed,
+        device=resolved.device,
+        lazy=cfg.feature_cache,
+        cache_root=cache_dir(),
+    )
     check_batch_memory(backbone, cfg.batch_size, resolved.device)  # before the precision probe runs a batch
     mean, std = (backbone.mean, backbone.std) if resolved.normalize else (None, None)
     img = backbone.img_size
@@ -283,12 +294,17 @@ def batch_bytes(backbone: Any, batch_size: int) -> int:
     for other backbones 32 times the input."""
     img = int(backbone.img_size)
     image = 3 * img * img * 4
-    model: Any = getattr(backbone, "model", None)  # a timm model, or anything: probed for a ViT's shape
+    from clbench.backbones import LazyBackbone, vit_geometry
+
+    # a lazy backbone knows its shape from its facts; else the timm model, or anything, is probed for a ViT's shape
+    lazy = isinstance(backbone, LazyBackbone)
+    geometry = backbone.vit_geometry if lazy else vit_geometry(getattr(backbone, "model", None))
     try:
-        patch = model.patch_embed.patch_size
-        heads = int(model.blocks[0].attn.num_heads)
+        if geometry is None:
+            raise ValueError("not a timm ViT")
+        patch_h, patch_w, heads, prefix = geometry
         width = int(backbone.num_features)
-        tokens = (img // int(patch[0])) * (img // int(patch[1])) + int(getattr(model, "num_prefix_tokens", 1))
+        tokens = (img // patch_h) * (img // patch_w) + prefix
         per_image = image + 4 * tokens * (8 * width + heads * tokens)
     except (AttributeError, TypeError, IndexError, ValueError, ZeroDivisionError):  # not a timm ViT
         per_image = 32 * image
@@ -398,12 +414,16 @@ class PreparedRun:
     def split(self, which: str, indices: np.ndarray) -> Split:
         from clbench.strategy import Split
 
-        source, y = (self.bench.train, self.bench.train_y) if which == "train" else (self.bench.test, self.bench.test_y)
+        # training images through the decoded-image cache (clbench.decoded): decoded once, augmented every epoch
+        source, y = (self.decoded, self.bench.train_y) if which == "train" else (self.bench.test, self.bench.test_y)
         idx = np.asarray(indices, dtype=np.int64)
         return Split(source, idx, torch.as_tensor(y[idx]), self.features[which][idx], self._eval, self._train)
 
     def __post_init__(self) -> None:
+        from clbench.decoded import DecodedImages, budget_bytes
+
         self._eval, self._train = self.eval_tf.build(), self.train_tf.build()
+        self.decoded = DecodedImages(self.bench.train, budget_bytes())
 
     def tasks(self) -> Iterator[TaskAndTest]:
         """The Avalanche train stream, one :class:`TaskAndTest` per task (the test split covers all seen classes)."""
@@ -817,7 +837,8 @@ def _finish(state: _RunState, run_dir: RunDir, rep: Reporter) -> RunRecord:
     from clbench.backbones import state_digest
 
     session = state.session
-    if state_digest(session.backbone.model) != session.backbone.digest:
+    built = getattr(session.backbone, "built", True)  # one never built was never changed
+    if built and state_digest(session.backbone.model) != session.backbone.digest:
         raise RuntimeError(f"{session.cfg.strategy} changed the frozen backbone's weights; the run is not valid")
     _save_features(run_dir.path, session, session.strategy)
     preds = _predictions(session, state.logs)
@@ -908,6 +929,17 @@ def budget_extra(strategy: Strategy[Any], tasks_done: int) -> dict[str, list[int
     return {"optimizer_steps_per_task": steps} if steps and len(steps) == tasks_done else {}
 
 
+_VERSIONS: dict[str, str] = {}
+
+
+def _versions() -> dict[str, str]:
+    """:func:`library_versions`, read once per process (the package metadata scan is 30 ms; a run writes its record
+    after every task)."""
+    if not _VERSIONS:
+        _VERSIONS.update(library_versions())
+    return dict(_VERSIONS)
+
+
 def _record(
     cfg: RunConfig,
     session: PreparedRun,
@@ -921,6 +953,7 @@ def _record(
     fingerprint: dict[str, Any] | None = None,
     preds: Predictions | None = None,
 ) -> RunRecord:
+    device = session.resolved.device  # where the backbone runs (built on it, or to be)
     strategy, spec, bench, backbone, protocols = (
         session.strategy,
         session.spec,
@@ -933,7 +966,9 @@ def _record(
     stored = list(params.stored_per_task)
     trainable = list(params.trainable_per_task)
     summaries = {p: logs[p].summary() for p in protocols}
-    if preds is not None:  # intervals and calibration need every image's prediction
+    # Intervals and calibration need every image's prediction, and are the finished run's: the bootstrap (half a
+    # second per protocol) is not repeated for the unfinished record written after every task.
+    if preds is not None and complete:
         from clbench.predictions import uncertainty
 
         for p, summary in summaries.items():
@@ -969,7 +1004,7 @@ def _record(
         img_size=backbone.img_size,
         transform=session.eval_tf.identity(),
         seed=cfg.seed,
-        device=next(backbone.model.parameters()).device.type,
+        device=device.type,
         precision=session.precision.name,
         precision_reason=session.precision.reason,
         protocol=protocols[0],
@@ -991,7 +1026,7 @@ def _record(
         data_problems=list(session.data_problems),  # `clbench data check` problems run anyway
         resumed_from_task=list(resumed_from_task or []),  # tasks_done at each resume from a checkpoint
         peak_rss_mb=peak_rss_mb(),
-        versions=library_versions(),
+        versions=_versions(),
         git_revision=git_revision(),
         metric_definitions=metrics.DEFINITIONS,
         host=host_info(),

@@ -362,9 +362,11 @@ def _context_objects(ctx: Context, by_name: Literal[True]) -> dict[str, object]:
 def _context_objects(ctx: Context, by_name: bool = False) -> dict[int, str] | dict[str, object]:
     """The run's own objects a state refers to instead of copying: the frozen backbone, its timm model and every
     sub-module of it (a strategy may keep the ViT's blocks). ``{id: name}``, or ``{name: object}`` with
-    ``by_name``."""
+    ``by_name``. A backbone built on first use (:class:`clbench.backbones.LazyBackbone`) and not built yet has no
+    sub-module a saved state can refer to, so saving leaves it unbuilt; restoring (``by_name``) builds it."""
     objects: dict[str, object] = {"backbone": ctx.backbone}
-    model = getattr(ctx.backbone, "model", None)
+    unbuilt = not by_name and not getattr(ctx.backbone, "built", True)
+    model = None if unbuilt else getattr(ctx.backbone, "model", None)
     if isinstance(model, torch.nn.Module):
         objects["backbone.model"] = model
         for name, module in model.named_modules():

@@ -1,11 +1,19 @@
-"""Image transforms, each with a stable identity string used in feature-cache keys and run records."""
+"""Image transforms, each with a stable identity string used in feature-cache keys and run records.
+
+torchvision's transforms are imported without ``torchvision/__init__`` (:mod:`clbench.imports`): that would import
+``torchvision.ops`` and through it ``torch._dynamo``, seconds a run never uses (the first other use of
+``torchvision`` completes the package)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-from torchvision import transforms as T
+
+from clbench.imports import submodule
+
+submodule("torchvision.transforms", defer=("torchvision",))
+from torchvision import transforms as T  # noqa: E402  (after the package is registered uninitialised)
 
 
 @dataclass(frozen=True)

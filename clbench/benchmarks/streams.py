@@ -21,9 +21,15 @@ import torch
 from torch.utils.data import Dataset
 
 from clbench.benchmarks.base import Benchmark
+from clbench.imports import submodule
 
+# Avalanche's scenario classes without ``avalanche/__init__`` (all of Avalanche: its classic catalogue, metrics,
+# training) and torchvision's transforms (which Avalanche's dataset utilities import) without ``torchvision.ops``
+# and ``torch._dynamo``: clbench.imports; the tasks still come through these Avalanche streams.
+submodule("torchvision.transforms", defer=("torchvision",))
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
+    submodule("avalanche.benchmarks.scenarios.supervised", defer=("avalanche", "avalanche.benchmarks"))
     from avalanche.benchmarks.scenarios.supervised import class_incremental_benchmark
     from avalanche.benchmarks.utils import DataAttribute
     from avalanche.benchmarks.utils.classification_dataset import ClassificationDataset

@@ -9,6 +9,7 @@ Ratios are measured within one run so that they hold on noisy machines; the comm
 - :mod:`clbench.perf.throughput`: ``precision`` and ``threads``, feature-extraction img/s per precision, thread
   count and OpenMP wait policy.
 - :mod:`clbench.perf.main_job`: ``main-job``, the README's main job cold and warm against one feature pass.
+- :mod:`clbench.perf.decoded_cache`: ``decoded-cache``, a trained method's loader epoch decoded every read vs cached.
 - :mod:`clbench.perf.probe`: ``feature-probe``, how well frozen features separate a benchmark's classes.
 - :mod:`clbench.perf.sweep_overhead`: ``sweep-overhead``, local vs Ray sweep overhead per run.
 - :mod:`clbench.perf.projection`: ``projection`` and ``projection-check``, the cost model of a paper table.
@@ -38,6 +39,7 @@ from clbench.registry import Registry
 MODULES = (
     "clbench.perf.throughput",
     "clbench.perf.main_job",
+    "clbench.perf.decoded_cache",
     "clbench.perf.probe",
     "clbench.perf.sweep_overhead",
     "clbench.perf.projection",

@@ -24,6 +24,7 @@ torch, timm and onnx are imported inside the functions that need them, so import
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clbench.errors import ClbenchError
-from clbench.files import cache_dir, sha256_file
+from clbench.files import atomic_write_json, cache_dir, sha256_file
 from clbench.weights.conversions import (
     EFFNET_MODEL,
     VITS14_MODEL,
@@ -301,6 +302,31 @@ def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def file_identity(path: Path) -> dict[str, int | str]:
+    """What identifies one version of a file without reading it: its resolved path, size and ``st_mtime_ns``
+    (rewriting the file, atomically or in place, changes the mtime)."""
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def verified_digest(path: Path) -> str:
+    """The SHA-256 of ``path``, read from ``<path>.verified`` where that records the file's current identity
+    (:func:`file_identity`), else computed (88 MB for the DINOv2 weights: a second of every run) and recorded there.
+    An unwritable folder only means hashing every time."""
+    memo = path.with_name(path.name + ".verified")
+    identity = file_identity(path)
+    try:
+        known = json.loads(memo.read_text()) if memo.is_file() else {}
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known, dict) and known.get("identity") == identity and isinstance(known.get("sha256"), str):
+        return str(known["sha256"])
+    digest = sha256_file(path)
+    with contextlib.suppress(OSError, ClbenchError):
+        atomic_write_json(memo, {"identity": identity, "sha256": digest})
+    return digest
+
+
 def _cached_or_convert(
     timm_model: str, src: OfflineSource, convert: Callable[[bytes], dict[str, torch.Tensor]], download: bool
 ) -> tuple[Path, str]:
@@ -325,7 +351,7 @@ def _cached_or_convert(
             and meta.get("version") == src.version
             and meta.get("member") == src.member
         ):
-            digest = sha256_file(path)
+            digest = verified_digest(path)
             if meta.get("sha256") == digest:
                 return path, digest
 

@@ -1,0 +1,178 @@
+"""A warm run starts fast because it does only what it uses (issue 41, item 3): the run path imports Avalanche's
+scenario classes without its classic catalogue and torchvision's transforms without ``torch._dynamo``
+(:mod:`clbench.imports`); a run whose features are cached and whose strategy never enters the backbone never builds
+it (:class:`clbench.backbones.LazyBackbone`), while a strategy that needs it gets it transparently, checked against
+the cached facts; a cache entry is spot-checked once, not on every use, and a rewritten one still is; the weights'
+digest is kept by file identity. Behaviour only, never timings (``clbench perf main-job`` measures those)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datatrees import make_tree
+
+from clbench.cli import main
+
+MICRO = ["--backbone", "vit_micro", "--init-cls", "2", "--increment", "2"]
+
+
+@pytest.fixture
+def micro_weights(tmp_path: Path) -> Path:
+    """A file of vit_micro weights: a file-backed source, whose facts can be cached (random weights cannot)."""
+    from safetensors.torch import save_file
+
+    from clbench.backbones import load_backbone
+
+    drawn = load_backbone("vit_micro", "random", seed=3)
+    path = tmp_path / "micro.safetensors"
+    save_file({k: v.contiguous() for k, v in drawn.model.state_dict().items()}, str(path))
+    return path
+
+
+def _argv(data: Path, strategy: str = "simplecil") -> list[str]:
+    return ["run", "--strategy", strategy, "--bench", "folder", "--data-root", str(data), *MICRO]
+
+
+def _run(data: Path, weights: Path, out: Path, strategy: str = "simplecil") -> dict:
+    argv = [*_argv(data, strategy), "--weights", str(weights), "--out", str(out)]
+    assert main(argv) == 0
+    return json.loads((out / "result.json").read_text())
+
+
+def test_a_run_whose_features_are_cached_never_builds_the_backbone(tmp_path, micro_weights, monkeypatch):
+    """SimpleCIL with every feature cached reads the backbone's facts and never calls timm; its record is the cold
+    run's (accuracy, digest, parameter count, device)."""
+    monkeypatch.setenv("CLBENCH_CACHE", str(tmp_path / "cache"))
+    data = make_tree(tmp_path / "data")
+    cold = _run(data, micro_weights, tmp_path / "cold")
+    import clbench.weights.resolve as resolve
+
+    def refuse(*a, **k):
+        raise AssertionError("the backbone was built")
+
+    monkeypatch.setattr(resolve, "load_model", refuse)
+    warm = _run(data, micro_weights, tmp_path / "warm")
+    assert warm["feature_cache"] == ["hit", "hit"]
+    for field in ("accuracy_matrix", "weights_digest", "weights_source", "img_size", "device", "params"):
+        assert warm[field] == cold[field], field
+
+
+def test_a_strategy_that_needs_the_backbone_gets_it_built_and_checked(tmp_path, micro_weights, monkeypatch):
+    """The lazy backbone builds on its first real use (here a forward pass) with the weights the facts describe;
+    facts that name another digest are an error, never a run on features of other weights."""
+    from clbench.backbones import FACTS_FILE, LazyBackbone, load_backbone
+    from clbench.errors import ClbenchError
+
+    root = tmp_path / "cache"
+    eager = load_backbone("vit_micro", str(micro_weights), lazy=True, cache_root=root)  # writes the facts
+    assert not isinstance(eager, LazyBackbone)
+    lazy = load_backbone("vit_micro", str(micro_weights), lazy=True, cache_root=root)
+    assert isinstance(lazy, LazyBackbone) and not lazy.built
+    assert (lazy.digest, lazy.num_features, lazy.n_params()) == (eager.digest, eager.num_features, eager.n_params())
+    x = torch.rand(2, 3, eager.img_size, eager.img_size)
+    assert torch.equal(lazy(x), eager(x)) and lazy.built
+    facts = root / "machine" / FACTS_FILE
+    known = json.loads(facts.read_text())
+    for entry in known.values():
+        entry["digest"] = "0" * 64
+    facts.write_text(json.dumps(known))
+    os.chmod(facts, 0o600)
+    forged = load_backbone("vit_micro", str(micro_weights), lazy=True, cache_root=root)
+    assert isinstance(forged, LazyBackbone)
+    with pytest.raises(ClbenchError, match="cached facts"):
+        forged(x)
+    os.chmod(facts, 0o664)  # writable by the group: not trusted, so the backbone is built at once
+    assert not isinstance(load_backbone("vit_micro", str(micro_weights), lazy=True, cache_root=root), LazyBackbone)
+
+
+def test_a_cache_entry_is_spot_checked_once_and_a_rewritten_one_again(tmp_path):
+    """An entry that passed (or was computed here) is not recomputed with the backbone on its next use; one
+    rewritten with other features and a matching digest is, and is caught; a memory others could write is not
+    trusted."""
+    from clbench.features import CHECKED_FILE, FeatureCache
+
+    cache = FeatureCache(tmp_path / "features")
+    feats = torch.randn(20, 4)
+    calls: list[list[int]] = []
+
+    def spot(rows: list[int]) -> torch.Tensor:
+        calls.append(rows)
+        return feats[rows]
+
+    cache.save("k", feats)  # computed here: remembered as checked
+    assert torch.equal(cache.load("k", spot), feats) and calls == []
+    memo = tmp_path / "features" / CHECKED_FILE.format(uid=os.getuid())
+    memo.unlink()
+    assert torch.equal(cache.load("k", spot), feats) and len(calls) == 1  # checked once more, then remembered
+    assert torch.equal(cache.load("k", spot), feats) and len(calls) == 1
+    from safetensors.torch import save
+
+    from clbench.features import _digest
+
+    other = feats * 1.5
+    cache.path("k").write_bytes(save({"features": other}, metadata={"key": "k", "sha256": _digest(other)}))
+    assert cache.load("k", spot) is None and len(calls) == 2  # other bytes: checked, caught, deleted
+    cache.save("k", feats)
+    os.chmod(memo, 0o666)
+    assert torch.equal(cache.load("k", spot), feats) and len(calls) == 3  # a memory others can write: ignored
+
+
+def test_the_weights_digest_is_kept_by_file_identity(tmp_path, monkeypatch):
+    """The SHA-256 of a weights file is read from its memo while the file's path, size and mtime are unchanged,
+    and computed again once any of them changes."""
+    import clbench.weights.sources as sources
+
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(b"x" * 1000)
+    hashed: list[Path] = []
+    real = sources.sha256_file
+    monkeypatch.setattr(sources, "sha256_file", lambda p: (hashed.append(p), real(p))[1])
+    first = sources.verified_digest(path)
+    assert sources.verified_digest(path) == first and len(hashed) == 1
+    path.write_bytes(b"y" * 1000)
+    os.utime(path, ns=(1, 1))  # another content and time, same size
+    assert sources.verified_digest(path) != first and len(hashed) == 2
+
+
+_HEAVY = ("timm", "torch._dynamo", "avalanche.benchmarks.classic", "avalanche.training", "torchvision.ops")
+_REPORT = f"import sys; print('IMPORTED', sorted(m for m in sys.modules if m.startswith({_HEAVY!r})))"
+
+
+def _python(code: str, env: dict[str, str]) -> str:
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_run_path_imports_no_avalanche_catalogue_and_no_dynamo():
+    """In a fresh process, ``clbench.cli`` and the run path's modules (harness, Avalanche streams, transforms,
+    strategy API) import neither ``avalanche.benchmarks.classic`` nor ``torch._dynamo`` (nor timm, Avalanche's
+    training, torchvision's ops). The warm run itself, and the whole of Avalanche and torchvision still there on
+    first use: :func:`test_a_warm_run_in_a_fresh_process_imports_none_of_them` (full tier)."""
+    imports = "import clbench.cli, clbench.harness, clbench.benchmarks.streams, clbench.transforms, clbench.strategy"
+    out = _python(f"{imports}; {_REPORT}", dict(os.environ))
+    assert "IMPORTED []" in out, out
+
+
+@pytest.mark.full
+def test_a_warm_run_in_a_fresh_process_imports_none_of_them(tmp_path, micro_weights, monkeypatch):
+    """``import clbench.cli`` plus a warm run (features cached, SimpleCIL) in a fresh process imports none of
+    :data:`_HEAVY`: the full-tier repeat of :func:`test_the_run_path_imports_no_avalanche_catalogue_and_no_dynamo`
+    through a whole run (seconds of torch import per process); after it, ``import avalanche`` and ``torchvision``
+    are the whole packages (their deferred ``__init__`` runs on first use: :mod:`clbench.imports`)."""
+    monkeypatch.setenv("CLBENCH_CACHE", str(tmp_path / "cache"))
+    argv = [*_argv(make_tree(tmp_path / "data")), "--weights", str(micro_weights)]
+    assert main([*argv, "--out", str(tmp_path / "cold")]) == 0  # here: computes the features, builds the backbone
+    warm = f"from clbench.cli import main; assert main({argv!r} + ['--out', {str(tmp_path / 'warm')!r}]) == 0"
+    whole = (
+        "import avalanche, torchvision; from avalanche.benchmarks import SplitMNIST; from avalanche.training import "
+        "Naive; print('WHOLE', avalanche.__version__, torchvision.ops.nms.__name__)"
+    )
+    out = _python(f"{warm}; {_REPORT}; {whole}", dict(os.environ))
+    assert "IMPORTED []" in out and "WHOLE 0.6" in out, out
