@@ -15,8 +15,12 @@ Definitions (printed in every report, see :data:`DEFINITIONS`):
 - ``ece`` (expected calibration error, Guo et al. 2017) of the final model: test images binned by their top-1
   confidence into 15 equal-width bins of (0, 1]; the image-weighted mean over bins of ``|accuracy - mean
   confidence|``, in points.
-- Intervals (:mod:`clbench.stats`): 95 % percentile intervals of a bootstrap over test images resampled within
-  each class (2,000 resamples, a fixed seed); over seeds, a hierarchical bootstrap (seeds, then images).
+- Intervals (:mod:`clbench.stats`): a record's ``last_acc_ci`` / ``avg_acc_ci`` are 95 % percentile intervals of a
+  bootstrap over test images resampled within each class (2,000 resamples, a fixed seed). Reports recompute theirs
+  from the predictions: 10,000 resamples (by test batch for a batch-coupled protocol) and, over seeds, the
+  seed-level interval (a t interval over seeds combined with the shared test-image noise), not the hierarchical
+  bootstrap the ``last_acc_ci / avg_acc_ci`` entry still names: that text is what every record stores, so it stays
+  as it was (a changed text would mark every record as redefined); ``report intervals`` says what reports print.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ DEFINITIONS: dict[str, str] = {
     "ece": "expected calibration error of the final model, 15 equal-width confidence bins, in points (Guo et al.)",
     "last_acc_ci / avg_acc_ci": "95 % interval: bootstrap over test images resampled within each class, 2,000 "
     "resamples; over seeds: hierarchical bootstrap (seeds, then images)",
+    "report intervals": "reports: 95 % intervals from 10,000 resamples (one run: within classes; a batch-coupled "
+    "protocol: by whole test batches); several seeds: t interval over the seeds combined with the test-image noise "
+    "they share (clbench.stats.seed_level); one decimal",
 }
 ECE_BINS = 15
 

@@ -4,12 +4,16 @@ paired test against SimpleCIL, added parameters, stored statistics, trainable pa
 ``clbench compare`` computes from those records (the same functions, the same resampling seeds), rounded as printed.
 A re-run record that moves a number fails this test until the README follows.
 
+Every "vs SimpleCIL" cell of both tables carries its interval and its Holm-corrected p (a test below).
+
 Two tables: ``| strategy (budget)`` (seed 1993, every method; one compare over all its records, so the Holm
 correction covers all its pairs) and ``| strategy, five seeds`` (seeds 1993-1997, class order varied with the
 seed; class orders pooled)."""
 
 from __future__ import annotations
 
+import math
+import re
 from functools import cache
 from pathlib import Path
 
@@ -150,6 +154,7 @@ def expected_five(label: str) -> list[str]:
         r["final acc %"],
         r["avg inc acc %"],
         r["final acc sd over seeds"],
+        r["final acc image se"],
         versus_cell(r["vs"]),
         *_params(recs[0]),
     ]
@@ -184,6 +189,31 @@ def test_a_changed_number_is_caught():
     assert aper[1:] != expected_one("APER (reference") and row[1:] == expected_one("APER (reference")
 
 
+VERSUS = re.compile(
+    r"^[+-]\d+\.\d\d \[[+-]\d+\.\d, [+-]\d+\.\d\] \((exact McNemar p [<\d][^ ]* Holm|seed-level p (< )?[\d.e-]+ Holm)"
+    r", (differs|not significantly different)(; (image-level p (< )?[\d.e-]+ Holm|no image-level test))?\)$"
+)
+NO_TEST = {"baseline", "-", "n/p"}
+
+
+@pytest.mark.parametrize("which", ["one", "five"])
+def test_every_versus_cell_has_an_interval_and_a_p(which):
+    """Every difference the tables state: value, 95 % interval, the test's Holm-corrected p and its verdict."""
+    header = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(HEADERS[which]))
+    col = [c.strip() for c in header.strip().strip("|").split("|")].index(VERSUS_HEADER[which])
+    cells = [r[col] for r in table_rows(which)]
+    assert any(c not in NO_TEST for c in cells)
+    for cell in cells:
+        assert cell in NO_TEST or VERSUS.match(cell), f"README {which}-seed table: {cell!r} lacks its interval or p"
+    assert not VERSUS.match("+2.44 (p 0.46, not significantly different)")  # the old form fails
+
+
+VERSUS_HEADER = {
+    "one": "vs SimpleCIL (final, points, 95 % interval; exact McNemar, Holm)",
+    "five": "vs SimpleCIL (final, points, 95 % interval; seed-level test, image-level beside it, Holm)",
+}
+
+
 def rewrite(text: str) -> str:
     """``text`` (the README) with every cell after the label of both tables recomputed from the records: how the
     tables are written. A new row is added by naming its records above and writing its label with any cells."""
@@ -201,3 +231,112 @@ def rewrite(text: str) -> str:
 if __name__ == "__main__":  # python tests/test_readme_numbers.py: rewrite the README's tables from their records
     readme = ROOT / "README.md"
     readme.write_text(rewrite(readme.read_text()))
+
+
+# ------------------------------------------------------------------------------------------- the prose's tests
+# Each difference the prose states beyond the tables, with its test: (A folders, A protocol, B folders, B protocol,
+# metric). Same runs and images on both sides; several folders: one per seed of SEEDS, in order.
+PROSE = {
+    "TOSCA reference vs per-sample, seed 1993": (
+        [f"{RUNS}/seeds/tosca-emoji-s1993-o1993"],
+        "reference",
+        [f"{RUNS}/seeds/tosca-emoji-s1993-o1993"],
+        "per-sample",
+        "final",
+    ),
+    "TOSCA reference vs per-sample, five seeds": (
+        five_seed_folders("tosca"),
+        "reference",
+        five_seed_folders("tosca"),
+        "per-sample",
+        "final",
+    ),
+    "RanPAC 2,100 steps vs 140": (
+        [f"{RUNS}/budget/ranpac-e300"],
+        "per-sample",
+        [f"{RUNS}/reference/ranpac"],
+        "per-sample",
+        "final",
+    ),
+    "MOS reference vs per-sample": (
+        [f"{RUNS}/reference/mos"],
+        "reference",
+        [f"{RUNS}/reference/mos"],
+        "per-sample",
+        "final",
+    ),
+    "DualPrompt reference vs per-sample": (
+        [f"{RUNS}/reference/dualprompt"],
+        "reference",
+        [f"{RUNS}/reference/dualprompt"],
+        "per-sample",
+        "final",
+    ),
+    "EASE vs SimpleCIL, average incremental accuracy": (
+        [f"{RUNS}/reference/ease"],
+        "per-sample",
+        [f"{RUNS}/seeds/simplecil-emoji-s1993-o1993"],
+        "per-sample",
+        "avg",
+    ),
+    "DualPrompt 5 vs 1 epochs per task (EPYC)": (
+        [f"{RUNS}/budget/dualprompt-e5"],
+        "per-sample",
+        [f"{RUNS}/budget/dualprompt-e1"],
+        "per-sample",
+        "final",
+    ),
+    "L2P 10 vs 5 epochs per task (EPYC)": (
+        [f"{RUNS}/budget/l2p-e10"],
+        "per-sample",
+        [f"{RUNS}/budget/l2p-e5"],
+        "per-sample",
+        "final",
+    ),
+}
+
+
+def prose_test(name: str) -> str:
+    """``+6.39 [-x, +y] (test p z)``: the difference A - B in points, its 95 % interval and p, as the prose prints
+    it. One seed, final accuracy: exact McNemar (a batch-coupled side: paired block bootstrap over test batches);
+    average incremental accuracy: paired bootstrap over images; several seeds: the seed-level test."""
+    import numpy as np
+
+    from clbench import stats
+    from clbench.report.uncertainty import batch_blocks, batch_size, fmt_range, p_cell
+
+    a_folders, a_protocol, b_folders, b_protocol, metric = PROSE[name]
+    coll_a = collect([ROOT / f for f in a_folders], True)
+    coll_b = collect([ROOT / f for f in b_folders], True)
+    predicted = Predicted()
+    runs_a = sorted(coll_a.seeded(), key=lambda r: r.seed)
+    runs_b = sorted(coll_b.seeded(), key=lambda r: r.seed)
+    a, b, blocks = [], [], []
+    strata = None
+    for ra, rb in zip(runs_a, runs_b, strict=True):
+        da, db = predicted.aligned(ra, a_protocol), predicted.aligned(rb, b_protocol)
+        assert da is not None and db is not None and np.array_equal(da[1], db[1])
+        col = -1 if metric == "final" else slice(None)
+        a.append(stats.with_average(da[0])[:, -1] if metric == "avg" else da[0][:, col])
+        b.append(stats.with_average(db[0])[:, -1] if metric == "avg" else db[0][:, col])
+        sizes = [x for x in (batch_size(ra, a_protocol), batch_size(rb, b_protocol)) if x is not None]
+        blocks.append(batch_blocks(da[1], da[2], math.lcm(*sizes)) if sizes else None)
+        strata = da[2] if strata is None else strata
+    assert strata is not None
+    if len(a) > 1:
+        ids = [x for x in blocks if x is not None]
+        t = stats.paired_seed_test(np.stack(a), np.stack(b), strata, ids or None)
+    elif metric == "avg":  # per image: its share of avg_acc (stats.with_average); no McNemar for a mean of tasks
+        d = (np.stack(a) - np.stack(b))[0]
+        draws = stats.bootstrap_means(d, strata, blocks=blocks[0])[:, 0]
+        p = float(stats.bootstrap_p(np.array(d.mean()), draws[:, None])[0])
+        diff = stats.percentile_interval(float(d.mean()), draws).scaled(100)
+        t = stats.PairedTest(diff, p, "paired bootstrap over images", p <= stats.p_floor(stats.N_RESAMPLES))
+    else:
+        t = stats.paired_test(np.stack(a), np.stack(b), strata, blocks=blocks[0])
+    return f"{t.diff.value:+.2f} {fmt_range(t.diff)} ({t.test} p {p_cell(t.p, t.at_floor)})"
+
+
+@pytest.mark.parametrize("name", list(PROSE))
+def test_the_prose_states_each_difference_with_its_test(name):
+    assert prose_test(name) in (ROOT / "README.md").read_text().replace("\n  ", " "), name

@@ -98,7 +98,7 @@ def test_local_sweep_survives_a_killed_worker_and_writes_the_table(local_sweep):
     summary = (out / "summary.md").read_text()
     for strategy in ("simplecil", "tosca"):  # one row per strategy, 2 seeds each, mean ± half the interval
         row = next(line for line in summary.splitlines() if f"| {strategy} |" in line)
-        assert "2 (1, 2)" in row and row.count(" ± ") == 2 and "hierarchical bootstrap over 2 seeds" in row
+        assert "2 (1, 2)" in row and row.count(" ± ") == 2 and "seed level: t over 2 seeds" in row
     csv = (out / "summary.csv").read_text().splitlines()
     assert len(csv) == 3 and csv[0].startswith("bench,")
     assert (out / "report" / "index.html").exists()

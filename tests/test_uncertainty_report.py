@@ -76,7 +76,7 @@ def test_compare_shows_intervals_and_holm_corrected_pairs(tmp_path, test_y, caps
     code, text = compare(capsys, runs, "--bench", "emoji", "--out", str(out), "--baseline", "simplecil")
     assert code == 0, text
     md = (out / "compare.md").read_text()
-    assert "hierarchical bootstrap over 3 seeds and images" in md
+    assert "seed level: t over 3 seeds" in md
     rows = {line.split("|")[2].strip(): line for line in md.splitlines() if line.startswith("| emoji")}
     assert " ± " in rows["tosca"].split("|")[7]  # final acc: value ± half-width
     assert "differs" in rows["tosca"] and "not significantly different" in rows["aper"]

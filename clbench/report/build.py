@@ -236,7 +236,7 @@ def write_compare(
     """Accuracy curves with their intervals, the summary rows (mean ± half the 95 % interval), the paired tests of
     every pair of strategies (or each against ``baseline``) and their matrix figure, for ``bench``."""
     from clbench.report.figures import paired_matrix
-    from clbench.report.tables import INTERVAL_NOTE
+    from clbench.report.tables import ECE_NOTE, INTERVAL_NOTE, PAIRS_INTRO
     from clbench.report.uncertainty import Predicted, paired_rows, pairs_frame
 
     sel = coll.select(bench)
@@ -259,7 +259,14 @@ def write_compare(
     assert fig is not None
     table = summary_table(sel, predicted)
     protocols = sorted({p for r in sel.runs for p in r.protocols})
-    notes = [*(PROTOCOL_NOTES.get(p, p) for p in protocols), INTERVAL_NOTE, FORGETTING_NOTE, COST_NOTE, *sel.notes]
+    notes = [
+        *(PROTOCOL_NOTES.get(p, p) for p in protocols),
+        INTERVAL_NOTE,
+        ECE_NOTE,
+        FORGETTING_NOTE,
+        COST_NOTE,
+        *sel.notes,
+    ]
     caption = f"Strategies on {bench}, mean over seeds ± half the 95 % interval. " + provenance(sel.runs)
     matrix = paired_matrix(pairs, sel, out_dir, f"compare_{slug(bench)}_pairs", f"Paired differences on {bench}")
     pairs_table = pairs_frame(pairs)
@@ -286,10 +293,7 @@ def write_compare(
                     "Paired comparisons",
                     "pairs",
                     pairs_table,
-                    intro="Final accuracy of A minus B on the same test images and seeds, with its 95 % interval; "
-                    "one seed: exact McNemar test, several: paired bootstrap over images, seeds held fixed. "
-                    "p (Holm): corrected for the number of pairs; 'no' marks pairs not significantly different "
-                    "at 5 %.",
+                    intro=PAIRS_INTRO,
                     notes=[f"not paired: {line}" for line in refused],
                 )
             )
@@ -313,22 +317,40 @@ def write_compare(
 
 
 def _versus(table, pairs) -> list[str]:
-    """Per summary row: its paired test against the baseline (A minus baseline, points, Holm p), or why not."""
+    """Per summary row: its paired test against the baseline (A minus baseline, points, its 95 % interval and the
+    Holm-corrected p of each test), or why not. A test belongs to the row of the same identity: benchmark, strategy
+    variant, backbone (with its precision), weights, protocol and seeds (one method at fp32 and bf16 gets two)."""
+    from clbench.report.collect import AccKey
+    from clbench.report.uncertainty import fmt_range, p_cell
 
-    def strategy_of(label: str) -> str:  # pair labels add "(backbone ...)" where the two sides' backbones differ
-        return label.split(" (", 1)[0]
+    def seeds_of(cell: str) -> tuple[int, ...]:  # "5 (1993, 1994, ...)"
+        inner = cell.partition("(")[2].rstrip(")")
+        return tuple(int(x) for x in inner.split(",") if x.strip())
 
-    by_row = {(r.bench, r.protocol, strategy_of(r.a)): r for r in pairs}
+    by_row = {r.identity("a"): r for r in pairs}
+    baselines = {r.identity("b") for r in pairs}
     cells = []
-    for bench, protocol, strategy in zip(table["benchmark"], table["protocol"], table["strategy"], strict=True):
-        r = by_row.get((bench, protocol, strategy))
+    columns = ("benchmark", "backbone", "weights", "strategy", "protocol", "n (seeds)")
+    for bench, backbone, weights, strategy, protocol, seeds in zip(*(table[c] for c in columns), strict=True):
+        ident = (AccKey(bench, backbone, weights, strategy, protocol), seeds_of(seeds))
+        r = by_row.get(ident)
         if r is None:
-            cells.append("baseline" if any(strategy_of(p.b) == strategy for p in pairs) else "-")
+            cells.append("baseline" if ident in baselines else "-")
         elif r.test is None:
             cells.append(f"not paired: {r.refused}")
         else:
             verdict = "differs" if r.significant else "not significantly different"
-            cells.append(f"{r.test.diff.value:+.2f} (p {r.p_holm:.2g}, {verdict})")
+            d = r.test.diff
+            head = f"{d.value:+.2f} {fmt_range(d)}"
+            if r.image_test is None and len(r.seeds) == 1:
+                cells.append(f"{head} ({r.test.test} p {p_cell(r.p_holm, r.p_holm_bound)} Holm, {verdict})")
+                continue
+            image = (
+                f"image-level p {p_cell(r.image_p_holm, r.image_p_holm_bound)} Holm"
+                if r.image_test is not None
+                else "no image-level test"
+            )
+            cells.append(f"{head} (seed-level p {p_cell(r.p_holm, r.p_holm_bound)} Holm, {verdict}; {image})")
     return cells
 
 

@@ -10,6 +10,11 @@ Rules, per entry:
   within the entry's tolerance of the reference, in either direction. A drop fails as ``FAIL``; a gain fails as
   ``changed``: an improvement is real only once the reference is rewritten on purpose (``--write-reference --why``).
   Tolerances are per metric and come from a measured spread (same seed, other CPUs; reports/gate/).
+- Every other metric the records store (forgetting, first-minus-last forgetting, BWT, ECE, the accuracy, old, new
+  and top-5 curves, the intervals' endpoints: ``metrics`` of an entry) must lie within what the accuracy tolerances
+  allow it (a curve entry or ECE: the matrix tolerance; forgetting and BWT, differences of two entries: twice it; an
+  interval endpoint: its accuracy's), either way, else ``changed``: a metric's definition or the runs changed. An
+  entry written before pins none of them.
 - Parameter counts equal the reference exactly; the backbone weights digest and the precision are the reference's,
   and so are the train and test data digests (``data``) where both the entry and the run's record have them.
 - Every record agrees with its predictions file where the file exists (:func:`clbench.report.collect.collect`
@@ -46,6 +51,7 @@ from clbench.report.reference import (  # noqa: F401  (also the names the CLI, t
     DEFAULT_TIME_FLOOR,
     DEFAULT_TIME_SLACK,
     REFERENCE_FORMAT,
+    STORED_METRICS,
     TIME_PHASES,
     EntryKey,
     ParamPins,
@@ -361,7 +367,85 @@ def _entry(key: EntryKey, runs: list[Run], tolerance: Tolerance, calib: float | 
         ),
         strategy_config=first.settings,
         data=next((dict(r.record.data_fingerprint) for r in runs if r.record.data_fingerprint), None),
+        metrics=stored_metrics(runs, key.protocol),
     )
+
+
+def _mean_value(values: list[Any]) -> Any:
+    """The mean over runs of one stored metric: a number, an element-wise mean of lists (NaN and missing as null),
+    or None where a run lacks it or the runs' lists differ in length."""
+    import math
+
+    if any(v is None for v in values):
+        return None
+    if all(isinstance(v, list) for v in values):
+        if len({len(v) for v in values}) != 1:
+            return None
+        cols = list(zip(*values, strict=True))
+        return [
+            None if any(x is None or math.isnan(float(x)) for x in col) else round(mean([float(x) for x in col]), 4)
+            for col in cols
+        ]
+    nums = [float(v) for v in values]
+    return None if any(math.isnan(x) for x in nums) else round(mean(nums), 4)
+
+
+def stored_metrics(runs: Sequence[Run], protocol: str) -> dict[str, Any]:
+    """Every metric of :data:`clbench.report.reference.STORED_METRICS` the runs' records hold for ``protocol``,
+    mean over the runs (what a reference entry pins beside the accuracy matrix)."""
+    s = [r.summary(protocol) for r in runs]
+    return {m: _mean_value([getattr(x, m) for x in s]) for m in STORED_METRICS}
+
+
+def _metric_tolerance(entry: ReferenceEntry, metric: str) -> float:
+    """Points a stored metric may move: what the entry's accuracy tolerances allow it (a curve entry or ECE moves
+    with the matrix, forgetting and BWT are differences of two matrix entries, an interval endpoint moves with its
+    accuracy)."""
+    tol = entry.tolerance
+    if metric in ("forgetting", "forgetting_first_last", "bwt"):
+        return 2 * tol.matrix
+    if metric == "last_acc_ci":
+        return tol.last_acc
+    if metric == "avg_acc_ci":
+        return tol.avg_acc
+    return tol.matrix
+
+
+def _metric_rows(entry: ReferenceEntry, runs: list[Run], label: str, rewrite: str) -> list[CheckRow]:
+    """Every stored metric the entry pins against the runs' mean; moved beyond its tolerance either way (or present
+    on one side only) is a change: a metric's definition, or the run, changed."""
+    if entry.metrics is None:
+        return []
+    got = stored_metrics(runs, entry.protocol)
+    rows = []
+    for metric, want in entry.metrics.items():
+        have, tol = got.get(metric), _metric_tolerance(entry, metric)
+        wants = want if isinstance(want, list) else [want]
+        haves = have if isinstance(have, list) else [have]
+        if want is None and have is None:
+            continue
+        shape_ok = isinstance(want, list) == isinstance(have, list) and len(wants) == len(haves)
+        pairs = list(zip(wants, haves, strict=False)) if shape_ok else []
+        bad = not shape_ok or any((w is None) != (h is None) for w, h in pairs)
+        deltas = [h - w for w, h in pairs if w is not None and h is not None]
+        worst = max(deltas, key=abs, default=0.0)
+        moved = bad or abs(worst) > tol + EPS
+        shown = "-" if have is None else f"max |Δ| {abs(worst):.2f}" if deltas else "null"
+        why = (
+            f"{metric} moved beyond what the accuracy tolerances allow (pinned {_short(want)}, now {_short(have)}): "
+            f"its definition or the runs changed; {rewrite}"
+            if moved
+            else ""
+        )
+        rows.append(CheckRow(label, metric, _short(want), shown, f"± {tol:g}", CHANGED if moved else OK, why))
+    return rows
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list):
+        head = ", ".join("null" if v is None else f"{v:.2f}" for v in value[:6])
+        return f"[{head}{', ...' if len(value) > 6 else ''}]"
+    return "null" if value is None else f"{value:.2f}"
 
 
 def _provenance(r: Run) -> Json:
@@ -495,6 +579,7 @@ def _entry_rows(
         return [CheckRow(label, "data", "the reference's", "other data", "same digests", FAIL, why)]
     return [
         *_accuracy_rows(entry, runs, label, rewrite),
+        *_metric_rows(entry, runs, label, rewrite),
         *_param_rows(entry, runs, label),
         *(_time_rows(entry, runs, label, ref, calib) if entry.time and calib is not None else []),
         *_seed_rows(entry, runs, label),

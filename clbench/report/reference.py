@@ -25,14 +25,18 @@ File layout (``"format": "clbench-reference/2"``; the number is :data:`SCHEMA_VE
         "params": {"added_total": 228240, "stored_total": 0, "trainable": 51865},  # compared exactly
         "time": {"train": 4.1, "eval": 0.6},   # seconds / calibration seconds (the same machine, the same job)
         "strategy_config": {...},
-        "data": {"train": "<digest>", "test": "<digest>"}   # where the runs' records hold them (else absent)
+        "data": {"train": "<digest>", "test": "<digest>"},  # where the runs' records hold them (else absent)
+        "metrics": {"forgetting": 9.1, "bwt": -9.1, "acc_curve": [...], "last_acc_ci": [lo, hi], ...}
+                                # every other metric the records store, means over the runs (null: not stored)
       }, ...]
     }
 
 Reading checks every field the gate uses and refuses a file that is not a reference with one line naming the file,
 the field and the fix. Older files: an entry without ``class_order_seed`` (written before class orders were chosen)
 reads as the literature's order; ``params`` without ``stored_total`` (before stored statistics were counted apart)
-pins the other two counts only; an entry without ``data`` (written before records held data digests) pins no data.
+pins the other two counts only; an entry without ``data`` (written before records held data digests) pins no data;
+an entry without ``metrics`` (written before the gate compared every stored metric) pins the accuracy matrix, final
+and average accuracy only.
 Format 1 (one-sided, final/average accuracy only) is refused for checking; when it
 is being rewritten its provenance is kept in the new file's history. A newer format is refused: it was written by a
 newer clbench.
@@ -189,6 +193,9 @@ class ReferenceEntry:
     # written before records held it, or from runs that lack it). Compared like the weights: absent on either side
     # matches
     data: dict[str, str] | None = None
+    # every other metric the runs' records store (:data:`STORED_METRICS`), mean over the runs: a number, a list of
+    # numbers (NaN as null) or null where a record lacks it; None: not pinned (references written before)
+    metrics: dict[str, Any] | None = None
 
     @property
     def key(self) -> EntryKey:
@@ -210,6 +217,8 @@ class ReferenceEntry:
             out[name] = value.to_dict() if hasattr(value, "to_dict") else value
         if self.data is not None:  # written where pinned: a reference of runs without it reads as before
             out["data"] = dict(self.data)
+        if self.metrics is not None:
+            out["metrics"] = dict(self.metrics)
         return out
 
     @classmethod
@@ -227,7 +236,28 @@ class ReferenceEntry:
             params=ParamPins(params["added_total"], params["trainable"], params.get("stored_total")),
             time=PhaseTimes(e["time"]["train"], e["time"]["eval"]) if e.get("time") is not None else None,
             data=dict(e["data"]) if e.get("data") is not None else None,
+            metrics=dict(e["metrics"]) if e.get("metrics") is not None else None,
         )
+
+
+# The metrics of a record's protocol summary the gate pins beside the accuracy matrix, final and average accuracy
+# (clbench.results.ProtocolSummary): scalars in points, per-task curves in percent, intervals as [lo, hi].
+STORED_METRICS = (
+    "forgetting",
+    "forgetting_first_last",
+    "bwt",
+    "ece",
+    "acc_curve",
+    "old_acc",
+    "new_acc",
+    "top5_curve",
+    "last_acc_ci",
+    "avg_acc_ci",
+)
+
+
+def _is_metric_value(v: Any) -> bool:
+    return v is None or is_number(v) or (isinstance(v, list) and all(x is None or is_number(x) for x in v))
 
 
 _ENTRY_LAYOUT = (
@@ -484,6 +514,14 @@ ENTRY_FIELDS: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
     ("runs", "a list of run ids", _is_list_of(is_name)),
     ("strategy_config", "an object or null", lambda v: v is None or isinstance(v, dict)),
     (
+        "metrics",
+        f"null or an object of {', '.join(STORED_METRICS)} -> a number, a list of numbers or null",
+        lambda v: (
+            v is None
+            or (isinstance(v, dict) and all(k in STORED_METRICS and _is_metric_value(x) for k, x in v.items()))
+        ),
+    ),
+    (
         "data",
         "null or an object of train/test -> digest",
         lambda v: v is None or (isinstance(v, dict) and bool(v) and all(map(is_name, [*v, *v.values()]))),
@@ -504,6 +542,14 @@ def reference_changes(old: Reference, new: Reference) -> list[str]:
         moved = [
             f"{m} {b[m]} -> {a[m]}" for m in ("last_acc", "avg_acc", "params", "precision", "weights") if b[m] != a[m]
         ]
+        if before[k].metrics is not None and after[k].metrics is not None:
+            moved += [
+                f"{m} {before[k].metrics.get(m)} -> {after[k].metrics.get(m)}"
+                for m in ("forgetting", "bwt", "ece")
+                if before[k].metrics.get(m) != after[k].metrics.get(m)
+            ]
+        elif after[k].metrics is not None:
+            moved.append("metrics pinned (forgetting, BWT, ECE, curves, intervals)")
         if before[k].tolerance != after[k].tolerance:
             moved.append(f"tolerance {before[k].tolerance.text()} -> {after[k].tolerance.text()}")
         if moved:

@@ -1,7 +1,12 @@
 """Intervals and paired tests for report rows, from the runs' predictions files (:mod:`clbench.predictions`).
 
 A row of one run gets the stratified image-bootstrap interval; a row of several seeds tested on the same images the
-hierarchical one (:mod:`clbench.stats`). A row whose runs lack predictions (records written before clbench kept
+seed-level one (a t interval over the seeds combined with the shared test-image noise, :mod:`clbench.stats`). A
+protocol whose predictions depend on the test batch (a ``reference`` protocol: the record's strategy config names its
+test-batch size, ``ref_eval_batch`` or ``eval_batch_size``; the batches are the seen test images class by class, in
+test-index order within a class, cut every that many images, as the harness forms them) is resampled by whole
+batches. Pairs are keyed by the full identity of both rows (benchmark, strategy variant, backbone with its
+precision, weights, protocol, seeds). A row whose runs lack predictions (records written before clbench kept
 them) gets no interval and a reason, never a made-up one. Two rows are paired (same benchmark and protocol) only
 when their runs have the same seeds, and per seed the same class order and test images; otherwise the pair is
 refused with what differs. A predictions file that does not match its record's digest stops the report.
@@ -20,6 +25,9 @@ from clbench.predictions import Predictions, correctness
 from clbench.predictions import read as read_predictions
 from clbench.report.collect import AccKey, Collection, Run
 
+# strategy-config keys that give a batch-coupled protocol's test-batch size (TOSCA; MOS, L2P, DualPrompt)
+BATCH_KEYS = ("ref_eval_batch", "eval_batch_size")
+PER_SAMPLE = "per-sample"
 NO_PREDICTIONS = "no per-image predictions in its records (written before clbench kept them)"
 ALPHA = 0.05
 
@@ -35,6 +43,8 @@ class RowInterval:
     curve_hi: list[float] | None = None
     method: str = ""
     why_not: str | None = None
+    seed_sd: float | None = None  # final accuracy, points: the sd over seeds (several seeds)
+    image_se: float | None = None  # final accuracy, points: the shared test-image standard error (several seeds)
 
 
 class Predicted:
@@ -68,8 +78,31 @@ def _same_images(data: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> bool:
     )
 
 
+def batch_size(run: Run, protocol: str) -> int | None:
+    """The test-batch size a batch-coupled protocol of ``run`` formed its batches with (None: per-sample)."""
+    if protocol == PER_SAMPLE:
+        return None
+    config = run.record.strategy_config or {}
+    for key in BATCH_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def batch_blocks(index: np.ndarray, label: np.ndarray, size: int) -> np.ndarray:
+    """Each test image's batch id, rows in the order given: the images sorted class by class (test index within a
+    class), cut every ``size`` images. The batches of earlier evaluations (fewer classes seen) are prefixes of this
+    order, so every earlier batch lies inside one of these."""
+    order = np.lexsort((index, label))
+    blocks = np.empty(len(index), np.int64)
+    blocks[order] = np.arange(len(index)) // size
+    return blocks
+
+
 def row_interval(runs: list[Run], protocol: str, predicted: Predicted) -> RowInterval:
-    """The interval of a row: one run (image bootstrap) or several seeds on the same images (hierarchical)."""
+    """The interval of a row: one run (image bootstrap) or several seeds on the same images (seed level); by test
+    batches for a batch-coupled protocol."""
     data = [predicted.aligned(r, protocol) for r in runs]
     if any(d is None for d in data):
         missing = [r.run_id for r, d in zip(runs, data, strict=True) if d is None]
@@ -79,36 +112,71 @@ def row_interval(runs: list[Run], protocol: str, predicted: Predicted) -> RowInt
     assert all(d is not None for d in data)
     ok = [d for d in data if d is not None]
     strata = ok[0][2]
+    sizes = [batch_size(r, protocol) for r in runs]
+    blocks = [None if b is None else batch_blocks(d[1], d[2], b) for d, b in zip(ok, sizes, strict=True)]
+    by_batch = f", by whole test batches of {sizes[0]} (block bootstrap)" if sizes[0] is not None else ""
     if len(ok) == 1:
         c = ok[0][0]
-        draws = stats.bootstrap_means(c, strata)  # (B, T)
-        method = "image bootstrap (within classes), 1 seed: no spread over seeds"
-        curves = np.nanmean(c, axis=0)[None]
-    else:
-        if not _same_images(ok):
-            return RowInterval(why_not="its seeds were tested on different images or task counts")
-        c = np.stack([d[0] for d in ok])  # (S, N, T)
-        draws = stats.hierarchical_draws(c, strata)
-        method = f"hierarchical bootstrap over {len(ok)} seeds and images"
-        curves = np.nanmean(c, axis=1)  # (S, T)
-    curve = curves.mean(axis=0)
-    last = stats.percentile_interval(float(curve[-1]), draws[:, -1]).scaled(100)
-    avg = stats.percentile_interval(float(curve.mean()), draws.mean(axis=1)).scaled(100)
-    lo, hi = np.percentile(draws, [2.5, 97.5], axis=0) * 100
-    return RowInterval(last, avg, lo.tolist(), hi.tolist(), method)
+        draws = stats.bootstrap_means(c, strata, blocks=blocks[0])  # (B, T)
+        method = (
+            f"image bootstrap ({'test batches' if blocks[0] is not None else 'within classes'}), 1 seed: "
+            "no spread over seeds"
+        )
+        curve = np.nanmean(c, axis=0)
+        last = stats.percentile_interval(float(curve[-1]), draws[:, -1]).scaled(100)
+        avg = stats.percentile_interval(float(curve.mean()), draws.mean(axis=1)).scaled(100)
+        lo, hi = np.percentile(draws, [2.5, 97.5], axis=0) * 100
+        return RowInterval(last, avg, lo.tolist(), hi.tolist(), method)
+    if not _same_images(ok):
+        return RowInterval(why_not="its seeds were tested on different images or task counts")
+    if len(set(sizes)) > 1:
+        return RowInterval(why_not="its seeds formed their test batches with different batch sizes")
+    c = np.stack([d[0] for d in ok])  # (S, N, T)
+    shared: list[np.ndarray] | np.ndarray | None = None
+    if blocks[0] is not None:
+        ids = [b for b in blocks if b is not None]
+        shared = ids[0] if all(np.array_equal(ids[0], b) for b in ids[1:]) else ids
+    sl = stats.seed_level(stats.with_average(c), strata, shared)
+    method = (
+        f"seed level: t over {len(ok)} seeds (sd {100 * sl.seed_sd[-2]:.2f}) + shared test-image noise "
+        f"(se {100 * sl.image_se[-2]:.2f}{by_batch})"
+    )
+    return RowInterval(
+        sl.interval(-2).scaled(100),
+        sl.interval(-1).scaled(100),
+        (100 * sl.lo[:-1]).tolist(),
+        (100 * sl.hi[:-1]).tolist(),
+        method,
+        seed_sd=float(100 * sl.seed_sd[-2]),
+        image_se=float(100 * sl.image_se[-2]),
+    )
 
 
 def fmt_interval(value: float | None, interval: stats.Interval | None, nd: int = 2) -> str:
-    """``28.66 ± 1.45`` (half the 95 % interval's width) or the bare value where there is no interval."""
+    """``28.66 ± 1.5`` (half the 95 % interval's width, to :data:`clbench.stats.INTERVAL_DECIMALS`: the second
+    decimal of a 10,000-resample bootstrap endpoint is Monte-Carlo noise) or the bare value where there is no
+    interval."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return "-"
-    return f"{value:.{nd}f}" if interval is None else f"{value:.{nd}f} ± {interval.half_width:.{nd}f}"
+    if interval is None:
+        return f"{value:.{nd}f}"
+    return f"{value:.{nd}f} ± {interval.half_width:.{stats.INTERVAL_DECIMALS}f}"
+
+
+def fmt_range(interval: stats.Interval) -> str:
+    """``[-5.4, +0.5]``: a signed interval at the printed resolution."""
+    nd = stats.INTERVAL_DECIMALS
+    return f"[{interval.lo:+.{nd}f}, {interval.hi:+.{nd}f}]"
 
 
 # ----------------------------------------------------------------------------------------------- pairs
 @dataclass(frozen=True)
 class PairRow:
-    """A against B on one benchmark and protocol: the difference in final accuracy (points, A minus B)."""
+    """A against B on one benchmark and protocol: the difference in final accuracy (points, A minus B). ``key_a``,
+    ``key_b``: the full identity of the two rows (their seeds in ``seeds``). ``test``: one seed, exact McNemar (block
+    bootstrap for a batch-coupled protocol); several, the seed-level test, with the image-level test beside it
+    (``image_test``) and the exact sign-flip p over seeds (``sign_flip``). Holm over the pairs of each benchmark and
+    protocol, for each test separately; ``*_bound``: the adjusted p is an upper bound (a resampling floor)."""
 
     bench: str
     protocol: str
@@ -118,10 +186,22 @@ class PairRow:
     test: stats.PairedTest | None = None
     p_holm: float | None = None
     refused: str | None = None  # why the two rows cannot be paired
+    key_a: AccKey | None = None
+    key_b: AccKey | None = None
+    image_test: stats.PairedTest | None = None
+    image_refused: str | None = None
+    sign_flip: float | None = None
+    p_holm_bound: bool = False
+    image_p_holm: float | None = None
+    image_p_holm_bound: bool = False
 
     @property
     def significant(self) -> bool | None:
         return None if self.p_holm is None else self.p_holm < ALPHA
+
+    def identity(self, side: str = "a") -> tuple[object, ...]:
+        """The row this pair belongs to: its key and seeds (``side`` "a" or "b")."""
+        return (self.key_a if side == "a" else self.key_b, tuple(self.seeds))
 
 
 def pairing_problem(a_runs: list[Run], b_runs: list[Run]) -> str | None:
@@ -152,7 +232,8 @@ def _seeds(seeds: list[int]) -> str:
 
 def paired_rows(coll: Collection, predicted: Predicted, baseline: str | None = None) -> list[PairRow]:
     """Every pair of rows on the same benchmark and protocol (or each row against ``baseline``), tested on the
-    final accuracy; p-values Holm-corrected over the tested pairs of each benchmark and protocol."""
+    final accuracy; p-values Holm-corrected over the tested pairs of each benchmark and protocol (each test
+    separately)."""
     groups = coll.acc_groups()
     by_setting: dict[tuple[str, str], list[AccKey]] = {}
     for key in groups:
@@ -167,14 +248,24 @@ def paired_rows(coll: Collection, predicted: Predicted, baseline: str | None = N
         for ka, kb in pairs:
             ra, rb = groups[ka], groups[kb]
             seeds = sorted(r.seed for r in ra)
-            row = PairRow(bench, protocol, _label(ka, keys), _label(kb, keys), seeds)
+            row = PairRow(bench, protocol, _label(ka, keys), _label(kb, keys), seeds, key_a=ka, key_b=kb)
             why = pairing_problem(ra, rb)
             result = _test_pair(row, ra, rb, protocol, predicted) if why is None else why
             rows.append(result if isinstance(result, PairRow) else _replace(row, refused=result))
         tested = [i for i, r in enumerate(rows) if r.test is not None]
-        adjusted = stats.holm([rows[i].test.p for i in tested])  # type: ignore[union-attr]
-        for i, p in zip(tested, adjusted, strict=True):
-            rows[i] = _replace(rows[i], p_holm=float(p))
+        adjusted, bound = stats.holm_bounds(
+            [rows[i].test.p for i in tested],  # type: ignore[union-attr]
+            [rows[i].test.at_floor for i in tested],  # type: ignore[union-attr]
+        )
+        for i, p, is_bound in zip(tested, adjusted, bound, strict=True):
+            rows[i] = _replace(rows[i], p_holm=float(p), p_holm_bound=bool(is_bound))
+        imaged = [i for i, r in enumerate(rows) if r.image_test is not None]
+        adjusted, bound = stats.holm_bounds(
+            [rows[i].image_test.p for i in imaged],  # type: ignore[union-attr]
+            [rows[i].image_test.at_floor for i in imaged],  # type: ignore[union-attr]
+        )
+        for i, p, is_bound in zip(imaged, adjusted, bound, strict=True):
+            rows[i] = _replace(rows[i], image_p_holm=float(p), image_p_holm_bound=bool(is_bound))
         out.extend(rows)
     return out
 
@@ -190,21 +281,49 @@ def _replace(row: PairRow, **changes) -> PairRow:
     return replace(row, **changes)
 
 
+def _pair_size(ra: Run, rb: Run, protocol: str) -> int | None:
+    """The block of a pair: the smallest run of images both sides' batches keep together (per-sample: 1)."""
+    import math
+
+    sa, sb = batch_size(ra, protocol), batch_size(rb, protocol)
+    if sa is None and sb is None:
+        return None
+    return math.lcm(sa or 1, sb or 1)
+
+
 def _test_pair(row: PairRow, ra: list[Run], rb: list[Run], protocol: str, predicted: Predicted) -> PairRow | str:
     by_seed = {r.seed: r for r in rb}
-    a_final, b_final = [], []
+    a_final, b_final, blocks = [], [], []
     strata = None
     for run_a in sorted(ra, key=lambda r: r.seed):
-        da, db = predicted.aligned(run_a, protocol), predicted.aligned(by_seed[run_a.seed], protocol)
+        run_b = by_seed[run_a.seed]
+        da, db = predicted.aligned(run_a, protocol), predicted.aligned(run_b, protocol)
         if da is None or db is None:
             return NO_PREDICTIONS
         if not np.array_equal(da[1], db[1]):
             return f"test images differ (seed {run_a.seed})"
         a_final.append(da[0][:, -1])
         b_final.append(db[0][:, -1])
+        size = _pair_size(run_a, run_b, protocol)
+        blocks.append(None if size is None else batch_blocks(da[1], da[2], size))
         strata = da[2] if strata is None else strata
-    test = stats.paired_test(np.stack(a_final), np.stack(b_final), strata)
-    return _replace(row, test=test)
+    assert strata is not None
+    a, b = np.stack(a_final), np.stack(b_final)
+    if len(a) == 1:
+        return _replace(row, test=stats.paired_test(a, b, strata, blocks=blocks[0]))
+    ids = [x for x in blocks if x is not None]
+    common = None if not ids else ids[0] if all(np.array_equal(ids[0], x) for x in ids[1:]) else None
+    seed_test = stats.paired_seed_test(a, b, strata, None if not ids else (common if common is not None else ids))
+    sign = stats.sign_flip_p(100 * (a.mean(axis=1) - b.mean(axis=1)))
+    if ids and common is None:
+        why = "its seeds' test batches differ (class order varies with the seed): no image-level test"
+        return _replace(row, test=seed_test, sign_flip=sign, image_refused=why)
+    image = stats.paired_test(a, b, strata, blocks=common)
+    return _replace(row, test=seed_test, image_test=image, sign_flip=sign)
+
+
+def p_cell(p: float | None, bound: bool = False) -> str:
+    return "-" if p is None else stats.fmt_p(p, bound)
 
 
 def pairs_frame(rows: list[PairRow]):
@@ -217,16 +336,34 @@ def pairs_frame(rows: list[PairRow]):
         if r.test is None:
             cells.update({"A - B final acc (points)": "-", "test": f"not paired: {r.refused}"})
             cells.update({"p": "-", "p (Holm)": "-", "differ at 5 %": "-"})
+            cells.update({"image-level test": "-", "image p": "-", "image p (Holm)": "-", "sign-flip p": "-"})
         else:
             d = r.test.diff
             cells.update(
                 {
-                    "A - B final acc (points)": f"{d.value:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}]",
-                    "test": r.test.test,
-                    "p": f"{r.test.p:.3g}",
-                    "p (Holm)": f"{r.p_holm:.3g}",
+                    "A - B final acc (points)": f"{d.value:+.2f} {fmt_range(d)}",
+                    "test": f"{r.test.test} ({r.test.conditions})",
+                    "p": p_cell(r.test.p, r.test.at_floor),
+                    "p (Holm)": p_cell(r.p_holm, r.p_holm_bound),
                     "differ at 5 %": "yes" if r.significant else "no (not significantly different)",
+                }
+            )
+            it = r.image_test
+            cells.update(
+                {
+                    "image-level test": (
+                        f"{it.test}, {it.diff.value:+.2f} {fmt_range(it.diff)} ({it.conditions})"
+                        if it is not None
+                        else (r.image_refused or "-")
+                    ),
+                    "image p": "-" if it is None else p_cell(it.p, it.at_floor),
+                    "image p (Holm)": p_cell(r.image_p_holm, r.image_p_holm_bound),
+                    "sign-flip p": "-" if r.sign_flip is None else f"{r.sign_flip:.3g} (floor {_flip_floor(r)})",
                 }
             )
         out.append(cells)
     return pd.DataFrame(out)
+
+
+def _flip_floor(row: PairRow) -> str:
+    return f"2/2^{len(row.seeds)} = {2 / 2 ** len(row.seeds):.3g}"
