@@ -74,7 +74,12 @@ def _assert_same(mine: dict, record: RunRecord) -> None:
     assert mine["acc_curve"] == pytest.approx(record.acc_curve, abs=1e-9)
 
 
-@pytest.mark.parametrize("method", ["simplecil", "tosca"])
+# [tosca] trains through the micro ViT (a minute): the full tier; the default tier carries the proof with [simplecil]
+# and TOSCA's Avalanche path with test_readme_section_runs_on_the_micro_vit_and_gives_the_cli_numbers.
+TIERED = ["simplecil", pytest.param("tosca", marks=pytest.mark.full)]
+
+
+@pytest.mark.parametrize("method", TIERED)
 def test_avalanche_metrics_equal_the_cli_record(tmp_path, method):
     from clbench.avalanche_api import ClbenchStrategy
 
@@ -205,7 +210,7 @@ def test_the_old_learner_points_to_the_new_strategy():
         api.Learner  # noqa: B018
 
 
-@pytest.mark.parametrize("method", ["simplecil", "tosca"])
+@pytest.mark.parametrize("method", TIERED)
 def test_example_script_equals_the_cli_record(tmp_path, capsys, method):
     """The runnable example (clbench/examples/avalanche_loop.py) on the micro ViT against a `clbench run` record."""
     from clbench.examples.avalanche_loop import main

@@ -222,8 +222,12 @@ def test_profiles_are_valid_configs(cls):
 
 
 # ----------------------------------------------------------------------------------------------- harness
+@pytest.mark.full
 @pytest.mark.parametrize("method", ["dualprompt"])
 def test_end_to_end_both_protocols_through_the_harness(tmp_path, method):
+    """Full tier: the default tier carries DualPrompt through the harness with
+    tests/test_contract.py::test_session_contract[dualprompt] and the reference protocol with
+    test_dualprompt_reference_protocol_is_the_batch_vote."""
     record = run(
         RunConfig(
             strategy=method,

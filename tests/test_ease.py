@@ -144,8 +144,11 @@ def test_quick_profile_is_a_valid_config(cls):
 
 
 # ----------------------------------------------------------------------------------------------- harness
+@pytest.mark.full
 @pytest.mark.parametrize("method,protocol", [("ease", "per-sample")])
 def test_end_to_end_through_the_harness(tmp_path, method, protocol):
+    """Full tier: the default tier carries EASE through the harness with
+    tests/test_contract.py::test_session_contract[ease]."""
     record = run(
         RunConfig(
             strategy=method,

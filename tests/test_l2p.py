@@ -155,8 +155,12 @@ def test_quick_profile_is_a_valid_config(cls):
 
 
 # ----------------------------------------------------------------------------------------------- harness
+@pytest.mark.full
 @pytest.mark.parametrize("method,protocol", [("l2p", "both")])
 def test_end_to_end_through_the_harness(tmp_path, method, protocol):
+    """Full tier: the default tier carries L2P through the harness with
+    tests/test_contract.py::test_session_contract[l2p] and the reference protocol with
+    test_l2p_reference_protocol_with_batches_of_one_is_per_sample."""
     record = run(
         RunConfig(
             strategy=method,

@@ -269,8 +269,12 @@ def test_profiles_are_valid_configs(cls):
 
 
 # ----------------------------------------------------------------------------------------------- harness
+@pytest.mark.full
 @pytest.mark.parametrize("method", ["mos"])
 def test_end_to_end_both_protocols_through_the_harness(tmp_path, method):
+    """Full tier: the default tier carries MOS through the harness with
+    tests/test_contract.py::test_session_contract[mos] and both protocols with
+    test_mos_reference_protocol_drifts_its_own_copies_per_batch."""
     record = run(
         RunConfig(
             strategy=method,

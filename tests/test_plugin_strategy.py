@@ -109,8 +109,11 @@ def ok(proc: subprocess.CompletedProcess, code: int = 0) -> str:
 MICRO = ("--bench", "emoji", "--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12")
 
 
+@pytest.mark.full
 @pytest.mark.slow  # minutes: a dozen clbench processes, a sweep with a spawned worker
 def test_a_test_file_strategy_runs_through_every_command(tmp_path):
+    """Full tier: the default tier carries the plugin with test_the_plugin_passes_the_shared_cost_and_parameter_checks
+    and every command with the shipped strategies' CLI tests (tests/test_cli.py)."""
     # run, twice (the check needs a reference and runs to check)
     out = ok(
         clbench("run", "--strategy", NAME, "--profile", "ci", *MICRO, "--out", str(tmp_path / "runs/a"), cwd=tmp_path)

@@ -104,7 +104,10 @@ def test_local_sweep_survives_a_killed_worker_and_writes_the_table(local_sweep):
     assert (out / "report" / "index.html").exists()
 
 
+@pytest.mark.full
 def test_ray_cluster_gives_the_local_records_and_retries_a_preempted_run(local_sweep, tmp_path, capsys):
+    """Full tier: the default tier carries the Ray path with
+    test_ray_backend_starts_its_own_local_ray_when_given_no_address."""
     if importlib.util.find_spec("ray") is None:  # not imported: Ray reads its settings once, at import
         pytest.skip("Ray is not installed: pip install -e '.[test]' installs it")
     local, code, _ = local_sweep
@@ -175,9 +178,12 @@ def test_completed_runs_are_skipped_on_reinvocation(local_sweep, tmp_path, capsy
     assert manifest["history"][-1]["overhead"]["runs_executed"] == 4  # the first invocation's figures are kept
 
 
+@pytest.mark.full
 def test_a_killed_sweep_is_continued_not_restarted(local_sweep, tmp_path, capsys, cache_root):
     """SIGKILL the sweep process itself (not its worker) mid-run; its worker dies with it, and the same command
-    continues the run from its checkpoint to the record the uninterrupted sweep wrote."""
+    continues the run from its checkpoint to the record the uninterrupted sweep wrote. Full tier: the default tier
+    carries the continuation with test_completed_runs_are_skipped_on_reinvocation and the killed worker of
+    test_local_sweep_survives_a_killed_worker_and_writes_the_table."""
     local, _, _ = local_sweep
     out = tmp_path / "killed"
     argv = [*SWEEP[:2], "tosca", "--seeds", "1", *SWEEP[5:], "--out", str(out), "--no-report"]

@@ -177,9 +177,11 @@ def test_export_of_the_committed_runs_into_mlflow(tmp_path, capsys, monkeypatch)
         assert run.data.metrics["final/avg_acc"] == rec.avg_acc
 
 
+@pytest.mark.full
 def test_a_sweep_logs_one_tracker_run_per_run_grouped_by_sweep(tmp_path, capsys, cache_root, monkeypatch):
     """`clbench sweep --log mlflow`: each run of the sweep is one MLflow run, in the experiment named after the
-    sweep's folder, with the run's final accuracy."""
+    sweep's folder, with the run's final accuracy. Full tier: a sweep's runs log through the tracker code of a
+    single run, whose MLflow records the default tier checks (test_mlflow_file_store_holds_the_records_metrics)."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("CLBENCH_CACHE", str(cache_root))

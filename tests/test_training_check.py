@@ -80,8 +80,12 @@ def test_detector_fires_when_nothing_moves_and_is_silent_when_training_moves(tmp
     assert trained.training_warning is None
 
 
+@pytest.mark.full
 def test_detector_leaves_the_run_unchanged(tmp_path):
-    """The untrained twin draws from copies of the RNG states: the run's matrix equals one without the twin."""
+    """The untrained twin draws from copies of the RNG states: the run's matrix equals one without the twin. Full tier:
+    the default tier carries the twin's isolation with
+    test_detector_fires_when_nothing_moves_and_is_silent_when_training_moves (its frozen run's reset share is 0: same
+    initial values) and tests/test_contract.py::test_same_seed_same_matrix."""
     with_twin = _micro_run(tmp_path, "a", lr="0.05")
     original = training_check.reset_share
     try:
