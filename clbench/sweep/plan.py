@@ -241,9 +241,10 @@ def check_folders(plan: list[PlannedRun]) -> None:
             "choose another --out, or delete that run folder to run it again",
         )
     if conflicts:
-        shown = "\n  ".join(conflicts[:10]) + (f"\n  ... and {len(conflicts) - 10} more" if len(conflicts) > 10 else "")
+        # one line (the terminal shows a newline from a message as \x0a): the first ten, then the count
+        shown = "; ".join(conflicts[:10]) + (f"; ... and {len(conflicts) - 10} more" if len(conflicts) > 10 else "")
         raise ClbenchError(
             f"{len(conflicts)} run folder(s) of this sweep hold runs it cannot skip or continue "
-            f"(other settings, or nothing to continue from):\n  {shown}",
+            f"(other settings, or nothing to continue from): {shown}",
             "choose another --out, or delete those run folders to run them again",
         )
