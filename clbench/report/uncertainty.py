@@ -252,21 +252,22 @@ def paired_rows(coll: Collection, predicted: Predicted, baseline: str | None = N
             why = pairing_problem(ra, rb)
             result = _test_pair(row, ra, rb, protocol, predicted) if why is None else why
             rows.append(result if isinstance(result, PairRow) else _replace(row, refused=result))
-        tested = [i for i, r in enumerate(rows) if r.test is not None]
-        adjusted, bound = stats.holm_bounds(
-            [rows[i].test.p for i in tested],  # type: ignore[union-attr]
-            [rows[i].test.at_floor for i in tested],  # type: ignore[union-attr]
-        )
-        for i, p, is_bound in zip(tested, adjusted, bound, strict=True):
-            rows[i] = _replace(rows[i], p_holm=float(p), p_holm_bound=bool(is_bound))
-        imaged = [i for i, r in enumerate(rows) if r.image_test is not None]
-        adjusted, bound = stats.holm_bounds(
-            [rows[i].image_test.p for i in imaged],  # type: ignore[union-attr]
-            [rows[i].image_test.at_floor for i in imaged],  # type: ignore[union-attr]
-        )
-        for i, p, is_bound in zip(imaged, adjusted, bound, strict=True):
-            rows[i] = _replace(rows[i], image_p_holm=float(p), image_p_holm_bound=bool(is_bound))
+        rows = _holm_column(rows, "test", "p_holm")
+        rows = _holm_column(rows, "image_test", "image_p_holm")
         out.extend(rows)
+    return out
+
+
+def _holm_column(rows: list[PairRow], test: str, adjusted_field: str) -> list[PairRow]:
+    """Holm over the rows' ``test`` p-values (the rows that have that test): ``adjusted_field`` and its ``_bound``
+    flag (a p at its resampling floor stays a bound) set on each."""
+    tested = [i for i, r in enumerate(rows) if getattr(r, test) is not None]
+    adjusted, bound = stats.holm_bounds(
+        [getattr(rows[i], test).p for i in tested], [getattr(rows[i], test).at_floor for i in tested]
+    )
+    out = list(rows)
+    for i, p, is_bound in zip(tested, adjusted, bound, strict=True):
+        out[i] = _replace(out[i], **{adjusted_field: float(p), f"{adjusted_field}_bound": bool(is_bound)})
     return out
 
 
