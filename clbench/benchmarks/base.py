@@ -26,6 +26,9 @@ class ImageSource(ABC):
     """A labelled list of images addressed by index. ``labels`` are the source's own class ids."""
 
     labels: np.ndarray
+    # Domain-incremental benchmarks: the domain index (into ``BenchmarkSpec.domains``) of every image, same length
+    # as ``labels``; None for a benchmark with a single domain.
+    domains: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -97,6 +100,9 @@ class BenchmarkSpec:
     # test/train pairs known to be byte-identical in the benchmark as published ("test[i] = train[j]"): `clbench
     # data check` and a run note them instead of refusing the data, so that results stay comparable with it.
     known_leaks: tuple[str, ...] = ()
+    # Domain names, in arrival order, for a benchmark whose images carry ``ImageSource.domains`` (the
+    # domain-incremental scenario: one task per domain over the same classes); empty for a single-domain benchmark.
+    domains: tuple[str, ...] = ()
 
 
 def literature_class_order(n_classes: int, seed: int = LITERATURE_ORDER_SEED) -> list[int]:
