@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from clbench.benchmarks.base import ImageSource
 from clbench.errors import ClbenchError
@@ -70,8 +70,39 @@ class TransformedImages(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, k: int):
-        return self.transform(self.source.image(self.indices[k])), k
+    def __getitem__(self, item: int | tuple[int, int]):
+        """Position ``k``, or ``(k, seed)`` from :class:`SeededOrder`: the transform's random draws (crop, flip) then
+        come from a generator seeded for this image and epoch, never from the global RNG's current state."""
+        if isinstance(item, tuple):
+            k, seed = item
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return self.transform(self.source.image(self.indices[k])), k
+        return self.transform(self.source.image(self.indices[item])), item
+
+
+class SeededOrder(Sampler[tuple[int, int]]):
+    """Positions ``0..n-1`` (shuffled with ``generator`` when ``shuffle``), each paired with the seed of its
+    augmentation: one draw from ``generator`` per pass, then ``(pass seed + k * odd constant) mod 2**63``.
+
+    Augmented training images are then a function of the run seed, the pass and the image alone: not of what else
+    drew from torch's global RNG before (a backbone built mid-run, a feature cache that was or was not warm, an
+    evaluation loader), which made a run's numbers depend on the cache's state. Without a ``generator`` the pass
+    seed is drawn from the global RNG (nothing else is)."""
+
+    _STRIDE = 0x9E3779B97F4A7C15  # odd: distinct positions get distinct seeds within a pass
+
+    def __init__(self, n: int, shuffle: bool, generator: torch.Generator | None) -> None:
+        self.n, self.shuffle, self.generator = n, shuffle, generator
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        base = int(torch.randint(2**62, (1,), generator=self.generator).item())
+        order = torch.randperm(self.n, generator=self.generator).tolist() if self.shuffle else range(self.n)
+        for k in order:
+            yield k, (base + k * self._STRIDE) % 2**63
 
 
 @torch.inference_mode()

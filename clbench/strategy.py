@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from clbench.backbones import FrozenBackbone
 from clbench.benchmarks.base import ImageSource
 from clbench.blocks import CosineHead, first_per_class
-from clbench.features import TransformedImages
+from clbench.features import SeededOrder, TransformedImages
 from clbench.safestate import ContextRef, SavedState, StateError, allowed, decode, encode
 
 if TYPE_CHECKING:
@@ -91,7 +91,11 @@ class Split:
             pos = torch.tensor([k for _, k in items])
             return x, labels[pos], pos
 
-        return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, generator=generator, collate_fn=collate)
+        if not augment:  # the loader's own generator: iterating draws nothing from the global RNG either
+            own = generator if generator is not None else torch.Generator()
+            return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, generator=own, collate_fn=collate)
+        order = SeededOrder(len(ds), shuffle, generator)  # per-image augmentation seeds (see SeededOrder)
+        return DataLoader(ds, batch_size=batch_size, sampler=order, generator=torch.Generator(), collate_fn=collate)
 
 
 @dataclass(frozen=True)

@@ -57,10 +57,9 @@ def test_the_augmented_batches_are_bit_identical_with_and_without_the_cache(tmp_
         split = Split(src, idx, torch.as_tensor(source.labels), torch.zeros(len(idx), 1), eval_tf, train)
         torch.manual_seed(5)
         out = []
-        for _ in range(2):
-            for x, y, _pos in split.image_loader(
-                4, augment=True, shuffle=True, generator=torch.Generator().manual_seed(1)
-            ):
+        loader = split.image_loader(4, augment=True, shuffle=True, generator=torch.Generator().manual_seed(1))
+        for _ in range(2):  # two passes of one loader: its generator draws each pass's order and crops
+            for x, y, _pos in loader:
                 out.append((x, y))
         batches[name] = out
     assert len(batches["files"]) == len(batches["cached"]) > 0
