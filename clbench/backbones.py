@@ -158,7 +158,10 @@ class LazyBackbone(FrozenBackbone):
         d = self.__dict__
         d["_lazy_built"] = True  # from here every attribute is the plain module's
         try:
-            real = d["_lazy_build"]()
+            # A build mid-run (timm's initialisation before the weights load) must draw nothing from the run's
+            # global RNG: a run whose ViT was built at the start and one that built it on first use stay identical.
+            with torch.random.fork_rng(devices=[]):
+                real = d["_lazy_build"]()
         except BaseException:
             d["_lazy_built"] = False
             raise

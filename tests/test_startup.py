@@ -76,7 +76,12 @@ def test_a_strategy_that_needs_the_backbone_gets_it_built_and_checked(tmp_path, 
     assert isinstance(lazy, LazyBackbone) and not lazy.built
     assert (lazy.digest, lazy.num_features, lazy.n_params()) == (eager.digest, eager.num_features, eager.n_params())
     x = torch.rand(2, 3, eager.img_size, eager.img_size)
-    assert torch.equal(lazy(x), eager(x)) and lazy.built
+    torch.manual_seed(11)
+    expected = torch.rand(4)
+    torch.manual_seed(11)
+    _ = lazy.model  # the first use builds it
+    assert lazy.built and torch.equal(torch.rand(4), expected)  # the build drew nothing from the run's RNG
+    assert torch.equal(lazy(x), eager(x))
     facts = root / "machine" / FACTS_FILE
     known = json.loads(facts.read_text())
     for entry in known.values():
