@@ -163,13 +163,22 @@ def folder_mark(path: Path) -> str | None:
     return str(data["kind"])
 
 
+def default_file_mode() -> int:
+    """The permissions a file made by ``open()`` gets: 0o666 less the process's umask (``mkstemp`` gives 0o600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` whole or not at all: a fresh temporary beside it, then a rename."""
+    """Write ``data`` to ``path`` whole or not at all: a fresh temporary beside it, then a rename. The file gets the
+    user's umask like any other file (records and reports are shared; ``mkstemp``'s 0600 broke that)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # mkstemp: O_EXCL, a fresh name; the prefix marks it as clbench's, the only kind clbench.owned sweeps up
     fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
+        os.fchmod(fd, default_file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

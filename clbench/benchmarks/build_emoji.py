@@ -72,6 +72,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from clbench.owned import default_file_mode
+
 VENDORS: tuple[str, ...] = ("google", "twitter")
 PACKAGE_VERSION = "16.0.0"
 IMAGE_SIZE = 64
@@ -360,13 +362,6 @@ def build_arrays(npm_root: Path) -> dict[str, np.ndarray]:
     }
 
 
-def _default_file_mode() -> int:
-    """Permissions a normally created file gets (0o666 minus the umask)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def write_npz_atomic(arrays: dict[str, np.ndarray], out: Path) -> int:
     """Write arrays with savez_compressed via a temp file + os.replace."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -376,7 +371,7 @@ def write_npz_atomic(arrays: dict[str, np.ndarray], out: Path) -> int:
             np.savez_compressed(fh, **arrays)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp_name, _default_file_mode())
+        os.chmod(tmp_name, default_file_mode())
         size = os.path.getsize(tmp_name)
         if size > MAX_FILE_BYTES:
             raise SystemExit(
@@ -433,7 +428,7 @@ def write_text_atomic(text: str, out: Path) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.chmod(tmp_name, _default_file_mode())
+        os.chmod(tmp_name, default_file_mode())
         os.replace(tmp_name, out)
     except BaseException:
         if os.path.exists(tmp_name):
