@@ -101,6 +101,8 @@ class APERConfig:
 # ----------------------------------------------------------------------------------------------- the strategy
 class APER(Strategy):
     name = "aper"
+    # scenarios: class only for now: its prototype rows are set once per task (a later domain would overwrite them);
+    # a running mean over domains as SimpleCIL's is the natural extension, not made yet
     Config = APERConfig
     state_types = (AdapterSet, Adapter, AdaptedFeatures)
     needs_vit = True

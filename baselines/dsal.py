@@ -119,6 +119,8 @@ class DSALConfig:
 
 class DSAL(Strategy[DSALConfig]):
     name = "dsal"
+    # scenarios: class only: the compensation stream's previous-label cleansing zeroes every earlier class's
+    # column, and in a later domain every class is earlier, so that stream would learn nothing (defined for new classes)
     Config = DSALConfig
     state_types = (AnalyticRidge, RecursiveRidge)
     streams: ClassVar[int] = 2  # R matrices held (the memory estimate)

@@ -138,6 +138,8 @@ def subspace_weights(class_task: Sequence[int], n_sets: int, alpha: float) -> to
 
 class EASE(Strategy):
     name = "ease"
+    # scenarios: class only: the semantic-guided prototype complement builds old classes' prototypes in a new
+    # adapter from their similarity to the task's NEW classes; a later domain has none, so it is undefined there
     Config = EASEConfig
     state_types = (AdapterSet, Adapter)
     needs_vit = True

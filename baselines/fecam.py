@@ -204,6 +204,8 @@ def check_memory(n_new: int, d: int) -> None:
 # ----------------------------------------------------------------------------------------------- the strategy
 class FeCAM(Strategy[FeCAMConfig]):
     name = "fecam"
+    # scenarios: class only: each class's covariance is shrunk and normalised once from its images and kept per
+    # task; a later domain would need the raw second moments (not kept), and a second block would repeat the classes
     Config = FeCAMConfig
     min_train_per_class = 2  # a class covariance needs 2 images
     # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (the

@@ -138,6 +138,9 @@ class PromptPool(nn.Module):
 
 class L2P(Strategy):
     name = "l2p"
+    # domain scenario (the paper's CORe50 setting): one prompt pool and one head over every class, every domain
+    # trains the whole head (its classes are all of them); key matching picks prompts per image as before
+    scenarios = ("class", "domain")
     Config = L2PConfig
     state_types = (PromptPool, LinearHead)
     protocols = (PER_SAMPLE, REFERENCE)
@@ -196,6 +199,7 @@ class L2P(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
+        new = task.n_seen - self.head.weight.shape[0]  # head rows this task adds (a later domain: 0)
         self.head.grow(task.n_seen, ctx.generator(1000 + task.id))
         self.n_seen = task.n_seen
         params = [self.pool.prompts, self.pool.keys, self.head.weight, self.head.bias]
@@ -223,10 +227,12 @@ class L2P(Strategy):
 
         dim = self.head.weight.shape[1]
         pool_params = self.pool.prompts.numel() + self.pool.keys.numel()
-        new_rows = len(task.classes) * (dim + 1)
+        new_rows = new * (dim + 1)
         self._added.append(new_rows + (pool_params if task.id == 0 else 0))
         # Old head rows get zero gradient (masked logits) and so stay put unless weight decay moves them.
-        head_updated = self.head.weight.numel() + self.head.bias.numel() if cfg.weight_decay > 0 else new_rows
+        # (a later domain trains every row: its classes are all of them)
+        whole = cfg.weight_decay > 0 or new < len(task.classes)
+        head_updated = self.head.weight.numel() + self.head.bias.numel() if whole else new_rows
         self._trainable.append(pool_params + head_updated)
 
     # ---------------------------------------------------------------------------------------- prediction

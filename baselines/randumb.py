@@ -136,6 +136,8 @@ def check_memory(width: int) -> None:
 
 class RanDumb(Strategy[RanDumbConfig]):
     name = "randumb"
+    # scenarios: class only: each class's mean and OAS-shrunk statistics are added once (add_classes_oas);
+    # a later domain of the same classes would need them merged, not done
     Config = RanDumbConfig
     state_types = (LDAStatistics,)
     min_train_per_class = 2  # a class's OAS covariance needs 2 images

@@ -98,6 +98,7 @@ from clbench.layers.first_session import (
     n_head_params,
     tune_first_session,
 )
+from clbench.scenario import new_class_count
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 RIDGE_GRID = tuple(10.0**k for k in range(-8, 9))  # optimise_ridge_parameter: 10.0 ** np.arange(-8, 9)
@@ -217,6 +218,9 @@ def check_memory(M: int, d: int) -> None:
 # ----------------------------------------------------------------------------------------------- the strategy
 class RanPAC(Strategy):
     name = "ranpac"
+    # domain scenario: Phase 1 adapts on the first domain only; G and Q accumulate every domain's images, so the
+    # ridge head is the joint solution over all domains seen (its columns: every class from the first task)
+    scenarios = ("class", "domain")
     Config = RanPACConfig
     state_types = (AdapterSet, Adapter, AdaptedFeatures)
     needs_vit = True
@@ -277,8 +281,8 @@ class RanPAC(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg = self.cfg
-        if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
-            raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
+        # head columns this task adds (the domain scenario: every class with the first domain, none later)
+        new = new_class_count(task.classes, task.n_seen, self.n_classes, task.id)
         adapters = trainable = steps = 0
         if cfg.first_session and self.adapters is None:  # Phase 1 on the first task only
             self.adapters, head = tune_first_session(self.model, task, cfg, self.ctx, "RanPAC")
@@ -303,7 +307,7 @@ class RanPAC(Strategy):
         self.n_classes = task.n_seen
         self.ctx.log(f"  RanPAC task {task.id}: lambda {lam:g} (floor {floor:.3g}, M={cfg.M})")
         first = len(self._added) == 0
-        self._added.append(adapters + cfg.M * len(task.classes) + (self.W.numel() if first else 0))
+        self._added.append(adapters + cfg.M * new + (self.W.numel() if first else 0))
         self._trainable.append(trainable)
         self.note_steps(steps)
 

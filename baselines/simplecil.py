@@ -38,17 +38,28 @@ class SimpleCIL(Strategy):
     # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
     # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
     profiles = {"ci": dict(CI_INPUT)}
+    # domain scenario: a class's prototype is its mean over every domain seen so far (a running mean)
+    scenarios = ("class", "domain")
 
     def __init__(self, config: SimpleCILConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
         self.head = CosineHead(ctx.backbone.num_features, learn_sigma=False)
         self._added: list[int] = []
+        self._counts = torch.zeros(0)  # training images behind each class's prototype so far
 
     def learn_task(self, task: Task) -> None:
+        old = self.head.n_classes
         self.head.grow(task.n_seen)
+        counts = torch.cat([self._counts, torch.zeros(task.n_seen - len(self._counts))])
         prototypes = class_means(task.train.features, task.train.labels, task.classes)  # (C_t, d)
-        self.head.set_rows(task.classes, prototypes)
-        self._added.append(prototypes.numel())
+        n = torch.stack([(task.train.labels == c).sum() for c in task.classes]).float()
+        before = counts[task.classes]  # 0 for a new class; a class seen in an earlier domain keeps its images' share
+        w = (before / (before + n))[:, None]
+        rows = w * self.head.weight.detach()[task.classes] + (1 - w) * prototypes
+        self.head.set_rows(task.classes, rows)
+        counts[task.classes] = before + n
+        self._counts = counts
+        self._added.append((task.n_seen - old) * prototypes.shape[1])  # rows this task added
 
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:

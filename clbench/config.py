@@ -38,6 +38,9 @@ if TYPE_CHECKING:  # never imported at run time: this module stays free of torch
     from clbench.strategy import Strategy
 
 PROTOCOL_CHOICES = ("per-sample", "reference", "both")
+# class: each task brings new classes; domain: each task brings every class of the benchmark in a new domain
+# (BenchmarkSpec.domains). A strategy states the ones it supports (Strategy.scenarios).
+SCENARIO_CHOICES = ("class", "domain")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")  # = clbench.precision.CHOICES (that module imports torch lazily)
 WEIGHT_SOURCES = ("auto", "offline", "hub", "random")  # --weights values that are not a file
@@ -322,6 +325,14 @@ class RunConfig:
             ),
         ),
     )
+    scenario: str = run_field(
+        "class",
+        Choice(SCENARIO_CHOICES, "scenarios"),
+        Cli(
+            "class (default): each task brings new classes | domain: each task brings every class in a new domain "
+            "of a benchmark with domains (`clbench list`); the tasks are then the domains"
+        ),
+    )
     protocol: str = run_field(
         "per-sample",
         Choice(PROTOCOL_CHOICES, "protocols"),
@@ -483,18 +494,25 @@ DEFINING_FIELDS = (
     "img_size",
     "normalize",
     "precision",
+    "scenario",
 )
 
 # Defining settings added after records and checkpoints were written: left out of a fingerprint while unset, so
 # that an earlier run's fingerprint (which lacks them) still matches a request that leaves them unset.
 ADDED_LATER = frozenset({"train_per_class"})
+# Defining settings added later with a default other than None: left out while at that default, for the same reason
+# (a record or checkpoint without ``scenario`` is a class-incremental run's).
+ADDED_LATER_DEFAULTS: dict[str, Any] = {"scenario": "class"}
 
 
 def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:  # Any: JSON values (settings of all types)
     """The defining settings of ``cfg``: the backbone resolved to its name, ``--set`` pairs as a sorted mapping
     (the last value of a repeated key wins, as in the strategy config)."""
     fp = {
-        name: getattr(cfg, name) for name in DEFINING_FIELDS if not (name in ADDED_LATER and getattr(cfg, name) is None)
+        name: getattr(cfg, name)
+        for name in DEFINING_FIELDS
+        if not (name in ADDED_LATER and getattr(cfg, name) is None)
+        and not (name in ADDED_LATER_DEFAULTS and getattr(cfg, name) == ADDED_LATER_DEFAULTS[name])
     }
     fp["backbone"] = backbone_name
     fp["overrides"] = dict(sorted(dict(cfg.overrides).items()))
@@ -514,8 +532,9 @@ def differences(
     ``saved`` comes from)."""
     out = []
     for key in DEFINING_FIELDS:
-        if saved.get(key) != current.get(key):
-            out.append(f"{setting(key)}: {_show(saved.get(key))} {there}, {_show(current.get(key))} here")
+        old, new = (d.get(key, ADDED_LATER_DEFAULTS.get(key)) for d in (saved, current))
+        if old != new:
+            out.append(f"{setting(key)}: {_show(old)} {there}, {_show(new)} here")
     return out
 
 

@@ -123,12 +123,25 @@ class _ProtocolLog:
     old: list[float] = field(default_factory=list)
     new: list[float] = field(default_factory=list)
     top5: list[float] = field(default_factory=list)
+    task_aware: list[float] = field(default_factory=list)  # metrics.task_aware_prediction's accuracy (older: none)
     # Per image, per task (plain lists, so the checkpoint carries them; clbench.predictions writes the file):
     index: list[list[int]] = field(default_factory=list)  # positions in the benchmark's test split
     pred: list[list[int]] = field(default_factory=list)  # argmax of the logits
     conf: list[list[float]] = field(default_factory=list)  # softmax probability of the argmax, float16 values
 
-    def add(self, logits: torch.Tensor, y: np.ndarray, sample_task: np.ndarray, t: int, index: np.ndarray) -> None:
+    def add(
+        self,
+        logits: torch.Tensor,
+        y: np.ndarray,
+        sample_task: np.ndarray,
+        t: int,
+        index: np.ndarray,
+        task_classes: np.ndarray | None = None,
+        in_task: torch.Tensor | None = None,
+    ) -> None:
+        """One evaluation after task ``t``. ``task_classes``: (N, n_seen) which classes belong to each image's task
+        (class scenario); ``in_task``: the strategy's logits given each image's task (domain scenario, a method
+        with per-task modules). Without either the task-aware accuracy is the task-agnostic one."""
         pred = logits.argmax(dim=1).numpy()
         conf = torch.softmax(logits.float(), dim=1).amax(dim=1).numpy().astype(np.float16)
         self.index.append(np.asarray(index).tolist())
@@ -140,6 +153,8 @@ class _ProtocolLog:
         self.old.append(metrics.accuracy(pred[old], y[old]) if old.any() else float("nan"))
         self.new.append(metrics.accuracy(pred[~old], y[~old]))
         self.top5.append(metrics.topk_accuracy(logits.numpy(), y, 5))
+        aware = metrics.task_aware_prediction(logits.numpy() if in_task is None else in_task.numpy(), task_classes)
+        self.task_aware.append(metrics.accuracy(aware, y))
 
     def summary(self) -> ProtocolSummary:
         return ProtocolSummary(
@@ -153,6 +168,8 @@ class _ProtocolLog:
             new_acc=self.new,
             top5_curve=self.top5,
             bwt=metrics.bwt(self.matrix) if self.matrix else None,
+            task_aware_curve=self.task_aware,
+            task_aware_last=self.task_aware[-1] if len(self.task_aware) == len(self.curve) > 0 else None,
         )
 
 
@@ -204,8 +221,12 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
     """Check every name and setting of ``cfg`` and decide what depends on them (cheap; nothing is loaded). Raises
     ClbenchError."""
     check_settings({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # also set by RunConfig
-    strategy_cls = STRATEGIES.get(cfg.strategy)
+    from clbench.scenario import check_scenario
+
     spec = BENCHMARKS.get(cfg.bench)
+    STRATEGIES.check(cfg.strategy)
+    check_scenario(cfg.strategy, cfg.scenario, spec.domains, spec.name)  # one line, before the strategy imports
+    strategy_cls = STRATEGIES.get(cfg.strategy)
     backbone_name = BACKBONES.check(spec.backbone if cfg.backbone is None else cfg.backbone)
     protocols = _protocols(cfg, strategy_cls)
     strategy_cfg = make_strategy_config(strategy_cls, cfg.profile, cfg.overrides)
@@ -227,6 +248,13 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
             f"{strategy_cls.min_train_per_class} images per class",
             f"give {setting('train_per_class')} {strategy_cls.min_train_per_class} or more, or leave it out",
         )
+    domain = cfg.scenario == "domain"
+    if domain and (cfg.init_cls is not None or cfg.increment is not None):
+        raise ClbenchError(
+            f"{setting('init_cls')} and {setting('increment')} cut classes into tasks; with {setting('scenario')} "
+            f"domain the tasks are the benchmark's {len(spec.domains)} domains ({', '.join(spec.domains)})",
+            f"leave {setting('init_cls')} and {setting('increment')} out",
+        )
     return ResolvedRun(
         config=cfg,
         strategy_cls=strategy_cls,
@@ -235,8 +263,9 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
         backbone_name=backbone_name,
         protocols=tuple(protocols),
         device=device,
-        init_cls=run_level(strategy_cls, cfg.profile, cfg.init_cls, "init_cls"),
-        increment=run_level(strategy_cls, cfg.profile, cfg.increment, "increment"),
+        # the domain scenario's tasks are the domains: a profile's class split does not apply
+        init_cls=None if domain else run_level(strategy_cls, cfg.profile, cfg.init_cls, "init_cls"),
+        increment=None if domain else run_level(strategy_cls, cfg.profile, cfg.increment, "increment"),
         img_size=spec.img_size if img_size is None else img_size,
         train_per_class=train_per_class,
         normalize=spec.normalize if cfg.normalize is None else cfg.normalize,
@@ -359,7 +388,7 @@ def feature_key(resolved: ResolvedRun, inputs: FrozenInputs, split: str, data: s
     return cache_key(
         backbone=resolved.backbone_name,
         digest=inputs.backbone.digest,
-        bench=resolved.spec.name,
+        bench=resolved.spec.features_as or resolved.spec.name,
         split=split,
         data=data,
         transform=inputs.eval_tf.identity(),
@@ -430,16 +459,17 @@ class PreparedRun:
         from clbench.benchmarks.streams import avalanche_benchmark, experience_classes, experience_indices
         from clbench.strategy import Task
 
-        task_of = self.bench.task_of_label()
+        test_task = self.bench.image_tasks("test")  # the class's task, or in the domain scenario the image's domain
+        domain = self.bench.scenario == "domain"
         n_seen = 0
         for exp in avalanche_benchmark(self.bench).train_stream:
-            classes = experience_classes(exp)
-            n_seen += len(classes)
+            classes = experience_classes(exp)  # domain scenario: the classes of this domain, all seen before t > 0
+            # the domain scenario's label space is every class from the first task on (the head has them all)
+            n_seen = self.bench.n_classes if domain else n_seen + len(classes)
             task = Task(exp.current_experience, classes, n_seen, self.split("train", experience_indices(exp)))
             task = task.first_per_class(self.resolved.train_per_class)  # the run's subset, cut here for every method
-            seen = np.flatnonzero(self.bench.test_y < n_seen)
-            seen = seen[np.argsort(self.bench.test_y[seen], kind="stable")]  # class by class, as the reference
-            yield TaskAndTest(task, self.split("test", seen), task_of[self.bench.test_y[seen]])
+            seen = self.bench.seen_test(exp.current_experience)  # class by class, as the reference
+            yield TaskAndTest(task, self.split("test", seen), test_task[seen])
 
 
 def prepare(
@@ -458,7 +488,9 @@ def prepare(
     rep = reporter or Reporter()
 
     rep.log(f"benchmark {spec.name}: loading")
-    bench = build_benchmark(spec, cfg.data_root, resolved.init_cls, resolved.increment, cfg.class_order_seed)
+    bench = build_benchmark(
+        spec, cfg.data_root, resolved.init_cls, resolved.increment, cfg.class_order_seed, cfg.scenario
+    )
     rep.log(f"backbone {resolved.backbone_name} (weights: {cfg.weights})")
     cache = FeatureCache(enabled=cfg.feature_cache, warn=lambda m: rep.log(f"warning: {m}"))
     inputs = load_inputs(resolved, precision)
@@ -737,8 +769,7 @@ def _impossible_counts(ckpt: Checkpoint, session: PreparedRun) -> str | None:
             if not all(type(v) in (int, float) and (v != v or 0 <= v <= 100) for v in flat):
                 return f"its {p} {name} holds a value that is not a percentage"
         for t in range(len(log.get("index", []))):
-            seen = np.flatnonzero(bench.test_y < sizes[t])
-            seen = seen[np.argsort(bench.test_y[seen], kind="stable")]  # as PreparedRun.tasks evaluates them
+            seen = bench.seen_test(t)  # as PreparedRun.tasks evaluates them
             index, pred, conf = log["index"][t], log["pred"][t], log["conf"][t]
             if type(index) is not list or index != seen.tolist():
                 return f"its {p} evaluation after task {t + 1} is not of the {len(seen)} test images seen by then"
@@ -756,10 +787,12 @@ def _impossible_counts(ckpt: Checkpoint, session: PreparedRun) -> str | None:
 def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunState, rep: Reporter) -> None:
     """Learn one task, then evaluate on every seen class under each protocol; the task's entry joins ``state``."""
     strategy, task, t, protocols = session.strategy, step.task, step.task.id, session.protocols
-    rep.log(
-        f"task {t + 1}/{session.bench.n_tasks}: classes {task.classes[0]}..{task.classes[-1]} "
-        f"({len(task.train)} images)"
+    what = (
+        f"domain {session.spec.domains[t]!r}, {len(task.classes)} classes"
+        if session.bench.scenario == "domain"
+        else f"classes {task.classes[0]}..{task.classes[-1]}"
     )
+    rep.log(f"task {t + 1}/{session.bench.n_tasks}: {what} ({len(task.train)} images)")
     from clbench.checkpoint import capture_rng
 
     rng_before_task = capture_rng() if t == 0 else None
@@ -781,7 +814,13 @@ def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunStat
             )
         if not torch.isfinite(logits).all():
             raise ClbenchError(f"{session.cfg.strategy} produced NaN/inf logits after task {t}")
-        state.logs[p].add(logits, y, step.sample_task, t, step.test.indices)
+        if session.bench.scenario == "domain":  # every task has every class: a per-task module given the task
+            given = strategy.predict_given_task(step.test, step.sample_task, p)
+            state.logs[p].add(logits, y, step.sample_task, t, step.test.indices, in_task=given)
+        else:  # class scenario: the prediction restricted to the classes of the image's task
+            task_of = session.bench.task_of_label()[: task.n_seen]
+            in_its_task = task_of[None, :] == step.sample_task[:, None]
+            state.logs[p].add(logits, y, step.sample_task, t, step.test.indices, task_classes=in_its_task)
         first_logits = logits if first_logits is None else first_logits
     diagnostics = strategy.diagnostics(step.test, step.sample_task)
     if training := trace.summary():
@@ -877,10 +916,10 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) ->
     bench = session.bench
     split = session.split("test", np.arange(len(bench.test)))
     adapted = strategy.adapted_features(split)
-    arrays = {
+    arrays: dict[str, Any] = {
         "frozen": session.features["test"].half().numpy(),
         "labels": bench.test_y,
-        "tasks": bench.task_of_label()[bench.test_y],
+        "tasks": bench.image_tasks("test"),
     }
     if adapted is not None:
         arrays["adapted"] = adapted.half().numpy()
@@ -898,11 +937,11 @@ def _predictions(session: PreparedRun, logs: dict[str, _ProtocolLog]) -> Predict
     n_tasks = len(logs[protocols[0]].matrix)
     if any(len(logs[p].pred) != n_tasks or len(logs[p].index) != n_tasks for p in protocols):
         return None
-    task_of = bench.task_of_label()
+    task_of = bench.image_tasks("test")
     per_task = []
     for t in range(n_tasks):
         index = np.asarray(logs[protocols[0]].index[t], dtype=np.int64)
-        per_task.append((index, bench.test_y[index], task_of[bench.test_y[index]]))
+        per_task.append((index, bench.test_y[index], task_of[index]))
     return predictions.build(
         protocols,
         per_task,
@@ -994,7 +1033,10 @@ def _record(
         n_classes=bench.n_classes,
         n_images={"train": len(bench.train), "test": len(bench.test)},
         data_fingerprint={"train": bench.train.data_id(), "test": bench.test.data_id()},
-        task_sizes=bench.task_sizes,
+        # classes each task brings: in the domain scenario every task brings the classes of its domain
+        task_sizes=[bench.n_classes] * bench.n_tasks if bench.scenario == "domain" else bench.task_sizes,
+        scenario=None if bench.scenario == "class" else bench.scenario,
+        domains=list(spec.domains) if bench.scenario == "domain" else None,
         class_order=bench.class_order,
         class_order_seed=cfg.class_order_seed,
         class_names=[bench.class_names[c] for c in bench.class_order],
@@ -1028,7 +1070,7 @@ def _record(
         peak_rss_mb=peak_rss_mb(),
         versions=_versions(),
         git_revision=git_revision(),
-        metric_definitions=metrics.DEFINITIONS,
+        metric_definitions=metrics.definitions(bench.scenario),
         host=host_info(),
         protocol_gap=gap,
         training_warning=training_check.warning(

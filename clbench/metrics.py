@@ -21,6 +21,18 @@ Definitions (printed in every report, see :data:`DEFINITIONS`):
   seed-level interval (a t interval over seeds combined with the shared test-image noise), not the hierarchical
   bootstrap the ``last_acc_ci / avg_acc_ci`` entry still names: that text is what every record stores, so it stays
   as it was (a changed text would mark every record as redefined); ``report intervals`` says what reports print.
+- ``task-aware`` accuracy (Mammoth's Task-IL beside its Class-IL): the prediction when each test image's task is
+  given. Class scenario: the argmax of the logits restricted to the classes of the image's task
+  (:func:`task_aware_prediction`); it equals the task-agnostic accuracy where a run has one task. Their gap
+  separates "confuses classes within a task" from "does not know which task".
+
+Domain-incremental scenario (``--scenario domain``, :data:`DOMAIN_DEFINITIONS`): task ``t`` brings every class of
+the benchmark in domain ``t``, and the label space holds every class from the first task on. The same functions
+apply with tasks read as domains: ``R[t][d]`` is the accuracy on domain ``d``'s test images (``d <= t``) over every
+class; ``A_t`` covers the test images of domains ``0..t``; ``forgetting`` / ``bwt`` are means over old domains.
+Task-aware accuracy there is the prediction of the image's own domain's module, for a method that keeps one per
+domain (:meth:`clbench.strategy.Strategy.predict_given_task`); for every other method it equals the task-agnostic
+accuracy, since every task holds the same classes.
 """
 
 from __future__ import annotations
@@ -44,8 +56,45 @@ DEFINITIONS: dict[str, str] = {
     "report intervals": "reports: 95 % intervals from 10,000 resamples (one run: within classes; a batch-coupled "
     "protocol: by whole test batches); several seeds: t interval over the seeds combined with the test-image noise "
     "they share (clbench.stats.seed_level); one decimal",
+    "task-aware": "accuracy when each test image's task is given: the argmax restricted to the classes of its task "
+    "(Mammoth's Task-IL); with one task, the task-agnostic accuracy",
 }
 ECE_BINS = 15
+DOMAIN_DEFINITIONS: dict[str, str] = {
+    **DEFINITIONS,
+    "scenario": "domain-incremental: task t brings every class in domain t; every class is in the label space "
+    "from the first task on",
+    "R[t][j]": "top-1 accuracy (%) on domain j's test images after learning domain t, over every class (no domain id)",
+    "A_t": "top-1 accuracy (%) on the test images of the domains seen after task t",
+    "forgetting": "mean over old domains j of (max_{t<T} R[t][j] - R[T][j]) (Chaudhry et al.)",
+    "forgetting_first_last": "mean over old domains j of (R[j][j] - R[T][j]) (Avalanche's definition)",
+    "old_acc / new_acc": "accuracy after task t on the test images of earlier domains / of domain t",
+    "bwt": "backward transfer: mean over old domains j of (R[T][j] - R[j][j]) (Lopez-Paz and Ranzato, GEM)",
+    "task-aware": "the prediction of the image's own domain's module where a method keeps one per "
+    "domain (domain given); for every other method the task-agnostic accuracy (every domain has every class)",
+}
+
+
+def definitions(scenario: str = "class") -> dict[str, str]:
+    """The definitions a record of ``scenario`` carries and a report prints under its tables (the class
+    scenario's: :data:`DEFINITIONS`, which every record has stored)."""
+    return dict(DOMAIN_DEFINITIONS if scenario == "domain" else DEFINITIONS)
+
+
+def task_aware_prediction(logits: np.ndarray, task_classes: np.ndarray | None = None) -> np.ndarray:
+    """The argmax of ``logits`` (N, C) over the classes ``task_classes`` (N, C, bool) marks for each row: the classes
+    of the image's task. None: the plain argmax (every class is in every task, or the logits are already the
+    image's task's module's). A row with no class marked falls back to the plain argmax."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if task_classes is None:
+        return logits.argmax(axis=1)
+    mask = np.asarray(task_classes, dtype=bool)
+    if mask.shape != logits.shape:
+        raise ValueError(f"task_classes has shape {mask.shape}, the logits {logits.shape}")
+    masked = np.where(mask, logits, -np.inf)
+    empty = ~mask.any(axis=1)
+    masked[empty] = logits[empty]
+    return masked.argmax(axis=1)
 
 
 def accuracy(pred: np.ndarray, target: np.ndarray) -> float:

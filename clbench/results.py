@@ -291,6 +291,9 @@ class ProtocolSummary:
     ece: float | None = None  # final model's expected calibration error, 15 bins, points (None: no predictions)
     last_acc_ci: list[float] | None = None  # [lo, hi] 95 % stratified image bootstrap (None: no predictions)
     avg_acc_ci: list[float] | None = None  # [lo, hi] likewise for avg_acc
+    # per task: the task-aware accuracy (clbench.metrics.task_aware_prediction), beside A_t; records before it: none
+    task_aware_curve: list[float] = field(default_factory=list)
+    task_aware_last: float | None = None  # its value after the last task
 
     @classmethod
     def from_dict(cls, d: Json) -> ProtocolSummary:
@@ -298,10 +301,11 @@ class ProtocolSummary:
 
     def to_dict(self) -> Json:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {k: v for k, v in out.items() if v is not None or k not in _WHERE_SET}
+        return {k: v for k, v in out.items() if (v is not None and v != []) or k not in _WHERE_SET}
 
 
-_WHERE_SET = ("bwt", "ece", "last_acc_ci", "avg_acc_ci")  # written only where known (older records lack them)
+# written only where known (older records lack them)
+_WHERE_SET = ("bwt", "ece", "last_acc_ci", "avg_acc_ci", "task_aware_curve", "task_aware_last")
 SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(ProtocolSummary))
 
 
@@ -487,6 +491,13 @@ class RunRecord:
         "a list of integers >= 1",
         lambda v: isinstance(v, list) and bool(v) and all(_is_positive(n) for n in v),
         required=True,
+    )
+    # the run's scenario where it is not "class" (clbench.config.SCENARIO_CHOICES); records without it are
+    # class-incremental runs (read them with ``record.scenario or "class"``)
+    scenario: str | None = json_field(f"{NAME} or null", _or_none(_is_name), where_set=True, default=None)
+    # the domain scenario: the benchmark's domain names in task order (task t = domain t)
+    domains: list[str] | None = json_field(
+        "a list of names or null", _or_none(_list_of(_is_name)), where_set=True, default=None
     )
     class_order: list[int] = json_field("a list of integers >= 0", _list_of(_is_count), default_factory=list)
     class_order_seed: int = json_field("an integer >= 0", _is_count, default=DEFAULT_CLASS_ORDER_SEED)

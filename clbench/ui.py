@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from clbench import metrics
 from clbench.harness import Reporter
 from clbench.results import RunRecord
 from clbench.text import rich as esc
@@ -86,16 +87,25 @@ def print_result(record: RunRecord, console: Console | None = None) -> None:
         console.print(
             f"reference - per-sample protocol gap: final {g.last_acc:+.2f} points, average {g.avg_acc:+.2f} points"
         )
-    matrix = Table(title="accuracy matrix R[t][j] (%): rows = after task t, columns = task j")
+    domains = record.domains if record.scenario == "domain" and record.domains else None
+    unit = "domain" if domains else "task"  # the domain scenario's tasks are its domains, in arrival order
+    matrix = Table(title=f"accuracy matrix R[t][j] (%): rows = after task t, columns = {unit} j")
     n = len(main.accuracy_matrix)
     matrix.add_column("after", justify="right")
     for j in range(n):
-        matrix.add_column(f"T{j + 1}", justify="right")
+        matrix.add_column(esc(domains[j]) if domains and j < len(domains) else f"T{j + 1}", justify="right")
     matrix.add_column("A_t", justify="right")
+    if main.task_aware_curve and len(main.task_aware_curve) == n:
+        matrix.add_column("task-aware", justify="right")
     for i, row in enumerate(main.accuracy_matrix):
-        matrix.add_row(f"T{i + 1}", *[_fmt(v, 1) for v in row], *[""] * (n - len(row)), _fmt(main.acc_curve[i], 2))
+        aware = [_fmt(main.task_aware_curve[i], 2)] if main.task_aware_curve and len(main.task_aware_curve) == n else []
+        matrix.add_row(
+            f"T{i + 1}", *[_fmt(v, 1) for v in row], *[""] * (n - len(row)), _fmt(main.acc_curve[i], 2), *aware
+        )
     console.print(matrix)
-    console.print("forgetting = mean over old tasks of (max earlier R[t][j] - final R[T][j]) (Chaudhry/PILOT)")
+    console.print(f"forgetting = mean over old {unit}s of (max earlier R[t][j] - final R[T][j]) (Chaudhry/PILOT)")
+    if main.task_aware_curve:
+        console.print(f"task-aware = {metrics.definitions(record.scenario or 'class')['task-aware']}")
     for warning in run_warnings(record):
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
 

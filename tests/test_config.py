@@ -35,6 +35,7 @@ def _options(command: str) -> dict[str, object]:
 def test_the_generated_parser_has_the_flags_it_had():
     run, sweep = _options("run"), _options("sweep")
     added = {"--train-per-class"}  # a run setting since (it was a strategy setting of six methods)
+    added |= {"--scenario"}  # class | domain (issue #40)
     assert set(run) == RUN_FLAGS_BEFORE | added
     assert set(sweep) == SWEEP_FLAGS_BEFORE | added
     # defaults, types, choices and aliases as they were written by hand

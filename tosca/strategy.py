@@ -55,6 +55,7 @@ from torch import nn
 from clbench.blocks import (
     CosineHead,
     class_means,
+    cosine_logits,
     cosine_lr,
     minibatches,
     n_params,
@@ -153,6 +154,10 @@ class TOSCA(Strategy):
     # at 0.98 of its first epoch, now 0.83-0.90; reports/gate/README.md).
     # ``augment``: the reference's training (train_mode=augment, see the module docstring); it gets its own row in
     # ``clbench perf projection``.
+    # domain scenario: one module per domain; module t predicts against its own prototypes of every class (the
+    # domain's class means in its space, ``task_heads``), and routing picks a module (a domain) per image as it picks a
+    # task in the class scenario
+    scenarios = ("class", "domain")
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "ci": dict(CI_INPUT),
         "ci-augment": {**CI_INPUT, "train_mode": "augment", "epochs": 2, "batch_size": 16, "lr": 0.1},
@@ -170,6 +175,10 @@ class TOSCA(Strategy):
         self.head = CosineHead(d)
         self._trainable: list[int] = []
         self.routing = RoutingMemory()  # per-task statistics for the routers that need them
+        # The domain scenario (a later task brings classes seen before): module t's own prototypes of every class,
+        # in its own space, one (C, d) tensor per module; module t predicts with task_heads[t]. Empty in the class
+        # scenario, where each class has one prototype, in its own task's module (the shared head).
+        self.task_heads: list[torch.Tensor] = []
 
     # ------------------------------------------------------------------------------------------ learning
     def _new_module(self, task_id: int) -> LuCA:
@@ -205,6 +214,9 @@ class TOSCA(Strategy):
 
     def learn_task(self, task: Task) -> None:
         cfg = self.cfg
+        repeat = bool(set(task.classes) & set(range(self.head.n_classes)))  # a new domain of known classes
+        if repeat and not self.task_heads:  # the first module's prototypes, before this task trains the head
+            self.task_heads.append(self.head.weight.detach().clone().cpu())
         module = self._new_module(task.id)
         self._grow_head(task)
         params = list(module.parameters()) + list(self.head.parameters())
@@ -223,6 +235,8 @@ class TOSCA(Strategy):
         with torch.no_grad():  # prototypes of the task's classes in its own module's space
             feats = module(task.train.features.to(self.ctx.device)).cpu()
             self.head.set_rows(task.classes, class_means(feats, task.train.labels, task.classes))
+            if repeat:  # this domain's prototypes are module t's own; the earlier modules keep theirs
+                self.task_heads.append(self.head.weight.detach().clone().cpu())
             # statistics for the other routers, from this task's training split only (the paper's rule needs none)
             self.routing.fit_task(
                 task.id, task.train.features, task.train.labels, self.head(feats.to(self.ctx.device)).cpu()
@@ -247,7 +261,14 @@ class TOSCA(Strategy):
         with self._small_ops():
             for start in range(0, len(split), self.cfg.eval_batch):
                 z = split.features[start : start + self.cfg.eval_batch].to(self.ctx.device)
-                out.append(self.head(stacked_forward(list(self.modules_), z)).cpu())
+                outs = stacked_forward(list(self.modules_), z)
+                if self.task_heads:  # domain scenario: each module against its own domain's prototypes
+                    sigma = self.head.sigma
+                    heads = [h.to(self.ctx.device) for h in self.task_heads]
+                    per_module = [cosine_logits(o, w, sigma) for o, w in zip(outs, heads, strict=True)]
+                    out.append(torch.stack(per_module).cpu())
+                else:
+                    out.append(self.head(outs).cpu())
         return torch.cat(out, dim=1)
 
     def _small_ops(self):
@@ -275,6 +296,12 @@ class TOSCA(Strategy):
         all_logits = self.all_logits(split)
         choice = self.routes(all_logits, protocol, split)
         return all_logits[choice, torch.arange(all_logits.shape[1])]
+
+    @torch.no_grad()
+    def predict_given_task(self, split: Split, tasks: np.ndarray, protocol: str = PER_SAMPLE) -> torch.Tensor:
+        """Each image predicted by its own task's (domain's) module: the oracle routing's logits."""
+        all_logits = self.all_logits(split)
+        return all_logits[torch.as_tensor(tasks, dtype=torch.long), torch.arange(all_logits.shape[1])]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """As the base class; a checkpoint from before routers kept statistics loads only for rules needing none."""
@@ -438,5 +465,6 @@ class TOSCA(Strategy):
                 "bottleneck": r,
                 "ease_adapter_set": ease_set,
                 "ease_set_over_module": ease_set / per_module if per_module else None,
+                **({"domain_prototypes": sum(h.numel() for h in self.task_heads)} if self.task_heads else {}),
             },
         )

@@ -7,6 +7,7 @@ Each spec names the function that reads its images (``load``), so registering co
 from __future__ import annotations
 
 import clbench.benchmarks.literature  # noqa: F401  (registers the literature presets)
+import clbench.benchmarks.literature_domains  # noqa: F401  (registers DomainNet, CORe50, CDDB, Office-Home)
 from clbench.benchmarks.base import Benchmark, BenchmarkSpec, build_benchmark
 from clbench.benchmarks.registry import BENCHMARKS, register
 
@@ -50,5 +51,8 @@ register(
         ),
     )
 )
+
+import clbench.benchmarks.emoji_domains  # noqa: E402, F401  (registers emoji-domains, four artwork styles)
+import clbench.benchmarks.emoji_vendors  # noqa: E402, F401  (registers emoji-vendors, the two-vendor domain benchmark)
 
 __all__ = ["BENCHMARKS", "DEFAULT_BENCH", "Benchmark", "BenchmarkSpec", "build_benchmark", "register"]

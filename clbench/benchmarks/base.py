@@ -103,6 +103,9 @@ class BenchmarkSpec:
     # Domain names, in arrival order, for a benchmark whose images carry ``ImageSource.domains`` (the
     # domain-incremental scenario: one task per domain over the same classes); empty for a single-domain benchmark.
     domains: tuple[str, ...] = ()
+    # another benchmark whose images are these same images (emoji-vendors: emoji's): the frozen-feature cache files
+    # them under its name, so the two share one extraction (the key also holds the images' content digest)
+    features_as: str | None = None
 
 
 def literature_class_order(n_classes: int, seed: int = LITERATURE_ORDER_SEED) -> list[int]:
@@ -142,6 +145,9 @@ class Benchmark:
     task_sizes: list[int]
     train: ImageSource
     test: ImageSource
+    # "class": tasks bring new classes (``task_sizes``); "domain": task t brings every class in domain t of
+    # ``spec.domains`` (``task_sizes`` is then ``[n_classes, 0, ...]``: every class arrives with the first task).
+    scenario: str = "class"
     train_y: np.ndarray = field(init=False)
     test_y: np.ndarray = field(init=False)
 
@@ -166,6 +172,20 @@ class Benchmark:
     def classes_of_task(self, t: int) -> list[int]:
         start = sum(self.task_sizes[:t])
         return list(range(start, start + self.task_sizes[t]))
+
+    def image_tasks(self, split: str) -> np.ndarray:
+        """The task of every image of ``split`` ("train" or "test"): its domain in the domain scenario, the task
+        its class arrives with in the class scenario."""
+        source, y = (self.train, self.train_y) if split == "train" else (self.test, self.test_y)
+        if self.scenario == "domain":
+            assert source.domains is not None  # checked by build_benchmark
+            return np.asarray(source.domains, dtype=np.int64)
+        return self.task_of_label()[y]
+
+    def seen_test(self, t: int) -> np.ndarray:
+        """Positions of the test images evaluated after task ``t`` (every task so far), class by class (stable)."""
+        seen = np.flatnonzero(self.image_tasks("test") <= t)
+        return seen[np.argsort(self.test_y[seen], kind="stable")]
 
 
 def resolve_data_root(spec: BenchmarkSpec, data_root: str | Path | None) -> Path | None:
@@ -218,8 +238,10 @@ def build_benchmark(
     init_cls: int | None = None,
     increment: int | None = None,
     class_order_seed: int = LITERATURE_ORDER_SEED,
+    scenario: str = "class",
 ) -> Benchmark:
-    """Load a benchmark's images and apply class order and task split."""
+    """Load a benchmark's images and apply class order and task split (``scenario`` "domain": one task per domain
+    of ``spec.domains``, every class in each; see :func:`check_domains`)."""
     module, _, attr = spec.load.partition(":")
     loader = getattr(importlib.import_module(module), attr)
     train, test, class_names = loader(resolve_data_root(spec, data_root))
@@ -236,7 +258,34 @@ def build_benchmark(
         raise ClbenchError(
             f"{spec.name}: {len(missing)} classes have no training images (e.g. {class_names[missing[0]]!r})"
         )
+    order = literature_class_order(n, class_order_seed)
+    if scenario == "domain":
+        check_domains(spec, train, test)
+        return Benchmark(spec, class_names, order, [n] + [0] * (len(spec.domains) - 1), train, test, "domain")
     sizes = task_sizes(
         n, spec.init_cls if init_cls is None else init_cls, spec.increment if increment is None else increment
     )
-    return Benchmark(spec, class_names, literature_class_order(n, class_order_seed), sizes, train, test)
+    return Benchmark(spec, class_names, order, sizes, train, test)
+
+
+def check_domains(spec: BenchmarkSpec, train: ImageSource, test: ImageSource) -> None:
+    """A domain-incremental run needs the spec's domain names and every image's domain, each domain with training
+    and test images."""
+    if not spec.domains:
+        raise ClbenchError(
+            f"benchmark {spec.name!r} has a single domain: the domain scenario needs a benchmark with domains",
+            "use --scenario class, or a benchmark whose `clbench list` entry names domains",
+        )
+    for name, source in (("train", train), ("test", test)):
+        d = source.domains
+        if d is None or len(d) != len(source):
+            raise ClbenchError(f"benchmark {spec.name!r}: its {name} images carry no domain index")
+        lo, hi = int(np.min(d)), int(np.max(d))
+        if lo < 0 or hi >= len(spec.domains):
+            raise ClbenchError(
+                f"benchmark {spec.name!r}: {name} domain indices in [{lo}, {hi}], but it names "
+                f"{len(spec.domains)} domains"
+            )
+        empty = sorted(set(range(len(spec.domains))) - set(np.unique(d).tolist()))
+        if empty:
+            raise ClbenchError(f"benchmark {spec.name!r}: domain {spec.domains[empty[0]]!r} has no {name} images")

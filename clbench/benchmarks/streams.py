@@ -7,6 +7,11 @@ explicit class order. Labels are already remapped to arrival order by :func:`bui
 passed to Avalanche is ``0..n-1`` (Avalanche's own ``seed=`` would reseed torch's global RNG and give another
 order, and it neither remaps labels nor keeps leftover classes: both pitfalls are avoided here).
 
+In the domain scenario (``Benchmark.scenario == "domain"``) the view is Avalanche's dataset-incremental one
+(new instances of the same classes): :func:`benchmark_from_datasets` with one train and one test dataset per
+domain (the benchmark's images whose ``domains`` index is that domain), decorated by :func:`with_classes_timeline`
+so that every experience states its classes as a class-incremental one does (later domains: no new class).
+
 Each sample carries a ``sample_idx`` data attribute, its position in the benchmark split, which the harness
 uses to look up cached frozen features. Avalanche users get image payloads with
 :func:`avalanche_image_benchmark` and drive a clbench method with :class:`clbench.avalanche_api.ClbenchStrategy`.
@@ -30,7 +35,8 @@ submodule("torchvision.transforms", defer=("torchvision",))
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     submodule("avalanche.benchmarks.scenarios.supervised", defer=("avalanche", "avalanche.benchmarks"))
-    from avalanche.benchmarks.scenarios.supervised import class_incremental_benchmark
+    from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
+    from avalanche.benchmarks.scenarios.supervised import class_incremental_benchmark, with_classes_timeline
     from avalanche.benchmarks.utils import DataAttribute
     from avalanche.benchmarks.utils.classification_dataset import ClassificationDataset
 
@@ -62,6 +68,12 @@ def _dataset(labels: np.ndarray, images=None, transform=None) -> ClassificationD
 
 
 def _benchmark(bench: Benchmark, train: ClassificationDataset, test: ClassificationDataset):
+    if bench.scenario == "domain":  # one experience per domain, every class in each (Avalanche's new instances)
+        streams = {}
+        for name, data, split in (("train", train, "train"), ("test", test, "test")):
+            tasks = bench.image_tasks(split)
+            streams[name] = [data.subset(np.flatnonzero(tasks == d)) for d in range(bench.n_tasks)]
+        return with_classes_timeline(benchmark_from_datasets(**streams))
     return class_incremental_benchmark(
         {"train": train, "test": test},
         class_order=list(range(bench.n_classes)),

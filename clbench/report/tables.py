@@ -54,6 +54,7 @@ class Section:
     intro: str = ""
     notes: list[str] = field(default_factory=list)
     definitions: list[tuple[str, str]] = field(default_factory=list)
+    bold_rows: list[int] = field(default_factory=list)  # rows printed in bold (the leaderboard's best)
 
 
 # ------------------------------------------------------------------------------------------- number formats
@@ -199,12 +200,16 @@ def summary_table(coll: Collection, predicted: Predicted | None = None) -> pd.Da
                 "runs": run_ids(runs),
             }
         )
+        aware = [x.task_aware_last for x in s if x.task_aware_last is not None]
+        if aware:  # clbench.metrics "task-aware": each image's task given; records before it have none
+            rows[-1]["task-aware final %"] = fmt_mean_sd(aware) if len(aware) == len(s) else "-"
         warnings = sorted({w for r in runs if (w := training_warning(r.record))})
         if warnings:
             rows[-1]["training warning"] = "; ".join(warnings)
-    if any("training warning" in row for row in rows):  # the column exists only where some record has a warning
-        for row in rows:
-            row.setdefault("training warning", "-")
+    for column in ("task-aware final %", "training warning"):  # only where some record has one
+        if any(column in row for row in rows):
+            for row in rows:
+                row.setdefault(column, "-")
     return pd.DataFrame(rows)
 
 
@@ -419,9 +424,15 @@ def pairs_section(coll: Collection, predicted: Predicted, baseline: str | None =
     )
 
 
-def sections(coll: Collection, budget: Sequence[BudgetCurve] = ()) -> list[Section]:
-    """Every table of a report, in order; ``budget``: the budget curves whose points get a table."""
-    predicted = Predicted()
+def sections(
+    coll: Collection,
+    budget: Sequence[BudgetCurve] = (),
+    main: Collection | None = None,
+    predicted: Predicted | None = None,
+) -> list[Section]:
+    """Every table of a report, in order; ``budget``: the budget curves whose points get a table; ``main``: the
+    main table's rows (:mod:`clbench.report.leaderboard`), the only rows paired (default: every row)."""
+    predicted = predicted or Predicted()
     summary = summary_table(coll, predicted)
     protocols = sorted({p for r in coll.runs for p in r.protocols})
     out = [
@@ -442,7 +453,9 @@ def sections(coll: Collection, budget: Sequence[BudgetCurve] = ()) -> list[Secti
             definitions=metric_definitions(),
         )
     ]
-    pairs = pairs_section(coll, predicted)
+    pairs = pairs_section(coll if main is None else main, predicted)
+    if pairs is not None and main is not None:
+        pairs.intro += " Main-table rows only: Holm covers the pairs of the comparison, not every record."
     if pairs is not None:
         out.append(pairs)
     gap = gap_table(coll)
@@ -497,19 +510,24 @@ def _md_cell(value: Any) -> str:
     return text.markdown(value)
 
 
-def to_markdown(df: pd.DataFrame) -> str:
-    """A GitHub Markdown table (no tabulate dependency); numbers are already display strings."""
+def to_markdown(df: pd.DataFrame, bold: Sequence[int] = ()) -> str:
+    """A GitHub Markdown table (no tabulate dependency); numbers are already display strings; rows ``bold`` in
+    bold."""
     cols = [str(c) for c in df.columns]
     lines = ["| " + " | ".join(_md_cell(c) for c in cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
-    for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
+    for i, row in enumerate(df.itertuples(index=False)):
+        cells = [_md_cell(v) for v in row]
+        lines.append("| " + " | ".join(f"**{c}**" if i in bold and c else c for c in cells) + " |")
     return "\n".join(lines)
 
 
-def to_html(df: pd.DataFrame) -> str:
+def to_html(df: pd.DataFrame, bold: Sequence[int] = ()) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
     body = "\n".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in df.itertuples(index=False)
+        ('<tr class="best">' if i in bold else "<tr>")
+        + "".join(f"<td>{html.escape(str(v))}</td>" for v in row)
+        + "</tr>"
+        for i, row in enumerate(df.itertuples(index=False))
     )
     return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>"
 
@@ -519,7 +537,7 @@ def section_markdown(sec: Section, level: int = 2) -> str:
     if sec.intro:
         parts += [text.markdown_prose(sec.intro), ""]
     if sec.table is not None and len(sec.table):
-        parts += [to_markdown(sec.table), ""]
+        parts += [to_markdown(sec.table, sec.bold_rows), ""]
     for note in sec.notes:
         parts.append(f"- {text.markdown_prose(note)}")
     if sec.notes:
