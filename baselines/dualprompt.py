@@ -90,7 +90,7 @@ from clbench.blocks import (
 from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
-from clbench.layers.prompts import key_similarity, select_prompts
+from clbench.layers.prompts import key_similarity, pilot_kv_layout, prefix_block, select_prompts
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -170,37 +170,6 @@ def prompt_layers(cfg: DualPromptConfig, depth: int) -> tuple[tuple[int, ...], t
     return tuple(i for i in cfg.g_layers if i < depth), tuple(i for i in cfg.e_layers if i < depth)
 
 
-def pilot_kv_layout(prefix: torch.Tensor) -> torch.Tensor:
-    """(B, 2, L, d) per-image (key, value) prefixes as PILOT's ``EPrompt`` hands them to the attention: it stacks
-    them as (2, B, L, d) (every key, then every value) and reshapes to (B, 2, L, d) without a permute, so image b
-    gets stacked row 2b as its key and row 2b + 1 as its value."""
-    return prefix.transpose(0, 1).reshape(prefix.shape)
-
-
-def prefix_attention(attn: nn.Module, x: torch.Tensor, prefix: torch.Tensor | None) -> torch.Tensor:
-    """timm ``Attention`` with prefix keys/values (PILOT ``PreT_Attention``): (B, N, d) tokens and (B, 2, L, d)
-    prefixes -> (B, N, d). The prefixes join the image keys and values of every head; queries are the tokens'."""
-    B, N, C = x.shape
-    heads = attn.num_heads
-    hd = C // heads
-    qkv = attn.qkv(x).reshape(B, N, 3, heads, hd).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)  # (B, H, N, hd)
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    if prefix is not None:
-        pk, pv = prefix.to(x.dtype).reshape(B, 2, -1, heads, hd).permute(1, 0, 3, 2, 4)  # (B, H, L, hd) each
-        k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
-    w = (q * attn.scale) @ k.transpose(-2, -1)  # (B, H, N, L + N)
-    out = (w.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, N, C)
-    out = attn.norm(out) if hasattr(attn, "norm") else out
-    return attn.proj_drop(attn.proj(out))
-
-
-def prefix_block(block: nn.Module, x: torch.Tensor, prefix: torch.Tensor | None) -> torch.Tensor:
-    """One pre-norm timm ``Block`` whose attention takes prefix keys/values."""
-    x = x + block.drop_path1(block.ls1(prefix_attention(block.attn, block.norm1(x), prefix)))
-    return x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
-
-
 class Prompts(nn.Module):
     """G-prompt (n_g, 2, L_g, d), E-prompt pool (M, n_e, 2, L_e, d) and keys (M, d), uniform(-1, 1) init."""
 
@@ -219,6 +188,9 @@ class Prompts(nn.Module):
 
 class DualPrompt(Strategy):
     name = "dualprompt"
+    # domain scenario: one E-prompt per domain (its slot, chosen by key matching at inference), the G-prompt and
+    # one head over every class shared; each domain trains the head on all classes (they are its classes)
+    scenarios = ("class", "domain")
     Config = DualPromptConfig
     state_types = (Prompts, LinearHead)
     protocols = (PER_SAMPLE, REFERENCE)
@@ -296,6 +268,7 @@ class DualPrompt(Strategy):
                 f"DualPrompt has {cfg.pool_size} E-prompt slots but this is task {t + 1}",
                 "run with --set pool_size=N, N >= the number of tasks",
             )
+        new = task.n_seen - self.head.weight.shape[0]  # head rows this task adds (a later domain: 0)
         self.head.grow(task.n_seen, ctx.generator(1000 + t))
         self.n_seen = task.n_seen
         if t >= 1 and cfg.copy_prompt:  # _init_prompt: slot t starts from slot t - 1 (keys are not copied)
@@ -323,7 +296,7 @@ class DualPrompt(Strategy):
             ctx.log(f"  DualPrompt task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
         self.note_steps(cfg.epochs * len(loader))
         self.n_tasks += 1
-        self.task_sizes.append(len(task.classes))
+        self.task_sizes.append(new)  # the head rows this task added
         counts = self.param_formula(cfg, self.head.weight.shape[1], len(self.model.blocks), self.task_sizes)
         self._added.append(counts.added_per_task[t])
         self._trainable.append(counts.trainable_per_task[t])

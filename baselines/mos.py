@@ -97,6 +97,7 @@ from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
 from clbench.layers.heads import LinearHead
+from clbench.layers.prompts import orth_loss
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -200,13 +201,6 @@ def drifting(adapters: AdapterSet, previous: Sequence[AdapterSet], momentum: flo
     return [_DriftingLayer(adapters, i, blend) for i in range(len(adapters))]
 
 
-def orth_loss(features: torch.Tensor, old_means: torch.Tensor, temperature: float) -> torch.Tensor:
-    """PILOT ``orth_loss`` (before the ``reg`` factor): M = [old means; features], CE(M M^T / T, identity)."""
-    m = torch.cat([old_means.to(features), features])  # (K + B, d)
-    sim = m @ m.T / temperature
-    return F.cross_entropy(sim, torch.arange(len(m), device=m.device))
-
-
 def self_refine(
     feats: torch.Tensor, head: nn.Module, class_task: torch.Tensor, start_task: torch.Tensor, max_rounds: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,6 +232,8 @@ def mos_output(refined: torch.Tensor, proto_logits: torch.Tensor, n_tasks: int, 
 
 class MOS(Strategy):
     name = "mos"
+    # scenarios: class only: its adapters, their merging and the self-refined retrieval are built around
+    # per-task class prototypes of new classes; what a later domain of the same classes should do there is undefined
     Config = MOSConfig
     state_types = (AdapterSet, Adapter, LinearHead)
     protocols = (PER_SAMPLE, REFERENCE)

@@ -40,6 +40,32 @@ STRATEGIES.register_lazy("randumb", "baselines.randumb:RanDumb")
 STRATEGIES.register_lazy("fecam", "baselines.fecam:FeCAM")
 STRATEGIES.register_lazy("acil", "baselines.acil:ACIL")
 STRATEGIES.register_lazy("dsal", "baselines.dsal:DSAL")
+STRATEGIES.register_lazy("hide_prompt", "baselines.hide_prompt:HiDePrompt")
+STRATEGIES.register_lazy("slca", "baselines.slca:SLCA")
+STRATEGIES.register_lazy("inflora", "baselines.inflora:InfLoRA")
+STRATEGIES.register_lazy("coda_prompt", "baselines.coda_prompt:CodaPrompt")
+# How each strategy appears in reports and figures: its name as printed and one colour, the same in every figure
+# and every report, so that a reader learns them once (Okabe-Ito's colour-blind-safe colours first, then tab20's).
+# A strategy not listed (a plug-in) prints under its registered name and takes a colour from the name's digest.
+STRATEGY_LOOKS: dict[str, tuple[str, str]] = {
+    "simplecil": ("SimpleCIL", "#000000"),
+    "tosca": ("TOSCA", "#D55E00"),
+    "ranpac": ("RanPAC", "#0072B2"),
+    "aper": ("APER", "#E69F00"),
+    "mos": ("MOS", "#009E73"),
+    "ease": ("EASE", "#CC79A7"),
+    "l2p": ("L2P", "#56B4E9"),
+    "dualprompt": ("DualPrompt", "#8c564b"),
+    "coda_prompt": ("CODA-Prompt", "#9467bd"),
+    "hide_prompt": ("HiDe-Prompt", "#bcbd22"),
+    "slca": ("SLCA", "#17becf"),
+    "inflora": ("InfLoRA", "#e377c2"),
+    "fecam": ("FeCAM", "#2ca02c"),
+    "slda": ("SLDA", "#7f7f7f"),
+    "randumb": ("RanDumb", "#d62728"),
+    "acil": ("ACIL", "#393b79"),
+    "dsal": ("DS-AL", "#8c6d31"),
+}
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
 EXAMPLE_STRATEGIES = (FEATURED_STRATEGY, DEFAULT_STRATEGY)  # help-text examples of a strategy list

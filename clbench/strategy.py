@@ -13,7 +13,8 @@ backbone, device, precision, seed). The harness then calls, for each task ``t`` 
 3. ``param_counts()``: learned parameters added, statistics stored and parameters trained (:class:`ParamCounts`).
 
 Strategies never see test labels, never reseed global RNGs (use ``ctx.generator()``), and must leave the
-backbone untouched (bit-identical after a run; the contract tests check it).
+backbone untouched (bit-identical after a run; the contract tests check it). A method that fine-tunes the ViT
+(:attr:`Strategy.fine_tunes_backbone`) trains its own copy of it.
 """
 
 from __future__ import annotations
@@ -230,6 +231,15 @@ class Strategy(ABC, Generic[ConfigT]):
     # profiles that get their own row in ``clbench perf projection`` (``<name>-<profile>``), besides the default config
     projection_profiles: ClassVar[tuple[str, ...]] = ()
     needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
+    # methods that fine-tune the ViT's own weights. Such a method trains a copy of ``ctx.backbone.model`` that
+    # it keeps (one per run, never one per task) and leaves the frozen backbone bit-identical like every method; the
+    # cached frozen features (``Split.features``) are not its features once it has trained; its trained and added
+    # parameters include the whole ViT, so its :meth:`param_formula` takes the ViT's count as ``backbone_params``
+    # (width and depth do not fix it), and :meth:`adapted_features` gives its tuned features.
+    fine_tunes_backbone: ClassVar[bool] = False
+    # the scenarios (clbench.config.SCENARIO_CHOICES) the method is defined for; "domain": a later task brings the
+    # classes of earlier ones again, in a new domain (``task.classes`` then names classes already seen)
+    scenarios: ClassVar[tuple[str, ...]] = ("class",)
     # the smallest run-level ``train_per_class`` the method can learn from (e.g. 2 for a class covariance)
     min_train_per_class: ClassVar[int] = 1
     # classes (besides tensors, plain data, torch's layers and BLOCK_TYPES) whose instances the strategy's state holds;
@@ -257,6 +267,12 @@ class Strategy(ABC, Generic[ConfigT]):
 
     @abstractmethod
     def param_counts(self) -> ParamCounts: ...
+
+    def predict_given_task(self, split: Split, tasks: np.ndarray, protocol: str = PER_SAMPLE) -> torch.Tensor | None:
+        """Domain scenario, a diagnostic: logits (N, n_seen) when each image's task (its domain, ``tasks``) is given,
+        for a method with a module per task (the task's module predicts). None (the default): the method has no
+        per-task part, and its task-aware prediction is its task-agnostic one. Never used for the run's accuracy."""
+        return None
 
     @classmethod
     def split_kept(

@@ -19,17 +19,22 @@ import torch.nn.functional as F
 
 import baselines.acil as acil_mod
 import baselines.aper as aper_mod
+import baselines.coda_prompt as coda_mod
 import baselines.dsal as dsal_mod
 import baselines.dualprompt as dualprompt_mod
 import baselines.ease as ease_mod
 import baselines.fecam as fecam_mod
+import baselines.inflora as inflora_mod
 import baselines.l2p as l2p_mod
 import baselines.mos as mos_mod
 import baselines.randumb as randumb_mod
 import baselines.ranpac as ranpac_mod
 import baselines.simplecil as simplecil_mod
+import baselines.slca as slca_mod
 import baselines.slda as slda_mod
 import clbench.layers.lda as lda_mod
+import clbench.layers.lora as lora_mod
+import clbench.layers.prompts as prompts_mod
 import tosca.strategy as tosca_mod
 from clbench.blocks import cosine_logits, vit_tokens
 
@@ -153,7 +158,7 @@ REAL = {
     "merge_toward": mos_mod.merge_toward,
     "self_refine": mos_mod.self_refine,
     "mos_output": mos_mod.mos_output,
-    "prefix_attention": dualprompt_mod.prefix_attention,
+    "prefix_attention": prompts_mod.prefix_attention,
     "rls_fit": acil_mod.RecursiveRidge.fit,
     "dual_fit": acil_mod.AnalyticRidge.fit,
     "lda_stats_head": lda_mod.LDAStatistics.head,
@@ -235,6 +240,15 @@ def _oas_n_not_n_plus_1(centred):  # OAS's denominator with n samples instead of
     mu, alpha = float(torch.trace(gram)) / n / d, float(gram.pow(2).sum()) / (n * n) / (d * d)
     den = n * (alpha - mu * mu / d)
     return 1.0 if den == 0 else min((alpha + mu * mu) / den, 1.0)
+
+
+# ----------------------------------------------------------------------------------------------- SLCA
+def _slca_norm_over_all_logits(logits, task_sizes, temperature):  # one L2 norm over every logit, not per task
+    return logits / (logits.norm(p=2, dim=-1, keepdim=True) + 1e-7) / temperature
+
+
+def _slca_newer_means_shrink_more(class_task, cur_task):  # the shrinking reversed: the newest classes shrink most
+    return torch.tensor([0.9 + (cur_task - tc + 1) / (cur_task + 1) * 0.1 for tc in class_task], dtype=torch.float64)
 
 
 MUTATIONS: dict[str, Mutation] = {
@@ -326,7 +340,7 @@ MUTATIONS: dict[str, Mutation] = {
     "dualprompt-key-value-swapped": Mutation(
         "dualprompt",
         "prefix keys and values swapped",
-        lambda: mock.patch.object(dualprompt_mod, "prefix_attention", _key_value_swapped),
+        lambda: mock.patch.object(prompts_mod, "prefix_attention", _key_value_swapped),
     ),
     "dualprompt-dot-product-keys": Mutation(
         "dualprompt",
@@ -398,6 +412,21 @@ MUTATIONS: dict[str, Mutation] = {
         "OAS shrinkage with n instead of n + 1 in its denominator",
         lambda: mock.patch.object(lda_mod, "oas_shrinkage", _oas_n_not_n_plus_1),
     ),
+    "slca-logit-norm-over-all": Mutation(
+        "slca",
+        "alignment logits divided by their norm over every class instead of the mean per-task norm",
+        lambda: mock.patch.object(slca_mod, "normalised_logits", _slca_norm_over_all_logits),
+    ),
+    "slca-shrink-reversed": Mutation(
+        "slca",
+        "the alignment shrinks the newest classes' means most instead of the oldest",
+        lambda: mock.patch.object(slca_mod, "shrink_factors", _slca_newer_means_shrink_more),
+    ),
+    "slca-no-covariance-ridge": Mutation(
+        "slca",
+        "class covariances without the reference's + 1e-4 I",
+        lambda: mock.patch.object(slca_mod, "COV_RIDGE", 0.0),
+    ),
 }
 
 # Each method's own tests: its golden checks (tests/test_reference_golden.py, first: they are the quickest) and its
@@ -437,7 +466,127 @@ SELECTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "dsal": (("tests/test_reference_golden.py", "tests/test_dsal.py"), "dsal or streams or residue or compensation"),
     "slda": (("tests/test_reference_golden.py", "tests/test_slda.py"), "slda"),
     "randumb": (("tests/test_reference_golden.py", "tests/test_randumb.py"), "randumb"),
+    "slca": (("tests/test_reference_golden.py", "tests/test_slca.py"), "slca"),
 }
+
+
+# ----------------------------------------------------------------------------------------------- CODA-Prompt
+def _coda_nothing_frozen(self, frozen):  # earlier tasks' components stay trainable (the detach forgotten)
+    return self.keys, self.attn, self.prompts
+
+
+def _coda_attention_ignored(query, keys, attn):  # alpha = cos(q, K_m): the attention vectors A_m left out
+    return F.normalize(query.float(), dim=-1) @ F.normalize(keys, dim=-1).T
+
+
+def _coda_gs_new_rows_only(existing, n_new, generator):  # new components orthogonal to each other only
+    return REAL_CODA_GS(existing[:0], n_new, generator)
+
+
+REAL_CODA_GS = coda_mod.gram_schmidt
+MUTATIONS["coda_prompt-earlier-components-trained"] = Mutation(
+    "coda_prompt",
+    "earlier tasks' components are not detached in training",
+    lambda: mock.patch.object(coda_mod.Components, "in_use", _coda_nothing_frozen),
+)
+MUTATIONS["coda_prompt-attention-vectors-ignored"] = Mutation(
+    "coda_prompt",
+    "component weights cos(q, K_m) without the attention vectors (q * A_m)",
+    lambda: mock.patch.object(coda_mod, "component_weights", _coda_attention_ignored),
+)
+MUTATIONS["coda_prompt-gram-schmidt-new-rows-only"] = Mutation(
+    "coda_prompt",
+    "a task's new components are orthogonalised among themselves, not against the earlier ones",
+    lambda: mock.patch.object(coda_mod, "gram_schmidt", _coda_gs_new_rows_only),
+)
+SELECTIONS["coda_prompt"] = (
+    ("tests/test_reference_golden.py", "tests/test_coda_prompt.py"),
+    "coda",
+)
+
+
+# ----------------------------------------------------------------------------------------------- InfLoRA
+def _inflora_lora_on_queries(attn, x, factors):  # the branches shift the queries and values, not keys and values
+    B, N, C = x.shape
+    heads = int(attn.num_heads)
+    q, k, v = attn.qkv(x).reshape(B, N, 3, heads, C // heads).permute(2, 0, 3, 1, 4).unbind(0)
+    if factors is not None:
+        ak, bk, av, bv = factors
+        q = q + ((x @ ak.T) @ bk.T).reshape(B, N, heads, -1).transpose(1, 2)
+        v = v + ((x @ av.T) @ bv.T).reshape(B, N, heads, -1).transpose(1, 2)
+    out = F.scaled_dot_product_attention(attn.q_norm(q), attn.k_norm(k), v).transpose(1, 2).reshape(B, N, C)
+    return attn.proj_drop(attn.proj(attn.norm(out) if hasattr(attn, "norm") else out))
+
+
+def _inflora_unprojected(covariance, basis, project_type, rank):  # A from the raw covariance: the memory ignored
+    return REAL_INFLORA_DESIGN(covariance, None, None, rank)
+
+
+@contextlib.contextmanager
+def _inflora_design_patched():  # the strategy module bound the name at import: patch it there too
+    with (
+        mock.patch.object(lora_mod, "design_down_projection", _inflora_unprojected),
+        mock.patch.object(inflora_mod, "design_down_projection", _inflora_unprojected),
+    ):
+        yield
+
+
+REAL_INFLORA_DESIGN = lora_mod.design_down_projection
+MUTATIONS["inflora-lora-on-queries"] = Mutation(
+    "inflora",
+    "the LoRA branches shift the queries instead of the keys",
+    lambda: mock.patch.object(lora_mod, "lora_attention", _inflora_lora_on_queries),
+)
+MUTATIONS["inflora-down-projection-ignores-memory"] = Mutation(
+    "inflora",
+    "A_t designed from the task's covariance without projecting off the earlier tasks' subspace",
+    _inflora_design_patched,
+)
+MUTATIONS["inflora-down-projection-unscaled"] = Mutation(
+    "inflora",
+    "A_t = the singular vectors themselves, without the reference's 1 / sqrt(3)",
+    lambda: mock.patch.object(lora_mod, "A_SCALE", 1.0),
+)
+SELECTIONS["inflora"] = (("tests/test_reference_golden.py", "tests/test_inflora.py"), "inflora or lora or memory")
+
+
+# ----------------------------------------------------------------------------------------------- HiDe-Prompt
+def _hide_prompt_mutations() -> None:
+    import dataclasses
+
+    import baselines.hide_prompt as hide_mod
+
+    def no_blend(self, t, momentum):  # the training prompt is slot t itself: no momentum toward earlier slots
+        return self.e[t]
+
+    def pilot_everywhere(self, prefix, batched):  # the reference's batch-mixing layout in every forward
+        return hide_mod.pilot_kv_layout(prefix)
+
+    real_learn = hide_mod.HiDePrompt.learn_task
+
+    def no_copy(self, task):  # slot t starts from its random init, not from slot t - 1
+        self.cfg = dataclasses.replace(self.cfg, copy_prompt=False)
+        return real_learn(self, task)
+
+    MUTATIONS["hide-prompt-no-momentum-blend"] = Mutation(
+        "hide_prompt",
+        "the training forward and the end-of-task update use slot t unblended (prompt_momentum ignored)",
+        lambda: mock.patch.object(hide_mod.EPrompts, "blended", no_blend),
+    )
+    MUTATIONS["hide-prompt-pilot-layout-per-sample"] = Mutation(
+        "hide_prompt",
+        "the per-sample protocol passes the prefixes through the reference's batch reshape",
+        lambda: mock.patch.object(hide_mod.HiDePrompt, "_layout", pilot_everywhere),
+    )
+    MUTATIONS["hide-prompt-no-prompt-copy"] = Mutation(
+        "hide_prompt",
+        "slot t is not initialised from slot t - 1 (shared_prompt_pool off)",
+        lambda: mock.patch.object(hide_mod.HiDePrompt, "learn_task", no_copy),
+    )
+    SELECTIONS["hide_prompt"] = (("tests/test_reference_golden.py", "tests/test_hide_prompt.py"), "hide_prompt or hide")
+
+
+_hide_prompt_mutations()
 
 _active: list[contextlib.AbstractContextManager] = []
 

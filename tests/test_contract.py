@@ -48,7 +48,11 @@ def test_session_contract(strategy_name, micro_session_factory):
         torch.testing.assert_close(sub, logits[torch.as_tensor(perm)], rtol=1e-4, atol=1e-4)
         assert torch.equal(sub.argmax(1), logits[torch.as_tensor(perm)].argmax(1))
     assert n_tasks == 3
-    assert state_digest(s.backbone.model) == before
+    assert state_digest(s.backbone.model) == before  # every method, a fine-tuning one too (it trains its own copy)
+    if type(s.strategy).fine_tunes_backbone:  # its features are its tuned ViT's, no longer the cached frozen ones
+        tuned = s.strategy.adapted_features(step.test)
+        assert tuned is not None and tuned.shape == step.test.features.shape
+        assert not torch.allclose(tuned, step.test.features)
     pc = s.strategy.param_counts()
     assert len(pc.added_per_task) == n_tasks and len(pc.trainable_per_task) == n_tasks
 

@@ -12,11 +12,12 @@ import pytest
 import torch
 from tinytasks import make_split
 
-from baselines.dualprompt import DualPrompt, DualPromptConfig, prefix_attention, prefix_block
+from baselines.dualprompt import DualPrompt, DualPromptConfig
 from clbench.blocks import vit_block
 from clbench.config import make_strategy_config
 from clbench.errors import ClbenchError
 from clbench.harness import RunConfig, run
+from clbench.layers.prompts import prefix_attention, prefix_block
 from clbench.strategy import PER_SAMPLE, REFERENCE, Context, RunShape, Split, Task
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too

@@ -11,7 +11,8 @@ import pytest
 import torch
 from tinytasks import make_split
 
-from baselines.dualprompt import DualPrompt, DualPromptConfig, pilot_kv_layout
+from baselines.dualprompt import DualPrompt, DualPromptConfig
+from clbench.layers.prompts import pilot_kv_layout
 from clbench.strategy import Context
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too

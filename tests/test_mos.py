@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 from tinytasks import make_split
 
-from baselines.mos import MOS, MOSConfig, drifting, merge_toward, orth_loss, self_refine
+from baselines.mos import MOS, MOSConfig, drifting, merge_toward, self_refine
 from clbench.backbones import state_digest
 from clbench.config import make_strategy_config
 from clbench.errors import ClbenchError
 from clbench.harness import RunConfig, run
 from clbench.layers.adapters import AdapterSet
+from clbench.layers.prompts import orth_loss
 from clbench.strategy import PER_SAMPLE, REFERENCE, Context, RunShape, Split, Task
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too

@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-import baselines.dualprompt as dualprompt_mod
 import baselines.ease as ease_mod
 import baselines.l2p as l2p_mod
 import baselines.mos as mos_mod
 import baselines.ranpac as ranpac_mod
+import clbench.layers.prompts as prompts_mod
 import tosca.strategy as tosca_mod
 from baselines.aper import APER, APERConfig
 from baselines.dualprompt import DualPrompt, DualPromptConfig
@@ -479,7 +479,7 @@ class PrefixSpy:
     def __init__(self) -> None:
         self.prefixes: list[torch.Tensor | None] = []
         self.outputs: list[torch.Tensor] = []
-        self.real = dualprompt_mod.prefix_attention
+        self.real = prompts_mod.prefix_attention
 
     def __call__(self, attn, x, prefix):
         out = self.real(attn, x, prefix)
@@ -518,7 +518,7 @@ def check_dualprompt(layout: str = "intended") -> None:
         if run != "train_task2":
             assert_golden(slots, f[f"out.pilot.{run}.idx"][:, 0], f"E-prompt chosen per row ({run})")
         spy = PrefixSpy()
-        with mock.patch.object(dualprompt_mod, "prefix_attention", spy), torch.no_grad():
+        with mock.patch.object(prompts_mod, "prefix_attention", spy), torch.no_grad():
             logits = strategy._forward(x, slots)
         assert len(spy.prefixes) == len(strategy.model.blocks)
         for i, (prefix, out) in enumerate(zip(spy.prefixes, spy.outputs, strict=True)):
@@ -1030,3 +1030,222 @@ def check_randumb(backbone) -> None:
 
 def test_randumb_matches_reference(backbone):
     check_randumb(backbone)
+
+
+# ----------------------------------------------------------------------------------------------- CODA-Prompt
+def check_coda_prompt(backbone) -> None:
+    """PILOT's ``CodaPrompt`` (= the authors' class) at task 1 of 3 (components 0-1 task 0's, 2-3 task 1's;
+    6 x length 4, ortho_mu 0.5): per block the training prefixes (earlier components detached), the ortho
+    penalty and the gradients of a fixed function of them (zero on the frozen rows), the evaluation prefixes over
+    all four components, and Gram-Schmidt of task 1's rows of a key block and a prompt block from a seed. clbench:
+    ``CodaPrompt.prefixes`` on ``vit_micro`` (blocks 0-3 of the reference's 0-4) with those components, and
+    ``gram_schmidt`` with a generator of the same seed."""
+    from baselines.coda_prompt import CodaPrompt, CodaPromptConfig, gram_schmidt
+
+    f = load("coda_prompt")
+    q, n_l = f["in.q"], 4
+    cfg = CodaPromptConfig(components_per_task=2, prompt_length=4, ortho_mu=0.5, prompt_layers="0,1,2,3")
+    strategy = CodaPrompt(cfg, ctx_for(backbone))
+    c = strategy.components
+    c.keys = nn.Parameter(torch.stack([f[f"in.K{i}"][:4] for i in range(n_l)]))
+    c.attn = nn.Parameter(torch.stack([f[f"in.A{i}"][:4] for i in range(n_l)]))
+    c.prompts = nn.Parameter(torch.stack([f[f"in.P{i}"][:4] for i in range(n_l)]))
+    prefixes, penalty = strategy.prefixes(q, frozen=2)
+    total = penalty
+    for i, pre in enumerate(prefixes):
+        assert_golden(pre[:, 0], f[f"out.train.Ek{i}"], f"CODA-Prompt training prefix keys (block {i})")
+        assert_golden(pre[:, 1], f[f"out.train.Ev{i}"], f"CODA-Prompt training prefix values (block {i})")
+        total = total + 0.7 * pre[:, 0].sum() + (pre[:, 1] ** 2).sum()
+    ortho = torch.stack([f[f"out.train.loss{i}"] for i in range(n_l)]).sum()
+    assert_golden(penalty, ortho, "CODA-Prompt orthogonality penalty")
+    total.backward()
+    for name, param in (("K", c.keys), ("A", c.attn), ("P", c.prompts)):
+        for i in range(n_l):
+            ref = f[f"out.grad.{name}{i}"]
+            assert float(ref[4:].abs().max()) == 0  # the reference's unused components get no gradient
+            assert param.grad is not None
+            assert_golden(param.grad[i], ref[:4], f"CODA-Prompt gradient of {name} (block {i})")
+    with torch.no_grad():
+        prefixes, _ = strategy.prefixes(q)
+    for i, pre in enumerate(prefixes):
+        assert_golden(pre[:, 0], f[f"out.eval.Ek{i}"], f"CODA-Prompt evaluation prefix keys (block {i})")
+        assert_golden(pre[:, 1], f[f"out.eval.Ev{i}"], f"CODA-Prompt evaluation prefix values (block {i})")
+    for name, seed in (("K0", 77), ("P0", 78)):
+        ref, given = f[f"out.gs.{name}"], f[f"in.{name}"]
+        assert torch.equal(ref[:2], given[:2]) and float(ref[4:].abs().max()) == 0  # kept rows; later rows zero
+        new = gram_schmidt(given[:2].reshape(2, -1), 2, torch.Generator().manual_seed(seed))
+        assert_golden(new.reshape(ref[2:4].shape), ref[2:4], f"CODA-Prompt Gram-Schmidt rows ({name})")
+
+
+def test_coda_prompt_prefixes_penalty_and_gram_schmidt_match_reference(backbone):
+    check_coda_prompt(backbone)
+
+
+# ----------------------------------------------------------------------------------------------- SLCA
+SLCA_D = 8  # the SLCA fixture's feature width (its checks set the strategy's width to it)
+
+
+def _slca_with_head(backbone, sizes, weights, **cfg):
+    from baselines.slca import SLCA, SLCAConfig, TaskHeads
+
+    strategy = SLCA(SLCAConfig(**cfg), ctx_for(backbone))
+    strategy.dim, strategy.head = SLCA_D, TaskHeads()
+    for t, size in enumerate(sizes):
+        block = strategy.head.add(SLCA_D, size, torch.Generator().manual_seed(t), torch.device("cpu"))
+        with torch.no_grad():
+            block.weight.copy_(weights[f"weight{t}"])
+            block.bias.copy_(weights[f"bias{t}"])
+    return strategy
+
+
+def check_slca_statistics(backbone) -> None:
+    """SLCA class statistics of two tasks of 3 classes (5 features each) against PILOT models/slca.py
+    Learner._compute_class_mean (the network's extract_vector the identity on the stored features): float32 mean,
+    float64 torch.cov + 1e-4 I stored as float32."""
+    from baselines.slca import SLCA, SLCAConfig
+
+    f = load("slca")
+    strategy = SLCA(SLCAConfig(), ctx_for(backbone))
+    strategy.dim = SLCA_D
+    strategy.class_mean, strategy.class_cov = torch.zeros(0, SLCA_D), torch.zeros(0, SLCA_D, SLCA_D)
+    z, y = f["in.stats.features"], f["in.stats.labels"]
+    for t, classes in enumerate(([0, 1, 2], [3, 4, 5])):
+        keep = torch.isin(y, torch.tensor(classes))
+        split = features_split(z[keep], y[keep])
+        with mock.patch.object(SLCA, "_split_features", lambda self, s: s.features):
+            strategy._add_statistics(Task(t, classes, 3 * (t + 1), split))
+    assert_golden(strategy.class_mean, f["out.stats.mean"], "class means")
+    assert_golden(strategy.class_cov, f["out.stats.cov"], "class covariances + 1e-4 I")
+
+
+def check_slca_alignment(backbone, case: str, task_index: str = "exact") -> None:
+    """SLCA classifier alignment after the second task, 2 epochs: 256 draws per class from N(shrunk mean, cov),
+    shuffled, as n_seen mini-batches of 256 through the two task blocks with the per-task logit normalisation (0.1);
+    SGD lr 0.01, momentum 0.9, weight decay 5e-4, cosine; against PILOT models/slca.py
+    Learner._stage2_compact_classifier after torch.manual_seed(in.<case>.seed) (clbench's private generator is seeded
+    alike, so the draws are the same numbers). ``unequal``: tasks of 4 and 2 classes, where the reference finds a
+    class's task as c // 2 (the current task's size): clbench's ``ca_task_index="reference"`` reproduces it."""
+    f = load("slca")
+    sizes = [int(s) for s in f[f"in.{case}.sizes"]]
+    weights = {name: f[f"in.{case}.{name}"] for t in range(len(sizes)) for name in (f"weight{t}", f"bias{t}")}
+    strategy = _slca_with_head(backbone, sizes, weights, ca_epochs=2, ca_task_index=task_index)
+    strategy.class_mean, strategy.class_cov = f["out.stats.mean"].clone(), f["out.stats.cov"].clone()
+    strategy.class_task = [t for t, s in enumerate(sizes) for _ in range(s)]
+    strategy.n_seen = sum(sizes)
+    batches = []
+    strategy.head.register_forward_hook(lambda module, args, out: batches.append(args[0].detach().clone()))
+    seed = int(f[f"in.{case}.seed"])
+    real_generator = strategy.ctx.generator
+    generator = lambda salt=0: torch.Generator().manual_seed(seed) if salt == 5001 else real_generator(salt)  # noqa: E731
+    no_images = features_split(torch.zeros(1, SLCA_D), torch.zeros(1))
+    task = Task(1, list(range(sizes[0], sum(sizes))), sum(sizes), no_images)
+    with mock.patch.object(strategy.ctx, "generator", generator):
+        strategy._align(strategy.head, task, sizes[-1])
+    assert len(batches) == 12, f"expected 6 mini-batches per epoch for 2 epochs, got {len(batches)}"
+    assert_golden(batches[0], f[f"out.{case}.batch0"], "first alignment mini-batch (sampled features)")
+    assert_golden(batches[7], f[f"out.{case}.batch7"], "second epoch's second mini-batch")
+    for t in range(len(sizes)):
+        assert_golden(strategy.head.blocks[t].weight, f[f"out.{case}.weight{t}"], f"task {t} block weights")
+        assert_golden(strategy.head.blocks[t].bias, f[f"out.{case}.bias{t}"], f"task {t} block bias")
+
+
+def test_slca_class_statistics_match_reference(backbone):
+    check_slca_statistics(backbone)
+
+
+def test_slca_classifier_alignment_matches_reference(backbone):
+    check_slca_alignment(backbone, "equal")
+
+
+def test_slca_reference_task_index_matches_reference_on_unequal_tasks(backbone):
+    check_slca_alignment(backbone, "unequal", task_index="reference")
+
+
+def test_slca_exact_task_index_differs_from_the_reference_bug_on_unequal_tasks(backbone):
+    with pytest.raises(AssertionError, match="sampled features"):
+        check_slca_alignment(backbone, "unequal", task_index="exact")
+
+
+# ----------------------------------------------------------------------------------------------- InfLoRA
+def test_inflora_lora_attention_and_covariance_match_reference():
+    """The authors' ``Attention_LoRA.forward`` (tasks 0 and 1's key/value branches, ``get_cur_feat``) against
+    :func:`clbench.layers.lora.lora_attention` and :func:`token_covariance` on a timm ``Attention`` of the same
+    weights."""
+    from timm.models.vision_transformer import Attention
+
+    from clbench.layers.lora import lora_attention, token_covariance
+
+    f = load("inflora")
+    attn = Attention(64, num_heads=4, qkv_bias=True)
+    with torch.no_grad():
+        attn.qkv.weight.copy_(f["in.qkv_weight"])
+        attn.qkv.bias.copy_(f["in.qkv_bias"])
+        attn.proj.weight.copy_(f["in.proj_weight"])
+        attn.proj.bias.copy_(f["in.proj_bias"])
+    factors = tuple(
+        torch.cat(list(f[f"in.{n}"]), dim=1 if n.startswith("b") else 0) for n in ("a_k", "b_k", "a_v", "b_v")
+    )
+    with torch.no_grad():
+        for k in ("1", "2"):
+            assert_golden(lora_attention(attn, f[f"in.x{k}"], factors), f[f"out.attn{k}"], f"LoRA attention, batch {k}")
+    tokens = f["in.x1"].shape[0] * f["in.x1"].shape[1] + f["in.x2"].shape[0] * f["in.x2"].shape[1]
+    cov = (token_covariance(f["in.x1"]) + token_covariance(f["in.x2"])) / tokens
+    assert_golden(cov, f["out.cur_matrix"], "the attention-input covariance (cur_matrix)")
+
+
+def test_inflora_designed_down_projection_and_memory_match_reference():
+    """Four tasks of the DualGPM memory (``update_DualGPM``: a first basis, growth, the switch to "retain" past
+    half the width, a retain basis shrinking) and the A designed against it before each task, on two layers."""
+    from baselines.inflora import InfLoRAConfig, memory_threshold
+    from clbench.layers.lora import design_down_projection, update_dual_gpm
+
+    f = load("inflora")
+    cfg = InfLoRAConfig(rank=3, lamb=0.8, lame=1.0, total_sessions=4)
+    bases: list = [None, None]
+    kinds: list = [None, None]
+    for t in range(4):
+        for i in range(2):
+            cov = f[f"in.cov_{t}_{i}"]
+            a = design_down_projection(cov, bases[i], kinds[i], cfg.rank).double()
+            assert_golden(3 * a.T @ a, f[f"out.a_projector_{t}_{i}"], f"A of task {t}, layer {i} (as A^T A)")
+            bases[i], kinds[i] = update_dual_gpm(cov, bases[i], kinds[i], memory_threshold(cfg, t))
+            assert_golden(torch.tensor([bases[i].shape[1]]), f[f"out.memory_dims_{t}_{i}"], f"memory size {t}/{i}")
+            assert_golden(torch.tensor([int(kinds[i] == "retain")]), f[f"out.memory_retain_{t}_{i}"], f"type {t}/{i}")
+            proj = bases[i] @ bases[i].T
+            assert_golden(proj, f[f"out.memory_projector_{t}_{i}"], f"memory after task {t}, layer {i} (as U U^T)")
+
+
+def test_hide_prompt_prefix_selection_momentum_tii_mlp_and_regulariser_match_reference(backbone):
+    """HiDe-Prompt (``thu-ml/HiDe-Prompt``): ``EPrompt.forward`` with per-image task ids (the reference's prefix
+    reshape across a batch of 5, and a batch of one), with the training mask of slot 2 and ``prompt_momentum`` 0.01;
+    the TII's ``MlpMapping(dim, [2])``; ``orth_loss`` with and without stored centroids."""
+    from baselines.hide_prompt import HiDePrompt, HiDePromptConfig
+    from clbench.layers.prompts import orth_loss
+
+    f = load("hide_prompt")
+    prompt = f["in.prompt"]  # (layers, 2, pool, L, H, hd)
+    n_layers, _, pool, length, heads, hd = prompt.shape
+    cfg = HiDePromptConfig(e_prompt_layers="0,1", pool_size=pool, e_prompt_length=length, kv_layout="pilot")
+    s = HiDePrompt(cfg, ctx_for(backbone))
+    with torch.no_grad():
+        s.prompts.e.copy_(prompt.permute(2, 0, 1, 3, 4, 5).reshape(pool, n_layers, 2, length, heads * hd))
+
+    def as_reference(e: torch.Tensor) -> torch.Tensor:  # what each prompted block gets, in the reference's shape
+        rows = [s._layout(e[:, i], batched=True) for i in range(n_layers)]  # (B, 2, L, d) each
+        return torch.stack(rows).reshape(n_layers, len(e), 2, length, heads, hd)
+
+    idx = f["in.prompt_idx"][:, 0]
+    assert_golden(as_reference(s.prompts.e[idx]), f["out.eval_batched"], "prefixes of a batch of 5 (pilot layout)")
+    assert_golden(as_reference(s.prompts.e[idx[1:2]]), f["out.single_batched"], "prefixes of a batch of one")
+    blended = s.prompts.blended(2, 0.01).unsqueeze(0).expand(len(idx), -1, -1, -1, -1)
+    assert_golden(as_reference(blended), f["out.train_momentum_batched"], "training prefixes of slot 2, momentum")
+    names = {"fc1": "net.0.0", "fc2": "net.1.0", "norm": "norm"}
+    state = {f"{ours}.{p}": f[f"in.mlp.{ref}.{p}"] for ours, ref in names.items() for p in ("weight", "bias")}
+    s.tii.load_state_dict({**state, "head.weight": s.tii.head.weight, "head.bias": s.tii.head.bias})
+    with torch.no_grad():
+        assert_golden(s.tii.mapped(f["in.h"]), f["out.mlp"], "the TII's MlpMapping")
+    feats, centroids = f["in.features"], f["in.centroids"].float()
+    first = cfg.reg * orth_loss(feats, centroids[:0], cfg.orth_temperature)
+    assert_golden(first.reshape(1), f["out.orth_first"], "orth_loss of task 0 (the batch alone)")
+    later = cfg.reg * orth_loss(feats, centroids, cfg.orth_temperature)
+    assert_golden(later.reshape(1), f["out.orth"], "orth_loss with six stored centroids")

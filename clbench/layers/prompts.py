@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def key_similarity(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -31,3 +32,49 @@ def select_prompts(similarity: torch.Tensor, top_k: int, batchwise: bool) -> tor
     counts = torch.bincount(idx.flatten(), minlength=similarity.shape[1])  # (M,)
     major = torch.sort(-counts, stable=True).indices[:top_k]  # (k,) most frequent first, ties by id
     return major.unsqueeze(0).expand(similarity.shape[0], -1)
+
+
+# ----------------------------------------------------------------------------------------------- prefix tuning
+# DualPrompt, CODA-Prompt and HiDe-Prompt prompt the ViT by prefix tuning: the shared path (DualPrompt's golden test
+# pins it to PILOT's ``PreT_Attention``; CODA-Prompt's and HiDe-Prompt's to their references'), here so that no
+# method imports another.
+
+
+def pilot_kv_layout(prefix: torch.Tensor) -> torch.Tensor:
+    """(B, 2, L, d) per-image (key, value) prefixes as PILOT's / HiDe-Prompt's ``EPrompt`` hands them to the
+    attention: stacked as (2, B, L, d) (every key, then every value) and reshaped to (B, 2, L, d) without a
+    permute, so image b gets stacked row 2b as its key and row 2b + 1 as its value."""
+    return prefix.transpose(0, 1).reshape(prefix.shape)
+
+
+def prefix_attention(attn: nn.Module, x: torch.Tensor, prefix: torch.Tensor | None) -> torch.Tensor:
+    """timm ``Attention`` with prefix keys/values (``PreT_Attention``): (B, N, d) tokens and (B, 2, L, d) prefixes
+    -> (B, N, d). The prefixes join the image keys and values of every head; queries are the tokens'."""
+    B, N, C = x.shape
+    heads = attn.num_heads
+    hd = C // heads
+    qkv = attn.qkv(x).reshape(B, N, 3, heads, hd).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)  # (B, H, N, hd)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    if prefix is not None:
+        pk, pv = prefix.to(x.dtype).reshape(B, 2, -1, heads, hd).permute(1, 0, 3, 2, 4)  # (B, H, L, hd) each
+        k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
+    w = (q * attn.scale) @ k.transpose(-2, -1)  # (B, H, N, L + N)
+    out = (w.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, N, C)
+    out = attn.norm(out) if hasattr(attn, "norm") else out
+    return attn.proj_drop(attn.proj(out))
+
+
+def prefix_block(block: nn.Module, x: torch.Tensor, prefix: torch.Tensor | None) -> torch.Tensor:
+    """One pre-norm timm ``Block`` whose attention takes prefix keys/values."""
+    x = x + block.drop_path1(block.ls1(prefix_attention(block.attn, block.norm1(x), prefix)))
+    return x + block.drop_path2(block.ls2(block.mlp(block.norm2(x))))
+
+
+def orth_loss(features: torch.Tensor, old_means: torch.Tensor, temperature: float) -> torch.Tensor:
+    """HiDe-Prompt's contrastive regulariser ``orth_loss`` (before its ``reg`` factor; MOS's reference carries the
+    same function, ``baselines/mos.py``): M = [stored class means or centroids; batch features], CE(M M^T / T,
+    identity)."""
+    m = torch.cat([old_means.to(features), features])  # (K + B, d)
+    sim = m @ m.T / temperature
+    return F.cross_entropy(sim, torch.arange(len(m), device=m.device))
