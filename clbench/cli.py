@@ -506,7 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if add_args:
             add_args(p)
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, make_parser=build_parser)  # a command that reads a sweep file parses it
         parser.commands[name] = p
     from clbench.datacheck import add_data_check_args, cmd_data_check
 

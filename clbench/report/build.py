@@ -9,8 +9,10 @@ one; told by its mark file or its outputs): a folder of other files is refused b
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from clbench.files import atomic_write_bytes
 from clbench.owned import check_output_folder, folder_mark, load_json, mark_folder, owned_folder, starts_with
 from clbench.report.collect import Collection, git_short
 from clbench.report.figures import FIG_DIR, FigureOut, accuracy_curves, make_figures, provenance, slug
+from clbench.report.leaderboard import Board
 from clbench.report.tables import (
     COST_NOTE,
     FORGETTING_NOTE,
@@ -75,7 +78,7 @@ def _jsonable(value: Any) -> Any:
 
 def _remove_stale(out_dir: Path, keep: set[str]) -> None:
     """Delete figure files a previous report in ``out_dir`` listed in its manifest and this one does not make: only
-    regular files (not links) named ``figures/NAME.png|svg`` directly in ``out_dir/figures``, which
+    regular files (not links) named ``figures/NAME.png|svg|pdf`` directly in ``out_dir/figures``, which
     :func:`_figures_folder` made sure is a real folder inside ``out_dir``. A planted ``report.json`` can name nothing
     else."""
     if not (out_dir / MANIFEST).is_file():
@@ -97,7 +100,7 @@ def _remove_stale(out_dir: Path, keep: set[str]) -> None:
                 path.unlink()
 
 
-FIG_SUFFIXES = (".png", ".svg")
+FIG_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 # The files that tell a report folder an older clbench made (before the folder's mark file), each by its beginning.
@@ -141,13 +144,23 @@ def write_report(
     with_tsne: bool = True,
     tsne_points: int | None = None,
     budget_strict: bool = False,
+    study_file: str | Path | None = None,
+    make_parser: Callable[[], argparse.ArgumentParser] | None = None,
+    baseline: str | None = None,
+    latex_only: bool = False,
 ) -> Written:
     """Tables, figures, ``index.html``, ``README.md`` and ``report.json`` for ``coll`` in ``out_dir``.
     ``budget_strict``: every strategy's records must differ only in their budget (``--budget-curves``), else
-    :class:`ClbenchError` names the settings that differ (:func:`clbench.report.budget.budget_curves`)."""
+    :class:`ClbenchError` names the settings that differ (:func:`clbench.report.budget.budget_curves`).
+    ``study_file``: the sweep file whose groups define the main table (:mod:`clbench.report.leaderboard`; without
+    one the main table is chosen from the records; ``make_parser``, the command line's parser, reads it);
+    ``baseline``: the strategy the leaderboard tests against.
+    ``latex_only``: write only what a paper needs (:func:`write_paper`)."""
     from clbench.report.budget import budget_curves
     from clbench.report.figures import TSNE_MAX_POINTS
     from clbench.report.html import render_html, render_markdown
+    from clbench.report.leaderboard import automatic, from_study_file, leaderboard, study_sections
+    from clbench.report.uncertainty import Predicted
 
     if not coll.runs:
         reasons = "; ".join(f"{s.path}: {s.reason}" for s in coll.skipped) or "no run folders found"
@@ -156,19 +169,49 @@ def write_report(
             "give run folders holding a complete result.json, or their parent folder",
         )
     curves, budget_notes = budget_curves(coll, strict=budget_strict)  # refuses before anything is written
+    if study_file is not None:
+        if make_parser is None:
+            raise ValueError("a study file is read with the command line's parser: pass make_parser")
+        coll, study = from_study_file(coll, study_file, make_parser, baseline)
+    else:
+        coll, study = automatic(coll, baseline)
+    main = study.collection(coll)
+    predicted = Predicted()
+    board = leaderboard(study, coll, predicted)
     meta = _meta(coll, command)  # before anything is written: a report inside the source tree stamps its revision
     out_dir = Path(out_dir)
     _figures_folder(out_dir)
-    figures, fig_notes = make_figures(coll, out_dir, with_tsne, tsne_points or TSNE_MAX_POINTS, budget=curves)
+    if latex_only:
+        return write_paper(board, main, out_dir, predicted)
+    figures, fig_notes = make_figures(
+        coll, out_dir, with_tsne, tsne_points or TSNE_MAX_POINTS, budget=curves, main=main, predicted=predicted
+    )
     fig_notes += budget_notes
     _remove_stale(out_dir, {rel for f in figures for rel in f.files.values()})
-    secs = sections(coll, curves)
+    lead = Section(
+        "Leaderboard",
+        "leaderboard",
+        board.table,
+        intro=board.caption.split(": one row per method")[0] + ": one row per method, sorted by final accuracy.",
+        notes=[board.caption, *study.notes, *board.notes],
+        bold_rows=[0] if len(board.table) else [],
+    )
+    secs = [lead, *study_sections(study), *sections(coll, curves, main=main, predicted=predicted)]
     written = Written(out_dir, figures=figures)
     written.files.append(_write_text(out_dir / "index.html", render_html(title, meta, secs, figures, fig_notes)))
     written.files.append(_write_text(out_dir / "README.md", render_markdown(title, meta, secs, figures, fig_notes)))
     manifest = {
         "generated_by": meta,
-        "summary": summary_frame(coll).to_dict(orient="records"),
+        "study": {
+            "source": study.source,
+            "baseline": study.baseline,
+            "leaderboard": board.table.to_dict(orient="records"),
+            "main_rows": [{**k._asdict(), "runs": [r.run_id for r in study.main[k]]} for k in board.keys],
+            "sections": [
+                {"title": sec.title, "kind": sec.kind, "runs": [r.run_id for r in sec.runs]} for sec in study.sections
+            ],
+        },
+        "summary": summary_frame(coll, predicted).to_dict(orient="records"),
         "runs": [
             {
                 "run_id": r.run_id,
@@ -192,6 +235,44 @@ def write_report(
     }
     written.files.append(_write_text(out_dir / MANIFEST, json.dumps(_jsonable(manifest), indent=2) + "\n"))
     written.files += [out_dir / rel for f in figures for rel in f.files.values()]
+    written.files += write_tables(secs, board, out_dir)
+    return written
+
+
+TABLES_DIR = "tables"
+
+
+def write_tables(secs: list[Section], board: Board, out_dir: Path) -> list[Path]:
+    """Every table of the report as ``tables/ANCHOR.csv`` and ``tables/ANCHOR.tex`` (booktabs); the leaderboard's
+    LaTeX with its best row in bold and its significance marker (:func:`clbench.report.latex.leaderboard_latex`)."""
+    from clbench.report.latex import leaderboard_latex, table_latex
+
+    folder = out_dir / TABLES_DIR
+    owned_folder(out_dir, TABLES_DIR, "--out")
+    files = []
+    for sec in secs:
+        if sec.table is None or not len(sec.table):
+            continue
+        name = slug(sec.anchor)
+        files.append(_write_text(folder / f"{name}.csv", sec.table.to_csv(index=False)))
+        tex = leaderboard_latex(board) if sec.anchor == "leaderboard" else table_latex(sec.table, sec.title)
+        files.append(_write_text(folder / f"{name}.tex", tex))
+    return files
+
+
+def write_paper(board: Board, main: Collection, out_dir: Path, predicted: Any) -> Written:
+    """``--latex-only``: the leaderboard (``leaderboard.tex``, ``leaderboard.csv``) and the main figure (PDF, SVG
+    and a 300-dpi PNG) in ``out_dir``; nothing else."""
+    from clbench.report.figures import PAPER_DPI
+    from clbench.report.latex import leaderboard_latex
+
+    written = Written(out_dir)
+    written.files.append(_write_text(out_dir / "leaderboard.tex", leaderboard_latex(board)))
+    written.files.append(_write_text(out_dir / "leaderboard.csv", board.table.to_csv(index=False)))
+    fig = accuracy_curves(main, out_dir, predicted=predicted, dpi=PAPER_DPI)
+    if fig is not None:
+        written.figures.append(fig)
+        written.files += [out_dir / rel for rel in fig.files.values()]
     return written
 
 

@@ -69,6 +69,29 @@ def add_report_args(p: argparse.ArgumentParser) -> None:
         "train_per_class), else the report is refused naming the settings that differ (without it, the budget "
         "figure draws whichever records differ only in their budget)",
     )
+    _add_study(p)
+    p.add_argument(
+        "--latex-only",
+        action="store_true",
+        help="write only what a paper needs: the leaderboard as LaTeX (booktabs) and CSV, and the main figure as "
+        "PDF, SVG and a 300-dpi PNG",
+    )
+
+
+def _add_study(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--study",
+        metavar="FILE",
+        help="the study's sweep file (the YAML `clbench sweep --config` runs, e.g. reports/emoji-table.yaml): its "
+        "groups at default settings form the main table, the others their own sections (default: one main row "
+        "per strategy and protocol at its default configuration, the records with the most seeds)",
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="STRATEGY",
+        help="the strategy the leaderboard tests every main row against (default: the study file's first "
+        "strategy; without one, simplecil where present)",
+    )
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -87,10 +110,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         with_tsne=args.tsne,
         tsne_points=args.tsne_points,
         budget_strict=args.budget_curves,
+        study_file=args.study,
+        make_parser=getattr(args, "make_parser", None),
+        baseline=args.baseline,
+        latex_only=args.latex_only,
     )
     print(
         f"report: {len(coll.runs)} runs, {len(coll.skipped)} skipped, {len(written.figures)} figures -> "
-        f"{plain(Path(args.out) / 'index.html')}"
+        f"{plain(Path(args.out) / ('leaderboard.tex' if args.latex_only else 'index.html'))}"
     )
     for s in coll.skipped:
         print(f"  skipped {plain(s.path)}: {plain(s.reason)}", file=sys.stderr)

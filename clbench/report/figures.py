@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FIG_DIR = "figures"
-FORMATS = ("png", "svg")
-PNG_DPI = 110
+FORMATS = ("png", "svg", "pdf")  # the page shows the PNG; SVG and PDF for papers
+PNG_DPI = 110  # the page's PNGs; paper exports (--latex-only) are written at PAPER_DPI
+PAPER_DPI = 300
 MATRIX_PANELS = 12  # heatmaps per accuracy-matrix figure (more: further figures; 63 in one ran out of memory)
 TSNE_MAX_POINTS = 1500  # t-SNE cost grows with n log n; 1500 points keep a report under a minute on a CPU
 TSNE_SEED = 0  # fixed random_state and subsample seed: the same records give the same picture
@@ -57,6 +58,7 @@ class FigureOut:
     caption: str
     runs: list[str]
     files: dict[str, str] = field(default_factory=dict)  # format -> path relative to the report folder
+    key: list[dict[str, str]] = field(default_factory=list)  # the full identity of each labelled series
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -80,13 +82,46 @@ def _unique_runs(groups: Sequence[Sequence[Run]]) -> list[Run]:
     return list(seen.values())
 
 
-def strategy_colors(coll: Collection) -> dict[str, Any]:
-    import seaborn as sns
+# One colour per strategy, the same in every figure and every report (``clbench.catalog.STRATEGY_LOOKS``); a name not
+# listed there takes one of these colours by its digest.
+PALETTE = (
+    "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442",
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd",
+)  # fmt: skip
+VARIANT_STYLES = ("-", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))  # a strategy's 1st, 2nd, ... variant
 
-    variants = sorted({r.variant for r in coll.runs})
-    # colorblind-safe up to its 10 colours; past that, 20 distinct ones rather than repeating colours
-    palette = sns.color_palette("colorblind" if len(variants) <= 10 else "tab20", max(len(variants), 1))
-    return {v: palette[i % len(palette)] for i, v in enumerate(variants)}
+
+def base_strategy(variant: str) -> str:
+    """``ranpac`` of ``ranpac:quick epochs=300``."""
+    return variant.split(" ")[0].partition(":")[0].partition("[")[0]
+
+
+def strategy_color(strategy: str) -> str:
+    """The fixed colour of a strategy (variants included: ``base_strategy``)."""
+    name = base_strategy(strategy)
+    from clbench.catalog import STRATEGY_LOOKS
+
+    if name in STRATEGY_LOOKS:
+        return STRATEGY_LOOKS[name][1]
+    return PALETTE[int(hashlib.sha256(name.encode()).hexdigest(), 16) % len(PALETTE)]
+
+
+def strategy_colors(coll: Collection) -> dict[str, Any]:
+    """Variant label -> its strategy's fixed colour (:func:`strategy_color`)."""
+    return {r.variant: strategy_color(r.variant) for r in coll.runs}
+
+
+def variant_styles(variants: Sequence[str]) -> dict[str, Any]:
+    """Variant label -> line style: a strategy's variants in sorted order take :data:`VARIANT_STYLES` in turn."""
+    out: dict[str, Any] = {}
+    by_base: dict[str, list[str]] = {}
+    for v in sorted(set(variants)):
+        by_base.setdefault(base_strategy(v), []).append(v)
+    for vs in by_base.values():
+        for i, v in enumerate(vs):
+            out[v] = VARIANT_STYLES[i % len(VARIANT_STYLES)]
+    return out
 
 
 def _new_figure(ncols: int, nrows: int, w: float, h: float) -> tuple[Figure, list[Axes]]:
@@ -97,15 +132,22 @@ def _new_figure(ncols: int, nrows: int, w: float, h: float) -> tuple[Figure, lis
     return fig, list(axes.flat)
 
 
-def _save(fig: Figure, out_dir: Path, name: str, title: str, caption: str, runs: Sequence[Run]) -> FigureOut:
+def _save(
+    fig: Figure, out_dir: Path, name: str, title: str, caption: str, runs: Sequence[Run], dpi: int | None = None
+) -> FigureOut:
+    """Save ``fig`` in every format of :data:`FORMATS` under ``out_dir/figures``; PNG at ``dpi`` (default
+    :data:`PNG_DPI`)."""
+    dpi = dpi or PNG_DPI
     (out_dir / FIG_DIR).mkdir(parents=True, exist_ok=True)
     files = {}
     for fmt in FORMATS:
         rel = f"{FIG_DIR}/{name}.{fmt}"
-        meta = {"Title": title, "Description": caption}
+        meta: dict[str, Any] = {"Title": title, "Description": caption}
         if fmt == "svg":
             meta["Date"] = None  # reproducible SVG
-        fig.savefig(out_dir / rel, format=fmt, dpi=PNG_DPI, metadata=meta)
+        if fmt == "pdf":
+            meta = {"Title": title, "Subject": caption, "CreationDate": None}  # reproducible PDF
+        fig.savefig(out_dir / rel, format=fmt, dpi=dpi, metadata=meta)
         files[fmt] = rel
     return FigureOut(name, title, caption, [r.run_id for r in runs], files)
 
@@ -156,6 +198,11 @@ def _mean_std_curves(curves: list[list[float]]) -> tuple[np.ndarray, np.ndarray]
     return mean, std
 
 
+def _legend_outside(ax: Axes) -> None:
+    """Legend to the right of the panel, outside every axes (constrained layout makes room for it)."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, ncol=1, borderaxespad=0.0)
+
+
 def _legend_below(ax: Axes) -> None:
     """Legend under the panel: labels name strategy, protocol and backbone and may be long."""
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False, ncol=1)
@@ -169,13 +216,50 @@ def _line_label(key: AccKey, n: int, several_backbones: bool) -> str:
 
 
 # ------------------------------------------------------------------------------------------- figures
+MAX_SERIES = 8  # lines per axes: more are split into further panels (best final accuracy first)
+
+
+def series_key(groups: dict[AccKey, list[Run]], keys: Sequence[AccKey]) -> list[dict[str, str]]:
+    """The full identity of each series a figure labels shortly: the key table printed beside it."""
+    from clbench.report.leaderboard import needs_backbone, short_label
+
+    several = needs_backbone(keys)
+    return [
+        {
+            "label": short_label(k, several),
+            "configuration": k.strategy,
+            "benchmark": k.bench,
+            "backbone": k.backbone,
+            "weights": k.weights,
+            "protocol": k.protocol,
+            "seeds": ", ".join(str(r.seed) for r in groups[k]),
+            "records": ", ".join(str(r.path) for r in groups[k]),
+        }
+        for k in keys
+    ]
+
+
+def _final(runs: Sequence[Run], protocol: str) -> float:
+    vals = [r.summary(protocol).last_acc for r in runs]
+    vals = [float(v) for v in vals if v is not None and not math.isnan(float(v))]
+    return sum(vals) / len(vals) if vals else -math.inf
+
+
 def accuracy_curves(
-    coll: Collection, out_dir: Path, name: str = "accuracy_curves", title: str = "Accuracy after each task"
+    coll: Collection,
+    out_dir: Path,
+    name: str = "accuracy_curves",
+    title: str = "Accuracy after each task",
+    predicted: Any = None,
+    dpi: int | None = None,
 ) -> FigureOut | None:
-    """A_t against the number of classes seen: one panel per benchmark, one line per strategy (x backbone x
-    protocol), the mean over seeds with a band of one standard deviation."""
+    """A_t against the number of classes seen: one line per row (strategy x backbone x protocol), the mean over
+    seeds with its 95 % interval band; at most :data:`MAX_SERIES` lines per panel (a benchmark's rows by final
+    accuracy, best first, then further panels), the legend outside the axes, short labels (the key table has the
+    full identity of each line)."""
     import matplotlib
 
+    from clbench.report.leaderboard import needs_backbone, short_label
     from clbench.report.uncertainty import Predicted, row_interval
 
     groups = coll.acc_groups()
@@ -183,38 +267,51 @@ def accuracy_curves(
     if not benches:
         return None
     colors = strategy_colors(coll)
-    predicted = Predicted()
+    styles = variant_styles([k.strategy for k in groups])
+    several = needs_backbone(list(groups))
+    predicted = predicted or Predicted()
     bands: set[str] = set()
+    chunks: list[tuple[str, list[AccKey]]] = []
+    for bench in benches:
+        keys = sorted((k for k in groups if k.bench == bench), key=lambda k: -_final(groups[k], k.protocol))
+        parts = [keys[i : i + MAX_SERIES] for i in range(0, len(keys), MAX_SERIES)]
+        for i, part in enumerate(parts):
+            chunks.append((bench + (f" ({i + 1} of {len(parts)})" if len(parts) > 1 else ""), part))
     with matplotlib.rc_context(RC):
-        fig, panels = _bench_panels(benches, groups)
-        for panel in panels:
-            ax = panel.ax
-            for key in panel.keys:
+        ncols, nrows = _panel_grid(len(chunks), 2)
+        fig, axes = _new_figure(ncols, nrows, 7.6, 4.2)
+        _hide_unused(axes, len(chunks))
+        for ax, (panel_title, keys) in zip(axes, chunks, strict=False):
+            backbones = sorted({(k.backbone, k.weights) for k in groups if k.bench == keys[0].bench})
+            for key in keys:
                 runs = groups[key]
                 mean, std = _mean_std_curves([r.summary(key.protocol).acc_curve for r in runs])
                 ri = row_interval(runs, key.protocol, predicted)
                 x = np.array(runs[0].classes_seen[: len(mean)])
+                style = "--" if key.protocol == "reference" else styles.get(key.strategy, "-")
+                if key.protocol not in PROTOCOL_STYLE:
+                    style = ":"
                 ax.plot(
                     x,
                     mean,
-                    PROTOCOL_STYLE.get(key.protocol, ":"),
-                    marker=panel.marker(key),
+                    linestyle=style,
+                    marker=MARKERS[backbones.index((key.backbone, key.weights)) % len(MARKERS)],
                     ms=3.5,
                     lw=1.6,
                     color=colors[key.strategy],
-                    label=_line_label(key, len(runs), len(panel.backbones) > 1),
+                    label=f"{short_label(key, several)} (n={len(runs)})",
                 )
                 if ri.curve_lo is not None and ri.curve_hi is not None:  # the 95 % interval of every A_t
                     lo, hi = np.array(ri.curve_lo[: len(x)]), np.array(ri.curve_hi[: len(x)])
-                    ax.fill_between(x, lo, hi, color=colors[key.strategy], alpha=0.18, lw=0)
+                    ax.fill_between(x, lo, hi, color=colors[key.strategy], alpha=0.12, lw=0)
                     bands.add("interval")
                 elif len(runs) > 1:
-                    ax.fill_between(x, mean - std, mean + std, color=colors[key.strategy], alpha=0.15, lw=0)
+                    ax.fill_between(x, mean - std, mean + std, color=colors[key.strategy], alpha=0.12, lw=0)
                     bands.add("std")
-            ax.set_title(panel.bench)
+            ax.set_title(panel_title)
             ax.set_xlabel("number of classes seen")
             ax.set_ylabel("accuracy A_t (%)")
-            _legend_below(ax)
+            _legend_outside(ax)
         runs = _unique_runs(list(groups.values()))
         band_text = {
             frozenset(): "no bands (one run per line, without predictions)",
@@ -230,7 +327,9 @@ def accuracy_curves(
             f"{title}: A_t (%) after each task against the number of classes seen; lines are means over "
             f"seeds, {band_text}; solid = per-sample protocol, dashed = reference. " + provenance(runs)
         )
-        return _save(fig, out_dir, name, title, caption, runs)
+        out = _save(fig, out_dir, name, title, caption, runs, dpi)
+        out.key = series_key(groups, [k for _, ks in chunks for k in ks])
+        return out
 
 
 def accuracy_matrices(coll: Collection, out_dir: Path) -> list[FigureOut]:
@@ -326,11 +425,14 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
     import matplotlib
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
+    from clbench.report.leaderboard import needs_backbone, short_label
+
     groups = coll.acc_groups()
     benches = coll.benches()
     if not benches:
         return None
     colors = strategy_colors(coll)
+    several = needs_backbone(list(groups))
     with matplotlib.rc_context(RC):
         fig, panels = _bench_panels(benches, groups)
         for panel in panels:
@@ -352,23 +454,16 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
                     capsize=3,
                     color=colors[key.strategy],
                     mfc="white" if key.protocol != "per-sample" else None,
-                    label=_line_label(key, len(runs), len(panel.backbones) > 1),
-                )
-                ax.annotate(
-                    key.strategy + ("" if added > 0 else " (adds 0)"),
-                    (x, float(np.mean(acc))),
-                    textcoords="offset points",
-                    xytext=(5, 4),
-                    fontsize=7,
+                    label=f"{short_label(key, several)} (n={len(runs)})" + ("" if added > 0 else ", adds 0"),
                 )
             ax.set_xscale("log")
-            ax.set_xlim(min(xs) / 2.5, max(xs) * 4)  # at least a decade, room for the point labels
+            ax.set_xlim(min(xs) / 2.5, max(xs) * 4)  # at least a decade
             ax.xaxis.set_major_formatter(FuncFormatter(_count_label))
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_title(panel.bench)
             ax.set_xlabel("parameters added to the frozen backbone (log)")
             ax.set_ylabel("final accuracy A_T (%)")
-            _legend_below(ax)
+            _legend_outside(ax)
         runs = _unique_runs(list(groups.values()))
         title = "Final accuracy against added parameters"
         caption = (
@@ -429,14 +524,20 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
     accuracy with the chosen modules against accuracy with each image's own task's module (oracle)."""
     import matplotlib
 
+    from clbench.report.leaderboard import display_name
+
     groups = {k: [r for r in runs if routing_protocols(r)] for k, runs in coll.run_groups().items()}
     groups = {k: runs for k, runs in groups.items() if runs}
     if not groups:
         return None
     with matplotlib.rc_context(RC):
         fig, axes = _new_figure(2, len(groups), 5.0, 3.4)
+        several = len({(k.bench, k.strategy) for k in groups}) < len(groups)
         for row, (key, runs) in enumerate(groups.items()):
             ax_bar, ax_curve = axes[2 * row], axes[2 * row + 1]
+            short = display_name(base_strategy(key.strategy)) + key.strategy[len(base_strategy(key.strategy)) :]
+            if several:
+                short += f" ({key.backbone})"
             protocols = routing_protocols(runs[0])
             width = 0.8 / len(protocols)
             for i, p in enumerate(protocols):
@@ -464,7 +565,7 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
             ax_bar.set_ylim(0, 105)
             ax_bar.set_xlabel("task j (test images of task j)")
             ax_bar.set_ylabel("routed to module j (%)")
-            ax_bar.set_title(f"{key.strategy} on {key.bench}: routing after the last task (n={len(runs)})")
+            ax_bar.set_title(f"{short}: routing after the last task (n={len(runs)})")
             ax_bar.legend(frameon=False)
             oracle = [[t.diagnostics.get("oracle_acc") for t in r.record.per_task] for r in runs]
             mean, std = _mean_std_curves(oracle)
@@ -472,12 +573,13 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
             ax_curve.plot(xs, mean, ":", marker="s", ms=3, color="black", label="oracle (own task's module)")
             ax_curve.set_xlabel("number of classes seen")
             ax_curve.set_ylabel("accuracy (%)")
-            ax_curve.set_title(f"routed vs oracle accuracy, {key.backbone}")
+            ax_curve.set_title(f"{short}: routed vs oracle accuracy")
             ax_curve.legend(frameon=False)
         runs = _unique_runs(list(groups.values()))
         title = "Routing between per-task modules"
+        benches = ", ".join(sorted({k.bench for k in groups}))
         caption = (
-            f"{title}: left, share of each task's test images routed to that task's module after the last "
+            f"{title} ({benches}): left, share of each task's test images routed to that task's module after the last "
             f"task (mean ± std over seeds); right, accuracy with the routed modules and with each image's own "
             f"task's module (oracle) after each task. " + provenance(runs)
         )
@@ -629,7 +731,7 @@ def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
                 ax.plot(xs[: len(mean)], mean, ms=2, lw=1, label=name, **style)
             ax.set_xlabel("number of classes seen", fontsize=7)
             ax.set_ylabel("routed accuracy (%)", fontsize=7)
-            ax.set_title(f"{strategy} on {bench}: " + ", ".join(r.run_id for r in group), fontsize=6)
+            ax.set_title(f"{strategy} on {bench} ({len(group)} runs)", fontsize=8)  # the caption names them
             ax.tick_params(labelsize=6)
         axes[0].legend(frameon=False, fontsize=5)
         for ax in axes[len(groups) :]:
@@ -679,14 +781,12 @@ def budget_curves_figure(coll: Collection, out_dir: Path, curves: Sequence[Budge
                         ax.plot([x], [y], "s", ms=10, mfc="none", mec=color, mew=1.5)
                     if REFERENCE in p.marks:
                         ax.plot([x], [y], "*", ms=13, color=color, mec="black", mew=0.5)
-                    if p.marks:
-                        ax.annotate(", ".join(p.marks), (x, y), textcoords="offset points", xytext=(5, -10), fontsize=7)
             ax.set_xscale("log")
             ax.xaxis.set_major_formatter(FuncFormatter(_count_label))
             ax.set_title(bench)
             ax.set_xlabel("training budget: optimizer steps, all tasks (log)")
             ax.set_ylabel("final accuracy A_T (%)")
-            _legend_below(ax)
+            _legend_outside(ax)
         runs = [by_id[rid] for c in curves for p in c.points for rid in p.runs if rid in by_id]
         title = "Final accuracy against training budget"
         caption = (
@@ -704,22 +804,41 @@ def make_figures(
     with_tsne: bool = True,
     tsne_points: int = TSNE_MAX_POINTS,
     budget: Sequence[BudgetCurve] = (),
+    main: Collection | None = None,
+    predicted: Any = None,
 ) -> tuple[list[FigureOut], list[str]]:
     """Every figure of a report, saved under ``out_dir/figures``; returns them and notes on what is absent.
-    ``budget``: the budget curves to draw (:func:`clbench.report.budget.budget_curves`)."""
+    ``budget``: the budget curves to draw (:func:`clbench.report.budget.budget_curves`); ``main``: the main
+    table's rows (:mod:`clbench.report.leaderboard`): the accuracy curves, the accuracy matrices and the paired
+    differences show those only (default: every row)."""
     figs: list[FigureOut] = []
     notes: list[str] = []
-    for make in (accuracy_curves, accuracy_vs_params, wall_clock, routing, routing_study):
-        f = make(coll, out_dir)
+    rows = coll if main is None else main
+    from clbench.report.uncertainty import Predicted, paired_rows
+
+    predicted = predicted or Predicted()
+    f = accuracy_curves(rows, out_dir, predicted=predicted)
+    if f is not None:
+        figs.append(f)
+    for make, source in (
+        (accuracy_vs_params, rows),
+        (wall_clock, rows),
+        (routing, rows),
+        (routing_study, coll),
+    ):
+        f = make(source, out_dir)
         if f is not None:
             figs.append(f)
     f = budget_curves_figure(coll, out_dir, budget)
     if f is not None:
         figs.append(f)
-    figs[1:1] = accuracy_matrices(coll, out_dir)
-    from clbench.report.uncertainty import Predicted, paired_rows
-
-    pairs = paired_matrix(paired_rows(coll, Predicted()), coll, out_dir, "paired_differences", "Paired differences")
+    figs[1:1] = accuracy_matrices(rows, out_dir)
+    if main is not None:
+        notes.append(
+            "accuracy curves, accuracy matrices, accuracy vs parameters, wall-clock, routing and paired differences "
+            "show the main table's rows; the other records are in their sections' tables"
+        )
+    pairs = paired_matrix(paired_rows(rows, predicted), rows, out_dir, "paired_differences", "Paired differences")
     if pairs is not None:  # only where runs kept predictions
         figs.append(pairs)
     if with_tsne:
@@ -737,20 +856,33 @@ def paired_matrix(rows: Sequence[Any], coll: Collection, out_dir: Path, name: st
     n/p pairs that could not be paired."""
     import matplotlib
 
+    from clbench.report.leaderboard import needs_backbone, short_label
+
     settings = sorted({(r.bench, r.protocol) for r in rows})
     if not any(r.test is not None for r in rows):
         return None
+    keys = list({k for r in rows for k in (r.key_a, r.key_b) if k is not None})
+    several = needs_backbone(keys)
+
+    def name_of(r: Any, side: str) -> str:  # the short label of a pair's side (its key), else the row's own label
+        key = r.key_a if side == "a" else r.key_b
+        label = short_label(key, several) if key is not None else (r.a if side == "a" else r.b)
+        return label.replace(f", {key.protocol} protocol", "") if key is not None else label
+
+    biggest = max(len({name_of(r, "a") for r in rows} | {name_of(r, "b") for r in rows}), 2)
+    side = max(4.6, 0.5 * biggest + 2.6)  # a cell of about half an inch, room for the labels and the colour bar
     with matplotlib.rc_context({**RC, "axes.grid": False}):
-        ncols, nrows = _panel_grid(len(settings))
-        fig, axes = _new_figure(ncols, nrows, 4.6, 4.0)
+        ncols, nrows = _panel_grid(len(settings), 2)
+        fig, axes = _new_figure(ncols, nrows, side + 1.2, side)
+        fig.get_layout_engine().set(w_pad=0.15, h_pad=0.15)  # inches: rotated tick labels stay on the canvas
         for ax, (bench, protocol) in zip(axes, settings, strict=False):
             mine = [r for r in rows if (r.bench, r.protocol) == (bench, protocol)]
-            names = sorted({r.a for r in mine} | {r.b for r in mine})
+            names = sorted({name_of(r, "a") for r in mine} | {name_of(r, "b") for r in mine})
             at = {n: i for i, n in enumerate(names)}
             diff = np.full((len(names), len(names)), np.nan)
             marks = [["" for _ in names] for _ in names]
             for r in mine:
-                i, j = at[r.a], at[r.b]
+                i, j = at[name_of(r, "a")], at[name_of(r, "b")]
                 if r.test is None:
                     marks[i][j] = marks[j][i] = "n/p"
                     continue
@@ -764,17 +896,18 @@ def paired_matrix(rows: Sequence[Any], coll: Collection, out_dir: Path, name: st
                 for j in range(len(names)):
                     if marks[i][j]:
                         dark = np.isfinite(diff[i, j]) and abs(diff[i, j]) > 0.6 * lim
-                        ax.text(
-                            j, i, marks[i][j], ha="center", va="center", fontsize=8, color="white" if dark else "black"
-                        )
-            ax.set_xticks(range(len(names)), names, rotation=45, ha="right")
+                        color = "white" if dark else "black"
+                        ax.text(j, i, marks[i][j], ha="center", va="center", fontsize=6.5, color=color)
+            ax.set_xticks(range(len(names)), names, rotation=90)  # upright boxes: neighbours never touch
             ax.set_yticks(range(len(names)), names)
-            ax.set_title(f"{bench} ({protocol})")
-            fig.colorbar(im, ax=ax, shrink=0.8, label="row - column, final acc (points)")
+            one_bench = len({b for b, _ in settings}) == 1
+            ax.set_title(f"{protocol} protocol" if one_bench else f"{bench}, {protocol}", fontsize=9)
+            fig.colorbar(im, ax=ax, shrink=0.8, label="row - column (points)")
         for ax in axes[len(settings) :]:
             ax.set_visible(False)
         caption = (
-            f"{title}: final accuracy of the row's strategy minus the column's, in points, on the same test images "
+            f"{title} ({', '.join(sorted({b for b, _ in settings}))}): final accuracy of the row's strategy minus "
+            "the column's, in points, on the same test images "
             "and seeds; * = significantly different at 5 % (exact McNemar for one seed, paired bootstrap over "
             "images for several, seeds held fixed; Holm-corrected over the pairs of each panel); n/p = not "
             "paired (other seeds, class order or test set). " + provenance(coll.runs)

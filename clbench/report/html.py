@@ -15,20 +15,23 @@ from clbench.report.figures import FigureOut
 from clbench.report.tables import Section, section_markdown, to_html
 
 CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto; max-width: 1500px;
-       padding: 0 1.5rem; color: #1f2328; line-height: 1.45; }
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2rem auto; max-width: 1340px;
+       padding: 0 1.5rem; color: #1f2328; line-height: 1.45; box-sizing: border-box; }
 h1 { margin-bottom: 0.2rem; } h2 { border-bottom: 1px solid #d0d7de; padding-bottom: 0.3rem; margin-top: 2.2rem; }
-nav a { margin-right: 1rem; }
-table { border-collapse: collapse; font-size: 0.76rem; margin: 0.6rem 0; width: 100%; }
+nav ol { columns: 3; font-size: 0.9rem; } nav li { break-inside: avoid; }
+.scroll { overflow-x: auto; max-width: 100%; border: 1px solid #eaeef2; }
+table { border-collapse: collapse; font-size: 0.76rem; margin: 0; }
 th, td { border: 1px solid #d0d7de; padding: 0.2rem 0.35rem; text-align: left; vertical-align: top; }
 th { background: #f6f8fa; } tbody tr:nth-child(even) { background: #fbfcfd; }
-th { min-width: 3.2rem; } td { white-space: normal; overflow-wrap: break-word; }
-td:last-child { min-width: 12rem; }
-figure { margin: 1.5rem 0; } figure img { max-width: 100%; border: 1px solid #eaeef2; }
+td { white-space: normal; overflow-wrap: anywhere; max-width: 28rem; }
+tr.best td { font-weight: bold; }
+figure { margin: 1.5rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eaeef2; }
 figcaption { font-size: 0.85rem; color: #57606a; max-width: 1100px; }
 .notes { font-size: 0.85rem; color: #57606a; } code { background: #f6f8fa; padding: 0 0.2rem; }
-.meta { color: #57606a; font-size: 0.9rem; }
+.meta { color: #57606a; font-size: 0.9rem; overflow-wrap: anywhere; }
+details > summary { cursor: pointer; color: #0969da; margin: 0.4rem 0; }
 """
+FOLD_ROWS = 30  # a table longer than this folds into <details> (its first rows stay out of the way of the page)
 
 # Sets data-broken-images / data-image-count on <body> once every image has loaded or failed.
 IMAGE_CHECK_JS = """
@@ -38,16 +41,29 @@ window.addEventListener("load", function () {
   document.body.dataset.imageCount = String(imgs.length);
   document.body.dataset.brokenImages = String(broken.length);
   document.body.dataset.brokenSources = broken.map(function (img) { return img.getAttribute("src"); }).join(" ");
+  document.body.dataset.scrollWidth = String(document.documentElement.scrollWidth);
+  var first = document.querySelector("table");
+  var home = first ? first.closest("section") : null;
+  document.body.dataset.firstTable = home ? home.id : "";
 });
 """
 
 
-def _section_html(sec: Section) -> str:
-    parts = [f'<section id="{sec.anchor}">', f"<h2>{html.escape(sec.title)}</h2>"]
+def _table_html(sec: Section) -> str:
+    """The table in its own scrolling box (a wide table never widens the page); a long one folded."""
+    assert sec.table is not None
+    box = f'<div class="scroll">{to_html(sec.table, sec.bold_rows)}</div>'
+    if len(sec.table) > FOLD_ROWS:
+        return f"<details><summary>{len(sec.table)} rows: show the table</summary>{box}</details>"
+    return box
+
+
+def _section_html(sec: Section, after: str = "") -> str:
+    parts = [f'<section id="{html.escape(sec.anchor)}">', f"<h2>{html.escape(sec.title)}</h2>"]
     if sec.intro:
         parts.append(f"<p>{html.escape(sec.intro)}</p>")
     if sec.table is not None and len(sec.table):
-        parts.append(to_html(sec.table))
+        parts.append(_table_html(sec))
     if sec.notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{html.escape(n)}</li>" for n in sec.notes) + "</ul>")
     if sec.definitions:
@@ -56,25 +72,50 @@ def _section_html(sec: Section) -> str:
             + "".join(f"<li><code>{html.escape(t)}</code>: {html.escape(m)}</li>" for t, m in sec.definitions)
             + "</ul>"
         )
+    parts.append(after)
     parts.append("</section>")
-    return "\n".join(parts)
+    return "\n".join(p for p in parts if p)
+
+
+def _figure_html(f: FigureOut) -> str:
+    """One figure: the PNG, a link to each of its files and to its data (report.json), its key table folded."""
+    png = f.files.get("png")
+    img = f'<img src="{html.escape(png)}" alt="{html.escape(f.title)}" loading="lazy">' if png else ""
+    links = " ".join(f'<a href="{html.escape(rel)}">{fmt.upper()}</a>' for fmt, rel in f.files.items())
+    data = f' <a href="report.json">data (report.json, figure {html.escape(f.name)})</a>'
+    key = ""
+    if f.key:
+        import pandas as pd
+
+        key = (
+            f"<details><summary>Key: the {len(f.key)} series of this figure</summary>"
+            f'<div class="scroll">{to_html(pd.DataFrame(f.key))}</div></details>'
+        )
+    return (
+        f'<figure id="fig-{html.escape(f.name)}">'
+        + (f'<a href="{html.escape(f.files["svg"])}">{img}</a>' if "svg" in f.files else img)
+        + f"<figcaption>{html.escape(f.caption)} {links}{data}</figcaption>{key}</figure>"
+    )
 
 
 def _figures_html(figures: Sequence[FigureOut], notes: Sequence[str]) -> str:
     parts = ['<section id="figures">', "<h2>Figures</h2>"]
-    for f in figures:
-        png, svg = f.files.get("png"), f.files.get("svg")
-        img = f'<img src="{html.escape(png)}" alt="{html.escape(f.title)}">' if png else ""
-        link = f' <a href="{html.escape(svg)}">SVG</a>' if svg else ""
-        parts.append(
-            f'<figure id="fig-{html.escape(f.name)}">'
-            + (f'<a href="{html.escape(svg)}">{img}</a>' if svg else img)
-            + f"<figcaption>{html.escape(f.caption)}{link}</figcaption></figure>"
-        )
+    parts += [_figure_html(f) for f in figures]
     if notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
     parts.append("</section>")
     return "\n".join(parts)
+
+
+MAIN_FIGURE = "accuracy_curves"  # follows the leaderboard
+
+
+def _lead(sections: Sequence[Section], figures: Sequence[FigureOut]) -> tuple[FigureOut | None, list[FigureOut]]:
+    """The main figure (shown right after the leaderboard when the report has one) and the other figures."""
+    if not sections or sections[0].anchor != "leaderboard":
+        return None, list(figures)
+    main = next((f for f in figures if f.name == MAIN_FIGURE), None)
+    return main, [f for f in figures if f is not main]
 
 
 def _split(sections: Sequence[Section]) -> tuple[list[Section], list[Section]]:
@@ -87,10 +128,13 @@ def render_html(
     title: str, meta: str, sections: Sequence[Section], figures: Sequence[FigureOut], figure_notes: Sequence[str]
 ) -> str:
     head, tail = _split(sections)
-    nav = " ".join(
-        f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in [*head, Section("Figures", "figures", None), *tail]
+    main, rest = _lead(head, figures)
+    toc = "".join(
+        f'<li><a href="#{html.escape(s.anchor)}">{html.escape(s.title)}</a></li>'
+        for s in [*head, Section("Figures", "figures", None), *tail]
     )
-    body = [_section_html(s) for s in head] + [_figures_html(figures, figure_notes)] + [_section_html(s) for s in tail]
+    body = [_section_html(s, _figure_html(main) if main is not None and i == 0 else "") for i, s in enumerate(head)]
+    body += [_figures_html(rest, figure_notes)] + [_section_html(s) for s in tail]
     return "\n".join(
         [
             "<!DOCTYPE html>",
@@ -104,7 +148,7 @@ def render_html(
             '<body data-broken-images="pending">',
             f"<h1>{html.escape(title)}</h1>",
             f'<p class="meta">{html.escape(meta)}</p>',
-            f"<nav>{nav}</nav>",
+            f'<nav id="contents"><strong>Contents</strong><ol>{toc}</ol></nav>',
             *body,
             f"<script>{IMAGE_CHECK_JS}</script>",
             "</body>",
@@ -118,10 +162,15 @@ def render_markdown(
     title: str, meta: str, sections: Sequence[Section], figures: Sequence[FigureOut], figure_notes: Sequence[str]
 ) -> str:
     head, tail = _split(sections)
+    main, rest = _lead(head, figures)
     parts = [f"# {text.markdown(title)}", "", text.markdown_prose(meta), ""]
-    parts += [section_markdown(s) for s in head]
+    for i, s in enumerate(head):
+        parts.append(section_markdown(s))
+        if i == 0 and main is not None and "png" in main.files:
+            parts += [f"![{text.markdown(main.title)}]({main.files['png']})", ""]
+            parts += [f"**Figure.** {text.markdown_prose(main.caption)}", ""]
     parts += ["## Figures", ""]
-    for i, f in enumerate(figures, 1):
+    for i, f in enumerate(rest, 1):
         png, svg = f.files.get("png"), f.files.get("svg")
         if png:
             parts += [f"![{text.markdown(f.title)}]({png})", ""]

@@ -52,6 +52,7 @@ class Predicted:
 
     def __init__(self) -> None:
         self._cache: dict[Path, Predictions | None] = {}
+        self.intervals: dict[tuple[object, ...], RowInterval] = {}  # row_interval's results (a bootstrap is seconds)
 
     def get(self, run: Run) -> Predictions | None:
         if run.path not in self._cache:
@@ -102,7 +103,15 @@ def batch_blocks(index: np.ndarray, label: np.ndarray, size: int) -> np.ndarray:
 
 def row_interval(runs: list[Run], protocol: str, predicted: Predicted) -> RowInterval:
     """The interval of a row: one run (image bootstrap) or several seeds on the same images (seed level); by test
-    batches for a batch-coupled protocol."""
+    batches for a batch-coupled protocol. Computed once per row and ``predicted`` (the tables, the leaderboard and
+    the figures of one report share it)."""
+    key = (tuple((str(r.path), r.run_id) for r in runs), protocol)
+    if key not in predicted.intervals:
+        predicted.intervals[key] = _row_interval(runs, protocol, predicted)
+    return predicted.intervals[key]
+
+
+def _row_interval(runs: list[Run], protocol: str, predicted: Predicted) -> RowInterval:
     data = [predicted.aligned(r, protocol) for r in runs]
     if any(d is None for d in data):
         missing = [r.run_id for r, d in zip(runs, data, strict=True) if d is None]

@@ -1,0 +1,469 @@
+"""The comparison a report presents: which records form its main table, which strategy is the baseline, which
+records form secondary sections, and the leaderboard that opens the report.
+
+A results folder holds many more records than the comparison it supports (budget points, profiles, ``--set``
+ablations, repeats at another precision), so a report that tabulates every record against every other is a data
+dump. :class:`Study` says what is compared:
+
+- From a study file (``--study FILE``: the YAML that ``clbench sweep --config FILE`` runs): each group's runs are
+  planned as the sweep plans them and matched to the records by their settings fingerprint. Groups that run
+  strategies at their default configuration (no profile, no strategy setting) form the main table; every other
+  group is a section of its own, named after the group. The baseline is ``--baseline`` or the first strategy of
+  the first main group.
+- Without one: one main row per (benchmark, strategy, protocol) at the strategy's default configuration, the
+  records with the most seeds (then the most recent revision's order); budget variants, profiles and ``--set``
+  ablations go to their own sections.
+
+A record that belongs to no section is listed under "Not in the comparison", never silently dropped. The
+leaderboard's paired tests (against the baseline, and against the best row) are Holm-corrected over the main rows
+only, so the correction for a budget sweep's pairs does not take the power out of the comparison that matters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clbench.errors import ClbenchError
+from clbench.report.collect import AccKey, Collection, Run
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from clbench.report.tables import Section
+    from clbench.report.uncertainty import PairRow, Predicted
+
+SECTION_KINDS = ("budget", "profile", "ablation", "other", "group", "unassigned")
+
+
+def display_name(strategy: str) -> str:
+    """The strategy's name as a reader knows it (``clbench.catalog.STRATEGY_LOOKS``); a plug-in's as registered."""
+    from clbench.catalog import STRATEGY_LOOKS
+
+    return STRATEGY_LOOKS[strategy][0] if strategy in STRATEGY_LOOKS else strategy
+
+
+def short_label(key: AccKey, several_backbones: bool = False) -> str:
+    """``TOSCA``, ``TOSCA, reference protocol``, ``RanPAC epochs=300``: what a legend or a table row names."""
+    base, _, rest = key.strategy.partition(" ")
+    name, colon, profile = base.partition(":")
+    label = display_name(name) + (f":{profile}" if colon else "") + (f" {rest}" if rest else "")
+    if key.protocol != "per-sample":
+        label += f", {key.protocol} protocol"
+    if several_backbones:
+        label += f" ({key.backbone})"
+    return label
+
+
+def needs_backbone(keys: Sequence[AccKey]) -> bool:
+    """Whether short labels must name the backbone: two rows of one benchmark, strategy and protocol differ in it."""
+    slots = [(k.bench, k.strategy, k.protocol) for k in keys]
+    return len(set(slots)) < len(slots)
+
+
+@dataclass
+class StudySection:
+    """Records outside the main table that belong together (a study group, or a kind: budget, profile, ...)."""
+
+    title: str
+    anchor: str
+    kind: str
+    runs: list[Run]
+    why: str = ""
+
+
+@dataclass
+class Study:
+    """The main rows (their runs), the baseline strategy, the secondary sections and where the choice came from."""
+
+    main: dict[AccKey, list[Run]]
+    baseline: str | None
+    sections: list[StudySection] = field(default_factory=list)
+    source: str = "chosen automatically"
+    notes: list[str] = field(default_factory=list)
+
+    def collection(self, coll: Collection) -> Collection:
+        """The main rows as a collection whose rows are exactly :attr:`main` (tests and figures of the main rows)."""
+        runs = list({r.run_id: r for rs in self.main.values() for r in rs}.values())
+        return MainRows(runs, list(coll.skipped), list(coll.notes), rows=dict(self.main))
+
+
+@dataclass
+class MainRows(Collection):
+    """A :class:`Collection` restricted to given rows: :meth:`acc_groups` returns those rows only (a run of a main
+    row with a second protocol that is not a main row adds no row, and no pair to the Holm correction)."""
+
+    rows: dict[AccKey, list[Run]] = field(default_factory=dict)
+
+    def acc_groups(self) -> dict[AccKey, list[Run]]:
+        return dict(self.rows)
+
+
+# ------------------------------------------------------------------------------------------- choosing
+def _kind(run: Run) -> str:
+    """Why a run is not at its strategy's default configuration: budget, profile, ablation (or "" when it is)."""
+    if ":" in run.variant.split(" ")[0] or run.record.profile:
+        return "profile"
+    changed = run.variant.split(" ")[1:]
+    if not changed and "[" not in run.variant:
+        return ""
+    keys = {c.partition("=")[0] for c in changed}
+    return "budget" if keys and keys <= {"epochs", "train_per_class", "steps"} else "ablation"
+
+
+KIND_TITLES = {
+    "budget": ("Budget variants", "records of a strategy at another training budget (epochs, images per class)"),
+    "profile": ("Profiles", "records made with a strategy's named profile (e.g. quick)"),
+    "ablation": ("Ablations", "records with strategy settings changed by --set"),
+    "other": (
+        "Other configurations",
+        "default-configuration records not chosen for the main table (fewer seeds, another backbone or precision)",
+    ),
+}
+
+
+def _pooled(coll: Collection) -> Collection:
+    """The collection with class orders pooled (the study's seeds also set the class order)."""
+    runs = [replace(r, pool_class_orders=True) for r in coll.runs]
+    return Collection(runs, list(coll.skipped), list(coll.notes))
+
+
+def automatic(coll: Collection, baseline: str | None = None) -> tuple[Collection, Study]:
+    """One main row per (benchmark, strategy, protocol) at the default configuration, the one with the most seeds;
+    the other records in sections by kind."""
+    notes: list[str] = []
+    if len({r.record.class_order_seed for r in coll.runs}) > 1 and not any(r.pool_class_orders for r in coll.runs):
+        coll = _pooled(coll)
+        notes.append(
+            "class orders pooled: the records were made at several class orders (seeds that also set the class "
+            "order); give --study FILE to choose otherwise"
+        )
+    groups = coll.acc_groups()
+    best: dict[tuple[str, str, str], AccKey] = {}
+    for key, runs in groups.items():
+        if _kind(runs[0]):
+            continue
+        slot = (key.bench, key.strategy, key.protocol)
+        if slot not in best or len(runs) > len(groups[best[slot]]):
+            best[slot] = key
+    main = {k: groups[k] for k in groups if k in set(best.values())}
+    used = {r.run_id for rs in main.values() for r in rs}
+    by_kind: dict[str, list[Run]] = defaultdict(list)
+    for r in coll.runs:
+        if r.run_id not in used:
+            by_kind[_kind(r) or "other"].append(r)
+    sections = [
+        StudySection(KIND_TITLES[k][0], f"section-{k}", k, by_kind[k], KIND_TITLES[k][1])
+        for k in ("budget", "profile", "ablation", "other")
+        if by_kind.get(k)
+    ]
+    strategies = [k.strategy for k in main]
+    if baseline is None:
+        baseline = "simplecil" if "simplecil" in strategies else (strategies[0] if strategies else None)
+    return coll, Study(main, _check_baseline(baseline, strategies), sections, "chosen automatically", notes)
+
+
+def _check_baseline(baseline: str | None, strategies: Sequence[str]) -> str | None:
+    if baseline is not None and baseline not in strategies:
+        have = ", ".join(sorted(set(strategies))) or "none"
+        raise ClbenchError(f"--baseline {baseline}: not a strategy of the main table", f"main-table strategies: {have}")
+    return baseline
+
+
+def study_groups(
+    path: str | Path, make_parser: Callable[[], argparse.ArgumentParser]
+) -> list[tuple[str, bool, list[str], dict[str, str]]]:
+    """Each group of the sweep file ``path``: (name, main?, strategies, fingerprint digest -> planned run id), the
+    runs planned as ``clbench sweep --config`` plans them (nothing is run or written). Main: the group sets no
+    profile and no strategy setting. ``make_parser``: the command line's parser (``clbench.cli.build_parser``,
+    handed down by the command, so that the report never imports the command line)."""
+    from clbench.config import flag_fields
+    from clbench.configfile import apply
+    from clbench.sweep import SweepSpec, parse_data_roots, parse_list, parse_scoped_override, parse_seeds
+    from clbench.sweep.plan import fingerprint_digest, make_plan
+
+    path = str(path)
+    out = []
+    for i, a in enumerate(apply(make_parser, ["sweep", "--config", path], "sweep", path)):
+        benches = parse_list(a.benches, "benches")
+        strategies = parse_list(a.strategies, "strategies")
+        spec = SweepSpec(
+            strategies=strategies,
+            benches=benches,
+            seeds=parse_seeds(a.seeds),
+            out=Path(a.out),
+            settings={k: getattr(a, k) for k in flag_fields("sweep") if k != "profile"},
+            data_roots=parse_data_roots(a.data_root, benches),
+            profile=a.profile,
+            overrides=tuple(parse_scoped_override(k, v) for k, v in a.overrides),
+            vary=a.vary,
+            seed=a.seed,
+        )
+        planned = {fingerprint_digest(p.fingerprint): p.run_id for p in make_plan(spec)}
+        name = getattr(a, "group_name", None) or f"group{i + 1}"
+        out.append((name, a.profile is None and not a.overrides, list(strategies), planned))
+    return out
+
+
+def from_study_file(
+    coll: Collection,
+    path: str | Path,
+    make_parser: Callable[[], argparse.ArgumentParser],
+    baseline: str | None = None,
+) -> tuple[Collection, Study]:
+    """The study of ``path`` over ``coll`` (module docstring); returns the collection the report uses (class
+    orders pooled when a group varies them) and the study."""
+    from clbench.sweep.plan import fingerprint_digest
+
+    groups = study_groups(path, make_parser)
+    vary = _varies_class_order(path)
+    if vary:
+        coll = _pooled(coll)
+    by_digest: dict[str, list[Run]] = defaultdict(list)
+    for r in coll.runs:
+        by_digest[fingerprint_digest(r.record.fingerprint)].append(r)
+    notes: list[str] = []
+    main_ids: set[str] = set()
+    sections: list[StudySection] = []
+    placed: set[str] = set()
+    for name, is_main, _, planned in groups:
+        runs = [r for d in planned for r in by_digest.get(d, [])]
+        missing = len(planned) - len({d for d in planned if d in by_digest})
+        if missing:
+            notes.append(f"study group {name}: {missing} of its {len(planned)} planned runs have no record here")
+        if is_main:
+            main_ids |= {r.run_id for r in runs}
+        elif runs:
+            sections.append(StudySection(f"Study group {name}", f"group-{name}", "group", runs, ""))
+        placed |= {r.run_id for r in runs}
+    # A main record that repeats the seed of a record outside the study (the same settings run twice, e.g. a budget
+    # point at the default epochs) is the study's: the repeat mark only holds among the main records.
+    main_runs = [
+        replace(r, repeat_of=None) if r.repeat_of is not None and r.repeat_of not in main_ids else r
+        for r in coll.runs
+        if r.run_id in main_ids
+    ]
+    main = Collection(main_runs).acc_groups()
+    rest = [r for r in coll.runs if r.run_id not in placed]
+    if rest:
+        sections.append(
+            StudySection(
+                "Not in the comparison",
+                "section-unassigned",
+                "unassigned",
+                rest,
+                f"records given to the report that no group of {Path(path).name} plans (listed, not compared)",
+            )
+        )
+    main_strategies = [k.strategy for k in main]
+    first_main = next((s for n, m, strategies, _ in groups if m for s in strategies), None)
+    chosen = baseline if baseline is not None else first_main
+    if chosen not in main_strategies and baseline is None:
+        chosen = main_strategies[0] if main_strategies else None
+    study = Study(main, _check_baseline(chosen, main_strategies), sections, f"study file {Path(path).name}", notes)
+    return coll, study
+
+
+def _varies_class_order(path: str | Path) -> bool:
+    from clbench.configfile import load
+
+    data = load(str(path))
+    values = [data.get("vary")] + [g.get("vary") for g in data.get("groups") or [] if isinstance(g, dict)]
+    return any(v in ("both", "class-order") for v in values)
+
+
+# ------------------------------------------------------------------------------------------- leaderboard
+@dataclass
+class Board:
+    """The leaderboard: its display table, the row order (main keys, best first), the best row, the caption."""
+
+    table: pd.DataFrame
+    keys: list[AccKey]
+    caption: str
+    notes: list[str]
+    versus_column: str | None
+    best: AccKey | None
+    finals: list[float]
+    significant_vs_baseline: list[bool | None]
+
+
+def _pair_for(rows: Sequence[PairRow], key: AccKey, other: str) -> PairRow | None:
+    for r in rows:
+        if r.key_a == key and r.key_b is not None and r.key_b.strategy == other:
+            return r
+    return None
+
+
+def _diff_cell(r: PairRow | None, is_self: bool, what: str) -> str:
+    from clbench.report.uncertainty import fmt_range, p_cell
+
+    if is_self:
+        return what
+    if r is None:
+        return "-"
+    if r.test is None:
+        return "not paired"
+    d = r.test.diff
+    return f"{d.value:+.2f} {fmt_range(d)}, p {p_cell(r.p_holm, r.p_holm_bound)}"
+
+
+def leaderboard(study: Study, coll: Collection, predicted: Predicted) -> Board:
+    """The main rows sorted by final accuracy (module docstring)."""
+    import pandas as pd
+
+    from clbench.report.tables import fmt_float, fmt_int_range, mean_std
+    from clbench.report.uncertainty import fmt_interval, paired_rows, row_interval
+
+    main = study.collection(coll)
+    rows = main.acc_groups()
+    finals = {k: mean_std(r.summary(k.protocol).last_acc for r in runs)[0] for k, runs in rows.items()}
+    order = sorted(rows, key=lambda k: (-(finals[k] if not math.isnan(finals[k]) else -math.inf), k.strategy))
+    best = order[0] if order else None
+    vs_base = paired_rows(main, predicted, study.baseline) if study.baseline else []
+    vs_best = paired_rows(main, predicted, best.strategy) if best is not None else []
+    several = needs_backbone(list(rows))
+    column = f"Δ final vs {display_name(study.baseline)} [95 % CI], Holm p" if study.baseline else None
+    records: list[dict[str, Any]] = []
+    notes: dict[str, list[str]] = {}
+    significant: list[bool | None] = []
+    for rank, key in enumerate(order, 1):
+        runs = rows[key]
+        s = [r.summary(key.protocol) for r in runs]
+        ri = row_interval(runs, key.protocol, predicted)
+        near = _pair_for(vs_best, key, best.strategy) if best is not None and key != best else None
+        if key == best:
+            mark = "best"
+        elif near is None or near.test is None:
+            mark = "-"
+        else:
+            mark = "no" if not near.significant else "yes"
+        base = _pair_for(vs_base, key, study.baseline) if study.baseline else None
+        significant.append(None if base is None or base.test is None else bool(base.significant))
+        marks = []
+        for kind, texts in record_warnings(runs, key.protocol).items():
+            marks.append(f"{kind} ({len(texts)} of {len(runs)} records)" if len(runs) > 1 else kind)
+            for rid, w in texts:
+                notes.setdefault(f"{kind}: {w}", []).append(rid)
+        row: dict[str, Any] = {
+            "rank": str(rank),
+            "method": short_label(key, several),
+            "seeds": str(len(runs)),
+            "final acc % ± CI": fmt_interval(finals[key], ri.last),
+            "avg inc acc % ± CI": fmt_interval(mean_std(x.avg_acc for x in s)[0], ri.avg),
+            "forgetting": fmt_float(mean_std(x.forgetting for x in s)[0], 2),
+            "added params": fmt_int_range(r.record.params.added_total for r in runs),
+            "train s": fmt_float(mean_std(r.record.time_s.train for r in runs)[0]),
+        }
+        if column is not None:
+            row[column] = _diff_cell(base, key.strategy == study.baseline and base is None, "baseline")
+        row["differs from best"] = mark
+        row["warnings"] = "; ".join(marks) or "-"
+        records.append(row)
+    table = pd.DataFrame(records)
+    if len(table) and (table["warnings"] == "-").all():
+        table = table.drop(columns=["warnings"])
+    caption = _caption(study, main, best, bool(notes))
+    lines = [f"{text} (records: {', '.join(sorted(set(ids)))})" for text, ids in notes.items()]
+    return Board(table, order, caption, lines, column, best, [finals[k] for k in order], significant)
+
+
+def record_warnings(runs: Sequence[Run], protocol: str) -> dict[str, list[tuple[str, str]]]:
+    """What the records know about themselves, by kind: ``data problems`` (the run was made with
+    ``--ignore-data-problems``), ``training warning`` (training barely changed the predictions), ``routing
+    warning`` (the protocol's module choices collapsed): kind -> [(run id, the record's text)]. The routing warning
+    is the record's own text for the per-sample protocol (:func:`clbench.report.tables.protocol_routing_warning`)."""
+    from clbench.report.tables import protocol_routing_warning, training_warning
+
+    out: dict[str, list[tuple[str, str]]] = {}
+    for r in runs:
+        for problem in getattr(r.record, "data_problems", None) or []:
+            out.setdefault("data problems", []).append((r.run_id, str(problem)))
+        if w := training_warning(r.record):
+            out.setdefault("training warning", []).append((r.run_id, w))
+        routing = r.routing()
+        if routing is not None and (w := protocol_routing_warning(r.record, routing, protocol)):
+            out.setdefault("routing warning", []).append((r.run_id, w))
+    return out
+
+
+def _caption(study: Study, main: Collection, best: AccKey | None, warned: bool) -> str:
+    from clbench.report.tables import INTERVAL_NOTE
+
+    benches = sorted({k.bench for k in study.main})
+    protocols = sorted({k.protocol for k in study.main})
+    parts = [
+        f"Main table ({study.source}) on {', '.join(benches) or 'no benchmark'}: one row per method, sorted by final "
+        "accuracy; the best in bold.",
+        INTERVAL_NOTE + ".",
+        "forgetting: Chaudhry / PILOT definition (max earlier R[t][j] minus final R[T][j]), mean over seeds; "
+        "added params: parameters stored on top of the frozen backbone after the last task; train s: training "
+        "seconds per run, mean over seeds.",
+    ]
+    if study.baseline:
+        parts.append(
+            f"Δ vs {display_name(study.baseline)}: final accuracy minus the baseline's on the same test images and "
+            "seeds, points, with its 95 % interval and its p Holm-adjusted over the main rows' tests against the "
+            "baseline only (each benchmark and protocol; seed-level t test for several seeds, exact McNemar for "
+            "one); 'not paired': other seeds or class orders than the baseline's, or a protocol the baseline lacks."
+        )
+    if best is not None:
+        parts.append(
+            f"differs from best: the paired test against the best row ({short_label(best)}), Holm-adjusted over the "
+            "main rows; 'no' marks methods not significantly different from the best at 5 %."
+        )
+    if len(protocols) > 1 or protocols != ["per-sample"]:
+        parts.append(
+            "Protocols: per-sample = every test image predicted on its own; reference = the reference "
+            "implementation's class-by-class test batches, shown for the gap."
+        )
+    if warned:
+        parts.append(
+            "warnings: what the records say about themselves (data problems the run was made despite, training "
+            "that barely changed the predictions, collapsed routing); each text is listed once under the table."
+        )
+    return " ".join(parts)
+
+
+def study_sections(study: Study) -> list[Section]:
+    """One table per secondary section of the study: its records (run, configuration, protocol, seed, final and
+    average incremental accuracy), so that none is silently dropped."""
+    import pandas as pd
+
+    from clbench.report.tables import Section, fmt_float
+
+    out = []
+    for sec in study.sections:
+        rows = [
+            {
+                "run id": r.run_id,
+                "configuration": r.variant,
+                "backbone": r.backbone_label,
+                "protocol": p,
+                "seed": str(r.seed),
+                "final acc %": fmt_float(r.summary(p).last_acc, 2),
+                "avg inc acc %": fmt_float(r.summary(p).avg_acc, 2),
+            }
+            for r in sec.runs
+            for p in r.protocols
+        ]
+        intro = f"{len(sec.runs)} records" + (f": {sec.why}" if sec.why else "") + "."
+        out.append(Section(sec.title, sec.anchor, pd.DataFrame(rows), intro=intro))
+    return out
+
+
+__all__ = [
+    "Board",
+    "Study",
+    "StudySection",
+    "automatic",
+    "display_name",
+    "from_study_file",
+    "leaderboard",
+    "short_label",
+    "study_sections",
+]
