@@ -301,10 +301,15 @@ class ProtocolSummary:
 
     def to_dict(self) -> Json:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {k: v for k, v in out.items() if (v is not None and v != []) or k not in _WHERE_SET}
+        return {k: v for k, v in out.items() if k not in _WHERE_SET or not _unset(v)}
 
 
 # written only where known (older records lack them)
+def _unset(v: Any) -> bool:
+    """None or an empty list (an array is never unset: ``v != []`` on one is an element-wise comparison)."""
+    return v is None or (isinstance(v, list) and not v)
+
+
 _WHERE_SET = ("bwt", "ece", "last_acc_ci", "avg_acc_ci", "task_aware_curve", "task_aware_last")
 SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(ProtocolSummary))
 

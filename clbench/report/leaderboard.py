@@ -164,7 +164,9 @@ def automatic(coll: Collection, baseline: str | None = None) -> tuple[Collection
     ]
     strategies = [k.strategy for k in main]
     if baseline is None:
-        baseline = "simplecil" if "simplecil" in strategies else (strategies[0] if strategies else None)
+        from clbench.catalog import DEFAULT_STRATEGY
+
+        baseline = DEFAULT_STRATEGY if DEFAULT_STRATEGY in strategies else (strategies[0] if strategies else None)
     return coll, Study(main, _check_baseline(baseline, strategies), sections, "chosen automatically", notes)
 
 
@@ -184,8 +186,15 @@ def study_groups(
     handed down by the command, so that the report never imports the command line)."""
     from clbench.config import flag_fields
     from clbench.configfile import apply
-    from clbench.sweep import SweepSpec, parse_data_roots, parse_list, parse_scoped_override, parse_seeds
-    from clbench.sweep.plan import fingerprint_digest, make_plan
+    from clbench.sweep.plan import (
+        SweepSpec,
+        fingerprint_digest,
+        make_plan,
+        parse_data_roots,
+        parse_list,
+        parse_scoped_override,
+        parse_seeds,
+    )
 
     path = str(path)
     out = []
