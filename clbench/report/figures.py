@@ -158,8 +158,9 @@ def _panel_grid(n: int, max_cols: int = 3) -> tuple[int, int]:
 
 
 def _hide_unused(axes: list[Axes], used: int) -> None:
+    """Remove the grid's unused panels: a hidden axes still carries its tick labels into the saved SVG and PDF."""
     for ax in axes[used:]:
-        ax.set_visible(False)
+        ax.remove()
 
 
 @dataclass
@@ -734,8 +735,7 @@ def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
             ax.set_title(f"{strategy} on {bench} ({len(group)} runs)", fontsize=8)  # the caption names them
             ax.tick_params(labelsize=6)
         axes[0].legend(frameon=False, fontsize=5)
-        for ax in axes[len(groups) :]:
-            ax.set_visible(False)
+        _hide_unused(axes, len(groups))
         title = "Routing study: routed accuracy per router"
         caption = (
             f"{title}, after each task (mean over the seeds of a panel's runs), every router on the same "
@@ -903,8 +903,7 @@ def paired_matrix(rows: Sequence[Any], coll: Collection, out_dir: Path, name: st
             one_bench = len({b for b, _ in settings}) == 1
             ax.set_title(f"{protocol} protocol" if one_bench else f"{bench}, {protocol}", fontsize=9)
             fig.colorbar(im, ax=ax, shrink=0.8, label="row - column (points)")
-        for ax in axes[len(settings) :]:
-            ax.set_visible(False)
+        _hide_unused(axes, len(settings))
         caption = (
             f"{title} ({', '.join(sorted({b for b, _ in settings}))}): final accuracy of the row's strategy minus "
             "the column's, in points, on the same test images "
