@@ -1278,8 +1278,14 @@ def test_data_fingerprints_are_in_the_record_and_the_reference(earlier, tmp_path
     ref = load_reference(reference_of(tmp_path, earlier))
     assert ref.entries[0].data == rec["data_fingerprint"]
     committed = load_reference(Path(__file__).resolve().parents[1] / "reports" / "reference-emoji.json")
-    assert any(e.data is None for e in committed.entries)  # entries pinned before fingerprints read as unknown
     assert all(e.data is None or set(e.data) == {"train", "test"} for e in committed.entries)
+    # an entry pinned before fingerprints existed (no "data" key) reads as unknown, not as a mismatch
+    raw = json.loads(reference_of(tmp_path, earlier).read_text())
+    for entry in raw["entries"]:
+        entry.pop("data", None)
+    old = tmp_path / "pinned-before-fingerprints.json"
+    old.write_text(json.dumps(raw))
+    assert all(e.data is None for e in load_reference(old).entries)
 
 
 # ----------------------------------------------------------------------------------------------- item 8 (and 14)

@@ -384,12 +384,12 @@ def test_unknown_set_key_lists_the_valid_ones(strategy, tmp_path, capsys):
 
 # ----------------------------------------------------------------------------------------------- real data
 @pytest.mark.slow
-@pytest.mark.full
+@pytest.mark.veryslow  # two trained real-backbone runs (3-4 min): the default tier carries both halves of the proof
 @pytest.mark.parametrize("strategy", ["ranpac"])
 def test_ci_profile_beats_a_random_weights_copy_of_the_backbone(tmp_path, strategy):
-    """A slower repeat (``full`` tier, two real-backbone runs) of what the default tier shows apart: pretrained
-    weights matter (tests/test_real.py::test_pretrained_weights_matter) and the ci profile's accuracy on them (the
-    regression gate, .ci/gate, pins its ranpac-ci run)."""
+    """A slower repeat (``veryslow``, not in CI; two real-backbone runs) of what the default tier shows apart:
+    pretrained weights matter (tests/test_real.py::test_pretrained_weights_matter) and the ci profile's accuracy on
+    them (the regression gate, .ci/gate, pins its ranpac-ci run)."""
     from clbench.weights import sources as ow
 
     try:

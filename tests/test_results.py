@@ -73,10 +73,12 @@ def test_every_committed_record_loads_or_is_refused_as_its_fixture_says(path):
     # schema 5, moved out of strategy_config) change
     written = rec.to_dict()
     config = dict(raw.get("strategy_config", {}))
-    assert rec.train_per_class == config.pop("train_per_class", None) and rec.strategy_config == config
-    assert rec.settings == {
-        k: v for k, v in raw.get("strategy_config", {}).items() if v is not None or k != "train_per_class"
-    }
+    moved = config.pop("train_per_class", None)  # schema < 5 kept it among the strategy's settings
+    assert rec.train_per_class == raw.get("train_per_class", moved) and rec.strategy_config == config
+    expected = {k: v for k, v in raw.get("strategy_config", {}).items() if v is not None or k != "train_per_class"}
+    if raw.get("train_per_class") is not None:
+        expected["train_per_class"] = raw["train_per_class"]
+    assert rec.settings == expected
     for key, value in raw.items():
         if key not in ("schema_version", "autocast", "params", "strategy_config"):
             assert json.dumps(written[key], allow_nan=True) == json.dumps(value, allow_nan=True), key
