@@ -39,20 +39,23 @@ def test_session_contract(strategy_name, micro_session_factory):
         assert len(step.task.train) == FEW * len(step.task.classes)  # the harness cut the task to the run's subset
         s.strategy.learn_task(step.task)
         n_tasks += 1
-        logits = s.strategy.predict(step.test)
-        assert logits.shape == (len(step.test), step.task.n_seen)
+        # every third test image of every seen class (104-314 images): the prompted methods' test passes through the
+        # ViT took most of this test's time, and the contract holds image by image
+        test = step.test.subset(np.arange(0, len(step.test), 3))
+        logits = s.strategy.predict(test)
+        assert logits.shape == (len(test), step.task.n_seen)
         assert torch.isfinite(logits).all()
         # per-sample: a shuffled subset in other batches gives the same rows
-        perm = np.random.default_rng(0).permutation(len(step.test))[: len(step.test) // 2]
-        sub = s.strategy.predict(step.test.subset(perm))
+        perm = np.random.default_rng(0).permutation(len(test))[: len(test) // 2]
+        sub = s.strategy.predict(test.subset(perm))
         torch.testing.assert_close(sub, logits[torch.as_tensor(perm)], rtol=1e-4, atol=1e-4)
         assert torch.equal(sub.argmax(1), logits[torch.as_tensor(perm)].argmax(1))
     assert n_tasks == 3
     assert state_digest(s.backbone.model) == before  # every method, a fine-tuning one too (it trains its own copy)
     if type(s.strategy).fine_tunes_backbone:  # its features are its tuned ViT's, no longer the cached frozen ones
-        tuned = s.strategy.adapted_features(step.test)
-        assert tuned is not None and tuned.shape == step.test.features.shape
-        assert not torch.allclose(tuned, step.test.features)
+        tuned = s.strategy.adapted_features(test)
+        assert tuned is not None and tuned.shape == test.features.shape
+        assert not torch.allclose(tuned, test.features)
     pc = s.strategy.param_counts()
     assert len(pc.added_per_task) == n_tasks and len(pc.trainable_per_task) == n_tasks
 
