@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,25 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, allow_nan=True) + "\n").encode())
+def atomic_write_json(path: Path, obj: Any, *, standard: bool = False) -> None:
+    """``obj`` as indented JSON, written atomically. ``standard``: every NaN or infinity written as null (standard
+    JSON has neither; Python's ``json`` would write the non-standard ``NaN`` that jq, JavaScript and most other
+    readers refuse), for the files other tools read, such as the run record."""
+    if standard:
+        obj = without_nan(obj)
+    text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=not standard)
+    atomic_write_bytes(path, (text + "\n").encode())
+
+
+def without_nan(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by None (nested dicts, lists and tuples followed)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: without_nan(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [without_nan(v) for v in obj]
+    return obj
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -28,7 +28,7 @@ from clbench.errors import ClbenchError
 from clbench.owned import load_json
 from clbench.predictions import PredictionsFile
 
-SCHEMA_VERSION = 5  # see the version history above RunRecord
+SCHEMA_VERSION = 6  # see the version history above RunRecord
 RESULT_FILE = "result.json"
 Json = dict[str, Any]
 
@@ -108,6 +108,9 @@ def peak_rss_mb() -> float:
 #      held it in ``strategy_config`` of the six methods that had it. :func:`_upgrade_v4` moves it out. Added later
 #      without a version change, written where known: ``data_fingerprint`` (train/test content digests; a record
 #      without it is of unknown data, which matches any) and ``resume_warning`` (a resume that added no task).
+#   6: standard JSON: an undefined number is written null, not ``NaN`` (which jq, JavaScript's ``JSON.parse`` and most
+#      non-Python readers refuse); ``old_acc`` after the first task is the one such value. Read back as NaN, so a
+#      version-5 record (``NaN`` in the file) and a version-6 one give the same record (:func:`_upgrade_v5`).
 OLDEST_READABLE = 1
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
@@ -145,8 +148,8 @@ def _is_pct(v: Any) -> bool:  # an accuracy in percent
     return _is_number(v) and 0 <= v <= 100
 
 
-def _is_pct_or_nan(v: Any) -> bool:
-    return _is_pct(v) or (isinstance(v, float) and math.isnan(v))
+def _is_pct_or_nan(v: Any) -> bool:  # null: how a record written since schema 7 stores the NaN (standard JSON)
+    return v is None or _is_pct(v) or (isinstance(v, float) and math.isnan(v))
 
 
 def _is_points(v: Any) -> bool:  # a difference of two accuracies (forgetting, a protocol gap); NaN: undefined
@@ -297,11 +300,19 @@ class ProtocolSummary:
 
     @classmethod
     def from_dict(cls, d: Json) -> ProtocolSummary:
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        values = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
+        for name in _NAN_LISTS:  # the file says null where the value is undefined (standard JSON): NaN in memory
+            if name in values:
+                values[name] = [math.nan if v is None else v for v in values[name]]
+        return cls(**values)
 
     def to_dict(self) -> Json:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {k: v for k, v in out.items() if k not in _WHERE_SET or not _unset(v)}
+
+
+# per-task lists with undefined entries (old_acc after the first task): NaN in memory, null in the file
+_NAN_LISTS = ("old_acc", "new_acc", "top5_curve")
 
 
 # written only where known (older records lack them)
@@ -673,7 +684,7 @@ class RunRecord:
         from clbench.files import atomic_write_json
 
         path = Path(run_dir) / RESULT_FILE
-        atomic_write_json(path, self.to_dict())
+        atomic_write_json(path, self.to_dict(), standard=True)  # no NaN in the file: null (old_acc after task 1)
         return path
 
 
@@ -835,11 +846,18 @@ def _upgrade_v4(data: Json) -> Json:
     return {**data, "strategy_config": config, **({"train_per_class": k} if k is not None else {})}
 
 
+def _upgrade_v5(data: Json) -> Json:
+    """A version-5 record as version 6: the same fields; only the file's spelling of an undefined number changed
+    (``NaN`` then, null now), and the reader takes both."""
+    return data
+
+
 UPGRADES: dict[int, Callable[[Json], Json]] = {
     1: _upgrade_v1,
     2: _upgrade_v2,
     3: _upgrade_v3,
     4: _upgrade_v4,
+    5: _upgrade_v5,
 }  # version -> the next version
 
 

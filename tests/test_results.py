@@ -28,7 +28,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "records"
 COMMITTED = sorted(p for root in ("reports", "tests/fixtures") for p in (REPO / root).rglob(RESULT_FILE))
 BROKEN = {  # the fixtures that must be refused, and what the refusal says
     "garbage": "not a readable JSON record",
-    "old-schema": "schema version 0 (this clbench reads 1 to 5)",
+    "old-schema": "schema version 0 (this clbench reads 1 to 6)",
     "tosca-incomplete": "the run is not complete (finished 3 of 6 tasks)",
 }
 
@@ -96,7 +96,7 @@ def test_train_per_class_moves_out_of_the_strategy_settings_and_back_into_what_t
     assert rec.settings == raw["strategy_config"]
     rec.write(tmp_path / "r")
     data = json.loads((tmp_path / "r" / RESULT_FILE).read_text())
-    assert data["schema_version"] == SCHEMA_VERSION == 5 and data["train_per_class"] == 32
+    assert data["schema_version"] == SCHEMA_VERSION == 6 and data["train_per_class"] == 32
     assert "train_per_class" not in data["strategy_config"]
     assert load_record(tmp_path / "r").settings == raw["strategy_config"]
     unset = dataclasses.replace(rec, train_per_class=None)  # every image: the key is not written
@@ -116,6 +116,26 @@ def test_write_then_read_gives_the_same_record(tmp_path, name):
     again.write(tmp_path / "run")
     assert (tmp_path / "run" / RESULT_FILE).read_text() == first  # a current record is written byte for byte
     assert json.loads(first)["schema_version"] == SCHEMA_VERSION
+
+
+def test_a_written_record_is_standard_json_and_reads_back_its_nan(tmp_path):
+    """No NaN in result.json (jq and JavaScript refuse it): old_acc after the first task is written null and read
+    back as NaN, so a version-5 file (NaN written) and its version-6 rewrite give the same record."""
+    path = next(FIXTURES.rglob("tosca-s1993"))
+    assert "NaN" in (path / RESULT_FILE).read_text()  # the fixture was written before version 6
+    rec = load_record(path)
+    assert math.isnan(rec.main.old_acc[0])
+    rec.write(tmp_path / "run")
+    text = (tmp_path / "run" / RESULT_FILE).read_text()
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in a written record")
+
+    data = json.loads(text, parse_constant=refuse)
+    assert data["old_acc"][0] is None and data["protocols"][rec.protocol]["old_acc"][0] is None
+    again = load_record(tmp_path / "run")
+    assert math.isnan(again.main.old_acc[0]) and again.main.old_acc[1:] == rec.main.old_acc[1:]
+    assert _text(again) == _text(rec)
 
 
 def test_a_current_record_keeps_the_file_layout(tmp_path):
