@@ -1,14 +1,18 @@
-"""The README's results tables are read from committed records, not typed in: every row names its records here, and
-each cell (precision, seeds, final and average incremental accuracy with their 95 % intervals, forgetting, the
-paired test against SimpleCIL, added parameters, stored statistics, trainable parameters) must equal what
-``clbench compare`` computes from those records (the same functions, the same resampling seeds), rounded as printed.
-A re-run record that moves a number fails this test until the README follows.
+"""The results tables of README.md and reports/README.md are read from committed records, not typed in: every row
+names its records here, and each cell (precision, seeds, final and average incremental accuracy with their 95 %
+intervals, forgetting, the paired test against SimpleCIL, added parameters, stored statistics, trainable parameters)
+must equal what ``clbench compare`` computes from those records (the same functions, the same resampling seeds),
+rounded as printed. A re-run record that moves a number fails this test until the file holding the table follows.
 
-Every "vs SimpleCIL" cell of both tables carries its interval and its Holm-corrected p (a test below).
+Every "vs SimpleCIL" cell of the first two tables carries its interval and its Holm-corrected p (a test below).
 
-Two tables: ``| strategy (budget)`` (seed 1993, every method; one compare over all its records, so the Holm
-correction covers all its pairs) and ``| strategy, five seeds`` (seeds 1993-1997, class order varied with the
-seed; class orders pooled)."""
+Three tables: ``| strategy (budget)`` (seed 1993, every method; one compare over all its records, so the Holm
+correction covers all its pairs), the README's leaderboard; ``| strategy, five seeds`` (seeds 1993-1997, class
+order varied with the seed; class orders pooled) and the domain-incremental ``| strategy | final %`` (the
+``emoji-vendors`` sweep, seeds pooled), both in reports/README.md's "Findings" with the prose whose stated
+differences are tested below. README.md itself is a front door: at most ``README_MAX_LINES`` lines, with the two
+commands of its "Two commands" section exactly as ``.ci/run`` runs them, and every relative link of the three
+READMEs resolves."""
 
 from __future__ import annotations
 
@@ -66,7 +70,21 @@ FIVE_SEEDS = {
     "ACIL": ("acil", "per-sample"),
     "DS-AL": ("dsal", "per-sample"),
 }
-HEADERS = {"one": "| strategy (budget)", "five": "| strategy, five seeds"}
+# first words of the row label -> strategy; records: the domain-incremental sweep's, every seed of SEEDS
+DOMAIN_RUNS = "reports/emoji-vendors/runs/runs"
+DOMAIN = {"ACIL": "acil", "SLDA": "slda", "TOSCA (one module": "tosca", "SimpleCIL": "simplecil"}
+HEADERS = {
+    "one": "| strategy (budget)",
+    "five": "| strategy, five seeds",
+    "domain": "| strategy | final % | avg inc % | forgetting | task-aware final %",
+}
+# the file (from the repository root) that holds each table; the prose's stated differences live in PROSE_FILE
+TABLE_FILE = {"one": "README.md", "five": "reports/README.md", "domain": "reports/README.md"}
+PROSE_FILE = "reports/README.md"
+
+
+def table_text(which: str) -> str:
+    return (ROOT / TABLE_FILE[which]).read_text()
 
 
 def five_seed_folders(strategy: str) -> list[str]:
@@ -74,8 +92,8 @@ def five_seed_folders(strategy: str) -> list[str]:
 
 
 def table_rows(which: str, text: str | None = None) -> list[list[str]]:
-    """The cells of the README table whose header starts with ``HEADERS[which]``."""
-    lines = (text if text is not None else (ROOT / "README.md").read_text()).splitlines()
+    """The cells of the table whose header starts with ``HEADERS[which]``, in ``text`` (default: its file)."""
+    lines = (text if text is not None else table_text(which)).splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(HEADERS[which]))
     rows = []
     for line in lines[start + 2 :]:
@@ -87,7 +105,7 @@ def table_rows(which: str, text: str | None = None) -> list[list[str]]:
 
 def row_key(label: str, rows: dict) -> str:
     keys = [k for k in rows if label.startswith(k)]
-    assert len(keys) == 1, f"README row {label!r} matches {keys or 'no entry'}: name its records in this test"
+    assert len(keys) == 1, f"table row {label!r} matches {keys or 'no entry'}: name its records in this test"
     return keys[0]
 
 
@@ -160,9 +178,33 @@ def expected_five(label: str) -> list[str]:
     ]
 
 
-def test_every_row_names_its_records_and_every_record_has_a_row():
-    assert sorted(row_key(r[0], ONE_SEED) for r in table_rows("one")) == sorted(ONE_SEED)
-    assert sorted(row_key(r[0], FIVE_SEEDS) for r in table_rows("five")) == sorted(FIVE_SEEDS)
+def domain_folders(strategy: str) -> list[str]:
+    return [f"{DOMAIN_RUNS}/{strategy}-emoji-vendors-s{s}" for s in SEEDS]
+
+
+def expected_domain(label: str) -> list[str]:
+    """The row's cells after the label (domain-incremental table: ``clbench sweep``'s summary, seeds pooled)."""
+    folders = tuple(f for s in sorted(DOMAIN.values()) for f in domain_folders(s))
+    coll = collect([ROOT / f for f in folders], True).select("emoji-vendors")
+    table = summary_table(coll, Predicted())
+    row = table[table["strategy"] == DOMAIN[label]]
+    assert len(row) == 1, f"{label}: {len(row)} rows in the summary table"
+    r = row.iloc[0]
+    return [
+        r["final acc %"],
+        r["avg inc acc %"],
+        r["forgetting"].split(" (sd")[0],
+        r["task-aware final %"].split(" (sd")[0],
+    ]
+
+
+TABLES = {"one": (ONE_SEED, expected_one), "five": (FIVE_SEEDS, expected_five), "domain": (DOMAIN, expected_domain)}
+
+
+@pytest.mark.parametrize("which", list(TABLES))
+def test_every_row_names_its_records_and_every_record_has_a_row(which):
+    rows = TABLES[which][0]
+    assert sorted(row_key(r[0], rows) for r in table_rows(which)) == sorted(rows)
 
 
 @pytest.mark.parametrize("label", list(ONE_SEED))
@@ -174,19 +216,33 @@ def test_one_seed_row_equals_its_record(label):
 @pytest.mark.parametrize("label", list(FIVE_SEEDS))
 def test_five_seed_row_equals_its_records(label):
     row = next(r for r in table_rows("five") if row_key(r[0], FIVE_SEEDS) == label)
-    assert row[1:] == expected_five(label), f"README row {row[0]!r} differs from its five records"
+    assert row[1:] == expected_five(label), f"five-seed row {row[0]!r} differs from its five records"
 
 
-def test_a_changed_number_is_caught():
-    """The check can fail: APER's final accuracy moved by 0.01 in the README text no longer equals its record."""
-    text = (ROOT / "README.md").read_text()
-    row = next(r for r in table_rows("one", text) if row_key(r[0], ONE_SEED) == "APER (reference")
+@pytest.mark.parametrize("label", list(DOMAIN))
+def test_domain_row_equals_its_records(label):
+    row = next(r for r in table_rows("domain") if row_key(r[0], DOMAIN) == label)
+    assert row[1:] == expected_domain(label), f"domain-incremental row {row[0]!r} differs from its five records"
+
+
+@pytest.mark.parametrize(
+    ("which", "label"), [("one", "APER (reference"), ("five", "RanPAC"), ("domain", "TOSCA (one module")]
+)
+def test_a_changed_number_is_caught(which, label):
+    """The check can fail, in each table: a final accuracy moved by 0.01 in its file's text (APER's in the README,
+    RanPAC's five-seed one and TOSCA's domain-incremental one in reports/README.md) no longer equals its records."""
+    rows, expected = TABLES[which]
+    text = table_text(which)
+    header = next(line for line in text.splitlines() if line.startswith(HEADERS[which]))
+    col = [c.strip() for c in header.strip().strip("|").split("|")].index("final %")
+    row = next(r for r in table_rows(which, text) if row_key(r[0], rows) == label)
     line = next(line for line in text.splitlines() if line.startswith(f"| {row[0]} |"))
-    value, _, half = row[2].partition(" ± ")
+    value, _, half = row[col].partition(" ± ")
     moved = f"{float(value) + 0.01:.2f} ± {half}"
-    changed = text.replace(line, line.replace(f"| {row[2]} |", f"| {moved} |", 1))
-    aper = next(r for r in table_rows("one", changed) if row_key(r[0], ONE_SEED) == "APER (reference")
-    assert aper[1:] != expected_one("APER (reference") and row[1:] == expected_one("APER (reference")
+    changed = text.replace(line, line.replace(f"| {row[col]} |", f"| {moved} |", 1))
+    assert changed != text
+    moved_row = next(r for r in table_rows(which, changed) if row_key(r[0], rows) == label)
+    assert moved_row[1:] != expected(label) and row[1:] == expected(label)
 
 
 VERSUS = re.compile(
@@ -199,12 +255,12 @@ NO_TEST = {"baseline", "-", "n/p"}
 @pytest.mark.parametrize("which", ["one", "five"])
 def test_every_versus_cell_has_an_interval_and_a_p(which):
     """Every difference the tables state: value, 95 % interval, the test's Holm-corrected p and its verdict."""
-    header = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(HEADERS[which]))
+    header = next(line for line in table_text(which).splitlines() if line.startswith(HEADERS[which]))
     col = [c.strip() for c in header.strip().strip("|").split("|")].index(VERSUS_HEADER[which])
     cells = [r[col] for r in table_rows(which)]
     assert any(c not in NO_TEST for c in cells)
     for cell in cells:
-        assert cell in NO_TEST or VERSUS.match(cell), f"README {which}-seed table: {cell!r} lacks its interval or p"
+        assert cell in NO_TEST or VERSUS.match(cell), f"{which}-seed table: {cell!r} lacks its interval or p"
     assert not VERSUS.match("+2.44 (p 0.46, not significantly different)")  # the old form fails
 
 
@@ -214,11 +270,12 @@ VERSUS_HEADER = {
 }
 
 
-def rewrite(text: str) -> str:
-    """``text`` (the README) with every cell after the label of both tables recomputed from the records: how the
-    tables are written. A new row is added by naming its records above and writing its label with any cells."""
+def rewrite(text: str, tables: tuple[str, ...] = tuple(TABLES)) -> str:
+    """``text`` with every cell after the label of the named tables recomputed from the records: how the tables are
+    written. A new row is added by naming its records above and writing its label with any cells."""
     lines = text.splitlines(keepends=True)
-    for which, rows, expected in (("one", ONE_SEED, expected_one), ("five", FIVE_SEEDS, expected_five)):
+    for which in tables:
+        rows, expected = TABLES[which]
         start = next(i for i, line in enumerate(lines) if line.startswith(HEADERS[which]))
         i = start + 2
         while i < len(lines) and lines[i].startswith("|"):
@@ -228,9 +285,10 @@ def rewrite(text: str) -> str:
     return "".join(lines)
 
 
-if __name__ == "__main__":  # python tests/test_readme_numbers.py: rewrite the README's tables from their records
-    readme = ROOT / "README.md"
-    readme.write_text(rewrite(readme.read_text()))
+if __name__ == "__main__":  # python tests/test_readme_numbers.py: rewrite every table from its records, in its file
+    for name in sorted(set(TABLE_FILE.values())):
+        path = ROOT / name
+        path.write_text(rewrite(path.read_text(), tuple(w for w, f in TABLE_FILE.items() if f == name)))
 
 
 # ------------------------------------------------------------------------------------------- the prose's tests
@@ -339,4 +397,65 @@ def prose_test(name: str) -> str:
 
 @pytest.mark.parametrize("name", list(PROSE))
 def test_the_prose_states_each_difference_with_its_test(name):
-    assert prose_test(name) in (ROOT / "README.md").read_text().replace("\n  ", " "), name
+    assert prose_test(name) in (ROOT / PROSE_FILE).read_text().replace("\n  ", " "), name
+
+
+# ------------------------------------------------------------------------------------------- README.md: the front door
+README_MAX_LINES = 160
+# the "Two commands" section's two commands, exactly: set-up and the main job, then the tests (.ci/run runs both)
+TWO_COMMANDS = (
+    "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/clbench run --strategy simplecil",
+    ".venv/bin/python -m pytest",
+)
+
+
+def two_commands(text: str) -> list[str]:
+    """The contents of the fenced blocks of ``text``'s one "## Two commands" section, up to the next ``## ``."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line == "## Two commands"]
+    assert len(starts) == 1, f"{len(starts)} '## Two commands' sections"
+    end = next((i for i in range(starts[0] + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    blocks, block = [], None
+    for line in lines[starts[0] + 1 : end]:
+        if line.startswith("```"):
+            if block is None:
+                block = []
+            else:
+                blocks.append("\n".join(block))
+                block = None
+        elif block is not None:
+            block.append(line)
+    assert block is None, "a fenced block of the section is not closed"
+    return blocks
+
+
+def test_readme_is_a_front_door():
+    """README.md has at most README_MAX_LINES lines, its "Two commands" section holds exactly the two commands, the
+    seed-1993 leaderboard is in it and the findings' table and prose are not (they live in reports/README.md)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES, f"README.md: {len(text.splitlines())} lines"
+    assert two_commands(text) == list(TWO_COMMANDS)
+    assert table_rows("one", text) and not any(line.startswith(HEADERS["five"]) for line in text.splitlines())
+    assert "reports/emoji/index.html" in text and "(reports/README.md)" in text
+    ci = (ROOT / ".ci/run").read_text()
+    assert all(part in ci for part in (".venv/bin/pip install -q -e '.[test]'", ".venv/bin/python -m pytest"))
+
+
+def test_the_two_commands_check_can_fail():
+    text = (ROOT / "README.md").read_text()
+    assert two_commands(text.replace(TWO_COMMANDS[1], f"{TWO_COMMANDS[1]} -n 0")) != list(TWO_COMMANDS)
+    extra = text.replace("Run the tests:", "Lint:\n\n```bash\n.venv/bin/ruff check .\n```\n\nRun the tests:", 1)
+    assert two_commands(extra) != list(TWO_COMMANDS)
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("name", ["README.md", "reports/README.md", "clbench/README.md"])
+def test_relative_links_resolve(name):
+    """Every relative link of the READMEs (images included) names a file or folder that exists."""
+    path = ROOT / name
+    targets = [t for t in LINK.findall(path.read_text()) if not re.match(r"[a-z]+:|#", t)]
+    assert targets
+    missing = [t for t in targets if not (path.parent / t.split("#")[0]).exists()]
+    assert not missing, f"{name}: links to {missing}"
