@@ -254,7 +254,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from clbench.sweep import (
         Resources,
         SweepSpec,
-        invocation,
         parse_data_roots,
         parse_list,
         parse_scoped_override,
@@ -288,7 +287,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         manifest = run_sweep(spec, args.backend, res, args.ray_address, dry_run=True)
         print_plan(manifest)
         return 0
-    command = invocation()
+    from clbench.results import command_line
+
+    command = command_line()
     with RichSweepView() as view:
         manifest = run_sweep(
             spec,
@@ -533,9 +534,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    with warnings.catch_warnings():  # a library's warning quotes what it was given (a record's names): made visible
-        warnings.showwarning = _show_warning
-        return _dispatch(args, argv)
+    from clbench.results import set_invocation
+
+    set_invocation(list(sys.argv[1:] if argv is None else argv))  # the records name the command as typed
+    try:
+        with warnings.catch_warnings():  # a library's warning quotes what it was given (a record's names): visible
+            warnings.showwarning = _show_warning
+            return _dispatch(args, argv)
+    finally:
+        set_invocation(None)
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: object) -> None:

@@ -109,8 +109,9 @@ def peak_rss_mb() -> float:
 #      without a version change, written where known: ``data_fingerprint`` (train/test content digests; a record
 #      without it is of unknown data, which matches any) and ``resume_warning`` (a resume that added no task).
 #   6: standard JSON: an undefined number is written null, not ``NaN`` (which jq, JavaScript's ``JSON.parse`` and most
-#      non-Python readers refuse); ``old_acc`` after the first task is the one such value. Read back as NaN, so a
-#      version-5 record (``NaN`` in the file) and a version-6 one give the same record (:func:`_upgrade_v5`).
+#      non-Python readers refuse); ``old_acc`` after the first task is the one such value, read back as NaN. The
+#      ``command`` as the user typed it: ``clbench ...``, paths relative to the working directory, ``<abs>/NAME``
+#      outside it; :func:`_upgrade_v5` restates an older record's command so.
 OLDEST_READABLE = 1
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
@@ -847,9 +848,11 @@ def _upgrade_v4(data: Json) -> Json:
 
 
 def _upgrade_v5(data: Json) -> Json:
-    """A version-5 record as version 6: the same fields; only the file's spelling of an undefined number changed
-    (``NaN`` then, null now), and the reader takes both."""
-    return data
+    """A version-5 (or older) record as version 6: its command as typed (:func:`as_typed`: ``clbench`` for the
+    interpreter and entry point, ``<abs>/NAME`` for each absolute path of the machine it was made on); the numbers
+    untouched (the file's ``NaN`` reads as the NaN a version-6 file spells null)."""
+    command = data.get("command")
+    return {**data, "command": as_typed(command.split(" "), None)} if isinstance(command, str) and command else data
 
 
 UPGRADES: dict[int, Callable[[Json], Json]] = {
@@ -972,5 +975,59 @@ def _build(path: Path, data: Json) -> RunRecord:
         raise ClbenchError(f"{path}: a field has an unexpected shape ({type(e).__name__}: {e})", RUN_HINT) from None
 
 
-def command_line() -> str:
-    return " ".join(["clbench", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("clbench") else " ".join(sys.argv)
+_INVOKED: list[str] | None = None  # the arguments clbench.cli.main was given, where a run came through the CLI
+
+
+def set_invocation(args: list[str] | None) -> None:
+    """Remember the arguments ``clbench`` was given (clbench.cli.main) for the records its runs write."""
+    global _INVOKED
+    _INVOKED = None if args is None else list(args)
+
+
+def command_line(cwd: Path | None = None) -> str:
+    """The run's command as the user typed it: ``clbench`` and its arguments (whichever interpreter, worktree or
+    entry point started it), every absolute path relative to the working directory, or ``<abs>/NAME`` where it lies
+    outside (a record names no folder of the machine it was made on). Outside the CLI (``clbench.harness.run`` from
+    Python) the process's own command, likewise."""
+    words = ["clbench", *_INVOKED] if _INVOKED is not None else list(sys.argv)
+    return as_typed(words, Path.cwd() if cwd is None else cwd)
+
+
+# the entry points a clbench command runs through: the console script, ``python -m clbench``, ``clbench/cli.py``
+_CLBENCH_PROGRAMS = ("bin/clbench", "clbench/__main__.py", "clbench/cli.py")
+
+
+def as_typed(words: list[str], cwd: Path | None) -> str:
+    """``words`` as a command line a user would type: the program ``clbench`` where it is one of clbench's entry
+    points (``pytest`` for pytest's), absolute paths made relative to ``cwd`` where inside it and ``<abs>/NAME``
+    elsewhere (``cwd`` None: every absolute path, as for a record read on another machine), in the ``--flag=PATH``
+    form too."""
+    if not words:
+        return ""
+    program = words[0].replace("\\", "/")
+    if program == "clbench" or program.endswith(_CLBENCH_PROGRAMS):
+        program = "clbench"
+    elif program.endswith(("pytest/__main__.py", "bin/pytest")):
+        program = "pytest"
+    else:
+        program = _relative(program, cwd)
+    return " ".join([program, *(_word(w, cwd) for w in words[1:])])
+
+
+def _word(word: str, cwd: Path | None) -> str:
+    flag, eq, value = word.partition("=")
+    if eq and flag.startswith("-") and value.startswith("/"):
+        return f"{flag}={_relative(value, cwd)}"
+    return _relative(word, cwd) if word.startswith("/") else word
+
+
+def _relative(path: str, cwd: Path | None) -> str:
+    if not path.startswith("/"):
+        return path
+    p = Path(path)
+    if cwd is not None:
+        try:
+            return str(p.relative_to(cwd)) or "."
+        except ValueError:
+            pass
+    return f"<abs>/{p.name}" if p.name else "<abs>"

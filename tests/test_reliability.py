@@ -41,8 +41,8 @@ SETTINGS = {
     "tosca": ["--set", "epochs=3"],  # 3 tasks of 12 classes each
     "mos": ["--set", "epochs=1", "--set", "ca_epochs=2", "--train-per-class", "4", "--protocol", "both"],
     "dualprompt": ["--set", "epochs=1", "--train-per-class", "4", "--protocol", "both"],
-    "ranpac": ["--set", "epochs=1", "--set", "M=2000"],
-    "aper": ["--set", "epochs=1"],
+    "ranpac": ["--set", "epochs=1", "--set", "M=512", "--train-per-class", "8"],
+    "aper": ["--set", "epochs=1", "--train-per-class", "8"],
 }
 SAME = ("accuracy_matrix", "acc_curve", "params", "protocols", "class_order", "strategy_config", "predictions")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from clbench.results import (
     SCHEMA_VERSION,
     ProtocolSummary,
     RunRecord,
+    as_typed,
     load_record,
     read_record,
 )
@@ -79,8 +81,12 @@ def test_every_committed_record_loads_or_is_refused_as_its_fixture_says(path):
     if raw.get("train_per_class") is not None:
         expected["train_per_class"] = raw["train_per_class"]
     assert rec.settings == expected
+    # the command reads as typed (clbench.results.as_typed): no interpreter, worktree or absolute path of the maker
+    if raw.get("command"):
+        assert rec.command == as_typed(raw["command"].split(" "), None) and "/work/" not in rec.command
+        assert rec.command.split(" ")[0] in ("clbench", "pytest"), rec.command
     for key, value in raw.items():
-        if key not in ("schema_version", "autocast", "params", "strategy_config"):
+        if key not in ("schema_version", "autocast", "params", "strategy_config", "command"):
             assert json.dumps(written[key], allow_nan=True) == json.dumps(value, allow_nan=True), key
 
 
@@ -136,6 +142,23 @@ def test_a_written_record_is_standard_json_and_reads_back_its_nan(tmp_path):
     again = load_record(tmp_path / "run")
     assert math.isnan(again.main.old_acc[0]) and again.main.old_acc[1:] == rec.main.old_acc[1:]
     assert _text(again) == _text(rec)
+
+
+def test_the_command_is_recorded_as_the_user_typed_it(tmp_path, monkeypatch):
+    """`clbench ...` whichever entry point ran it, paths relative to the working directory, `<abs>/NAME` outside it."""
+    from clbench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["/some/worktree/.venv/bin/python", "/some/worktree/clbench/cli.py"])
+    out, elsewhere = tmp_path / "runs" / "sc", tmp_path.parent / f"{tmp_path.name}-elsewhere" / "sc2"
+    micro = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "18", "--increment", "18"]
+    assert main(["run", "--strategy", "simplecil", *micro, "--out", str(out)]) == 0
+    assert load_record(out).command == f"clbench run --strategy simplecil {' '.join(micro)} --out runs/sc"
+    assert main(["run", "--strategy", "simplecil", *micro, f"--out={elsewhere}"]) == 0
+    assert load_record(elsewhere).command.endswith("--out=<abs>/sc2")
+    assert as_typed(["/opt/venv/bin/clbench", "report", "/data/runs", "runs/x"], Path("/data")) == (
+        "clbench report runs runs/x"
+    )
 
 
 def test_a_current_record_keeps_the_file_layout(tmp_path):

@@ -16,8 +16,9 @@ from clbench.text import plain
 
 
 def _invocation() -> str:
-    argv = sys.argv
-    return " ".join(["clbench", *argv[1:]]) if argv and argv[0].endswith("clbench") else " ".join(argv)
+    from clbench.results import command_line  # the command as typed, paths relative to the working directory
+
+    return command_line()
 
 
 def _add_run_dirs(p: argparse.ArgumentParser) -> None:

@@ -50,7 +50,7 @@ from clbench.sweep.plan import (
     parse_seeds,
 )
 from clbench.sweep.runner import SweepView, overhead, run_sweep
-from clbench.sweep.summary import invocation, write_summary
+from clbench.sweep.summary import write_summary
 from clbench.sweep.worker import execute, execution_independent
 
 __all__ = [
@@ -68,7 +68,6 @@ __all__ = [
     "execute",
     "execution_independent",
     "inspect",
-    "invocation",
     "make_plan",
     "overhead",
     "parse_data_roots",

@@ -4,7 +4,6 @@ the sweep folder, new, empty or a clbench report folder; a link there is refused
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,8 +51,3 @@ def write_summary(out: Path, manifest: SweepManifest, report: bool, tsne: bool, 
         write_report(coll, out / "report", title=f"clbench sweep: {out.name}", command=command, with_tsne=tsne)
         written.append(out / "report" / "index.html")
     return written
-
-
-def invocation() -> str:
-    argv = sys.argv
-    return " ".join(["clbench", *argv[1:]]) if argv and argv[0].endswith("clbench") else " ".join(argv)
