@@ -153,6 +153,21 @@ def test_notice_section_is_appended_once_and_replaced_on_rebuild(tmp_path):
     assert notice_text().strip() in again and again.endswith("tail\n") and "stale" not in again
 
 
+def test_rebuilding_the_emoji_benchmark_keeps_the_domains_section_of_notice(tmp_path):
+    from clbench.benchmarks import build_emoji
+
+    notice = tmp_path / "NOTICE"
+    notice.write_text("an older emoji attribution\n")
+    update_notice(notice)  # emoji-domains' section appended
+    build_emoji.write_notice(notice)  # emoji.npz rebuilt: its text replaced, the other section kept
+    build_emoji.write_notice(notice)
+    text = notice.read_text()
+    assert text.startswith(build_emoji.notice_text()) and "an older emoji attribution" not in text
+    assert text.count(NOTICE_BEGIN) == 1 and text.count(NOTICE_END) == 1 and notice_text().strip() in text
+    committed = (Path(build_emoji.__file__).resolve().parents[1] / "data" / "NOTICE").read_text()
+    assert committed.startswith(build_emoji.notice_text()) and NOTICE_BEGIN in committed
+
+
 def test_the_shipped_notice_carries_the_section():
     text = (Path(data_file()).parent / "NOTICE").read_text(encoding="utf-8")
     assert notice_text().strip() in text and 'embedded benchmark "emoji"' in text  # both benchmarks attributed
