@@ -70,16 +70,22 @@ FIVE_SEEDS = {
     "ACIL": ("acil", "per-sample"),
     "DS-AL": ("dsal", "per-sample"),
 }
-# first words of the row label -> strategy; records: the domain-incremental sweep's, every seed of SEEDS
-DOMAIN_RUNS = "reports/emoji-vendors/runs/runs"
+# first words of the row label -> strategy; records: each domain-incremental sweep's, every seed of SEEDS
 DOMAIN = {"ACIL": "acil", "SLDA": "slda", "TOSCA (one module": "tosca", "SimpleCIL": "simplecil"}
+# table -> (benchmark, the sweep's record folder)
+DOMAIN_SWEEPS = {
+    "domain": ("emoji-vendors", "reports/emoji-vendors/runs/runs"),
+    "domains4": ("emoji-domains", "reports/emoji-domains/cheap-seeds/runs"),
+}
 HEADERS = {
     "one": "| strategy (budget)",
     "five": "| strategy, five seeds",
     "domain": "| strategy | final % | avg inc % | forgetting | task-aware final %",
+    "domains4": "| strategy (emoji-domains) | final % | avg inc % | forgetting | task-aware final %",
 }
 # the file (from the repository root) that holds each table; the prose's stated differences live in PROSE_FILE
 TABLE_FILE = {"one": "README.md", "five": "reports/README.md", "domain": "reports/README.md"}
+TABLE_FILE["domains4"] = "reports/README.md"
 PROSE_FILE = "reports/README.md"
 
 
@@ -178,14 +184,15 @@ def expected_five(label: str) -> list[str]:
     ]
 
 
-def domain_folders(strategy: str) -> list[str]:
-    return [f"{DOMAIN_RUNS}/{strategy}-emoji-vendors-s{s}" for s in SEEDS]
+def domain_folders(strategy: str, which: str = "domain") -> list[str]:
+    bench, runs = DOMAIN_SWEEPS[which]
+    return [f"{runs}/{strategy}-{bench}-s{s}" for s in SEEDS]
 
 
-def expected_domain(label: str) -> list[str]:
-    """The row's cells after the label (domain-incremental table: ``clbench sweep``'s summary, seeds pooled)."""
-    folders = tuple(f for s in sorted(DOMAIN.values()) for f in domain_folders(s))
-    coll = collect([ROOT / f for f in folders], True).select("emoji-vendors")
+def expected_domain(label: str, which: str = "domain") -> list[str]:
+    """The row's cells after the label (a domain-incremental table: ``clbench sweep``'s summary, seeds pooled)."""
+    folders = tuple(f for s in sorted(DOMAIN.values()) for f in domain_folders(s, which))
+    coll = collect([ROOT / f for f in folders], True).select(DOMAIN_SWEEPS[which][0])
     table = summary_table(coll, Predicted())
     row = table[table["strategy"] == DOMAIN[label]]
     assert len(row) == 1, f"{label}: {len(row)} rows in the summary table"
@@ -198,7 +205,12 @@ def expected_domain(label: str) -> list[str]:
     ]
 
 
-TABLES = {"one": (ONE_SEED, expected_one), "five": (FIVE_SEEDS, expected_five), "domain": (DOMAIN, expected_domain)}
+TABLES = {
+    "one": (ONE_SEED, expected_one),
+    "five": (FIVE_SEEDS, expected_five),
+    "domain": (DOMAIN, expected_domain),
+    "domains4": (DOMAIN, lambda label: expected_domain(label, "domains4")),
+}
 
 
 @pytest.mark.parametrize("which", list(TABLES))
@@ -219,10 +231,12 @@ def test_five_seed_row_equals_its_records(label):
     assert row[1:] == expected_five(label), f"five-seed row {row[0]!r} differs from its five records"
 
 
+@pytest.mark.parametrize("which", list(DOMAIN_SWEEPS))
 @pytest.mark.parametrize("label", list(DOMAIN))
-def test_domain_row_equals_its_records(label):
-    row = next(r for r in table_rows("domain") if row_key(r[0], DOMAIN) == label)
-    assert row[1:] == expected_domain(label), f"domain-incremental row {row[0]!r} differs from its five records"
+def test_domain_row_equals_its_records(which, label):
+    row = next(r for r in table_rows(which) if row_key(r[0], DOMAIN) == label)
+    got = TABLES[which][1](label)
+    assert row[1:] == got, f"domain-incremental row {row[0]!r} ({which}) differs from its five records"
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import pytest
 
 from clbench.checkpoint import CHECKPOINT_FILE
 from clbench.errors import ClbenchError
+from clbench.files import without_nan
 from clbench.owned import mark_folder
 from clbench.results import (
     RESULT_FILE,
@@ -87,7 +88,8 @@ def test_every_committed_record_loads_or_is_refused_as_its_fixture_says(path):
         assert rec.command.split(" ")[0] in ("clbench", "pytest"), rec.command
     for key, value in raw.items():
         if key not in ("schema_version", "autocast", "params", "strategy_config", "command"):
-            assert json.dumps(written[key], allow_nan=True) == json.dumps(value, allow_nan=True), key
+            # NaN in memory is null in a file of schema 6 and NaN in an older one: compared as standard JSON
+            assert json.dumps(without_nan(written[key])) == json.dumps(without_nan(value)), key
 
 
 def test_train_per_class_moves_out_of_the_strategy_settings_and_back_into_what_the_run_trained_with(tmp_path):
