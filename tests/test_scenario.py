@@ -304,3 +304,15 @@ def test_cli_run_of_simplecil_on_emoji_vendors_in_the_domain_scenario(tmp_path):
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     r = json.loads((out / "result.json").read_text())
     assert r["scenario"] == "domain" and len(r["protocols"]["per-sample"]["accuracy_matrix"]) == 2
+
+
+def test_curves_of_a_domain_run_are_drawn_against_the_domains_seen():
+    """A domain-incremental run's tasks all bring the same classes: its curves' x axis counts domains (1..T), not
+    classes (which would read 50, 100, 150, 200 for four domains of the same 50 classes)."""
+    from clbench.report.collect import collect
+
+    root = Path(__file__).resolve().parents[1] / "reports"
+    domain = collect([root / "emoji-domains/cheap-seeds/runs/slda-emoji-domains-s1993"]).runs[0]
+    assert domain.seen_axis == ([1, 2, 3, 4], "number of domains seen")
+    cls = collect([root / "emoji/runs/seeds/slda-emoji-s1993-o1993"]).runs[0]
+    assert cls.seen_axis == ([6, 12, 18, 24, 30, 36], "number of classes seen")

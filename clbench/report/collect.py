@@ -89,6 +89,14 @@ class Run:
             out.append(n)
         return out
 
+    @property
+    def seen_axis(self) -> tuple[list[int], str]:
+        """The x axis of the curves after each task, with its label: the classes seen so far, or in the domain
+        scenario (every task brings the same classes) the domains seen so far."""
+        if (self.record.scenario or "class") == "domain":
+            return list(range(1, len(self.task_sizes) + 1)), "number of domains seen"
+        return self.classes_seen, "number of classes seen"
+
     # --------------------------------------------------------------------------------------- labels
     @property
     def bench_label(self) -> str:

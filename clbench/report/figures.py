@@ -62,6 +62,16 @@ class FigureOut:
 
 
 # ------------------------------------------------------------------------------------------- helpers
+
+
+def _seen_ticks(ax: Any, axis: tuple[list[int], str], fontsize: float | None = None) -> None:
+    """Label the x axis of curves after each task; domains seen (a handful of steps) get one tick each."""
+    xs, label = axis
+    ax.set_xlabel(label, **({"fontsize": fontsize} if fontsize else {}))
+    if "domains" in label:
+        ax.set_xticks(xs)
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-").lower() or "x"
 
@@ -288,7 +298,7 @@ def accuracy_curves(
                 runs = groups[key]
                 mean, std = _mean_std_curves([r.summary(key.protocol).acc_curve for r in runs])
                 ri = row_interval(runs, key.protocol, predicted)
-                x = np.array(runs[0].classes_seen[: len(mean)])
+                x = np.array(runs[0].seen_axis[0][: len(mean)])
                 style = "--" if key.protocol == "reference" else styles.get(key.strategy, "-")
                 if key.protocol not in PROTOCOL_STYLE:
                     style = ":"
@@ -310,7 +320,7 @@ def accuracy_curves(
                     ax.fill_between(x, mean - std, mean + std, color=colors[key.strategy], alpha=0.12, lw=0)
                     bands.add("std")
             ax.set_title(panel_title)
-            ax.set_xlabel("number of classes seen")
+            _seen_ticks(ax, groups[keys[0]][0].seen_axis)
             ax.set_ylabel("accuracy A_t (%)")
             _legend_outside(ax)
         runs = _unique_runs(list(groups.values()))
@@ -325,7 +335,8 @@ def accuracy_curves(
             "bands the 95 % interval where the runs kept predictions, else ± one standard deviation over seeds",
         )
         caption = (
-            f"{title}: A_t (%) after each task against the number of classes seen; lines are means over "
+            f"{title}: A_t (%) after each task against the number of classes (domain-incremental: domains) seen; "
+            "lines are means over "
             f"seeds, {band_text}; solid = per-sample protocol, dashed = reference. " + provenance(runs)
         )
         out = _save(fig, out_dir, name, title, caption, runs, dpi)
@@ -556,7 +567,7 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
                 )
                 diag_curves = [[t.diagnostics.get(p, {}).get("acc") for t in r.record.per_task] for r in runs]
                 mean, std = _mean_std_curves(diag_curves)
-                xs = np.array(runs[0].classes_seen[: len(mean)])
+                xs = np.array(runs[0].seen_axis[0][: len(mean)])
                 ax_curve.plot(
                     xs, mean, PROTOCOL_STYLE.get(p, ":"), marker="o", ms=3, color=f"C{i}", label=f"routed, {p}"
                 )
@@ -570,9 +581,9 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
             ax_bar.legend(frameon=False)
             oracle = [[t.diagnostics.get("oracle_acc") for t in r.record.per_task] for r in runs]
             mean, std = _mean_std_curves(oracle)
-            xs = np.array(runs[0].classes_seen[: len(mean)])
+            xs = np.array(runs[0].seen_axis[0][: len(mean)])
             ax_curve.plot(xs, mean, ":", marker="s", ms=3, color="black", label="oracle (own task's module)")
-            ax_curve.set_xlabel("number of classes seen")
+            _seen_ticks(ax_curve, runs[0].seen_axis)
             ax_curve.set_ylabel("accuracy (%)")
             ax_curve.set_title(f"{short}: routed vs oracle accuracy")
             ax_curve.legend(frameon=False)
@@ -721,7 +732,7 @@ def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
         fig, axes = _new_figure(cols, (len(groups) + cols - 1) // cols, 3.6, 2.7)
         for ax, ((bench, strategy, _), group) in zip(axes, groups.items(), strict=False):
             curves = [router_curves(r) for r in group]
-            xs = group[0].classes_seen
+            xs, xlabel = group[0].seen_axis
             for i, name in enumerate(curves[0]):
                 mean = np.mean([c[name] for c in curves], axis=0)
                 style = (
@@ -730,7 +741,7 @@ def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
                     else {"color": f"C{i}", "marker": "o"}
                 )
                 ax.plot(xs[: len(mean)], mean, ms=2, lw=1, label=name, **style)
-            ax.set_xlabel("number of classes seen", fontsize=7)
+            _seen_ticks(ax, (xs, xlabel), fontsize=7)
             ax.set_ylabel("routed accuracy (%)", fontsize=7)
             ax.set_title(f"{strategy} on {bench} ({len(group)} runs)", fontsize=8)  # the caption names them
             ax.tick_params(labelsize=6)
