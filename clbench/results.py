@@ -149,7 +149,7 @@ def _is_pct(v: Any) -> bool:  # an accuracy in percent
     return _is_number(v) and 0 <= v <= 100
 
 
-def _is_pct_or_nan(v: Any) -> bool:  # null: how a record written since schema 7 stores the NaN (standard JSON)
+def _is_pct_or_nan(v: Any) -> bool:  # null: how a record written since schema 6 stores the NaN (standard JSON)
     return v is None or _is_pct(v) or (isinstance(v, float) and math.isnan(v))
 
 

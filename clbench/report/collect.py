@@ -29,6 +29,9 @@ SEARCH_DEPTH = 2  # a parent folder is searched for run folders this many levels
 RUN_MARKERS = (".lock", "features.npz")  # files the harness writes in a run folder before its first record
 
 
+DOMAINS_SEEN = "number of domains seen"  # the x axis of a domain-incremental run's curves
+
+
 @dataclass(frozen=True)
 class Skipped:
     """A path that holds no usable record, and why."""
@@ -94,7 +97,7 @@ class Run:
         """The x axis of the curves after each task, with its label: the classes seen so far, or in the domain
         scenario (every task brings the same classes) the domains seen so far."""
         if (self.record.scenario or "class") == "domain":
-            return list(range(1, len(self.task_sizes) + 1)), "number of domains seen"
+            return list(range(1, len(self.task_sizes) + 1)), DOMAINS_SEEN
         return self.classes_seen, "number of classes seen"
 
     # --------------------------------------------------------------------------------------- labels

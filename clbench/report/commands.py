@@ -12,13 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from clbench.results import command_line
 from clbench.text import plain
-
-
-def _invocation() -> str:
-    from clbench.results import command_line  # the command as typed, paths relative to the working directory
-
-    return command_line()
 
 
 def _add_run_dirs(p: argparse.ArgumentParser) -> None:
@@ -107,7 +102,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         coll,
         Path(args.out),
         title=args.title,
-        command=_invocation(),
+        command=command_line(),
         with_tsne=args.tsne,
         tsne_points=args.tsne_points,
         budget_strict=args.budget_curves,
@@ -148,7 +143,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from clbench.report.collect import collect
 
     coll = collect(args.run_dirs, args.pool_class_orders)
-    written = write_compare(coll, args.bench, Path(args.out), command=_invocation(), baseline=args.baseline)
+    written = write_compare(coll, args.bench, Path(args.out), command=command_line(), baseline=args.baseline)
     print(
         f"compare: {len(coll.select(args.bench).runs)} runs on {plain(args.bench)} -> "
         + ", ".join(plain(f) for f in written.files)
@@ -260,7 +255,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             calibration=calibration,
             require_ci_profiles=args.require_ci_profiles,
             previous=previous,
-            written_by=_invocation(),
+            written_by=command_line(),
         )
         chk.write_reference(target, ref)
         print(f"reference: {len(ref.entries)} entries from {len(coll.runs)} runs -> {target}")
@@ -305,7 +300,7 @@ def cmd_routing_study(args: argparse.Namespace) -> int:
     from clbench.report.collect import collect
     from clbench.report.study import write_study
 
-    path = write_study(collect(args.run_dirs), Path(args.out), args.vary, command=_invocation())
+    path = write_study(collect(args.run_dirs), Path(args.out), args.vary, command=command_line())
     print(f"routing study -> {path}")
     return 0
 
