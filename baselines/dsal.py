@@ -165,9 +165,11 @@ class DSAL(Strategy[DSALConfig]):
                 self.comp.fit(torch.tanh(X), self.residue(X, Y, n_old), "DS-AL's compensation stream")
         else:  # the paper: the main stream learns the whole task, then the compensation stream its residue
             order = torch.arange(len(task.train))
-            for X, Y in self._batches(task, order):
+            # a task in one batch (every task here) is expanded once for both streams; larger ones twice (memory)
+            kept = list(self._batches(task, order)) if len(order) <= self.cfg.il_batch_size else None
+            for X, Y in kept or self._batches(task, order):
                 self.main.fit(F.relu(X), Y, "DS-AL's main stream")
-            for X, Y in self._batches(task, order):
+            for X, Y in kept or self._batches(task, order):
                 self.comp.fit(torch.tanh(X), self.residue(X, Y, n_old), "DS-AL's compensation stream")
         for stream in (self.main, self.comp):
             stream.grow(task.n_seen)  # a task without images still gets its (zero) columns

@@ -1,9 +1,14 @@
 """Checkpoints: a run killed at any moment continues from its last finished task and ends with the record an
 uninterrupted run would have written; and reading one never runs code from the file.
 
-After every task the harness writes ``<run folder>/checkpoint.safetensors`` atomically (a temporary file in the same
+After a task the harness writes ``<run folder>/checkpoint.safetensors`` atomically (a temporary file in the same
 folder, fsynced and renamed over the old one, :func:`clbench.files.atomic_write_bytes`), *before* that task's
-``result.json``, so a record never claims more tasks than the checkpoint holds.
+``result.json``, so a record never claims more tasks than the checkpoint holds. Not after every task
+(:class:`Cadence`): once the learning and evaluation since the last checkpoint took at least
+``$CLBENCH_CHECKPOINT_S`` seconds (default :data:`DEFAULT_INTERVAL_S`) and at least as long as the last checkpoint
+took to write, so that a run killed loses at most that much work, and a run whose tasks take milliseconds (a
+closed-form head on cached features, whose checkpoints took longer than its learning) writes none. A finished run
+deletes its checkpoint; ``CLBENCH_CHECKPOINT_S=0`` writes one after every task.
 
 Format (version :data:`VERSION`): one `safetensors <https://huggingface.co/docs/safetensors>`_ file. Its tensors are
 the strategy's (named ``strategy.<n>``) and the RNG states (``rng.torch``, ``rng.cuda.<i>``); its metadata holds
@@ -187,6 +192,48 @@ def _plain(value: Any) -> Any:
         raise TypeError(f"a {type(v).__name__} cannot go in a checkpoint's JSON")
 
     return json.loads(json.dumps(value, default=default, allow_nan=True))
+
+
+DEFAULT_INTERVAL_S = 10.0
+INTERVAL_ENV = "CLBENCH_CHECKPOINT_S"
+
+
+class Cadence:
+    """When the harness writes a checkpoint (module docstring): after a task once the work since the last one
+    (learning and evaluation seconds) reaches ``max(interval, seconds the last checkpoint took)``: a rent-or-buy
+    rule, so the checkpoints never cost more than the work they protect, and a kill loses at most that much."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = float(interval_s)
+        self.unsaved_s = 0.0  # learning and evaluation since the last checkpoint
+        self.last_write_s = 0.0
+
+    @classmethod
+    def from_env(cls) -> Cadence:
+        import os
+
+        raw = os.environ.get(INTERVAL_ENV)
+        if raw is None or raw.strip() == "":
+            return cls(DEFAULT_INTERVAL_S)
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value < float("inf"):  # also NaN
+            raise ClbenchError(
+                f"${INTERVAL_ENV} is {raw!r}, not a number of seconds",
+                f"set it to seconds of work between checkpoints, e.g. {DEFAULT_INTERVAL_S:g} (0: after every "
+                "task), or unset it",
+            )
+        return cls(value)
+
+    def due(self, work_s: float) -> bool:
+        """Count ``work_s`` seconds of a task just done; whether a checkpoint should be written now."""
+        self.unsaved_s += max(0.0, work_s)
+        return self.interval_s == 0 or self.unsaved_s >= max(self.interval_s, self.last_write_s)
+
+    def written(self, seconds: float) -> None:
+        self.unsaved_s, self.last_write_s = 0.0, float(seconds)
 
 
 def save(path: Path, ckpt: Checkpoint) -> None:

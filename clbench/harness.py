@@ -537,7 +537,8 @@ def prepare(
 
 
 def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> RunRecord:
-    """Run one configuration end to end, writing a checkpoint and the record after every task; return the complete
+    """Run one configuration end to end, writing a checkpoint and the record after tasks (:class:`Cadence
+    <clbench.checkpoint.Cadence>`: once the work since the last one outweighs writing it); return the complete
     record. An unfinished run in ``cfg.out`` with a checkpoint and the same settings is continued from its last
     finished task (``resume=True``: it must be). See :mod:`clbench.checkpoint`."""
     from clbench import checkpoint
@@ -545,6 +546,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     rep = reporter or Reporter()
     t_start = time.perf_counter()
     resolved = resolve(cfg)  # every bad name or setting fails here, before a run folder is made
+    cadence = checkpoint.Cadence.from_env()  # so does a bad $CLBENCH_CHECKPOINT_S
     run_dir, data_problems = _claim_run_folder(resolved, resume)
     caller_rng = checkpoint.capture_rng()
     reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
@@ -566,9 +568,11 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
                 if step.task.id == state.done - 1 and ckpt is not None:  # state.done > 0: restored from it
                     checkpoint.restore_rng(ckpt.rng)
                 continue
+            work = time.perf_counter()
             with _restored_state_used(run_dir, resumed_at == step.task.id, session.cfg.strategy):
                 _learn_and_evaluate(session, step, state, rep)
-            _save_progress(state, run_dir)
+            if cadence.due(time.perf_counter() - work):
+                cadence.written(_save_progress(state, run_dir))
         with _restored_state_used(run_dir, resumed_at == session.bench.n_tasks, session.cfg.strategy):
             return _finish(state, run_dir, rep)
     finally:
@@ -631,7 +635,8 @@ TIME_KEYS = ("features", "train", "eval", "checkpoint", "total")
 
 
 class _RunState:
-    """What a run has done so far: restored from its checkpoint when it continues, saved in it after every task."""
+    """What a run has done so far: restored from its checkpoint when it continues, saved in it after a task
+    (:class:`clbench.checkpoint.Cadence` says which)."""
 
     def __init__(self, session: PreparedRun, t_start: float) -> None:
         self.session, self.t_start, self.revision = session, t_start, git_revision()
@@ -839,8 +844,9 @@ def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunStat
     rep.task_done(t, main.summary(), state.per_task[-1], state.peak_rss_mb())
 
 
-def _save_progress(state: _RunState, run_dir: RunDir) -> None:
-    """The checkpoint, then the (unfinished) record: a record never claims more than the checkpoint holds."""
+def _save_progress(state: _RunState, run_dir: RunDir) -> float:
+    """The checkpoint, then the (unfinished) record: a record never claims more than the checkpoint holds. Returns
+    the seconds this took (the :class:`~clbench.checkpoint.Cadence` weighs them against the work they protect)."""
     from clbench import checkpoint
 
     session = state.session
@@ -869,6 +875,7 @@ def _save_progress(state: _RunState, run_dir: RunDir) -> None:
     state.t_ckpt += time.perf_counter() - t0
     preds = _predictions(session, state.logs)
     _write_record(state.record(run_dir.path, complete=False, preds=preds), run_dir.path, preds)
+    return time.perf_counter() - t0
 
 
 def _finish(state: _RunState, run_dir: RunDir, rep: Reporter) -> RunRecord:

@@ -32,6 +32,11 @@ def _share_the_cores() -> None:
 
 _share_the_cores()
 
+# A checkpoint after every task (clbench.checkpoint.Cadence): the resume, kill and tampering tests stop and inspect
+# runs whose tasks take milliseconds, which the default cadence would never checkpoint. The processes tests start
+# inherit it; tests of the cadence itself set their own.
+os.environ.setdefault("CLBENCH_CHECKPOINT_S", "0")
+
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random")
 
 # The files that take longest in the default tier, longest first (seconds on 2 cores with a cold cache): xdist hands

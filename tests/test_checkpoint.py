@@ -154,3 +154,61 @@ def test_resume_without_a_checkpoint_says_why(tmp_path):
     (tmp_path / "result.json").write_text(json.dumps({"complete": True}))
     with pytest.raises(ClbenchError, match="the run is finished; there is nothing to continue"):
         ck.resume_config(tmp_path, {})
+
+
+# ----------------------------------------------------------------------------------------------- cadence
+def test_the_cadence_writes_once_the_work_outweighs_the_interval_and_the_last_write():
+    c = ck.Cadence(10.0)
+    assert [c.due(3.0), c.due(3.0), c.due(3.9)] == [False, False, False]  # 9.9 s of work: not yet
+    assert c.due(0.2)  # 10.1 s
+    c.written(25.0)  # a slow write: the next one waits for as much work as it cost
+    assert not c.due(20.0) and c.due(5.0)
+    c.written(1.0)
+    assert not c.due(-5.0) and c.unsaved_s == 0.0  # a clock step back counts as nothing
+    every = ck.Cadence(0.0)
+    assert every.due(0.0) and (every.written(99.0) or every.due(0.0))  # 0: after every task, whatever a write costs
+
+
+@pytest.mark.parametrize(
+    ("raw", "interval"), [(None, ck.DEFAULT_INTERVAL_S), ("", ck.DEFAULT_INTERVAL_S), ("2.5", 2.5)]
+)
+def test_the_cadence_reads_its_interval_from_the_environment(monkeypatch, raw, interval):
+    if raw is None:
+        monkeypatch.delenv(ck.INTERVAL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ck.INTERVAL_ENV, raw)
+    assert ck.Cadence.from_env().interval_s == interval
+
+
+@pytest.mark.parametrize("raw", ["soon", "-1", "nan", "inf"])
+def test_a_bad_cadence_interval_is_one_line_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv(ck.INTERVAL_ENV, raw)
+    with pytest.raises(ClbenchError, match=r"\$CLBENCH_CHECKPOINT_S is .* not a number of seconds") as e:
+        ck.Cadence.from_env()
+    assert "unset it" in e.value.hint
+
+
+def test_a_run_of_millisecond_tasks_writes_no_checkpoint_and_the_same_record(tmp_path, monkeypatch, capsys):
+    """The default cadence skips the checkpoints of a run whose tasks take milliseconds (the warm main job, the
+    closed-form heads); its record is the one a run that checkpointed after every task writes."""
+    from clbench import harness
+    from clbench.cli import main
+
+    writes = []
+    real = harness._save_progress
+    monkeypatch.setattr(
+        harness, "_save_progress", lambda state, run_dir: writes.append(state.done) or real(state, run_dir)
+    )
+    argv = ["run", "--strategy", "simplecil", "--backbone", "vit_micro", "--weights", "random", "--init-cls", "12"]
+    argv += ["--increment", "12", "--train-per-class", "4"]
+    monkeypatch.setenv(ck.INTERVAL_ENV, "0")
+    assert main([*argv, "--out", str(tmp_path / "every")]) == 0
+    assert writes == [1, 2, 3]
+    writes.clear()
+    monkeypatch.setenv(ck.INTERVAL_ENV, "3600")
+    assert main([*argv, "--out", str(tmp_path / "cadence")]) == 0
+    assert writes == []
+    a, b = (json.loads((tmp_path / n / "result.json").read_text()) for n in ("every", "cadence"))
+    assert a["complete"] and b["complete"] and a["accuracy_matrix"] == b["accuracy_matrix"]
+    assert a["predictions"] == b["predictions"] and b["time_s"]["checkpoint"] == 0.0
+    assert not (tmp_path / "cadence" / ck.CHECKPOINT_FILE).exists()
