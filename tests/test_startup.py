@@ -181,3 +181,44 @@ def test_a_warm_run_in_a_fresh_process_imports_none_of_them(tmp_path, micro_weig
     )
     out = _python(f"{warm}; {_REPORT}; {whole}", dict(os.environ))
     assert "IMPORTED []" in out and "WHOLE 0.6" in out, out
+
+
+_ENTRY = """
+import atexit, sys, threading
+import clbench.cli as cli
+returned, real_main = threading.Event(), cli.main
+def main():
+    code = real_main()
+    returned.set()
+    return code
+cli.main = main
+def late():  # a non-daemon thread that works on after main returns: joined, not killed
+    returned.wait()
+    print("thread finished", flush=True)
+threading.Thread(target=late).start()
+atexit.register(lambda: print("handler ran"))  # unflushed: the entry flushes it
+sys.argv = ["clbench", *sys.argv[1:]]
+cli.entry()
+"""
+
+
+@pytest.mark.parametrize(("argv", "code"), [(["list"], 0), (["run", "--strategy", "no-such-method"], 2)])
+def test_the_console_entry_exits_with_mains_code_after_threads_handlers_and_output(argv, code):
+    """``clbench`` skips the interpreter's module teardown (``os._exit``), but not what an exit must do: other threads
+    are joined, ``atexit`` handlers run, the output is flushed, and the exit code is main's."""
+    done = subprocess.run([sys.executable, "-c", _ENTRY, *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr
+    assert done.stdout.rstrip().endswith("thread finished\nhandler ran")
+    assert ("simplecil" in done.stdout) == (code == 0)
+    assert code == 0 or "clbench: error:" in done.stderr
+
+
+def test_a_command_builds_its_own_flags_only_and_help_still_lists_every_command():
+    from clbench.cli import build_parser
+
+    run_only = build_parser(only="run")
+    assert {a.dest for a in run_only.commands["run"]._actions} >= {"strategy", "seed", "out"}
+    assert [a.dest for a in run_only.commands["check"]._actions] == ["help"]  # named, with its help, no flags
+    full = build_parser()
+    assert {"reference", "write_reference", "calibrate"} <= {a.dest for a in full.commands["check"]._actions}
+    assert set(run_only.commands) == set(full.commands)
