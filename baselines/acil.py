@@ -26,10 +26,11 @@ not be positive definite in float64, or W not finite, the run stops with a Clben
 (the reference asserts ``isfinite`` with the same advice). Logits are returned as float32.
 
 Cost and memory (``solver="recursive"``, the reference's form): R is M x M float64, 8 M^2 bytes (512 MiB at the
-reference's M = 8192), saved in every checkpoint; each batch of n images costs 4 n M^2 flops. The default
+reference's M = 8192), saved in each checkpoint; each batch of n images costs 4 n M^2 flops. The default
 ``solver="auto"`` keeps the same solution in its dual form while it is the cheaper form
-(:class:`clbench.layers.analytic.AnalyticRidge`: r M + r^2 floats after r images, 2 n r M + 4 n^2 M + r^3 / 3 flops
-per batch), then switches to the recursion once (a rent-or-buy rule on the flops).
+(:class:`clbench.layers.analytic.AnalyticRidge`: r M + r^2 floats after r images, 2 n r M + 4 n^2 M + n r^2 +
+n^3 / 3 flops per batch: the Cholesky factor of F F^T + gamma I is kept and bordered), then switches to the
+recursion once (a rent-or-buy rule on the flops).
 :func:`clbench.layers.analytic.memory_estimate` (measured in
 ``reports/perf/acil-growth.json``) is checked before anything is learnt, and a width that does not fit is refused
 in one line with the estimate.

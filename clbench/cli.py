@@ -581,16 +581,19 @@ def _dispatch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 
 
 def entry() -> None:
-    """The ``clbench`` console script (and ``python -m clbench.cli``): :func:`main`, then the interpreter's exit
-    without its teardown. What an exit must still do is done first (other threads joined and every ``atexit``
-    handler run: trackers, temporary folders, logging; the standard streams flushed); tearing down the modules of
-    torch and the rest, about 0.5 s on 2 cores (a tenth of the warm main job), is skipped by ``os._exit``. Where
-    this Python lacks the two hooks used, the usual exit."""
+    """The ``clbench`` console script (and ``python -m clbench.cli``): :func:`main`, then :func:`exit_now`."""
+    exit_now(main())
+
+
+def exit_now(code: int) -> None:
+    """End the process with ``code`` without the interpreter's teardown. What an exit must still do is done first
+    (other threads joined and every ``atexit`` handler run: trackers, temporary folders, logging; the standard
+    streams flushed); tearing down the modules of torch and the rest, about 0.5 s on 2 cores (a tenth of the warm
+    main job), is skipped by ``os._exit``. Where this Python lacks the two hooks used, the usual exit."""
     import atexit
     import os
     import threading
 
-    code = main()
     join_threads, run_exit_handlers = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
     if join_threads is None or run_exit_handlers is None:
         sys.exit(code)

@@ -75,10 +75,12 @@ def test_the_dual_form_keeps_no_sample_and_less_than_r():
     s.learn_task(task)
     X = relu_projection(task.train.features.double(), s.buffer)  # (18, 80)
     head = s.head
-    assert head.factor.shape == (18, 80) and head.gram.shape == (18, 18)
+    assert head.factor.shape == (18, 80) and head.chol.shape == (18, 18)
     torch.testing.assert_close(head.factor.T @ head.factor, X.T @ X, rtol=1e-10, atol=1e-10)
+    gram = head.factor @ head.factor.T + head.gamma * torch.eye(18, dtype=torch.float64)
+    torch.testing.assert_close(head.chol @ head.chol.T, gram, rtol=1e-10, atol=1e-10)  # the kept Cholesky factor
     assert not any(torch.allclose(row, x) or torch.allclose(row, -x) for row in head.factor for x in X[1:])
-    assert max(t.numel() for t in (head.factor, head.gram, head.targets, head.W)) < 80 * 80
+    assert max(t.numel() for t in (head.factor, head.chol, head.targets, head.W)) < 80 * 80
 
 
 def test_the_buffer_is_the_reference_init_from_the_run_seed():

@@ -222,3 +222,71 @@ def test_a_command_builds_its_own_flags_only_and_help_still_lists_every_command(
     full = build_parser()
     assert {"reference", "write_reference", "calibrate"} <= {a.dest for a in full.commands["check"]._actions}
     assert set(run_only.commands) == set(full.commands)
+
+
+def _npz(path: Path, leak: bool = False) -> Path:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    train_x = rng.integers(0, 256, (6, 4, 4, 3), dtype=np.uint8)
+    test_x = rng.integers(0, 256, (3, 4, 4, 3), dtype=np.uint8)
+    if leak:
+        test_x[0] = train_x[2]
+    y = np.array([0, 0, 1, 1, 2, 2])
+    np.savez_compressed(path, train_x=train_x, train_y=y, test_x=test_x, test_y=np.array([0, 1, 2]))
+    return path
+
+
+def test_npz_images_stay_unread_once_their_fingerprint_is_known_and_a_new_file_is_hashed_again(tmp_path):
+    """A warm run of the embedded benchmark never decompresses its images: the content fingerprint is recorded under
+    the file's identity; the same fingerprint as hashing the arrays, and a rewritten file is hashed again."""
+    import numpy as np
+
+    from clbench.benchmarks.base import ArraySource, NpzArraySource
+
+    path = _npz(tmp_path / "data.npz")
+    with np.load(path) as z:
+        eager = ArraySource(z["train_x"], z["train_y"], "x").fingerprint()
+        y = z["train_y"]
+    first = NpzArraySource(path, "train_x", y, "x")
+    assert first.fingerprint() == eager and first._images is not None  # hashed: read
+    second = NpzArraySource(path, "train_x", y, "x")
+    assert second.fingerprint() == eager and second._images is None  # recorded: never read
+    assert second.images.shape == (6, 4, 4, 3)  # a pixel asked for: read then
+    _npz(path, leak=True)  # another version of the file (new mtime)
+    os.utime(path, ns=(1, 1))
+    third = NpzArraySource(path, "train_x", y, "x")
+    assert third._fp is None and third.fingerprint() == eager  # train_x unchanged: same content, hashed again
+
+
+def test_the_data_check_of_array_images_is_recorded_under_their_content_and_still_refuses_a_leak(tmp_path):
+    import dataclasses
+
+    import numpy as np
+
+    from clbench.benchmarks.base import Benchmark, NpzArraySource
+    from clbench.benchmarks.emoji import load
+    from clbench.catalog import BENCHMARKS
+    from clbench.datacheck import check_loaded
+    from clbench.errors import ClbenchError
+
+    spec = dataclasses.replace(BENCHMARKS.get("emoji"), n_classes=None)
+
+    def bench(path: Path) -> Benchmark:
+        with np.load(path) as z:
+            train, test = (NpzArraySource(path, f"{s}_x", z[f"{s}_y"], s) for s in ("train", "test"))
+        return Benchmark(spec, ["a", "b", "c"], [0, 1, 2], [3], train, test)
+
+    clean = bench(_npz(tmp_path / "clean.npz"))
+    assert check_loaded(clean, ignore=False) == []
+    again = bench(tmp_path / "clean.npz")
+    assert check_loaded(again, ignore=False) == [] and again.train._images is None  # recorded: no pixel read
+    _npz(tmp_path / "leak.npz", leak=True)
+    for _ in range(2):  # computed, then read back: refused both times
+        leaky = bench(tmp_path / "leak.npz")
+        with pytest.raises(ClbenchError, match="byte-identical to a training image"):
+            check_loaded(leaky, ignore=False)
+        assert leaky.train._images is None or _ == 0
+    train, test, names = load(None)  # the embedded benchmark itself passes
+    emoji = Benchmark(BENCHMARKS.get("emoji"), names, list(range(len(names))), [len(names)], train, test)
+    assert check_loaded(emoji, False) == []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clbench.benchmarks.base import ArraySource
+from clbench.benchmarks.base import ArraySource, NpzArraySource
 from clbench.errors import ClbenchError
 
 
@@ -28,8 +28,8 @@ def load(data_root: Path | None) -> tuple[ArraySource, ArraySource, list[str]]:
             f"the embedded emoji benchmark file {path} is missing",
             "reinstall clbench, or rebuild it with: python -m clbench.benchmarks.build_emoji",
         )
-    with np.load(path, allow_pickle=False) as z:
+    with np.load(path, allow_pickle=False) as z:  # the labels now, the images when a pixel is read
         names = [str(n) for n in z["class_names"]]
-        train = ArraySource(z["train_x"], z["train_y"], "emoji/train")
-        test = ArraySource(z["test_x"], z["test_y"], "emoji/test")
+        train = NpzArraySource(path, "train_x", z["train_y"], "emoji/train")
+        test = NpzArraySource(path, "test_x", z["test_y"], "emoji/test")
     return train, test, names

@@ -184,9 +184,10 @@ class AnalyticRidge:
       dual form keeps the autocorrelation sum X^T X as a stack of per-batch factors ``factor`` (r, M): each batch
       X adds R_b = V^T X, V the (n, n) orthogonal eigenvectors of X X^T (so R_b^T R_b = X^T X and the rows of R_b
       are orthogonal), and its targets rotated the same way, V^T Y, to ``targets`` (r, C), so that
-      factor^T targets = sum X^T Y; ``gram`` = factor factor^T (r, r) grows by one block per batch. The weights
+      factor^T targets = sum X^T Y; ``chol``, the Cholesky factor of factor factor^T + gamma I (r, r), is bordered by
+      one block of rows per batch (the Gram itself is not kept). The weights
       follow from the push-through identity
-      (F^T F + gamma I)^-1 F^T = F^T (F F^T + gamma I)^-1: W = factor^T (gram + gamma I)^-1 targets, an r x r
+      (F^T F + gamma I)^-1 F^T = F^T (F F^T + gamma I)^-1: W = factor^T (F F^T + gamma I)^-1 targets, an r x r
       Cholesky solve, its factor kept and bordered by each batch (n r^2 + n^3 / 3 flops). Per batch of n on r rows:
       4 n^2 M + 2 n r M + n r^2 + n^3 / 3 flops and an n x n eigh, not the
       recursion's 4 n M^2 (about 10 x fewer for the embedded benchmark at M = 8192), and r M + r^2 floats kept
@@ -203,9 +204,8 @@ class AnalyticRidge:
         self.M = int(M)
         self.gamma = float(gamma)
         self.factor = torch.zeros(0, self.M, dtype=torch.float64)  # (r, M) stacked batch factors R_b
-        self.gram = torch.zeros(0, 0, dtype=torch.float64)  # (r, r) factor factor^T
         self.targets = torch.zeros(0, 0, dtype=torch.float64)  # (r, C) stacked V_b^T Y_b
-        self.chol = torch.zeros(0, 0, dtype=torch.float64)  # (r, r) lower Cholesky factor of gram + gamma I
+        self.chol = torch.zeros(0, 0, dtype=torch.float64)  # (r, r) lower Cholesky factor of F F^T + gamma I
         self.W = torch.zeros(self.M, 0, dtype=torch.float64)  # (M, C)
         self.excess_flops = 0.0  # what the dual form's updates cost beyond the recursion's (see _switch_now)
         self.recursive: RecursiveRidge | None = RecursiveRidge(self.M, self.gamma) if solver == "recursive" else None
@@ -254,7 +254,6 @@ class AnalyticRidge:
         block = V.T @ own @ V  # (n, n) r r^T (= S up to rounding), from the n x n product: no second n^2 M
         block = (block + block.T) / 2
         self._extend_factor(cross, block, what)
-        self.gram = torch.cat([torch.cat([self.gram, cross.T], 1), torch.cat([cross, block], 1)], 0)
         self.factor = torch.cat([self.factor, r])
         self.targets = torch.cat([self.targets, V.T @ Y])
         self._solve(what)
@@ -271,16 +270,18 @@ class AnalyticRidge:
         return self.excess_flops >= switch_flops(rows, self.M)
 
     def _gram_factor(self, what: str) -> torch.Tensor:
-        """The Cholesky factor of gram + gamma I (r, r): the one kept, or (a state saved without it, or one a
-        test edited) factorised afresh."""
-        if self.chol.shape != self.gram.shape:
-            a = self.gram.clone()
+        """The Cholesky factor of F F^T + gamma I (r, r): the one kept, or, for a state saved before it was kept
+        (which held the Gram F F^T as ``gram`` instead), factorised from that once."""
+        chol = self.__dict__.get("chol")
+        if chol is None or len(chol) != len(self.factor):
+            gram = self.__dict__.pop("gram", None)
+            a = (self.factor @ self.factor.T if gram is None else gram).clone()
             a.diagonal().add_(self.gamma)
             self.chol = _spd_factor(a, what, "F F^T + gamma I", self.gamma)
         return self.chol
 
     def _extend_factor(self, cross: torch.Tensor, block: torch.Tensor, what: str) -> None:
-        """Border the kept Cholesky factor L of gram + gamma I with a batch's rows: the new factor is
+        """Border the kept Cholesky factor L of F F^T + gamma I with a batch's rows: the new factor is
         [[L, 0], [S, L2]] with S L^T = cross (a triangular solve) and L2 L2^T = block + gamma I - S S^T, so that
         each batch costs n r^2 + n^3 / 3 flops, not the (r + n)^3 / 3 of factorising the grown matrix again."""
         L = self._gram_factor(what)
@@ -303,8 +304,7 @@ class AnalyticRidge:
         """Switch to the recursion for good: R = (F^T F + gamma I)^-1 (an M x M Cholesky inverse, once), W as is."""
         rec = RecursiveRidge(self.M, self.gamma)
         a = self.factor.T @ self.factor  # (M, M)
-        self.factor, self.gram, self.targets = self.factor[:0], self.gram[:0, :0], self.targets[:0]  # memory: 2 M^2
-        self.chol = self.chol[:0, :0]
+        self.factor, self.targets, self.chol = self.factor[:0], self.targets[:0], self.chol[:0, :0]  # memory: 2 M^2
         a.diagonal().add_(self.gamma)
         chol = _spd_factor(a, what, "sum X^T X + gamma I", self.gamma)
         del a
