@@ -25,6 +25,7 @@ GENERIC = {
     "sweep-overhead",
     "threads",
     "train-step",
+    "warm-runs",
 }
 
 

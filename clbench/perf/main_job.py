@@ -195,3 +195,77 @@ def main_job(strategy: str | None = None, warm_runs: int = 3, log=print) -> dict
 )
 def _main_job(flags: argparse.Namespace) -> dict[str, Any]:
     return main_job(warm_runs=max(1, int(flags.warm_runs)))
+
+
+def cached_feature_heads() -> tuple[str, ...]:
+    """The registered strategies whose cost model at their defaults is the frozen features alone, every image served
+    by the feature cache (:meth:`Work.cached_features <clbench.strategy.Work.cached_features>`: nothing trained
+    through the ViT, no method-specific unit): the heads fitted on cached features."""
+    from clbench.catalog import STRATEGIES
+    from clbench.strategy import RunShape, Work
+
+    shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(50.0, 100.0))
+    heads = []
+    for name in STRATEGIES.names():
+        cls = STRATEGIES.get(name)
+        if cls.work(cls.Config(), shape) == Work.cached_features(shape):
+            heads.append(name)
+    return tuple(heads)
+
+
+def warm_runs(strategies: tuple[str, ...] | None = None, runs: int = 3, log=print) -> dict[str, Any]:
+    """Whole ``clbench run`` processes of each strategy at its defaults on the embedded benchmark with its frozen
+    features already cached (the user's clbench cache; a first run fills it and is not counted): ``runs`` times
+    each, in fresh processes, with the same phase split as :func:`main_job`. Per strategy the median wall-clock of
+    the process and of the record's own ``time_s.total`` (the run from its start to its record: the process minus
+    the imports, the command line and the summary printed)."""
+    import tempfile
+
+    strategies = strategies or cached_feature_heads()
+    env = dict(os.environ)
+    table: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="clbench-warm-") as tmp:
+        for strategy in strategies:
+            argv = ["run", "--strategy", strategy, "--precision", "fp32"]
+            _one_run(argv, env, Path(tmp) / "fill.phases.json", Path(tmp) / f"{strategy}-fill")  # the cache filled
+            rows = [
+                _one_run(argv, env, Path(tmp) / f"{strategy}{i}.phases.json", Path(tmp) / f"{strategy}{i}")
+                for i in range(runs)
+            ]
+            table[strategy] = {
+                "runs": rows,
+                "wall_s_median": statistics.median(r["wall_s"] for r in rows),
+                "record_total_s_median": statistics.median(r["record_time_s"]["total"] for r in rows),
+                "checkpoint_s": [r["record_time_s"]["checkpoint"] for r in rows],
+            }
+            log(
+                f"{strategy}: whole process {table[strategy]['wall_s_median']:.2f} s (median of {runs}), record "
+                f"total {table[strategy]['record_total_s_median']:.2f} s, load {rows[-1]['load_average_before'][0]}"
+            )
+    from clbench.precision import CpuInfo
+
+    cpu = CpuInfo.detect()
+    return {
+        "benchmark": "warm-runs",
+        "bench": "emoji",
+        "precision": "fp32",
+        "cpu": cpu.model,
+        "cpu_capability": cpu.capability,
+        "cpus": os.cpu_count(),
+        "phases": list(PHASES),
+        "strategies": table,
+    }
+
+
+@measurement(
+    "warm-runs",
+    help="whole `clbench run` processes of the heads fitted on cached frozen features (every strategy whose cost "
+    "model is the cached features alone) at their defaults on the embedded benchmark, features cached",
+    args=(
+        arg("--strategies", default="", help="comma-separated strategy names (default: those heads)"),
+        arg("--runs", type=int, default=3, help="runs per strategy (default: 3; median kept)"),
+    ),
+)
+def _warm_runs(flags: argparse.Namespace) -> dict[str, Any]:
+    names = tuple(s.strip() for s in str(flags.strategies).split(",") if s.strip())
+    return warm_runs(names or None, runs=max(1, int(flags.runs)))
