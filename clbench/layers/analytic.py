@@ -305,14 +305,19 @@ class AnalyticRidge:
 
     def _to_recursive(self, what: str) -> None:
         """Switch to the recursion for good: R = (F^T F + gamma I)^-1 (an M x M Cholesky inverse, once), W as is."""
-        rec = RecursiveRidge(self.M, self.gamma)
         a = self.factor.T @ self.factor  # (M, M)
-        self.factor, self.targets, self.chol = self.factor[:0], self.targets[:0], self.chol[:0, :0]  # memory: 2 M^2
+        # empty tensors of their own, not [:0] views, which would keep the dual form's storage alive: the peak
+        # stays at two M x M matrices (a and its factor, then the factor and R), as the memory check assumes
+        self.factor = self.factor.new_zeros(0, self.M)
+        self.targets = self.targets.new_zeros(0, self.n_classes)
+        self.chol = self.chol.new_zeros(0, 0)
         a.diagonal().add_(self.gamma)
         chol = _spd_factor(a, what, "sum X^T X + gamma I", self.gamma)
         del a
-        rec.R = torch.cholesky_inverse(chol)
-        rec.W = self.W
+        R = torch.cholesky_inverse(chol)
+        del chol
+        rec = RecursiveRidge(0, self.gamma)  # its I / gamma would be a third M x M matrix: R is set instead
+        rec.R, rec.W = R, self.W
         self.recursive = rec
 
     def __call__(self, X: torch.Tensor) -> torch.Tensor:
