@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from datatrees import make_tree
 
 from clbench.errors import ClbenchError
 from clbench.precision import CpuInfo, choose
@@ -115,13 +116,17 @@ def test_probe_is_cached_per_machine_and_backbone(tmp_path, monkeypatch):
     assert list(saved.values()) == [{"fp32": 10.0, "bf16": 20.0}]
 
 
-def test_feature_cache_never_serves_one_precision_to_another(micro_session_factory):
-    """A run forced to bf16 and one in fp32 compute separate feature entries, and their features differ."""
-    s32 = micro_session_factory(precision="fp32")
-    s16 = micro_session_factory(precision="bf16")
+def test_feature_cache_never_serves_one_precision_to_another(micro_session_factory, tmp_path):
+    """A run forced to bf16 and one in fp32 compute separate feature entries, and their features differ. On a tiny
+    image folder: bf16 runs on emulated kernels on an AVX2 CPU, where the embedded benchmark's pass took 37 s."""
+    root = make_tree(tmp_path / "data", n_train=3, n_test=2)
+    data = dict(bench="folder", data_root=str(root), init_cls=2, increment=2)
+    s32 = micro_session_factory(precision="fp32", **data)
+    s16 = micro_session_factory(precision="bf16", **data)
     assert s32.precision.name == "fp32" and s16.precision.name == "bf16"
+    assert len(s32.features["test"]) == 8
     assert not torch.equal(s32.features["test"], s16.features["test"])
-    again = micro_session_factory(precision="fp32")
+    again = micro_session_factory(precision="fp32", **data)
     assert torch.equal(again.features["test"], s32.features["test"]) and again.cache_events == ["hit", "hit"]
 
 
