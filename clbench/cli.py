@@ -46,8 +46,9 @@ def _add_setting_args(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument(
         "--log-dir",
         metavar="DIR",
-        help="--log: where trackers write (DIR/tensorboard/RUN, DIR/mlruns, DIR/wandb); default: TensorBoard and "
-        "W&B under the run folder, MLflow in ./mlruns or $MLFLOW_TRACKING_URI",
+        help="--log: where trackers write (DIR/tensorboard/RUN, DIR/mlruns.db with artifacts in DIR/mlruns, "
+        "DIR/wandb); default: TensorBoard and W&B under the run folder, MLflow in ./mlruns.db (SQLite) or "
+        "$MLFLOW_TRACKING_URI",
     )
 
 
@@ -313,7 +314,8 @@ def _add_export_args(p: argparse.ArgumentParser) -> None:
         "--log-dir",
         default=".",
         metavar="DIR",
-        help="where trackers write: DIR/tensorboard/RUN, DIR/mlruns (or $MLFLOW_TRACKING_URI), DIR/wandb "
+        help="where trackers write: DIR/tensorboard/RUN, DIR/mlruns.db and DIR/mlruns (or $MLFLOW_TRACKING_URI), "
+        "DIR/wandb "
         "(default: the current folder)",
     )
     p.add_argument("--group", help="MLflow experiment / W&B group of the runs (default: clbench)")

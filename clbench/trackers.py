@@ -13,8 +13,15 @@ exist) sends every tracker asked for the same things:
   matrix) as artifacts.
 
 Offline by default: TensorBoard event files under ``RUN_DIR/tensorboard`` (or ``LOG_DIR/tensorboard/RUN_ID``), an
-MLflow file store ``./mlruns`` (or ``LOG_DIR/mlruns``; ``MLFLOW_TRACKING_URI`` wins where set), W&B in offline
-mode under the run folder (or ``LOG_DIR``) unless ``WANDB_MODE`` says otherwise.
+MLflow SQLite store ``./mlruns.db`` with its artifacts in ``./mlruns/`` (or ``LOG_DIR/mlruns.db`` and
+``LOG_DIR/mlruns/``; ``MLFLOW_TRACKING_URI`` wins where set), W&B in offline mode under the run folder (or
+``LOG_DIR``) unless ``WANDB_MODE`` says otherwise.
+
+MLflow's store is SQLite because that is the store MLflow 3 recommends and opens without being asked: its file store
+is in maintenance mode, and ``mlflow ui`` or ``MlflowClient`` refuse it unless ``MLFLOW_ALLOW_FILE_STORE=true`` is
+set in the reader's environment too. The file store stays an option: ``MLFLOW_TRACKING_URI=file:./mlruns`` (clbench
+then sets that variable for its own writes, and a reader must set it as well). Creating the database (MLflow's
+migrations, about 2 s) happens once, under a lock beside it, so the workers of a sweep never race to create it.
 
 A tracker never fails a run and never holds it up for longer than :data:`FINISH_TIMEOUT_S`: each runs on its own
 daemon thread, the run hands it work without waiting, and at the end waits for it at most that long. A tracker that
@@ -33,6 +40,7 @@ The adapters import their library only when used; this module imports neither to
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import difflib
 import importlib.util
@@ -111,9 +119,10 @@ class LogSpec:
     """Which trackers a run logs to, and where."""
 
     trackers: tuple[str, ...]
-    log_dir: str | None = None  # None: the run folder (TensorBoard, W&B) and ./mlruns (MLflow)
+    log_dir: str | None = None  # None: the run folder (TensorBoard, W&B) and ./mlruns.db, ./mlruns (MLflow)
     group: str | None = None  # the sweep a run belongs to (MLflow experiment, W&B group)
     mlflow_uri: str | None = None  # resolved where the run was asked for (a sweep's workers run elsewhere)
+    mlflow_artifacts: str | None = None  # clbench's own store: the artifact folder beside it (None: MLflow's choice)
 
     @classmethod
     def from_flags(cls, log: str, log_dir: str | None, group: str | None = None) -> LogSpec:
@@ -124,19 +133,27 @@ class LogSpec:
 
             check_folder(Path(log_dir), "log_dir")
             log_dir = str(Path(log_dir).expanduser().resolve())
-        uri = None
+        uri = artifacts = None
         if "mlflow" in trackers:
             uri = os.environ.get("MLFLOW_TRACKING_URI")
-            if not uri:  # clbench's own choice of folder: ./mlruns or LOG_DIR/mlruns, a real folder, not a link
-                tracker_folder(Path(log_dir or "."), "mlruns", create=False)
-                uri = (Path(log_dir or ".") / "mlruns").resolve().as_uri()
+            if not uri:  # clbench's own store: ./mlruns.db (artifacts in ./mlruns) or the same in LOG_DIR
+                parent = Path(log_dir or ".").resolve()
+                tracker_folder(parent, "mlruns", create=False)  # a real folder, not a link
+                database = parent / MLFLOW_DATABASE
+                if database.is_symlink() or (database.exists() and not database.is_file()):
+                    raise ClbenchError(
+                        f"{database} is not a file clbench can use as MLflow's database (a link or a folder)",
+                        "delete or move it, or give another --log-dir",
+                    )
+                uri, artifacts = f"sqlite:///{database}", (parent / "mlruns").as_uri()
         if log_dir is not None:
             for name in trackers:
                 if name in TRACKER_FOLDERS:
                     tracker_folder(Path(log_dir), TRACKER_FOLDERS[name], create=False)
-        return cls(trackers, log_dir, group, uri)
+        return cls(trackers, log_dir, group, uri, artifacts)
 
 
+MLFLOW_DATABASE = "mlruns.db"  # MLflow's SQLite store clbench writes in LOG_DIR or the working folder
 TRACKER_FOLDERS = {"tensorboard": "tensorboard", "wandb": "wandb"}  # the folder each writes in LOG_DIR or RUN_DIR
 
 
@@ -366,29 +383,52 @@ class MlflowTracker:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        if (self.spec.mlflow_uri or "").startswith("file:"):
-            # MLflow 3 keeps the file store in maintenance mode and refuses it unless asked; it is the offline
-            # store that needs no database, so clbench asks for it (a tracking URI the user sets is used as is)
+        uri = self.spec.mlflow_uri or ""
+        if uri.startswith("file:") or (uri and "://" not in uri):
+            # the file store, which the user chose with MLFLOW_TRACKING_URI: MLflow 3 keeps it in maintenance mode
+            # and refuses it unless asked
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        if self.client is None:  # one client (one connection) for every run this adapter logs (an export)
-            self.client = MlflowClient(tracking_uri=self.spec.mlflow_uri)
         name = run.group or DEFAULT_PROJECT
         exp_id = self._experiments.get(name)
         if exp_id is None:
-            exp = self.client.get_experiment_by_name(name)
-            if exp is None:
-                try:
-                    exp_id = self.client.create_experiment(name)
-                except Exception:  # created meanwhile by another run of the sweep
-                    exp_id = self.client.get_experiment_by_name(name).experiment_id
-            else:
-                exp_id = exp.experiment_id
+            with self._creating():  # the database's tables and the experiment: once, whichever process comes first
+                if self.client is None:  # one client (one connection) for every run this adapter logs (an export)
+                    self.client = MlflowClient(tracking_uri=self.spec.mlflow_uri)
+                exp = self.client.get_experiment_by_name(name)
+                if exp is None:
+                    where = f"{self.spec.mlflow_artifacts}/{name}" if self.spec.mlflow_artifacts else None
+                    try:
+                        exp_id = self.client.create_experiment(name, artifact_location=where)
+                    except Exception:  # created meanwhile by a run of the sweep on a store no lock covers
+                        exp_id = self.client.get_experiment_by_name(name).experiment_id
+                else:
+                    exp_id = exp.experiment_id
             self._experiments[name] = exp_id
         tags = {**run.tags, "clbench.run_dir": str(run.run_dir), **({"clbench.sweep": run.group} if run.group else {})}
         self.run_id = self.client.create_run(exp_id, run_name=run.run_id, tags=tags).info.run_id
         params = [Param(k, str(v)[: self.PARAM_CHARS]) for k, v in run.params.items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters per batch
             self.client.log_batch(self.run_id, params=params[i : i + 100])
+
+    @contextlib.contextmanager
+    def _creating(self):
+        """Held while the client is made and the experiment found or created: an flock beside clbench's own SQLite
+        store (MLflow creates its tables on the first connection, and two processes doing so at once collide).
+        MLflow's messages about the migrations it runs are kept off the run's console."""
+        import logging
+
+        for noisy in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        if not self.spec.mlflow_artifacts or not (self.spec.mlflow_uri or "").startswith("sqlite:///"):
+            yield
+            return
+        import fcntl
+
+        from clbench.owned import open_lock
+
+        with open_lock(Path(self.spec.mlflow_uri.removeprefix("sqlite:///") + ".lock")) as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     def log_task(self, step: int, metrics: dict[str, float]) -> None:
         from mlflow.entities import Metric

@@ -413,6 +413,10 @@ OUT_CASES = {
     "export-tensorboard-link": (_tracker_link("export", "tensorboard", "tensorboard"), "tensorboard/ is a symbolic"),
     "export-mlruns-link": (_tracker_link("export", "mlflow", "mlruns"), "mlruns/ is a symbolic link"),
     "run-mlruns-link-in-cwd": (_mlruns_link_in_cwd, "mlruns/ is a symbolic link"),
+    "run-log-dir-mlflow-database-link": (
+        _tracker_link("run", "mlflow", "mlruns.db"),
+        "is not a file clbench can use as MLflow's database",
+    ),
     "run-folder-tensorboard-link": (_run_folder_tensorboard_link, "warning: tracker tensorboard failed at start"),
 }
 

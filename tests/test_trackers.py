@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 import subprocess
 import sys
@@ -81,12 +82,18 @@ def test_tensorboard_event_files_hold_the_records_metrics(logged_run):
     assert {"figures/accuracy_curves"} <= set(acc.Tags()["images"])
 
 
-def test_mlflow_file_store_holds_the_records_metrics(logged_run, monkeypatch):
+def mlflow_uri(logs: Path) -> str:
+    """The store clbench writes by default in ``--log-dir LOGS``: MLflow's SQLite store (the one MLflow 3 opens
+    without MLFLOW_ALLOW_FILE_STORE)."""
+    return f"sqlite:///{logs / 'mlruns.db'}"
+
+
+def test_mlflow_store_holds_the_records_metrics(logged_run, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     record, logs = logged_run
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    client = MlflowClient(tracking_uri=(logs / "mlruns").as_uri())
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    client = MlflowClient(tracking_uri=mlflow_uri(logs))
     runs = client.search_runs([client.get_experiment_by_name("clbench").experiment_id])
     assert [r.info.run_name for r in runs] == [record.run_id]
     run = runs[0]
@@ -103,6 +110,46 @@ def test_mlflow_file_store_holds_the_records_metrics(logged_run, monkeypatch):
     assert "result.json" in artifacts and "figures" in artifacts
     saved = json.loads(Path(client.download_artifacts(run.info.run_id, "result.json")).read_text())
     assert saved["accuracy_matrix"] == record.accuracy_matrix
+    assert Path(run.info.artifact_uri.removeprefix("file://")).is_relative_to(logs / "mlruns")
+
+
+def test_mlflows_own_client_reads_the_run_in_a_fresh_process(logged_run):
+    """`MlflowClient` in a new Python, with no MLFLOW_ALLOW_FILE_STORE in its environment (a user's `mlflow ui` or
+    script): it opens clbench's store and finds the run, its final accuracy and its record."""
+    record, logs = logged_run
+    script = (
+        "import sys; from mlflow.tracking import MlflowClient; c = MlflowClient(tracking_uri=sys.argv[1]); "
+        "r = c.search_runs([c.get_experiment_by_name('clbench').experiment_id])[0]; "
+        "print(r.info.run_name, repr(r.data.metrics['final/last_acc']), "
+        "[a.path for a in c.list_artifacts(r.info.run_id)])"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    done = subprocess.run(
+        [sys.executable, "-c", script, mlflow_uri(logs)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    name, last, artifacts = done.stdout.strip().split(" ", 2)
+    assert (name, float(last)) == (record.run_id, record.last_acc)
+    assert "result.json" in artifacts
+
+
+def test_mlflows_file_store_stays_an_option(tmp_path, capsys, monkeypatch):
+    """MLFLOW_TRACKING_URI=file:... keeps MLflow's (maintenance-mode) file store: clbench writes it, and MLflow reads
+    it where MLFLOW_ALLOW_FILE_STORE is set."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "files").as_uri())
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    out = tmp_path / "run"
+    argv = ["run", "--strategy", "simplecil", *MICRO, "--init-cls", "18", "--increment", "18", "--out", str(out)]
+    code, _, err = _cli([*argv, "--log", "mlflow"], capsys)
+    assert code == 0, err
+    record = load_record(out)
+    assert record.tracker_events == [] and not (tmp_path / "mlruns.db").exists()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=(tmp_path / "files").as_uri())
+    runs = client.search_runs([client.get_experiment_by_name("clbench").experiment_id])
+    assert [(r.info.run_name, r.data.metrics["final/last_acc"]) for r in runs] == [(record.run_id, record.last_acc)]
 
 
 def wandb_records(path: Path):
@@ -165,8 +212,7 @@ def test_export_of_the_committed_runs_into_mlflow(tmp_path, capsys, monkeypatch)
     assert code == 0, err
     records = {p.parent: load_record(p) for p in (ROOT / "reports/emoji/runs/reference").rglob("result.json")}
     assert len(records) >= 6
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    client = MlflowClient(tracking_uri=mlflow_uri(tmp_path))
     runs = client.search_runs([client.get_experiment_by_name("clbench").experiment_id], max_results=1000)
     assert len(runs) == len(records) == out.count("exported ")
     by_dir = {r.data.tags["clbench.run_dir"]: r for r in runs}
@@ -181,7 +227,7 @@ def test_export_of_the_committed_runs_into_mlflow(tmp_path, capsys, monkeypatch)
 def test_a_sweep_logs_one_tracker_run_per_run_grouped_by_sweep(tmp_path, capsys, cache_root, monkeypatch):
     """`clbench sweep --log mlflow`: each run of the sweep is one MLflow run, in the experiment named after the
     sweep's folder, with the run's final accuracy. Full tier: a sweep's runs log through the tracker code of a
-    single run, whose MLflow records the default tier checks (test_mlflow_file_store_holds_the_records_metrics)."""
+    single run, whose MLflow records the default tier checks (test_mlflow_store_holds_the_records_metrics)."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("CLBENCH_CACHE", str(cache_root))
@@ -190,8 +236,7 @@ def test_a_sweep_logs_one_tracker_run_per_run_grouped_by_sweep(tmp_path, capsys,
     argv = ["sweep", "--strategies", "simplecil", "--seeds", "1,2", *MICRO, "--init-cls", "12", "--increment", "12"]
     code, _, err = _cli([*argv, "--out", str(out), "--no-report", "--log", "mlflow", "--log-dir", str(logs)], capsys)
     assert code == 0, err
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    client = MlflowClient(tracking_uri=(logs / "mlruns").as_uri())
+    client = MlflowClient(tracking_uri=mlflow_uri(logs))
     runs = client.search_runs([client.get_experiment_by_name("grid").experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["simplecil-emoji-s1", "simplecil-emoji-s2"]
     for r in runs:
