@@ -426,7 +426,9 @@ class MlflowTracker:
 
         from clbench.owned import open_lock
 
-        with open_lock(Path(self.spec.mlflow_uri.removeprefix("sqlite:///") + ".lock")) as lock:
+        database = Path(self.spec.mlflow_uri.removeprefix("sqlite:///"))
+        database.parent.mkdir(parents=True, exist_ok=True)  # --log-dir, made on first use as the other trackers do
+        with open_lock(database.with_name(database.name + ".lock")) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
