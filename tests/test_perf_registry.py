@@ -21,6 +21,7 @@ GENERIC = {
     "precision",
     "projection",
     "projection-check",
+    "report-scale",
     "routers",
     "sweep-overhead",
     "threads",

@@ -1,9 +1,10 @@
 """Scale of ``clbench report`` (issue 39, item 6): a helper that writes many synthetic records, and the check that a
 report on 1,000 of them keeps the same section structure (full tier: minutes on 2 cores).
 
-The synthetic records are copies of the micro-ViT fixtures (tests/fixtures/records) with new run ids, seeds and,
-for TOSCA, another ``epochs`` (a budget variant): a results folder the size of a long study, made in a second and
-never committed. The time and memory of the report on the committed 95 records are measured in
+The synthetic records (:func:`clbench.perf.report_scale.synthetic_records`) are copies of the micro-ViT fixtures
+(tests/fixtures/records) with new run ids, seeds and, for TOSCA, another ``epochs`` (a budget variant): a results
+folder the size of a long study, made in a second and never committed. The time and memory of the report on the
+committed study and on 1,000 synthetic records are measured by ``clbench perf report-scale`` in
 ``reports/perf/report-scale.json``.
 """
 
@@ -15,34 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "tests" / "fixtures" / "records"
-
-
-def synthetic_records(dest: Path, n: int, variants: int = 20) -> Path:
-    """``n`` complete records under ``dest``: SimpleCIL at new seeds (a tenth of them) and TOSCA at ``variants``
-    budgets (epochs 20, the default, then 1, 2, ...) times new seeds; no features (``--no-tsne``)."""
-    bases = {"simplecil": FIXTURES / "simplecil" / "sc-s1993", "tosca": FIXTURES / "tosca" / "tosca-s1993"}
-    records = {k: json.loads((p / "result.json").read_text()) for k, p in bases.items()}
-    dest.mkdir(parents=True, exist_ok=True)
-    n_sc = max(1, n // 10)
-    for i in range(n):
-        strategy = "simplecil" if i < n_sc else "tosca"
-        rec = json.loads(json.dumps(records[strategy]))
-        if strategy == "simplecil":
-            seed, tag = 3000 + i, ""
-        else:
-            j = i - n_sc
-            variant, seed = j % variants, 3000 + j // variants
-            if variant:
-                rec["strategy_config"]["epochs"] = variant
-            tag = f"-e{variant}" if variant else ""
-        rec["seed"] = seed
-        rec["run_id"] = f"{strategy}{tag}-s{seed}"
-        folder = dest / rec["run_id"]
-        folder.mkdir()
-        (folder / "result.json").write_text(json.dumps(rec))
-    return dest
+from clbench.perf.report_scale import synthetic_records
 
 
 def test_synthetic_records_are_complete_and_distinct(tmp_path):

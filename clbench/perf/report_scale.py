@@ -1,0 +1,151 @@
+"""``clbench perf report-scale``: the time and peak memory of ``clbench report`` on the committed study and on a
+results folder of synthetic records (1,000 by default), each in a fresh process.
+
+The synthetic records (:func:`synthetic_records`) are copies of the micro-ViT fixture records
+(``tests/fixtures/records``) with new run ids, seeds and, for TOSCA, other ``epochs`` (budget variants): a results
+folder the size of a long study, written in a second into a temporary folder and never committed. The test
+``tests/test_report_scale.py`` uses the same helper to check that a report on 1,000 of them keeps the section
+structure of a report on 60.
+
+Wall-clock, user and system CPU seconds and the peak resident set size come from the report process's own resource
+usage (``os.wait4``); the machine's load average is written before and after, since the wall-clock of a shared
+machine is only as good as its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from clbench.errors import ClbenchError
+from clbench.perf import arg, measurement
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "records"
+STUDY = (REPO / "reports" / "emoji" / "runs", REPO / "reports" / "emoji-table.yaml")  # the committed study
+TARGETS = {"study_s": 60, "study_mb": 2048, "synthetic_s": 300}  # issue 39: < 60 s and < 2 GB; 1,000 in < 5 min
+
+
+# The records the synthetic ones are copied from: one repeated at new seeds, one at new seeds and budgets (its
+# strategy setting BUDGET_SETTING set to 1, 2, ...); their strategies are read from the records themselves
+SEED_BASE = FIXTURES / "simplecil/sc-s1993"
+BUDGET_BASE = FIXTURES / "tosca/tosca-s1993"
+BUDGET_SETTING = "epochs"
+
+
+def synthetic_records(dest: Path, n: int, variants: int = 20) -> Path:
+    """``n`` complete records under ``dest``: SEED_BASE's strategy at new seeds (a tenth of them) and BUDGET_BASE's
+    at ``variants`` budgets (its own, then BUDGET_SETTING = 1, 2, ...) times new seeds; no features
+    (``--no-tsne``)."""
+    missing = [str(p) for p in (SEED_BASE, BUDGET_BASE) if not (p / "result.json").is_file()]
+    if missing:
+        raise ClbenchError(
+            f"the fixture records synthetic records are copied from are missing: {', '.join(missing)}",
+            "run this from a clbench checkout (the fixtures are in tests/fixtures/records, not in the installed "
+            "package)",
+        )
+    seeded, budgeted = (json.loads((p / "result.json").read_text()) for p in (SEED_BASE, BUDGET_BASE))
+    dest.mkdir(parents=True, exist_ok=True)
+    n_seeded = max(1, n // 10)
+    for i in range(n):
+        rec = json.loads(json.dumps(seeded if i < n_seeded else budgeted))
+        if i < n_seeded:
+            seed, tag = 3000 + i, ""
+        else:
+            j = i - n_seeded
+            variant, seed = j % variants, 3000 + j // variants
+            if variant:
+                rec["strategy_config"][BUDGET_SETTING] = variant
+            tag = f"-e{variant}" if variant else ""
+        rec["seed"] = seed
+        rec["run_id"] = f"{rec['strategy']}{tag}-s{seed}"
+        folder = dest / rec["run_id"]
+        folder.mkdir()
+        (folder / "result.json").write_text(json.dumps(rec))
+    return dest
+
+
+def timed_report(args: list[str]) -> dict[str, Any]:
+    """``clbench report ARGS`` in a fresh process: exit code, wall-clock, CPU seconds and peak RSS (its own)."""
+    argv = [sys.executable, "-c", "import sys; from clbench.cli import entry; sys.argv[0] = 'clbench'; entry()"]
+    start = time.perf_counter()
+    proc = subprocess.Popen([*argv, "report", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {
+        "exit_code": proc.returncode,
+        "wall_s": round(wall, 2),
+        "cpu_user_s": round(usage.ru_utime, 2),
+        "cpu_system_s": round(usage.ru_stime, 2),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+        **({"stderr_tail": err[-2000:]} if proc.returncode else {}),
+    }
+
+
+def report_scale(n_synthetic: int = 1000, log=print) -> dict[str, Any]:
+    from clbench.precision import CpuInfo
+    from clbench.results import git_revision
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="clbench-report-scale-") as tmp:
+        runs, study = STUDY
+        n_study = sum(1 for _ in runs.rglob("result.json"))
+        cases = [
+            (
+                f"the committed study ({n_study} records)",
+                n_study,
+                [str(runs), "--study", str(study), "--out", f"{tmp}/study"],
+            ),
+            (
+                f"{n_synthetic} synthetic records",
+                n_synthetic,
+                [str(synthetic_records(Path(tmp) / "synthetic", n_synthetic)), "--no-tsne", "--out", f"{tmp}/synth"],
+            ),
+        ]
+        for what, n, args in cases:
+            log(f"clbench report: {what} ...")
+            before = os.getloadavg()
+            row = {"what": what, "records": n, "command": "clbench report " + " ".join(_shown(a, tmp) for a in args)}
+            row |= timed_report(args)
+            row["load_average_before"], row["load_average_after"] = list(before), list(os.getloadavg())
+            log(f"  {row['wall_s']} s, {row['peak_rss_mb']} MB peak, exit {row['exit_code']}")
+            rows.append(row)
+    cpu = CpuInfo.detect()
+    return {
+        "benchmark": "report-scale",
+        "targets": TARGETS,
+        "cpu": cpu.model,
+        "cpu_capability": cpu.capability,
+        "cpus": os.cpu_count(),
+        "git_revision": git_revision(),
+        "memory": "peak resident set size (ru_maxrss) of the report process",
+        "rows": rows,
+    }
+
+
+def _shown(arg: str, tmp: str) -> str:
+    """A path as the command line shows it: the repository's relative, the temporary folder as TMP."""
+    if arg.startswith(tmp):
+        return "TMP" + arg[len(tmp) :]
+    return os.path.relpath(arg, REPO) if arg.startswith(str(REPO)) else arg
+
+
+@measurement(
+    "report-scale",
+    help="`clbench report` on the committed study and on synthetic records (1,000 by default): wall-clock, CPU and "
+    "peak memory of each, in fresh processes",
+    args=(arg("--records", type=int, default=1000, help="synthetic records (default: 1000)"),),
+)
+def _report_scale(flags: argparse.Namespace) -> dict[str, Any]:
+    if flags.records < 1:
+        raise ClbenchError(f"--records must be >= 1 (got {flags.records})")
+    return report_scale(int(flags.records))
