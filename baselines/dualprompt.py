@@ -344,8 +344,10 @@ class DualPrompt(Strategy):
     def param_formula(cls, cfg: DualPromptConfig, d: int, depth: int, task_sizes: list[int]) -> ParamCounts:
         """Task 0 adds the G-prompt n_g * 2 * L_g * d; every task t adds its E-prompt slot n_e * 2 * L_e * d, its
         key d and its head rows (d + 1) per new class. Trained in task t: the G-prompt, slot t, key t and the
-        head rows that move (new rows only; every seen row under Adam weight decay > 0). The pool's unused slots
-        are allocated up front (``extra``)."""
+        new head rows. Under Adam weight decay > 0 (not the reference's default, 0) every tensor in the optimizer
+        moves: every seen head row, and every slot and key of the pool, which decay although only slot t and key t
+        learn (the test that measures moved elements found this). The pool's unused slots are allocated up front
+        (``extra``)."""
         g_layers, e_layers = prompt_layers(cfg, depth)
         g = len(g_layers) * 2 * cfg.g_prompt_length * d
         e = len(e_layers) * 2 * cfg.e_prompt_length * d
@@ -354,7 +356,8 @@ class DualPrompt(Strategy):
             n_seen += n
             rows = n * (d + 1)
             added.append(e + d + rows + (g if t == 0 else 0))
-            trainable.append(g + e + d + (n_seen * (d + 1) if cfg.weight_decay > 0 else rows))
+            decayed = cfg.weight_decay > 0
+            trainable.append(g + (cfg.pool_size * (e + d) + n_seen * (d + 1) if decayed else e + d + rows))
         return ParamCounts(
             added_per_task=added,
             trainable_per_task=trainable,

@@ -9,6 +9,7 @@ for the whole session, so the library code and the tests see the same planted bu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -150,8 +151,18 @@ def _dot_product_e_keys(self, query):
     return F.normalize(query.float(), dim=-1) @ self.keys.T
 
 
+def _keys_not_counted(cls, cfg, d, depth, task_sizes):  # the formula (and so the run's counts) forgets the E-keys
+    counts = REAL["dualprompt_formula"](cfg, d, depth, task_sizes)
+    return dataclasses.replace(
+        counts,
+        added_per_task=[n - d for n in counts.added_per_task],
+        trainable_per_task=[n - d for n in counts.trainable_per_task],
+    )
+
+
 REAL = {
     "class_means": simplecil_mod.class_means,
+    "dualprompt_formula": dualprompt_mod.DualPrompt.param_formula,
     "l2p_forward": l2p_mod.L2P._forward,
     "subspace_weights": ease_mod.subspace_weights,
     "select_ridge": ranpac_mod.select_ridge,
@@ -346,6 +357,11 @@ MUTATIONS: dict[str, Mutation] = {
         "dualprompt",
         "E-key match by dot product with unnormalised keys",
         lambda: mock.patch.object(dualprompt_mod.Prompts, "similarity", _dot_product_e_keys),
+    ),
+    "dualprompt-keys-not-counted": Mutation(
+        "dualprompt",
+        "parameter counts leave out the E-prompt keys (formula and run alike)",
+        lambda: mock.patch.object(dualprompt_mod.DualPrompt, "param_formula", classmethod(_keys_not_counted)),
     ),
     "fecam-no-cov-normalisation": Mutation(
         "fecam",

@@ -207,6 +207,55 @@ def test_param_formula_equals_the_counts_of_a_real_run(trained_dp, backbone, tas
     assert sum(counts.added_per_task) == used + counts.head
 
 
+def moved_elements(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per saved tensor, a mask of the elements ``after`` holds that are new (the tensor grew: head rows) or differ
+    from ``before``: what a task's training changed, read off the saved state, not from any formula."""
+    out = {}
+    for key, new in after.items():
+        moved = torch.ones(new.shape, dtype=torch.bool)
+        old = before.get(key)
+        if old is not None and old.numel():
+            overlap = tuple(slice(0, n) for n in old.shape)
+            moved[overlap] = new[overlap] != old
+        out[key] = moved
+    return out
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-4])
+def test_param_counts_equal_the_elements_training_moved(backbone, tasks, weight_decay):
+    """The counts the record keeps against what each task's training changed in the saved state: trainable in task t
+    = the elements that moved (or were added) in it, added in task t = the elements that moved for the first time.
+    DualPrompt's param_counts() is built from its param_formula, so the formula test above cannot tell the two
+    apart; this one measures. With weight decay Adam moves every tensor it holds (every seen head row, every slot
+    and key of the pool); the unused slots only decay, so "added" keeps the slots that learn and is measured at the
+    reference's weight decay, 0."""
+    strategy = DualPrompt(replace(DP_SMALL, weight_decay=weight_decay), ctx_for(backbone))
+    state = {k: v.clone() for k, v in strategy.save_state().tensors.items()}
+    ever: dict[str, torch.Tensor] = {}
+    added, trainable = [], []
+    for task in tasks:
+        strategy.learn_task(task)
+        after = {k: v.clone() for k, v in strategy.save_state().tensors.items()}
+        moved = moved_elements(state, after)
+        first = {k: m & ~_padded(ever.get(k), m.shape) for k, m in moved.items()}
+        trainable.append(sum(int(m.sum()) for m in moved.values()))
+        added.append(sum(int(m.sum()) for m in first.values()))
+        ever = {k: m | _padded(ever.get(k), m.shape) for k, m in moved.items()}
+        state = after
+    counts = strategy.param_counts()
+    assert counts.trainable_per_task == trainable
+    if weight_decay == 0:
+        assert counts.added_per_task == added
+
+
+def _padded(mask: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
+    """``mask`` (an earlier, possibly smaller tensor's) in a False mask of ``shape``."""
+    out = torch.zeros(shape, dtype=torch.bool)
+    if mask is not None and mask.numel():
+        out[tuple(slice(0, n) for n in mask.shape)] = mask
+    return out
+
+
 def test_cost_models_count_the_passes():
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(10.0, 20.0), protocols=2)
     dp = DualPrompt.work(DualPromptConfig(epochs=3, query="cached"), shape)
