@@ -76,7 +76,7 @@ from clbench.blocks import check_vit_blocks, masked_cross_entropy, optimizer_ste
 from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
-from clbench.layers.prompts import prefix_block
+from clbench.layers.prompts import prefix_block, training_query
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 EVAL_BATCH = 64  # evaluation batch (speed only: every image's logits depend on it alone)
@@ -299,11 +299,6 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
             feat = self.model.forward_head(x, pre_logits=True)  # (B, d): the [CLS] token
         return self.head(feat.float()), penalty
 
-    @torch.no_grad()
-    def _query(self, images: torch.Tensor) -> torch.Tensor:
-        with self.ctx.autocast():
-            return self.ctx.backbone(images).float()  # (B, d) the frozen [CLS] feature
-
     # ---------------------------------------------------------------------------------------- learning
     def _grow_head(self, n_seen: int, generator: torch.Generator) -> None:
         """New rows with ``nn.Linear``'s default init: weight and bias U(-1/sqrt(d), 1/sqrt(d))."""
@@ -335,7 +330,7 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
             total, n = 0.0, 0
             for images, labels, positions in loader:
                 images, labels = images.to(dev), labels.to(dev)
-                query = task.train.features[positions].to(dev) if cfg.query == "cached" else self._query(images)
+                query = training_query(ctx, cfg.query, task.train.features, positions, images)
                 logits, penalty = self._forward(images, query, frozen)
                 loss = masked_cross_entropy(logits, labels, task.classes) + penalty
                 value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")

@@ -90,7 +90,14 @@ from clbench.blocks import (
 from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
-from clbench.layers.prompts import key_similarity, pilot_kv_layout, prefix_block, select_prompts
+from clbench.layers.prompts import (
+    eval_batch,
+    key_similarity,
+    pilot_kv_layout,
+    prefix_block,
+    select_prompts,
+    training_query,
+)
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -102,8 +109,6 @@ from clbench.strategy import (
     Task,
     Work,
 )
-
-PER_SAMPLE_BATCH = 64  # smallest evaluation batch of the per-sample protocol (speed only)
 
 
 @dataclass(frozen=True)
@@ -255,11 +260,6 @@ class DualPrompt(Strategy):
             feat = self.model.forward_head(x, pre_logits=True)  # (B, d): the [CLS] token
         return self.head(feat.float())
 
-    @torch.no_grad()
-    def _query(self, images: torch.Tensor) -> torch.Tensor:
-        with self.ctx.autocast():
-            return self.ctx.backbone(images).float()  # (B, d) the frozen [CLS] pre-logits feature
-
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg, ctx, dev, t = self.cfg, self.ctx, self.ctx.device, self.n_tasks
@@ -284,7 +284,7 @@ class DualPrompt(Strategy):
             total, n = 0.0, 0
             for images, labels, positions in loader:
                 images, labels = images.to(dev), labels.to(dev)
-                query = task.train.features[positions].to(dev) if cfg.query == "cached" else self._query(images)
+                query = training_query(ctx, cfg.query, task.train.features, positions, images)
                 slots = torch.full((len(labels),), t, device=dev)  # prompt_mask: the task's own slot
                 logits = self._forward(images, slots)
                 pull = self.prompts.similarity(query)[:, t].sum() / len(labels)  # reduce_sim with top_k = 1
@@ -314,7 +314,7 @@ class DualPrompt(Strategy):
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
         if protocol not in self.protocols:
             raise ValueError(f"unknown protocol {protocol!r}; DualPrompt supports {', '.join(self.protocols)}")
-        batch = self.cfg.eval_batch_size if protocol == REFERENCE else max(self.cfg.eval_batch_size, PER_SAMPLE_BATCH)
+        batch = eval_batch(self.cfg.eval_batch_size, protocol == REFERENCE)
         out = []
         for images, _, positions in split.image_loader(batch, augment=False):
             query = split.features[positions].to(self.ctx.device)  # cached frozen [CLS]: the eval-transform query

@@ -112,7 +112,7 @@ from clbench.blocks import check_vit_blocks, masked_cross_entropy, optimizer_ste
 from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
-from clbench.layers.prompts import orth_loss, pilot_kv_layout, prefix_block
+from clbench.layers.prompts import eval_batch, orth_loss, pilot_kv_layout, prefix_block
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -125,7 +125,6 @@ from clbench.strategy import (
     Work,
 )
 
-PER_SAMPLE_BATCH = 64  # smallest evaluation batch of the per-sample protocol (speed only)
 Storage = Literal["multi-centroid", "covariance", "variance"]
 
 
@@ -645,7 +644,7 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
         if protocol not in self.protocols:
             raise ValueError(f"unknown protocol {protocol!r}; HiDe-Prompt supports {', '.join(self.protocols)}")
         reference = protocol == REFERENCE
-        batch = self.cfg.eval_batch_size if reference else max(self.cfg.eval_batch_size, PER_SAMPLE_BATCH)
+        batch = eval_batch(self.cfg.eval_batch_size, reference)
         out, tasks = [], []
         for images, _, positions in split.image_loader(batch, augment=False):
             slots = self.task_of(split.features[positions])

@@ -74,7 +74,7 @@ from clbench.blocks import (
 )
 from clbench.config import CI_SHAPE
 from clbench.layers.heads import LinearHead
-from clbench.layers.prompts import key_similarity, select_prompts
+from clbench.layers.prompts import eval_batch, key_similarity, select_prompts, training_query
 from clbench.strategy import (
     PER_SAMPLE,
     REFERENCE,
@@ -86,8 +86,6 @@ from clbench.strategy import (
     Task,
     Work,
 )
-
-PER_SAMPLE_BATCH = 64  # smallest evaluation batch of the per-sample protocol (speed only)
 
 
 @dataclass(frozen=True)
@@ -191,11 +189,6 @@ class L2P(Strategy):
             feat = self.model.fc_norm(x[:, n_prefix : n_prefix + n_prompt].mean(dim=1))  # (B, d): head_type "prompt"
         return self.head(feat.float()), pull
 
-    @torch.no_grad()
-    def _query(self, images: torch.Tensor) -> torch.Tensor:
-        with self.ctx.autocast():
-            return self.ctx.backbone(images).float()  # (B, d) the frozen [CLS] pre-logits feature
-
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
@@ -214,7 +207,7 @@ class L2P(Strategy):
             total, n = 0.0, 0
             for images, labels, positions in loader:
                 images, labels = images.to(dev), labels.to(dev)
-                query = task.train.features[positions].to(dev) if cfg.query == "cached" else self._query(images)
+                query = training_query(ctx, cfg.query, task.train.features, positions, images)
                 logits, pull = self._forward(images, query, batchwise)
                 loss = masked_cross_entropy(logits, labels, task.classes) - cfg.pull_coeff * pull
                 value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")
@@ -242,7 +235,7 @@ class L2P(Strategy):
             raise ValueError(f"unknown protocol {protocol!r}; L2P supports {', '.join(self.protocols)}")
         # A per-sample row does not depend on its batch, so that protocol may use any batch size: larger ones are
         # several times faster per image on CPU. The reference protocol keeps the reference's batches.
-        batch = self.cfg.eval_batch_size if protocol == REFERENCE else max(self.cfg.eval_batch_size, PER_SAMPLE_BATCH)
+        batch = eval_batch(self.cfg.eval_batch_size, protocol == REFERENCE)
         out = []
         for images, _, positions in split.image_loader(batch, augment=False):
             query = split.features[positions].to(self.ctx.device)  # cached frozen [CLS]: the eval-transform query
