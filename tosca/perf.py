@@ -52,9 +52,8 @@ def tosca_routing(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Measure TOSCA routing cost against backbone cost (weights do not change timings; random by default)."""
-    from clbench.backbones import load_backbone
     from clbench.blocks import torch_threads
-    from clbench.precision import for_backbone
+    from clbench.perf.timing import timed_backbone
     from clbench.routers import RouteInputs
     from clbench.routers import route as apply_router
     from tosca.luca import stacked_forward
@@ -62,18 +61,8 @@ def tosca_routing(
     def route_per_sample(all_logits):  # the entropy router, as TOSCA routes per sample
         return apply_router("entropy", RouteInputs(all_logits))
 
-    dev = torch.device("cpu")
-    bb = load_backbone(backbone, weights, img_size)
-    d = bb.num_features
-    x = torch.randn(batch, 3, bb.img_size, bb.img_size)
-    prec = for_backbone(bb, dev, precision)
-
-    def backbone_pass():
-        with prec.autocast(dev.type):
-            return bb(x).float()
-
-    t_backbone = median_seconds(backbone_pass, repeat=3)
-    log(f"backbone forward: {t_backbone / batch * 1e3:.2f} ms/image ({backbone} @ {bb.img_size})")
+    timed = timed_backbone(backbone, weights, img_size, batch, precision, log)
+    bb, d, prec, t_backbone, backbone_pass = timed.backbone, timed.d, timed.precision, timed.seconds, timed.forward
     z = torch.randn(batch, d)
     scaling = []
     for T in tasks:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from clbench.perf import backbone_args, measurement
-from clbench.perf.timing import median_seconds
+from clbench.perf.timing import median_seconds, timed_backbone
 from clbench.routers import ROUTERS, RouteInputs, RoutingMemory, route
 
 
@@ -41,22 +41,10 @@ def router_costs(
     CPU with one intra-op thread (as strategies run per-task work). The rule's inputs (every module's logits, the
     frozen features, the fitted statistics) are given; a strategy's modules cost extra (its own benchmark), and
     rules with ``needs_all_modules = False`` need only the chosen module to run. Also the fit cost per task."""
-    from clbench.backbones import load_backbone
     from clbench.blocks import torch_threads
-    from clbench.precision import for_backbone
 
-    dev = torch.device("cpu")
-    bb = load_backbone(backbone, weights, img_size)
-    d = bb.num_features
-    x = torch.randn(batch, 3, bb.img_size, bb.img_size)
-    prec = for_backbone(bb, dev, precision)
-
-    def backbone_pass():
-        with prec.autocast(dev.type):
-            return bb(x).float()
-
-    t_backbone = median_seconds(backbone_pass, repeat=3, warmup=1)
-    log(f"backbone forward: {t_backbone / batch * 1e3:.2f} ms/image ({backbone} @ {bb.img_size}, {prec.name})")
+    timed = timed_backbone(backbone, weights, img_size, batch, precision, log)
+    bb, d, prec, t_backbone = timed.backbone, timed.d, timed.precision, timed.seconds
     g = torch.Generator().manual_seed(1)
     rows = []
     for T in tasks:
