@@ -66,7 +66,7 @@ from clbench.blocks import (
     check_vit_blocks,
     class_means,
 )
-from clbench.config import CI_SHAPE
+from clbench.config import CI_FIRST_SESSION
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
 from clbench.layers.first_session import (
     AdaptedFeatures,
@@ -109,20 +109,10 @@ class APER(Strategy):
     # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
     # 2 cores: 112 px input (8x8 patches of 14 px) and 3 first-session epochs instead of 20 (the only backward
     # passes of the run); afterwards one adapted pass per image.
-    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): 56 px (the shared CI feature cache),
-    # 3 tasks of 12 classes, the first 8 training images per class, 4 first-session epochs of batches of 16 at lr 0.5
-    # (24 steps for the 32 image passes per class that 2 epochs of 16 images took): with the reference's lr 0.01 and
-    # batch 48 the loss stayed at ln 12 and the gate pinned untrained adapters; now it falls to ~0.82 of its first
-    # epoch (the criterion: reports/gate/README.md).
+    # ``ci``: the regression gate's first-session recipe (clbench.config.CI_FIRST_SESSION).
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 3},
-        "ci": {
-            **CI_SHAPE,
-            "epochs": 4,
-            "train_per_class": 8,
-            "batch_size": 16,
-            "lr": 0.5,
-        },
+        "ci": {**CI_FIRST_SESSION},
     }
 
     def __init__(self, config: APERConfig, ctx: Context) -> None:

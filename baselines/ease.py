@@ -71,7 +71,7 @@ from clbench.blocks import (
     vit_forward_tokens,
     vit_tokens,
 )
-from clbench.config import CI_SHAPE
+from clbench.config import CI_FIRST_SESSION
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
@@ -147,21 +147,11 @@ class EASE(Strategy):
     # 2 cores within 15 minutes: 112 px input (8x8 patches of 14 px; the emoji images are 64 px) and 3 epochs
     # instead of 20. Measured on one core at 112 px: ~49 ms CPU per training image and step, ~21 ms per backbone
     # pass; inference needs t + 1 passes per test image after task t, so ~15 CPU-minutes in all.
-    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
-    # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
-    # EASE runs 3 tasks of 12 classes (inference after task t costs t + 1 ViT passes per seen test image) and learns
-    # from the first 8 training images of each class for 4 epochs of batches of 16 at lr 0.5 (the ViT backward pass
-    # dominates: the same 32 image passes per class as 2 epochs of 16 images, in 24 steps instead of 8; at the
-    # reference's lr 0.025 and batch 48 the loss stayed at ln 12, see reports/gate/README.md).
+    # ``ci``: the regression gate's first-session recipe (clbench.config.CI_FIRST_SESSION): 3 tasks of 12 classes,
+    # since inference after task t costs t + 1 ViT passes per seen test image.
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 3},
-        "ci": {
-            **CI_SHAPE,
-            "epochs": 4,
-            "train_per_class": 8,
-            "batch_size": 16,
-            "lr": 0.5,
-        },
+        "ci": {**CI_FIRST_SESSION},
     }
 
     def __init__(self, config: EASEConfig, ctx: Context) -> None:

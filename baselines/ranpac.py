@@ -86,7 +86,7 @@ import torch
 import torch.nn.functional as F
 
 from clbench.blocks import check_vit_blocks
-from clbench.config import CI_SHAPE
+from clbench.config import CI_FIRST_SESSION
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
 from clbench.layers.analytic import available_memory, relu_projection, ridge_solution
@@ -227,19 +227,10 @@ class RanPAC(Strategy):
     # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
     # 2 cores: 112 px input and 3 first-session epochs instead of 20 (the only backward passes of the run); M stays
     # the reference's 10,000 (one 10,000 x 10,000 float64 Cholesky solve per task).
-    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): 56 px (the shared CI feature cache),
-    # 3 tasks of 12 classes, M = 2,000, and APER's first session (the same adapters and loop): the first 8 training
-    # images per class, 4 epochs of batches of 16 at lr 0.5, so that the loss falls (reports/gate/README.md).
+    # ``ci``: the regression gate's first-session recipe (clbench.config.CI_FIRST_SESSION) and M = 2,000.
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "quick": {"img_size": 112, "epochs": 3},
-        "ci": {
-            **CI_SHAPE,
-            "epochs": 4,
-            "train_per_class": 8,
-            "batch_size": 16,
-            "lr": 0.5,
-            "M": 2000,
-        },
+        "ci": {**CI_FIRST_SESSION, "M": 2000},
     }
 
     def __init__(self, config: RanPACConfig, ctx: Context) -> None:
