@@ -73,6 +73,7 @@ from clbench.blocks import (
 )
 from clbench.config import CI_FIRST_SESSION
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
+from clbench.layers.first_session import check_first_session_fields
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 
@@ -94,18 +95,7 @@ class EASEConfig:
     use_reweight: bool = True  # "use_reweight": false = plain cosine on the concatenated feature
 
     def __post_init__(self) -> None:
-        for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
-        if not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"min_lr must be in [0, lr], got {self.min_lr}")
-        if not 0 <= self.adapter_dropout < 1:
-            raise ValueError(f"adapter_dropout must be in [0, 1), got {self.adapter_dropout}")
-        for name in ("momentum", "weight_decay", "alpha", "adapter_scale"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
+        check_first_session_fields(self, nonnegative=("alpha",))
 
 
 def synthesize_prototypes(protos: torch.Tensor, task_classes: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -25,8 +25,9 @@ from clbench.layers.adapters import AdapterSet
 from clbench.strategy import Context, Split, Task
 
 
-def check_first_session_fields(cfg: Any) -> None:
-    """Cross-field checks shared by APER and RanPAC configs; raises ``ValueError`` naming the field."""
+def check_first_session_fields(cfg: Any, nonnegative: tuple[str, ...] = ()) -> None:
+    """Cross-field checks shared by the adapter configs (APER, RanPAC, EASE); ``nonnegative``: the config's own
+    further fields that must be finite numbers >= 0. Raises ``ValueError`` naming the field."""
     for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
@@ -36,7 +37,7 @@ def check_first_session_fields(cfg: Any) -> None:
         raise ValueError(f"min_lr must be in [0, lr], got {cfg.min_lr}")
     if not 0 <= cfg.adapter_dropout < 1:
         raise ValueError(f"adapter_dropout must be in [0, 1), got {cfg.adapter_dropout}")
-    for name in ("momentum", "weight_decay", "adapter_scale"):
+    for name in ("momentum", "weight_decay", "adapter_scale", *nonnegative):
         if not (getattr(cfg, name) >= 0 and math.isfinite(getattr(cfg, name))):
             raise ValueError(f"{name} must be a finite number >= 0, got {getattr(cfg, name)}")
 
