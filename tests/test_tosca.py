@@ -152,3 +152,14 @@ def test_config_validation_and_unknown_protocol(tmp_path):
                 out=str(tmp_path / "c"),
             )
         )
+
+
+def test_the_ease_comparison_uses_eases_own_adapter_size():
+    """TOSCA's record compares one EASE adapter set with its module (``extra.ease_adapter_set``); the bottleneck it
+    uses is EASE's default, and the size is the shared adapter formula's."""
+    from baselines.ease import EASEConfig
+    from clbench.layers.adapters import adapter_set_size
+    from tosca.strategy import EASE_BOTTLENECK
+
+    assert EASE_BOTTLENECK == EASEConfig().bottleneck
+    assert adapter_set_size(12, 768, EASE_BOTTLENECK) == 12 * (2 * 768 * 64 + 64 + 768)

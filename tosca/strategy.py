@@ -64,6 +64,7 @@ from clbench.blocks import (
 )
 from clbench.config import CI_INPUT
 from clbench.errors import ClbenchError
+from clbench.layers.adapters import adapter_set_size
 from clbench.routers import ROUTERS, RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
 from clbench.routers import route as apply_router
 from clbench.routing_diagnostics import ModuleChoices, RoutingDiagnostics
@@ -79,6 +80,10 @@ from clbench.strategy import (
     Work,
 )
 from tosca.luca import VARIANTS, LuCA, stacked_forward
+
+# EASE's adapter bottleneck ("ffn_num" in its reference config, baselines/ease.py): the record compares one EASE
+# adapter set with one TOSCA module on the same backbone (a method does not import another method)
+EASE_BOTTLENECK = 64
 
 
 @dataclass(frozen=True)
@@ -450,7 +455,7 @@ class TOSCA(Strategy):
         per_module = n_params(self.modules_[0]) if len(self.modules_) else 0
         r = self.d // self.cfg.ratio
         n_blocks = len(getattr(self.ctx.backbone.model, "blocks", [])) or 12
-        ease_set = n_blocks * (2 * self.d * 64 + 64 + self.d)  # one EASE adapter set (bottleneck 64) on this backbone
+        ease_set = adapter_set_size(n_blocks, self.d, EASE_BOTTLENECK)  # one EASE adapter set on this backbone
         head = self.head.weight.numel() + self.head.sigma.numel()
         seen = [(n - per_module - 1) // self.d for n in self._trainable]  # trained: the module and the whole head
         sizes = [b - a for a, b in zip([0, *seen[:-1]], seen, strict=True)]
