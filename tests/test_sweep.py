@@ -2,7 +2,7 @@
 continued from the run's checkpoint (not restarted), a complete run is skipped, and bad sweeps are refused early.
 
 The sweeps run the real CLI on the micro ViT (random weights) and the embedded benchmark, 3 tasks of 12 classes.
-TOSCA trains 60 epochs per task here (about 1 s a task) so that a kill can land between two tasks.
+TOSCA trains 30 epochs per task here (about 1 s a task on the micro ViT) so that a kill can land between two tasks.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from clbench.sweep import ATTEMPT_FILE, SWEEP_FILE, execution_independent, overh
 
 RUNS = ("simplecil-emoji-s1", "simplecil-emoji-s2", "tosca-emoji-s1", "tosca-emoji-s2")
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
-SWEEP = ["sweep", "--strategies", "simplecil,tosca", "--seeds", "1,2", *MICRO, "--set", "tosca.epochs=60", "--no-tsne"]
+SWEEP = ["sweep", "--strategies", "simplecil,tosca", "--seeds", "1,2", *MICRO, "--set", "tosca.epochs=30", "--no-tsne"]
 
 
 def records(out: Path) -> dict[str, RunRecord]:
@@ -231,11 +231,11 @@ def test_folder_with_other_settings_is_refused_before_anything_runs(local_sweep,
     out = tmp_path / "other"
     shutil.copytree(local, out)
     argv = [*SWEEP, "--out", str(out), "--no-report"]
-    argv[argv.index("tosca.epochs=60")] = "tosca.epochs=61"
+    argv[argv.index("tosca.epochs=30")] = "tosca.epochs=31"
     code, text = sweep(argv, capsys)
     assert code == 2
     assert "2 run folder(s) of this sweep hold runs it cannot skip or continue" in text
-    assert "--set: epochs=60 there, epochs=61 here" in text and "choose another --out" in text
+    assert "--set: epochs=30 there, epochs=31 here" in text and "choose another --out" in text
 
 
 @pytest.mark.parametrize(
