@@ -116,7 +116,8 @@ def report_scale(n_synthetic: int = 1000, log=print) -> dict[str, Any]:
             before = os.getloadavg()
             row = {"what": what, "records": n, "command": "clbench report " + " ".join(_shown(a, tmp) for a in args)}
             row |= timed_report(args)
-            row["load_average_before"], row["load_average_after"] = list(before), list(os.getloadavg())
+            row["load_average_before"] = [round(x, 2) for x in before]
+            row["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
             log(f"  {row['wall_s']} s, {row['peak_rss_mb']} MB peak, exit {row['exit_code']}")
             rows.append(row)
     cpu = CpuInfo.detect()
