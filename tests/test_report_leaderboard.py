@@ -241,6 +241,21 @@ def test_no_figure_of_a_report_has_colliding_text(report_and_figures):
     assert not problems, problems
 
 
+def test_the_routing_studys_panels_name_their_setting_and_keep_the_legend_outside(tmp_path, monkeypatch):
+    """`clbench routing-study` on the committed runs (reports/routing/emoji, four l1 values x two seeds): each panel's
+    title names the setting it differs in (its panels were four identical titles), the routers' legend is the
+    figure's, beside the panels and not over the first one's lines, and no two texts collide."""
+    from clbench.report.figures import routing_study
+
+    made = _capture_figures(monkeypatch)
+    assert routing_study(collect([REPO / "reports" / "routing" / "emoji"]), tmp_path) is not None
+    [(name, fig)] = made
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    assert sorted(titles) == sorted(f"tosca on emoji, l1={v} (2 runs)" for v in ("0", "0.005", "0.05", "0.0005"))
+    assert not any(ax.get_legend() for ax in fig.axes) and len(fig.legends) == 1
+    assert not text_collisions(fig)
+
+
 @pytest.fixture(scope="module")
 def study_report(tmp_path_factory) -> tuple[Path, list]:
     """The report of the committed 95-record study (as the lead regenerates reports/emoji/), and its figures."""

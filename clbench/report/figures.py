@@ -729,10 +729,12 @@ def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
     if not runs:
         return None
     groups = _seed_groups(runs)
+    varied = _varied_settings(list(groups))
     with matplotlib.rc_context(RC):
         cols = min(len(groups), 4)
         fig, axes = _new_figure(cols, (len(groups) + cols - 1) // cols, 3.6, 2.7)
-        for ax, ((bench, strategy, _), group) in zip(axes, groups.items(), strict=False):
+        for ax, (key, group) in zip(axes, groups.items(), strict=False):
+            bench, strategy, _ = key
             curves = [router_curves(r) for r in group]
             xs, xlabel = group[0].seen_axis
             for i, name in enumerate(curves[0]):
@@ -745,9 +747,11 @@ def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
                 ax.plot(xs[: len(mean)], mean, ms=2, lw=1, label=name, **style)
             _seen_ticks(ax, (xs, xlabel), fontsize=7)
             ax.set_ylabel("routed accuracy (%)", fontsize=7)
-            ax.set_title(f"{strategy} on {bench} ({len(group)} runs)", fontsize=8)  # the caption names them
+            setting = f", {varied[key]}" if varied[key] else ""
+            ax.set_title(f"{strategy} on {bench}{setting} ({len(group)} runs)", fontsize=8)  # the caption names them
             ax.tick_params(labelsize=6)
-        axes[0].legend(frameon=False, fontsize=5)
+        handles, labels = axes[0].get_legend_handles_labels()  # every panel draws the same routers
+        fig.legend(handles, labels, loc="outside right upper", frameon=False, fontsize=7)
         _hide_unused(axes, len(groups))
         title = "Routing study: routed accuracy per router"
         caption = (
@@ -756,6 +760,21 @@ def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
             f"module). " + provenance(runs)
         )
         return _save(fig, out_dir, "routing_study", title, caption, runs)
+
+
+def _varied_settings(keys: Sequence[tuple[str, str, str]]) -> dict[tuple[str, str, str], str]:
+    """Per (benchmark, strategy, settings JSON) panel key, the settings in which it differs from the other panels of
+    the same benchmark and strategy, as ``name=value`` (``l1=0.0005``); "" where it is the only one."""
+    import json
+
+    out = {}
+    for key in keys:
+        bench, strategy, settings = key
+        mine = json.loads(settings)
+        others = [json.loads(k[2]) for k in keys if k[:2] == (bench, strategy) and k != key]
+        names = sorted(n for n in mine if any(o.get(n) != mine[n] for o in others))
+        out[key] = ", ".join(f"{n}={mine[n]:g}" if isinstance(mine[n], float) else f"{n}={mine[n]}" for n in names)
+    return out
 
 
 def budget_curves_figure(coll: Collection, out_dir: Path, curves: Sequence[BudgetCurve]) -> FigureOut | None:
