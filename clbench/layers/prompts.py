@@ -7,8 +7,8 @@ Used by L2P (Wang et al., "Learning to Prompt for Continual Learning", CVPR 2022
 [CLS] query to each key (PILOT ``l2p.py`` / ``dual_prompt.py`` ``l2_normalize`` then a matmul). The pools
 themselves differ (L2P prepends tokens, DualPrompt prefixes keys and values) and stay in their method files.
 
-Shared by every prompt method (L2P, DualPrompt, CODA-Prompt, HiDe-Prompt): the frozen query (:func:`frozen_query`)
-and the evaluation batch (:func:`eval_batch`).
+Shared by every prompt method (L2P, DualPrompt, CODA-Prompt, HiDe-Prompt): the training batch's query
+(:func:`training_query`) and the evaluation batch (:func:`eval_batch`).
 """
 
 from __future__ import annotations
@@ -27,20 +27,14 @@ def eval_batch(reference_batch: int, reference: bool) -> int:
     return reference_batch if reference else max(reference_batch, PER_SAMPLE_BATCH)
 
 
-@torch.no_grad()
-def frozen_query(ctx, images: torch.Tensor) -> torch.Tensor:
-    """(B, d) the frozen backbone's [CLS] pre-logits feature of ``images`` at the run's precision (``ctx``: the
-    method's :class:`~clbench.strategy.Context`): a prompt method's query when it is not read from the cache."""
-    with ctx.autocast():
-        return ctx.backbone(images).float()
-
-
 def training_query(ctx, mode: str, features: torch.Tensor, positions: torch.Tensor, images: torch.Tensor):
     """(B, d) the query of a training batch: each image's cached frozen feature (``mode`` "cached": the un-augmented
-    image's) or the frozen feature of the augmented image itself ("augmented", the references' choice)."""
+    image's) or the frozen backbone's [CLS] pre-logits feature of the augmented image itself at the run's precision
+    ("augmented", the references' choice; ``ctx``: the method's :class:`~clbench.strategy.Context`)."""
     if mode == "cached":
         return features[positions].to(ctx.device)
-    return frozen_query(ctx, images)
+    with torch.no_grad(), ctx.autocast():
+        return ctx.backbone(images).float()
 
 
 def key_similarity(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ per-image costs of routers and modules are compared with (:func:`timed_backbone`
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ def timed_backbone(
     bb = load_backbone(backbone, weights, img_size)
     images = torch.randn(batch, 3, bb.img_size, bb.img_size)
     prec = for_backbone(bb, torch.device("cpu"), precision)
-    probe = TimedBackbone(bb, images, prec, 0.0)
-    seconds = median_seconds(probe.forward, repeat=3, warmup=1)
-    log(f"backbone forward: {seconds / batch * 1e3:.2f} ms/image ({backbone} @ {bb.img_size}, {prec.name})")
-    return TimedBackbone(bb, images, prec, seconds)
+    timed = TimedBackbone(bb, images, prec, 0.0)
+    timed = dataclasses.replace(timed, seconds=median_seconds(timed.forward, repeat=3, warmup=1))
+    log(f"backbone forward: {timed.seconds / batch * 1e3:.2f} ms/image ({backbone} @ {bb.img_size}, {prec.name})")
+    return timed
