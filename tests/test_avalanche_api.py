@@ -16,21 +16,29 @@ import torch
 from clbench.errors import ClbenchError
 from clbench.results import RunRecord
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from avalanche.benchmarks import nc_benchmark
-    from avalanche.evaluation.metrics import accuracy_metrics, loss_metrics
-    from avalanche.logging import CSVLogger
-    from avalanche.training.plugins import EvaluationPlugin
-    from avalanche.training.templates import SupervisedTemplate
+
+def _avalanche():
+    """Avalanche's public API, imported when a test first needs it: importing it takes about 10 s (its catalogue
+    pulls in torchvision's models and torch's compiler), which every test worker paid at collection before."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import avalanche.benchmarks
+        import avalanche.evaluation.metrics
+        import avalanche.logging
+        import avalanche.training.plugins
+        import avalanche.training.templates
+    return avalanche
+
 
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random")  # as tests/conftest.py
 MICRO_KW = dict(backbone=MICRO["backbone"], weights=MICRO["weights"])
 
 
 def _evaluator(*loggers):
-    return EvaluationPlugin(
-        accuracy_metrics(experience=True, stream=True), loss_metrics(stream=True), loggers=list(loggers)
+    av = _avalanche()
+    metrics = av.evaluation.metrics
+    return av.training.plugins.EvaluationPlugin(
+        metrics.accuracy_metrics(experience=True, stream=True), metrics.loss_metrics(stream=True), loggers=list(loggers)
     )
 
 
@@ -46,7 +54,7 @@ def _benchmark(strategy=None, train=None, test=None, **kw):
         eval_transform=strategy.eval_transform if strategy is not None else None,
     )
     args.update(kw)
-    return nc_benchmark(tr if train is None else train, te if test is None else test, **args)
+    return _avalanche().benchmarks.nc_benchmark(tr if train is None else train, te if test is None else test, **args)
 
 
 def _avalanche_run(strategy, benchmark) -> dict:
@@ -84,9 +92,11 @@ def test_avalanche_metrics_equal_the_cli_record(tmp_path, method):
     from clbench.avalanche_api import ClbenchStrategy
 
     strategy = ClbenchStrategy(
-        method=method, evaluator=_evaluator(CSVLogger(log_folder=str(tmp_path / "csv"))), **MICRO_KW
+        method=method,
+        evaluator=_evaluator(_avalanche().logging.CSVLogger(log_folder=str(tmp_path / "csv"))),
+        **MICRO_KW,
     )
-    assert isinstance(strategy, SupervisedTemplate)
+    assert isinstance(strategy, _avalanche().training.templates.SupervisedTemplate)
     mine = _avalanche_run(strategy, _benchmark(strategy))
     record = _cli_record(tmp_path, method, **MICRO)
     assert strategy.eval_tf.identity() == record.transform and strategy.precision.name == record.precision
