@@ -111,6 +111,7 @@ class ACILConfig:
 
 class ACIL(Strategy[ACILConfig]):
     name = "acil"
+    embedding = "ACIL's buffer layer ReLU(f W_b)"
     # domain scenario: the recursive least-squares update is exact for any new images, new classes or not, so after
     # every domain the head is the joint ridge solution over all images seen (the paper's equivalence to joint
     # training holds unchanged)
@@ -153,6 +154,11 @@ class ACIL(Strategy[ACILConfig]):
         f, step = split.features, self.cfg.eval_batch_size
         blocks = [self.head(self.expand(f[i : i + step])).float() for i in range(0, len(f), step)]
         return torch.cat(blocks) if blocks else torch.zeros(0, self.n_classes)  # (N, n_seen)
+
+    @torch.no_grad()
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """The buffer layer's output X = ReLU(f W_b): what the analytic head scores."""
+        return self.expand(split.features).float()
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         return {"M": self.cfg.M, "gamma": self.cfg.gamma}

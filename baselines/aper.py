@@ -101,6 +101,7 @@ class APERConfig:
 # ----------------------------------------------------------------------------------------------- the strategy
 class APER(Strategy):
     name = "aper"
+    embedding = "APER's concatenated frozen and adapted [CLS]"
     # scenarios: class only for now: its prototype rows are set once per task (a later domain would overwrite them);
     # a running mean over domains as SimpleCIL's is the natural extension, not made yet
     Config = APERConfig
@@ -166,6 +167,11 @@ class APER(Strategy):
         if protocol != PER_SAMPLE:
             raise ValueError(f"unknown protocol {protocol!r}; APER supports {PER_SAMPLE}")
         return self.head(self.features(split))  # (N, n_seen): cosine to each prototype, sigma 1
+
+    @torch.no_grad()
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """concat(frozen, adapted) [CLS]: what the prototypes are compared with."""
+        return self.features(split).float()
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         return {"adapted_passes_total": self.store.passes, "backbone_passes_per_test_image": 1}

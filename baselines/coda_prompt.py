@@ -229,6 +229,7 @@ class Components(nn.Module):
 
 class CodaPrompt(Strategy[CodaPromptConfig]):
     name = "coda_prompt"
+    embedding = "CODA-Prompt's prompted [CLS]"
     Config = CodaPromptConfig
     state_types = (Components, LinearHead)
     protocols = (PER_SAMPLE,)
@@ -356,6 +357,12 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
             logits, _ = self._forward(images.to(self.ctx.device), query)
             out.append(logits[:, : self.n_seen].float().cpu())
         return torch.cat(out)
+
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
+        from clbench.layers.heads import head_inputs
+
+        return head_inputs(self.head, lambda: self.predict(split))
 
     # ---------------------------------------------------------------------------------------- accounting
     @classmethod

@@ -119,6 +119,7 @@ class DSALConfig:
 
 class DSAL(Strategy[DSALConfig]):
     name = "dsal"
+    embedding = "DS-AL's buffer layer ReLU(f W_b)"
     # scenarios: class only: the compensation stream's previous-label cleansing zeroes every earlier class's
     # column, and in a later domain every class is earlier, so that stream would learn nothing (defined for new classes)
     Config = DSALConfig
@@ -186,6 +187,12 @@ class DSAL(Strategy[DSALConfig]):
             X = self.expand(f[i : i + step])  # (n, M)
             blocks.append((self.main(F.relu(X)) + C * self.comp(torch.tanh(X))).float())  # DSAL.forward
         return torch.cat(blocks) if blocks else torch.zeros(0, self.n_classes)  # (N, n_seen)
+
+    @torch.no_grad()
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """ReLU of the buffer layer, X = ReLU(f W_b): what the main stream scores (the compensation stream adds
+        tanh of the same projection)."""
+        return F.relu(self.expand(split.features)).float()
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         return {"M": self.cfg.M, "compensation_ratio": self.cfg.compensation_ratio}

@@ -193,6 +193,7 @@ class Prompts(nn.Module):
 
 class DualPrompt(Strategy):
     name = "dualprompt"
+    embedding = "DualPrompt's prompted [CLS]"
     # domain scenario: one E-prompt per domain (its slot, chosen by key matching at inference), the G-prompt and
     # one head over every class shared; each domain trains the head on all classes (they are its classes)
     scenarios = ("class", "domain")
@@ -321,6 +322,12 @@ class DualPrompt(Strategy):
             slots = self.select(query, batchwise=protocol == REFERENCE)
             out.append(self._forward(images.to(self.ctx.device), slots)[:, : self.n_seen].float().cpu())
         return torch.cat(out)
+
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
+        from clbench.layers.heads import head_inputs
+
+        return head_inputs(self.head, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """Accuracy of the per-sample prompt choice (slot t = task t), and how often the reference's batch vote

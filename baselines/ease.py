@@ -128,6 +128,7 @@ def subspace_weights(class_task: Sequence[int], n_sets: int, alpha: float) -> to
 
 class EASE(Strategy):
     name = "ease"
+    embedding = "EASE's concatenated adapter-subspace features"
     # scenarios: class only: the semantic-guided prototype complement builds old classes' prototypes in a new
     # adapter from their similarity to the task's NEW classes; a later domain has none, so it is undefined there
     Config = EASEConfig
@@ -264,6 +265,11 @@ class EASE(Strategy):
         self._eval_s_per_image.setdefault(task, (time.perf_counter() - start) / max(len(split), 1))
         self._last_predict = (len(split), logits.argmax(dim=1).numpy())
         return logits
+
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """Every adapter subspace's [CLS], concatenated (N, T d): the features the prototypes are compared in."""
+        feats = self._split_features(split)
+        return feats.reshape(len(feats), -1)
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """Inference cost (backbone passes and measured seconds per test image) and the accuracy of the task

@@ -204,6 +204,7 @@ def check_memory(n_new: int, d: int) -> None:
 # ----------------------------------------------------------------------------------------------- the strategy
 class FeCAM(Strategy[FeCAMConfig]):
     name = "fecam"
+    embedding = "FeCAM's Tukey-transformed, normalised features"
     # scenarios: class only: each class's covariance is shrunk and normalised once from its images and kept per
     # task; a later domain would need the raw second moments (not kept), and a second block would repeat the classes
     Config = FeCAMConfig
@@ -250,6 +251,12 @@ class FeCAM(Strategy[FeCAMConfig]):
         if not dists:
             return torch.zeros(len(split), 0)
         return (-torch.stack(dists, dim=1)).float()  # (N, n_seen): the nearest class by Mahalanobis has the top logit
+
+    @torch.no_grad()
+    def adapted_features(self, split: Split) -> torch.Tensor | None:
+        """The Tukey-transformed, normalised features the Mahalanobis distances are taken on; None without the
+        transform (the normalised frozen features: the reference panel)."""
+        return embed(split.features, self.cfg).float() if self.cfg.tukey else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_width("fecam", int(state["dim"]), self.dim)

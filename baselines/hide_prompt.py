@@ -401,6 +401,7 @@ def sample_features(
 
 class HiDePrompt(Strategy[HiDePromptConfig]):
     name = "hide_prompt"
+    embedding = "HiDe-Prompt's prompted [CLS] under the inferred task's prompt"
     Config = HiDePromptConfig
     state_types = (EPrompts, LinearHead, TIIHead, ClassStats)
     protocols = (PER_SAMPLE, REFERENCE)
@@ -654,6 +655,12 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
         if not reference:
             self._last_tii = (len(split), torch.cat(tasks).numpy())
         return torch.cat(out)
+
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
+        from clbench.layers.heads import head_inputs
+
+        return head_inputs(self.head, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """Task-identity accuracy (the TII's task = the image's task), from the cached features (no backbone pass)."""

@@ -140,6 +140,7 @@ class TaskHeads(nn.Module):
 
 class InfLoRA(Strategy[InfLoRAConfig]):
     name = "inflora"
+    embedding = "InfLoRA's [CLS] through the LoRA branches"
     Config = InfLoRAConfig
     state_types = (KVLoRA, TaskHeads)
     needs_vit = True
@@ -271,6 +272,12 @@ class InfLoRA(Strategy[InfLoRAConfig]):
         for images, _, _ in split.image_loader(max(self.cfg.batch_size, EVAL_BATCH), augment=False):
             out.append(self.heads(self._features(images.to(self.ctx.device))).float().cpu())
         return torch.cat(out)
+
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
+        from clbench.layers.heads import head_inputs
+
+        return head_inputs(self.heads, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """The memory's size per block after the last task, and its type."""

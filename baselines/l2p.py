@@ -136,6 +136,7 @@ class PromptPool(nn.Module):
 
 class L2P(Strategy):
     name = "l2p"
+    embedding = "L2P's prompted [CLS] (mean of the prompt tokens)"
     # domain scenario (the paper's CORe50 setting): one prompt pool and one head over every class, every domain
     # trains the whole head (its classes are all of them); key matching picks prompts per image as before
     scenarios = ("class", "domain")
@@ -242,6 +243,12 @@ class L2P(Strategy):
             logits, _ = self._forward(images.to(self.ctx.device), query, batchwise=protocol == REFERENCE)
             out.append(logits[:, : self.n_seen].float().cpu())
         return torch.cat(out)
+
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
+        from clbench.layers.heads import head_inputs
+
+        return head_inputs(self.head, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """Prompt usage under per-sample selection, and how often the reference's batch vote replaces an image's

@@ -232,6 +232,7 @@ def mos_output(refined: torch.Tensor, proto_logits: torch.Tensor, n_tasks: int, 
 
 class MOS(Strategy):
     name = "mos"
+    embedding = "MOS's [CLS] under the self-refined adapter set"
     # scenarios: class only: its adapters, their merging and the self-refined retrieval are built around
     # per-task class prototypes of new classes; what a later domain of the same classes should do there is undefined
     Config = MOSConfig
@@ -470,6 +471,17 @@ class MOS(Strategy):
         if protocol == PER_SAMPLE:
             self._last_predict = (len(split), logits.argmax(dim=1).numpy(), torch.cat(finals).numpy())
         return logits
+
+    @torch.no_grad()
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """Each image's [CLS] under the adapter set self-refinement settles on (per-sample): what the linear head
+        scores (the prototype half of the ensemble compares set 0's feature)."""
+        out = []
+        for images, _, _ in split.image_loader(self.cfg.eval_batch_size, augment=False):
+            feats = torch.stack([self._features(images.to(self.ctx.device), s) for s in self.stored], dim=1)
+            _, final = self.outputs_from_features(feats)
+            out.append(feats[torch.arange(len(feats), device=feats.device), final].float().cpu())
+        return torch.cat(out)
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """Inference passes, and the accuracy of the initial task (prototype head) and of the adapter set chosen by

@@ -136,6 +136,7 @@ def check_memory(width: int) -> None:
 
 class RanDumb(Strategy[RanDumbConfig]):
     name = "randumb"
+    embedding = "RanDumb's random Fourier features"
     # scenarios: class only: each class's mean and OAS-shrunk statistics are added once (add_classes_oas);
     # a later domain of the same classes would need them merged, not done
     Config = RanDumbConfig
@@ -207,6 +208,11 @@ class RanDumb(Strategy[RanDumbConfig]):
         for start in range(0, len(split), 1024):  # (1024, M) float64 at a time: memory, not the numbers
             logits.append(lda_logits(self.embed(split.features[start : start + 1024]), self.weight, self.bias))
         return torch.cat(logits) if logits else torch.zeros(0, self.weight.shape[0])  # (N, n_seen)
+
+    @torch.no_grad()
+    def adapted_features(self, split: Split) -> torch.Tensor | None:
+        """The random Fourier features phi(x) the LDA scores; None with ``embed`` off (the frozen features)."""
+        return self.embed(split.features).float() if self.cfg.embed else None
 
     def diagnostics(self, split: Split, true_task: Any) -> dict[str, Any]:
         return {

@@ -218,6 +218,7 @@ def check_memory(M: int, d: int) -> None:
 # ----------------------------------------------------------------------------------------------- the strategy
 class RanPAC(Strategy):
     name = "ranpac"
+    embedding = "RanPAC's ReLU random projection h = ReLU(f W)"
     # domain scenario: Phase 1 adapts on the first domain only; G and Q accumulate every domain's images, so the
     # ridge head is the joint solution over all domains seen (its columns: every class from the first task)
     scenarios = ("class", "domain")
@@ -312,6 +313,11 @@ class RanPAC(Strategy):
         if self.cfg.head == "cosine":  # PILOT CosineLinear: sigma * cos(h, Wo_c)
             return (self.sigma * F.normalize(h, dim=1) @ F.normalize(wo, dim=1).T).float()
         return (h @ wo.T).float()  # (N, n_seen)
+
+    @torch.no_grad()
+    def adapted_features(self, split: Split) -> torch.Tensor:
+        """h = ReLU(f W) of the (adapted, with Phase 1) features: what the ridge head scores."""
+        return self.project(self.features(split).double()).float()
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         return {

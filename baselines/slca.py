@@ -163,6 +163,7 @@ def plain_vit_params(d: int, depth: int, patch: int = 16, img_size: int = 224) -
 
 class SLCA(Strategy[SLCAConfig]):
     name = "slca"
+    embedding = "SLCA's fine-tuned ViT's [CLS]"
     Config = SLCAConfig
     state_types = (TaskHeads,)
     needs_vit = True

@@ -915,24 +915,23 @@ def host_info() -> Host:
 
 
 def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) -> None:
-    """Test features for t-SNE figures: frozen and (when the method has them) adapted, fp16."""
-    import io
-
+    """``features.npz`` for the report's t-SNE figure (:mod:`clbench.embeddings`): a fixed subsample of the test
+    images, their frozen features and what the method's classifier scores, reduced and fp16."""
+    from clbench import embeddings
     from clbench.files import atomic_write_bytes
 
     bench = session.bench
-    split = session.split("test", np.arange(len(bench.test)))
-    adapted = strategy.adapted_features(split)
-    arrays: dict[str, Any] = {
-        "frozen": session.features["test"].half().numpy(),
-        "labels": bench.test_y,
-        "tasks": bench.image_tasks("test"),
-    }
-    if adapted is not None:
-        arrays["adapted"] = adapted.half().numpy()
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
-    atomic_write_bytes(path / "features.npz", buf.getvalue())
+    index = embeddings.subsample(len(bench.test))
+    adapted = strategy.adapted_features(session.split("test", index))
+    data = embeddings.encode(
+        index,
+        np.asarray(bench.test_y)[index],
+        np.asarray(bench.image_tasks("test"))[index],
+        session.features["test"][torch.as_tensor(index)].float().numpy(),
+        None if adapted is None else adapted.float().cpu().numpy(),
+        strategy.embedding,
+    )
+    atomic_write_bytes(path / "features.npz", data)
 
 
 def _predictions(session: PreparedRun, logs: dict[str, _ProtocolLog]) -> Predictions | None:

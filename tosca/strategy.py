@@ -148,6 +148,7 @@ def route_reference(all_logits: torch.Tensor, batch: int) -> torch.Tensor:
 
 class TOSCA(Strategy):
     name = "tosca"
+    embedding = "TOSCA's calibrated [CLS] under the routed module"
     Config = TOSCAConfig
     state_types = (LuCA, RoutingMemory, TaskStats)
     protocols = (PER_SAMPLE, REFERENCE)

@@ -7,6 +7,8 @@ Used by L2P (``baselines/l2p.py``), DualPrompt (``baselines/dualprompt.py``) and
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,3 +34,20 @@ class LinearHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+
+def head_inputs(head: nn.Module, predict: Callable[[], object]) -> torch.Tensor:
+    """What ``head`` is given while ``predict()`` runs, its rows in call order, float32 on the CPU: the features a
+    prompt or LoRA method's classifier scores, read where they meet the classifier (one call per test batch), for
+    :meth:`clbench.strategy.Strategy.adapted_features`."""
+    seen: list[torch.Tensor] = []
+
+    def keep(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        seen.append(args[0].detach().float().cpu())
+
+    handle = head.register_forward_pre_hook(keep)
+    try:
+        predict()
+    finally:
+        handle.remove()
+    return torch.cat(seen) if seen else torch.zeros(0, 0)

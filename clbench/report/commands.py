@@ -49,14 +49,16 @@ def add_report_args(p: argparse.ArgumentParser) -> None:
         "--tsne",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="t-SNE figures from each configuration's features.npz (default: on; about 10 s each on a CPU)",
+        help="t-SNE figure of what each main-table method classifies, from the features.npz its record kept "
+        "(default: on; a few seconds per panel on a CPU)",
     )
     p.add_argument(
         "--tsne-points",
         type=int,
-        default=1500,
+        default=1000,
         metavar="N",
-        help="test images per t-SNE, subsampled with a fixed seed (default: 1500)",
+        help="test images per t-SNE panel, at most the 1000 each record keeps, subsampled with a fixed seed "
+        "(default: 1000)",
     )
     p.add_argument(
         "--budget-curves",

@@ -31,7 +31,7 @@ FORMATS = ("png", "svg", "pdf")  # the page shows the PNG; SVG and PDF for paper
 PNG_DPI = 110  # the page's PNGs; paper exports (--latex-only) are written at PAPER_DPI
 PAPER_DPI = 300
 MATRIX_PANELS = 12  # heatmaps per accuracy-matrix figure (more: further figures; 63 in one ran out of memory)
-TSNE_MAX_POINTS = 1500  # t-SNE cost grows with n log n; 1500 points keep a report under a minute on a CPU
+TSNE_MAX_POINTS = 1000  # at most the test images a record keeps (clbench.embeddings.POINTS)
 TSNE_SEED = 0  # fixed random_state and subsample seed: the same records give the same picture
 PROTOCOL_STYLE = {"per-sample": "-", "reference": "--"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -161,6 +161,14 @@ def _save(
             meta = {"Title": title, "Subject": caption, "CreationDate": None}  # reproducible PDF
         fig.savefig(out_dir / rel, format=fmt, dpi=dpi, metadata=meta)
         files[fmt] = rel
+        if fig.get_layout_engine() is not None:
+            # the first save laid the figure out; the other formats reuse its positions instead of laying it out
+            # again (a report's figures took a fifth less time). None drops the engine where neither rc default
+            # names one; "none" would keep a placeholder engine that still costs a layout draw per save
+            import matplotlib
+
+            with matplotlib.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+                fig.set_layout_engine(None)
     return FigureOut(name, title, caption, [r.run_id for r in runs], files)
 
 
@@ -602,10 +610,13 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
 
 # ------------------------------------------------------------------------------------------- t-SNE
 def load_features(run: Run) -> dict[str, np.ndarray]:
-    """``features.npz`` beside the record: ``frozen`` (N, d), ``labels`` (N,), ``tasks`` (N,), maybe ``adapted``.
-    Read bounded (:data:`FEATURES_MAX_BYTES` on disk and expanded, every array header checked before it is
-    allocated: :func:`clbench.owned.npz_arrays`); ValueError for a file that is not one, or whose sizes differ from
-    its record's test split."""
+    """``features.npz`` beside the record (:mod:`clbench.embeddings`): ``index`` (the subsample's test images),
+    ``labels``, ``tasks``, ``frozen`` and maybe ``adapted``, reduced (``format``). A file of an older clbench holds
+    the whole test split's unreduced features without ``index``: it is read as the subsample of every image. Read
+    bounded (:data:`FEATURES_MAX_BYTES` on disk and expanded, every array header checked before it is allocated:
+    :func:`clbench.owned.npz_arrays`); ValueError for a file that is not one, or whose sizes differ from its
+    record's test split."""
+    from clbench.embeddings import FORMAT
     from clbench.errors import ClbenchError
     from clbench.owned import npz_arrays, read_bytes
 
@@ -620,31 +631,43 @@ def load_features(run: Run) -> dict[str, np.ndarray]:
     missing = {"frozen", "labels", "tasks"} - set(data)
     if missing:
         raise ValueError(f"features.npz lacks {', '.join(sorted(missing))}")
-    n = len(data["labels"]) if n_test is None else n_test
+    text = {k: str(data.pop(k)) for k in ("format", "embedding") if k in data and data[k].dtype.kind == "U"}
+    if "format" in text and text["format"] != FORMAT:
+        raise ValueError(f"features.npz holds {text['format']!r} embeddings; this clbench reads {FORMAT!r}")
+    if "index" not in data:  # an older clbench's file: every test image, unreduced
+        n = len(data["labels"]) if n_test is None else n_test
+        data["index"] = np.arange(n)
+    n = len(data["index"])
     for name, arr in data.items():
+        if name in ("format", "embedding"):
+            raise ValueError(f"{name} is {arr.dtype}, expected text")
         if arr.ndim not in (1, 2) or arr.shape[0] != n or arr.dtype.kind not in "iuf":
             raise ValueError(f"{name} is {arr.dtype} {arr.shape}, expected {n} rows of numbers (the test split)")
-    return data
+    index = data["index"]
+    if n and (index.min() < 0 or (n_test is not None and index.max() >= n_test)):
+        raise ValueError(f"index names test images outside the record's {n_test}")
+    return {**data, **{k: np.array(v) for k, v in text.items()}}
 
 
 FEATURES_MAX_BYTES = 2**30  # frozen and adapted fp16 features of a 100k-image test split at d=2048 stay below
 FEATURE_WIDTH = 8192  # widest feature a backbone gives (ViT-g: 1536; ViT-22B: 6144)
+TSNE_PANELS = 12  # panels per t-SNE figure (4 x 3); more methods: further figures
 
 
 def subsample(n: int, max_points: int = TSNE_MAX_POINTS, seed: int = TSNE_SEED) -> np.ndarray:
     """Sorted indices of at most ``max_points`` of ``n`` points, the same for the same ``n``."""
-    if n <= max_points:
-        return np.arange(n)
-    return np.sort(np.random.default_rng(seed).choice(n, max_points, replace=False))
+    from clbench.embeddings import subsample as pick
+
+    return pick(n, max_points, seed)
 
 
 def tsne_embed(x: np.ndarray, seed: int = TSNE_SEED) -> np.ndarray:
-    """(N, d) -> (N, 2): scikit-learn t-SNE of the L2-normalised features (cosine geometry, as the heads see it)."""
+    """(N, k) -> (N, 2): scikit-learn t-SNE of embeddings reduced by :func:`clbench.embeddings.reduce` (L2-normalised,
+    PCA: the cosine geometry the heads see)."""
     from sklearn.manifold import TSNE
     from threadpoolctl import threadpool_limits
 
     x = x.astype(np.float32)
-    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
     perplexity = float(min(30.0, max(2.0, (len(x) - 1) / 3)))
     tsne = TSNE(n_components=2, init="pca", random_state=seed, perplexity=perplexity, learning_rate="auto")
     # One OpenMP thread: on a shared machine, spinning OpenMP threads made a 1000-point t-SNE 7x slower
@@ -653,67 +676,128 @@ def tsne_embed(x: np.ndarray, seed: int = TSNE_SEED) -> np.ndarray:
         return tsne.fit_transform(x)
 
 
-def tsne(coll: Collection, out_dir: Path, max_points: int = TSNE_MAX_POINTS) -> tuple[list[FigureOut], list[str]]:
-    """t-SNE of test features, frozen and (when the method has them) adapted, coloured by class and by task:
-    one figure per run configuration, from its first seed that saved ``features.npz``. Returns figures and notes
-    (why a configuration has none)."""
-    import matplotlib
+@dataclass
+class _TsnePanel:
+    """One t-SNE panel: a title, the embedding drawn and each point's task."""
 
-    figures: list[FigureOut] = []
-    notes: list[str] = []
-    cache: dict[str, np.ndarray] = {}  # identical frozen features (one backbone, many strategies) embed once
-    for key, runs in coll.run_groups().items():
-        run = next((r for r in sorted(runs, key=lambda r: r.seed) if r.has_features()), None)
-        if run is None:
-            notes.append(
-                f"no t-SNE for {key.strategy} on {key.bench} ({key.backbone}): no features.npz beside "
-                f"the records of {', '.join(r.run_id for r in runs)}"
-            )
-            continue
+    title: str
+    x: np.ndarray  # (n, k) reduced embeddings
+    tasks: np.ndarray
+    runs: list[Run]
+
+
+def _tsne_panels(
+    runs: Sequence[Run], labels: dict[str, str], max_points: int, notes: list[str]
+) -> dict[tuple[str, str], list[_TsnePanel]]:
+    """Per (benchmark, backbone): the frozen features' panel first (naming the methods that classify them), then
+    one panel per run whose method scores something else; the same test images (the first run's subsample) in
+    every panel."""
+    from clbench.embeddings import reduce
+
+    out: dict[tuple[str, str], list[_TsnePanel]] = {}
+    frozen_users: dict[tuple[str, str], list[str]] = {}
+    chosen: dict[tuple[str, str], np.ndarray] = {}
+    for run in runs:
         try:
             data = load_features(run)
         except (OSError, ValueError, KeyError) as e:
             notes.append(f"no t-SNE for run {run.run_id}: features.npz is unreadable ({e})")
             continue
-        idx = subsample(len(data["labels"]), max_points)
-        labels, tasks = data["labels"][idx], data["tasks"][idx]
-        kinds = [k for k in ("frozen", "adapted") if k in data]
-        emb = {}
-        for kind in kinds:
-            x = np.asarray(data[kind][idx], dtype=np.float32)
-            h = hashlib.sha256(x.tobytes()).hexdigest()
-            if h not in cache:
-                cache[h] = tsne_embed(x)
-            emb[kind] = cache[h]
-        with matplotlib.rc_context({**RC, "axes.grid": False}):
-            fig, axes = _new_figure(2, len(kinds), 4.2, 3.8)
-            for row, kind in enumerate(kinds):
-                e = emb[kind]
-                ax_c, ax_t = axes[2 * row], axes[2 * row + 1]
-                ax_c.scatter(e[:, 0], e[:, 1], c=labels, cmap="turbo", s=5, linewidths=0)
-                ax_c.set_title(f"{kind} features, coloured by class ({len(np.unique(labels))} classes)")
-                n_tasks = int(tasks.max()) + 1
+        rec = run.record
+        group = (rec.bench, f"{rec.backbone} {rec.img_size}px, {run.weights_label}" if rec.img_size else rec.backbone)
+        index = data["index"]
+        if group not in chosen:
+            chosen[group] = index[subsample(len(index), max_points)]
+        keep = np.isin(index, chosen[group])
+        if keep.sum() != len(chosen[group]):
+            notes.append(f"no t-SNE panel for run {run.run_id}: its features.npz holds other test images")
+            continue
+
+        arrays = {k: data[k][keep] for k in ("frozen", "adapted") if k in data}
+        if "format" not in data:  # an older clbench's file holds unreduced features
+            arrays = {k: reduce(a) for k, a in arrays.items()}
+        panels = out.setdefault(group, [])
+        if not panels:
+            panels.append(_TsnePanel("", arrays["frozen"], data["tasks"][keep], [run]))
+        if "adapted" in arrays:
+            kind = str(data.get("embedding", "adapted features"))
+            panels.append(_TsnePanel(f"{labels[run.run_id]}\n{kind}", arrays["adapted"], data["tasks"][keep], [run]))
+        else:
+            frozen_users.setdefault(group, []).append(labels[run.run_id])
+            if run not in panels[0].runs:
+                panels[0].runs.append(run)
+    for group, panels in out.items():
+        users = frozen_users.get(group, [])
+        panels[0].title = "frozen features" + (
+            f"\n(what {', '.join(users)} classif{'y' if len(users) > 1 else 'ies'})" if users else ""
+        )
+    return out
+
+
+def tsne(
+    coll: Collection, out_dir: Path, max_points: int = TSNE_MAX_POINTS, main: Collection | None = None
+) -> tuple[list[FigureOut], list[str]]:
+    """t-SNE of what each method's classifier sees, coloured by task: per benchmark and backbone, the frozen
+    features once (the reference panel) and one panel per method of the main table (``main``; default: every run
+    configuration) that scores something else, from the first seed whose record kept ``features.npz``; the same
+    test images, t-SNE settings and seed in every panel. Returns figures and notes (which rows have none, why)."""
+    import matplotlib
+
+    from clbench.report.leaderboard import short_label
+
+    rows = coll if main is None else main
+    figures: list[FigureOut] = []
+    notes: list[str] = []
+    picked: list[Run] = []
+    labels: dict[str, str] = {}
+    for key, group in rows.acc_groups().items():
+        run = next((r for r in sorted(group, key=lambda r: r.seed) if r.has_features()), None)
+        if run is None:
+            notes.append(
+                f"no t-SNE panel for {short_label(key)} on {key.bench}: no features.npz beside "
+                f"{', '.join(r.run_id for r in group)} (made by clbench runs since features were kept per record)"
+            )
+        elif run.run_id not in labels:  # one run evaluated under two protocols embeds once
+            picked.append(run)
+            labels[run.run_id] = short_label(key._replace(protocol="per-sample"))
+    cache: dict[str, np.ndarray] = {}  # identical embeddings (one backbone, many runs) embed once
+    for (bench, backbone), panels in _tsne_panels(picked, labels, max_points, notes).items():
+        for page, start in enumerate(range(0, len(panels), TSNE_PANELS)):
+            chunk = panels[start : start + TSNE_PANELS]
+            cols = min(4, len(chunk))
+            with matplotlib.rc_context({**RC, "axes.grid": False}):
+                fig, axes = _new_figure(cols, math.ceil(len(chunk) / cols), 3.4, 3.5)
+                n_tasks = int(max(p.tasks.max() for p in chunk)) + 1 if chunk[0].tasks.size else 1
                 cmap = matplotlib.colormaps["tab10" if n_tasks <= 10 else "tab20"]
-                for t in range(n_tasks):
-                    m = tasks == t
-                    ax_t.scatter(e[m, 0], e[m, 1], color=cmap(t % cmap.N), s=5, linewidths=0, label=f"task {t + 1}")
-                ax_t.set_title(f"{kind} features, coloured by task")
-                ax_t.legend(frameon=False, markerscale=2.5, fontsize=7, loc="center left", bbox_to_anchor=(1, 0.5))
-                for ax in (ax_c, ax_t):
+                for ax, panel in zip(axes, chunk, strict=False):
+                    h = hashlib.sha256(panel.x.tobytes()).hexdigest()
+                    if h not in cache:
+                        cache[h] = tsne_embed(panel.x)
+                    e = cache[h]
+                    for t in range(n_tasks):
+                        m = panel.tasks == t
+                        ax.scatter(e[m, 0], e[m, 1], color=cmap(t % cmap.N), s=4, linewidths=0, label=f"task {t + 1}")
+                    ax.set_title(panel.title, fontsize=8)
+                for ax in axes:
                     ax.set_xticks([])
                     ax.set_yticks([])
                     ax.spines[:].set_visible(False)
-            title = f"t-SNE of test features, {key.strategy} on {key.bench}"
-            fig.suptitle(f"{title} (run {run.run_id}, {key.backbone})")
-            caption = (
-                f"{title} ({key.backbone}, {key.weights}; run {run.run_id}, seed {run.seed}): "
-                f"{len(idx)} of {len(data['labels'])} test images, L2-normalised features, scikit-learn "
-                f"t-SNE (init pca, random_state {TSNE_SEED})"
-                + ("; adapted = each image through the module it is routed to" if "adapted" in kinds else "")
-                + ". "
-                + provenance([run])
-            )
-            figures.append(_save(fig, out_dir, f"tsne_{slug(run.run_id)}", title, caption, [run]))
+                for ax in axes[len(chunk) :]:
+                    ax.set_visible(False)
+                handles, names = axes[0].get_legend_handles_labels()
+                fig.legend(handles, names, loc="outside right upper", frameon=False, markerscale=3, fontsize=7)
+                suffix = f" ({page + 1})" if len(panels) > TSNE_PANELS else ""
+                title = f"t-SNE of what each method classifies, {bench} ({backbone}){suffix}"
+                runs = [r for p in chunk for r in p.runs]
+                caption = (
+                    f"{title}: {len(chunk[0].tasks)} test images (the same in every panel), coloured by the task "
+                    "that brought their class; each method's embeddings L2-normalised and reduced to 50 dimensions "
+                    f"by PCA when the run was recorded, then scikit-learn t-SNE (init pca, random_state {TSNE_SEED}). "
+                    "The first panel is the frozen backbone's features, which the methods it names classify "
+                    "directly. " + provenance(runs)
+                )
+                name = f"tsne_{slug(bench)}_{slug(backbone)}" + (f"_{page + 1}" if suffix else "")
+                figures.append(_save(fig, out_dir, name, title, caption, runs))
     return figures, notes
 
 
@@ -874,7 +958,7 @@ def make_figures(
     if pairs is not None:  # only where runs kept predictions
         figs.append(pairs)
     if with_tsne:
-        t_figs, t_notes = tsne(coll, out_dir, tsne_points)
+        t_figs, t_notes = tsne(coll, out_dir, tsne_points, main)
         figs += t_figs
         notes += t_notes
     else:
