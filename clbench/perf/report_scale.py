@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -72,13 +73,40 @@ def synthetic_records(dest: Path, n: int, variants: int = 20) -> Path:
     return dest
 
 
+class _TreePeak(threading.Thread):
+    """The largest summed RSS of process ``pid`` and its descendants, sampled until :attr:`stop` is set."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self.stop.wait(0.05):
+            try:
+                procs = [root, *root.children(recursive=True)]
+                self.peak = max(self.peak, sum(p.memory_info().rss for p in procs))
+            except psutil.Error:
+                continue
+
+
 def timed_report(args: list[str]) -> dict[str, Any]:
-    """``clbench report ARGS`` in a fresh process: exit code, wall-clock, CPU seconds and peak RSS (its own)."""
+    """``clbench report ARGS`` in a fresh process: exit code, wall-clock, CPU seconds, peak RSS (its own) and the
+    peak RSS of it and its t-SNE workers together."""
     argv = [sys.executable, "-c", "import sys; from clbench.cli import entry; sys.argv[0] = 'clbench'; entry()"]
     start = time.perf_counter()
     proc = subprocess.Popen([*argv, "report", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    tree = _TreePeak(proc.pid)
+    tree.start()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
+    tree.stop.set()
+    tree.join()
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {
@@ -87,6 +115,8 @@ def timed_report(args: list[str]) -> dict[str, Any]:
         "cpu_user_s": round(usage.ru_utime, 2),
         "cpu_system_s": round(usage.ru_stime, 2),
         "peak_rss_mb": round(usage.ru_maxrss / 1024),
+        # the report and its t-SNE worker processes together, sampled every 50 ms
+        "peak_tree_rss_mb": round(tree.peak / 2**20),
         **({"stderr_tail": err[-2000:]} if proc.returncode else {}),
     }
 
