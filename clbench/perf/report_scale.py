@@ -158,7 +158,8 @@ def report_scale(n_synthetic: int = 1000, log=print) -> dict[str, Any]:
         "cpu_capability": cpu.capability,
         "cpus": os.cpu_count(),
         "git_revision": git_revision(),
-        "memory": "peak resident set size (ru_maxrss) of the report process",
+        "memory": "peak_rss_mb: peak resident set size (ru_maxrss) of the report process; peak_tree_rss_mb: the report "
+        "and its t-SNE worker processes, summed, sampled every 50 ms",
         "rows": rows,
     }
 
