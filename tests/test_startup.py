@@ -165,6 +165,21 @@ def test_the_run_path_imports_no_avalanche_catalogue_and_no_dynamo():
     assert "IMPORTED []" in out, out
 
 
+def test_avalanches_training_api_imports_after_the_run_path():
+    """A user's ``from avalanche.training.plugins import ...`` after clbench's run path (Avalanche's scenarios
+    imported, its package ``__init__`` deferred) gets the whole package, as without clbench: Avalanche's training
+    package imported before its benchmarks fails on a circular import, so the deferred ``__init__`` runs first."""
+    code = (
+        "import clbench.harness, clbench.benchmarks.streams, sys; "
+        "from avalanche.training.plugins import EvaluationPlugin; "
+        "from avalanche.training.templates import SupervisedTemplate; "
+        "from avalanche.training.supervised.deep_slda import StreamingLDA; "
+        "import avalanche.benchmarks; print('WHOLE', avalanche.__version__, avalanche.benchmarks.SplitMNIST.__name__)"
+    )
+    out = _python(code, dict(os.environ))
+    assert "WHOLE 0.6" in out and "SplitMNIST" in out, out
+
+
 @pytest.mark.full
 def test_a_warm_run_in_a_fresh_process_imports_none_of_them(tmp_path, micro_weights, monkeypatch):
     """``import clbench.cli`` plus a warm run (features cached, SimpleCIL) in a fresh process imports none of
