@@ -55,10 +55,10 @@ def add_report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tsne-points",
         type=int,
-        default=1000,
+        default=500,
         metavar="N",
-        help="test images per t-SNE panel, at most the 1000 each record keeps, subsampled with a fixed seed "
-        "(default: 1000)",
+        help="test images per t-SNE panel, at most the 500 each record keeps, subsampled with a fixed seed "
+        "(default: 500)",
     )
     p.add_argument(
         "--budget-curves",

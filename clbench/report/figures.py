@@ -32,7 +32,7 @@ FORMATS = ("png", "svg", "pdf")  # the page shows the PNG; SVG and PDF for paper
 PNG_DPI = 110  # the page's PNGs; paper exports (--latex-only) are written at PAPER_DPI
 PAPER_DPI = 300
 MATRIX_PANELS = 12  # heatmaps per accuracy-matrix figure (more: further figures; 63 in one ran out of memory)
-TSNE_MAX_POINTS = 1000  # at most the test images a record keeps (clbench.embeddings.POINTS)
+TSNE_MAX_POINTS = 500  # the test images a record keeps (clbench.embeddings.POINTS)
 TSNE_SEED = 0  # fixed random_state and subsample seed: the same records give the same picture
 PROTOCOL_STYLE = {"per-sample": "-", "reference": "--"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -687,7 +687,7 @@ TSNE_PARALLEL_POINTS = 300  # below this many points per embedding, worker proce
 def embed_all(xs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     """:func:`tsne_embed` of each distinct array, keyed by its digest. Several large ones run in worker processes,
     one per available core, each on one thread: the same numbers as in this process (one OpenMP thread each, so
-    no reduction order depends on the thread count), a report's seven 1,000-point panels in about half the time
+    no reduction order depends on the thread count), a report's seven 500-point panels in about half the time
     on two cores."""
     todo = {_digest(x): x for x in xs}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -716,6 +716,7 @@ def _tsne_panels(
     """Per (benchmark, backbone): the frozen features' panel first (naming the methods that classify them), then
     one panel per run whose method scores something else; the same test images (the first run's subsample) in
     every panel."""
+    from clbench import embeddings
     from clbench.embeddings import reduce
 
     out: dict[tuple[str, str], list[_TsnePanel]] = {}
@@ -730,8 +731,9 @@ def _tsne_panels(
         rec = run.record
         group = (rec.bench, f"{rec.backbone} {rec.img_size}px, {run.weights_label}" if rec.img_size else rec.backbone)
         index = data["index"]
-        if group not in chosen:
-            chosen[group] = index[subsample(len(index), max_points)]
+        if group not in chosen:  # the images every record of this test split keeps (an older file: all of them)
+            kept = embeddings.subsample((rec.n_images or {}).get("test") or len(index))
+            chosen[group] = kept[subsample(len(kept), max_points)]
         keep = np.isin(index, chosen[group])
         if keep.sum() != len(chosen[group]):
             notes.append(f"no t-SNE panel for run {run.run_id}: its features.npz holds other test images")
