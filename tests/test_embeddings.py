@@ -3,6 +3,8 @@ test images for every method, what each method's classifier scores, the frozen f
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -86,3 +88,12 @@ def test_a_record_without_features_is_named_not_dropped(two_runs, tmp_path):
     figs, notes = tsne(collect([runs]), tmp_path / "rep", 120)
     assert len(figs) == 1  # SimpleCIL's frozen features still make the reference panel
     assert any("no t-SNE panel for ACIL" in n and "no features.npz" in n for n in notes), notes
+
+
+def test_a_domain_incremental_figure_says_its_colours_are_domains(tmp_path):
+    out = tmp_path / "runs" / "acil-domain"
+    cfg = RunConfig(strategy="acil", bench="emoji-vendors", scenario="domain", backbone="vit_micro", weights="random")
+    record = run(dataclasses.replace(cfg, overrides=(("M", "512"),), train_per_class=8, out=str(out)))
+    assert record.complete
+    figs, _ = tsne(collect([tmp_path / "runs"]), tmp_path / "rep", 120)
+    assert len(figs) == 1 and "coloured by the domain they were drawn in" in figs[0].caption

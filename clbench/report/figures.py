@@ -800,12 +800,15 @@ def tsne(
             with matplotlib.rc_context({**RC, "axes.grid": False}):
                 fig, axes = _new_figure(cols, math.ceil(len(chunk) / cols), 3.4, 3.5)
                 n_tasks = int(max(p.tasks.max() for p in chunk)) + 1 if chunk[0].tasks.size else 1
+                runs = [r for p in chunk for r in p.runs]
+                domain = any((r.record.scenario or "class") == "domain" for r in runs)
+                unit = "domain" if domain else "task"  # the domain scenario's tasks are its domains
                 cmap = matplotlib.colormaps["tab10" if n_tasks <= 10 else "tab20"]
                 for ax, panel in zip(axes, chunk, strict=False):
                     e = cache[_digest(panel.x)]
                     for t in range(n_tasks):
                         m = panel.tasks == t
-                        ax.scatter(e[m, 0], e[m, 1], color=cmap(t % cmap.N), s=4, linewidths=0, label=f"task {t + 1}")
+                        ax.scatter(e[m, 0], e[m, 1], color=cmap(t % cmap.N), s=4, linewidths=0, label=f"{unit} {t + 1}")
                     ax.set_title(panel.title, fontsize=8)
                 for ax in axes:
                     ax.set_xticks([])
@@ -817,10 +820,10 @@ def tsne(
                 fig.legend(handles, names, loc="outside right upper", frameon=False, markerscale=3, fontsize=7)
                 suffix = f" ({page + 1})" if len(panels) > TSNE_PANELS else ""
                 title = f"t-SNE of what each method classifies, {bench} ({backbone}){suffix}"
-                runs = [r for p in chunk for r in p.runs]
+                colour = "the domain they were drawn in" if domain else "the task that brought their class"
                 caption = (
-                    f"{title}: {len(chunk[0].tasks)} test images (the same in every panel), coloured by the task "
-                    "that brought their class; each method's embeddings L2-normalised and reduced to 50 dimensions "
+                    f"{title}: {len(chunk[0].tasks)} test images (the same in every panel), coloured by {colour}; "
+                    "each method's embeddings L2-normalised and reduced to 50 dimensions "
                     f"by PCA when the run was recorded, then scikit-learn t-SNE (init pca, random_state {TSNE_SEED}). "
                     "The first panel is the frozen backbone's features, which the methods it names classify "
                     "directly. " + provenance(runs)
