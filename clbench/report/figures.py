@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from clbench.embeddings import POINTS as EMBEDDED_POINTS
 from clbench.report.budget import QUICK, REFERENCE, BudgetCurve, curve_label
 from clbench.report.collect import AccKey, Collection, Run
 from clbench.report.tables import routing_protocols
@@ -32,7 +33,7 @@ FORMATS = ("png", "svg", "pdf")  # the page shows the PNG; SVG and PDF for paper
 PNG_DPI = 110  # the page's PNGs; paper exports (--latex-only) are written at PAPER_DPI
 PAPER_DPI = 300
 MATRIX_PANELS = 12  # heatmaps per accuracy-matrix figure (more: further figures; 63 in one ran out of memory)
-TSNE_MAX_POINTS = 500  # the test images a record keeps (clbench.embeddings.POINTS)
+TSNE_MAX_POINTS = EMBEDDED_POINTS  # the test images a record keeps (clbench.embeddings.POINTS)
 TSNE_SEED = 0  # fixed random_state and subsample seed: the same records give the same picture
 PROTOCOL_STYLE = {"per-sample": "-", "reference": "--"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
