@@ -525,7 +525,47 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     add_data_check_args(check)
     check.set_defaults(func=cmd_data_check)
+    records = sub.add_parser("records", help="run-record utilities: `clbench records upgrade DIR`")
+    records_sub = records.add_subparsers(dest="records_command", metavar="RECORDS_COMMAND", parser_class=_Parser)
+    upgrade = records_sub.add_parser(
+        "upgrade",
+        help="rewrite old run records (schema 1-3) at the current schema, in place, once",
+        description="rewrite every run record (result.json) under each DIR at the current schema version, in "
+        "place: readers refuse records of schema 1 to 3, whose parameter counts only the method's code can restate "
+        "(clbench.upgrade). Numbers keep their meaning; records already current are not touched.",
+    )
+    upgrade.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run folders or folders of them")
+    upgrade.add_argument("--dry-run", action="store_true", help="list what would be upgraded; write nothing")
+    upgrade.set_defaults(func=cmd_records_upgrade)
     return parser
+
+
+def cmd_records_upgrade(args: argparse.Namespace) -> int:
+    """``clbench records upgrade DIR...``: one line per record changed or refused, then the counts; exit 1 when a
+    record could not be upgraded."""
+    from collections import Counter
+
+    from clbench.results import RUN_HINT
+    from clbench.text import plain
+    from clbench.upgrade import upgrade_folders
+
+    outcomes = upgrade_folders(args.dirs, dry_run=args.dry_run)
+    verb = "would upgrade" if args.dry_run else "upgraded"
+    for o in outcomes:
+        if o.status == "upgraded":
+            print(f"{verb} {plain(str(o.path))} (schema {o.version})")
+        elif o.status != "current":
+            why = o.why.removeprefix(f"{o.path}: ")
+            print(f"{o.status} {plain(str(o.path))}: {plain(why)}")
+    counts = Counter(o.status for o in outcomes)
+    print(
+        f"{len(outcomes)} records: {counts['upgraded']} {verb}, {counts['current']} already current"
+        + (f", {counts['busy']} busy (a run is writing them; run this again after it)" if counts["busy"] else "")
+        + (f", {counts['refused']} refused" if counts["refused"] else "")
+    )
+    if counts["refused"]:
+        print(f"  hint: a refused record cannot be read as it is: {RUN_HINT}", file=sys.stderr)
+    return 1 if counts["refused"] or counts["busy"] else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,7 +18,7 @@ import platform
 import resource
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -88,8 +88,10 @@ def peak_rss_mb() -> float:
 
 
 # ------------------------------------------------------------------------------------------- the typed record
-# Version history. A record of an older readable version is upgraded on load (:func:`_upgrade_v1`); one older than
-# OLDEST_READABLE, or newer than SCHEMA_VERSION, is refused with a message.
+# Version history. A record of version OLDEST_READABLE or later is upgraded on load (:data:`UPGRADES`: pure JSON). One
+# of versions 1 to 3 is refused with a message naming ``clbench records upgrade`` (:mod:`clbench.upgrade`), which
+# rewrites it once: restating its parameter counts needs the method's code, and reading records imports none. One
+# older than OLDEST_UPGRADABLE, or newer than SCHEMA_VERSION, is refused.
 #   1: fields were added without a version change (fingerprint, n_images, class_names, resumed_from_task,
 #      time_s.checkpoint, host details, precision_reason); records before ``--precision`` say ``autocast: true/false``
 #      (bf16 / fp32) instead of ``precision``.
@@ -102,8 +104,8 @@ def peak_rss_mb() -> float:
 #   4: one parameter accounting for every method (:class:`clbench.strategy.ParamCounts`): ``params.added_*`` counts
 #      learned parameters only (heads included: TOSCA's head rows are in it now), ``params.stored_*`` the statistics
 #      kept (prototypes, means, covariances, Gram matrices, random projections), which versions 2 and 3 counted as
-#      added for SimpleCIL, EASE, APER, RanPAC (its W) and MOS. :func:`_upgrade_v3` restates an older record through
-#      the strategy's :meth:`~clbench.strategy.Strategy.split_kept` (the split its live runs use).
+#      added for SimpleCIL, EASE, APER, RanPAC (its W) and MOS. :func:`clbench.upgrade.upgrade_v3` restates an older
+#      record through the strategy's :meth:`~clbench.strategy.Strategy.split_kept` (the split its live runs use).
 #   5: ``train_per_class`` is a run setting (``--train-per-class``), written at the top level where set; version 4
 #      held it in ``strategy_config`` of the six methods that had it. :func:`_upgrade_v4` moves it out. Added later
 #      without a version change, written where known: ``data_fingerprint`` (train/test content digests; a record
@@ -112,7 +114,9 @@ def peak_rss_mb() -> float:
 #      non-Python readers refuse); ``old_acc`` after the first task is the one such value, read back as NaN. The
 #      ``command`` as the user typed it: ``clbench ...``, paths relative to the working directory, ``<abs>/NAME``
 #      outside it; :func:`_upgrade_v5` restates an older record's command so.
-OLDEST_READABLE = 1
+OLDEST_UPGRADABLE = 1  # the oldest version `clbench records upgrade` rewrites
+OLDEST_READABLE = 4  # the oldest version readers read (and upgrade on load)
+UPGRADE_COMMAND = "clbench records upgrade"
 DEFAULT_CLASS_ORDER_SEED = 1993  # the literature's class order (the harness's default)
 RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's command) or leave the folder out"
 
@@ -789,56 +793,6 @@ def _short(value: Any) -> str:
     return text[:40] + ("..." if len(text) > 40 else "")
 
 
-def _upgrade_v1(data: Json) -> Json:
-    """A version-1 record as version 2: ``autocast`` becomes ``precision`` (true: bf16, false: fp32, neither:
-    unknown); every other field keeps its meaning, and those it predates take their defaults."""
-    out = dict(data)
-    autocast = out.pop("autocast", None)
-    if "precision" not in out:
-        out["precision"] = "unknown" if autocast is None else ("bf16" if autocast else "fp32")
-    return out
-
-
-def _upgrade_v2(data: Json) -> Json:
-    """A version-2 record as version 3: it kept no predictions."""
-    return {**data, "predictions": data.get("predictions")}
-
-
-def _upgrade_v3(data: Json) -> Json:
-    """A version-3 (or older) record as version 4: its ``params.added_per_task`` (everything kept per task; TOSCA's
-    module only) split into learned parameters and stored statistics by the strategy's own
-    :meth:`~clbench.strategy.Strategy.split_kept`, which its live runs use too; a strategy this clbench does not
-    register keeps everything as learned (the base rule). ``params.restated_from_schema`` says so."""
-    from clbench.catalog import STRATEGIES
-    from clbench.strategy import Strategy
-
-    params = dict(data["params"])
-    kept = list(params.get("added_per_task") or [params["added_total"]])
-    sizes = list(data["task_sizes"])
-    if len(kept) != len(sizes):  # an unfinished record: the tasks it has done
-        sizes = sizes[: len(kept)]
-    try:
-        split_kept = STRATEGIES.get(str(data["strategy"])).split_kept
-    except ClbenchError:  # not registered here: the base rule (the abstract class itself, so its method, not it)
-        split_kept = Strategy.split_kept
-    try:
-        added, stored = split_kept(kept, int(params.get("head", 0)), params, sizes)
-    except (KeyError, ValueError, ZeroDivisionError, TypeError) as e:
-        raise ClbenchError(
-            f"record of {data['strategy']} (schema {data.get('schema_version', 3)}): "
-            f"its parameter counts cannot be restated ({e!r})",
-            RUN_HINT,
-        ) from None
-    params.update(
-        added_per_task=added,
-        added_total=sum(added),
-        stored_per_task=stored,
-        stored_total=sum(stored),
-        restated_from_schema=int(data.get("schema_version", 3)),
-    )
-    return {**data, "params": params}
-
-
 def _upgrade_v4(data: Json) -> Json:
     """A version-4 (or older) record as version 5: ``train_per_class`` moved from ``strategy_config`` to the top
     level (a run setting now); absent or null there stays unset."""
@@ -856,12 +810,9 @@ def _upgrade_v5(data: Json) -> Json:
 
 
 UPGRADES: dict[int, Callable[[Json], Json]] = {
-    1: _upgrade_v1,
-    2: _upgrade_v2,
-    3: _upgrade_v3,
     4: _upgrade_v4,
     5: _upgrade_v5,
-}  # version -> the next version
+}  # version -> the next version, from OLDEST_READABLE: pure JSON (clbench.upgrade adds 1 to 3, which need methods)
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -935,7 +886,8 @@ def _read_json(path: Path) -> Json:
     return data
 
 
-def _check_version(path: Path, data: Json) -> int:
+def _check_version(path: Path, data: Json, oldest: int = OLDEST_READABLE) -> int:
+    """``data``'s schema version, refused (naming the fix) outside ``oldest`` to :data:`SCHEMA_VERSION`."""
     version = data.get("schema_version")
     if not _is_int(version):
         raise ClbenchError(
@@ -948,21 +900,34 @@ def _check_version(path: Path, data: Json) -> int:
             f"({OLDEST_READABLE} to {SCHEMA_VERSION})",
             "update clbench to read it",
         )
-    if version < OLDEST_READABLE:
+    if OLDEST_UPGRADABLE <= version < oldest:
+        folder = path.parent if path.name == RESULT_FILE else path
         raise ClbenchError(
-            f"{path}: schema version {version} (this clbench reads {OLDEST_READABLE} to {SCHEMA_VERSION})", RUN_HINT
+            f"{path}: schema version {version} predates one parameter accounting (schema 4); only its method's code "
+            f"can restate its parameter counts, and reading records runs none",
+            f"upgrade it once: `{UPGRADE_COMMAND} {folder}` (rewrites every old record under the folder in place, "
+            "numbers unchanged)",
+        )
+    if version < oldest:
+        raise ClbenchError(
+            f"{path}: schema version {version} (this clbench reads {OLDEST_READABLE} to {SCHEMA_VERSION}, and "
+            f"`{UPGRADE_COMMAND}` rewrites {OLDEST_UPGRADABLE} to {OLDEST_READABLE - 1})",
+            RUN_HINT,
         )
     return version
 
 
-def _checked(path: Path, data: Json) -> Json:
-    """``data`` checked field by field and upgraded to the current schema version."""
-    version = _check_version(path, data)
+def _checked(
+    path: Path, data: Json, upgrades: Mapping[int, Callable[[Json], Json]] = UPGRADES, oldest: int = OLDEST_READABLE
+) -> Json:
+    """``data`` checked field by field and upgraded to the current schema version (``upgrades`` from ``oldest``:
+    the readers' pure-JSON ones; :mod:`clbench.upgrade` passes the older ones too)."""
+    version = _check_version(path, data, oldest)
     problems = field_problems(data, version)
     if problems:
         raise ClbenchError(f"{path}: {'; '.join(problems)}", RUN_HINT)
     while version < SCHEMA_VERSION:
-        data, version = UPGRADES[version](data), version + 1
+        data, version = upgrades[version](data), version + 1
     if "run_id" not in data:  # the folder names the run
         data = {**data, "run_id": path.parent.name}
     return data

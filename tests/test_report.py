@@ -134,12 +134,12 @@ def test_backbones_and_protocols_are_separate_rows():
 
 def test_runs_at_another_precision_are_not_averaged(tmp_path):
     def fp32(rec):
-        rec.pop("autocast")
+        assert rec["precision"] == "bf16"  # these micro-ViT records were made with bf16 autocast
         rec["precision"] = "fp32"
 
     runs = copy_runs(tmp_path / "runs", ["sc-s1993", "sc-s1994"], {"sc-s1994": fp32})
     df = summary_frame(collect([runs]))
-    assert sorted(df["backbone"]) == ["vit_micro 32px bf16", "vit_micro 32px fp32"]  # old records: autocast = bf16
+    assert sorted(df["backbone"]) == ["vit_micro 32px bf16", "vit_micro 32px fp32"]
     assert sorted(df["n"]) == [1, 1]
 
 
@@ -480,8 +480,9 @@ def test_check_fails_on_a_missing_strategy(reference, tmp_path, capsys):
 
 
 def test_check_fails_on_a_changed_parameter_count(reference, tmp_path, capsys):
-    def one_more(rec):  # per task: an older record's total is restated from its per-task counts on load
+    def one_more(rec):  # the last task's module one parameter larger, and the total with it
         rec["params"]["added_per_task"][-1] += 1
+        rec["params"]["added_total"] += 1
 
     runs = runs_with_calibration(tmp_path / "runs", mutate={"tosca-s1994": one_more})
     assert cli("check", "--reference", str(reference), str(runs)) == 1

@@ -25,14 +25,17 @@ from clbench.results import (
     load_record,
     read_record,
 )
+from clbench.upgrade import upgraded
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "records"
 COMMITTED = sorted(p for root in ("reports", "tests/fixtures") for p in (REPO / root).rglob(RESULT_FILE))
+LEGACY = REPO / "tests" / "fixtures" / "records-legacy"  # records as schema 1 to 3 wrote them (tests/test_upgrade.py)
 BROKEN = {  # the fixtures that must be refused, and what the refusal says
     "garbage": "not a readable JSON record",
-    "old-schema": "schema version 0 (this clbench reads 1 to 6)",
+    "old-schema": "schema version 0 (this clbench reads 4 to 6",
     "tosca-incomplete": "the run is not complete (finished 3 of 6 tasks)",
+    **{p.name: "predates one parameter accounting (schema 4)" for p in LEGACY.iterdir() if p.is_dir()},
 }
 
 
@@ -48,6 +51,10 @@ def _write(folder: Path, data: dict | str) -> Path:
 
 def _fixture(name: str) -> dict:
     return json.loads(next(FIXTURES.rglob(f"{name}/{RESULT_FILE}")).read_text())
+
+
+def _legacy(name: str) -> dict:
+    return json.loads((LEGACY / name / RESULT_FILE).read_text())
 
 
 # ------------------------------------------------------------------------------------------- committed records
@@ -96,9 +103,11 @@ def test_train_per_class_moves_out_of_the_strategy_settings_and_back_into_what_t
     """Schema 5: a schema-4 record's train_per_class (MOS quick: 32) reads as the run setting; written again it sits
     at the top level, and the settings the run trained with (what the gate and the budget curves compare) are
     the file's, before and after."""
-    path = REPO / "reports/emoji/runs/budget/mos-quick"
-    raw = json.loads((path / RESULT_FILE).read_text())
-    assert raw["schema_version"] == 4 and raw["strategy_config"]["train_per_class"] == 32
+    current = json.loads((REPO / "reports/emoji/runs/budget/mos-quick" / RESULT_FILE).read_text())
+    assert current["train_per_class"] == 32 and "train_per_class" not in current["strategy_config"]
+    raw = {**current, "schema_version": 4}  # as schema 4 wrote it (the record before `clbench records upgrade`)
+    raw["strategy_config"] = {**raw.pop("strategy_config"), "train_per_class": raw.pop("train_per_class")}
+    path = _write(tmp_path / "v4", raw)
     rec = load_record(path)
     assert rec.train_per_class == 32 and "train_per_class" not in rec.strategy_config
     assert rec.settings == raw["strategy_config"]
@@ -129,8 +138,13 @@ def test_write_then_read_gives_the_same_record(tmp_path, name):
 def test_a_written_record_is_standard_json_and_reads_back_its_nan(tmp_path):
     """No NaN in result.json (jq and JavaScript refuse it): old_acc after the first task is written null and read
     back as NaN, so a version-5 file (NaN written) and its version-6 rewrite give the same record."""
-    path = next(FIXTURES.rglob("tosca-s1993"))
-    assert "NaN" in (path / RESULT_FILE).read_text()  # the fixture was written before version 6
+    raw = _fixture("tosca-s1993")
+    assert raw["old_acc"][0] is None  # written at version 6: null
+    raw["schema_version"] = 5  # as version 5 wrote it: NaN
+    for summary in (raw, *raw["protocols"].values()):
+        summary["old_acc"][0] = math.nan
+    path = _write(tmp_path / "v5", raw)
+    assert "NaN" in (path / RESULT_FILE).read_text()
     rec = load_record(path)
     assert math.isnan(rec.main.old_acc[0])
     rec.write(tmp_path / "run")
@@ -183,10 +197,10 @@ def test_a_current_record_keeps_the_file_layout(tmp_path):
 
 # ------------------------------------------------------------------------------------------- upgrade
 def test_a_version_1_record_is_upgraded_with_the_fields_it_lacks():
-    raw = _fixture("sc-s1993")  # version 1, before --precision, checkpoints, fingerprints and transform
+    raw = _legacy("simplecil-v1")  # version 1, before --precision, checkpoints, fingerprints and transform
     assert raw["schema_version"] == 1 and raw["autocast"] is True
     assert not {"precision", "fingerprint", "transform", "resumed_from_task"} & set(raw)
-    rec = load_record(FIXTURES / "simplecil" / "sc-s1993")
+    rec = upgraded(LEGACY / "simplecil-v1" / RESULT_FILE, raw)  # what `clbench records upgrade` writes
     assert rec.precision == "bf16" and rec.precision_reason is None  # autocast: true meant bf16
     assert rec.fingerprint is None and rec.transform is None and rec.class_names is None
     assert rec.resumed_from_task == [] and rec.data_problems == [] and rec.n_images is None
@@ -199,11 +213,18 @@ def test_a_version_1_record_is_upgraded_with_the_fields_it_lacks():
 
 
 def test_autocast_false_reads_as_fp32_and_neither_as_unknown(tmp_path):
-    raw = _fixture("sc-s1994")
+    raw = _legacy("simplecil-v1")
     raw["autocast"] = False
-    assert read_record(_write(tmp_path / "a", raw)).precision == "fp32"
+    assert upgraded(tmp_path / "a", raw).precision == "fp32"
     del raw["autocast"]
-    assert read_record(_write(tmp_path / "b", raw)).precision == "unknown"  # never guessed
+    assert upgraded(tmp_path / "b", raw).precision == "unknown"  # never guessed
+
+
+def test_a_version_1_autocast_that_is_not_a_boolean_is_refused(tmp_path):
+    raw = _legacy("simplecil-v1")
+    raw["autocast"] = "yes"
+    with pytest.raises(ClbenchError, match="field autocast is str 'yes', expected true or false"):
+        upgraded(tmp_path / RESULT_FILE, raw)
 
 
 def test_a_record_lacking_protocols_uses_its_top_level_metrics(tmp_path):
@@ -220,14 +241,13 @@ def test_a_record_lacking_protocols_uses_its_top_level_metrics(tmp_path):
     [
         (
             lambda r: r.update(schema_version=SCHEMA_VERSION + 1),
-            f"schema version {SCHEMA_VERSION + 1} is newer than this clbench reads \\(1 to {SCHEMA_VERSION}\\)",
+            f"schema version {SCHEMA_VERSION + 1} is newer than this clbench reads \\(4 to {SCHEMA_VERSION}\\)",
         ),
         (lambda r: r.update(schema_version="2"), "not a clbench run record \\(schema_version is '2'\\)"),
         (lambda r: r.pop("schema_version"), "not a clbench run record \\(schema_version is None\\)"),
         (lambda r: r.update(schema_version=-1), "schema version -1 \\(this clbench reads"),
         (lambda r: r["time_s"].update(train="fast"), "field time_s.train is str 'fast', expected seconds"),
         (lambda r: r.pop("last_acc") and r["params"].pop("trainable"), "record lacks last_acc, params.trainable"),
-        (lambda r: r.update(autocast="yes"), "field autocast is str 'yes', expected true or false"),
         (lambda r: r.update(per_task=[{"task": "one"}]), "field per_task is list"),
         (lambda r: r.update(host=[]), "field host is list \\[\\], expected an object"),
         (lambda r: r.update(complete="yes"), "field complete is 'yes', expected the boolean true"),
@@ -281,7 +301,7 @@ def test_a_too_new_record_is_skipped_by_the_report_and_named(tmp_path):
     coll = collect([tmp_path / "runs"])
     assert [r.run_id for r in coll.runs] == ["sc-s1995"]
     assert [(Path(s.path).name, s.reason) for s in coll.skipped] == [
-        ("future", f"schema version {SCHEMA_VERSION + 1} is newer than this clbench reads (1 to {SCHEMA_VERSION})")
+        ("future", f"schema version {SCHEMA_VERSION + 1} is newer than this clbench reads (4 to {SCHEMA_VERSION})")
     ]
 
 
@@ -323,7 +343,7 @@ def test_the_sweep_reads_unfinished_records_and_names_the_ones_it_cannot_use(tmp
     planned = PlannedRun("r", SimpleNamespace(out=str(_write(tmp_path / "b", future))), {"seed": 1994})
     assert inspect(planned) == (
         f"its record cannot be used (schema version {SCHEMA_VERSION + 1} is newer than "
-        f"this clbench reads (1 to {SCHEMA_VERSION}))"
+        f"this clbench reads (4 to {SCHEMA_VERSION}))"
     )
 
     torn = _write(tmp_path / "c", '{"complete": tr')
