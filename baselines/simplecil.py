@@ -40,6 +40,7 @@ class SimpleCIL(Strategy):
     profiles = {"ci": dict(CI_INPUT)}
     # domain scenario: a class's prototype is its mean over every domain seen so far (a running mean)
     scenarios = ("class", "domain")
+    gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too
 
     def __init__(self, config: SimpleCILConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -92,6 +92,60 @@ def test_the_reference_pins_every_registered_ci_profile_and_protocol():
     assert {e["precision"] for e in ENTRIES} == {"fp32"}  # the precision every machine shares
 
 
+def _pairs(args: list[str]) -> set[tuple[str, str]]:
+    """A `clbench run` argument list as its (flag, value) pairs, without --out: the same run whatever the order."""
+    pairs = set(zip(args[::2], args[1::2], strict=True))
+    return {(flag, value) for flag, value in pairs if flag != "--out"}
+
+
+def test_the_gate_plan_is_the_runs_the_reference_was_written_from():
+    """`.ci/gate` runs `clbench check --plan` (derived from the catalog): exactly the shipped reference's runs, each
+    with the flags its recorded command had, into the folder the reference names."""
+    plan = chk.gate_plan(Path("OUT"))
+    assert all(run[-2] == "--out" and Path(run[-1]).parent == Path("OUT") for run in plan)
+    planned = {Path(run[-1]).name: _pairs(run) for run in plan}
+    made = {Path(p["command"].split()[-1]).name: _pairs(p["command"].split()[2:]) for p in SHIPPED["produced_by"]}
+    assert planned == made
+    assert set(planned) == {run_folder(e) for e in ENTRIES}
+
+
+def test_ci_gate_runs_the_plan_between_two_calibrations_with_the_extra_flags(tmp_path):
+    """The script itself, with a stand-in clbench that logs its calls and plans two runs (one folder with a space):
+    the plan's quoting survives, every run gets the extra flags, and a run cannot eat the rest of the plan."""
+    import shlex
+    import subprocess
+
+    log = tmp_path / "calls.log"
+    out = tmp_path / "gate runs"
+    plan = [
+        ["--strategy", "a", "--out", str(out / "a-ci")],
+        ["--strategy", "b", "--profile", "ci-x", "--out", str(out / "b c")],
+    ]
+    stub = tmp_path / "clbench"
+    stub.write_text(
+        "#!/usr/bin/env bash\n"
+        f"printf '%s\\n' \"$*\" >> {shlex.quote(str(log))}\n"
+        'if [ "$1 $2" = "check --plan" ]; then\n'
+        + "".join(f"  echo {shlex.quote(shlex.join(run))}\n" for run in plan)
+        + "fi\n"
+        'if [ "$1" = run ]; then cat > /dev/null; fi\n'  # a run that reads its input would eat the plan
+    )
+    stub.chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(REPO / ".ci" / "gate"), str(stub), str(out), "--precision", "bf16"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == [
+        f"check --plan {out}",
+        f"check --calibrate {out}",
+        *(f"run {' '.join(run)} --precision bf16" for run in plan),
+        f"check --calibrate {out}",
+    ]
+
+
 def test_the_unedited_records_pass(runs):
     result = gate(runs)
     assert result.ok, failed(result)

@@ -164,6 +164,7 @@ class TOSCA(Strategy):
     # domain's class means in its space, ``task_heads``), and routing picks a module (a domain) per image as it picks a
     # task in the class scenario
     scenarios = ("class", "domain")
+    gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too
     profiles: ClassVar[dict[str, dict[str, Any]]] = {
         "ci": dict(CI_INPUT),
         "ci-augment": {**CI_INPUT, "train_mode": "augment", "epochs": 2, "batch_size": 16, "lr": 0.1},

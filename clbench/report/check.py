@@ -200,6 +200,44 @@ def _matrix_row(label: str, want: list[list[float]], got: list[list[float]], tol
     )
 
 
+# The domain-incremental gate runs' benchmark: the embedded images as their two vendors' artwork styles (two domains).
+DOMAIN_GATE_BENCH = "emoji-vendors"
+
+
+def gate_plan(out: Path) -> list[list[str]]:
+    """The regression gate's runs (``.ci/gate``), each as the arguments of ``clbench run``, derived from the catalog:
+    every registered strategy in each of its ci profiles on the embedded benchmark, fp32, both protocols in the plain
+    ``ci`` profile of a strategy that has a reference protocol; and the ``ci`` profile in the domain-incremental
+    scenario on :data:`DOMAIN_GATE_BENCH` for each strategy whose ``gate_scenarios`` name it. Run folders:
+    ``OUT/<strategy>-<profile>`` and ``OUT/<strategy>-domain-ci``."""
+    from clbench.catalog import STRATEGIES
+    from clbench.strategy import REFERENCE
+
+    runs = []
+    for name, profiles in _registered_ci_profiles().items():
+        cls = STRATEGIES.get(name)
+        for profile in profiles:
+            both = ["--protocol", "both"] if profile == CI_PROFILE_PREFIX and REFERENCE in cls.protocols else []
+            runs.append(["--strategy", name, "--profile", profile, *both, "--out", str(out / f"{name}-{profile}")])
+    for name in STRATEGIES.names():
+        if "domain" in STRATEGIES.get(name).gate_scenarios:
+            runs.append(
+                [
+                    "--strategy",
+                    name,
+                    "--bench",
+                    DOMAIN_GATE_BENCH,
+                    "--scenario",
+                    "domain",
+                    "--profile",
+                    CI_PROFILE_PREFIX,
+                    "--out",
+                    str(out / f"{name}-domain-{CI_PROFILE_PREFIX}"),
+                ]
+            )
+    return [[*run[:-2], "--precision", "fp32", *run[-2:]] for run in runs]
+
+
 def _registered_ci_profiles() -> dict[str, list[str]]:
     from clbench.catalog import STRATEGIES
 

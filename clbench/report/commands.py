@@ -172,6 +172,12 @@ def add_check_args(p: argparse.ArgumentParser) -> None:
         help=f"time the calibration workload on this machine and add it to RUN_DIR/{CALIBRATION_FILE} "
         "(run it in the same job as the runs; the gate's times are ratios to it)",
     )
+    mode.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the regression gate's runs into RUN_DIR, one `clbench run` argument list per line (shell-quoted), "
+        "derived from the catalog's ci profiles (.ci/gate runs them)",
+    )
     w = p.add_argument_group("with --write-reference")
     w.add_argument("--why", default="", metavar="TEXT", help="why the reference is (re)written (required; recorded)")
     w.add_argument("--who", default=None, metavar="NAME", help="who writes it (default: git user.name, else $USER)")
@@ -227,9 +233,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
         if value != default
     ]
+    if (args.calibrate or args.plan) and write_only:
+        raise ClbenchError(f"{', '.join(write_only)} apply only with --write-reference")
+    if args.plan:
+        import shlex
+
+        if len(args.run_dirs) != 1:
+            raise ClbenchError("--plan takes one RUN_DIR: the folder the gate's runs go into")
+        for run in chk.gate_plan(Path(args.run_dirs[0])):
+            print(shlex.join(run))
+        return 0
     if args.calibrate:
-        if write_only:
-            raise ClbenchError(f"{', '.join(write_only)} apply only with --write-reference")
         from clbench.perf.calibration import calibrate  # the one measuring step: the check itself reads files
 
         for folder in args.run_dirs:
