@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from tinytasks import make_split
+from tinytasks import ctx_for
 
 from baselines.coda_prompt import (
     CodaPrompt,
@@ -21,27 +21,11 @@ from baselines.coda_prompt import (
     ortho_penalty,
 )
 from clbench.config import make_strategy_config
-from clbench.strategy import PER_SAMPLE, Context, RunShape, Split, Task
+from clbench.strategy import PER_SAMPLE, Context, RunShape, Split
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 
 SMALL = CodaPromptConfig(components_per_task=3, prompt_length=4, epochs=1, batch_size=8, prompt_layers="0,1,2")
-
-
-@pytest.fixture(scope="module")
-def tasks(backbone) -> list[Task]:
-    first = make_split(backbone, [0, 1], 6, seed=1)
-    second = make_split(backbone, [2, 3, 4], 6, seed=2)  # unequal task sizes for the parameter formula
-    return [Task(0, [0, 1], 2, first), Task(1, [2, 3, 4], 5, second)]
-
-
-@pytest.fixture(scope="module")
-def test_split(backbone) -> Split:
-    return make_split(backbone, [0, 1, 2, 3, 4], 3, seed=3)
-
-
-def ctx_for(backbone) -> Context:
-    return Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=7, log=lambda s: None)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""DualPrompt: mechanics on the tiny random ViT, the reference protocol, and one veryslow real run.
+"""DualPrompt: mechanics on the tiny random ViT and the reference protocol; its profiles and one veryslow real run
+are in tests/test_method_profiles.py, shared with MOS.
 
 Every test states an invariant from the paper / PILOT code (prefix attention, forced E-prompt, batch-wise prompt
 vote, parameter formula, per-sample predictions) and would fail if the code broke it.
@@ -10,38 +11,25 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tinytasks import make_split
+from tinytasks import (
+    check_param_formula_equals_the_counts,
+    check_per_sample_predictions_ignore_order_and_batch_size,
+    ctx_for,
+    micro_harness_run,
+)
 
 from baselines.dualprompt import DualPrompt, DualPromptConfig
 from clbench.blocks import vit_block
-from clbench.config import make_strategy_config
 from clbench.errors import ClbenchError
-from clbench.harness import RunConfig, run
 from clbench.layers.prompts import prefix_attention, prefix_block
-from clbench.strategy import PER_SAMPLE, REFERENCE, Context, RunShape, Split, Task
+from clbench.strategy import PER_SAMPLE, REFERENCE, RunShape
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 
 DP_SMALL = DualPromptConfig(epochs=1, batch_size=8, eval_batch_size=4, e_prompt_layers="2,3", pool_size=4)
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def tasks(backbone) -> list[Task]:
-    first = make_split(backbone, [0, 1], 6, seed=1)
-    second = make_split(backbone, [2, 3, 4], 6, seed=2)  # unequal task sizes for the parameter formula
-    return [Task(0, [0, 1], 2, first), Task(1, [2, 3, 4], 5, second)]
-
-
-@pytest.fixture(scope="module")
-def test_split(backbone) -> Split:
-    return make_split(backbone, [0, 1, 2, 3, 4], 3, seed=3)
-
-
-def ctx_for(backbone) -> Context:
-    return Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=7, log=lambda s: None)
-
-
 @pytest.fixture(scope="module")
 def trained_dp(backbone, tasks) -> DualPrompt:
     strategy = DualPrompt(DP_SMALL, ctx_for(backbone))
@@ -57,22 +45,7 @@ def test_per_sample_predictions_do_not_depend_on_order_or_batch_size(trained_dp,
     feats = test_split.features
     aim_keys(strategy, feats, [0, 14])
     assert len(set(strategy.select(feats, batchwise=False).tolist())) > 1
-    full = strategy.predict(test_split, PER_SAMPLE)
-    assert full.shape == (len(test_split), 5) and torch.isfinite(full).all()
-    rows = [7, 0, 11, 3, 5, 14, 2]  # another order and other neighbours in every batch
-    part = strategy.predict(test_split.subset(rows), PER_SAMPLE)
-    cfg = strategy.cfg
-    try:
-        strategy.cfg = replace(cfg, eval_batch_size=1)
-        single = strategy.predict(test_split.subset(rows), PER_SAMPLE)
-        strategy.cfg = replace(cfg, eval_batch_size=100)
-        whole = strategy.predict(test_split, PER_SAMPLE)
-    finally:
-        strategy.cfg = cfg
-    for got in (part, single, whole[rows]):
-        assert torch.allclose(got, full[rows], atol=1e-5, rtol=1e-5)
-        assert torch.equal(got.argmax(1), full[rows].argmax(1))
-    assert torch.equal(strategy.predict(test_split, PER_SAMPLE), full)  # nothing changed across calls
+    check_per_sample_predictions_ignore_order_and_batch_size(strategy, test_split, n_classes=5)
 
 
 # ----------------------------------------------------------------------------------------------- DualPrompt
@@ -197,12 +170,7 @@ def test_dualprompt_config_rejects_bad_layers():
 @pytest.mark.parametrize("method", ["dualprompt"])
 def test_param_formula_equals_the_counts_of_a_real_run(trained_dp, backbone, tasks, method):
     strategy = trained_dp
-    d, depth = backbone.num_features, len(backbone.model.blocks)
-    formula = type(strategy).param_formula(strategy.cfg, d, depth, [len(t.classes) for t in tasks])
-    counts = strategy.param_counts()
-    assert formula.added_per_task == counts.added_per_task
-    assert formula.trainable_per_task == counts.trainable_per_task
-    assert formula.head == counts.head
+    counts = check_param_formula_equals_the_counts(strategy, backbone, tasks)
     used = sum(p.numel() for p in (strategy.prompts.g, strategy.prompts.keys[:2], strategy.prompts.e[:2]))
     assert sum(counts.added_per_task) == used + counts.head
 
@@ -263,14 +231,6 @@ def test_cost_models_count_the_passes():
     assert DualPrompt.work(DualPromptConfig(epochs=3), shape).f == dp.f + 600  # augmented queries
 
 
-@pytest.mark.parametrize("cls", [DualPrompt])
-def test_profiles_are_valid_configs(cls):
-    for profile in ("quick", "ci"):
-        cfg = make_strategy_config(cls, profile, ())
-        assert cfg != cls.Config()
-    assert cls.profiles["quick"]["img_size"] == 112 and cls.profiles["ci"]["img_size"] == 56
-
-
 # ----------------------------------------------------------------------------------------------- harness
 @pytest.mark.full
 @pytest.mark.parametrize("method", ["dualprompt"])
@@ -278,55 +238,7 @@ def test_end_to_end_both_protocols_through_the_harness(tmp_path, method):
     """Full tier: the default tier carries DualPrompt through the harness with
     tests/test_contract.py::test_session_contract[dualprompt] and the reference protocol with
     test_dualprompt_reference_protocol_is_the_batch_vote."""
-    record = run(
-        RunConfig(
-            strategy=method,
-            bench="emoji",
-            backbone="vit_micro",
-            weights="random",
-            out=str(tmp_path / method),
-            init_cls=18,
-            increment=18,
-            device="cpu",
-            precision="fp32",
-            protocol="both",
-            overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64")),
-        )
-    )
-    assert record.complete and record.task_sizes == [18, 18]
+    record = micro_harness_run(tmp_path, method, "both")
     assert set(record.protocols) == {"per-sample", "reference"} and record.protocol_gap is not None
     diag = record.per_task[-1].diagnostics
     assert diag["reference_eval_batch_size"] == 64 and 0 <= diag["prompt_id_accuracy"] <= 100
-
-
-# ----------------------------------------------------------------------------------------------- real data
-MARGIN = {"dualprompt": 5}  # points of final accuracy the real backbone must add over random weights
-
-
-@pytest.mark.veryslow
-@pytest.mark.parametrize("method", ["dualprompt"])
-def test_quick_profile_beats_random_weights_on_the_embedded_benchmark(tmp_path, method):
-    from clbench.weights import sources as ow
-
-    try:
-        ow.offline_weights("vit_small_patch14_dinov2")
-    except ow.WeightsUnavailable as e:
-        pytest.skip(f"offline DINOv2 ViT-S/14 weights unavailable: {e}")
-    records = {
-        w: run(
-            RunConfig(
-                strategy=method,
-                profile="quick",
-                weights=w,
-                out=str(tmp_path / w),
-                precision="fp32",
-            )
-        )
-        for w in ("offline", "random")
-    }
-    real, rand = records["offline"], records["random"]
-    assert real.complete and real.img_size == 112 and len(real.acc_curve) == 6
-    assert real.last_acc > 3 * 100 / 36  # well above chance on 36 classes
-    # Measured (fp32, 2-core Xeon AVX512): DualPrompt 14.01 offline against 5.10 random (the random backbone's
-    # prompts send every image to one task's classes), so its margin is 5 points; MOS 39.81 against 2.76: 10.
-    assert real.last_acc > rand.last_acc + MARGIN[method], (real.last_acc, rand.last_acc)

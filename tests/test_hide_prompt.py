@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tinytasks import make_split
+from tinytasks import ctx_for
 
 from baselines.hide_prompt import (
     ClassStats,
@@ -25,9 +25,9 @@ from baselines.hide_prompt import (
     scheduled_lr,
 )
 from clbench.layers.prompts import pilot_kv_layout
-from clbench.strategy import PER_SAMPLE, REFERENCE, Context, RunShape, Split, Task
+from clbench.strategy import PER_SAMPLE, REFERENCE, RunShape
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 
 SMALL = HiDePromptConfig(
     epochs=2,
@@ -39,22 +39,6 @@ SMALL = HiDePromptConfig(
     ca_epochs=2,
     n_centroids=3,
 )
-
-
-@pytest.fixture(scope="module")
-def tasks(backbone) -> list[Task]:
-    first = make_split(backbone, [0, 1], 6, seed=1)
-    second = make_split(backbone, [2, 3, 4], 6, seed=2)  # unequal task sizes for the parameter formula
-    return [Task(0, [0, 1], 2, first), Task(1, [2, 3, 4], 5, second)]
-
-
-@pytest.fixture(scope="module")
-def test_split(backbone) -> Split:
-    return make_split(backbone, [0, 1, 2, 3, 4], 3, seed=3)
-
-
-def ctx_for(backbone) -> Context:
-    return Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=7, log=lambda s: None)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""L2P: mechanics on the tiny random ViT, end to end through the harness, and one slow real run.
+"""L2P: mechanics on the tiny random ViT and end to end through the harness; its profiles, refusal of a non-ViT
+backbone and one slow real run are in tests/test_method_profiles.py, shared with EASE.
 
 The clbench cache (``CLBENCH_CACHE``) is isolated per session by ``conftest.py``.
 
@@ -12,35 +13,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tinytasks import make_split
+from tinytasks import ctx_for, micro_harness_run
 
 from baselines.l2p import L2P, L2PConfig, PromptPool, select_prompts
 from clbench.backbones import state_digest
 from clbench.blocks import masked_cross_entropy, vit_forward_tokens, vit_inserted_position, vit_tokens
-from clbench.errors import ClbenchError
-from clbench.harness import RunConfig, make_strategy_config, run
-from clbench.strategy import PER_SAMPLE, REFERENCE, Context, Split, Task
+from clbench.strategy import PER_SAMPLE, REFERENCE
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 
 L2P_SMALL = L2PConfig(epochs=1, batch_size=8, eval_batch_size=4)
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def tasks(backbone) -> list[Task]:
-    first = make_split(backbone, [0, 1], 6, seed=1)
-    second = make_split(backbone, [2, 3], 6, seed=2)
-    return [Task(0, [0, 1], 2, first), Task(1, [2, 3], 4, second)]
-
-
-@pytest.fixture(scope="module")
-def test_split(backbone) -> Split:
-    return make_split(backbone, [0, 1, 2, 3], 3, seed=3)
-
-
-def ctx_for(backbone) -> Context:
-    return Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=7, log=lambda s: None)
+TASK_CLASSES = ([0, 1], [2, 3])  # two equal tasks: the classes of tinytasks' `tasks` and `test_split`
 
 
 # ----------------------------------------------------------------------------------------------- L2P
@@ -147,13 +133,6 @@ def test_configs_reject_bad_values_naming_the_field():
         L2PConfig(epochs=0)
 
 
-@pytest.mark.parametrize("cls", [L2P])
-def test_quick_profile_is_a_valid_config(cls):
-    cfg = make_strategy_config(cls, "quick", ())
-    assert cls.profiles["quick"]["img_size"] == 112
-    assert cfg != cls.Config()  # the default stays the reference profile
-
-
 # ----------------------------------------------------------------------------------------------- harness
 @pytest.mark.full
 @pytest.mark.parametrize("method,protocol", [("l2p", "both")])
@@ -161,50 +140,7 @@ def test_end_to_end_through_the_harness(tmp_path, method, protocol):
     """Full tier: the default tier carries L2P through the harness with
     tests/test_contract.py::test_session_contract[l2p] and the reference protocol with
     test_l2p_reference_protocol_with_batches_of_one_is_per_sample."""
-    record = run(
-        RunConfig(
-            strategy=method,
-            bench="emoji",
-            backbone="vit_micro",
-            weights="random",
-            out=str(tmp_path / method),
-            init_cls=18,
-            increment=18,
-            device="cpu",
-            precision="fp32",
-            protocol=protocol,
-            overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64")),
-        )
-    )
-    assert record.complete and record.task_sizes == [18, 18]
+    record = micro_harness_run(tmp_path, method, protocol)
     assert len(record.accuracy_matrix) == 2 and all(np.isfinite(record.acc_curve))
     assert set(record.protocols) == {"per-sample", "reference"} and record.protocol_gap is not None
     assert record.per_task[-1].diagnostics["reference_eval_batch_size"] == 64
-
-
-@pytest.mark.parametrize("method", ["l2p"])
-def test_non_vit_backbone_is_refused_with_a_clear_error(tmp_path, method):
-    with pytest.raises(ClbenchError, match="needs a ViT backbone"):
-        run(RunConfig(strategy=method, backbone="tf_efficientnet_lite0", weights="random", out=str(tmp_path / "x")))
-
-
-@pytest.mark.veryslow
-@pytest.mark.parametrize("method", ["l2p"])
-def test_quick_profile_on_the_embedded_benchmark_with_the_offline_vit(tmp_path, method):
-    from clbench.weights import sources as ow
-
-    try:  # converted once into the clbench cache, as in test_real.py
-        ow.offline_weights("vit_small_patch14_dinov2")
-    except ow.WeightsUnavailable as e:
-        pytest.skip(f"offline DINOv2 ViT-S/14 weights unavailable: {e}")
-    record = run(
-        RunConfig(
-            strategy=method,
-            profile="quick",
-            weights="offline",
-            out=str(tmp_path / method),
-            protocol="both",
-        )
-    )
-    assert record.complete and record.img_size == 112 and len(record.acc_curve) == 6
-    assert record.last_acc > 3 * 100 / 36  # well above chance on 36 classes

@@ -1,4 +1,5 @@
-"""MOS: mechanics on the tiny random ViT, the reference protocol, and one veryslow real run.
+"""MOS: mechanics on the tiny random ViT and the reference protocol; its profiles and one veryslow real run are in
+tests/test_method_profiles.py, shared with DualPrompt.
 
 Every test states an invariant from the paper / PILOT code (merging formula, frozen stored sets, self-refinement,
 parameter formula, per-sample predictions) and would fail if the code broke it.
@@ -11,39 +12,27 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from tinytasks import make_split
+from tinytasks import (
+    check_param_formula_equals_the_counts,
+    check_per_sample_predictions_ignore_order_and_batch_size,
+    ctx_for,
+    make_split,
+    micro_harness_run,
+)
 
 from baselines.mos import MOS, MOSConfig, drifting, merge_toward, self_refine
 from clbench.backbones import state_digest
-from clbench.config import make_strategy_config
 from clbench.errors import ClbenchError
-from clbench.harness import RunConfig, run
 from clbench.layers.adapters import AdapterSet
 from clbench.layers.prompts import orth_loss
-from clbench.strategy import PER_SAMPLE, REFERENCE, Context, RunShape, Split, Task
+from clbench.strategy import PER_SAMPLE, REFERENCE, RunShape, Task
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 
 MOS_SMALL = MOSConfig(epochs=1, batch_size=8, eval_batch_size=4, ca_epochs=2)
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def tasks(backbone) -> list[Task]:
-    first = make_split(backbone, [0, 1], 6, seed=1)
-    second = make_split(backbone, [2, 3, 4], 6, seed=2)  # unequal task sizes for the parameter formula
-    return [Task(0, [0, 1], 2, first), Task(1, [2, 3, 4], 5, second)]
-
-
-@pytest.fixture(scope="module")
-def test_split(backbone) -> Split:
-    return make_split(backbone, [0, 1, 2, 3, 4], 3, seed=3)
-
-
-def ctx_for(backbone) -> Context:
-    return Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=7, log=lambda s: None)
-
-
 @pytest.fixture(scope="module")
 def trained_mos(backbone, tasks) -> MOS:
     strategy = MOS(MOS_SMALL, ctx_for(backbone))
@@ -148,22 +137,7 @@ def test_self_refinement_follows_the_head_until_the_task_is_stable():
 @pytest.mark.parametrize("method", ["mos"])
 def test_per_sample_predictions_do_not_depend_on_order_or_batch_size(trained_mos, test_split, method):
     strategy = trained_mos
-    full = strategy.predict(test_split, PER_SAMPLE)
-    assert full.shape == (len(test_split), 5) and torch.isfinite(full).all()
-    rows = [7, 0, 11, 3, 5, 14, 2]  # another order and other neighbours in every batch
-    part = strategy.predict(test_split.subset(rows), PER_SAMPLE)
-    cfg = strategy.cfg
-    try:
-        strategy.cfg = replace(cfg, eval_batch_size=1)
-        single = strategy.predict(test_split.subset(rows), PER_SAMPLE)
-        strategy.cfg = replace(cfg, eval_batch_size=100)
-        whole = strategy.predict(test_split, PER_SAMPLE)
-    finally:
-        strategy.cfg = cfg
-    for got in (part, single, whole[rows]):
-        assert torch.allclose(got, full[rows], atol=1e-5, rtol=1e-5)
-        assert torch.equal(got.argmax(1), full[rows].argmax(1))
-    assert torch.equal(strategy.predict(test_split, PER_SAMPLE), full)  # nothing changed across calls
+    check_per_sample_predictions_ignore_order_and_batch_size(strategy, test_split, n_classes=5)
 
 
 def test_mos_reference_protocol_drifts_its_own_copies_per_batch(backbone, tasks, test_split):
@@ -244,12 +218,8 @@ def test_mos_refuses_a_class_with_one_training_image(backbone):
 @pytest.mark.parametrize("method", ["mos"])
 def test_param_formula_equals_the_counts_of_a_real_run(trained_mos, backbone, tasks, method):
     strategy = trained_mos
+    counts = check_param_formula_equals_the_counts(strategy, backbone, tasks)
     d, depth = backbone.num_features, len(backbone.model.blocks)
-    formula = type(strategy).param_formula(strategy.cfg, d, depth, [len(t.classes) for t in tasks])
-    counts = strategy.param_counts()
-    assert formula.added_per_task == counts.added_per_task
-    assert formula.trainable_per_task == counts.trainable_per_task
-    assert formula.head == counts.head
     assert counts.extra["adapter_params_per_task"] == depth * (2 * d * 16 + 16 + d)
     stats = counts.extra["class_statistics_params"]
     assert stats == 5 * (d + d * d)
@@ -261,14 +231,6 @@ def test_cost_models_count_the_passes():
     assert mos.b == 600 and mos.f == 2 * 200 + 2 * (10 * 1 + 20 * 2) and mos.f_cacheable == 0
 
 
-@pytest.mark.parametrize("cls", [MOS])
-def test_profiles_are_valid_configs(cls):
-    for profile in ("quick", "ci"):
-        cfg = make_strategy_config(cls, profile, ())
-        assert cfg != cls.Config()
-    assert cls.profiles["quick"]["img_size"] == 112 and cls.profiles["ci"]["img_size"] == 56
-
-
 # ----------------------------------------------------------------------------------------------- harness
 @pytest.mark.full
 @pytest.mark.parametrize("method", ["mos"])
@@ -276,56 +238,8 @@ def test_end_to_end_both_protocols_through_the_harness(tmp_path, method):
     """Full tier: the default tier carries MOS through the harness with
     tests/test_contract.py::test_session_contract[mos] and both protocols with
     test_mos_reference_protocol_drifts_its_own_copies_per_batch."""
-    record = run(
-        RunConfig(
-            strategy=method,
-            bench="emoji",
-            backbone="vit_micro",
-            weights="random",
-            out=str(tmp_path / method),
-            init_cls=18,
-            increment=18,
-            device="cpu",
-            precision="fp32",
-            protocol="both",
-            overrides=(("epochs", "1"), ("batch_size", "64"), ("eval_batch_size", "64")),
-        )
-    )
-    assert record.complete and record.task_sizes == [18, 18]
+    record = micro_harness_run(tmp_path, method, "both")
     assert set(record.protocols) == {"per-sample", "reference"} and record.protocol_gap is not None
     diag = record.per_task[-1].diagnostics
     assert diag["backbone_passes_per_image"] == 2 and len(diag["reference_set_drift_l2"]) == 2
     assert diag["reference_set_drift_l2"][0] == 0.0 and diag["reference_set_drift_l2"][1] > 0
-
-
-# ----------------------------------------------------------------------------------------------- real data
-MARGIN = {"mos": 10}  # points of final accuracy the real backbone must add over random weights
-
-
-@pytest.mark.veryslow
-@pytest.mark.parametrize("method", ["mos"])
-def test_quick_profile_beats_random_weights_on_the_embedded_benchmark(tmp_path, method):
-    from clbench.weights import sources as ow
-
-    try:
-        ow.offline_weights("vit_small_patch14_dinov2")
-    except ow.WeightsUnavailable as e:
-        pytest.skip(f"offline DINOv2 ViT-S/14 weights unavailable: {e}")
-    records = {
-        w: run(
-            RunConfig(
-                strategy=method,
-                profile="quick",
-                weights=w,
-                out=str(tmp_path / w),
-                precision="fp32",
-            )
-        )
-        for w in ("offline", "random")
-    }
-    real, rand = records["offline"], records["random"]
-    assert real.complete and real.img_size == 112 and len(real.acc_curve) == 6
-    assert real.last_acc > 3 * 100 / 36  # well above chance on 36 classes
-    # Measured (fp32, 2-core Xeon AVX512): DualPrompt 14.01 offline against 5.10 random (the random backbone's
-    # prompts send every image to one task's classes), so its margin is 5 points; MOS 39.81 against 2.76: 10.
-    assert real.last_acc > rand.last_acc + MARGIN[method], (real.last_acc, rand.last_acc)
