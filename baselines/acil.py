@@ -64,17 +64,15 @@ Deviations from the paper / reference code:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from clbench.config import CI_INPUT
+from baselines.cards.acil import PROFILES, ACILConfig
 from clbench.errors import ClbenchError
 from clbench.layers.analytic import (
-    SOLVERS,
     AnalyticRidge,
     RecursiveRidge,
     check_memory,
@@ -86,29 +84,6 @@ from clbench.scenario import new_class_count
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 
-@dataclass(frozen=True)
-class ACILConfig:
-    """Defaults: ``config.py`` of the reference (its argparse defaults, which the README's commands keep)."""
-
-    M: int = 8192  # buffer size, --buffer-size 8192 (README: CIFAR-100; 16384 on ImageNet-1k)
-    gamma: float = 0.1  # --gamma 0.1 (README: "On both CIFAR-100 and ImageNet-1k, gamma is 0.1")
-    il_batch_size: int = 4096  # --IL-batch-size 4096 in every README command; memory only for ACIL
-    eval_batch_size: int = 4096  # rows per prediction block (the README's IL batch size); memory only
-    solver: str = "auto"  # clbench: the dual form while it is the cheaper form; "recursive": the reference's
-
-    def __post_init__(self) -> None:
-        if self.solver not in SOLVERS:
-            raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {self.solver!r}")
-        if self.M < 1:
-            raise ValueError(f"M must be >= 1, got {self.M}")
-        if not self.gamma > 0:
-            raise ValueError(f"gamma must be > 0 (R starts at I / gamma), got {self.gamma}")
-        if self.il_batch_size < 1:
-            raise ValueError(f"il_batch_size must be >= 1, got {self.il_batch_size}")
-        if self.eval_batch_size < 1:
-            raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
-
-
 class ACIL(Strategy[ACILConfig]):
     name = "acil"
     embedding = "ACIL's buffer layer ReLU(f W_b)"
@@ -118,9 +93,7 @@ class ACIL(Strategy[ACILConfig]):
     scenarios = ("class", "domain")
     Config = ACILConfig
     state_types = (AnalyticRidge, RecursiveRidge)
-    # ``ci``: the regression gate's run: the embedded benchmark at 56 px (the shared CI feature cache), the
-    # reference's gamma and a buffer of 2048 (one 2048 x 2048 float64 R, so the run takes about a second).
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {"ci": {**CI_INPUT, "M": 2048}}
+    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/acil.py
 
     def __init__(self, config: ACILConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -56,16 +56,15 @@ Deviations from the reference code:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from baselines.cards.inflora import PROFILES, InfLoRAConfig
 from clbench.blocks import check_vit_blocks, optimizer_step, vit_tokens
-from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.lora import (
     KVLoRA,
@@ -78,32 +77,6 @@ from clbench.layers.lora import (
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 EVAL_BATCH = 64  # evaluation batch (speed only: rows do not depend on it)
-
-
-@dataclass(frozen=True)
-class InfLoRAConfig:
-    """Defaults: ``configs/cifar100_inflora.json`` (CIFAR-100 B0 Inc10)."""
-
-    rank: int = 10  # "rank"
-    lr: float = 0.0005  # "init_lr" = "lrate" (Adam)
-    weight_decay: float = 0.0  # "init_weight_decay" = "weight_decay"
-    epochs: int = 20  # "init_epoch" = "epochs"
-    batch_size: int = 128  # "batch_size"
-    lamb: float = 0.95  # "lamb": the memory threshold at the first task
-    lame: float = 1.0  # "lame": the threshold it moves towards
-    total_sessions: int = 10  # "total_sessions": the threshold schedule's denominator
-
-    def __post_init__(self) -> None:
-        for name in ("rank", "epochs", "batch_size", "total_sessions"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
-        if not self.weight_decay >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        for name in ("lamb", "lame"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
 
 
 def reference_cosine(lr: float, epoch: int, epochs: int) -> float:
@@ -144,17 +117,7 @@ class InfLoRA(Strategy[InfLoRAConfig]):
     Config = InfLoRAConfig
     state_types = (KVLoRA, TaskHeads)
     needs_vit = True
-    # ``ci``: the regression gate's run: the embedded benchmark at 56 px, 3 tasks of 12 classes, the first 8 training
-    # images of each class, 4 epochs at lr 0.005 and batch 32 (3 steps an epoch; at the reference's batch 128 a task
-    # of 96 images is one step an epoch). Measured (fp32, 2 cores at load ~9-17): loss 4.16 -> 1.73 on task 0,
-    # A_T 19.5, task-aware 34.4; CPU 176 s. Old tasks' images go to later heads: the per-task heads are trained
-    # apart (cross-entropy within a head), so nothing ties their logit levels together, as in the reference.
-    # ``reference``: the reference's CIFAR-100 budget (its defaults, stated); ``reference-imr``: its ImageNet-R one.
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {
-        "ci": {**CI_SHAPE, "epochs": 4, "train_per_class": 8, "lr": 0.005, "batch_size": 32},
-        "reference": {"epochs": 20, "batch_size": 128, "lr": 0.0005, "rank": 10, "lamb": 0.95, "lame": 1.0},
-        "reference-imr": {"epochs": 50, "batch_size": 128, "lr": 0.0005, "rank": 10, "lamb": 0.98, "lame": 1.0},
-    }
+    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/inflora.py
 
     def __init__(self, config: InfLoRAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -56,14 +56,13 @@ Deviations from the paper / reference code:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from baselines.cards.l2p import PROFILES, L2PConfig
 from clbench.blocks import (
     check_vit_blocks,
     masked_cross_entropy,
@@ -72,7 +71,6 @@ from clbench.blocks import (
     vit_inserted_position,
     vit_tokens,
 )
-from clbench.config import CI_SHAPE
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import eval_batch, key_similarity, select_prompts, training_query
 from clbench.strategy import (
@@ -86,39 +84,6 @@ from clbench.strategy import (
     Task,
     Work,
 )
-
-
-@dataclass(frozen=True)
-class L2PConfig:
-    """Defaults: PILOT ``exps/l2p.json`` (CIFAR-100 B0 Inc10)."""
-
-    pool_size: int = 10  # "size": prompts in the pool (M)
-    prompt_length: int = 5  # "length": tokens per prompt (L)
-    top_k: int = 5  # "top_k": prompts chosen per image (k)
-    lr: float = 0.001875  # "init_lr" = 0.03 * 16 / 256 (the paper's 0.03 scaled to PILOT's batch 16)
-    weight_decay: float = 0.0  # "weight_decay": 0
-    epochs: int = 5  # "tuned_epoch"
-    batch_size: int = 16  # "batch_size" (training)
-    eval_batch_size: int = 16  # PILOT's test loader reuses "batch_size": the batches of the 'reference' protocol
-    pull_coeff: float = 0.1  # "pull_constraint_coeff" (with "pull_constraint": true)
-    train_selection: Literal["batchwise", "per-sample"] = "batchwise"  # "batchwise_prompt": true, also in training
-    query: Literal["augmented", "cached"] = "augmented"  # PromptVitNet: original backbone on the augmented batch
-
-    def __post_init__(self) -> None:
-        for name in ("pool_size", "prompt_length", "top_k", "epochs", "batch_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.top_k > self.pool_size:
-            raise ValueError(f"top_k ({self.top_k}) must be <= pool_size ({self.pool_size})")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
-        for name in ("weight_decay", "pull_coeff"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.train_selection not in ("batchwise", "per-sample"):
-            raise ValueError(f"train_selection must be 'batchwise' or 'per-sample', got {self.train_selection!r}")
-        if self.query not in ("augmented", "cached"):
-            raise ValueError(f"query must be 'augmented' or 'cached', got {self.query!r}")
 
 
 class PromptPool(nn.Module):
@@ -144,26 +109,7 @@ class L2P(Strategy):
     state_types = (PromptPool, LinearHead)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
-    # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
-    # 2 cores within 15 minutes: 112 px input (8x8 patches of 14 px; the emoji images are 64 px), the cached query
-    # (saves one backbone pass per training image) and 3 epochs instead of 5. Measured on one core at 112 px:
-    # ~67 ms CPU per training image, ~28 ms per test image and protocol, so ~12 CPU-minutes in all.
-    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
-    # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
-    # L2P runs 3 tasks of 12 classes (evaluation after each task costs one prompted ViT pass per seen test image and
-    # protocol) and learns from the first 8 training images of each class for 4 epochs at lr 0.01 (the ViT backward
-    # dominates: the same 32 image passes per class as 2 epochs of 16 images, in 24 steps; at the reference's lr
-    # 0.001875 the loss ended at 0.97 of its first epoch, now ~0.5: reports/gate/README.md).
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {
-        "quick": {"img_size": 112, "query": "cached", "epochs": 3},
-        "ci": {
-            **CI_SHAPE,
-            "query": "cached",
-            "epochs": 4,
-            "train_per_class": 8,
-            "lr": 0.01,
-        },
-    }
+    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/l2p.py
 
     def __init__(self, config: L2PConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -73,16 +73,15 @@ Deviations from the paper / reference code (sound behaviour by default, the refe
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from baselines.cards.mos import PROFILES, MOSConfig
 from clbench.blocks import (
     check_vit_blocks,
     class_means,
@@ -93,7 +92,6 @@ from clbench.blocks import (
     vit_forward_tokens,
     vit_tokens,
 )
-from clbench.config import CI_SHAPE
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
 from clbench.layers.heads import LinearHead
@@ -109,55 +107,6 @@ from clbench.strategy import (
     Task,
     Work,
 )
-
-
-@dataclass(frozen=True)
-class MOSConfig:
-    """Defaults: PILOT ``exps/mos.json`` (CIFAR-100 B0 Inc5) and the ``tuning_config`` of ``utils/inc_net.py``."""
-
-    bottleneck: int = 16  # "ffn_num": adapter bottleneck r
-    adapter_scale: float = 0.1  # tuning_config ffn_adapter_scalar "0.1"
-    adapter_dropout: float = 0.1  # backbone/vit_mos.py init_adapters: Adapter(dropout=0.1)
-    lr: float = 0.03  # "init_lr": adapter parameter group
-    head_lr_scale: float = 0.1  # models/mos.py get_optimizer: head group lr = 0.1 * init_lr
-    momentum: float = 0.9  # get_optimizer: SGD momentum 0.9
-    weight_decay: float = 5e-4  # "weight_decay" (both groups, and the alignment group)
-    min_lr: float = 0.0  # "min_lr": floor of the cosine schedule (stepped once per epoch)
-    epochs: int = 20  # "tuned_epoch" (every task)
-    batch_size: int = 48  # "batch_size" (training; alignment draws 5 * batch_size per class)
-    eval_batch_size: int = 48  # the test loader reuses "batch_size": the batches of the 'reference' protocol
-    reg: float = 0.1  # "reg": weight of the orthogonality term
-    orth_temperature: float = 0.8  # models/mos.py orth_loss: M M^T / 0.8 (hard-coded)
-    adapter_momentum: float = 0.1  # "adapter_momentum": m of the merge toward the previous sets' mean
-    ca_epochs: int = 30  # "crct_epochs": classifier alignment epochs (tasks >= 1)
-    ca_lr: float = 0.005  # "ca_lr"
-    ca_samples_scale: int = 5  # classifer_align: num_sampled_pcls = batch_size * 5
-    ca_storage: Literal["covariance", "variance"] = "covariance"  # "ca_storage_efficient_method"
-    cov_eps: float = 1e-4  # _compute_mean: cov + 1e-4 I
-    max_refine: int = 4  # _eval_cnn: MAX_ITER of the self-refinement loop
-    ensemble: bool = True  # "ensemble": add softmax((t+1) * prototype logits) to the refined softmax
-    reference_drift: bool = False  # True: PILOT's in-place merging in every forward (see module docstring)
-
-    def __post_init__(self) -> None:
-        for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size", "ca_samples_scale", "max_refine"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.ca_epochs < 0:
-            raise ValueError(f"ca_epochs must be >= 0, got {self.ca_epochs}")
-        for name in ("lr", "ca_lr", "orth_temperature", "head_lr_scale"):
-            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
-        if not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"min_lr must be in [0, lr], got {self.min_lr}")
-        if not 0 <= self.adapter_dropout < 1:
-            raise ValueError(f"adapter_dropout must be in [0, 1), got {self.adapter_dropout}")
-        if not 0 <= self.adapter_momentum <= 1:
-            raise ValueError(f"adapter_momentum must be in [0, 1], got {self.adapter_momentum}")
-        for name in ("momentum", "weight_decay", "reg", "adapter_scale", "cov_eps"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
-        if self.ca_storage not in ("covariance", "variance"):
-            raise ValueError(f"ca_storage must be 'covariance' or 'variance', got {self.ca_storage!r}")
 
 
 # ----------------------------------------------------------------------------------------------- merging
@@ -240,26 +189,7 @@ class MOS(Strategy):
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
     min_train_per_class = 2  # a class covariance needs 2 images
-    # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
-    # 2 cores within ~15 minutes: 112 px input, the first 32 training images of each class (about half), 2 epochs
-    # instead of 20 and 10 alignment epochs instead of 30 (head-only steps on sampled features). With EASE's
-    # measured unit costs at 112 px (~49 ms CPU per training image and step, ~21 ms per frozen pass): training
-    # ~115 s, class statistics and prototypes (one pass each per training image) ~50 s, evaluation ~300 s (t + 1
-    # passes per seen test image after task t: evaluation dominates), ~8 CPU-min.
-    # ``ci``: the regression gate's run: the embedded benchmark at 56 px, 3 tasks of 12 classes, the first 8
-    # training images of each class, 4 epochs of batches of 16 (the 32 image passes per class of 2 epochs of 16
-    # images, in 24 steps instead of 8: the loss falls to ~0.6-0.7 of its first epoch, reports/gate/README.md),
-    # 5 alignment epochs.
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {
-        "quick": {"img_size": 112, "epochs": 2, "ca_epochs": 10, "train_per_class": 32},
-        "ci": {
-            **CI_SHAPE,
-            "epochs": 4,
-            "ca_epochs": 5,
-            "train_per_class": 8,
-            "batch_size": 16,
-        },
-    }
+    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/mos.py
 
     def __init__(self, config: MOSConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -76,13 +76,12 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import psutil
 import torch
 
-from clbench.config import CI_INPUT
+from baselines.cards.randumb import PROFILES, RanDumbConfig
 from clbench.errors import ClbenchError
 from clbench.layers.lda import (
     F64,
@@ -96,21 +95,6 @@ from clbench.layers.lda import (
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 MEMORY_BATCH, MEMORY_CLASSES = 4096, 1000  # the task size and class count the memory check allows for
-
-
-@dataclass(frozen=True)
-class RanDumbConfig:
-    """Defaults: ``src/main.py`` ``parse_args`` and ``scripts/runall.sh``'s runs on pre-trained ViT features."""
-
-    embed: bool = True  # main.py embeds in every run (its branch tests --embed_mode 'RanDumb' only, never --embed)
-    M: int = 10000  # --embed_dim default: the random Fourier features' width
-    gamma: float = 0.0  # RBFSampler(gamma='scale'), written 0: 1 / (d Var(x)); > 0: that RBF gamma
-
-    def __post_init__(self) -> None:
-        if self.M < 1:
-            raise ValueError(f"M must be >= 1, got {self.M}")
-        if not self.gamma >= 0.0 or math.isinf(self.gamma):
-            raise ValueError(f"gamma must be a finite number >= 0 (0 = 'scale'), got {self.gamma}")
 
 
 def scale_gamma(x: torch.Tensor) -> float:
@@ -142,10 +126,7 @@ class RanDumb(Strategy[RanDumbConfig]):
     Config = RanDumbConfig
     state_types = (LDAStatistics,)
     min_train_per_class = 2  # a class's OAS covariance needs 2 images
-    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the whole embedded benchmark at 56 px (the
-    # shared CI feature cache) with M = 1,000 random Fourier features (runall.sh's smallest width) instead of
-    # 10,000: a few seconds on 2 cores instead of minutes.
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {"ci": {**CI_INPUT, "M": 1000}}
+    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/randumb.py
 
     def __init__(self, config: RanDumbConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -18,26 +18,17 @@ Deviations from the paper / reference code:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from baselines.cards.simplecil import PROFILES, SimpleCILConfig
 from clbench.blocks import CosineHead, class_means
-from clbench.config import CI_INPUT
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
-
-
-@dataclass(frozen=True)
-class SimpleCILConfig:
-    """SimpleCIL has no hyperparameters beyond the backbone; kept for the uniform --set interface."""
 
 
 class SimpleCIL(Strategy):
     name = "simplecil"
     Config = SimpleCILConfig
-    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
-    # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
-    profiles = {"ci": dict(CI_INPUT)}
+    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/simplecil.py
     # domain scenario: a class's prototype is its mean over every domain seen so far (a running mean)
     scenarios = ("class", "domain")
     gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too

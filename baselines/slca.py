@@ -58,56 +58,17 @@ Deviations from the reference code:
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from baselines.cards.slca import PROFILES, SLCAConfig
 from clbench.blocks import cosine_lr, optimizer_step
-from clbench.config import CI_SHAPE
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 COV_RIDGE = 1e-4  # torch.eye(d) * 1e-4 added to each class covariance (_compute_class_mean)
-
-
-@dataclass(frozen=True)
-class SLCAConfig:
-    """Defaults: the authors' ``models/slca.py`` globals and ``exps/slca/slca_cifar.json`` (CIFAR-100 B0 Inc10)."""
-
-    lr: float = 0.01  # "lrate": the head's learning rate (and the alignment's)
-    backbone_lr_scale: float = 0.01  # "bcb_lrscale": the ViT learns at lr * 0.01 (the Slow Learner)
-    momentum: float = 0.9  # optim.SGD(momentum=0.9), both stages
-    weight_decay: float = 5e-4  # "weight_decay", every group of both stages
-    epochs: int = 20  # "epochs"
-    batch_size: int = 128  # "batch_size" (the authors'; PILOT's exps/slca.json: 64)
-    milestone: int = 18  # "milestones": [18] (MultiStepLR, per epoch; 0: no decay)
-    lr_decay: float = 0.1  # "lrate_decay"
-    ca_epochs: int = 5  # "ca_epochs" (the authors'; PILOT: 3)
-    ca_lr: float = 0.01  # the alignment's SGD lr ("lrate")
-    ca_samples: int = 256  # num_sampled_pcls: features drawn per class and alignment epoch (also the batch)
-    logit_norm: float = 0.1  # "ca_with_logit_norm" (0: plain cross-entropy)
-    ca_task_index: Literal["exact", "reference"] = "exact"  # the reference's c // task_size behind "reference"
-    keep_aligned: bool = False  # False: the reference's fc.recall(), the next task trains from the pre-alignment head
-    eval_batch_size: int = 128  # batches of evaluation and statistics passes (speed only)
-
-    def __post_init__(self) -> None:
-        for name in ("batch_size", "ca_samples", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("epochs", "ca_epochs", "milestone"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("lr", "ca_lr"):
-            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
-        for name in ("backbone_lr_scale", "momentum", "weight_decay", "lr_decay", "logit_norm"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)}")
-        if self.ca_task_index not in ("exact", "reference"):
-            raise ValueError(f"ca_task_index must be 'exact' or 'reference', got {self.ca_task_index!r}")
 
 
 class TaskHeads(nn.Module):
@@ -169,34 +130,7 @@ class SLCA(Strategy[SLCAConfig]):
     needs_vit = True
     fine_tunes_backbone = True
     min_train_per_class = 2  # a class covariance
-    # ``ci``: the regression gate's run on the embedded benchmark at 56 px (CI_SHAPE: 3 tasks of 12 classes), the
-    # first 8 training images per class, 4 epochs of batch 16 (24 full fine-tuning steps per task) at the reference's
-    # learning rates (head 0.01, ViT 1e-4; at 0.05 / 5e-4 the loss diverged: 13.8 then 51.4), 2 alignment epochs of
-    # 64 draws per class (head-only steps). Measured (/tmp/slca-ci, 2 cores at load ~16): the loss falls in every
-    # task (3.50 -> 3.02, 2.56 -> 2.08, 2.70 -> 1.96), the ViT moves by ~4e-3 of its norm per task, 221 CPU-s in all.
-    # ``reference``: the authors' budget, written out (= the defaults).
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {
-        "ci": {
-            **CI_SHAPE,
-            "train_per_class": 8,
-            "epochs": 4,
-            "batch_size": 16,
-            "milestone": 0,
-            "ca_epochs": 2,
-            "ca_samples": 64,
-        },
-        "reference": {
-            "epochs": 20,
-            "batch_size": 128,
-            "lr": 0.01,
-            "backbone_lr_scale": 0.01,
-            "milestone": 18,
-            "lr_decay": 0.1,
-            "ca_epochs": 5,
-            "ca_samples": 256,
-            "logit_norm": 0.1,
-        },
-    }
+    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/slca.py
 
     def __init__(self, config: SLCAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -43,12 +43,11 @@ Deviations from the paper / reference code:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import torch
 
-from clbench.config import CI_INPUT
+from baselines.cards.slda import PROFILES, SLDAConfig
 from clbench.layers.lda import (
     F64,
     GROWTH_SHAPES,
@@ -63,21 +62,6 @@ from clbench.scenario import new_class_count
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 
-@dataclass(frozen=True)
-class SLDAConfig:
-    """Defaults: Avalanche ``StreamingLDA.__init__``."""
-
-    shrinkage: float = 1e-4  # shrinkage_param=1e-4: Sigma -> (1 - eps) Sigma + eps I before the inverse
-    streaming_update_sigma: bool = True  # streaming_update_sigma=True: the covariance keeps learning (plastic)
-    sigma_update: Literal["exact", "reference"] = "exact"  # "reference": fit()'s update (see the deviations)
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.shrinkage <= 1.0:
-            raise ValueError(f"shrinkage must be in [0, 1], got {self.shrinkage}")
-        if self.sigma_update not in ("exact", "reference"):
-            raise ValueError(f"sigma_update must be 'exact' or 'reference', got {self.sigma_update!r}")
-
-
 class SLDA(Strategy[SLDAConfig]):
     name = "slda"
     # domain scenario: a streaming method by definition (Hayes and Kanan update every class mean and the shared
@@ -85,9 +69,7 @@ class SLDA(Strategy[SLDAConfig]):
     scenarios = ("class", "domain")
     Config = SLDAConfig
     state_types = (LDAStatistics,)
-    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the whole embedded benchmark at 56 px (the
-    # shared CI feature cache), the reference's defaults; it runs in about a second on cached features.
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {"ci": {**CI_INPUT}}
+    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/slda.py
 
     def __init__(self, config: SLDAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

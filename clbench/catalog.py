@@ -26,24 +26,56 @@ from clbench.registry import Registry
 if TYPE_CHECKING:  # types only: this module stays torch-free
     from clbench.strategy import Strategy
 
+
+@dataclass(frozen=True)
+class MethodCard:
+    """What is read of a method without loading it: its name, its settings class (defaults and checks) and its named
+    profiles. Each built-in method declares one in a torch-free module (``baselines/cards/NAME.py``,
+    ``tosca/card.py``) that its strategy class takes ``Config`` and ``profiles`` from, so that reports, the gate's
+    labels and ``clbench list`` read settings without torch; a plug-in's is read from its class (:func:`card`)."""
+
+    name: str
+    Config: type[Any]  # a frozen dataclass (its defaults are the reference's)
+    profiles: dict[str, dict[str, Any]]
+
+
 STRATEGIES: Registry[type[Strategy[Any]]] = Registry("strategy")
-STRATEGIES.register_lazy("simplecil", "baselines.simplecil:SimpleCIL")
-STRATEGIES.register_lazy("l2p", "baselines.l2p:L2P")
-STRATEGIES.register_lazy("ease", "baselines.ease:EASE")
-STRATEGIES.register_lazy("tosca", "tosca.strategy:TOSCA")
-STRATEGIES.register_lazy("mos", "baselines.mos:MOS")
-STRATEGIES.register_lazy("dualprompt", "baselines.dualprompt:DualPrompt")
-STRATEGIES.register_lazy("ranpac", "baselines.ranpac:RanPAC")
-STRATEGIES.register_lazy("aper", "baselines.aper:APER")
-STRATEGIES.register_lazy("slda", "baselines.slda:SLDA")
-STRATEGIES.register_lazy("randumb", "baselines.randumb:RanDumb")
-STRATEGIES.register_lazy("fecam", "baselines.fecam:FeCAM")
-STRATEGIES.register_lazy("acil", "baselines.acil:ACIL")
-STRATEGIES.register_lazy("dsal", "baselines.dsal:DSAL")
-STRATEGIES.register_lazy("hide_prompt", "baselines.hide_prompt:HiDePrompt")
-STRATEGIES.register_lazy("slca", "baselines.slca:SLCA")
-STRATEGIES.register_lazy("inflora", "baselines.inflora:InfLoRA")
-STRATEGIES.register_lazy("coda_prompt", "baselines.coda_prompt:CodaPrompt")
+CARDS: Registry[MethodCard] = Registry("method card")
+
+
+def _method(name: str, strategy: str, card: str) -> None:
+    STRATEGIES.register_lazy(name, strategy)
+    CARDS.register_lazy(name, f"{card}:CARD")
+
+
+_method("simplecil", "baselines.simplecil:SimpleCIL", "baselines.cards.simplecil")
+_method("l2p", "baselines.l2p:L2P", "baselines.cards.l2p")
+_method("ease", "baselines.ease:EASE", "baselines.cards.ease")
+_method("tosca", "tosca.strategy:TOSCA", "tosca.card")
+_method("mos", "baselines.mos:MOS", "baselines.cards.mos")
+_method("dualprompt", "baselines.dualprompt:DualPrompt", "baselines.cards.dualprompt")
+_method("ranpac", "baselines.ranpac:RanPAC", "baselines.cards.ranpac")
+_method("aper", "baselines.aper:APER", "baselines.cards.aper")
+_method("slda", "baselines.slda:SLDA", "baselines.cards.slda")
+_method("randumb", "baselines.randumb:RanDumb", "baselines.cards.randumb")
+_method("fecam", "baselines.fecam:FeCAM", "baselines.cards.fecam")
+_method("acil", "baselines.acil:ACIL", "baselines.cards.acil")
+_method("dsal", "baselines.dsal:DSAL", "baselines.cards.dsal")
+_method("hide_prompt", "baselines.hide_prompt:HiDePrompt", "baselines.cards.hide_prompt")
+_method("slca", "baselines.slca:SLCA", "baselines.cards.slca")
+_method("inflora", "baselines.inflora:InfLoRA", "baselines.cards.inflora")
+_method("coda_prompt", "baselines.coda_prompt:CodaPrompt", "baselines.cards.coda_prompt")
+
+
+def card(name: str) -> MethodCard:
+    """The method card of strategy ``name``: its declared one (torch-free), or a plug-in's read from its class
+    (which imports the plug-in). ClbenchError for a name not registered."""
+    if name in CARDS:
+        return CARDS.get(name)
+    cls = STRATEGIES.get(name)
+    return MethodCard(cls.name, cls.Config, dict(cls.profiles))
+
+
 # How each strategy appears in reports and figures: its name as printed and one colour, the same in every figure
 # and every report, so that a reader learns them once (Okabe-Ito's colour-blind-safe colours first, then tab20's).
 # A strategy not listed (a plug-in) prints under its registered name and takes a colour from the name's digest.

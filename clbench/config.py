@@ -35,7 +35,6 @@ from clbench.errors import ClbenchError, setting
 if TYPE_CHECKING:  # never imported at run time: this module stays free of torch
     from _typeshed import DataclassInstance
 
-    from clbench.strategy import Strategy
 
 PROTOCOL_CHOICES = ("per-sample", "reference", "both")
 # class: each task brings new classes; domain: each task brings every class of the benchmark in a new domain
@@ -60,7 +59,20 @@ CI_SHAPE: dict[str, int] = {**CI_INPUT, "init_cls": 12, "increment": 12}
 CI_FIRST_SESSION: dict[str, int | float] = {**CI_SHAPE, "epochs": 4, "train_per_class": 8, "batch_size": 16, "lr": 0.5}
 
 
-def run_level(strategy_cls: type[Strategy[Any]], profile: str | None, cfg_value: int | None, key: str) -> int | None:
+class HasSettings(typing.Protocol):
+    """What settings code reads of a method: a strategy class, or its torch-free card (clbench.catalog.MethodCard)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def Config(self) -> type[DataclassInstance]: ...  # noqa: N802 (the contract's attribute name)
+
+    @property
+    def profiles(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+def run_level(strategy_cls: HasSettings, profile: str | None, cfg_value: int | None, key: str) -> int | None:
     """The run setting ``key``: the explicit value when given (0 included), else the profile's, else None."""
     if cfg_value is not None:
         return cfg_value
@@ -93,7 +105,7 @@ class _Setting:
     spells it otherwise than ``--`` plus the name with dashes, its flag. Each kind's ``check(value: Any)`` takes
     whatever it is given: refusing the wrong types is its job."""
 
-    name: str  # the RunConfig field: filled from the field (settings_of), or the table key (SWEEP_SETTINGS)
+    name: str  # the field of RunConfig (or of another declaration, e.g. clbench.sweep.settings): filled by settings_of
     flag: str | None
 
     def error(self, message: str) -> ClbenchError:
@@ -221,14 +233,16 @@ class Alias:
 @dataclass(frozen=True)
 class Cli:
     """How a :class:`RunConfig` field is spelt on the command line; :func:`add_run_flags` makes the flag from it,
-    its type and its default. ``help`` may show the default as ``%(default)s``."""
+    its type and its default. ``help`` may show the default as ``%(default)s``. The flag is ``--`` and the name with
+    dashes, or the spelling the field's check declares (its ``flag``)."""
 
     help: str
     run_only: bool = False  # a `clbench run` flag only (`clbench sweep` declares its own spelling, or has none)
     metavar: str | None = None
     choices: tuple[str, ...] | None = None  # refused by the parser itself (else by the field's check)
-    off: str | None = None  # a bool on by default: the flag that turns it off (default: --no-NAME)
+    off: str | None = None  # a bool on by default: its one flag, which turns it off (default: --NAME and --no-NAME)
     aliases: tuple[Alias, ...] = ()
+    group: str | None = None  # the help section that lists the flag (None: the command's options)
 
 
 def run_field(default: Any, check: Number | Choice | Text | Flag | None, cli: Cli | None) -> Any:
@@ -446,8 +460,10 @@ def _flag_cli(f: dataclasses.Field[Any]) -> Cli:
 
 def add_run_flags(parser: Any, command: str, cls: type | None = None) -> None:
     """Add to the argparse ``parser`` of ``clbench COMMAND`` a flag per :class:`RunConfig` field it takes
-    (:func:`flag_fields`): ``--`` and the name with dashes, typed from the field's annotation, its default the
-    field's. Bad values are refused by the field's check when the RunConfig is built (the message names the flag)."""
+    (:func:`flag_fields`): ``--`` and the name with dashes (or its check's ``flag``), typed from the field's
+    annotation, its default the field's; a tuple field is a repeatable flag. Bad values are refused by the field's
+    check when the RunConfig is built (the message names the flag). ``cls``: another declaration of the same kind
+    (a subclass, or a command's own settings such as :class:`clbench.sweep.settings.Resources`)."""
     import argparse
 
     cls = cls or RunConfig
@@ -456,27 +472,37 @@ def add_run_flags(parser: Any, command: str, cls: type | None = None) -> None:
     names = flag_fields(command, cls)
     for name in sorted(names, key=lambda n: not _flag_cli(fields[n]).run_only):  # the command's own settings first
         f, cli = fields[name], _flag_cli(fields[name])
-        flag = "--" + name.replace("_", "-")
+        check = f.metadata.get("check")
+        flag = (check.flag if check is not None else None) or "--" + name.replace("_", "-")
         default = None if f.default is dataclasses.MISSING else f.default
         typ = hints[name]
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         base = args[0] if typing.get_origin(typ) in (typing.Union, types.UnionType) and len(args) == 1 else typ
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"dest": name, "help": cli.help}
         if cli.metavar:
             extra["metavar"] = cli.metavar
-        if base is bool and default is None:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=cli.help, **extra)
+        to = argument_group(parser, cli.group)
+        if base is bool and (default is None or (default and cli.off is None)):
+            to.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, **extra)
         elif base is bool and default:
-            parser.add_argument(
-                cli.off or "--no-" + name.replace("_", "-"), dest=name, action="store_false", help=cli.help
-            )
+            to.add_argument(cli.off or "--no-" + name.replace("_", "-"), action="store_false", **extra)
         elif base is bool:
-            parser.add_argument(flag, action="store_true", help=cli.help)
+            to.add_argument(flag, action="store_true", **extra)
+        elif typing.get_origin(base) is tuple:  # repeatable: each use adds an item
+            to.add_argument(flag, action="append", default=list(default or ()), **extra)
         else:
             kind = base if base in (int, float) else None
-            parser.add_argument(flag, type=kind, default=default, choices=cli.choices, help=cli.help, **extra)
+            to.add_argument(flag, type=kind, default=default, choices=cli.choices, **extra)
         for alias in cli.aliases:
-            parser.add_argument(alias.flag, dest=name, action="store_const", const=alias.value, help=alias.help)
+            to.add_argument(alias.flag, dest=name, action="store_const", const=alias.value, help=alias.help)
+
+
+def argument_group(parser: Any, title: str | None) -> Any:
+    """The argparse group titled ``title`` of ``parser``, made on first use; None: the parser itself."""
+    if title is None:
+        return parser
+    existing = [g for g in parser._action_groups if g.title == title]  # argparse lists its groups nowhere public
+    return existing[0] if existing else parser.add_argument_group(title)
 
 
 # ----------------------------------------------------------------------------------------------- same run?
@@ -630,7 +656,7 @@ def _convert(value: str, typ: Any, key: str) -> Any:  # Any: typ is any field an
 
 
 def make_strategy_config(
-    strategy_cls: type[Strategy[Any]], profile: str | None, overrides: tuple[tuple[str, str], ...]
+    strategy_cls: HasSettings, profile: str | None, overrides: tuple[tuple[str, str], ...]
 ) -> DataclassInstance:
     """The strategy's config dataclass with a named profile and ``--set`` overrides applied and validated."""
     config_cls = strategy_cls.Config
@@ -662,32 +688,3 @@ def make_strategy_config(
         return config_cls(**values)
     except (ValueError, TypeError, OverflowError) as e:
         raise ClbenchError(f"invalid {strategy_cls.name} setting: {e}") from None
-
-
-# ----------------------------------------------------------------------------------------------- sweep resources
-SWEEP_SETTINGS: dict[str, Number] = {  # names filled from the keys below
-    "jobs": Number(int, 1, 4096, optional=True, meaning="runs at once", default_hint="leave {s} out for the default"),
-    "cpus_per_run": Number(
-        int,
-        1,
-        4096,
-        optional=True,
-        meaning="CPUs per run",
-        default_hint="leave {s} out for the default",
-    ),
-    "gpus_per_run": Number(float, 0, 64, optional=True, meaning="GPUs per run"),
-    "memory_per_run_gb": Number(
-        float,
-        0,
-        1 << 20,
-        optional=True,
-        low_open=True,
-        meaning="the memory reserved per run, in GB",
-        flag="--memory-per-run",
-        default_hint="leave {s} out to reserve none",
-    ),
-    "retries": Number(int, 0, 100, meaning="the times a crashed run is started again"),
-    "ray_timeout": Number(float, 0, 3600, low_open=True, meaning="the seconds to wait for a Ray cluster"),
-}
-
-SWEEP_SETTINGS = {k: dataclasses.replace(v, name=k) for k, v in SWEEP_SETTINGS.items()}

@@ -296,7 +296,7 @@ def read(path: str, command: str, sub: argparse.ArgumentParser, data: dict[str, 
 
 
 def _check_sections(path: str, sections: dict[str, list[tuple[str, str]]], run: Sequence[str]) -> None:
-    from clbench.catalog import STRATEGIES
+    from clbench.catalog import card
 
     for name, pairs in sections.items():
         if name not in run:
@@ -305,7 +305,7 @@ def _check_sections(path: str, sections: dict[str, list[tuple[str, str]]], run: 
                 f"(it runs {', '.join(run) or 'none'})",
                 f"remove the {name}: section, or add {name} to the strategies run",
             )
-        config_cls = STRATEGIES.get(name).Config
+        config_cls = card(name).Config  # the method's card: its settings without loading it
         fields = sorted(f.name for f in dataclasses.fields(config_cls))
         hints = typing.get_type_hints(config_cls)
         for key, value in pairs:

@@ -44,11 +44,10 @@ import torch.nn.functional as F
 
 from clbench.errors import ClbenchError
 from clbench.registry import Registry
-from clbench.routing_diagnostics import ModuleChoices
+from clbench.routing_diagnostics import ModuleChoices, collapse_warning
 
 SHRINKAGE = 0.1  # weight of the scaled identity in a shrunk covariance: (1 - a) S + a tr(S)/d I
 TEMPERATURE_GRID = torch.logspace(-2, 2, 401, dtype=torch.float64)  # tau from 0.01 to 100, 1 % steps
-COLLAPSE_RATIO, COLLAPSE_POINTS = 2.0, 25.0  # a module is flagged above 2x its task's share and 25 points over it
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -291,24 +290,6 @@ def parse_names(text: str, setting: str) -> tuple[str, ...]:
 
 
 # ----------------------------------------------------------------------------------------------- diagnostics
-def collapse_warning(choice: np.ndarray, task_id: np.ndarray, n_modules: int, router: str) -> str | None:
-    """A message when one module receives far more than its task's share of the images (whichever module it is):
-    above ``COLLAPSE_RATIO`` times its task's share and ``COLLAPSE_POINTS`` points over it. None otherwise."""
-    if n_modules < 2 or len(choice) == 0:
-        return None
-    share = np.bincount(choice, minlength=n_modules) / len(choice) * 100
-    expected = np.bincount(task_id, minlength=n_modules)[:n_modules] / len(task_id) * 100
-    excess = share - expected
-    j = int(np.argmax(excess))
-    if share[j] >= COLLAPSE_RATIO * expected[j] and excess[j] >= COLLAPSE_POINTS:
-        which = "the newest module" if j == n_modules - 1 else f"module {j + 1} of {n_modules}"
-        return (
-            f"{router} routing sends {share[j]:.0f}% of test images to {which} "
-            f"(its task holds {expected[j]:.0f}% of them)"
-        )
-    return None
-
-
 def routing_summary(
     choice: torch.Tensor, all_logits: torch.Tensor, labels: np.ndarray, task_id: np.ndarray, router: str
 ) -> ModuleChoices:

@@ -21,12 +21,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from clbench.errors import ClbenchError
 
 Json = dict[str, Any]
 SCHEMA_VERSION = 1
 VERSION_KEY = "routing_schema"
 _FIX = "rerun it with this clbench, or leave the run out"
+COLLAPSE_RATIO, COLLAPSE_POINTS = 2.0, 25.0  # a module is flagged above 2x its task's share and 25 points over it
 
 
 @dataclass(frozen=True)
@@ -177,3 +180,21 @@ def read_routing(diagnostics: Json, where: str = "diagnostics") -> RoutingDiagno
         **{n: diagnostics.get(n) for n, _, _ in _TOP_FIELDS},
         schema_version=version,
     )
+
+
+def collapse_warning(choice: np.ndarray, task_id: np.ndarray, n_modules: int, router: str) -> str | None:
+    """A message when one module receives far more than its task's share of the images (whichever module it is):
+    above ``COLLAPSE_RATIO`` times its task's share and ``COLLAPSE_POINTS`` points over it. None otherwise."""
+    if n_modules < 2 or len(choice) == 0:
+        return None
+    share = np.bincount(choice, minlength=n_modules) / len(choice) * 100
+    expected = np.bincount(task_id, minlength=n_modules)[:n_modules] / len(task_id) * 100
+    excess = share - expected
+    j = int(np.argmax(excess))
+    if share[j] >= COLLAPSE_RATIO * expected[j] and excess[j] >= COLLAPSE_POINTS:
+        which = "the newest module" if j == n_modules - 1 else f"module {j + 1} of {n_modules}"
+        return (
+            f"{router} routing sends {share[j]:.0f}% of test images to {which} "
+            f"(its task holds {expected[j]:.0f}% of them)"
+        )
+    return None

@@ -157,12 +157,15 @@ def test_the_import_graph_has_no_cycle():
 
 def method_of(files: dict[str, Path]) -> dict[str, str]:
     """Module -> the method it belongs to, read from the files: every module of ``baselines/`` but its ``__init__``
-    is one method; a method package (a top-level package other than ``clbench`` and ``baselines``, e.g. ``tosca``)
-    is one method with all its modules."""
+    is one method, and ``baselines/cards/NAME.py`` (its card) belongs to ``baselines/NAME.py``; a method package (a
+    top-level package other than ``clbench`` and ``baselines``, e.g. ``tosca``) is one method with all its
+    modules."""
     out = {}
     for module in files:
         package, _, rest = module.partition(".")
-        if package == "baselines" and rest:
+        if package == "baselines" and rest.startswith("cards."):
+            out[module] = "baselines." + rest.removeprefix("cards.")
+        elif package == "baselines" and rest and rest != "cards":
             out[module] = module
         elif package not in ("clbench", "baselines"):
             out[module] = package
@@ -200,6 +203,9 @@ def test_the_method_import_check_finds_one(tmp_path):
         "baselines/__init__.py": "",
         "baselines/a.py": "from clbench import layers\nimport torch\n",
         "baselines/b.py": "def f():\n    from baselines.a import g\n",
+        "baselines/cards/__init__.py": "",
+        "baselines/cards/a.py": "",
+        "baselines/cards/b.py": "from baselines.cards.a import ACONFIG\n",
         "tosca/__init__.py": "",
         "tosca/luca.py": "",
         "tosca/strategy.py": "from tosca.luca import LuCA\nfrom baselines import a\n",
@@ -210,6 +216,7 @@ def test_the_method_import_check_finds_one(tmp_path):
     graph = import_graph(tmp_path)
     assert cross_method_imports(graph, method_of(module_files(tmp_path))) == [
         "baselines.b (line 2) -> baselines.a",
+        "baselines.cards.b (line 1) -> baselines.cards.a",  # a card is its method's: another method's card is not
         "tosca.strategy (line 2) -> baselines.a",
     ]
 

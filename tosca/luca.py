@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tosca.card import VARIANTS
+
 Variant = Literal["luca", "adapter", "calibrator", "tosca_r"]
-VARIANTS: tuple[str, ...] = ("luca", "adapter", "calibrator", "tosca_r")
 
 
 class LuCA(nn.Module):

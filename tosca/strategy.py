@@ -44,8 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,10 +61,8 @@ from clbench.blocks import (
     optimizer_step,
     torch_threads,
 )
-from clbench.config import CI_INPUT
-from clbench.errors import ClbenchError
 from clbench.layers.adapters import adapter_set_size
-from clbench.routers import ROUTERS, RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
+from clbench.routers import RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
 from clbench.routers import route as apply_router
 from clbench.routing_diagnostics import ModuleChoices, RoutingDiagnostics
 from clbench.strategy import (
@@ -79,56 +76,12 @@ from clbench.strategy import (
     Task,
     Work,
 )
-from tosca.luca import VARIANTS, LuCA, stacked_forward
+from tosca.card import PROFILES, TOSCAConfig
+from tosca.luca import LuCA, stacked_forward
 
 # EASE's adapter bottleneck ("ffn_num" in its reference config, baselines/ease.py): the record compares one EASE
 # adapter set with one TOSCA module on the same backbone (a method does not import another method)
 EASE_BOTTLENECK = 64
-
-
-@dataclass(frozen=True)
-class TOSCAConfig:
-    ratio: int = 16  # bottleneck r = d / ratio (paper: r = 48 for d = 768)
-    variant: Literal["luca", "adapter", "calibrator", "tosca_r"] = "luca"  # paper's best: adapter then calibrator
-    l1: float = 5e-4  # weight of sum |p| over the task's module (reference args["l1"])
-    lr: float = 0.025  # SGD learning rate (reference config)
-    momentum: float = 0.9  # SGD momentum (reference get_optimizer)
-    weight_decay: float = 0.0  # reference config
-    epochs: int = 20  # reference config
-    batch_size: int = 48  # reference config
-    eta_min: float = 1e-8  # cosine schedule floor (reference get_scheduler)
-    train_mode: Literal["cached", "augment"] = "cached"  # clbench default: cached features (see docstring)
-    ref_eval_batch: int = 48  # reference test-loader batch for the ``reference`` protocol
-    eval_batch: int = 4096  # per-sample evaluation chunk (any value gives identical predictions)
-    router: str = "entropy"  # per-sample module choice (clbench.routers); the paper's rule is entropy
-    routers: str = ""  # more routers to evaluate from the same run, comma-separated (diagnostics only)
-
-    def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}")
-        if self.train_mode not in ("cached", "augment"):
-            raise ValueError("train_mode must be 'cached' or 'augment'")
-        for name in ("ratio", "epochs", "batch_size", "ref_eval_batch", "eval_batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        if self.epochs > 10_000:
-            raise ValueError("epochs must be <= 10000")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError("lr must be a positive finite number")
-        if self.l1 < 0:
-            raise ValueError("l1 must be >= 0")
-        parse_names(self.router, "router")
-        parse_names(self.routers, "routers")
-        if ROUTERS.get(self.router).needs_task_id:
-            raise ClbenchError(
-                f"--set router={self.router}: that rule reads each test image's true task, a bound and not a method",
-                f"evaluate it beside the method with --set routers={self.router}",
-            )
-
-    @property
-    def study_routers(self) -> tuple[str, ...]:
-        """The routers recorded in diagnostics: the run's own, those asked for, and the oracle bound."""
-        return tuple(dict.fromkeys((self.router, *parse_names(self.routers, "routers"), "oracle")))
 
 
 def route_per_sample(all_logits: torch.Tensor) -> torch.Tensor:
@@ -165,11 +118,7 @@ class TOSCA(Strategy):
     # task in the class scenario
     scenarios = ("class", "domain")
     gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {
-        "ci": dict(CI_INPUT),
-        "ci-augment": {**CI_INPUT, "train_mode": "augment", "epochs": 2, "batch_size": 16, "lr": 0.1},
-        "augment": {"train_mode": "augment"},
-    }
+    profiles = PROFILES  # named profiles and their cost notes: tosca/card.py
     projection_profiles = ("augment",)
 
     def __init__(self, config: TOSCAConfig, ctx: Context) -> None:

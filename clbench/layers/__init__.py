@@ -10,6 +10,8 @@ another method file, they import from here (or from :mod:`clbench.blocks`) inste
   :class:`clbench.blocks.CosineHead`.
 - :mod:`clbench.layers.analytic`: the frozen random expansion with ReLU, the float64 ridge solve over accumulated
   statistics and the recursive least-squares (analytic) classifier, with their memory estimates (RanPAC, ACIL, DS-AL).
+- :mod:`clbench.layers.checks`: settings checks and choices several methods' configs share (torch-free: the method
+  cards in ``baselines/cards/`` import it).
 - :mod:`clbench.layers.lda`: streaming linear discriminant analysis: running class means, one shared covariance
   (per-sample or per-class OAS updates), shrinkage and the solve to a linear head (SLDA, RanDumb).
 """

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from clbench.errors import ClbenchError
+from clbench.layers.checks import SOLVERS
 
 
 def relu_projection(f: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -153,9 +154,6 @@ class RecursiveRidge:
     def __call__(self, X: torch.Tensor) -> torch.Tensor:
         """Logits X W: (N, M) -> (N, C) float64."""
         return X.double() @ self.W
-
-
-SOLVERS = ("auto", "recursive")
 
 
 def dual_flops(rows: int, n: int, M: int) -> float:

@@ -25,23 +25,6 @@ from clbench.layers.adapters import AdapterSet
 from clbench.strategy import Context, Split, Task
 
 
-def check_first_session_fields(cfg: Any, nonnegative: tuple[str, ...] = ()) -> None:
-    """Cross-field checks shared by the adapter configs (APER, RanPAC, EASE); ``nonnegative``: the config's own
-    further fields that must be finite numbers >= 0. Raises ``ValueError`` naming the field."""
-    for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
-        raise ValueError(f"lr must be a positive number, got {cfg.lr}")
-    if not 0 <= cfg.min_lr <= cfg.lr:
-        raise ValueError(f"min_lr must be in [0, lr], got {cfg.min_lr}")
-    if not 0 <= cfg.adapter_dropout < 1:
-        raise ValueError(f"adapter_dropout must be in [0, 1), got {cfg.adapter_dropout}")
-    for name in ("momentum", "weight_decay", "adapter_scale", *nonnegative):
-        if not (getattr(cfg, name) >= 0 and math.isfinite(getattr(cfg, name))):
-            raise ValueError(f"{name} must be a finite number >= 0, got {getattr(cfg, name)}")
-
-
 def adapted_cls(model: nn.Module, images: torch.Tensor, adapters: AdapterSet, ctx: Context) -> torch.Tensor:
     """(B, d) float32 [CLS] pre-logits feature of the frozen ViT with one adapter per block."""
     with ctx.autocast():

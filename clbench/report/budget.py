@@ -106,15 +106,15 @@ def differing_settings(records: Sequence[RunRecord]) -> dict[str, list[str]]:
 
 def _marks(record: RunRecord) -> dict[str, dict[str, Any]]:
     """Budget of the strategy's ``quick`` profile and of its default config, where the strategy is registered."""
-    from clbench.catalog import STRATEGIES
+    from clbench.catalog import MethodCard, card
     from clbench.config import make_strategy_config, run_level
 
-    def budget(cls: Any, profile: str | None) -> dict[str, Any]:  # cls: the registered strategy class
+    def budget(cls: MethodCard, profile: str | None) -> dict[str, Any]:
         k = run_level(cls, profile, None, "train_per_class")
         return budget_of(trained_settings(asdict(make_strategy_config(cls, profile, ())), k))
 
     try:
-        cls = STRATEGIES.get(record.strategy)
+        cls = card(record.strategy)  # the method's settings without loading it (or torch)
         out = {REFERENCE: budget(cls, None)}
         if QUICK in cls.profiles:
             out[QUICK] = budget(cls, QUICK)

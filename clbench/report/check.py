@@ -239,12 +239,10 @@ def gate_plan(out: Path) -> list[list[str]]:
 
 
 def _registered_ci_profiles() -> dict[str, list[str]]:
-    from clbench.catalog import STRATEGIES
+    from clbench.catalog import STRATEGIES, card
 
     return {
-        name: [
-            p for p in STRATEGIES.get(name).profiles if p == CI_PROFILE_PREFIX or p.startswith(CI_PROFILE_PREFIX + "-")
-        ]
+        name: [p for p in card(name).profiles if p == CI_PROFILE_PREFIX or p.startswith(CI_PROFILE_PREFIX + "-")]
         for name in STRATEGIES.names()
     }
 
@@ -256,13 +254,11 @@ def settings_differences(strategy: str, want: dict[str, Any], got: dict[str, Any
     default, and differ)."""
     import dataclasses
 
-    from clbench.catalog import STRATEGIES
+    from clbench.catalog import card
 
     try:
         defaults = {
-            f.name: f.default
-            for f in dataclasses.fields(STRATEGIES.get(strategy).Config)
-            if f.default is not dataclasses.MISSING
+            f.name: f.default for f in dataclasses.fields(card(strategy).Config) if f.default is not dataclasses.MISSING
         }
     except ClbenchError:
         defaults = {}

@@ -400,11 +400,11 @@ def changed_settings(record: RunRecord) -> list[str] | None:
     profile applied); None when the strategy is not registered here."""
     from dataclasses import asdict
 
-    from clbench.catalog import STRATEGIES
+    from clbench.catalog import card
     from clbench.config import make_strategy_config, run_level
 
     try:
-        cls = STRATEGIES.get(record.strategy)
+        cls = card(record.strategy)  # the method's card: its settings without loading it (or torch)
         defaults = asdict(make_strategy_config(cls, record.profile, ()))
         defaults["train_per_class"] = run_level(cls, record.profile, None, "train_per_class")
     except Exception:  # an unknown strategy or profile, or a settings class that changed since the record

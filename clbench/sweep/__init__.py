@@ -34,24 +34,62 @@ Ray), :mod:`~clbench.sweep.runner` (submit, collect, the overhead), :mod:`~clben
 its type, its one reader and writer) and :mod:`~clbench.sweep.summary`.
 """
 
-from clbench.sweep.backends import BACKENDS, LocalBackend, RayBackend, Resources
-from clbench.sweep.plan import (
-    ATTEMPT_FILE,
-    LOG_FILE,
-    SWEEP_FILE,
-    PlannedRun,
-    SweepSpec,
-    check_folders,
-    inspect,
-    make_plan,
-    parse_data_roots,
-    parse_list,
-    parse_scoped_override,
-    parse_seeds,
-)
-from clbench.sweep.runner import SweepView, overhead, run_sweep
-from clbench.sweep.summary import write_summary
-from clbench.sweep.worker import execute, execution_independent
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for type checkers; at run time each name is imported from its part when first used
+    from clbench.sweep.backends import BACKENDS, LocalBackend, RayBackend, Resources
+    from clbench.sweep.plan import (
+        ATTEMPT_FILE,
+        LOG_FILE,
+        SWEEP_FILE,
+        PlannedRun,
+        SweepSpec,
+        check_folders,
+        inspect,
+        make_plan,
+        parse_data_roots,
+        parse_list,
+        parse_scoped_override,
+        parse_seeds,
+    )
+    from clbench.sweep.runner import SweepView, overhead, run_sweep
+    from clbench.sweep.summary import write_summary
+    from clbench.sweep.worker import execute, execution_independent
+
+# name -> the part that defines it: imported on first use (PEP 562), so that reading a sweep's plan (a report's study
+# file) does not import the worker's run loop, and with it torch
+_PARTS = {
+    "BACKENDS": "backends",
+    "LocalBackend": "backends",
+    "RayBackend": "backends",
+    "Resources": "backends",
+    "ATTEMPT_FILE": "plan",
+    "LOG_FILE": "plan",
+    "SWEEP_FILE": "plan",
+    "PlannedRun": "plan",
+    "SweepSpec": "plan",
+    "check_folders": "plan",
+    "inspect": "plan",
+    "make_plan": "plan",
+    "parse_data_roots": "plan",
+    "parse_list": "plan",
+    "parse_scoped_override": "plan",
+    "parse_seeds": "plan",
+    "SweepView": "runner",
+    "overhead": "runner",
+    "run_sweep": "runner",
+    "write_summary": "summary",
+    "execute": "worker",
+    "execution_independent": "worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PARTS:
+        return getattr(importlib.import_module(f"clbench.sweep.{_PARTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ATTEMPT_FILE",

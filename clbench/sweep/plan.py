@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench.config import RunConfig, split_list
+from clbench.config import RunConfig, fingerprint, split_list
 from clbench.errors import ClbenchError
 from clbench.results import RunRecord
 
@@ -109,22 +109,22 @@ def parse_data_roots(values: Sequence[str], benches: Sequence[str]) -> dict[str 
     return roots
 
 
-def make_plan(spec: SweepSpec) -> list[PlannedRun]:
-    """Every run of the sweep, each checked (names, settings) before anything is loaded."""
-    from clbench.catalog import STRATEGIES
-    from clbench.harness import resolve
+def make_plan(spec: SweepSpec, check: bool = True) -> list[PlannedRun]:
+    """Every run of the sweep, each checked (names, settings) before anything is loaded. ``check=False``: the runs
+    and their fingerprints only, from the methods' cards (what a report reads of a study file: no method, no torch)."""
+    from clbench.catalog import BACKBONES, BENCHMARKS, card
 
     for scope, key, _ in spec.overrides:
         if scope is not None and scope not in spec.strategies:
             raise ClbenchError(
                 f"--set {scope}.{key}: {scope!r} is not one of the sweep's strategies ({', '.join(spec.strategies)})"
             )
-    if spec.profile is not None and not any(spec.profile in STRATEGIES.get(s).profiles for s in spec.strategies):
+    if spec.profile is not None and not any(spec.profile in card(s).profiles for s in spec.strategies):
         raise ClbenchError(f"--profile {spec.profile}: none of {', '.join(spec.strategies)} has that profile")
     plan = []
     for bench in spec.benches:
         for strategy in spec.strategies:
-            cls = STRATEGIES.get(strategy)
+            cls = card(strategy)
             overrides = tuple((k, v) for scope, k, v in spec.overrides if scope in (None, strategy))
             profile = spec.profile if spec.profile in cls.profiles else None
             for value in spec.seeds:
@@ -141,6 +141,13 @@ def make_plan(spec: SweepSpec) -> list[PlannedRun]:
                     out=str(spec.out / "runs" / run_id),
                     **settings,
                 )
+                if not check:
+                    spec_bench = BENCHMARKS.get(bench)
+                    backbone = BACKBONES.check(spec_bench.backbone if cfg.backbone is None else cfg.backbone)
+                    plan.append(PlannedRun(run_id, cfg, fingerprint(cfg, backbone)))
+                    continue
+                from clbench.harness import resolve
+
                 try:
                     resolved = resolve(cfg)
                 except ClbenchError as e:

@@ -1,0 +1,78 @@
+"""CodaPrompt's card: its settings (:class:`CodaPromptConfig`, the defaults its reference uses) and its named profiles,
+torch-free, so that reports, the gate and the CLI read them without loading the method
+(``baselines/coda_prompt.py``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from clbench.catalog import MethodCard
+from clbench.config import CI_SHAPE
+
+
+@dataclass(frozen=True)
+class CodaPromptConfig:
+    """Defaults: the authors' ``configs/cifar-100_prompt.yaml`` + ``experiments/cifar-100.sh`` (= PILOT
+    ``exps/coda_prompt.json``)."""
+
+    components_per_task: int = 10  # prompt_param[0] / tasks: 100 components over 10 tasks
+    prompt_length: int = 8  # prompt_param[1]: L / 2 prefix keys and L / 2 prefix values
+    ortho_mu: float = 0.0  # prompt_param[2]: weight of the orthogonality penalty
+    prompt_layers: str = "0,1,2,3,4"  # CodaPrompt.e_layers
+    lr: float = 0.001  # "lr" (Adam, betas (0.9, 0.999) = "momentum" 0.9)
+    weight_decay: float = 0.0  # "weight_decay"
+    epochs: int = 20  # "schedule": [20]
+    batch_size: int = 128  # "batch_size"
+    schedule: Literal["cosine", "constant"] = "cosine"  # "schedule_type": cosine (the reference's CosineSchedule)
+    query: Literal["augmented", "cached"] = "augmented"  # ViTZoo.forward: frozen pass on the augmented batch
+
+    def __post_init__(self) -> None:
+        for name in ("components_per_task", "epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prompt_length < 2 or self.prompt_length % 2:
+            raise ValueError(f"prompt_length must be an even number >= 2, got {self.prompt_length}")
+        if not self.layers:
+            raise ValueError("prompt_layers must name at least one block")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+        for name in ("weight_decay", "ortho_mu"):
+            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
+                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+        if self.query not in ("augmented", "cached"):
+            raise ValueError(f"query must be 'augmented' or 'cached', got {self.query!r}")
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        try:
+            layers = tuple(int(part) for part in str(self.prompt_layers).split(",") if part.strip())
+        except ValueError:
+            raise ValueError(
+                f"prompt_layers must be comma-separated block indices, got {self.prompt_layers!r}"
+            ) from None
+        if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
+            raise ValueError(f"prompt_layers must be distinct block indices >= 0, got {self.prompt_layers!r}")
+        return layers
+
+
+# ``quick``: the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on 2 CPU
+# cores: 112 px, 2 epochs, batch 32 (the reference's 128 gives ~4 steps per epoch on a ~390-image task),
+# cached training query, 16 components per task (int(100 / 6)). ``ci``: the gate's run: 56 px, 3 tasks of 12
+# classes, the first 16 training images of each class, 2 epochs of batch 32 (6 steps per epoch), cached
+# training query (one backbone pass less per step; the tests train with the augmented one).
+PROFILES: dict[str, dict[str, Any]] = {
+    "quick": {"img_size": 112, "epochs": 2, "batch_size": 32, "query": "cached", "components_per_task": 16},
+    "ci": {
+        **CI_SHAPE,
+        "epochs": 2,
+        "batch_size": 32,
+        "train_per_class": 16,
+        "components_per_task": 16,
+        "query": "cached",
+    },
+}
+CARD = MethodCard("coda_prompt", CodaPromptConfig, PROFILES)

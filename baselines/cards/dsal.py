@@ -1,0 +1,51 @@
+"""DSAL's card: its settings (:class:`DSALConfig`, the defaults its reference uses) and its named profiles, torch-free,
+so that reports, the gate and the CLI read them without loading the method (``baselines/dsal.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from clbench.catalog import MethodCard
+from clbench.config import CI_INPUT
+from clbench.layers.checks import SOLVERS
+
+
+@dataclass(frozen=True)
+class DSALConfig:
+    """Defaults: ``config.py`` of the reference (its argparse defaults) and ``DSAL.__init__``."""
+
+    M: int = 8192  # buffer size, --buffer-size / --expansion-size 8192 (README: CIFAR-100; 16384 on ImageNet-1k)
+    gamma: float = 0.1  # --gamma / --gamma-main 0.1: the main stream's regularisation
+    gamma_comp: float = 0.1  # --gamma-comp 0.1: the compensation stream's regularisation
+    compensation_ratio: float = 1.0  # -C / --compensation-ratio 1 (README: 0.6 CIFAR-100, 1.5 ImageNet-1k)
+    residue: Literal["task", "batch"] = "task"  # "task": the paper; "batch": the reference's per-IL-batch residue
+    il_batch_size: int = 4096  # --IL-batch-size 4096 in every README command
+    eval_batch_size: int = 4096  # rows per prediction block; memory only
+    solver: str = "auto"  # clbench: the dual form while it is the cheaper form; "recursive": the reference's
+
+    def __post_init__(self) -> None:
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {self.solver!r}")
+        if self.M < 1:
+            raise ValueError(f"M must be >= 1, got {self.M}")
+        if not self.gamma > 0:
+            raise ValueError(f"gamma must be > 0 (R starts at I / gamma), got {self.gamma}")
+        if not self.gamma_comp > 0:
+            raise ValueError(f"gamma_comp must be > 0 (R starts at I / gamma_comp), got {self.gamma_comp}")
+        if not np.isfinite(self.compensation_ratio):
+            raise ValueError(f"compensation_ratio must be finite, got {self.compensation_ratio}")
+        if self.residue not in ("task", "batch"):
+            raise ValueError(f"residue must be 'task' or 'batch', got {self.residue!r}")
+        if self.il_batch_size < 1:
+            raise ValueError(f"il_batch_size must be >= 1, got {self.il_batch_size}")
+        if self.eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+
+
+# ``ci``: the regression gate's run: the embedded benchmark at 56 px (the shared CI feature cache), the
+# reference's gammas and C, and a buffer of 2048 (two 2048 x 2048 float64 R, so the run takes a few seconds).
+PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT, "M": 2048}}
+CARD = MethodCard("dsal", DSALConfig, PROFILES)

@@ -1,0 +1,42 @@
+"""FeCAM's card: its settings (:class:`FeCAMConfig`, the defaults its reference uses) and its named profiles,
+torch-free, so that reports, the gate and the CLI read them without loading the method (``baselines/fecam.py``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from clbench.catalog import MethodCard
+from clbench.config import CI_INPUT
+
+
+@dataclass(frozen=True)
+class FeCAMConfig:
+    """Defaults: the authors' ``FeCAM_vit_cifar100.py`` (frozen ViT-B/16 IN-21k, CIFAR-100 B10 Inc10)."""
+
+    alpha1: float = 1.0  # FeCAM_vit_cifar100.py shrink_cov: alpha1 = 1 (x the mean variance, on the diagonal)
+    alpha2: float = 0.0  # FeCAM_vit_cifar100.py shrink_cov: alpha2 = 0 (x the mean covariance, off the diagonal)
+    norm_cov: bool = True  # FeCAM_vit_cifar100.py normalize_cov; exps/FeCAM_cifar100.json "norm_cov": true
+    tukey: bool = False  # the ViT scripts transform nothing; exps/FeCAM_cifar100.json "tukey": true (ResNet)
+    beta: float = 0.5  # exps/FeCAM_cifar100.json "beta": 0.5 (models/base.py _tukeys_transform; 0 = log)
+    rule: Literal["authors", "pilot"] = "authors"  # "pilot": PILOT models/fecam.py replace_fc's covariance rule
+    pilot_alpha: float = 100.0  # PILOT models/fecam.py: self.alpha = 100 (rule="pilot" only)
+
+    def __post_init__(self) -> None:
+        if self.rule not in ("authors", "pilot"):
+            raise ValueError(f"rule must be 'authors' or 'pilot', got {self.rule!r}")
+        for name in ("alpha1", "alpha2", "pilot_alpha"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if not (math.isfinite(self.beta) and self.beta >= 0):
+            raise ValueError(f"beta must be a finite number >= 0, got {self.beta}")
+        if self.tukey and self.rule == "pilot":
+            raise ValueError("tukey: PILOT's rule has no Tukey transform (use rule='authors' with tukey=true)")
+
+
+# ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (the
+# shared CI feature cache), all 6 tasks and every training image: nothing is trained, the run takes seconds.
+PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT}}
+CARD = MethodCard("fecam", FeCAMConfig, PROFILES)

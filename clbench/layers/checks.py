@@ -1,0 +1,39 @@
+"""Settings checks and choices that several methods' configs share. Torch-free on purpose: the method cards
+(``baselines/cards/``, ``tosca/card.py``: each method's settings class and profiles) import it, and reports, the gate
+and the CLI read those cards without loading a method or torch."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+SOLVERS = ("auto", "recursive")  # the analytic heads' solver choices (clbench.layers.analytic: ACIL, DS-AL)
+
+
+def check_first_session_fields(cfg: Any, nonnegative: tuple[str, ...] = ()) -> None:
+    """Cross-field checks shared by the adapter configs (APER, RanPAC, EASE); ``nonnegative``: the config's own
+    further fields that must be finite numbers >= 0. Raises ``ValueError`` naming the field."""
+    for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
+        raise ValueError(f"lr must be a positive number, got {cfg.lr}")
+    if not 0 <= cfg.min_lr <= cfg.lr:
+        raise ValueError(f"min_lr must be in [0, lr], got {cfg.min_lr}")
+    if not 0 <= cfg.adapter_dropout < 1:
+        raise ValueError(f"adapter_dropout must be in [0, 1), got {cfg.adapter_dropout}")
+    for name in ("momentum", "weight_decay", "adapter_scale", *nonnegative):
+        if not (getattr(cfg, name) >= 0 and math.isfinite(getattr(cfg, name))):
+            raise ValueError(f"{name} must be a finite number >= 0, got {getattr(cfg, name)}")
+
+
+def block_list(spec: str, name: str) -> tuple[int, ...]:
+    """'0,1' -> (0, 1); empty -> (); distinct indices >= 0, else ValueError naming the field (the prompt methods'
+    block lists: DualPrompt, HiDe-Prompt)."""
+    try:
+        layers = tuple(int(part) for part in str(spec).split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated block indices, got {spec!r}") from None
+    if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
+        raise ValueError(f"{name} must be distinct block indices >= 0, got {spec!r}")
+    return layers

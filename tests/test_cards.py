@@ -1,0 +1,60 @@
+"""Method cards (clbench.catalog.MethodCard): every built-in method's settings class and profiles live in a torch-free
+module that its strategy class takes them from, so that reading records, reports and study files loads no method
+and no torch (a plug-in's card is read from its class: tests/test_plugin_strategy.py runs one through `report`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clbench.catalog import CARDS, STRATEGIES, card
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures" / "records"
+
+
+@pytest.mark.parametrize("name", STRATEGIES.names())
+def test_the_strategy_takes_its_settings_and_profiles_from_its_card(name):
+    cls, c = STRATEGIES.get(name), card(name)
+    assert name in CARDS and c.name == cls.name == name
+    assert cls.Config is c.Config and cls.profiles is c.profiles
+
+
+def _fresh(code: str) -> None:
+    """Run ``code`` in a fresh interpreter at the repository root; it must exit 0."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+LOADED = (  # what must not be imported: torch, a method's learning code (its card under baselines.cards is fine)
+    "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') or m == 'clbench.harness'"
+    " or (m.startswith(('baselines.', 'tosca.')) and not m.startswith('baselines.cards') and m != 'tosca.card'))\n"
+    "assert not loaded, loaded\n"
+)
+
+
+def test_every_card_and_every_profile_builds_without_torch():
+    _fresh(
+        "import sys\n"
+        "from clbench.catalog import STRATEGIES, card\n"
+        "from clbench.config import make_strategy_config\n"
+        "for name in STRATEGIES.names():\n"
+        "    c = card(name)\n"
+        "    for profile in (None, *c.profiles):\n"
+        "        make_strategy_config(c, profile, ())\n" + LOADED
+    )
+
+
+def test_a_report_and_a_study_file_are_read_without_torch(tmp_path):
+    """`clbench report` over records (tables, figures, the HTML page), and the study file's planned runs."""
+    _fresh(
+        "import sys\n"
+        "from clbench.cli import build_parser, main\n"
+        "from clbench.report.leaderboard import study_groups\n"
+        f"assert main(['report', {str(FIXTURES)!r}, '--out', {str(tmp_path / 'report')!r}]) == 0\n"
+        "groups = study_groups('reports/emoji-table.yaml', build_parser)\n"
+        "assert sum(len(planned) for *_, planned in groups) > 40\n" + LOADED
+    )

@@ -1,0 +1,74 @@
+"""TOSCA's card: its settings (:class:`TOSCAConfig`, the defaults its reference uses) and its named profiles,
+torch-free, so that reports, the gate and the CLI read them without loading the method (``tosca/strategy.py``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from clbench.catalog import MethodCard
+from clbench.config import CI_INPUT
+from clbench.errors import ClbenchError
+
+VARIANTS: tuple[str, ...] = ("luca", "adapter", "calibrator", "tosca_r")  # the module variants (tosca.luca)
+DEFAULT_ROUTER = "entropy"  # the paper's rule
+
+
+@dataclass(frozen=True)
+class TOSCAConfig:
+    ratio: int = 16  # bottleneck r = d / ratio (paper: r = 48 for d = 768)
+    variant: Literal["luca", "adapter", "calibrator", "tosca_r"] = "luca"  # paper's best: adapter then calibrator
+    l1: float = 5e-4  # weight of sum |p| over the task's module (reference args["l1"])
+    lr: float = 0.025  # SGD learning rate (reference config)
+    momentum: float = 0.9  # SGD momentum (reference get_optimizer)
+    weight_decay: float = 0.0  # reference config
+    epochs: int = 20  # reference config
+    batch_size: int = 48  # reference config
+    eta_min: float = 1e-8  # cosine schedule floor (reference get_scheduler)
+    train_mode: Literal["cached", "augment"] = "cached"  # clbench default: cached features (see docstring)
+    ref_eval_batch: int = 48  # reference test-loader batch for the ``reference`` protocol
+    eval_batch: int = 4096  # per-sample evaluation chunk (any value gives identical predictions)
+    router: str = DEFAULT_ROUTER  # per-sample module choice (clbench.routers); the paper's rule is entropy
+    routers: str = ""  # more routers to evaluate from the same run, comma-separated (diagnostics only)
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}")
+        if self.train_mode not in ("cached", "augment"):
+            raise ValueError("train_mode must be 'cached' or 'augment'")
+        for name in ("ratio", "epochs", "batch_size", "ref_eval_batch", "eval_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.epochs > 10_000:
+            raise ValueError("epochs must be <= 10000")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError("lr must be a positive finite number")
+        if self.l1 < 0:
+            raise ValueError("l1 must be >= 0")
+        if self.router == DEFAULT_ROUTER and not self.routers:
+            return  # the paper's rule alone: nothing to look up in the router registry (which loads torch)
+        from clbench.routers import ROUTERS, parse_names
+
+        parse_names(self.router, "router")
+        parse_names(self.routers, "routers")
+        if ROUTERS.get(self.router).needs_task_id:
+            raise ClbenchError(
+                f"--set router={self.router}: that rule reads each test image's true task, a bound and not a method",
+                f"evaluate it beside the method with --set routers={self.router}",
+            )
+
+    @property
+    def study_routers(self) -> tuple[str, ...]:
+        """The routers recorded in diagnostics: the run's own, those asked for, and the oracle bound."""
+        from clbench.routers import parse_names
+
+        return tuple(dict.fromkeys((self.router, *parse_names(self.routers, "routers"), "oracle")))
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "ci": dict(CI_INPUT),
+    "ci-augment": {**CI_INPUT, "train_mode": "augment", "epochs": 2, "batch_size": 16, "lr": 0.1},
+    "augment": {"train_mode": "augment"},
+}
+CARD = MethodCard("tosca", TOSCAConfig, PROFILES)
