@@ -5,7 +5,7 @@
     from avalanche.training.plugins import EvaluationPlugin
     from clbench.avalanche_api import ClbenchStrategy
 
-    strategy = ClbenchStrategy(method="tosca", bench="emoji", evaluator=EvaluationPlugin(
+    strategy = ClbenchStrategy(strategy="tosca", bench="emoji", evaluator=EvaluationPlugin(
         accuracy_metrics(experience=True, stream=True), loggers=[InteractiveLogger()]))
     for t, exp in enumerate(benchmark.train_stream):
         strategy.train(exp)
@@ -15,10 +15,14 @@
 callbacks, and during evaluation ``mb_output`` (logits indexed by class id) and ``mb_y`` are set per minibatch, so
 Avalanche's metrics, ``EvaluationPlugin`` and loggers work unchanged.
 
-Same numbers as ``clbench run`` by construction: the strategy is configured with the CLI's own settings
-(:class:`clbench.harness.RunConfig`: ``bench`` names the setting, default the CLI's default benchmark) and builds
-its backbone, input size, transforms and precision with the CLI's code (:func:`clbench.harness.resolve`, then
-:func:`clbench.harness.load_inputs`). It reads each experience's *raw* images (the stream's transform groups
+Same numbers as ``clbench run`` by construction: the strategy takes the CLI's own settings, the fields of
+:class:`clbench.config.RunConfig` under their names and with their defaults and checks (``strategy=``, ``bench=``,
+``backbone=``, ``seed=``, ``overrides=``, ...; ``help(ClbenchStrategy)`` lists them), and builds its backbone, input
+size, transforms and precision with the CLI's code (:func:`clbench.harness.resolve`, then
+:func:`clbench.harness.load_inputs`). The keywords are derived from RunConfig, not restated: a new RunConfig field is
+a new keyword, unless :data:`NOT_APPLICABLE` says why the stream decides it. An unknown keyword is refused with the
+valid ones and the closest; ``method=`` and ``settings=``, the earlier names of ``strategy=`` and ``overrides=``,
+still work with a DeprecationWarning. It reads each experience's *raw* images (the stream's transform groups
 removed) and applies the benchmark transform itself; a stream whose eval transform gives other tensors is refused.
 Frozen features are computed once per experience and cached on disk under the CLI's key fields
 (:func:`clbench.harness.feature_key`; ``data`` is the content digest of the experience's raw images).
@@ -36,9 +40,13 @@ and train-phase minibatch/epoch metrics stay empty.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
+import inspect
+import typing
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,7 +55,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from clbench.benchmarks.base import ImageSource
-from clbench.catalog import DEFAULT_BENCH
+from clbench.config import RunConfig
 from clbench.errors import ClbenchError
 from clbench.strategy import PER_SAMPLE, Context, Split, Task
 
@@ -143,55 +151,123 @@ class _Logits(nn.Module):
         return self.method.predict(split, PER_SAMPLE)
 
 
+# ---------------------------------------------------------------------------------------------- the run settings
+# RunConfig fields that ClbenchStrategy does not take, and why: the Avalanche stream and loop decide them. Every other
+# RunConfig field is a keyword of ClbenchStrategy, with RunConfig's name, default and check (a new field is a new
+# keyword with no edit here). A new field that only `clbench run`'s own loop reads (clbench.harness.run, not
+# resolve or load_inputs) belongs in this table.
+NOT_APPLICABLE: dict[str, str] = {
+    "data_root": "the stream brings the images",
+    "init_cls": "the stream's experiences are the tasks",
+    "increment": "the stream's experiences are the tasks",
+    "class_order_seed": "the stream's class order is the order learnt",
+    "scenario": "the stream is class-incremental (see the module docstring)",
+    "protocol": "Avalanche evaluates per sample here; the batch protocol `reference` is `clbench run`'s only",
+    "out": "no run folder is written: Avalanche's loggers record the run",
+    "overwrite": "no run folder is written: Avalanche's loggers record the run",
+    "ignore_data_problems": "the data checks read a benchmark's files; the stream's images are yours",
+}
+# Earlier keyword -> the RunConfig field it gives: still accepted, with a DeprecationWarning naming the field.
+RENAMED = {"method": "strategy", "settings": "overrides"}
+# What a keyword accepts where it is more than RunConfig's type: overrides also as a mapping ({"epochs": 5}).
+_ACCEPTS = {"overrides": "Mapping[str, object] | tuple[tuple[str, str], ...]"}
+
+
+def run_fields() -> list[dataclasses.Field[Any]]:
+    """The :class:`RunConfig` fields ClbenchStrategy takes as keywords: all but :data:`NOT_APPLICABLE`, in order."""
+    return [f for f in dataclasses.fields(RunConfig) if f.name not in NOT_APPLICABLE]
+
+
+def _with_run_settings(init: Callable[..., None]) -> Callable[..., None]:
+    """``init`` with a signature whose ``**run`` is spelt out as the :func:`run_fields` (name, default, type): what
+    ``help()``, IDEs and Avalanche's keyword check (``BaseTemplate.__init_subclass__``) read."""
+    sig = inspect.signature(init)
+    hints = typing.get_type_hints(RunConfig)
+    run = [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default,
+            annotation=_ACCEPTS.get(f.name, hints[f.name]),
+        )
+        for f in run_fields()
+    ]
+    self_, *own = (p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD)
+    init.__signature__ = sig.replace(parameters=[self_, *run, *own])  # type: ignore[attr-defined]
+    return init
+
+
+def run_config(run: Mapping[str, Any], renamed: Mapping[str, Any]) -> RunConfig:
+    """The :class:`RunConfig` of a ClbenchStrategy built with the keywords ``run`` (RunConfig fields, as given) and
+    ``renamed`` (earlier name -> value, None where not given). Raises ClbenchError."""
+    given = dict(run)
+    for old, value in renamed.items():
+        if value is None:
+            continue
+        new = RENAMED[old]
+        if new in given:
+            raise ClbenchError(
+                f"ClbenchStrategy got both {old}= and {new}=: {old} is the earlier name of {new}", f"pass {new}= only"
+            )
+        warnings.warn(
+            f"ClbenchStrategy({old}=...) is deprecated: pass {new}=..., the name RunConfig gives the setting",
+            DeprecationWarning,
+            stacklevel=3,  # the caller of ClbenchStrategy(...)
+        )
+        given[new] = value
+    names = [f.name for f in run_fields()]
+    for key in given:
+        if key in NOT_APPLICABLE:
+            raise ClbenchError(
+                f"ClbenchStrategy does not take {key}=, a `clbench run` setting: {NOT_APPLICABLE[key]}",
+                f"leave {key}= out",
+            )
+        if key not in names:
+            own = [p for p in inspect.signature(ClbenchStrategy).parameters if p not in {*names, *RENAMED}]
+            close = difflib.get_close_matches(key, [*names, *own], n=1)
+            raise ClbenchError(
+                f"ClbenchStrategy has no setting {key!r}; valid: {', '.join(names)} (RunConfig's, `clbench run`'s "
+                f"flags) and {', '.join(own)}",
+                f"did you mean {close[0]!r}?" if close else None,
+            )
+    if isinstance(given.get("overrides"), Mapping):  # {"epochs": 5}: the pairs `--set epochs=5` gives
+        given["overrides"] = tuple((str(k), str(v)) for k, v in given["overrides"].items())
+    missing = [f.name for f in run_fields() if f.default is dataclasses.MISSING and f.name not in given]
+    if missing:
+        raise ClbenchError(
+            f"ClbenchStrategy needs {', '.join(f'{m}=' for m in missing)}", "e.g. strategy='tosca' (see `clbench list`)"
+        )
+    return RunConfig(**given)
+
+
 class ClbenchStrategy(SupervisedTemplate):
     """A registered clbench method (``clbench list``) on a frozen backbone, as an Avalanche strategy.
 
-    Configuration is the CLI's (``clbench run``): ``bench`` names the benchmark setting that fixes the default
-    backbone, input size, resize/crop and normalisation; ``backbone``, ``weights``, ``img_size``, ``normalize``,
-    ``precision``, ``profile`` and ``settings`` (``--set key=value`` as a dict) override it as the flags of the same
-    name do, and are validated the same way. ``eval_transform``/``train_transform`` are the transforms in force.
+    Configuration is the CLI's (``clbench run``): the keywords other than Avalanche's are the :class:`RunConfig`
+    fields (:func:`run_fields`), with their names, defaults and checks: ``strategy`` names the method, ``bench`` the
+    benchmark setting that fixes the default backbone, input size, resize/crop and normalisation; ``backbone``,
+    ``weights``, ``img_size``, ``normalize``, ``precision``, ``profile``, ``overrides`` (``--set key=value``, here
+    also a dict) and the rest override it as the flags of the same name do, and are validated the same way.
+    ``eval_transform``/``train_transform`` are the transforms in force.
     """
 
+    @_with_run_settings
     def __init__(
         self,
         *,
-        method: str,
-        bench: str = DEFAULT_BENCH,
-        backbone: str | None = None,
-        weights: str = "auto",
-        img_size: int | None = None,
-        normalize: bool | None = None,
-        precision: str = "auto",
-        device: str = "auto",
-        seed: int = 1993,
-        profile: str | None = None,
-        settings: dict[str, Any] | None = None,
-        batch_size: int = 64,
-        feature_cache: bool = True,
         eval_mb_size: int = 256,
         plugins: Sequence[BasePlugin] | None = None,
         evaluator: EvaluationPlugin | Callable[[], EvaluationPlugin] | None = default_evaluator,
         eval_every: int = -1,
         log: Callable[[str], None] | None = None,
+        method: str | None = None,  # deprecated: strategy=
+        settings: Mapping[str, Any] | None = None,  # deprecated: overrides=
+        **run: Any,  # RunConfig fields (run_fields), checked by run_config and RunConfig
     ) -> None:
         from clbench.features import FeatureCache
-        from clbench.harness import RunConfig, load_inputs, resolve
+        from clbench.harness import load_inputs, resolve
 
-        self.config = RunConfig(
-            strategy=method,
-            bench=bench,
-            backbone=backbone,
-            weights=weights,
-            seed=seed,
-            device=device,
-            precision=precision,
-            profile=profile,
-            batch_size=batch_size,
-            overrides=tuple((str(k), str(v)) for k, v in (settings or {}).items()),
-            img_size=img_size,
-            normalize=normalize,
-            feature_cache=feature_cache,
-        )
+        self.config = run_config(run, {"method": method, "settings": settings})
         self.resolved = resolve(self.config)  # names, device and input size decided once, as for `clbench run`
         self.inputs = load_inputs(self.resolved)
         self.spec, self.backbone_name = self.resolved.spec, self.resolved.backbone_name
@@ -203,11 +279,11 @@ class ClbenchStrategy(SupervisedTemplate):
             backbone=self.backbone,
             device=dev,
             precision=self.precision.name,
-            seed=seed,
+            seed=self.config.seed,
             log=log or (lambda message: None),
         )
         self.method = self.resolved.strategy_cls(self.resolved.strategy_config, ctx)
-        self.cache = FeatureCache(enabled=feature_cache)
+        self.cache = FeatureCache(enabled=self.config.feature_cache)
         self.n_seen = 0  # classes learnt so far (arrival-order ids 0..n_seen-1)
         self.tasks_learnt = 0
         self._features: dict[int, tuple[Any, ExperienceImages, torch.Tensor]] = {}  # id(dataset) -> features
@@ -215,7 +291,7 @@ class ClbenchStrategy(SupervisedTemplate):
         super().__init__(
             model=_Logits(self.method),
             optimizer=None,
-            train_mb_size=batch_size,
+            train_mb_size=self.config.batch_size,
             train_epochs=1,
             eval_mb_size=eval_mb_size,
             device=dev,
@@ -361,6 +437,13 @@ class ClbenchStrategy(SupervisedTemplate):
             )
         out[:, : self.n_seen] = logits.to(self.device)
         return out
+
+
+# Avalanche wraps every strategy's __init__ (BaseTemplate.__init_subclass__) to take legacy positional arguments and to
+# refuse an unknown keyword with a TypeError that names no valid one. ClbenchStrategy takes keywords only and refuses
+# an unknown one itself (run_config: the valid ones and the closest, a ClbenchError like the CLI's). A subclass's
+# __init__ is still wrapped; Avalanche's check there reads the signature above.
+ClbenchStrategy.__init__ = inspect.unwrap(ClbenchStrategy.__init__)  # type: ignore[method-assign]
 
 
 def accuracy_rows(results: Sequence[dict[str, Any]], stream: str = "test_stream") -> dict[str, list]:

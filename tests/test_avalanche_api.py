@@ -92,7 +92,7 @@ def test_avalanche_metrics_equal_the_cli_record(tmp_path, method):
     from clbench.avalanche_api import ClbenchStrategy
 
     strategy = ClbenchStrategy(
-        method=method,
+        strategy=method,
         evaluator=_evaluator(_avalanche().logging.CSVLogger(log_folder=str(tmp_path / "csv"))),
         **MICRO_KW,
     )
@@ -114,16 +114,16 @@ def test_one_backbone_pass_per_image_and_the_feature_cache(tmp_path):
     from clbench.avalanche_api import ClbenchStrategy
 
     images = []
-    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), feature_cache=False, **MICRO_KW)
+    strategy = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), feature_cache=False, **MICRO_KW)
     strategy.backbone.register_forward_hook(lambda module, inp, out: images.append(len(inp[0])))
     benchmark = _benchmark(strategy)
     _avalanche_run(strategy, benchmark)
     n_images = sum(len(e.dataset) for e in benchmark.train_stream) + sum(len(e.dataset) for e in benchmark.test_stream)
     assert sum(images) == n_images
 
-    first = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    first = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), **MICRO_KW)
     _avalanche_run(first, benchmark)
-    second = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    second = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), **MICRO_KW)
     images.clear()
     second.backbone.register_forward_hook(lambda module, inp, out: images.append(len(inp[0])))
     _avalanche_run(second, benchmark)
@@ -142,7 +142,7 @@ def test_logits_cover_every_evaluated_class_id():
         def after_eval_forward(self, strategy, **kwargs):
             seen.append((strategy.mb_output.clone(), strategy.mb_y.clone()))
 
-    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), plugins=[Spy()], **MICRO_KW)
+    strategy = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), plugins=[Spy()], **MICRO_KW)
     benchmark = _benchmark(strategy)
     strategy.train(benchmark.train_stream[0])
     strategy.eval(benchmark.test_stream)  # all 36 classes, 6 learnt
@@ -154,7 +154,7 @@ def test_logits_cover_every_evaluated_class_id():
 def test_non_contiguous_class_ids_are_refused():
     from clbench.avalanche_api import ClbenchStrategy
 
-    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    strategy = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), **MICRO_KW)
     benchmark = _benchmark(strategy, class_ids_from_zero_from_first_exp=False)  # original ids, not arrival order
     with pytest.raises(ClbenchError, match=r"next class ids in arrival order \(0\.\.5\)") as e:
         strategy.train(benchmark.train_stream[0])
@@ -165,7 +165,7 @@ def test_a_transform_that_does_not_match_the_cached_features_is_refused():
     from clbench.avalanche_api import ClbenchStrategy
     from clbench.transforms import TransformSpec
 
-    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    strategy = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), **MICRO_KW)
     imagenet = TransformSpec(strategy.backbone.img_size, None, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)).build()
     benchmark = _benchmark(strategy, eval_transform=imagenet)
     with pytest.raises(ClbenchError, match=re.escape(strategy.eval_tf.identity())) as e:
@@ -179,7 +179,7 @@ def test_an_experience_with_no_data_is_refused():
 
     from clbench.avalanche_api import ClbenchStrategy
 
-    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    strategy = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), **MICRO_KW)
     full = _benchmark(strategy)
     train, test = full.train_stream[0].dataset, full.test_stream[0].dataset
     benchmark = with_classes_timeline(benchmark_from_datasets(train=[train], test=[test, test.subset([])]))
@@ -197,7 +197,7 @@ def test_images_transformed_by_the_dataset_itself_are_refused():
             return torch.rand(3, 8, 8), self.targets[i]
 
     tr, te, _ = embedded_datasets()
-    strategy = ClbenchStrategy(method="simplecil", evaluator=_evaluator(), **MICRO_KW)
+    strategy = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), **MICRO_KW)
     benchmark = _benchmark(train=Tensors(tr.source), test=Tensors(te.source))
     with pytest.raises(ClbenchError, match="needs PIL images or uint8 arrays") as e:
         strategy.train(benchmark.train_stream[0])
@@ -208,9 +208,88 @@ def test_bad_settings_fail_like_the_cli():
     from clbench.avalanche_api import ClbenchStrategy
 
     with pytest.raises(ClbenchError, match="did you mean"):
-        ClbenchStrategy(method="tosac", **MICRO_KW)
+        ClbenchStrategy(strategy="tosac", **MICRO_KW)
     with pytest.raises(ClbenchError, match="no setting 'epoch'"):
-        ClbenchStrategy(method="tosca", settings={"epoch": 2}, **MICRO_KW)
+        ClbenchStrategy(strategy="tosca", overrides={"epoch": 2}, **MICRO_KW)
+    with pytest.raises(ClbenchError, match="seed must be >= 0"):  # RunConfig's own check and message
+        ClbenchStrategy(strategy="simplecil", seed=-1, **MICRO_KW)
+
+
+# ---------------------------------------------------------------------------------------------------- the keywords
+def test_every_run_setting_is_a_keyword_with_runconfigs_name_and_default_or_is_refused_with_a_reason():
+    """Each RunConfig field (read from the dataclass, so a new field is covered) is either a ClbenchStrategy keyword
+    under its RunConfig name with RunConfig's default, or listed in NOT_APPLICABLE and refused with that reason."""
+    import dataclasses
+    import inspect
+
+    from clbench.avalanche_api import NOT_APPLICABLE, RENAMED, ClbenchStrategy
+    from clbench.config import RunConfig
+
+    params = inspect.signature(ClbenchStrategy).parameters
+    fields = dataclasses.fields(RunConfig)
+    assert set(NOT_APPLICABLE) <= {f.name for f in fields}, "NOT_APPLICABLE names a field RunConfig no longer has"
+    for f in fields:
+        if f.name in NOT_APPLICABLE:
+            assert f.name not in params, f"{f.name} is a keyword and listed as not applicable"
+            with pytest.raises(ClbenchError, match=re.escape(NOT_APPLICABLE[f.name])):
+                ClbenchStrategy(strategy="simplecil", **{f.name: f.default}, **MICRO_KW)
+            continue
+        assert f.name in params, f"RunConfig.{f.name} is neither a ClbenchStrategy keyword nor in NOT_APPLICABLE"
+        p = params[f.name]
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY
+        assert p.default == (inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default), f.name
+    # the wrapper's own keywords (Avalanche's) and the earlier names shadow no run setting
+    own = set(params) - {f.name for f in fields}
+    assert {"plugins", "evaluator", "eval_every", "eval_mb_size", *RENAMED} <= own
+
+    # every forwarded field given explicitly at RunConfig's default: the same RunConfig as leaving them out
+    given = {f.name: f.default for f in fields if f.name in params and f.default is not dataclasses.MISSING}
+    strategy = ClbenchStrategy(**{**given, "strategy": "simplecil", **MICRO_KW}, evaluator=None)
+    assert strategy.config == RunConfig(strategy="simplecil", **MICRO_KW)
+    assert [n for n in given if getattr(strategy.config, n) != given[n]] == ["backbone", "weights"]  # MICRO_KW's
+
+
+def test_run_settings_reach_the_run_config():
+    """Values other than the defaults arrive in the RunConfig the strategy resolves, overrides also as a dict."""
+    from clbench.avalanche_api import ClbenchStrategy
+
+    strategy = ClbenchStrategy(
+        strategy="tosca", seed=7, batch_size=16, train_per_class=2, overrides={"epochs": 3}, evaluator=None, **MICRO_KW
+    )
+    assert (strategy.config.seed, strategy.config.batch_size, strategy.config.train_per_class) == (7, 16, 2)
+    assert strategy.config.overrides == (("epochs", "3"),) and strategy.resolved.strategy_config.epochs == 3
+    assert strategy.resolved.train_per_class == 2
+
+
+def test_an_unknown_keyword_is_refused_in_one_line_naming_the_valid_ones():
+    from clbench.avalanche_api import ClbenchStrategy, run_fields
+
+    with pytest.raises(ClbenchError) as e:
+        ClbenchStrategy(strategy="simplecil", bnech="emoji", **MICRO_KW)
+    message = str(e.value.args[0])
+    assert "\n" not in message and "no setting 'bnech'" in message
+    assert all(f.name in message for f in run_fields()) and "eval_mb_size" in message
+    assert e.value.hint == "did you mean 'bench'?"
+    with pytest.raises(ClbenchError, match="needs strategy="):
+        ClbenchStrategy(**MICRO_KW)
+
+
+def test_the_earlier_names_still_work_with_a_deprecation_warning():
+    from clbench.avalanche_api import ClbenchStrategy
+
+    with pytest.warns(DeprecationWarning, match=r"method=.*pass strategy=") as caught:
+        old = ClbenchStrategy(method="tosca", settings={"epochs": 3}, evaluator=None, **MICRO_KW)
+    mine = [w for w in caught if "ClbenchStrategy(" in str(w.message)]
+    assert [str(w.message).split(":")[0] for w in mine] == [
+        "ClbenchStrategy(method=...) is deprecated",
+        "ClbenchStrategy(settings=...) is deprecated",
+    ]
+    assert "pass overrides=" in str(mine[1].message)
+    assert {w.filename for w in mine} == {__file__}  # the warning points at the caller's line
+    new = ClbenchStrategy(strategy="tosca", overrides={"epochs": 3}, evaluator=None, **MICRO_KW)
+    assert old.config == new.config
+    with pytest.raises(ClbenchError, match="both method= and strategy="):
+        ClbenchStrategy(method="simplecil", strategy="simplecil", **MICRO_KW)
 
 
 def test_the_old_learner_points_to_the_new_strategy():
@@ -227,7 +306,7 @@ def test_example_script_equals_the_cli_record(tmp_path, capsys, method):
 
     record = _cli_record(tmp_path, method, **MICRO)
     flags = ["--backbone", MICRO["backbone"], "--weights", MICRO["weights"]]
-    mine = main(["--method", method, *flags, "--quiet", "--json", str(tmp_path / f"{method}.json")])
+    mine = main(["--strategy", method, *flags, "--quiet", "--json", str(tmp_path / f"{method}.json")])
     assert mine["transform"] == record.transform and mine["precision"] == record.precision
     _assert_same(mine, record)
     assert f"final {record.last_acc:.2f}" in capsys.readouterr().out
@@ -244,7 +323,7 @@ def test_example_on_the_real_backbone_equals_the_cli_record(tmp_path, capsys):
     for method in ("simplecil", "tosca"):
         record = _cli_record(tmp_path, method)
         assert record.backbone == "vit_small_patch14_dinov2" and record.weights_source != "random"
-        mine = main(["--method", method, "--quiet", "--json", str(tmp_path / f"{method}.json")])
+        mine = main(["--strategy", method, "--quiet", "--json", str(tmp_path / f"{method}.json")])
         assert mine["transform"] == record.transform and mine["precision"] == record.precision
         _assert_same(mine, record)
         assert f"final {record.last_acc:.2f}" in capsys.readouterr().out

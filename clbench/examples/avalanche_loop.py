@@ -1,7 +1,7 @@
 """A plain Avalanche training loop around a clbench strategy (README: "Use a strategy from your own Avalanche loop").
 
     python -m clbench.examples.avalanche_loop                        # embedded emoji benchmark, offline
-    python -m clbench.examples.avalanche_loop --method simplecil     # any registered method (clbench list)
+    python -m clbench.examples.avalanche_loop --strategy simplecil   # any registered method (clbench list)
     python -m clbench.examples.avalanche_loop --cifar100 DIR         # SplitCIFAR100 when DIR/cifar-100-python exists
 
 The benchmark is built with Avalanche's own generators (``nc_benchmark`` over two ordinary torch datasets, or
@@ -107,9 +107,14 @@ def make_evaluator(log_dir: str | None, verbose: bool):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m clbench.examples.avalanche_loop", description=__doc__.split("\n")[0])
     from clbench.catalog import FEATURED_STRATEGY
+    from clbench.config import PRECISION_CHOICES
 
     p.add_argument(
-        "--method", default=FEATURED_STRATEGY, help=f"registered clbench method (default: {FEATURED_STRATEGY})"
+        "--strategy",
+        "--method",  # its earlier name
+        dest="strategy",
+        default=FEATURED_STRATEGY,
+        help=f"registered clbench method (default: {FEATURED_STRATEGY})",
     )
     p.add_argument(
         "--cifar100",
@@ -117,14 +122,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=os.environ.get("CLBENCH_CIFAR100"),
         help="folder holding cifar-100-python/ (default: $CLBENCH_CIFAR100); absent: the embedded data",
     )
-    p.add_argument("--backbone", help="backbone (default: the benchmark setting's)")
-    p.add_argument("--weights", default="auto", help="auto | offline | hub | random | PATH (default: auto)")
-    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
-    p.add_argument("--seed", type=int, default=1993)
+    # The strategy's own settings, spelt as `clbench run` spells them; a flag left out is left to ClbenchStrategy,
+    # whose defaults are RunConfig's (so none is restated here).
+    unset = dict(default=argparse.SUPPRESS)
+    p.add_argument("--backbone", **unset, help="backbone (default: the benchmark setting's)")
+    p.add_argument("--weights", **unset, help="auto | offline | hub | random | PATH (default: clbench run's, auto)")
+    p.add_argument("--precision", **unset, choices=PRECISION_CHOICES, help="default: clbench run's, auto")
+    p.add_argument("--seed", type=int, **unset, help="default: clbench run's")
     p.add_argument(
         "--no-feature-cache",
         dest="feature_cache",
         action="store_false",
+        **unset,
         help="compute frozen features in memory only (one backbone pass per image)",
     )
     p.add_argument("--log-dir", help="also write Avalanche CSV and TensorBoard logs here")
@@ -137,24 +146,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.perf_out:
-        return measure(args.method, Path(args.perf_out))
+        return measure(args.strategy, Path(args.perf_out))
     t0 = time.perf_counter()
-    from clbench.avalanche_api import ClbenchStrategy, accuracy_rows
+    from clbench.avalanche_api import ClbenchStrategy, accuracy_rows, run_fields
     from clbench.benchmarks import BENCHMARKS
 
     cifar = args.cifar100 if args.cifar100 and (Path(args.cifar100) / "cifar-100-python").is_dir() else None
     bench = "cifar100" if cifar else "emoji"
     spec = BENCHMARKS.get(bench)
-    strategy = ClbenchStrategy(
-        method=args.method,
-        bench=bench,
-        backbone=args.backbone,
-        weights=args.weights,
-        precision=args.precision,
-        seed=args.seed,
-        feature_cache=args.feature_cache,
-        evaluator=make_evaluator(args.log_dir, not args.quiet),
-    )
+    run = {f.name: getattr(args, f.name) for f in run_fields() if f.name in args}  # the RunConfig flags given
+    strategy = ClbenchStrategy(bench=bench, evaluator=make_evaluator(args.log_dir, not args.quiet), **run)
     benchmark = build_benchmark(strategy, cifar, spec.n_classes // spec.increment)
 
     results = []
@@ -162,10 +163,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         strategy.train(experience)
         results.append(strategy.eval(benchmark.test_stream[: t + 1]))
     out = {
-        "method": args.method,
+        "method": strategy.config.strategy,
         "bench": bench,
         "backbone": strategy.backbone_name,
-        "seed": args.seed,
+        "seed": strategy.config.seed,
         "precision": strategy.precision.name,
         "transform": strategy.eval_tf.identity(),
         **accuracy_rows(results),
@@ -205,7 +206,7 @@ def measure(method: str, out: Path, workdir: Path | None = None) -> dict[str, An
             py,
             "-m",
             "clbench.examples.avalanche_loop",
-            "--method",
+            "--strategy",
             method,
             "--quiet",
             "--json",
