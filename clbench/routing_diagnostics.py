@@ -182,6 +182,15 @@ def read_routing(diagnostics: Json, where: str = "diagnostics") -> RoutingDiagno
     )
 
 
+def routing_or_none(diagnostics: Json) -> RoutingDiagnostics | None:
+    """:func:`read_routing` for readers that show what they can (trackers, figures): None where the strategy records
+    no routing, and where a record's is mistyped (the report's warnings name that record)."""
+    try:
+        return read_routing(diagnostics)
+    except ClbenchError:
+        return None
+
+
 def collapse_warning(choice: np.ndarray, task_id: np.ndarray, n_modules: int, router: str) -> str | None:
     """A message when one module receives far more than its task's share of the images (whichever module it is):
     above ``COLLAPSE_RATIO`` times its task's share and ``COLLAPSE_POINTS`` points over it. None otherwise."""

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clbench.errors import ClbenchError
+from clbench.routing_diagnostics import routing_or_none
 
 if TYPE_CHECKING:
     from clbench.harness import RunStart
@@ -239,17 +240,16 @@ def task_metrics(summary: ProtocolSummary, entry: TaskEntry, peak_rss_mb: float 
         "acc/new": summary.new_acc[t] if t < len(summary.new_acc) else None,
         "acc/top5": summary.top5_curve[t] if t < len(summary.top5_curve) else None,
         "acc/forgetting": summary.forgetting if t > 0 else None,
-        "routing/acc": entry.diagnostics.get("routing_acc"),  # a strategy with one router
         "time/train_s": entry.train_s,
         "time/eval_s": entry.eval_s,
         "memory/peak_rss_mb": peak_rss_mb,
     }
-    for protocol, diag in entry.diagnostics.items():  # routing per evaluation protocol (TOSCA, MOS)
-        if isinstance(diag, dict) and "routing_acc" in diag:
-            values[f"routing/{protocol}/acc"] = diag["routing_acc"]
-    for router, diag in (entry.diagnostics.get("routers") or {}).items():  # TOSCA's routing study, router by router
-        if isinstance(diag, dict):
-            values[f"routing/router/{router}/acc"] = diag.get("routing_acc")
+    routing = routing_or_none(entry.diagnostics)
+    if routing is not None:
+        for protocol, choices in routing.protocols.items():  # routing per evaluation protocol
+            values[f"routing/{protocol}/acc"] = choices.routing_acc
+        for router, choices in (routing.routers or {}).items():  # TOSCA's routing study, router by router
+            values[f"routing/router/{router}/acc"] = choices.routing_acc
     values.update({f"R/task_{j + 1}": r for j, r in enumerate(summary.accuracy_matrix[t])})
     return _finite(values)
 

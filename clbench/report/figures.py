@@ -22,7 +22,8 @@ from clbench.embeddings import POINTS as EMBEDDED_POINTS
 from clbench.report.budget import QUICK, REFERENCE, BudgetCurve, curve_label
 from clbench.report.collect import AccKey, Collection, Run
 from clbench.report.tables import routing_protocols
-from clbench.results import Times
+from clbench.results import TaskEntry, Times
+from clbench.routing_diagnostics import routing_or_none
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -209,6 +210,19 @@ def _bench_panels(benches: list[str], groups: dict[AccKey, list[Run]]) -> tuple[
         keys = [k for k in groups if k.bench == bench]
         panels.append(_Panel(ax, bench, keys, sorted({(k.backbone, k.weights) for k in keys})))
     return fig, panels
+
+
+def _routed_acc(entry: TaskEntry, protocol: str) -> float | None:
+    """The accuracy with the modules ``protocol`` chose after one task (None where not recorded)."""
+    routing = routing_or_none(entry.diagnostics)
+    choices = routing.protocols.get(protocol) if routing is not None else None
+    return choices.acc if choices is not None else None
+
+
+def _oracle_acc(entry: TaskEntry) -> float | None:
+    """The accuracy with every image routed to its own task's module after one task (None where not recorded)."""
+    routing = routing_or_none(entry.diagnostics)
+    return routing.oracle_acc if routing is not None else None
 
 
 def _mean_std_curves(curves: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -577,7 +591,7 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
                     label=p,
                     color=f"C{i}",
                 )
-                diag_curves = [[t.diagnostics.get(p, {}).get("acc") for t in r.record.per_task] for r in runs]
+                diag_curves = [[_routed_acc(t, p) for t in r.record.per_task] for r in runs]
                 mean, std = _mean_std_curves(diag_curves)
                 xs = np.array(runs[0].seen_axis[0][: len(mean)])
                 ax_curve.plot(
@@ -591,7 +605,7 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
             ax_bar.set_ylabel("routed to module j (%)")
             ax_bar.set_title(f"{short}: routing after the last task (n={len(runs)})")
             ax_bar.legend(frameon=False)
-            oracle = [[t.diagnostics.get("oracle_acc") for t in r.record.per_task] for r in runs]
+            oracle = [[_oracle_acc(t) for t in r.record.per_task] for r in runs]
             mean, std = _mean_std_curves(oracle)
             xs = np.array(runs[0].seen_axis[0][: len(mean)])
             ax_curve.plot(xs, mean, ":", marker="s", ms=3, color="black", label="oracle (own task's module)")
