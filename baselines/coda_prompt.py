@@ -71,7 +71,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.coda_prompt import PROFILES, CodaPromptConfig
-from clbench.blocks import check_vit_blocks, masked_cross_entropy, optimizer_step, vit_tokens
+from clbench.blocks import EpochLog, check_vit_blocks, masked_cross_entropy, vit_tokens
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import prefix_block, training_query
@@ -259,22 +259,17 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
         loader = task.train.image_loader(
             cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
         )
-        advance = ctx.progress(f"CODA-Prompt task {task.id}", cfg.epochs * len(loader)) if ctx.progress else None
-        for epoch in range(cfg.epochs):
+        log = EpochLog(ctx, f"CODA-Prompt task {task.id}", cfg.epochs, len(loader))
+        for epoch in log.epochs():
             lr = coda_cosine_lr(cfg.lr, epoch, cfg.epochs) if cfg.schedule == "cosine" else cfg.lr
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            total, n = 0.0, 0
             for images, labels, positions in loader:
                 images, labels = images.to(dev), labels.to(dev)
                 query = training_query(ctx, cfg.query, task.train.features, positions, images)
                 logits, penalty = self._forward(images, query, frozen)
                 loss = masked_cross_entropy(logits, labels, task.classes) + penalty
-                value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")
-                total, n = total + value * len(labels), n + len(labels)
-                if advance:
-                    advance(1)
-            ctx.log(f"  CODA-Prompt task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
+                log.step(optimizer, loss, len(labels), f"task {task.id} epoch {epoch}")
         self.note_steps(cfg.epochs * len(loader))
         self.n_tasks += 1
         self.task_sizes.append(len(task.classes))

@@ -81,9 +81,9 @@ from torch import nn
 
 from baselines.cards.dualprompt import PROFILES, DualPromptConfig
 from clbench.blocks import (
+    EpochLog,
     check_vit_blocks,
     masked_cross_entropy,
-    optimizer_step,
     vit_tokens,
 )
 from clbench.errors import ClbenchError
@@ -209,9 +209,8 @@ class DualPrompt(Strategy):
         loader = task.train.image_loader(
             cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
         )
-        advance = ctx.progress(f"DualPrompt task {task.id}", cfg.epochs * len(loader)) if ctx.progress else None
-        for epoch in range(cfg.epochs):
-            total, n = 0.0, 0
+        log = EpochLog(ctx, f"DualPrompt task {task.id}", cfg.epochs, len(loader))
+        for epoch in log.epochs():
             for images, labels, positions in loader:
                 images, labels = images.to(dev), labels.to(dev)
                 query = training_query(ctx, cfg.query, task.train.features, positions, images)
@@ -219,11 +218,7 @@ class DualPrompt(Strategy):
                 logits = self._forward(images, slots)
                 pull = self.prompts.similarity(query)[:, t].sum() / len(labels)  # reduce_sim with top_k = 1
                 loss = masked_cross_entropy(logits, labels, task.classes) - cfg.pull_coeff * pull
-                value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")
-                total, n = total + value * len(labels), n + len(labels)
-                if advance:
-                    advance(1)
-            ctx.log(f"  DualPrompt task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
+                log.step(optimizer, loss, len(labels), f"task {task.id} epoch {epoch}")
         self.note_steps(cfg.epochs * len(loader))
         self.n_tasks += 1
         self.task_sizes.append(new)  # the head rows this task added

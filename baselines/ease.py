@@ -64,10 +64,10 @@ from torch import nn
 from baselines.cards.ease import PROFILES, EASEConfig
 from clbench.blocks import (
     CosineHead,
+    EpochLog,
     check_vit_blocks,
     class_means,
     cosine_lr,
-    optimizer_step,
     vit_forward_tokens,
     vit_tokens,
 )
@@ -190,20 +190,15 @@ class EASE(Strategy):
         )
         seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator(4000 + task.id)))
         adapters.set_dropout_generator(torch.Generator(device=dev).manual_seed(seed))
-        advance = ctx.progress(f"EASE task {task.id}", cfg.epochs * len(loader)) if ctx.progress else None
+        log = EpochLog(ctx, f"EASE task {task.id}", cfg.epochs, len(loader))
         adapters.train()
-        for epoch in range(cfg.epochs):
-            total, n = 0.0, 0
+        for epoch in log.epochs():
             for images, labels, _ in loader:
                 images, target = images.to(dev), local[labels].to(dev)
                 logits = head(self._features(images, [adapters])[:, 0])  # (B, |C_t|)
                 loss = F.cross_entropy(logits, target)
-                value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")
-                total, n = total + value * len(target), n + len(target)
-                if advance:
-                    advance(1)
+                log.step(optimizer, loss, len(target), f"task {task.id} epoch {epoch}")
             schedule.step()
-            ctx.log(f"  EASE task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
         adapters.set_dropout_generator(None)
         self.note_steps(cfg.epochs * len(loader))
 

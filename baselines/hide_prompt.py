@@ -108,7 +108,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.hide_prompt import PROFILES, HiDePromptConfig, Storage
-from clbench.blocks import check_vit_blocks, masked_cross_entropy, optimizer_step, vit_tokens
+from clbench.blocks import EpochLog, check_vit_blocks, masked_cross_entropy, optimizer_step, vit_tokens
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import eval_batch, orth_loss, pilot_kv_layout, prefix_block
@@ -436,12 +436,10 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
             cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
         )
         momentum = cfg.prompt_momentum if t >= 1 else 0.0
-        steps = 0
-        advance = ctx.progress(f"HiDe-Prompt task {task.id}", cfg.epochs * len(loader)) if ctx.progress else None
-        for epoch in range(cfg.epochs):
+        log = EpochLog(ctx, f"HiDe-Prompt task {task.id}", cfg.epochs, len(loader))
+        for epoch in log.epochs():
             for g, base in zip(opt.param_groups, bases, strict=True):
                 g["lr"] = scheduled_lr(cfg, base, epoch)
-            total, n = 0.0, 0
             for images, labels, _ in loader:
                 images, labels = images.to(dev), labels.to(dev)
                 e = self.prompts.blended(t, momentum).unsqueeze(0).expand(len(labels), -1, -1, -1, -1)
@@ -449,15 +447,11 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
                 loss = masked_cross_entropy(logits, labels, task.classes)
                 if cfg.reg > 0:
                     loss = loss + cfg.reg * orth_loss(feat, old_means, cfg.orth_temperature)
-                total += optimizer_step(opt, loss, f"task {task.id} epoch {epoch}") * len(labels)
-                n, steps = n + len(labels), steps + 1
-                if advance:
-                    advance(1)
-            ctx.log(f"  HiDe-Prompt task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
+                log.step(opt, loss, len(labels), f"task {task.id} epoch {epoch}")
         if momentum > 0:  # the reference's blend of slot t toward the earlier slots, once, after training
             with torch.no_grad():
                 self.prompts.e[t] = self.prompts.blended(t, momentum).detach().clone()
-        return steps
+        return log.steps
 
     @torch.no_grad()
     def _statistics(self, task: Task) -> None:

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.inflora import PROFILES, InfLoRAConfig
-from clbench.blocks import check_vit_blocks, optimizer_step, vit_tokens
+from clbench.blocks import EpochLog, check_vit_blocks, vit_tokens
 from clbench.errors import ClbenchError
 from clbench.layers.lora import (
     KVLoRA,
@@ -190,20 +190,15 @@ class InfLoRA(Strategy[InfLoRAConfig]):
         params = [*self.lora.trainable(t), head.weight, head.bias]
         optimizer = torch.optim.Adam(params, lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
         loader = task.train.image_loader(cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + t))
-        advance = ctx.progress(f"InfLoRA task {t}", cfg.epochs * len(loader)) if ctx.progress else None
-        for epoch in range(cfg.epochs):
+        log = EpochLog(ctx, f"InfLoRA task {t}", cfg.epochs, len(loader))
+        for epoch in log.epochs():
             for group in optimizer.param_groups:
                 group["lr"] = reference_cosine(cfg.lr, epoch, cfg.epochs)
-            total, n = 0.0, 0
             for images, labels, _ in loader:
                 images, labels = images.to(dev), labels.to(dev)
                 logits = head(self._features(images))
                 loss = F.cross_entropy(logits, labels - offset)
-                value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")
-                total, n = total + value * len(labels), n + len(labels)
-                if advance:
-                    advance(1)
-            ctx.log(f"  InfLoRA task {t} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
+                log.step(optimizer, loss, len(labels), f"task {task.id} epoch {epoch}")
         self.note_steps(cfg.epochs * len(loader))
         for p in self.lora.trainable(t):
             p.requires_grad_(False)

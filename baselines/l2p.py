@@ -64,9 +64,9 @@ from torch import nn
 
 from baselines.cards.l2p import PROFILES, L2PConfig
 from clbench.blocks import (
+    EpochLog,
     check_vit_blocks,
     masked_cross_entropy,
-    optimizer_step,
     vit_forward_tokens,
     vit_inserted_position,
     vit_tokens,
@@ -147,21 +147,16 @@ class L2P(Strategy):
         loader = task.train.image_loader(
             cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
         )
-        advance = ctx.progress(f"L2P task {task.id}", cfg.epochs * len(loader)) if ctx.progress else None
+        log = EpochLog(ctx, f"L2P task {task.id}", cfg.epochs, len(loader))
         batchwise = cfg.train_selection == "batchwise"
         self.pool.train()
-        for epoch in range(cfg.epochs):
-            total, n = 0.0, 0
+        for epoch in log.epochs():
             for images, labels, positions in loader:
                 images, labels = images.to(dev), labels.to(dev)
                 query = training_query(ctx, cfg.query, task.train.features, positions, images)
                 logits, pull = self._forward(images, query, batchwise)
                 loss = masked_cross_entropy(logits, labels, task.classes) - cfg.pull_coeff * pull
-                value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")
-                total, n = total + value * len(labels), n + len(labels)
-                if advance:
-                    advance(1)
-            ctx.log(f"  L2P task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
+                log.step(optimizer, loss, len(labels), f"task {task.id} epoch {epoch}")
         self.pool.eval()
         self.note_steps(cfg.epochs * len(loader))
 

@@ -83,6 +83,7 @@ from torch import nn
 
 from baselines.cards.mos import PROFILES, MOSConfig
 from clbench.blocks import (
+    EpochLog,
     check_vit_blocks,
     class_means,
     cosine_logits,
@@ -285,24 +286,19 @@ class MOS(Strategy):
         previous = list(self.stored)
         layers = drifting(self.current, previous, cfg.adapter_momentum) if cfg.reference_drift else list(self.current)
         self._set_dropout(self.current, 3000 + task.id)
-        advance = ctx.progress(f"MOS task {task.id}", cfg.epochs * len(loader)) if ctx.progress else None
+        log = EpochLog(ctx, f"MOS task {task.id}", cfg.epochs, len(loader))
         self.current.train()
         self.current.requires_grad_(True)
-        for epoch in range(cfg.epochs):
-            total, n = 0.0, 0
+        for epoch in log.epochs():
             for images, labels, _ in loader:
                 images, labels = images.to(dev), labels.to(dev)
                 feats = self._features(images, layers)  # (B, d)
                 logits = self.head(feats)  # (B, n_seen)
                 loss = masked_cross_entropy(logits, labels, task.classes)
                 loss = loss + cfg.reg * orth_loss(feats, old_means, cfg.orth_temperature)
-                value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")
+                log.step(optimizer, loss, len(labels), f"task {task.id} epoch {epoch}")
                 merge_toward(self.current, previous, cfg.adapter_momentum)  # adapter_merge() after the step
-                total, n = total + value * len(labels), n + len(labels)
-                if advance:
-                    advance(1)
             schedule.step()
-            ctx.log(f"  MOS task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
         self.note_steps(cfg.epochs * len(loader))  # the adapters' steps; head-only alignment steps are not counted
         self.current.eval()
         self._set_dropout(self.current, None)

@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.slca import PROFILES, SLCAConfig
-from clbench.blocks import cosine_lr, optimizer_step
+from clbench.blocks import EpochLog, cosine_lr, optimizer_step
 from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
 
 COV_RIDGE = 1e-4  # torch.eye(d) * 1e-4 added to each class covariance (_compute_class_mean)
@@ -185,10 +185,9 @@ class SLCA(Strategy[SLCAConfig]):
         loader = task.train.image_loader(
             cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
         )
-        advance = ctx.progress(f"SLCA task {task.id}", cfg.epochs * len(loader)) if ctx.progress else None
+        log = EpochLog(ctx, f"SLCA task {task.id}", cfg.epochs, len(loader))
         self.model.train(cfg.backbone_lr_scale > 0)
-        for epoch in range(cfg.epochs):
-            total, n = 0.0, 0
+        for epoch in log.epochs():
             for images, labels, _ in loader:
                 images, labels = images.to(dev), labels.to(dev)
                 if cfg.backbone_lr_scale > 0:
@@ -197,12 +196,8 @@ class SLCA(Strategy[SLCAConfig]):
                     with torch.no_grad():
                         feats = self._features(images)
                 loss = F.cross_entropy(block(feats), labels - known)  # logits[:, K:] against y - K
-                value = optimizer_step(optimizer, loss, f"task {task.id} epoch {epoch}")
-                total, n = total + value * len(labels), n + len(labels)
-                if advance:
-                    advance(1)
+                log.step(optimizer, loss, len(labels), f"task {task.id} epoch {epoch}")
             schedule.step()
-            ctx.log(f"  SLCA task {task.id} epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
         self.model.eval()
         self.note_steps(cfg.epochs * len(loader))
 

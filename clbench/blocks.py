@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -132,6 +133,43 @@ def optimizer_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: 
     if trace is not None:
         trace.after_step(optimizer, value, where)
     return value
+
+
+class EpochLog:
+    """The bookkeeping every trained method's training loop repeats, around its own batches and losses: a progress
+    bar over all ``epochs x steps_per_epoch`` steps (``ctx.progress``), each epoch's mean loss per image logged as
+    ``  LABEL epoch e/E: loss x`` (``ctx.log``), and the steps taken::
+
+        log = EpochLog(ctx, f"L2P task {task.id}", cfg.epochs, len(loader))
+        for epoch in log.epochs():
+            for images, labels, _ in loader:
+                ...
+                log.step(optimizer, loss, len(labels), f"task {task.id} epoch {epoch}")
+            schedule.step()  # before the epoch's line, as the loop's own code after its batches
+    """
+
+    def __init__(self, ctx: Any, label: str, epochs: int, steps_per_epoch: int) -> None:  # ctx: a strategy Context
+        self.ctx, self.label, self.n_epochs = ctx, label, epochs
+        self.advance = ctx.progress(label, epochs * steps_per_epoch) if ctx.progress else None
+        self.steps = 0
+        self._total, self._n = 0.0, 0
+
+    def epochs(self) -> Iterator[int]:
+        """0, 1, ... ``epochs - 1``; after each epoch's body, its mean loss is logged."""
+        for epoch in range(self.n_epochs):
+            self._total, self._n = 0.0, 0
+            yield epoch
+            mean = self._total / max(self._n, 1)
+            self.ctx.log(f"  {self.label} epoch {epoch + 1}/{self.n_epochs}: loss {mean:.4f}")
+
+    def step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor, n: int, where: str) -> float:
+        """One :func:`optimizer_step` on a batch of ``n`` images; returns the loss value."""
+        value = optimizer_step(optimizer, loss, where)
+        self._total, self._n = self._total + value * n, self._n + n
+        self.steps += 1
+        if self.advance:
+            self.advance(1)
+        return value
 
 
 class TrainingTrace:

@@ -36,6 +36,7 @@ import baselines.ease as ease_mod
 import baselines.l2p as l2p_mod
 import baselines.mos as mos_mod
 import baselines.ranpac as ranpac_mod
+import clbench.blocks as blocks_mod
 import clbench.layers.prompts as prompts_mod
 import tosca.strategy as tosca_mod
 from baselines.aper import APER, APERConfig
@@ -325,7 +326,8 @@ def check_l2p_loss(backbone) -> None:
 
     real_loader = Split.image_loader
     in_order = lambda self, batch_size, augment, shuffle=False, generator=None: real_loader(self, batch_size, augment)  # noqa: E731
-    with mock.patch.object(l2p_mod, "optimizer_step", spy), mock.patch.object(Split, "image_loader", in_order):
+    # the step every trained method's loop takes through clbench.blocks.EpochLog
+    with mock.patch.object(blocks_mod, "optimizer_step", spy), mock.patch.object(Split, "image_loader", in_order):
         strategy.learn_task(Task(1, list(range(10, 20)), 20, train))
     assert len(losses) == 1, f"expected one optimizer step (one batch of {n}, one epoch), got {len(losses)}"
     assert_golden(losses[0].reshape(1), f["out.loss"], "L2P training loss (masked cross-entropy minus 0.1 pull)")
@@ -584,7 +586,7 @@ def check_mos_merge(backbone) -> None:
     tf = TransformSpec(32, None, backbone.mean, backbone.std).build()
     train = Split(ArraySource(images, labels, "golden-mos"), np.arange(4), torch.as_tensor(labels), None, tf, tf)
     zero_step = lambda optimizer, loss, where: optimizer_step(optimizer, loss * 0.0, where)  # noqa: E731
-    with mock.patch.object(mos_mod, "optimizer_step", zero_step):
+    with mock.patch.object(blocks_mod, "optimizer_step", zero_step):  # MOS's adapter loop steps through EpochLog
         strategy._train_adapters(Task(2, [4, 5], 6, train))  # one batch of 4, one epoch: one step, one merge
     assert_adapters(strategy.current, f, "out.merged.", "current set after the post-step merge")
 

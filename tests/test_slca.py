@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from tinytasks import make_split
 
-import baselines.slca as slca_mod
+import clbench.blocks as blocks_mod
 from baselines.slca import SLCA, SLCAConfig, alignment_tasks, normalised_logits, plain_vit_params, shrink_factors
 from clbench.backbones import state_digest
 from clbench.strategy import Context, Split, Task
@@ -63,14 +63,14 @@ def test_the_vit_is_copied_once_and_the_frozen_backbone_never_changes(backbone, 
 
 def test_slow_learner_groups_the_whole_vit_at_a_hundredth_of_the_head_lr(backbone, tasks):
     seen = []
-    real = slca_mod.optimizer_step
+    real = blocks_mod.optimizer_step  # the step SLCA's training loop takes through clbench.blocks.EpochLog
 
     def record(optimizer, loss, where):
         seen.append([(g["lr"], g["weight_decay"], g["momentum"], list(g["params"])) for g in optimizer.param_groups])
         return real(optimizer, loss, where)
 
     s = SLCA(SLCAConfig(epochs=1, batch_size=12, ca_epochs=0), ctx_for(backbone))
-    with mock.patch.object(slca_mod, "optimizer_step", record):
+    with mock.patch.object(blocks_mod, "optimizer_step", record):
         s.learn_task(tasks[0])
     (vit_lr, vit_wd, vit_m, vit_params), (head_lr, head_wd, head_m, head_params) = seen[0]
     assert (vit_lr, head_lr) == pytest.approx((0.01 * 0.01, 0.01))

@@ -51,3 +51,32 @@ def test_an_optimiser_made_after_another_is_freed_is_its_own_entry():
                 optimizer_step(opt, (p * 2).sum(), f"{phase} epoch 0")
             del opt, p
     assert [(s["steps"], s["epochs"]) for s in trace.summary()] == [(1, 1), (2, 1)]
+
+
+def test_epoch_log_logs_each_epochs_mean_loss_per_image_advances_and_counts_steps():
+    """clbench.blocks.EpochLog, the trained methods' loop bookkeeping: the progress bar over all steps, one line per
+    epoch with the mean loss per image (batches weighted by their size), after the epoch's own code."""
+    from types import SimpleNamespace
+
+    from clbench.blocks import EpochLog
+
+    lines, bars, advanced = [], [], []
+    ctx = SimpleNamespace(
+        log=lines.append, progress=lambda label, total: bars.append((label, total)) or advanced.append
+    )
+    w = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([w], lr=0.1)
+    log = EpochLog(ctx, "M task 0", 2, 2)
+    for epoch in log.epochs():
+        for value, n in [(1.0, 3), (3.0, 1)] if epoch == 0 else [(2.0, 2), (2.0, 2)]:
+            assert log.step(opt, (w * 0).sum() + value, n, f"task 0 epoch {epoch}") == value
+        lines.append(f"epoch {epoch} body done")  # e.g. the schedule's step: before the epoch's line
+    assert bars == [("M task 0", 4)] and advanced == [1, 1, 1, 1] and log.steps == 4
+    assert lines == [
+        "epoch 0 body done",
+        "  M task 0 epoch 1/2: loss 1.5000",  # (1 x 3 + 3 x 1) / 4
+        "epoch 1 body done",
+        "  M task 0 epoch 2/2: loss 2.0000",
+    ]
+    quiet = EpochLog(SimpleNamespace(log=lines.append, progress=None), "M", 1, 1)  # no progress bar: none made
+    assert quiet.advance is None

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clbench.blocks import CosineHead, cosine_lr, optimizer_step, vit_forward_tokens, vit_tokens
+from clbench.blocks import CosineHead, EpochLog, cosine_lr, vit_forward_tokens, vit_tokens
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import AdapterSet
 from clbench.strategy import Context, Split, Task
@@ -56,19 +56,14 @@ def tune_first_session(
     loader = task.train.image_loader(cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(3000))
     seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator(4000)))
     adapters.set_dropout_generator(torch.Generator(device=dev).manual_seed(seed))
-    advance = ctx.progress(f"{label} first session", cfg.epochs * len(loader)) if ctx.progress else None
+    log = EpochLog(ctx, f"{label} first session", cfg.epochs, len(loader))
     adapters.train()
-    for epoch in range(cfg.epochs):
-        total, n = 0.0, 0
+    for epoch in log.epochs():
         for images, labels, _ in loader:
             target = local[labels].to(dev)
             logits = head(adapted_cls(model, images.to(dev), adapters, ctx))  # (B, |C_0|)
-            value = optimizer_step(optimizer, F.cross_entropy(logits, target), f"first session epoch {epoch}")
-            total, n = total + value * len(target), n + len(target)
-            if advance:
-                advance(1)
+            log.step(optimizer, F.cross_entropy(logits, target), len(target), f"first session epoch {epoch}")
         schedule.step()
-        ctx.log(f"  {label} first session epoch {epoch + 1}/{cfg.epochs}: loss {total / max(n, 1):.4f}")
     adapters.set_dropout_generator(None)
     adapters.requires_grad_(False)
     adapters.eval()
