@@ -132,56 +132,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _add_sweep_args(p: argparse.ArgumentParser) -> None:
-    from clbench.catalog import DEFAULT_BENCH
-    from clbench.config import default_of
+    """The sweep's own flags, generated from :mod:`clbench.sweep.settings` (one declaration per setting), ``--set``,
+    then the run settings every run shares."""
+    from clbench.config import argument_group
+    from clbench.sweep.settings import WHAT, add_sweep_flags
 
-    g = p.add_argument_group("what to run")
-    from clbench.catalog import EXAMPLE_STRATEGIES
-
-    g.add_argument(
-        "--strategies",
-        metavar="S1,S2",
-        help=f"comma-separated strategies, e.g. {','.join(EXAMPLE_STRATEGIES)}",
-    )
-    g.add_argument(
-        "--benches",
-        default=DEFAULT_BENCH,
-        metavar="B1,B2",
-        help=f"comma-separated benchmarks (default: {DEFAULT_BENCH})",
-    )
-    g.add_argument(
-        "--seeds",
-        default="1993",
-        metavar="1993..1997",
-        help="seeds, comma-separated and/or ranges A..B (default: 1993); --vary says which seed they set",
-    )
-    g.add_argument(
-        "--vary",
-        default="seed",
-        choices=["seed", "class-order", "both"],
-        help="what --seeds varies: seed (initialisation; class order from --class-order-seed, the default), "
-        "class-order (class-order seed; initialisation from --seed), or both (each run sets both to the value)",
-    )
-    g.add_argument(
-        "--seed",
-        type=int,
-        default=default_of("seed"),
-        help="initialisation seed of every run with --vary class-order (default %(default)s)",
-    )
-    g.add_argument(
-        "--out",
-        metavar="DIR",
-        help="sweep folder: runs/, sweep.json, summary.md|csv, report/. Re-running the same command "
-        "skips complete runs and continues unfinished ones",
-    )
-    g.add_argument(
-        "--data-root",
-        action="append",
-        default=[],
-        metavar="[BENCH=]DIR",
-        help="data folder for every benchmark, or BENCH=DIR for one (repeatable)",
-    )
-    g.add_argument(
+    add_sweep_flags(p)
+    argument_group(p, WHAT).add_argument(
         "--set",
         dest="overrides",
         type=parse_key_value,
@@ -191,102 +148,28 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
         help="override a strategy setting for every strategy, or for one with STRATEGY.KEY (repeatable)",
     )
     _add_setting_args(p, "sweep")
-    g = p.add_argument_group("where to run")
-    g.add_argument(
-        "--backend",
-        default="local",
-        choices=["local", "ray"],
-        help="local: worker processes on this machine (default); ray: one Ray task per run",
-    )
-    g.add_argument(
-        "--jobs",
-        type=int,
-        help="runs at once (local: worker processes, default 1; ray: CPUs of the local Ray started for "
-        "the sweep, in runs; default: all)",
-    )
-    g.add_argument(
-        "--cpus-per-run", type=int, help="CPUs (torch threads) per run (default: local, cores / jobs; ray, 1)"
-    )
-    g.add_argument("--gpus-per-run", type=float, help="ray: GPUs per run (default: 1 if the cluster has GPUs, else 0)")
-    g.add_argument("--memory-per-run", type=float, metavar="GB", help="ray: memory to reserve per run (default: none)")
-    g.add_argument(
-        "--ray-address", metavar="HOST:PORT", help="ray: an existing cluster (default: start a local Ray for the sweep)"
-    )
-    g.add_argument(
-        "--ray-timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="ray: seconds to wait for the cluster at --ray-address to answer before giving up (default: 30)",
-    )
-    g.add_argument(
-        "--retries",
-        type=int,
-        default=2,
-        help="times a crashed or pre-empted run is started again from its checkpoint (default: 2)",
-    )
-    g.add_argument(
-        "--cache",
-        metavar="DIR",
-        help="clbench cache (weights, features) for every run; on shared storage for a cluster "
-        "(default: $CLBENCH_CACHE or ~/.cache/clbench)",
-    )
-    g = p.add_argument_group("output")
-    g.add_argument(
-        "--report",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="write DIR/report/ (clbench report of every complete run) at the end (default: on)",
-    )
-    g.add_argument(
-        "--tsne",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="t-SNE figures in the report (default: on; about 10 s per configuration on a CPU)",
-    )
-    g.add_argument("--dry-run", action="store_true", help="print the plan (and what is done already) and stop")
+
+
+def _fields(args: argparse.Namespace, command: str, cls: type | None = None) -> dict[str, Any]:
+    """The parsed flags of ``clbench COMMAND`` that are fields of the declaration ``cls`` (default: RunConfig)."""
+    from clbench.config import flag_fields
+
+    return {name: getattr(args, name) for name in flag_fields(command, cls)}
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     import dataclasses
-    from pathlib import Path
 
-    from clbench.config import flag_fields
-    from clbench.sweep import (
-        Resources,
-        SweepSpec,
-        parse_data_roots,
-        parse_list,
-        parse_scoped_override,
-        parse_seeds,
-        run_sweep,
-        write_summary,
-    )
+    from clbench.sweep import run_sweep, write_summary
+    from clbench.sweep.settings import Resources, SweepArgs
     from clbench.ui import RichSweepView, print_plan, print_sweep_end
 
-    for flag, value in (("--strategies", args.strategies), ("--out", args.out)):
-        if value is None:
-            raise ClbenchError(f"clbench sweep needs {flag}", "give it on the command line or in a --config file")
-    log = _log_spec(args, group=Path(args.out).resolve().name)
-    benches = parse_list(args.benches, "benches")
-    res = Resources(
-        args.jobs, args.cpus_per_run, args.gpus_per_run, args.memory_per_run, args.retries, args.ray_timeout
-    )
-    spec = SweepSpec(
-        strategies=parse_list(args.strategies, "strategies"),
-        benches=benches,
-        seeds=parse_seeds(args.seeds),
-        out=Path(args.out),
-        settings={k: getattr(args, k) for k in flag_fields("sweep") if k != "profile"},  # profile: per strategy
-        data_roots=parse_data_roots(args.data_root, benches),
-        profile=args.profile,
-        overrides=tuple(parse_scoped_override(k, v) for k, v in args.overrides),
-        vary=args.vary,
-        seed=args.seed,
-    )
-    if args.dry_run:
-        manifest = run_sweep(spec, args.backend, res, args.ray_address, dry_run=True)
-        print_plan(manifest)
+    sweep = SweepArgs(**_fields(args, "sweep", SweepArgs))  # first: a sweep without --strategies or --out
+    log = _log_spec(args, group=Path(sweep.out).resolve().name)
+    res = Resources(**_fields(args, "sweep", Resources))
+    spec = sweep.spec(_fields(args, "sweep"), args.overrides)
+    if sweep.dry_run:
+        print_plan(run_sweep(spec, sweep.backend, res, sweep.ray_address, dry_run=True))
         return 0
     from clbench.results import command_line
 
@@ -294,16 +177,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     with RichSweepView() as view:
         manifest = run_sweep(
             spec,
-            args.backend,
+            sweep.backend,
             res,
-            args.ray_address,
+            sweep.ray_address,
             view=view,
-            cache=args.cache,
+            cache=sweep.cache,
             command=command,
             log=dataclasses.asdict(log) if log else None,
         )
-    written = write_summary(Path(args.out), manifest, args.report, args.tsne, command)
-    print_sweep_end(manifest, Path(args.out), written)
+    written = write_summary(spec.out, manifest, sweep.report, sweep.tsne, command)
+    print_sweep_end(manifest, spec.out, written)
     return 0 if manifest.complete else 1
 
 

@@ -259,6 +259,51 @@ def test_bad_sweeps_are_one_clear_line(argv, needle, tmp_path, capsys):
     assert "Traceback" not in text
 
 
+def test_every_sweep_flag_comes_from_one_declaration():
+    """`clbench sweep`'s flags are generated from clbench.sweep.settings (SweepArgs, Resources) and RunConfig, each
+    with the field's default and help; cli.py writes only --set and the options every run takes."""
+    import dataclasses
+    import inspect
+
+    from clbench import cli, config
+    from clbench.errors import ClbenchError
+    from clbench.sweep.settings import Resources, SweepArgs
+
+    sub = cli.build_parser("sweep").commands["sweep"]
+    options = {o: a for a in sub._actions for o in a.option_strings}
+    classes = (SweepArgs, Resources, config.RunConfig)
+    declared = {name for cls in classes for name in config.flag_fields("sweep", cls)}
+    generated = {o for o, a in options.items() if a.dest in declared}
+    assert set(options) - generated == {"--set", "--config", "--log", "--log-dir", "-h", "--help"}
+    assert {"--jobs", "--memory-per-run", "--ray-timeout", "--retries", "--report", "--no-tsne"} <= generated
+    for cls in (SweepArgs, Resources):
+        for f in dataclasses.fields(cls):
+            action = next(a for a in sub._actions if a.dest == f.name)
+            default = None if f.default is dataclasses.MISSING else f.default
+            assert action.default == (list(default) if isinstance(default, tuple) else default), f.name
+            assert action.help == f.metadata["cli"].help, f.name
+    assert options["--memory-per-run"].dest == "memory_per_run_gb" and options["--memory-per-run"].metavar == "GB"
+    # each default is written once: the parser's defaults build the declarations' defaults
+    args = sub.parse_args(["--strategies", "tosca", "--out", "x"])
+    assert Resources(**{n: getattr(args, n) for n in config.flag_fields("sweep", Resources)}) == Resources()
+    assert SweepArgs(**{n: getattr(args, n) for n in config.flag_fields("sweep", SweepArgs)}) == SweepArgs(
+        strategies="tosca", out="x"
+    )
+    assert (Resources().retries, Resources().ray_timeout) == (2, 30.0)
+    assert "(default: 30)" in options["--ray-timeout"].help % {"default": Resources().ray_timeout}
+    assert inspect.getsource(cli._add_sweep_args).count("default=") == 1  # --set's
+    # the checks are the fields': the same message from Python (the setting) and the command line (the flag)
+    with pytest.raises(ClbenchError, match="^memory_per_run_gb must be > 0") as e:
+        Resources(memory_per_run_gb=0)
+    assert e.value.render(as_flags=True).startswith("--memory-per-run must be > 0 and <= 1048576 (got 0)")
+    with pytest.raises(ClbenchError, match="^retries must be >= 0 and <= 100 \\(got -1\\)"):
+        Resources(retries=-1)
+    with pytest.raises(ClbenchError, match="^backend 'slurm' is unknown; valid backends: local, ray"):
+        SweepArgs(strategies="tosca", out="x", backend="slurm")
+    with pytest.raises(ClbenchError, match="^clbench sweep needs out"):
+        SweepArgs(strategies="tosca", out=None)
+
+
 def test_a_run_no_ray_node_can_hold_is_refused_before_submitting(tmp_path, capsys):
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed: pip install -e '.[test]' installs it")

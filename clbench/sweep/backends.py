@@ -4,32 +4,16 @@ ended as ``(run_id, outcome, failure)``; the scheduling and placement are the ba
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
+from clbench.sweep.settings import BACKENDS, Resources  # declared with their flags there
 from clbench.sweep.worker import execute
 
-BACKENDS = ("local", "ray")
-
-
-@dataclass
-class Resources:
-    jobs: int | None  # runs at once (local: pool size; ray: cap on the local Ray's CPUs); None: the default
-    cpus_per_run: int | None
-    gpus_per_run: float | None  # None: 1 where the cluster has GPUs, else 0
-    memory_per_run_gb: float | None
-    retries: int = 2
-    ray_timeout: float = 30.0  # seconds to reach a Ray cluster (--ray-address) before giving up
-
-    def __post_init__(self) -> None:
-        from clbench.config import SWEEP_SETTINGS, check_settings
-
-        check_settings(dataclasses.asdict(self), SWEEP_SETTINGS)
+__all__ = ["BACKENDS", "LocalBackend", "RayBackend", "Resources"]
 
 
 class LocalBackend:

@@ -21,7 +21,7 @@ from typing import Any
 
 from clbench.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.errors import ClbenchError
-from clbench.sweep.backends import BACKENDS, LocalBackend, RayBackend, Resources
+from clbench.sweep.backends import LocalBackend, RayBackend
 from clbench.sweep.manifest import PlannedEntry, SweepManifest, load_manifest, write_manifest
 from clbench.sweep.plan import (
     ATTEMPT_FILE,
@@ -34,6 +34,7 @@ from clbench.sweep.plan import (
     read_json,
     read_run_record,
 )
+from clbench.sweep.settings import BACKENDS, Resources
 
 # Environment passed from the sweep to every run (wherever it executes): where weights and caches live, offline mode.
 PASSED_ENV = (
@@ -117,7 +118,7 @@ def run_sweep(
     """Plan, skip what is done, run the rest on the backend, and write ``sweep.json``. Returns the manifest.
     ``log``: the experiment trackers of every run (:class:`clbench.trackers.LogSpec` as a dict)."""
     view = view or SweepView()
-    res = res or Resources(None, None, None, None)
+    res = res or Resources()
     if backend_name not in BACKENDS:
         raise ClbenchError(f"--backend {backend_name!r} is unknown; valid backends: {', '.join(BACKENDS)}")
     if backend_name == "local" and ray_address:
