@@ -186,33 +186,15 @@ def study_groups(
     handed down by the command, so that the report never imports the command line)."""
     from clbench.config import flag_fields
     from clbench.configfile import apply
-    from clbench.sweep.plan import (
-        SweepSpec,
-        fingerprint_digest,
-        make_plan,
-        parse_data_roots,
-        parse_list,
-        parse_scoped_override,
-        parse_seeds,
-    )
+    from clbench.sweep.plan import fingerprint_digest, make_plan
+    from clbench.sweep.settings import SweepArgs
 
     path = str(path)
     out = []
     for i, a in enumerate(apply(make_parser, ["sweep", "--config", path], "sweep", path)):
-        benches = parse_list(a.benches, "benches")
-        strategies = parse_list(a.strategies, "strategies")
-        spec = SweepSpec(
-            strategies=strategies,
-            benches=benches,
-            seeds=parse_seeds(a.seeds),
-            out=Path(a.out),
-            settings={k: getattr(a, k) for k in flag_fields("sweep") if k != "profile"},
-            data_roots=parse_data_roots(a.data_root, benches),
-            profile=a.profile,
-            overrides=tuple(parse_scoped_override(k, v) for k, v in a.overrides),
-            vary=a.vary,
-            seed=a.seed,
-        )
+        fields = {name: getattr(a, name) for name in flag_fields("sweep", SweepArgs)}
+        spec = SweepArgs(**fields).spec({k: getattr(a, k) for k in flag_fields("sweep")}, a.overrides)  # as `sweep`
+        strategies = spec.strategies
         planned = {fingerprint_digest(p.fingerprint): p.run_id for p in make_plan(spec, check=False)}
         name = getattr(a, "group_name", None) or f"group{i + 1}"
         out.append((name, a.profile is None and not a.overrides, list(strategies), planned))

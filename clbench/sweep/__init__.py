@@ -29,6 +29,7 @@ Backends (the scheduling is theirs; clbench only plans, submits and collects):
 Overhead (``sweep.json`` -> ``overhead``): how it is measured is in :mod:`clbench.sweep.runner`.
 
 Parts: :mod:`~clbench.sweep.plan` (what to run, and which run folders can be skipped or continued),
+:mod:`~clbench.sweep.settings` (the sweep's own settings and resources, declared once: its flags are generated),
 :mod:`~clbench.sweep.worker` (one run in a worker process), :mod:`~clbench.sweep.backends` (local process pool,
 Ray), :mod:`~clbench.sweep.runner` (submit, collect, the overhead), :mod:`~clbench.sweep.manifest` (``sweep.json``:
 its type, its one reader and writer) and :mod:`~clbench.sweep.summary`.
