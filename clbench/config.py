@@ -43,8 +43,6 @@ SCENARIO_CHOICES = ("class", "domain")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 PRECISION_CHOICES = ("auto", "fp32", "bf16", "fp16")  # = clbench.precision.CHOICES (that module imports torch lazily)
 WEIGHT_SOURCES = ("auto", "offline", "hub", "random")  # --weights values that are not a file
-# Profile keys that set the run, not the strategy config (an explicit setting wins over the profile).
-RUN_LEVEL_PROFILE_KEYS = frozenset({"img_size", "init_cls", "increment", "train_per_class"})
 # The run shape of the regression gate's ``ci`` profiles (.ci/gate, reports/gate/README.md), declared once for every
 # strategy's profiles to reuse: the embedded benchmark at 56 px (4x4 patches of 14 px), so that every ci run shares
 # one feature cache; the methods that pass images through the ViT per task run 3 tasks of 12 classes instead of the
@@ -245,10 +243,26 @@ class Cli:
     group: str | None = None  # the help section that lists the flag (None: the command's options)
 
 
-def run_field(default: Any, check: Number | Choice | Text | Flag | None, cli: Cli | None) -> Any:
+_KEPT = object()  # run_field's ``omitted_at`` default: the field is always in a fingerprint it defines
+
+
+def run_field(
+    default: Any,
+    check: Number | Choice | Text | Flag | None,
+    cli: Cli | None,
+    *,
+    defining: bool = False,
+    profile: bool = False,
+    omitted_at: Any = _KEPT,
+) -> Any:
     """A :class:`RunConfig` field with its check (type, range, choice; its name is the field's) and its flag
-    (``cli=None``: none generated, the commands declare it)."""
-    return dataclasses.field(default=default, metadata={"check": check, "cli": cli})
+    (``cli=None``: none generated, the commands declare it). ``defining``: the field is in the run's fingerprint
+    (:data:`DEFINING_FIELDS`: a checkpoint continues, and a sweep skips, only a run with the same ones);
+    ``omitted_at``: a defining field added after records were written is left out of a fingerprint while it holds
+    this value, so that an earlier run's fingerprint, which lacks it, still matches; ``profile``: a strategy's
+    profile may set it (:data:`RUN_LEVEL_PROFILE_KEYS`; an explicit setting wins)."""
+    marks = {"defining": defining, "profile": profile, "omitted_at": omitted_at}
+    return dataclasses.field(default=default, metadata={"check": check, "cli": cli, **marks})
 
 
 MAX_CLASSES = 1_000_000
@@ -264,16 +278,19 @@ class RunConfig:
         dataclasses.MISSING,
         Text(meaning="a strategy name (see `clbench list`)"),
         Cli("method to run (see `clbench list`); required unless --resume", run_only=True),
+        defining=True,
     )
     bench: str = run_field(
         DEFAULT_BENCH,
         Text(meaning="a benchmark name (see `clbench list`)"),
         Cli("benchmark (default: %(default)s, embedded)", run_only=True),
+        defining=True,
     )
     backbone: str | None = run_field(  # None: the benchmark's default
         None,
         Text(optional=True, meaning="a backbone name (see `clbench list`)"),
         Cli("backbone name (default: the benchmark's)"),
+        defining=True,
     )
     weights: str = run_field(  # auto | offline | hub | random | PATH
         "auto",
@@ -283,6 +300,7 @@ class RunConfig:
             "hub: the Hugging Face cache, else a download; the hub must answer within 10 s, and "
             "without network (or with HF_HUB_OFFLINE=1) only the cache is read"
         ),
+        defining=True,
     )
     data_root: str | None = run_field(
         None,
@@ -293,11 +311,15 @@ class RunConfig:
         None,
         Number(int, 1, MAX_CLASSES, optional=True, meaning="the classes in the first task", default_hint=ROUND_DEFAULT),
         Cli("classes in the first task (default: the benchmark's split)"),
+        defining=True,
+        profile=True,
     )
     increment: int | None = run_field(
         None,
         Number(int, 1, MAX_CLASSES, optional=True, meaning="the classes per later task", default_hint=ROUND_DEFAULT),
         Cli("classes per later task (default: the benchmark's split)"),
+        defining=True,
+        profile=True,
     )
     train_per_class: int | None = run_field(  # None: every training image (the profile's value where it sets one)
         None,
@@ -315,16 +337,21 @@ class RunConfig:
             "are still computed and cached",
             metavar="K",
         ),
+        defining=True,
+        profile=True,
+        omitted_at=None,
     )
     seed: int = run_field(  # PILOT's default seed; drives every RNG of the run
         1993,
         Number(int, 0, SEED_MAX, meaning="the run's seed"),
         Cli("seed of every RNG in the run (default: %(default)s)", run_only=True),
+        defining=True,
     )
     class_order_seed: int = run_field(  # the literature's class order; separate from --seed on purpose
         1993,
         Number(int, 0, SEED_MAX, meaning="the class-order seed", default_hint="1993 is the literature's order"),
         Cli("seed of the class-order permutation (default: %(default)s, the literature's order)"),
+        defining=True,
     )
     device: str = run_field(
         "auto",
@@ -344,6 +371,7 @@ class RunConfig:
                 Alias("--no-autocast", "fp32", "alias of --precision fp32"),
             ),
         ),
+        defining=True,
     )
     scenario: str = run_field(
         "class",
@@ -352,19 +380,23 @@ class RunConfig:
             "class (default): each task brings new classes | domain: each task brings every class in a new domain "
             "of a benchmark with domains (`clbench list`); the tasks are then the domains"
         ),
+        defining=True,
+        omitted_at="class",
     )
     protocol: str = run_field(
         "per-sample",
         Choice(PROTOCOL_CHOICES, "protocols"),
         Cli("per-sample (default) | reference (a reference implementation's batch behaviour) | both"),
+        defining=True,
     )
     profile: str | None = run_field(  # a strategy's named profile (e.g. "quick")
         None,
         Text(optional=True, meaning="a profile name"),
         Cli("a strategy's named profile, e.g. quick (see `clbench list`)"),
+        defining=True,
     )
     # --set key=value on the strategy config (each command declares --set: a sweep's may name a strategy)
-    overrides: tuple[tuple[str, str], ...] = run_field((), None, None)
+    overrides: tuple[tuple[str, str], ...] = run_field((), None, None, defining=True)
     out: str | None = run_field(  # run folder; None: runs/<strategy>-<bench>-s<seed>-<time>
         None,
         Text(optional=True, meaning="a run folder"),
@@ -382,9 +414,14 @@ class RunConfig:
             default_hint="leave {s} out for the benchmark's size",
         ),
         Cli("network input size (default: the benchmark's)"),
+        defining=True,
+        profile=True,
     )
     normalize: bool | None = run_field(  # None: the benchmark's choice
-        None, Flag(optional=True), Cli("apply the backbone's mean/std (default: the benchmark's choice)")
+        None,
+        Flag(optional=True),
+        Cli("apply the backbone's mean/std (default: the benchmark's choice)"),
+        defining=True,
     )
     batch_size: int = run_field(  # feature-extraction / evaluation batch
         64,
@@ -510,31 +547,21 @@ def argument_group(parser: Any, title: str | None) -> Any:
 # precision it resolved to is checked separately (:func:`clbench.checkpoint.check_loaded_run`), since bf16 changes
 # the frozen features. Not here: device, batch size, data root (the data itself is checked by content), output
 # options.
-DEFINING_FIELDS = (
-    "strategy",
-    "bench",
-    "backbone",
-    "weights",
-    "init_cls",
-    "increment",
-    "train_per_class",
-    "seed",
-    "class_order_seed",
-    "protocol",
-    "profile",
-    "overrides",
-    "img_size",
-    "normalize",
-    "precision",
-    "scenario",
-)
+def _marked(mark: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(RunConfig) if f.metadata.get(mark))
 
-# Defining settings added after records and checkpoints were written: left out of a fingerprint while unset, so
-# that an earlier run's fingerprint (which lacks them) still matches a request that leaves them unset.
-ADDED_LATER = frozenset({"train_per_class"})
-# Defining settings added later with a default other than None: left out while at that default, for the same reason
-# (a record or checkpoint without ``scenario`` is a class-incremental run's).
-ADDED_LATER_DEFAULTS: dict[str, Any] = {"scenario": "class"}
+
+# What RunConfig's declaration marks (run_field): the defining settings, in declaration order; the run settings a
+# profile may set; and the defining settings a fingerprint leaves out at one value (added after records were
+# written: a record or checkpoint without ``scenario`` is a class-incremental run's, without ``train_per_class``
+# one that learnt from every image).
+DEFINING_FIELDS = _marked("defining")
+RUN_LEVEL_PROFILE_KEYS = frozenset(_marked("profile"))
+ADDED_LATER_DEFAULTS: dict[str, Any] = {
+    f.name: f.metadata["omitted_at"]
+    for f in dataclasses.fields(RunConfig)
+    if f.metadata.get("omitted_at", _KEPT) is not _KEPT
+}
 
 
 def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:  # Any: JSON values (settings of all types)
@@ -543,8 +570,7 @@ def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:  # Any: J
     fp = {
         name: getattr(cfg, name)
         for name in DEFINING_FIELDS
-        if not (name in ADDED_LATER and getattr(cfg, name) is None)
-        and not (name in ADDED_LATER_DEFAULTS and getattr(cfg, name) == ADDED_LATER_DEFAULTS[name])
+        if not (name in ADDED_LATER_DEFAULTS and getattr(cfg, name) == ADDED_LATER_DEFAULTS[name])
     }
     fp["backbone"] = backbone_name
     fp["overrides"] = dict(sorted(dict(cfg.overrides).items()))

@@ -147,3 +147,18 @@ def test_python_api_validates_as_the_cli(tmp_path):
         assert e.value.render(as_flags=True).startswith("--" + name.replace("_", "-"))
     cfg = RunConfig(strategy="simplecil", init_cls=None, increment=None)  # None: not given
     assert cfg.increment is None
+
+
+def test_the_fingerprint_and_the_profile_keys_are_read_from_runconfigs_declaration():
+    """Which settings define a run (its fingerprint), which a profile may set, and which a fingerprint leaves out at
+    one value (added after records were written) are marks on RunConfig's fields, not lists beside them."""
+    fields = {f.name: f.metadata for f in dataclasses.fields(config.RunConfig)}
+    assert config.DEFINING_FIELDS == tuple(n for n, m in fields.items() if m["defining"])
+    assert {"strategy", "bench", "seed", "class_order_seed", "overrides", "scenario"} <= set(config.DEFINING_FIELDS)
+    assert not {"device", "out", "batch_size", "feature_cache"} & set(config.DEFINING_FIELDS)  # how, not what
+    assert config.RUN_LEVEL_PROFILE_KEYS == {"img_size", "init_cls", "increment", "train_per_class"}
+    plain = config.fingerprint(config.RunConfig(strategy="tosca"), "vit_micro")
+    assert set(plain) == set(config.DEFINING_FIELDS) - {"train_per_class", "scenario"}  # as records before them
+    marked = config.fingerprint(config.RunConfig(strategy="tosca", scenario="domain", train_per_class=8), "vit_micro")
+    assert marked["scenario"] == "domain" and marked["train_per_class"] == 8 and marked["backbone"] == "vit_micro"
+    assert config.differences(plain, {**plain, "scenario": "class"}) == []  # absent reads as its omitted value
