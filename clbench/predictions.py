@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from clbench.errors import ClbenchError
+from clbench.typedfile import COUNT, TEXT, Typed, is_count, is_str, json_field
 
 PREDICTIONS_FILE = "predictions.npz"
 VERSION = 1
@@ -41,20 +42,13 @@ _INT16_MAX = np.iinfo(np.int16).max
 
 
 @dataclass(frozen=True)
-class PredictionsFile:
+class PredictionsFile(Typed):
     """The record's reference to its predictions file: name (in the run folder), sha256 and size in bytes."""
 
-    file: str
-    sha256: str
-    bytes: int
-    rows: int  # (task, image) rows per protocol
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PredictionsFile:
-        return cls(str(d["file"]), str(d["sha256"]), int(d["bytes"]), int(d["rows"]))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "sha256": self.sha256, "bytes": self.bytes, "rows": self.rows}
+    file: str = json_field(TEXT, is_str, required=True)
+    sha256: str = json_field(TEXT, is_str, required=True)
+    bytes: int = json_field(COUNT, is_count, required=True)
+    rows: int = json_field(COUNT, is_count, required=True)  # (task, image) rows per protocol
 
 
 @dataclass(frozen=True)

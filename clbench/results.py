@@ -22,11 +22,44 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from clbench.errors import ClbenchError
 from clbench.owned import load_json
 from clbench.predictions import PredictionsFile
+from clbench.typedfile import (
+    COUNT,
+    COUNTS,
+    MAX_INT,
+    MAX_NAME,
+    MAX_TEXT,
+    NAME,
+    SECONDS,
+    TEXT,
+    FieldCheck,
+    Typed,
+    declared_checks,
+    file_fields,
+    is_bool,
+    is_count,
+    is_int,
+    is_name,
+    is_number,
+    is_object,
+    is_positive,
+    is_real,
+    is_seconds,
+    is_str,
+    json_field,
+    list_of,
+    map_of,
+    or_none,
+    read,
+    short,
+    unset,
+    write_value,
+)
+from clbench.typedfile import problems as typed_problems
 
 SCHEMA_VERSION = 6  # see the version history above RunRecord
 RESULT_FILE = "result.json"
@@ -122,35 +155,9 @@ RUN_HINT = "rerun it with this clbench (`clbench run ...` with the record's comm
 
 
 # ------------------------------------------------------------------------------------------- field checks
-# Bounds of what a field can mean; a record outside them was not written by clbench (or was edited) and is refused.
-MAX_INT = 2**63 - 1  # counts, sizes and seeds: what a C long holds
-MAX_NAME = 256  # characters of a name (strategy, benchmark, backbone, protocol, run id, profile)
-MAX_TEXT = 64 * 2**10  # characters of any other string (a command line, a data problem, a diagnostic)
-MAX_SECONDS = 10 * 365 * 86400.0  # a phase's wall-clock
-
-
-def _is_int(v: Any) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool) and -MAX_INT <= v <= MAX_INT
-
-
-def _is_count(v: Any) -> bool:  # a size, a count, a seed, an index: >= 0
-    return _is_int(v) and v >= 0
-
-
-def _is_positive(v: Any) -> bool:
-    return _is_int(v) and v >= 1
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) <= 1e15
-
-
-def _is_real(v: Any) -> bool:  # a number, NaN allowed (old_acc after the first task)
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and (math.isnan(v) or _is_number(v))
-
-
+# The checks every typed file shares (clbench.typedfile), and the record's own: percentages, points, the matrix.
 def _is_pct(v: Any) -> bool:  # an accuracy in percent
-    return _is_number(v) and 0 <= v <= 100
+    return is_number(v) and 0 <= v <= 100
 
 
 def _is_pct_or_nan(v: Any) -> bool:  # null: how a record written since schema 6 stores the NaN (standard JSON)
@@ -158,11 +165,7 @@ def _is_pct_or_nan(v: Any) -> bool:  # null: how a record written since schema 6
 
 
 def _is_points(v: Any) -> bool:  # a difference of two accuracies (forgetting, a protocol gap); NaN: undefined
-    return (_is_number(v) and -100 <= v <= 100) or (isinstance(v, float) and math.isnan(v))
-
-
-def _is_seconds(v: Any) -> bool:
-    return _is_number(v) and 0 <= v <= MAX_SECONDS
+    return (is_number(v) and -100 <= v <= 100) or (isinstance(v, float) and math.isnan(v))
 
 
 def _is_matrix(v: Any) -> bool:
@@ -172,112 +175,22 @@ def _is_matrix(v: Any) -> bool:
     )
 
 
-def _is_summary(m: Any) -> bool:
-    return (
-        isinstance(m, dict)
-        and _is_matrix(m.get("accuracy_matrix"))
-        and _is_pct(m.get("last_acc"))
-        and _is_pct(m.get("avg_acc"))
-        and _list_of(_is_pct)(m.get("acc_curve", []))
-        and all(_list_of(_is_pct_or_nan)(m.get(k, [])) for k in ("old_acc", "new_acc", "top5_curve"))
-        and all(_or_none(_is_points)(m.get(k)) for k in ("forgetting", "forgetting_first_last"))
-        and all(_or_none(_is_real)(m.get(k)) for k in ("bwt", "ece"))
-        and all(_or_none(_is_pair)(m.get(k)) for k in ("last_acc_ci", "avg_acc_ci"))
-    )
-
-
 def _is_pair(v: Any) -> bool:
-    return isinstance(v, list) and len(v) == 2 and all(_is_number(x) for x in v) and v[0] <= v[1]
-
-
-def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, list) and all(ok(x) for x in v)
-
-
-def _or_none(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: v is None or ok(v)
-
-
-def _is_str(v: Any) -> bool:
-    return isinstance(v, str) and len(v) <= MAX_TEXT
-
-
-def _is_name(v: Any) -> bool:
-    return isinstance(v, str) and 0 < len(v) <= MAX_NAME
-
-
-def _is_task(t: Any) -> bool:
-    return (
-        isinstance(t, dict)
-        and _is_count(t.get("task", 0))
-        and isinstance(t.get("diagnostics") or {}, dict)
-        and _list_of(_is_count)(t.get("classes", []))
-        and _or_none(_is_seconds)(t.get("train_s"))
-        and _or_none(_is_seconds)(t.get("eval_s"))
-        and _or_none(_is_real)(t.get("trained_change"))
-        and _or_none(_is_real)(t.get("reset_share"))
-    )
-
-
-def _is_predictions_ref(v: Any) -> bool:
-    return (
-        isinstance(v, dict)
-        and _is_str(v.get("file"))
-        and _is_str(v.get("sha256"))
-        and _is_count(v.get("bytes"))
-        and _is_count(v.get("rows"))
-    )
+    return isinstance(v, list) and len(v) == 2 and all(is_number(x) for x in v) and v[0] <= v[1]
 
 
 # The same checks for other files that carry record values (the gate's reference).
-is_count, is_positive, is_pct, is_matrix, is_name = _is_count, _is_positive, _is_pct, _is_matrix, _is_name
+is_pct, is_matrix = _is_pct, _is_matrix
 
-FieldCheck = tuple[tuple[str, ...], str, Callable[[Any], bool]]
-NAME = f"a name (1 to {MAX_NAME} characters)"
-SECONDS = "seconds (a finite number >= 0)"
-COUNT = "an integer >= 0"
-COUNTS = "a list of integers >= 0"
-
-
-def _is_object(v: Any) -> bool:
-    return isinstance(v, dict)
-
-
-def json_field(
-    expected: str | None = None,
-    ok: Callable[[Any], bool] | None = None,
-    *,
-    required: bool = False,
-    where_set: bool = False,
-    nested: bool = False,
-    parts: type | None = None,
-    main_summary: bool = False,
-    **kwargs: Any,
-) -> Any:
-    """A dataclass field of ``result.json`` with how it is written and checked, the one place each is said:
-
-    - ``expected`` / ``ok``: what a value must be (the refusal names ``expected``); no ``ok``: not checked.
-    - ``required``: a record without it is refused (else older records may lack it; the default stands in).
-    - ``where_set``: written only when set (not None, not an empty list), as records always had it.
-    - ``nested``: a typed part read by :meth:`RunRecord.from_dict` itself; ``parts``: its dataclass, whose own
-      ``json_field`` checks apply under this field's name (``params.trainable``).
-    - ``main_summary``: the main protocol's metrics follow this field at the top level (as every record has them),
-      checked with :class:`ProtocolSummary`'s ``json_field`` checks.
-
-    Other arguments go to :func:`dataclasses.field` (``default``, ``default_factory``)."""
-    meta: dict[str, Any] = {"required": required, "where_set": where_set, "nested": nested or parts is not None}
-    if ok is not None:
-        meta["check"] = (expected, ok)
-    if parts is not None:
-        meta["parts"] = parts
-    if main_summary:
-        meta["main_summary"] = True
-    return field(metadata=meta, **kwargs)
+PCTS = "a list of percentages (0 to 100)"
+PCTS_OR_NULL = "a list of percentages (0 to 100) or null"
+POINTS = "points (-100 to 100) or null"
+INTERVAL = "a [low, high] pair of numbers or null"
 
 
 # ------------------------------------------------------------------------------------------- the record's parts
 @dataclass
-class ProtocolSummary:
+class ProtocolSummary(Typed):
     """The metrics of one evaluation protocol after every task (definitions: :data:`clbench.metrics.DEFINITIONS`)."""
 
     # R[t][j] in percent: after task t, on the test images of task j <= t
@@ -285,186 +198,124 @@ class ProtocolSummary:
         "a lower-triangular matrix of percentages (row t: t + 1 entries, 0 to 100)", _is_matrix, required=True
     )
     # A_t in percent: every seen class's test images after task t
-    acc_curve: list[float] = json_field("a list of percentages (0 to 100)", _list_of(_is_pct), required=True)
+    acc_curve: list[float] = json_field(PCTS, list_of(_is_pct), required=True)
     last_acc: float | None = json_field("a percentage (0 to 100)", _is_pct, required=True)  # A_T
     avg_acc: float | None = json_field("a percentage (0 to 100)", _is_pct, required=True)  # mean of the A_t
     # Chaudhry / PILOT: max earlier R[t][j] minus final R[T][j], mean over j < T
-    forgetting: float | None = json_field("points (-100 to 100) or null", _or_none(_is_points), default=None)
+    forgetting: float | None = json_field(POINTS, or_none(_is_points), default=None)
     # R[j][j] minus final R[T][j], mean over j < T
-    forgetting_first_last: float | None = json_field("points (-100 to 100) or null", _or_none(_is_points), default=None)
-    old_acc: list[float] = field(default_factory=list)  # per task: earlier tasks' test images (NaN after task 1)
-    new_acc: list[float] = field(default_factory=list)  # per task: this task's test images
-    top5_curve: list[float] = field(default_factory=list)  # per task: top-5 accuracy over every seen class
-    bwt: float | None = None  # backward transfer (Lopez-Paz and Ranzato): mean over j < T of R[T][j] - R[j][j]
-    ece: float | None = None  # final model's expected calibration error, 15 bins, points (None: no predictions)
-    last_acc_ci: list[float] | None = None  # [lo, hi] 95 % stratified image bootstrap (None: no predictions)
-    avg_acc_ci: list[float] | None = None  # [lo, hi] likewise for avg_acc
+    forgetting_first_last: float | None = json_field(POINTS, or_none(_is_points), default=None)
+    # per task: earlier tasks' test images (NaN after task 1: null in the file)
+    old_acc: list[float] = json_field(PCTS_OR_NULL, list_of(_is_pct_or_nan), default_factory=list)
+    new_acc: list[float] = json_field(PCTS_OR_NULL, list_of(_is_pct_or_nan), default_factory=list)  # this task's
+    # per task: top-5 accuracy over every seen class
+    top5_curve: list[float] = json_field(PCTS_OR_NULL, list_of(_is_pct_or_nan), default_factory=list)
+    # backward transfer (Lopez-Paz and Ranzato): mean over j < T of R[T][j] - R[j][j]
+    bwt: float | None = json_field("a number or null", or_none(is_real), where_set=True, default=None)
+    # final model's expected calibration error, 15 bins, points (None: no predictions)
+    ece: float | None = json_field("a number or null", or_none(is_real), where_set=True, default=None)
+    # [lo, hi] 95 % stratified image bootstrap (None: no predictions); likewise for avg_acc
+    last_acc_ci: list[float] | None = json_field(INTERVAL, or_none(_is_pair), where_set=True, default=None)
+    avg_acc_ci: list[float] | None = json_field(INTERVAL, or_none(_is_pair), where_set=True, default=None)
     # per task: the task-aware accuracy (clbench.metrics.task_aware_prediction), beside A_t; records before it: none
-    task_aware_curve: list[float] = field(default_factory=list)
-    task_aware_last: float | None = None  # its value after the last task
+    task_aware_curve: list[float] = json_field(
+        PCTS_OR_NULL, list_of(_is_pct_or_nan), where_set=True, default_factory=list
+    )
+    task_aware_last: float | None = json_field(  # its value after the last task
+        "a percentage or null", or_none(_is_pct_or_nan), where_set=True, default=None
+    )
 
-    @classmethod
-    def from_dict(cls, d: Json) -> ProtocolSummary:
-        values = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
+    def __post_init__(self) -> None:
         for name in _NAN_LISTS:  # the file says null where the value is undefined (standard JSON): NaN in memory
-            if name in values:
-                values[name] = [math.nan if v is None else v for v in values[name]]
-        return cls(**values)
-
-    def to_dict(self) -> Json:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {k: v for k, v in out.items() if k not in _WHERE_SET or not _unset(v)}
+            values = getattr(self, name)
+            if any(v is None for v in values):
+                setattr(self, name, [math.nan if v is None else v for v in values])
 
 
 # per-task lists with undefined entries (old_acc after the first task): NaN in memory, null in the file
 _NAN_LISTS = ("old_acc", "new_acc", "top5_curve")
-
-
-# written only where known (older records lack them)
-def _unset(v: Any) -> bool:
-    """None or an empty list (an array is never unset: ``v != []`` on one is an element-wise comparison)."""
-    return v is None or (isinstance(v, list) and not v)
-
-
-_WHERE_SET = ("bwt", "ece", "last_acc_ci", "avg_acc_ci", "task_aware_curve", "task_aware_last")
 SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(ProtocolSummary))
 
 
-@dataclass
-class Params:
+@dataclass(kw_only=True)
+class Params(Typed):
     """Parameter counts (:class:`clbench.strategy.ParamCounts`): the frozen backbone, and what the strategy adds."""
 
-    backbone: int = json_field(COUNT, _is_count)  # parameters of the frozen backbone
-    trainable: int = json_field(COUNT, _is_count, required=True)  # the most the optimiser updated in one task
+    backbone: int = json_field(COUNT, is_count)  # parameters of the frozen backbone
+    trainable: int = json_field(COUNT, is_count, required=True)  # the most the optimiser updated in one task
+    trainable_per_task: list[int] = json_field(COUNTS, list_of(is_count), default_factory=list)
+    added_per_task: list[int] = json_field(COUNTS, list_of(is_count), default_factory=list)
     # learned parameters kept after the last task (modules, prompts, adapters, head rows)
-    added_total: int = json_field(COUNT, _is_count, required=True)
-    trainable_per_task: list[int] = json_field(COUNTS, _list_of(_is_count), default_factory=list)
-    added_per_task: list[int] = json_field(COUNTS, _list_of(_is_count), default_factory=list)
-    head: int = json_field(COUNT, _is_count, default=0)
-    extra: Json = field(default_factory=dict)  # the strategy's own counts (ParamCounts.extra), written beside these
+    added_total: int = json_field(COUNT, is_count, required=True)
     # statistics kept after the last task (prototypes, means, covariances, Gram matrices)
-    stored_total: int = json_field(COUNT, _is_count, default=0)
-    stored_per_task: list[int] = json_field(COUNTS, _list_of(_is_count), default_factory=list)
-
-    @classmethod
-    def from_dict(cls, d: Json) -> Params:
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        return cls(**{k: d[k] for k in known if k in d}, extra={k: v for k, v in d.items() if k not in known})
-
-    def to_dict(self) -> Json:
-        return {
-            "backbone": self.backbone,
-            "trainable": self.trainable,
-            "trainable_per_task": self.trainable_per_task,
-            "added_per_task": self.added_per_task,
-            "added_total": self.added_total,
-            "stored_per_task": self.stored_per_task,
-            "stored_total": self.stored_total,
-            "head": self.head,
-            **self.extra,
-        }
+    stored_per_task: list[int] = json_field(COUNTS, list_of(is_count), default_factory=list)
+    stored_total: int = json_field(COUNT, is_count, default=0)
+    head: int = json_field(COUNT, is_count, default=0)
+    extra: Json = field(default_factory=dict)  # the strategy's own counts (ParamCounts.extra), written beside these
 
 
 TIME_PHASES = ("features", "train", "eval", "checkpoint", "total")
 
 
-@dataclass
-class Times:
+@dataclass(kw_only=True)
+class Times(Typed):
     """Wall-clock seconds per phase, summed over every segment of a resumed run."""
 
     # frozen-feature extraction (near 0 when the feature cache hit)
-    features: float = json_field(SECONDS, _is_seconds, required=True)
-    train: float = json_field(SECONDS, _is_seconds, required=True)
-    eval: float = json_field(SECONDS, _is_seconds, required=True)  # covers every protocol the run evaluated
-    total: float = json_field(SECONDS, _is_seconds, required=True)  # the whole run, loading included
+    features: float = json_field(SECONDS, is_seconds, required=True)
+    train: float = json_field(SECONDS, is_seconds, required=True)
+    eval: float = json_field(SECONDS, is_seconds, required=True)  # covers every protocol the run evaluated
     # writing checkpoints (None: a record from before checkpoints)
-    checkpoint: float | None = json_field(SECONDS, _is_seconds, default=None)
-
-    @classmethod
-    def from_dict(cls, d: Json) -> Times:
-        return cls(**{k: d[k] for k in TIME_PHASES if k in d})
-
-    def to_dict(self) -> Json:
-        return {k: getattr(self, k) for k in TIME_PHASES if getattr(self, k) is not None}
+    checkpoint: float | None = json_field(SECONDS, is_seconds, where_set=True, default=None)
+    total: float = json_field(SECONDS, is_seconds, required=True)  # the whole run, loading included
 
 
 @dataclass
-class Host:
+class Host(Typed):
     """The machine a run's times come from. Fields a record predates are None and not written."""
 
-    cpus: int | None = None
-    torch_threads: int | None = None
-    omp_wait_policy: str | None = None
-    cpu: str | None = None  # model name
-    cpu_capability: str | None = None  # torch.backends.cpu.get_cpu_capability()
-    amx: bool | None = None
-    avx512_bf16: bool | None = None
-    isa_limits: dict[str, str] | None = None  # ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA where set
+    cpus: int | None = json_field(COUNT, is_count, where_set=True, default=None)
+    torch_threads: int | None = json_field(COUNT, is_count, where_set=True, default=None)
+    omp_wait_policy: str | None = json_field(TEXT, is_str, where_set=True, default=None)
+    cpu: str | None = json_field(TEXT, is_str, where_set=True, default=None)  # model name
+    # torch.backends.cpu.get_cpu_capability()
+    cpu_capability: str | None = json_field(TEXT, is_str, where_set=True, default=None)
+    amx: bool | None = json_field("true or false", is_bool, where_set=True, default=None)
+    avx512_bf16: bool | None = json_field("true or false", is_bool, where_set=True, default=None)
+    # ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA where set
+    isa_limits: dict[str, str] | None = json_field(
+        "an object of variable -> value", map_of(is_str), where_set=True, default=None
+    )
     extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
 
-    @classmethod
-    def from_dict(cls, d: Json) -> Host:
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        return cls(**{k: d[k] for k in known if k in d}, extra={k: v for k, v in d.items() if k not in known})
-
-    def to_dict(self) -> Json:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        return {**{k: v for k, v in out.items() if v is not None}, **self.extra}
-
 
 @dataclass
-class TaskEntry:
+class TaskEntry(Typed):
     """One task of the run: its classes, its times and the strategy's diagnostics after it."""
 
-    task: int
-    classes: list[int]  # class ids (after the class order) learnt in this task
-    train_s: float | None  # None: not measured (the field checks let a record hold null)
-    diagnostics: Json = field(default_factory=dict)  # method-specific (Strategy.diagnostics): a free dict
-    eval_s: float | None = None
+    task: int = json_field(COUNT, is_count)  # the record's per_task list gives it where an entry lacks it
+    # class ids (after the class order) learnt in this task
+    classes: list[int] = json_field(COUNTS, list_of(is_count), default_factory=list)
+    train_s: float | None = json_field(f"{SECONDS} or null", or_none(is_seconds), default=None)  # None: not measured
+    # method-specific (Strategy.diagnostics): a free dict (its routing part: clbench.routing_diagnostics)
+    diagnostics: Json = json_field("an object or null", or_none(is_object), default_factory=dict)
+    eval_s: float | None = json_field(f"{SECONDS} or null", or_none(is_seconds), default=None)
     # clbench.training_check: ||after - before|| / ||before|| of what the optimizers stepped in this task (None:
     # nothing trained; absent in records before the detector) and, first task only, the share of its test
-    # predictions that change when its trained parts keep their initial values
-    trained_change: float | None = None
-    reset_share: float | None = None
+    # predictions that change when its trained parts keep their initial values; written where measured
+    trained_change: float | None = json_field("a number or null", or_none(is_real), where_set=True, default=None)
+    reset_share: float | None = json_field("a number or null", or_none(is_real), where_set=True, default=None)
 
-    @classmethod
-    def from_dict(cls, d: Json) -> TaskEntry:
-        return cls(
-            d["task"],
-            list(d.get("classes") or []),
-            d.get("train_s"),
-            d.get("diagnostics") or {},
-            d.get("eval_s"),
-            d.get("trained_change"),
-            d.get("reset_share"),
-        )
-
-    def to_dict(self) -> Json:
-        out = {
-            "task": self.task,
-            "classes": self.classes,
-            "train_s": self.train_s,
-            "diagnostics": self.diagnostics,
-            "eval_s": self.eval_s,
-        }
-        for name in ("trained_change", "reset_share"):  # written where measured: older records stay as they were
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        return out
+    def __post_init__(self) -> None:
+        if self.diagnostics is None:
+            self.diagnostics = {}
 
 
 @dataclass
-class ProtocolGap:
-    last_acc: float  # reference minus per-sample, points
-    avg_acc: float
-    note: str = "reference minus per-sample, in points"
-
-    @classmethod
-    def from_dict(cls, d: Json) -> ProtocolGap:
-        return cls(d["last_acc"], d["avg_acc"], d.get("note", cls.note))
-
-    def to_dict(self) -> Json:
-        return {"last_acc": self.last_acc, "avg_acc": self.avg_acc, "note": self.note}
+class ProtocolGap(Typed):
+    last_acc: float = json_field("points (-100 to 100)", _is_points, required=True)  # reference minus per-sample
+    avg_acc: float = json_field("points (-100 to 100)", _is_points, required=True)
+    note: str = json_field(TEXT, is_str, default="reference minus per-sample, in points")
 
 
 @dataclass(kw_only=True)
@@ -478,25 +329,25 @@ class RunRecord:
     know (``extra``) last. Each field's :func:`json_field` says what it must be and whether a record may lack it;
     :data:`REQUIRED_FIELDS`, :data:`OPTIONAL_FIELDS` and :data:`LAYOUT` are derived from them."""
 
-    run_id: str = json_field(NAME, _is_name)  # older records lack it: the folder names the run
-    complete: bool
-    created: str | None = None  # ISO time of this write
-    command: str | None = json_field("a string or null", _or_none(_is_str), default=None)
+    run_id: str = json_field(NAME, is_name)  # older records lack it: the folder names the run
+    complete: bool = json_field("true or false", is_bool, required=True)
+    created: str | None = json_field("a string or null", or_none(is_str), default=None)  # ISO time of this write
+    command: str | None = json_field("a string or null", or_none(is_str), default=None)
     # the run's defining settings (clbench.config.DEFINING_FIELDS)
-    fingerprint: Json | None = json_field("an object or null", _or_none(_is_object), default=None)
-    strategy: str = json_field(NAME, _is_name, required=True)
+    fingerprint: Json | None = json_field("an object or null", or_none(is_object), default=None)
+    strategy: str = json_field(NAME, is_name, required=True)
     # the strategy's settings dataclass, as written
-    strategy_config: Json = json_field("an object", _is_object, default_factory=dict)
+    strategy_config: Json = json_field("an object", is_object, default_factory=dict)
     # the run's train_per_class (clbench.config.RunConfig): each task learnt from its first k images per class
     train_per_class: int | None = json_field(
-        "an integer >= 1 or null", _or_none(_is_positive), where_set=True, default=None
+        "an integer >= 1 or null", or_none(is_positive), where_set=True, default=None
     )
-    profile: str | None = json_field(f"{NAME} or null", _or_none(_is_name), default=None)
-    bench: str = json_field(NAME, _is_name, required=True)
-    n_classes: int | None = json_field("an integer >= 1 or null", _or_none(_is_positive), default=None)
+    profile: str | None = json_field(f"{NAME} or null", or_none(is_name), default=None)
+    bench: str = json_field(NAME, is_name, required=True)
+    n_classes: int | None = json_field("an integer >= 1 or null", or_none(is_positive), default=None)
     n_images: dict[str, int] | None = json_field(  # {"train": N, "test": N}
         "an object of split -> count or null",
-        _or_none(lambda v: isinstance(v, dict) and all(_is_count(n) for n in v.values())),
+        or_none(lambda v: isinstance(v, dict) and all(is_count(n) for n in v.values())),
         default=None,
     )
     # what data the run learnt from and was tested on: {"train": digest, "test": digest} of the splits' contents
@@ -504,82 +355,82 @@ class RunRecord:
     # lack it: unknown, which matches any data
     data_fingerprint: dict[str, str] | None = json_field(
         "an object of split -> digest or null",
-        _or_none(lambda v: isinstance(v, dict) and bool(v) and all(_is_name(k) and _is_name(d) for k, d in v.items())),
+        or_none(lambda v: isinstance(v, dict) and bool(v) and all(is_name(k) and is_name(d) for k, d in v.items())),
         where_set=True,
         default=None,
     )
     task_sizes: list[int] = json_field(  # classes per task
         "a list of integers >= 1",
-        lambda v: isinstance(v, list) and bool(v) and all(_is_positive(n) for n in v),
+        lambda v: isinstance(v, list) and bool(v) and all(is_positive(n) for n in v),
         required=True,
     )
     # the run's scenario where it is not "class" (clbench.config.SCENARIO_CHOICES); records without it are
     # class-incremental runs (read them with ``record.scenario or "class"``)
-    scenario: str | None = json_field(f"{NAME} or null", _or_none(_is_name), where_set=True, default=None)
+    scenario: str | None = json_field(f"{NAME} or null", or_none(is_name), where_set=True, default=None)
     # the domain scenario: the benchmark's domain names in task order (task t = domain t)
     domains: list[str] | None = json_field(
-        "a list of names or null", _or_none(_list_of(_is_name)), where_set=True, default=None
+        "a list of names or null", or_none(list_of(is_name)), where_set=True, default=None
     )
-    class_order: list[int] = json_field("a list of integers >= 0", _list_of(_is_count), default_factory=list)
-    class_order_seed: int = json_field("an integer >= 0", _is_count, default=DEFAULT_CLASS_ORDER_SEED)
+    class_order: list[int] = json_field("a list of integers >= 0", list_of(is_count), default_factory=list)
+    class_order_seed: int = json_field("an integer >= 0", is_count, default=DEFAULT_CLASS_ORDER_SEED)
     class_names: list[str] | None = json_field(  # in class order
-        "a list of names or null", _or_none(_list_of(_is_name)), default=None
+        "a list of names or null", or_none(list_of(is_name)), default=None
     )
-    backbone: str = json_field(NAME, _is_name, required=True)
+    backbone: str = json_field(NAME, is_name, required=True)
     # "random-init(seed=...)", a file, a package ...
-    weights_source: str | None = json_field("a string or null", _or_none(_is_str), default=None)
-    weights_digest: str | None = json_field("a string or null", _or_none(_is_str), default=None)
-    img_size: int | None = json_field("an integer >= 1 or null", _or_none(_is_positive), default=None)
-    transform: str | None = None  # the eval transform's identity (TransformSpec.identity)
-    seed: int = json_field("an integer >= 0", _is_count, required=True)
-    device: str | None = None
+    weights_source: str | None = json_field("a string or null", or_none(is_str), default=None)
+    weights_digest: str | None = json_field("a string or null", or_none(is_str), default=None)
+    img_size: int | None = json_field("an integer >= 1 or null", or_none(is_positive), default=None)
+    # the eval transform's identity (TransformSpec.identity)
+    transform: str | None = json_field("a string or null", or_none(is_str), default=None)
+    seed: int = json_field("an integer >= 0", is_count, required=True)
+    device: str | None = json_field(f"{NAME} or null", or_none(is_name), default=None)
     # fp32 / bf16 / fp16 (records before --precision: from their autocast flag)
-    precision: str = json_field(NAME, _is_name, default="unknown")
-    precision_reason: str | None = None
+    precision: str = json_field(NAME, is_name, default="unknown")
+    precision_reason: str | None = json_field("a string or null", or_none(is_str), default=None)
     # the main evaluation protocol (the first of ``protocols``); its metrics follow at the top level
-    protocol: str = json_field(NAME, _is_name, required=True, main_summary=True)
+    protocol: str = json_field(NAME, is_name, required=True, inline=ProtocolSummary)
     protocols: dict[str, ProtocolSummary] = json_field(  # every protocol evaluated, the main one included
-        "an object of protocol -> metrics",
-        lambda v: isinstance(v, dict) and all(_is_summary(m) for m in v.values()),
-        nested=True,
+        "an object of protocol -> metrics", is_object, part=ProtocolSummary, shape="map", default_factory=dict
     )
-    params: Params = json_field(parts=Params)
-    time_s: Times = json_field(parts=Times)
+    params: Params = json_field(part=Params, required=True)
+    time_s: Times = json_field(part=Times, required=True)
     per_task: list[TaskEntry] = json_field(
-        "a list of task objects", _list_of(_is_task), nested=True, default_factory=list
+        "a list of task objects", list_of(is_object), part=TaskEntry, shape="list", default_factory=list
     )
     # "hit" / "miss" per split and segment
-    feature_cache: list[str] = json_field("a list of names", _list_of(_is_name), default_factory=list)
+    feature_cache: list[str] = json_field("a list of names", list_of(is_name), default_factory=list)
     # `clbench data check` problems run anyway
-    data_problems: list[str] = json_field("a list of strings", _list_of(_is_str), default_factory=list)
+    data_problems: list[str] = json_field("a list of strings", list_of(is_str), default_factory=list)
     # tasks done at each resume from a checkpoint
-    resumed_from_task: list[int] = json_field("a list of integers >= 0", _list_of(_is_count), default_factory=list)
+    resumed_from_task: list[int] = json_field("a list of integers >= 0", list_of(is_count), default_factory=list)
     # set when a resume found every task done already (its checkpoint said so): that segment trained nothing
-    resume_warning: str | None = json_field("a string or null", _or_none(_is_str), where_set=True, default=None)
+    resume_warning: str | None = json_field("a string or null", or_none(is_str), where_set=True, default=None)
     peak_rss_mb: float | None = json_field(  # over every segment of the run
-        "a number >= 0 or null", _or_none(lambda v: _is_real(v) and not v < 0), default=None
+        "a number >= 0 or null", or_none(lambda v: is_real(v) and not v < 0), default=None
     )
-    versions: dict[str, str] = field(default_factory=dict)  # library versions
-    git_revision: str | None = json_field("a string or null", _or_none(_is_str), default=None)
-    metric_definitions: dict[str, str] | None = None  # clbench.metrics.DEFINITIONS when the run was made
+    versions: dict[str, str] = json_field("an object", is_object, default_factory=dict)  # library versions
+    git_revision: str | None = json_field("a string or null", or_none(is_str), default=None)
+    # clbench.metrics.DEFINITIONS when the run was made
+    metric_definitions: dict[str, str] | None = json_field("an object or null", or_none(is_object), default=None)
     # predictions.npz beside the record (None: the run kept none)
     predictions: PredictionsFile | None = json_field(
-        "an object with file, sha256, bytes and rows, or null", _or_none(_is_predictions_ref), nested=True, default=None
+        "an object with file, sha256, bytes and rows, or null", or_none(is_object), part=PredictionsFile, default=None
     )
-    host: Host = json_field("an object", _is_object, nested=True, default_factory=Host)
+    host: Host = json_field("an object", is_object, part=Host, default_factory=Host)
     protocol_gap: ProtocolGap | None = json_field(  # runs of both protocols
         "an object with last_acc and avg_acc (points, -100 to 100) or null",
-        _or_none(lambda v: isinstance(v, dict) and _is_points(v.get("last_acc")) and _is_points(v.get("avg_acc"))),
-        nested=True,
+        or_none(is_object),
+        part=ProtocolGap,
         where_set=True,
         default=None,
     )
     # ISO time of the complete write
-    finished: str | None = json_field("a string or null", _or_none(_is_str), where_set=True, default=None)
+    finished: str | None = json_field("a string or null", or_none(is_str), where_set=True, default=None)
     # clbench.training_check: set when training barely moved the trained parts (the run measures the backbone)
-    training_warning: str | None = json_field("a string or null", _or_none(_is_str), where_set=True, default=None)
+    training_warning: str | None = json_field("a string or null", or_none(is_str), where_set=True, default=None)
     # experiment trackers that failed (clbench.trackers)
-    tracker_events: list[str] = json_field("a list of strings", _list_of(_is_str), where_set=True, default_factory=list)
+    tracker_events: list[str] = json_field("a list of strings", list_of(is_str), where_set=True, default_factory=list)
     extra: Json = field(default_factory=dict)  # fields this clbench does not know, kept as read (and written)
 
     # ------------------------------------------------------------------------------------------- derived
@@ -643,40 +494,26 @@ class RunRecord:
 
     # ------------------------------------------------------------------------------------------- JSON
     def to_dict(self) -> Json:
-        """The JSON object of ``result.json``, in its field order."""
+        """The JSON object of ``result.json``, in its field order (:func:`clbench.typedfile.write`, with the main
+        protocol's metrics after ``protocol``)."""
         out: Json = {"schema_version": SCHEMA_VERSION}
-        for f in dataclasses.fields(self):
+        for f, s in file_fields(RunRecord):
             value = getattr(self, f.name)
-            if f.name == "extra" or (f.metadata.get("where_set") and (value is None or value == [])):
-                continue
-            out[f.name] = _to_json(value)
-            if f.metadata.get("main_summary"):
+            if not (s.where_set and unset(value)):
+                out[f.name] = write_value(s, value)
+            if s.inline is not None:
                 out.update(self.main.to_dict())
         return {**out, **self.extra}
 
     @classmethod
     def from_dict(cls, data: Json) -> RunRecord:
         """A record from a current-version JSON object whose fields :func:`field_problems` found sound."""
-        known = {f.name for f in dataclasses.fields(cls)} | set(SUMMARY_FIELDS) | {"schema_version"}
-        protocols = {p: ProtocolSummary.from_dict(s) for p, s in (data.get("protocols") or {}).items()}
+        protocols = data.get("protocols") or {}
         if data["protocol"] not in protocols:  # records that kept the main protocol at the top level only
-            protocols = {data["protocol"]: ProtocolSummary.from_dict(data), **protocols}
-        simple = {
-            f.name: data[f.name]
-            for f in dataclasses.fields(cls)
-            if f.name in data and f.name != "extra" and not f.metadata.get("nested")
-        }
-        return cls(
-            **simple,
-            protocols=protocols,
-            params=Params.from_dict(data["params"]),
-            time_s=Times.from_dict(data["time_s"]),
-            per_task=[TaskEntry.from_dict({"task": i, **t}) for i, t in enumerate(data.get("per_task") or [])],
-            host=Host.from_dict(data.get("host") or {}),
-            protocol_gap=ProtocolGap.from_dict(data["protocol_gap"]) if data.get("protocol_gap") else None,
-            predictions=PredictionsFile.from_dict(data["predictions"]) if data.get("predictions") else None,
-            extra={k: v for k, v in data.items() if k not in known},
-        )
+            protocols = {data["protocol"]: {k: data[k] for k in SUMMARY_FIELDS if k in data}, **protocols}
+        body = {k: v for k, v in data.items() if k not in SUMMARY_FIELDS and k != "schema_version"}
+        per_task = [{"task": i, **t} for i, t in enumerate(data.get("per_task") or [])]
+        return read(cls, {**body, "protocols": protocols, "per_task": per_task})
 
     @property
     def settings(self) -> Json:
@@ -699,46 +536,17 @@ def trained_settings(strategy_config: Json, train_per_class: int | None) -> Json
     return {**strategy_config, **({"train_per_class": train_per_class} if train_per_class is not None else {})}
 
 
-def _to_json(value: Any) -> Any:
-    """A field's value as JSON: typed parts through their ``to_dict``, lists and maps of them likewise."""
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if isinstance(value, list) and value and all(hasattr(v, "to_dict") for v in value):
-        return [v.to_dict() for v in value]
-    if isinstance(value, dict) and value and all(hasattr(v, "to_dict") for v in value.values()):
-        return {k: v.to_dict() for k, v in value.items()}
-    return value
-
-
-def _declared_checks(cls: type, prefix: tuple[str, ...] = ()) -> list[tuple[FieldCheck, bool]]:
-    """Every :func:`json_field` check of ``cls`` in declaration order, parts under their field's name, with whether
-    the field is required."""
-    out: list[tuple[FieldCheck, bool]] = []
-    for f in dataclasses.fields(cls):
-        m = f.metadata
-        if "check" in m:
-            out.append((((*prefix, f.name), *m["check"]), m["required"]))
-        if "parts" in m:
-            out += _declared_checks(m["parts"], (*prefix, f.name))
-        if m.get("main_summary"):
-            out += _declared_checks(ProtocolSummary, prefix)
-    return out
-
-
 # The top-level fields of result.json in the order written (the main summary after ``protocol``; where-set fields
 # only where set; ``extra`` last), derived from RunRecord.
 LAYOUT = tuple(f.name for f in dataclasses.fields(RunRecord) if f.name != "extra")
 # Fields every record must have for the tables, figures and the gate (a record without one is refused, naming it),
 # and fields a record may lack (older records do; a default stands in; one of another type is refused, naming it):
 # both read from the declarations above.
-REQUIRED_FIELDS: tuple[FieldCheck, ...] = tuple(check for check, required in _declared_checks(RunRecord) if required)
-OPTIONAL_FIELDS: tuple[FieldCheck, ...] = tuple(
-    check for check, required in _declared_checks(RunRecord) if not required
-)
+REQUIRED_FIELDS: tuple[FieldCheck, ...] = tuple(check for check, required in declared_checks(RunRecord) if required)
+OPTIONAL_FIELDS: tuple[FieldCheck, ...] = tuple(check for check, required in declared_checks(RunRecord) if not required)
 V1_FIELDS: tuple[FieldCheck, ...] = (  # version 1 only, upgraded away
     (("autocast",), "true or false", lambda v: isinstance(v, bool)),
 )
-_ABSENT = object()
 
 
 def out_of_bounds(node: Any, where: str = "") -> str | None:
@@ -769,28 +577,14 @@ def field_problems(data: Json, version: int = SCHEMA_VERSION) -> list[str]:
     huge = out_of_bounds(data)
     if huge is not None:
         return [huge]
-    missing, wrong = [], []
-    checks = ((REQUIRED_FIELDS, True), (OPTIONAL_FIELDS + (V1_FIELDS if version == 1 else ()), False))
-    for fields, required in checks:
-        for path, expected, ok in fields:
-            node: Any = data
-            for part in path:
-                if not isinstance(node, dict) or part not in node:
-                    node = _ABSENT
-                    break
-                node = node[part]
-            name = ".".join(path)
-            if node is _ABSENT:
-                if required:
-                    missing.append(name)
-            elif not ok(node):
-                wrong.append(f"{name} is {type(node).__name__} {_short(node)}, expected {expected}")
-    return ([f"record lacks {', '.join(missing)}"] if missing else []) + [f"field {w}" for w in wrong]
-
-
-def _short(value: Any) -> str:
-    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < 20 else f"of {len(value)} items"
-    return text[:40] + ("..." if len(text) > 40 else "")
+    found = typed_problems(RunRecord, data, version=version)
+    if version == 1:
+        found.wrong += [
+            f"{'.'.join(path)} is {type(data[path[0]]).__name__} {short(data[path[0]])}, expected {expected}"
+            for path, expected, ok in V1_FIELDS
+            if path[0] in data and not ok(data[path[0]])
+        ]
+    return found.lines("record")
 
 
 def _upgrade_v4(data: Json) -> Json:
@@ -889,7 +683,7 @@ def _read_json(path: Path) -> Json:
 def _check_version(path: Path, data: Json, oldest: int = OLDEST_READABLE) -> int:
     """``data``'s schema version, refused (naming the fix) outside ``oldest`` to :data:`SCHEMA_VERSION`."""
     version = data.get("schema_version")
-    if not _is_int(version):
+    if not is_int(version):
         raise ClbenchError(
             f"{path}: not a clbench run record (schema_version is {version!r})",
             "give the result.json that `clbench run` writes",

@@ -17,6 +17,7 @@ reads as absent. A newer version is refused: a newer clbench wrote it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,21 @@ from typing import Any
 import numpy as np
 
 from clbench.errors import ClbenchError
+from clbench.typedfile import (
+    Problems,
+    file_fields,
+    is_count,
+    is_object,
+    is_positive,
+    is_str,
+    json_field,
+    list_of,
+    map_of,
+    or_none,
+    problems,
+    read,
+    write,
+)
 
 Json = dict[str, Any]
 SCHEMA_VERSION = 1
@@ -32,45 +48,59 @@ _FIX = "rerun it with this clbench, or leave the run out"
 COLLAPSE_RATIO, COLLAPSE_POINTS = 2.0, 25.0  # a module is flagged above 2x its task's share and 25 points over it
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and (math.isfinite(v) or math.isnan(v))
+
+
+_NUMBERS = list_of(_number)
+PCT, PCT_OR_NULL = "a percentage", "a percentage or null"
+NUMBER_OR_NULL, TEXT_OR_NULL = "a number or null", "a string or null"
+
+
 @dataclass(frozen=True)
 class ModuleChoices:
     """How one rule (an evaluation protocol, or one router of the routing study) chose modules on the test images."""
 
-    routing_acc: float  # % of images routed to their own task's module
-    routing_acc_per_task: list[float]  # the same per true task
-    chosen_hist: list[int]  # images per chosen module
-    newest_module_share: float | None  # % of images routed to the newest module (None: a record before it)
-    acc: float | None = None  # % accuracy with the chosen modules
-    # routing study only: true task x chosen module counts, and the collapse warning (clbench.routers)
-    confusion: list[list[int]] | None = None
-    collapse_warning: str | None = None
-    study: bool = False  # a router of the routing study (writes confusion and collapse_warning)
+    routing_acc: float = json_field(PCT, _number, required=True)  # % of images routed to their own task's module
+    routing_acc_per_task: list[float] = json_field(  # the same per true task
+        "a list of percentages", _NUMBERS, required=True
+    )
+    # routing study only: true task x chosen module counts (clbench.routers)
+    confusion: list[list[int]] | None = json_field("a matrix of counts", list_of(list_of(is_count)), default=None)
+    chosen_hist: list[int] = json_field("a list of counts", list_of(is_count), default_factory=list)  # per module
+    # % of images routed to the newest module (None: a record before it)
+    newest_module_share: float | None = json_field(PCT, _number, default=None)
+    acc: float | None = json_field(PCT_OR_NULL, or_none(_number), default=None)  # % accuracy with the chosen modules
+    # routing study only: the collapse warning (clbench.routing_diagnostics.collapse_warning)
+    collapse_warning: str | None = json_field(TEXT_OR_NULL, or_none(is_str), default=None)
+    study: bool = False  # a router of the routing study (writes confusion and collapse_warning, null or not)
 
     def to_dict(self) -> Json:
-        out: Json = {
-            "routing_acc": self.routing_acc,
-            "routing_acc_per_task": self.routing_acc_per_task,
-        }
-        if self.study:
-            out["confusion"] = self.confusion
-        out.update(chosen_hist=self.chosen_hist, newest_module_share=self.newest_module_share, acc=self.acc)
-        if self.study:
-            out["collapse_warning"] = self.collapse_warning
-        return out
+        """Its keys as TOSCA has always written them: a protocol's without the study's two."""
+        out = write(self)
+        return out if self.study else {k: v for k, v in out.items() if k not in ("confusion", "collapse_warning")}
 
 
 @dataclass(frozen=True)
 class RoutingDiagnostics:
-    """A routing strategy's diagnostics after one task (see the module docstring for the layout)."""
+    """A routing strategy's diagnostics after one task (see the module docstring for the layout). The protocols'
+    choices sit at the top level of ``diagnostics`` under their protocol's name; the rest is declared here."""
 
-    protocols: dict[str, ModuleChoices]  # evaluation protocol -> its choices
-    routers: dict[str, ModuleChoices] | None = None  # the routing study (None: a record from before it)
-    routing_warning: str | None = None  # the run's own router collapsed onto one module
-    oracle_acc: float | None = None  # % accuracy with every image routed to its own task's module
-    module_cosine_similarity: float | None = None  # mean pairwise cosine of the modules' weights
-    module_output_cosine: float | None = None  # mean pairwise cosine of the modules' outputs on the same images
-    module_output_cosine_centred: float | None = None  # the same after removing each module's mean output
-    router_temperatures: list[float] | None = None
+    protocols: dict[str, ModuleChoices] = dataclasses.field(default_factory=dict)  # evaluation protocol -> choices
+    # the routing study (None: a record from before it)
+    routers: dict[str, ModuleChoices] | None = json_field(
+        "an object of router -> choices", map_of(is_object), part=ModuleChoices, shape="map", default=None
+    )
+    # the run's own router collapsed onto one module
+    routing_warning: str | None = json_field(TEXT_OR_NULL, or_none(is_str), default=None)
+    # % accuracy with every image routed to its own task's module
+    oracle_acc: float | None = json_field(PCT_OR_NULL, or_none(_number), default=None)
+    # mean pairwise cosine of the modules' weights
+    module_cosine_similarity: float | None = json_field(NUMBER_OR_NULL, or_none(_number), default=None)
+    # mean pairwise cosine of the modules' outputs on the same images, and the same after removing each one's mean
+    module_output_cosine: float | None = json_field(NUMBER_OR_NULL, or_none(_number), default=None)
+    module_output_cosine_centred: float | None = json_field(NUMBER_OR_NULL, or_none(_number), default=None)
+    router_temperatures: list[float] | None = json_field("a list of numbers or null", or_none(_NUMBERS), default=None)
     schema_version: int = SCHEMA_VERSION
 
     def to_diagnostics(self) -> Json:
@@ -80,77 +110,27 @@ class RoutingDiagnostics:
             out["routers"] = {name: c.to_dict() for name, c in self.routers.items()}
         if self.routing_warning:
             out["routing_warning"] = self.routing_warning
-        out.update(
-            oracle_acc=self.oracle_acc,
-            module_cosine_similarity=self.module_cosine_similarity,
-            module_output_cosine=self.module_output_cosine,
-            module_output_cosine_centred=self.module_output_cosine_centred,
-            router_temperatures=self.router_temperatures,
-        )
+        top = write(self)
+        out.update({k: top[k] for k in _TOP if k != "routing_warning"})
         out[VERSION_KEY] = self.schema_version
         return out
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and (math.isfinite(v) or math.isnan(v))
+_TOP = [f.name for f, _ in file_fields(RoutingDiagnostics) if f.name != "routers"]
 
 
-def _numbers(v: Any) -> bool:
-    return isinstance(v, list) and all(_number(x) for x in v)
-
-
-def _counts(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
-
-
-# What each field of a rule's choices must be: (name, required, expected, check).
-_CHOICE_FIELDS: tuple[tuple[str, bool, str, Any], ...] = (
-    ("routing_acc", True, "a percentage", _number),
-    ("routing_acc_per_task", True, "a list of percentages", _numbers),
-    ("chosen_hist", False, "a list of counts", _counts),
-    ("newest_module_share", False, "a percentage", _number),
-    ("acc", False, "a percentage or null", lambda v: v is None or _number(v)),
-    ("confusion", False, "a matrix of counts", lambda v: isinstance(v, list) and all(_counts(r) for r in v)),
-    ("collapse_warning", False, "a string or null", lambda v: v is None or isinstance(v, str)),
-)
-_TOP_FIELDS: tuple[tuple[str, str, Any], ...] = (
-    ("routing_warning", "a string or null", lambda v: v is None or isinstance(v, str)),
-    ("oracle_acc", "a percentage or null", lambda v: v is None or _number(v)),
-    ("module_cosine_similarity", "a number or null", lambda v: v is None or _number(v)),
-    ("module_output_cosine", "a number or null", lambda v: v is None or _number(v)),
-    ("module_output_cosine_centred", "a number or null", lambda v: v is None or _number(v)),
-    ("router_temperatures", "a list of numbers or null", lambda v: v is None or _numbers(v)),
-)
-
-
-def _problem(value: Any, checks: Any, where: str) -> str | None:
-    for name, required, expected, ok in checks:
-        if name not in value:
-            if required:
-                return f"{where}.{name} is missing"
-        elif not ok(value[name]):
-            return f"{where}.{name} is {type(value[name]).__name__} {value[name]!r:.40}, expected {expected}"
-    return None
-
-
-def _choices(value: Json, study: bool) -> ModuleChoices:
-    return ModuleChoices(
-        routing_acc=value["routing_acc"],
-        routing_acc_per_task=list(value["routing_acc_per_task"]),
-        chosen_hist=list(value.get("chosen_hist") or []),
-        newest_module_share=value.get("newest_module_share"),
-        acc=value.get("acc"),
-        confusion=value.get("confusion"),
-        collapse_warning=value.get("collapse_warning"),
-        study=study,
-    )
+def _refuse(found: Problems, where: str) -> None:
+    if found.missing:
+        raise ClbenchError(f"{where}.{found.missing[0]} is missing", _FIX)
+    if found.wrong:
+        raise ClbenchError(f"{where}.{found.wrong[0]}", _FIX)
 
 
 def read_routing(diagnostics: Json, where: str = "diagnostics") -> RoutingDiagnostics | None:
     """The routing diagnostics in one task's ``diagnostics`` (None: the strategy records no routing). A mistyped
     or newer-version one is a ClbenchError naming ``where`` (the record and task) and the field."""
     version = diagnostics.get(VERSION_KEY, 1)  # records before the field: version 1
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+    if not is_positive(version):
         raise ClbenchError(f"{where}: {VERSION_KEY} is {version!r:.40}, expected an integer >= 1", _FIX)
     if version > SCHEMA_VERSION:
         raise ClbenchError(
@@ -159,25 +139,17 @@ def read_routing(diagnostics: Json, where: str = "diagnostics") -> RoutingDiagno
             "update clbench to read them",
         )
     protocols = {p: v for p, v in diagnostics.items() if isinstance(v, dict) and "routing_acc" in v}
-    routers = diagnostics.get("routers")
-    if not protocols and routers is None:
+    if not protocols and diagnostics.get("routers") is None:
         return None
-    if routers is not None and not (isinstance(routers, dict) and all(isinstance(v, dict) for v in routers.values())):
-        raise ClbenchError(f"{where}.routers is not an object of router -> choices", _FIX)
-    for name, value in [
-        *((p, v) for p, v in protocols.items()),
-        *((f"routers.{n}", v) for n, v in (routers or {}).items()),
-    ]:
-        problem = _problem(value, _CHOICE_FIELDS, f"{where}.{name}")
-        if problem is not None:
-            raise ClbenchError(problem, _FIX)
-    problem = _problem(diagnostics, [(n, False, e, ok) for n, e, ok in _TOP_FIELDS], where)
-    if problem is not None:
-        raise ClbenchError(problem, _FIX)
-    return RoutingDiagnostics(
-        protocols={p: _choices(v, study=False) for p, v in protocols.items()},
-        routers=None if routers is None else {n: _choices(v, study=True) for n, v in routers.items()},
-        **{n: diagnostics.get(n) for n, _, _ in _TOP_FIELDS},
+    for p, value in protocols.items():
+        _refuse(problems(ModuleChoices, value, where=f"{p}."), where)
+    _refuse(problems(RoutingDiagnostics, diagnostics), where)
+    top = read(RoutingDiagnostics, diagnostics)
+    routers = None if top.routers is None else {n: dataclasses.replace(c, study=True) for n, c in top.routers.items()}
+    return dataclasses.replace(
+        top,
+        protocols={p: read(ModuleChoices, v) for p, v in protocols.items()},
+        routers=routers,
         schema_version=version,
     )
 

@@ -248,7 +248,10 @@ def test_a_record_lacking_protocols_uses_its_top_level_metrics(tmp_path):
         (lambda r: r.update(schema_version=-1), "schema version -1 \\(this clbench reads"),
         (lambda r: r["time_s"].update(train="fast"), "field time_s.train is str 'fast', expected seconds"),
         (lambda r: r.pop("last_acc") and r["params"].pop("trainable"), "record lacks last_acc, params.trainable"),
-        (lambda r: r.update(per_task=[{"task": "one"}]), "field per_task is list"),
+        (
+            lambda r: r.update(per_task=[{"task": "one"}]),
+            r"field per_task\[0\]\.task is str 'one', expected an integer",
+        ),
         (lambda r: r.update(host=[]), "field host is list \\[\\], expected an object"),
         (lambda r: r.update(complete="yes"), "field complete is 'yes', expected the boolean true"),
         (lambda r: r.update(acc_curve=r["acc_curve"][:2]), "accuracy curve has 2 points for 6 tasks"),
