@@ -231,7 +231,7 @@ def print_sweep_end(manifest: SweepManifest, out: Any, written: list, console: C
     for path in written:
         console.print(f"wrote {esc(path)}")
     for run_id, info in failed.items():
-        console.print(f"[red]not complete[/red] {esc(run_id)}: {esc(info.outcome.get('error', info.state))}")
+        console.print(f"[red]not complete[/red] {esc(run_id)}: {esc(info.outcome.error or info.state)}")
     if failed:
         console.print(
             "re-run the same command to finish them: complete runs are skipped, unfinished ones continue "

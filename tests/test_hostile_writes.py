@@ -494,7 +494,7 @@ def test_a_sweep_workers_folder_is_checked_before_it_writes(made, tmp_path):
         "log": None,
     }
     outcome = execute(payload)
-    assert outcome["status"] == "error" and "is a folder of other files (1 entries)" in outcome["error"], outcome
+    assert outcome["status"] == "failed" and "is a folder of other files (1 entries)" in outcome["error"], outcome
     assert tree([tmp_path]) == before
 
 

@@ -7,6 +7,7 @@ TOSCA trains 30 epochs per task here (about 1 s a task on the micro ViT) so that
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -21,9 +22,23 @@ from pathlib import Path
 
 import pytest
 
+from clbench import typedfile
 from clbench.cli import main
+from clbench.errors import ClbenchError
 from clbench.results import RunRecord, load_record
-from clbench.sweep import ATTEMPT_FILE, SWEEP_FILE, execution_independent, overhead
+from clbench.sweep import (
+    ATTEMPT_FILE,
+    SWEEP_FILE,
+    RunOutcome,
+    SweepSpec,
+    WorkerPayload,
+    execute,
+    execution_independent,
+    make_plan,
+    overhead,
+)
+from clbench.sweep.manifest import load_manifest, write_manifest
+from clbench.sweep.worker import read_outcome
 
 RUNS = ("simplecil-emoji-s1", "simplecil-emoji-s2", "tosca-emoji-s1", "tosca-emoji-s2")
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
@@ -443,13 +458,119 @@ def test_seeds_take_ranges_and_vary_the_seed_asked_for(tmp_path, capsys):
 
 
 def test_overhead_arithmetic():
-    seq = [{"started_at": 10.0 + 5 * i, "finished_at": 14.0 + 5 * i, "collected_at": 14.5 + 5 * i} for i in range(3)]
-    ov = overhead(seq, sweep_start=8.0)
-    assert ov["startup_s"] == pytest.approx(2.0) and ov["max_concurrent_runs"] == 1
+    seq = [RunOutcome(started_at=10.0 + 5 * i, finished_at=14.0 + 5 * i, collected_at=14.5 + 5 * i) for i in range(3)]
+    ov = overhead([*seq, RunOutcome(status="skipped")], sweep_start=8.0)  # a run not executed does not count
+    assert ov["startup_s"] == pytest.approx(2.0) and ov["max_concurrent_runs"] == 1 and ov["runs_executed"] == 3
     assert ov["per_run_s"] == pytest.approx((14.5 + 10 - 10 - 12) / 3)  # window 14.5 s, 12 s of runs
-    par = [
-        {"started_at": 0.0, "finished_at": 4.0, "collected_at": 4.0},
-        {"started_at": 0.0, "finished_at": 4.0, "collected_at": 4.0},
-    ]
+    par = [RunOutcome(started_at=0.0, finished_at=4.0, collected_at=4.0) for _ in range(2)]
     ov = overhead(par, sweep_start=0.0)
     assert ov["max_concurrent_runs"] == 2 and ov["per_run_s"] == pytest.approx(0.0)
+
+
+# ----------------------------------------------------------------------------------------------- sweep.json, typed
+COMMITTED = Path(__file__).resolve().parent.parent / "reports" / "sweep-emoji" / SWEEP_FILE
+
+
+def test_the_manifest_of_a_sweep_reads_and_writes_back_byte_identical(local_sweep, tmp_path):
+    """sweep.json as the sweep wrote it: read (each run's outcome typed) and written again, the same bytes."""
+    out, _, _ = local_sweep
+    manifest = load_manifest(out / SWEEP_FILE)
+    outcome = manifest.runs["tosca-emoji-s1"].outcome
+    assert outcome.status == "done" and outcome.attempts >= 2 and outcome.resumed_from_task
+    assert outcome.span() is not None and outcome.extra == {}
+    write_manifest(tmp_path / SWEEP_FILE, manifest)
+    assert (tmp_path / SWEEP_FILE).read_bytes() == (out / SWEEP_FILE).read_bytes()
+
+
+def rewritten(raw: dict, tmp_path: Path) -> str:
+    """The text of ``raw`` written as the sweep writes it, read as a manifest and written again."""
+    (tmp_path / "in.json").write_text(json.dumps(raw, indent=2) + "\n")
+    write_manifest(tmp_path / "out.json", load_manifest(tmp_path / "in.json"))
+    assert (tmp_path / "out.json").read_text() == (tmp_path / "in.json").read_text()
+    return (tmp_path / "out.json").read_text()
+
+
+def test_an_outcomes_unknown_key_and_an_earlier_layout_are_written_back_as_read(tmp_path):
+    """A key this clbench does not know, among the outcome's, is kept in ``extra`` and written back in its place;
+    a failed run as an earlier clbench wrote it (attempts before collected_at) keeps that order."""
+    raw = load_manifest(COMMITTED).to_dict()  # as this clbench writes it (the committed file predates --vary)
+    run_id, entry = next(iter(raw["runs"].items()))
+    keys = list(entry)
+    at = keys.index("status") + 1
+    raw["runs"][run_id] = {**{k: entry[k] for k in keys[:at]}, "from_the_future": [1, 2], **entry}
+    rewritten(raw, tmp_path)
+    outcome = load_manifest(tmp_path / "in.json").runs[run_id].outcome
+    assert outcome.extra == {"from_the_future": [1, 2]} and outcome.status == "done"
+    head = {k: entry[k] for k in ("path", "state_at_start", "tasks_done_at_start", "fingerprint")}
+    failed = {**head, "state": "failed", "queued_at": 1.0, "status": "failed", "error": "x", "attempts": 3}
+    raw["runs"][run_id] = {**failed, "collected_at": 2.0}
+    assert '"attempts": 3,\n      "collected_at": 2.0' in rewritten(raw, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("attempts", "two", "an integer >= 1"),
+        ("status", "error", "one of done, failed, skipped"),
+        ("queued_at", -1, "a time (epoch seconds, a finite number >= 0)"),
+        ("resumed_from_task", [1, "2"], "a list of integers >= 0"),
+        ("last_acc", 101, "a percentage (0 to 100)"),
+    ],
+)
+def test_a_manifest_with_a_wrong_typed_outcome_field_is_refused_naming_it(tmp_path, field, value, expected):
+    raw = json.loads(COMMITTED.read_text())
+    run_id = next(iter(raw["runs"]))
+    raw["runs"][run_id][field] = value
+    path = tmp_path / SWEEP_FILE
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ClbenchError) as e:
+        load_manifest(path)
+    message = e.value.args[0]
+    assert message.startswith(f"{path}: field runs.{run_id}.{field} is {type(value).__name__} ") and message.endswith(
+        f", expected {expected}"
+    ), message
+    assert "delete or move sweep.json" in e.value.hint
+
+
+def test_the_worker_payload_and_outcome_are_typed_across_the_process_boundary(local_sweep):
+    """What crosses to a worker and back is the JSON form of a WorkerPayload / RunOutcome, checked on arrival: a
+    payload with a wrong-typed field comes back as a failed outcome naming it (a user error: not retried), an
+    outcome with one is refused naming it."""
+    import torch
+
+    out, _, _ = local_sweep
+    (run,) = [r for r in make_plan(spec_of(load_manifest(out / SWEEP_FILE), out)) if r.run_id == RUNS[0]]
+    payload = WorkerPayload(
+        run_id=run.run_id,
+        config=dataclasses.asdict(run.cfg),
+        fingerprint=run.fingerprint,
+        env={},
+        threads=torch.get_num_threads(),  # this process's own: the worker's setting changes nothing here
+        sweep_id="test",
+    )
+    sent = json.loads(json.dumps(typedfile.write(payload)))  # as JSON, wherever the worker runs
+    assert not typedfile.problems(WorkerPayload, sent) and typedfile.read(WorkerPayload, sent).run_id == run.run_id
+    done = read_outcome(execute(sent))  # the run is complete: its retry reports it done without running it
+    assert done.status == "done" and done.run_id == run.run_id and done.resumed_from_task == []
+    failed = read_outcome(execute({**sent, "threads": "two"}))
+    assert failed.status == "failed" and failed.run_id is None
+    assert "payload for this run is not one this clbench reads: field threads is str 'two', expected an integer" in (
+        failed.error
+    ), failed.error
+    with pytest.raises(ClbenchError, match="outcome is not one this clbench reads: field attempts is str 'two'"):
+        read_outcome({**done.to_dict(), "attempts": "two"})
+
+
+def spec_of(manifest, out: Path) -> SweepSpec:
+    """The SweepSpec that planned ``manifest`` (a sweep without --data-root)."""
+    overrides = tuple((scope, key, value) for scope, key, value in manifest.overrides)
+    return SweepSpec(
+        tuple(manifest.strategies),
+        tuple(manifest.benches),
+        tuple(manifest.seeds),
+        out,
+        dict(manifest.settings),
+        profile=manifest.profile,
+        overrides=overrides,
+        vary=manifest.vary,
+    )

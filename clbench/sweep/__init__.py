@@ -5,8 +5,8 @@ A sweep is a plan of ordinary runs (:func:`clbench.harness.run`), one run folder
 - ``DIR/runs/<strategy>-<bench>-s<seed>/``: the run folder (``result.json``; ``checkpoint.safetensors`` while
   unfinished; ``features.npz``; ``run.log``, the run's messages; ``attempt.json``, where and when its last attempt
   started).
-- ``DIR/sweep.json``: the plan, each run's state and outcome with its timestamps, the backend, and the measured
-  sweep overhead. Rewritten (atomically) whenever a run ends.
+- ``DIR/sweep.json``: the plan, each run's state and outcome (:class:`~clbench.sweep.manifest.RunOutcome`) with
+  its timestamps, the backend, and the measured sweep overhead. Rewritten (atomically) whenever a run ends.
 - ``DIR/summary.md`` / ``summary.csv``: mean ± half the 95 % interval (and the std) over seeds per (benchmark,
   backbone, strategy, protocol), from :mod:`clbench.report.tables`; ``DIR/report/``: ``clbench report`` of every
   complete run.
@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers; at run time each name is imported from its part when first used
     from clbench.sweep.backends import BACKENDS, LocalBackend, RayBackend, Resources
+    from clbench.sweep.manifest import RunOutcome
     from clbench.sweep.plan import (
         ATTEMPT_FILE,
         LOG_FILE,
@@ -56,7 +57,7 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported from i
     )
     from clbench.sweep.runner import SweepView, overhead, run_sweep
     from clbench.sweep.summary import write_summary
-    from clbench.sweep.worker import execute, execution_independent
+    from clbench.sweep.worker import WorkerPayload, execute, execution_independent
 
 # name -> the part that defines it: imported on first use (PEP 562), so that reading a sweep's plan (a report's study
 # file) does not import the worker's run loop, and with it torch
@@ -65,6 +66,7 @@ _PARTS = {
     "LocalBackend": "backends",
     "RayBackend": "backends",
     "Resources": "backends",
+    "RunOutcome": "manifest",
     "ATTEMPT_FILE": "plan",
     "LOG_FILE": "plan",
     "SWEEP_FILE": "plan",
@@ -81,6 +83,7 @@ _PARTS = {
     "overhead": "runner",
     "run_sweep": "runner",
     "write_summary": "summary",
+    "WorkerPayload": "worker",
     "execute": "worker",
     "execution_independent": "worker",
 }
@@ -101,8 +104,10 @@ __all__ = [
     "PlannedRun",
     "RayBackend",
     "Resources",
+    "RunOutcome",
     "SweepSpec",
     "SweepView",
+    "WorkerPayload",
     "check_folders",
     "execute",
     "execution_independent",

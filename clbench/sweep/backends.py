@@ -1,6 +1,8 @@
 """Where the runs execute: :class:`LocalBackend` (a process pool on this machine) and :class:`RayBackend` (a Ray
-cluster). A backend submits :func:`clbench.sweep.worker.execute` with a run's payload and reports each run that
-ended as ``(run_id, outcome, failure)``; the scheduling and placement are the backend's own."""
+cluster). A backend submits :func:`clbench.sweep.worker.execute` with a run's
+:class:`~clbench.sweep.worker.WorkerPayload` (its JSON form) and reports each run that ended as ``(run_id,
+outcome, failure)``: the :class:`~clbench.sweep.manifest.RunOutcome` the worker returned, or why there is none; the
+scheduling and placement are the backend's own."""
 
 from __future__ import annotations
 
@@ -9,11 +11,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from clbench import typedfile
 from clbench.errors import ClbenchError
+from clbench.sweep.manifest import RunOutcome
 from clbench.sweep.settings import BACKENDS, Resources  # declared with their flags there
-from clbench.sweep.worker import execute
+from clbench.sweep.worker import WorkerPayload, execute, read_outcome
 
 __all__ = ["BACKENDS", "LocalBackend", "RayBackend", "Resources"]
+
+Ended = tuple[str, RunOutcome | None, str | None]  # (run id, the worker's outcome, or why there is none)
+
+
+def _ended(run_id: str, result: Any) -> Ended:
+    """A run whose worker returned ``result`` (:func:`execute`'s JSON outcome), checked as it arrives."""
+    try:
+        return run_id, read_outcome(result), None
+    except ClbenchError as e:
+        return run_id, None, e.render(as_flags=True)
 
 
 class LocalBackend:
@@ -42,11 +56,11 @@ class LocalBackend:
             )
         return self._pool
 
-    def submit(self, run_id: str, payload: dict[str, Any]) -> None:
+    def submit(self, run_id: str, payload: WorkerPayload) -> None:
         pool = self._ensure_pool()
-        self._futures[pool.submit(execute, payload)] = (run_id, pool)
+        self._futures[pool.submit(execute, typedfile.write(payload))] = (run_id, pool)
 
-    def wait(self, timeout: float) -> list[tuple[str, dict[str, Any] | None, str | None]]:
+    def wait(self, timeout: float) -> list[Ended]:
         """(run_id, outcome, failure) for every run that ended."""
         from concurrent.futures import FIRST_COMPLETED
         from concurrent.futures import wait as futures_wait
@@ -55,11 +69,11 @@ class LocalBackend:
         if not self._futures:
             return []
         finished, _ = futures_wait(list(self._futures), timeout=timeout, return_when=FIRST_COMPLETED)
-        ended = []
+        ended: list[Ended] = []
         for fut in finished:
             run_id, pool = self._futures.pop(fut)
             try:
-                ended.append((run_id, fut.result(), None))
+                result = fut.result()
             except BrokenProcessPool:
                 ended.append((run_id, None, "a worker process of the pool died (killed, or out of memory)"))
                 if pool is self._pool:  # every future of a broken pool fails; a new pool serves the retries
@@ -67,6 +81,8 @@ class LocalBackend:
                     self._pool = None
             except Exception as e:  # the run's own crash, whatever its type: reported, and retried
                 ended.append((run_id, None, f"{type(e).__name__}: {e}"))
+            else:
+                ended.append(_ended(run_id, result))
         return ended
 
     def retries_left(self, attempts: int) -> bool:
@@ -230,20 +246,22 @@ class RayBackend:
             "max_retries": self.retries,
         }
 
-    def submit(self, run_id: str, payload: dict[str, Any]) -> None:
-        self._refs[self._remote.remote(payload)] = run_id
+    def submit(self, run_id: str, payload: WorkerPayload) -> None:
+        self._refs[self._remote.remote(typedfile.write(payload))] = run_id
 
-    def wait(self, timeout: float) -> list[tuple[str, dict[str, Any] | None, str | None]]:
+    def wait(self, timeout: float) -> list[Ended]:
         if not self._refs:
             return []
         ready, _ = self.ray.wait(list(self._refs), num_returns=len(self._refs), timeout=timeout)
-        ended = []
+        ended: list[Ended] = []
         for ref in ready:
             run_id = self._refs.pop(ref)
             try:
-                ended.append((run_id, self.ray.get(ref), None))
+                result = self.ray.get(ref)
             except self.ray.exceptions.RayError as e:  # retries exhausted
                 ended.append((run_id, None, str(e).strip().splitlines()[-1][:500]))
+            else:
+                ended.append(_ended(run_id, result))
         return ended
 
     def retries_left(self, attempts: int) -> bool:

@@ -2,105 +2,203 @@
 writer (:func:`write_manifest`).
 
 It holds the plan (the command, strategies, benchmarks, seeds and settings), one :class:`PlannedEntry` per run (its
-folder, its state when the sweep started, and the outcome the worker reported, as reported), the backend, the
-measured overhead (:func:`clbench.sweep.runner.overhead`) and the earlier invocations of the same sweep
-(``history``). The runner rewrites it atomically whenever a run ends.
+folder, its state when the sweep started, and the :class:`RunOutcome` the worker and the sweep reported, written
+flat into the run's entry), the backend, the measured overhead (:func:`clbench.sweep.runner.overhead`) and the
+earlier invocations of the same sweep (``history``). The runner rewrites it atomically whenever a run ends.
+
+Every field is declared once (:func:`clbench.typedfile.json_field`): the checks of :func:`manifest_problem`, the
+reader and the writer all come from the declarations.
 
 Versions (``version``, :data:`SCHEMA_VERSION`): 1 is the only one so far. A manifest without ``version`` or
 without ``vary`` (written before ``--vary``) reads as version 1 with ``vary`` ``"seed"``, what those sweeps did; a
-newer version is refused. Fields this clbench does not know are kept and written back.
+newer version is refused. Fields this clbench does not know are kept and written back, a run's in their place.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clbench import typedfile
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
 from clbench.owned import load_json
+from clbench.typedfile import (
+    COUNT,
+    COUNTS,
+    NAME,
+    OBJECT,
+    TEXT,
+    is_bool,
+    is_count,
+    is_int,
+    is_name,
+    is_number,
+    is_object,
+    is_positive,
+    is_str,
+    json_field,
+    list_of,
+    one_of,
+    or_none,
+)
 
 Json = dict[str, Any]
 FORMAT = "clbench-sweep"
 SCHEMA_VERSION = 1
 STATES = ("new", "partial", "complete", "failed")  # a run's state: at the start, and as the sweep ends it
+STATUSES = ("done", "failed", "skipped")  # a run's outcome
 HISTORY_FIELDS = ("command", "started", "finished", "interrupted", "complete", "backend", "overhead")
+HEAD = ("format", "version")  # the keys every manifest starts with, written by the manifest itself
 _FIX = "delete or move sweep.json (the runs' folders keep their records) and run the sweep again"
+
+TIME = "a time (epoch seconds, a finite number >= 0)"
+PCT = "a percentage (0 to 100)"
+
+
+def _is_time(v: Any) -> bool:
+    return is_number(v) and v >= 0
+
+
+def _is_pct(v: Any) -> bool:
+    return is_number(v) and 0 <= v <= 100
+
+
+def _is_folder(v: Any) -> bool:
+    return is_str(v) and v != ""
+
+
+def _is_override(v: Any) -> bool:  # [strategy or null for every strategy, key, value], one per --set
+    return isinstance(v, list) and len(v) == 3 and (v[0] is None or is_name(v[0])) and is_str(v[1]) and is_str(v[2])
 
 
 @dataclass
-class PlannedEntry:
-    """One run of the plan (``sweep.json`` -> ``runs`` -> run id)."""
+class RunOutcome:
+    """What the worker and the sweep reported of one run, written flat into its entry (``sweep.json`` -> ``runs``
+    -> run id, after ``state``), in this order. Each field is optional and none admits null: None is "not
+    reported", and only the reported fields are written (an empty ``resumed_from_task`` is reported: the run was
+    not continued). Keys this clbench does not know are kept in ``extra``."""
 
-    path: str  # the run folder, relative to the sweep folder
-    state_at_start: str  # new | partial | complete
-    tasks_done_at_start: int
-    fingerprint: Json  # the run's defining settings (clbench.config.fingerprint)
-    state: str | None = None  # as the sweep left it (None: not started yet)
-    # what the worker and the sweep reported, in the order reported: status (done | failed | skipped), queued_at,
-    # started_at, finished_at, collected_at (epoch seconds), host, pid, attempts, error, last_acc, avg_acc, ...
-    outcome: Json = field(default_factory=dict)
+    queued_at: float | None = json_field(TIME, _is_time, default=None)  # first submitted
+    run_id: str | None = json_field(NAME, is_name, default=None)  # from here to resumed_from_task: the worker's
+    started_at: float | None = json_field(TIME, _is_time, default=None)
+    host: str | None = json_field(TEXT, is_str, default=None)
+    pid: int | None = json_field("an integer >= 1", is_positive, default=None)
+    status: str | None = json_field(f"one of {', '.join(STATUSES)}", one_of(*STATUSES), default=None)
+    note: str | None = json_field(TEXT, is_str, default=None)  # why a run was skipped
+    error: str | None = json_field(TEXT, is_str, default=None)  # why a run failed (the message and its hint)
+    finished_at: float | None = json_field(TIME, _is_time, default=None)
+    resumed_from_task: list[int] | None = json_field(COUNTS, list_of(is_count), default=None)
+    collected_at: float | None = json_field(TIME, _is_time, default=None)  # by the sweep, as the run ended
+    attempts: int | None = json_field("an integer >= 1", is_positive, default=None)
+    last_acc: float | None = json_field(PCT, _is_pct, default=None)  # the record's, where the run is done
+    avg_acc: float | None = json_field(PCT, _is_pct, default=None)
+    extra: Json = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Json) -> RunOutcome:
+        """An outcome from the JSON object ``data`` that :func:`clbench.typedfile.problems` found sound."""
+        return typedfile.read(cls, data)
+
+    def to_dict(self) -> Json:
+        """The reported fields in declaration order, then ``extra``."""
+        return {k: v for k, v in typedfile.write(self).items() if v is not None or k in self.extra}
+
+    def span(self) -> tuple[float, float, float] | None:
+        """(started_at, finished_at, collected_at) of a run that was executed and collected; None otherwise."""
+        if self.started_at is None or self.finished_at is None or self.collected_at is None:
+            return None
+        return self.started_at, self.finished_at, self.collected_at
+
+
+@dataclass(kw_only=True)
+class PlannedEntry:
+    """One run of the plan (``sweep.json`` -> ``runs`` -> run id): these fields, then its :class:`RunOutcome`."""
+
+    path: str = json_field("a folder relative to the sweep folder", _is_folder, required=True)  # the run folder
+    state_at_start: str = json_field(f"one of {', '.join(STATES[:3])}", one_of(*STATES[:3]), required=True)
+    tasks_done_at_start: int = json_field(COUNT, is_count, required=True)
+    fingerprint: Json = json_field(OBJECT, is_object, required=True)  # the run's defining settings
+    # as the sweep left it (None: not started yet); the outcome's fields follow it in the file
+    state: str | None = json_field(
+        f"one of {', '.join(STATES)}", one_of(*STATES), where_set=True, default=None, inline=RunOutcome
+    )
+    outcome: RunOutcome = field(default_factory=RunOutcome)
+    # the entry's keys in the order the file held them, written back so (a manifest of an earlier clbench wrote a
+    # failed run's attempts before its collected_at); empty for a new entry: declaration order
+    keys: list[str] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def status(self) -> str | None:
-        return self.outcome.get("status")
+        return self.outcome.status
+
+    @classmethod
+    def from_dict(cls, data: Json) -> PlannedEntry:
+        """An entry from the JSON object ``data`` that :func:`clbench.typedfile.problems` found sound."""
+        own = {f.name for f, _ in typedfile.file_fields(cls)}
+        outcome = RunOutcome.from_dict({k: v for k, v in data.items() if k not in own})
+        return dataclasses.replace(typedfile.read(cls, data), outcome=outcome, keys=list(data))
 
     def to_dict(self) -> Json:
-        head = {
-            "path": self.path,
-            "state_at_start": self.state_at_start,
-            "tasks_done_at_start": self.tasks_done_at_start,
-            "fingerprint": self.fingerprint,
-        }
-        return {**head, **({"state": self.state} if self.state is not None else {}), **self.outcome}
+        """The entry as ``sweep.json`` holds it: its fields, then its outcome's (as read, where it was read)."""
+        out = {**typedfile.write(self), **self.outcome.to_dict()}
+        return {**{k: out[k] for k in self.keys if k in out}, **out}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SweepManifest:
-    """A sweep's ``sweep.json``. The plan's fields come first, then what running it added."""
+    """A sweep's ``sweep.json``: ``format`` and ``version``, then these fields in this order (the plan's first, then
+    what running it added), then the fields this clbench does not know (``extra``)."""
 
-    command: str | None
-    strategies: list[str]
-    benches: list[str]
-    seeds: list[int]
-    vary: str  # which seed the values of ``seeds`` set (clbench.sweep.plan.VARY)
-    settings: Json  # the run settings every run shares
-    profile: str | None
-    overrides: list[list[str]]  # [scope, key, value] per --set
-    started: str  # ISO time
-    git_revision: str | None
-    complete: bool
-    runs: dict[str, PlannedEntry]
-    history: list[Json] = field(default_factory=list)  # earlier invocations: HISTORY_FIELDS of each
-    cache: str | None = None  # the feature cache the runs shared
-    backend: Json | None = None  # the backend's own description (clbench.sweep.backends)
-    overhead: Json | None = None  # clbench.sweep.runner.overhead
-    interrupted: str | None = None  # ISO time, where the sweep was stopped
-    finished: str | None = None  # ISO time
-    dry_run: bool = False  # `clbench sweep --dry-run`: the plan only (never written)
+    command: str | None = json_field("a string or null", or_none(is_str), default=None)
+    strategies: list[str] = json_field("a list of names", list_of(is_name), required=True)
+    benches: list[str] = json_field("a list of names", list_of(is_name), required=True)
+    seeds: list[int] = json_field("a list of integers", list_of(is_int), required=True)
+    # which seed the values of ``seeds`` set (clbench.sweep.plan.VARY); a manifest without it is upgraded
+    vary: str = json_field(NAME, is_name)
+    settings: Json = json_field(OBJECT, is_object, required=True)  # the run settings every run shares
+    profile: str | None = json_field("a name or null", or_none(is_name), default=None)
+    overrides: list[list[str | None]] = json_field(
+        "a list of [scope, key, value] lists", list_of(_is_override), required=True
+    )  # [strategy or null, key, value] per --set
+    started: str = json_field("an ISO time", is_str, required=True)
+    git_revision: str | None = json_field("a string or null", or_none(is_str), default=None)
+    complete: bool = json_field("true or false", is_bool, required=True)
+    runs: dict[str, PlannedEntry] = json_field(
+        "an object of run id -> run", is_object, required=True, part=PlannedEntry, shape="map"
+    )
+    # earlier invocations: HISTORY_FIELDS of each
+    history: list[Json] = json_field("a list of objects", list_of(is_object), default_factory=list)
+    # written once set: the feature cache the runs shared, the backend's own description (clbench.sweep.backends),
+    # clbench.sweep.runner.overhead ({} where no run was executed), and when the sweep was stopped or finished
+    cache: str | None = json_field("a string or null", or_none(is_str), where_set=True, default=None)
+    backend: Json | None = json_field("an object or null", or_none(is_object), where_set=True, default=None)
+    overhead: Json | None = json_field("an object or null", or_none(is_object), where_set=True, default=None)
+    interrupted: str | None = json_field("an ISO time or null", or_none(is_str), where_set=True, default=None)
+    finished: str | None = json_field("an ISO time or null", or_none(is_str), where_set=True, default=None)
+    dry_run: bool = False  # `clbench sweep --dry-run`: the plan only, never written (so not part of the file)
     extra: Json = field(default_factory=dict)  # fields this clbench does not know, kept as read
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = SCHEMA_VERSION  # the file's ``version``
 
     def summary(self) -> Json:
         """This invocation, as a later one keeps it in ``history``."""
         return {k: getattr(self, k) for k in HISTORY_FIELDS}
 
+    @classmethod
+    def from_dict(cls, raw: Json) -> SweepManifest:
+        """A manifest from a current-version JSON object (:func:`upgrade`) that :func:`manifest_problem` found
+        sound."""
+        manifest = typedfile.read(cls, {k: v for k, v in raw.items() if k not in HEAD})
+        runs = {run_id: PlannedEntry.from_dict(e) for run_id, e in raw["runs"].items()}
+        return dataclasses.replace(manifest, runs=runs, schema_version=raw["version"])
+
     def to_dict(self) -> Json:
-        out: Json = {"format": FORMAT, "version": self.schema_version}
-        for f in fields(self):
-            if f.name in ("extra", "schema_version"):
-                continue
-            value = getattr(self, f.name)
-            if f.name in _WHERE_SET and value in (None, False):
-                continue
-            out[f.name] = {k: r.to_dict() for k, r in value.items()} if f.name == "runs" else value
-        return {**out, **self.extra}
-
-
-_WHERE_SET = ("cache", "backend", "overhead", "interrupted", "finished", "dry_run")  # written only once set
-_KNOWN = {f.name for f in fields(SweepManifest)} | {"format", "version"}
-_ENTRY_KNOWN = {f.name for f in fields(PlannedEntry)} - {"outcome"}
+        """The JSON object of ``sweep.json`` (:func:`write_manifest`)."""
+        out = typedfile.write(self)
+        out["runs"] = {run_id: entry.to_dict() for run_id, entry in self.runs.items()}
+        return {"format": FORMAT, "version": self.schema_version, **out}
 
 
 def write_manifest(path: Path, manifest: SweepManifest) -> None:
@@ -115,66 +213,13 @@ def load_manifest(path: Path) -> SweepManifest:
     problem = manifest_problem(raw)
     if problem is not None:
         raise ClbenchError(f"{path}: {problem}", _FIX)
-    raw = upgrade(raw)
-    runs = {
-        run_id: PlannedEntry(
-            **{k: e[k] for k in ("path", "state_at_start", "tasks_done_at_start", "fingerprint")},
-            state=e.get("state"),
-            outcome={k: v for k, v in e.items() if k not in _ENTRY_KNOWN},
-        )
-        for run_id, e in raw["runs"].items()
-    }
-    plain = {f.name: raw[f.name] for f in fields(SweepManifest) if f.name in raw and f.name != "runs"}
-    return SweepManifest(**plain, runs=runs, extra={k: v for k, v in raw.items() if k not in _KNOWN})
+    return SweepManifest.from_dict(upgrade(raw))
 
 
 def upgrade(raw: Json) -> Json:
     """A manifest of an older clbench as this one writes it: ``version`` 1 where missing, ``vary`` ``"seed"`` (the
     only seeds a sweep varied before ``--vary``)."""
     return {**raw, "version": raw.get("version", 1), "vary": raw.get("vary", "seed")}
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _list_of(kind: type) -> Any:
-    return lambda v: isinstance(v, list) and all(isinstance(x, kind) and not isinstance(x, bool) for x in v)
-
-
-def _or_none(kind: type | tuple[type, ...]) -> Any:
-    return lambda v: v is None or isinstance(v, kind)
-
-
-# Fields of the manifest: (name, required, what it must be, check).
-_FIELDS: tuple[tuple[str, bool, str, Any], ...] = (
-    ("command", False, "a string or null", _or_none(str)),
-    ("strategies", True, "a list of names", _list_of(str)),
-    ("benches", True, "a list of names", _list_of(str)),
-    ("seeds", True, "a list of integers", _list_of(int)),
-    ("vary", False, "a name", lambda v: isinstance(v, str)),
-    ("settings", True, "an object", lambda v: isinstance(v, dict)),
-    ("profile", False, "a name or null", _or_none(str)),
-    ("overrides", True, "a list of [scope, key, value] lists", _list_of(list)),
-    ("started", True, "an ISO time", lambda v: isinstance(v, str)),
-    ("git_revision", False, "a string or null", _or_none(str)),
-    ("complete", True, "true or false", lambda v: isinstance(v, bool)),
-    ("runs", True, "an object of run id -> run", lambda v: isinstance(v, dict)),
-    ("history", False, "a list of objects", _list_of(dict)),
-    ("cache", False, "a string or null", _or_none(str)),
-    ("backend", False, "an object or null", _or_none(dict)),
-    ("overhead", False, "an object or null", _or_none(dict)),
-    ("interrupted", False, "a string or null", _or_none(str)),
-    ("finished", False, "a string or null", _or_none(str)),
-    ("dry_run", False, "true or false", lambda v: isinstance(v, bool)),
-)
-_RUN_FIELDS: tuple[tuple[str, bool, str, Any], ...] = (
-    ("path", True, "a folder relative to the sweep folder", lambda v: isinstance(v, str) and bool(v)),
-    ("state_at_start", True, f"one of {', '.join(STATES[:3])}", lambda v: v in STATES[:3]),
-    ("tasks_done_at_start", True, "an integer >= 0", lambda v: _is_int(v) and v >= 0),
-    ("fingerprint", True, "an object", lambda v: isinstance(v, dict)),
-    ("state", False, f"one of {', '.join(STATES)}", lambda v: v in STATES),
-)
 
 
 def manifest_problem(raw: Any) -> str | None:
@@ -184,27 +229,8 @@ def manifest_problem(raw: Any) -> str | None:
     if raw.get("format", FORMAT) != FORMAT:
         return f"format {raw['format']!r:.40} is not {FORMAT!r}"
     version = raw.get("version", 1)
-    if not _is_int(version) or version < 1:
+    if not is_int(version) or version < 1:
         return f"field 'version' is {version!r:.40}, expected an integer >= 1"
     if version > SCHEMA_VERSION:
         return f"version {version} was written by a newer clbench (this one reads up to {SCHEMA_VERSION})"
-    problem = _field_problem(raw, _FIELDS, "")
-    if problem is not None:
-        return problem
-    for run_id, e in raw["runs"].items():
-        if not isinstance(e, dict):
-            return f"field runs.{run_id} is not an object"
-        problem = _field_problem(e, _RUN_FIELDS, f"runs.{run_id}.")
-        if problem is not None:
-            return problem
-    return None
-
-
-def _field_problem(raw: Json, checks: tuple[tuple[str, bool, str, Any], ...], where: str) -> str | None:
-    for name, required, expected, ok in checks:
-        if name not in raw:
-            if required:
-                return f"field {where}{name} is missing"
-        elif not ok(raw[name]):
-            return f"field {where}{name} is {type(raw[name]).__name__} {raw[name]!r:.40}, expected {expected}"
-    return None
+    return typedfile.problems(SweepManifest, raw, version=version).first()

@@ -41,7 +41,6 @@ class PlannedRun:
     fingerprint: dict[str, Any]
     state: str = "new"  # new | partial (continues from its checkpoint) | complete (skipped)
     tasks_done: int = 0
-    outcome: dict[str, Any] = field(default_factory=dict)
 
     @property
     def path(self) -> Path:

@@ -22,7 +22,7 @@ from typing import Any
 from clbench.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.errors import ClbenchError
 from clbench.sweep.backends import LocalBackend, RayBackend
-from clbench.sweep.manifest import PlannedEntry, SweepManifest, load_manifest, write_manifest
+from clbench.sweep.manifest import PlannedEntry, RunOutcome, SweepManifest, load_manifest, write_manifest
 from clbench.sweep.plan import (
     ATTEMPT_FILE,
     LOG_FILE,
@@ -35,6 +35,7 @@ from clbench.sweep.plan import (
     read_run_record,
 )
 from clbench.sweep.settings import BACKENDS, Resources
+from clbench.sweep.worker import WorkerPayload
 
 # Environment passed from the sweep to every run (wherever it executes): where weights and caches live, offline mode.
 PASSED_ENV = (
@@ -79,26 +80,26 @@ def _last_line(path: Path) -> str:
         return ""
 
 
-def overhead(outcomes: list[dict[str, Any]], sweep_start: float) -> dict[str, Any]:
+def overhead(outcomes: list[RunOutcome], sweep_start: float) -> dict[str, Any]:
     """Sweep overhead from the runs' timestamps (see the module docstring)."""
-    done = [o for o in outcomes if all(o.get(k) is not None for k in ("started_at", "finished_at", "collected_at"))]
-    if not done:
+    spans = [span for o in outcomes if (span := o.span()) is not None]
+    if not spans:
         return {}
-    durations = [o["finished_at"] - o["started_at"] for o in done]
-    events = sorted([(o["started_at"], 1) for o in done] + [(o["finished_at"], -1) for o in done])
+    durations = [finished - started for started, finished, _ in spans]
+    events = sorted([(started, 1) for started, _, _ in spans] + [(finished, -1) for _, finished, _ in spans])
     at_once = peak = 0
     for _, step in events:
         at_once += step
         peak = max(peak, at_once)
-    first, last = min(o["started_at"] for o in done), max(o["collected_at"] for o in done)
+    first, last = min(started for started, _, _ in spans), max(collected for _, _, collected in spans)
     return {
-        "runs_executed": len(done),
+        "runs_executed": len(spans),
         "startup_s": first - sweep_start,
         "max_concurrent_runs": peak,
         "active_window_s": last - first,
         "run_time_s": sum(durations),
-        "per_run_s": ((last - first) * peak - sum(durations)) / len(done),
-        "collection_s_mean": sum(o["collected_at"] - o["finished_at"] for o in done) / len(done),
+        "per_run_s": ((last - first) * peak - sum(durations)) / len(spans),
+        "collection_s_mean": sum(collected - finished for _, finished, collected in spans) / len(spans),
         "definition": "per_run_s = (active window x max concurrent runs - sum of run durations) / runs executed; "
         "startup_s = sweep start to first run start",
     }
@@ -206,7 +207,12 @@ def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> S
         git_revision=git_revision(),
         complete=False,
         runs={
-            r.run_id: PlannedEntry(str(r.path.relative_to(spec.out)), r.state, r.tasks_done, r.fingerprint)
+            r.run_id: PlannedEntry(
+                path=str(r.path.relative_to(spec.out)),
+                state_at_start=r.state,
+                tasks_done_at_start=r.tasks_done,
+                fingerprint=r.fingerprint,
+            )
             for r in plan
         },
         history=_history(spec.out / SWEEP_FILE),
@@ -263,33 +269,35 @@ def _execute_plan(
     by_id = {r.run_id: r for r in plan}
     attempts: dict[str, int] = {}
 
-    def payload(r: PlannedRun) -> dict[str, Any]:
-        return {
-            "run_id": r.run_id,
-            "config": dataclasses.asdict(r.cfg),
-            "fingerprint": r.fingerprint,
-            "env": env,
-            "threads": backend.threads,
-            "sweep_id": sweep_id,
-            "log": log,
-        }
+    def payload(r: PlannedRun) -> WorkerPayload:
+        return WorkerPayload(
+            run_id=r.run_id,
+            config=dataclasses.asdict(r.cfg),
+            fingerprint=r.fingerprint,
+            env=env,
+            threads=backend.threads,
+            sweep_id=sweep_id,
+            log=log,
+        )
 
     def submit(r: PlannedRun) -> None:
         attempts[r.run_id] = attempts.get(r.run_id, 0) + 1
-        r.outcome.setdefault("queued_at", time.time())
+        queued = manifest.runs[r.run_id].outcome
+        if queued.queued_at is None:  # the first submission's: a retry keeps it
+            queued.queued_at = time.time()
         backend.submit(r.run_id, payload(r))
 
     def save() -> None:
         for r in plan:
             manifest.runs[r.run_id].state = r.state
-            manifest.runs[r.run_id].outcome.update(r.outcome)
-        manifest.overhead = overhead([r.outcome for r in plan], sweep_start)
+        manifest.overhead = overhead([e.outcome for e in manifest.runs.values()], sweep_start)
         write_manifest(out / SWEEP_FILE, manifest)
 
     view.start(plan, todo)
     for r in plan:
         if r.state == "complete":
-            r.outcome = {"status": "skipped", "note": "complete record with the same settings"}
+            note = "complete record with the same settings"
+            manifest.runs[r.run_id].outcome = RunOutcome(status="skipped", note=note)
     save()
     running = set()
     try:
@@ -298,16 +306,17 @@ def _execute_plan(
             running.add(r.run_id)
         while running:
             for run_id, outcome, failure in backend.wait(timeout=0.5):
-                r = by_id[run_id]
+                r, entry = by_id[run_id], manifest.runs[run_id]
                 now = time.time()
-                if outcome is not None and outcome["status"] == "done":
+                if outcome is not None and outcome.status == "done":
                     try:
                         record = load_record(r.path)
                     except ClbenchError as e:
                         failure, outcome = f"the run reported success but its record cannot be used ({e.args[0]})", None
                     else:
-                        r.outcome.update(
+                        entry.outcome = dataclasses.replace(
                             outcome,
+                            queued_at=entry.outcome.queued_at,
                             collected_at=time.time(),
                             attempts=attempts[run_id],
                             last_acc=record.last_acc,
@@ -317,22 +326,21 @@ def _execute_plan(
                         running.discard(run_id)
                         resumed = record.resumed_from_task
                         note = f" (continued after task {resumed[-1]})" if resumed else ""
-                        view.ended(
-                            r,
-                            True,
-                            f"final {record.last_acc:.2f}  avg {record.avg_acc:.2f}  "
-                            f"{outcome['finished_at'] - outcome['started_at']:.0f} s{note}",
-                        )
+                        span = entry.outcome.span()
+                        took = f"  {span[1] - span[0]:.0f} s" if span else ""
+                        view.ended(r, True, f"final {record.last_acc:.2f}  avg {record.avg_acc:.2f}{took}{note}")
                         save()
                         continue
                 if outcome is not None:  # a user error: retrying cannot help
-                    failure = outcome["error"]
+                    failure = outcome.error or f"the worker reported {outcome.status or 'no status'} and no error"
                 elif backend.retries_left(attempts[run_id]):
                     view.log(f"{run_id}: {failure}; attempt {attempts[run_id] + 1} continues from its checkpoint")
                     submit(r)
                     continue
                 r.state = "failed"
-                r.outcome.update(status="failed", error=failure, attempts=attempts[run_id], collected_at=now)
+                entry.outcome = dataclasses.replace(
+                    entry.outcome, status="failed", error=failure, attempts=attempts[run_id], collected_at=now
+                )
                 running.discard(run_id)
                 view.ended(r, False, failure)
                 save()

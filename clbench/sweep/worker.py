@@ -1,21 +1,28 @@
-"""One planned run, executed in a worker process (a pool worker or a Ray worker): the function both backends submit,
-the reporter that writes the run's messages to ``run.log``, and what two executions of a run must agree on."""
+"""One planned run, executed in a worker process (a pool worker or a Ray worker): the function both backends submit
+(:func:`execute`), what it takes (:class:`WorkerPayload`) and returns (a :class:`~clbench.sweep.manifest.RunOutcome`),
+each as its JSON form across the process boundary, the reporter that writes the run's messages to ``run.log``, and
+what two executions of a run must agree on."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from clbench import typedfile
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
 from clbench.harness import Reporter
 from clbench.results import RunRecord
+from clbench.sweep.manifest import RunOutcome
 from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record, same_fingerprint
+from clbench.typedfile import NAME, OBJECT, is_name, is_object, is_positive, is_str, json_field, map_of, or_none
 
 # Record fields that differ between two executions of the same run (time, place, order of cache use).
 VOLATILE_FIELDS = (
@@ -33,6 +40,7 @@ VOLATILE_FIELDS = (
     "resumed_from_task",
 )
 VOLATILE_PER_TASK = ("train_s", "eval_s")
+Json = dict[str, Any]
 
 
 class _LogReporter(Reporter):
@@ -58,24 +66,61 @@ class _LogReporter(Reporter):
         self._file.close()
 
 
-def execute(payload: dict[str, Any]) -> dict[str, Any]:
-    """Run one planned run in this process (a pool worker or a Ray worker) and return its outcome.
+@dataclass(kw_only=True)
+class WorkerPayload:
+    """What the sweep sends a worker to execute one run (:func:`execute`). It crosses the process boundary as its
+    JSON form (:func:`clbench.typedfile.write`) and is checked where it arrives: a worker of another clbench (a
+    Ray node not upgraded) refuses it, naming the field, instead of running something else."""
 
-    User errors come back as ``status: "error"``; anything else raises, so the backend can retry it."""
-    for key, value in payload["env"].items():
+    run_id: str = json_field(NAME, is_name, required=True)
+    config: Json = json_field("an object of run settings", is_object, required=True)  # RunConfig's fields
+    fingerprint: Json = json_field(OBJECT, is_object, required=True)  # the plan's, for a retry's completed record
+    env: dict[str, str] = json_field("an object of strings", map_of(is_str), required=True)  # runner.PASSED_ENV
+    threads: int = json_field("an integer >= 1", is_positive, required=True)  # torch threads
+    sweep_id: str = json_field(NAME, is_name, required=True)  # written to the attempt file
+    # --log: the run's experiment trackers (clbench.trackers.LogSpec as a dict)
+    log: Json | None = json_field("an object or null", or_none(is_object), default=None)
+
+
+_SKEW = "install the same clbench on the machine that runs the sweep and on every node that runs its runs"
+
+
+def execute(payload: Json) -> Json:
+    """What both backends submit: run one planned run in this process (a pool worker or a Ray worker). ``payload``
+    is a :class:`WorkerPayload`'s JSON form; the result is the run's :class:`RunOutcome`'s (what crosses the
+    process boundary is JSON, checked on arrival: :func:`read_outcome`).
+
+    A user error (a payload that is not one, a folder of other files, a bad setting) comes back as a failed
+    outcome; anything else raises, so the backend can retry it."""
+    found = typedfile.problems(WorkerPayload, payload)
+    if found:
+        error = ClbenchError(f"the sweep's payload for this run is not one this clbench reads: {found.first()}", _SKEW)
+        return RunOutcome(status="failed", error=error.render(as_flags=True), finished_at=time.time()).to_dict()
+    return run_payload(typedfile.read(WorkerPayload, payload)).to_dict()
+
+
+def read_outcome(data: Any) -> RunOutcome:
+    """The :class:`RunOutcome` of :func:`execute`'s result; a ClbenchError naming the field where it is not one."""
+    found = typedfile.problems(RunOutcome, data)
+    if found:
+        raise ClbenchError(f"the worker's outcome is not one this clbench reads: {found.first()}", _SKEW)
+    return RunOutcome.from_dict(data)
+
+
+def run_payload(payload: WorkerPayload) -> RunOutcome:
+    """Run one planned run in this process and return its outcome (:func:`execute`)."""
+    for key, value in payload.env.items():
         os.environ[key] = value
     import torch
 
     from clbench.harness import RunConfig, run
 
-    torch.set_num_threads(payload["threads"])
-    values = dict(payload["config"])
+    torch.set_num_threads(payload.threads)
+    values = dict(payload.config)
     values["overrides"] = tuple(tuple(kv) for kv in values["overrides"])
     cfg = RunConfig(**values)
     path = Path(cfg.out)
-    started = time.time()
-    where = {"host": socket.gethostname(), "pid": os.getpid()}
-    base = {"run_id": payload["run_id"], "started_at": started, **where}
+    base = RunOutcome(run_id=payload.run_id, started_at=time.time(), host=socket.gethostname(), pid=os.getpid())
     try:  # before the attempt file and the log: a folder of other files (planted since the plan) gets neither
         from clbench.owned import mark_folder
         from clbench.rundir import check_run_folder
@@ -84,23 +129,22 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
         path.mkdir(parents=True, exist_ok=True)
         mark_folder(path, "run")
     except ClbenchError as e:
-        return {**base, "status": "error", "error": e.render(as_flags=True), "finished_at": time.time()}
+        return dataclasses.replace(base, status="failed", error=e.render(as_flags=True), finished_at=time.time())
     try:
         record = read_run_record(path)
     except ClbenchError:  # not a record this run can be; the harness says why when it meets the folder
         record = None
-    if record and record.complete and same_fingerprint(record.fingerprint, payload["fingerprint"]):
+    if record and record.complete and same_fingerprint(record.fingerprint, payload.fingerprint):
         # a retry of an attempt that finished writing but died before it reported
-        return {**base, "status": "done", "finished_at": time.time(), "resumed_from_task": record.resumed_from_task}
-    atomic_write_json(path / ATTEMPT_FILE, {"sweep": payload["sweep_id"], **base})
+        return _done(base, record)
+    atomic_write_json(path / ATTEMPT_FILE, {"sweep": payload.sweep_id, **base.to_dict()})
     reporter = _LogReporter(path / LOG_FILE)
-    reporter.log(f"attempt started on {where['host']} (pid {where['pid']}, {payload['threads']} threads)")
+    reporter.log(f"attempt started on {base.host} (pid {base.pid}, {payload.threads} threads)")
     hub = None
-    if payload.get("log"):  # --log: the run's experiment trackers (clbench.trackers)
+    if payload.log:  # --log: the run's experiment trackers (clbench.trackers)
         from clbench.trackers import LogSpec, TrackerHub
 
-        log = dict(payload["log"])
-        hub = TrackerHub(LogSpec(**{**log, "trackers": tuple(log["trackers"])}), reporter)
+        hub = TrackerHub(LogSpec(**{**payload.log, "trackers": tuple(payload.log["trackers"])}), reporter)
     try:
         record = run(cfg, hub or reporter)
     except ClbenchError as e:
@@ -108,7 +152,7 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
         reporter.log(f"error: {message}")
         if hub is not None:
             hub.abort()  # the trackers' runs end as failed
-        return {**base, "status": "error", "error": message, "finished_at": time.time()}
+        return dataclasses.replace(base, status="failed", error=message, finished_at=time.time())
     except BaseException as e:
         reporter.log(f"failed: {type(e).__name__}: {e}")
         if hub is not None:
@@ -116,7 +160,14 @@ def execute(payload: dict[str, Any]) -> dict[str, Any]:
         raise
     finally:
         reporter.close()
-    return {**base, "status": "done", "finished_at": time.time(), "resumed_from_task": record.resumed_from_task}
+    return _done(base, record)
+
+
+def _done(base: RunOutcome, record: RunRecord) -> RunOutcome:
+    """The outcome of a run whose record is complete (run here, or by an attempt that died before it reported)."""
+    return dataclasses.replace(
+        base, status="done", finished_at=time.time(), resumed_from_task=list(record.resumed_from_task)
+    )
 
 
 def execution_independent(record: RunRecord) -> dict[str, Any]:
