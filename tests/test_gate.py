@@ -296,6 +296,90 @@ def test_missing_calibration_fails(runs):
     assert [r.check for r in rows] == ["calibration present"] and "--calibrate" in rows[0].detail
 
 
+def _at(*path):
+    """The JSON value at ``path`` of a copy of the shipped reference, and the copy."""
+    raw = json.loads(REFERENCE.read_text())
+    node = raw
+    for k in path:
+        node = node[k]
+    return node, raw
+
+
+def _refusal(call) -> str:
+    with pytest.raises(ClbenchError) as e:
+        call()
+    assert "\n" not in e.value.args[0] and e.value.hint, e.value.args[0]
+    return e.value.args[0]
+
+
+@pytest.mark.parametrize(
+    "path, value, words",
+    [
+        (("entries", 2, "img_size"), "56", ["field entries[2].img_size is str '56'", "an integer >= 1 or null"]),
+        (("entries", 0, "seeds", 0), "1993", ["field entries[0].seeds is list", "a list of integers >= 0"]),
+        (("produced_by", 0, "seed"), "1993", ["field produced_by[0].seed is str '1993'", "an integer >= 0"]),
+        (("entries", 4, "tolerance", "avg_acc"), -1, ["field entries[4].tolerance.avg_acc is int -1", "points"]),
+        (("history", 1, "changes"), "moved", ["field history[1].changes is str 'moved'", "a list of strings"]),
+        (
+            ("time", "calibration", "measurements", 1, "seconds"),
+            0,
+            ["field time.calibration.measurements[1].seconds is int 0", "seconds > 0"],
+        ),
+    ],
+    ids=["entry-img-size", "entry-seed", "run-seed", "tolerance", "history", "calibration"],
+)
+def test_a_wrong_typed_reference_field_is_refused_naming_it(tmp_path, path, value, words):
+    """Every part of the reference is typed: a wrong value anywhere is refused in one line naming the file, the dotted
+    field, what it must be, and (in an entry) which strategy's entry it is."""
+    parent, raw = _at(*path[:-1])
+    parent[path[-1]] = value
+    bad = tmp_path / "ref.json"
+    bad.write_text(json.dumps(raw))
+    message = _refusal(lambda: chk.load_reference(bad))
+    assert message.startswith(f"--reference {bad}: ") and all(w in message for w in words), message
+    if path[0] == "entries":
+        assert f"(entries[{path[1]}]: {ENTRIES[path[1]]['strategy']})" in message
+
+
+def test_the_committed_reference_writes_back_byte_identical(tmp_path):
+    """Read and written again, the committed reference is the same bytes: every field, its order, and the fields
+    written only where set (an entry's data and metrics, params.stored_total, a format-1 block in the history)."""
+    ref = chk.load_reference(REFERENCE)
+    chk.write_reference(tmp_path / "ref.json", ref)
+    assert (tmp_path / "ref.json").read_bytes() == REFERENCE.read_bytes()
+    raw = json.loads(REFERENCE.read_text())  # a key this clbench does not know is kept, last, where it was
+    raw["entries"][0]["from_the_future"] = {"x": 1}
+    (tmp_path / "future.json").write_text(json.dumps(raw))
+    assert list(chk.load_reference(tmp_path / "future.json").to_dict()["entries"][0])[-1] == "from_the_future"
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda m: m.pop("seconds"), "field measurements[1].seconds is missing"),
+        (lambda m: m.update(seconds=-1), "field measurements[1].seconds is int -1, expected seconds > 0"),
+        (lambda m: m.update(workload=7), "field measurements[1].workload is int 7"),
+    ],
+    ids=["no-seconds", "negative-seconds", "workload"],
+)
+def test_a_bad_calibration_file_is_refused_naming_the_field(runs, change, words):
+    cal = runs / chk.CALIBRATION_FILE
+    data = json.loads(cal.read_text())
+    change(data["measurements"][1])
+    cal.write_text(json.dumps(data))
+    message = _refusal(lambda: chk.find_calibration([runs]))
+    assert message.startswith(f"{cal}: not a calibration file: {words}"), message
+
+
+def test_a_calibration_file_reads_and_writes_back_the_same(runs, tmp_path):
+    cal = runs / chk.CALIBRATION_FILE
+    (first, second), files = chk.find_calibration([runs])
+    assert files == [str(cal)] and first.workload == chk.CALIBRATION_ID and first.torch_threads == 2
+    chk.write_calibration(tmp_path, first.to_dict())
+    chk.write_calibration(tmp_path, second.to_dict())
+    assert (tmp_path / chk.CALIBRATION_FILE).read_bytes() == cal.read_bytes()
+
+
 @pytest.mark.parametrize(
     "change, field",
     [
@@ -338,8 +422,8 @@ def test_write_reference_needs_why_and_records_who_what_why(runs, tmp_path):
         written_by="clbench check --write-reference X",
     )
     wb = ref.written_by
-    assert wb["who"] == "tester" and wb["why"] == "a fix raised task 1" and wb["git_revision"]
-    assert len(wb["changes"]) == 1 and entry_id(ENTRIES[0]).split("/")[0] in wb["changes"][0]
+    assert wb is not None and wb.who == "tester" and wb.why == "a fix raised task 1" and wb.git_revision
+    assert len(ref.changes) == 1 and entry_id(ENTRIES[0]).split("/")[0] in ref.changes[0]
     assert ref.history[0] == previous.written_by
     path = tmp_path / "ref.json"
     chk.write_reference(path, ref)

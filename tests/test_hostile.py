@@ -870,21 +870,21 @@ FILE_CASES = {
     "reference-65MB": (check_ref(make=_sparse_reference), "is larger than the 64 MB a reference may be"),
     "reference-10000-deep": (check_ref(raw=deep(10_000)), "JSON nested more than 64 levels deep"),
     "reference-10000-deep-mixed": (check_ref(raw='{"a":[' * 5000 + "]}" * 5000), "nested more than 64 levels"),
-    "reference-tolerance-1e308": (check_ref(_entry("tolerance", "matrix", value=1e308)), "field 'tolerance' is"),
-    "reference-tolerance-negative": (check_ref(_entry("tolerance", "last_acc", value=-1)), "field 'tolerance'"),
+    "reference-tolerance-1e308": (check_ref(_entry("tolerance", "matrix", value=1e308)), "tolerance.matrix is"),
+    "reference-tolerance-negative": (check_ref(_entry("tolerance", "last_acc", value=-1)), "tolerance.last_acc"),
     "reference-require-ci-profiles-string": (
         check_ref(_set("require_ci_profiles", value="no")),
-        "require_ci_profiles is 'no', expected true or false",
+        "require_ci_profiles is str 'no', expected true or false",
     ),
-    "reference-accuracy-1e308": (check_ref(_entry("last_acc", value=1e308)), "field 'last_acc' is 1e+308"),
-    "reference-accuracy-string": (check_ref(_entry("avg_acc", value="31.2")), "field 'avg_acc' is '31.2'"),
+    "reference-accuracy-1e308": (check_ref(_entry("last_acc", value=1e308)), "entries[0].last_acc is float 1e+308"),
+    "reference-accuracy-string": (check_ref(_entry("avg_acc", value="31.2")), "field entries[0].avg_acc is str '31.2'"),
     "reference-huge-int": (check_ref(_entry("params", "added_total", value=10**30)), "an integer of 31 digits"),
     "reference-5000-digit-int": (
         check_ref(raw='{"format": "clbench-reference/2", "x": ' + "9" * 5000 + "}"),
         "not a readable JSON reference",
     ),
     "reference-ragged-matrix": (check_ref(_entry("accuracy_matrix", value=[[50.0, 1.0], [40.0]])), "lower-triangular"),
-    "reference-time-slack-1e308": (check_ref(_set("time", "slack", value=1e308)), "time.slack is 1e+308"),
+    "reference-time-slack-1e308": (check_ref(_set("time", "slack", value=1e308)), "time.slack is float 1e+308"),
     "reference-multi-MB-strategy": (check_ref(_entry("strategy", value=MB_NAME)), "a string of 5,242,880 characters"),
     # run records
     "record-fifo": (record_case("report", make=_fifo), "is a FIFO (named pipe), not a regular file"),
@@ -1843,7 +1843,7 @@ ITEM14 = {
     ),
     "reference-duplicate-entry": (_as_b(check_ref(_dup_entry)), "pins the same configuration as entries[0]"),
     "reference-seeds-for-other-runs": (_as_b(check_ref(_entry("seeds", value=[1, 2]))), "2 seeds for 1 runs"),
-    "reference-data-not-an-object": (_as_b(check_ref(_entry("data", value="x"))), "field 'data' is 'x'"),
+    "reference-data-not-an-object": (_as_b(check_ref(_entry("data", value="x"))), "entries[0].data is str 'x'"),
 }
 
 

@@ -2,8 +2,8 @@
 
 The reference file, its type and its one reader and writer are :mod:`clbench.report.reference`; the tolerances
 :mod:`clbench.report.tolerances`; the table and the failure lines :mod:`clbench.report.check_print`. This module holds
-the calibration workload the time rule divides by, :func:`make_reference` (a reference from runs) and the rules
-(:func:`check`, one function per rule).
+the calibration file the time rule divides by (:class:`CalibrationFile`, typed like the reference),
+:func:`make_reference` (a reference from runs) and the rules (:func:`check`, one function per rule).
 
 Rules, per entry:
 - Accuracy is two-sided: every entry R[t][j] of the mean accuracy matrix, the final and the average accuracy must lie
@@ -37,7 +37,7 @@ import os
 import statistics
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -54,11 +54,16 @@ from clbench.report.reference import (  # noqa: F401  (also the names the CLI, t
     STORED_METRICS,
     TIME_PHASES,
     EntryKey,
+    Measurement,
     ParamPins,
     PhaseTimes,
+    PinnedTolerance,
     Reference,
     ReferenceEntry,
+    RunProvenance,
+    TimeCalibration,
     TimeRule,
+    WrittenBy,
     group_runs,
     load_reference,
     mean,
@@ -68,6 +73,8 @@ from clbench.report.reference import (  # noqa: F401  (also the names the CLI, t
     write_reference,
 )
 from clbench.report.tolerances import Tolerance, load_tolerances, tolerance_for  # noqa: F401
+from clbench.results import out_of_bounds
+from clbench.typedfile import Typed, json_field, one_of, problems, read, write
 
 Json = dict[str, Any]
 CALIBRATION_FILE = "calibration.json"
@@ -79,51 +86,63 @@ FAILING = {FAIL, MISSING, CHANGED}
 
 
 # ------------------------------------------------------------------------------------------- calibration
-def write_calibration(folder: Path, measurement: dict[str, Any]) -> Path:
-    """Add one calibration measurement to ``folder/calibration.json`` (kept: every earlier one of the same job)."""
+CALIBRATION_FORMAT = "clbench-calibration/1"
+CALIBRATION_HINT = "run `clbench check --calibrate DIR` again"
+
+
+def _is_measurements(v: Any) -> bool:
+    return isinstance(v, list) and bool(v)  # each item is checked as a Measurement, named by its index
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationFile(Typed):
+    """``calibration.json`` beside a gate job's runs: every timing of the calibration workload the job made (one
+    before and one after the runs, in .ci/run), each a :class:`~clbench.report.reference.Measurement`."""
+
+    format: str = json_field(repr(CALIBRATION_FORMAT), one_of(CALIBRATION_FORMAT), default=CALIBRATION_FORMAT)
+    measurements: list[Measurement] = json_field(
+        "a non-empty list of objects", _is_measurements, required=True, part=Measurement, shape="list"
+    )
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+
+def write_calibration(folder: Path, measurement: Json) -> Path:
+    """Add one calibration measurement (:func:`clbench.perf.calibration.calibrate`'s) to ``folder/calibration.json``
+    (kept: every earlier one of the same job)."""
+    problem = problems(Measurement, measurement).first()
+    if problem is not None:  # the measuring code's fault: nothing is written that the gate would refuse
+        raise ClbenchError(f"calibration measurement: {problem}")
     path = Path(folder) / CALIBRATION_FILE
     Path(folder).mkdir(parents=True, exist_ok=True)
-    old = load_calibration(path)["measurements"] if path.exists() else []
-    atomic_write_json(path, {"format": "clbench-calibration/1", "measurements": [*old, measurement]})
+    old = load_calibration(path).measurements if path.exists() else []
+    atomic_write_json(path, write(CalibrationFile(measurements=[*old, read(Measurement, measurement)])))
     return path
 
 
-def load_calibration(path: Path) -> dict[str, Any]:
-    data = load_json(path, "calibration", hint="run `clbench check --calibrate DIR` again")
-    ms = data.get("measurements") if isinstance(data, dict) else None
-    if (
-        not isinstance(ms, list)
-        or not ms
-        or not all(
-            isinstance(m, dict)
-            and isinstance(m.get("seconds"), (int, float))
-            and not isinstance(m["seconds"], bool)
-            and 0 < m["seconds"] < 1e6
-            and isinstance(m.get("workload"), str)
-            for m in ms
-        )
-    ):
-        raise ClbenchError(
-            f"{path}: not a calibration file (needs measurements with workload and seconds > 0)",
-            "run `clbench check --calibrate DIR` again",
-        )
-    return data
+def load_calibration(path: Path) -> CalibrationFile:
+    """Read and validate a calibration file; a refusal is one ClbenchError line naming the file and the field."""
+    data = load_json(path, "calibration", hint=CALIBRATION_HINT)
+    problem = out_of_bounds(data) or problems(CalibrationFile, data).first()
+    if problem is not None:
+        raise ClbenchError(f"{path}: not a calibration file: {problem}", CALIBRATION_HINT)
+    return read(CalibrationFile, data)
 
 
-def find_calibration(paths: Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[str]]:
+def find_calibration(paths: Sequence[str | Path]) -> tuple[list[Measurement], list[str]]:
     """Every calibration measurement stored in the given folders (``DIR/calibration.json``), and their files."""
-    measurements, files = [], []
+    measurements: list[Measurement] = []
+    files = []
     for p in paths:
         f = Path(p) / CALIBRATION_FILE
         if Path(p).is_dir() and f.is_file():
-            measurements += load_calibration(f)["measurements"]
+            measurements += load_calibration(f).measurements
             files.append(str(f))
     return measurements, files
 
 
-def calibration_seconds(measurements: Sequence[dict[str, Any]]) -> float:
+def calibration_seconds(measurements: Sequence[Measurement]) -> float:
     """The median over the job's calibration measurements (one before and one after the runs, in .ci/run)."""
-    return statistics.median(float(m["seconds"]) for m in measurements)
+    return statistics.median(float(m.seconds) for m in measurements)
 
 
 # ------------------------------------------------------------------------------------------- checking
@@ -287,7 +306,7 @@ def make_reference(
     tolerances: Json | None = None,
     time_slack: float = DEFAULT_TIME_SLACK,
     time_floor: float = DEFAULT_TIME_FLOOR,
-    calibration: Sequence[Json] = (),
+    calibration: Sequence[Measurement] = (),
     require_ci_profiles: bool = True,
     previous: Reference | None = None,
     written_by: str | None = None,
@@ -327,33 +346,36 @@ def make_reference(
         _entry(key, runs, kept.get(key.label()) or tolerance_for(tolerances, key.strategy, key.profile), calib)
         for key, runs in sorted(group_runs(coll).items(), key=lambda kv: kv[0].label())
     ]
+    written = WrittenBy(
+        who=who or _who(),
+        why=why.strip(),
+        command=written_by,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        git_revision=git_revision(),
+    )
     ref = Reference(
         description=description,
-        written_by={
-            "who": who or _who(),
-            "why": why.strip(),
-            "command": written_by,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "git_revision": git_revision(),
-        },
-        history=[],
+        written_by=written,
         produced_by=[_provenance(r) for r in coll.runs],
         tolerances=tolerances,
         time=TimeRule(
-            time_slack,
-            time_floor,
-            None
+            slack=time_slack,
+            floor=time_floor,
+            calibration=None
             if calib is None
-            else {"workload": CALIBRATION_ID, "seconds": calib, "measurements": list(calibration)},
+            else TimeCalibration(workload=CALIBRATION_ID, seconds=calib, measurements=list(calibration)),
         ),
         require_ci_profiles=require_ci_profiles,
         entries=entries,
     )
-    if previous is not None:
-        ref.written_by["changes"] = reference_changes(previous, ref)
-        prior = previous.written_by
-        ref.history.extend([prior, *previous.history] if prior else previous.history)
-    return ref
+    if previous is None:
+        return ref
+    prior = [previous.written_by] if previous.written_by is not None else []
+    return replace(
+        ref,
+        written_by=replace(written, changes=reference_changes(previous, ref)),
+        history=[*prior, *previous.history],
+    )
 
 
 def _entry(key: EntryKey, runs: list[Run], tolerance: Tolerance, calib: float | None) -> ReferenceEntry:
@@ -392,8 +414,12 @@ def _entry(key: EntryKey, runs: list[Run], tolerance: Tolerance, calib: float | 
         accuracy_matrix=[[round(v, 4) for v in row] for row in mean_matrix(runs, key.protocol)],
         last_acc=round(mean([float(x.last_acc) for x in s]), 4),
         avg_acc=round(mean([float(x.avg_acc) for x in s]), 4),
-        tolerance=tolerance,
-        params=ParamPins(first.params.added_total, first.params.trainable, first.params.stored_total),
+        tolerance=PinnedTolerance.of(tolerance),
+        params=ParamPins(
+            added_total=first.params.added_total,
+            stored_total=first.params.stored_total,
+            trainable=first.params.trainable,
+        ),
         time=None
         if calib is None
         else PhaseTimes(
@@ -482,27 +508,27 @@ def _short(value: Any) -> str:
     return "null" if value is None else f"{value:.2f}"
 
 
-def _provenance(r: Run) -> Json:
-    return {
-        "run_id": r.run_id,
-        "strategy": r.strategy,
-        "profile": r.record.profile,
-        "bench": r.bench_label,
-        "seed": r.seed,
-        "protocols": r.protocols,
-        "precision": r.record.precision,
-        "git_revision": r.record.git_revision,
-        "command": r.record.command,
-        "weights_digest": r.record.weights_digest,
-        "finished": r.record.finished,
-        "time_s": r.record.time_s.to_dict(),
-        "host": r.record.host.to_dict(),
-    }
+def _provenance(r: Run) -> RunProvenance:
+    return RunProvenance(
+        run_id=r.run_id,
+        strategy=r.strategy,
+        profile=r.record.profile,
+        bench=r.bench_label,
+        seed=r.seed,
+        protocols=r.protocols,
+        precision=r.record.precision,
+        git_revision=r.record.git_revision,
+        command=r.record.command,
+        weights_digest=r.record.weights_digest,
+        finished=r.record.finished,
+        time_s=r.record.time_s.to_dict(),
+        host=r.record.host.to_dict(),
+    )
 
 
 # ------------------------------------------------------------------------------------------- the check
 def check(
-    coll: Collection, ref: Reference, calibration: Sequence[dict[str, Any]] = (), reference_path: str = "REFERENCE"
+    coll: Collection, ref: Reference, calibration: Sequence[Measurement] = (), reference_path: str = "REFERENCE"
 ) -> CheckResult:
     """Every rule of every reference entry against the runs of ``coll``; ``calibration``: this job's calibration
     measurements (``calibration.json`` beside the runs)."""
@@ -536,7 +562,7 @@ def _registered() -> list[str]:
 
 
 def _calibration_rows(
-    ref: Reference, calibration: Sequence[dict[str, Any]], rewrite: str
+    ref: Reference, calibration: Sequence[Measurement], rewrite: str
 ) -> tuple[list[CheckRow], float | None]:
     """Whether this job's calibration can divide the runs' times (the rows saying why not), and its seconds."""
     if not any(e.time for e in ref.entries):
@@ -548,13 +574,13 @@ def _calibration_rows(
             "job as the runs (see .ci/run)"
         )
         return [CheckRow("calibration", "calibration present", want or "-", "none", "-", MISSING, fix)], None
-    got = {m["workload"] for m in calibration}
+    got = {m.workload for m in calibration}
     if got != {want}:
         fix = f"the calibration workload differs from the reference's: times are not comparable; {rewrite}"
         return [
             CheckRow("calibration", "calibration workload", str(want), ", ".join(sorted(got)), "same", FAIL, fix)
         ], None
-    threads = {m.get("host", {}).get("torch_threads") for m in calibration}
+    threads = {m.torch_threads for m in calibration}
     ref_threads = ref.time.torch_threads
     rows = []
     if ref_threads and threads != ref_threads:

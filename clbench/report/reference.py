@@ -11,9 +11,10 @@ File layout (``"format": "clbench-reference/2"``; the number is :data:`SCHEMA_VE
                      "created": "...", "git_revision": "...", "changes": ["tosca:ci per-sample: final 31.2 -> 30.9"]},
       "history": [<earlier written_by blocks, newest first>],
       "produced_by": [{"run_id", "strategy", "profile", "bench", "seed", "protocols", "precision", "git_revision",
-                       "command", "weights_digest", "finished", "host"}, ...],
+                       "command", "weights_digest", "finished", "time_s", "host"}, ...],
       "tolerances": {"source": "reports/gate/tolerances.json", "default": {...}, "<strategy>:<profile>": {...}},
-      "time": {"slack": 2.0, "floor": 1.0, "calibration": {<one calibration: workload, seconds, host>}},
+      "time": {"slack": 2.0, "floor": 1.0,
+               "calibration": {"workload": "...", "seconds": 1.66, "measurements": [<calibration.json's>]}},
       "require_ci_profiles": true,          # every registered strategy's ci profiles must be pinned
       "entries": [{
         "bench": "emoji", "task_sizes": [6, 6, 6, 6, 6, 6], "class_order_seed": 1993,
@@ -31,22 +32,27 @@ File layout (``"format": "clbench-reference/2"``; the number is :data:`SCHEMA_VE
       }, ...]
     }
 
-Reading checks every field the gate uses and refuses a file that is not a reference with one line naming the file,
-the field and the fix. Older files: an entry without ``class_order_seed`` (written before class orders were chosen)
-reads as the literature's order; ``params`` without ``stored_total`` (before stored statistics were counted apart)
-pins the other two counts only; an entry without ``data`` (written before records held data digests) pins no data;
-an entry without ``metrics`` (written before the gate compared every stored metric) pins the accuracy matrix, final
-and average accuracy only.
-Format 1 (one-sided, final/average accuracy only) is refused for checking; when it
-is being rewritten its provenance is kept in the new file's history. A newer format is refused: it was written by a
-newer clbench.
+Every field, and every field of each part (an entry, its tolerance, parameter counts and times, the time rule and
+its calibration measurements, a written_by block, a run of produced_by), is declared once on its dataclass with
+:func:`clbench.typedfile.json_field`; reading (:func:`clbench.typedfile.problems`, then :func:`~clbench.typedfile.read`)
+and writing (:func:`~clbench.typedfile.write`) follow from the declarations, and keys this clbench does not know are
+kept in ``extra`` and written back. A file that is not a reference is refused with one line naming the file, the
+dotted field (``entries[3].img_size``), what it must be and the fix. Older files: an entry without
+``class_order_seed`` (written before class orders were chosen) reads as the literature's order; ``params`` without
+``stored_total`` (before stored statistics were counted apart) pins the other two counts only; an entry without
+``data`` (written before records held data digests) pins no data; an entry without ``metrics`` (written before the
+gate compared every stored metric) pins the accuracy matrix, final and average accuracy only. Format 1 (one-sided,
+final/average accuracy only) is refused for checking; when it is being rewritten its provenance is kept in the new
+file's history. A newer format is refused: it was written by a newer clbench.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -54,14 +60,31 @@ from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
 from clbench.owned import load_json
 from clbench.report.collect import Collection, Run, bench_label
-from clbench.report.tolerances import (
-    MAX_TOLERANCE,
-    TOLERANCE_METRICS,
-    Tolerance,
+from clbench.report.tolerances import MAX_TOLERANCE, TOLERANCE_METRICS, Tolerance, is_tolerance
+from clbench.results import DEFAULT_CLASS_ORDER_SEED, is_matrix, is_pct, out_of_bounds
+from clbench.typedfile import (
+    COUNT,
+    COUNTS,
+    NAME,
+    OBJECT,
+    TEXT,
+    Typed,
+    is_bool,
+    is_count,
+    is_name,
     is_number,
-    is_tolerance,
+    is_object,
+    is_positive,
+    is_seconds,
+    is_str,
+    json_field,
+    list_of,
+    map_of,
+    or_none,
+    problems,
+    read,
+    write,
 )
-from clbench.results import DEFAULT_CLASS_ORDER_SEED, is_count, is_matrix, is_name, is_pct, is_positive, out_of_bounds
 
 Json = dict[str, Any]
 SCHEMA_VERSION = 2
@@ -73,7 +96,6 @@ TIME_PHASES = ("train", "eval")
 DEFAULT_TIME_SLACK = 2.0
 DEFAULT_TIME_FLOOR = 1.0
 MAX_TIME_FACTOR = 1e6  # time.slack and time.floor: beyond this the time check can never fail
-PARAM_PINS = ("added_total", "stored_total", "trainable")  # file order
 
 
 # ------------------------------------------------------------------------------------------- what an entry matches
@@ -136,108 +158,42 @@ def mean_matrix(runs: Sequence[Run], protocol: str) -> list[list[float]]:
 
 
 # ------------------------------------------------------------------------------------------- the types
-@dataclass(frozen=True)
-class ParamPins:
-    """Parameter counts an entry pins exactly. ``stored_total`` is None in references written before stored
-    statistics were counted apart (then it is not compared)."""
-
-    added_total: int
-    trainable: int
-    stored_total: int | None = None
-
-    def to_dict(self) -> Json:
-        return {name: getattr(self, name) for name in PARAM_PINS if getattr(self, name) is not None}
-
-    def pinned(self) -> dict[str, int]:
-        """The counts to compare, in file order."""
-        return {k: int(v) for k, v in self.to_dict().items()}
+# What a value must be, as the refusals say it (and the checks the declarations below use that clbench.typedfile
+# lacks).
+NAME_OR_NULL = "a name or null"
+TEXT_OR_NULL = "a string or null"
+OBJECTS = "a list of objects"
+RATIO = "a number >= 0"
+CALIBRATION_SECONDS = "seconds > 0 (a number below 1e6)"
+POINTS = f"points (0 to {MAX_TOLERANCE:g})"
 
 
-@dataclass(frozen=True)
-class PhaseTimes:
-    """Seconds of a phase divided by the calibration workload's seconds (the same machine, the same job)."""
-
-    train: float
-    eval: float
-
-    def to_dict(self) -> Json:
-        return {"train": self.train, "eval": self.eval}
+def _between(low: float, high: float) -> Callable[[Any], bool]:
+    return lambda v: is_number(v) and low <= v <= high
 
 
-@dataclass(frozen=True)
-class ReferenceEntry:
-    """One pinned (benchmark split, strategy, profile, backbone, protocol): the mean of its runs."""
+def _is_list(v: Any) -> bool:  # of parts: each item is checked as its part, named by its index
+    return isinstance(v, list)
 
-    bench: str
-    task_sizes: list[int]
-    class_order_seed: int
-    strategy: str
-    profile: str | None
-    backbone: str
-    img_size: int | None
-    protocol: str
-    precision: str
-    weights: str  # "random init" or the backbone weights' sha256
-    seeds: list[int]
-    runs: list[str]
-    accuracy_matrix: list[list[float]]  # percent, mean over the runs
-    last_acc: float
-    avg_acc: float
-    tolerance: Tolerance  # points, either direction
-    params: ParamPins
-    time: PhaseTimes | None  # None: written without a calibration (times not pinned)
-    # the settings the runs trained with (RunRecord.settings: the strategy's and the run's train_per_class where set;
-    # None: not pinned)
-    strategy_config: Json | None
-    # the runs' data ({"train": digest, "test": digest}, RunRecord.data_fingerprint); None: not pinned (references
-    # written before records held it, or from runs that lack it). Compared like the weights: absent on either side
-    # matches
-    data: dict[str, str] | None = None
-    # every other metric the runs' records store (:data:`STORED_METRICS`), mean over the runs: a number, a list of
-    # numbers (NaN as null) or null where a record lacks it; None: not pinned (references written before)
-    metrics: dict[str, Any] | None = None
 
-    @property
-    def key(self) -> EntryKey:
-        return EntryKey(
-            self.bench,
-            tuple(self.task_sizes),
-            self.class_order_seed,
-            self.strategy,
-            self.profile,
-            self.backbone,
-            self.img_size,
-            self.protocol,
-        )
+def _is_task_sizes(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(map(is_positive, v))
 
-    def to_dict(self) -> Json:
-        out: Json = {}
-        for name in _ENTRY_LAYOUT:
-            value = getattr(self, name)
-            out[name] = value.to_dict() if hasattr(value, "to_dict") else value
-        if self.data is not None:  # written where pinned: a reference of runs without it reads as before
-            out["data"] = dict(self.data)
-        if self.metrics is not None:
-            out["metrics"] = dict(self.metrics)
-        return out
 
-    @classmethod
-    def from_dict(cls, e: Json) -> ReferenceEntry:
-        """An entry from a JSON object :func:`entry_problem` found sound."""
-        params = e["params"]
-        return cls(
-            **{
-                name: e.get(name)
-                for name in _ENTRY_LAYOUT
-                if name not in ("class_order_seed", "tolerance", "params", "time")
-            },
-            class_order_seed=DEFAULT_CLASS_ORDER_SEED if e.get("class_order_seed") is None else e["class_order_seed"],
-            tolerance=Tolerance(**{m: e["tolerance"][m] for m in TOLERANCE_METRICS}),
-            params=ParamPins(params["added_total"], params["trainable"], params.get("stored_total")),
-            time=PhaseTimes(e["time"]["train"], e["time"]["eval"]) if e.get("time") is not None else None,
-            data=dict(e["data"]) if e.get("data") is not None else None,
-            metrics=dict(e["metrics"]) if e.get("metrics") is not None else None,
-        )
+def _is_calibration_seconds(v: Any) -> bool:
+    return is_number(v) and 0 < v < 1e6
+
+
+def _is_digests(v: Any) -> bool:
+    return v is None or (isinstance(v, dict) and bool(v) and all(map(is_name, [*v, *v.values()])))
+
+
+def _is_metric_value(v: Any) -> bool:
+    return v is None or is_number(v) or (isinstance(v, list) and all(x is None or is_number(x) for x in v))
+
+
+def _is_metrics(v: Any) -> bool:
+    return v is None or (isinstance(v, dict) and all(k in STORED_METRICS and _is_metric_value(x) for k, x in v.items()))
 
 
 # The metrics of a record's protocol summary the gate pins beside the accuracy matrix, final and average accuracy
@@ -256,92 +212,239 @@ STORED_METRICS = (
 )
 
 
-def _is_metric_value(v: Any) -> bool:
-    return v is None or is_number(v) or (isinstance(v, list) and all(x is None or is_number(x) for x in v))
+@dataclass(frozen=True, kw_only=True)
+class ParamPins(Typed):
+    """Parameter counts an entry pins exactly. ``stored_total`` is None in references written before stored
+    statistics were counted apart (then it is neither compared nor written)."""
 
+    added_total: int = json_field(COUNT, is_count, required=True)
+    stored_total: int | None = json_field(f"{COUNT} or null", or_none(is_count), where_set=True, default=None)
+    trainable: int = json_field(COUNT, is_count, required=True)
 
-_ENTRY_LAYOUT = (
-    "bench",
-    "task_sizes",
-    "class_order_seed",
-    "strategy",
-    "profile",
-    "backbone",
-    "img_size",
-    "protocol",
-    "precision",
-    "weights",
-    "seeds",
-    "runs",
-    "accuracy_matrix",
-    "last_acc",
-    "avg_acc",
-    "tolerance",
-    "params",
-    "time",
-    "strategy_config",
-)
+    def pinned(self) -> dict[str, int]:
+        """The counts to compare, in file order."""
+        return {k: int(v) for k, v in self.to_dict().items()}
 
 
 @dataclass(frozen=True)
-class TimeRule:
+class PhaseTimes(Typed):
+    """Seconds of a phase divided by the calibration workload's seconds (the same machine, the same job)."""
+
+    train: float = json_field(RATIO, _between(0.0, math.inf), required=True)
+    eval: float = json_field(RATIO, _between(0.0, math.inf), required=True)
+
+
+@dataclass(frozen=True)
+class PinnedTolerance(Tolerance):
+    """An entry's :class:`Tolerance` as the reference file holds it."""
+
+    matrix: float = json_field(POINTS, is_tolerance, required=True)
+    last_acc: float = json_field(POINTS, is_tolerance, required=True)
+    avg_acc: float = json_field(POINTS, is_tolerance, required=True)
+
+    @classmethod
+    def of(cls, tolerance: Tolerance) -> PinnedTolerance:
+        """``tolerance`` (from a tolerance table) as an entry pins it."""
+        return cls(**tolerance.to_dict())
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReferenceEntry(Typed):
+    """One pinned (benchmark split, strategy, profile, backbone, protocol): the mean of its runs. Fields an older
+    reference lacks read as the module docstring says; ``data`` and ``metrics`` are written only where pinned, so
+    that a reference of runs without them reads as before."""
+
+    bench: str = json_field(NAME, is_name, required=True)
+    task_sizes: list[int] = json_field("a list of integers >= 1", _is_task_sizes, required=True)
+    # absent: written before class orders were chosen (the literature's order)
+    class_order_seed: int = json_field(COUNT, is_count, default=DEFAULT_CLASS_ORDER_SEED)
+    strategy: str = json_field(NAME, is_name, required=True)
+    profile: str | None = json_field(NAME_OR_NULL, or_none(is_name), default=None)
+    backbone: str = json_field(NAME, is_name, required=True)
+    img_size: int | None = json_field("an integer >= 1 or null", or_none(is_positive), default=None)
+    protocol: str = json_field(NAME, is_name, required=True)
+    precision: str = json_field(NAME, is_name, required=True)
+    weights: str = json_field(TEXT, is_str, required=True)  # "random init" or the backbone weights' sha256
+    seeds: list[int] = json_field(COUNTS, list_of(is_count), required=True)
+    runs: list[str] = json_field("a list of run ids", list_of(is_name), required=True)
+    accuracy_matrix: list[list[float]] = json_field(  # percent, mean over the runs
+        "a lower-triangular matrix of percentages (0 to 100)", is_matrix, required=True
+    )
+    last_acc: float = json_field("a percentage (0 to 100)", is_pct, required=True)
+    avg_acc: float = json_field("a percentage (0 to 100)", is_pct, required=True)
+    tolerance: PinnedTolerance = json_field(  # points, either direction
+        f"an object of {', '.join(TOLERANCE_METRICS)} -> {POINTS}", is_object, required=True, part=PinnedTolerance
+    )
+    params: ParamPins = json_field(
+        "an object of added_total and trainable (integers >= 0)", is_object, required=True, part=ParamPins
+    )
+    # None: written without a calibration (times not pinned)
+    time: PhaseTimes | None = json_field(
+        f"null or an object of {', '.join(TIME_PHASES)} -> {RATIO}", or_none(is_object), part=PhaseTimes, default=None
+    )
+    # the settings the runs trained with (RunRecord.settings: the strategy's and the run's train_per_class where set;
+    # None: not pinned)
+    strategy_config: Json | None = json_field("an object or null", or_none(is_object), default=None)
+    # the runs' data ({"train": digest, "test": digest}, RunRecord.data_fingerprint); None: not pinned (references
+    # written before records held it, or from runs that lack it). Compared like the weights: absent on either side
+    # matches
+    data: dict[str, str] | None = json_field(
+        "null or an object of train/test -> digest", _is_digests, where_set=True, default=None
+    )
+    # every other metric the runs' records store (:data:`STORED_METRICS`), mean over the runs: a number, a list of
+    # numbers (NaN as null) or null where a record lacks it; None: not pinned (references written before)
+    metrics: dict[str, Any] | None = json_field(
+        f"null or an object of {', '.join(STORED_METRICS)} -> a number, a list of numbers or null",
+        _is_metrics,
+        where_set=True,
+        default=None,
+    )
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+    @property
+    def key(self) -> EntryKey:
+        return EntryKey(
+            self.bench,
+            tuple(self.task_sizes),
+            self.class_order_seed,
+            self.strategy,
+            self.profile,
+            self.backbone,
+            self.img_size,
+            self.protocol,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement(Typed):
+    """One timing of the gate's calibration workload (:func:`clbench.perf.calibration.calibrate`), as
+    ``calibration.json`` holds it and a reference's ``time.calibration`` keeps it. The gate reads its workload, its
+    seconds and its torch threads; the rest is kept as written."""
+
+    workload: str = json_field(NAME, is_name, required=True)  # CALIBRATION_ID: what was timed
+    definition: Json | None = json_field(OBJECT, is_object, where_set=True, default=None)  # CALIBRATION_WORKLOAD
+    seconds: float = json_field(CALIBRATION_SECONDS, _is_calibration_seconds, required=True)  # median of the passes
+    all_seconds: list[float] | None = json_field("a list of seconds", list_of(is_seconds), where_set=True, default=None)
+    torch: str | None = json_field(TEXT, is_str, where_set=True, default=None)  # torch.__version__
+    host: Json | None = json_field(OBJECT, is_object, where_set=True, default=None)  # the run record's host block
+    created: str | None = json_field(TEXT, is_str, where_set=True, default=None)
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+    @property
+    def torch_threads(self) -> Any:  # JSON as written: an int, or None where the host block lacks it
+        return (self.host or {}).get("torch_threads")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeCalibration(Typed):
+    """The calibration a reference's entry times were divided by: its workload, the median seconds and the
+    measurements it is the median of."""
+
+    workload: str = json_field(NAME, is_name, required=True)
+    seconds: float = json_field(CALIBRATION_SECONDS, _is_calibration_seconds, required=True)
+    measurements: list[Measurement] = json_field(
+        OBJECTS, _is_list, part=Measurement, shape="list", default_factory=list
+    )
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+
+@dataclass(frozen=True)
+class TimeRule(Typed):
     """How much slower than the reference a phase may be: ``ratio <= reference ratio x slack + floor``."""
 
-    slack: float
-    floor: float
-    calibration: Json | None  # {"workload", "seconds", "measurements"}: the calibration the entries' times divide by
+    slack: float = json_field(f"a number from 1 to {MAX_TIME_FACTOR:g}", _between(1.0, MAX_TIME_FACTOR), required=True)
+    floor: float = json_field(f"a number from 0 to {MAX_TIME_FACTOR:g}", _between(0.0, MAX_TIME_FACTOR), required=True)
+    # the calibration the entries' times divide by; None: written without one (times not pinned)
+    calibration: TimeCalibration | None = json_field(
+        "an object or null", or_none(is_object), part=TimeCalibration, default=None
+    )
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
 
     @property
     def workload(self) -> str | None:
-        return (self.calibration or {}).get("workload")
+        return self.calibration.workload if self.calibration is not None else None
 
     @property
     def torch_threads(self) -> set[Any]:
         """The torch thread counts of the reference's calibration measurements."""
-        return {m.get("host", {}).get("torch_threads") for m in (self.calibration or {}).get("measurements", [])}
-
-    def to_dict(self) -> Json:
-        return {"slack": self.slack, "floor": self.floor, "calibration": self.calibration}
+        return {m.torch_threads for m in (self.calibration.measurements if self.calibration is not None else [])}
 
 
-@dataclass(frozen=True)
-class Reference:
+@dataclass(frozen=True, kw_only=True)
+class WrittenBy(Typed):
+    """Who wrote a reference, why, with which command, when, at which revision, and what that write changed (one line
+    per entry). A field not recorded is not written: a block carried over from a format-1 file holds only the command,
+    when, and its format (kept in ``extra``)."""
+
+    who: str | None = json_field(TEXT_OR_NULL, or_none(is_str), where_set=True, default=None)
+    why: str | None = json_field(TEXT_OR_NULL, or_none(is_str), where_set=True, default=None)
+    command: str | None = json_field(TEXT_OR_NULL, or_none(is_str), where_set=True, default=None)
+    created: str | None = json_field(TEXT_OR_NULL, or_none(is_str), where_set=True, default=None)
+    git_revision: str | None = json_field(TEXT_OR_NULL, or_none(is_str), where_set=True, default=None)
+    changes: list[str] | None = json_field(
+        "a list of strings or null", or_none(list_of(is_str)), where_set=True, default=None
+    )
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunProvenance(Typed):
+    """One run a reference was written from, as its record had it (``produced_by``): shown and kept, never compared."""
+
+    run_id: str = json_field(NAME, is_name, required=True)
+    strategy: str = json_field(NAME, is_name, required=True)
+    profile: str | None = json_field(NAME_OR_NULL, or_none(is_name), default=None)
+    bench: str = json_field(NAME, is_name, required=True)  # its label: "emoji B0 Inc6"
+    seed: int = json_field(COUNT, is_count, required=True)
+    protocols: list[str] = json_field("a list of names", list_of(is_name), required=True)
+    precision: str | None = json_field(NAME_OR_NULL, or_none(is_name), default=None)
+    git_revision: str | None = json_field(TEXT_OR_NULL, or_none(is_str), default=None)
+    command: str | None = json_field(TEXT_OR_NULL, or_none(is_str), default=None)
+    weights_digest: str | None = json_field(TEXT_OR_NULL, or_none(is_str), default=None)
+    finished: str | None = json_field(TEXT_OR_NULL, or_none(is_str), default=None)
+    time_s: dict[str, float] | None = json_field(
+        "an object of phase -> seconds, or null", or_none(map_of(is_seconds)), default=None
+    )
+    host: Json | None = json_field("an object or null", or_none(is_object), default=None)
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reference(Typed):
     """A gate reference file. Provenance (``written_by``, ``history``, ``produced_by``) and the tolerance table are
     kept as written: the gate shows them and a rewrite carries them on, but checks nothing against them."""
 
-    description: str
-    written_by: Json  # who, why, command, created, git_revision, changes
-    history: list[Json]
-    produced_by: list[Json]
-    tolerances: Json  # the table the entries' tolerances came from (clbench.report.tolerances)
-    time: TimeRule
-    require_ci_profiles: bool
-    entries: list[ReferenceEntry]
-    schema_version: int = SCHEMA_VERSION
+    format: str = json_field("a reference format", is_str, required=True, default=REFERENCE_FORMAT)
+    description: str = json_field(TEXT, is_str, default="")
+    # None only for a format-1 file being rewritten that recorded none
+    written_by: WrittenBy | None = json_field(OBJECT, is_object, required=True, part=WrittenBy)
+    history: list[WrittenBy] = json_field(  # earlier written_by blocks, newest first
+        OBJECTS, _is_list, part=WrittenBy, shape="list", default_factory=list
+    )
+    produced_by: list[RunProvenance] = json_field(
+        OBJECTS, _is_list, part=RunProvenance, shape="list", default_factory=list
+    )
+    # the table the entries' tolerances came from (clbench.report.tolerances)
+    tolerances: Json = json_field(OBJECT, is_object, required=True)
+    time: TimeRule = json_field(OBJECT, is_object, required=True, part=TimeRule)
+    require_ci_profiles: bool = json_field("true or false", is_bool, default=True)
+    entries: list[ReferenceEntry] = json_field(OBJECTS, _is_list, required=True, part=ReferenceEntry, shape="list")
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+    @property
+    def schema_version(self) -> int | None:
+        return _format_version(self.format)
 
     @property
     def changes(self) -> list[str]:
         """What the write that made this file changed (one line each)."""
-        return list(self.written_by.get("changes") or [])
-
-    def to_dict(self) -> Json:
-        return {
-            "format": f"{FORMAT_PREFIX}{self.schema_version}",
-            "description": self.description,
-            "written_by": self.written_by,
-            "history": self.history,
-            "produced_by": self.produced_by,
-            "tolerances": self.tolerances,
-            "time": self.time.to_dict(),
-            "require_ci_profiles": self.require_ci_profiles,
-            "entries": [e.to_dict() for e in self.entries],
-        }
+        return list(self.written_by.changes or []) if self.written_by is not None else []
 
 
 # ------------------------------------------------------------------------------------------- reading and writing
 def write_reference(path: Path, reference: Reference) -> None:
     """Write ``reference`` to ``path`` atomically (a reader sees the old file or the new one)."""
-    atomic_write_json(Path(path), reference.to_dict())
+    atomic_write_json(Path(path), write(reference))
 
 
 def _rewrite_fix(path: Path) -> str:
@@ -379,17 +482,7 @@ def load_reference(path: Path, *, for_writing: bool = False) -> Reference:
     problem = reference_problem(raw)
     if problem is not None:
         raise ClbenchError(f"--reference {path}: {problem}", fix)
-    t = raw["time"]
-    return Reference(
-        description=raw.get("description") or "",
-        written_by=raw["written_by"],
-        history=list(raw.get("history") or []),
-        produced_by=list(raw.get("produced_by") or []),
-        tolerances=raw["tolerances"],
-        time=TimeRule(t["slack"], t["floor"], t.get("calibration")),
-        require_ci_profiles=raw.get("require_ci_profiles", True),
-        entries=[ReferenceEntry.from_dict(e) for e in raw["entries"]],
-    )
+    return read(Reference, raw)
 
 
 def _format_version(fmt: Any) -> int | None:
@@ -399,134 +492,59 @@ def _format_version(fmt: Any) -> int | None:
 
 
 def _from_format_1(raw: Json) -> Reference:
-    """A format-1 file being rewritten: its provenance only (its entries cannot be compared with format 2's)."""
+    """A format-1 file being rewritten: its provenance only (its entries cannot be compared with format 2's), the
+    blocks of it that are sound written_by blocks."""
     prior = raw.get("written_by")
     if isinstance(prior, str):  # format 1 stored only the command
         prior = {"command": prior, "created": raw.get("created"), "format": raw.get("format")}
     history = raw.get("history")
+    blocks = [h for h in (history if isinstance(history, list) else []) if isinstance(h, dict)]
     return Reference(
+        format=raw["format"],
         description=str(raw.get("description") or ""),
-        written_by=prior if isinstance(prior, dict) else {},
-        history=[h for h in history if isinstance(h, dict)] if isinstance(history, list) else [],
-        produced_by=[],
+        written_by=read(WrittenBy, prior) if isinstance(prior, dict) and prior and not _unsound(prior) else None,
+        history=[read(WrittenBy, h) for h in blocks if not _unsound(h)],
         tolerances={},
-        time=TimeRule(DEFAULT_TIME_SLACK, DEFAULT_TIME_FLOOR, None),
-        require_ci_profiles=True,
+        time=TimeRule(slack=DEFAULT_TIME_SLACK, floor=DEFAULT_TIME_FLOOR),
         entries=[],
-        schema_version=1,
     )
 
 
+def _unsound(block: Json) -> bool:
+    return bool(problems(WrittenBy, block))
+
+
 def reference_problem(raw: Json) -> str | None:
-    """The first field of a format-2 reference object the gate could not use, said in one line; None if sound."""
-    huge = out_of_bounds(raw)
-    if huge is not None:
-        return huge
-    if not isinstance(raw.get("description", ""), str):
-        return f"description is {_shown(raw['description'])}, expected a string"
-    for name, typ in (("entries", list), ("time", dict), ("tolerances", dict), ("written_by", dict)):
-        if not isinstance(raw.get(name), typ):
-            return f"field {name!r} is missing or not a {typ.__name__}"
-    if not isinstance(raw.get("require_ci_profiles", True), bool):
-        return f"require_ci_profiles is {raw['require_ci_profiles']!r:.40}, expected true or false"
-    for name in ("history", "produced_by"):
-        if not isinstance(raw.get(name, []), list) or not all(isinstance(h, dict) for h in raw.get(name, [])):
-            return f"field {name!r} is not a list of objects"
+    """The first field of a format-2 reference object the gate could not use, said in one line (its dotted name and
+    what it must be); None if sound."""
+    found = out_of_bounds(raw) or problems(Reference, raw, version=SCHEMA_VERSION).first()
+    if found is not None:
+        return found + _which_entry(found, raw)
+    return _disagreement(read(Reference, raw))
+
+
+def _which_entry(problem: str, raw: Json) -> str:
+    """`` (entries[3]: tosca)`` where ``problem`` lies in an entry whose strategy is a name: which one, at a glance."""
+    at = re.match(r"field entries\[(\d+)\]", problem)
+    entry = raw["entries"][int(at[1])] if at is not None else None
+    if at is None or not isinstance(entry, dict) or not is_name(entry.get("strategy")):
+        return ""
+    return f" (entries[{at[1]}]: {entry['strategy']})"
+
+
+def _disagreement(ref: Reference) -> str | None:
+    """Where well-typed entries disagree with themselves or with each other, as a written reference's never do."""
     keys: dict[EntryKey, int] = {}
-    for i, e in enumerate(raw["entries"]):
-        problem = entry_problem(e)
-        if problem is not None:
-            return f"entries[{i}]{problem}"
-        key = ReferenceEntry.from_dict(e).key  # two entries pinning one configuration: which would the gate use?
-        if key in keys:
-            return f"entries[{i}] ({key.label()}) pins the same configuration as entries[{keys[key]}]"
-        keys[key] = i
-    t = raw["time"]
-    for knob, low in (("slack", 1.0), ("floor", 0.0)):
-        if not (is_number(t.get(knob)) and low <= t[knob] <= MAX_TIME_FACTOR):
-            return f"time.{knob} is {_shown(t.get(knob))}, expected a number from {low:g} to {MAX_TIME_FACTOR:g}"
-    if not (t.get("calibration") is None or isinstance(t["calibration"], dict)):
-        return f"time.calibration is {_shown(t['calibration'])}, expected an object or null"
+    for i, e in enumerate(ref.entries):
+        if len(e.accuracy_matrix) != len(e.task_sizes):
+            rows, tasks = len(e.accuracy_matrix), len(e.task_sizes)
+            return f"entries[{i}] ({e.strategy}): its accuracy matrix has {rows} rows for {tasks} tasks"
+        if len(e.seeds) != len(e.runs) or not e.runs:
+            return f"entries[{i}] ({e.strategy}): {len(e.seeds)} seeds for {len(e.runs)} runs"
+        if e.key in keys:  # two entries pinning one configuration: which would the gate use?
+            return f"entries[{i}] ({e.key.label()}) pins the same configuration as entries[{keys[e.key]}]"
+        keys[e.key] = i
     return None
-
-
-def entry_problem(e: Any) -> str | None:
-    """What is wrong with one entry (`` is not an object``, ``(tosca): field 'x' is ..., expected ...``)."""
-    if not isinstance(e, dict):
-        return " is not an object"
-    for name, expected, ok in ENTRY_FIELDS:
-        if not ok(e.get(name)):
-            strategy = f" ({e['strategy']})" if is_name(e.get("strategy")) else ""
-            return f"{strategy}: field {name!r} is {_shown(e.get(name))}, expected {expected}"
-    strategy = f" ({e['strategy']})"  # the fields agree with each other, as a written reference's do
-    if len(e["accuracy_matrix"]) != len(e["task_sizes"]):
-        return f"{strategy}: its accuracy matrix has {len(e['accuracy_matrix'])} rows for {len(e['task_sizes'])} tasks"
-    if len(e["seeds"]) != len(e["runs"]) or not e["runs"]:
-        return f"{strategy}: {len(e['seeds'])} seeds for {len(e['runs'])} runs"
-    return None
-
-
-def _shown(value: Any) -> str:
-    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < 10 else f"{type(value).__name__} of "
-    text += f"{len(value)} items" if text.endswith(" of ") else ""
-    return text[:60] + ("..." if len(text) > 60 else "")
-
-
-def _is_time(v: Any) -> bool:
-    return v is None or (isinstance(v, dict) and all(is_number(v.get(ph)) and v[ph] >= 0 for ph in TIME_PHASES))
-
-
-def _is_list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, list) and all(ok(x) for x in v)
-
-
-# Every field of a reference entry the gate reads: (name, what it must be, check).
-ENTRY_FIELDS: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
-    ("bench", "a name", is_name),
-    ("strategy", "a name", is_name),
-    ("backbone", "a name", is_name),
-    ("protocol", "a name", is_name),
-    ("profile", "a name or null", lambda v: v is None or is_name(v)),
-    ("task_sizes", "a list of integers >= 1", lambda v: isinstance(v, list) and bool(v) and all(map(is_positive, v))),
-    ("class_order_seed", "an integer >= 0", lambda v: v is None or is_count(v)),
-    ("img_size", "an integer >= 1 or null", lambda v: v is None or is_positive(v)),
-    ("accuracy_matrix", "a lower-triangular matrix of percentages (0 to 100)", is_matrix),
-    ("last_acc", "a percentage (0 to 100)", is_pct),
-    ("avg_acc", "a percentage (0 to 100)", is_pct),
-    (
-        "tolerance",
-        f"an object of {', '.join(TOLERANCE_METRICS)} -> points (0 to {MAX_TOLERANCE:g})",
-        lambda v: isinstance(v, dict) and all(is_tolerance(v.get(m)) for m in TOLERANCE_METRICS),
-    ),
-    (
-        "params",
-        "an object of added_total and trainable (integers >= 0)",
-        lambda v: (
-            isinstance(v, dict)
-            and all(is_count(v.get(f)) for f in ("added_total", "trainable"))
-            and (v.get("stored_total") is None or is_count(v["stored_total"]))
-        ),
-    ),
-    ("precision", "a name", is_name),
-    ("time", f"null or an object of {', '.join(TIME_PHASES)} -> a number >= 0", _is_time),
-    ("weights", "a string", lambda v: isinstance(v, str)),
-    ("seeds", "a list of integers >= 0", _is_list_of(is_count)),
-    ("runs", "a list of run ids", _is_list_of(is_name)),
-    ("strategy_config", "an object or null", lambda v: v is None or isinstance(v, dict)),
-    (
-        "metrics",
-        f"null or an object of {', '.join(STORED_METRICS)} -> a number, a list of numbers or null",
-        lambda v: (
-            v is None
-            or (isinstance(v, dict) and all(k in STORED_METRICS and _is_metric_value(x) for k, x in v.items()))
-        ),
-    ),
-    (
-        "data",
-        "null or an object of train/test -> digest",
-        lambda v: v is None or (isinstance(v, dict) and bool(v) and all(map(is_name, [*v, *v.values()]))),
-    ),
-)
 
 
 # ------------------------------------------------------------------------------------------- what a rewrite changes
@@ -538,10 +556,8 @@ def reference_changes(old: Reference, new: Reference) -> list[str]:
     lines = [f"added {k} (tolerance {after[k].tolerance.text()})" for k in sorted(set(after) - set(before))]
     lines += [f"removed {k}" for k in sorted(set(before) - set(after))]
     for k in sorted(set(before) & set(after)):
-        b, a = before[k].to_dict(), after[k].to_dict()
-        moved = [
-            f"{m} {b[m]} -> {a[m]}" for m in ("last_acc", "avg_acc", "params", "precision", "weights") if b[m] != a[m]
-        ]
+        b, a = _movable(before[k]), _movable(after[k])
+        moved = [f"{m} {b[m]} -> {a[m]}" for m in b if b[m] != a[m]]
         if before[k].metrics is not None and after[k].metrics is not None:
             moved += [
                 f"{m} {before[k].metrics.get(m)} -> {after[k].metrics.get(m)}"
@@ -562,3 +578,14 @@ def reference_changes(old: Reference, new: Reference) -> list[str]:
             f"{new_table.get('source', 'built-in defaults')} (differs in: {', '.join(names)})"
         )
     return lines
+
+
+def _movable(e: ReferenceEntry) -> dict[str, Any]:
+    """What a rewrite lists as moved when it differs, by name (parameter counts as the file holds them)."""
+    return {
+        "last_acc": e.last_acc,
+        "avg_acc": e.avg_acc,
+        "params": e.params.to_dict(),
+        "precision": e.precision,
+        "weights": e.weights,
+    }
