@@ -11,7 +11,7 @@ import hashlib
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -961,6 +961,54 @@ def budget_curves_figure(coll: Collection, out_dir: Path, curves: Sequence[Budge
 
 
 # ------------------------------------------------------------------------------------------- all
+@dataclass(frozen=True)
+class FigureInputs:
+    """What a report's figures are drawn from: every record (``coll``), the main table's rows (``rows``), and the
+    report's options."""
+
+    coll: Collection
+    rows: Collection
+    out_dir: Path
+    predicted: Any
+    budget: Sequence[BudgetCurve]
+    main: Collection | None
+    tsne_points: int
+
+
+@dataclass(frozen=True)
+class FigureKind:
+    """One kind of report figure: its name (as the registry lists it) and how it is drawn; ``make`` returns the
+    figures (none where the records hold nothing for it) and notes on what is absent."""
+
+    name: str
+    make: Callable[[FigureInputs], tuple[list[FigureOut], list[str]]]
+
+
+def _one(f: FigureOut | None) -> tuple[list[FigureOut], list[str]]:
+    return ([] if f is None else [f]), []
+
+
+def _paired(i: FigureInputs) -> tuple[list[FigureOut], list[str]]:
+    from clbench.report.uncertainty import paired_rows
+
+    rows = paired_rows(i.rows, i.predicted)  # only where runs kept predictions
+    return _one(paired_matrix(rows, i.rows, i.out_dir, "paired_differences", "Paired differences"))
+
+
+# The report's figures in the order the report shows them.
+REPORT_FIGURES: tuple[FigureKind, ...] = (
+    FigureKind("accuracy_curves", lambda i: _one(accuracy_curves(i.rows, i.out_dir, predicted=i.predicted))),
+    FigureKind("accuracy_matrices", lambda i: (accuracy_matrices(i.rows, i.out_dir), [])),
+    FigureKind("accuracy_vs_params", lambda i: _one(accuracy_vs_params(i.rows, i.out_dir))),
+    FigureKind("wall_clock", lambda i: _one(wall_clock(i.rows, i.out_dir))),
+    FigureKind("routing", lambda i: _one(routing(i.rows, i.out_dir))),
+    FigureKind("routing_study", lambda i: _one(routing_study(i.coll, i.out_dir))),
+    FigureKind("budget_curves", lambda i: _one(budget_curves_figure(i.coll, i.out_dir, i.budget))),
+    FigureKind("paired_differences", _paired),
+    FigureKind("tsne", lambda i: tsne(i.coll, i.out_dir, i.tsne_points, i.main)),
+)
+
+
 def make_figures(
     coll: Collection,
     out_dir: Path,
@@ -970,46 +1018,29 @@ def make_figures(
     main: Collection | None = None,
     predicted: Any = None,
 ) -> tuple[list[FigureOut], list[str]]:
-    """Every figure of a report, saved under ``out_dir/figures``; returns them and notes on what is absent.
-    ``budget``: the budget curves to draw (:func:`clbench.report.budget.budget_curves`); ``main``: the main
+    """Every figure of :data:`REPORT_FIGURES`, saved under ``out_dir/figures``; returns them and notes on what is
+    absent. ``budget``: the budget curves to draw (:func:`clbench.report.budget.budget_curves`); ``main``: the main
     table's rows (:mod:`clbench.report.leaderboard`): the accuracy curves, the accuracy matrices and the paired
     differences show those only (default: every row)."""
+    from clbench.report.uncertainty import Predicted
+
+    inputs = FigureInputs(
+        coll, coll if main is None else main, out_dir, predicted or Predicted(), budget, main, tsne_points
+    )
     figs: list[FigureOut] = []
     notes: list[str] = []
-    rows = coll if main is None else main
-    from clbench.report.uncertainty import Predicted, paired_rows
-
-    predicted = predicted or Predicted()
-    f = accuracy_curves(rows, out_dir, predicted=predicted)
-    if f is not None:
-        figs.append(f)
-    for make, source in (
-        (accuracy_vs_params, rows),
-        (wall_clock, rows),
-        (routing, rows),
-        (routing_study, coll),
-    ):
-        f = make(source, out_dir)
-        if f is not None:
-            figs.append(f)
-    f = budget_curves_figure(coll, out_dir, budget)
-    if f is not None:
-        figs.append(f)
-    figs[1:1] = accuracy_matrices(rows, out_dir)
-    if main is not None:
-        notes.append(
-            "accuracy curves, accuracy matrices, accuracy vs parameters, wall-clock, routing and paired differences "
-            "show the main table's rows; the other records are in their sections' tables"
-        )
-    pairs = paired_matrix(paired_rows(rows, predicted), rows, out_dir, "paired_differences", "Paired differences")
-    if pairs is not None:  # only where runs kept predictions
-        figs.append(pairs)
-    if with_tsne:
-        t_figs, t_notes = tsne(coll, out_dir, tsne_points, main)
-        figs += t_figs
-        notes += t_notes
-    else:
-        notes.append("t-SNE figures were not made (--no-tsne)")
+    for kind in REPORT_FIGURES:
+        if kind.name == "tsne" and not with_tsne:
+            notes.append("t-SNE figures were not made (--no-tsne)")
+            continue
+        made, said = kind.make(inputs)
+        figs += made
+        notes += said
+        if kind.name == "budget_curves" and main is not None:
+            notes.append(
+                "accuracy curves, accuracy matrices, accuracy vs parameters, wall-clock, routing and paired "
+                "differences show the main table's rows; the other records are in their sections' tables"
+            )
     return figs, notes
 
 
