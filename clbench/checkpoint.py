@@ -18,23 +18,25 @@ the strategy's (named ``strategy.<n>``) and the RNG states (``rng.torch``, ``rng
 - ``config``: every :class:`~clbench.config.RunConfig` field (``clbench run --resume DIR`` reads them).
 - ``fingerprint``: the fields that define the run (:data:`clbench.config.DEFINING_FIELDS`, backbone resolved to its
   name); a run with other values is refused, never continued.
-- ``backbone_digest``, ``precision``, ``precision_reason`` and ``data`` (train/test content fingerprints, class
-  order, task sizes): checked once the benchmark and backbone are loaded again.
+- ``backbone_digest``, ``precision``, ``precision_reason`` and ``data`` (:class:`DataIdentity`: train/test content
+  fingerprints, class order, task sizes): checked once the benchmark and backbone are loaded again.
 - ``tasks_done``: tasks learnt and evaluated; the run continues with task ``tasks_done``.
 - ``strategy``: :meth:`Strategy.save_state() <clbench.strategy.Strategy.save_state>`, the strategy's attributes as a
   JSON tree naming the tensors (:mod:`clbench.safestate`).
 - ``rng``: the global RNG states (numpy's and Python's as numbers; torch's as tensors) after the task's evaluation.
   Strategies otherwise draw from ``ctx.generator(salt)``, fixed per task.
-- ``logs``: the accuracy rows so far per protocol (the harness's ``_ProtocolLog`` fields); ``per_task``: the
-  record's per-task entries so far.
-- ``times`` (seconds so far: features, train, eval, checkpoint, total), ``peak_rss_mb``, ``feature_cache`` (cache
+- ``logs``: per protocol, the accuracy rows and per-image predictions so far (:class:`ProtocolLogState`, which the
+  harness's ``_ProtocolLog`` fills); ``per_task``: the record's per-task entries so far
+  (:class:`~clbench.results.TaskEntry`).
+- ``times`` (:class:`~clbench.results.Times`: seconds so far per phase), ``peak_rss_mb``, ``feature_cache`` (cache
   events so far), ``resumed_from_task`` (``tasks_done`` at every earlier resume): summed over the run's segments.
 - ``git_revision``: the code that wrote it (a resume under other code is logged, not refused).
 
 What reading trusts: nothing in the file. safetensors holds raw tensor bytes with a dtype and shape; the rest is JSON,
-checked field by field; the strategy's state is rebuilt by the strategy class the run names (clbench's own code or a
-plug-in the user chose), which makes only the classes it declares (``Strategy.state_types``) and torch's plain layers,
-without calling their constructors, and imports nothing the file names. A tampered file can make a run learn or
+checked field by field against :class:`Checkpoint`'s declaration (:mod:`clbench.typedfile`), a refusal naming the
+field; the strategy's state is rebuilt by the strategy class the run names (clbench's own code or a plug-in the user
+chose), which makes only the classes it declares (``Strategy.state_types``) and torch's plain layers, without calling
+their constructors, and imports nothing the file names. A tampered file can make a run learn or
 report wrong numbers (as a tampered record can); it cannot run code. A file that is not a checkpoint, or is torn, is
 refused with one line.
 
@@ -46,9 +48,10 @@ user wrote themselves (:func:`convert_legacy`), after saying that it executes co
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,11 +59,29 @@ import numpy as np
 import torch
 from torch import Tensor  # the annotations of RngState, whose field ``torch`` hides the module there
 
-from clbench import config
+from clbench import config, typedfile
 from clbench.config import RunConfig
 from clbench.errors import ClbenchError, setting
 from clbench.files import atomic_write_bytes
+from clbench.results import TaskEntry, Times
 from clbench.safestate import SavedState, encode, unknown_classes
+from clbench.typedfile import (
+    COUNT,
+    COUNTS,
+    OBJECT,
+    TEXT,
+    is_count,
+    is_int,
+    is_name,
+    is_number,
+    is_object,
+    is_positive,
+    is_real,
+    is_str,
+    json_field,
+    list_of,
+    or_none,
+)
 
 if TYPE_CHECKING:
     from clbench.benchmarks.base import Benchmark
@@ -140,47 +161,117 @@ def restore_rng(state: RngState) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- the checkpoint
-@dataclass(frozen=True)
+def _is_any_number(v: Any) -> bool:  # NaN and infinities too: the harness checks what a value means
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_NUMBERS = "a list of numbers"
+_NUMBER_LISTS = "a list of lists of numbers"
+_INTEGER_LISTS = "a list of lists of integers"
+
+
+@dataclass
+class ProtocolLogState:
+    """One protocol's evaluations so far, as the checkpoint holds them (``logs.<protocol>``); the harness's
+    ``_ProtocolLog`` adds what fills them. Every checkpoint holds the first five; ``task_aware`` and the images
+    (``index``, ``pred``, ``conf``) came later: a checkpoint without them reads as empty lists (not kept). Values are
+    checked as JSON types here, their meanings by the harness on resume."""
+
+    # R[t][j] in percent
+    matrix: list[list[float]] = json_field(
+        _NUMBER_LISTS, list_of(list_of(_is_any_number)), required=True, default_factory=list
+    )
+    curve: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
+    # NaN after the first task (no old classes yet)
+    old: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
+    new: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
+    top5: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
+    task_aware: list[float] = json_field(_NUMBERS, list_of(_is_any_number), default_factory=list)
+    # per image, per task: positions in the benchmark's test split, argmax of the logits, its softmax probability
+    index: list[list[int]] = json_field(_INTEGER_LISTS, list_of(list_of(is_int)), default_factory=list)
+    pred: list[list[int]] = json_field(_INTEGER_LISTS, list_of(list_of(is_int)), default_factory=list)
+    conf: list[list[float]] = json_field(_NUMBER_LISTS, list_of(list_of(_is_any_number)), default_factory=list)
+
+
+@dataclass
+class DataIdentity:
+    """What a benchmark was when loaded (:func:`data_identity`): a resume on other data is refused."""
+
+    train: str = json_field(TEXT, is_str, required=True)  # content fingerprints (ImageSource.fingerprint)
+    test: str = json_field(TEXT, is_str, required=True)
+    class_order: list[int] = json_field(COUNTS, list_of(is_count), required=True)
+    task_sizes: list[int] = json_field(COUNTS, list_of(is_count), required=True)  # domain scenario: [n, 0, ...]
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+
+def _is_change(v: Any) -> bool:
+    return is_real(v) or v == math.inf
+
+
+@dataclass
+class _SavedTaskEntry(TaskEntry):
+    """What a per-task entry must be in a checkpoint (read as the :class:`~clbench.results.TaskEntry` it is): its
+    number is required (the record's position gives it; here nothing does), and ``trained_change`` may be infinite
+    (only zero-initialised parts moved), which the record writes as null and the checkpoint keeps, so that a resumed
+    run ends with the record an uninterrupted one writes."""
+
+    task: int = json_field(COUNT, is_count, required=True)
+    trained_change: float | None = json_field(
+        "a number, Infinity or null", or_none(_is_change), where_set=True, default=None
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Checkpoint:
     """A run between two tasks: everything :func:`clbench.harness.run` needs to continue it (see the module
     docstring for each field). Built and read only here and in the harness; :func:`save` / :func:`load` are the one
-    writer and reader."""
+    writer and reader. The JSON fields are declared with :func:`~clbench.typedfile.json_field` (every one required);
+    ``strategy`` and ``rng`` hold tensors, which the file keeps beside the JSON."""
 
-    config: dict[str, Any]  # every RunConfig field, as JSON
-    fingerprint: dict[str, Any]  # the defining fields (clbench.config.fingerprint)
-    backbone_digest: str
-    precision: str | None  # the precision the backbone ran at (fp32 | bf16 | fp16)
-    precision_reason: str | None
-    data: dict[str, Any]  # data_identity(): content fingerprints, class order, task sizes
-    tasks_done: int
+    config: dict[str, Any] = json_field(OBJECT, is_object, required=True)  # every RunConfig field, as JSON
+    # the defining fields (clbench.config.fingerprint)
+    fingerprint: dict[str, Any] = json_field(OBJECT, is_object, required=True)
+    backbone_digest: str = json_field(TEXT, is_str, required=True)
+    # the precision the backbone ran at (fp32 | bf16 | fp16)
+    precision: str | None = json_field("a string or null", or_none(is_str), required=True)
+    precision_reason: str | None = json_field("a string or null", or_none(is_str), required=True)
+    data: DataIdentity = json_field(part=DataIdentity, required=True)
+    tasks_done: int = json_field("an integer >= 1", is_positive, required=True)
     strategy: SavedState  # Strategy.save_state(): JSON tree + named tensors
     rng: RngState
-    logs: dict[str, dict[str, Any]]  # protocol -> the harness's _ProtocolLog fields
-    per_task: list[dict[str, Any]]  # TaskEntry.to_dict() of every task done
-    times: dict[str, float]  # seconds so far per phase
-    peak_rss_mb: float
-    resumed_from_task: list[int]
-    feature_cache: list[str]
-    git_revision: str | None
+    logs: dict[str, ProtocolLogState] = json_field(
+        "an object of protocol -> log", is_object, part=ProtocolLogState, shape="map", required=True
+    )
+    per_task: list[TaskEntry] = json_field(  # every task done
+        "a list of task objects", list_of(is_object), part=_SavedTaskEntry, shape="list", required=True
+    )
+    times: Times = json_field(part=Times, required=True)  # seconds so far per phase
+    peak_rss_mb: float = json_field("a number >= 0", lambda v: is_number(v) and v >= 0, required=True)
+    resumed_from_task: list[int] = json_field(COUNTS, list_of(is_count), required=True)
+    feature_cache: list[str] = json_field("a list of names", list_of(is_name), required=True)
+    git_revision: str | None = json_field("a string or null", or_none(is_str), required=True)
 
 
-# JSON fields of the file: name -> the JSON types its value may have (checked on load, before anything uses them)
-_FIELDS: dict[str, tuple[type, ...]] = {
-    "config": (dict,),
-    "fingerprint": (dict,),
-    "backbone_digest": (str,),
-    "precision": (str, type(None)),
-    "precision_reason": (str, type(None)),
-    "data": (dict,),
-    "tasks_done": (int,),
-    "logs": (dict,),
-    "per_task": (list,),
-    "times": (dict,),
-    "peak_rss_mb": (int, float),
-    "resumed_from_task": (list,),
-    "feature_cache": (list,),
-    "git_revision": (str, type(None)),
-}
+def _problem(doc: Any) -> str | None:
+    """What keeps the JSON document ``doc`` from being a checkpoint's, in one line naming the field; None if
+    nothing."""
+    if type(doc) is not dict:
+        return "the checkpoint document is not a JSON object"
+    return typedfile.problems(Checkpoint, doc).first()
+
+
+def _from_doc(doc: dict[str, Any], strategy: SavedState, rng: RngState) -> Checkpoint:
+    """The checkpoint of a document :func:`_problem` found sound, with the parts that live beside the JSON."""
+    read = typedfile.read
+    return Checkpoint(
+        **{f.name: doc[f.name] for f, s in typedfile.file_fields(Checkpoint) if s.part is None},
+        data=read(DataIdentity, doc["data"]),
+        logs={p: read(ProtocolLogState, log) for p, log in doc["logs"].items()},
+        per_task=[read(TaskEntry, entry) for entry in doc["per_task"]],  # checked as _SavedTaskEntry
+        times=read(Times, doc["times"]),
+        strategy=strategy,
+        rng=rng,
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -241,7 +332,7 @@ def save(path: Path, ckpt: Checkpoint) -> None:
     from safetensors.torch import save as save_tensors
 
     rng, rng_tensors = ckpt.rng.to_json()
-    doc = {name: _plain(getattr(ckpt, name)) for name in _FIELDS}
+    doc = _plain(typedfile.write(ckpt))
     doc.update(strategy=ckpt.strategy.tree, rng=rng)
     strategy_tensors = {n: t.detach().cpu().contiguous() for n, t in ckpt.strategy.tensors.items()}
     if any(not n.startswith(STRATEGY_PREFIX) for n in strategy_tensors):
@@ -278,39 +369,14 @@ def load(path: Path) -> Checkpoint:
         )
     try:
         doc = json.loads(meta.get("checkpoint", ""))
-        if type(doc) is not dict:
-            raise ValueError("the checkpoint document is not a JSON object")
-        values: dict[str, Any] = {}
-        for name, kinds in _FIELDS.items():
-            if name not in doc or type(doc[name]) not in kinds:
-                raise ValueError(f"field {name!r} is missing or not a {' or '.join(k.__name__ for k in kinds)}")
-            values[name] = doc[name]
-        _check_contents(values)
+        problem = _problem(doc)
+        if problem is not None:
+            raise ValueError(problem)
         rng = RngState.from_json(doc.get("rng"), tensors)
     except (ValueError, RecursionError) as e:
         raise ClbenchError(f"{path} cannot be read as a clbench checkpoint ({str(e)[:200]})", _START_OVER) from None
     strategy = SavedState(doc.get("strategy"), {n: t for n, t in tensors.items() if n.startswith(STRATEGY_PREFIX)})
-    return Checkpoint(**values, strategy=strategy, rng=rng)
-
-
-def _check_contents(values: dict[str, Any]) -> None:
-    """The insides of the JSON fields the harness reads by key (types only; the harness checks the meanings)."""
-    if values["tasks_done"] < 1:
-        raise ValueError(f"tasks_done {values['tasks_done']} < 1")
-    for protocol, log in values["logs"].items():
-        if type(log) is not dict or not all(type(v) is list for v in log.values()):
-            raise ValueError(f"logs of {protocol!r} are not lists")
-    if not all(type(e) is dict and type(e.get("task")) is int for e in values["per_task"]):
-        raise ValueError("per_task entries are not task objects")
-    if not all(type(v) in (int, float) for v in values["times"].values()):
-        raise ValueError("times are not numbers")
-    if not all(type(t) is int for t in values["resumed_from_task"]):
-        raise ValueError("resumed_from_task is not a list of task counts")
-    if not all(type(e) is str for e in values["feature_cache"]):
-        raise ValueError("feature_cache is not a list of events")
-    for name in ("train", "test", "class_order", "task_sizes"):
-        if name not in values["data"]:
-            raise ValueError(f"data lacks {name!r}")
+    return _from_doc(doc, strategy, rng)
 
 
 def check_strategy(ckpt: Checkpoint, path: Path, saved_types: dict[str, type]) -> None:
@@ -362,11 +428,11 @@ def convert_legacy(folder: Path, say: Callable[[str], None]) -> bool:
         strategy_cls = STRATEGIES.get(old["config"]["strategy"])
         strategy = encode(old["strategy"], strategy_cls.saved_types(), prefix=STRATEGY_PREFIX)
         rng = old["rng"]
-        ckpt = Checkpoint(
-            **{name: _plain(old.get(name)) for name in _FIELDS},
-            strategy=strategy,
-            rng=RngState(rng["torch"], rng["numpy"], rng["python"], tuple(rng.get("cuda", ()))),
-        )
+        doc = {f.name: _plain(old[f.name]) for f, _ in typedfile.file_fields(Checkpoint) if f.name in old}
+        problem = _problem(doc)
+        if problem is not None:
+            raise ValueError(problem)
+        ckpt = _from_doc(doc, strategy, RngState(rng["torch"], rng["numpy"], rng["python"], tuple(rng.get("cuda", ()))))
     except (KeyError, TypeError, ValueError) as e:
         raise ClbenchError(f"{legacy} cannot be converted ({type(e).__name__}: {e})", _START_OVER) from None
     save(Path(folder) / CHECKPOINT_FILE, ckpt)
@@ -407,21 +473,18 @@ def _no_checkpoint_message(path: Path, result: Path) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- inputs
-def data_identity(bench: Benchmark) -> dict[str, Any]:
+def data_identity(bench: Benchmark) -> DataIdentity:
     """What the loaded benchmark is: content fingerprints, class order, task sizes."""
-    identity: dict[str, Any] = _plain(
-        {
-            "train": bench.train.fingerprint(),
-            "test": bench.test.fingerprint(),
-            "class_order": list(bench.class_order),
-            "task_sizes": list(bench.task_sizes),
-        }
+    return DataIdentity(
+        train=bench.train.fingerprint(),
+        test=bench.test.fingerprint(),
+        class_order=[int(c) for c in bench.class_order],
+        task_sizes=[int(n) for n in bench.task_sizes],
     )
-    return identity
 
 
 def check_inputs(
-    ckpt: Checkpoint, path: Path, backbone_digest: str, precision: str, precision_reason: str, data: dict[str, Any]
+    ckpt: Checkpoint, path: Path, backbone_digest: str, precision: str, precision_reason: str, data: DataIdentity
 ) -> None:
     """Refuse to continue when the backbone weights (``backbone_digest``), the precision the backbone runs at or the
     data (:func:`data_identity`) differ from those the checkpoint was made with."""
@@ -438,7 +501,9 @@ def check_inputs(
             f"{precision} ({precision_reason})",
             f"continue it with {setting('precision')} {saved_precision}, or pass {setting('overwrite')} to start over",
         )
-    changed = [k for k in data if ckpt.data.get(k) != data[k]]
+    changed = [
+        f.name for f, _ in typedfile.file_fields(DataIdentity) if getattr(ckpt.data, f.name) != getattr(data, f.name)
+    ]
     if changed:
         raise ClbenchError(
             f"{path}: the benchmark data changed since the checkpoint ({', '.join(changed)} differ); "

@@ -21,6 +21,7 @@ import torch
 from clbench import metrics, training_check
 from clbench.blocks import TrainingTrace
 from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
+from clbench.checkpoint import ProtocolLogState
 from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
     RESUME_AND_OVERWRITE,
@@ -117,17 +118,15 @@ def resolve_device(name: str) -> torch.device:
 
 # ----------------------------------------------------------------------------------------------- the run
 @dataclass
-class _ProtocolLog:
-    matrix: list[list[float]] = field(default_factory=list)
-    curve: list[float] = field(default_factory=list)
-    old: list[float] = field(default_factory=list)
-    new: list[float] = field(default_factory=list)
-    top5: list[float] = field(default_factory=list)
-    task_aware: list[float] = field(default_factory=list)  # metrics.task_aware_prediction's accuracy (older: none)
-    # Per image, per task (plain lists, so the checkpoint carries them; clbench.predictions writes the file):
-    index: list[list[int]] = field(default_factory=list)  # positions in the benchmark's test split
-    pred: list[list[int]] = field(default_factory=list)  # argmax of the logits
-    conf: list[list[float]] = field(default_factory=list)  # softmax probability of the argmax, float16 values
+class _ProtocolLog(ProtocolLogState):
+    """One protocol's evaluations so far: the fields the checkpoint saves (:class:`ProtocolLogState`: accuracy rows
+    and per-image predictions as plain lists; clbench.predictions writes the predictions file from them), filled
+    after each task."""
+
+    @classmethod
+    def restored(cls, saved: ProtocolLogState) -> _ProtocolLog:
+        """The log a checkpoint saved, to be filled on."""
+        return cls(**{f.name: getattr(saved, f.name) for f in dataclasses.fields(saved)})
 
     def add(
         self,
@@ -631,9 +630,6 @@ def _note_data_problems(session: PreparedRun, before_loading: list[str], rep: Re
         rep.log(f"warning: data problem, run anyway (ignore_data_problems): {problem}")
 
 
-TIME_KEYS = ("features", "train", "eval", "checkpoint", "total")
-
-
 class _RunState:
     """What a run has done so far: restored from its checkpoint when it continues, saved in it after a task
     (:class:`clbench.checkpoint.Cadence` says which)."""
@@ -645,7 +641,7 @@ class _RunState:
         self.done = 0  # tasks learnt and evaluated
         self.resumed_from: list[int] = []  # tasks_done at each resume from a checkpoint
         self.cache_events = list(session.cache_events)
-        self.before = dict.fromkeys(TIME_KEYS, 0.0)  # times of earlier segments of the run
+        self.before = Times(features=0.0, train=0.0, eval=0.0, checkpoint=0.0, total=0.0)  # of earlier segments
         self.peak_before = 0.0  # peak memory of earlier segments, MB
         self.t_train = self.t_eval = self.t_ckpt = 0.0
         self.resume_warning: str | None = None  # a resume that found every task done (RunRecord.resume_warning)
@@ -673,15 +669,15 @@ class _RunState:
             )
         try:
             session.strategy.restore_state(ckpt.strategy)
-            self.logs = {p: _ProtocolLog(**ckpt.logs[p]) for p in session.protocols}
-            self.before = {k: float(ckpt.times[k]) for k in self.before}
         except (StateError, KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
             raise ClbenchError(
                 f"{run_dir.checkpoint_path} does not hold a {session.cfg.strategy} run's state ({type(e).__name__}: "
                 f"{str(e)[:200]})",
                 f"pass {OVERWRITE} to start the run over",
             ) from None
-        self.per_task, self.done = [TaskEntry.from_dict(t) for t in ckpt.per_task], ckpt.tasks_done
+        self.logs = {p: _ProtocolLog.restored(ckpt.logs[p]) for p in session.protocols}
+        self.before = ckpt.times
+        self.per_task, self.done = list(ckpt.per_task), ckpt.tasks_done
         self.resumed_from = [*ckpt.resumed_from_task, self.done]
         self.cache_events = [*ckpt.feature_cache, *self.cache_events]
         self.peak_before = ckpt.peak_rss_mb
@@ -706,14 +702,16 @@ class _RunState:
             self.revision,
         )
 
-    def times(self) -> dict[str, float]:
-        return {
-            "features": self.before["features"] + self.session.t_features,
-            "train": self.before["train"] + self.t_train,
-            "eval": self.before["eval"] + self.t_eval,
-            "checkpoint": self.before["checkpoint"] + self.t_ckpt,
-            "total": self.before["total"] + time.perf_counter() - self.t_start,
-        }
+    def times(self) -> Times:
+        """Seconds per phase over every segment of the run."""
+        before = self.before
+        return Times(
+            features=before.features + self.session.t_features,
+            train=before.train + self.t_train,
+            eval=before.eval + self.t_eval,
+            checkpoint=(before.checkpoint or 0.0) + self.t_ckpt,  # None: a checkpoint without it
+            total=before.total + time.perf_counter() - self.t_start,
+        )
 
     def peak_rss_mb(self) -> float:
         """Peak memory over every segment of the run, MB."""
@@ -738,19 +736,20 @@ class _RunState:
         return record
 
 
-_LOG_ROWS = ("matrix", "curve", "old", "new", "top5")  # one entry per task done (_ProtocolLog)
+_LOG_ROWS = ("matrix", "curve", "old", "new", "top5")  # one entry per task done (ProtocolLogState)
 _LOG_IMAGES = ("index", "pred", "conf")  # one list per task done, or none (checkpoints before predictions were kept)
 
 
 def _impossible_counts(ckpt: Checkpoint, session: PreparedRun) -> str | None:
     """What in a checkpoint's counts no run of this benchmark can have written (more tasks done than it has, per-task
     entries, accuracy rows or evaluated images in other numbers, indices or classes outside the test split), said
-    in a few words; None when they fit. Values of the right JSON type but impossible meaning stop here, before the
-    harness or the strategy index anything with them."""
+    in a few words; None when they fit. The reader checked the JSON types (:class:`clbench.checkpoint.Checkpoint`);
+    values of the right type but impossible meaning stop here, before the harness or the strategy index anything
+    with them."""
     bench, done = session.bench, ckpt.tasks_done
     if done > bench.n_tasks:
         return f"it claims {done} tasks done, but the run has {bench.n_tasks}"
-    if len(ckpt.per_task) != done or any(e.get("task") != i for i, e in enumerate(ckpt.per_task)):
+    if len(ckpt.per_task) != done or any(e.task != i for i, e in enumerate(ckpt.per_task)):
         return f"it holds {len(ckpt.per_task)} per-task entries for {done} tasks done"
     resumes = ckpt.resumed_from_task
     if any(not 1 <= r <= done for r in resumes) or resumes != sorted(resumes):
@@ -760,29 +759,28 @@ def _impossible_counts(ckpt: Checkpoint, session: PreparedRun) -> str | None:
         log = ckpt.logs.get(p)
         if log is None:
             return f"it holds no evaluations of protocol {p!r}"
-        for name in (*_LOG_ROWS, *_LOG_IMAGES):
-            if name not in log and name not in ("matrix", "curve"):  # a field later clbench added: absent, not wrong
-                continue
-            rows = log.get(name, [])
-            if len(rows) != done and not (name in _LOG_IMAGES and not rows):
+        kept = any(getattr(log, name) for name in _LOG_IMAGES)  # none: a checkpoint from before they were kept
+        for name in (*_LOG_ROWS, *(_LOG_IMAGES if kept else ())):
+            rows = getattr(log, name)
+            if len(rows) != done:
                 return f"its {p} {name} has {len(rows)} entries for {done} tasks done"
-        for t, row in enumerate(log.get("matrix", [])):
-            if type(row) is not list or len(row) != t + 1:
+        for t, row in enumerate(log.matrix):
+            if len(row) != t + 1:
                 return f"its {p} accuracy matrix row {t} is not {t + 1} accuracies"
-        for name in (n for n in _LOG_ROWS if n in log):
-            flat = [v for row in log[name] for v in (row if type(row) is list else [row])]
-            if not all(type(v) in (int, float) and (v != v or 0 <= v <= 100) for v in flat):
+        for name in _LOG_ROWS:
+            values = [v for row in log.matrix for v in row] if name == "matrix" else getattr(log, name)
+            if not all(v != v or 0 <= v <= 100 for v in values):  # v != v: NaN (old accuracy after the first task)
                 return f"its {p} {name} holds a value that is not a percentage"
-        for t in range(len(log.get("index", []))):
+        for t in range(len(log.index)):
             seen = bench.seen_test(t)  # as PreparedRun.tasks evaluates them
-            index, pred, conf = log["index"][t], log["pred"][t], log["conf"][t]
-            if type(index) is not list or index != seen.tolist():
+            index, pred, conf = log.index[t], log.pred[t], log.conf[t]
+            if index != seen.tolist():
                 return f"its {p} evaluation after task {t + 1} is not of the {len(seen)} test images seen by then"
-            if type(pred) is not list or len(pred) != len(seen) or not all(type(v) is int for v in pred):
+            if len(pred) != len(seen):
                 return f"its {p} predictions after task {t + 1} are not {len(seen)} class ids"
             if pred and not 0 <= min(pred) <= max(pred) < sizes[t]:
                 return f"its {p} predictions after task {t + 1} name classes outside the {sizes[t]} seen"
-            if type(conf) is not list or len(conf) != len(seen) or not all(type(v) in (int, float) for v in conf):
+            if len(conf) != len(seen):
                 return f"its {p} confidences after task {t + 1} are not {len(seen)} numbers"
             if conf and not 0 <= min(conf) <= max(conf) <= 1:
                 return f"its {p} confidences after task {t + 1} are not probabilities"
@@ -863,8 +861,8 @@ def _save_progress(state: _RunState, run_dir: RunDir) -> float:
             tasks_done=state.done,
             strategy=session.strategy.save_state(),
             rng=checkpoint.capture_rng(),
-            logs={p: dataclasses.asdict(log) for p, log in state.logs.items()},
-            per_task=[e.to_dict() for e in state.per_task],
+            logs=dict(state.logs),
+            per_task=list(state.per_task),
             times=state.times(),
             peak_rss_mb=state.peak_rss_mb(),
             resumed_from_task=state.resumed_from,
@@ -991,7 +989,7 @@ def _record(
     logs: dict[str, _ProtocolLog],
     per_task: list[TaskEntry],
     run_path: Path,
-    times: dict[str, float],
+    times: Times,
     complete: bool,
     resumed_from_task: list[int] | None = None,
     cache_events: list[str] | None = None,
@@ -1068,7 +1066,7 @@ def _record(
             head=params.head,
             extra={**params.extra, **budget_extra(strategy, len(trainable))},
         ),
-        time_s=Times(**times),
+        time_s=times,
         per_task=list(per_task),
         feature_cache=list(session.cache_events if cache_events is None else cache_events),
         data_problems=list(session.data_problems),  # `clbench data check` problems run anyway

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 
 import numpy as np
@@ -15,9 +16,10 @@ import torch
 from clbench import checkpoint as ck
 from clbench.config import RunConfig, fingerprint
 from clbench.errors import ClbenchError
+from clbench.results import TaskEntry, Times
 from clbench.safestate import SavedState
 
-DATA = {"train": "a" * 8, "test": "b" * 8, "class_order": [2, 0, 1], "task_sizes": [2, 1]}
+DATA = ck.DataIdentity(train="a" * 8, test="b" * 8, class_order=[2, 0, 1], task_sizes=[2, 1])
 
 
 def _checkpoint(**changes) -> ck.Checkpoint:
@@ -32,9 +34,21 @@ def _checkpoint(**changes) -> ck.Checkpoint:
         tasks_done=1,
         strategy=SavedState({"protos": {"tensor": "strategy.0"}}, {"strategy.0": torch.arange(6.0).reshape(2, 3)}),
         rng=ck.capture_rng(),
-        logs={"per-sample": {"rows": [[50.0]], "top5": [[100.0]]}},
-        per_task=[{"task": 0, "acc": 50.0}],
-        times={"features": 1.5, "train": 0.25, "eval": 0.5, "checkpoint": 0.0, "total": 2.25},
+        logs={
+            "per-sample": ck.ProtocolLogState(
+                matrix=[[50.0]],
+                curve=[50.0],
+                old=[math.nan],  # after the first task: no old classes
+                new=[50.0],
+                top5=[100.0],
+                task_aware=[50.0],
+                index=[[0, 1]],
+                pred=[[1, 1]],
+                conf=[[0.5, 0.75]],
+            )
+        },
+        per_task=[TaskEntry(0, [0, 1], 0.25, {"loss": 1.5}, 0.5, math.inf)],  # inf: only zero-initialised parts moved
+        times=Times(features=1.5, train=0.25, eval=0.5, checkpoint=0.0, total=2.25),
         peak_rss_mb=123.5,
         resumed_from_task=[],
         feature_cache=["train:hit", "test:miss"],
@@ -49,13 +63,38 @@ def test_save_then_load_gives_every_field_back(tmp_path):
     path = tmp_path / ck.CHECKPOINT_FILE
     ck.save(path, saved)
     back = ck.load(path)
-    for f in dataclasses.fields(ck.Checkpoint):  # as JSON: the config's tuples come back as lists
-        if f.name not in ("strategy", "rng"):
-            assert getattr(back, f.name) == json.loads(json.dumps(getattr(saved, f.name))), f.name
+    assert isinstance(back.data, ck.DataIdentity) and isinstance(back.times, Times)
+    assert type(back.per_task[0]) is TaskEntry and type(back.logs["per-sample"]) is ck.ProtocolLogState
+    log = back.logs["per-sample"]
+    assert math.isnan(log.old[0])  # NaN is never equal to itself: compared on its own
+    assert dataclasses.replace(log, old=saved.logs["per-sample"].old) == saved.logs["per-sample"]
+    assert back.config == json.loads(json.dumps(saved.config))  # as JSON: the config's tuples come back as lists
+    for f in dataclasses.fields(ck.Checkpoint):
+        if f.name not in ("strategy", "rng", "logs", "config"):
+            assert getattr(back, f.name) == getattr(saved, f.name), f.name
+    assert back.per_task[0].trained_change == math.inf
     assert back.strategy.tree == saved.strategy.tree
     assert torch.equal(back.strategy.tensors["strategy.0"], saved.strategy.tensors["strategy.0"])
     assert torch.equal(back.rng.torch, saved.rng.torch) and back.rng.python == saved.rng.python
     assert not list(tmp_path.glob("*.tmp*"))  # written atomically: no temporary file left
+
+
+def test_a_checkpoint_of_an_earlier_clbench_loads_with_what_it_lacks_empty(tmp_path):
+    """Fields added to the logs and the times after the first checkpoints: a checkpoint without them reads as empty
+    (no task-aware accuracy, no per-image predictions kept) or unknown, not as wrong."""
+    path = tmp_path / ck.CHECKPOINT_FILE
+    ck.save(path, _checkpoint())
+
+    def older(doc, meta):
+        for name in ("task_aware", "index", "pred", "conf"):
+            doc["logs"]["per-sample"].pop(name)
+        doc["times"].pop("checkpoint")
+
+    _rewrite(path, older)
+    back = ck.load(path)
+    log = back.logs["per-sample"]
+    assert log.task_aware == log.index == log.pred == log.conf == [] and log.curve == [50.0]
+    assert back.times.checkpoint is None and back.times.total == 2.25
 
 
 def test_a_restored_rng_draws_what_the_captured_one_would_have():
@@ -91,10 +130,25 @@ def _rewrite(path, edit) -> None:
     ("edit", "needle"),
     [
         (lambda doc, meta: meta.update(version="1"), "is a version 1 checkpoint; this clbench reads version 2"),
-        (lambda doc, meta: doc.pop("fingerprint"), "field 'fingerprint' is missing or not a dict"),
-        (lambda doc, meta: doc.update(tasks_done=0), "tasks_done 0 < 1"),
-        (lambda doc, meta: doc.update(times={"train": "fast"}), "times are not numbers"),
-        (lambda doc, meta: doc["data"].pop("class_order"), "data lacks 'class_order'"),
+        (lambda doc, meta: doc.pop("fingerprint"), "field fingerprint is missing"),
+        (lambda doc, meta: doc.update(fingerprint=[1]), "field fingerprint is list [1], expected an object"),
+        (lambda doc, meta: doc.update(tasks_done=0), "field tasks_done is int 0, expected an integer >= 1"),
+        (lambda doc, meta: doc["times"].update(train="fast"), "field times.train is str 'fast', expected seconds"),
+        (lambda doc, meta: doc["times"].update(train=-1.0), "field times.train is float -1.0, expected seconds"),
+        (lambda doc, meta: doc["data"].pop("class_order"), "field data.class_order is missing"),
+        (lambda doc, meta: doc["data"].pop("test"), "field data.test is missing"),
+        (
+            lambda doc, meta: doc["logs"]["per-sample"]["pred"][0].append("1"),
+            "field logs.per-sample.pred is list [[1, 1, '1']], expected a list of lists of integers",
+        ),
+        (
+            lambda doc, meta: doc["logs"]["per-sample"].update(curve=["50"]),
+            "field logs.per-sample.curve is list ['50'], expected a list of numbers",
+        ),
+        (lambda doc, meta: doc["logs"]["per-sample"].pop("matrix"), "field logs.per-sample.matrix is missing"),
+        (lambda doc, meta: doc["logs"].update(x=[]), "field logs.x is list [], expected an object"),
+        (lambda doc, meta: doc["per_task"][0].pop("task"), "field per_task[0].task is missing"),
+        (lambda doc, meta: doc["per_task"][0].update(train_s=-2), "field per_task[0].train_s is int -2"),
         (lambda doc, meta: doc["rng"].update(numpy=[1, 2]), "its RNG state is not one"),
     ],
 )
@@ -130,7 +184,10 @@ def test_inputs_that_changed_since_the_checkpoint_are_refused(tmp_path):
     with pytest.raises(ClbenchError, match="was made at precision fp32; here the backbone runs at bf16"):
         ck.check_inputs(saved, tmp_path, "d" * 64, "bf16", "AMX", DATA)
     with pytest.raises(ClbenchError, match=r"data changed since the checkpoint \(test differ\)"):
-        ck.check_inputs(saved, tmp_path, "d" * 64, "fp32", "forced", {**DATA, "test": "c" * 8})
+        ck.check_inputs(saved, tmp_path, "d" * 64, "fp32", "forced", dataclasses.replace(DATA, test="c" * 8))
+    other_order = dataclasses.replace(DATA, class_order=[0, 1, 2], task_sizes=[1, 2])
+    with pytest.raises(ClbenchError, match=r"\(class_order, task_sizes differ\)"):
+        ck.check_inputs(saved, tmp_path, "d" * 64, "fp32", "forced", other_order)
 
 
 def test_a_resume_takes_the_checkpoints_settings_and_fills_later_ones_with_their_defaults(tmp_path):

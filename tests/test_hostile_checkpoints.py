@@ -29,7 +29,7 @@ from datatrees import make_tree
 from torch import nn
 
 from baselines.simplecil import SimpleCIL
-from clbench import checkpoint
+from clbench import checkpoint, typedfile
 from clbench.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
 from clbench.cli import main
 from clbench.errors import ClbenchError
@@ -209,6 +209,53 @@ def test_a_planted_checkpoint_in_a_run_folder_is_refused(name, how, runs, tmp_pa
         assert "--overwrite" in err and "--trust-checkpoint" in err, err
 
 
+def _edit_doc(path: Path, edit) -> None:
+    """The checkpoint at ``path`` with its JSON document passed through ``edit`` (tensors unchanged)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    doc = json.loads(meta["checkpoint"])
+    edit(doc)
+    save_file(tensors, str(path), metadata={**meta, "checkpoint": json.dumps(doc)})
+
+
+EDITS = {  # a field of the wrong type: refused as the file is read, naming it
+    "pred-holds-a-string": (
+        lambda doc: doc["logs"]["per-sample"]["pred"][0].__setitem__(0, "0"),
+        "field logs.per-sample.pred is list [['0', ",
+    ),
+    "train-time-negative": (
+        lambda doc: doc["times"].update(train=-1.0),
+        "field times.train is float -1.0, expected seconds (a finite number >= 0)",
+    ),
+    "data-lacks-test": (lambda doc: doc["data"].pop("test"), "field data.test is missing"),
+    # the right types, an impossible count: refused once the benchmark is loaded
+    "images-kept-in-part": (
+        lambda doc: doc["logs"]["per-sample"].update(pred=[], conf=[]),
+        "cannot be continued: its per-sample pred has 0 entries for 1 tasks done",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(EDITS))
+def test_a_checkpoint_field_of_the_wrong_kind_is_one_line_naming_it(name, runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CLBENCH_CACHE", str(runs["cache"]))  # this module's own cache: no other worker writes it
+    run = tmp_path / "run"
+    shutil.copytree(runs["stopped"], run)
+    edit, needle = EDITS[name]
+    _edit_doc(run / CHECKPOINT_FILE, edit)
+    before = digests(run)
+    code, err = cli(["run", "--resume", str(run)], capsys)
+    assert code == 2, err
+    error, hint = err.strip("\n").split("\n")[-2:]  # after the loading messages of a refusal made once loaded
+    assert "Traceback" not in err and err.count("clbench: error: ") == 1 and error.startswith("clbench: error: "), err
+    assert str(run / CHECKPOINT_FILE) in error and needle in error, err
+    assert hint.startswith("  hint: ") and "--overwrite" in hint, err
+    assert digests(run) == before  # refused, nothing rewritten
+
+
 def test_overwrite_deletes_a_planted_checkpoint_unread(runs, tmp_path, capsys):
     run, marker = tmp_path / "run", tmp_path / "marker"
     shutil.copytree(runs["stopped"], run)
@@ -268,7 +315,7 @@ def test_a_planted_feature_cache_entry_is_recomputed_never_unpickled(runs, tmp_p
 def _old_checkpoint(run: Path, state: dict) -> None:
     """``run``'s checkpoint rewritten as clbench wrote it before this format: ``torch.save`` of a plain dict."""
     ckpt = checkpoint.load(run / CHECKPOINT_FILE)
-    old = {name: getattr(ckpt, name) for name in checkpoint._FIELDS}
+    old = typedfile.write(ckpt)  # its JSON fields, as plain values
     rng = ckpt.rng
     old.update(
         format=checkpoint.FORMAT,
