@@ -228,7 +228,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 f"{d}: run_id {plain(repr(record.run_id))[:80]} is not a plain name ({why})",
                 "correct the record's run_id, or leave that run folder out of the export",
             )
-        ref = record.predictions  # a record that disagrees with its own predictions is refused, as by report/check
+        ref = record.predictions  # a record that disagrees with its own predictions is refused, as by the gate
         if ref is not None and (d / ref.file).exists():
             from clbench.predictions import read
 
@@ -342,9 +342,11 @@ COMMANDS: dict[
 
 
 def _all_commands() -> dict:
+    from clbench.gate.commands import COMMANDS as GATE_COMMANDS
     from clbench.report.commands import COMMANDS as REPORT_COMMANDS
 
-    return {**COMMANDS, **REPORT_COMMANDS}
+    report, compare, *later = REPORT_COMMANDS.items()  # `check` listed after `compare`, as it always was
+    return {**COMMANDS, **dict([report, compare]), **GATE_COMMANDS, **dict(later)}
 
 
 class _HelpFormatter(argparse.HelpFormatter):

@@ -243,7 +243,7 @@ class Strategy(ABC, Generic[ConfigT]):
     # the scenarios (clbench.config.SCENARIO_CHOICES) the method is defined for; "domain": a later task brings the
     # classes of earlier ones again, in a new domain (``task.classes`` then names classes already seen)
     scenarios: ClassVar[tuple[str, ...]] = ("class",)
-    # the scenarios the regression gate runs the method's ci profiles in (clbench.report.check.gate_plan): class
+    # the scenarios the regression gate runs the method's ci profiles in (clbench.gate.check.gate_plan): class
     # always; "domain" adds its ci profile on the domain gate's benchmark (a cheap method or two keep that path pinned)
     gate_scenarios: ClassVar[tuple[str, ...]] = ("class",)
     # the smallest run-level ``train_per_class`` the method can learn from (e.g. 2 for a class covariance)

@@ -280,12 +280,16 @@ def test_the_cycle_finder_finds_cycles(tmp_path, source, expected):
 REPORT_MAY_NOT_IMPORT = ("torch", "timm", "avalanche", "clbench.harness", "clbench.backbones")
 
 
-def test_the_report_package_reads_records_only():
-    """clbench.report builds tables, figures and the gate's check from records: no module of it imports torch, timm,
-    Avalanche, the harness or a backbone, at module level or inside a function (measuring is clbench.perf's job)."""
+RECORD_READERS = ("clbench.report", "clbench.gate")  # tables and figures; the regression gate's check
+
+
+def test_the_report_and_gate_packages_read_records_only():
+    """clbench.report builds tables and figures, clbench.gate the gate's check, from records: no module of either
+    imports torch, timm, Avalanche, the harness or a backbone, at module level or inside a function (measuring,
+    the gate's calibration included, is clbench.perf's job)."""
     found = []
     for module, path in module_files().items():
-        if module != "clbench.report" and not module.startswith("clbench.report."):
+        if not any(module == p or module.startswith(p + ".") for p in RECORD_READERS):
             continue
         for node, line in _imports(ast.parse(path.read_text(), filename=str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
@@ -295,16 +299,17 @@ def test_the_report_package_reads_records_only():
     assert not found, "\n".join(found)
 
 
-def test_importing_the_report_package_loads_no_torch_nor_harness():
+@pytest.mark.parametrize("package, at_least", [("clbench.report", 10), ("clbench.gate", 4)])
+def test_importing_the_report_and_gate_packages_loads_no_torch_nor_harness(package, at_least):
     code = (
         "import importlib, pkgutil, sys\n"
-        "import clbench.report as r\n"
+        f"import {package} as r\n"
         "for m in pkgutil.iter_modules(r.__path__):\n"
-        "    importlib.import_module('clbench.report.' + m.name)\n"
+        f"    importlib.import_module('{package}.' + m.name)\n"
         "print(len(list(pkgutil.iter_modules(r.__path__))))\n"
         "print(' '.join(k for k in ('torch', 'timm', 'clbench.harness', 'clbench.backbones') if k in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     count, loaded = (out.splitlines() + ["", ""])[:2]
-    assert int(count) >= 10  # it imported every submodule
-    assert loaded == "", f"importing clbench.report loaded {loaded}"
+    assert int(count) >= at_least  # it imported every submodule
+    assert loaded == "", f"importing {package} loaded {loaded}"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from clbench.errors import ClbenchError
-from clbench.report import check as chk
+from clbench.gate import check as chk
 from clbench.report.collect import collect
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1264,7 +1264,7 @@ def test_records_of_other_data_are_never_averaged_paired_or_gated(
 
 
 def test_data_fingerprints_are_in_the_record_and_the_reference(earlier, tmp_path):
-    from clbench.report.reference import load_reference
+    from clbench.gate.reference import load_reference
 
     rec = record_of(earlier)
     assert set(rec["data_fingerprint"]) == {"train", "test"}

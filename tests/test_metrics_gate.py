@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from clbench.report import check as chk
+from clbench.gate import check as chk
+from clbench.gate.reference import STORED_METRICS
 from clbench.report.collect import collect
-from clbench.report.reference import STORED_METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "reports" / "reference-emoji.json"

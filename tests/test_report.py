@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 from clbench.errors import ClbenchError
-from clbench.report import check as chk
+from clbench.gate import check as chk
+from clbench.gate.commands import COMMANDS as GATE_COMMANDS
 from clbench.report.collect import collect
-from clbench.report.commands import COMMANDS
+from clbench.report.commands import COMMANDS as REPORT_COMMANDS
 from clbench.report.tables import markdown_tables, runs_table, skipped_table, summary_frame, summary_table, to_markdown
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,10 +55,10 @@ def _in_repo(monkeypatch):
 
 
 def cli(*argv: str) -> int:
-    """Run one of the report commands the way the CLI will (argparse + the command function)."""
+    """Run one of the report commands or ``check`` the way the CLI will (argparse + the command function)."""
     parser = argparse.ArgumentParser(prog="clbench")
     sub = parser.add_subparsers()
-    for name, (_, add_args, func) in COMMANDS.items():
+    for name, (_, add_args, func) in {**REPORT_COMMANDS, **GATE_COMMANDS}.items():
         p = sub.add_parser(name)
         add_args(p)
         p.set_defaults(func=func)

@@ -317,7 +317,7 @@ def test_gate_reference_written_before_routers_still_pins_tosca_settings():
     defaults, are the same run; a non-default router, or any other changed setting, still differs."""
     import dataclasses
 
-    from clbench.report.check import settings_differences
+    from clbench.gate.check import settings_differences
     from tosca.strategy import TOSCAConfig
 
     now = dataclasses.asdict(TOSCAConfig())

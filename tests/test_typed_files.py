@@ -13,7 +13,7 @@ import pytest
 
 from clbench.errors import ClbenchError
 from clbench.files import without_nan
-from clbench.report.reference import Reference, load_reference, write_reference
+from clbench.gate.reference import Reference, load_reference, write_reference
 from clbench.results import (
     LAYOUT,
     OPTIONAL_FIELDS,

@@ -1,7 +1,7 @@
 """The CI regression gate: compare runs with a reference file written from real runs, in both directions.
 
-The reference file, its type and its one reader and writer are :mod:`clbench.report.reference`; the tolerances
-:mod:`clbench.report.tolerances`; the table and the failure lines :mod:`clbench.report.check_print`. This module holds
+The reference file, its type and its one reader and writer are :mod:`clbench.gate.reference`; the tolerances
+:mod:`clbench.gate.tolerances`; the table and the failure lines :mod:`clbench.gate.printing`. This module holds
 the calibration file the time rule divides by (:class:`CalibrationFile`, typed like the reference),
 :func:`make_reference` (a reference from runs) and the rules (:func:`check`, one function per rule).
 
@@ -44,10 +44,7 @@ from typing import Any
 
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
-from clbench.owned import load_json
-from clbench.perf.calibration import CALIBRATION_ID
-from clbench.report.collect import Collection, Run, config_digest
-from clbench.report.reference import (  # noqa: F401  (also the names the CLI, tests and reports/gate/spread.py use)
+from clbench.gate.reference import (  # noqa: F401  (also the names the CLI, tests and reports/gate/spread.py use)
     DEFAULT_TIME_FLOOR,
     DEFAULT_TIME_SLACK,
     REFERENCE_FORMAT,
@@ -72,7 +69,10 @@ from clbench.report.reference import (  # noqa: F401  (also the names the CLI, t
     weights_identity,
     write_reference,
 )
-from clbench.report.tolerances import Tolerance, load_tolerances, tolerance_for  # noqa: F401
+from clbench.gate.tolerances import Tolerance, load_tolerances, tolerance_for  # noqa: F401
+from clbench.owned import load_json
+from clbench.perf.calibration import CALIBRATION_ID
+from clbench.report.collect import Collection, Run, config_digest
 from clbench.results import out_of_bounds
 from clbench.typedfile import Typed, json_field, one_of, problems, read, write
 
@@ -97,7 +97,7 @@ def _is_measurements(v: Any) -> bool:
 @dataclass(frozen=True, kw_only=True)
 class CalibrationFile(Typed):
     """``calibration.json`` beside a gate job's runs: every timing of the calibration workload the job made (one
-    before and one after the runs, in .ci/run), each a :class:`~clbench.report.reference.Measurement`."""
+    before and one after the runs, in .ci/run), each a :class:`~clbench.gate.reference.Measurement`."""
 
     format: str = json_field(repr(CALIBRATION_FORMAT), one_of(CALIBRATION_FORMAT), default=CALIBRATION_FORMAT)
     measurements: list[Measurement] = json_field(
@@ -316,7 +316,7 @@ def make_reference(
     ``why`` is required: a reference is rewritten on purpose. ``previous`` (the file being replaced) keeps its
     history, and the entries that moved are listed in ``written_by.changes``, tolerance changes included.
 
-    ``tolerances`` (a measured-spread table, :func:`~clbench.report.tolerances.load_tolerances`) sets every entry's
+    ``tolerances`` (a measured-spread table, :func:`~clbench.gate.tolerances.load_tolerances`) sets every entry's
     tolerance. Without it a rewrite keeps the previous reference's: an entry it pinned keeps its tolerance, a new one
     takes the previous table's (else the defaults), so tolerances change only when a file of them is given on
     purpose."""
@@ -451,7 +451,7 @@ def _mean_value(values: list[Any]) -> Any:
 
 
 def stored_metrics(runs: Sequence[Run], protocol: str) -> dict[str, Any]:
-    """Every metric of :data:`clbench.report.reference.STORED_METRICS` the runs' records hold for ``protocol``,
+    """Every metric of :data:`clbench.gate.reference.STORED_METRICS` the runs' records hold for ``protocol``,
     mean over the runs (what a reference entry pins beside the accuracy matrix)."""
     s = [r.summary(protocol) for r in runs]
     return {m: _mean_value([getattr(x, m) for x in s]) for m in STORED_METRICS}

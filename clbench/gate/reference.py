@@ -1,6 +1,6 @@
 """The gate reference: what ``reports/reference-emoji.json`` holds (:class:`Reference`), its one reader
 (:func:`load_reference`) and one writer (:func:`write_reference`), and what an entry matches (:class:`EntryKey`).
-The gate makes one from runs with :func:`clbench.report.check.make_reference`.
+The gate makes one from runs with :func:`clbench.gate.check.make_reference`.
 
 File layout (``"format": "clbench-reference/2"``; the number is :data:`SCHEMA_VERSION`)::
 
@@ -58,9 +58,9 @@ from typing import Any, NamedTuple
 
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
+from clbench.gate.tolerances import MAX_TOLERANCE, TOLERANCE_METRICS, Tolerance, is_tolerance
 from clbench.owned import load_json
 from clbench.report.collect import Collection, Run, bench_label
-from clbench.report.tolerances import MAX_TOLERANCE, TOLERANCE_METRICS, Tolerance, is_tolerance
 from clbench.results import DEFAULT_CLASS_ORDER_SEED, is_matrix, is_pct, out_of_bounds
 from clbench.typedfile import (
     COUNT,
@@ -424,7 +424,7 @@ class Reference(Typed):
     produced_by: list[RunProvenance] = json_field(
         OBJECTS, _is_list, part=RunProvenance, shape="list", default_factory=list
     )
-    # the table the entries' tolerances came from (clbench.report.tolerances)
+    # the table the entries' tolerances came from (clbench.gate.tolerances)
     tolerances: Json = json_field(OBJECT, is_object, required=True)
     time: TimeRule = json_field(OBJECT, is_object, required=True, part=TimeRule)
     require_ci_profiles: bool = json_field("true or false", is_bool, default=True)

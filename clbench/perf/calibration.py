@@ -1,6 +1,6 @@
 """The regression gate's calibration workload (``clbench perf calibrate``; ``clbench check --calibrate DIR`` stores
 it beside the gate's runs as ``calibration.json``): a fixed forward pass timed on the machine that makes the runs,
-so that the gate compares run times as multiples of it (:mod:`clbench.report.check` reads the file, never times)."""
+so that the gate compares run times as multiples of it (:mod:`clbench.gate.check` reads the file, never times)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ import argparse
 import json
 from pathlib import Path
 
-from clbench.report import check as chk
+from clbench.gate import check as chk
 from clbench.report.collect import collect
 
 ALLOWANCE_IMAGES = {"matrix": 2, "last_acc": 3, "avg_acc": 3}
