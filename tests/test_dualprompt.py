@@ -233,6 +233,7 @@ def test_cost_models_count_the_passes():
 
 # ----------------------------------------------------------------------------------------------- harness
 @pytest.mark.full
+@pytest.mark.gated  # the gate runs it through the harness on the real ViT, every protocol
 @pytest.mark.parametrize("method", ["dualprompt"])
 def test_end_to_end_both_protocols_through_the_harness(tmp_path, method):
     """Full tier: the default tier carries DualPrompt through the harness with

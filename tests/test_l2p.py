@@ -135,6 +135,7 @@ def test_configs_reject_bad_values_naming_the_field():
 
 # ----------------------------------------------------------------------------------------------- harness
 @pytest.mark.full
+@pytest.mark.gated  # the gate runs it through the harness on the real ViT, every protocol
 @pytest.mark.parametrize("method,protocol", [("l2p", "both")])
 def test_end_to_end_through_the_harness(tmp_path, method, protocol):
     """Full tier: the default tier carries L2P through the harness with
