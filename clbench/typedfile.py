@@ -12,6 +12,10 @@ A saved file, or a part of one, is a dataclass whose fields are declared with :f
   object (``"one"``), a list of them (``"list"``) or an object of them keyed by name (``"map"``); its checks apply
   under the field's name (``time_s.train``, ``runs.aper-ci.state``).
 
+- ``codec``: a value type that reads, checks and writes its own JSON (``from_json``, ``json_problems``, ``to_json``:
+  :class:`Codec`), for a value that is not a plain dataclass (the run's settings fingerprint,
+  :class:`clbench.config.Fingerprint`); its problems are named under the field's name (``fingerprint.seed``).
+
 A field named ``extra`` (a dict) keeps the keys a file holds that this clbench does not know; :func:`write` puts them
 back last, so a file read and written again keeps them. Fields declared with a plain :func:`dataclasses.field` (no
 ``json_field``) are part of the object but not of the file.
@@ -26,11 +30,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeGuard, TypeVar
 
-Json = dict[str, Any]
+Json = dict[str, Any]  # a JSON object as read, not yet checked (Any: whatever the file holds)
+# A JSON value, checked (:func:`is_json_value`): what a field holds whose layout is not clbench's to declare (a
+# method's own Config, a backend's own description). Read-only views, so that a dict of any JSON values is one.
+JsonValue: TypeAlias = None | bool | int | float | str | Sequence["JsonValue"] | Mapping[str, "JsonValue"]
+JsonObject: TypeAlias = Mapping[str, JsonValue]
+JsonScalar: TypeAlias = None | bool | int | float | str
 Check = Callable[[Any], bool]
 T = TypeVar("T")
 
@@ -92,6 +101,24 @@ def is_object(v: Any) -> bool:
     return isinstance(v, dict)
 
 
+def is_json_scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
+def is_json_value(v: Any) -> bool:
+    """Whatever :func:`json.loads` makes: null, true/false, a number (NaN and infinities too: Python's reader takes
+    them), a string, a list of JSON values or an object of them with string keys."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    if isinstance(v, list):
+        return all(is_json_value(x) for x in v)
+    return is_json_object(v)
+
+
+def is_json_object(v: Any) -> TypeGuard[dict[str, JsonValue]]:
+    return isinstance(v, dict) and all(isinstance(k, str) and is_json_value(x) for k, x in v.items())
+
+
 def list_of(ok: Check) -> Check:
     return lambda v: isinstance(v, list) and all(ok(x) for x in v)
 
@@ -109,6 +136,20 @@ def one_of(*choices: Any) -> Check:
 
 
 # ------------------------------------------------------------------------------------------- declaring
+class Codec(Protocol):
+    """A value type that reads, checks and writes its own JSON (``json_field(codec=...)``)."""
+
+    @classmethod
+    def json_problems(cls, data: Any) -> list[str]:  # Any: the JSON value as read, not yet checked
+        """What keeps ``data`` from being one, a line per problem starting with the key it names (``seed is ...``)."""
+        ...
+
+    @classmethod
+    def from_json(cls, data: Any) -> Any: ...  # Any: data that json_problems found sound; the result is a cls
+
+    def to_json(self) -> Any: ...  # Any: the JSON value from_json reads back
+
+
 @dataclass(frozen=True)
 class Spec:
     """How one field of a typed file is read, written and checked (:func:`json_field`)."""
@@ -121,6 +162,7 @@ class Spec:
     part: type | None = None
     shape: str = "one"
     inline: type | None = None
+    codec: type[Codec] | None = None
 
 
 def json_field(
@@ -133,17 +175,21 @@ def json_field(
     part: type | None = None,
     shape: str = "one",
     inline: type | None = None,
+    codec: type[Codec] | None = None,
     **kwargs: Any,
 ) -> Any:
     """A dataclass field of a typed file (module docstring). ``inline``: a typed dataclass whose fields the file
     holds at this level, right after this field (the run record repeats its main protocol's metrics so); they are
-    checked there, and the declaring file reads and writes them itself. Other arguments go to
+    checked there, and the declaring file reads and writes them itself. ``codec``: the value's own type, which
+    checks, reads and writes it (:class:`Codec`; checked after ``ok``). Other arguments go to
     :func:`dataclasses.field` (``default``, ``default_factory``)."""
     if shape not in SHAPES:
         raise ValueError(f"shape {shape!r} is not one of {SHAPES}")
     if ok is not None and expected is None:
         raise ValueError("a checked field says what it expects")
-    spec = Spec(expected, ok, required, since, where_set, part, shape, inline)
+    if part is not None and codec is not None:
+        raise ValueError("a field is a part or a codec's value, not both")
+    spec = Spec(expected, ok, required, since, where_set, part, shape, inline, codec)
     return field(metadata={"typedfile": spec}, **kwargs)
 
 
@@ -218,6 +264,8 @@ def _collect_field(name: str, s: Spec, data: Json, version: int | None, where: s
     value = data[name]
     if s.ok is not None and not s.ok(value):
         found.wrong.append(f"{at} is {type(value).__name__} {short(value)}, expected {s.expected}")
+    elif s.codec is not None and value is not None:
+        found.wrong += [f"{at}.{p}" for p in s.codec.json_problems(value)]
     elif s.part is not None and value is not None:
         if s.shape == "one":
             _collect(s.part, value, version, f"{at}.", found)
@@ -242,7 +290,9 @@ def read(cls: type[T], data: Json) -> T:
         if f.name not in data:
             continue
         value = data[f.name]
-        if s.part is not None and value is not None:
+        if s.codec is not None and value is not None:
+            value = s.codec.from_json(value)
+        elif s.part is not None and value is not None:
             part = s.part
             if s.shape == "one":
                 value = read(part, value)
@@ -276,7 +326,10 @@ def write(obj: Any) -> Json:
 
 
 def write_value(s: Spec, value: Any) -> Any:
-    """One field's value as JSON: a part (one, a list or a map of them) through :func:`write`, else as it is."""
+    """One field's value as JSON: a codec's value by its ``to_json``, a part (one, a list or a map of them) through
+    :func:`write`, else as it is."""
+    if s.codec is not None and value is not None:
+        return value.to_json()
     if s.part is None or value is None:
         return value
     if s.shape == "one":
