@@ -60,7 +60,7 @@ import torch
 from torch import Tensor  # the annotations of RngState, whose field ``torch`` hides the module there
 
 from clbench import config, typedfile
-from clbench.config import RunConfig
+from clbench.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError, setting
 from clbench.files import atomic_write_bytes
 from clbench.results import TaskEntry, Times
@@ -70,8 +70,10 @@ from clbench.typedfile import (
     COUNTS,
     OBJECT,
     TEXT,
+    JsonObject,
     is_count,
     is_int,
+    is_json_object,
     is_name,
     is_number,
     is_object,
@@ -228,9 +230,11 @@ class Checkpoint:
     writer and reader. The JSON fields are declared with :func:`~clbench.typedfile.json_field` (every one required);
     ``strategy`` and ``rng`` hold tensors, which the file keeps beside the JSON."""
 
-    config: dict[str, Any] = json_field(OBJECT, is_object, required=True)  # every RunConfig field, as JSON
-    # the defining fields (clbench.config.fingerprint)
-    fingerprint: dict[str, Any] = json_field(OBJECT, is_object, required=True)
+    # every RunConfig field, as JSON: as the run's clbench wrote them (an earlier one lacks later fields, or holds
+    # retired ones), so not a typed part; checked field by field where a resume builds the RunConfig from it
+    # (clbench.config.resume_config)
+    config: JsonObject = json_field("an object of run settings", is_json_object, required=True)
+    fingerprint: Fingerprint = json_field(OBJECT, is_object, codec=Fingerprint, required=True)  # the defining fields
     backbone_digest: str = json_field(TEXT, is_str, required=True)
     # the precision the backbone ran at (fp32 | bf16 | fp16)
     precision: str | None = json_field("a string or null", or_none(is_str), required=True)
@@ -264,7 +268,8 @@ def _from_doc(doc: dict[str, Any], strategy: SavedState, rng: RngState) -> Check
     """The checkpoint of a document :func:`_problem` found sound, with the parts that live beside the JSON."""
     read = typedfile.read
     return Checkpoint(
-        **{f.name: doc[f.name] for f, s in typedfile.file_fields(Checkpoint) if s.part is None},
+        **{f.name: doc[f.name] for f, s in typedfile.file_fields(Checkpoint) if s.part is None and s.codec is None},
+        fingerprint=Fingerprint.from_json(doc["fingerprint"]),
         data=read(DataIdentity, doc["data"]),
         logs={p: read(ProtocolLogState, log) for p, log in doc["logs"].items()},
         per_task=[read(TaskEntry, entry) for entry in doc["per_task"]],  # checked as _SavedTaskEntry
@@ -459,7 +464,7 @@ def resume_config(run_dir: str | Path, given: dict[str, Any]) -> RunConfig:
             f"without {setting('resume')} to start it over",
         )
     ckpt = load(path / CHECKPOINT_FILE)
-    return config.resume_config(path, dict(ckpt.config), ckpt.fingerprint, given)
+    return config.resume_config(path, ckpt.config, ckpt.fingerprint, given)
 
 
 def _no_checkpoint_message(path: Path, result: Path) -> str:

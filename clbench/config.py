@@ -20,17 +20,20 @@ This module imports nothing from the runner (harness, sweep) and neither torch n
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import numbers
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.catalog import DEFAULT_BENCH
 from clbench.errors import ClbenchError, setting
+from clbench.typedfile import OBJECT, TEXT, JsonValue, is_bool, is_int, is_str, or_none, short
 
 if TYPE_CHECKING:  # never imported at run time: this module stays free of torch
     from _typeshed import DataclassInstance
@@ -564,30 +567,148 @@ ADDED_LATER_DEFAULTS: dict[str, Any] = {
 }
 
 
-def fingerprint(cfg: RunConfig, backbone_name: str) -> dict[str, Any]:  # Any: JSON values (settings of all types)
-    """The defining settings of ``cfg``: the backbone resolved to its name, ``--set`` pairs as a sorted mapping
-    (the last value of a repeated key wins, as in the strategy config)."""
-    fp = {
-        name: getattr(cfg, name)
-        for name in DEFINING_FIELDS
-        if not (name in ADDED_LATER_DEFAULTS and getattr(cfg, name) == ADDED_LATER_DEFAULTS[name])
-    }
-    fp["backbone"] = backbone_name
-    fp["overrides"] = dict(sorted(dict(cfg.overrides).items()))
-    return fp
+# Defining settings of an earlier clbench that its records and sweep manifests still hold, with their JSON check:
+# ``autocast`` (true/false) before ``--precision`` (bf16/fp32). A fingerprint with one reads (it differs from every
+# current run's, whose ``precision`` it lacks).
+RETIRED_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {"autocast": ("true or false", is_bool)}
+OVERRIDES_JSON = "an object of strategy setting -> string"
+
+
+def _json_check(name: str, annotation: Any) -> tuple[str, Callable[[Any], bool]]:
+    """What defining field ``name`` (of type ``annotation``) is in a fingerprint's JSON, from its type alone (a
+    value out of the field's range or choices still reads: a fingerprint is compared, not run)."""
+    if name == "overrides":  # the --set pairs as a sorted object (the last value of a repeated key wins)
+        return OVERRIDES_JSON, lambda v: isinstance(v, dict) and all(is_str(x) for x in v.values())
+    kinds = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    base = next((k for k in kinds or (annotation,) if k is not type(None)), annotation)
+    expected, ok = {str: (TEXT, is_str), int: ("an integer", is_int), bool: ("true or false", is_bool)}[base]
+    if type(None) in kinds:
+        return f"{expected} or null", or_none(ok)
+    return expected, ok
+
+
+_HINTS = typing.get_type_hints(RunConfig)
+# Each key a fingerprint may hold, in the order this clbench writes them, with what its JSON value must be.
+FINGERPRINT_KEYS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    **{name: _json_check(name, _HINTS[name]) for name in DEFINING_FIELDS},
+    **RETIRED_FIELDS,
+}
+
+
+class Fingerprint(Mapping[str, JsonValue]):
+    """A run's fingerprint: the values of its defining settings (:data:`DEFINING_FIELDS`, the fields RunConfig marks
+    ``defining``), the backbone resolved to its name and the ``--set`` pairs as a sorted object. Two runs with equal
+    fingerprints measure the same thing: a checkpoint continues, a sweep skips, and a report groups, only a run with
+    the same one. Immutable; read like a mapping (``fp["seed"]``).
+
+    Written into records, checkpoints, sweep manifests and worker payloads as one JSON object (:meth:`to_json`), its
+    keys in the order it was made or read in, so that a file read and written again is unchanged. A fingerprint of
+    an earlier clbench may lack a defining setting (added since: a missing key reads as the value the field is left
+    out at, :data:`ADDED_LATER_DEFAULTS`, else null, as it always did) or hold a retired one
+    (:data:`RETIRED_FIELDS`). A key this clbench does not know (a newer clbench's setting) is kept, like the unknown
+    keys of a record (:attr:`unknown`); it makes the fingerprint differ from every one this clbench makes."""
+
+    __slots__ = ("_values",)
+    _values: dict[str, JsonValue]
+
+    def __init__(self, values: Mapping[str, Any]) -> None:  # Any: JSON values, checked (from_json, from_config)
+        # a copy nobody else holds (a fingerprint's own read-only views as objects)
+        copy = json.loads(json.dumps(dict(values), default=lambda v: dict(v) if isinstance(v, Mapping) else v))
+        object.__setattr__(self, "_values", copy)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a Fingerprint is immutable")
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, backbone: str) -> Fingerprint:
+        """The defining settings of ``cfg`` in declaration order, ``backbone`` (its resolved name) for the backbone,
+        and a field added later left out while it holds the value it is left out at (:func:`run_field`)."""
+        values: dict[str, Any] = {}  # Any: a defining field's value, of that field's type
+        for name in DEFINING_FIELDS:
+            value = getattr(cfg, name)
+            if name in ADDED_LATER_DEFAULTS and value == ADDED_LATER_DEFAULTS[name]:
+                continue
+            values[name] = {"backbone": backbone, "overrides": dict(sorted(dict(cfg.overrides).items()))}.get(
+                name, value
+            )
+        return cls(values)
+
+    @classmethod
+    def json_problems(cls, data: Any) -> list[str]:  # Any: JSON as read, not yet checked
+        """What keeps ``data`` from being a fingerprint's JSON, a line per key (``seed is str '7', expected an
+        integer``); a key this clbench does not know is no problem (class docstring)."""
+        return [
+            f"{key} is {type(value).__name__} {short(value)}, expected {FINGERPRINT_KEYS[key][0]}"
+            for key, value in data.items()
+            if key in FINGERPRINT_KEYS and not FINGERPRINT_KEYS[key][1](value)
+        ]
+
+    @classmethod
+    def from_json(cls, data: Any) -> Fingerprint:  # Any: JSON as read, checked here
+        """The fingerprint a record, checkpoint, manifest or payload holds; a ClbenchError naming the first key
+        with a value of the wrong type (a file's reader names it first, under the file's field:
+        :func:`clbench.typedfile.problems`)."""
+        problem: str | None = f"field fingerprint is {type(data).__name__} {short(data)}, expected {OBJECT}"
+        if isinstance(data, dict) and all(isinstance(k, str) for k in data):
+            problem = next((f"field fingerprint.{p}" for p in cls.json_problems(data)), None)
+        if problem is not None:
+            raise ClbenchError(f"a run's settings fingerprint this clbench cannot read: {problem}")
+        return cls(data)
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """The JSON object, keys in this fingerprint's order (a fresh copy)."""
+        out: dict[str, JsonValue] = json.loads(json.dumps(self._values))
+        return out
+
+    def digest(self) -> str:
+        """A short digest (as ``clbench sweep --dry-run`` lists it): equal digests, equal fingerprints; the key order
+        does not count."""
+        return hashlib.sha256(json.dumps(self._values, sort_keys=True).encode()).hexdigest()[:12]
+
+    def differences(self, current: Mapping[str, object], there: str = "in the checkpoint") -> list[str]:
+        """``"seed: 1993 in the checkpoint, 1 here"`` for every defining setting that differs between this saved
+        fingerprint and ``current`` (``there``: where this one comes from). Keys this clbench does not know are not
+        compared here (:attr:`unknown`)."""
+        return _differences(self, current, there)
+
+    @property
+    def unknown(self) -> tuple[str, ...]:
+        """The keys this clbench does not know: settings of a newer clbench."""
+        return tuple(key for key in self._values if key not in FINGERPRINT_KEYS)
+
+    def __getitem__(self, key: str) -> JsonValue:
+        value = self._values[key]
+        return types.MappingProxyType(value) if isinstance(value, dict) else value  # read-only, as the whole
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Fingerprint):
+            return self._values == other._values  # order-free, as two JSON objects compare
+        return super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash(self.digest())
+
+    def __repr__(self) -> str:
+        return f"Fingerprint({self._values!r})"
 
 
 def _show(value: object) -> str:
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return " ".join(f"{k}={v}" for k, v in value.items()) or "none"
     return "default" if value is None else str(value)
 
 
-def differences(
+def _differences(
     saved: Mapping[str, object], current: Mapping[str, object], there: str = "in the checkpoint"
 ) -> list[str]:
     """``"seed: 1993 in the checkpoint, 1 here"`` for every defining setting that differs (``there``: where
-    ``saved`` comes from)."""
+    ``saved`` comes from); a missing key reads as the value the field is left out at (else None)."""
     out = []
     for key in DEFINING_FIELDS:
         old, new = (d.get(key, ADDED_LATER_DEFAULTS.get(key)) for d in (saved, current))
@@ -625,7 +746,7 @@ def check_resume_request(run_dir: Path, given: dict[str, Any]) -> None:
 
 
 def resume_config(
-    run_dir: Path, saved_config: dict[str, Any], saved_fingerprint: dict[str, Any], given: dict[str, Any]
+    run_dir: Path, saved_config: Mapping[str, JsonValue], saved_fingerprint: Fingerprint, given: dict[str, Any]
 ) -> RunConfig:
     """The RunConfig that continues the run in ``run_dir``, started with ``saved_config`` and ``saved_fingerprint``
     (its checkpoint's). This is the one place a resumed run's settings are decided.
@@ -637,18 +758,18 @@ def resume_config(
     asked = {k: v for k, v in given.items() if k in DEFINING_FIELDS}
     if "overrides" in asked:
         asked["overrides"] = dict(sorted(dict(asked["overrides"]).items()))
-    diff = differences(saved_fingerprint, {**saved_fingerprint, **asked})
+    diff = saved_fingerprint.differences({**saved_fingerprint, **asked})
     if diff:
         raise ClbenchError(
             f"{setting('resume')} {run_dir}: the run was started with other settings ({'; '.join(diff)})",
             f"drop those settings to continue it as it was started, or start a new run with another {setting('out')}",
         )
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    values = {k: v for k, v in saved_config.items() if k in names}
+    # Any: the checkpoint's JSON values and the given settings, checked by RunConfig (naming the setting)
+    values: dict[str, Any] = {k: v for k, v in saved_config.items() if k in names}
     values.update({k: v for k, v in given.items() if k in names and k not in DEFINING_FIELDS})
-    values.update(
-        out=str(run_dir), overwrite=False, overrides=tuple(tuple(kv) for kv in saved_config.get("overrides", ()))
-    )
+    pairs: Any = saved_config.get("overrides", ())  # Any: [[key, value], ...] as saved, checked by RunConfig
+    values.update(out=str(run_dir), overwrite=False, overrides=tuple(tuple(kv) for kv in pairs))
     return RunConfig(**values)
 
 

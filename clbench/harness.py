@@ -25,9 +25,9 @@ from clbench.checkpoint import ProtocolLogState
 from clbench.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
     RESUME_AND_OVERWRITE,
+    Fingerprint,
     RunConfig,
     check_settings,
-    fingerprint,
     make_strategy_config,
     run_level,
 )
@@ -75,7 +75,7 @@ class RunStart:
 
     run_dir: Path
     config: RunConfig
-    fingerprint: dict[str, Any]  # the defining settings (clbench.config.DEFINING_FIELDS)
+    fingerprint: Fingerprint  # the defining settings (clbench.config.DEFINING_FIELDS)
     strategy_config: dict[str, Any]
     backbone: str
     weights_digest: str
@@ -213,7 +213,7 @@ class ResolvedRun:
     img_size: int  # network input size asked for: explicit, else the profile's, else the benchmark's
     train_per_class: int | None  # each task learns from its first k images per class: explicit, else the profile's
     normalize: bool  # the backbone's mean/std: explicit, else the benchmark's choice
-    fingerprint: dict[str, Any]  # the defining settings (clbench.config.fingerprint), backbone by name
+    fingerprint: Fingerprint  # the defining settings, backbone by name
 
 
 def resolve(cfg: RunConfig) -> ResolvedRun:
@@ -268,7 +268,7 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
         img_size=spec.img_size if img_size is None else img_size,
         train_per_class=train_per_class,
         normalize=spec.normalize if cfg.normalize is None else cfg.normalize,
-        fingerprint=fingerprint(cfg, backbone_name),
+        fingerprint=Fingerprint.from_config(cfg, backbone_name),
     )
 
 
@@ -993,7 +993,7 @@ def _record(
     complete: bool,
     resumed_from_task: list[int] | None = None,
     cache_events: list[str] | None = None,
-    fingerprint: dict[str, Any] | None = None,
+    fingerprint: Fingerprint | None = None,
     preds: Predictions | None = None,
 ) -> RunRecord:
     device = session.resolved.device  # where the backbone runs (built on it, or to be)

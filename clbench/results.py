@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from clbench.config import Fingerprint
 from clbench.errors import ClbenchError
 from clbench.owned import load_json
 from clbench.predictions import PredictionsFile
@@ -37,12 +38,15 @@ from clbench.typedfile import (
     SECONDS,
     TEXT,
     FieldCheck,
+    JsonObject,
+    JsonValue,
     Typed,
     declared_checks,
     file_fields,
     is_bool,
     is_count,
     is_int,
+    is_json_object,
     is_name,
     is_number,
     is_object,
@@ -333,11 +337,14 @@ class RunRecord:
     complete: bool = json_field("true or false", is_bool, required=True)
     created: str | None = json_field("a string or null", or_none(is_str), default=None)  # ISO time of this write
     command: str | None = json_field("a string or null", or_none(is_str), default=None)
-    # the run's defining settings (clbench.config.DEFINING_FIELDS)
-    fingerprint: Json | None = json_field("an object or null", or_none(is_object), default=None)
+    # the run's defining settings (clbench.config.Fingerprint)
+    fingerprint: Fingerprint | None = json_field(
+        "an object or null", or_none(is_object), codec=Fingerprint, default=None
+    )
     strategy: str = json_field(NAME, is_name, required=True)
-    # the strategy's settings dataclass, as written
-    strategy_config: Json = json_field("an object", is_object, default_factory=dict)
+    # the strategy's settings dataclass, as written: each method declares its own Config (plug-ins too), so its
+    # fields are not the record's to declare (the strategy's Config checks them where a run builds one)
+    strategy_config: JsonObject = json_field("an object", is_json_object, default_factory=dict)
     # the run's train_per_class (clbench.config.RunConfig): each task learnt from its first k images per class
     train_per_class: int | None = json_field(
         "an integer >= 1 or null", or_none(is_positive), where_set=True, default=None
@@ -516,7 +523,7 @@ class RunRecord:
         return read(cls, {**body, "protocols": protocols, "per_task": per_task})
 
     @property
-    def settings(self) -> Json:
+    def settings(self) -> dict[str, JsonValue]:
         """What the run trained with: its strategy's settings and the run-level ``train_per_class`` where set."""
         return trained_settings(self.strategy_config, self.train_per_class)
 
@@ -530,7 +537,7 @@ class RunRecord:
         return path
 
 
-def trained_settings(strategy_config: Json, train_per_class: int | None) -> Json:
+def trained_settings(strategy_config: JsonObject, train_per_class: int | None) -> dict[str, JsonValue]:
     """The settings a run trains with: the strategy's, and the run-level ``train_per_class`` where set (the one
     view of both that the gate's reference pins and the budget curves compare)."""
     return {**strategy_config, **({"train_per_class": train_per_class} if train_per_class is not None else {})}

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clbench.config import RunConfig, differences
+from clbench.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError, setting
 from clbench.owned import (
     FOLDER_MARK,
@@ -99,7 +99,7 @@ class RunDir:
                 f"pass {OVERWRITE} to replace it, or choose another {OUT}",
             )
 
-    def resumable(self, fingerprint: dict[str, Any], required: bool) -> Checkpoint | None:
+    def resumable(self, fingerprint: Fingerprint, required: bool) -> Checkpoint | None:
         """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
         from clbench import checkpoint
         from clbench.catalog import STRATEGIES
@@ -112,13 +112,15 @@ class RunDir:
                 )
             return None
         ckpt = checkpoint.load(self.checkpoint_path)
-        diff = differences(ckpt.fingerprint, fingerprint)
+        diff = ckpt.fingerprint.differences(fingerprint)
         if diff:
             raise ClbenchError(
                 f"{OUT} {self.path} holds an unfinished run with other settings ({'; '.join(diff)})",
                 f"continue it with {RESUME} {self.path}, pass {OVERWRITE} to start over, or choose another {OUT}",
             )
-        checkpoint.check_strategy(ckpt, self.checkpoint_path, STRATEGIES.get(fingerprint["strategy"]).saved_types())
+        checkpoint.check_strategy(
+            ckpt, self.checkpoint_path, STRATEGIES.get(str(fingerprint["strategy"])).saved_types()
+        )
         return ckpt
 
     def start_afresh(self) -> None:

@@ -207,7 +207,7 @@ def _tags(strategy: str, bench: str, backbone: str, digest: str | None, precisio
 def info_from_start(start: RunStart, group: str | None) -> RunInfo:
     cfg = {k: v for k, v in dataclasses.asdict(start.config).items() if k != "overrides"}
     params = {**_flat("config", cfg), **_flat("strategy", start.strategy_config)}
-    params.update(_flat("fingerprint", start.fingerprint))
+    params.update(_flat("fingerprint", start.fingerprint.to_json()))
     tags = _tags(
         start.config.strategy, start.config.bench, start.backbone, start.weights_digest, start.precision, start.revision
     )
@@ -215,7 +215,10 @@ def info_from_start(start: RunStart, group: str | None) -> RunInfo:
 
 
 def info_from_record(record: RunRecord, run_dir: Path, group: str | None) -> RunInfo:
-    params = {**_flat("strategy", record.settings), **_flat("fingerprint", record.fingerprint or {})}
+    params = {
+        **_flat("strategy", record.settings),
+        **_flat("fingerprint", record.fingerprint.to_json() if record.fingerprint else {}),
+    }
     tags = _tags(
         record.strategy, record.bench, record.backbone, record.weights_digest, record.precision, record.git_revision
     )

@@ -173,8 +173,6 @@ class RichSweepView:
 
 def print_plan(manifest: SweepManifest, console: Console | None = None) -> None:
     console = console or Console()
-    from clbench.sweep.plan import fingerprint_digest
-
     table = Table(title=f"sweep plan: {len(manifest.runs)} runs (dry run; nothing was started)")
     table.add_column("run", no_wrap=True)  # run ids are what a user copies: never cut
     for col in ("state", "tasks done"):
@@ -190,7 +188,7 @@ def print_plan(manifest: SweepManifest, console: Console | None = None) -> None:
             state,
             str(entry.tasks_done_at_start),
             esc(entry.path),
-            fingerprint_digest(entry.fingerprint),
+            entry.fingerprint.digest(),
         )
     console.print(table)
 
@@ -202,11 +200,11 @@ def print_sweep_end(manifest: SweepManifest, out: Any, written: list, console: C
     ran = sum(1 for r in runs if r.status == "done")
     skipped = sum(1 for r in runs if r.status == "skipped")
     console.print(f"sweep {esc(out)}: {ran} runs executed, {skipped} skipped (complete), {len(failed)} not complete")
-    ov = manifest.overhead or {}
-    if ov:
+    ov = manifest.overhead
+    if ov is not None and ov.startup_s is not None and ov.per_run_s is not None:  # runs were executed
         console.print(
-            f"overhead: startup {ov['startup_s']:.1f} s, {ov['per_run_s']:.2f} s per run "
-            f"(scheduling + record collection, {ov['max_concurrent_runs']} at once)"
+            f"overhead: startup {ov.startup_s:.1f} s, {ov.per_run_s:.2f} s per run "
+            f"(scheduling + record collection, {ov.max_concurrent_runs} at once)"
         )
     summary = next((p for p in written if str(p).endswith("summary.csv")), None)
     if summary is not None:

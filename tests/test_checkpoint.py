@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from clbench import checkpoint as ck
-from clbench.config import RunConfig, fingerprint
+from clbench.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError
 from clbench.results import TaskEntry, Times
 from clbench.safestate import SavedState
@@ -26,7 +26,7 @@ def _checkpoint(**changes) -> ck.Checkpoint:
     cfg = RunConfig(strategy="simplecil", backbone="vit_micro", weights="random")
     values = dict(
         config=dataclasses.asdict(cfg),
-        fingerprint=fingerprint(cfg, "vit_micro"),
+        fingerprint=Fingerprint.from_config(cfg, "vit_micro"),
         backbone_digest="d" * 64,
         precision="fp32",
         precision_reason="forced",
@@ -193,7 +193,9 @@ def test_inputs_that_changed_since_the_checkpoint_are_refused(tmp_path):
 def test_a_resume_takes_the_checkpoints_settings_and_fills_later_ones_with_their_defaults(tmp_path):
     """A checkpoint written before a setting existed (here train_per_class, which it lacks in its config and its
     fingerprint) continues with that setting's default; a given setting that defines the run is refused."""
-    saved = _checkpoint(config=dict(_checkpoint().config, seed=7), fingerprint={**_checkpoint().fingerprint, "seed": 7})
+    saved = _checkpoint(
+        config=dict(_checkpoint().config, seed=7), fingerprint=Fingerprint({**_checkpoint().fingerprint, "seed": 7})
+    )
     saved.config.pop("train_per_class")
     assert "train_per_class" not in saved.fingerprint
     ck.save(tmp_path / ck.CHECKPOINT_FILE, saved)

@@ -4,11 +4,15 @@ the command line."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
+from pathlib import Path
 
 import pytest
 
 from clbench import config
 from clbench.cli import build_parser, main
+from clbench.errors import ClbenchError, setting
 
 # `clbench run` and `clbench sweep` flags before the parser was generated from RunConfig (flag, dest), in order.
 RUN_FLAGS_BEFORE = {
@@ -157,8 +161,100 @@ def test_the_fingerprint_and_the_profile_keys_are_read_from_runconfigs_declarati
     assert {"strategy", "bench", "seed", "class_order_seed", "overrides", "scenario"} <= set(config.DEFINING_FIELDS)
     assert not {"device", "out", "batch_size", "feature_cache"} & set(config.DEFINING_FIELDS)  # how, not what
     assert config.RUN_LEVEL_PROFILE_KEYS == {"img_size", "init_cls", "increment", "train_per_class"}
-    plain = config.fingerprint(config.RunConfig(strategy="tosca"), "vit_micro")
+    plain = config.Fingerprint.from_config(config.RunConfig(strategy="tosca"), "vit_micro")
     assert set(plain) == set(config.DEFINING_FIELDS) - {"train_per_class", "scenario"}  # as records before them
-    marked = config.fingerprint(config.RunConfig(strategy="tosca", scenario="domain", train_per_class=8), "vit_micro")
+    marked = config.Fingerprint.from_config(
+        config.RunConfig(strategy="tosca", scenario="domain", train_per_class=8), "vit_micro"
+    )
     assert marked["scenario"] == "domain" and marked["train_per_class"] == 8 and marked["backbone"] == "vit_micro"
-    assert config.differences(plain, {**plain, "scenario": "class"}) == []  # absent reads as its omitted value
+    assert plain.differences({**plain, "scenario": "class"}) == []  # absent reads as its omitted value
+
+
+# ----------------------------------------------------------------------------------------------- Fingerprint
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def _committed_sweeps() -> list[Path]:
+    return sorted(p for p in (_REPO / "reports").rglob("sweep.json") if "inflora" not in p.parts)
+
+
+def test_a_fingerprint_reads_and_writes_back_the_committed_files_json_unchanged():
+    """Every fingerprint the committed sweep manifests and their runs' records hold (an earlier clbench's too:
+    ``autocast`` before --precision, no ``scenario``) reads and writes back key for key, in its order; equal
+    digests are equal JSON objects, and the digest is the one ``clbench sweep --dry-run`` always listed."""
+    import hashlib
+
+    seen = 0
+    for sweep in _committed_sweeps():
+        for run_id, entry in json.loads(sweep.read_text())["runs"].items():
+            raw = entry["fingerprint"]
+            fp = config.Fingerprint.from_json(raw)
+            assert json.dumps(fp.to_json()) == json.dumps(raw), (sweep, run_id)
+            assert fp.digest() == hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()[:12]
+            record = sweep.parent / entry["path"] / "result.json"
+            if record.exists():  # the record of the run the manifest planned: the same settings
+                saved = config.Fingerprint.from_json(json.loads(record.read_text())["fingerprint"])
+                assert saved == fp and saved.digest() == fp.digest() and not saved.differences(fp)
+                seen += 1
+    assert seen >= 40
+
+
+def test_a_fingerprint_from_a_config_is_its_defining_fields_and_reads_back_equal():
+    cfg = config.RunConfig(strategy="tosca", overrides=(("lr", "0.1"), ("epochs", "2"), ("lr", "0.2")))
+    fp = config.Fingerprint.from_config(cfg, "vit_micro")
+    assert tuple(fp) == tuple(n for n in config.DEFINING_FIELDS if n not in ("train_per_class", "scenario"))
+    assert fp["backbone"] == "vit_micro" and dict(fp["overrides"]) == {"epochs": "2", "lr": "0.2"}  # sorted, last wins
+    back = config.Fingerprint.from_json(json.loads(json.dumps(fp.to_json())))
+    assert back == fp and back.digest() == fp.digest() and hash(back) == hash(fp)
+    with pytest.raises(TypeError):
+        fp["overrides"]["lr"] = "1"  # type: ignore[index]  (immutable: a read-only view)
+    with pytest.raises(AttributeError):
+        fp._values = {}  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("seed", "7", "field fingerprint.seed is str '7', expected an integer"),
+        ("seed", True, "field fingerprint.seed is bool True, expected an integer"),
+        ("img_size", 1.5, "field fingerprint.img_size is float 1.5, expected an integer or null"),
+        ("strategy", None, "field fingerprint.strategy is NoneType None, expected a string"),
+        ("overrides", {"lr": 1}, "field fingerprint.overrides is dict {'lr': 1}, expected an object of strategy"),
+        ("autocast", "yes", "field fingerprint.autocast is str 'yes', expected true or false"),
+    ],
+)
+def test_a_fingerprint_with_an_ill_typed_setting_is_refused_naming_it(key, value, expected):
+    raw = {**config.Fingerprint.from_config(config.RunConfig(strategy="tosca"), "b").to_json(), key: value}
+    with pytest.raises(ClbenchError, match=re.escape(expected)):
+        config.Fingerprint.from_json(raw)
+    with pytest.raises(ClbenchError, match=re.escape("field fingerprint is list [1], expected an object")):
+        config.Fingerprint.from_json([1])
+
+
+def test_an_old_records_fingerprint_without_later_settings_matches_the_same_run_now():
+    """A record written before ``train_per_class`` and ``scenario`` lacks them: it reads, and matches a run that
+    leaves them at the values they are omitted at (and only such a run)."""
+    now = config.Fingerprint.from_config(config.RunConfig(strategy="tosca"), "b")
+    old = config.Fingerprint.from_json({k: v for k, v in now.to_json().items()})
+    assert old == now and not old.differences(now)
+    domain = config.Fingerprint.from_config(config.RunConfig(strategy="tosca", scenario="domain"), "b")
+    assert old != domain and old.differences(domain) == [f"{setting('scenario')}: class in the checkpoint, domain here"]
+
+
+def test_a_newer_clbenchs_setting_is_kept_and_makes_the_sweep_say_so(tmp_path):
+    """A key this clbench does not know (a newer clbench's setting) is kept, like a record's unknown fields, and
+    written back; it never matches a run of this clbench, and the sweep names it as the reason."""
+    from types import SimpleNamespace
+
+    from clbench.sweep.plan import PlannedRun, inspect
+
+    now = config.Fingerprint.from_config(config.RunConfig(strategy="simplecil"), "b")
+    newer = config.Fingerprint.from_json({**now.to_json(), "warmup": 3})
+    assert newer.unknown == ("warmup",) and list(newer.to_json())[-1] == "warmup" and newer != now
+    assert not newer.differences(now)  # the defining settings this clbench knows agree
+    record = json.loads((_REPO / "tests/fixtures/records/simplecil/sc-s1993/result.json").read_text())
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "result.json").write_text(json.dumps({**record, "fingerprint": newer.to_json()}))
+    planned = PlannedRun("r", SimpleNamespace(out=str(tmp_path / "run")), now)  # type: ignore[arg-type]
+    why = inspect(planned)
+    assert why is not None and "warmup" in why and "newer clbench" in why

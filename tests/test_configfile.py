@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clbench.cli import main
-from clbench.sweep.plan import fingerprint_digest
+from clbench.config import Fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = ["--backbone", "vit_micro", "--weights", "random"]
@@ -37,7 +37,8 @@ def test_readme_table_config_plans_the_committed_records(capsys, monkeypatch, tm
         {folder for folder, _ in ONE_SEED.values()} | {f for s, _ in FIVE_SEEDS.values() for f in five_seed_folders(s)}
     )
     committed = {
-        fingerprint_digest(json.loads((ROOT / f / "result.json").read_text())["fingerprint"]): f for f in folders
+        Fingerprint.from_json(json.loads((ROOT / f / "result.json").read_text())["fingerprint"]).digest(): f
+        for f in folders
     }
     monkeypatch.chdir(tmp_path)  # the file's out: is relative; nothing is written by a dry run
     code, out, err = _run(

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from clbench import harness
-from clbench.config import RunConfig, fingerprint
+from clbench.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError
 
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random", init_cls=18, increment=9)
@@ -21,7 +21,7 @@ def test_resolve_decides_every_name_once():
     assert r.protocols == ("per-sample", "reference") and r.device.type == "cpu"
     assert r.img_size == r.spec.img_size and r.normalize == r.spec.normalize
     assert r.init_cls is None and r.increment is None  # the benchmark's split
-    assert r.fingerprint == fingerprint(r.config, r.backbone_name)
+    assert r.fingerprint == Fingerprint.from_config(r.config, r.backbone_name)
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.device = None  # type: ignore[misc]
 

@@ -486,8 +486,8 @@ def test_a_sweep_workers_folder_is_checked_before_it_writes(made, tmp_path):
     before = tree([tmp_path])
     payload = {
         "run_id": run.run_id,
-        "config": dataclasses.asdict(run.cfg),
-        "fingerprint": run.fingerprint,
+        "config": json.loads(json.dumps(dataclasses.asdict(run.cfg))),
+        "fingerprint": run.fingerprint.to_json(),
         "env": {"CLBENCH_CACHE": str(made["cache"])},
         "threads": 1,
         "sweep_id": "test",

@@ -16,7 +16,7 @@ from tinytasks import features_context, gaussian_split, make_split
 
 from clbench import metrics
 from clbench.catalog import BENCHMARKS, STRATEGIES
-from clbench.config import RunConfig, differences, fingerprint
+from clbench.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError, setting
 from clbench.scenario import _from_source, declared_scenarios, new_class_count, supporting
 from clbench.strategy import Context, Split, Task
@@ -30,13 +30,13 @@ def test_scenario_is_a_checked_run_setting_in_the_fingerprint_only_where_not_cla
     assert RunConfig(strategy="simplecil").scenario == "class"
     with pytest.raises(ClbenchError, match="scenario"):
         RunConfig(strategy="simplecil", scenario="task")
-    cls = fingerprint(RunConfig(strategy="simplecil"), "b")
-    dom = fingerprint(RunConfig(strategy="simplecil", bench="emoji-vendors", scenario="domain"), "b")
+    cls = Fingerprint.from_config(RunConfig(strategy="simplecil"), "b")
+    dom = Fingerprint.from_config(RunConfig(strategy="simplecil", bench="emoji-vendors", scenario="domain"), "b")
     assert "scenario" not in cls  # a record or checkpoint written before the setting is a class run's: same print
     assert dom["scenario"] == "domain"
     said = f"{setting('scenario')}: class in the checkpoint, domain here"
-    assert differences(cls, {**cls, "scenario": "domain"}) == [said]
-    assert differences(cls, {**cls, "scenario": "class"}) == []
+    assert cls.differences({**cls, "scenario": "domain"}) == [said]
+    assert cls.differences({**cls, "scenario": "class"}) == []
 
 
 def test_records_without_a_scenario_read_as_class(tmp_path):

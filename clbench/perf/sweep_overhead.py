@@ -37,10 +37,10 @@ def sweep_overhead(
             t0 = time.perf_counter()
             manifest = run_sweep(spec, backend, Resources(1, None, None, None))
             wall = time.perf_counter() - t0
-            ov = manifest.overhead or {}
+            ov = manifest.overhead.to_dict() if manifest.overhead else {}
             ov["sweep_wall_s"] = wall
             ov["run_s_mean"] = ov["run_time_s"] / ov["runs_executed"]
-            ov["backend"] = manifest.backend
+            ov["backend"] = manifest.backend.to_json() if manifest.backend else None
             out["backends"][backend] = ov
             log(
                 f"{backend}: start-up {ov['startup_s']:.2f} s, {ov['per_run_s'] * 1e3:.0f} ms per run "

@@ -186,7 +186,7 @@ def study_groups(
     handed down by the command, so that the report never imports the command line)."""
     from clbench.config import flag_fields
     from clbench.configfile import apply
-    from clbench.sweep.plan import fingerprint_digest, make_plan
+    from clbench.sweep.plan import make_plan
     from clbench.sweep.settings import SweepArgs
 
     path = str(path)
@@ -195,7 +195,7 @@ def study_groups(
         fields = {name: getattr(a, name) for name in flag_fields("sweep", SweepArgs)}
         spec = SweepArgs(**fields).spec({k: getattr(a, k) for k in flag_fields("sweep")}, a.overrides)  # as `sweep`
         strategies = spec.strategies
-        planned = {fingerprint_digest(p.fingerprint): p.run_id for p in make_plan(spec, check=False)}
+        planned = {p.fingerprint.digest(): p.run_id for p in make_plan(spec, check=False)}
         name = getattr(a, "group_name", None) or f"group{i + 1}"
         out.append((name, a.profile is None and not a.overrides, list(strategies), planned))
     return out
@@ -209,15 +209,14 @@ def from_study_file(
 ) -> tuple[Collection, Study]:
     """The study of ``path`` over ``coll`` (module docstring); returns the collection the report uses (class
     orders pooled when a group varies them) and the study."""
-    from clbench.sweep.plan import fingerprint_digest
-
     groups = study_groups(path, make_parser)
     vary = _varies_class_order(path)
     if vary:
         coll = _pooled(coll)
     by_digest: dict[str, list[Run]] = defaultdict(list)
     for r in coll.runs:
-        by_digest[fingerprint_digest(r.record.fingerprint)].append(r)
+        if r.record.fingerprint is not None:  # a record without one (an older clbench's) is no planned run
+            by_digest[r.record.fingerprint.digest()].append(r)
     notes: list[str] = []
     main_ids: set[str] = set()
     sections: list[StudySection] = []

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench import typedfile
+from clbench.config import Fingerprint
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
 from clbench.owned import load_json
@@ -31,9 +32,12 @@ from clbench.typedfile import (
     NAME,
     OBJECT,
     TEXT,
+    JsonScalar,
+    Typed,
     is_bool,
     is_count,
     is_int,
+    is_json_scalar,
     is_name,
     is_number,
     is_object,
@@ -41,6 +45,7 @@ from clbench.typedfile import (
     is_str,
     json_field,
     list_of,
+    map_of,
     one_of,
     or_none,
 )
@@ -120,7 +125,7 @@ class PlannedEntry:
     path: str = json_field("a folder relative to the sweep folder", _is_folder, required=True)  # the run folder
     state_at_start: str = json_field(f"one of {', '.join(STATES[:3])}", one_of(*STATES[:3]), required=True)
     tasks_done_at_start: int = json_field(COUNT, is_count, required=True)
-    fingerprint: Json = json_field(OBJECT, is_object, required=True)  # the run's defining settings
+    fingerprint: Fingerprint = json_field(OBJECT, is_object, codec=Fingerprint, required=True)  # defining settings
     # as the sweep left it (None: not started yet); the outcome's fields follow it in the file
     state: str | None = json_field(
         f"one of {', '.join(STATES)}", one_of(*STATES), where_set=True, default=None, inline=RunOutcome
@@ -147,6 +152,84 @@ class PlannedEntry:
         return {**{k: out[k] for k in self.keys if k in out}, **out}
 
 
+def _is_seconds_any(v: Any) -> bool:  # a difference of clock readings: may be negative where clocks disagree
+    return is_number(v)
+
+
+@dataclass(kw_only=True)
+class Overhead(Typed):
+    """The sweep's overhead, measured from its runs' timestamps (:func:`clbench.sweep.runner.overhead`, which
+    defines each field); every field is absent (``{}``) where no run was executed."""
+
+    runs_executed: int | None = json_field(COUNT, is_count, where_set=True, default=None)
+    startup_s: float | None = json_field("seconds", _is_seconds_any, where_set=True, default=None)
+    max_concurrent_runs: int | None = json_field(COUNT, is_count, where_set=True, default=None)
+    active_window_s: float | None = json_field("seconds", _is_seconds_any, where_set=True, default=None)
+    run_time_s: float | None = json_field("seconds", _is_seconds_any, where_set=True, default=None)
+    per_run_s: float | None = json_field("seconds", _is_seconds_any, where_set=True, default=None)
+    collection_s_mean: float | None = json_field("seconds", _is_seconds_any, where_set=True, default=None)
+    definition: str | None = json_field(TEXT, is_str, where_set=True, default=None)  # of per_run_s and startup_s
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+
+def _is_resources(v: Any) -> bool:  # Ray's cluster_resources(): resource name -> amount
+    return isinstance(v, dict) and all(is_number(x) for x in v.values())
+
+
+@dataclass(kw_only=True)
+class BackendInfo(Typed):
+    """What ran the sweep (:meth:`clbench.sweep.backends.LocalBackend.describe`, ``RayBackend.describe``): the
+    backend's name, then its own fields, written as the backend described itself (a field it did not give is not
+    written; one it gave as null is)."""
+
+    backend: str = json_field(NAME, is_name, required=True)  # local | ray
+    note: str | None = json_field(TEXT, is_str, default=None)  # "nothing to run": no backend was started
+    # local
+    jobs: int | None = json_field("an integer >= 1", is_positive, default=None)
+    threads_per_run: int | None = json_field("an integer >= 1 or null", or_none(is_positive), default=None)
+    retries: int | None = json_field(COUNT, is_count, default=None)
+    # ray
+    address: str | None = json_field(TEXT, is_str, default=None)
+    ray_version: str | None = json_field(TEXT, is_str, default=None)
+    cluster: dict[str, float] | None = json_field("an object of resource -> amount", _is_resources, default=None)
+    cpus_per_run: float | None = json_field("a number or null", or_none(is_number), default=None)
+    gpus_per_run: float | None = json_field("a number or null", or_none(is_number), default=None)
+    memory_per_run_gb: float | None = json_field("a number or null", or_none(is_number), default=None)
+    max_retries: int | None = json_field(COUNT, is_count, default=None)
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+    keys: list[str] = field(default_factory=list, compare=False, repr=False)  # the fields given, in their order
+
+    # read and written as a codec (clbench.typedfile.Codec), not a plain part: the keys given are part of the value
+    @classmethod
+    def json_problems(cls, data: Any) -> list[str]:  # Any: JSON as read, checked here
+        found = typedfile.problems(cls, data)
+        return [f"{m} is missing" for m in found.missing] + found.wrong
+
+    @classmethod
+    def from_json(cls, data: Json) -> BackendInfo:
+        """From a backend's description, or the JSON object a manifest holds (found sound)."""
+        return dataclasses.replace(typedfile.read(cls, data), keys=list(data))
+
+    def to_json(self) -> Json:
+        """The fields given (:meth:`from_json`), in their order, then ``extra``."""
+        out = typedfile.write(self)
+        return {k: out[k] for k in self.keys if k in out} | self.extra
+
+
+@dataclass(kw_only=True)
+class Invocation(Typed):
+    """One earlier invocation of the sweep (``history``): :data:`HISTORY_FIELDS` of its manifest."""
+
+    command: str | None = json_field("a string or null", or_none(is_str), default=None)
+    started: str | None = json_field("an ISO time or null", or_none(is_str), default=None)
+    finished: str | None = json_field("an ISO time or null", or_none(is_str), default=None)
+    interrupted: str | None = json_field("an ISO time or null", or_none(is_str), default=None)
+    complete: bool | None = json_field("true, false or null", or_none(is_bool), default=None)
+    backend: BackendInfo | None = json_field("an object or null", or_none(is_object), codec=BackendInfo, default=None)
+    overhead: Overhead | None = json_field("an object or null", or_none(is_object), part=Overhead, default=None)
+    extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
+
+
 @dataclass(kw_only=True)
 class SweepManifest:
     """A sweep's ``sweep.json``: ``format`` and ``version``, then these fields in this order (the plan's first, then
@@ -158,7 +241,10 @@ class SweepManifest:
     seeds: list[int] = json_field("a list of integers", list_of(is_int), required=True)
     # which seed the values of ``seeds`` set (clbench.sweep.plan.VARY); a manifest without it is upgraded
     vary: str = json_field(NAME, is_name)
-    settings: Json = json_field(OBJECT, is_object, required=True)  # the run settings every run shares
+    # the run settings every run shares (RunConfig field -> value; an earlier clbench's may hold retired ones)
+    settings: dict[str, JsonScalar] = json_field(
+        "an object of setting -> string, number, true/false or null", map_of(is_json_scalar), required=True
+    )
     profile: str | None = json_field("a name or null", or_none(is_name), default=None)
     overrides: list[list[str | None]] = json_field(
         "a list of [scope, key, value] lists", list_of(_is_override), required=True
@@ -170,21 +256,27 @@ class SweepManifest:
         "an object of run id -> run", is_object, required=True, part=PlannedEntry, shape="map"
     )
     # earlier invocations: HISTORY_FIELDS of each
-    history: list[Json] = json_field("a list of objects", list_of(is_object), default_factory=list)
+    history: list[Invocation] = json_field(
+        "a list of objects", list_of(is_object), part=Invocation, shape="list", default_factory=list
+    )
     # written once set: the feature cache the runs shared, the backend's own description (clbench.sweep.backends),
     # clbench.sweep.runner.overhead ({} where no run was executed), and when the sweep was stopped or finished
     cache: str | None = json_field("a string or null", or_none(is_str), where_set=True, default=None)
-    backend: Json | None = json_field("an object or null", or_none(is_object), where_set=True, default=None)
-    overhead: Json | None = json_field("an object or null", or_none(is_object), where_set=True, default=None)
+    backend: BackendInfo | None = json_field(
+        "an object or null", or_none(is_object), codec=BackendInfo, where_set=True, default=None
+    )
+    overhead: Overhead | None = json_field(
+        "an object or null", or_none(is_object), part=Overhead, where_set=True, default=None
+    )
     interrupted: str | None = json_field("an ISO time or null", or_none(is_str), where_set=True, default=None)
     finished: str | None = json_field("an ISO time or null", or_none(is_str), where_set=True, default=None)
     dry_run: bool = False  # `clbench sweep --dry-run`: the plan only, never written (so not part of the file)
     extra: Json = field(default_factory=dict)  # fields this clbench does not know, kept as read
     schema_version: int = SCHEMA_VERSION  # the file's ``version``
 
-    def summary(self) -> Json:
+    def summary(self) -> Invocation:
         """This invocation, as a later one keeps it in ``history``."""
-        return {k: getattr(self, k) for k in HISTORY_FIELDS}
+        return Invocation(**{k: getattr(self, k) for k in HISTORY_FIELDS})
 
     @classmethod
     def from_dict(cls, raw: Json) -> SweepManifest:

@@ -5,13 +5,12 @@ other settings, which is refused)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench.config import RunConfig, fingerprint, split_list
+from clbench.config import Fingerprint, RunConfig, split_list
 from clbench.errors import ClbenchError
 from clbench.results import RunRecord
 
@@ -38,7 +37,7 @@ class SweepSpec:
 class PlannedRun:
     run_id: str
     cfg: RunConfig
-    fingerprint: dict[str, Any]
+    fingerprint: Fingerprint
     state: str = "new"  # new | partial (continues from its checkpoint) | complete (skipped)
     tasks_done: int = 0
 
@@ -143,7 +142,7 @@ def make_plan(spec: SweepSpec, check: bool = True) -> list[PlannedRun]:
                 if not check:
                     spec_bench = BENCHMARKS.get(bench)
                     backbone = BACKBONES.check(spec_bench.backbone if cfg.backbone is None else cfg.backbone)
-                    plan.append(PlannedRun(run_id, cfg, fingerprint(cfg, backbone)))
+                    plan.append(PlannedRun(run_id, cfg, Fingerprint.from_config(cfg, backbone)))
                     continue
                 from clbench.harness import resolve
 
@@ -187,22 +186,9 @@ def read_run_record(run_dir: Path) -> RunRecord | None:
     return read_record(run_dir)
 
 
-def same_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any]) -> bool:
-    return json.loads(json.dumps(saved)) == json.loads(json.dumps(current))
-
-
-def fingerprint_digest(fp: dict[str, Any] | None) -> str:
-    """A short digest of a run's settings fingerprint (as ``clbench sweep --dry-run`` lists it): equal digests,
-    equal fingerprints."""
-    import hashlib
-
-    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:12]
-
-
 def inspect(run: PlannedRun) -> str | None:
     """Set ``run.state`` from its folder; return why the folder cannot be used (other settings), or None."""
     from clbench.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
-    from clbench.config import differences
     from clbench.owned import is_empty_folder
     from clbench.rundir import is_run_folder
 
@@ -227,8 +213,9 @@ def inspect(run: PlannedRun) -> str | None:
     saved = record.fingerprint
     if saved is None:
         return "its record has no settings fingerprint (written by an older clbench)"
-    if not same_fingerprint(saved, run.fingerprint):
-        return "; ".join(differences(saved, run.fingerprint, there="there"))
+    if saved != run.fingerprint:
+        newer = f"settings this clbench does not know ({', '.join(saved.unknown)}): written by a newer clbench"
+        return "; ".join(saved.differences(run.fingerprint, there="there") or [newer if saved.unknown else "other"])
     run.tasks_done = record.tasks_done
     if record.complete:
         run.state = "complete"

@@ -12,6 +12,7 @@ imports). On a cluster the timestamps come from several clocks; durations are ta
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import time
@@ -22,7 +23,16 @@ from typing import Any
 from clbench.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.errors import ClbenchError
 from clbench.sweep.backends import LocalBackend, RayBackend
-from clbench.sweep.manifest import PlannedEntry, RunOutcome, SweepManifest, load_manifest, write_manifest
+from clbench.sweep.manifest import (
+    BackendInfo,
+    Invocation,
+    Overhead,
+    PlannedEntry,
+    RunOutcome,
+    SweepManifest,
+    load_manifest,
+    write_manifest,
+)
 from clbench.sweep.plan import (
     ATTEMPT_FILE,
     LOG_FILE,
@@ -35,7 +45,7 @@ from clbench.sweep.plan import (
     read_run_record,
 )
 from clbench.sweep.settings import BACKENDS, Resources
-from clbench.sweep.worker import WorkerPayload
+from clbench.sweep.worker import TrackerSettings, WorkerPayload
 
 # Environment passed from the sweep to every run (wherever it executes): where weights and caches live, offline mode.
 PASSED_ENV = (
@@ -219,7 +229,7 @@ def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> S
     )
 
 
-def _history(path: Path) -> list[dict[str, Any]]:
+def _history(path: Path) -> list[Invocation]:
     """The earlier invocations of this sweep (kept, with their overhead); none where ``sweep.json`` is missing or
     unreadable (a torn write, a file edited by hand): the runs' folders, not the manifest, say what is done."""
     if not path.exists():
@@ -264,7 +274,9 @@ def _execute_plan(
     todo = [r for r in plan if r.state != "complete"]
     sweep_start = time.time()
     backend = (LocalBackend(res) if backend_name == "local" else RayBackend(res, ray_address)) if todo else None
-    manifest.backend = backend.describe() if backend else {"backend": backend_name, "note": "nothing to run"}
+    described = backend.describe() if backend else {"backend": backend_name, "note": "nothing to run"}
+    manifest.backend = BackendInfo.from_json(described)
+    trackers = TrackerSettings.from_dict(json.loads(json.dumps(log))) if log else None
     sweep_id = f"{socket.gethostname()}-{os.getpid()}-{int(sweep_start)}"
     by_id = {r.run_id: r for r in plan}
     attempts: dict[str, int] = {}
@@ -272,12 +284,12 @@ def _execute_plan(
     def payload(r: PlannedRun) -> WorkerPayload:
         return WorkerPayload(
             run_id=r.run_id,
-            config=dataclasses.asdict(r.cfg),
+            config=json.loads(json.dumps(dataclasses.asdict(r.cfg))),  # as JSON (tuples as lists)
             fingerprint=r.fingerprint,
             env=env,
             threads=backend.threads,
             sweep_id=sweep_id,
-            log=log,
+            log=trackers,
         )
 
     def submit(r: PlannedRun) -> None:
@@ -290,7 +302,7 @@ def _execute_plan(
     def save() -> None:
         for r in plan:
             manifest.runs[r.run_id].state = r.state
-        manifest.overhead = overhead([e.outcome for e in manifest.runs.values()], sweep_start)
+        manifest.overhead = Overhead.from_dict(overhead([e.outcome for e in manifest.runs.values()], sweep_start))
         write_manifest(out / SWEEP_FILE, manifest)
 
     view.start(plan, todo)

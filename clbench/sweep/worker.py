@@ -16,13 +16,28 @@ from pathlib import Path
 from typing import Any
 
 from clbench import typedfile
+from clbench.config import Fingerprint
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
 from clbench.harness import Reporter
 from clbench.results import RunRecord
 from clbench.sweep.manifest import RunOutcome
-from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record, same_fingerprint
-from clbench.typedfile import NAME, OBJECT, is_name, is_object, is_positive, is_str, json_field, map_of, or_none
+from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record
+from clbench.typedfile import (
+    NAME,
+    OBJECT,
+    JsonObject,
+    Typed,
+    is_json_object,
+    is_name,
+    is_object,
+    is_positive,
+    is_str,
+    json_field,
+    list_of,
+    map_of,
+    or_none,
+)
 
 # Record fields that differ between two executions of the same run (time, place, order of cache use).
 VOLATILE_FIELDS = (
@@ -66,6 +81,17 @@ class _LogReporter(Reporter):
         self._file.close()
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrackerSettings(Typed):
+    """``--log``: the run's experiment trackers, :class:`clbench.trackers.LogSpec`'s fields as JSON."""
+
+    trackers: list[str] = json_field("a list of names", list_of(is_name), required=True)
+    log_dir: str | None = json_field("a string or null", or_none(is_str), default=None)
+    group: str | None = json_field("a string or null", or_none(is_str), default=None)
+    mlflow_uri: str | None = json_field("a string or null", or_none(is_str), default=None)
+    mlflow_artifacts: str | None = json_field("a string or null", or_none(is_str), default=None)
+
+
 @dataclass(kw_only=True)
 class WorkerPayload:
     """What the sweep sends a worker to execute one run (:func:`execute`). It crosses the process boundary as its
@@ -73,13 +99,17 @@ class WorkerPayload:
     Ray node not upgraded) refuses it, naming the field, instead of running something else."""
 
     run_id: str = json_field(NAME, is_name, required=True)
-    config: Json = json_field("an object of run settings", is_object, required=True)  # RunConfig's fields
-    fingerprint: Json = json_field(OBJECT, is_object, required=True)  # the plan's, for a retry's completed record
+    # RunConfig's fields as JSON (RunConfig checks them where the worker builds it)
+    config: JsonObject = json_field("an object of run settings", is_json_object, required=True)
+    # the plan's, for a retry's completed record
+    fingerprint: Fingerprint = json_field(OBJECT, is_object, codec=Fingerprint, required=True)
     env: dict[str, str] = json_field("an object of strings", map_of(is_str), required=True)  # runner.PASSED_ENV
     threads: int = json_field("an integer >= 1", is_positive, required=True)  # torch threads
     sweep_id: str = json_field(NAME, is_name, required=True)  # written to the attempt file
     # --log: the run's experiment trackers (clbench.trackers.LogSpec as a dict)
-    log: Json | None = json_field("an object or null", or_none(is_object), default=None)
+    log: TrackerSettings | None = json_field(
+        "an object or null", or_none(is_object), part=TrackerSettings, default=None
+    )
 
 
 _SKEW = "install the same clbench on the machine that runs the sweep and on every node that runs its runs"
@@ -134,7 +164,7 @@ def run_payload(payload: WorkerPayload) -> RunOutcome:
         record = read_run_record(path)
     except ClbenchError:  # not a record this run can be; the harness says why when it meets the folder
         record = None
-    if record and record.complete and same_fingerprint(record.fingerprint, payload.fingerprint):
+    if record and record.complete and record.fingerprint == payload.fingerprint:
         # a retry of an attempt that finished writing but died before it reported
         return _done(base, record)
     atomic_write_json(path / ATTEMPT_FILE, {"sweep": payload.sweep_id, **base.to_dict()})
@@ -144,7 +174,7 @@ def run_payload(payload: WorkerPayload) -> RunOutcome:
     if payload.log:  # --log: the run's experiment trackers (clbench.trackers)
         from clbench.trackers import LogSpec, TrackerHub
 
-        hub = TrackerHub(LogSpec(**{**payload.log, "trackers": tuple(payload.log["trackers"])}), reporter)
+        hub = TrackerHub(LogSpec(**{**payload.log.to_dict(), "trackers": tuple(payload.log.trackers)}), reporter)
     try:
         record = run(cfg, hub or reporter)
     except ClbenchError as e:
