@@ -69,7 +69,7 @@ from clbench.gate.reference import (  # noqa: F401  (also the names the CLI, tes
     weights_identity,
     write_reference,
 )
-from clbench.gate.tolerances import Tolerance, load_tolerances, tolerance_for  # noqa: F401
+from clbench.gate.tolerances import Tolerance, ToleranceTable, load_tolerances, tolerance_for  # noqa: F401
 from clbench.owned import load_json
 from clbench.perf.calibration import CALIBRATION_ID
 from clbench.report.collect import Collection, Run, config_digest
@@ -303,7 +303,7 @@ def make_reference(
     why: str,
     description: str = "",
     who: str | None = None,
-    tolerances: Json | None = None,
+    tolerances: ToleranceTable | None = None,
     time_slack: float = DEFAULT_TIME_SLACK,
     time_floor: float = DEFAULT_TIME_FLOOR,
     calibration: Sequence[Measurement] = (),
@@ -522,7 +522,7 @@ def _provenance(r: Run) -> RunProvenance:
         weights_digest=r.record.weights_digest,
         finished=r.record.finished,
         time_s=r.record.time_s.to_dict(),
-        host=r.record.host.to_dict(),
+        host=r.record.host,
     )
 
 

@@ -54,23 +54,34 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 from clbench.errors import ClbenchError
 from clbench.files import atomic_write_json
-from clbench.gate.tolerances import MAX_TOLERANCE, TOLERANCE_METRICS, Tolerance, is_tolerance
+from clbench.gate.tolerances import (
+    MAX_TOLERANCE,
+    TOLERANCE_METRICS,
+    Tolerance,
+    ToleranceTable,
+    is_tolerance,
+    is_tolerance_table,
+)
 from clbench.owned import load_json
 from clbench.report.collect import Collection, Run, bench_label
-from clbench.results import DEFAULT_CLASS_ORDER_SEED, is_matrix, is_pct, out_of_bounds
+from clbench.results import DEFAULT_CLASS_ORDER_SEED, Host, is_matrix, is_pct, out_of_bounds
 from clbench.typedfile import (
     COUNT,
     COUNTS,
     NAME,
     OBJECT,
     TEXT,
+    JsonObject,
+    JsonScalar,
     Typed,
     is_bool,
     is_count,
+    is_json_object,
+    is_json_scalar,
     is_name,
     is_number,
     is_object,
@@ -188,6 +199,11 @@ def _is_digests(v: Any) -> bool:
     return v is None or (isinstance(v, dict) and bool(v) and all(map(is_name, [*v, *v.values()])))
 
 
+# A stored metric's value in an entry: a number (points), a per-task curve (None where a task has none) or an
+# interval [lo, hi]; None where a record lacks it.
+MetricValue: TypeAlias = float | list[float | None] | None
+
+
 def _is_metric_value(v: Any) -> bool:
     return v is None or is_number(v) or (isinstance(v, list) and all(x is None or is_number(x) for x in v))
 
@@ -284,7 +300,8 @@ class ReferenceEntry(Typed):
     )
     # the settings the runs trained with (RunRecord.settings: the strategy's and the run's train_per_class where set;
     # None: not pinned)
-    strategy_config: Json | None = json_field("an object or null", or_none(is_object), default=None)
+    # (a method's own Config as JSON: each method declares its own fields, so they are not the reference's to declare)
+    strategy_config: JsonObject | None = json_field("an object or null", or_none(is_json_object), default=None)
     # the runs' data ({"train": digest, "test": digest}, RunRecord.data_fingerprint); None: not pinned (references
     # written before records held it, or from runs that lack it). Compared like the weights: absent on either side
     # matches
@@ -293,7 +310,7 @@ class ReferenceEntry(Typed):
     )
     # every other metric the runs' records store (:data:`STORED_METRICS`), mean over the runs: a number, a list of
     # numbers (NaN as null) or null where a record lacks it; None: not pinned (references written before)
-    metrics: dict[str, Any] | None = json_field(
+    metrics: dict[str, MetricValue] | None = json_field(
         f"null or an object of {', '.join(STORED_METRICS)} -> a number, a list of numbers or null",
         _is_metrics,
         where_set=True,
@@ -322,17 +339,23 @@ class Measurement(Typed):
     seconds and its torch threads; the rest is kept as written."""
 
     workload: str = json_field(NAME, is_name, required=True)  # CALIBRATION_ID: what was timed
-    definition: Json | None = json_field(OBJECT, is_object, where_set=True, default=None)  # CALIBRATION_WORKLOAD
+    # CALIBRATION_WORKLOAD: what was timed, setting -> value
+    definition: dict[str, JsonScalar] | None = json_field(
+        "an object of setting -> string, number, true/false or null",
+        map_of(is_json_scalar),
+        where_set=True,
+        default=None,
+    )
     seconds: float = json_field(CALIBRATION_SECONDS, _is_calibration_seconds, required=True)  # median of the passes
     all_seconds: list[float] | None = json_field("a list of seconds", list_of(is_seconds), where_set=True, default=None)
     torch: str | None = json_field(TEXT, is_str, where_set=True, default=None)  # torch.__version__
-    host: Json | None = json_field(OBJECT, is_object, where_set=True, default=None)  # the run record's host block
+    host: Host | None = json_field(OBJECT, is_object, part=Host, where_set=True, default=None)  # a record's host
     created: str | None = json_field(TEXT, is_str, where_set=True, default=None)
     extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
 
     @property
-    def torch_threads(self) -> Any:  # JSON as written: an int, or None where the host block lacks it
-        return (self.host or {}).get("torch_threads")
+    def torch_threads(self) -> int | None:  # None where the host block lacks it
+        return self.host.torch_threads if self.host else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -405,7 +428,7 @@ class RunProvenance(Typed):
     time_s: dict[str, float] | None = json_field(
         "an object of phase -> seconds, or null", or_none(map_of(is_seconds)), default=None
     )
-    host: Json | None = json_field("an object or null", or_none(is_object), default=None)
+    host: Host | None = json_field("an object or null", or_none(is_object), part=Host, default=None)  # record's
     extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
 
 
@@ -425,7 +448,9 @@ class Reference(Typed):
         OBJECTS, _is_list, part=RunProvenance, shape="list", default_factory=list
     )
     # the table the entries' tolerances came from (clbench.gate.tolerances)
-    tolerances: Json = json_field(OBJECT, is_object, required=True)
+    tolerances: ToleranceTable = json_field(
+        "an object of source -> file, and strategy:profile -> metric -> points", is_tolerance_table, required=True
+    )
     time: TimeRule = json_field(OBJECT, is_object, required=True, part=TimeRule)
     require_ci_profiles: bool = json_field("true or false", is_bool, default=True)
     entries: list[ReferenceEntry] = json_field(OBJECTS, _is_list, required=True, part=ReferenceEntry, shape="list")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from clbench.errors import ClbenchError
 from clbench.owned import load_json
@@ -37,6 +37,20 @@ class Tolerance:
         return " / ".join(f"{m} {getattr(self, m)}" for m in TOLERANCE_METRICS)
 
 
+# A table of tolerances (:func:`load_tolerances`; a reference keeps the one its entries came from): ``source`` (the
+# file it was read from), then strategy:profile (or ``default``) -> metric -> points.
+ToleranceTable: TypeAlias = dict[str, str | dict[str, float]]
+
+
+def is_tolerance_table(v: Any) -> bool:
+    return isinstance(v, dict) and all(
+        isinstance(x, str)
+        if k == "source"
+        else isinstance(x, dict) and all(m in TOLERANCE_METRICS and is_tolerance(t) for m, t in x.items())
+        for k, x in v.items()
+    )
+
+
 def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -45,7 +59,7 @@ def is_tolerance(v: Any) -> bool:
     return is_number(v) and 0 <= v <= MAX_TOLERANCE
 
 
-def load_tolerances(path: Path) -> dict[str, Any]:
+def load_tolerances(path: Path) -> ToleranceTable:
     """Per-metric tolerances (points) per ``strategy:profile``, with a ``default``, from a measured-spread summary
     (reports/gate/tolerances.json). Each value must be a number >= 0."""
     data = load_json(path, "tolerances", name=f"--tolerances {path}")
@@ -68,11 +82,12 @@ def load_tolerances(path: Path) -> dict[str, Any]:
     return {"source": str(path), **table}
 
 
-def tolerance_for(tolerances: dict[str, Any], strategy: str, profile: str | None) -> Tolerance:
+def tolerance_for(tolerances: ToleranceTable, strategy: str, profile: str | None) -> Tolerance:
     """The tolerance of ``strategy:profile`` in a table: its own values over the table's ``default`` over
     :data:`DEFAULT_TOLERANCE`."""
     name = f"{strategy}:{profile}" if profile else strategy
     tol = dict(DEFAULT_TOLERANCE)
-    tol.update(tolerances.get("default", {}))
-    tol.update(tolerances.get(name, {}))
+    for block in (tolerances.get("default"), tolerances.get(name)):
+        if isinstance(block, dict):
+            tol.update(block)
     return Tolerance(**{m: float(tol[m]) for m in TOLERANCE_METRICS})
