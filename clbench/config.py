@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clbench.catalog import DEFAULT_BENCH
+from clbench.benchmarks import DEFAULT_BENCH  # not clbench.catalog: the record reader imports no method
 from clbench.errors import ClbenchError, setting
 from clbench.typedfile import OBJECT, TEXT, JsonValue, is_bool, is_int, is_str, or_none, short
 
