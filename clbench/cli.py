@@ -498,6 +498,11 @@ def _dispatch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     except ClbenchError as e:
         print(f"clbench: error: {e.for_terminal()}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:  # whoever read the output stopped (`clbench list | head`): nothing is lost, say nothing
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the final flush must not fail again
+        return 141  # 128 + SIGPIPE, as a shell tool ended by the closed pipe reports
     except KeyboardInterrupt:
         print(
             "clbench: interrupted; every run folder keeps its last finished task: the same command again "

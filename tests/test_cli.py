@@ -188,3 +188,22 @@ def test_a_random_only_backbone_takes_random_or_a_file_of_its_weights(tmp_path):
     loaded = load_backbone("vit_micro", str(path))
     assert loaded.digest == drawn.digest and loaded.weights_source == f"file:{path}"
     assert load_backbone("vit_micro", "auto", seed=7).digest == drawn.digest  # auto: a random init, as before
+
+
+def test_a_closed_pipe_ends_quietly(monkeypatch, capsys):
+    """`clbench list | head -1` where the reader went away before clbench wrote: no traceback, the status of a
+    closed pipe (141), and the final flush of the standard streams does not fail again."""
+    import io
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone: every write now fails with EPIPE
+    stdout = io.TextIOWrapper(os.fdopen(write_end, "wb"), line_buffering=True)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    from clbench.cli import main
+
+    assert main(["list"]) == 141
+    stdout.write("more\n")
+    stdout.flush()  # now lands in /dev/null
+    assert "Traceback" not in capsys.readouterr().err
+    stdout.close()
