@@ -70,7 +70,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from baselines.cards.acil import PROFILES, ACILConfig
+from baselines.cards.acil import CARD, PROFILES, ACILConfig, extra_counts
 from clbench.errors import ClbenchError
 from clbench.layers.analytic import (
     AnalyticRidge,
@@ -81,7 +81,7 @@ from clbench.layers.analytic import (
     uniform_expansion,
 )
 from clbench.scenario import new_class_count
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
 class ACIL(Strategy[ACILConfig]):
@@ -94,6 +94,7 @@ class ACIL(Strategy[ACILConfig]):
     Config = ACILConfig
     state_types = (AnalyticRidge, RecursiveRidge)
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/acil.py
+    card = CARD  # its parameter formula and cost model: baselines/cards/acil.py
 
     def __init__(self, config: ACILConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -154,26 +155,7 @@ class ACIL(Strategy[ACILConfig]):
             stored_per_task=[(first if t == 0 else 0) for t in range(len(self._sizes))],
             trainable_per_task=[0] * len(self._sizes),
             head=self.head.W.numel(),
-            extra=self._extra(self.cfg, self.dim),
-        )
-
-    @staticmethod
-    def _extra(cfg: ACILConfig, d: int) -> dict[str, Any]:
-        M = cfg.M
-        return {"M": M, "feature_width": d, "buffer_weights": d * M, "autocorrelation_floats": M * M}
-
-    @classmethod
-    def param_formula(cls, cfg: ACILConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """Learned: the analytic classifier W, M weights per class (solved in closed form); stored in task 0: the
-        fixed random buffer W_b (d M) and R (M^2, the regularised inverse autocorrelation of the expanded
-        features); nothing is trained by an optimiser."""
-        M = cfg.M
-        return ParamCounts(
-            added_per_task=[M * n for n in task_sizes],
-            stored_per_task=[(d * M + M * M if t == 0 else 0) for t in range(len(task_sizes))],
-            trainable_per_task=[0] * len(task_sizes),
-            head=M * sum(task_sizes),
-            extra=cls._extra(cfg, d),
+            extra=extra_counts(self.cfg, self.dim),
         )
 
     @classmethod
@@ -181,15 +163,6 @@ class ACIL(Strategy[ACILConfig]):
         """Learned: M per class (W); stored: W_b and R in task 0."""
         M, d = int(extra["M"]), int(extra["feature_width"])
         return [M * c for c in task_sizes], [(d * M + M * M if t == 0 else 0) for t in range(len(task_sizes))]
-
-    # ---------------------------------------------------------------------------------------- cost model
-    @classmethod
-    def work(cls, cfg: ACILConfig, shape: RunShape) -> Work:
-        """No pass through the ViT beyond clbench's feature cache: every training image and every test image once
-        (frozen [CLS] features, eval transform), all cacheable, as SimpleCIL. Not counted: the buffer-size
-        dependent linear algebra (4 n M^2 float64 flops per n training images), which has no unit in the committed
-        projection costs; measured in ``reports/perf/acil-growth.json``."""
-        return Work.cached_features(shape)
 
     @classmethod
     def perf_benchmarks(cls):

@@ -60,13 +60,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from baselines.cards.aper import PROFILES, APERConfig
+from baselines.cards.aper import CARD, PROFILES, APERConfig
 from clbench.blocks import (
     CosineHead,
     check_vit_blocks,
     class_means,
 )
-from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
+from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.first_session import (
     AdaptedFeatures,
     adapted_cls,
@@ -74,7 +74,8 @@ from clbench.layers.first_session import (
     n_head_params,
     tune_first_session,
 )
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.methods.costs import adapter_set_size
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
@@ -87,6 +88,7 @@ class APER(Strategy):
     state_types = (AdapterSet, Adapter, AdaptedFeatures)
     needs_vit = True
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/aper.py
+    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: APERConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -172,29 +174,3 @@ class APER(Strategy):
         """Learned: the first-session adapters; stored: the 2d prototypes (class means) of every class."""
         added = [int(extra["adapter_params"]) if t == 0 else 0 for t in range(len(kept_per_task))]
         return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
-
-    @classmethod
-    def param_formula(cls, cfg: APERConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """Task 0 adds the adapters (depth * (2 d r + r + d)); trained in it: adapters, the task-0 cosine head (d per
-        class, thrown away) and its sigma. Every task stores a 2d prototype per new class; later tasks train nothing."""
-        adapters = adapter_set_size(depth, d, cfg.bottleneck)
-        added = [adapters if t == 0 else 0 for t in range(len(task_sizes))]
-        trainable = [adapters + d * n + 1 if t == 0 else 0 for t, n in enumerate(task_sizes)]
-        return ParamCounts(
-            added_per_task=added,
-            stored_per_task=[2 * d * n for n in task_sizes],
-            trainable_per_task=trainable,
-            head=2 * d * sum(task_sizes),
-            extra={"adapter_params": adapters, "prototype_width": 2 * d},
-        )
-
-    @classmethod
-    def work(cls, cfg: APERConfig, shape: RunShape) -> Work:
-        """Passes per training image and epoch: one forward + backward with the adapters in the first task, none later
-        (the adapted ViT is then fixed, so each image's adapted feature is computed once and kept).
-        Frozen features of every image (clbench's cache), task-0 training passes, then one adapted pass per
-        training and test image (kept by the strategy)."""
-        learnt = shape.learnt  # the images tuning and prototypes use
-        n_test = max(shape.test_seen, default=0)
-        frozen = sum(shape.train_per_task) + n_test
-        return Work(f=frozen + sum(learnt) + n_test, b=cfg.epochs * learnt[0], f_cacheable=frozen)

@@ -70,20 +70,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.coda_prompt import PROFILES, CodaPromptConfig
+from baselines.cards.coda_prompt import CARD, PROFILES, CodaPromptConfig, used_layers
 from clbench.blocks import EpochLog, check_vit_blocks, masked_cross_entropy, vit_tokens
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import prefix_block, training_query
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 EVAL_BATCH = 64  # evaluation batch (speed only: every image's logits depend on it alone)
 GS_EPS = 1e-8  # the reference's ``projection`` threshold on an earlier component's squared norm
-
-
-def used_layers(cfg: CodaPromptConfig, depth: int) -> tuple[int, ...]:
-    """The configured prompt blocks that exist in a ViT of ``depth`` blocks."""
-    return tuple(i for i in cfg.layers if i < depth)
 
 
 def gram_schmidt(existing: torch.Tensor, n_new: int, generator: torch.Generator) -> torch.Tensor:
@@ -186,6 +181,7 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
     protocols = (PER_SAMPLE,)
     needs_vit = True
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/coda_prompt.py
+    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: CodaPromptConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -296,27 +292,6 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
         return head_inputs(self.head, lambda: self.predict(split))
 
     # ---------------------------------------------------------------------------------------- accounting
-    @classmethod
-    def param_formula(cls, cfg: CodaPromptConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """Every task t adds ``components_per_task`` components per prompt block, each a key d, an attention
-        vector d and a prompt L * d, and its head rows (d + 1) per new class. Trained in task t: its own
-        components and the head rows that move (new rows only; the earlier components too, and every seen row,
-        under Adam weight decay > 0, which acts on their zero gradients)."""
-        n_l = len(used_layers(cfg, depth))
-        per_task = n_l * cfg.components_per_task * (2 * d + cfg.prompt_length * d)
-        added, trainable, n_seen = [], [], 0
-        for t, n in enumerate(task_sizes):
-            n_seen += n
-            rows = n * (d + 1)
-            added.append(per_task + rows)
-            trainable.append(per_task * (t + 1) + n_seen * (d + 1) if cfg.weight_decay > 0 else per_task + rows)
-        return ParamCounts(
-            added_per_task=added,
-            trainable_per_task=trainable,
-            head=n_seen * (d + 1),
-            extra={"components_per_task": per_task},
-        )
-
     def param_counts(self) -> ParamCounts:
         c = self.components
         return ParamCounts(
@@ -329,18 +304,4 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
                 "backbone_passes_per_train_image": 2 if self.cfg.query == "augmented" else 1,
                 "backbone_passes_per_test_image": 1,  # plus the cached query feature
             },
-        )
-
-    @classmethod
-    def work(cls, cfg: CodaPromptConfig, shape: RunShape) -> Work:
-        """The frozen features of every image (queries; cacheable), one query pass per training image and epoch
-        with ``query="augmented"`` (the augmented image changes every epoch), ``epochs`` prompted training passes
-        per learnt image and one prompted pass per seen test image and evaluation. Prefixes add no tokens: a
-        prompted pass costs a plain one (the component sums are O(M d L) per image and block, negligible)."""
-        n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
-        n_learn = sum(shape.learnt)
-        cached = n_train + n_test
-        augmented = cfg.epochs * n_learn if cfg.query == "augmented" else 0.0
-        return Work(
-            f=cached + augmented + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn, f_cacheable=cached
         )

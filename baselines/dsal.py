@@ -71,7 +71,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from baselines.cards.dsal import PROFILES, DSALConfig
+from baselines.cards.dsal import CARD, PROFILES, DSALConfig, extra_counts
 from clbench.errors import ClbenchError
 from clbench.layers.analytic import (
     AnalyticRidge,
@@ -80,7 +80,7 @@ from clbench.layers.analytic import (
     growth_measurement,
     uniform_expansion,
 )
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
 class DSAL(Strategy[DSALConfig]):
@@ -92,6 +92,7 @@ class DSAL(Strategy[DSALConfig]):
     state_types = (AnalyticRidge, RecursiveRidge)
     streams: ClassVar[int] = 2  # R matrices held (the memory estimate)
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/dsal.py
+    card = CARD  # its parameter formula and cost model: baselines/cards/dsal.py
 
     def __init__(self, config: DSALConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -179,25 +180,7 @@ class DSAL(Strategy[DSALConfig]):
             stored_per_task=[(first if t == 0 else 0) for t in range(len(self._sizes))],
             trainable_per_task=[0] * len(self._sizes),
             head=self.main.W.numel() + self.comp.W.numel(),
-            extra=self._extra(self.cfg, self.dim),
-        )
-
-    @staticmethod
-    def _extra(cfg: DSALConfig, d: int) -> dict[str, Any]:
-        M = cfg.M
-        return {"M": M, "feature_width": d, "buffer_weights": d * M, "autocorrelation_floats": 2 * M * M}
-
-    @classmethod
-    def param_formula(cls, cfg: DSALConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """Learned: both streams' weights, 2 M per class (solved in closed form); stored in task 0: the fixed random
-        buffer W_b (d M) and the two R (2 M^2); nothing is trained by an optimiser."""
-        M = cfg.M
-        return ParamCounts(
-            added_per_task=[2 * M * n for n in task_sizes],
-            stored_per_task=[(d * M + 2 * M * M if t == 0 else 0) for t in range(len(task_sizes))],
-            trainable_per_task=[0] * len(task_sizes),
-            head=2 * M * sum(task_sizes),
-            extra=cls._extra(cfg, d),
+            extra=extra_counts(self.cfg, self.dim),
         )
 
     @classmethod
@@ -205,15 +188,6 @@ class DSAL(Strategy[DSALConfig]):
         """Learned: 2 M per class (both streams); stored: W_b and both R in task 0."""
         M, d = int(extra["M"]), int(extra["feature_width"])
         return [2 * M * c for c in task_sizes], [(d * M + 2 * M * M if t == 0 else 0) for t in range(len(task_sizes))]
-
-    # ---------------------------------------------------------------------------------------- cost model
-    @classmethod
-    def work(cls, cfg: DSALConfig, shape: RunShape) -> Work:
-        """No pass through the ViT beyond clbench's feature cache: every training image and every test image once
-        (frozen [CLS] features, eval transform), all cacheable, as SimpleCIL. Not counted: the buffer-size
-        dependent linear algebra (8 n M^2 float64 flops per n training images, two streams), which has no unit in
-        the committed projection costs; measured in ``reports/perf/dsal-growth.json``."""
-        return Work.cached_features(shape)
 
     @classmethod
     def perf_benchmarks(cls):

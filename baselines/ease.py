@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.ease import PROFILES, EASEConfig
+from baselines.cards.ease import CARD, PROFILES, EASEConfig
 from clbench.blocks import (
     CosineHead,
     EpochLog,
@@ -71,8 +71,9 @@ from clbench.blocks import (
     vit_forward_tokens,
     vit_tokens,
 )
-from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.layers.adapters import Adapter, AdapterSet
+from clbench.methods.costs import adapter_set_size
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
 def synthesize_prototypes(protos: torch.Tensor, task_classes: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -112,6 +113,7 @@ class EASE(Strategy):
     state_types = (AdapterSet, Adapter)
     needs_vit = True
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/ease.py
+    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: EASEConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -248,34 +250,6 @@ class EASE(Strategy):
             pred_task = np.asarray(self.class_task)[self._last_predict[1]]
             out["task_id_accuracy"] = float((pred_task == np.asarray(true_task)).mean() * 100)
         return out
-
-    @classmethod
-    def work(cls, cfg: EASEConfig, shape: RunShape) -> Work:
-        """Passes per training image and epoch: one forward + backward with the new adapter set only (the old sets
-        are frozen and play no part in the task's loss). Training: every epoch, every image once through the ViT
-        with the new adapter set and a backward pass (b).
-        After task t (t = 1..T subspaces): the task's training images through each of the t subspaces for the new
-        prototypes, and, per protocol, every seen test image through each of the t subspaces (t f each)."""
-        train = shape.learnt
-        prototypes = sum(n * (t + 1) for t, n in enumerate(train))
-        with_t = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))
-        return Work(f=prototypes + shape.protocols * with_t, b=cfg.epochs * sum(train))
-
-    @classmethod
-    def param_formula(cls, cfg: EASEConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        adapters = adapter_set_size(depth, d, cfg.bottleneck)
-        stored, trainable, seen = [], [], 0
-        for t, c in enumerate(task_sizes):
-            # new classes: a prototype in each of the t + 1 subspaces; old classes: a synthesised one in subspace t
-            stored.append(c * (t + 1) * d + seen * d)
-            trainable.append(adapters + c * d + 1)  # the adapter set and its task-local cosine head (rows, scale)
-            seen += c
-        return ParamCounts(
-            added_per_task=[adapters] * len(task_sizes),  # the task head is thrown away after the task
-            stored_per_task=stored,
-            trainable_per_task=trainable,
-            head=seen * len(task_sizes) * d,
-        )
 
     @classmethod
     def split_kept(cls, kept_per_task, head, extra, task_sizes):

@@ -75,11 +75,11 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-from baselines.cards.fecam import PROFILES, FeCAMConfig
+from baselines.cards.fecam import CARD, PROFILES, FeCAMConfig
 from clbench.errors import ClbenchError
 from clbench.layers.first_session import check_width
 from clbench.perf import Measurement, arg
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
 # ----------------------------------------------------------------------------------------------- the statistics
@@ -183,6 +183,7 @@ class FeCAM(Strategy[FeCAMConfig]):
     Config = FeCAMConfig
     min_train_per_class = 2  # a class covariance needs 2 images
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/fecam.py
+    card = CARD  # its parameter formula and cost model: baselines/cards/fecam.py
 
     def __init__(self, config: FeCAMConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -246,26 +247,6 @@ class FeCAM(Strategy[FeCAMConfig]):
     @classmethod
     def split_kept(cls, kept_per_task, head, extra, task_sizes):
         return [0] * len(kept_per_task), list(kept_per_task)  # means and precision matrices: statistics
-
-    @classmethod
-    def param_formula(cls, cfg: FeCAMConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """Nothing learned or trained; stored per class: its mean (d) and its precision matrix (d^2), which together
-        are the classifier (``head``)."""
-        stored = [c * (d + d * d) for c in task_sizes]
-        return ParamCounts(
-            added_per_task=[0] * len(task_sizes),
-            stored_per_task=stored,
-            trainable_per_task=[0] * len(task_sizes),
-            head=sum(stored),
-        )
-
-    @classmethod
-    def work(cls, cfg: FeCAMConfig, shape: RunShape) -> Work:
-        """No training pass. Every image once through the frozen backbone (training images for the statistics, test
-        images for prediction), all of it from clbench's feature cache. Not counted: the per-class d x d algebra
-        (a Cholesky inverse per class, d^3 / 3 flops each, and 2 d^2 flops per test image and seen class), which has
-        no unit in the projection; ``fecam-growth`` measures it."""
-        return Work.cached_features(shape)
 
     @classmethod
     def perf_benchmarks(cls) -> dict[str, Measurement]:

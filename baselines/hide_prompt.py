@@ -99,7 +99,7 @@ Deviations from the paper / reference code (sound behaviour by default, the refe
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -107,7 +107,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.hide_prompt import PROFILES, HiDePromptConfig, Storage
+from baselines.cards.hide_prompt import CARD, PROFILES, HiDePromptConfig, Storage, e_layers_in
 from clbench.blocks import EpochLog, check_vit_blocks, masked_cross_entropy, optimizer_step, vit_tokens
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
@@ -117,17 +117,10 @@ from clbench.strategy import (
     REFERENCE,
     Context,
     ParamCounts,
-    RunShape,
     Split,
     Strategy,
     Task,
-    Work,
 )
-
-
-def e_layers_in(cfg: HiDePromptConfig, depth: int) -> tuple[int, ...]:
-    """The configured E-prompt blocks that exist in a ViT of ``depth`` blocks."""
-    return tuple(i for i in cfg.e_layers if i < depth)
 
 
 def epoch_lr_factor(cfg: HiDePromptConfig, epoch: int) -> float:
@@ -203,10 +196,6 @@ class TIIHead(nn.Module):
 
     def mlp_size(self) -> int:
         return sum(p.numel() for p in (*self.fc1.parameters(), *self.fc2.parameters(), *self.norm.parameters()))
-
-
-def tii_mlp_size(d: int, ratio: int) -> int:
-    return (d * ratio * d + ratio * d) + (ratio * d * d + d) + 2 * d
 
 
 class ClassStats:
@@ -308,6 +297,7 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/hide_prompt.py
+    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: HiDePromptConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -541,36 +531,6 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
         }
 
     # ---------------------------------------------------------------------------------------- accounting
-    @classmethod
-    def param_formula(cls, cfg: HiDePromptConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
-        """Task 0 adds the TII MLP (2 r d^2 + (r + 3) d); every task t adds its prompt slot n_e * 2 * L * d and,
-        per new class, a classifier row and a TII row (d + 1 each). Stored per new class: for each of the two
-        feature spaces (prompted, frozen) K centroids and variances (2 K d; K = ``n_centroids``), or mean and
-        covariance (d + d^2), or mean and variance (2 d). Trained in task t: the TII MLP, slot t and the new rows
-        of both heads; from task 1 on the alignments move every seen row of both heads (every seen class is sampled)."""
-        layers = len(e_layers_in(cfg, depth))
-        slot = layers * 2 * cfg.e_prompt_length * d
-        mlp = tii_mlp_size(d, cfg.tii_mlp_ratio)
-        per_class = {
-            "multi-centroid": 2 * cfg.n_centroids * d,
-            "covariance": d + d * d,
-            "variance": 2 * d,
-        }[cfg.ca_storage]
-        added, stored, trainable, seen = [], [], [], 0
-        for t, n in enumerate(task_sizes):
-            seen += n
-            added.append(slot + 2 * n * (d + 1) + (mlp if t == 0 else 0))
-            stored.append(2 * n * per_class)
-            rows = seen if t >= 1 and cfg.ca_epochs > 0 else n
-            trainable.append(mlp + slot + 2 * rows * (d + 1))
-        return ParamCounts(
-            added_per_task=added,
-            stored_per_task=stored,
-            trainable_per_task=trainable,
-            head=seen * (d + 1),
-            extra={"e_prompt_per_slot": slot, "pool_allocated": cfg.pool_size * slot, "tii_mlp": mlp},
-        )
-
     def param_counts(self) -> ParamCounts:
         return ParamCounts(
             added_per_task=list(self._added),
@@ -587,21 +547,4 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
                 "backbone_passes_per_test_image": 1,  # plus the cached frozen feature (TII)
                 "reference_eval_batch_size": self.cfg.eval_batch_size,
             },
-        )
-
-    @classmethod
-    def work(cls, cfg: HiDePromptConfig, shape: RunShape) -> Work:
-        """Training: ``epochs`` prompted forward + backward passes per learnt image; with ``tii_input="augmented"``
-        ``tii_epochs`` frozen passes per learnt image (the augmented image changes every epoch: not cacheable); end
-        of task: one prompted pass per learnt image (statistics under slot t); evaluation: one prompted pass per
-        seen test image and protocol. The frozen features of every image (the TII's input at evaluation and its
-        statistics) are cacheable. Heads, MLP, k-means and alignments act on d-vectors (negligible)."""
-        n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
-        n_learn = sum(shape.learnt)
-        cached = n_train + n_test
-        tii = cfg.tii_epochs * n_learn if cfg.tii_input == "augmented" else 0.0
-        return Work(
-            f=cached + tii + n_learn + shape.protocols * sum(shape.test_seen),
-            b=cfg.epochs * n_learn,
-            f_cacheable=cached,
         )

@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.inflora import PROFILES, InfLoRAConfig
+from baselines.cards.inflora import CARD, PROFILES, InfLoRAConfig
 from clbench.blocks import EpochLog, check_vit_blocks, vit_tokens
 from clbench.errors import ClbenchError
 from clbench.layers.lora import (
@@ -71,10 +71,9 @@ from clbench.layers.lora import (
     ProjectType,
     design_down_projection,
     lora_block,
-    lora_task_size,
     update_dual_gpm,
 )
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 EVAL_BATCH = 64  # evaluation batch (speed only: rows do not depend on it)
 
@@ -118,6 +117,7 @@ class InfLoRA(Strategy[InfLoRAConfig]):
     state_types = (KVLoRA, TaskHeads)
     needs_vit = True
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/inflora.py
+    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: InfLoRAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -245,24 +245,6 @@ class InfLoRA(Strategy[InfLoRAConfig]):
         }
 
     # ---------------------------------------------------------------------------------------- accounting
-    @classmethod
-    def param_formula(cls, cfg: InfLoRAConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """Task t adds its branches (keys and values of every block: A_t designed, B_t trained, 2 x depth x 2 d r)
-        and its head (d + 1 per class); it trains B_t and that head. Stored: the memory's per-block projector
-        U U^T (d x d, the reference's ``feature_mat``), from the first task on; the bases' own sizes depend on the
-        data (``extra``)."""
-        lora = lora_task_size(depth, d, cfg.rank)
-        added = [lora + c * (d + 1) for c in task_sizes]
-        trainable = [lora // 2 + c * (d + 1) for c in task_sizes]
-        stored = [depth * d * d if t == 0 else 0 for t in range(len(task_sizes))]
-        return ParamCounts(
-            added_per_task=added,
-            trainable_per_task=trainable,
-            head=sum(task_sizes) * (d + 1),
-            stored_per_task=stored,
-            extra={"lora_per_task": lora},
-        )
-
     def param_counts(self) -> ParamCounts:
         d = self.lora.dim
         return ParamCounts(
@@ -278,12 +260,3 @@ class InfLoRA(Strategy[InfLoRAConfig]):
                 "backbone_passes_per_test_image": 1,
             },
         )
-
-    @classmethod
-    def work(cls, cfg: InfLoRAConfig, shape: RunShape) -> Work:
-        """Per task: two LoRA forward passes over its training images (the covariances before and after
-        training; the branches change them, so the feature cache cannot serve them), ``epochs`` forward + backward
-        passes (the branches add no tokens: b costs a plain training pass), and one LoRA pass per seen test image
-        after every task."""
-        n_learn = sum(shape.learnt)
-        return Work(f=2 * n_learn + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn)

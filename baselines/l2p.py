@@ -62,7 +62,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from baselines.cards.l2p import PROFILES, L2PConfig
+from baselines.cards.l2p import CARD, PROFILES, L2PConfig
 from clbench.blocks import (
     EpochLog,
     check_vit_blocks,
@@ -78,11 +78,9 @@ from clbench.strategy import (
     REFERENCE,
     Context,
     ParamCounts,
-    RunShape,
     Split,
     Strategy,
     Task,
-    Work,
 )
 
 
@@ -110,6 +108,7 @@ class L2P(Strategy):
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/l2p.py
+    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: L2PConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -208,34 +207,6 @@ class L2P(Strategy):
             "reference_eval_batch_size": b,
             "reference_vote_equals_own_topk": float(same.float().mean()),
         }
-
-    @classmethod
-    def work(cls, cfg: L2PConfig, shape: RunShape) -> Work:
-        """Passes per training image and epoch: one prompted forward + backward (the prompts enter the ViT), and
-        with ``query="augmented"`` one frozen forward for the query, since the reference queries the augmented image,
-        which changes every epoch and so cannot be cached (``query="cached"`` uses the cached feature instead).
-        Training: every epoch, every image once prompted through the ViT with a backward pass (b, scaled by the
-        prompt tokens: k = (tokens + top_k * prompt_length) / tokens, a linear token-count scaling), plus one frozen
-        pass for the query unless ``query="cached"``. Evaluation after task t, per protocol: every seen test image
-        once prompted (k f) plus its query (f; the reference recomputes it)."""
-        n_train = sum(shape.learnt)
-        k = (shape.tokens + cfg.top_k * cfg.prompt_length) / shape.tokens
-        query = 0.0 if cfg.query == "cached" else 1.0
-        return Work(
-            f=query * cfg.epochs * n_train + shape.protocols * sum(shape.test_seen) * (query + k),
-            b=cfg.epochs * n_train * k,
-        )
-
-    @classmethod
-    def param_formula(cls, cfg: L2PConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        pool = cfg.pool_size * cfg.prompt_length * d + cfg.pool_size * d  # prompts and their keys
-        added, trainable, seen = [], [], 0
-        for t, c in enumerate(task_sizes):
-            seen += c
-            new_rows = c * (d + 1)
-            added.append(new_rows + (pool if t == 0 else 0))
-            trainable.append(pool + (seen * (d + 1) if cfg.weight_decay > 0 else new_rows))
-        return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * (d + 1))
 
     def param_counts(self) -> ParamCounts:
         return ParamCounts(

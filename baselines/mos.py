@@ -81,7 +81,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.mos import PROFILES, MOSConfig
+from baselines.cards.mos import CARD, PROFILES, MOSConfig, head_rows_updated
 from clbench.blocks import (
     EpochLog,
     check_vit_blocks,
@@ -94,20 +94,11 @@ from clbench.blocks import (
     vit_tokens,
 )
 from clbench.errors import ClbenchError
-from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
+from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import orth_loss
-from clbench.strategy import (
-    PER_SAMPLE,
-    REFERENCE,
-    Context,
-    ParamCounts,
-    RunShape,
-    Split,
-    Strategy,
-    Task,
-    Work,
-)
+from clbench.methods.costs import adapter_set_size
+from clbench.strategy import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
 
 
 # ----------------------------------------------------------------------------------------------- merging
@@ -191,6 +182,7 @@ class MOS(Strategy):
     needs_vit = True
     min_train_per_class = 2  # a class covariance needs 2 images
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/mos.py
+    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: MOSConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -265,7 +257,7 @@ class MOS(Strategy):
         stats = len(task.classes) * self.dim + sum(c.numel() for c in self.class_cov[-len(task.classes) :])
         rows = len(task.classes) * (self.dim + 1)
         self._added.append(adapters + rows + len(task.classes) * self.dim + stats)
-        self._trainable.append(adapters + self._head_rows_updated(cfg, t, len(task.classes), task.n_seen, self.dim))
+        self._trainable.append(adapters + head_rows_updated(cfg, t, len(task.classes), task.n_seen, self.dim))
 
     def _train_adapters(self, task: Task) -> None:
         cfg, ctx, dev, _t = self.cfg, self.ctx, self.ctx.device, len(self.stored)
@@ -428,32 +420,6 @@ class MOS(Strategy):
         return out
 
     # ---------------------------------------------------------------------------------------- accounting
-    @staticmethod
-    def _head_rows_updated(cfg: MOSConfig, t: int, n_new: int, n_seen: int, d: int) -> int:
-        """Head parameters changed in task t: old rows get zero gradient, but weight decay (and, from task 1 on,
-        the alignment) moves every seen row."""
-        return (d + 1) * (n_seen if cfg.weight_decay > 0 or (t >= 1 and cfg.ca_epochs > 0) else n_new)
-
-    @classmethod
-    def param_formula(cls, cfg: MOSConfig, d: int, depth: int, task_sizes: list[int]) -> ParamCounts:
-        """Per task: one adapter set depth * (2 d r + r + d), and per new class a head row (d + 1), a prototype
-        row d and its statistics (mean d + covariance d^2, or d + d with ``ca_storage="variance"``)."""
-        adapters = adapter_set_size(depth, d, cfg.bottleneck)
-        stats_per_class = d + d + (d * d if cfg.ca_storage == "covariance" else d)  # prototype, mean, covariance
-        added, stored, trainable, seen = [], [], [], 0
-        for t, n in enumerate(task_sizes):
-            seen += n
-            added.append(adapters + n * (d + 1))  # the adapter set and the new head rows
-            stored.append(n * stats_per_class)
-            trainable.append(adapters + cls._head_rows_updated(cfg, t, n, seen, d))
-        return ParamCounts(
-            added_per_task=added,
-            stored_per_task=stored,
-            trainable_per_task=trainable,
-            head=seen * (d + 1),
-            extra={"adapter_params_per_task": adapters, "prototype_params": seen * d},
-        )
-
     def param_counts(self) -> ParamCounts:
         n = len(self.stored)
         extra = {
@@ -481,15 +447,3 @@ class MOS(Strategy):
         d = int(extra["prototype_params"]) // sum(task_sizes)
         added = [adapters + c * (d + 1) for c in task_sizes]
         return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
-
-    @classmethod
-    def work(cls, cfg: MOSConfig, shape: RunShape) -> Work:
-        """Passes per training image and epoch: one forward + backward with the current adapter set (the merge toward
-        earlier sets is parameter arithmetic after the step, not a pass). Training: ``epochs`` forward +
-        backward passes per training image; end of task: two frozen passes per
-        training image (statistics under set t, prototypes under set 0); evaluation after task t: t + 1 passes
-        per seen test image and protocol. Alignment is head-only (negligible). Nothing is cacheable: set 0 is not
-        the frozen backbone. With the run's ``train_per_class`` only the first k images of each class count."""
-        n_train = sum(shape.learnt)
-        evals = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))
-        return Work(f=2 * n_train + shape.protocols * evals, b=cfg.epochs * n_train, f_cacheable=0.0)

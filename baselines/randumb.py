@@ -81,7 +81,7 @@ from typing import Any
 import psutil
 import torch
 
-from baselines.cards.randumb import PROFILES, RanDumbConfig
+from baselines.cards.randumb import CARD, PROFILES, RanDumbConfig, extra_counts
 from clbench.errors import ClbenchError
 from clbench.layers.lda import (
     F64,
@@ -92,7 +92,7 @@ from clbench.layers.lda import (
     lda_logits,
     memory_estimate,
 )
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 MEMORY_BATCH, MEMORY_CLASSES = 4096, 1000  # the task size and class count the memory check allows for
 
@@ -127,6 +127,7 @@ class RanDumb(Strategy[RanDumbConfig]):
     state_types = (LDAStatistics,)
     min_train_per_class = 2  # a class's OAS covariance needs 2 images
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/randumb.py
+    card = CARD  # its parameter formula and cost model: baselines/cards/randumb.py
 
     def __init__(self, config: RanDumbConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -251,18 +252,8 @@ class RanDumb(Strategy[RanDumbConfig]):
             start, first_class = start + n_images, first_class + n_classes
 
     # ---------------------------------------------------------------------------------------- accounting
-    @staticmethod
-    def _extra(cfg: RanDumbConfig, d: int) -> dict[str, Any]:
-        width = cfg.M if cfg.embed else d
-        return {
-            "feature_width": d,
-            "lda_width": width,
-            "random_features": (d * width + width) if cfg.embed else 0,
-            "covariance_floats": width * width,
-        }
-
     def param_counts(self) -> ParamCounts:
-        extra = self._extra(self.cfg, self.dim)
+        extra = extra_counts(self.cfg, self.dim)
         w = self.width
         kept = [
             (w + 1) * c + (w + 1) * c + (extra["covariance_floats"] + extra["random_features"] if t == 0 else 0)
@@ -286,29 +277,6 @@ class RanDumb(Strategy[RanDumbConfig]):
         w = int(extra["lda_width"])
         added = [(w + 1) * c for c in task_sizes]
         return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
-
-    @classmethod
-    def param_formula(cls, cfg: RanDumbConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """W = M with the embedding, d without. Added: W + 1 head numbers per class; stored: W + 1 per class
-        (mean, count), and in task 0 the covariance (W^2) and the random features (d M + M, with the embedding);
-        nothing is trained."""
-        extra = cls._extra(cfg, d)
-        w, first = extra["lda_width"], extra["covariance_floats"] + extra["random_features"]
-        return ParamCounts(
-            added_per_task=[(w + 1) * c for c in task_sizes],
-            stored_per_task=[(w + 1) * c + (first if t == 0 else 0) for t, c in enumerate(task_sizes)],
-            trainable_per_task=[0] * len(task_sizes),
-            head=(w + 1) * sum(task_sizes),
-            extra=extra,
-        )
-
-    @classmethod
-    def work(cls, cfg: RanDumbConfig, shape: RunShape) -> Work:
-        """No training pass. Every image once through the frozen backbone (training images for the statistics,
-        test images for prediction), all of it from clbench's feature cache. Not counted: the W x W linear algebra
-        (2 N W^2 flops for a task's covariance update and W^3 / 3 for its Cholesky solve): milliseconds without the
-        embedding, seconds per task at M = 10,000 (``reports/perf/randumb-growth.json``)."""
-        return Work.cached_features(shape)
 
     @classmethod
     def perf_benchmarks(cls):

@@ -84,10 +84,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from baselines.cards.ranpac import PROFILES, RanPACConfig
+from baselines.cards.ranpac import CARD, PROFILES, RanPACConfig, param_extra
 from clbench.blocks import check_vit_blocks
 from clbench.errors import ClbenchError
-from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
+from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.analytic import available_memory, relu_projection, ridge_solution
 from clbench.layers.first_session import (
     AdaptedFeatures,
@@ -96,8 +96,9 @@ from clbench.layers.first_session import (
     n_head_params,
     tune_first_session,
 )
+from clbench.methods.costs import adapter_set_size
 from clbench.scenario import new_class_count
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 RIDGE_GRID = tuple(10.0**k for k in range(-8, 9))  # optimise_ridge_parameter: 10.0 ** np.arange(-8, 9)
 FIT_FRACTION = 0.8  # optimise_ridge_parameter: num_val_samples = int(N * 0.8) rows fit, the rest score
@@ -195,6 +196,7 @@ class RanPAC(Strategy):
     state_types = (AdapterSet, Adapter, AdaptedFeatures)
     needs_vit = True
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/ranpac.py
+    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: RanPACConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -300,7 +302,7 @@ class RanPAC(Strategy):
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:
-        extra = self._extra(self.cfg, self.dim, len(self.model.blocks), self.n_classes)
+        extra = param_extra(self.cfg, self.dim, len(self.model.blocks), self.n_classes)
         sizes = [
             (k - (extra["adapter_params"] + extra["random_projection"] if t == 0 else 0)) // self.cfg.M
             for t, k in enumerate(self._added)
@@ -322,49 +324,3 @@ class RanPAC(Strategy):
         added = [k - (w if t == 0 else 0) for t, k in enumerate(kept_per_task)]
         stored = [(w + g if t == 0 else 0) + m * c for t, c in enumerate(task_sizes)]
         return added, stored
-
-    @staticmethod
-    def _extra(cfg: RanPACConfig, d: int, depth: int, n_classes: int) -> dict[str, Any]:
-        return {
-            "M": cfg.M,
-            "feature_width": d,
-            "random_projection": d * cfg.M,
-            "adapter_params": adapter_set_size(depth, d, cfg.bottleneck) if cfg.first_session else 0,
-            "gram_floats": cfg.M * cfg.M,
-            "class_sum_floats": cfg.M * n_classes,
-            "head_kind": cfg.head,
-        }
-
-    @classmethod
-    def param_formula(cls, cfg: RanPACConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """Added: the adapters (with Phase 1) in task 0 and M output weights per class (the ridge head); stored:
-        W (d M, fixed random) and G (M^2) in task 0 and Q (M per class); trained in task 0: adapters, the task-0
-        cosine head (d per class, thrown away) and its sigma; later tasks train nothing."""
-        adapters = adapter_set_size(depth, d, cfg.bottleneck) if cfg.first_session else 0
-        added = [cfg.M * n + (adapters if t == 0 else 0) for t, n in enumerate(task_sizes)]
-        stored = [cfg.M * n + (d * cfg.M + cfg.M * cfg.M if t == 0 else 0) for t, n in enumerate(task_sizes)]
-        trainable = [adapters + d * n + 1 if t == 0 and cfg.first_session else 0 for t, n in enumerate(task_sizes)]
-        return ParamCounts(
-            added_per_task=added,
-            stored_per_task=stored,
-            trainable_per_task=trainable,
-            head=cfg.M * sum(task_sizes),
-            extra=cls._extra(cfg, d, depth, sum(task_sizes)),
-        )
-
-    # ---------------------------------------------------------------------------------------- cost model
-    @classmethod
-    def work(cls, cfg: RanPACConfig, shape: RunShape) -> Work:
-        """Passes per training image and epoch: with Phase 1, one forward + backward with the adapters in the first
-        task, none later (the adapted ViT is then fixed; each image's adapted feature is computed once and kept).
-        Frozen features of every image (clbench's cache); with Phase 1 the task-0 training passes and one adapted
-        pass per training and test image. Not counted: the M-dependent linear algebra (per task the Gram update,
-        2 n M^2 flops for n images, and one M x M float64 Cholesky, M^3 / 3), which has no unit in the committed
-        projection costs (``reports/perf/projection-cpu.json``); measured ~15-25 s per task at M = 10,000 on the
-        2-core CPU of ``reports/rivals/ranpac-aper.md``."""
-        learnt = shape.learnt  # the images tuning and statistics use
-        n_test = max(shape.test_seen, default=0)
-        frozen = sum(shape.train_per_task) + n_test
-        adapted = sum(learnt) + n_test if cfg.first_session else 0
-        train = cfg.epochs * learnt[0] if cfg.first_session else 0
-        return Work(f=frozen + adapted, b=train, f_cacheable=frozen)

@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import torch
 
-from baselines.cards.simplecil import PROFILES, SimpleCILConfig
+from baselines.cards.simplecil import CARD, PROFILES, SimpleCILConfig
 from clbench.blocks import CosineHead, class_means
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
 class SimpleCIL(Strategy):
     name = "simplecil"
     Config = SimpleCILConfig
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/simplecil.py
+    card = CARD  # its parameter formula and cost model: baselines/cards/simplecil.py
     # domain scenario: a class's prototype is its mean over every domain seen so far (a running mean)
     scenarios = ("class", "domain")
     gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too
@@ -68,19 +69,3 @@ class SimpleCIL(Strategy):
     @classmethod
     def split_kept(cls, kept_per_task, head, extra, task_sizes):
         return [0] * len(kept_per_task), list(kept_per_task)  # the prototypes are class means: stored, not learned
-
-    @classmethod
-    def param_formula(cls, cfg: SimpleCILConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        return ParamCounts(
-            added_per_task=[0] * len(task_sizes),
-            stored_per_task=[c * d for c in task_sizes],
-            trainable_per_task=[0] * len(task_sizes),
-            head=sum(task_sizes) * d,
-        )  # one prototype row per class (a class mean: stored); nothing is learned
-
-    @classmethod
-    def work(cls, cfg: SimpleCILConfig, shape: RunShape) -> Work:
-        """No training pass (nothing is trained). Every image once through the frozen backbone (train for the
-        prototypes, test for prediction), all of it
-        from clbench's feature cache, which shares it across seeds and strategies."""
-        return Work.cached_features(shape)

@@ -64,9 +64,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.slca import PROFILES, SLCAConfig
+from baselines.cards.slca import CARD, PROFILES, SLCAConfig, counts
 from clbench.blocks import EpochLog, cosine_lr, optimizer_step
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 COV_RIDGE = 1e-4  # torch.eye(d) * 1e-4 added to each class covariance (_compute_class_mean)
 
@@ -114,14 +114,6 @@ def alignment_tasks(class_task: list[int], task_size: int, index: str) -> list[i
     return list(class_task)
 
 
-def plain_vit_params(d: int, depth: int, patch: int = 16, img_size: int = 224) -> int:
-    """Parameters of a timm ViT without its classifier: patch embedding, [CLS] token, position table, ``depth``
-    pre-norm blocks (MLP ratio 4, qkv bias, no LayerScale) and the final norm."""
-    tokens = (img_size // patch) ** 2 + 1
-    block = 12 * d * d + 13 * d
-    return 3 * patch * patch * d + d + d + tokens * d + depth * block + 2 * d
-
-
 class SLCA(Strategy[SLCAConfig]):
     name = "slca"
     embedding = "SLCA's fine-tuned ViT's [CLS]"
@@ -131,6 +123,7 @@ class SLCA(Strategy[SLCAConfig]):
     fine_tunes_backbone = True
     min_train_per_class = 2  # a class covariance
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/slca.py
+    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: SLCAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -290,57 +283,7 @@ class SLCA(Strategy[SLCAConfig]):
             self.model = model
 
     # ---------------------------------------------------------------------------------------- accounting
-    @classmethod
-    def param_formula(
-        cls,
-        cfg: SLCAConfig,
-        d: int,
-        depth: int,
-        task_sizes: tuple[int, ...],
-        backbone_params: int | None = None,
-    ) -> ParamCounts:
-        """``backbone_params``: the ViT's own parameter count (a fine-tuning method's trained parameters include
-        it, and width and depth do not fix it: patch size, input size, LayerScale); where not given, a plain timm
-        ViT with 16 px patches at 224 px (:func:`plain_vit_params`: 85,798,656 for ViT-B/16)."""
-        vit = plain_vit_params(d, depth) if backbone_params is None else backbone_params
-        return cls._counts(cfg, d, vit, task_sizes)
-
     def param_counts(self) -> ParamCounts:
         vit = sum(p.numel() for p in self.model.parameters())
         sizes = self.head.sizes
-        return self._counts(self.cfg, self.dim, vit, tuple(sizes), list(self._trainable))
-
-    @staticmethod
-    def _counts(
-        cfg: SLCAConfig, d: int, vit: int, sizes: tuple[int, ...], trainable: list[int] | None = None
-    ) -> ParamCounts:
-        tuned = vit if cfg.backbone_lr_scale > 0 else 0
-        added, stored, train, seen = [], [], [], 0
-        for t, c in enumerate(sizes):
-            seen += c
-            added.append(c * (d + 1) + (tuned if t == 0 else 0))  # the tuned ViT's weights once, the task's block
-            stored.append(c * (d + d * d))  # class mean and covariance
-            aligned = seen * (d + 1) if t > 0 and cfg.ca_epochs > 0 else 0
-            train.append(tuned + max(c * (d + 1), aligned))
-        return ParamCounts(
-            added_per_task=added,
-            trainable_per_task=train if trainable is None else trainable,
-            head=seen * (d + 1),
-            stored_per_task=stored,
-            extra={"tuned_vit_params": tuned, "vit_copies": 1, "class_statistics_floats": sum(stored)},
-        )
-
-    @classmethod
-    def work(cls, cfg: SLCAConfig, shape: RunShape) -> Work:
-        """Per task: ``epochs`` full fine-tuning passes over the learnt images (``b``: a forward and backward pass
-        through the whole ViT; the generic unit times the backward to input-side parameters, so it leaves out the
-        weight gradients of full fine-tuning, which ``clbench perf train-step`` measures); one tuned eval pass over
-        them for the statistics and one over every seen test image per protocol (``f``, not cacheable: the ViT
-        changes), and one over the final test set for :meth:`adapted_features`. The harness's frozen features of
-        every training and the final test image are the cacheable part. The alignment's head-only steps are left out:
-        ``ca_epochs`` x ``ca_samples`` x classes draws through a linear head, below 1 % of one task's ViT passes at
-        the reference budget."""
-        learnt = shape.learnt
-        cached = sum(shape.train_per_task) + max(shape.test_seen, default=0)
-        tuned = sum(learnt) + shape.protocols * sum(shape.test_seen) + max(shape.test_seen, default=0)
-        return Work(f=cached + tuned, b=cfg.epochs * sum(learnt), f_cacheable=cached)
+        return counts(self.cfg, self.dim, vit, tuple(sizes), list(self._trainable))

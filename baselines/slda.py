@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from baselines.cards.slda import PROFILES, SLDAConfig
+from baselines.cards.slda import CARD, PROFILES, SLDAConfig
 from clbench.layers.lda import (
     F64,
     GROWTH_SHAPES,
@@ -59,7 +59,7 @@ from clbench.layers.lda import (
     shrink,
 )
 from clbench.scenario import new_class_count
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, RunShape, Split, Strategy, Task, Work
+from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
 class SLDA(Strategy[SLDAConfig]):
@@ -70,6 +70,7 @@ class SLDA(Strategy[SLDAConfig]):
     Config = SLDAConfig
     state_types = (LDAStatistics,)
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/slda.py
+    card = CARD  # its parameter formula and cost model: baselines/cards/slda.py
 
     def __init__(self, config: SLDAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -126,25 +127,6 @@ class SLDA(Strategy[SLDAConfig]):
         d = int(extra["feature_width"])
         added = [(d + 1) * c for c in task_sizes]
         return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
-
-    @classmethod
-    def param_formula(cls, cfg: SLDAConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        """Added: d + 1 head numbers per class (W column and c); stored: d + 1 per class (mean and count) and the
-        covariance (d^2) in task 0; nothing is trained."""
-        return ParamCounts(
-            added_per_task=[(d + 1) * c for c in task_sizes],
-            stored_per_task=[(d + 1) * c + (d * d if t == 0 else 0) for t, c in enumerate(task_sizes)],
-            trainable_per_task=[0] * len(task_sizes),
-            head=(d + 1) * sum(task_sizes),
-            extra={"feature_width": d},
-        )
-
-    @classmethod
-    def work(cls, cfg: SLDAConfig, shape: RunShape) -> Work:
-        """No training pass. Every image once through the frozen backbone (training images for the statistics,
-        test images for prediction), all of it from clbench's feature cache. Not counted: the d x d linear algebra
-        (a rank-N update and one d^3 / 3 Cholesky per task), milliseconds at d = 384."""
-        return Work.cached_features(shape)
 
     @classmethod
     def perf_benchmarks(cls):

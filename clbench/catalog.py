@@ -16,11 +16,13 @@ import, so that every process of a sweep (the local backend's workers, Ray's) se
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clbench.benchmarks import BENCHMARKS, DEFAULT_BENCH
 from clbench.errors import ClbenchError
+from clbench.methods.costs import ParamCounts, Work
 from clbench.registry import Registry
 
 if TYPE_CHECKING:  # types only: this module stays torch-free
@@ -29,14 +31,19 @@ if TYPE_CHECKING:  # types only: this module stays torch-free
 
 @dataclass(frozen=True)
 class MethodCard:
-    """What is read of a method without loading it: its name, its settings class (defaults and checks) and its named
-    profiles. Each built-in method declares one in a torch-free module (``baselines/cards/NAME.py``,
-    ``tosca/card.py``) that its strategy class takes ``Config`` and ``profiles`` from, so that reports, the gate's
-    labels and ``clbench list`` read settings without torch; a plug-in's is read from its class (:func:`card`)."""
+    """What is read of a method without loading it: its name, its settings class (defaults and checks), its named
+    profiles, and its parameter formula and cost model (stated with :mod:`clbench.methods.costs`). Each built-in
+    method declares one in a torch-free module (``baselines/cards/NAME.py``, ``tosca/card.py``) that its strategy
+    class takes ``Config``, ``profiles`` and ``card`` from, so that reports, the gate's labels, ``clbench list`` and
+    the parameter and cost projections read a method without torch; a plug-in's is read from its class
+    (:func:`card`)."""
 
     name: str
     Config: type[Any]  # a frozen dataclass (its defaults are the reference's)
     profiles: dict[str, dict[str, Any]]
+    # (cfg, d, depth, task_sizes) -> ParamCounts of a finished run, from the config alone (clbench perf params)
+    param_formula: Callable[..., ParamCounts] | None = None
+    work: Callable[..., Work] | None = None  # (cfg, RunShape) -> Work: the cost model (clbench perf projection)
 
 
 STRATEGIES: Registry[type[Strategy[Any]]] = Registry("strategy")

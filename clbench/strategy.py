@@ -23,7 +23,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, overload
 
 import numpy as np
@@ -34,12 +34,16 @@ from clbench.backbones import FrozenBackbone
 from clbench.benchmarks.base import ImageSource
 from clbench.blocks import CosineHead, first_per_class
 from clbench.features import SeededOrder, TransformedImages
+from clbench.methods.costs import ParamCounts as ParamCounts  # re-exported: methods import them from here
+from clbench.methods.costs import RunShape as RunShape
+from clbench.methods.costs import Work as Work
 from clbench.safestate import ContextRef, SavedState, StateError, allowed, decode, encode
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
     from PIL.Image import Image
 
+    from clbench.catalog import MethodCard
     from clbench.perf import Measurement
 
 # A strategy's settings: a (frozen) dataclass instance, its class the strategy's ``Config``. ``Strategy[MyConfig]``
@@ -139,87 +143,6 @@ class Context:
         return torch.Generator().manual_seed(self.seed_for(salt))
 
 
-@dataclass
-class ParamCounts:
-    """Parameter accounting, recorded in ``result.json``; one rule for every method, three separate counts.
-
-    ``added_per_task[t]``: learned parameters kept after task t because of it, beyond the frozen backbone:
-    modules, prompts, prompt keys, adapters, and head rows (trained, or solved in closed form as RanPAC's ridge
-    head). ``stored_per_task[t]``: numbers kept because of task t that no optimiser or solver learns: prototypes,
-    class means, covariances, Gram matrices and sums, fixed random projections. ``trainable_per_task[t]``:
-    parameters the optimiser updated during task t, whether kept or not (a task-local head thrown away after the
-    task counts here only). ``head``: the size of the final classifier, whichever of the two it counts in.
-    """
-
-    added_per_task: list[int] = field(default_factory=list)
-    trainable_per_task: list[int] = field(default_factory=list)
-    head: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)  # the method's own counts, written to JSON as they are (Any)
-    stored_per_task: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if not self.stored_per_task:
-            self.stored_per_task = [0] * len(self.added_per_task)
-        if len(self.stored_per_task) != len(self.added_per_task):
-            raise ValueError(
-                f"stored_per_task has {len(self.stored_per_task)} tasks, added_per_task {len(self.added_per_task)}"
-            )
-
-
-@dataclass(frozen=True)
-class RunShape:
-    """The size of one run, for cost models (:meth:`Strategy.work`)."""
-
-    train_per_task: tuple[float, ...]  # training images of task t
-    test_seen: tuple[float, ...]  # test images evaluated after task t (every seen class)
-    tokens: int = 197  # tokens per image through the backbone at its input size, [CLS] included (ViT-B/16 @ 224)
-    protocols: int = 1  # evaluation protocols run; each predicts the test set again
-    classes_per_task: tuple[int, ...] = ()  # new classes of task t, where known (a recorded run's split)
-    train_per_class: int | None = None  # the run's train_per_class: tasks learn from the first k images per class
-
-    @property
-    def tasks(self) -> int:
-        return len(self.train_per_task)
-
-    @property
-    def learnt(self) -> tuple[float, ...]:
-        """Training images each task learns from: all of ``train_per_task``, or where the run sets
-        ``train_per_class`` = k, at most k x the task's classes (unchanged where the classes per task are not
-        known). The frozen features of every training image are still computed (``train_per_task``)."""
-        k = self.train_per_class
-        if k is None or not self.classes_per_task:
-            return self.train_per_task
-        return tuple(min(n, k * c) for n, c in zip(self.train_per_task, self.classes_per_task, strict=True))
-
-    @classmethod
-    def equal(cls, n_train: float, n_test: float, tasks: int, **kw: Any) -> RunShape:  # kw: RunShape's other fields
-        """``tasks`` equal tasks over ``n_train`` / ``n_test`` images."""
-        return cls(tuple([n_train / tasks] * tasks), tuple(n_test * (t + 1) / tasks for t in range(tasks)), **kw)
-
-
-@dataclass(frozen=True)
-class Work:
-    """What one run costs, in units whose seconds per unit ``clbench perf`` measures on a device.
-
-    ``f`` and ``b`` are timed generically (a frozen forward pass; a forward + backward pass through the ViT to
-    input-side parameters). Method-specific units go in ``extra``; the strategy times them itself
-    (:meth:`Strategy.unit_seconds`).
-    """
-
-    f: float = 0.0  # frozen forward passes through the backbone, in images
-    b: float = 0.0  # training passes (forward + backward through the ViT), in images
-    f_cacheable: float = 0.0  # the part of ``f`` that clbench's feature cache shares across seeds and strategies
-    extra: Mapping[str, float] = field(default_factory=dict)  # unit name -> count
-
-    @classmethod
-    def cached_features(cls, shape: RunShape) -> Work:
-        """The work of a method that trains nothing through the ViT and reads only the frozen features: every
-        training image and the final test set once through the frozen backbone (eval transform), all of it served
-        by clbench's feature cache, which shares it across seeds and strategies."""
-        f = sum(shape.train_per_task) + max(shape.test_seen, default=0)
-        return cls(f=f, f_cacheable=f)
-
-
 class Strategy(ABC, Generic[ConfigT]):
     """Base class of every method. Subclasses set ``name``, ``Config`` and implement the three methods."""
 
@@ -228,6 +151,9 @@ class Strategy(ABC, Generic[ConfigT]):
     protocols: ClassVar[tuple[str, ...]] = (PER_SAMPLE,)
     # named config overrides, e.g. a CPU "quick" profile: setting -> value, of whatever type the Config field has (Any)
     profiles: ClassVar[dict[str, dict[str, Any]]] = {}
+    # the method's card (torch-free: baselines/cards/NAME.py, tosca/card.py): where its parameter formula and cost
+    # model are stated (:meth:`param_formula`, :meth:`work` read them from it)
+    card: ClassVar[MethodCard | None] = None
     # profiles that get their own row in ``clbench perf projection`` (``<name>-<profile>``), besides the default config
     projection_profiles: ClassVar[tuple[str, ...]] = ()
     needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
@@ -294,9 +220,12 @@ class Strategy(ABC, Generic[ConfigT]):
     # ------------------------------------------------------------------------------------------ cost model
     @classmethod
     def work(cls, cfg: ConfigT, shape: RunShape) -> Work:
-        """The cost of one run of this strategy with config ``cfg`` on a run of ``shape`` (see :class:`Work`).
-        Read by ``clbench perf projection`` and ``projection-check``; generic code never names a method."""
-        raise NotImplementedError(f"strategy {cls.name} states no cost model (Strategy.work)")
+        """The cost of one run of this strategy with config ``cfg`` on a run of ``shape`` (see :class:`Work`): its
+        card's cost model (``card.work``). Read by ``clbench perf projection`` and ``projection-check``; generic code
+        never names a method."""
+        if cls.card is None or cls.card.work is None:
+            raise NotImplementedError(f"strategy {cls.name} states no cost model (its card's `work`)")
+        return cls.card.work(cfg, shape)
 
     @classmethod
     def unit_seconds(cls, d: int, device: torch.device) -> dict[str, float]:
@@ -314,11 +243,15 @@ class Strategy(ABC, Generic[ConfigT]):
         return {}
 
     @classmethod
-    def param_formula(cls, cfg: ConfigT, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+    def param_formula(
+        cls, cfg: ConfigT, d: int, depth: int, task_sizes: tuple[int, ...], **kw: Any
+    ) -> ParamCounts:  # kw: a method's own facts of the ViT (SLCA: backbone_params)
         """:meth:`param_counts` of a finished run, from the config alone: a ViT of width ``d`` and ``depth``
         blocks, tasks of ``task_sizes`` classes (``added_per_task``, ``trainable_per_task`` and ``head``; the
-        tests compare it with a real run). Read by ``clbench perf params``."""
-        raise NotImplementedError(f"strategy {cls.name} states no parameter formula (Strategy.param_formula)")
+        tests compare it with a real run): its card's ``param_formula``. Read by ``clbench perf params``."""
+        if cls.card is None or cls.card.param_formula is None:
+            raise NotImplementedError(f"strategy {cls.name} states no parameter formula (its card's `param_formula`)")
+        return cls.card.param_formula(cfg, d, depth, task_sizes, **kw)
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """Optional per-evaluation diagnostics (e.g. routing accuracy) stored in the record: a free JSON object."""

@@ -21,6 +21,9 @@ def test_the_strategy_takes_its_settings_and_profiles_from_its_card(name):
     cls, c = STRATEGIES.get(name), card(name)
     assert name in CARDS and c.name == cls.name == name
     assert cls.Config is c.Config and cls.profiles is c.profiles
+    assert cls.card is c  # its parameter formula and cost model too: the class states neither itself
+    assert c.param_formula is not None and c.work is not None
+    assert "param_formula" not in vars(cls) and "work" not in vars(cls)
 
 
 def _fresh(code: str) -> None:
@@ -45,6 +48,22 @@ def test_every_card_and_every_profile_builds_without_torch():
         "    c = card(name)\n"
         "    for profile in (None, *c.profiles):\n"
         "        make_strategy_config(c, profile, ())\n" + LOADED
+    )
+
+
+def test_every_parameter_formula_and_cost_model_is_read_without_torch():
+    """`clbench perf params` and the projection's cost model need only the cards: ViT-B/16's width and depth, ten
+    tasks of ten classes, each method's default settings."""
+    _fresh(
+        "import sys\n"
+        "from clbench.catalog import STRATEGIES, card\n"
+        "from clbench.methods.costs import ParamCounts, RunShape, Work\n"
+        "shape = RunShape.equal(50_000, 10_000, 10)\n"
+        "for name in STRATEGIES.names():\n"
+        "    c = card(name)\n"
+        "    counts = c.param_formula(c.Config(), 768, 12, (10,) * 10)\n"
+        "    assert isinstance(counts, ParamCounts) and len(counts.added_per_task) == 10, name\n"
+        "    assert isinstance(c.work(c.Config(), shape), Work), name\n" + LOADED
     )
 
 

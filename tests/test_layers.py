@@ -11,10 +11,11 @@ import torch.nn.functional as F
 from baselines.aper import APER
 from baselines.mos import MOS
 from clbench.catalog import STRATEGIES
-from clbench.layers.adapters import Adapter, AdapterSet, adapter_set_size
+from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.first_session import AdaptedFeatures
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import key_similarity
+from clbench.methods.costs import adapter_set_size
 from clbench.safestate import MOVED_TYPES, SavedState, decode, encode, unknown_classes
 
 

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from tinytasks import make_split
 
 import clbench.blocks as blocks_mod
-from baselines.slca import SLCA, SLCAConfig, alignment_tasks, normalised_logits, plain_vit_params, shrink_factors
+from baselines.slca import SLCA, SLCAConfig, alignment_tasks, normalised_logits, shrink_factors
 from clbench.backbones import state_digest
+from clbench.methods.costs import plain_vit_params
 from clbench.strategy import Context, Split, Task
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too

@@ -1,15 +1,18 @@
-"""TOSCA's card: its settings (:class:`TOSCAConfig`, the defaults its reference uses) and its named profiles,
-torch-free, so that reports, the gate and the CLI read them without loading the method (``tosca/strategy.py``)."""
+"""TOSCA's card: its settings (:class:`TOSCAConfig`, the defaults its reference uses), its named profiles, its
+parameter formula and its cost model, torch-free, so that reports, the gate, the CLI and the projections read them
+without loading the method (``tosca/strategy.py``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_INPUT
 from clbench.errors import ClbenchError
+from clbench.methods.costs import ParamCounts, RunShape, Work
 
 VARIANTS: tuple[str, ...] = ("luca", "adapter", "calibrator", "tosca_r")  # the module variants (tosca.luca)
 DEFAULT_ROUTER = "entropy"  # the paper's rule
@@ -71,4 +74,37 @@ PROFILES: dict[str, dict[str, Any]] = {
     "ci-augment": {**CI_INPUT, "train_mode": "augment", "epochs": 2, "batch_size": 16, "lr": 0.1},
     "augment": {"train_mode": "augment"},
 }
-CARD = MethodCard("tosca", TOSCAConfig, PROFILES)
+
+
+def work(cfg: TOSCAConfig, shape: RunShape) -> Work:
+    """Passes per training image and epoch: ``cached``, none (LuCA trains on the cached frozen [CLS] feature);
+    ``augment``, one frozen forward (the augmented image changes every epoch). ``cached`` (default): every
+    image once through the frozen backbone, from clbench's feature cache; E
+    module steps per training image on cached features. ``augment``: E frozen passes per training image on
+    augmented images, plus one per test image. Both: after task t, every seen test image is routed through t
+    modules, per protocol. Units ``luca_steps`` and ``route_module_images``: :func:`tosca.perf.unit_seconds`."""
+    n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
+    with_t = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))  # test images x modules
+    cached = cfg.train_mode == "cached"
+    f = n_train + n_test if cached else cfg.epochs * n_train + n_test
+    return Work(
+        f=f,
+        f_cacheable=f if cached else 0.0,
+        extra={"luca_steps": cfg.epochs * n_train, "route_module_images": shape.protocols * with_t},
+    )
+
+
+def param_formula(cfg: TOSCAConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    if d % cfg.ratio:
+        raise ValueError(f"ratio {cfg.ratio} does not divide the backbone width {d}")
+    r = d // cfg.ratio
+    module = 4 * d * r + r + d + 2 * d  # W_down, W_up, W_1, W_2; b_down, b_up; LayerNorm (every variant)
+    trainable, added, seen = [], [], 0
+    for t, c in enumerate(task_sizes):
+        seen += c
+        trainable.append(module + seen * d + 1)  # the task's module and the whole head (all rows, the scale)
+        added.append(module + c * d + (1 if t == 0 else 0))  # the module and its classes' trained head rows
+    return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * d + 1)
+
+
+CARD = MethodCard("tosca", TOSCAConfig, PROFILES, param_formula=param_formula, work=work)

@@ -5,8 +5,8 @@
   features, as a share of one backbone forward pass (target: 20 modules add < 5 %), and the speed-up of
   one-backbone-pass stacked routing over the reference's loop that reruns the backbone once per module
   (target: >= 8x at T = 10).
-- :func:`unit_seconds`: the units of TOSCA's cost model (:meth:`TOSCA.work`) for ``clbench perf projection``: one
-  module step on a cached feature and the routing of one image through one module.
+- :func:`unit_seconds`: the units of TOSCA's cost model (``work`` in :mod:`tosca.card`) for ``clbench perf
+  projection``: one module step on a cached feature and the routing of one image through one module.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ from clbench.blocks import (
     optimizer_step,
     torch_threads,
 )
-from clbench.layers.adapters import adapter_set_size
+from clbench.methods.costs import adapter_set_size
 from clbench.routers import RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
 from clbench.routers import route as apply_router
 from clbench.routing_diagnostics import ModuleChoices, RoutingDiagnostics
@@ -70,13 +70,11 @@ from clbench.strategy import (
     REFERENCE,
     Context,
     ParamCounts,
-    RunShape,
     Split,
     Strategy,
     Task,
-    Work,
 )
-from tosca.card import PROFILES, TOSCAConfig
+from tosca.card import CARD, PROFILES, TOSCAConfig
 from tosca.luca import LuCA, stacked_forward
 
 # EASE's adapter bottleneck ("ffn_num" in its reference config, baselines/ease.py): the record compares one EASE
@@ -119,6 +117,7 @@ class TOSCA(Strategy):
     scenarios = ("class", "domain")
     gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too
     profiles = PROFILES  # named profiles and their cost notes: tosca/card.py
+    card = CARD  # its parameter formula and cost model
     projection_profiles = ("augment",)
 
     def __init__(self, config: TOSCAConfig, ctx: Context) -> None:
@@ -350,24 +349,6 @@ class TOSCA(Strategy):
 
     # ------------------------------------------------------------------------------------------ cost model
     @classmethod
-    def work(cls, cfg: TOSCAConfig, shape: RunShape) -> Work:
-        """Passes per training image and epoch: ``cached``, none (LuCA trains on the cached frozen [CLS] feature);
-        ``augment``, one frozen forward (the augmented image changes every epoch). ``cached`` (default): every
-        image once through the frozen backbone, from clbench's feature cache; E
-        module steps per training image on cached features. ``augment``: E frozen passes per training image on
-        augmented images, plus one per test image. Both: after task t, every seen test image is routed through t
-        modules, per protocol. Units ``luca_steps`` and ``route_module_images``: :func:`tosca.perf.unit_seconds`."""
-        n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
-        with_t = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))  # test images x modules
-        cached = cfg.train_mode == "cached"
-        f = n_train + n_test if cached else cfg.epochs * n_train + n_test
-        return Work(
-            f=f,
-            f_cacheable=f if cached else 0.0,
-            extra={"luca_steps": cfg.epochs * n_train, "route_module_images": shape.protocols * with_t},
-        )
-
-    @classmethod
     def unit_seconds(cls, d: int, device: torch.device) -> dict[str, float]:
         from tosca.perf import unit_seconds
 
@@ -378,19 +359,6 @@ class TOSCA(Strategy):
         from tosca.perf import ROUTING
 
         return {ROUTING.name: ROUTING}
-
-    @classmethod
-    def param_formula(cls, cfg: TOSCAConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        if d % cfg.ratio:
-            raise ValueError(f"ratio {cfg.ratio} does not divide the backbone width {d}")
-        r = d // cfg.ratio
-        module = 4 * d * r + r + d + 2 * d  # W_down, W_up, W_1, W_2; b_down, b_up; LayerNorm (every variant)
-        trainable, added, seen = [], [], 0
-        for t, c in enumerate(task_sizes):
-            seen += c
-            trainable.append(module + seen * d + 1)  # the task's module and the whole head (all rows, the scale)
-            added.append(module + c * d + (1 if t == 0 else 0))  # the module and its classes' trained head rows
-        return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * d + 1)
 
     @classmethod
     def split_kept(cls, kept_per_task, head, extra, task_sizes):

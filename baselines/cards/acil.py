@@ -1,14 +1,17 @@
-"""ACIL's card: its settings (:class:`ACILConfig`, the defaults its reference uses) and its named profiles, torch-free,
-so that reports, the gate and the CLI read them without loading the method (``baselines/acil.py``)."""
+"""ACIL's card: its settings (:class:`ACILConfig`, the defaults its reference uses), its named profiles, its parameter
+formula and its cost model, torch-free, so that reports, the gate, the CLI and the projections read them without
+loading the method (``baselines/acil.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_INPUT
 from clbench.layers.checks import SOLVERS
+from clbench.methods.costs import ParamCounts, RunShape, Work
 
 
 @dataclass(frozen=True)
@@ -37,4 +40,34 @@ class ACILConfig:
 # ``ci``: the regression gate's run: the embedded benchmark at 56 px (the shared CI feature cache), the
 # reference's gamma and a buffer of 2048 (one 2048 x 2048 float64 R, so the run takes about a second).
 PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT, "M": 2048}}
-CARD = MethodCard("acil", ACILConfig, PROFILES)
+
+
+def extra_counts(cfg: ACILConfig, d: int) -> dict[str, Any]:
+    """The method's own counts in ``ParamCounts.extra`` (the live count's and the formula's)."""
+    M = cfg.M
+    return {"M": M, "feature_width": d, "buffer_weights": d * M, "autocorrelation_floats": M * M}
+
+
+def param_formula(cfg: ACILConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """Learned: the analytic classifier W, M weights per class (solved in closed form); stored in task 0: the
+    fixed random buffer W_b (d M) and R (M^2, the regularised inverse autocorrelation of the expanded
+    features); nothing is trained by an optimiser."""
+    M = cfg.M
+    return ParamCounts(
+        added_per_task=[M * n for n in task_sizes],
+        stored_per_task=[(d * M + M * M if t == 0 else 0) for t in range(len(task_sizes))],
+        trainable_per_task=[0] * len(task_sizes),
+        head=M * sum(task_sizes),
+        extra=extra_counts(cfg, d),
+    )
+
+
+def work(cfg: ACILConfig, shape: RunShape) -> Work:
+    """No pass through the ViT beyond clbench's feature cache: every training image and every test image once
+    (frozen [CLS] features, eval transform), all cacheable, as SimpleCIL. Not counted: the buffer-size
+    dependent linear algebra (4 n M^2 float64 flops per n training images), which has no unit in the committed
+    projection costs; measured in ``reports/perf/acil-growth.json``."""
+    return Work.cached_features(shape)
+
+
+CARD = MethodCard("acil", ACILConfig, PROFILES, param_formula=param_formula, work=work)

@@ -1,14 +1,17 @@
-"""APER's card: its settings (:class:`APERConfig`, the defaults its reference uses) and its named profiles, torch-free,
-so that reports, the gate and the CLI read them without loading the method (``baselines/aper.py``)."""
+"""APER's card: its settings (:class:`APERConfig`, the defaults its reference uses), its named profiles, its parameter
+formula and its cost model, torch-free, so that reports, the gate, the CLI and ``clbench perf`` read them without
+loading the method (``baselines/aper.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_FIRST_SESSION
 from clbench.layers.checks import check_first_session_fields
+from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size
 
 
 @dataclass(frozen=True)
@@ -38,4 +41,33 @@ PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"img_size": 112, "epochs": 3},
     "ci": {**CI_FIRST_SESSION},
 }
-CARD = MethodCard("aper", APERConfig, PROFILES)
+
+
+# ------------------------------------------------------------------------------------ parameters and cost model
+def param_formula(cfg: APERConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """Task 0 adds the adapters (depth * (2 d r + r + d)); trained in it: adapters, the task-0 cosine head (d per
+    class, thrown away) and its sigma. Every task stores a 2d prototype per new class; later tasks train nothing."""
+    adapters = adapter_set_size(depth, d, cfg.bottleneck)
+    added = [adapters if t == 0 else 0 for t in range(len(task_sizes))]
+    trainable = [adapters + d * n + 1 if t == 0 else 0 for t, n in enumerate(task_sizes)]
+    return ParamCounts(
+        added_per_task=added,
+        stored_per_task=[2 * d * n for n in task_sizes],
+        trainable_per_task=trainable,
+        head=2 * d * sum(task_sizes),
+        extra={"adapter_params": adapters, "prototype_width": 2 * d},
+    )
+
+
+def work(cfg: APERConfig, shape: RunShape) -> Work:
+    """Passes per training image and epoch: one forward + backward with the adapters in the first task, none later
+    (the adapted ViT is then fixed, so each image's adapted feature is computed once and kept).
+    Frozen features of every image (clbench's cache), task-0 training passes, then one adapted pass per
+    training and test image (kept by the strategy)."""
+    learnt = shape.learnt  # the images tuning and prototypes use
+    n_test = max(shape.test_seen, default=0)
+    frozen = sum(shape.train_per_task) + n_test
+    return Work(f=frozen + sum(learnt) + n_test, b=cfg.epochs * learnt[0], f_cacheable=frozen)
+
+
+CARD = MethodCard("aper", APERConfig, PROFILES, param_formula=param_formula, work=work)

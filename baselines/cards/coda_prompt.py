@@ -1,15 +1,17 @@
-"""CodaPrompt's card: its settings (:class:`CodaPromptConfig`, the defaults its reference uses) and its named profiles,
-torch-free, so that reports, the gate and the CLI read them without loading the method
-(``baselines/coda_prompt.py``)."""
+"""CodaPrompt's card: its settings (:class:`CodaPromptConfig`, the defaults its reference uses), its named profiles,
+its parameter formula and its cost model, torch-free, so that reports, the gate, the CLI and the projections read them
+without loading the method (``baselines/coda_prompt.py``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_SHAPE
+from clbench.methods.costs import ParamCounts, RunShape, Work
 
 
 @dataclass(frozen=True)
@@ -75,4 +77,46 @@ PROFILES: dict[str, dict[str, Any]] = {
         "query": "cached",
     },
 }
-CARD = MethodCard("coda_prompt", CodaPromptConfig, PROFILES)
+
+
+def used_layers(cfg: CodaPromptConfig, depth: int) -> tuple[int, ...]:
+    """The configured prompt blocks that exist in a ViT of ``depth`` blocks."""
+    return tuple(i for i in cfg.layers if i < depth)
+
+
+def param_formula(cfg: CodaPromptConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """Every task t adds ``components_per_task`` components per prompt block, each a key d, an attention
+    vector d and a prompt L * d, and its head rows (d + 1) per new class. Trained in task t: its own
+    components and the head rows that move (new rows only; the earlier components too, and every seen row,
+    under Adam weight decay > 0, which acts on their zero gradients)."""
+    n_l = len(used_layers(cfg, depth))
+    per_task = n_l * cfg.components_per_task * (2 * d + cfg.prompt_length * d)
+    added, trainable, n_seen = [], [], 0
+    for t, n in enumerate(task_sizes):
+        n_seen += n
+        rows = n * (d + 1)
+        added.append(per_task + rows)
+        trainable.append(per_task * (t + 1) + n_seen * (d + 1) if cfg.weight_decay > 0 else per_task + rows)
+    return ParamCounts(
+        added_per_task=added,
+        trainable_per_task=trainable,
+        head=n_seen * (d + 1),
+        extra={"components_per_task": per_task},
+    )
+
+
+def work(cfg: CodaPromptConfig, shape: RunShape) -> Work:
+    """The frozen features of every image (queries; cacheable), one query pass per training image and epoch
+    with ``query="augmented"`` (the augmented image changes every epoch), ``epochs`` prompted training passes
+    per learnt image and one prompted pass per seen test image and evaluation. Prefixes add no tokens: a
+    prompted pass costs a plain one (the component sums are O(M d L) per image and block, negligible)."""
+    n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
+    n_learn = sum(shape.learnt)
+    cached = n_train + n_test
+    augmented = cfg.epochs * n_learn if cfg.query == "augmented" else 0.0
+    return Work(
+        f=cached + augmented + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn, f_cacheable=cached
+    )
+
+
+CARD = MethodCard("coda_prompt", CodaPromptConfig, PROFILES, param_formula=param_formula, work=work)

@@ -1,16 +1,18 @@
-"""DSAL's card: its settings (:class:`DSALConfig`, the defaults its reference uses) and its named profiles, torch-free,
-so that reports, the gate and the CLI read them without loading the method (``baselines/dsal.py``)."""
+"""DSAL's card: its settings (:class:`DSALConfig`, the defaults its reference uses), its named profiles, its parameter
+formula and its cost model, torch-free, so that reports, the gate, the CLI and the projections read them without
+loading the method (``baselines/dsal.py``)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
-
-import numpy as np
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_INPUT
 from clbench.layers.checks import SOLVERS
+from clbench.methods.costs import ParamCounts, RunShape, Work
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class DSALConfig:
             raise ValueError(f"gamma must be > 0 (R starts at I / gamma), got {self.gamma}")
         if not self.gamma_comp > 0:
             raise ValueError(f"gamma_comp must be > 0 (R starts at I / gamma_comp), got {self.gamma_comp}")
-        if not np.isfinite(self.compensation_ratio):
+        if not math.isfinite(self.compensation_ratio):
             raise ValueError(f"compensation_ratio must be finite, got {self.compensation_ratio}")
         if self.residue not in ("task", "batch"):
             raise ValueError(f"residue must be 'task' or 'batch', got {self.residue!r}")
@@ -48,4 +50,33 @@ class DSALConfig:
 # ``ci``: the regression gate's run: the embedded benchmark at 56 px (the shared CI feature cache), the
 # reference's gammas and C, and a buffer of 2048 (two 2048 x 2048 float64 R, so the run takes a few seconds).
 PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT, "M": 2048}}
-CARD = MethodCard("dsal", DSALConfig, PROFILES)
+
+
+def extra_counts(cfg: DSALConfig, d: int) -> dict[str, Any]:
+    """The method's own counts in ``ParamCounts.extra`` (the live count's and the formula's)."""
+    M = cfg.M
+    return {"M": M, "feature_width": d, "buffer_weights": d * M, "autocorrelation_floats": 2 * M * M}
+
+
+def param_formula(cfg: DSALConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """Learned: both streams' weights, 2 M per class (solved in closed form); stored in task 0: the fixed random
+    buffer W_b (d M) and the two R (2 M^2); nothing is trained by an optimiser."""
+    M = cfg.M
+    return ParamCounts(
+        added_per_task=[2 * M * n for n in task_sizes],
+        stored_per_task=[(d * M + 2 * M * M if t == 0 else 0) for t in range(len(task_sizes))],
+        trainable_per_task=[0] * len(task_sizes),
+        head=2 * M * sum(task_sizes),
+        extra=extra_counts(cfg, d),
+    )
+
+
+def work(cfg: DSALConfig, shape: RunShape) -> Work:
+    """No pass through the ViT beyond clbench's feature cache: every training image and every test image once
+    (frozen [CLS] features, eval transform), all cacheable, as SimpleCIL. Not counted: the buffer-size
+    dependent linear algebra (8 n M^2 float64 flops per n training images, two streams), which has no unit in
+    the committed projection costs; measured in ``reports/perf/dsal-growth.json``."""
+    return Work.cached_features(shape)
+
+
+CARD = MethodCard("dsal", DSALConfig, PROFILES, param_formula=param_formula, work=work)

@@ -1,16 +1,18 @@
-"""DualPrompt's card: its settings (:class:`DualPromptConfig`, the defaults its reference uses) and its named profiles,
-torch-free, so that reports, the gate and the CLI read them without loading the method
-(``baselines/dualprompt.py``)."""
+"""DualPrompt's card: its settings (:class:`DualPromptConfig`, the defaults its reference uses), its named profiles,
+its parameter formula and its cost model, torch-free, so that reports, the gate, the CLI and the projections read them
+without loading the method (``baselines/dualprompt.py``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_SHAPE
 from clbench.layers.checks import block_list as _block_list
+from clbench.methods.costs import ParamCounts, RunShape, Work
 
 
 @dataclass(frozen=True)
@@ -72,4 +74,54 @@ PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"img_size": 112, "epochs": 2},
     "ci": {**CI_SHAPE, "epochs": 2, "train_per_class": 16},
 }
-CARD = MethodCard("dualprompt", DualPromptConfig, PROFILES)
+
+
+def prompt_layers(cfg: DualPromptConfig, depth: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The configured G- and E-prompt blocks that exist in a ViT of ``depth`` blocks."""
+    return tuple(i for i in cfg.g_layers if i < depth), tuple(i for i in cfg.e_layers if i < depth)
+
+
+def param_formula(cfg: DualPromptConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """Task 0 adds the G-prompt n_g * 2 * L_g * d; every task t adds its E-prompt slot n_e * 2 * L_e * d, its
+    key d and its head rows (d + 1) per new class. Trained in task t: the G-prompt, slot t, key t and the
+    new head rows. Under Adam weight decay > 0 (not the reference's default, 0) every tensor in the optimizer
+    moves: every seen head row, and every slot and key of the pool, which decay although only slot t and key t
+    learn (the test that measures moved elements found this). The pool's unused slots are allocated up front
+    (``extra``)."""
+    g_layers, e_layers = prompt_layers(cfg, depth)
+    g = len(g_layers) * 2 * cfg.g_prompt_length * d
+    e = len(e_layers) * 2 * cfg.e_prompt_length * d
+    added, trainable, n_seen = [], [], 0
+    for t, n in enumerate(task_sizes):
+        n_seen += n
+        rows = n * (d + 1)
+        added.append(e + d + rows + (g if t == 0 else 0))
+        decayed = cfg.weight_decay > 0
+        trainable.append(g + (cfg.pool_size * (e + d) + n_seen * (d + 1) if decayed else e + d + rows))
+    return ParamCounts(
+        added_per_task=added,
+        trainable_per_task=trainable,
+        head=n_seen * (d + 1),
+        extra={"g_prompt": g, "e_prompt_per_slot": e, "pool_allocated": cfg.pool_size * (e + d)},
+    )
+
+
+def work(cfg: DualPromptConfig, shape: RunShape) -> Work:
+    """Passes per training image and epoch: one prefix-prompted forward + backward with the task's own E-prompt,
+    and with ``query="augmented"`` one frozen forward whose query only feeds the pull term (the augmented image
+    changes every epoch, so it cannot be cached; ``query="cached"`` uses the cached feature instead).
+    The frozen features of every image (queries; cacheable), one query pass per training image and epoch
+    with ``query="augmented"``, ``epochs`` prompted training passes per training image, and one prompted pass
+    per seen test image, evaluation and protocol. Prefixes add no tokens: a prompted pass costs a plain one. With
+    the run's ``train_per_class`` only the first k images of each class are trained on (all are in the feature
+    cache)."""
+    n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
+    n_learn = sum(shape.learnt)
+    cached = n_train + n_test
+    augmented = cfg.epochs * n_learn if cfg.query == "augmented" else 0.0
+    return Work(
+        f=cached + augmented + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn, f_cacheable=cached
+    )
+
+
+CARD = MethodCard("dualprompt", DualPromptConfig, PROFILES, param_formula=param_formula, work=work)

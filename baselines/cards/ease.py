@@ -1,14 +1,17 @@
-"""EASE's card: its settings (:class:`EASEConfig`, the defaults its reference uses) and its named profiles, torch-free,
-so that reports, the gate and the CLI read them without loading the method (``baselines/ease.py``)."""
+"""EASE's card: its settings (:class:`EASEConfig`, the defaults its reference uses), its named profiles, its parameter
+formula and its cost model, torch-free, so that reports, the gate, the CLI and ``clbench perf`` read them without
+loading the method (``baselines/ease.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_FIRST_SESSION
 from clbench.layers.checks import check_first_session_fields
+from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size
 
 
 @dataclass(frozen=True)
@@ -42,4 +45,35 @@ PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"img_size": 112, "epochs": 3},
     "ci": {**CI_FIRST_SESSION},
 }
-CARD = MethodCard("ease", EASEConfig, PROFILES)
+
+
+# ------------------------------------------------------------------------------------ parameters and cost model
+def param_formula(cfg: EASEConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    adapters = adapter_set_size(depth, d, cfg.bottleneck)
+    stored, trainable, seen = [], [], 0
+    for t, c in enumerate(task_sizes):
+        # new classes: a prototype in each of the t + 1 subspaces; old classes: a synthesised one in subspace t
+        stored.append(c * (t + 1) * d + seen * d)
+        trainable.append(adapters + c * d + 1)  # the adapter set and its task-local cosine head (rows, scale)
+        seen += c
+    return ParamCounts(
+        added_per_task=[adapters] * len(task_sizes),  # the task head is thrown away after the task
+        stored_per_task=stored,
+        trainable_per_task=trainable,
+        head=seen * len(task_sizes) * d,
+    )
+
+
+def work(cfg: EASEConfig, shape: RunShape) -> Work:
+    """Passes per training image and epoch: one forward + backward with the new adapter set only (the old sets
+    are frozen and play no part in the task's loss). Training: every epoch, every image once through the ViT
+    with the new adapter set and a backward pass (b).
+    After task t (t = 1..T subspaces): the task's training images through each of the t subspaces for the new
+    prototypes, and, per protocol, every seen test image through each of the t subspaces (t f each)."""
+    train = shape.learnt
+    prototypes = sum(n * (t + 1) for t, n in enumerate(train))
+    with_t = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))
+    return Work(f=prototypes + shape.protocols * with_t, b=cfg.epochs * sum(train))
+
+
+CARD = MethodCard("ease", EASEConfig, PROFILES, param_formula=param_formula, work=work)

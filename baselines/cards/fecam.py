@@ -1,14 +1,17 @@
-"""FeCAM's card: its settings (:class:`FeCAMConfig`, the defaults its reference uses) and its named profiles,
-torch-free, so that reports, the gate and the CLI read them without loading the method (``baselines/fecam.py``)."""
+"""FeCAM's card: its settings (:class:`FeCAMConfig`, the defaults its reference uses), its named profiles, its
+parameter formula and its cost model, torch-free, so that reports, the gate, the CLI and the projections read them
+without loading the method (``baselines/fecam.py``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_INPUT
+from clbench.methods.costs import ParamCounts, RunShape, Work
 
 
 @dataclass(frozen=True)
@@ -39,4 +42,26 @@ class FeCAMConfig:
 # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (the
 # shared CI feature cache), all 6 tasks and every training image: nothing is trained, the run takes seconds.
 PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT}}
-CARD = MethodCard("fecam", FeCAMConfig, PROFILES)
+
+
+def param_formula(cfg: FeCAMConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """Nothing learned or trained; stored per class: its mean (d) and its precision matrix (d^2), which together
+    are the classifier (``head``)."""
+    stored = [c * (d + d * d) for c in task_sizes]
+    return ParamCounts(
+        added_per_task=[0] * len(task_sizes),
+        stored_per_task=stored,
+        trainable_per_task=[0] * len(task_sizes),
+        head=sum(stored),
+    )
+
+
+def work(cfg: FeCAMConfig, shape: RunShape) -> Work:
+    """No training pass. Every image once through the frozen backbone (training images for the statistics, test
+    images for prediction), all of it from clbench's feature cache. Not counted: the per-class d x d algebra
+    (a Cholesky inverse per class, d^3 / 3 flops each, and 2 d^2 flops per test image and seen class), which has
+    no unit in the projection; ``fecam-growth`` measures it."""
+    return Work.cached_features(shape)
+
+
+CARD = MethodCard("fecam", FeCAMConfig, PROFILES, param_formula=param_formula, work=work)

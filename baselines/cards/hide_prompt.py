@@ -1,16 +1,18 @@
-"""HiDePrompt's card: its settings (:class:`HiDePromptConfig`, the defaults its reference uses) and its named profiles,
-torch-free, so that reports, the gate and the CLI read them without loading the method
-(``baselines/hide_prompt.py``)."""
+"""HiDePrompt's card: its settings (:class:`HiDePromptConfig`, the defaults its reference uses), its named profiles,
+its parameter formula and its cost model, torch-free, so that reports, the gate, the CLI and the projections read them
+without loading the method (``baselines/hide_prompt.py``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_SHAPE
 from clbench.layers.checks import block_list as _block_list
+from clbench.methods.costs import ParamCounts, RunShape, Work
 
 Storage = Literal["multi-centroid", "covariance", "variance"]
 
@@ -130,4 +132,63 @@ PROFILES: dict[str, dict[str, Any]] = {
         "train_per_class": 16,
     },
 }
-CARD = MethodCard("hide_prompt", HiDePromptConfig, PROFILES)
+
+
+def e_layers_in(cfg: HiDePromptConfig, depth: int) -> tuple[int, ...]:
+    """The configured E-prompt blocks that exist in a ViT of ``depth`` blocks."""
+    return tuple(i for i in cfg.e_layers if i < depth)
+
+
+def tii_mlp_size(d: int, ratio: int) -> int:
+    """The TII MLP's parameters (``TIIHead`` without its head): Linear d -> r d, Linear r d -> d, LayerNorm d."""
+    return (d * ratio * d + ratio * d) + (ratio * d * d + d) + 2 * d
+
+
+def param_formula(cfg: HiDePromptConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """Task 0 adds the TII MLP (2 r d^2 + (r + 3) d); every task t adds its prompt slot n_e * 2 * L * d and,
+    per new class, a classifier row and a TII row (d + 1 each). Stored per new class: for each of the two
+    feature spaces (prompted, frozen) K centroids and variances (2 K d; K = ``n_centroids``), or mean and
+    covariance (d + d^2), or mean and variance (2 d). Trained in task t: the TII MLP, slot t and the new rows
+    of both heads; from task 1 on the alignments move every seen row of both heads (every seen class is sampled)."""
+    layers = len(e_layers_in(cfg, depth))
+    slot = layers * 2 * cfg.e_prompt_length * d
+    mlp = tii_mlp_size(d, cfg.tii_mlp_ratio)
+    per_class = {
+        "multi-centroid": 2 * cfg.n_centroids * d,
+        "covariance": d + d * d,
+        "variance": 2 * d,
+    }[cfg.ca_storage]
+    added, stored, trainable, seen = [], [], [], 0
+    for t, n in enumerate(task_sizes):
+        seen += n
+        added.append(slot + 2 * n * (d + 1) + (mlp if t == 0 else 0))
+        stored.append(2 * n * per_class)
+        rows = seen if t >= 1 and cfg.ca_epochs > 0 else n
+        trainable.append(mlp + slot + 2 * rows * (d + 1))
+    return ParamCounts(
+        added_per_task=added,
+        stored_per_task=stored,
+        trainable_per_task=trainable,
+        head=seen * (d + 1),
+        extra={"e_prompt_per_slot": slot, "pool_allocated": cfg.pool_size * slot, "tii_mlp": mlp},
+    )
+
+
+def work(cfg: HiDePromptConfig, shape: RunShape) -> Work:
+    """Training: ``epochs`` prompted forward + backward passes per learnt image; with ``tii_input="augmented"``
+    ``tii_epochs`` frozen passes per learnt image (the augmented image changes every epoch: not cacheable); end
+    of task: one prompted pass per learnt image (statistics under slot t); evaluation: one prompted pass per
+    seen test image and protocol. The frozen features of every image (the TII's input at evaluation and its
+    statistics) are cacheable. Heads, MLP, k-means and alignments act on d-vectors (negligible)."""
+    n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
+    n_learn = sum(shape.learnt)
+    cached = n_train + n_test
+    tii = cfg.tii_epochs * n_learn if cfg.tii_input == "augmented" else 0.0
+    return Work(
+        f=cached + tii + n_learn + shape.protocols * sum(shape.test_seen),
+        b=cfg.epochs * n_learn,
+        f_cacheable=cached,
+    )
+
+
+CARD = MethodCard("hide_prompt", HiDePromptConfig, PROFILES, param_formula=param_formula, work=work)

@@ -1,14 +1,17 @@
-"""InfLoRA's card: its settings (:class:`InfLoRAConfig`, the defaults its reference uses) and its named profiles,
-torch-free, so that reports, the gate and the CLI read them without loading the method (``baselines/inflora.py``)."""
+"""InfLoRA's card: its settings (:class:`InfLoRAConfig`, the defaults its reference uses), its named profiles, its
+parameter formula and its cost model, torch-free, so that reports, the gate, the CLI and ``clbench perf`` read them
+without loading the method (``baselines/inflora.py``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_SHAPE
+from clbench.methods.costs import ParamCounts, RunShape, Work, lora_task_size
 
 
 @dataclass(frozen=True)
@@ -48,4 +51,34 @@ PROFILES: dict[str, dict[str, Any]] = {
     "reference": {"epochs": 20, "batch_size": 128, "lr": 0.0005, "rank": 10, "lamb": 0.95, "lame": 1.0},
     "reference-imr": {"epochs": 50, "batch_size": 128, "lr": 0.0005, "rank": 10, "lamb": 0.98, "lame": 1.0},
 }
-CARD = MethodCard("inflora", InfLoRAConfig, PROFILES)
+
+
+# ------------------------------------------------------------------------------------ parameters and cost model
+def param_formula(cfg: InfLoRAConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """Task t adds its branches (keys and values of every block: A_t designed, B_t trained, 2 x depth x 2 d r)
+    and its head (d + 1 per class); it trains B_t and that head. Stored: the memory's per-block projector
+    U U^T (d x d, the reference's ``feature_mat``), from the first task on; the bases' own sizes depend on the
+    data (``extra``)."""
+    lora = lora_task_size(depth, d, cfg.rank)
+    added = [lora + c * (d + 1) for c in task_sizes]
+    trainable = [lora // 2 + c * (d + 1) for c in task_sizes]
+    stored = [depth * d * d if t == 0 else 0 for t in range(len(task_sizes))]
+    return ParamCounts(
+        added_per_task=added,
+        trainable_per_task=trainable,
+        head=sum(task_sizes) * (d + 1),
+        stored_per_task=stored,
+        extra={"lora_per_task": lora},
+    )
+
+
+def work(cfg: InfLoRAConfig, shape: RunShape) -> Work:
+    """Per task: two LoRA forward passes over its training images (the covariances before and after
+    training; the branches change them, so the feature cache cannot serve them), ``epochs`` forward + backward
+    passes (the branches add no tokens: b costs a plain training pass), and one LoRA pass per seen test image
+    after every task."""
+    n_learn = sum(shape.learnt)
+    return Work(f=2 * n_learn + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn)
+
+
+CARD = MethodCard("inflora", InfLoRAConfig, PROFILES, param_formula=param_formula, work=work)

@@ -1,14 +1,17 @@
-"""L2P's card: its settings (:class:`L2PConfig`, the defaults its reference uses) and its named profiles, torch-free,
-so that reports, the gate and the CLI read them without loading the method (``baselines/l2p.py``)."""
+"""L2P's card: its settings (:class:`L2PConfig`, the defaults its reference uses), its named profiles, its parameter
+formula and its cost model, torch-free, so that reports, the gate, the CLI and the projections read them without
+loading the method (``baselines/l2p.py``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_SHAPE
+from clbench.methods.costs import ParamCounts, RunShape, Work
 
 
 @dataclass(frozen=True)
@@ -64,4 +67,34 @@ PROFILES: dict[str, dict[str, Any]] = {
         "lr": 0.01,
     },
 }
-CARD = MethodCard("l2p", L2PConfig, PROFILES)
+
+
+def work(cfg: L2PConfig, shape: RunShape) -> Work:
+    """Passes per training image and epoch: one prompted forward + backward (the prompts enter the ViT), and
+    with ``query="augmented"`` one frozen forward for the query, since the reference queries the augmented image,
+    which changes every epoch and so cannot be cached (``query="cached"`` uses the cached feature instead).
+    Training: every epoch, every image once prompted through the ViT with a backward pass (b, scaled by the
+    prompt tokens: k = (tokens + top_k * prompt_length) / tokens, a linear token-count scaling), plus one frozen
+    pass for the query unless ``query="cached"``. Evaluation after task t, per protocol: every seen test image
+    once prompted (k f) plus its query (f; the reference recomputes it)."""
+    n_train = sum(shape.learnt)
+    k = (shape.tokens + cfg.top_k * cfg.prompt_length) / shape.tokens
+    query = 0.0 if cfg.query == "cached" else 1.0
+    return Work(
+        f=query * cfg.epochs * n_train + shape.protocols * sum(shape.test_seen) * (query + k),
+        b=cfg.epochs * n_train * k,
+    )
+
+
+def param_formula(cfg: L2PConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    pool = cfg.pool_size * cfg.prompt_length * d + cfg.pool_size * d  # prompts and their keys
+    added, trainable, seen = [], [], 0
+    for t, c in enumerate(task_sizes):
+        seen += c
+        new_rows = c * (d + 1)
+        added.append(new_rows + (pool if t == 0 else 0))
+        trainable.append(pool + (seen * (d + 1) if cfg.weight_decay > 0 else new_rows))
+    return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * (d + 1))
+
+
+CARD = MethodCard("l2p", L2PConfig, PROFILES, param_formula=param_formula, work=work)

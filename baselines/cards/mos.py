@@ -1,14 +1,17 @@
-"""MOS's card: its settings (:class:`MOSConfig`, the defaults its reference uses) and its named profiles, torch-free,
-so that reports, the gate and the CLI read them without loading the method (``baselines/mos.py``)."""
+"""MOS's card: its settings (:class:`MOSConfig`, the defaults its reference uses), its named profiles, its parameter
+formula and its cost model, torch-free, so that reports, the gate, the CLI and ``clbench perf`` read them without
+loading the method (``baselines/mos.py``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_SHAPE
+from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size
 
 
 @dataclass(frozen=True)
@@ -80,4 +83,45 @@ PROFILES: dict[str, dict[str, Any]] = {
         "batch_size": 16,
     },
 }
-CARD = MethodCard("mos", MOSConfig, PROFILES)
+
+
+# ------------------------------------------------------------------------------------ parameters and cost model
+def head_rows_updated(cfg: MOSConfig, t: int, n_new: int, n_seen: int, d: int) -> int:
+    """Head parameters changed in task t: old rows get zero gradient, but weight decay (and, from task 1 on,
+    the alignment) moves every seen row."""
+    return (d + 1) * (n_seen if cfg.weight_decay > 0 or (t >= 1 and cfg.ca_epochs > 0) else n_new)
+
+
+def param_formula(cfg: MOSConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """Per task: one adapter set depth * (2 d r + r + d), and per new class a head row (d + 1), a prototype
+    row d and its statistics (mean d + covariance d^2, or d + d with ``ca_storage="variance"``)."""
+    adapters = adapter_set_size(depth, d, cfg.bottleneck)
+    stats_per_class = d + d + (d * d if cfg.ca_storage == "covariance" else d)  # prototype, mean, covariance
+    added, stored, trainable, seen = [], [], [], 0
+    for t, n in enumerate(task_sizes):
+        seen += n
+        added.append(adapters + n * (d + 1))  # the adapter set and the new head rows
+        stored.append(n * stats_per_class)
+        trainable.append(adapters + head_rows_updated(cfg, t, n, seen, d))
+    return ParamCounts(
+        added_per_task=added,
+        stored_per_task=stored,
+        trainable_per_task=trainable,
+        head=seen * (d + 1),
+        extra={"adapter_params_per_task": adapters, "prototype_params": seen * d},
+    )
+
+
+def work(cfg: MOSConfig, shape: RunShape) -> Work:
+    """Passes per training image and epoch: one forward + backward with the current adapter set (the merge toward
+    earlier sets is parameter arithmetic after the step, not a pass). Training: ``epochs`` forward +
+    backward passes per training image; end of task: two frozen passes per
+    training image (statistics under set t, prototypes under set 0); evaluation after task t: t + 1 passes
+    per seen test image and protocol. Alignment is head-only (negligible). Nothing is cacheable: set 0 is not
+    the frozen backbone. With the run's ``train_per_class`` only the first k images of each class count."""
+    n_train = sum(shape.learnt)
+    evals = sum(n * (t + 1) for t, n in enumerate(shape.test_seen))
+    return Work(f=2 * n_train + shape.protocols * evals, b=cfg.epochs * n_train, f_cacheable=0.0)
+
+
+CARD = MethodCard("mos", MOSConfig, PROFILES, param_formula=param_formula, work=work)

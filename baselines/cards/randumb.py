@@ -1,14 +1,17 @@
-"""RanDumb's card: its settings (:class:`RanDumbConfig`, the defaults its reference uses) and its named profiles,
-torch-free, so that reports, the gate and the CLI read them without loading the method (``baselines/randumb.py``)."""
+"""RanDumb's card: its settings (:class:`RanDumbConfig`, the defaults its reference uses), its named profiles, its
+parameter formula and its cost model, torch-free, so that reports, the gate, the CLI and the projections read them
+without loading the method (``baselines/randumb.py``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_INPUT
+from clbench.methods.costs import ParamCounts, RunShape, Work
 
 
 @dataclass(frozen=True)
@@ -30,4 +33,40 @@ class RanDumbConfig:
 # shared CI feature cache) with M = 1,000 random Fourier features (runall.sh's smallest width) instead of
 # 10,000: a few seconds on 2 cores instead of minutes.
 PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT, "M": 1000}}
-CARD = MethodCard("randumb", RanDumbConfig, PROFILES)
+
+
+def extra_counts(cfg: RanDumbConfig, d: int) -> dict[str, Any]:
+    """The method's own counts in ``ParamCounts.extra`` (the live count's and the formula's)."""
+    width = cfg.M if cfg.embed else d
+    return {
+        "feature_width": d,
+        "lda_width": width,
+        "random_features": (d * width + width) if cfg.embed else 0,
+        "covariance_floats": width * width,
+    }
+
+
+def param_formula(cfg: RanDumbConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """W = M with the embedding, d without. Added: W + 1 head numbers per class; stored: W + 1 per class
+    (mean, count), and in task 0 the covariance (W^2) and the random features (d M + M, with the embedding);
+    nothing is trained."""
+    extra = extra_counts(cfg, d)
+    w, first = extra["lda_width"], extra["covariance_floats"] + extra["random_features"]
+    return ParamCounts(
+        added_per_task=[(w + 1) * c for c in task_sizes],
+        stored_per_task=[(w + 1) * c + (first if t == 0 else 0) for t, c in enumerate(task_sizes)],
+        trainable_per_task=[0] * len(task_sizes),
+        head=(w + 1) * sum(task_sizes),
+        extra=extra,
+    )
+
+
+def work(cfg: RanDumbConfig, shape: RunShape) -> Work:
+    """No training pass. Every image once through the frozen backbone (training images for the statistics,
+    test images for prediction), all of it from clbench's feature cache. Not counted: the W x W linear algebra
+    (2 N W^2 flops for a task's covariance update and W^3 / 3 for its Cholesky solve): milliseconds without the
+    embedding, seconds per task at M = 10,000 (``reports/perf/randumb-growth.json``)."""
+    return Work.cached_features(shape)
+
+
+CARD = MethodCard("randumb", RanDumbConfig, PROFILES, param_formula=param_formula, work=work)

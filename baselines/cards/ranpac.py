@@ -1,14 +1,17 @@
-"""RanPAC's card: its settings (:class:`RanPACConfig`, the defaults its reference uses) and its named profiles,
-torch-free, so that reports, the gate and the CLI read them without loading the method (``baselines/ranpac.py``)."""
+"""RanPAC's card: its settings (:class:`RanPACConfig`, the defaults its reference uses), its named profiles, its
+parameter formula and its cost model, torch-free, so that reports, the gate, the CLI and ``clbench perf`` read them
+without loading the method (``baselines/ranpac.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_FIRST_SESSION
 from clbench.layers.checks import check_first_session_fields
+from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size
 
 
 @dataclass(frozen=True)
@@ -48,4 +51,53 @@ PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"img_size": 112, "epochs": 3},
     "ci": {**CI_FIRST_SESSION, "M": 2000},
 }
-CARD = MethodCard("ranpac", RanPACConfig, PROFILES)
+
+
+# ------------------------------------------------------------------------------------ parameters and cost model
+def param_extra(cfg: RanPACConfig, d: int, depth: int, n_classes: int) -> dict[str, Any]:
+    """The method's own counts of :class:`ParamCounts` (``extra``), of the formula and of a live run alike."""
+    return {
+        "M": cfg.M,
+        "feature_width": d,
+        "random_projection": d * cfg.M,
+        "adapter_params": adapter_set_size(depth, d, cfg.bottleneck) if cfg.first_session else 0,
+        "gram_floats": cfg.M * cfg.M,
+        "class_sum_floats": cfg.M * n_classes,
+        "head_kind": cfg.head,
+    }
+
+
+def param_formula(cfg: RanPACConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """Added: the adapters (with Phase 1) in task 0 and M output weights per class (the ridge head); stored:
+    W (d M, fixed random) and G (M^2) in task 0 and Q (M per class); trained in task 0: adapters, the task-0
+    cosine head (d per class, thrown away) and its sigma; later tasks train nothing."""
+    adapters = adapter_set_size(depth, d, cfg.bottleneck) if cfg.first_session else 0
+    added = [cfg.M * n + (adapters if t == 0 else 0) for t, n in enumerate(task_sizes)]
+    stored = [cfg.M * n + (d * cfg.M + cfg.M * cfg.M if t == 0 else 0) for t, n in enumerate(task_sizes)]
+    trainable = [adapters + d * n + 1 if t == 0 and cfg.first_session else 0 for t, n in enumerate(task_sizes)]
+    return ParamCounts(
+        added_per_task=added,
+        stored_per_task=stored,
+        trainable_per_task=trainable,
+        head=cfg.M * sum(task_sizes),
+        extra=param_extra(cfg, d, depth, sum(task_sizes)),
+    )
+
+
+def work(cfg: RanPACConfig, shape: RunShape) -> Work:
+    """Passes per training image and epoch: with Phase 1, one forward + backward with the adapters in the first
+    task, none later (the adapted ViT is then fixed; each image's adapted feature is computed once and kept).
+    Frozen features of every image (clbench's cache); with Phase 1 the task-0 training passes and one adapted
+    pass per training and test image. Not counted: the M-dependent linear algebra (per task the Gram update,
+    2 n M^2 flops for n images, and one M x M float64 Cholesky, M^3 / 3), which has no unit in the committed
+    projection costs (``reports/perf/projection-cpu.json``); measured ~15-25 s per task at M = 10,000 on the
+    2-core CPU of ``reports/rivals/ranpac-aper.md``."""
+    learnt = shape.learnt  # the images tuning and statistics use
+    n_test = max(shape.test_seen, default=0)
+    frozen = sum(shape.train_per_task) + n_test
+    adapted = sum(learnt) + n_test if cfg.first_session else 0
+    train = cfg.epochs * learnt[0] if cfg.first_session else 0
+    return Work(f=frozen + adapted, b=train, f_cacheable=frozen)
+
+
+CARD = MethodCard("ranpac", RanPACConfig, PROFILES, param_formula=param_formula, work=work)

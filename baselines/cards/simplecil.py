@@ -1,13 +1,16 @@
-"""SimpleCIL's card: its settings (:class:`SimpleCILConfig`, the defaults its reference uses) and its named profiles,
-torch-free, so that reports, the gate and the CLI read them without loading the method (``baselines/simplecil.py``)."""
+"""SimpleCIL's card: its settings (:class:`SimpleCILConfig`, the defaults its reference uses), its named profiles, its
+parameter formula and its cost model, torch-free, so that reports, the gate, the CLI and the projections read them
+without loading the method (``baselines/simplecil.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_INPUT
+from clbench.methods.costs import ParamCounts, RunShape, Work
 
 
 @dataclass(frozen=True)
@@ -18,4 +21,22 @@ class SimpleCILConfig:
 # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
 # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
 PROFILES: dict[str, dict[str, Any]] = {"ci": dict(CI_INPUT)}
-CARD = MethodCard("simplecil", SimpleCILConfig, PROFILES)
+
+
+def param_formula(cfg: SimpleCILConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    return ParamCounts(
+        added_per_task=[0] * len(task_sizes),
+        stored_per_task=[c * d for c in task_sizes],
+        trainable_per_task=[0] * len(task_sizes),
+        head=sum(task_sizes) * d,
+    )  # one prototype row per class (a class mean: stored); nothing is learned
+
+
+def work(cfg: SimpleCILConfig, shape: RunShape) -> Work:
+    """No training pass (nothing is trained). Every image once through the frozen backbone (train for the
+    prototypes, test for prediction), all of it from clbench's feature cache, which shares it across seeds and
+    strategies."""
+    return Work.cached_features(shape)
+
+
+CARD = MethodCard("simplecil", SimpleCILConfig, PROFILES, param_formula=param_formula, work=work)

@@ -1,14 +1,17 @@
-"""SLCA's card: its settings (:class:`SLCAConfig`, the defaults its reference uses) and its named profiles, torch-free,
-so that reports, the gate and the CLI read them without loading the method (``baselines/slca.py``)."""
+"""SLCA's card: its settings (:class:`SLCAConfig`, the defaults its reference uses), its named profiles, its parameter
+formula and its cost model, torch-free, so that reports, the gate, the CLI and ``clbench perf`` read them without
+loading the method (``baselines/slca.py``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_SHAPE
+from clbench.methods.costs import ParamCounts, RunShape, Work, plain_vit_params
 
 
 @dataclass(frozen=True)
@@ -76,4 +79,56 @@ PROFILES: dict[str, dict[str, Any]] = {
         "logit_norm": 0.1,
     },
 }
-CARD = MethodCard("slca", SLCAConfig, PROFILES)
+
+
+# ------------------------------------------------------------------------------------ parameters and cost model
+def counts(cfg: SLCAConfig, d: int, vit: int, sizes: Sequence[int], trainable: list[int] | None = None) -> ParamCounts:
+    """:class:`ParamCounts` of a ViT of ``vit`` parameters and width ``d`` after tasks of ``sizes`` classes, of the
+    formula and of a live run alike (which gives its own ``trainable``)."""
+    tuned = vit if cfg.backbone_lr_scale > 0 else 0
+    added, stored, train, seen = [], [], [], 0
+    for t, c in enumerate(sizes):
+        seen += c
+        added.append(c * (d + 1) + (tuned if t == 0 else 0))  # the tuned ViT's weights once, the task's block
+        stored.append(c * (d + d * d))  # class mean and covariance
+        aligned = seen * (d + 1) if t > 0 and cfg.ca_epochs > 0 else 0
+        train.append(tuned + max(c * (d + 1), aligned))
+    return ParamCounts(
+        added_per_task=added,
+        trainable_per_task=train if trainable is None else trainable,
+        head=seen * (d + 1),
+        stored_per_task=stored,
+        extra={"tuned_vit_params": tuned, "vit_copies": 1, "class_statistics_floats": sum(stored)},
+    )
+
+
+def param_formula(
+    cfg: SLCAConfig,
+    d: int,
+    depth: int,
+    task_sizes: Sequence[int],
+    backbone_params: int | None = None,
+) -> ParamCounts:
+    """``backbone_params``: the ViT's own parameter count (a fine-tuning method's trained parameters include
+    it, and width and depth do not fix it: patch size, input size, LayerScale); where not given, a plain timm
+    ViT with 16 px patches at 224 px (:func:`plain_vit_params`: 85,798,656 for ViT-B/16)."""
+    vit = plain_vit_params(d, depth) if backbone_params is None else backbone_params
+    return counts(cfg, d, vit, task_sizes)
+
+
+def work(cfg: SLCAConfig, shape: RunShape) -> Work:
+    """Per task: ``epochs`` full fine-tuning passes over the learnt images (``b``: a forward and backward pass
+    through the whole ViT; the generic unit times the backward to input-side parameters, so it leaves out the
+    weight gradients of full fine-tuning, which ``clbench perf train-step`` measures); one tuned eval pass over
+    them for the statistics and one over every seen test image per protocol (``f``, not cacheable: the ViT
+    changes), and one over the final test set for :meth:`adapted_features`. The harness's frozen features of
+    every training and the final test image are the cacheable part. The alignment's head-only steps are left out:
+    ``ca_epochs`` x ``ca_samples`` x classes draws through a linear head, below 1 % of one task's ViT passes at
+    the reference budget."""
+    learnt = shape.learnt
+    cached = sum(shape.train_per_task) + max(shape.test_seen, default=0)
+    tuned = sum(learnt) + shape.protocols * sum(shape.test_seen) + max(shape.test_seen, default=0)
+    return Work(f=cached + tuned, b=cfg.epochs * sum(learnt), f_cacheable=cached)
+
+
+CARD = MethodCard("slca", SLCAConfig, PROFILES, param_formula=param_formula, work=work)

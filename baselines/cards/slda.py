@@ -1,13 +1,16 @@
-"""SLDA's card: its settings (:class:`SLDAConfig`, the defaults its reference uses) and its named profiles, torch-free,
-so that reports, the gate and the CLI read them without loading the method (``baselines/slda.py``)."""
+"""SLDA's card: its settings (:class:`SLDAConfig`, the defaults its reference uses), its named profiles, its parameter
+formula and its cost model, torch-free, so that reports, the gate, the CLI and the projections read them without
+loading the method (``baselines/slda.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.catalog import MethodCard
 from clbench.config import CI_INPUT
+from clbench.methods.costs import ParamCounts, RunShape, Work
 
 
 @dataclass(frozen=True)
@@ -28,4 +31,25 @@ class SLDAConfig:
 # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the whole embedded benchmark at 56 px (the
 # shared CI feature cache), the reference's defaults; it runs in about a second on cached features.
 PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT}}
-CARD = MethodCard("slda", SLDAConfig, PROFILES)
+
+
+def param_formula(cfg: SLDAConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
+    """Added: d + 1 head numbers per class (W column and c); stored: d + 1 per class (mean and count) and the
+    covariance (d^2) in task 0; nothing is trained."""
+    return ParamCounts(
+        added_per_task=[(d + 1) * c for c in task_sizes],
+        stored_per_task=[(d + 1) * c + (d * d if t == 0 else 0) for t, c in enumerate(task_sizes)],
+        trainable_per_task=[0] * len(task_sizes),
+        head=(d + 1) * sum(task_sizes),
+        extra={"feature_width": d},
+    )
+
+
+def work(cfg: SLDAConfig, shape: RunShape) -> Work:
+    """No training pass. Every image once through the frozen backbone (training images for the statistics,
+    test images for prediction), all of it from clbench's feature cache. Not counted: the d x d linear algebra
+    (a rank-N update and one d^3 / 3 Cholesky per task), milliseconds at d = 384."""
+    return Work.cached_features(shape)
+
+
+CARD = MethodCard("slda", SLDAConfig, PROFILES, param_formula=param_formula, work=work)

@@ -1,5 +1,5 @@
 """AdaptFormer bottleneck adapters beside the MLP of every ViT block: :class:`Adapter`, :class:`AdapterSet` (one
-adapter per block) and :func:`adapter_set_size` (its parameter count).
+adapter per block); its parameter count is :func:`clbench.methods.costs.adapter_set_size`.
 
 The adapter is AdaptFormer's (Chen et al., "AdaptFormer: Adapting Vision Transformers for Scalable Visual
 Recognition", NeurIPS 2022, arXiv 2205.13535) as LAMDA-PILOT's ``backbone/vit_adapter.py`` / ``vit_ease.py``
@@ -63,8 +63,3 @@ class AdapterSet(nn.ModuleList):
     def set_dropout_generator(self, generator: torch.Generator | None) -> None:
         for adapter in self:
             adapter.dropout_generator = generator
-
-
-def adapter_set_size(n_blocks: int, dim: int, bottleneck: int) -> int:
-    """n_blocks * (2 d r + r + d): W_down, b_down, W_up, b_up in every block."""
-    return n_blocks * (2 * dim * bottleneck + bottleneck + dim)

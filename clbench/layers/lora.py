@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clbench.methods.costs import lora_task_size
+
 ProjectType = Literal["remove", "retain"]
 A_SCALE = 1.0 / math.sqrt(3.0)  # the reference's ``U[:, :rank].T / math.sqrt(3)``
 
@@ -76,10 +78,6 @@ class KVLoRA(nn.Module):
     def size(self) -> int:
         """Numbers of one task's branches: 2 (key, value) x depth x (A: r d + B: d r)."""
         return lora_task_size(self.depth, self.dim, self.rank)
-
-
-def lora_task_size(depth: int, dim: int, rank: int) -> int:
-    return 2 * depth * 2 * dim * rank
 
 
 def lora_attention(
