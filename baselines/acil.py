@@ -80,8 +80,8 @@ from clbench.layers.analytic import (
     relu_projection,
     uniform_expansion,
 )
-from clbench.scenario import new_class_count
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.run.scenario import new_class_count
 
 
 class ACIL(Strategy[ACILConfig]):

@@ -37,8 +37,9 @@ Deviations from the paper / reference code:
 - The reference computes test accuracy after every first-session epoch for its log; nothing is selected on it and
   clbench skips it.
 - DINOv2 blocks have LayerScale; the adapter output is added outside ``ls2``, exactly as in EASE
-  (``clbench.blocks.vit_block``): see ``baselines/ease.py`` for why.
-- The task-0 head is ``clbench.blocks.CosineHead`` with ``CosineLinear``'s init (uniform(-1/sqrt(d), 1/sqrt(d)) rows,
+  (``clbench.methods.shared.vit_block``): see ``baselines/ease.py`` for why.
+- The task-0 head is ``clbench.methods.shared.CosineHead`` with ``CosineLinear``'s init (uniform(-1/sqrt(d), 1/sqrt(d))
+rows,
   learnable sigma 1), over the task's classes in arrival order.
 - Adapter dropout and the first-session shuffling draw from private generators (``ctx.generator``), not the global
   RNG.
@@ -61,11 +62,6 @@ import numpy as np
 import torch
 
 from baselines.cards.aper import CARD, PROFILES, APERConfig
-from clbench.blocks import (
-    CosineHead,
-    check_vit_blocks,
-    class_means,
-)
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.first_session import (
     AdaptedFeatures,
@@ -74,8 +70,13 @@ from clbench.layers.first_session import (
     n_head_params,
     tune_first_session,
 )
+from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.costs import adapter_set_size
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.shared import (
+    CosineHead,
+    check_vit_blocks,
+    class_means,
+)
 
 
 # ----------------------------------------------------------------------------------------------- the strategy

@@ -71,11 +71,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.coda_prompt import CARD, PROFILES, CodaPromptConfig, used_layers
-from clbench.blocks import EpochLog, check_vit_blocks, masked_cross_entropy, vit_tokens
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import prefix_block, training_query
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.shared import EpochLog, check_vit_blocks, masked_cross_entropy, vit_tokens
 
 EVAL_BATCH = 64  # evaluation batch (speed only: every image's logits depend on it alone)
 GS_EPS = 1e-8  # the reference's ``projection`` threshold on an earlier component's squared norm

@@ -80,7 +80,7 @@ from clbench.layers.analytic import (
     growth_measurement,
     uniform_expansion,
 )
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
 class DSAL(Strategy[DSALConfig]):

@@ -80,12 +80,6 @@ import torch
 from torch import nn
 
 from baselines.cards.dualprompt import CARD, PROFILES, DualPromptConfig, prompt_layers
-from clbench.blocks import (
-    EpochLog,
-    check_vit_blocks,
-    masked_cross_entropy,
-    vit_tokens,
-)
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import (
@@ -96,7 +90,7 @@ from clbench.layers.prompts import (
     select_prompts,
     training_query,
 )
-from clbench.strategy import (
+from clbench.methods.contract import (
     PER_SAMPLE,
     REFERENCE,
     Context,
@@ -104,6 +98,12 @@ from clbench.strategy import (
     Split,
     Strategy,
     Task,
+)
+from clbench.methods.shared import (
+    EpochLog,
+    check_vit_blocks,
+    masked_cross_entropy,
+    vit_tokens,
 )
 
 

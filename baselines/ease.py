@@ -35,7 +35,8 @@ Deviations from the paper / reference code:
 - The [CLS] feature of a subspace is ``model.forward_head(norm(x), pre_logits=True)``, the same read-out as the
   frozen feature of every clbench method (for ViTs with ``global_pool="token"``, as all in the catalog, this
   is the reference's ``norm(x)[:, 0]``).
-- The task-local head is ``clbench.blocks.CosineHead`` with PILOT's ``EaseCosineLinear`` init (uniform(-1/sqrt(d),
+- The task-local head is ``clbench.methods.shared.CosineHead`` with PILOT's ``EaseCosineLinear`` init
+(uniform(-1/sqrt(d),
   1/sqrt(d)) rows, learnable sigma = 1); it is discarded after the task (the reference keeps but never uses it).
 - Adapter dropout draws from a private generator (``ctx.generator``), not the global RNG; dropout in the frozen
   ViT is 0 in both.
@@ -62,7 +63,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.ease import CARD, PROFILES, EASEConfig
-from clbench.blocks import (
+from clbench.layers.adapters import Adapter, AdapterSet
+from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.costs import adapter_set_size
+from clbench.methods.shared import (
     CosineHead,
     EpochLog,
     check_vit_blocks,
@@ -71,9 +75,6 @@ from clbench.blocks import (
     vit_forward_tokens,
     vit_tokens,
 )
-from clbench.layers.adapters import Adapter, AdapterSet
-from clbench.methods.costs import adapter_set_size
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
 def synthesize_prototypes(protos: torch.Tensor, task_classes: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -78,8 +78,8 @@ import torch.nn.functional as F
 from baselines.cards.fecam import CARD, PROFILES, FeCAMConfig
 from clbench.errors import ClbenchError
 from clbench.layers.first_session import check_width
+from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.perf import Measurement, arg
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
 # ----------------------------------------------------------------------------------------------- the statistics

@@ -108,11 +108,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.hide_prompt import CARD, PROFILES, HiDePromptConfig, Storage, e_layers_in
-from clbench.blocks import EpochLog, check_vit_blocks, masked_cross_entropy, optimizer_step, vit_tokens
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import eval_batch, orth_loss, pilot_kv_layout, prefix_block
-from clbench.strategy import (
+from clbench.methods.contract import (
     PER_SAMPLE,
     REFERENCE,
     Context,
@@ -121,6 +120,7 @@ from clbench.strategy import (
     Strategy,
     Task,
 )
+from clbench.methods.shared import EpochLog, check_vit_blocks, masked_cross_entropy, optimizer_step, vit_tokens
 
 
 def epoch_lr_factor(cfg: HiDePromptConfig, epoch: int) -> float:

@@ -64,7 +64,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.inflora import CARD, PROFILES, InfLoRAConfig
-from clbench.blocks import EpochLog, check_vit_blocks, vit_tokens
 from clbench.errors import ClbenchError
 from clbench.layers.lora import (
     KVLoRA,
@@ -73,7 +72,8 @@ from clbench.layers.lora import (
     lora_block,
     update_dual_gpm,
 )
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.shared import EpochLog, check_vit_blocks, vit_tokens
 
 EVAL_BATCH = 64  # evaluation batch (speed only: rows do not depend on it)
 

@@ -63,17 +63,9 @@ import torch
 from torch import nn
 
 from baselines.cards.l2p import CARD, PROFILES, L2PConfig
-from clbench.blocks import (
-    EpochLog,
-    check_vit_blocks,
-    masked_cross_entropy,
-    vit_forward_tokens,
-    vit_inserted_position,
-    vit_tokens,
-)
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import eval_batch, key_similarity, select_prompts, training_query
-from clbench.strategy import (
+from clbench.methods.contract import (
     PER_SAMPLE,
     REFERENCE,
     Context,
@@ -81,6 +73,14 @@ from clbench.strategy import (
     Split,
     Strategy,
     Task,
+)
+from clbench.methods.shared import (
+    EpochLog,
+    check_vit_blocks,
+    masked_cross_entropy,
+    vit_forward_tokens,
+    vit_inserted_position,
+    vit_tokens,
 )
 
 

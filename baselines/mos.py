@@ -82,7 +82,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.mos import CARD, PROFILES, MOSConfig, head_rows_updated
-from clbench.blocks import (
+from clbench.errors import ClbenchError
+from clbench.layers.adapters import Adapter, AdapterSet
+from clbench.layers.heads import LinearHead
+from clbench.layers.prompts import orth_loss
+from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.costs import adapter_set_size
+from clbench.methods.shared import (
     EpochLog,
     check_vit_blocks,
     class_means,
@@ -93,12 +99,6 @@ from clbench.blocks import (
     vit_forward_tokens,
     vit_tokens,
 )
-from clbench.errors import ClbenchError
-from clbench.layers.adapters import Adapter, AdapterSet
-from clbench.layers.heads import LinearHead
-from clbench.layers.prompts import orth_loss
-from clbench.methods.costs import adapter_set_size
-from clbench.strategy import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
 
 
 # ----------------------------------------------------------------------------------------------- merging

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 
 from baselines.cards.simplecil import CARD, PROFILES, SimpleCILConfig
-from clbench.blocks import CosineHead, class_means
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.shared import CosineHead, class_means
 
 
 class SimpleCIL(Strategy):

@@ -9,7 +9,7 @@ LAMDA-PILOT @ ``264745534fc2233f5a50b020e50a3472c47eb756`` (``models/slca.py``, 
 they differ in defaults only (authors: batch 128, 5 alignment epochs; PILOT: batch 64, 3). clbench follows the
 authors' defaults.
 
-This is clbench's first method whose backbone changes (:attr:`clbench.strategy.Strategy.fine_tunes_backbone`):
+This is clbench's first method whose backbone changes (:attr:`clbench.methods.contract.Strategy.fine_tunes_backbone`):
 the strategy deep-copies the run's ViT once when it is built and fine-tunes that copy through every task, so the
 run keeps two ViTs (the frozen one, whose cached features the harness still computes, and the tuned one), never
 one per task. The frozen backbone stays bit-identical, as the harness checks for every method.
@@ -65,8 +65,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.slca import CARD, PROFILES, SLCAConfig, counts
-from clbench.blocks import EpochLog, cosine_lr, optimizer_step
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.shared import EpochLog, cosine_lr, optimizer_step
 
 COV_RIDGE = 1e-4  # torch.eye(d) * 1e-4 added to each class covariance (_compute_class_mean)
 

@@ -58,8 +58,8 @@ from clbench.layers.lda import (
     lda_logits,
     shrink,
 )
-from clbench.scenario import new_class_count
-from clbench.strategy import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.run.scenario import new_class_count
 
 
 class SLDA(Strategy[SLDAConfig]):

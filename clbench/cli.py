@@ -26,9 +26,9 @@ def parse_key_value(text: str) -> tuple[str, str]:
 
 
 def _add_setting_args(p: argparse.ArgumentParser, command: str) -> None:
-    """The run settings of ``clbench COMMAND`` (run or sweep), generated from :class:`clbench.config.RunConfig`
+    """The run settings of ``clbench COMMAND`` (run or sweep), generated from :class:`clbench.run.config.RunConfig`
     (one declaration per setting: flag, type, default, help), then the options every run takes."""
-    from clbench.config import add_run_flags
+    from clbench.run.config import add_run_flags
 
     add_run_flags(p, command)
     p.add_argument(
@@ -79,26 +79,26 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def _log_spec(args: argparse.Namespace, group: str | None = None):
-    """``--log`` / ``--log-dir`` as a checked :class:`clbench.trackers.LogSpec`, or None without ``--log``."""
+    """``--log`` / ``--log-dir`` as a checked :class:`clbench.run.trackers.LogSpec`, or None without ``--log``."""
     if args.log is None:
         if args.log_dir is not None:
             raise ClbenchError("--log-dir is for --log", "add --log tensorboard (or mlflow, wandb), or drop --log-dir")
         return None
-    from clbench.trackers import LogSpec
+    from clbench.run.trackers import LogSpec
 
     return LogSpec.from_flags(args.log, args.log_dir, group)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     log = _log_spec(args)  # checked first: a tracker that is not installed is refused at once
-    from clbench.config import RunConfig, flag_fields
-    from clbench.harness import run
+    from clbench.run.config import RunConfig, flag_fields
+    from clbench.run.harness import run
     from clbench.ui import RichReporter, print_result
 
     values = {name: getattr(args, name) for name in flag_fields("run")}
     values["overrides"] = tuple(args.overrides)
     if args.trust_checkpoint:
-        from clbench.checkpoint import convert_legacy
+        from clbench.run.checkpoint import convert_legacy
 
         if not (args.resume or args.out):
             raise ClbenchError("--trust-checkpoint converts the checkpoint of a run folder: name it with --resume DIR")
@@ -106,8 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             Path(args.resume or args.out), lambda m: print(f"clbench: --trust-checkpoint: {m}", file=sys.stderr)
         )
     if args.resume:
-        from clbench.checkpoint import resume_config
-        from clbench.config import given_settings
+        from clbench.run.checkpoint import resume_config
+        from clbench.run.config import given_settings
 
         # a flag left at its default counts as not given; checked as in a fresh run, before the checkpoint is read
         cfg = resume_config(args.resume, given_settings(values))
@@ -118,7 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with RichReporter() as reporter:
         observer = reporter
         if log is not None:
-            from clbench.trackers import TrackerHub
+            from clbench.run.trackers import TrackerHub
 
             observer = TrackerHub(log, reporter)
         try:
@@ -134,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     """The sweep's own flags, generated from :mod:`clbench.sweep.settings` (one declaration per setting), ``--set``,
     then the run settings every run shares."""
-    from clbench.config import argument_group
+    from clbench.run.config import argument_group
     from clbench.sweep.settings import WHAT, add_sweep_flags
 
     add_sweep_flags(p)
@@ -152,7 +152,7 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
 
 def _fields(args: argparse.Namespace, command: str, cls: type | None = None) -> dict[str, Any]:
     """The parsed flags of ``clbench COMMAND`` that are fields of the declaration ``cls`` (default: RunConfig)."""
-    from clbench.config import flag_fields
+    from clbench.run.config import flag_fields
 
     return {name: getattr(args, name) for name in flag_fields(command, cls)}
 
@@ -171,7 +171,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if sweep.dry_run:
         print_plan(run_sweep(spec, sweep.backend, res, sweep.ray_address, dry_run=True))
         return 0
-    from clbench.results import command_line
+    from clbench.records.results import command_line
 
     command = command_line()
     with RichSweepView() as view:
@@ -207,9 +207,9 @@ def _add_export_args(p: argparse.ArgumentParser) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from clbench.records.results import load_record
     from clbench.report.collect import find_run_dirs
-    from clbench.results import load_record
-    from clbench.trackers import LogSpec, TrackerHub
+    from clbench.run.trackers import LogSpec, TrackerHub
 
     log = LogSpec.from_flags(args.to, args.log_dir, args.group)
     dirs, skipped = find_run_dirs(args.runs)
@@ -217,8 +217,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"clbench: skipped {s.path}: {s.reason}", file=sys.stderr)
     if not dirs:
         raise ClbenchError(f"no run records under {', '.join(args.runs)}", "give run folders that hold result.json")
-    from clbench.owned import folder_name_problem
-    from clbench.text import plain
+    from clbench.files.escape import plain
+    from clbench.files.safety import folder_name_problem
 
     records = [(Path(d), load_record(d)) for d in dirs]  # every record checked before anything is sent
     for d, record in records:
@@ -230,7 +230,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
         ref = record.predictions  # a record that disagrees with its own predictions is refused, as by the gate
         if ref is not None and (d / ref.file).exists():
-            from clbench.predictions import read
+            from clbench.records.predictions import read
 
             read(d, ref, expect=record.protocols)
     hub = TrackerHub(log)  # one for the export: each tracker connects once; one that fails is dropped for the rest
@@ -246,7 +246,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from clbench.catalog import BACKBONES, BENCHMARKS, STRATEGIES
+    from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 
     print("strategies:")
     for name in STRATEGIES.names():
@@ -263,7 +263,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from clbench.machine import doctor
+    from clbench.perf.doctor import doctor
 
     doctor(measure=not args.no_measure)
     return 0
@@ -373,7 +373,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        from clbench.text import plain
+        from clbench.files.escape import plain
 
         self.exit(2, f"clbench: error: {plain(message)}\n  hint: see `{self.prog} --help`\n")
 
@@ -381,7 +381,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Every command's parser; ``only``: the flags of that command alone (the others are named, with their help,
     but their flags are not built: ``clbench run`` does not import the gate's modules to describe ``check``)."""
-    from clbench.catalog import DEFAULT_STRATEGY
+    from clbench.run.catalog import DEFAULT_STRATEGY
 
     parser = _Parser(
         prog="clbench",
@@ -391,14 +391,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"clbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    parser.commands = {}  # name -> its parser (clbench.configfile sets a --config file's values as its defaults)
+    parser.commands = {}  # name -> its parser (clbench.run.configfile sets a --config file's values as its defaults)
     for name, (help_text, add_args, func) in _all_commands().items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if add_args and only in (None, name):
             add_args(p)
         p.set_defaults(func=func, make_parser=build_parser)  # a command that reads a sweep file parses it
         parser.commands[name] = p
-    from clbench.datacheck import add_data_check_args, cmd_data_check
+    from clbench.benchmarks.check import add_data_check_args, cmd_data_check
 
     data = sub.add_parser("data", help="data utilities: `clbench data check BENCH --data-root DIR`")
     data_sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", parser_class=_Parser)
@@ -417,7 +417,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         help="rewrite old run records (schema 1-3) at the current schema, in place, once",
         description="rewrite every run record (result.json) under each DIR at the current schema version, in "
         "place: readers refuse records of schema 1 to 3, whose parameter counts only the method's code can restate "
-        "(clbench.upgrade). Numbers keep their meaning; records already current are not touched.",
+        "(clbench.records.upgrade). Numbers keep their meaning; records already current are not touched.",
     )
     upgrade.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="run folders or folders of them")
     upgrade.add_argument("--dry-run", action="store_true", help="list what would be upgraded; write nothing")
@@ -430,9 +430,9 @@ def cmd_records_upgrade(args: argparse.Namespace) -> int:
     record could not be upgraded."""
     from collections import Counter
 
-    from clbench.results import RUN_HINT
-    from clbench.text import plain
-    from clbench.upgrade import upgrade_folders
+    from clbench.files.escape import plain
+    from clbench.records.results import RUN_HINT
+    from clbench.records.upgrade import upgrade_folders
 
     outcomes = upgrade_folders(args.dirs, dry_run=args.dry_run)
     verb = "would upgrade" if args.dry_run else "upgraded"
@@ -464,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from clbench.results import set_invocation
+    from clbench.records.results import set_invocation
 
     set_invocation(list(sys.argv[1:] if argv is None else argv))  # the records name the command as typed
     try:
@@ -476,9 +476,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: object) -> None:
-    """A Python warning on the terminal, every control character in it made visible (:func:`clbench.text.plain`):
+    """A Python warning on the terminal, every control character in it made visible
+    (:func:`clbench.files.escape.plain`):
     matplotlib and others quote labels and names from records, which may carry escape sequences."""
-    from clbench.text import plain
+    from clbench.files.escape import plain
 
     print(f"{plain(str(filename))}:{lineno}: {category.__name__}: {plain(str(message))}", file=sys.stderr)
 
@@ -486,7 +487,7 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
 def _dispatch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     try:
         if getattr(args, "config", None):  # the file's settings under the flags given here; a sweep file's groups
-            from clbench.configfile import apply
+            from clbench.run.configfile import apply
 
             code = 0
             for one in apply(build_parser, sys.argv[1:] if argv is None else argv, args.command, args.config):

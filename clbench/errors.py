@@ -22,7 +22,7 @@ _MARKED = re.compile(_MARK + r"([A-Za-z_][A-Za-z0-9_]*)" + _MARK)
 
 
 def setting(name: str) -> str:
-    """``name`` (a :class:`~clbench.config.RunConfig` field or another setting) marked for rendering: its Python
+    """``name`` (a :class:`~clbench.run.config.RunConfig` field or another setting) marked for rendering: its Python
     name in ``str(error)``, its flag on the command line."""
     return f"{_MARK}{name}{_MARK}"
 
@@ -62,7 +62,7 @@ class ClbenchError(Exception):
     def for_terminal(self) -> str:
         """:meth:`render` with flags, every control character in the message and the hint made visible (a file
         name can neither break the line nor send escape sequences): one line, plus the hint's."""
-        from clbench.text import plain
+        from clbench.files.escape import plain
 
         msg = plain(self._named(str(self.args[0]) if self.args else "", True))
         return f"{msg}\n  hint: {plain(self._named(self.hint, True))}" if self.hint else msg

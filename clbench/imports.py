@@ -10,7 +10,7 @@ module (its search path set, its ``__init__`` not run) and imports the submodule
 Nothing is lost for code that wants the whole package: the first attribute of such a parent that is not there yet
 (``avalanche.benchmarks.SplitMNIST``, ``torchvision.__version__``, ``torchvision.datasets``) runs the package's
 ``__init__`` in the same module object, so ``import avalanche`` followed by any use of it behaves as usual;
-:func:`complete` does the same on purpose (``clbench.avalanche_api`` does it: its users drive Avalanche itself).
+:func:`complete` does the same on purpose (``clbench.run.avalanche_api`` does it: its users drive Avalanche itself).
 Nor for code that imports another submodule: ``from avalanche.training.plugins import EvaluationPlugin`` after a
 clbench run in the same process runs ``avalanche/__init__`` first, as an ordinary import would (:class:`_WholeFirst`;
 without it, Avalanche's training package imported before its benchmarks fails on a circular import).

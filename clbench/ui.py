@@ -1,7 +1,8 @@
 """Terminal output with rich: progress bars and messages on stderr, the results table on stdout.
 
 Every string that came from a file or a name (a record's fields, run ids, paths, log lines) is escaped with
-:func:`clbench.text.rich` before rich renders it: markup in a name prints as written, control characters as escapes."""
+:func:`clbench.files.escape.rich` before rich renders it: markup in a name prints as written, control characters as
+escapes."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from clbench import metrics
-from clbench.harness import Reporter
-from clbench.results import RunRecord
-from clbench.text import rich as esc
+from clbench.evaluation import metrics
+from clbench.files.escape import rich as esc
+from clbench.records.results import RunRecord
+from clbench.run.harness import Reporter
 
 if TYPE_CHECKING:
     from clbench.sweep.manifest import SweepManifest

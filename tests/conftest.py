@@ -20,7 +20,7 @@ pytest_plugins = ["tinytasks"]  # fixtures of the method tests: backbone, one_th
 def _share_the_cores() -> None:
     """Under pytest-xdist each worker takes its share of the cores for torch's threads, and so do the processes
     its tests start (``OMP_NUM_THREADS``): two workers each running two threads on two cores lose time to switching.
-    A test that sets its own thread count (``one_thread``, ``clbench.blocks.torch_threads``) still does."""
+    A test that sets its own thread count (``one_thread``, ``clbench.methods.shared.torch_threads``) still does."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
@@ -32,7 +32,7 @@ def _share_the_cores() -> None:
 
 _share_the_cores()
 
-# A checkpoint after every task (clbench.checkpoint.Cadence): the resume, kill and tampering tests stop and inspect
+# A checkpoint after every task (clbench.run.checkpoint.Cadence): the resume, kill and tampering tests stop and inspect
 # runs whose tasks take milliseconds, which the default cadence would never checkpoint. The processes tests start
 # inherit it; tests of the cadence itself set their own.
 os.environ.setdefault("CLBENCH_CHECKPOINT_S", "0")
@@ -86,7 +86,7 @@ def _isolated_cache(cache_root, monkeypatch):
 @pytest.fixture(scope="session")
 def micro_session_factory(cache_root):
     """Build prepared sessions on the micro ViT (features computed once per session via the cache)."""
-    from clbench.harness import RunConfig, prepare
+    from clbench.run.harness import RunConfig, prepare
 
     def make(strategy: str = "simplecil", **kw):
         os.environ["CLBENCH_CACHE"] = str(cache_root)

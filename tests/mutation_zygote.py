@@ -31,7 +31,7 @@ import avalanche.benchmarks  # noqa: E402,F401  (the imports each child would ot
 import mutations  # noqa: E402,F401  (imports every method module; plants nothing without CLBENCH_MUTATION)
 import timm.models  # noqa: E402,F401
 
-import clbench.harness  # noqa: E402,F401
+import clbench.run.harness  # noqa: E402,F401
 
 
 def _child(request: dict) -> None:

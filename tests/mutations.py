@@ -37,7 +37,7 @@ import clbench.layers.lda as lda_mod
 import clbench.layers.lora as lora_mod
 import clbench.layers.prompts as prompts_mod
 import tosca.strategy as tosca_mod
-from clbench.blocks import cosine_logits, vit_tokens
+from clbench.methods.shared import cosine_logits, vit_tokens
 
 ENV = "CLBENCH_MUTATION"
 

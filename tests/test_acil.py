@@ -12,9 +12,9 @@ from tinytasks import features_context, gaussian_split
 import clbench.layers.analytic as analytic_mod
 from baselines.acil import ACIL, ACILConfig
 from clbench.errors import ClbenchError
+from clbench.files.safestate import SavedState
 from clbench.layers.analytic import RecursiveRidge, relu_projection, ridge_solution
-from clbench.safestate import SavedState
-from clbench.strategy import Context, Split, Task
+from clbench.methods.contract import Context, Split, Task
 
 D = 64  # vit_micro's width
 

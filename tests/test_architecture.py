@@ -1,9 +1,10 @@
 """The package's shape: no two modules import each other, directly or through others, and no method imports
-another method (what two methods share lives in ``clbench/layers/`` or ``clbench/blocks.py``).
+another method (what two methods share lives in ``clbench/layers/`` or ``clbench/methods/shared.py``).
 
 The import graph is read from the source (the AST), not by importing anything: every ``import`` and ``from ...
 import`` of ``clbench/``, ``baselines/`` and ``tosca/``, at module level and inside functions (a function-level import
-is how a cycle hides). Imports under ``if TYPE_CHECKING:`` are left out: they never run. An import of a package's
+is how a cycle hides), and those under ``if TYPE_CHECKING:``: they never run, but one that closes a circle hides
+that two modules depend on each other as surely as a run-time import does. An import of a package's
 module (``from clbench.sweep import plan``, ``import clbench.sweep.plan``) is an edge to that module, and one of a
 name from a package (``from clbench.sweep import run_sweep``) an edge to the package's ``__init__``.
 """
@@ -38,13 +39,13 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, int]]:
-    """Every import statement outside ``if TYPE_CHECKING:`` blocks, with its line."""
+def _imports(tree: ast.AST, type_checking: bool = False) -> list[tuple[ast.Import | ast.ImportFrom, int]]:
+    """Every import statement, with its line: those under ``if TYPE_CHECKING:`` only with ``type_checking``."""
     found = []
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
+            if isinstance(child, ast.If) and _is_type_checking(child.test) and not type_checking:
                 for sub in child.orelse:
                     visit_stmt(sub)
                 continue
@@ -59,14 +60,15 @@ def _imports(tree: ast.AST) -> list[tuple[ast.Import | ast.ImportFrom, int]]:
     return found
 
 
-def import_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
-    """module -> {imported module of the packages: line of the first such import}."""
+def import_graph(root: Path = ROOT, type_checking: bool = True) -> dict[str, dict[str, int]]:
+    """module -> {imported module of the packages: line of the first such import}; imports for type checkers only
+    are edges too unless ``type_checking`` is false."""
     files = module_files(root)
     graph: dict[str, dict[str, int]] = {m: {} for m in files}
     for module, path in files.items():
         is_package = path.name == "__init__.py"
         tree = ast.parse(path.read_text(), filename=str(path))
-        for node, line in _imports(tree):
+        for node, line in _imports(tree, type_checking):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -86,6 +88,13 @@ def import_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
                 if target in files and target != module:
                     graph[module].setdefault(target, line)
     return graph
+
+
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    """A little source tree for the checks' own tests: path -> text."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
 
 
 def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
@@ -148,9 +157,9 @@ def describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
     return "cycle: " + "; ".join(steps)
 
 
-def test_the_import_graph_has_no_cycle():
-    graph = import_graph()
-    assert len(graph) > 40 and "clbench.harness" in graph and "tosca.strategy" in graph  # it read the tree
+def test_the_import_graph_has_no_cycle_not_even_through_type_checking_imports():
+    graph = import_graph(type_checking=True)
+    assert len(graph) > 40 and "clbench.run.harness" in graph and "tosca.strategy" in graph  # it read the tree
     found = cycles(graph)
     assert not found, "import cycles:\n" + "\n".join(describe(c, graph) for c in found)
 
@@ -183,7 +192,7 @@ def cross_method_imports(graph: dict[str, dict[str, int]], method: dict[str, str
 
 
 def test_no_method_imports_another_method():
-    from clbench.catalog import STRATEGIES
+    from clbench.run.catalog import STRATEGIES
 
     files = module_files()
     method = method_of(files)
@@ -210,9 +219,7 @@ def test_the_method_import_check_finds_one(tmp_path):
         "tosca/luca.py": "",
         "tosca/strategy.py": "from tosca.luca import LuCA\nfrom baselines import a\n",
     }
-    for name, text in source.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    write_tree(tmp_path, source)
     graph = import_graph(tmp_path)
     assert cross_method_imports(graph, method_of(module_files(tmp_path))) == [
         "baselines.b (line 2) -> baselines.a",
@@ -223,9 +230,9 @@ def test_the_method_import_check_finds_one(tmp_path):
 
 def test_config_and_checkpoint_import_nothing_from_the_runner():
     graph = import_graph()
-    runner = {"clbench.harness", "clbench.cli", "clbench.sweep", "clbench.sweep.runner"}
-    assert not runner & set(graph["clbench.config"]), graph["clbench.config"]
-    assert not runner & set(graph["clbench.checkpoint"]), graph["clbench.checkpoint"]
+    runner = {"clbench.run.harness", "clbench.cli", "clbench.sweep", "clbench.sweep.runner"}
+    assert not runner & set(graph["clbench.run.config"]), graph["clbench.run.config"]
+    assert not runner & set(graph["clbench.run.checkpoint"]), graph["clbench.run.checkpoint"]
 
 
 @pytest.mark.parametrize(
@@ -259,25 +266,76 @@ def test_config_and_checkpoint_import_nothing_from_the_runner():
             },
             [["clbench.p", "clbench.p.m", "clbench.p"]],
         ),
-        # type-only imports never run: no cycle
+        # an import for type checkers closes a cycle too
         (
             {
                 "clbench/__init__.py": "",
                 "clbench/a.py": "import clbench.b\n",
                 "clbench/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from clbench import a\n",
             },
-            [],
+            [["clbench.a", "clbench.b", "clbench.a"]],
         ),
     ],
 )
 def test_the_cycle_finder_finds_cycles(tmp_path, source, expected):
-    for name, text in source.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    write_tree(tmp_path, source)
     assert cycles(import_graph(tmp_path)) == expected
 
 
-REPORT_MAY_NOT_IMPORT = ("torch", "timm", "avalanche", "clbench.harness", "clbench.backbones")
+def test_the_run_time_graph_leaves_type_checking_imports_out(tmp_path):
+    source = {
+        "clbench/__init__.py": "",
+        "clbench/a.py": "import clbench.b\n",
+        "clbench/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from clbench import a\n",
+    }
+    write_tree(tmp_path, source)
+    assert import_graph(tmp_path, type_checking=False)["clbench.b"] == {}
+    assert import_graph(tmp_path)["clbench.b"] == {"clbench.a": 3}
+
+
+# The foundations: files and their safety, and the pure evaluation functions, sit below everything that runs,
+# reports or measures; they may import only these (and their own package).
+FOUNDATIONS = {
+    "clbench.files": ("clbench.errors",),
+    "clbench.evaluation": ("clbench.errors", "clbench.files"),
+}
+
+
+def foundation_breaches(graph: dict[str, dict[str, int]]) -> list[str]:
+    found = []
+    for package, allowed in FOUNDATIONS.items():
+        for module, targets in sorted(graph.items()):
+            if module != package and not module.startswith(package + "."):
+                continue
+            for target, line in sorted(targets.items()):
+                ok = (package, *allowed)
+                if not any(target == p or target.startswith(p + ".") for p in ok) and target.startswith("clbench"):
+                    found.append(f"{module} (line {line}) -> {target}")
+    return found
+
+
+def test_the_foundations_import_nothing_above_them():
+    graph = import_graph()
+    assert {"clbench.files.typedfile", "clbench.evaluation.stats"} <= set(graph)  # it read the packages
+    found = foundation_breaches(graph)
+    assert not found, "a foundation module importing above it:\n" + "\n".join(found)
+
+
+def test_the_foundation_check_finds_a_breach(tmp_path):
+    source = {
+        "clbench/__init__.py": "",
+        "clbench/errors.py": "",
+        "clbench/files/__init__.py": "",
+        "clbench/files/atomic.py": "from clbench.errors import E\n",
+        "clbench/files/escape.py": "def f():\n    from clbench.run.harness import run\n",
+        "clbench/run/__init__.py": "",
+        "clbench/run/harness.py": "from clbench.files import atomic\n",
+    }
+    write_tree(tmp_path, source)
+    assert foundation_breaches(import_graph(tmp_path)) == ["clbench.files.escape (line 2) -> clbench.run.harness"]
+
+
+REPORT_MAY_NOT_IMPORT = ("torch", "timm", "avalanche", "clbench.run.harness", "clbench.features.backbones")
 
 
 RECORD_READERS = ("clbench.report", "clbench.gate")  # tables and figures; the regression gate's check
@@ -307,7 +365,8 @@ def test_importing_the_report_and_gate_packages_loads_no_torch_nor_harness(packa
         "for m in pkgutil.iter_modules(r.__path__):\n"
         f"    importlib.import_module('{package}.' + m.name)\n"
         "print(len(list(pkgutil.iter_modules(r.__path__))))\n"
-        "print(' '.join(k for k in ('torch', 'timm', 'clbench.harness', 'clbench.backbones') if k in sys.modules))\n"
+        "heavy = ('torch', 'timm', 'clbench.run.harness', 'clbench.features.backbones')\n"
+        "print(' '.join(k for k in heavy if k in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     count, loaded = (out.splitlines() + ["", ""])[:2]

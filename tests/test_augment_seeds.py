@@ -2,7 +2,7 @@
 
 A run's numbers used to depend on whatever else had drawn from torch's global RNG before a training epoch (a
 backbone built mid-run, a feature cache that was or was not warm, an evaluation loader): the crops and flips came
-from the global state. :class:`clbench.features.SeededOrder` pairs every position with its own augmentation seed.
+from the global state. :class:`clbench.features.cache.SeededOrder` pairs every position with its own augmentation seed.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from clbench.benchmarks.base import ArraySource
-from clbench.features import SeededOrder
-from clbench.strategy import Split
-from clbench.transforms import TransformSpec
+from clbench.features.cache import SeededOrder
+from clbench.features.transforms import TransformSpec
+from clbench.methods.contract import Split
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 

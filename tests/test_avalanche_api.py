@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from clbench.errors import ClbenchError
-from clbench.results import RunRecord
+from clbench.records.results import RunRecord
 
 
 def _avalanche():
@@ -58,7 +58,7 @@ def _benchmark(strategy=None, train=None, test=None, **kw):
 
 
 def _avalanche_run(strategy, benchmark) -> dict:
-    from clbench.avalanche_api import accuracy_rows
+    from clbench.run.avalanche_api import accuracy_rows
 
     results = []
     for t, exp in enumerate(benchmark.train_stream):
@@ -68,7 +68,7 @@ def _avalanche_run(strategy, benchmark) -> dict:
 
 
 def _cli_record(tmp_path: Path, method: str, **kw) -> RunRecord:
-    from clbench.harness import RunConfig, run
+    from clbench.run.harness import RunConfig, run
 
     return run(RunConfig(strategy=method, out=str(tmp_path / f"cli-{method}"), **kw))
 
@@ -89,7 +89,7 @@ TIERED = ["simplecil", pytest.param("tosca", marks=pytest.mark.full)]
 
 @pytest.mark.parametrize("method", TIERED)
 def test_avalanche_metrics_equal_the_cli_record(tmp_path, method):
-    from clbench.avalanche_api import ClbenchStrategy
+    from clbench.run.avalanche_api import ClbenchStrategy
 
     strategy = ClbenchStrategy(
         strategy=method,
@@ -111,7 +111,7 @@ def test_avalanche_metrics_equal_the_cli_record(tmp_path, method):
 def test_one_backbone_pass_per_image_and_the_feature_cache(tmp_path):
     """Evaluating test_stream[: t + 1] after every experience reuses the features of earlier evaluations; a second
     strategy on the same stream reads every experience's features from the disk cache."""
-    from clbench.avalanche_api import ClbenchStrategy
+    from clbench.run.avalanche_api import ClbenchStrategy
 
     images = []
     strategy = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), feature_cache=False, **MICRO_KW)
@@ -134,7 +134,7 @@ def test_logits_cover_every_evaluated_class_id():
     """mb_output has a column per class id up to the largest evaluated; classes not learnt yet are masked."""
     from avalanche.core import SupervisedPlugin
 
-    from clbench.avalanche_api import MASK_VALUE, ClbenchStrategy
+    from clbench.run.avalanche_api import MASK_VALUE, ClbenchStrategy
 
     seen = []
 
@@ -152,7 +152,7 @@ def test_logits_cover_every_evaluated_class_id():
 
 # ---------------------------------------------------------------------------------------------------- bad input
 def test_non_contiguous_class_ids_are_refused():
-    from clbench.avalanche_api import ClbenchStrategy
+    from clbench.run.avalanche_api import ClbenchStrategy
 
     strategy = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), **MICRO_KW)
     benchmark = _benchmark(strategy, class_ids_from_zero_from_first_exp=False)  # original ids, not arrival order
@@ -162,8 +162,8 @@ def test_non_contiguous_class_ids_are_refused():
 
 
 def test_a_transform_that_does_not_match_the_cached_features_is_refused():
-    from clbench.avalanche_api import ClbenchStrategy
-    from clbench.transforms import TransformSpec
+    from clbench.features.transforms import TransformSpec
+    from clbench.run.avalanche_api import ClbenchStrategy
 
     strategy = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), **MICRO_KW)
     imagenet = TransformSpec(strategy.backbone.img_size, None, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)).build()
@@ -177,7 +177,7 @@ def test_an_experience_with_no_data_is_refused():
     from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
     from avalanche.benchmarks.scenarios.supervised import with_classes_timeline
 
-    from clbench.avalanche_api import ClbenchStrategy
+    from clbench.run.avalanche_api import ClbenchStrategy
 
     strategy = ClbenchStrategy(strategy="simplecil", evaluator=_evaluator(), **MICRO_KW)
     full = _benchmark(strategy)
@@ -189,8 +189,8 @@ def test_an_experience_with_no_data_is_refused():
 
 
 def test_images_transformed_by_the_dataset_itself_are_refused():
-    from clbench.avalanche_api import ClbenchStrategy
     from clbench.examples.avalanche_loop import ImageDataset, embedded_datasets
+    from clbench.run.avalanche_api import ClbenchStrategy
 
     class Tensors(ImageDataset):
         def __getitem__(self, i):
@@ -205,7 +205,7 @@ def test_images_transformed_by_the_dataset_itself_are_refused():
 
 
 def test_bad_settings_fail_like_the_cli():
-    from clbench.avalanche_api import ClbenchStrategy
+    from clbench.run.avalanche_api import ClbenchStrategy
 
     with pytest.raises(ClbenchError, match="did you mean"):
         ClbenchStrategy(strategy="tosac", **MICRO_KW)
@@ -222,8 +222,8 @@ def test_every_run_setting_is_a_keyword_with_runconfigs_name_and_default_or_is_r
     import dataclasses
     import inspect
 
-    from clbench.avalanche_api import NOT_APPLICABLE, RENAMED, ClbenchStrategy
-    from clbench.config import RunConfig
+    from clbench.run.avalanche_api import NOT_APPLICABLE, RENAMED, ClbenchStrategy
+    from clbench.run.config import RunConfig
 
     params = inspect.signature(ClbenchStrategy).parameters
     fields = dataclasses.fields(RunConfig)
@@ -251,7 +251,7 @@ def test_every_run_setting_is_a_keyword_with_runconfigs_name_and_default_or_is_r
 
 def test_run_settings_reach_the_run_config():
     """Values other than the defaults arrive in the RunConfig the strategy resolves, overrides also as a dict."""
-    from clbench.avalanche_api import ClbenchStrategy
+    from clbench.run.avalanche_api import ClbenchStrategy
 
     strategy = ClbenchStrategy(
         strategy="tosca", seed=7, batch_size=16, train_per_class=2, overrides={"epochs": 3}, evaluator=None, **MICRO_KW
@@ -262,7 +262,7 @@ def test_run_settings_reach_the_run_config():
 
 
 def test_an_unknown_keyword_is_refused_in_one_line_naming_the_valid_ones():
-    from clbench.avalanche_api import ClbenchStrategy, run_fields
+    from clbench.run.avalanche_api import ClbenchStrategy, run_fields
 
     with pytest.raises(ClbenchError) as e:
         ClbenchStrategy(strategy="simplecil", bnech="emoji", **MICRO_KW)
@@ -275,7 +275,7 @@ def test_an_unknown_keyword_is_refused_in_one_line_naming_the_valid_ones():
 
 
 def test_the_earlier_names_still_work_with_a_deprecation_warning():
-    from clbench.avalanche_api import ClbenchStrategy
+    from clbench.run.avalanche_api import ClbenchStrategy
 
     with pytest.warns(DeprecationWarning, match=r"method=.*pass strategy=") as caught:
         old = ClbenchStrategy(method="tosca", settings={"epochs": 3}, evaluator=None, **MICRO_KW)
@@ -293,7 +293,7 @@ def test_the_earlier_names_still_work_with_a_deprecation_warning():
 
 
 def test_the_old_learner_points_to_the_new_strategy():
-    import clbench.avalanche_api as api
+    import clbench.run.avalanche_api as api
 
     with pytest.raises(AttributeError, match="replaced by ClbenchStrategy"):
         api.Learner  # noqa: B018
@@ -337,13 +337,13 @@ def _guide_code() -> str:
 def test_readme_section_runs_on_the_micro_vit_and_gives_the_cli_numbers(tmp_path, monkeypatch):
     """The Avalanche guide's example (clbench/examples/README.md, linked from the README), executed as written but
     for the backbone: every ClbenchStrategy it builds takes the micro ViT, and its final accuracy is the CLI's."""
-    import clbench.avalanche_api
+    import clbench.run.avalanche_api
 
-    class OnTheMicroViT(clbench.avalanche_api.ClbenchStrategy):
+    class OnTheMicroViT(clbench.run.avalanche_api.ClbenchStrategy):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **{**kwargs, **MICRO_KW})
 
-    monkeypatch.setattr(clbench.avalanche_api, "ClbenchStrategy", OnTheMicroViT)
+    monkeypatch.setattr(clbench.run.avalanche_api, "ClbenchStrategy", OnTheMicroViT)
     namespace: dict = {}
     exec(compile(_guide_code(), "clbench/examples/README.md", "exec"), namespace)
     assert isinstance(namespace["strategy"], OnTheMicroViT)

@@ -14,6 +14,7 @@ from test_report import FIXTURES, REPO, cli, copy_runs, shift_accuracy
 from tinytasks import make_split
 
 from clbench.errors import ClbenchError
+from clbench.methods.contract import Context, Task
 from clbench.report.budget import (
     QUICK,
     REFERENCE,
@@ -23,7 +24,6 @@ from clbench.report.budget import (
     optimizer_steps,
 )
 from clbench.report.collect import collect
-from clbench.strategy import Context, Task
 
 
 def budget(epochs: int, steps_per_epoch: int = 3, delta: float = 0.0):
@@ -134,7 +134,7 @@ def test_records_without_step_counts_are_refused_or_left_out(tmp_path):
 
 
 def test_the_quick_profile_point_is_marked(tmp_path):
-    from clbench.catalog import STRATEGIES
+    from clbench.run.catalog import STRATEGIES
 
     quick = STRATEGIES.get("ease").profiles[QUICK]["epochs"]
 
@@ -161,8 +161,8 @@ def test_the_quick_profile_point_is_marked(tmp_path):
 @pytest.mark.parametrize("name", ["l2p", "ease", "aper"])
 def test_methods_note_their_optimizer_steps_per_task(backbone, name):
     """Each task's steps = epochs x batches; APER trains in the first task only."""
-    from clbench.catalog import STRATEGIES
-    from clbench.config import make_strategy_config
+    from clbench.run.catalog import STRATEGIES
+    from clbench.run.config import make_strategy_config
 
     cls = STRATEGIES.get(name)
     cfg = make_strategy_config(cls, None, (("epochs", "1"), ("batch_size", "8")))

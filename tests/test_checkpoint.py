@@ -1,4 +1,5 @@
-"""clbench.checkpoint: the one writer and reader of ``checkpoint.safetensors``, the RNG states it carries, the checks
+"""clbench.run.checkpoint: the one writer and reader of ``checkpoint.safetensors``, the RNG states it carries, the
+checks
 of what a resumed run loads again, and how a resume decides its settings. End-to-end kills and resumes of every
 strategy are in tests/test_reliability.py; planted and hostile files in tests/test_hostile_checkpoints.py."""
 
@@ -13,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from clbench import checkpoint as ck
-from clbench.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError
-from clbench.results import TaskEntry, Times
-from clbench.safestate import SavedState
+from clbench.files.safestate import SavedState
+from clbench.records.results import TaskEntry, Times
+from clbench.run import checkpoint as ck
+from clbench.run.config import Fingerprint, RunConfig
 
 DATA = ck.DataIdentity(train="a" * 8, test="b" * 8, class_order=[2, 0, 1], task_sizes=[2, 1])
 
@@ -250,8 +251,8 @@ def test_a_bad_cadence_interval_is_one_line_naming_the_variable(monkeypatch, raw
 def test_a_run_of_millisecond_tasks_writes_no_checkpoint_and_the_same_record(tmp_path, monkeypatch, capsys):
     """The default cadence skips the checkpoints of a run whose tasks take milliseconds (the warm main job, the
     closed-form heads); its record is the one a run that checkpointed after every task writes."""
-    from clbench import harness
     from clbench.cli import main
+    from clbench.run import harness
 
     writes = []
     real = harness._save_progress

@@ -23,7 +23,7 @@ def test_help_imports_nothing_heavy():
     """`clbench --help` and the catalog stay light: neither torch, timm nor Avalanche is imported (how fast that is
     on a given machine is a benchmark's business, not a test's)."""
     code = (
-        "import sys; from clbench.cli import build_parser; build_parser(); import clbench.catalog;"
+        "import sys; from clbench.cli import build_parser; build_parser(); import clbench.run.catalog;"
         "print(sorted(m for m in ('torch', 'avalanche', 'timm') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -176,8 +176,8 @@ def test_a_random_only_backbone_takes_random_or_a_file_of_its_weights(tmp_path):
     pinned routing test relies on it, since the random init itself differs between CPU kinds)."""
     from safetensors.torch import save_file
 
-    from clbench.backbones import load_backbone
     from clbench.errors import ClbenchError
+    from clbench.features.backbones import load_backbone
 
     for source in ("offline", "hub"):
         with pytest.raises(ClbenchError, match="vit_micro has no published weights"):

@@ -1,4 +1,4 @@
-"""clbench.config: every run setting declared once (default, check, flag, help), validated the same from Python and
+"""clbench.run.config: every run setting declared once (default, check, flag, help), validated the same from Python and
 the command line."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from clbench import config
 from clbench.cli import build_parser, main
 from clbench.errors import ClbenchError, setting
+from clbench.run import config
 
 # `clbench run` and `clbench sweep` flags before the parser was generated from RunConfig (flag, dest), in order.
 RUN_FLAGS_BEFORE = {
@@ -84,7 +84,7 @@ def test_every_field_declares_its_check_and_help():
 def test_a_new_field_is_a_flag_with_no_other_edit(monkeypatch, capsys):
     """One declaration: a field added to RunConfig (here a subclass patched in) is a `clbench run` and `clbench
     sweep` flag with its help and default, and reaches the RunConfig `clbench run` builds."""
-    import clbench.harness  # noqa: F401  (imported before the patch: it binds RunConfig by name)
+    import clbench.run.harness  # noqa: F401  (imported before the patch: it binds RunConfig by name)
 
     @dataclasses.dataclass(frozen=True)
     class More(config.RunConfig):
@@ -109,7 +109,7 @@ def test_a_new_field_is_a_flag_with_no_other_edit(monkeypatch, capsys):
         seen["cfg"] = cfg
         raise config.ClbenchError("stop here")
 
-    monkeypatch.setattr("clbench.harness.run", fake_run)
+    monkeypatch.setattr("clbench.run.harness.run", fake_run)
     assert main(["run", "--strategy", "simplecil", "--max-tasks", "3"]) == 2
     assert isinstance(seen["cfg"], More) and seen["cfg"].max_tasks == 3
     assert main(["run", "--strategy", "simplecil", "--max-tasks", "0"]) == 2
@@ -130,9 +130,9 @@ def test_a_field_without_metadata_still_gets_a_flag():
 
 
 def test_python_api_validates_as_the_cli(tmp_path):
-    from clbench.config import RunConfig
     from clbench.errors import ClbenchError
-    from clbench.harness import RunConfig as FromHarness
+    from clbench.run.config import RunConfig
+    from clbench.run.harness import RunConfig as FromHarness
 
     assert FromHarness is RunConfig
     for bad, needle in (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clbench.cli import main
-from clbench.config import Fingerprint
+from clbench.run.config import Fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = ["--backbone", "vit_micro", "--weights", "random"]
@@ -53,8 +53,8 @@ def test_paper_table_config_plans_the_projection_rows(capsys, monkeypatch, tmp_p
     """reports/paper-table.yaml plans exactly what `clbench perf projection` prices: every projection row (strategy
     and profile) on every paper benchmark, three seeds, each benchmark's default split and backbone."""
     from clbench.cli import build_parser
-    from clbench.configfile import apply
     from clbench.perf.projection import PAPER_BENCHMARKS, projection_rows
+    from clbench.run.configfile import apply
     from clbench.sweep import SweepSpec, make_plan, parse_list, parse_scoped_override, parse_seeds
 
     argv = ["sweep", "--config", str(ROOT / "reports/paper-table.yaml"), "--dry-run"]

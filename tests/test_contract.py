@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from clbench.backbones import state_digest
-from clbench.catalog import STRATEGIES
-from clbench.harness import RunConfig, run
+from clbench.features.backbones import state_digest
+from clbench.run.catalog import STRATEGIES
+from clbench.run.harness import RunConfig, run
 
 FAST = {"epochs": "1", "M": "512"}  # keeps training strategies (and RanPAC's M x M solves) to seconds on the micro ViT
 # each task learns from its first 8 images per class (the ci profiles' run setting; MOS needs 2): the contract is
@@ -112,7 +112,7 @@ def test_same_seed_same_matrix(strategy_name, tmp_path):
 def test_feature_extraction_draws_nothing_from_the_global_rng(micro_session_factory):
     """A run that computes its features and one that finds them in the cache must leave the global RNG alike, or the
     training augmentations drawn after it (and so the results) depend on the cache's state."""
-    from clbench.features import extract
+    from clbench.features.cache import extract
 
     s = micro_session_factory("simplecil")
     torch.manual_seed(123)

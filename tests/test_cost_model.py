@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from clbench.catalog import STRATEGIES
-from clbench.config import make_strategy_config
-from clbench.strategy import RunShape
+from clbench.methods.contract import RunShape
+from clbench.run.catalog import STRATEGIES
+from clbench.run.config import make_strategy_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = {"epochs": "1", "M": "512"}  # RanPAC's M: no 10,000 x 10,000 solves on the micro ViT
@@ -170,8 +170,8 @@ def test_perf_lists_the_strategies_own_benchmarks(capsys):
 def test_projection_check_reads_any_strategys_record(tmp_path):
     """projection-check on a real TOSCA run (micro ViT): the work counted on the run's own split and config; the
     cached features are left out of the prediction; a run whose work is all cached has no ratio."""
-    from clbench.harness import RunConfig, run
     from clbench.perf.projection import check_against_run
+    from clbench.run.harness import RunConfig, run
 
     common = {
         "bench": "emoji",

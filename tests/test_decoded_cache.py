@@ -1,4 +1,5 @@
-"""The decoded-image cache of trained methods (issue 41, item 2; :mod:`clbench.decoded`): a training image is decoded
+"""The decoded-image cache of trained methods (issue 41, item 2; :mod:`clbench.features.decoded`): a training image is
+decoded
 once, not once per epoch; the augmentation still runs every epoch; results are bit-identical with and without the
 cache; over its memory budget it streams."""
 
@@ -43,9 +44,9 @@ def test_the_augmented_batches_are_bit_identical_with_and_without_the_cache(tmp_
     import torch
 
     from clbench.benchmarks.folder import load_tree
-    from clbench.decoded import DecodedImages
-    from clbench.strategy import Split
-    from clbench.transforms import TransformSpec
+    from clbench.features.decoded import DecodedImages
+    from clbench.features.transforms import TransformSpec
+    from clbench.methods.contract import Split
 
     source = load_tree(_noise_tree(tmp_path / "data"))[0]
     cached = DecodedImages(source, budget=1 << 30)
@@ -111,7 +112,7 @@ def test_a_trained_method_decodes_each_training_image_once_and_gets_the_same_res
 def test_over_its_budget_the_cache_streams_and_says_so_once():
     """Images that do not fit the budget are decoded on every read, the same pixels either way; one warning."""
     from clbench.benchmarks.base import ArraySource
-    from clbench.decoded import DecodedImages
+    from clbench.features.decoded import DecodedImages
 
     rng = np.random.default_rng(0)
     source = ArraySource(rng.integers(0, 256, (5, 8, 8, 3), dtype=np.uint8), np.arange(5), "tiny")
@@ -126,8 +127,8 @@ def test_over_its_budget_the_cache_streams_and_says_so_once():
 
 
 def test_a_budget_that_is_not_a_number_is_refused(monkeypatch):
-    from clbench.decoded import budget_bytes
     from clbench.errors import ClbenchError
+    from clbench.features.decoded import budget_bytes
 
     monkeypatch.setenv("CLBENCH_DECODED_CACHE_MB", "lots")
     with pytest.raises(ClbenchError, match="not a number of megabytes"):

@@ -15,9 +15,9 @@ import clbench.layers.analytic as analytic_mod
 from baselines.acil import ACIL, ACILConfig
 from baselines.dsal import DSAL, DSALConfig
 from clbench.errors import ClbenchError
+from clbench.files.safestate import SavedState
 from clbench.layers.analytic import ridge_solution
-from clbench.safestate import SavedState
-from clbench.strategy import Context, Split, Task
+from clbench.methods.contract import Context, Split, Task
 
 D, M = 64, 40  # vit_micro's width; a buffer narrower than the 3 x 24 training images, so residues are not ~0
 

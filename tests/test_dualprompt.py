@@ -19,10 +19,10 @@ from tinytasks import (
 )
 
 from baselines.dualprompt import DualPrompt, DualPromptConfig
-from clbench.blocks import vit_block
 from clbench.errors import ClbenchError
 from clbench.layers.prompts import prefix_attention, prefix_block
-from clbench.strategy import PER_SAMPLE, REFERENCE, RunShape
+from clbench.methods.contract import PER_SAMPLE, REFERENCE, RunShape
+from clbench.methods.shared import vit_block
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 

@@ -13,7 +13,7 @@ from tinytasks import make_split
 
 from baselines.dualprompt import DualPrompt, DualPromptConfig
 from clbench.layers.prompts import pilot_kv_layout
-from clbench.strategy import Context
+from clbench.methods.contract import Context
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
 

@@ -1,4 +1,5 @@
-"""What a record keeps for the report's t-SNE figure (clbench.embeddings) and the figure drawn from it: the same
+"""What a record keeps for the report's t-SNE figure (clbench.features.embeddings) and the figure drawn from it: the
+same
 test images for every method, what each method's classifier scores, the frozen features once."""
 
 from __future__ import annotations
@@ -8,11 +9,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from clbench import embeddings
-from clbench.catalog import STRATEGIES
-from clbench.harness import RunConfig, run
+from clbench.features import embeddings
 from clbench.report.collect import collect
 from clbench.report.figures import _tsne_panels, load_features, tsne
+from clbench.run.catalog import STRATEGIES
+from clbench.run.harness import RunConfig, run
 
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random", init_cls=18, increment=9, train_per_class=8)
 

@@ -27,8 +27,8 @@ from clbench.benchmarks.build_emoji_domains import (
     select_classes,
     update_notice,
 )
+from clbench.benchmarks.check import check_data
 from clbench.benchmarks.emoji_domains import DOMAINS, N_CLASSES, data_file, load
-from clbench.datacheck import check_data
 from clbench.errors import ClbenchError
 
 

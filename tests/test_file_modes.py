@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from clbench.files import atomic_write_json
+from clbench.files.atomic import atomic_write_json
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])

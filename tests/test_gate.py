@@ -77,7 +77,7 @@ def shift_task(protocol: str, task: int, points: float):
 
 # ------------------------------------------------------------------------------------------- the shipped gate
 def test_the_reference_pins_every_registered_ci_profile_and_protocol():
-    from clbench.catalog import STRATEGIES
+    from clbench.run.catalog import STRATEGIES
 
     pinned = {(e["strategy"], e["profile"], e["protocol"]) for e in ENTRIES}
     for name in STRATEGIES.names():
@@ -482,7 +482,7 @@ def test_every_gate_run_that_trains_shows_its_loss_fall_and_its_parts_move(folde
     epoch is at most LOSS_RATIO_MAX of the first's and the trained parts moved by PARAM_CHANGE_MIN of their norm at
     least. The gate then pins trained methods, not their initialisation (records written before the per-task
     ``training`` diagnostics fail here: re-run .ci/gate and re-pin)."""
-    from clbench.results import load_record
+    from clbench.records.results import load_record
 
     rec = load_record(RECORDS / folder)
     for t, entry in enumerate(rec.per_task):

@@ -1,4 +1,4 @@
-"""clbench.harness: a run is resolved once (:class:`ResolvedRun`), its inputs loaded once, and the task loop writes
+"""clbench.run.harness: a run is resolved once (:class:`ResolvedRun`), its inputs loaded once, and the task loop writes
 the same record as before."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from clbench import harness
-from clbench.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError
+from clbench.run import harness
+from clbench.run.config import Fingerprint, RunConfig
 
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random", init_cls=18, increment=9)
 

@@ -25,7 +25,7 @@ from baselines.hide_prompt import (
     scheduled_lr,
 )
 from clbench.layers.prompts import pilot_kv_layout
-from clbench.strategy import PER_SAMPLE, REFERENCE, RunShape
+from clbench.methods.contract import PER_SAMPLE, REFERENCE, RunShape
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 

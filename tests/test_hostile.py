@@ -26,8 +26,8 @@ from cli_checks import assert_outcome, run_cli
 from datatrees import make_tree, png_bytes
 
 from clbench.cli import main
-from clbench.owned import TMP_PREFIX
-from clbench.precision import PROBE_FILE
+from clbench.files.safety import TMP_PREFIX
+from clbench.run.precision import PROBE_FILE
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random"]
 RAY_TIMEOUT = 3.0
@@ -263,7 +263,7 @@ def _out_finished(t, e, m):
 
 
 def _out_torn_record(t, e, m):
-    from clbench.owned import mark_folder
+    from clbench.files.safety import mark_folder
 
     (t / "run").mkdir()
     mark_folder(t / "run", "run")  # a run folder clbench made (a torn record alone makes no folder clbench's)
@@ -418,7 +418,7 @@ def test_hostile_input(name, earlier, tmp_path, monkeypatch, capsys):
 def test_a_full_cache_disk_degrades_to_no_caching(earlier, tmp_path, monkeypatch, capsys):
     """ENOSPC while writing a feature-cache entry: the run finishes with the features it computed, says so once,
     records the unsaved entry, and the cache holds no partial file."""
-    from clbench import features
+    from clbench.features import cache as features
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("CLBENCH_CACHE", str(cache))
@@ -488,7 +488,7 @@ def test_ignore_data_problems_runs_and_records_them(tmp_path, monkeypatch, capsy
 
 def test_data_check_and_run_agree(tmp_path, capsys):
     """`clbench data check` fails exactly the trees a run refuses (the same checks, one decoded fully)."""
-    from clbench.datacheck import check_before_run, check_data
+    from clbench.benchmarks.check import check_before_run, check_data
     from clbench.errors import ClbenchError
 
     for make in (_symlink_loop, _symlink_leaving, _dangling, _leak, _empty_file, _wrong_extension, _multi_frame):
@@ -507,8 +507,8 @@ def test_hub_without_network_fails_at_once(tmp_path, monkeypatch):
     never more attempts."""
     from huggingface_hub import constants
 
-    from clbench.backbones import load_backbone
     from clbench.errors import ClbenchError
+    from clbench.features.backbones import load_backbone
 
     port = free_port()
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
@@ -681,7 +681,7 @@ def _feature_lock_link(t, e, m, needle):
 
 
 def _sweep_lock_link(t, e, m, needle):
-    from clbench.owned import mark_folder
+    from clbench.files.safety import mark_folder
 
     v = victim(t)
     (t / "sweep").mkdir()
@@ -711,7 +711,7 @@ def _out_foreign_folder(t, e, m, needle):
 
 
 def _out_run_folder_keeps_foreign_tmp(t, e, m, needle):
-    from clbench.owned import mark_folder
+    from clbench.files.safety import mark_folder
 
     folder = t / "run"
     folder.mkdir()
@@ -982,7 +982,7 @@ def test_markdown_and_latex_outputs_escape_names(earlier, tmp_path, monkeypatch)
 
 
 def test_latex_escapes_every_special_once():
-    from clbench.text import latex
+    from clbench.files.escape import latex
 
     assert latex("a\\b{c}_%$#&~^") == r"a\textbackslash{}b\{c\}\_\%\$\#\&\textasciitilde{}\textasciicircum{}"
     assert latex("±") == r"$\pm$"
@@ -990,7 +990,7 @@ def test_latex_escapes_every_special_once():
 
 def test_locks_refuse_links_and_special_files(tmp_path):
     from clbench.errors import ClbenchError
-    from clbench.owned import open_lock
+    from clbench.files.safety import open_lock
 
     target = victim(tmp_path)
     (tmp_path / "link.lock").symlink_to(target)
@@ -1012,8 +1012,8 @@ def test_precision_probe_lock_refuses_a_link(tmp_path, monkeypatch):
     """``machine/precision-probe.lock`` in the cache: a planted link is refused before anything is measured."""
     from types import SimpleNamespace
 
-    from clbench import precision
     from clbench.errors import ClbenchError
+    from clbench.run import precision
 
     target = victim(tmp_path)
     (tmp_path / "machine").mkdir()
@@ -1028,8 +1028,8 @@ def test_precision_probe_lock_refuses_a_link(tmp_path, monkeypatch):
 
 
 def test_only_clbench_temporaries_are_swept(tmp_path):
-    from clbench.files import atomic_write_json
-    from clbench.owned import remove_own_tmp
+    from clbench.files.atomic import atomic_write_json
+    from clbench.files.safety import remove_own_tmp
 
     atomic_write_json(tmp_path / "a.json", {"x": 1})
     own = tmp_path / f"{TMP_PREFIX}a.json.k3j2x.tmp"
@@ -1045,7 +1045,7 @@ def test_only_clbench_temporaries_are_swept(tmp_path):
 
 def test_bounded_json_depth_ignores_brackets_in_strings(tmp_path):
     from clbench.errors import ClbenchError
-    from clbench.owned import load_json
+    from clbench.files.safety import load_json
 
     (tmp_path / "ok.json").write_text(json.dumps({"name": "[" * 500, "v": [[1]]}))
     assert load_json(tmp_path / "ok.json", "record")["v"] == [[1]]
@@ -1128,7 +1128,7 @@ def _predictions_all_correct(folder: Path) -> None:
     import dataclasses
     import hashlib
 
-    from clbench import predictions as P
+    from clbench.records import predictions as P
 
     path = folder / P.PREDICTIONS_FILE
     preds = P.from_bytes(path.read_bytes())
@@ -1298,7 +1298,7 @@ def stopped(earlier, tmp_path_factory):
     """The earlier run's command stopped after task 1 (checkpoint of 1 of 2 tasks) and after its last checkpoint,
     before the complete record (a kill at that moment: the checkpoint has every task done)."""
     from baselines.simplecil import SimpleCIL
-    from clbench import harness
+    from clbench.run import harness
 
     base = tmp_path_factory.mktemp("stopped")
     saved = os.environ.get("CLBENCH_CACHE")
@@ -1482,7 +1482,7 @@ def test_config_files_are_read_as_written(name, earlier, tmp_path, monkeypatch, 
 
 
 def test_yaml_1_2_values(tmp_path):
-    from clbench.configfile import load
+    from clbench.run.configfile import load
 
     (tmp_path / "c.yaml").write_text(
         "seed: 123\nlr: 1e-3\nx: .5\nname: yes\nday: 2024-01-01\nzero: 0\nneg: -0.5\nn: null\nb: true\nf: off\n"
@@ -1663,7 +1663,7 @@ def test_special_files_unbounded_arrays_and_memory(name, earlier, stopped, tmp_p
 def test_the_batch_estimate_fits_ordinary_runs():
     from types import SimpleNamespace
 
-    from clbench.harness import batch_bytes
+    from clbench.run.harness import batch_bytes
 
     vit_b = SimpleNamespace(
         img_size=224,
@@ -1776,7 +1776,7 @@ def _rewritten_entries(change):
         from safetensors import safe_open
         from safetensors.torch import save
 
-        from clbench.features import _digest
+        from clbench.features.cache import _digest
 
         cache = _own_cache(t, e, m)
         for p in (cache / "features").glob("*.safetensors"):
@@ -1810,7 +1810,7 @@ ITEM12 = {
 def test_a_rewritten_cache_entry_is_caught_by_the_spot_check(name, earlier, tmp_path, monkeypatch, capsys, caplog):
     make, needle = ITEM12[name]
     case = make(tmp_path, earlier, monkeypatch, needle)
-    with caplog.at_level("WARNING", logger="clbench.features"):
+    with caplog.at_level("WARNING", logger="clbench.features.cache"):
         _run_b(case._replace(needle=""), tmp_path, earlier, capsys)  # the warning goes to the log
     assert caplog.text.count(needle) == 2 and "recomputing it" in caplog.text, caplog.text
 

@@ -29,13 +29,14 @@ from datatrees import make_tree
 from torch import nn
 
 from baselines.simplecil import SimpleCIL
-from clbench import checkpoint, typedfile
-from clbench.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
 from clbench.cli import main
 from clbench.errors import ClbenchError
-from clbench.owned import mark_folder
-from clbench.safestate import SavedState
-from clbench.strategy import Strategy
+from clbench.files import typedfile
+from clbench.files.safestate import SavedState
+from clbench.files.safety import mark_folder
+from clbench.methods.contract import Strategy
+from clbench.run import checkpoint
+from clbench.run.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "2", "--increment", "2"]
 REPO = Path(__file__).resolve().parents[1]
@@ -387,8 +388,8 @@ def test_no_committed_file_needs_unpickling():
 # ----------------------------------------------------------------------------------------------- the state codec
 def test_the_codec_gives_back_what_it_saved():
     """Every kind of value a strategy keeps comes back equal, with its type, aliasing and tensor layout."""
-    from clbench.blocks import CosineHead
-    from clbench.safestate import allowed, decode, encode
+    from clbench.files.safestate import allowed, decode, encode
+    from clbench.methods.shared import CosineHead
 
     head = CosineHead(4)
     head.grow(3)
@@ -429,7 +430,7 @@ def test_the_codec_gives_back_what_it_saved():
 
 
 def test_the_codec_refuses_what_it_cannot_save():
-    from clbench.safestate import allowed, encode
+    from clbench.files.safestate import allowed, encode
 
     for bad, needle in [
         ({"f": print}, "self.f is a builtins.builtin_function_or_method"),
@@ -471,7 +472,7 @@ W = {"$tensor": "w", "device": "cpu", "grad": False, "param": False}
     ],
 )
 def test_a_crafted_state_is_refused(tree, needle):
-    from clbench.safestate import StateError, decode
+    from clbench.files.safestate import StateError, decode
 
     tensors = {"w": torch.ones(2, 3), "i": torch.ones(2, dtype=torch.long), "b": torch.zeros(3, dtype=torch.uint8)}
     with pytest.raises(StateError, match=needle):
@@ -479,7 +480,7 @@ def test_a_crafted_state_is_refused(tree, needle):
 
 
 def test_a_state_sets_attributes_never_methods_or_the_config(micro_session_factory):
-    from clbench.safestate import StateError, encode
+    from clbench.files.safestate import StateError, encode
 
     s = micro_session_factory("simplecil", init_cls=12, increment=12)
     for name in ("learn_task", "cfg", "ctx", "name", "Config", "__class__"):

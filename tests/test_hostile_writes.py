@@ -26,7 +26,7 @@ from cli_checks import assert_outcome, run_cli
 from datatrees import make_tree
 
 from clbench.cli import main
-from clbench.owned import FOLDER_MARK, mark_folder
+from clbench.files.safety import FOLDER_MARK, mark_folder
 
 REPO = Path(__file__).resolve().parents[1]
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "2", "--increment", "2"]
@@ -449,7 +449,7 @@ COMMITTED_RUNS = sorted({p.parent for p in REPO.glob("reports/**/runs/**/result.
 def test_every_committed_run_folder_is_a_run_folder():
     """The committed run folders carry no mark (made before it): their records say they are clbench's. Checking them
     writes nothing."""
-    from clbench.rundir import check_run_folder, is_run_folder
+    from clbench.run.rundir import check_run_folder, is_run_folder
 
     assert len(COMMITTED_RUNS) >= 80
     before = tree([REPO / "reports"])
@@ -532,7 +532,7 @@ def test_a_report_link_planted_during_the_sweep_is_refused_at_its_end(tmp_path):
     ],
 )
 def test_folder_names(name, problem):
-    from clbench.owned import folder_name_problem
+    from clbench.files.safety import folder_name_problem
 
     got = folder_name_problem(name)
     assert (got is None) if problem is None else (problem in (got or "")), got
@@ -548,7 +548,7 @@ def _records(made, t: Path, n: int) -> Path:
 def test_an_export_to_a_hung_tracker_waits_one_deadline_not_one_per_record(made, tmp_path, monkeypatch, capsys):
     """A tracker whose first call never returns: the export waits for it once (its deadline), drops it, and sends
     the other records to no tracker, without making it (or connecting) again. Counted, not timed."""
-    from clbench import trackers
+    from clbench.run import trackers
 
     made_adapters, started = [], []
     release = threading.Event()

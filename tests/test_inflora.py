@@ -15,10 +15,10 @@ import torch
 from tinytasks import make_split
 
 from baselines.inflora import InfLoRA, InfLoRAConfig, memory_threshold, reference_cosine
-from clbench.backbones import state_digest
-from clbench.blocks import vit_block
+from clbench.features.backbones import state_digest
 from clbench.layers.lora import design_down_projection, lora_attention, lora_block, update_dual_gpm
-from clbench.strategy import PER_SAMPLE, Context, RunShape, Split, Task
+from clbench.methods.contract import PER_SAMPLE, Context, RunShape, Split, Task
+from clbench.methods.shared import vit_block
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
 

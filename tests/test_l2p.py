@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from tinytasks import ctx_for, micro_harness_run
 
 from baselines.l2p import L2P, L2PConfig, PromptPool, select_prompts
-from clbench.backbones import state_digest
-from clbench.blocks import masked_cross_entropy, vit_forward_tokens, vit_inserted_position, vit_tokens
-from clbench.strategy import PER_SAMPLE, REFERENCE
+from clbench.features.backbones import state_digest
+from clbench.methods.contract import PER_SAMPLE, REFERENCE
+from clbench.methods.shared import masked_cross_entropy, vit_forward_tokens, vit_inserted_position, vit_tokens
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 

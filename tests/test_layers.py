@@ -1,5 +1,5 @@
 """Shared layers (``clbench/layers/``): what they compute, and that checkpoints written before they moved out of the
-method files still load (``clbench.safestate.MOVED_TYPES``)."""
+method files still load (``clbench.files.safestate.MOVED_TYPES``)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import torch.nn.functional as F
 
 from baselines.aper import APER
 from baselines.mos import MOS
-from clbench.catalog import STRATEGIES
+from clbench.files.safestate import MOVED_TYPES, SavedState, decode, encode, unknown_classes
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.first_session import AdaptedFeatures
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import key_similarity
 from clbench.methods.costs import adapter_set_size
-from clbench.safestate import MOVED_TYPES, SavedState, decode, encode, unknown_classes
+from clbench.run.catalog import STRATEGIES
 
 
 class _AdapterCfg:

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from clbench.benchmarks import BENCHMARKS, build_benchmark
-from clbench.datacheck import add_data_check_args, check_data, cmd_data_check
+from clbench.benchmarks.check import add_data_check_args, check_data, cmd_data_check
 from clbench.errors import ClbenchError
 
 TREE_PRESETS = {  # name: (classes, B0 IncK) -- TOSCA's exps/tosca_*.json, PILOT's class counts

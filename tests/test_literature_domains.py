@@ -16,6 +16,7 @@ import pytest
 from datatrees import png_bytes
 
 from clbench.benchmarks import BENCHMARKS, build_benchmark
+from clbench.benchmarks.check import check_data
 from clbench.benchmarks.literature_domains import (
     CDDB_TASKS,
     CORE50_TEST,
@@ -28,7 +29,6 @@ from clbench.benchmarks.literature_domains import (
     load_office_home,
     office_home_split,
 )
-from clbench.datacheck import check_data
 from clbench.errors import ClbenchError
 
 PNG = png_bytes(5)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from clbench.catalog import STRATEGIES
 from clbench.cli import main
 from clbench.errors import ClbenchError
-from clbench.harness import RunConfig, make_strategy_config, run
+from clbench.run.catalog import STRATEGIES
+from clbench.run.harness import RunConfig, make_strategy_config, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py: as in each method's own file
 

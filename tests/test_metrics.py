@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from clbench import metrics
+from clbench.evaluation import metrics
 
 
 def test_forgetting_hand_computed():

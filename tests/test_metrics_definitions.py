@@ -1,4 +1,5 @@
-"""Every metric of clbench.metrics against matrices computed by hand, one case of its definition each: a task that
+"""Every metric of clbench.evaluation.metrics against matrices computed by hand, one case of its definition each: a task
+that
 improves after it was learnt (forgetting's max runs over the evaluations *before* the last, so it can be negative;
 first-minus-last and BWT use the evaluation right after learning), ties in the best earlier accuracy, a single task
 (nothing to forget or transfer), unequal task sizes (A_t weights tasks by their images, unlike a mean of R[t]), and
@@ -11,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from clbench import metrics
+from clbench.evaluation import metrics
 
 # R[t][j]. Task 0: 50 after learning it, 70 after task 1, 80 at the end (it improves after it was learnt).
 # Task 1: 60, then 40 at the end. Task 2: 90 (the last task: never "old").

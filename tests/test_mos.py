@@ -21,11 +21,11 @@ from tinytasks import (
 )
 
 from baselines.mos import MOS, MOSConfig, drifting, merge_toward, self_refine
-from clbench.backbones import state_digest
 from clbench.errors import ClbenchError
+from clbench.features.backbones import state_digest
 from clbench.layers.adapters import AdapterSet
 from clbench.layers.prompts import orth_loss
-from clbench.strategy import PER_SAMPLE, REFERENCE, RunShape, Task
+from clbench.methods.contract import PER_SAMPLE, REFERENCE, RunShape, Task
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 

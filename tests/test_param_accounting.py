@@ -1,6 +1,8 @@
-"""One parameter accounting for every method (clbench.strategy.ParamCounts): learned parameters added, statistics
+"""One parameter accounting for every method (clbench.methods.contract.ParamCounts): learned parameters added,
+statistics
 stored and parameters trained, apart. Records written before it (schema 1 to 3) are restated once by `clbench records
-upgrade` (clbench.upgrade) through each strategy's ``split_kept``, which keeps the counts as written beside them; the
+upgrade` (clbench.records.upgrade) through each strategy's ``split_kept``, which keeps the counts as written beside
+them; the
 restated counts must equal what the strategy's ``param_formula`` gives a new run of the same configuration (which
 tests/test_cost_model.py ties to real runs)."""
 
@@ -12,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from clbench.catalog import STRATEGIES
-from clbench.results import load_record
+from clbench.records.results import load_record
+from clbench.run.catalog import STRATEGIES
 
 REPO = Path(__file__).resolve().parent.parent
 WIDTH_DEPTH = {"vit_small_patch14_dinov2": (384, 12)}  # the backbone of the committed records
@@ -76,7 +78,7 @@ def test_the_split_puts_each_kind_where_it_belongs():
 
 
 def formula_for_default(name, sizes):
-    from clbench.config import make_strategy_config
+    from clbench.run.config import make_strategy_config
 
     cls = STRATEGIES.get(name)
     return cls.param_formula(make_strategy_config(cls, None, ()), 768, 12, sizes)

@@ -11,7 +11,7 @@ import pytest
 import clbench.perf as perf
 from clbench.cli import main
 from clbench.perf import Measurement, arg, from_strategy, load
-from clbench.registry import Registry
+from clbench.run.registry import Registry
 
 GENERIC = {
     "calibrate",

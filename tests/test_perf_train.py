@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from tinytasks import make_split
 
-from clbench.blocks import optimizer_step
 from clbench.errors import ClbenchError
+from clbench.methods.contract import Context, ParamCounts, Split, Strategy, Task
+from clbench.methods.shared import optimizer_step
 from clbench.perf.train_step import ReplayedSplit, step_ratio, time_steps
-from clbench.strategy import Context, ParamCounts, Split, Strategy, Task
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The precision policy (clbench.precision): chosen from what the hardware reports, injected here, never assumed."""
+"""The precision policy (clbench.run.precision): chosen from what the hardware reports, injected here, never assumed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from datatrees import make_tree
 
 from clbench.errors import ClbenchError
-from clbench.precision import CpuInfo, choose
+from clbench.run.precision import CpuInfo, choose
 
 AVX2 = CpuInfo("AVX2", amx=False, avx512_bf16=False, model="AMD EPYC (AVX2 only)")
 AVX512 = CpuInfo("AVX512", amx=False, avx512_bf16=False, model="Skylake-SP")
@@ -81,7 +81,7 @@ def test_auto_on_cuda(cuda, expected):
 
 
 def test_autocast_context_matches_the_precision():
-    from clbench.precision import autocast
+    from clbench.run.precision import autocast
 
     x = torch.randn(4, 8)
     w = torch.randn(8, 3)
@@ -92,7 +92,7 @@ def test_autocast_context_matches_the_precision():
 
 
 def test_probe_is_cached_per_machine_and_backbone(tmp_path, monkeypatch):
-    from clbench import precision
+    from clbench.run import precision
 
     calls = []
 
@@ -148,7 +148,7 @@ def test_isa_limits_are_honoured(monkeypatch):
 
 
 def test_record_states_precision_and_threads(tmp_path):
-    from clbench.harness import RunConfig, run
+    from clbench.run.harness import RunConfig, run
 
     rec = run(
         RunConfig(

@@ -9,8 +9,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from clbench import predictions as P
 from clbench.errors import ClbenchError
+from clbench.records import predictions as P
 
 
 def _tiny(protocols=("per-sample",), seed=0, n_tasks=3, per_task=10) -> P.Predictions:
@@ -88,7 +88,7 @@ def test_hostile_files_are_refused_without_unpickling(tmp_path):
 
 def test_a_run_writes_predictions_that_agree_with_its_record(tmp_path, capsys):
     from clbench.cli import main
-    from clbench.results import load_record
+    from clbench.records.results import load_record
 
     out = tmp_path / "run"
     argv = ["run", "--strategy", "simplecil", "--backbone", "vit_micro", "--weights", "random"]

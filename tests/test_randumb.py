@@ -15,7 +15,7 @@ import baselines.randumb as randumb_mod
 from baselines.randumb import RanDumb, RanDumbConfig, scale_gamma
 from clbench.errors import ClbenchError
 from clbench.layers.lda import oas_shrinkage
-from clbench.strategy import Context, Split, Task
+from clbench.methods.contract import Context, Split, Task
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
 
@@ -140,7 +140,7 @@ def test_checkpoint_round_trip_continues_bit_for_bit_from_a_small_state(backbone
     """The saved state holds neither Omega (drawn again from the seed; its first row checks that) nor the low-rank
     rows and Gram (rebuilt from the kept training features): a resumed run continues with the same bits, and a
     state resumed under another seed is refused."""
-    from clbench.safestate import SavedState
+    from clbench.files.safestate import SavedState
 
     tasks = [
         Task(t, [3 * t, 3 * t + 1, 3 * t + 2], 3 * t + 3, clusters([3 * t, 3 * t + 1, 3 * t + 2], 5, seed=20 + t))

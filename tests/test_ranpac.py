@@ -19,11 +19,11 @@ from tinytasks import PassCounter, check_one_adapted_pass_per_image, check_param
 import baselines.ranpac as ranpac_mod
 from baselines.aper import APER, APERConfig
 from baselines.ranpac import RIDGE_GRID, RanPAC, RanPACConfig, ridge_losses, select_ridge, solve_ridge
-from clbench.backbones import load_backbone
-from clbench.checkpoint import CHECKPOINT_FILE, load, save
 from clbench.cli import main
 from clbench.errors import ClbenchError
-from clbench.strategy import Context
+from clbench.features.backbones import load_backbone
+from clbench.methods.contract import Context
+from clbench.run.checkpoint import CHECKPOINT_FILE, load, save
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 
@@ -264,7 +264,7 @@ def test_param_formula_equals_the_counts_after_a_real_run(tmp_path, strategy, ov
 
 
 def test_work_counts_one_adapted_pass_per_image_and_task_0_training_only():
-    from clbench.strategy import RunShape
+    from clbench.methods.contract import RunShape
 
     shape = RunShape((400.0, 200.0, 200.0), (100.0, 150.0, 200.0))
     aper = APER.work(APERConfig(), shape)

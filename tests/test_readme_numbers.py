@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from clbench.records.results import load_record
 from clbench.report.build import _versus
 from clbench.report.collect import collect
 from clbench.report.tables import summary_table
 from clbench.report.uncertainty import Predicted, paired_rows
-from clbench.results import load_record
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = "reports/emoji/runs"
@@ -374,7 +374,7 @@ def prose_test(name: str) -> str:
     average incremental accuracy: paired bootstrap over images; several seeds: the seed-level test."""
     import numpy as np
 
-    from clbench import stats
+    from clbench.evaluation import stats
     from clbench.report.uncertainty import batch_blocks, batch_size, fmt_range, p_cell
 
     a_folders, a_protocol, b_folders, b_protocol, metric = PROSE[name]

@@ -21,8 +21,8 @@ import pytest
 
 import clbench
 from clbench.cli import main
-from clbench.config import CI_INPUT
-from clbench.harness import RunConfig, run
+from clbench.run.config import CI_INPUT
+from clbench.run.harness import RunConfig, run
 
 pytestmark = pytest.mark.slow
 

@@ -36,8 +36,8 @@ import baselines.ease as ease_mod
 import baselines.l2p as l2p_mod
 import baselines.mos as mos_mod
 import baselines.ranpac as ranpac_mod
-import clbench.blocks as blocks_mod
 import clbench.layers.prompts as prompts_mod
+import clbench.methods.shared as blocks_mod
 import tosca.strategy as tosca_mod
 from baselines.aper import APER, APERConfig
 from baselines.dualprompt import DualPrompt, DualPromptConfig
@@ -46,12 +46,12 @@ from baselines.l2p import L2P, L2PConfig
 from baselines.mos import MOS, MOSConfig
 from baselines.ranpac import RIDGE_GRID, RanPAC, RanPACConfig
 from baselines.simplecil import SimpleCIL, SimpleCILConfig
-from clbench.backbones import load_backbone
 from clbench.benchmarks.base import ArraySource
-from clbench.blocks import optimizer_step
+from clbench.features.backbones import load_backbone
+from clbench.features.transforms import TransformSpec
 from clbench.layers.adapters import AdapterSet
-from clbench.strategy import PER_SAMPLE, REFERENCE, Context, Split, Task
-from clbench.transforms import TransformSpec
+from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, Split, Task
+from clbench.methods.shared import optimizer_step
 from tosca.luca import LuCA
 from tosca.strategy import TOSCA, TOSCAConfig, stacked_forward
 
@@ -326,7 +326,7 @@ def check_l2p_loss(backbone) -> None:
 
     real_loader = Split.image_loader
     in_order = lambda self, batch_size, augment, shuffle=False, generator=None: real_loader(self, batch_size, augment)  # noqa: E731
-    # the step every trained method's loop takes through clbench.blocks.EpochLog
+    # the step every trained method's loop takes through clbench.methods.shared.EpochLog
     with mock.patch.object(blocks_mod, "optimizer_step", spy), mock.patch.object(Split, "image_loader", in_order):
         strategy.learn_task(Task(1, list(range(10, 20)), 20, train))
     assert len(losses) == 1, f"expected one optimizer step (one batch of {n}, one epoch), got {len(losses)}"

@@ -29,11 +29,11 @@ import pytest
 import torch
 from datatrees import make_tree, png_bytes
 
-from clbench.checkpoint import CHECKPOINT_FILE
 from clbench.cli import main
 from clbench.errors import ClbenchError
-from clbench.owned import TMP_PREFIX
-from clbench.safestate import SavedState
+from clbench.files.safestate import SavedState
+from clbench.files.safety import TMP_PREFIX
+from clbench.run.checkpoint import CHECKPOINT_FILE
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random", "--init-cls", "12", "--increment", "12"]
 SETTINGS = {
@@ -72,7 +72,7 @@ def cli(argv: list[str], capsys) -> tuple[int, str]:
 
 
 def tasks_done(out: Path) -> int | None:
-    from clbench.checkpoint import load
+    from clbench.run.checkpoint import load
 
     return load(out / CHECKPOINT_FILE).tasks_done if (out / CHECKPOINT_FILE).exists() else None
 
@@ -163,7 +163,7 @@ def aim(last: dict, phase: str, rng: random.Random) -> float:
 
 def _kill_sequence(argv: list[str], out: Path, rng: random.Random, logs: Path, note: list[str]) -> list[int]:
     """Kill the same command three times; return the checkpoint (tasks done) each later kill left behind."""
-    from clbench.checkpoint import load
+    from clbench.run.checkpoint import load
 
     # 1. Killed before any checkpoint (while starting): nothing to continue, the same command starts afresh.
     delay = rng.uniform(0.05, 1.0)
@@ -240,7 +240,7 @@ def test_sigkill_anywhere_then_resume_gives_the_uninterrupted_record(strategy, r
 
 def _snapshots(strategy: str, out: Path, monkeypatch) -> dict[str, Path]:
     """Copies of a run folder at the moments a kill can leave distinct files, from a real in-process run."""
-    from clbench import checkpoint, harness
+    from clbench.run import checkpoint, harness
 
     snaps: dict[str, Path] = {}
     real_save, real_features = checkpoint.save, harness._save_features
@@ -362,7 +362,7 @@ def test_corrupt_checkpoint_is_refused_not_used(tmp_path, monkeypatch, capsys):
 
 
 def test_resumed_backbone_must_be_the_checkpoints(tmp_path, monkeypatch, capsys):
-    from clbench.checkpoint import load, save
+    from clbench.run.checkpoint import load, save
 
     out = tmp_path / "run"
     _interrupted(out, monkeypatch)
@@ -383,7 +383,7 @@ def _through_a_file(saved: SavedState) -> SavedState:
 def test_state_dict_round_trip_for_every_strategy(micro_session_factory):
     """A strategy restored from its saved state (JSON and safetensors, no pickle) after task 1 learns task 2 and
     predicts exactly as the original."""
-    from clbench.catalog import STRATEGIES
+    from clbench.run.catalog import STRATEGIES
 
     def small(step):  # 4 training images per class, 60 test images: seconds for the methods that train on images
         y = step.task.train.labels.numpy()
@@ -616,7 +616,7 @@ def test_truncated_weights_file(kind, tmp_path, capsys):
 
 
 def test_nan_features_are_an_error_not_a_result(tmp_path, monkeypatch, capsys):
-    from clbench.backbones import FrozenBackbone
+    from clbench.features.backbones import FrozenBackbone
 
     forward = FrozenBackbone.forward
     monkeypatch.setattr(FrozenBackbone, "forward", lambda self, x: forward(self, x) * float("nan"))

@@ -1,4 +1,4 @@
-"""The run record (``clbench.results``): every committed record loads, writing and reading give the same record,
+"""The run record (``clbench.records.results``): every committed record loads, writing and reading give the same record,
 older schema versions are upgraded with the fields they lack, and what is not a readable record is refused with a
 message that says why."""
 
@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from clbench.checkpoint import CHECKPOINT_FILE
 from clbench.errors import ClbenchError
-from clbench.files import without_nan
-from clbench.owned import mark_folder
-from clbench.results import (
+from clbench.files.atomic import without_nan
+from clbench.files.safety import mark_folder
+from clbench.records.results import (
     RESULT_FILE,
     SCHEMA_VERSION,
     ProtocolSummary,
@@ -25,7 +24,8 @@ from clbench.results import (
     load_record,
     read_record,
 )
-from clbench.upgrade import upgraded
+from clbench.records.upgrade import upgraded
+from clbench.run.checkpoint import CHECKPOINT_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "records"
@@ -89,7 +89,8 @@ def test_every_committed_record_loads_or_is_refused_as_its_fixture_says(path):
     if raw.get("train_per_class") is not None:
         expected["train_per_class"] = raw["train_per_class"]
     assert rec.settings == expected
-    # the command reads as typed (clbench.results.as_typed): no interpreter, worktree or absolute path of the maker
+    # the command reads as typed (clbench.records.results.as_typed): no interpreter, worktree or absolute path of the
+    # maker
     if raw.get("command"):
         assert rec.command == as_typed(raw["command"].split(" "), None) and "/work/" not in rec.command
         assert rec.command.split(" ")[0] in ("clbench", "pytest"), rec.command
@@ -310,7 +311,7 @@ def test_a_too_new_record_is_skipped_by_the_report_and_named(tmp_path):
 
 # ------------------------------------------------------------------------------------------- the harness
 def test_the_harness_returns_the_record_it_wrote(tmp_path):
-    from clbench.harness import RunConfig, run
+    from clbench.run.harness import RunConfig, run
 
     rec = run(
         RunConfig(

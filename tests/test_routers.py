@@ -1,4 +1,4 @@
-"""Routers (clbench/routers.py) and TOSCA's routing study: per-sample rules, fitted on training data only."""
+"""Routers (clbench/methods/routers.py) and TOSCA's routing study: per-sample rules, fitted on training data only."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from clbench.errors import ClbenchError
-from clbench.perf.routers import synthetic_memory
-from clbench.routers import (
+from clbench.methods.routers import (
     ROUTERS,
     RouteInputs,
     RoutingMemory,
@@ -21,6 +20,7 @@ from clbench.routers import (
     fit_temperature,
     route,
 )
+from clbench.perf.routers import synthetic_memory
 
 BASELINE = Path(__file__).parent / "fixtures" / "routing" / "entropy_baseline.json"
 # The micro ViT's random init (seed 1993, 32 px) saved once: the init itself differs between CPU kinds (an Intel Xeon
@@ -227,7 +227,7 @@ def test_strategy_routing_is_per_sample_for_every_router(micro_session_factory):
 
 
 def test_unknown_router_lists_the_valid_ones():
-    from clbench.config import make_strategy_config
+    from clbench.run.config import make_strategy_config
     from tosca.strategy import TOSCA
 
     with pytest.raises(ClbenchError) as e:
@@ -241,7 +241,7 @@ def test_unknown_router_lists_the_valid_ones():
 
 
 def test_a_checkpoint_without_routing_statistics_refuses_rules_that_need_them(micro_session_factory):
-    from clbench.config import make_strategy_config
+    from clbench.run.config import make_strategy_config
     from tosca.strategy import TOSCA
 
     s, step = _trained(micro_session_factory, (), disturb=False)
@@ -266,11 +266,11 @@ def test_router_costs_runs_on_the_micro_vit():
 
 
 def test_routing_study_tables_come_from_the_record(tmp_path):
-    from clbench.harness import RunConfig, run
     from clbench.report.collect import collect
     from clbench.report.routing import router_rows
     from clbench.report.study import write_study
     from clbench.report.tables import markdown_tables
+    from clbench.run.harness import RunConfig, run
 
     rec = run(
         RunConfig(

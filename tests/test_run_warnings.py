@@ -8,9 +8,9 @@ from pathlib import Path
 from rich.console import Console
 from test_report import copy_runs
 
+from clbench.records.results import load_record
 from clbench.report.collect import collect
 from clbench.report.tables import routing_table, summary_table
-from clbench.results import load_record
 from clbench.ui import print_result, run_warnings
 
 UNDERTRAINED = "the adapters barely moved: this run measures the frozen backbone"

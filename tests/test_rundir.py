@@ -1,4 +1,4 @@
-"""clbench.rundir: what a run folder must be before a run takes it, and the lock that makes it the run's own."""
+"""clbench.run.rundir: what a run folder must be before a run takes it, and the lock that makes it the run's own."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from collections import namedtuple
 import pytest
 
 from clbench.errors import ClbenchError
-from clbench.rundir import RunDir, check_free_space, check_run_folder
+from clbench.run.rundir import RunDir, check_free_space, check_run_folder
 
 
 def test_a_sweep_run_folder_is_a_run_folder():
     """A sweep worker writes its attempt file (and log) before the run takes the lock: the folder is still one
     ``--out`` accepts."""
-    from clbench.rundir import RUN_FOLDER_MARKS
+    from clbench.run.rundir import RUN_FOLDER_MARKS
     from clbench.sweep.plan import ATTEMPT_FILE
 
     assert ATTEMPT_FILE in RUN_FOLDER_MARKS

@@ -14,12 +14,12 @@ import pytest
 import torch
 from tinytasks import features_context, gaussian_split, make_split
 
-from clbench import metrics
-from clbench.catalog import BENCHMARKS, STRATEGIES
-from clbench.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError, setting
-from clbench.scenario import _from_source, declared_scenarios, new_class_count, supporting
-from clbench.strategy import Context, Split, Task
+from clbench.evaluation import metrics
+from clbench.methods.contract import Context, Split, Task
+from clbench.run.catalog import BENCHMARKS, STRATEGIES
+from clbench.run.config import Fingerprint, RunConfig
+from clbench.run.scenario import _from_source, declared_scenarios, new_class_count, supporting
 
 DOMAIN_STRATEGIES = ["acil", "dualprompt", "l2p", "ranpac", "simplecil", "slda", "tosca"]
 CLASS_ONLY = ["aper", "dsal", "ease", "fecam", "mos", "randumb"]  # see each class's ``scenarios`` comment
@@ -40,7 +40,7 @@ def test_scenario_is_a_checked_run_setting_in_the_fingerprint_only_where_not_cla
 
 
 def test_records_without_a_scenario_read_as_class(tmp_path):
-    from clbench.results import RunRecord
+    from clbench.records.results import RunRecord
 
     assert RunRecord.__dataclass_fields__["scenario"].default is None  # None: class (the old schema)
 
@@ -68,7 +68,7 @@ def test_task_aware_prediction_restricts_the_argmax_to_the_images_task():
 
 # ----------------------------------------------------------------------------------------------- refusal
 def test_an_unsupported_strategy_is_refused_in_one_line_naming_the_supporters():
-    from clbench import harness
+    from clbench.run import harness
 
     with pytest.raises(ClbenchError) as e:
         harness.resolve(RunConfig(strategy="ease", bench="emoji-vendors", scenario="domain"))
@@ -83,7 +83,7 @@ def test_an_unsupported_strategy_is_refused_in_one_line_naming_the_supporters():
 
 def test_the_refusal_reads_the_strategies_without_importing_them():
     code = (
-        "import sys\nfrom clbench.scenario import check_scenario, supporting\n"
+        "import sys\nfrom clbench.run.scenario import check_scenario, supporting\n"
         "print(','.join(supporting('domain')))\n"
         "assert 'torch' not in sys.modules and 'baselines.ease' not in sys.modules, sorted(sys.modules)\n"
     )
@@ -144,7 +144,7 @@ def test_simplecil_prototypes_are_means_over_every_domain():
 def test_closed_form_heads_after_two_domains_equal_one_task_of_both(name, backbone):
     """ACIL's recursive least squares and RanPAC's accumulated G/Q are exact over any new images, and SLDA's
     class means are streaming means: after two domains the head is the one a single task of both domains gives."""
-    from clbench.catalog import STRATEGIES as S
+    from clbench.run.catalog import STRATEGIES as S
 
     cls = S.get(name)
     cfg = {
@@ -212,7 +212,7 @@ def test_tosca_keeps_one_module_and_one_prototype_set_per_domain(backbone, image
 
 
 def metrics_cos(z: torch.Tensor, w: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    from clbench.blocks import cosine_logits
+    from clbench.methods.shared import cosine_logits
 
     return cosine_logits(z, w, sigma)
 
@@ -252,7 +252,7 @@ def test_emoji_vendors_has_two_vendor_domains_over_the_same_classes_and_the_spli
 
 
 def test_a_domain_run_on_the_micro_vit_evaluates_every_domain_seen(tmp_path):
-    from clbench import harness
+    from clbench.run import harness
 
     cfg = RunConfig(
         strategy="tosca",
@@ -278,7 +278,7 @@ def test_a_domain_run_on_the_micro_vit_evaluates_every_domain_seen(tmp_path):
 
 
 def test_class_runs_record_the_task_aware_accuracy_beside_the_task_agnostic(tmp_path):
-    from clbench import harness
+    from clbench.run import harness
 
     cfg = RunConfig(
         strategy="simplecil",

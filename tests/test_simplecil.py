@@ -1,6 +1,6 @@
 import torch
 
-from clbench.blocks import class_means
+from clbench.methods.shared import class_means
 
 
 def test_prototypes_equal_class_means(micro_session_factory):

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from tinytasks import make_split
 
-import clbench.blocks as blocks_mod
+import clbench.methods.shared as blocks_mod
 from baselines.slca import SLCA, SLCAConfig, alignment_tasks, normalised_logits, shrink_factors
-from clbench.backbones import state_digest
+from clbench.features.backbones import state_digest
+from clbench.methods.contract import Context, Split, Task
 from clbench.methods.costs import plain_vit_params
-from clbench.strategy import Context, Split, Task
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
 
@@ -64,7 +64,7 @@ def test_the_vit_is_copied_once_and_the_frozen_backbone_never_changes(backbone, 
 
 def test_slow_learner_groups_the_whole_vit_at_a_hundredth_of_the_head_lr(backbone, tasks):
     seen = []
-    real = blocks_mod.optimizer_step  # the step SLCA's training loop takes through clbench.blocks.EpochLog
+    real = blocks_mod.optimizer_step  # the step SLCA's training loop takes through clbench.methods.shared.EpochLog
 
     def record(optimizer, loss, where):
         seen.append([(g["lr"], g["weight_decay"], g["momentum"], list(g["params"])) for g in optimizer.param_groups])
@@ -156,7 +156,7 @@ def test_parameter_counts_include_the_whole_vit_once(backbone, trained):
 
 
 def test_cost_model_counts_full_fine_tuning_and_tuned_evaluation():
-    from clbench.strategy import RunShape
+    from clbench.methods.contract import RunShape
 
     shape = RunShape.equal(100, 20, 2)  # 50 training images per task; 10 then 20 test images seen
     w = SLCA.work(SLCAConfig(epochs=3), shape)

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from baselines.slda import SLDA, SLDAConfig
 from clbench.errors import ClbenchError
 from clbench.layers.lda import LDAStatistics, shrink
-from clbench.strategy import Context, Split, Task
+from clbench.methods.contract import Context, Split, Task
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
 FIXTURE = Path(__file__).parent / "reference_golden" / "slda.safetensors"

@@ -1,7 +1,8 @@
 """A warm run starts fast because it does only what it uses (issue 41, item 3): the run path imports Avalanche's
 scenario classes without its classic catalogue and torchvision's transforms without ``torch._dynamo``
 (:mod:`clbench.imports`); a run whose features are cached and whose strategy never enters the backbone never builds
-it (:class:`clbench.backbones.LazyBackbone`), while a strategy that needs it gets it transparently, checked against
+it (:class:`clbench.features.backbones.LazyBackbone`), while a strategy that needs it gets it transparently, checked
+against
 the cached facts; a cache entry is spot-checked once, not on every use, and a rewritten one still is; the weights'
 digest is kept by file identity. Behaviour only, never timings (``clbench perf main-job`` measures those)."""
 
@@ -27,7 +28,7 @@ def micro_weights(tmp_path: Path) -> Path:
     """A file of vit_micro weights: a file-backed source, whose facts can be cached (random weights cannot)."""
     from safetensors.torch import save_file
 
-    from clbench.backbones import load_backbone
+    from clbench.features.backbones import load_backbone
 
     drawn = load_backbone("vit_micro", "random", seed=3)
     path = tmp_path / "micro.safetensors"
@@ -66,8 +67,8 @@ def test_a_run_whose_features_are_cached_never_builds_the_backbone(tmp_path, mic
 def test_a_strategy_that_needs_the_backbone_gets_it_built_and_checked(tmp_path, micro_weights, monkeypatch):
     """The lazy backbone builds on its first real use (here a forward pass) with the weights the facts describe;
     facts that name another digest are an error, never a run on features of other weights."""
-    from clbench.backbones import FACTS_FILE, LazyBackbone, load_backbone
     from clbench.errors import ClbenchError
+    from clbench.features.backbones import FACTS_FILE, LazyBackbone, load_backbone
 
     root = tmp_path / "cache"
     eager = load_backbone("vit_micro", str(micro_weights), lazy=True, cache_root=root)  # writes the facts
@@ -100,7 +101,7 @@ def test_a_cache_entry_is_spot_checked_once_and_a_rewritten_one_again(tmp_path):
     """An entry that passed (or was computed here) is not recomputed with the backbone on its next use; one
     rewritten with other features and a matching digest is, and is caught; a memory others could write is not
     trusted."""
-    from clbench.features import CHECKED_FILE, FeatureCache
+    from clbench.features.cache import CHECKED_FILE, FeatureCache
 
     cache = FeatureCache(tmp_path / "features")
     feats = torch.randn(20, 4)
@@ -118,7 +119,7 @@ def test_a_cache_entry_is_spot_checked_once_and_a_rewritten_one_again(tmp_path):
     assert torch.equal(cache.load("k", spot), feats) and len(calls) == 1
     from safetensors.torch import save
 
-    from clbench.features import _digest
+    from clbench.features.cache import _digest
 
     other = feats * 1.5
     cache.path("k").write_bytes(save({"features": other}, metadata={"key": "k", "sha256": _digest(other)}))
@@ -160,7 +161,10 @@ def test_the_run_path_imports_no_avalanche_catalogue_and_no_dynamo():
     strategy API) import neither ``avalanche.benchmarks.classic`` nor ``torch._dynamo`` (nor timm, Avalanche's
     training, torchvision's ops). The warm run itself, and the whole of Avalanche and torchvision still there on
     first use: :func:`test_a_warm_run_in_a_fresh_process_imports_none_of_them` (full tier)."""
-    imports = "import clbench.cli, clbench.harness, clbench.benchmarks.streams, clbench.transforms, clbench.strategy"
+    imports = (
+        "import clbench.cli, clbench.run.harness, clbench.benchmarks.streams, clbench.features.transforms, "
+        "clbench.methods.contract"
+    )
     out = _python(f"{imports}; {_REPORT}", dict(os.environ))
     assert "IMPORTED []" in out, out
 
@@ -170,7 +174,7 @@ def test_avalanches_training_api_imports_after_the_run_path():
     imported, its package ``__init__`` deferred) gets the whole package, as without clbench: Avalanche's training
     package imported before its benchmarks fails on a circular import, so the deferred ``__init__`` runs first."""
     code = (
-        "import clbench.harness, clbench.benchmarks.streams, sys; "
+        "import clbench.run.harness, clbench.benchmarks.streams, sys; "
         "from avalanche.training.plugins import EvaluationPlugin; "
         "from avalanche.training.templates import SupervisedTemplate; "
         "from avalanche.training.supervised.deep_slda import StreamingLDA; "
@@ -280,10 +284,10 @@ def test_the_data_check_of_array_images_is_recorded_under_their_content_and_stil
     import numpy as np
 
     from clbench.benchmarks.base import Benchmark, NpzArraySource
+    from clbench.benchmarks.check import check_loaded
     from clbench.benchmarks.emoji import load
-    from clbench.catalog import BENCHMARKS
-    from clbench.datacheck import check_loaded
     from clbench.errors import ClbenchError
+    from clbench.run.catalog import BENCHMARKS
 
     spec = dataclasses.replace(BENCHMARKS.get("emoji"), n_classes=None)
 

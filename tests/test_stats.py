@@ -1,4 +1,5 @@
-"""clbench.stats against simulations with a known truth: interval coverage, the paired tests' false-positive rate
+"""clbench.evaluation.stats against simulations with a known truth: interval coverage, the paired tests' false-positive
+rate
 and power, Holm's correction against hand values. Test sets have the embedded benchmark's size and class balance
 (942 images, 36 classes of 12 to 54 images); 1,000 simulated runs each, vectorised through the functions' column
 batches (the runs of one simulation share the bootstrap's resampling weights, as columns of one call do)."""
@@ -10,7 +11,7 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from clbench import stats
+from clbench.evaluation import stats
 
 RUNS = 1000
 B = 2000  # resamples in the simulations (coverage needs no more; the reports use stats.N_RESAMPLES = 10,000)

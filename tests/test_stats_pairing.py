@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from test_uncertainty_report import make_run
 
+from clbench.records.results import load_record
 from clbench.report.build import _versus
 from clbench.report.collect import collect
 from clbench.report.tables import summary_table
 from clbench.report.uncertainty import Predicted, paired_rows
-from clbench.results import load_record
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from clbench import stats
+from clbench.evaluation import stats
 from clbench.report.uncertainty import batch_blocks
 
 STRATA = np.repeat(np.arange(6), [3, 5, 8, 2, 12, 6])  # unequal classes, 36 images

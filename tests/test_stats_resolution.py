@@ -13,7 +13,7 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from clbench import stats
+from clbench.evaluation import stats
 
 
 @pytest.fixture(scope="module")

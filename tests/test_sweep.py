@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from clbench import typedfile
 from clbench.cli import main
 from clbench.errors import ClbenchError
-from clbench.results import RunRecord, load_record
+from clbench.files import typedfile
+from clbench.records.results import RunRecord, load_record
 from clbench.sweep import (
     ATTEMPT_FILE,
     SWEEP_FILE,
@@ -280,8 +280,9 @@ def test_every_sweep_flag_comes_from_one_declaration():
     import dataclasses
     import inspect
 
-    from clbench import cli, config
+    from clbench import cli
     from clbench.errors import ClbenchError
+    from clbench.run import config
     from clbench.sweep.settings import Resources, SweepArgs
 
     sub = cli.build_parser("sweep").commands["sweep"]
@@ -414,7 +415,7 @@ def test_a_failing_run_is_reported_and_the_table_says_incomplete(tmp_path, capsy
 def test_a_second_sweep_on_the_same_folder_is_refused(tmp_path, capsys):
     import fcntl
 
-    from clbench.owned import mark_folder
+    from clbench.files.safety import mark_folder
 
     out = tmp_path / "busy"
     out.mkdir()

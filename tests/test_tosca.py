@@ -47,7 +47,7 @@ def test_stacked_forward_equals_loop(variant):
 
 
 def test_batched_routing_equals_loop_over_modules():
-    from clbench.blocks import CosineHead
+    from clbench.methods.shared import CosineHead
 
     torch.manual_seed(1)
     mods = [LuCA(64, 16) for _ in range(4)]
@@ -124,7 +124,7 @@ def test_prototype_rows_are_module_class_means(micro_session_factory):
 
 def test_config_validation_and_unknown_protocol(tmp_path):
     from clbench.errors import ClbenchError
-    from clbench.harness import RunConfig, run
+    from clbench.run.harness import RunConfig, run
 
     with pytest.raises(ClbenchError, match="valid protocols"):
         run(

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from clbench.cli import main
-from clbench.results import RunRecord, load_record
+from clbench.records.results import RunRecord, load_record
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = ["--backbone", "vit_micro", "--weights", "random"]
@@ -266,8 +266,8 @@ def test_a_hung_tracker_is_left_behind_after_the_timeout(tmp_path):
     clock: the wait ends while the tracker's call is still blocked (it returns only once the test releases it)."""
     import threading
 
-    from clbench import trackers
-    from clbench.results import ProtocolSummary, TaskEntry
+    from clbench.records.results import ProtocolSummary, TaskEntry
+    from clbench.run import trackers
 
     release, returned = threading.Event(), threading.Event()
 
@@ -303,7 +303,7 @@ def test_a_hung_tracker_is_left_behind_after_the_timeout(tmp_path):
 
 
 def test_a_run_that_stops_with_an_error_ends_its_tracker_runs_as_failed(tmp_path, monkeypatch):
-    from clbench import trackers
+    from clbench.run import trackers
 
     calls = []
 
@@ -367,7 +367,7 @@ def test_tracker_not_installed_names_the_extra(tmp_path, tracker, package):
 def test_trackers_are_not_imported_unless_asked(tmp_path):
     code = (
         "import sys; from clbench.cli import build_parser; build_parser().parse_args(['run', '--strategy', 'x']);"
-        "import clbench.trackers;"
+        "import clbench.run.trackers;"
         "print(sorted(m for m in ('wandb', 'mlflow', 'tensorboard') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -1,4 +1,5 @@
-"""The under-training detector (clbench.training_check): relative change of what the optimizers stepped, the reset
+"""The under-training detector (clbench.methods.training_check): relative change of what the optimizers stepped, the
+reset
 share of the first task's predictions, and the record's ``training_warning``."""
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ import pytest
 import torch
 from conftest import MICRO
 
-from clbench import training_check
-from clbench.blocks import TrainingTrace, optimizer_step
-from clbench.harness import RunConfig, run
-from clbench.results import load_record
+from clbench.methods import training_check
+from clbench.methods.shared import TrainingTrace, optimizer_step
+from clbench.records.results import load_record
+from clbench.run.harness import RunConfig, run
 
 
 def test_trace_measures_only_what_an_optimizer_stepped():

@@ -1,4 +1,4 @@
-"""clbench.blocks.TrainingTrace: the first and last epoch's mean loss and the relative parameter change of every
+"""clbench.methods.shared.TrainingTrace: the first and last epoch's mean loss and the relative parameter change of every
 optimiser a ``learn_task`` steps through ``optimizer_step``, stored by the harness as ``diagnostics["training"]``."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clbench.blocks import TrainingTrace, optimizer_step
+from clbench.methods.shared import TrainingTrace, optimizer_step
 
 
 def test_epochs_are_the_steps_sharing_a_label_and_the_change_is_over_all_parameters():
@@ -54,11 +54,12 @@ def test_an_optimiser_made_after_another_is_freed_is_its_own_entry():
 
 
 def test_epoch_log_logs_each_epochs_mean_loss_per_image_advances_and_counts_steps():
-    """clbench.blocks.EpochLog, the trained methods' loop bookkeeping: the progress bar over all steps, one line per
+    """clbench.methods.shared.EpochLog, the trained methods' loop bookkeeping: the progress bar over all steps, one line
+    per
     epoch with the mean loss per image (batches weighted by their size), after the epoch's own code."""
     from types import SimpleNamespace
 
-    from clbench.blocks import EpochLog
+    from clbench.methods.shared import EpochLog
 
     lines, bars, advanced = [], [], []
     ctx = SimpleNamespace(

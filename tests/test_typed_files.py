@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from clbench.errors import ClbenchError
-from clbench.files import without_nan
+from clbench.files.atomic import without_nan
 from clbench.gate.reference import Reference, load_reference, write_reference
-from clbench.results import (
+from clbench.records.results import (
     LAYOUT,
     OPTIONAL_FIELDS,
     REQUIRED_FIELDS,
@@ -23,7 +23,7 @@ from clbench.results import (
     RunRecord,
     read_record,
 )
-from clbench.routing_diagnostics import VERSION_KEY, RoutingDiagnostics, read_routing
+from clbench.records.routing_diagnostics import VERSION_KEY, RoutingDiagnostics, read_routing
 from clbench.sweep.manifest import SweepManifest, load_manifest, upgrade, write_manifest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -218,7 +218,8 @@ def test_routing_diagnostics_write_their_version():
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: str(p.parent.relative_to(REPO)))
 def test_every_committed_record_writes_back_identically(tmp_path, path):
     """A current-version record writes back byte for byte (key order included); an older one writes back every
-    field it had as upgraded (the upgrades of clbench.results.UPGRADES applied), and the rewrite is a fixed point."""
+    field it had as upgraded (the upgrades of clbench.records.results.UPGRADES applied), and the rewrite is a fixed
+    point."""
     raw = json.loads(path.read_text())
     record = read_record(path)
     written = record.to_dict()

@@ -1,4 +1,5 @@
-"""The typed-file layer (clbench.typedfile): one declaration per field gives the check, the reader and the writer."""
+"""The typed-file layer (clbench.files.typedfile): one declaration per field gives the check, the reader and the
+writer."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from clbench import typedfile as tf
+from clbench.files import typedfile as tf
 
 
 @dataclasses.dataclass

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clbench import predictions as P
 from clbench.cli import main
-from clbench.results import load_record
+from clbench.records import predictions as P
+from clbench.records.results import load_record
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = REPO / "tests" / "fixtures" / "records" / "simplecil" / "sc-s1993"

@@ -1,4 +1,4 @@
-"""`clbench records upgrade DIR` (clbench.upgrade): records of schema 1 to 3 are refused by every reader with a
+"""`clbench records upgrade DIR` (clbench.records.upgrade): records of schema 1 to 3 are refused by every reader with a
 message naming the command, which rewrites them once at the current schema; reading records imports neither torch
 nor any method."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from clbench.cli import main
 from clbench.errors import ClbenchError
-from clbench.results import RESULT_FILE, SCHEMA_VERSION, load_record, read_record
-from clbench.upgrade import upgrade_folders
+from clbench.records.results import RESULT_FILE, SCHEMA_VERSION, load_record, read_record
+from clbench.records.upgrade import upgrade_folders
 
 REPO = Path(__file__).resolve().parent.parent
 LEGACY = REPO / "tests" / "fixtures" / "records-legacy"  # one record of each old schema, as it was written
@@ -80,7 +80,7 @@ def test_a_dry_run_writes_nothing(legacy, capsys):
 def test_a_folder_a_run_is_writing_is_left_alone(legacy, capsys):
     folder = legacy / NAMES[0]
     text = (folder / RESULT_FILE).read_bytes()
-    with open(folder / ".lock", "w") as held:  # as clbench.rundir.RunDir holds it during a run
+    with open(folder / ".lock", "w") as held:  # as clbench.run.rundir.RunDir holds it during a run
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert main(["records", "upgrade", str(folder)]) == 1
     assert "busy" in capsys.readouterr().out and (folder / RESULT_FILE).read_bytes() == text
@@ -88,7 +88,7 @@ def test_a_folder_a_run_is_writing_is_left_alone(legacy, capsys):
 
 
 def test_a_rewrite_that_does_not_read_back_is_undone(legacy, monkeypatch):
-    import clbench.upgrade as upgrade
+    import clbench.records.upgrade as upgrade
 
     folder = legacy / NAMES[0]
     text = (folder / RESULT_FILE).read_bytes()
@@ -119,11 +119,12 @@ def test_reading_every_committed_record_imports_neither_torch_nor_a_method():
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from clbench.results import load_record, read_record\n"
+        "from clbench.records.results import load_record, read_record\n"
         "paths = sorted(Path('reports').rglob('result.json'))\n"
         "records = [load_record(p) if read_record(p).complete else read_record(p) for p in paths]\n"
         "assert len(records) > 150, len(records)\n"
-        "loaded = [m for m in sys.modules if m == 'torch' or m.startswith(('baselines', 'tosca', 'clbench.catalog'))]\n"
+        "heavy = ('baselines', 'tosca', 'clbench.run.catalog')\n"
+        "loaded = [m for m in sys.modules if m == 'torch' or m.startswith(heavy)]\n"
         "assert not loaded, loaded\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -2,7 +2,8 @@
 ``backbone`` (a module-scoped random ``vit_micro``), ``one_thread`` (one intra-op thread for a module that asks for
 it), ``tasks`` and ``test_split`` (two tiny tasks and the test images of their classes; a module picks the classes
 with ``TASK_CLASSES``), :func:`ctx_for` (a quiet CPU context) and :func:`make_split`, a
-:class:`~clbench.strategy.Split` of random 32 px images with their frozen features; for the closed-form heads, which
+:class:`~clbench.methods.contract.Split` of random 32 px images with their frozen features; for the closed-form heads,
+which
 read features only, :func:`gaussian_split` (features drawn around fixed class centres, no images) and
 :func:`features_context` (a context whose backbone is just a feature width). :func:`micro_harness_run` and
 :func:`check_param_formula_after_a_real_run` run a method through the harness on the micro ViT; the ``check_*``
@@ -17,14 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-from clbench.backbones import load_backbone
 from clbench.benchmarks.base import ArraySource
-from clbench.features import extract
-from clbench.strategy import Context, ParamCounts, Split, Task
-from clbench.transforms import TransformSpec
+from clbench.features.backbones import load_backbone
+from clbench.features.cache import extract
+from clbench.features.transforms import TransformSpec
+from clbench.methods.contract import Context, ParamCounts, Split, Task
 
 if TYPE_CHECKING:
-    from clbench.results import RunRecord
+    from clbench.records.results import RunRecord
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +110,7 @@ def gaussian_split(
 def micro_harness_run(tmp_path, method: str, protocol: str) -> RunRecord:
     """``method`` through the harness on the micro ViT: the emoji benchmark in two tasks of 18 classes, one epoch,
     batches of 64, on the CPU in fp32, evaluated under ``protocol``; checked complete with both tasks."""
-    from clbench.harness import RunConfig, run
+    from clbench.run.harness import RunConfig, run
 
     record = run(
         RunConfig(
@@ -133,8 +134,8 @@ def micro_harness_run(tmp_path, method: str, protocol: str) -> RunRecord:
 def check_param_formula_after_a_real_run(tmp_path, strategy: str, overrides: tuple[tuple[str, str], ...]) -> None:
     """``strategy``'s ``param_formula`` (its config alone) equals the parameters a real run on the micro ViT counts
     (d = 64, 4 blocks; the emoji benchmark in tasks of 12, 6, 6, 6, 6 classes; one epoch plus ``overrides``)."""
-    from clbench.catalog import STRATEGIES
-    from clbench.harness import RunConfig, make_strategy_config, run
+    from clbench.run.catalog import STRATEGIES
+    from clbench.run.harness import RunConfig, make_strategy_config, run
 
     record = run(
         RunConfig(
@@ -211,7 +212,7 @@ def check_per_sample_predictions_ignore_order_and_batch_size(strategy, test_spli
     other neighbours, in batches of one or of all ``test_split``, and on a second call."""
     from dataclasses import replace
 
-    from clbench.strategy import PER_SAMPLE
+    from clbench.methods.contract import PER_SAMPLE
 
     full = strategy.predict(test_split, PER_SAMPLE)
     assert full.shape == (len(test_split), n_classes) and torch.isfinite(full).all()

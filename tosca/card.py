@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.catalog import MethodCard
-from clbench.config import CI_INPUT
 from clbench.errors import ClbenchError
 from clbench.methods.costs import ParamCounts, RunShape, Work
+from clbench.run.catalog import MethodCard
+from clbench.run.config import CI_INPUT
 
 VARIANTS: tuple[str, ...] = ("luca", "adapter", "calibrator", "tosca_r")  # the module variants (tosca.luca)
 DEFAULT_ROUTER = "entropy"  # the paper's rule
@@ -32,7 +32,7 @@ class TOSCAConfig:
     train_mode: Literal["cached", "augment"] = "cached"  # clbench default: cached features (see docstring)
     ref_eval_batch: int = 48  # reference test-loader batch for the ``reference`` protocol
     eval_batch: int = 4096  # per-sample evaluation chunk (any value gives identical predictions)
-    router: str = DEFAULT_ROUTER  # per-sample module choice (clbench.routers); the paper's rule is entropy
+    router: str = DEFAULT_ROUTER  # per-sample module choice (clbench.methods.routers); the paper's rule is entropy
     routers: str = ""  # more routers to evaluate from the same run, comma-separated (diagnostics only)
 
     def __post_init__(self) -> None:
@@ -51,7 +51,7 @@ class TOSCAConfig:
             raise ValueError("l1 must be >= 0")
         if self.router == DEFAULT_ROUTER and not self.routers:
             return  # the paper's rule alone: nothing to look up in the router registry (which loads torch)
-        from clbench.routers import ROUTERS, parse_names
+        from clbench.methods.routers import ROUTERS, parse_names
 
         parse_names(self.router, "router")
         parse_names(self.routers, "routers")
@@ -64,7 +64,7 @@ class TOSCAConfig:
     @property
     def study_routers(self) -> tuple[str, ...]:
         """The routers recorded in diagnostics: the run's own, those asked for, and the oracle bound."""
-        from clbench.routers import parse_names
+        from clbench.methods.routers import parse_names
 
         return tuple(dict.fromkeys((self.router, *parse_names(self.routers, "routers"), "oracle")))
 

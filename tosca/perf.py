@@ -22,7 +22,7 @@ from clbench.perf.timing import median_seconds
 
 
 def tosca_parts(d: int, T: int, classes_per_task: int, seed: int = 0):
-    from clbench.blocks import CosineHead
+    from clbench.methods.shared import CosineHead
     from tosca.luca import LuCA
 
     g = torch.Generator().manual_seed(seed)
@@ -52,10 +52,10 @@ def tosca_routing(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Measure TOSCA routing cost against backbone cost (weights do not change timings; random by default)."""
-    from clbench.blocks import torch_threads
+    from clbench.methods.routers import RouteInputs
+    from clbench.methods.routers import route as apply_router
+    from clbench.methods.shared import torch_threads
     from clbench.perf.timing import timed_backbone
-    from clbench.routers import RouteInputs
-    from clbench.routers import route as apply_router
     from tosca.luca import stacked_forward
 
     def route_per_sample(all_logits):  # the entropy router, as TOSCA routes per sample
@@ -134,9 +134,9 @@ ROUTING = Measurement(
 def unit_seconds(d: int, device: torch.device) -> dict[str, float]:
     """Seconds per image of a module step (SGD on a cached feature, batch 48) and of routing per module (T = 10
     modules of 20 classes, 256 images), on ``device`` at width ``d``."""
-    from clbench.blocks import torch_threads
-    from clbench.routers import RouteInputs
-    from clbench.routers import route as apply_router
+    from clbench.methods.routers import RouteInputs
+    from clbench.methods.routers import route as apply_router
+    from clbench.methods.shared import torch_threads
     from tosca.luca import LuCA, stacked_forward
 
     def route_per_sample(all_logits):  # the entropy router, as TOSCA routes per sample

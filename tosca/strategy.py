@@ -16,7 +16,8 @@ Algorithm (per task t):
 
 Inference without a task id: every stored module runs on z, logits_i = head(LuCA_i(z)), and the module
 with the lowest softmax entropy is chosen (the paper's rule, the default ``router``; the other per-sample rules of
-:mod:`clbench.routers` are ``--set router=NAME``, and ``--set routers=a,b,c`` evaluates several from the same trained
+:mod:`clbench.methods.routers` are ``--set router=NAME``, and ``--set routers=a,b,c`` evaluates several from the same
+trained
 modules, recorded per task under ``diagnostics.routers``). Protocols:
 - ``per-sample`` (default, sound): the choice is made per image; a prediction depends on its own image only.
 - ``reference``: the official rule. Batches of ``ref_eval_batch`` (48) consecutive test images in class
@@ -34,7 +35,8 @@ Deviations from the paper / reference code:
   0.05-1) + flip through the frozen backbone every epoch. The accuracy difference is measured in the README.
 - Per-sample routing is the default; the reference's batch routing is the named ``reference`` protocol.
 - After each task, per-task statistics of the frozen training features and the new module's temperature are
-  kept for the other routers (:class:`clbench.routers.RoutingMemory`); they change nothing the paper's rule does.
+  kept for the other routers (:class:`clbench.methods.routers.RoutingMemory`); they change nothing the paper's rule
+  does.
 - The reference checkpoints each module to disk and reloads it per batch; clbench keeps them stacked in memory.
 - Defaults follow the paper's ViT-B/16 setting; on the embedded benchmark the backbone is the offline
   DINOv2 ViT-S/14 (d = 384, r = 24), recorded in every result.
@@ -51,7 +53,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clbench.blocks import (
+from clbench.methods.contract import (
+    PER_SAMPLE,
+    REFERENCE,
+    Context,
+    ParamCounts,
+    Split,
+    Strategy,
+    Task,
+)
+from clbench.methods.costs import adapter_set_size
+from clbench.methods.routers import RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
+from clbench.methods.routers import route as apply_router
+from clbench.methods.shared import (
     CosineHead,
     class_means,
     cosine_logits,
@@ -61,19 +75,7 @@ from clbench.blocks import (
     optimizer_step,
     torch_threads,
 )
-from clbench.methods.costs import adapter_set_size
-from clbench.routers import RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
-from clbench.routers import route as apply_router
-from clbench.routing_diagnostics import ModuleChoices, RoutingDiagnostics
-from clbench.strategy import (
-    PER_SAMPLE,
-    REFERENCE,
-    Context,
-    ParamCounts,
-    Split,
-    Strategy,
-    Task,
-)
+from clbench.records.routing_diagnostics import ModuleChoices, RoutingDiagnostics
 from tosca.card import CARD, PROFILES, TOSCAConfig
 from tosca.luca import LuCA, stacked_forward
 
@@ -227,7 +229,7 @@ class TOSCA(Strategy):
         return torch.cat(out, dim=1)
 
     def _small_ops(self):
-        """One intra-op thread for the bottleneck-sized work on CPU (see clbench.blocks.torch_threads)."""
+        """One intra-op thread for the bottleneck-sized work on CPU (see clbench.methods.shared.torch_threads)."""
         return torch_threads(1) if self.ctx.device.type == "cpu" else contextlib.nullcontext()
 
     def route_with(
@@ -267,7 +269,8 @@ class TOSCA(Strategy):
     @torch.no_grad()
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """Routing accuracy per task, chosen-module histogram, oracle-routing accuracy, module similarity (weights
-        and outputs), and the routing study: :func:`clbench.routers.routing_summary` for every router asked for."""
+        and outputs), and the routing study: :func:`clbench.methods.routers.routing_summary` for every router asked
+        for."""
         all_logits = self.all_logits(split)
         T = all_logits.shape[0]
         y = split.labels.numpy()

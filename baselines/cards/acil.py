@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clbench.catalog import MethodCard
-from clbench.config import CI_INPUT
 from clbench.layers.checks import SOLVERS
 from clbench.methods.costs import ParamCounts, RunShape, Work
+from clbench.run.catalog import MethodCard
+from clbench.run.config import CI_INPUT
 
 
 @dataclass(frozen=True)

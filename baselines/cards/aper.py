@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clbench.catalog import MethodCard
-from clbench.config import CI_FIRST_SESSION
 from clbench.layers.checks import check_first_session_fields
 from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size
+from clbench.run.catalog import MethodCard
+from clbench.run.config import CI_FIRST_SESSION
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class APERConfig:
 # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
 # 2 cores: 112 px input (8x8 patches of 14 px) and 3 first-session epochs instead of 20 (the only backward
 # passes of the run); afterwards one adapted pass per image.
-# ``ci``: the regression gate's first-session recipe (clbench.config.CI_FIRST_SESSION).
+# ``ci``: the regression gate's first-session recipe (clbench.run.config.CI_FIRST_SESSION).
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"img_size": 112, "epochs": 3},
     "ci": {**CI_FIRST_SESSION},

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.catalog import MethodCard
-from clbench.config import CI_SHAPE
-from clbench.methods.costs import ParamCounts, RunShape, Work
+from clbench.methods.costs import ParamCounts, RunShape, Work, prefix_prompt_work
+from clbench.run.catalog import MethodCard
+from clbench.run.config import CI_SHAPE
 
 
 @dataclass(frozen=True)
@@ -110,13 +110,7 @@ def work(cfg: CodaPromptConfig, shape: RunShape) -> Work:
     with ``query="augmented"`` (the augmented image changes every epoch), ``epochs`` prompted training passes
     per learnt image and one prompted pass per seen test image and evaluation. Prefixes add no tokens: a
     prompted pass costs a plain one (the component sums are O(M d L) per image and block, negligible)."""
-    n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
-    n_learn = sum(shape.learnt)
-    cached = n_train + n_test
-    augmented = cfg.epochs * n_learn if cfg.query == "augmented" else 0.0
-    return Work(
-        f=cached + augmented + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn, f_cacheable=cached
-    )
+    return prefix_prompt_work(cfg.epochs, cfg.query, shape)
 
 
 CARD = MethodCard("coda_prompt", CodaPromptConfig, PROFILES, param_formula=param_formula, work=work)

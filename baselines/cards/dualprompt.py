@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.catalog import MethodCard
-from clbench.config import CI_SHAPE
 from clbench.layers.checks import block_list as _block_list
-from clbench.methods.costs import ParamCounts, RunShape, Work
+from clbench.methods.costs import ParamCounts, RunShape, Work, prefix_prompt_work
+from clbench.run.catalog import MethodCard
+from clbench.run.config import CI_SHAPE
 
 
 @dataclass(frozen=True)
@@ -115,13 +115,7 @@ def work(cfg: DualPromptConfig, shape: RunShape) -> Work:
     per seen test image, evaluation and protocol. Prefixes add no tokens: a prompted pass costs a plain one. With
     the run's ``train_per_class`` only the first k images of each class are trained on (all are in the feature
     cache)."""
-    n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
-    n_learn = sum(shape.learnt)
-    cached = n_train + n_test
-    augmented = cfg.epochs * n_learn if cfg.query == "augmented" else 0.0
-    return Work(
-        f=cached + augmented + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn, f_cacheable=cached
-    )
+    return prefix_prompt_work(cfg.epochs, cfg.query, shape)
 
 
 CARD = MethodCard("dualprompt", DualPromptConfig, PROFILES, param_formula=param_formula, work=work)

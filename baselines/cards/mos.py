@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.catalog import MethodCard
-from clbench.config import CI_SHAPE
 from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size
+from clbench.run.catalog import MethodCard
+from clbench.run.config import CI_SHAPE
 
 
 @dataclass(frozen=True)

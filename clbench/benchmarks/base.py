@@ -118,7 +118,7 @@ class NpzArraySource(ArraySource):
 
 
 def _fingerprint_memo(path: Path) -> Path:
-    from clbench.files import cache_dir
+    from clbench.files.atomic import cache_dir
 
     return cache_dir() / "data" / f"{path.name}.{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]}.json"
 
@@ -143,7 +143,7 @@ def _remember_fingerprint(path: Path, key: str, fp: str) -> None:
     again next time."""
     import contextlib
 
-    from clbench.files import atomic_write_json
+    from clbench.files.atomic import atomic_write_json
     from clbench.weights.sources import file_identity
 
     with contextlib.suppress(OSError, ClbenchError):
@@ -283,7 +283,7 @@ def resolve_data_root(spec: BenchmarkSpec, data_root: str | Path | None) -> Path
 def torchvision_download(dataset: str, subdir: str, what: str, hint: str) -> Path:
     """Download torchvision's ``dataset`` (train and test) into ``<cache>/data/<subdir>`` when online; a
     ClbenchError with ``hint`` otherwise. Returns the download folder."""
-    from clbench.files import cache_dir
+    from clbench.files.atomic import cache_dir
 
     target = cache_dir() / "data" / subdir
     try:

@@ -73,7 +73,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from clbench.owned import default_file_mode
+from clbench.files.safety import default_file_mode
 
 VENDORS: tuple[str, ...] = ("google", "twitter")
 PACKAGE_VERSION = "16.0.0"

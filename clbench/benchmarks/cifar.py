@@ -51,7 +51,7 @@ _REFETCH = "delete the cifar-100-python folder and download it again (torchvisio
 def _read_pickle(path: Path) -> dict:
     import io
 
-    from clbench.owned import read_bytes
+    from clbench.files.safety import read_bytes
 
     data = read_bytes(path, MAX_BYTES, "CIFAR-100", name=f"CIFAR-100 file {path}")  # no FIFO, no /dev/zero
     try:
@@ -68,7 +68,7 @@ def locate(data_root: Path | None) -> Path | None:
     if data_root is not None:
         candidates = [data_root, data_root / FOLDER]
     else:
-        from clbench.files import cache_dir
+        from clbench.files.atomic import cache_dir
 
         candidates = [cache_dir() / "data" / "cifar100" / FOLDER]
     for c in candidates:

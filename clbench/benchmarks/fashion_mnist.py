@@ -29,7 +29,7 @@ def read_idx(path: Path) -> np.ndarray:
     import io
     import math
 
-    from clbench.owned import read_bytes
+    from clbench.files.safety import read_bytes
 
     raw = read_bytes(path, MAX_BYTES, "IDX", name=f"IDX file {path}")  # a regular file, bounded
     try:

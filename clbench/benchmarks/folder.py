@@ -29,7 +29,7 @@ import numpy as np
 
 from clbench.benchmarks.base import ImageSource
 from clbench.errors import ClbenchError
-from clbench.owned import read_bytes, special_file_problem
+from clbench.files.safety import read_bytes, special_file_problem
 
 SPLITS = ("train", "test")
 MAX_IMAGE_BYTES = 512 * 2**20  # one image file; larger is refused unread (PIL would refuse its pixels anyway)

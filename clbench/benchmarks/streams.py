@@ -1,5 +1,5 @@
 """The Avalanche view of a clbench benchmark: the harness's one Avalanche import (the other is
-:mod:`clbench.avalanche_api`, the strategy Avalanche users drive).
+:mod:`clbench.run.avalanche_api`, the strategy Avalanche users drive).
 
 :func:`avalanche_benchmark` turns a :class:`~clbench.benchmarks.base.Benchmark` into an Avalanche
 class-incremental benchmark (``train_stream``/``test_stream``, ``classes_in_this_experience``) built with an
@@ -14,7 +14,7 @@ so that every experience states its classes as a class-incremental one does (lat
 
 Each sample carries a ``sample_idx`` data attribute, its position in the benchmark split, which the harness
 uses to look up cached frozen features. Avalanche users get image payloads with
-:func:`avalanche_image_benchmark` and drive a clbench method with :class:`clbench.avalanche_api.ClbenchStrategy`.
+:func:`avalanche_image_benchmark` and drive a clbench method with :class:`clbench.run.avalanche_api.ClbenchStrategy`.
 """
 
 from __future__ import annotations

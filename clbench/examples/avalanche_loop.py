@@ -106,8 +106,8 @@ def make_evaluator(log_dir: str | None, verbose: bool):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m clbench.examples.avalanche_loop", description=__doc__.split("\n")[0])
-    from clbench.catalog import FEATURED_STRATEGY
-    from clbench.config import PRECISION_CHOICES
+    from clbench.run.catalog import FEATURED_STRATEGY
+    from clbench.run.config import PRECISION_CHOICES
 
     p.add_argument(
         "--strategy",
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.perf_out:
         return measure(args.strategy, Path(args.perf_out))
     t0 = time.perf_counter()
-    from clbench.avalanche_api import ClbenchStrategy, accuracy_rows, run_fields
     from clbench.benchmarks import BENCHMARKS
+    from clbench.run.avalanche_api import ClbenchStrategy, accuracy_rows, run_fields
 
     cifar = args.cifar100 if args.cifar100 and (Path(args.cifar100) / "cifar-100-python").is_dir() else None
     bench = "cifar100" if cifar else "emoji"
@@ -192,8 +192,8 @@ def measure(method: str, out: Path, workdir: Path | None = None) -> dict[str, An
     side ran once before). Also checks that both give the same accuracy matrix. Writes ``out`` (JSON)."""
     import tempfile
 
-    from clbench.harness import host_info
-    from clbench.results import git_revision, library_versions, load_record
+    from clbench.records.results import git_revision, library_versions, load_record
+    from clbench.run.harness import host_info
 
     work = Path(workdir or tempfile.mkdtemp(prefix="clbench-perf-"))
     py = sys.executable

@@ -43,7 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
-from clbench.files import atomic_write_json
+from clbench.files.atomic import atomic_write_json
+from clbench.files.safety import load_json
+from clbench.files.typedfile import Typed, json_field, one_of, problems, read, write
 from clbench.gate.reference import (  # noqa: F401  (also the names the CLI, tests and reports/gate/spread.py use)
     DEFAULT_TIME_FLOOR,
     DEFAULT_TIME_SLACK,
@@ -70,11 +72,9 @@ from clbench.gate.reference import (  # noqa: F401  (also the names the CLI, tes
     write_reference,
 )
 from clbench.gate.tolerances import Tolerance, ToleranceTable, load_tolerances, tolerance_for  # noqa: F401
-from clbench.owned import load_json
 from clbench.perf.calibration import CALIBRATION_ID
+from clbench.records.results import out_of_bounds
 from clbench.report.collect import Collection, Run, config_digest
-from clbench.results import out_of_bounds
-from clbench.typedfile import Typed, json_field, one_of, problems, read, write
 
 Json = dict[str, Any]
 CALIBRATION_FILE = "calibration.json"
@@ -229,8 +229,8 @@ def gate_plan(out: Path) -> list[list[str]]:
     ``ci`` profile of a strategy that has a reference protocol; and the ``ci`` profile in the domain-incremental
     scenario on :data:`DOMAIN_GATE_BENCH` for each strategy whose ``gate_scenarios`` name it. Run folders:
     ``OUT/<strategy>-<profile>`` and ``OUT/<strategy>-domain-ci``."""
-    from clbench.catalog import STRATEGIES
-    from clbench.strategy import REFERENCE
+    from clbench.methods.contract import REFERENCE
+    from clbench.run.catalog import STRATEGIES
 
     runs = []
     for name, profiles in _registered_ci_profiles().items():
@@ -258,7 +258,7 @@ def gate_plan(out: Path) -> list[list[str]]:
 
 
 def _registered_ci_profiles() -> dict[str, list[str]]:
-    from clbench.catalog import STRATEGIES, card
+    from clbench.run.catalog import STRATEGIES, card
 
     return {
         name: [p for p in card(name).profiles if p == CI_PROFILE_PREFIX or p.startswith(CI_PROFILE_PREFIX + "-")]
@@ -273,7 +273,7 @@ def settings_differences(strategy: str, want: dict[str, Any], got: dict[str, Any
     default, and differ)."""
     import dataclasses
 
-    from clbench.catalog import card
+    from clbench.run.catalog import card
 
     try:
         defaults = {
@@ -320,7 +320,7 @@ def make_reference(
     tolerance. Without it a rewrite keeps the previous reference's: an entry it pinned keeps its tolerance, a new one
     takes the previous table's (else the defaults), so tolerances change only when a file of them is given on
     purpose."""
-    from clbench.results import git_revision
+    from clbench.records.results import git_revision
 
     if not why or not why.strip():
         raise ClbenchError("--write-reference needs --why TEXT: say why the reference changes (it is recorded)")
@@ -556,7 +556,7 @@ def check(
 
 
 def _registered() -> list[str]:
-    from clbench.catalog import STRATEGIES
+    from clbench.run.catalog import STRATEGIES
 
     return STRATEGIES.names()
 
@@ -603,7 +603,7 @@ def _entry_rows(
 ) -> list[CheckRow]:
     """The rows of one entry: its runs present and comparable (strategy, precision, weights), then accuracy,
     parameter counts, times, seeds and settings."""
-    from clbench.catalog import STRATEGIES
+    from clbench.run.catalog import STRATEGIES
 
     key, label = entry.key, entry.key.label()
     if key.strategy not in STRATEGIES.names():

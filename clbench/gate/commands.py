@@ -11,9 +11,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from clbench.files.escape import plain
+from clbench.records.results import command_line
 from clbench.report.commands import add_run_dirs
-from clbench.results import command_line
-from clbench.text import plain
 
 
 def add_check_args(p: argparse.ArgumentParser) -> None:

@@ -3,8 +3,8 @@ upwards), then one line per note and per failed check saying what differs and ho
 
 from __future__ import annotations
 
+from clbench.files.escape import rich as esc
 from clbench.gate.check import CHANGED, FAIL, MISSING, NOTE, OK, CheckResult, CheckRow
-from clbench.text import rich as esc
 
 STATUS_STYLE = {OK: "green", CHANGED: "bold magenta", FAIL: "bold red", MISSING: "bold red", NOTE: "yellow"}
 COLUMNS = (

@@ -34,8 +34,10 @@ File layout (``"format": "clbench-reference/2"``; the number is :data:`SCHEMA_VE
 
 Every field, and every field of each part (an entry, its tolerance, parameter counts and times, the time rule and
 its calibration measurements, a written_by block, a run of produced_by), is declared once on its dataclass with
-:func:`clbench.typedfile.json_field`; reading (:func:`clbench.typedfile.problems`, then :func:`~clbench.typedfile.read`)
-and writing (:func:`~clbench.typedfile.write`) follow from the declarations, and keys this clbench does not know are
+:func:`clbench.files.typedfile.json_field`; reading (:func:`clbench.files.typedfile.problems`, then
+:func:`~clbench.files.typedfile.read`)
+and writing (:func:`~clbench.files.typedfile.write`) follow from the declarations, and keys this clbench does not know
+are
 kept in ``extra`` and written back. A file that is not a reference is refused with one line naming the file, the
 dotted field (``entries[3].img_size``), what it must be and the fix. Older files: an entry without
 ``class_order_seed`` (written before class orders were chosen) reads as the literature's order; ``params`` without
@@ -57,19 +59,9 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeAlias
 
 from clbench.errors import ClbenchError
-from clbench.files import atomic_write_json
-from clbench.gate.tolerances import (
-    MAX_TOLERANCE,
-    TOLERANCE_METRICS,
-    Tolerance,
-    ToleranceTable,
-    is_tolerance,
-    is_tolerance_table,
-)
-from clbench.owned import load_json
-from clbench.report.collect import Collection, Run, bench_label
-from clbench.results import DEFAULT_CLASS_ORDER_SEED, Host, is_matrix, is_pct, out_of_bounds
-from clbench.typedfile import (
+from clbench.files.atomic import atomic_write_json
+from clbench.files.safety import load_json
+from clbench.files.typedfile import (
     COUNT,
     COUNTS,
     NAME,
@@ -96,6 +88,16 @@ from clbench.typedfile import (
     read,
     write,
 )
+from clbench.gate.tolerances import (
+    MAX_TOLERANCE,
+    TOLERANCE_METRICS,
+    Tolerance,
+    ToleranceTable,
+    is_tolerance,
+    is_tolerance_table,
+)
+from clbench.records.results import DEFAULT_CLASS_ORDER_SEED, Host, is_matrix, is_pct, out_of_bounds
+from clbench.report.collect import Collection, Run, bench_label
 
 Json = dict[str, Any]
 SCHEMA_VERSION = 2
@@ -169,7 +171,7 @@ def mean_matrix(runs: Sequence[Run], protocol: str) -> list[list[float]]:
 
 
 # ------------------------------------------------------------------------------------------- the types
-# What a value must be, as the refusals say it (and the checks the declarations below use that clbench.typedfile
+# What a value must be, as the refusals say it (and the checks the declarations below use that clbench.files.typedfile
 # lacks).
 NAME_OR_NULL = "a name or null"
 TEXT_OR_NULL = "a string or null"
@@ -213,7 +215,7 @@ def _is_metrics(v: Any) -> bool:
 
 
 # The metrics of a record's protocol summary the gate pins beside the accuracy matrix, final and average accuracy
-# (clbench.results.ProtocolSummary): scalars in points, per-task curves in percent, intervals as [lo, hi].
+# (clbench.records.results.ProtocolSummary): scalars in points, per-task curves in percent, intervals as [lo, hi].
 STORED_METRICS = (
     "forgetting",
     "forgetting_first_last",

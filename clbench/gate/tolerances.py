@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from clbench.errors import ClbenchError
-from clbench.owned import load_json
+from clbench.files.safety import load_json
 
 # Tolerances in points when no measured spread is given for an entry (the same-seed spread is measured per strategy
 # and profile by reports/gate/spread.py; see reports/gate/README.md for the figures behind each).

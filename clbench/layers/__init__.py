@@ -1,5 +1,5 @@
 """Layers shared by two or more methods, one small module per kind (as timm's ``layers/``); no method file imports
-another method file, they import from here (or from :mod:`clbench.blocks`) instead.
+another method file, they import from here (or from :mod:`clbench.methods.shared`) instead.
 
 - :mod:`clbench.layers.adapters`: the AdaptFormer bottleneck adapter and one-per-block adapter sets (EASE, APER,
   RanPAC, MOS).
@@ -7,7 +7,7 @@ another method file, they import from here (or from :mod:`clbench.blocks`) inste
   RanPAC's "Phase 1").
 - :mod:`clbench.layers.prompts`: prompt-pool key matching and prompt selection (L2P, DualPrompt).
 - :mod:`clbench.layers.heads`: the growing linear classifier (L2P, DualPrompt, MOS). The cosine head is
-  :class:`clbench.blocks.CosineHead`.
+  :class:`clbench.methods.shared.CosineHead`.
 - :mod:`clbench.layers.analytic`: the frozen random expansion with ReLU, the float64 ridge solve over accumulated
   statistics and the recursive least-squares (analytic) classifier, with their memory estimates (RanPAC, ACIL, DS-AL).
 - :mod:`clbench.layers.checks`: settings checks and choices several methods' configs share (torch-free: the method

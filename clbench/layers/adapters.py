@@ -6,7 +6,7 @@ Recognition", NeurIPS 2022, arXiv 2205.13535) as LAMDA-PILOT's ``backbone/vit_ad
 initialise it (``init_option="lora"``). Used by EASE (one set per task, ``baselines/ease.py``), APER and RanPAC (one
 set tuned on the first task, ``baselines/aper.py``, ``baselines/ranpac.py`` via :mod:`clbench.layers.first_session`)
 and MOS (one set per task, merged, ``baselines/mos.py``). The block forward that applies a set is
-:func:`clbench.blocks.vit_forward_tokens`.
+:func:`clbench.methods.shared.vit_forward_tokens`.
 """
 
 from __future__ import annotations

@@ -349,7 +349,7 @@ def _growth_one(strategy_cls: type, config: object, classes: int, tasks: int, d:
     import time
     from types import SimpleNamespace
 
-    from clbench.strategy import Context, Split, Task
+    from clbench.methods.contract import Context, Split, Task
 
     g = torch.Generator().manual_seed(seed)
     means = torch.randn(classes, d, generator=g) * 2

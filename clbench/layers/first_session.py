@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clbench.blocks import CosineHead, EpochLog, cosine_lr, vit_forward_tokens, vit_tokens
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import AdapterSet
-from clbench.strategy import Context, Split, Task
+from clbench.methods.contract import Context, Split, Task
+from clbench.methods.shared import CosineHead, EpochLog, cosine_lr, vit_forward_tokens, vit_tokens
 
 
 def adapted_cls(model: nn.Module, images: torch.Tensor, adapters: AdapterSet, ctx: Context) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 Used by L2P (``baselines/l2p.py``), DualPrompt (``baselines/dualprompt.py``) and MOS (``baselines/mos.py``), each the
 ``head`` of PILOT's ViT (``nn.Linear(d, classes)``, timm init). The cosine head of SimpleCIL, EASE, APER and TOSCA is
-:class:`clbench.blocks.CosineHead`.
+:class:`clbench.methods.shared.CosineHead`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class LinearHead(nn.Module):
 def head_inputs(head: nn.Module, predict: Callable[[], object]) -> torch.Tensor:
     """What ``head`` is given while ``predict()`` runs, its rows in call order, float32 on the CPU: the features a
     prompt or LoRA method's classifier scores, read where they meet the classifier (one call per test batch), for
-    :meth:`clbench.strategy.Strategy.adapted_features`."""
+    :meth:`clbench.methods.contract.Strategy.adapted_features`."""
     seen: list[torch.Tensor] = []
 
     def keep(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:

@@ -271,7 +271,7 @@ def growth_run(strategy_cls: type, config: object, classes: int, tasks: int, d: 
 
     import psutil
 
-    from clbench.strategy import Context, Split, Task
+    from clbench.methods.contract import Context, Split, Task
 
     g = torch.Generator().manual_seed(0)
     centres = torch.randn(classes, d, generator=g) * 2.0  # (C, d)

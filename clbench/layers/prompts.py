@@ -30,7 +30,7 @@ def eval_batch(reference_batch: int, reference: bool) -> int:
 def training_query(ctx, mode: str, features: torch.Tensor, positions: torch.Tensor, images: torch.Tensor):
     """(B, d) the query of a training batch: each image's cached frozen feature (``mode`` "cached": the un-augmented
     image's) or the frozen backbone's [CLS] pre-logits feature of the augmented image itself at the run's precision
-    ("augmented", the references' choice; ``ctx``: the method's :class:`~clbench.strategy.Context`)."""
+    ("augmented", the references' choice; ``ctx``: the method's :class:`~clbench.methods.contract.Context`)."""
     if mode == "cached":
         return features[positions].to(ctx.device)
     with torch.no_grad(), ctx.autocast():

@@ -1,7 +1,8 @@
 """What a method costs, read without torch: its parameter counts (:class:`ParamCounts`, one rule for every method),
 the size of a run (:class:`RunShape`) and the work a run does (:class:`Work`), and the sizes of parts several methods
 share. Each method's card (``baselines/cards/NAME.py``, ``tosca/card.py``) states its parameter formula and cost model
-with these (:class:`clbench.catalog.MethodCard`); the strategy class counts its live parameters with the same types."""
+with these (:class:`clbench.run.catalog.MethodCard`); the strategy class counts its live parameters with the same
+types."""
 
 from __future__ import annotations
 
@@ -89,6 +90,19 @@ class Work:
         by clbench's feature cache, which shares it across seeds and strategies."""
         f = sum(shape.train_per_task) + max(shape.test_seen, default=0)
         return cls(f=f, f_cacheable=f)
+
+
+def prefix_prompt_work(epochs: int, query: str, shape: RunShape) -> Work:
+    """The work of a method that prefixes prompts to the ViT's blocks and chooses them by a frozen query (DualPrompt,
+    CODA-Prompt): the frozen features of every image (the queries; cacheable), one query pass per learnt image and
+    epoch with ``query="augmented"`` (the augmented image changes every epoch, so it cannot be cached), ``epochs``
+    prompted training passes per learnt image (``RunShape.learnt``), and one prompted pass per seen test image,
+    evaluation and protocol. Prefixes add no tokens: a prompted pass costs a plain one."""
+    n_train, n_test = sum(shape.train_per_task), shape.test_seen[-1]
+    n_learn = sum(shape.learnt)
+    cached = n_train + n_test
+    augmented = epochs * n_learn if query == "augmented" else 0.0
+    return Work(f=cached + augmented + shape.protocols * sum(shape.test_seen), b=epochs * n_learn, f_cacheable=cached)
 
 
 # ------------------------------------------------------------------------------------- sizes of shared parts

@@ -18,7 +18,7 @@ Ratios are measured within one run so that they hold on noisy machines; the comm
 - :mod:`clbench.perf.train_step`: ``train-step``, a strategy's training step against a bare forward + backward.
 - :mod:`clbench.perf.calibration`: ``calibrate``, the regression gate's calibration workload.
 - :mod:`clbench.perf.report_scale`: ``report-scale``, ``clbench report`` on the committed study and 1,000 records.
-- a strategy's own measurements (:meth:`clbench.strategy.Strategy.perf_benchmarks`, e.g. ``tosca-routing`` in
+- a strategy's own measurements (:meth:`clbench.methods.contract.Strategy.perf_benchmarks`, e.g. ``tosca-routing`` in
   ``tosca/perf.py``), registered when the registry is first asked for, as the strategy's cost units are.
 
 Importing this package is cheap (no torch): :mod:`clbench.report` reads the calibration's identity from here.
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench.registry import Registry
+from clbench.run.registry import Registry
 
 # The generic measurements: each module registers its own on import (:func:`measurement`).
 MODULES = (
@@ -128,7 +128,8 @@ def from_strategy(strategy: str, name: str, item: Measurement | Callable[..., di
 
 def load(registry: Registry[Measurement], modules: tuple[str, ...], strategies: Registry[Any]) -> None:
     """Import the generic measurement ``modules`` (each registers its own into :data:`MEASUREMENTS`), then register
-    every strategy's own (:meth:`~clbench.strategy.Strategy.perf_benchmarks`) into ``registry``; a name given twice
+    every strategy's own (:meth:`~clbench.methods.contract.Strategy.perf_benchmarks`) into ``registry``; a name given
+    twice
     raises."""
     for module in modules:
         importlib.import_module(module)
@@ -146,7 +147,7 @@ def measurements() -> Registry[Measurement]:
     """Every measurement: the generic ones and the registered strategies' (imported on the first call)."""
     global _loaded
     if not _loaded:
-        from clbench.catalog import STRATEGIES
+        from clbench.run.catalog import STRATEGIES
 
         load(MEASUREMENTS, MODULES, STRATEGIES)
         _loaded = True
@@ -162,8 +163,8 @@ def listing() -> str:
 def write(result: dict[str, Any], out: str | None, partial: bool = False) -> None:
     """Stamp ``result`` with the code revision, library versions and command line, and write it to ``out`` (a
     ``partial`` one: a long measurement keeping what it has measured so far)."""
-    from clbench.files import atomic_write_json
-    from clbench.results import git_revision, library_versions
+    from clbench.files.atomic import atomic_write_json
+    from clbench.records.results import git_revision, library_versions
 
     if partial:
         if out:

@@ -32,8 +32,8 @@ def calibrate(repeats: int | None = None) -> dict[str, Any]:
     """Time :data:`CALIBRATION_WORKLOAD` on this machine: a warm-up pass, then the median of ``repeats`` passes."""
     import torch
 
-    from clbench.backbones import load_backbone
-    from clbench.harness import host_info
+    from clbench.features.backbones import load_backbone
+    from clbench.run.harness import host_info
 
     w = CALIBRATION_WORKLOAD
     repeats = repeats or int(w["repeats"])

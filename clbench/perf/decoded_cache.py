@@ -1,4 +1,5 @@
-"""``clbench perf decoded-cache``: what the decoded-image cache (:mod:`clbench.decoded`) saves a trained method per
+"""``clbench perf decoded-cache``: what the decoded-image cache (:mod:`clbench.features.decoded`) saves a trained method
+per
 epoch: the seconds of one epoch of a task's training loader (decode, RandomResizedCrop + flip, to tensor, normalise,
 batches of the method's size, shuffled) with every image decoded on every read, against the same epoch from the
 cache after its first epoch filled it. Measured on the embedded benchmark's first task of the L2P quick profile (the
@@ -36,17 +37,17 @@ def _epoch_seconds(split: Any, batch_size: int, epochs: int) -> list[float]:
 def decoded_cache(strategy: str | None = None, epochs: int = 3, log=print) -> dict[str, Any]:
     """Loader seconds per epoch, streamed vs cached, for the first task of ``strategy``'s quick profile on the
     embedded benchmark, from its arrays and from PNG files of the same images (module docstring); ``None``:
-    :data:`clbench.catalog.PROMPT_STRATEGY`."""
+    :data:`clbench.run.catalog.PROMPT_STRATEGY`."""
     import dataclasses
 
     import numpy as np
     import torch
 
     from clbench.benchmarks.folder import FileSource
-    from clbench.catalog import PROMPT_STRATEGY
-    from clbench.decoded import DecodedImages
-    from clbench.harness import RunConfig, prepare
-    from clbench.precision import CpuInfo
+    from clbench.features.decoded import DecodedImages
+    from clbench.run.catalog import PROMPT_STRATEGY
+    from clbench.run.harness import RunConfig, prepare
+    from clbench.run.precision import CpuInfo
 
     strategy = strategy or PROMPT_STRATEGY
     with tempfile.TemporaryDirectory(prefix="clbench-decoded-") as tmp:

@@ -26,7 +26,7 @@ from typing import Any
 
 from clbench.perf import arg, measurement
 from clbench.perf.throughput import precision_table
-from clbench.precision import isa_limits
+from clbench.run.precision import isa_limits
 
 PHASES = ("imports", "benchmark", "backbone", "features", "learning", "evaluation", "record", "other")
 
@@ -37,8 +37,9 @@ _DRIVER = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import clbench.cli as cli
-import clbench.harness as harness, clbench.benchmarks as benchmarks, clbench.backbones as backbones
-import clbench.benchmarks.streams, clbench.strategy, clbench.transforms, clbench.ui, clbench.features
+import clbench.run.harness as harness, clbench.benchmarks as benchmarks, clbench.features.backbones as backbones
+import clbench.benchmarks.streams, clbench.methods.contract, clbench.features.transforms, clbench.ui,
+clbench.features.cache
 phases = {"imports": time.perf_counter() - t0}
 built = []
 def timed(module, name, phase):
@@ -77,7 +78,7 @@ cli.exit_now(code)  # as the clbench console script ends
 
 def _one_run(argv: list[str], env: dict[str, str], phases_file: Path, out: Path) -> dict[str, Any]:
     """One ``clbench run`` in a fresh process: wall-clock and CPU seconds of the process, its phases, the load."""
-    from clbench.results import load_record
+    from clbench.records.results import load_record
 
     load_before = os.getloadavg()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -129,8 +130,8 @@ def main_job(strategy: str | None = None, warm_runs: int = 3, log=print) -> dict
     import shutil
     import tempfile
 
-    from clbench.catalog import DEFAULT_STRATEGY
-    from clbench.files import cache_dir
+    from clbench.files.atomic import cache_dir
+    from clbench.run.catalog import DEFAULT_STRATEGY
 
     strategy = strategy or DEFAULT_STRATEGY
     table = precision_table(log=lambda m: None)
@@ -199,10 +200,10 @@ def _main_job(flags: argparse.Namespace) -> dict[str, Any]:
 
 def cached_feature_heads() -> tuple[str, ...]:
     """The registered strategies whose cost model at their defaults is the frozen features alone, every image served
-    by the feature cache (:meth:`Work.cached_features <clbench.strategy.Work.cached_features>`: nothing trained
+    by the feature cache (:meth:`Work.cached_features <clbench.methods.contract.Work.cached_features>`: nothing trained
     through the ViT, no method-specific unit): the heads fitted on cached features."""
-    from clbench.catalog import STRATEGIES
-    from clbench.strategy import RunShape, Work
+    from clbench.methods.contract import RunShape, Work
+    from clbench.run.catalog import STRATEGIES
 
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(50.0, 100.0))
     heads = []
@@ -242,7 +243,7 @@ def warm_runs(strategies: tuple[str, ...] | None = None, runs: int = 3, log=prin
                 f"{strategy}: whole process {table[strategy]['wall_s_median']:.2f} s (median of {runs}), record "
                 f"total {table[strategy]['record_total_s_median']:.2f} s, load {rows[-1]['load_average_before'][0]}"
             )
-    from clbench.precision import CpuInfo
+    from clbench.run.precision import CpuInfo
 
     cpu = CpuInfo.detect()
     return {

@@ -1,5 +1,5 @@
 """``clbench perf params``: parameters added, stored and trained per task by every registered strategy's default
-config, from its :meth:`~clbench.strategy.Strategy.param_formula` (no network is built)."""
+config, from its :meth:`~clbench.methods.contract.Strategy.param_formula` (no network is built)."""
 
 from __future__ import annotations
 
@@ -31,12 +31,12 @@ def parse_tasks(text: str) -> tuple[int, ...]:
 
 def param_table(d: int, depth: int, task_sizes: tuple[int, ...], names: list[str] | None = None) -> dict[str, Any]:
     """Parameters added and trained per task by every registered strategy's default config (or ``names``'), from
-    its :meth:`~clbench.strategy.Strategy.param_formula`, for a ViT of width ``d`` and ``depth`` blocks."""
+    its :meth:`~clbench.methods.contract.Strategy.param_formula`, for a ViT of width ``d`` and ``depth`` blocks."""
     import dataclasses
 
-    from clbench.catalog import FEATURED_STRATEGY, STRATEGIES
-    from clbench.config import make_strategy_config
     from clbench.errors import ClbenchError
+    from clbench.run.catalog import FEATURED_STRATEGY, STRATEGIES
+    from clbench.run.config import make_strategy_config
 
     if d < 1 or depth < 1:
         raise ClbenchError(f"--d {d} --depth {depth}: both must be >= 1")

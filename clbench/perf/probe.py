@@ -24,8 +24,8 @@ def feature_probe(
     import torch.nn.functional as F
     from sklearn.linear_model import LogisticRegression
 
-    from clbench.catalog import DEFAULT_STRATEGY
-    from clbench.harness import RunConfig, prepare
+    from clbench.run.catalog import DEFAULT_STRATEGY
+    from clbench.run.harness import RunConfig, prepare
 
     s = prepare(
         RunConfig(strategy=DEFAULT_STRATEGY, bench=bench, backbone=backbone, img_size=img_size, normalize=normalize)

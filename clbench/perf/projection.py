@@ -3,10 +3,10 @@ JSON.
 
 - ``projection``: the compute a paper table needs. It measures, on this machine's device, the per-image cost of one
   frozen forward pass of the paper backbone (ViT-B/16 at 224 px, at the precision a run on that device chooses
-  (:mod:`clbench.precision`)), of one training pass (forward and backward through the frozen ViT to input-side
+  (:mod:`clbench.run.precision`)), of one training pass (forward and backward through the frozen ViT to input-side
   parameters, as prompt and adapter methods need) and of each strategy's own units
-  (:meth:`clbench.strategy.Strategy.unit_seconds`), then asks every registered strategy what one run costs
-  (:meth:`clbench.strategy.Strategy.work`, its default config plus its ``projection_profiles``) on the six
+  (:meth:`clbench.methods.contract.Strategy.unit_seconds`), then asks every registered strategy what one run costs
+  (:meth:`clbench.methods.contract.Strategy.work`, its default config plus its ``projection_profiles``) on the six
   benchmarks of the TOSCA paper and converts to device-hours for ``seeds`` seeds. The counting model of each method
   is the docstring of its ``work``; this module names none.
 - ``projection-check``: the same model against a recorded run of any strategy.
@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from clbench.errors import ClbenchError
+from clbench.methods.contract import RunShape, Work
 from clbench.perf import arg, backbone_args, device_arg, measurement
 from clbench.perf.timing import median_seconds
-from clbench.strategy import RunShape, Work
 
 # The six benchmarks of the TOSCA paper (arXiv 2502.14762) with PILOT's pre-sampled splits. Provenance: test sizes are
 # the exact denominators of the final accuracies in the EASE repository's logs (sun-hailong/CVPR24-Ease,
@@ -46,8 +46,8 @@ PAPER_BENCHMARKS: dict[str, dict[str, int]] = {
 def projection_rows(names: list[str] | None = None) -> list[tuple[str, type, Any]]:
     """(row name, strategy class, config) of every registered strategy (or of ``names``): its default config, then
     one row ``<name>-<profile>`` for each of its ``projection_profiles``."""
-    from clbench.catalog import STRATEGIES
-    from clbench.config import make_strategy_config
+    from clbench.run.catalog import STRATEGIES
+    from clbench.run.config import make_strategy_config
 
     rows = []
     for name in names if names is not None else STRATEGIES.names():
@@ -80,9 +80,9 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     import numpy as np
 
     from clbench.benchmarks import BENCHMARKS, build_benchmark
-    from clbench.blocks import torch_threads
-    from clbench.catalog import STRATEGIES
-    from clbench.results import load_record
+    from clbench.methods.shared import torch_threads
+    from clbench.records.results import load_record
+    from clbench.run.catalog import STRATEGIES
 
     rec = load_record(Path(run_dir))
     cls = STRATEGIES.get(rec.strategy)
@@ -160,10 +160,10 @@ def measure_costs(
 ) -> dict[str, Any]:
     """Seconds per image for a frozen pass and a training pass, and of every unit the registered strategies (or
     ``strategies``) state (:meth:`Strategy.unit_seconds`)."""
-    from clbench.backbones import load_backbone
-    from clbench.catalog import STRATEGIES
-    from clbench.harness import resolve_device
-    from clbench.precision import for_backbone
+    from clbench.features.backbones import load_backbone
+    from clbench.run.catalog import STRATEGIES
+    from clbench.run.harness import resolve_device
+    from clbench.run.precision import for_backbone
 
     dev = resolve_device(device)
     bb = load_backbone(backbone, "random", img_size).to(dev)  # weights do not change timings

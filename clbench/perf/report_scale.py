@@ -122,8 +122,8 @@ def timed_report(args: list[str]) -> dict[str, Any]:
 
 
 def report_scale(n_synthetic: int = 1000, log=print) -> dict[str, Any]:
-    from clbench.precision import CpuInfo
-    from clbench.results import git_revision
+    from clbench.records.results import git_revision
+    from clbench.run.precision import CpuInfo
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="clbench-report-scale-") as tmp:

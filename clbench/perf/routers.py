@@ -1,4 +1,5 @@
-"""``clbench perf routers``: seconds per image of every router's rule (:mod:`clbench.routers`) at T modules, against
+"""``clbench perf routers``: seconds per image of every router's rule (:mod:`clbench.methods.routers`) at T modules,
+against
 one backbone forward pass per image, and the cost of fitting one task's routing statistics."""
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from clbench.methods.routers import ROUTERS, RouteInputs, RoutingMemory, route
 from clbench.perf import backbone_args, measurement
 from clbench.perf.timing import median_seconds, timed_backbone
-from clbench.routers import ROUTERS, RouteInputs, RoutingMemory, route
 
 
 def synthetic_memory(d: int, T: int, per_task: int, classes_per_task: int, seed: int = 0) -> RoutingMemory:
@@ -41,7 +42,7 @@ def router_costs(
     CPU with one intra-op thread (as strategies run per-task work). The rule's inputs (every module's logits, the
     frozen features, the fitted statistics) are given; a strategy's modules cost extra (its own benchmark), and
     rules with ``needs_all_modules = False`` need only the chosen module to run. Also the fit cost per task."""
-    from clbench.blocks import torch_threads
+    from clbench.methods.shared import torch_threads
 
     timed = timed_backbone(backbone, weights, img_size, batch, precision, log)
     bb, d, prec, t_backbone = timed.backbone, timed.d, timed.precision, timed.seconds

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from clbench.perf import backbone_args, device_arg, measurement
-from clbench.precision import isa_limits
+from clbench.run.precision import isa_limits
 
 DEFAULT_BACKBONE = "vit_small_patch14_dinov2"
 DEFAULT_IMG = 112  # the embedded benchmark's input size
@@ -27,8 +27,8 @@ DEFAULT_IMG = 112  # the embedded benchmark's input size
 def _load(backbone: str, img_size: int, device: str):
     import torch
 
-    from clbench.backbones import load_backbone
-    from clbench.harness import resolve_device
+    from clbench.features.backbones import load_backbone
+    from clbench.run.harness import resolve_device
 
     dev = resolve_device(device)
     # Weights do not change timings; random keeps the measurement offline and cheap.
@@ -44,7 +44,7 @@ def precision_table(
     log=print,
 ) -> dict[str, Any]:
     """img/s for each (precision, threads) on this machine, and where auto's choice lands against the fastest."""
-    from clbench.precision import CpuInfo, for_backbone, throughput
+    from clbench.run.precision import CpuInfo, for_backbone, throughput
 
     bb, dev, torch = _load(backbone, img_size, device)
     cores = torch.get_num_threads()
@@ -93,7 +93,7 @@ import json, sys
 import torch
 import clbench
 from clbench.perf.throughput import _load
-from clbench.precision import throughput
+from clbench.run.precision import throughput
 backbone, img, precision = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 threads, seconds = int(sys.argv[4]), float(sys.argv[5])
 bb, dev, torch = _load(backbone, img, "cpu")
@@ -130,11 +130,11 @@ def thread_table(
     processes."""
     import torch
 
-    from clbench.precision import CpuInfo
+    from clbench.run.precision import CpuInfo
 
     if precision is None:
         bb, dev, _ = _load(backbone, img_size, "cpu")
-        from clbench.precision import for_backbone
+        from clbench.run.precision import for_backbone
 
         precision = for_backbone(bb, dev, "auto").name
     cores = os.cpu_count() or 1

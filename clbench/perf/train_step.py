@@ -32,8 +32,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from clbench.errors import ClbenchError
+from clbench.methods.contract import Split, Strategy, Task
 from clbench.perf import arg, backbone_args, device_arg, measurement, write
-from clbench.strategy import Split, Strategy, Task
 
 PERF_STRATEGY_SEED = 1993
 
@@ -185,7 +185,7 @@ class LimitPass:
         self._inputs: dict[int, torch.Tensor] = {}
 
     def __call__(self, batch: int) -> float:
-        from clbench.precision import autocast
+        from clbench.run.precision import autocast
 
         model, size = self.backbone.model, self.backbone.img_size
         if batch not in self._inputs:
@@ -241,9 +241,9 @@ def train_step_table(
     """:func:`step_ratio` of every strategy in ``names`` (default configs) at every requested precision, on the
     first task of ``bench``, with the CPU, thread count and machine load the numbers were measured under.
     ``partial(table)`` is called after every measurement (to save what is done on a long run)."""
-    from clbench.catalog import STRATEGIES
-    from clbench.harness import RunConfig, prepare
-    from clbench.precision import CpuInfo
+    from clbench.run.catalog import STRATEGIES
+    from clbench.run.harness import RunConfig, prepare
+    from clbench.run.precision import CpuInfo
 
     for name in names:
         if not STRATEGIES.get(name).needs_vit:
@@ -321,8 +321,8 @@ def train_step_table(
     ),
 )
 def _train_step(flags: argparse.Namespace) -> dict[str, Any]:
-    from clbench.catalog import STRATEGIES
-    from clbench.precision import check_request
+    from clbench.run.catalog import STRATEGIES
+    from clbench.run.precision import check_request
 
     for requested in flags.precisions:
         check_request(requested)

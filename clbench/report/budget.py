@@ -4,7 +4,7 @@ budget.
 A record's budget is its strategy settings that say how much it trains: ``epochs`` and every other setting ending in
 ``epochs`` (the cosine schedules step per epoch, so this is also the schedule's length), and ``train_per_class``.
 Its optimizer steps are the sum of ``params.extra["optimizer_steps_per_task"]``, which the methods that train
-through the ViT note per task (:meth:`clbench.strategy.Strategy.note_steps`; records made before carry none).
+through the ViT note per task (:meth:`clbench.methods.contract.Strategy.note_steps`; records made before carry none).
 Everything else (benchmark and split, backbone, weights, input size, transform, precision, every other strategy
 setting) must be equal along a curve; seeds are averaged per point. A bf16 record's kernels are part of its settings
 too (``bf16 kernels``: torch's CPU capability, and AMX where the record says so): bf16 numbers move with the CPU's
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from clbench.errors import ClbenchError
+from clbench.records.results import RunRecord, trained_settings
 from clbench.report.collect import Collection, Run
-from clbench.results import RunRecord, trained_settings
 
 STEPS_KEY = "optimizer_steps_per_task"
 QUICK, REFERENCE = "quick", "reference epochs"
@@ -106,8 +106,8 @@ def differing_settings(records: Sequence[RunRecord]) -> dict[str, list[str]]:
 
 def _marks(record: RunRecord) -> dict[str, dict[str, Any]]:
     """Budget of the strategy's ``quick`` profile and of its default config, where the strategy is registered."""
-    from clbench.catalog import MethodCard, card
-    from clbench.config import make_strategy_config, run_level
+    from clbench.run.catalog import MethodCard, card
+    from clbench.run.config import make_strategy_config, run_level
 
     def budget(cls: MethodCard, profile: str | None) -> dict[str, Any]:
         k = run_level(cls, profile, None, "train_per_class")

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench import text
 from clbench.errors import ClbenchError
-from clbench.files import atomic_write_bytes
-from clbench.owned import check_output_folder, folder_mark, load_json, mark_folder, owned_folder, starts_with
+from clbench.files import escape as text
+from clbench.files.atomic import atomic_write_bytes
+from clbench.files.safety import check_output_folder, folder_mark, load_json, mark_folder, owned_folder, starts_with
 from clbench.report.collect import Collection, git_short
 from clbench.report.figures import FIG_DIR, FigureOut, accuracy_curves, make_figures, provenance, slug
 from clbench.report.leaderboard import Board
@@ -54,7 +54,7 @@ def _write_text(path: Path, text: str) -> Path:
 
 def _meta(coll: Collection, command: str | None) -> str:
     from clbench import __version__
-    from clbench.results import git_revision
+    from clbench.records.results import git_revision
 
     skipped = f", {len(coll.skipped)} skipped" if coll.skipped else ""
     text = (
@@ -290,7 +290,7 @@ LATEX_COLUMNS = (
 
 
 def _latex_escape(value: object) -> str:
-    """Every LaTeX special escaped once (:func:`clbench.text.latex`)."""
+    """Every LaTeX special escaped once (:func:`clbench.files.escape.latex`)."""
     return text.latex(value)
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from clbench.errors import ClbenchError
-from clbench.results import DEFAULT_CLASS_ORDER_SEED, RESULT_FILE, ProtocolSummary, RunRecord, load_record
-from clbench.routing_diagnostics import RoutingDiagnostics, read_routing
+from clbench.records.results import DEFAULT_CLASS_ORDER_SEED, RESULT_FILE, ProtocolSummary, RunRecord, load_record
+from clbench.records.routing_diagnostics import RoutingDiagnostics, read_routing
 
 SEARCH_DEPTH = 2  # a parent folder is searched for run folders this many levels down
 RUN_MARKERS = (".lock", "features.npz")  # files the harness writes in a run folder before its first record
@@ -287,7 +287,7 @@ def collect(paths: list[str | Path], pool_class_orders: bool = False) -> Collect
     predictions file contradicts (:func:`verify_predictions`: as a changed predictions file, it stops every command
     that reads records, the gate included). ``pool_class_orders``:
     runs of one benchmark and split but different class orders share rows (seeds that also set the class order)."""
-    from clbench import metrics
+    from clbench.evaluation import metrics
 
     files, skipped = find_run_dirs(paths)
     loaded: list[tuple[Path, RunRecord]] = []
@@ -358,7 +358,7 @@ def verify_predictions(runs: list[Run]) -> None:
     gate's, are read as they are): a ClbenchError (one line naming the file) for the first file that changed since
     its run or that gives other accuracies than its record states, so that an edited record or file is neither
     shown, nor averaged, nor passed by the gate."""
-    from clbench.predictions import read
+    from clbench.records.predictions import read
 
     for run in runs:
         ref = run.record.predictions
@@ -400,8 +400,8 @@ def changed_settings(record: RunRecord) -> list[str] | None:
     profile applied); None when the strategy is not registered here."""
     from dataclasses import asdict
 
-    from clbench.catalog import card
-    from clbench.config import make_strategy_config, run_level
+    from clbench.run.catalog import card
+    from clbench.run.config import make_strategy_config, run_level
 
     try:
         cls = card(record.strategy)  # the method's card: its settings without loading it (or torch)

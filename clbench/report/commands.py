@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from clbench.results import command_line
-from clbench.text import plain
+from clbench.files.escape import plain
+from clbench.records.results import command_line
 
 
 def add_run_dirs(p: argparse.ArgumentParser) -> None:

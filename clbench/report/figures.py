@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from clbench.embeddings import POINTS as EMBEDDED_POINTS
+from clbench.features.embeddings import POINTS as EMBEDDED_POINTS
+from clbench.records.results import TaskEntry, Times
+from clbench.records.routing_diagnostics import routing_or_none
 from clbench.report.budget import QUICK, REFERENCE, BudgetCurve, curve_label
 from clbench.report.collect import AccKey, Collection, Run
 from clbench.report.tables import routing_protocols
-from clbench.results import TaskEntry, Times
-from clbench.routing_diagnostics import routing_or_none
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -34,7 +34,7 @@ FORMATS = ("png", "svg", "pdf")  # the page shows the PNG; SVG and PDF for paper
 PNG_DPI = 110  # the page's PNGs; paper exports (--latex-only) are written at PAPER_DPI
 PAPER_DPI = 300
 MATRIX_PANELS = 12  # heatmaps per accuracy-matrix figure (more: further figures; 63 in one ran out of memory)
-TSNE_MAX_POINTS = EMBEDDED_POINTS  # the test images a record keeps (clbench.embeddings.POINTS)
+TSNE_MAX_POINTS = EMBEDDED_POINTS  # the test images a record keeps (clbench.features.embeddings.POINTS)
 TSNE_SEED = 0  # fixed random_state and subsample seed: the same records give the same picture
 PROTOCOL_STYLE = {"per-sample": "-", "reference": "--"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -97,7 +97,8 @@ def _unique_runs(groups: Sequence[Sequence[Run]]) -> list[Run]:
     return list(seen.values())
 
 
-# One colour per strategy, the same in every figure and every report (``clbench.catalog.STRATEGY_LOOKS``); a name not
+# One colour per strategy, the same in every figure and every report (``clbench.run.catalog.STRATEGY_LOOKS``); a name
+# not
 # listed there takes one of these colours by its digest.
 PALETTE = (
     "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442",
@@ -115,7 +116,7 @@ def base_strategy(variant: str) -> str:
 def strategy_color(strategy: str) -> str:
     """The fixed colour of a strategy (variants included: ``base_strategy``)."""
     name = base_strategy(strategy)
-    from clbench.catalog import STRATEGY_LOOKS
+    from clbench.run.catalog import STRATEGY_LOOKS
 
     if name in STRATEGY_LOOKS:
         return STRATEGY_LOOKS[name][1]
@@ -626,15 +627,15 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
 
 # ------------------------------------------------------------------------------------------- t-SNE
 def load_features(run: Run) -> dict[str, np.ndarray]:
-    """``features.npz`` beside the record (:mod:`clbench.embeddings`): ``index`` (the subsample's test images),
+    """``features.npz`` beside the record (:mod:`clbench.features.embeddings`): ``index`` (the subsample's test images),
     ``labels``, ``tasks``, ``frozen`` and maybe ``adapted``, reduced (``format``). A file of an older clbench holds
     the whole test split's unreduced features without ``index``: it is read as the subsample of every image. Read
     bounded (:data:`FEATURES_MAX_BYTES` on disk and expanded, every array header checked before it is allocated:
-    :func:`clbench.owned.npz_arrays`); ValueError for a file that is not one, or whose sizes differ from its
+    :func:`clbench.files.safety.npz_arrays`); ValueError for a file that is not one, or whose sizes differ from its
     record's test split."""
-    from clbench.embeddings import FORMAT
     from clbench.errors import ClbenchError
-    from clbench.owned import npz_arrays, read_bytes
+    from clbench.features.embeddings import FORMAT
+    from clbench.files.safety import npz_arrays, read_bytes
 
     n_test = (run.record.n_images or {}).get("test")
     # what the record's test split can need: fp16 frozen and adapted features up to FEATURE_WIDTH wide per image
@@ -672,13 +673,14 @@ TSNE_PANELS = 12  # panels per t-SNE figure (4 x 3); more methods: further figur
 
 def subsample(n: int, max_points: int = TSNE_MAX_POINTS, seed: int = TSNE_SEED) -> np.ndarray:
     """Sorted indices of at most ``max_points`` of ``n`` points, the same for the same ``n``."""
-    from clbench.embeddings import subsample as pick
+    from clbench.features.embeddings import subsample as pick
 
     return pick(n, max_points, seed)
 
 
 def tsne_embed(x: np.ndarray, seed: int = TSNE_SEED) -> np.ndarray:
-    """(N, k) -> (N, 2): scikit-learn t-SNE of embeddings reduced by :func:`clbench.embeddings.reduce` (L2-normalised,
+    """(N, k) -> (N, 2): scikit-learn t-SNE of embeddings reduced by :func:`clbench.features.embeddings.reduce`
+    (L2-normalised,
     PCA: the cosine geometry the heads see)."""
     from sklearn.manifold import TSNE
     from threadpoolctl import threadpool_limits
@@ -731,8 +733,8 @@ def _tsne_panels(
     """Per (benchmark, backbone): the frozen features' panel first (naming the methods that classify them), then
     one panel per run whose method scores something else; the same test images (the first run's subsample) in
     every panel."""
-    from clbench import embeddings
-    from clbench.embeddings import reduce
+    from clbench.features import embeddings
+    from clbench.features.embeddings import reduce
 
     out: dict[tuple[str, str], list[_TsnePanel]] = {}
     frozen_users: dict[tuple[str, str], list[str]] = {}

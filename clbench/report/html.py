@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from clbench import text
+from clbench.files import escape as text
 from clbench.report.figures import FigureOut
 from clbench.report.tables import Section, section_markdown, to_html
 

@@ -2,7 +2,7 @@
 bold and a marker on the rows that differ significantly from the baseline (Holm-adjusted p < 0.05).
 
 No jinja2 (pandas' ``Styler.to_latex`` needs it): the tables are display strings already, escaped here once
-(:func:`clbench.text.latex`). The output needs ``\\usepackage{booktabs}`` (Debian: texlive-latex-base ships it,
+(:func:`clbench.files.escape.latex`). The output needs ``\\usepackage{booktabs}`` (Debian: texlive-latex-base ships it,
 in texlive-latex-recommended's ``booktabs.sty``); a wide table is wrapped in ``\\resizebox`` (graphicx).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from clbench import text
+from clbench.files import escape as text
 
 if TYPE_CHECKING:
     import pandas as pd

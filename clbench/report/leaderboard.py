@@ -42,8 +42,8 @@ SECTION_KINDS = ("budget", "profile", "ablation", "other", "group", "unassigned"
 
 
 def display_name(strategy: str) -> str:
-    """The strategy's name as a reader knows it (``clbench.catalog.STRATEGY_LOOKS``); a plug-in's as registered."""
-    from clbench.catalog import STRATEGY_LOOKS
+    """The strategy's name as a reader knows it (``clbench.run.catalog.STRATEGY_LOOKS``); a plug-in's as registered."""
+    from clbench.run.catalog import STRATEGY_LOOKS
 
     return STRATEGY_LOOKS[strategy][0] if strategy in STRATEGY_LOOKS else strategy
 
@@ -164,7 +164,7 @@ def automatic(coll: Collection, baseline: str | None = None) -> tuple[Collection
     ]
     strategies = [k.strategy for k in main]
     if baseline is None:
-        from clbench.catalog import DEFAULT_STRATEGY
+        from clbench.run.catalog import DEFAULT_STRATEGY
 
         baseline = DEFAULT_STRATEGY if DEFAULT_STRATEGY in strategies else (strategies[0] if strategies else None)
     return coll, Study(main, _check_baseline(baseline, strategies), sections, "chosen automatically", notes)
@@ -184,8 +184,8 @@ def study_groups(
     runs planned as ``clbench sweep --config`` plans them (nothing is run or written). Main: the group sets no
     profile and no strategy setting. ``make_parser``: the command line's parser (``clbench.cli.build_parser``,
     handed down by the command, so that the report never imports the command line)."""
-    from clbench.config import flag_fields
-    from clbench.configfile import apply
+    from clbench.run.config import flag_fields
+    from clbench.run.configfile import apply
     from clbench.sweep.plan import make_plan
     from clbench.sweep.settings import SweepArgs
 
@@ -260,7 +260,7 @@ def from_study_file(
 
 
 def _varies_class_order(path: str | Path) -> bool:
-    from clbench.configfile import load
+    from clbench.run.configfile import load
 
     data = load(str(path))
     values = [data.get("vary")] + [g.get("vary") for g in data.get("groups") or [] if isinstance(g, dict)]

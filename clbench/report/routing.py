@@ -1,7 +1,8 @@
 """The routing study in reports: one table row per (run, router) and a figure of routed accuracy after each task.
 
 Reads ``per_task[t].diagnostics.routers`` of records from strategies that choose a per-task module per image and
-record several rules from one trained run (``--set routers=a,b,c``, :mod:`clbench.routers`). Every number is read
+record several rules from one trained run (``--set routers=a,b,c``, :mod:`clbench.methods.routers`). Every number is
+read
 from a record; the tables name the run each row comes from. ``clbench routing-study`` writes these tables (and,
 with ``--vary FIELD``, a table across runs that differ in one strategy setting) to a Markdown file with the figure.
 """
@@ -14,8 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from clbench.records.routing_diagnostics import ModuleChoices
 from clbench.report.collect import Collection, Run
-from clbench.routing_diagnostics import ModuleChoices
 
 BOUND = "oracle"
 

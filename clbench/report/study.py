@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clbench.records.results import RunRecord
 from clbench.report.collect import Collection
 from clbench.report.figures import routing_study
 from clbench.report.routing import routing_per_task_table, study_runs, study_table, vary_mean_table, vary_table
-from clbench.results import RunRecord
 
 
 def _cpu(rec: RunRecord) -> str:
@@ -79,7 +79,7 @@ def write_study(coll: Collection, out: Path, vary: str | None = None, command: s
     if fig is not None:
         parts += [f"![{fig.title}]({fig.files['png']})", "", fig.caption, ""]
     path = out / "study.md"
-    from clbench.files import atomic_write_bytes
+    from clbench.files.atomic import atomic_write_bytes
 
     atomic_write_bytes(path, "\n".join(parts).encode())
     return path

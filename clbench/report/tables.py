@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from clbench import text
+from clbench.files import escape as text
+from clbench.records.routing_diagnostics import RoutingDiagnostics, read_routing
 from clbench.report.budget import BudgetCurve, budget_table_rows
 from clbench.report.collect import Collection, Run, digest_short
 from clbench.report.uncertainty import Predicted, RowInterval, fmt_interval, paired_rows, pairs_frame, row_interval
-from clbench.routing_diagnostics import RoutingDiagnostics, read_routing
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -124,7 +124,7 @@ def run_ids(runs: Sequence[Run]) -> str:
 # ------------------------------------------------------------------------------------------- tables
 def _bwt(run: Run, protocol: str) -> float:
     """The record's BWT, or (records before it) computed from its accuracy matrix: the same definition."""
-    from clbench import metrics
+    from clbench.evaluation import metrics
 
     s = run.summary(protocol)
     return s.bwt if s.bwt is not None else metrics.bwt(s.accuracy_matrix)
@@ -201,7 +201,7 @@ def summary_table(coll: Collection, predicted: Predicted | None = None) -> pd.Da
             }
         )
         aware = [x.task_aware_last for x in s if x.task_aware_last is not None]
-        if aware:  # clbench.metrics "task-aware": each image's task given; records before it have none
+        if aware:  # clbench.evaluation.metrics "task-aware": each image's task given; records before it have none
             rows[-1]["task-aware final %"] = fmt_mean_sd(aware) if len(aware) == len(s) else "-"
         warnings = sorted({w for r in runs if (w := training_warning(r.record))})
         if warnings:
@@ -262,10 +262,11 @@ def routing_warning(record: Any) -> str | None:
 def protocol_routing_warning(record: Any, routing: RoutingDiagnostics, protocol: str) -> str | None:
     """The routing warning of one protocol's own module choices. Per-sample: the record's text (its router's
     collapse test, ``diagnostics.routing_warning``). Another protocol (e.g. the reference protocol's batch vote):
-    the same collapse test (:func:`clbench.routing_diagnostics.collapse_warning`) on that protocol's chosen-module
+    the same collapse test (:func:`clbench.records.routing_diagnostics.collapse_warning`) on that protocol's
+    chosen-module
     counts, against the test images' true tasks (the rows of the router study's confusion counts; in records without
     them, each task's share of the classes)."""
-    from clbench.routing_diagnostics import collapse_warning
+    from clbench.records.routing_diagnostics import collapse_warning
 
     if protocol == "per-sample":
         return routing.routing_warning or None
@@ -357,7 +358,7 @@ def skipped_table(coll: Collection) -> pd.DataFrame:
 
 
 def metric_definitions() -> list[tuple[str, str]]:
-    from clbench import metrics
+    from clbench.evaluation import metrics
 
     return list(metrics.DEFINITIONS.items())
 

@@ -1,7 +1,8 @@
-"""Intervals and paired tests for report rows, from the runs' predictions files (:mod:`clbench.predictions`).
+"""Intervals and paired tests for report rows, from the runs' predictions files (:mod:`clbench.records.predictions`).
 
 A row of one run gets the stratified image-bootstrap interval; a row of several seeds tested on the same images the
-seed-level one (a t interval over the seeds combined with the shared test-image noise, :mod:`clbench.stats`). A
+seed-level one (a t interval over the seeds combined with the shared test-image noise, :mod:`clbench.evaluation.stats`).
+A
 protocol whose predictions depend on the test batch (a ``reference`` protocol: the record's strategy config names its
 test-batch size, ``ref_eval_batch`` or ``eval_batch_size``; the batches are the seen test images class by class, in
 test-index order within a class, cut every that many images, as the harness forms them) is resampled by whole
@@ -20,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from clbench import stats
-from clbench.predictions import Predictions, correctness
-from clbench.predictions import read as read_predictions
+from clbench.evaluation import stats
+from clbench.records.predictions import Predictions, correctness
+from clbench.records.predictions import read as read_predictions
 from clbench.report.collect import AccKey, Collection, Run
 
 # strategy-config keys that give a batch-coupled protocol's test-batch size (TOSCA; MOS, L2P, DualPrompt)
@@ -162,7 +163,8 @@ def _row_interval(runs: list[Run], protocol: str, predicted: Predicted) -> RowIn
 
 
 def fmt_interval(value: float | None, interval: stats.Interval | None, nd: int = 2) -> str:
-    """``28.66 ± 1.5`` (half the 95 % interval's width, to :data:`clbench.stats.INTERVAL_DECIMALS`: the second
+    """``28.66 ± 1.5`` (half the 95 % interval's width, to :data:`clbench.evaluation.stats.INTERVAL_DECIMALS`: the
+    second
     decimal of a 10,000-resample bootstrap endpoint is Monte-Carlo noise) or the bare value where there is no
     interval."""
     if value is None or (isinstance(value, float) and np.isnan(value)):

@@ -1,6 +1,6 @@
 """``clbench sweep``: every (strategy, benchmark, seed) of a paper table, on this machine or on a Ray cluster.
 
-A sweep is a plan of ordinary runs (:func:`clbench.harness.run`), one run folder each, under ``--out DIR``:
+A sweep is a plan of ordinary runs (:func:`clbench.run.harness.run`), one run folder each, under ``--out DIR``:
 
 - ``DIR/runs/<strategy>-<bench>-s<seed>/``: the run folder (``result.json``; ``checkpoint.safetensors`` while
   unfinished; ``features.npz``; ``run.log``, the run's messages; ``attempt.json``, where and when its last attempt

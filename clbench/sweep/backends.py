@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clbench import typedfile
 from clbench.errors import ClbenchError
+from clbench.files import typedfile
 from clbench.sweep.manifest import RunOutcome
 from clbench.sweep.settings import BACKENDS, Resources  # declared with their flags there
 from clbench.sweep.worker import WorkerPayload, execute, read_outcome

@@ -6,7 +6,7 @@ folder, its state when the sweep started, and the :class:`RunOutcome` the worker
 flat into the run's entry), the backend, the measured overhead (:func:`clbench.sweep.runner.overhead`) and the
 earlier invocations of the same sweep (``history``). The runner rewrites it atomically whenever a run ends.
 
-Every field is declared once (:func:`clbench.typedfile.json_field`): the checks of :func:`manifest_problem`, the
+Every field is declared once (:func:`clbench.files.typedfile.json_field`): the checks of :func:`manifest_problem`, the
 reader and the writer all come from the declarations.
 
 Versions (``version``, :data:`SCHEMA_VERSION`): 1 is the only one so far. A manifest without ``version`` or
@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench import typedfile
-from clbench.config import Fingerprint
 from clbench.errors import ClbenchError
-from clbench.files import atomic_write_json
-from clbench.owned import load_json
-from clbench.typedfile import (
+from clbench.files import typedfile
+from clbench.files.atomic import atomic_write_json
+from clbench.files.safety import load_json
+from clbench.files.typedfile import (
     COUNT,
     COUNTS,
     NAME,
@@ -49,6 +48,7 @@ from clbench.typedfile import (
     one_of,
     or_none,
 )
+from clbench.run.config import Fingerprint
 
 Json = dict[str, Any]
 FORMAT = "clbench-sweep"
@@ -104,7 +104,7 @@ class RunOutcome:
 
     @classmethod
     def from_dict(cls, data: Json) -> RunOutcome:
-        """An outcome from the JSON object ``data`` that :func:`clbench.typedfile.problems` found sound."""
+        """An outcome from the JSON object ``data`` that :func:`clbench.files.typedfile.problems` found sound."""
         return typedfile.read(cls, data)
 
     def to_dict(self) -> Json:
@@ -141,7 +141,7 @@ class PlannedEntry:
 
     @classmethod
     def from_dict(cls, data: Json) -> PlannedEntry:
-        """An entry from the JSON object ``data`` that :func:`clbench.typedfile.problems` found sound."""
+        """An entry from the JSON object ``data`` that :func:`clbench.files.typedfile.problems` found sound."""
         own = {f.name for f, _ in typedfile.file_fields(cls)}
         outcome = RunOutcome.from_dict({k: v for k, v in data.items() if k not in own})
         return dataclasses.replace(typedfile.read(cls, data), outcome=outcome, keys=list(data))
@@ -199,7 +199,8 @@ class BackendInfo(Typed):
     extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
     keys: list[str] = field(default_factory=list, compare=False, repr=False)  # the fields given, in their order
 
-    # read and written as a codec (clbench.typedfile.Codec), not a plain part: the keys given are part of the value
+    # read and written as a codec (clbench.files.typedfile.Codec), not a plain part: the keys given are part of the
+    # value
     @classmethod
     def json_problems(cls, data: Any) -> list[str]:  # Any: JSON as read, checked here
         found = typedfile.problems(cls, data)

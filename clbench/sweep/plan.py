@@ -1,4 +1,4 @@
-"""The sweep's plan: every (strategy, benchmark, seed) as a checked :class:`~clbench.harness.RunConfig`, and what
+"""The sweep's plan: every (strategy, benchmark, seed) as a checked :class:`~clbench.run.harness.RunConfig`, and what
 each run folder under ``DIR/runs/`` already holds (nothing, a run to continue, a complete run to skip, or a run with
 other settings, which is refused)."""
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench.config import Fingerprint, RunConfig, split_list
 from clbench.errors import ClbenchError
-from clbench.results import RunRecord
+from clbench.records.results import RunRecord
+from clbench.run.config import Fingerprint, RunConfig, split_list
 
 SWEEP_FILE = "sweep.json"
 ATTEMPT_FILE = "attempt.json"
@@ -58,7 +58,7 @@ SEEDS_EXAMPLE = "e.g. --seeds 1993,1994,1995 or --seeds 1993..1997"
 
 def parse_seeds(text: str) -> tuple[int, ...]:
     """``1993,1994`` and ranges ``1993..1997`` (both ends included), mixed freely; order kept, repeats dropped."""
-    from clbench.config import RUN_SETTINGS
+    from clbench.run.config import RUN_SETTINGS
 
     check = dataclasses.replace(RUN_SETTINGS["seed"], flag="--seeds").check
     seeds: list[int] = []
@@ -110,7 +110,7 @@ def parse_data_roots(values: Sequence[str], benches: Sequence[str]) -> dict[str 
 def make_plan(spec: SweepSpec, check: bool = True) -> list[PlannedRun]:
     """Every run of the sweep, each checked (names, settings) before anything is loaded. ``check=False``: the runs
     and their fingerprints only, from the methods' cards (what a report reads of a study file: no method, no torch)."""
-    from clbench.catalog import BACKBONES, BENCHMARKS, card
+    from clbench.run.catalog import BACKBONES, BENCHMARKS, card
 
     for scope, key, _ in spec.overrides:
         if scope is not None and scope not in spec.strategies:
@@ -144,7 +144,7 @@ def make_plan(spec: SweepSpec, check: bool = True) -> list[PlannedRun]:
                     backbone = BACKBONES.check(spec_bench.backbone if cfg.backbone is None else cfg.backbone)
                     plan.append(PlannedRun(run_id, cfg, Fingerprint.from_config(cfg, backbone)))
                     continue
-                from clbench.harness import resolve
+                from clbench.run.harness import resolve
 
                 try:
                     resolved = resolve(cfg)
@@ -164,7 +164,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object clbench wrote in a sweep folder (``sweep.json``, a run's record or attempt file), read with the
     bounded loader; None for a missing, torn, oversized, too deeply nested or special file, or one that is not an
     object."""
-    from clbench.owned import load_json
+    from clbench.files.safety import load_json
 
     if not path.exists():
         return None
@@ -179,7 +179,7 @@ def read_run_record(run_dir: Path) -> RunRecord | None:
     """The run's record, finished or not; None where it has none yet, or a torn one (a write killed midway leaves
     the run to its checkpoint). Raises ClbenchError for a record this clbench refuses (another schema version, a
     mistyped field)."""
-    from clbench.results import RESULT_FILE, read_record
+    from clbench.records.results import RESULT_FILE, read_record
 
     if read_json(run_dir / RESULT_FILE) is None:
         return None
@@ -188,9 +188,9 @@ def read_run_record(run_dir: Path) -> RunRecord | None:
 
 def inspect(run: PlannedRun) -> str | None:
     """Set ``run.state`` from its folder; return why the folder cannot be used (other settings), or None."""
-    from clbench.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
-    from clbench.owned import is_empty_folder
-    from clbench.rundir import is_run_folder
+    from clbench.files.safety import is_empty_folder
+    from clbench.run.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
+    from clbench.run.rundir import is_run_folder
 
     if run.path.is_symlink():
         return "it is a symbolic link; a sweep writes only into run folders inside its own folder"

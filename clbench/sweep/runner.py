@@ -2,7 +2,7 @@
 up to date (rewritten atomically whenever a run ends).
 
 Overhead (``sweep.json`` -> ``overhead``): each run's start and end are taken inside the worker around
-:func:`clbench.harness.run`; the sweep adds its own submission and collection times. ``per_run_s`` is
+:func:`clbench.run.harness.run`; the sweep adds its own submission and collection times. ``per_run_s`` is
 (active window x the largest number of runs seen running at once - the sum of run durations) / runs executed: with
 one run at a time it is exactly the mean gap between one run's end and the next one's start plus the collection of
 the last. ``startup_s`` is the time from the sweep's start to the first run's start (pool or Ray start, worker
@@ -20,8 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from clbench.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.errors import ClbenchError
+from clbench.run.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.sweep.backends import LocalBackend, RayBackend
 from clbench.sweep.manifest import (
     BackendInfo,
@@ -55,7 +55,7 @@ PASSED_ENV = (
     "TORCH_HOME",
     "OMP_NUM_THREADS",
     "OMP_WAIT_POLICY",
-    "WANDB_MODE",  # --log wandb: offline unless the user set another mode (clbench.trackers)
+    "WANDB_MODE",  # --log wandb: offline unless the user set another mode (clbench.run.trackers)
     "WANDB_PROJECT",
 )
 
@@ -77,7 +77,7 @@ class SweepView:
 
 
 def _last_line(path: Path) -> str:
-    from clbench.owned import special_file_problem
+    from clbench.files.safety import special_file_problem
 
     if special_file_problem(path) is not None:  # missing, or a FIFO that would block the read
         return ""
@@ -127,14 +127,14 @@ def run_sweep(
     log: dict[str, Any] | None = None,
 ) -> SweepManifest:
     """Plan, skip what is done, run the rest on the backend, and write ``sweep.json``. Returns the manifest.
-    ``log``: the experiment trackers of every run (:class:`clbench.trackers.LogSpec` as a dict)."""
+    ``log``: the experiment trackers of every run (:class:`clbench.run.trackers.LogSpec` as a dict)."""
     view = view or SweepView()
     res = res or Resources()
     if backend_name not in BACKENDS:
         raise ClbenchError(f"--backend {backend_name!r} is unknown; valid backends: {', '.join(BACKENDS)}")
     if backend_name == "local" and ray_address:
         raise ClbenchError("--ray-address is for --backend ray", "add --backend ray, or drop --ray-address")
-    from clbench.rundir import check_folder
+    from clbench.run.rundir import check_folder
 
     check_folder(spec.out, "out")
     check_sweep_folder(spec.out)
@@ -153,11 +153,11 @@ def run_sweep(
         os.environ["CLBENCH_CACHE"] = str(Path(cache).resolve())
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     if "CLBENCH_CACHE" not in env:
-        from clbench.files import cache_dir
+        from clbench.files.atomic import cache_dir
 
         env["CLBENCH_CACHE"] = str(cache_dir().resolve())
     out.mkdir(parents=True, exist_ok=True)
-    from clbench.owned import mark_folder, owned_folder
+    from clbench.files.safety import mark_folder, owned_folder
 
     mark_folder(out, "sweep")  # first: a sweep killed before sweep.json is still recognised as clbench's
     lock = _lock_sweep(out)  # before the folders are read: a second sweep on DIR must not change them meanwhile
@@ -174,7 +174,7 @@ def run_sweep(
 def is_sweep_folder(path: Path) -> bool:
     """Whether ``path`` is a sweep folder clbench made: its mark file says so, or (a sweep of an older clbench) it
     holds a ``sweep.json`` that reads as a sweep manifest."""
-    from clbench.owned import folder_mark
+    from clbench.files.safety import folder_mark
 
     mark = folder_mark(path)
     if mark is not None:
@@ -192,7 +192,7 @@ def check_sweep_folder(out: Path) -> None:
     """Refuse ``--out`` before anything is written when it is an existing folder of other files (not new, empty or
     a clbench sweep folder), or when its ``runs/`` or ``report/`` is a link or a file, or its ``report/`` a folder
     of other files: the sweep writes, replaces and deletes files in all of them. Writes nothing."""
-    from clbench.owned import check_output_folder, owned_folder
+    from clbench.files.safety import check_output_folder, owned_folder
     from clbench.report.build import check_report_folder
 
     owned_folder(out, "runs", "--out", create=False)
@@ -202,7 +202,7 @@ def check_sweep_folder(out: Path) -> None:
 
 
 def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> SweepManifest:
-    from clbench.results import git_revision
+    from clbench.records.results import git_revision
 
     return SweepManifest(
         command=command,
@@ -244,7 +244,7 @@ def _history(path: Path) -> list[Invocation]:
 def _lock_sweep(out: Path):
     import fcntl
 
-    from clbench.owned import open_lock
+    from clbench.files.safety import open_lock
 
     handle = open_lock(out / ".sweep.lock")
     try:
@@ -269,7 +269,7 @@ def _execute_plan(
     env: dict[str, str],
     log: dict[str, Any] | None = None,
 ) -> SweepManifest:
-    from clbench.results import load_record
+    from clbench.records.results import load_record
 
     todo = [r for r in plan if r.state != "complete"]
     sweep_start = time.time()

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 
 def write_summary(out: Path, manifest: SweepManifest, report: bool, tsne: bool, command: str | None) -> list[Path]:
     """``summary.md`` / ``summary.csv`` (mean ± std over seeds) and, with ``report``, ``report/``."""
-    from clbench.files import atomic_write_bytes
-    from clbench.owned import owned_folder
+    from clbench.files.atomic import atomic_write_bytes
+    from clbench.files.safety import owned_folder
     from clbench.report.build import check_report_folder, write_report
     from clbench.report.collect import collect
     from clbench.report.tables import summary_frame, summary_table, to_markdown

@@ -15,15 +15,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from clbench import typedfile
-from clbench.config import Fingerprint
 from clbench.errors import ClbenchError
-from clbench.files import atomic_write_json
-from clbench.harness import Reporter
-from clbench.results import RunRecord
-from clbench.sweep.manifest import RunOutcome
-from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record
-from clbench.typedfile import (
+from clbench.files import typedfile
+from clbench.files.atomic import atomic_write_json
+from clbench.files.typedfile import (
     NAME,
     OBJECT,
     JsonObject,
@@ -38,6 +33,11 @@ from clbench.typedfile import (
     map_of,
     or_none,
 )
+from clbench.records.results import RunRecord
+from clbench.run.config import Fingerprint
+from clbench.run.harness import Reporter
+from clbench.sweep.manifest import RunOutcome
+from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record
 
 # Record fields that differ between two executions of the same run (time, place, order of cache use).
 VOLATILE_FIELDS = (
@@ -63,7 +63,7 @@ class _LogReporter(Reporter):
     sweep's progress view and a user on another node can follow them)."""
 
     def __init__(self, path: Path) -> None:
-        from clbench.owned import open_append
+        from clbench.files.safety import open_append
 
         self._file = open_append(path)
 
@@ -83,7 +83,7 @@ class _LogReporter(Reporter):
 
 @dataclass(frozen=True, kw_only=True)
 class TrackerSettings(Typed):
-    """``--log``: the run's experiment trackers, :class:`clbench.trackers.LogSpec`'s fields as JSON."""
+    """``--log``: the run's experiment trackers, :class:`clbench.run.trackers.LogSpec`'s fields as JSON."""
 
     trackers: list[str] = json_field("a list of names", list_of(is_name), required=True)
     log_dir: str | None = json_field("a string or null", or_none(is_str), default=None)
@@ -95,7 +95,7 @@ class TrackerSettings(Typed):
 @dataclass(kw_only=True)
 class WorkerPayload:
     """What the sweep sends a worker to execute one run (:func:`execute`). It crosses the process boundary as its
-    JSON form (:func:`clbench.typedfile.write`) and is checked where it arrives: a worker of another clbench (a
+    JSON form (:func:`clbench.files.typedfile.write`) and is checked where it arrives: a worker of another clbench (a
     Ray node not upgraded) refuses it, naming the field, instead of running something else."""
 
     run_id: str = json_field(NAME, is_name, required=True)
@@ -106,7 +106,7 @@ class WorkerPayload:
     env: dict[str, str] = json_field("an object of strings", map_of(is_str), required=True)  # runner.PASSED_ENV
     threads: int = json_field("an integer >= 1", is_positive, required=True)  # torch threads
     sweep_id: str = json_field(NAME, is_name, required=True)  # written to the attempt file
-    # --log: the run's experiment trackers (clbench.trackers.LogSpec as a dict)
+    # --log: the run's experiment trackers (clbench.run.trackers.LogSpec as a dict)
     log: TrackerSettings | None = json_field(
         "an object or null", or_none(is_object), part=TrackerSettings, default=None
     )
@@ -143,7 +143,7 @@ def run_payload(payload: WorkerPayload) -> RunOutcome:
         os.environ[key] = value
     import torch
 
-    from clbench.harness import RunConfig, run
+    from clbench.run.harness import RunConfig, run
 
     torch.set_num_threads(payload.threads)
     values = dict(payload.config)
@@ -152,8 +152,8 @@ def run_payload(payload: WorkerPayload) -> RunOutcome:
     path = Path(cfg.out)
     base = RunOutcome(run_id=payload.run_id, started_at=time.time(), host=socket.gethostname(), pid=os.getpid())
     try:  # before the attempt file and the log: a folder of other files (planted since the plan) gets neither
-        from clbench.owned import mark_folder
-        from clbench.rundir import check_run_folder
+        from clbench.files.safety import mark_folder
+        from clbench.run.rundir import check_run_folder
 
         check_run_folder(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -171,8 +171,8 @@ def run_payload(payload: WorkerPayload) -> RunOutcome:
     reporter = _LogReporter(path / LOG_FILE)
     reporter.log(f"attempt started on {base.host} (pid {base.pid}, {payload.threads} threads)")
     hub = None
-    if payload.log:  # --log: the run's experiment trackers (clbench.trackers)
-        from clbench.trackers import LogSpec, TrackerHub
+    if payload.log:  # --log: the run's experiment trackers (clbench.run.trackers)
+        from clbench.run.trackers import LogSpec, TrackerHub
 
         hub = TrackerHub(LogSpec(**{**payload.log.to_dict(), "trackers": tuple(payload.log.trackers)}), reporter)
     try:

@@ -8,5 +8,5 @@
   EfficientNet-Lite0 from a ``.pth`` by parameter order).
 - :mod:`~clbench.weights.info`: ``clbench weights``, which backbones have their weights on this machine.
 
-The frozen wrapper that runs a backbone is :class:`clbench.backbones.FrozenBackbone`.
+The frozen wrapper that runs a backbone is :class:`clbench.features.backbones.FrozenBackbone`.
 """

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from clbench.catalog import BACKBONES, BackboneSpec
-from clbench.config import WEIGHT_SOURCES
 from clbench.errors import ClbenchError
+from clbench.run.catalog import BACKBONES, BackboneSpec
+from clbench.run.config import WEIGHT_SOURCES
 
 HUB_TIMEOUT_S = 10  # seconds to reach the Hugging Face hub (connection probe, then each metadata request)
 _NOT_READ = "cannot be read as safetensors or a torch state dict"
@@ -64,7 +64,7 @@ def _load_state_file(path: Path, lazy: bool = False) -> dict[str, torch.Tensor]:
             f"pass a safetensors/state-dict file, or one of {', '.join(WEIGHT_SOURCES)}",
         )
     if not path.is_file():
-        from clbench.owned import special_file_problem
+        from clbench.files.safety import special_file_problem
 
         raise ClbenchError(f"--weights {path} is {special_file_problem(path) or 'not a file'}, not a weights file")
     try:
@@ -234,7 +234,7 @@ def load_model(
     name: str, weights: str = "auto", img_size: int | None = None, seed: int = 0
 ) -> tuple[nn.Module, BackboneSpec, str, int]:
     """(timm model ``name`` with weights from ``weights`` (see module docstring), its spec, where the weights came
-    from, its input size). :func:`clbench.backbones.load_backbone` freezes it."""
+    from, its input size). :func:`clbench.features.backbones.load_backbone` freezes it."""
     spec = BACKBONES.get(name)
     if spec.random_only and weights in ("offline", "hub"):
         raise ClbenchError(f"backbone {name} has no published weights; use --weights random (or a file of its weights)")

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clbench.errors import ClbenchError
-from clbench.files import atomic_write_json, cache_dir, sha256_file
+from clbench.files.atomic import atomic_write_json, cache_dir, sha256_file
 from clbench.weights.conversions import (
     EFFNET_MODEL,
     VITS14_MODEL,

@@ -1,0 +1,55 @@
+"""Files: the cache folder and writes that never leave a torn file behind.
+
+Every record, checkpoint and cache entry is written to a temporary file in the same folder, flushed,
+fsynced and renamed over the target, so a reader sees either the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from clbench.files.safety import atomic_write_bytes as atomic_write_bytes  # re-exported: where the writers import it
+
+
+def cache_dir() -> Path:
+    """``$CLBENCH_CACHE`` or ``~/.cache/clbench``: converted weights, wheels and feature caches."""
+    root = os.environ.get("CLBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "clbench")
+    return Path(root)
+
+
+def atomic_write_json(path: Path, obj: Any, *, standard: bool = False) -> None:
+    """``obj`` as indented JSON, written atomically. ``standard``: every NaN or infinity written as null (standard
+    JSON has neither; Python's ``json`` would write the non-standard ``NaN`` that jq, JavaScript and most other
+    readers refuse), for the files other tools read, such as the run record."""
+    if standard:
+        obj = without_nan(obj)
+    text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=not standard)
+    atomic_write_bytes(path, (text + "\n").encode())
+
+
+def without_nan(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by None (nested dicts, lists and tuples followed)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: without_nan(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [without_nan(v) for v in obj]
+    return obj
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

