@@ -83,6 +83,12 @@ def test_a_strategy_that_needs_the_backbone_gets_it_built_and_checked(tmp_path, 
     _ = lazy.model  # the first use builds it
     assert lazy.built and torch.equal(torch.rand(4), expected)  # the build drew nothing from the run's RNG
     assert torch.equal(lazy(x), eager(x))
+    # first used inside inference mode (the feature extraction), it still builds ordinary tensors: a method that
+    # then trains through the ViT can save them for backward
+    inside = load_backbone("vit_micro", str(micro_weights), lazy=True, cache_root=root)
+    with torch.inference_mode():
+        inside(x)
+    assert inside.built and not any(t.is_inference() for t in [*inside.parameters(), *inside.buffers()])
     facts = root / "machine" / FACTS_FILE
     known = json.loads(facts.read_text())
     for entry in known.values():

@@ -160,8 +160,12 @@ class LazyBackbone(FrozenBackbone):
         try:
             # A build mid-run (timm's initialisation before the weights load) must draw nothing from the run's
             # global RNG: a run whose ViT was built at the start and one that built it on first use stay identical.
-            with torch.random.fork_rng(devices=[]):
+            # The first use is often the feature extraction, under torch.inference_mode(): weights built there would
+            # be inference tensors, which no later training through the ViT (a first session, adapters, prompts,
+            # fine-tuning) may save for backward. They are built as ordinary tensors wherever the first use is.
+            with torch.random.fork_rng(devices=[]), torch.inference_mode(False):
                 real = d["_lazy_build"]()
+                model = real.model.to(d["_lazy_device"]) if d["_lazy_device"] is not None else real.model
         except BaseException:
             d["_lazy_built"] = False
             raise
@@ -173,7 +177,7 @@ class LazyBackbone(FrozenBackbone):
                 "or the facts were edited)",
                 f"delete {d['_lazy_where']} and run again" if "_lazy_where" in d else "run again",
             )
-        self.model = real.model.to(d["_lazy_device"]) if d["_lazy_device"] is not None else real.model
+        self.model = model
         self.num_features, self.mean, self.std = real.num_features, real.mean, real.std
 
     def __getattribute__(self, name: str) -> Any:
