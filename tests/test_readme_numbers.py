@@ -51,6 +51,7 @@ ONE_SEED = {
     "L2P (reference": (f"{RUNS}/reference/l2p", "per-sample"),
     "DualPrompt (reference": (f"{RUNS}/reference/dualprompt", "per-sample"),
     "DualPrompt, `reference` protocol": (f"{RUNS}/reference/dualprompt", "reference"),
+    "InfLoRA (reference": (f"{RUNS}/reference/inflora", "per-sample"),
     "FeCAM": (f"{RUNS}/seeds/fecam-emoji-s1993-o1993", "per-sample"),
     "SLDA": (f"{RUNS}/seeds/slda-emoji-s1993-o1993", "per-sample"),
     "RanDumb": (f"{RUNS}/seeds/randumb-emoji-s1993-o1993", "per-sample"),
@@ -72,6 +73,15 @@ FIVE_SEEDS = {
 }
 # first words of the row label -> strategy; records: each domain-incremental sweep's, every seed of SEEDS
 DOMAIN = {"ACIL": "acil", "SLDA": "slda", "TOSCA (one module": "tosca", "SimpleCIL": "simplecil"}
+# first words of the row label -> (record folder, protocol): emoji-domains at seed 1993, every strategy that supports
+# the domain scenario (the closed-form heads and TOSCA: the five-seed sweep's first run; the methods that train through
+# the ViT: their reference budget), one compare over all of them so that Holm covers every pair
+DOMAIN_ONE_SEED = {
+    "SimpleCIL": ("reports/emoji-domains/cheap-seeds/runs/simplecil-emoji-domains-s1993", "per-sample"),
+    "SLDA": ("reports/emoji-domains/cheap-seeds/runs/slda-emoji-domains-s1993", "per-sample"),
+    "ACIL": ("reports/emoji-domains/cheap-seeds/runs/acil-emoji-domains-s1993", "per-sample"),
+    "TOSCA (one module": ("reports/emoji-domains/cheap-seeds/runs/tosca-emoji-domains-s1993", "per-sample"),
+}
 # table -> (benchmark, the sweep's record folder)
 DOMAIN_SWEEPS = {
     "domain": ("emoji-vendors", "reports/emoji-vendors/runs/runs"),
@@ -82,10 +92,11 @@ HEADERS = {
     "five": "| strategy, five seeds",
     "domain": "| strategy | final % | avg inc % | forgetting | task-aware final %",
     "domains4": "| strategy (emoji-domains) | final % | avg inc % | forgetting | task-aware final %",
+    "domains4-one": "| strategy (emoji-domains, seed 1993)",
 }
 # the file (from the repository root) that holds each table; the prose's stated differences live in PROSE_FILE
 TABLE_FILE = {"one": "README.md", "five": "reports/README.md", "domain": "reports/README.md"}
-TABLE_FILE["domains4"] = "reports/README.md"
+TABLE_FILE["domains4"] = TABLE_FILE["domains4-one"] = "reports/README.md"
 PROSE_FILE = "reports/README.md"
 
 
@@ -116,10 +127,10 @@ def row_key(label: str, rows: dict) -> str:
 
 
 @cache
-def compare_table(folders: tuple[str, ...], pool: bool):
-    """``clbench compare``'s summary table with its ``vs simplecil`` column, for these record folders, and each
-    folder's (variant label, backbone label): the columns that name its row."""
-    coll = collect([ROOT / f for f in folders], pool).select("emoji")
+def compare_table(folders: tuple[str, ...], pool: bool, bench: str = "emoji"):
+    """``clbench compare``'s summary table with its ``vs simplecil`` column, for these record folders (of ``bench``),
+    and each folder's (variant label, backbone label): the columns that name its row."""
+    coll = collect([ROOT / f for f in folders], pool).select(bench)
     predicted = Predicted()
     pairs = paired_rows(coll, predicted, BASELINE)
     table = summary_table(coll, predicted)
@@ -128,8 +139,8 @@ def compare_table(folders: tuple[str, ...], pool: bool):
     return table, names
 
 
-def table_row(folders: tuple[str, ...], pool: bool, folder: str, protocol: str):
-    table, names = compare_table(folders, pool)
+def table_row(folders: tuple[str, ...], pool: bool, folder: str, protocol: str, bench: str = "emoji"):
+    table, names = compare_table(folders, pool, bench)
     variant, backbone = names[str((ROOT / folder).resolve())]
     row = table[(table["strategy"] == variant) & (table["backbone"] == backbone) & (table["protocol"] == protocol)]
     assert len(row) == 1, f"{folder}: {len(row)} rows of {variant} / {protocol} in the compare table"
@@ -205,11 +216,29 @@ def expected_domain(label: str, which: str = "domain") -> list[str]:
     ]
 
 
+def expected_domain_one(label: str) -> list[str]:
+    """The row's cells after the label (the emoji-domains table at seed 1993: one compare over every row's record)."""
+    folder, protocol = DOMAIN_ONE_SEED[label]
+    rec = load_record(ROOT / folder)
+    folders = tuple(sorted(f for f, _ in DOMAIN_ONE_SEED.values()))
+    r = table_row(folders, False, folder, protocol, "emoji-domains")
+    forgetting = rec.summary(protocol).forgetting
+    return [
+        rec.precision,
+        r["final acc %"],
+        r["avg inc acc %"],
+        "" if forgetting is None else f"{forgetting:.2f}",
+        r["task-aware final %"],
+        versus_cell(r["vs"]),
+    ]
+
+
 TABLES = {
     "one": (ONE_SEED, expected_one),
     "five": (FIVE_SEEDS, expected_five),
     "domain": (DOMAIN, expected_domain),
     "domains4": (DOMAIN, lambda label: expected_domain(label, "domains4")),
+    "domains4-one": (DOMAIN_ONE_SEED, expected_domain_one),
 }
 
 
@@ -229,6 +258,12 @@ def test_one_seed_row_equals_its_record(label):
 def test_five_seed_row_equals_its_records(label):
     row = next(r for r in table_rows("five") if row_key(r[0], FIVE_SEEDS) == label)
     assert row[1:] == expected_five(label), f"five-seed row {row[0]!r} differs from its five records"
+
+
+@pytest.mark.parametrize("label", list(DOMAIN_ONE_SEED))
+def test_emoji_domains_seed_1993_row_equals_its_record(label):
+    row = next(r for r in table_rows("domains4-one") if row_key(r[0], DOMAIN_ONE_SEED) == label)
+    assert row[1:] == expected_domain_one(label), f"emoji-domains row {row[0]!r} differs from {DOMAIN_ONE_SEED[label][0]}"
 
 
 @pytest.mark.parametrize("which", list(DOMAIN_SWEEPS))
@@ -266,7 +301,7 @@ VERSUS = re.compile(
 NO_TEST = {"baseline", "-", "n/p"}
 
 
-@pytest.mark.parametrize("which", ["one", "five"])
+@pytest.mark.parametrize("which", ["one", "five", "domains4-one"])
 def test_every_versus_cell_has_an_interval_and_a_p(which):
     """Every difference the tables state: value, 95 % interval, the test's Holm-corrected p and its verdict."""
     header = next(line for line in table_text(which).splitlines() if line.startswith(HEADERS[which]))
@@ -280,6 +315,7 @@ def test_every_versus_cell_has_an_interval_and_a_p(which):
 
 VERSUS_HEADER = {
     "one": "vs SimpleCIL (final, points, 95 % interval; exact McNemar, Holm)",
+    "domains4-one": "vs SimpleCIL (final, points, 95 % interval; exact McNemar, Holm)",
     "five": "vs SimpleCIL (final, points, 95 % interval; seed-level test, image-level beside it, Holm)",
 }
 
