@@ -7,8 +7,8 @@ dump. :class:`Study` says what is compared:
 
 - From a study file (``--study FILE``: the YAML that ``clbench sweep --config FILE`` runs): each group's runs are
   planned as the sweep plans them and matched to the records by their settings fingerprint. Groups that run
-  strategies at their default configuration (no profile, no strategy setting) form the main table; every other
-  group is a section of its own, named after the group. The baseline is ``--baseline`` or the first strategy of
+  strategies at their default configuration or their reference budget (no profile or the ``reference`` profile, no
+  strategy setting) form the main table; every other group is a section of its own, named after the group. The baseline is ``--baseline`` or the first strategy of
   the first main group.
 - Without one: one main row per (benchmark, strategy, protocol) at the strategy's default configuration, the
   records with the most seeds (then the most recent revision's order); budget variants, profiles and ``--set``
@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from clbench.report.tables import Section
     from clbench.report.uncertainty import PairRow, Predicted
 
+# A method's card names its reference budget ``reference`` where its defaults are not that budget, or to state it
+# (InfLoRA, SLCA, HiDe-Prompt): a study group run at it is a main row, like one at the defaults.
+REFERENCE_PROFILE = "reference"
 SECTION_KINDS = ("budget", "profile", "ablation", "other", "group", "unassigned")
 
 
@@ -182,7 +185,7 @@ def study_groups(
 ) -> list[tuple[str, bool, list[str], dict[str, str]]]:
     """Each group of the sweep file ``path``: (name, main?, strategies, fingerprint digest -> planned run id), the
     runs planned as ``clbench sweep --config`` plans them (nothing is run or written). Main: the group sets no
-    profile and no strategy setting. ``make_parser``: the command line's parser (``clbench.cli.build_parser``,
+    strategy setting and no profile other than :data:`REFERENCE_PROFILE`. ``make_parser``: the command line's parser (``clbench.cli.build_parser``,
     handed down by the command, so that the report never imports the command line)."""
     from clbench.run.config import flag_fields
     from clbench.run.configfile import apply
@@ -197,7 +200,7 @@ def study_groups(
         strategies = spec.strategies
         planned = {p.fingerprint.digest(): p.run_id for p in make_plan(spec, check=False)}
         name = getattr(a, "group_name", None) or f"group{i + 1}"
-        out.append((name, a.profile is None and not a.overrides, list(strategies), planned))
+        out.append((name, a.profile in (None, REFERENCE_PROFILE) and not a.overrides, list(strategies), planned))
     return out
 
 
