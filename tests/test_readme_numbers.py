@@ -263,7 +263,8 @@ def test_five_seed_row_equals_its_records(label):
 @pytest.mark.parametrize("label", list(DOMAIN_ONE_SEED))
 def test_emoji_domains_seed_1993_row_equals_its_record(label):
     row = next(r for r in table_rows("domains4-one") if row_key(r[0], DOMAIN_ONE_SEED) == label)
-    assert row[1:] == expected_domain_one(label), f"emoji-domains row {row[0]!r} differs from {DOMAIN_ONE_SEED[label][0]}"
+    folder = DOMAIN_ONE_SEED[label][0]
+    assert row[1:] == expected_domain_one(label), f"emoji-domains row {row[0]!r} differs from {folder}"
 
 
 @pytest.mark.parametrize("which", list(DOMAIN_SWEEPS))

@@ -8,8 +8,8 @@ dump. :class:`Study` says what is compared:
 - From a study file (``--study FILE``: the YAML that ``clbench sweep --config FILE`` runs): each group's runs are
   planned as the sweep plans them and matched to the records by their settings fingerprint. Groups that run
   strategies at their default configuration or their reference budget (no profile or the ``reference`` profile, no
-  strategy setting) form the main table; every other group is a section of its own, named after the group. The baseline is ``--baseline`` or the first strategy of
-  the first main group.
+  strategy setting) form the main table; every other group is a section of its own, named after the group. The
+  baseline is ``--baseline`` or the first strategy of the first main group.
 - Without one: one main row per (benchmark, strategy, protocol) at the strategy's default configuration, the
   records with the most seeds (then the most recent revision's order); budget variants, profiles and ``--set``
   ablations go to their own sections.
@@ -185,8 +185,9 @@ def study_groups(
 ) -> list[tuple[str, bool, list[str], dict[str, str]]]:
     """Each group of the sweep file ``path``: (name, main?, strategies, fingerprint digest -> planned run id), the
     runs planned as ``clbench sweep --config`` plans them (nothing is run or written). Main: the group sets no
-    strategy setting and no profile other than :data:`REFERENCE_PROFILE`. ``make_parser``: the command line's parser (``clbench.cli.build_parser``,
-    handed down by the command, so that the report never imports the command line)."""
+    strategy setting and no profile other than :data:`REFERENCE_PROFILE`. ``make_parser``: the command line's
+    parser (``clbench.cli.build_parser``, handed down by the command, so that the report never imports the command
+    line)."""
     from clbench.run.config import flag_fields
     from clbench.run.configfile import apply
     from clbench.sweep.plan import make_plan
