@@ -164,17 +164,20 @@ def expected_one(label: str) -> list[str]:
         curve = [float(t.diagnostics["routers"][what[7:]]["acc"]) for t in rec.per_task]
         final, avg = f"{curve[-1]:.2f}", f"{sum(curve) / len(curve):.2f}"
         return [rec.precision, final, avg, "", "n/p", *_params(rec)]
-    folders = tuple(sorted({f for f, w in ONE_SEED.values() if not w.startswith("router:")}))
-    r = table_row(folders, False, folder, what)
-    forgetting = rec.summary(what).forgetting
-    return [
-        rec.precision,
-        r["final acc %"],
-        r["avg inc acc %"],
-        "" if forgetting is None else f"{forgetting:.2f}",
-        versus_cell(r["vs"]),
-        *_params(rec),
-    ]
+    first, versus = one_seed_cells(ONE_SEED, label, "emoji")
+    return [*first, versus, *_params(rec)]
+
+
+def one_seed_cells(rows: dict[str, tuple[str, str]], label: str, bench: str) -> tuple[list[str], str]:
+    """A one-seed table's row: (precision, final, average incremental accuracy, forgetting) and its paired-test cell,
+    from one compare over every record the table's ``rows`` name (routers aside), so Holm covers all its pairs."""
+    folder, protocol = rows[label]
+    rec = load_record(ROOT / folder)
+    folders = tuple(sorted({f for f, w in rows.values() if not w.startswith("router:")}))
+    r = table_row(folders, False, folder, protocol, bench)
+    forgetting = rec.summary(protocol).forgetting
+    cells = [rec.precision, r["final acc %"], r["avg inc acc %"], "" if forgetting is None else f"{forgetting:.2f}"]
+    return cells, versus_cell(r["vs"])
 
 
 def expected_five(label: str) -> list[str]:
@@ -219,18 +222,9 @@ def expected_domain(label: str, which: str = "domain") -> list[str]:
 def expected_domain_one(label: str) -> list[str]:
     """The row's cells after the label (the emoji-domains table at seed 1993: one compare over every row's record)."""
     folder, protocol = DOMAIN_ONE_SEED[label]
-    rec = load_record(ROOT / folder)
+    first, versus = one_seed_cells(DOMAIN_ONE_SEED, label, "emoji-domains")
     folders = tuple(sorted(f for f, _ in DOMAIN_ONE_SEED.values()))
-    r = table_row(folders, False, folder, protocol, "emoji-domains")
-    forgetting = rec.summary(protocol).forgetting
-    return [
-        rec.precision,
-        r["final acc %"],
-        r["avg inc acc %"],
-        "" if forgetting is None else f"{forgetting:.2f}",
-        r["task-aware final %"],
-        versus_cell(r["vs"]),
-    ]
+    return [*first, table_row(folders, False, folder, protocol, "emoji-domains")["task-aware final %"], versus]
 
 
 TABLES = {
