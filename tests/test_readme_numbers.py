@@ -81,6 +81,9 @@ DOMAIN_ONE_SEED = {
     "SLDA": ("reports/emoji-domains/cheap-seeds/runs/slda-emoji-domains-s1993", "per-sample"),
     "ACIL": ("reports/emoji-domains/cheap-seeds/runs/acil-emoji-domains-s1993", "per-sample"),
     "TOSCA (one module": ("reports/emoji-domains/cheap-seeds/runs/tosca-emoji-domains-s1993", "per-sample"),
+    "L2P": ("reports/emoji-domains/reference-trained/runs/l2p-emoji-domains-s1993", "per-sample"),
+    "DualPrompt": ("reports/emoji-domains/reference-trained/runs/dualprompt-emoji-domains-s1993", "per-sample"),
+    "RanPAC": ("reports/emoji-domains/reference-trained/runs/ranpac-emoji-domains-s1993", "per-sample"),
 }
 # table -> (benchmark, the sweep's record folder)
 DOMAIN_SWEEPS = {
