@@ -333,7 +333,7 @@ def test_study_file_groups_choose_the_main_table_and_sections():
     strategies = {k.strategy for k in study.main}
     assert strategies == {
         "simplecil", "tosca", "acil", "dsal", "fecam", "randumb", "slda", "l2p", "ease", "ranpac", "aper",
-        "dualprompt", "mos", "inflora:reference",
+        "dualprompt", "mos", "inflora:reference", "slca:reference",
     }  # fmt: skip  # inflora: a group at the `reference` profile is a main row too
     assert study.baseline == "simplecil"  # the first strategy of the first main group
     titles = [s.title for s in study.sections]

@@ -668,7 +668,7 @@ def load_features(run: Run) -> dict[str, np.ndarray]:
 
 FEATURES_MAX_BYTES = 2**30  # frozen and adapted fp16 features of a 100k-image test split at d=2048 stay below
 FEATURE_WIDTH = 8192  # widest feature a backbone gives (ViT-g: 1536; ViT-22B: 6144)
-TSNE_PANELS = 12  # panels per t-SNE figure (4 x 3); more methods: further figures
+TSNE_PANELS = 16  # panels per t-SNE figure (4 x 4: the frozen features and 15 methods); more: further figures
 
 
 def subsample(n: int, max_points: int = TSNE_MAX_POINTS, seed: int = TSNE_SEED) -> np.ndarray:
