@@ -35,8 +35,13 @@ RAY_TIMEOUT = 3.0
 
 # ----------------------------------------------------------------------------------------------- fixtures
 def folder_argv(root: Path, *extra: str) -> list[str]:
+    """A run on the folder tree ``root``, fp32 on every CPU kind: at bf16 (``auto`` on an AMX or AVX-512 BF16 CPU)
+    the spot check's tolerance is 0.1, and the random micro ViT's features of different images are closer than that,
+    so a cache entry with its rows shuffled would pass on those machines and be refused on AVX2 ones."""
     return [
         "run",
+        "--precision",
+        "fp32",
         "--strategy",
         "simplecil",
         "--bench",

@@ -1144,11 +1144,17 @@ def check_slca_alignment(backbone, case: str, task_index: str = "exact") -> None
     with mock.patch.object(strategy.ctx, "generator", generator):
         strategy._align(strategy.head, task, sizes[-1])
     assert len(batches) == 12, f"expected 6 mini-batches per epoch for 2 epochs, got {len(batches)}"
-    assert_golden(batches[0], f[f"out.{case}.batch0"], "first alignment mini-batch (sampled features)")
-    assert_golden(batches[7], f[f"out.{case}.batch7"], "second epoch's second mini-batch")
+    # The draws are float32 Cholesky factors times normal samples, as in the reference; AVX-512 kernels sum them in
+    # another order than the AVX2 ones that made the fixture (an AMX Xeon: up to 5.3e-3 on features of magnitude 15,
+    # 1.3e-5 on the trained weights), so these carry their own tolerance. The reference's task-index bug moves them
+    # by 0.32 and 0.012, far outside it.
+    drawn_tol = {"rtol": 1e-3, "atol": 1e-2}
+    head_tol = {"rtol": 1e-4, "atol": 1e-4}
+    assert_golden(batches[0], f[f"out.{case}.batch0"], "first alignment mini-batch (sampled features)", **drawn_tol)
+    assert_golden(batches[7], f[f"out.{case}.batch7"], "second epoch's second mini-batch", **drawn_tol)
     for t in range(len(sizes)):
-        assert_golden(strategy.head.blocks[t].weight, f[f"out.{case}.weight{t}"], f"task {t} block weights")
-        assert_golden(strategy.head.blocks[t].bias, f[f"out.{case}.bias{t}"], f"task {t} block bias")
+        assert_golden(strategy.head.blocks[t].weight, f[f"out.{case}.weight{t}"], f"task {t} block weights", **head_tol)
+        assert_golden(strategy.head.blocks[t].bias, f[f"out.{case}.bias{t}"], f"task {t} block bias", **head_tol)
 
 
 def test_slca_class_statistics_match_reference(backbone):
