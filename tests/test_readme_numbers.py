@@ -393,6 +393,13 @@ PROSE = {
         "per-sample",
         "final",
     ),
+    "InfLoRA bf16 vs fp32 (same Xeon)": (
+        [f"{RUNS}/bf16/inflora-reference"],
+        "per-sample",
+        [f"{RUNS}/reference/inflora"],
+        "per-sample",
+        "final",
+    ),
     "L2P 10 vs 5 epochs per task (EPYC)": (
         [f"{RUNS}/budget/l2p-e10"],
         "per-sample",
