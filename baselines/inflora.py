@@ -48,6 +48,8 @@ Deviations from the reference code:
   (same formula). Old tasks' B stay frozen, so keeping them (as the reference does) equals merging them.
 - The reference's after-task k-means over the features (``clustering``, keys never read by the class-incremental
   evaluation) is not run. Test accuracy is not computed during training.
+- The ``ci`` profile (the regression gate, not the default) computes in float64 (``float64``: a float64 copy of the
+  frozen ViT, the branches and the heads), so that its numbers do not depend on the CPU's kernels.
 - The reference's ViT is ViT-B/16 (IN-21k); clbench runs the benchmark's backbone. Timm models whose attention has
   ``k_norm`` apply it to the shifted keys. DINOv2's LayerScale scales the attention output and does not touch the
   branches. Transforms, normalisation, class order and task split are the harness's.
@@ -55,6 +57,7 @@ Deviations from the reference code:
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -73,7 +76,7 @@ from clbench.layers.lora import (
     update_dual_gpm,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, check_vit_blocks, vit_tokens
+from clbench.methods.shared import EpochLog, check_vit_blocks, compute_dtype, vit_tokens
 
 EVAL_BATCH = 64  # evaluation batch (speed only: rows do not depend on it)
 
@@ -97,8 +100,10 @@ class TaskHeads(nn.Module):
         super().__init__()
         self.heads = nn.ModuleList()
 
-    def add(self, dim: int, n_classes: int, generator: torch.Generator, device: torch.device) -> nn.Linear:
-        head = nn.Linear(dim, n_classes, device=device)
+    def add(
+        self, dim: int, n_classes: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype
+    ) -> nn.Linear:
+        head = nn.Linear(dim, n_classes, device=device, dtype=dtype)
         bound = 1.0 / math.sqrt(dim)  # nn.Linear's kaiming_uniform(a=sqrt(5)) and bias bounds
         with torch.no_grad():
             head.weight.copy_(torch.empty(n_classes, dim).uniform_(-bound, bound, generator=generator))
@@ -119,9 +124,16 @@ class InfLoRA(Strategy[InfLoRAConfig]):
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/inflora.py
     card = CARD  # its parameter formula and cost model
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
+        return compute_dtype(self.cfg.float64, self.ctx.precision)
+
     def __init__(self, config: InfLoRAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
-        self.model = ctx.backbone.model
+        # the run's frozen ViT; with float64 a float64 copy of it (frozen too)
+        self.model = ctx.backbone.model if self.dtype == torch.float32 else copy.deepcopy(ctx.backbone.model)
+        self.model.to(dtype=self.dtype)
         check_vit_blocks(self.model)
         dim = int(ctx.backbone.num_features)
         if config.rank > dim:
@@ -129,7 +141,7 @@ class InfLoRA(Strategy[InfLoRAConfig]):
         if dim % int(self.model.blocks[0].attn.num_heads):
             raise ClbenchError(f"width {dim} is not divisible by the number of heads", "choose another backbone")
         self.depth = len(self.model.blocks)
-        self.lora = KVLoRA(self.depth, dim, config.rank).to(ctx.device)
+        self.lora = KVLoRA(self.depth, dim, config.rank, self.dtype).to(ctx.device)
         self.heads = TaskHeads().to(ctx.device)
         # the DualGPM memory per block: an orthonormal (d, k) basis, its type, and the projector U U^T the
         # reference keeps (``feature_mat``)
@@ -146,12 +158,12 @@ class InfLoRA(Strategy[InfLoRAConfig]):
         """(B, d) [CLS] features after the final norm with every task's branches; ``covariance``: per block a
         one-element list whose (d, d) float64 sum the attention inputs are added to."""
         with self.ctx.autocast():
-            x = vit_tokens(self.model, images)
+            x = vit_tokens(self.model, images.to(self.dtype))
             self._tokens_per_image = int(x.shape[1])
             for i, block in enumerate(self.model.blocks):
                 x = lora_block(block, x, self.lora.factors(i), None if covariance is None else covariance[i])
             x = self.model.norm(x)
-            return self.model.forward_head(x, pre_logits=True).float()
+            return self.model.forward_head(x, pre_logits=True).to(self.dtype)
 
     @torch.no_grad()
     def _covariances(self, task: Task, salt: int) -> list[torch.Tensor]:
@@ -184,7 +196,7 @@ class InfLoRA(Strategy[InfLoRAConfig]):
             for i in range(self.depth)
         ]
         self.lora.add_task(a)
-        head = self.heads.add(self.lora.dim, len(task.classes), ctx.generator(1000 + t), dev)
+        head = self.heads.add(self.lora.dim, len(task.classes), ctx.generator(1000 + t), dev, self.dtype)
         self.n_seen = task.n_seen
         # 2. train B_t and the task's head
         params = [*self.lora.trainable(t), head.weight, head.bias]
@@ -243,6 +255,15 @@ class InfLoRA(Strategy[InfLoRAConfig]):
             "memory_basis_dims": [int(b.shape[1]) for b in self.bases],
             "memory_types": list(self.project_types),
         }
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """As :meth:`Strategy.state_dict`; a float64 copy of the frozen ViT is not kept (it is remade from the run's
+        backbone when the state is loaded)."""
+        state = super().state_dict()
+        if self.dtype != torch.float32:
+            del state["model"]
+        return state
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:

@@ -51,8 +51,10 @@ Deviations from the reference code:
 - The head is one ``nn.Linear`` block per task, as ``SimpleContinualLinear``; the ViT is the benchmark's backbone
   (the reference: ViT-B/16 IN-21k); its feature is the backbone's pre-logits [CLS] feature as the frozen backbone
   computes it. Transforms, class order and task split are the harness's, shared by every method.
-- The ``ci`` profile (the regression gate, not the default) runs 56 px, 8 images per class, 4 epochs of batch 16 at
-  the reference's learning rates, no decay, and 2 alignment epochs of 64 draws per class; see ``SLCA.profiles``.
+- The ``ci`` profile (the regression gate, not the default) runs 56 px, 8 images per class, 4 epochs of batch 16
+  (the ViT at the reference's 1e-4, the head at 0.004), no decay, and 2 alignment epochs of 64 draws per class, in
+  float64 (``float64``: the tuned ViT, heads, statistics and draws), so that its numbers do not depend on the CPU's
+  kernels; see ``SLCA.profiles``.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from torch import nn
 
 from baselines.cards.slca import CARD, PROFILES, SLCAConfig, counts
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, cosine_lr, optimizer_step
+from clbench.methods.shared import EpochLog, compute_dtype, cosine_lr, optimizer_step
 
 COV_RIDGE = 1e-4  # torch.eye(d) * 1e-4 added to each class covariance (_compute_class_mean)
 
@@ -78,8 +80,10 @@ class TaskHeads(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList()
 
-    def add(self, dim: int, n_classes: int, generator: torch.Generator, device: torch.device) -> nn.Linear:
-        block = nn.Linear(dim, n_classes)
+    def add(
+        self, dim: int, n_classes: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype
+    ) -> nn.Linear:
+        block = nn.Linear(dim, n_classes, dtype=dtype)
         with torch.no_grad():
             nn.init.trunc_normal_(block.weight, std=0.02, a=-2.0, b=2.0, generator=generator)  # timm trunc_normal_
             block.bias.zero_()
@@ -125,14 +129,19 @@ class SLCA(Strategy[SLCAConfig]):
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/slca.py
     card = CARD  # its parameter formula and cost model
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
+        return compute_dtype(self.cfg.float64, self.ctx.precision)
+
     def __init__(self, config: SLCAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
         self.model = self._tuned_copy()  # the run's one fine-tuned ViT (never one per task)
         self.dim = int(ctx.backbone.num_features)
         self.head = TaskHeads()  # the slow learner's head, continued by every task
         self.aligned = TaskHeads()  # the head evaluation uses: aligned after tasks >= 1
-        self.class_mean = torch.zeros(0, self.dim)
-        self.class_cov = torch.zeros(0, self.dim, self.dim)
+        self.class_mean = torch.zeros(0, self.dim, dtype=self.dtype)
+        self.class_cov = torch.zeros(0, self.dim, self.dim, dtype=self.dtype)
         self.class_task: list[int] = []  # the task each class arrived in
         self._trainable: list[int] = []
         self.n_seen = 0
@@ -141,15 +150,16 @@ class SLCA(Strategy[SLCAConfig]):
         model = copy.deepcopy(self.ctx.backbone.model)
         for p in model.parameters():
             p.requires_grad_(True)
-        return model.to(self.ctx.device).eval()
+        return model.to(self.ctx.device, self.dtype).eval()
 
     # ---------------------------------------------------------------------------------------- features
     def _features(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, d) float32 pre-logits [CLS] feature of the tuned ViT (what the frozen backbone computes, tuned)."""
+        """(B, d) pre-logits [CLS] feature of the tuned ViT (what the frozen backbone computes, tuned), in the
+        strategy's dtype (float32; float64 with ``float64``)."""
         model: Any = self.model  # a timm ViT: forward_features / forward_head (untyped)
         with self.ctx.autocast():
-            x: torch.Tensor = model.forward_head(model.forward_features(images), pre_logits=True)
-        return x.float()
+            x: torch.Tensor = model.forward_head(model.forward_features(images.to(self.dtype)), pre_logits=True)
+        return x.to(self.dtype)
 
     @torch.no_grad()
     def _split_features(self, split: Split) -> torch.Tensor:
@@ -158,13 +168,13 @@ class SLCA(Strategy[SLCAConfig]):
             self._features(x.to(self.ctx.device)).cpu()
             for x, _, _ in split.image_loader(self.cfg.eval_batch_size, augment=False)
         ]
-        return torch.cat(out) if out else torch.zeros(0, self.dim)
+        return torch.cat(out) if out else torch.zeros(0, self.dim, dtype=self.dtype)
 
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
         known = self.n_seen
-        block = self.head.add(self.dim, len(task.classes), ctx.generator(1000 + task.id), dev)
+        block = self.head.add(self.dim, len(task.classes), ctx.generator(1000 + task.id), dev, self.dtype)
         self.n_seen = task.n_seen
         self.class_task.extend([task.id] * len(task.classes))
 
@@ -219,8 +229,8 @@ class SLCA(Strategy[SLCAConfig]):
         for c in sorted(task.classes):
             x = feats[labels == c]
             means.append(x.mean(dim=0))
-            covs.append((torch.cov(x.T) + torch.eye(self.dim, dtype=torch.float64) * COV_RIDGE).float())
-        self.class_mean = torch.cat([self.class_mean, torch.stack(means).float()])
+            covs.append((torch.cov(x.T) + torch.eye(self.dim, dtype=torch.float64) * COV_RIDGE).to(self.dtype))
+        self.class_mean = torch.cat([self.class_mean, torch.stack(means).to(self.dtype)])
         self.class_cov = torch.cat([self.class_cov, torch.stack(covs)])
 
     def _align(self, head: TaskHeads, task: Task, task_size: int) -> None:
@@ -230,14 +240,14 @@ class SLCA(Strategy[SLCAConfig]):
         )
         schedule = cosine_lr(optimizer, cfg.ca_epochs, eta_min=0.0)
         class_task = alignment_tasks(self.class_task, task_size, cfg.ca_task_index)
-        means = (self.class_mean.double() * shrink_factors(class_task, task.id)[:, None]).float().to(dev)
-        factors = torch.linalg.cholesky(self.class_cov.float()).to(dev)  # (C, d, d): float32 as MultivariateNormal
+        means = (self.class_mean.double() * shrink_factors(class_task, task.id)[:, None]).to(dev, self.dtype)
+        factors = torch.linalg.cholesky(self.class_cov).to(dev)  # (C, d, d): float32 as MultivariateNormal
         per_class = cfg.ca_samples
         gen = self.ctx.generator(5000 + task.id)
         labels = torch.arange(n_seen).repeat_interleave(per_class).to(dev)
         sizes = head.sizes
         for epoch in range(cfg.ca_epochs):
-            z = torch.randn(n_seen, per_class, self.dim, generator=gen).to(dev)
+            z = torch.randn(n_seen, per_class, self.dim, generator=gen).to(dev, self.dtype)
             x = (means[:, None, :] + torch.einsum("cnd,ced->cne", z, factors)).flatten(0, 1)  # (C * n, d)
             order = torch.randperm(len(x), generator=gen).to(dev)
             x, y = x[order], labels[order]
@@ -262,8 +272,8 @@ class SLCA(Strategy[SLCAConfig]):
         return logits[:, : self.n_seen].float().cpu()
 
     def adapted_features(self, split: Split) -> torch.Tensor | None:
-        """The tuned ViT's features of ``split`` (the frozen ones are ``split.features``)."""
-        return self._split_features(split)
+        """The tuned ViT's features of ``split`` (the frozen ones are ``split.features``), float32."""
+        return self._split_features(split).float()
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

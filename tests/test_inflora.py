@@ -183,3 +183,25 @@ def test_param_counts_follow_the_formula_and_the_cost_model(trained, backbone):
     assert strategy.optimizer_steps == [2 * 2, 2 * 3]  # 12 and 18 images in batches of 8, 2 epochs
     w = InfLoRA.work(SMALL, RunShape((12.0, 18.0), (6.0, 15.0)))
     assert (w.f, w.b, w.f_cacheable) == (2 * 30 + 21, 2 * 30, 0.0)
+
+
+def test_float64_setting_runs_on_a_float64_copy_that_checkpoints_do_not_hold(backbone, tasks, test_split):
+    """The ci profile's ``float64``: a float64 copy of the frozen ViT with float64 branches and heads, the same
+    features as fp32 to rounding; a checkpoint keeps the branches and heads but not the copy, and restores exactly."""
+    cfg = InfLoRAConfig(**{**vars(SMALL), "float64": True})
+    strategy = InfLoRA(cfg, ctx_for(backbone))
+    assert strategy.model is not backbone.model and next(backbone.model.parameters()).dtype == torch.float32
+    images = next(iter(tasks[0].train.image_loader(4, augment=False)))[0]
+    with torch.no_grad():
+        plain = InfLoRA(SMALL, ctx_for(backbone))._features(images)
+        torch.testing.assert_close(strategy._features(images).float(), plain, rtol=1e-4, atol=1e-4)
+    digest = state_digest(backbone.model)
+    for task in tasks:
+        strategy.learn_task(task)
+    assert {p.dtype for p in strategy.lora.parameters()} == {torch.float64}
+    assert {p.dtype for p in strategy.heads.parameters()} == {torch.float64}
+    assert state_digest(backbone.model) == digest
+    assert "model" not in strategy.state_dict()
+    other = InfLoRA(cfg, ctx_for(backbone))
+    other.restore_state(strategy.save_state())
+    torch.testing.assert_close(other.predict(test_split), strategy.predict(test_split), rtol=0, atol=0)

@@ -1093,7 +1093,7 @@ def _slca_with_head(backbone, sizes, weights, **cfg):
     strategy = SLCA(SLCAConfig(**cfg), ctx_for(backbone))
     strategy.dim, strategy.head = SLCA_D, TaskHeads()
     for t, size in enumerate(sizes):
-        block = strategy.head.add(SLCA_D, size, torch.Generator().manual_seed(t), torch.device("cpu"))
+        block = strategy.head.add(SLCA_D, size, torch.Generator().manual_seed(t), torch.device("cpu"), torch.float32)
         with torch.no_grad():
             block.weight.copy_(weights[f"weight{t}"])
             block.bias.copy_(weights[f"bias{t}"])

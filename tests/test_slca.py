@@ -163,3 +163,27 @@ def test_cost_model_counts_full_fine_tuning_and_tuned_evaluation():
     assert w.b == 3 * 100  # every learnt image, every epoch, forward + backward through the whole ViT
     assert w.f_cacheable == 100 + 20  # the harness's frozen features, once
     assert w.f == 120 + 100 + (10 + 20) + 20  # + statistics, each evaluation, the final tuned features
+
+
+def test_float64_setting_computes_every_stage_in_float64_and_needs_fp32(backbone, tasks, test_split):
+    """The ci profile's ``float64``: the tuned ViT, the heads, the class statistics and the draws are float64, the
+    features are the fp32 ones to rounding, a checkpoint restores it exactly; reduced precision is refused."""
+    from clbench.errors import ClbenchError
+
+    s = SLCA(SLCAConfig(**{**vars(SMALL), "float64": True}), ctx_for(backbone))
+    images = next(iter(tasks[0].train.image_loader(4, augment=False)))[0]
+    with torch.no_grad():
+        plain = SLCA(SMALL, ctx_for(backbone))._features(images)
+        torch.testing.assert_close(s._features(images).float(), plain, rtol=1e-4, atol=1e-4)
+    for task in tasks:
+        s.learn_task(task)
+    assert {p.dtype for p in s.model.parameters()} == {torch.float64}
+    assert {p.dtype for p in s.aligned.parameters()} == {torch.float64}
+    assert s.class_mean.dtype == s.class_cov.dtype == torch.float64
+    assert next(backbone.model.parameters()).dtype == torch.float32  # the run's frozen ViT is untouched
+    other = SLCA(SLCAConfig(**{**vars(SMALL), "float64": True}), ctx_for(backbone))
+    other.restore_state(s.save_state())
+    torch.testing.assert_close(other.predict(test_split), s.predict(test_split), rtol=0, atol=0)
+    bf16 = Context(backbone=backbone, device=torch.device("cpu"), precision="bf16", seed=7, log=lambda s: None)
+    with pytest.raises(ClbenchError, match="--precision fp32"):
+        SLCA(SLCAConfig(float64=True), bf16)

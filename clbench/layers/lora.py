@@ -37,9 +37,9 @@ class KVLoRA(nn.Module):
 
     ``a_*`` are designed (never trained); ``b_*`` start at zero and only the current task's train."""
 
-    def __init__(self, depth: int, dim: int, rank: int) -> None:
+    def __init__(self, depth: int, dim: int, rank: int, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        self.depth, self.dim, self.rank = depth, dim, rank
+        self.depth, self.dim, self.rank, self.dtype = depth, dim, rank, dtype
         self.a_k = nn.ModuleList()
         self.b_k = nn.ModuleList()
         self.a_v = nn.ModuleList()
@@ -55,9 +55,9 @@ class KVLoRA(nn.Module):
         if len(a) != self.depth:
             raise ValueError(f"{len(a)} down-projections for {self.depth} blocks")
         dev = a[0].device
-        zeros = [torch.zeros(self.dim, self.rank, device=dev) for _ in range(self.depth)]
-        self.a_k.append(nn.ParameterList([nn.Parameter(x.clone().float(), requires_grad=False) for x in a]))
-        self.a_v.append(nn.ParameterList([nn.Parameter(x.clone().float(), requires_grad=False) for x in a]))
+        zeros = [torch.zeros(self.dim, self.rank, device=dev, dtype=self.dtype) for _ in range(self.depth)]
+        self.a_k.append(nn.ParameterList([nn.Parameter(x.clone().to(self.dtype), requires_grad=False) for x in a]))
+        self.a_v.append(nn.ParameterList([nn.Parameter(x.clone().to(self.dtype), requires_grad=False) for x in a]))
         self.b_k.append(nn.ParameterList([nn.Parameter(z.clone()) for z in zeros]))
         self.b_v.append(nn.ParameterList([nn.Parameter(z) for z in zeros]))
 

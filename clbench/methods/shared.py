@@ -104,6 +104,23 @@ def n_params(*modules: nn.Module | nn.Parameter | torch.Tensor, trainable_only: 
     return total
 
 
+def compute_dtype(float64: bool, precision: str) -> torch.dtype:
+    """The dtype a backbone-training method computes in: float32, or float64 where its ``float64`` setting asks.
+
+    float64 exists for the regression gate: a few epochs of training through the ViT amplify float32 rounding,
+    so the same fp32 run gave accuracy-matrix entries up to 5 points apart under AVX2 and AVX-512 kernels (SLCA's
+    ``ci`` profile, reports/gate/README.md); in float64 the kernels' differences stay far below any prediction's
+    margin. It needs ``--precision fp32``: autocast would cast the float64 passes down again."""
+    if not float64:
+        return torch.float32
+    if precision != "fp32":
+        raise ClbenchError(
+            f"the float64 setting computes in float64 and cannot run at --precision {precision}",
+            "run it with --precision fp32, or leave float64 off (--set float64=false)",
+        )
+    return torch.float64
+
+
 @contextlib.contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """Run a block with ``n`` intra-op threads. Steps on cached features are tiny (a 48 x 384 batch through a
