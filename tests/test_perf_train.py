@@ -133,3 +133,30 @@ def test_the_cli_measures_a_micro_run_and_writes_json(tmp_path):
     assert row["batch"] == 48 and row["steps_timed"] == 2 and row["ratio"] > 0
     assert table["cpu_capability"] and "amx" in table and len(table["load_before"]) == 3
     assert "partial" not in table  # the final write replaces the partial ones
+
+
+def test_a_fine_tuning_method_is_compared_with_a_full_fine_tuning_step(backbone):
+    """Strategies that train the ViT's own weights (``fine_tunes_backbone``) get a limit that does as much: the
+    weights' gradients and an SGD step, on a copy, the run's frozen ViT untouched."""
+    from clbench.features.backbones import state_digest
+    from clbench.perf.train_step import LimitPass
+
+    digest = state_digest(backbone.model)
+    limit = LimitPass(backbone, "fp32", torch.device("cpu"), fine_tuning=True)
+    assert limit.tuned is not None
+    assert limit(4) > 0
+    assert limit.optimizer is not None
+    stepped = {id(p) for p in limit.optimizer.state}  # a momentum buffer: the parameter had a gradient and a step
+    blocks = list(limit.tuned.blocks.parameters())  # type: ignore[union-attr]
+    assert blocks and all(id(p) in stepped for p in blocks)
+    assert state_digest(backbone.model) == digest
+
+    class FineTuningStep(BareStep):
+        fine_tunes_backbone = True
+
+    split = make_split(backbone, [0, 1], 32, seed=0)
+    ctx = Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=0)
+    task = Task(0, [0, 1], 2, ReplayedSplit(split))
+    assert step_ratio(FineTuningStep(StepConfig(), ctx), task, steps=2)["limit"] == "full fine-tuning step"
+    assert step_ratio(BareStep(StepConfig(), ctx), task, steps=2)["limit"].startswith("forward + backward")
+    assert state_digest(backbone.model) == digest

@@ -15,7 +15,9 @@ are the images the loader handed out between two stamps.
 The limit: ``model.forward_features`` of the same timm model on a random batch of the same shape, under the same
 autocast, with a zero (1, 1, d) parameter added to the patch embeddings so that the backward pass runs through
 every block (the frozen weights get no gradient, as in the methods), loss = mean of the features. It is measured
-before and after the strategy's steps; its median is the divisor, so a ratio holds on a noisy machine.
+before and after the strategy's steps; its median is the divisor, so a ratio holds on a noisy machine. A method
+that fine-tunes the ViT's weights (SLCA) is compared with a bare full fine-tuning step instead: the same pass on a
+trainable copy, with the weights' gradients and an SGD step (``limit`` in each row says which).
 """
 
 from __future__ import annotations
@@ -177,17 +179,28 @@ def time_steps(
 
 class LimitPass:
     """The limit: a bare timm forward + backward of ``backbone``'s model on a random (batch, 3, H, W) input at the
-    backbone's input size, under ``precision``'s autocast (module docstring); ``__call__(batch)`` -> seconds."""
+    backbone's input size, under ``precision``'s autocast (module docstring); ``__call__(batch)`` -> seconds.
 
-    def __init__(self, backbone: Any, precision: str, device: torch.device) -> None:
+    ``fine_tuning``: the limit of a method that trains the ViT's own weights (``Strategy.fine_tunes_backbone``):
+    the same pass on a trainable copy of the model, its weights' gradients computed and one SGD step (momentum 0.9)
+    taken, a bare full fine-tuning step."""
+
+    def __init__(self, backbone: Any, precision: str, device: torch.device, fine_tuning: bool = False) -> None:
         self.backbone, self.precision, self.device = backbone, precision, device
         self.sync = _sync_for(device)
         self._inputs: dict[int, torch.Tensor] = {}
+        self.tuned: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        if fine_tuning:
+            import copy
+
+            self.tuned = copy.deepcopy(backbone.model).requires_grad_(True).train()
+            self.optimizer = torch.optim.SGD(self.tuned.parameters(), lr=1e-6, momentum=0.9)
 
     def __call__(self, batch: int) -> float:
         from clbench.run.precision import autocast
 
-        model, size = self.backbone.model, self.backbone.img_size
+        model, size = self.tuned or self.backbone.model, self.backbone.img_size
         if batch not in self._inputs:
             g = torch.Generator().manual_seed(0)
             self._inputs[batch] = torch.randn(batch, 3, size, size, generator=g).to(self.device)
@@ -199,6 +212,9 @@ class LimitPass:
             with autocast(self.precision, self.device.type):
                 loss = model.forward_features(x).float().mean()
             loss.backward()
+            if self.optimizer is not None:
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
             self.sync()
             return time.perf_counter() - t0
         finally:
@@ -210,7 +226,8 @@ def step_ratio(strategy: Strategy, task: Task, steps: int = 4, warmup: int = 2) 
     the step's batch runs between consecutive steps, so both are measured under the same load; the ratio is the
     median step rate over the median limit rate."""
     ctx = strategy.ctx
-    limit = LimitPass(ctx.backbone, ctx.precision, ctx.device)
+    fine_tuning = bool(getattr(strategy, "fine_tunes_backbone", False))
+    limit = LimitPass(ctx.backbone, ctx.precision, ctx.device, fine_tuning=fine_tuning)
     timing = time_steps(strategy, task, steps, warmup, between=limit)
     batch = timing.batch
     limit_rate = statistics.median(n / s for n, s in timing.between)
@@ -224,6 +241,7 @@ def step_ratio(strategy: Strategy, task: Task, steps: int = 4, warmup: int = 2) 
         "limit_images_per_s": limit_rate,
         "ratio": timing.images_per_s / limit_rate,
         "data_images_per_s": timing.data_images_per_s,
+        "limit": "full fine-tuning step" if fine_tuning else "forward + backward through frozen weights",
     }
 
 
