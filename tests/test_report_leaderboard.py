@@ -445,3 +445,12 @@ def test_latex_tables_compile_with_pdflatex(report_dir, tmp_path):
     )
     assert res.returncode == 0, res.stdout[-3000:]
     assert (tmp_path / "doc.pdf").is_file()
+
+
+def test_a_group_at_any_reference_budget_profile_is_a_main_row():
+    """The defaults, ``reference`` and ``reference-WHAT`` (another split's reference budget: CODA-Prompt's
+    ``reference-6tasks``, InfLoRA's ``reference-imr``) are reference budgets; ``quick``, ``ci`` are not."""
+    from clbench.report.leaderboard import is_reference_profile
+
+    assert all(map(is_reference_profile, [None, "reference", "reference-6tasks", "reference-imr"]))
+    assert not any(map(is_reference_profile, ["quick", "ci", "ci-augment", "references", "my-reference"]))

@@ -39,8 +39,15 @@ if TYPE_CHECKING:
     from clbench.report.uncertainty import PairRow, Predicted
 
 # A method's card names its reference budget ``reference`` where its defaults are not that budget, or to state it
-# (InfLoRA, SLCA, HiDe-Prompt): a study group run at it is a main row, like one at the defaults.
+# (InfLoRA, SLCA, HiDe-Prompt), and ``reference-WHAT`` for the reference's budget of another data set or split
+# (InfLoRA's ``reference-imr``, CODA-Prompt's ``reference-6tasks``): a study group run at one is a main row, like one
+# at the defaults.
 REFERENCE_PROFILE = "reference"
+
+
+def is_reference_profile(profile: str | None) -> bool:
+    """Whether a group at ``profile`` runs a reference budget (None: the defaults, which are one)."""
+    return profile is None or profile == REFERENCE_PROFILE or profile.startswith(REFERENCE_PROFILE + "-")
 SECTION_KINDS = ("budget", "profile", "ablation", "other", "group", "unassigned")
 
 
@@ -185,7 +192,7 @@ def study_groups(
 ) -> list[tuple[str, bool, list[str], dict[str, str]]]:
     """Each group of the sweep file ``path``: (name, main?, strategies, fingerprint digest -> planned run id), the
     runs planned as ``clbench sweep --config`` plans them (nothing is run or written). Main: the group sets no
-    strategy setting and no profile other than :data:`REFERENCE_PROFILE`. ``make_parser``: the command line's
+    strategy setting and no profile but a reference budget (:func:`is_reference_profile`). ``make_parser``: the command line's
     parser (``clbench.cli.build_parser``, handed down by the command, so that the report never imports the command
     line)."""
     from clbench.run.config import flag_fields
@@ -201,7 +208,7 @@ def study_groups(
         strategies = spec.strategies
         planned = {p.fingerprint.digest(): p.run_id for p in make_plan(spec, check=False)}
         name = getattr(a, "group_name", None) or f"group{i + 1}"
-        out.append((name, a.profile in (None, REFERENCE_PROFILE) and not a.overrides, list(strategies), planned))
+        out.append((name, is_reference_profile(a.profile) and not a.overrides, list(strategies), planned))
     return out
 
 
