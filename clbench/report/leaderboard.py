@@ -48,6 +48,8 @@ REFERENCE_PROFILE = "reference"
 def is_reference_profile(profile: str | None) -> bool:
     """Whether a group at ``profile`` runs a reference budget (None: the defaults, which are one)."""
     return profile is None or profile == REFERENCE_PROFILE or profile.startswith(REFERENCE_PROFILE + "-")
+
+
 SECTION_KINDS = ("budget", "profile", "ablation", "other", "group", "unassigned")
 
 
@@ -192,9 +194,9 @@ def study_groups(
 ) -> list[tuple[str, bool, list[str], dict[str, str]]]:
     """Each group of the sweep file ``path``: (name, main?, strategies, fingerprint digest -> planned run id), the
     runs planned as ``clbench sweep --config`` plans them (nothing is run or written). Main: the group sets no
-    strategy setting and no profile but a reference budget (:func:`is_reference_profile`). ``make_parser``: the command line's
-    parser (``clbench.cli.build_parser``, handed down by the command, so that the report never imports the command
-    line)."""
+    strategy setting and no profile but a reference budget (:func:`is_reference_profile`). ``make_parser``: the
+    command line's parser (``clbench.cli.build_parser``, handed down by the command, so that the report never
+    imports the command line)."""
     from clbench.run.config import flag_fields
     from clbench.run.configfile import apply
     from clbench.sweep.plan import make_plan
