@@ -9,8 +9,10 @@ Everything else (benchmark and split, backbone, weights, input size, transform, 
 setting) must be equal along a curve; seeds are averaged per point. A bf16 record's kernels are part of its settings
 too (``bf16 kernels``: torch's CPU capability, and AMX where the record says so): bf16 numbers move with the CPU's
 kernels (L2P's reference config, seed 1993: 23.35 on an Intel Xeon with AMX, 25.37 on an AMD EPYC with AVX-512 BF16
-and no AMX), so a curve never mixes them; fp32 numbers do not (the gate's fp32 runs are bit-identical under AVX512
-and AVX2), so fp32 records of any CPU share a curve.
+and no AMX), so a curve never mixes them. fp32 records of any CPU share a curve: the gate's fp32 runs of the
+methods that train heads or prompts are bit-identical under AVX512 and AVX2. That does not hold for the two that
+train through the ViT's weights (SLCA's and InfLoRA's fp32 ci runs differed by up to 5.06 and 1.69 points per
+entry, reports/gate/README.md): points of theirs made on different CPUs carry differences of that size.
 
 On a curve, the point whose budget equals the strategy's ``quick`` profile is marked ``quick`` and the one whose
 budget equals its default config (the reference's epochs) ``reference epochs``.
