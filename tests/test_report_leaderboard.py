@@ -333,8 +333,8 @@ def test_study_file_groups_choose_the_main_table_and_sections():
     strategies = {k.strategy for k in study.main}
     assert strategies == {
         "simplecil", "tosca", "acil", "dsal", "fecam", "randumb", "slda", "l2p", "ease", "ranpac", "aper",
-        "dualprompt", "mos", "inflora:reference", "slca:reference",
-    }  # fmt: skip  # inflora: a group at the `reference` profile is a main row too
+        "dualprompt", "mos", "inflora:reference", "slca:reference", "coda_prompt:reference-6tasks",
+    }  # fmt: skip  # inflora: a group at the `reference` profile is a main row too, CODA's at `reference-6tasks`
     assert study.baseline == "simplecil"  # the first strategy of the first main group
     titles = [s.title for s in study.sections]
     assert "Study group reference-steps" in titles and "Study group ranpac-no-first-session" in titles
