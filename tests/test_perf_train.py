@@ -160,3 +160,37 @@ def test_a_fine_tuning_method_is_compared_with_a_full_fine_tuning_step(backbone)
     assert step_ratio(FineTuningStep(StepConfig(), ctx), task, steps=2)["limit"] == "full fine-tuning step"
     assert step_ratio(BareStep(StepConfig(), ctx), task, steps=2)["limit"].startswith("forward + backward")
     assert state_digest(backbone.model) == digest
+
+
+class HeadThenStep(BareStep):
+    """HiDe-Prompt's order: a head first trained on features computed without gradients (its own optimizer), then
+    the steps through the ViT."""
+
+    name = "head-then-step"
+
+    def learn_task(self, task: Task) -> None:
+        head = torch.nn.Linear(self.ctx.backbone.num_features, 2)
+        optimizer = torch.optim.SGD(head.parameters(), lr=0.01)
+        for images, labels, _ in task.train.image_loader(self.cfg.batch_size, augment=True):
+            with torch.no_grad():
+                feats = self.ctx.backbone.model.forward_features(images)[:, 0]
+            for _ in range(3):
+                optimizer_step(optimizer, F.cross_entropy(head(feats), labels % 2), "test head")
+        super().learn_task(task)
+
+
+def test_the_clock_times_the_steps_through_the_vit_not_a_head_trained_before_them(backbone, monkeypatch):
+    from types import SimpleNamespace
+
+    import clbench.perf.train_step as train_step
+
+    clock = PassClock()
+    monkeypatch.setattr(train_step, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    handle = backbone.model.patch_embed.register_forward_hook(clock)
+    try:
+        split = make_split(backbone, [0, 1], 32, seed=0)
+        ctx = Context(backbone=backbone, device=torch.device("cpu"), precision="fp32", seed=0)
+        row = step_ratio(HeadThenStep(StepConfig(), ctx), Task(0, [0, 1], 2, ReplayedSplit(split)), steps=5)
+    finally:
+        handle.remove()
+    assert row["batch"] == 32 and row["ratio"] == pytest.approx(1.0)  # the bare steps, not the head's

@@ -3,12 +3,13 @@ forward + backward of the same ViT at the same input size, batch and precision (
 backpropagate through the ViT).
 
 How a step is timed, without naming a method: the strategy's own ``learn_task`` runs on the first task of the
-benchmark, and a global optimizer step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) stamps
-the end of every step of the task's first optimizer (the one that trains through the ViT; MOS's later
-head-only alignment optimizer is never reached). The time between two consecutive stamps is one whole
-iteration of the method's loop: its forward passes, loss, backward, optimizer step and whatever it does per
-batch. Training stops (the hook raises) after ``warmup + steps`` steps, so a method with 20 epochs costs only a
-few steps. The task's loaders replay batches made once before the first step (augmentation included), so the
+benchmark, and a global optimizer step hook (``torch.optim.optimizer.register_optimizer_step_post_hook``) stamps the
+end of every step of the task's first optimizer that steps after a gradient-carrying pass through the ViT (the one
+that trains through it; a head trained before on features computed without gradients, HiDe-Prompt's task-identity
+MLP, is passed over; MOS's later head-only alignment optimizer is never reached). The time between two consecutive
+stamps is one whole iteration of the method's loop: its forward passes, loss, backward, optimizer step and whatever
+it does per batch. Training stops (the hook raises) after ``warmup + steps`` steps, so a method with 20 epochs costs
+only a few steps. The task's loaders replay batches made once before the first step (augmentation included), so the
 data pipeline is timed apart (``data_images_per_s``) and the ratio isolates the method's compute. Images per step
 are the images the loader handed out between two stamps.
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+from torch.nn.modules.module import register_module_forward_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from clbench.errors import ClbenchError
@@ -89,8 +91,11 @@ class ReplayedSplit(Split):
 
 @dataclass
 class _StepClock:
-    """At the end of each step of the first optimizer seen: stamps (time, images handed out so far), then runs
-    ``between(batch)`` (one limit pass at the step's batch, timed) outside the next step's interval."""
+    """At the end of each step of the first optimizer that steps after a gradient-carrying pass through a ViT (a
+    patch embedding ran with autograd on since the last step; an optimizer of a head trained on features computed
+    without gradients, as HiDe-Prompt's task-identity MLP before its prompts, is passed over): stamps (time, images
+    handed out so far), then runs ``between(batch)`` (one limit pass at the step's batch, timed) outside the next
+    step's interval."""
 
     stop_after: int
     counter: list[int]
@@ -100,9 +105,17 @@ class _StepClock:
     starts: list[tuple[float, int]] = field(default_factory=list)  # after the between-pass: the next step starts
     between_s: list[tuple[int, float]] = field(default_factory=list)  # (batch, seconds) of each between-pass
     optimizer_id: int | None = None
+    vit_grad_pass: bool = False  # a patch embedding ran with autograd on since the last optimizer step
+
+    def saw_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        """A global forward hook: notes a gradient-carrying pass through any ViT's patch embedding (the run's
+        frozen model or a method's own copy of it)."""
+        if torch.is_grad_enabled() and type(module).__name__ == "PatchEmbed":
+            self.vit_grad_pass = True
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self.optimizer_id is None:
+        through_vit, self.vit_grad_pass = self.vit_grad_pass, False
+        if self.optimizer_id is None and through_vit:
             self.optimizer_id = id(optimizer)
         if id(optimizer) != self.optimizer_id:
             return
@@ -158,12 +171,14 @@ def time_steps(
     split = task.train if isinstance(task.train, ReplayedSplit) else ReplayedSplit(task.train)
     clock = _StepClock(warmup + steps, split.counter, _sync_for(strategy.ctx.device), between)
     handle = register_optimizer_step_post_hook(clock)
+    forward = register_module_forward_hook(clock.saw_forward)
     try:
         strategy.learn_task(replace(task, train=split))
     except _StopTraining:
         pass
     finally:
         handle.remove()
+        forward.remove()
     if len(clock.ends) < warmup + steps:
         raise ClbenchError(
             f"strategy {strategy.name} made {len(clock.ends)} optimizer steps on a task of {len(split)} images; "
