@@ -117,7 +117,9 @@ class _StepClock:
         through_vit, self.vit_grad_pass = self.vit_grad_pass, False
         if self.optimizer_id is None and through_vit:
             self.optimizer_id = id(optimizer)
-        if id(optimizer) != self.optimizer_id:
+        # a step with no ViT pass since the last one is not another iteration: an optimizer subclass whose step
+        # calls its parent's (HiDe-Prompt's gradient-clipping Adam) fires the hook twice per step
+        if id(optimizer) != self.optimizer_id or not through_vit:
             return
         self.sync()
         self.ends.append((time.perf_counter(), self.counter[0]))
@@ -126,6 +128,7 @@ class _StepClock:
         if self.between is not None:
             batch = self.ends[-1][1] - (self.ends[-2][1] if len(self.ends) > 1 else 0)
             self.between_s.append((batch, self.between(batch)))
+            self.vit_grad_pass = False  # the limit's own pass is not the method's
         self.starts.append((time.perf_counter(), self.counter[0]))
 
 
