@@ -54,6 +54,8 @@ ONE_SEED = {
     "InfLoRA (reference": (f"{RUNS}/reference/inflora", "per-sample"),
     "SLCA (reference": (f"{RUNS}/reference/slca", "per-sample"),
     "CODA-Prompt (reference": (f"{RUNS}/reference/coda_prompt", "per-sample"),
+    "HiDe-Prompt (reference": (f"{RUNS}/reference/hide_prompt", "per-sample"),
+    "HiDe-Prompt, `reference` protocol": (f"{RUNS}/reference/hide_prompt", "reference"),
     "FeCAM": (f"{RUNS}/seeds/fecam-emoji-s1993-o1993", "per-sample"),
     "SLDA": (f"{RUNS}/seeds/slda-emoji-s1993-o1993", "per-sample"),
     "RanDumb": (f"{RUNS}/seeds/randumb-emoji-s1993-o1993", "per-sample"),
