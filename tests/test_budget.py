@@ -172,3 +172,22 @@ def test_methods_note_their_optimizer_steps_per_task(backbone, name):
     strategy.learn_task(Task(1, [2, 3], 4, second))
     expected = [math.ceil(20 / 8), 0 if name == "aper" else math.ceil(12 / 8)]
     assert strategy.optimizer_steps == expected
+
+
+def test_a_record_made_before_a_setting_existed_reads_its_default_on_a_curve(tmp_path):
+    """A record without a setting added to the strategy's config since (it trained at what is now the default)
+    shares the curve of records that hold the default; one holding another value is still refused."""
+
+    def drop_l1(rec):
+        del rec["strategy_config"]["l1"]
+
+    runs = budget_runs(tmp_path / "runs", {"tosca-e20": drop_l1})
+    (curve,) = budget_curves(collect([runs]), strict=True)[0]
+    assert [p.budget["epochs"] for p in curve.points] == [2, 5, 20]
+
+    def other_l1(rec):
+        rec["strategy_config"]["l1"] = 0.5
+
+    runs = budget_runs(tmp_path / "other", {"tosca-e20": other_l1})
+    with pytest.raises(ClbenchError, match="differ in more than their budget"):
+        budget_curves(collect([runs]), strict=True)
