@@ -236,9 +236,17 @@ def _mean_std_curves(curves: list[list[float]]) -> tuple[np.ndarray, np.ndarray]
     return mean, std
 
 
+LEGEND_WRAP = 34  # characters per legend line to the right of a panel: longer labels wrap instead of leaving the canvas
+
+
 def _legend_outside(ax: Axes) -> None:
-    """Legend to the right of the panel, outside every axes (constrained layout makes room for it)."""
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, ncol=1, borderaxespad=0.0)
+    """Legend to the right of the panel, outside every axes (constrained layout makes room for it); a label longer
+    than :data:`LEGEND_WRAP` characters wraps at a space (``HiDe-Prompt:reference, reference protocol (n=1)``)."""
+    import textwrap
+
+    handles, labels = ax.get_legend_handles_labels()
+    wrapped = ["\n".join(textwrap.wrap(label, LEGEND_WRAP)) or label for label in labels]
+    ax.legend(handles, wrapped, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, ncol=1, borderaxespad=0.0)
 
 
 def _legend_below(ax: Axes) -> None:
