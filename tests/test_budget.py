@@ -191,3 +191,20 @@ def test_a_record_made_before_a_setting_existed_reads_its_default_on_a_curve(tmp
     runs = budget_runs(tmp_path / "other", {"tosca-e20": other_l1})
     with pytest.raises(ClbenchError, match="differ in more than their budget"):
         budget_curves(collect([runs]), strict=True)
+
+
+def test_a_step_schedules_milestone_scaled_with_the_epochs_stays_on_the_curve(tmp_path):
+    """SLCA's budget points move the decay epoch with the epochs (0.9 x E, as the reference's 18 of 20): the
+    milestone is part of the budget, so the points form one curve, and the point at the default epochs and
+    milestone is the reference one."""
+
+    def milestone(value):
+        def edit(rec):
+            rec["strategy_config"]["milestone"] = value
+
+        return edit
+
+    runs = budget_runs(tmp_path / "runs", {"tosca-s1993": milestone(2), "tosca-s1994": milestone(4)})
+    (curve,) = budget_curves(collect([runs]), strict=True)[0]
+    assert [p.budget.get("milestone") for p in curve.points] == [2, 4, None]
+    assert [p.marks for p in curve.points] == [(), (), (REFERENCE,)]

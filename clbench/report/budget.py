@@ -2,7 +2,9 @@
 budget.
 
 A record's budget is its strategy settings that say how much it trains: ``epochs`` and every other setting ending in
-``epochs`` (the cosine schedules step per epoch, so this is also the schedule's length), and ``train_per_class``.
+``epochs`` (the cosine schedules step per epoch, so this is also the schedule's length), ``train_per_class``, and
+``milestone``, the epoch of a step schedule's decay, which a budget point scales with its epochs (SLCA's curve sets
+it to 0.9 x epochs, as the reference's 18 of 20).
 Its optimizer steps are the sum of ``params.extra["optimizer_steps_per_task"]``, which the methods that train
 through the ViT note per task (:meth:`clbench.methods.contract.Strategy.note_steps`; records made before carry none).
 Everything else (benchmark and split, backbone, weights, input size, transform, precision, every other strategy
@@ -50,7 +52,7 @@ RECORD_SETTINGS = (  # record fields a budget curve holds fixed (the strategy se
 
 def is_budget_setting(name: str) -> bool:
     """Strategy settings that set how much a run trains (module docstring)."""
-    return name == "train_per_class" or name.endswith("epochs")
+    return name in ("train_per_class", "milestone") or name.endswith("epochs")
 
 
 def budget_of(settings: dict[str, Any]) -> dict[str, Any]:
