@@ -208,3 +208,25 @@ def test_a_step_schedules_milestone_scaled_with_the_epochs_stays_on_the_curve(tm
     (curve,) = budget_curves(collect([runs]), strict=True)[0]
     assert [p.budget.get("milestone") for p in curve.points] == [2, 4, None]
     assert [p.marks for p in curve.points] == [(), (), (REFERENCE,)]
+
+
+def test_each_curve_takes_its_strategys_colour(tmp_path, monkeypatch):
+    """A curve is drawn in its strategy's fixed colour (``STRATEGY_LOOKS``), whatever its records' variant labels
+    (a budget point's label names its settings, e.g. ``tosca:... epochs=2``)."""
+    import matplotlib.axes
+
+    from clbench.report.figures import budget_curves_figure, strategy_color
+
+    drawn: list[str] = []
+    real = matplotlib.axes.Axes.errorbar
+
+    def errorbar(self, *args, **kwargs):
+        drawn.append(kwargs["color"])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", errorbar)
+    coll = collect([budget_runs(tmp_path / "runs", {"tosca-e20": budget(30)})])  # no record at the default
+    assert "tosca" not in {r.variant for r in coll.runs}
+    curves, _ = budget_curves(coll, strict=True)
+    assert budget_curves_figure(coll, tmp_path / "figures", curves) is not None
+    assert drawn == [strategy_color("tosca")]

@@ -230,7 +230,7 @@ def budget_curves(coll: Collection, strict: bool = False) -> tuple[list[BudgetCu
                 detail = "; ".join(f"{name}: {' vs '.join(values)}" for name, values in differ.items())
                 raise ClbenchError(
                     f"budget curve of {strategy} on {bench}: the records differ in more than their budget ({detail})",
-                    "give only records that differ in epochs or train_per_class",
+                    "give only records that differ in their budget (epochs, train_per_class, milestone)",
                 )
             if uncounted:
                 raise ClbenchError(

@@ -928,7 +928,6 @@ def budget_curves_figure(coll: Collection, out_dir: Path, curves: Sequence[Budge
     if not curves:
         return None
     benches = sorted({c.bench for c in curves})
-    colors = strategy_colors(coll)
     by_id = {r.run_id: r for r in coll.runs}
     with matplotlib.rc_context(RC):
         ncols, nrows = _panel_grid(len(benches))
@@ -938,7 +937,7 @@ def budget_curves_figure(coll: Collection, out_dir: Path, curves: Sequence[Budge
             for curve in (c for c in curves if c.bench == bench):
                 xs = [max(p.steps, 1) for p in curve.points]  # log axis: a run without steps sits at 1
                 ys = [p.mean for p in curve.points]
-                color = colors.get(curve.strategy)
+                color = strategy_color(curve.strategy)  # the strategy's colour in every figure
                 ax.errorbar(
                     xs,
                     ys,
@@ -963,7 +962,8 @@ def budget_curves_figure(coll: Collection, out_dir: Path, curves: Sequence[Budge
         runs = [by_id[rid] for c in curves for p in c.points for rid in p.runs if rid in by_id]
         title = "Final accuracy against training budget"
         caption = (
-            f"{title}: each line holds one strategy's records that differ only in epochs or train_per_class "
+            f"{title}: each line holds one strategy's records that differ only in their budget (epochs, "
+            "train_per_class, a step schedule's milestone) "
             "(mean ± std over seeds); open square = the strategy's quick profile's budget, star = the reference's "
             "epochs (its default config). " + provenance(runs)
         )
