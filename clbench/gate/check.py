@@ -271,16 +271,9 @@ def settings_differences(strategy: str, want: dict[str, Any], got: dict[str, Any
     same when the run holds the strategy's default for it: it was added after the reference was written, and its
     default keeps the measured behaviour (a new setting that changed it would have a non-default value or a new
     default, and differ)."""
-    import dataclasses
+    from clbench.run.catalog import config_defaults
 
-    from clbench.run.catalog import card
-
-    try:
-        defaults = {
-            f.name: f.default for f in dataclasses.fields(card(strategy).Config) if f.default is not dataclasses.MISSING
-        }
-    except ClbenchError:
-        defaults = {}
+    defaults = config_defaults(strategy)
     return sorted(
         k
         for k in set(want) | set(got)

@@ -87,29 +87,12 @@ def fixed_settings(record: RunRecord) -> dict[str, Any]:
         out["bf16 kernels"] = kernels
     if (record.weights_source or "").startswith("random"):  # a random init follows the seed: seeds still average
         out["weights_digest"] = "random init"
-    settings = {**_config_defaults(record.strategy), **record.settings}  # a setting added since: its default
+    from clbench.run.catalog import config_defaults
+
+    # a setting added since the record (InfLoRA's ``float64``): the record trained at its default
+    settings = {**config_defaults(record.strategy), **record.settings}
     out.update({k: v for k, v in settings.items() if not is_budget_setting(k)})
     return out
-
-
-def _config_defaults(strategy: str) -> dict[str, Any]:
-    """The registered strategy's config defaults (none for one not registered here): what :func:`fixed_settings`
-    reads for a setting a record lacks, so that a record made before the setting existed shares a curve with one
-    that holds it at its default (InfLoRA's bf16 reference record and its later budget points, which hold
-    ``float64: false``)."""
-    import dataclasses
-
-    from clbench.run.catalog import STRATEGIES
-
-    try:
-        config = STRATEGIES.get(strategy).Config
-    except (KeyError, LookupError, ClbenchError):
-        return {}
-    return {
-        f.name: f.default
-        for f in dataclasses.fields(config)
-        if f.default is not dataclasses.MISSING and not callable(f.default)
-    }
 
 
 def _text(value: Any) -> str:

@@ -83,6 +83,22 @@ def card(name: str) -> MethodCard:
     return MethodCard(cls.name, cls.Config, dict(cls.profiles))
 
 
+def config_defaults(name: str) -> dict[str, Any]:
+    """Setting name -> default of strategy ``name``'s settings that have a plain default (``{}`` for a name not
+    registered here): what a record or reference written before a setting existed is read as holding."""
+    import dataclasses
+
+    try:
+        config = card(name).Config
+    except (ClbenchError, KeyError, LookupError):
+        return {}
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(config)
+        if f.default is not dataclasses.MISSING and not callable(f.default)
+    }
+
+
 # How each strategy appears in reports and figures: its name as printed and one colour, the same in every figure
 # and every report, so that a reader learns them once (Okabe-Ito's colour-blind-safe colours first, then tab20's).
 # A strategy not listed (a plug-in) prints under its registered name and takes a colour from the name's digest.
