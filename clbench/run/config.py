@@ -773,7 +773,12 @@ def resume_config(
         )
     names = {f.name for f in dataclasses.fields(RunConfig)}
     # Any: the checkpoint's JSON values and the given settings, checked by RunConfig (naming the setting)
-    values: dict[str, Any] = {k: v for k, v in saved_config.items() if k in names}
+    from clbench.run.optins import COMMAND_LINE_ONLY
+
+    # a safety opt-in the run was started with is not taken from its checkpoint: only from this command line
+    values: dict[str, Any] = {
+        k: v for k, v in saved_config.items() if k in names and k.replace("_", "-") not in COMMAND_LINE_ONLY
+    }
     values.update({k: v for k, v in given.items() if k in names and k not in DEFINING_FIELDS})
     pairs: Any = saved_config.get("overrides", ())  # Any: [[key, value], ...] as saved, checked by RunConfig
     values.update(out=str(run_dir), overwrite=False, overrides=tuple(tuple(kv) for kv in pairs))

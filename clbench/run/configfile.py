@@ -12,6 +12,9 @@ A config file is a YAML mapping whose keys are the command's flags without the d
 Flags given on the command line override the file (``--set`` pairs are applied after the file's). The file is
 checked before anything runs: an unknown key (with a did-you-mean), a value of the wrong type, settings for a
 strategy that is not run, or a file that is not a mapping is refused with one line naming the file and the key.
+A setting that lowers a safety barrier (:data:`clbench.run.optins.COMMAND_LINE_ONLY`: ``trust-checkpoint``,
+``ignore-data-problems``) is refused in every file, a sweep group's and a ``report --study`` file's included: it is
+taken from the command line only.
 
 The file is read as YAML 1.2 writes values (:func:`load`): ``true``/``false``, decimal numbers, everything else a
 string (PyYAML's YAML 1.1 would read ``seed: 0123`` as 83, ``1:30`` as 90, ``off`` as false). Number forms the two
@@ -34,6 +37,7 @@ from clbench.errors import ClbenchError
 from clbench.files.escape import plain
 from clbench.files.safety import folder_name_problem
 from clbench.run.config import _convert
+from clbench.run.optins import refuse_in_file
 
 SKIPPED = {"help", "config", "version", "autocast", "no-autocast"}  # not settings (or aliases of one)
 LIST_KEYS = {"strategies", "benches", "seeds", "log"}  # a YAML list or a comma-separated string
@@ -277,6 +281,7 @@ def read(path: str, command: str, sub: argparse.ArgumentParser, data: dict[str, 
         if not isinstance(raw_key, str):
             raise f.error(repr(raw_key), "keys are setting names (strings)")
         key = raw_key.replace("_", "-")
+        refuse_in_file(raw_key, f"--config {path}")  # a safety opt-in: the command line's alone
         if raw_key in strategies:
             sections[raw_key] = f.settings(raw_key, value, scoped=False)
         elif key == "set":
