@@ -7,13 +7,14 @@ downloads. The tests check what a run depends on: every image's class and domain
 
 from __future__ import annotations
 
+import io
+import itertools
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from datatrees import png_bytes
 
 from clbench.benchmarks import BENCHMARKS, build_benchmark
 from clbench.benchmarks.check import check_data
@@ -31,12 +32,27 @@ from clbench.benchmarks.literature_domains import (
 )
 from clbench.errors import ClbenchError
 
-PNG = png_bytes(5)
+_made = itertools.count(1)
 
 
-def put(path: Path, data: bytes = PNG) -> None:
+def distinct_image(suffix: str = ".png") -> bytes:
+    """An 8x8 image in the format ``suffix`` names, with bytes no other call gives (a colour and, for a JPEG, a
+    comment of its own): no two fixture images are equal, so that a clean fixture passes the duplicate checks."""
+    from PIL import Image
+
+    i = next(_made)
+    buf = io.BytesIO()
+    im = Image.new("RGB", (8, 8), (i % 256, (i >> 8) % 256, (i >> 16) % 256))
+    if suffix.lower() in (".jpg", ".jpeg"):
+        im.save(buf, format="JPEG", comment=f"fixture image {i}".encode())
+    else:
+        im.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def put(path: Path, data: bytes | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    path.write_bytes(distinct_image(path.suffix) if data is None else data)
 
 
 def domainnet_tree(root: Path, n_classes: int = 345) -> Path:

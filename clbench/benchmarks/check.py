@@ -1,10 +1,13 @@
 """``clbench data check BENCH --data-root DIR``: is this data root ready for a long GPU run?
 
-Checks, in order: the structure the loader checks (the same messages a run stops with in its first seconds: layout,
-empty or one-sided class folders, class count), images per split (min / median / max per class), every image
-decoded with PIL (``verify()`` and a full decode, which also catches truncated JPEGs), and test images byte-identical
-to training images (sha256 of the file bytes: a train/test leak). It prints where the benchmark is published and the
-layout it expects. Exit status 0 when nothing is wrong, 1 with the list of problems otherwise.
+Every benchmark read from files gets these checks: an ImageFolder tree (:func:`_check_tree`) and the literature's
+domain benchmarks, whose loaders list their files (:func:`check_file_sources`); images stored as arrays get the
+class and duplicate checks. Checks, in order: the structure the loader checks (the same messages a run stops with
+in its first seconds: layout, empty or one-sided class folders, class count), images per split (min / median / max
+per class), every image decoded with PIL (``verify()`` and a full decode, which also catches truncated JPEGs), and
+test images byte-identical to training images (sha256 of the file bytes: a train/test leak). It prints where the
+benchmark is published and the layout it expects. Exit status 0 when nothing is wrong, 1 with the list of
+problems otherwise.
 
 :func:`check_data` does the work and returns a :class:`DataReport`; :func:`cmd_data_check` prints it.
 """
@@ -27,7 +30,7 @@ import numpy as np
 
 from clbench.benchmarks import BENCHMARKS
 from clbench.benchmarks.base import ArraySource, BenchmarkSpec, ImageSource, resolve_data_root
-from clbench.benchmarks.folder import LAYOUT, SPLITS, TreeLoader, inspect_file, scan_tree
+from clbench.benchmarks.folder import LAYOUT, SPLITS, FileSource, TreeLoader, inspect_file, scan_tree
 from clbench.errors import ClbenchError
 from clbench.files.atomic import atomic_write_json, cache_dir
 from clbench.files.escape import plain
@@ -155,6 +158,14 @@ def _check_tree(report: DataReport, progress_factory, workers: int, decode: bool
     files = _tree_files(scan)
     if not files:
         return
+    _inspect_files(report, root, files, progress_factory, workers, decode)
+
+
+def _inspect_files(
+    report: DataReport, root: Path, files: list[tuple[str, str]], progress_factory, workers: int, decode: bool
+) -> None:
+    """Every (split, path relative to ``root``) read, hashed and (``decode``) decoded; unreadable, empty,
+    mislabelled and undecodable files and train/test duplicates go into ``report``."""
     what = "decoding and hashing" if decode else "reading and hashing"
     progress = progress_factory(f"{what} {len(files):,} images", len(files))
     hashes, bad, notes = _check_files(root, files, progress, workers, decode)
@@ -168,6 +179,66 @@ def _check_tree(report: DataReport, progress_factory, workers: int, decode: bool
     _report_duplicates(report, hashes)
 
 
+def _is_file_list(train: ImageSource, test: ImageSource) -> bool:
+    """Images read from files a loader listed (the literature's domain benchmarks), not an ImageFolder tree."""
+    return all(isinstance(s, FileSource) for s in (train, test))
+
+
+def check_file_sources(
+    report: DataReport,
+    train: FileSource,
+    test: FileSource,
+    names: list[str],
+    progress_factory,
+    workers: int,
+    decode: bool,
+) -> None:
+    """The tree checks of :func:`_check_tree` for a benchmark whose loader lists its files (DomainNet's split
+    lists, CORe50's sessions, CDDB's and Office-Home's folders): class count and labels within it, classes without
+    images, two listed paths that are one file (a folder linked to another: a session linked to another session),
+    and every file read, hashed and (``decode``) decoded, test images equal to training images included. Paths
+    that leave the data root never get here: the loader refuses them (:class:`~clbench.benchmarks.
+    literature_domains.DomainFileSource`)."""
+    if train.root != test.root:
+        raise ValueError(f"{train.name} and {test.name}: the splits of one benchmark share one data root")
+    spec = report.spec
+    report.classes_found = len(names)
+    expected = f", {spec.n_classes} expected" if spec.n_classes is not None else ""
+    report.notes.append(f"classes: {len(names)} found{expected}")
+    if spec.n_classes is not None and len(names) != spec.n_classes:
+        report.problems.append(
+            f"benchmark {spec.name!r} should have {spec.n_classes} classes but the data has {len(names)}"
+        )
+    for split, source in (("train", train), ("test", test)):
+        bad = [p for p, y in zip(source.paths, source.labels.tolist(), strict=True) if not 0 <= y < len(names)]
+        if bad:  # before anything sized by a label is built
+            report.problems.append(
+                f"{len(bad)} {split} image(s) with a label outside 0 ... {len(names) - 1}:{_listing(bad)}"
+            )
+            return
+        counts = np.bincount(source.labels, minlength=len(names)).tolist() if len(source) else []
+        report.split_stats[split] = _stats(counts, len(source))
+        empty = [names[c] for c, k in enumerate(counts) if k == 0]
+        if empty:
+            report.problems.append(f"{len(empty)} class(es) have no {split} images:{_listing(empty)}")
+    first: dict[str, str] = {}
+    twice = []
+    for split, source in (("train", train), ("test", test)):
+        real = getattr(source, "real_paths", None) or [os.path.realpath(source.root / p) for p in source.paths]
+        for rel, where in zip(source.paths, real, strict=True):
+            if where in first:
+                twice.append(f"{split}/{rel} = {first[where]} (both are {where})")
+            else:
+                first[where] = f"{split}/{rel}"
+    if twice:
+        report.problems.append(
+            f"{len(twice)} listed image(s) are a file listed already, through a symbolic link (a folder linked to "
+            f"another one: its images would count twice):{_listing(twice)}"
+        )
+    files = [("train", p) for p in train.paths] + [("test", p) for p in test.paths]
+    _inspect_files(report, train.root, files, progress_factory, workers, decode)
+
+
 def _array_hashes(source: ImageSource, split: str) -> list[tuple[str, str]]:
     images = getattr(source, "images", None)
     if images is None:
@@ -178,7 +249,7 @@ def _array_hashes(source: ImageSource, split: str) -> list[tuple[str, str]]:
     ]
 
 
-def _check_arrays(report: DataReport, loader, progress_factory) -> None:
+def _check_arrays(report: DataReport, loader, progress_factory, workers: int = 1, decode: bool = True) -> None:
     _spec, root = report.spec, report.root
     locate = getattr(importlib.import_module(loader.__module__), "locate", None)
     if root is None and locate is not None and locate(None) is None:
@@ -191,6 +262,9 @@ def _check_arrays(report: DataReport, loader, progress_factory) -> None:
         train, test, names = loader(root)
     except ClbenchError as e:
         report.problems.append(str(e).replace("\n  hint:", ";"))
+        return
+    if _is_file_list(train, test):
+        check_file_sources(report, train, test, names, progress_factory, workers, decode)
         return
     _check_loaded_arrays(report, train, test, names, progress_factory)
 
@@ -269,7 +343,7 @@ def check_data(
     if report.tree:
         _check_tree(report, factory, workers or min(8, os.cpu_count() or 1), decode)
     else:
-        _check_arrays(report, loader, factory)
+        _check_arrays(report, loader, factory, workers or min(8, os.cpu_count() or 1), decode)
     return report
 
 
@@ -315,12 +389,24 @@ def check_before_run(bench: str, data_root: str | None, ignore: bool) -> list[st
     return verdict(report, ignore)
 
 
+def _loader(spec: BenchmarkSpec):
+    module, _, attr = spec.load.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def check_loaded(bench, ignore: bool) -> list[str]:
-    """The duplicate check of ``clbench data check`` on a loaded array benchmark (:class:`~clbench.benchmarks.base.
-    Benchmark`); tree benchmarks were checked before loading (:func:`check_before_run`). Its problems depend on the
-    images' content only, so they are recorded in the clbench cache under the content fingerprints (and what else
-    the check reads: the spec's class count and known leaks, the class names) and read back by the next run of the
-    same data, which then never decompresses an image whose features are cached."""
+    """Every check of ``clbench data check`` but the full decode on a loaded benchmark whose loader lists its files
+    (:func:`check_file_sources`), and the duplicate check on a loaded array benchmark (:class:`~clbench.benchmarks.
+    base.Benchmark`); tree benchmarks were checked before loading (:func:`check_before_run`). An array benchmark's
+    problems depend on the images' content only, so they are recorded in the clbench cache under the content
+    fingerprints (and what else the check reads: the spec's class count and known leaks, the class names) and read
+    back by the next run of the same data, which then never decompresses an image whose features are cached."""
+    if _is_file_list(bench.train, bench.test) and not isinstance(_loader(bench.spec), TreeLoader):
+        report = DataReport(bench.spec, bench.train.root, "--data-root")
+        check_file_sources(
+            report, bench.train, bench.test, bench.class_names, lambda d, t: None, min(8, os.cpu_count() or 1), False
+        )
+        return verdict(report, ignore)
     if not all(isinstance(s, ArraySource) for s in (bench.train, bench.test)):
         return []
     report = DataReport(bench.spec, None, "")

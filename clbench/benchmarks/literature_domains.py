@@ -13,8 +13,9 @@ images are pooled.
   session order, the test set is sessions s3, s7, s10 (CORe50's NI protocol, as in Avalanche, L2P and S-Prompts),
   read from ``core50_128x128/s<k>/o<j>/*.png``. The reference code takes each run's batch order from
   ``LUP.pkl``; clbench does not unpickle it and uses the session order (run 0 of the NI scenario). The test
-  sessions are no training domain: every test image carries domain 0, so the whole test set is evaluated after
-  every task, as the reference (and Avalanche's one NI test experience) evaluates it.
+  sessions are no training domain: every test image carries domain 0 and the spec says ``shared_test``, so the
+  whole test set is evaluated after every task, as the reference (and Avalanche's one NI test experience)
+  evaluates it; in the accuracy matrix it is the first domain's column, the others stay empty.
 - ``cddb``: CDDB-Hard, the task list of S-Prompts' and InfLoRA's configs (gaugan, biggan, wild, whichfaceisreal,
   san), classes real / fake, ``<task>/{train,val}/[<object>/]{0_real,1_fake}/<image>``; ``val`` is the test split,
   as in the reference. (S-Prompts labels the two classes of task t as 2t and 2t+1 and scores real/fake; here the two
@@ -23,15 +24,21 @@ images are pooled.
   has no train/test split: clbench's is seeded and stated here: in every (domain, class) folder, the sorted image
   files are permuted by ``np.random.RandomState(1993)`` and the first ``round(0.2 * n)`` (at least 1) go to test.
 
-Structural problems (a missing list or folder, a listed file that is not there, a label that disagrees with its
-folder, a domain without images) raise a ClbenchError naming the file and the fix, found before any image is
-decoded; ``clbench data check <name> --data-root DIR`` lists them. Torch-free: importing this module only builds
-specs.
+Structural problems (a missing list or folder, a listed file that is not there, a split-list line that is not
+``<path> <label>``, a label outside the spec's classes, a path with a ``..`` part, a label that disagrees with its
+folder, a domain without images) raise a ClbenchError naming the file (and the line), found before any image is
+decoded or anything sized by a label is built. A path that leaves the data root, by ``..`` or through a symbolic
+link of the file or of any folder above it, is refused too, also with ``--ignore-data-problems``: nothing outside
+the root is read. What a run also checks before it starts and ``clbench data check <name> --data-root DIR`` lists
+(:func:`clbench.benchmarks.check.check_file_sources`, the folder benchmark's checks): files listed twice through a
+link, unreadable or undecodable images, test images equal to training images. Torch-free: importing this module
+only builds specs.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +48,7 @@ from clbench.benchmarks.folder import IMG_EXTENSIONS, FileSource
 from clbench.benchmarks.literature import PAPER_BACKBONE
 from clbench.benchmarks.registry import register
 from clbench.errors import ClbenchError
+from clbench.files.escape import plain
 
 S_PROMPTS = "S-Prompts (Wang et al. 2022, github.com/iamwangyabin/S-Prompts) README and configs"
 REFERENCE_TF = {
@@ -60,11 +68,38 @@ OFFICE_HOME_TEST_FRACTION = 0.2
 
 
 class DomainFileSource(FileSource):
-    """A :class:`FileSource` whose images each carry a domain index."""
+    """A :class:`FileSource` whose images each carry a domain index. Every path is resolved once, here: one that
+    leaves the data root (by ``..`` or through a symbolic link, of the file or of a folder above it) is refused,
+    also with ``--ignore-data-problems``, so that nothing outside the root is read; ``real_paths`` keeps where each
+    file lies, for :func:`clbench.benchmarks.check.check_file_sources` (two listed paths that are one file)."""
 
     def __init__(self, root: Path, paths: list[str], labels: list[int], domains: list[int], name: str) -> None:
         super().__init__(root, paths, np.asarray(labels, dtype=np.int64), name)
         self.domains = np.asarray(domains, dtype=np.int64)
+        self.real_paths = _confined(self.root, self.paths, name)
+
+
+def _confined(root: Path, paths: list[str], name: str) -> list[str]:
+    """The real path of every ``root``/path (one ``realpath`` per folder, one ``lstat`` per file); a ClbenchError
+    naming the first path that resolves outside ``root``."""
+    real_root = os.path.realpath(root)
+    folders: dict[str, str] = {}
+    out = []
+    for rel in paths:
+        parent, _, file = rel.rpartition("/")
+        where = folders.get(parent)
+        if where is None:
+            where = folders[parent] = os.path.realpath(os.path.join(root, parent))
+        real = os.path.join(where, file)
+        if file in ("", ".", "..") or os.path.islink(real):
+            real = os.path.realpath(real)
+        if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+            raise ClbenchError(
+                f"{name}: {root / rel} leaves the data root {root} (it is {real}); nothing outside the root is read",
+                "copy the file into the data root, or remove the symbolic link (or the '..') that leads out of it",
+            )
+        out.append(real)
+    return out
 
 
 def _images_in(folder: Path) -> list[str]:
@@ -95,25 +130,50 @@ def _root(data_root: Path | None, name: str) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ DomainNet
+_LABEL = re.compile(r"[0-9]+")  # a class index in decimal digits: no sign, no '--1'
+
+
 def _read_list(root: Path, domain: str, split: str, names: dict[int, str]) -> tuple[list[str], list[int]]:
+    """The paths and labels of ``<domain>_<split>.txt``; every line checked before it is used: its form, a label
+    in 0 ... n_classes - 1 (before anything sized by a label is built), a relative path in the domain's folder
+    without ``.`` or ``..`` parts, one class name per label."""
     path = root / f"{domain}_{split}.txt"
-    fix = _spec("domainnet").source_info
+    spec = _spec("domainnet")
+    fix = spec.source_info
+    n_classes = spec.n_classes or 0
     if not path.is_file():
         near = [p for p in sorted(root.glob(f"*/{domain}_{split}.txt"))[:1]]
         hint = f"did you mean --data-root {near[0].parent}? " if near else ""
         raise ClbenchError(f"DomainNet split list {path} is missing", hint + fix)
+    _confined(root, [path.name], "DomainNet split list")  # a link out of the root is not read
     paths: list[str] = []
     labels: list[int] = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_list_text(path).splitlines(), 1):
         if not line.strip():
             continue
         parts = line.split()
-        if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
-            raise ClbenchError(f"{path} line {n}: expected '<domain>/<class>/<file> <label>', got {line!r}", fix)
-        rel, label = parts[0], int(parts[1])
+        if len(parts) != 2 or not _LABEL.fullmatch(parts[1]):
+            raise ClbenchError(
+                f"{path} line {n}: expected '<domain>/<class>/<file> <label>' (a label in decimal digits), "
+                f"got {plain(line)[:120]!r}",
+                fix,
+            )
+        rel = parts[0]
+        label = int(parts[1]) if len(parts[1]) <= 9 else n_classes  # longer: no class, and int() is never asked
+        if label >= n_classes:
+            raise ClbenchError(
+                f"{path} line {n}: label {parts[1][:20]} is not a class of DomainNet (labels 0 ... {n_classes - 1})",
+                fix,
+            )
         pieces = rel.split("/")
         if len(pieces) < 3 or pieces[0] != domain:
-            raise ClbenchError(f"{path} line {n}: {rel!r} is not a path '{domain}/<class>/<file>'", fix)
+            raise ClbenchError(f"{path} line {n}: {plain(rel)[:120]!r} is not a path '{domain}/<class>/<file>'", fix)
+        if any(p in ("", ".", "..") for p in pieces):
+            raise ClbenchError(
+                f"{path} line {n}: {plain(rel)[:120]!r} has an empty, '.' or '..' part: a listed path names a file "
+                f"inside {root / domain}, without climbing out of it",
+                fix,
+            )
         if names.setdefault(label, pieces[1]) != pieces[1]:
             raise ClbenchError(
                 f"{path} line {n}: label {label} is class {pieces[1]!r} here but {names[label]!r} elsewhere", fix
@@ -150,13 +210,29 @@ def load_domainnet(data_root: Path | None) -> tuple[DomainFileSource, DomainFile
             labels += y
             domains += [d] * len(p)
         out.append(DomainFileSource(root, paths, labels, domains, f"domainnet/{split}"))
-    n = max(names) + 1
-    gaps = sorted(set(range(n)) - set(names))
-    if min(names) < 0 or gaps:
+    n = _spec("domainnet").n_classes or 0  # every label was checked to lie below it
+    gaps = [c for c in range(n) if c not in names]
+    if gaps:
         raise ClbenchError(
-            f"DomainNet split lists: labels must be 0..{n - 1}; label {(gaps or [min(names)])[0]} is not"
+            f"DomainNet split lists: labels must be 0 ... {n - 1}; no line has label {gaps[0]} "
+            f"({len(gaps)} label(s) missing)",
+            fix,
         )
     return out[0], out[1], [names[i] for i in range(n)]
+
+
+MAX_LIST_BYTES = 64 * 2**20  # the largest released list (real_train.txt, 120,906 lines) is about 6 MB
+
+
+def _list_text(path: Path) -> str:
+    """A split list's text: a regular file of at most :data:`MAX_LIST_BYTES`, UTF-8."""
+    from clbench.files.safety import read_bytes
+
+    data = read_bytes(path, MAX_LIST_BYTES, "DomainNet split list", name=str(path))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ClbenchError(f"{path}: not UTF-8 text (byte {e.start})", _spec("domainnet").source_info) from None
 
 
 # ------------------------------------------------------------------------------------------------ CORe50
@@ -279,7 +355,9 @@ def load_office_home(data_root: Path | None) -> tuple[DomainFileSource, DomainFi
 
 
 # ------------------------------------------------------------------------------------------------ specs
-def _preset(name: str, summary: str, n: int, domains: tuple[str, ...], source_info: str, licence: str) -> None:
+def _preset(
+    name: str, summary: str, n: int, domains: tuple[str, ...], source_info: str, licence: str, shared_test: bool = False
+) -> None:
     register(
         BenchmarkSpec(
             name=name,
@@ -294,6 +372,7 @@ def _preset(name: str, summary: str, n: int, domains: tuple[str, ...], source_in
             source_info=source_info,
             licence=licence,
             domains=domains,
+            shared_test=shared_test,
             **REFERENCE_TF,  # type: ignore[arg-type]
         )
     )
@@ -321,6 +400,7 @@ _preset(
     + "; pass --data-root DIR (or DIR/core50_128x128). Train sessions s1, s2, s4, s5, s6, s8, s9, s11; test s3, "
     "s7, s10",
     "CC BY 4.0 (the CORe50 page)",
+    shared_test=True,
 )
 _preset(
     "cddb",
