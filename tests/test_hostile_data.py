@@ -14,7 +14,7 @@ import pytest
 from test_literature_domains import cddb_tree, core50_tree, office_home_tree, put
 
 from clbench.benchmarks import BENCHMARKS, build_benchmark
-from clbench.benchmarks.check import check_data, check_loaded, format_report
+from clbench.benchmarks.check import check_before_run, check_data, format_report
 from clbench.benchmarks.literature_domains import CORE50_TRAIN, load_cddb, load_core50, load_domainnet
 from clbench.errors import ClbenchError
 
@@ -63,10 +63,9 @@ def test_a_session_linked_to_another_is_listed(tmp_path):
     said = _problems("core50", root)
     assert "are a file listed already, through a symbolic link" in said
     assert "train/s2/o1/C_01_01_000.png = train/s1/o1/C_01_01_000.png" in said
-    bench = build_benchmark(BENCHMARKS.get("core50"), data_root=root)
     with pytest.raises(ClbenchError, match="fails `clbench data check`: 50 listed image"):
-        check_loaded(bench, ignore=False)
-    assert any("listed already" in p for p in check_loaded(bench, ignore=True))
+        check_before_run("core50", str(root), ignore=False)
+    assert any("listed already" in p for p in check_before_run("core50", str(root), ignore=True))
 
 
 @pytest.mark.parametrize("what", ["object folder", "session folder", "image file"])
@@ -111,12 +110,20 @@ def test_an_undecodable_30_mb_png_is_listed(tmp_path):
     assert "1 unreadable image(s)" in said and "s1/o1/C_01_01_000.png" in said
 
 
-def test_a_test_image_copied_from_training_is_a_leak(tmp_path):
+def test_a_test_image_copied_from_training_is_a_leak_and_a_run_refuses_it(tmp_path, monkeypatch, capsys):
+    from clbench.cli import main
+
     root = _core50(tmp_path)
     (root / "s7/o9/C_07_09_000.png").write_bytes((root / "s5/o9/C_05_09_000.png").read_bytes())
     said = _problems("core50", root)
     assert "1 test image(s) are byte-identical to a training image" in said
     assert "s7/o9/C_07_09_000.png = s5/o9/C_05_09_000.png" in said
+    monkeypatch.setenv("CLBENCH_CACHE", str(tmp_path / "cache"))
+    argv = ["run", "--strategy", "simplecil", "--bench", "core50", "--data-root", str(root), "--backbone", "vit_micro"]
+    code = main([*argv, "--weights", "random", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "fails `clbench data check`: 1 test image(s) are byte-identical" in err, err
+    assert not (tmp_path / "cache" / "features").exists()  # refused before any image was decoded
 
 
 def test_a_clean_core50_root_is_decoded_and_hashed(tmp_path):

@@ -374,39 +374,35 @@ def verdict(report: DataReport, ignore: bool) -> list[str]:
 
 
 def check_before_run(bench: str, data_root: str | None, ignore: bool) -> list[str]:
-    """The checks of ``clbench data check`` that a run of an ImageFolder-tree benchmark makes before anything loads
-    (all but the full decode). Raises a ClbenchError for the first problem unless ``ignore``; returns the problems
+    """The checks of ``clbench data check`` that a run of a benchmark read from files (an ImageFolder tree, or a
+    loader whose module says ``LISTS_FILES``: :func:`check_file_sources`) makes before anything loads (all but the
+    full decode). Raises a ClbenchError for the first problem unless ``ignore``; returns the problems
     (empty when there are none, or for array benchmarks: :func:`check_loaded` checks those once loaded)."""
     spec = BENCHMARKS.get(bench)
     module, _, attr = spec.load.partition(":")
     loader = getattr(importlib.import_module(module), attr)
+    workers = min(8, os.cpu_count() or 1)
     if not isinstance(loader, TreeLoader):
-        return []
+        if not getattr(importlib.import_module(module), "LISTS_FILES", False):
+            return []
+        root = resolve_data_root(spec, data_root)
+        train, test, names = loader(root)  # the lists only (a path out of the root is refused here); no pixel read
+        report = DataReport(spec, root, "--data-root")
+        check_file_sources(report, train, test, names, lambda d, t: None, workers, decode=False)
+        return verdict(report, ignore)
     root = resolve_data_root(spec, data_root)
     loader(root)  # a missing root or a structural problem: the loader's own message, as a run's would be
     report = DataReport(spec, root, "--data-root", tree=True)
-    _check_tree(report, lambda d, t: None, min(8, os.cpu_count() or 1), decode=False)
+    _check_tree(report, lambda d, t: None, workers, decode=False)
     return verdict(report, ignore)
 
 
-def _loader(spec: BenchmarkSpec):
-    module, _, attr = spec.load.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def check_loaded(bench, ignore: bool) -> list[str]:
-    """Every check of ``clbench data check`` but the full decode on a loaded benchmark whose loader lists its files
-    (:func:`check_file_sources`), and the duplicate check on a loaded array benchmark (:class:`~clbench.benchmarks.
-    base.Benchmark`); tree benchmarks were checked before loading (:func:`check_before_run`). An array benchmark's
-    problems depend on the images' content only, so they are recorded in the clbench cache under the content
+    """The duplicate check of ``clbench data check`` on a loaded array benchmark (:class:`~clbench.benchmarks.base.
+    Benchmark`); benchmarks read from files were checked before loading (:func:`check_before_run`). Its problems
+    depend on the images' content only, so they are recorded in the clbench cache under the content
     fingerprints (and what else the check reads: the spec's class count and known leaks, the class names) and read
     back by the next run of the same data, which then never decompresses an image whose features are cached."""
-    if _is_file_list(bench.train, bench.test) and not isinstance(_loader(bench.spec), TreeLoader):
-        report = DataReport(bench.spec, bench.train.root, "--data-root")
-        check_file_sources(
-            report, bench.train, bench.test, bench.class_names, lambda d, t: None, min(8, os.cpu_count() or 1), False
-        )
-        return verdict(report, ignore)
     if not all(isinstance(s, ArraySource) for s in (bench.train, bench.test)):
         return []
     report = DataReport(bench.spec, None, "")

@@ -50,6 +50,7 @@ from clbench.benchmarks.registry import register
 from clbench.errors import ClbenchError
 from clbench.files.escape import plain
 
+LISTS_FILES = True  # its loaders list image files: a run checks them before it starts (check.check_before_run)
 S_PROMPTS = "S-Prompts (Wang et al. 2022, github.com/iamwangyabin/S-Prompts) README and configs"
 REFERENCE_TF = {
     "img_size": 224,
