@@ -184,3 +184,46 @@ def test_a_domainnet_image_linked_out_of_the_root_is_refused(tmp_path):
             (root / f"{domain}_{split}.txt").write_text(f"{rel} 0\n")
     with pytest.raises(ClbenchError, match="domainnet/train: .*clipart/cat/a.jpg leaves the data root"):
         load_domainnet(root)
+
+
+# ----------------------------------------------------------------------------------------------- cache memo
+def test_a_data_check_memo_is_verified_before_it_is_trusted(tmp_path, monkeypatch):
+    """A memo in the cache that says "no problems" for a leaking benchmark (a bare list, one copied from other data,
+    one edited) is not trusted: the check is made again and refuses the leak."""
+    import dataclasses
+
+    from clbench.benchmarks.base import ArraySource, Benchmark
+    from clbench.benchmarks.check import MEMO_FORMAT, check_loaded
+
+    monkeypatch.setenv("CLBENCH_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    train_x = rng.integers(0, 256, (6, 4, 4, 3), dtype=np.uint8)
+    test_x = rng.integers(0, 256, (3, 4, 4, 3), dtype=np.uint8)
+    clean_test = test_x.copy()
+    test_x[0] = train_x[2]  # a leak
+    y, ty = np.array([0, 0, 1, 1, 2, 2]), np.array([0, 1, 2])
+    spec = dataclasses.replace(BENCHMARKS.get("emoji"), n_classes=None)
+
+    def bench(test_images: np.ndarray) -> Benchmark:
+        train, test = ArraySource(train_x, y, "train"), ArraySource(test_images, ty, "test")
+        return Benchmark(spec, ["a", "b", "c"], [0, 1, 2], [3], train, test)
+
+    with pytest.raises(ClbenchError, match="byte-identical to a training image"):
+        check_loaded(bench(test_x), ignore=False)
+    (memo,) = (tmp_path / "cache" / "data").glob("check-*.json")
+    doc = json.loads(memo.read_text())
+    assert doc["format"] == MEMO_FORMAT and doc["problems"]
+    assert doc["vouches"]["test"] == bench(test_x).test.fingerprint()
+    assert check_loaded(bench(clean_test), ignore=False) == []
+    (other,) = set((tmp_path / "cache" / "data").glob("check-*.json")) - {memo}
+    forged = [
+        "[]",  # the bare list of problems a memo used to be
+        json.dumps({**doc, "problems": []}),  # edited: its digest no longer matches
+        other.read_text(),  # the clean data's memo, copied under the leaking data's name
+        json.dumps({**json.loads(other.read_text()), "vouches": doc["vouches"]}),  # ... and relabelled
+    ]
+    for text in forged:
+        memo.write_text(text)
+        with pytest.raises(ClbenchError, match="byte-identical to a training image"):
+            check_loaded(bench(test_x), ignore=False)
+    assert json.loads(memo.read_text()) == doc  # recomputed and written again

@@ -35,7 +35,9 @@ from clbench.errors import ClbenchError
 from clbench.files.atomic import atomic_write_json, cache_dir
 from clbench.files.escape import plain
 
-CHECK_VERSION = 1  # of what the loaded-array check reports: a change makes every recorded outcome stale
+# of what the loaded-array check reports, a change makes every recorded outcome stale (2: a memo vouches for its
+# inputs, with a digest)
+CHECK_VERSION = 2
 
 MAX_LISTED = 10  # file names listed per problem; the count is always complete
 Progress = Callable[[int], None]
@@ -397,6 +399,39 @@ def check_before_run(bench: str, data_root: str | None, ignore: bool) -> list[st
     return verdict(report, ignore)
 
 
+MEMO_FORMAT = "clbench-data-check"
+MAX_MEMO_BYTES = 16 * 2**20  # a memo lists problems of at most MAX_LISTED names each: a few kilobytes
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _read_memo(path: Path, vouches: dict) -> list[str] | None:
+    """The problems a data-check memo records, or None (then the check is made again) unless it is one: a regular
+    file of at most :data:`MAX_MEMO_BYTES`, of :data:`MEMO_FORMAT`, vouching for exactly ``vouches`` (the content
+    fingerprints, the spec's class count and known leaks, the class names, the check's version), a list of problem
+    lines, and a digest of those that matches (a memo copied from other data, cut short or edited is not used)."""
+    from clbench.files.safety import read_bytes
+
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(read_bytes(path, MAX_MEMO_BYTES, "data-check memo"))
+    except (ClbenchError, ValueError):
+        return None
+    if not isinstance(doc, dict) or set(doc) != {"format", "vouches", "problems", "digest"}:
+        return None
+    problems = doc["problems"]
+    if doc["format"] != MEMO_FORMAT or doc["vouches"] != vouches:
+        return None
+    if not isinstance(problems, list) or not all(isinstance(p, str) for p in problems):
+        return None
+    if doc["digest"] != _digest({"vouches": vouches, "problems": problems}):
+        return None
+    return problems
+
+
 def check_loaded(bench, ignore: bool) -> list[str]:
     """The duplicate check of ``clbench data check`` on a loaded array benchmark (:class:`~clbench.benchmarks.base.
     Benchmark`); benchmarks read from files were checked before loading (:func:`check_before_run`). Its problems
@@ -406,22 +441,26 @@ def check_loaded(bench, ignore: bool) -> list[str]:
     if not all(isinstance(s, ArraySource) for s in (bench.train, bench.test)):
         return []
     report = DataReport(bench.spec, None, "")
-    key = hashlib.sha256(
-        json.dumps(
-            [bench.spec.name, bench.spec.n_classes, list(bench.spec.known_leaks), list(bench.class_names)]
-            + [bench.train.fingerprint(), bench.test.fingerprint(), CHECK_VERSION]
-        ).encode()
-    ).hexdigest()[:24]
+    vouches = {  # what the memo's problems are the problems of
+        "bench": bench.spec.name,
+        "n_classes": bench.spec.n_classes,
+        "known_leaks": list(bench.spec.known_leaks),
+        "class_names": list(bench.class_names),
+        "train": bench.train.fingerprint(),
+        "test": bench.test.fingerprint(),
+        "check": CHECK_VERSION,
+    }
+    key = _digest(vouches)[:24]
     memo = cache_dir() / "data" / f"check-{key}.json"
-    with contextlib.suppress(OSError, ValueError):
-        known = json.loads(memo.read_text())
-        if isinstance(known, list) and all(isinstance(p, str) for p in known):
-            report.problems = known
-            return verdict(report, ignore)
+    known = _read_memo(memo, vouches)
+    if known is not None:
+        report.problems = known
+        return verdict(report, ignore)
     _check_loaded_arrays(report, bench.train, bench.test, bench.class_names, lambda d, t: None)
     with contextlib.suppress(OSError, ClbenchError):
         memo.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(memo, report.problems)
+        body = {"vouches": vouches, "problems": report.problems}
+        atomic_write_json(memo, {"format": MEMO_FORMAT, **body, "digest": _digest(body)})
     return verdict(report, ignore)
 
 
