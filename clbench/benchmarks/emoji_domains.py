@@ -4,7 +4,10 @@ Why: the domain-incremental scenario needs one label space seen in several domai
 sets with redistributable licences (Noto, Twemoji, EmojiOne 2.2.7, OpenMoji 17.0.0) draw the same emoji; each set is
 a domain and the label is the emoji's Unicode subcategory. Built by :mod:`clbench.benchmarks.build_emoji_domains`
 and shipped as ``clbench/data/emoji_domains.npz`` (licences in ``clbench/data/NOTICE``). Every domain holds exactly
-the same emoji, split train/test by base emoji as the embedded benchmark is (no skin-tone variant on both sides).
+the same emoji, split train/test by base emoji as the embedded benchmark is (no skin-tone variant on both sides):
+806 train and 339 test images per domain. The styles differ measurably (on the shipped file, train and test): an
+image has on average 593 distinct colours in Noto, 335 in Twemoji, 104 in OpenMoji and 91 in EmojiOne, and
+OpenMoji's black outlines make 7.8 % of its pixels dark (every channel below 60), against 1.2 to 1.8 % in the others.
 
 The loader checks the arrays against the digest the build printed (:data:`CONTENT_SHA256`), so a truncated or
 hand-edited file is refused rather than measured. Every image carries its domain (``ImageSource.domains``), so the
