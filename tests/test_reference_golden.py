@@ -894,6 +894,45 @@ def test_slda_matches_reference(backbone):
     check_slda(backbone)
 
 
+# The authors' start conditions the covariance well (OAS shrinkage 0.51 on the fixture's 72 residuals in 64
+# dimensions: cond ~6 after task 0, ~22 after task 2), so their float32 pinverse and float32 logits x W - c, of
+# magnitude up to 24, are off by float32 rounding only: measured 3.1e-5 absolute (1.3e-6 of the largest logit).
+SLDA_OAS_LOGIT_ATOL = 1e-4
+
+
+def check_slda_oas(backbone, plastic: bool) -> None:
+    """SLDA with the authors' start (``init="oas"``) over three tasks, against tyler-hayes/Deep_SLDA SLDA_Model.py:
+    ``StreamingLDA.fit_base`` on task 0 (class means and counts, the OAS-shrunk covariance of the within-class
+    residuals, ``num_updates`` = N), then ``fit`` per sample on tasks 1-2 (the covariance plastic, or fixed:
+    ``streaming_update_sigma=False``) and ``predict`` after each task. The authors' later updates are Avalanche's
+    rule, so ``sigma_update="reference"``."""
+    from baselines.slda import SLDA, SLDAConfig
+
+    f = load("slda_oas")
+    case = "plastic" if plastic else "fixed"
+    cfg = SLDAConfig(init="oas", sigma_update="reference", streaming_update_sigma=plastic)
+    strategy = SLDA(cfg, ctx_for(backbone))
+    test = features_split(f["in.test.z"], f["in.test.y"])
+    for t in range(3):
+        classes = [3 * t, 3 * t + 1, 3 * t + 2]
+        strategy.learn_task(Task(t, classes, 3 * t + 3, features_split(f[f"in.task{t}.z"], f[f"in.task{t}.y"])))
+        if t == 0:
+            assert_golden(torch.tensor([strategy.oas_shrinkage]), f["out.task0.shrinkage"], "SLDA's OAS shrinkage")
+        p, what = f"out.{case}.task{t}.", f"SLDA (init=oas, {case} covariance) after task {t}"
+        assert_golden(strategy.stats.covariance(), f[p + "Sigma"], f"{what}: Sigma")
+        assert_golden(strategy.stats.means, f[p + "muK"], f"{what}: class means")
+        assert_golden(strategy.stats.counts, f[p + "cK"], f"{what}: class counts")
+        assert strategy.stats.n == int(f[p + "num_updates"]), f"{what}: samples seen"
+        logits = strategy.predict(test)
+        assert_golden(logits, f[p + "logits"], f"{what}: logits", atol=SLDA_OAS_LOGIT_ATOL)
+        assert_golden(logits.argmax(1), f[p + "pred"], f"{what}: predictions")
+
+
+@pytest.mark.parametrize("plastic", [True, False], ids=["plastic", "fixed"])
+def test_slda_oas_start_matches_the_authors_code(backbone, plastic):
+    check_slda_oas(backbone, plastic)
+
+
 # ----------------------------------------------------------------------------------------------- FeCAM
 # (rule, config, fixture prefix): the authors' two ViT scripts' shrinkage (FeCAM_vit_cifar100.py alpha1 = 1,
 # alpha2 = 0; FeCAM_vit_imagenet-r.py 10 and 10) and PILOT's classifier (models/fecam.py).
