@@ -33,6 +33,7 @@ import baselines.ranpac as ranpac_mod
 import baselines.simplecil as simplecil_mod
 import baselines.slca as slca_mod
 import baselines.slda as slda_mod
+import clbench.layers.kan as kan_mod
 import clbench.layers.lda as lda_mod
 import clbench.layers.lora as lora_mod
 import clbench.layers.prompts as prompts_mod
@@ -530,6 +531,28 @@ def _coda_gs_new_rows_only(existing, n_new, generator):  # new components orthog
 
 
 REAL_CODA_GS = coda_mod.gram_schmidt
+
+
+# ----------------------------------------------------------------------------------------------- KAC head
+def _kac_basis_without_layernorm(self, x):  # the RBFs of the raw feature (KACLayer's time_benchmark path)
+    return torch.exp(-(((x[..., None] - self.grid) / self.width) ** 2)).flatten(-2)
+
+
+def _kac_basis_grid_major(self, x):  # the (d, G) basis flattened grid-major, not feature-major as .view does
+    z = self.norm(x)[..., None]
+    return torch.exp(-(((z - self.grid) / self.width) ** 2)).transpose(-1, -2).flatten(-2)
+
+
+MUTATIONS["l2p-kac-basis-without-layernorm"] = Mutation(
+    "l2p",
+    "head=kac: the radial basis of the raw feature, its LayerNorm skipped",
+    lambda: mock.patch.object(kan_mod.KACHead, "basis", _kac_basis_without_layernorm),
+)
+MUTATIONS["coda_prompt-kac-basis-grid-major"] = Mutation(
+    "coda_prompt",
+    "head=kac: the basis values ordered grid point by grid point, not feature by feature, before the spline map",
+    lambda: mock.patch.object(kan_mod.KACHead, "basis", _kac_basis_grid_major),
+)
 MUTATIONS["coda_prompt-earlier-components-trained"] = Mutation(
     "coda_prompt",
     "earlier tasks' components are not detached in training",

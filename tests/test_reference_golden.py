@@ -1296,3 +1296,43 @@ def test_hide_prompt_prefix_selection_momentum_tii_mlp_and_regulariser_match_ref
     assert_golden(first.reshape(1), f["out.orth_first"], "orth_loss of task 0 (the batch alone)")
     later = cfg.reg * orth_loss(feats, centroids, cfg.orth_temperature)
     assert_golden(later.reshape(1), f["out.orth"], "orth_loss with six stored centroids")
+
+
+# ----------------------------------------------------------------------------------------------- KAC head
+def check_kac_head() -> None:
+    """clbench/layers/kan.py KACHead against Ethanhuhuhu/KAC models/kac_clf.py KACLayer(64, 6): its start (zero
+    spline map, LayerNorm weight 1 / bias 0, the RBF grid and width), then, holding the fixture's trained weights,
+    the logits, the masked cross-entropy of the authors' Prompt.update_model (classes 0-2 masked, clbench's
+    ``masked_cross_entropy`` with the task's classes 3-5) and the gradients of the input, the LayerNorm and the
+    spline map."""
+    from clbench.layers.kan import KACHead
+    from clbench.methods.shared import masked_cross_entropy
+
+    f = load("kac")
+    head = KACHead(D)
+    head.grow(3, torch.Generator())  # two tasks of three classes: grown per task, zero rows as the reference's
+    head.grow(6, torch.Generator())
+    assert_golden(head.weight, f["out.init.spline_weight"], "KAC's initial spline map")
+    assert_golden(head.norm.weight, f["out.init.norm_weight"], "KAC's initial LayerNorm weight")
+    assert_golden(head.norm.bias, f["out.init.norm_bias"], "KAC's initial LayerNorm bias")
+    assert_golden(head.grid, f["out.grid"], "KAC's RBF grid")
+    assert_golden(torch.tensor([head.width], dtype=torch.float64), f["out.denominator"], "KAC's RBF width")
+    with torch.no_grad():
+        head.norm.weight.copy_(f["in.norm_weight"])
+        head.norm.bias.copy_(f["in.norm_bias"])
+        head.weight.copy_(f["in.spline_weight"])
+    x = f["in.x"].clone().requires_grad_(True)
+    logits = head(x)
+    assert_golden(logits, f["out.logits"], "KAC's logits")
+    allowed = range(int(f["in.last_valid_out_dim"]), 6)
+    loss = masked_cross_entropy(logits, f["in.targets"], list(allowed))
+    assert_golden(loss.reshape(1), f["out.loss"], "KAC's masked cross-entropy")
+    loss.backward()
+    assert_golden(x.grad, f["out.grad.x"], "KAC's input gradient")
+    assert_golden(head.norm.weight.grad, f["out.grad.norm_weight"], "KAC's LayerNorm weight gradient")
+    assert_golden(head.norm.bias.grad, f["out.grad.norm_bias"], "KAC's LayerNorm bias gradient")
+    assert_golden(head.weight.grad, f["out.grad.spline_weight"], "KAC's spline map gradient")
+
+
+def test_kac_head_of_l2p_dualprompt_coda_matches_the_authors_layer():  # named so each method's selection runs it
+    check_kac_head()
