@@ -113,3 +113,14 @@ def test_l2p_kac_param_formula_matches_a_real_run(tmp_path):
 def test_unknown_head_is_refused_naming_the_field(config):
     with pytest.raises(ValueError, match="head must be one of 'linear', 'kac'"):
         config(head="mlp")
+
+
+def test_a_checkpoint_restores_the_kac_head(backbone, tasks, test_split):
+    """The head is saved and rebuilt from the checkpoint (``state_types``) and predicts the same logits."""
+    cls, cfg = METHODS["l2p"]
+    s = cls(cfg, logging_ctx(backbone, []))
+    s.learn_task(tasks[0])
+    restored = cls(cfg, logging_ctx(backbone, []))
+    restored.restore_state(s.save_state())
+    assert isinstance(restored.head, KACHead) and restored.head.width == s.head.width
+    assert torch.equal(restored.predict(test_split), s.predict(test_split))
