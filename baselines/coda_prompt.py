@@ -60,6 +60,10 @@ Deviations from the reference code:
   timm does. The backbone is the benchmark's (the reference: ViT-B/16 IN-21k/1k).
 - Transforms, normalisation, class order and task split are the harness's. Test accuracy is not computed during
   training.
+- ``head="kac"``: KAC's Kolmogorov-Arnold classifier (Hu et al., CVPR 2025; the authors' ``Ethanhuhuhu/KAC`` @
+  d2494cb ``models/kac_clf.py``, ``clbench/layers/kan.py``, whose docstring lists its own deviations) replaces the
+  linear head, everything else unchanged, as the authors' ``clf_type: kac`` configs do (their code is CODA-Prompt's
+  framework with this layer as ``ViTZoo.last``); its zero rows grow per task, its LayerNorm trains in every task.
 """
 
 from __future__ import annotations
@@ -72,7 +76,8 @@ from torch import nn
 
 from baselines.cards.coda_prompt import CARD, PROFILES, CodaPromptConfig, used_layers
 from clbench.errors import ClbenchError
-from clbench.layers.heads import LinearHead
+from clbench.layers.heads import LinearHead, build_head, head_size
+from clbench.layers.kan import KACHead
 from clbench.layers.prompts import prefix_block, training_query
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import EpochLog, check_vit_blocks, masked_cross_entropy, vit_tokens
@@ -177,7 +182,7 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
     name = "coda_prompt"
     embedding = "CODA-Prompt's prompted [CLS]"
     Config = CodaPromptConfig
-    state_types = (Components, LinearHead)
+    state_types = (Components, LinearHead, KACHead)
     protocols = (PER_SAMPLE,)
     needs_vit = True
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/coda_prompt.py
@@ -201,7 +206,7 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
         if dim % int(self.model.blocks[0].attn.num_heads):
             raise ClbenchError(f"width {dim} is not divisible by the number of heads", "choose another backbone")
         self.components = Components(len(self.layers), config.prompt_length, dim).to(ctx.device)
-        self.head = LinearHead(dim).to(ctx.device)
+        self.head = build_head(config.head, dim).to(ctx.device)  # linear, or KAC's (clbench.layers.kan)
         self.n_seen = 0
         self.n_tasks = 0
         self.task_sizes: list[int] = []
@@ -234,9 +239,12 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
 
     # ---------------------------------------------------------------------------------------- learning
     def _grow_head(self, n_seen: int, generator: torch.Generator) -> None:
-        """New rows with ``nn.Linear``'s default init: weight and bias U(-1/sqrt(d), 1/sqrt(d))."""
-        old = self.head.weight.shape[0]
+        """New rows with ``nn.Linear``'s default init: weight and bias U(-1/sqrt(d), 1/sqrt(d)); the KAC head's
+        own (zero rows, ``SplineLinear(init_scale=0)``)."""
+        old = self.head.n_classes
         self.head.grow(n_seen, generator)
+        if not isinstance(self.head, LinearHead):
+            return
         bound = 1.0 / math.sqrt(self.head.weight.shape[1])
         with torch.no_grad():
             w = torch.empty_like(self.head.weight[old:], device="cpu").uniform_(-bound, bound, generator=generator)
@@ -250,7 +258,7 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
         self.n_seen = task.n_seen
         frozen = self.components.size  # earlier tasks' components
         self.components.grow(cfg.components_per_task, ctx.generator(3000 + t))
-        params = [self.components.keys, self.components.attn, self.components.prompts, self.head.weight, self.head.bias]
+        params = [self.components.keys, self.components.attn, self.components.prompts, *self.head.parameters()]
         optimizer = torch.optim.Adam(params, lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
         loader = task.train.image_loader(
             cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
@@ -269,7 +277,7 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
         self.note_steps(cfg.epochs * len(loader))
         self.n_tasks += 1
         self.task_sizes.append(len(task.classes))
-        counts = self.param_formula(cfg, self.head.weight.shape[1], len(self.model.blocks), tuple(self.task_sizes))
+        counts = self.param_formula(cfg, ctx.backbone.num_features, len(self.model.blocks), tuple(self.task_sizes))
         self._added.append(counts.added_per_task[t])
         self._trainable.append(counts.trainable_per_task[t])
 
@@ -297,7 +305,7 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
         return ParamCounts(
             added_per_task=list(self._added),
             trainable_per_task=list(self._trainable),
-            head=self.head.weight.numel() + self.head.bias.numel(),
+            head=head_size(self.head),
             extra={
                 "components": c.size,
                 "component_params": c.keys.numel() + c.attn.numel() + c.prompts.numel(),

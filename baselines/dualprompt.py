@@ -69,6 +69,11 @@ Deviations from the paper / reference code:
   training (the reference logs it every 5 epochs; nothing is selected on it).
 - The CPU ``quick`` profile (not the default) runs at 112 px with 2 epochs instead of 5; see
   ``DualPrompt.profiles``.
+- ``head="kac"``: KAC's Kolmogorov-Arnold classifier (Hu et al., CVPR 2025; the authors' ``Ethanhuhuhu/KAC`` @
+  d2494cb ``models/kac_clf.py``, ``clbench/layers/kan.py``, whose docstring lists its own deviations) replaces the
+  linear head, everything else unchanged, as the authors' ``clf_type: kac`` configs do; its zero rows grow per task,
+  its LayerNorm trains in every task. The authors run it in CODA-Prompt's framework (their DualPrompt: Adam 1e-3,
+  cosine, batch 128, 20-50 epochs); clbench keeps this method's own defaults.
 """
 
 from __future__ import annotations
@@ -81,7 +86,8 @@ from torch import nn
 
 from baselines.cards.dualprompt import CARD, PROFILES, DualPromptConfig, prompt_layers
 from clbench.errors import ClbenchError
-from clbench.layers.heads import LinearHead
+from clbench.layers.heads import LinearHead, build_head, head_size
+from clbench.layers.kan import KACHead
 from clbench.layers.prompts import (
     eval_batch,
     key_similarity,
@@ -130,7 +136,7 @@ class DualPrompt(Strategy):
     # one head over every class shared; each domain trains the head on all classes (they are its classes)
     scenarios = ("class", "domain")
     Config = DualPromptConfig
-    state_types = (Prompts, LinearHead)
+    state_types = (Prompts, LinearHead, KACHead)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/dualprompt.py
@@ -154,7 +160,7 @@ class DualPrompt(Strategy):
         if dim % int(self.model.blocks[0].attn.num_heads):
             raise ClbenchError(f"width {dim} is not divisible by the number of heads")
         self.prompts = Prompts(config, len(self.g_layers), len(self.e_layers), dim, ctx.generator(1)).to(ctx.device)
-        self.head = LinearHead(dim).to(ctx.device)
+        self.head = build_head(config.head, dim).to(ctx.device)  # linear, or KAC's (clbench.layers.kan)
         self.n_seen = 0
         self.n_tasks = 0
         self.task_sizes: list[int] = []
@@ -192,13 +198,13 @@ class DualPrompt(Strategy):
                 f"DualPrompt has {cfg.pool_size} E-prompt slots but this is task {t + 1}",
                 "run with --set pool_size=N, N >= the number of tasks",
             )
-        new = task.n_seen - self.head.weight.shape[0]  # head rows this task adds (a later domain: 0)
+        new = task.n_seen - self.head.n_classes  # head rows this task adds (a later domain: 0)
         self.head.grow(task.n_seen, ctx.generator(1000 + t))
         self.n_seen = task.n_seen
         if t >= 1 and cfg.copy_prompt:  # _init_prompt: slot t starts from slot t - 1 (keys are not copied)
             with torch.no_grad():
                 self.prompts.e[t] = self.prompts.e[t - 1]
-        params = [self.prompts.g, self.prompts.e, self.prompts.keys, self.head.weight, self.head.bias]
+        params = [self.prompts.g, self.prompts.e, self.prompts.keys, *self.head.parameters()]
         optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)  # re-created per task
         loader = task.train.image_loader(
             cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
@@ -216,7 +222,7 @@ class DualPrompt(Strategy):
         self.note_steps(cfg.epochs * len(loader))
         self.n_tasks += 1
         self.task_sizes.append(new)  # the head rows this task added
-        counts = self.param_formula(cfg, self.head.weight.shape[1], len(self.model.blocks), self.task_sizes)
+        counts = self.param_formula(cfg, ctx.backbone.num_features, len(self.model.blocks), self.task_sizes)
         self._added.append(counts.added_per_task[t])
         self._trainable.append(counts.trainable_per_task[t])
 
@@ -269,7 +275,7 @@ class DualPrompt(Strategy):
         return ParamCounts(
             added_per_task=list(self._added),
             trainable_per_task=list(self._trainable),
-            head=self.head.weight.numel() + self.head.bias.numel(),
+            head=head_size(self.head),
             extra={
                 "g_prompt": self.prompts.g.numel(),
                 "e_prompt_pool": self.prompts.e.numel(),

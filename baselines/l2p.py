@@ -50,6 +50,11 @@ Deviations from the paper / reference code:
   the embedded benchmark uses DINOv2 ViT-S/14, whose blocks have LayerScale, which does not touch prompts).
   Timm models with register tokens get the prompts after all prefix tokens.
 - Transforms, normalisation, class order and task split are the harness's, shared by every method.
+- ``head="kac"``: KAC's Kolmogorov-Arnold classifier (Hu et al., CVPR 2025; the authors' ``Ethanhuhuhu/KAC`` @
+  d2494cb ``models/kac_clf.py``, ``clbench/layers/kan.py``, whose docstring lists its own deviations) replaces the
+  linear head, everything else unchanged, as the authors' ``clf_type: kac`` configs do; its zero rows grow per task,
+  its LayerNorm trains in every task. The authors run it in CODA-Prompt's framework (their L2P is L2P++ with
+  prefix prompts; Adam 1e-3, cosine, batch 128, 20-50 epochs); clbench keeps this method's own defaults.
 - The CPU ``quick`` profile (not the default) runs at 112 px, with the cached query and 3 epochs instead of 5;
   see ``L2P.profiles``.
 """
@@ -63,7 +68,8 @@ import torch
 from torch import nn
 
 from baselines.cards.l2p import CARD, PROFILES, L2PConfig
-from clbench.layers.heads import LinearHead
+from clbench.layers.heads import LinearHead, build_head, head_size
+from clbench.layers.kan import KACHead
 from clbench.layers.prompts import eval_batch, key_similarity, select_prompts, training_query
 from clbench.methods.contract import (
     PER_SAMPLE,
@@ -104,7 +110,7 @@ class L2P(Strategy):
     # trains the whole head (its classes are all of them); key matching picks prompts per image as before
     scenarios = ("class", "domain")
     Config = L2PConfig
-    state_types = (PromptPool, LinearHead)
+    state_types = (PromptPool, LinearHead, KACHead)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/l2p.py
@@ -116,7 +122,7 @@ class L2P(Strategy):
         check_vit_blocks(self.model)
         dim = ctx.backbone.num_features
         self.pool = PromptPool(config.pool_size, config.prompt_length, dim, ctx.generator(1)).to(ctx.device)
-        self.head = LinearHead(dim).to(ctx.device)
+        self.head = build_head(config.head, dim).to(ctx.device)  # linear, or KAC's (clbench.layers.kan)
         self._added: list[int] = []
         self._trainable: list[int] = []
         self.n_seen = 0
@@ -138,10 +144,10 @@ class L2P(Strategy):
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
-        new = task.n_seen - self.head.weight.shape[0]  # head rows this task adds (a later domain: 0)
+        new = task.n_seen - self.head.n_classes  # head rows this task adds (a later domain: 0)
         self.head.grow(task.n_seen, ctx.generator(1000 + task.id))
         self.n_seen = task.n_seen
-        params = [self.pool.prompts, self.pool.keys, self.head.weight, self.head.bias]
+        params = [self.pool.prompts, self.pool.keys, *self.head.parameters()]
         optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)  # re-created per task
         loader = task.train.image_loader(
             cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
@@ -159,14 +165,13 @@ class L2P(Strategy):
         self.pool.eval()
         self.note_steps(cfg.epochs * len(loader))
 
-        dim = self.head.weight.shape[1]
         pool_params = self.pool.prompts.numel() + self.pool.keys.numel()
-        new_rows = new * (dim + 1)
-        self._added.append(new_rows + (pool_params if task.id == 0 else 0))
+        new_rows = new * self.head.per_class
+        self._added.append(new_rows + (pool_params + self.head.shared if task.id == 0 else 0))
         # Old head rows get zero gradient (masked logits) and so stay put unless weight decay moves them.
-        # (a later domain trains every row: its classes are all of them)
+        # (a later domain trains every row: its classes are all of them); KAC's LayerNorm trains in every task
         whole = cfg.weight_decay > 0 or new < len(task.classes)
-        head_updated = self.head.weight.numel() + self.head.bias.numel() if whole else new_rows
+        head_updated = head_size(self.head) if whole else new_rows + self.head.shared
         self._trainable.append(pool_params + head_updated)
 
     # ---------------------------------------------------------------------------------------- prediction
@@ -212,7 +217,7 @@ class L2P(Strategy):
         return ParamCounts(
             added_per_task=list(self._added),
             trainable_per_task=list(self._trainable),
-            head=self.head.weight.numel() + self.head.bias.numel(),
+            head=head_size(self.head),
             extra={
                 "prompt_pool": self.pool.prompts.numel(),
                 "prompt_keys": self.pool.keys.numel(),

@@ -33,6 +33,7 @@ import baselines.ranpac as ranpac_mod
 import baselines.simplecil as simplecil_mod
 import baselines.slca as slca_mod
 import baselines.slda as slda_mod
+import clbench.layers.kan as kan_mod
 import clbench.layers.lda as lda_mod
 import clbench.layers.lora as lora_mod
 import clbench.layers.prompts as prompts_mod
@@ -173,6 +174,7 @@ REAL = {
     "rls_fit": acil_mod.RecursiveRidge.fit,
     "dual_fit": acil_mod.AnalyticRidge.fit,
     "lda_stats_head": lda_mod.LDAStatistics.head,
+    "lda_start_oas": lda_mod.LDAStatistics.start_oas,
 }
 
 
@@ -234,6 +236,25 @@ def _slda_constant_added(self, split, protocol="per-sample"):  # logits x W + c:
 
 def _slda_head_from_scatter(self):  # the head solved from the scatter sum (n Sigma), not the covariance Sigma
     return lda_mod.lda_head(lda_mod.shrink(self.stats.scatter, self.cfg.shrinkage), self.stats.means, None, "SLDA", "")
+
+
+def _slda_oas_about_the_overall_mean(self, x, y):  # OAS(X) of the features, not of the within-class residuals
+    REAL["lda_start_oas"](self, x, y)  # the class means and counts
+    x = x.to(torch.float64)
+    centred = x - x.mean(0)
+    n, d = centred.shape
+    scatter = centred.T @ centred
+    mu, alpha = float(torch.trace(scatter)) / n / d, float(scatter.pow(2).sum()) / (n * n * d * d)
+    s = lda_mod.oas_coefficient(n, d, mu, alpha)
+    self.scatter = scatter * (1 - s) + torch.eye(d, dtype=torch.float64) * (n * s * mu)
+    return s
+
+
+def _slda_oas_start_uncounted(self, x, y):  # fit_base without num_updates = N: the start weighs as one sample
+    s = REAL["lda_start_oas"](self, x, y)
+    self.scatter /= self.n_cov
+    self.n_cov = self.n = 1
+    return s
 
 
 def _randumb_no_priors(self, log_priors, what, fix):  # the intercept without log(prior)
@@ -413,6 +434,16 @@ MUTATIONS: dict[str, Mutation] = {
         "the head solved from the covariance's running sum, not the sum / n",
         lambda: mock.patch.object(slda_mod.SLDA, "solve", _slda_head_from_scatter),
     ),
+    "slda-oas-about-the-overall-mean": Mutation(
+        "slda",
+        "init=oas: the OAS estimate of the features about their overall mean, not of the within-class residuals",
+        lambda: mock.patch.object(lda_mod.LDAStatistics, "start_oas", _slda_oas_about_the_overall_mean),
+    ),
+    "slda-oas-start-uncounted": Mutation(
+        "slda",
+        "init=oas: the OAS start counted as one sample, not the first task's N (the later updates outweigh it)",
+        lambda: mock.patch.object(lda_mod.LDAStatistics, "start_oas", _slda_oas_start_uncounted),
+    ),
     "randumb-no-priors": Mutation(
         "randumb",
         "the LDA intercept without the log class priors",
@@ -500,6 +531,28 @@ def _coda_gs_new_rows_only(existing, n_new, generator):  # new components orthog
 
 
 REAL_CODA_GS = coda_mod.gram_schmidt
+
+
+# ----------------------------------------------------------------------------------------------- KAC head
+def _kac_basis_without_layernorm(self, x):  # the RBFs of the raw feature (KACLayer's time_benchmark path)
+    return torch.exp(-(((x[..., None] - self.grid) / self.width) ** 2)).flatten(-2)
+
+
+def _kac_basis_grid_major(self, x):  # the (d, G) basis flattened grid-major, not feature-major as .view does
+    z = self.norm(x)[..., None]
+    return torch.exp(-(((z - self.grid) / self.width) ** 2)).transpose(-1, -2).flatten(-2)
+
+
+MUTATIONS["l2p-kac-basis-without-layernorm"] = Mutation(
+    "l2p",
+    "head=kac: the radial basis of the raw feature, its LayerNorm skipped",
+    lambda: mock.patch.object(kan_mod.KACHead, "basis", _kac_basis_without_layernorm),
+)
+MUTATIONS["coda_prompt-kac-basis-grid-major"] = Mutation(
+    "coda_prompt",
+    "head=kac: the basis values ordered grid point by grid point, not feature by feature, before the spline map",
+    lambda: mock.patch.object(kan_mod.KACHead, "basis", _kac_basis_grid_major),
+)
 MUTATIONS["coda_prompt-earlier-components-trained"] = Mutation(
     "coda_prompt",
     "earlier tasks' components are not detached in training",

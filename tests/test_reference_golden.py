@@ -894,6 +894,45 @@ def test_slda_matches_reference(backbone):
     check_slda(backbone)
 
 
+# The authors' start conditions the covariance well (OAS shrinkage 0.51 on the fixture's 72 residuals in 64
+# dimensions: cond ~6 after task 0, ~22 after task 2), so their float32 pinverse and float32 logits x W - c, of
+# magnitude up to 24, are off by float32 rounding only: measured 3.1e-5 absolute (1.3e-6 of the largest logit).
+SLDA_OAS_LOGIT_ATOL = 1e-4
+
+
+def check_slda_oas(backbone, plastic: bool) -> None:
+    """SLDA with the authors' start (``init="oas"``) over three tasks, against tyler-hayes/Deep_SLDA SLDA_Model.py:
+    ``StreamingLDA.fit_base`` on task 0 (class means and counts, the OAS-shrunk covariance of the within-class
+    residuals, ``num_updates`` = N), then ``fit`` per sample on tasks 1-2 (the covariance plastic, or fixed:
+    ``streaming_update_sigma=False``) and ``predict`` after each task. The authors' later updates are Avalanche's
+    rule, so ``sigma_update="reference"``."""
+    from baselines.slda import SLDA, SLDAConfig
+
+    f = load("slda_oas")
+    case = "plastic" if plastic else "fixed"
+    cfg = SLDAConfig(init="oas", sigma_update="reference", streaming_update_sigma=plastic)
+    strategy = SLDA(cfg, ctx_for(backbone))
+    test = features_split(f["in.test.z"], f["in.test.y"])
+    for t in range(3):
+        classes = [3 * t, 3 * t + 1, 3 * t + 2]
+        strategy.learn_task(Task(t, classes, 3 * t + 3, features_split(f[f"in.task{t}.z"], f[f"in.task{t}.y"])))
+        if t == 0:
+            assert_golden(torch.tensor([strategy.oas_shrinkage]), f["out.task0.shrinkage"], "SLDA's OAS shrinkage")
+        p, what = f"out.{case}.task{t}.", f"SLDA (init=oas, {case} covariance) after task {t}"
+        assert_golden(strategy.stats.covariance(), f[p + "Sigma"], f"{what}: Sigma")
+        assert_golden(strategy.stats.means, f[p + "muK"], f"{what}: class means")
+        assert_golden(strategy.stats.counts, f[p + "cK"], f"{what}: class counts")
+        assert strategy.stats.n == int(f[p + "num_updates"]), f"{what}: samples seen"
+        logits = strategy.predict(test)
+        assert_golden(logits, f[p + "logits"], f"{what}: logits", atol=SLDA_OAS_LOGIT_ATOL)
+        assert_golden(logits.argmax(1), f[p + "pred"], f"{what}: predictions")
+
+
+@pytest.mark.parametrize("plastic", [True, False], ids=["plastic", "fixed"])
+def test_slda_oas_start_matches_the_authors_code(backbone, plastic):
+    check_slda_oas(backbone, plastic)
+
+
 # ----------------------------------------------------------------------------------------------- FeCAM
 # (rule, config, fixture prefix): the authors' two ViT scripts' shrinkage (FeCAM_vit_cifar100.py alpha1 = 1,
 # alpha2 = 0; FeCAM_vit_imagenet-r.py 10 and 10) and PILOT's classifier (models/fecam.py).
@@ -1257,3 +1296,43 @@ def test_hide_prompt_prefix_selection_momentum_tii_mlp_and_regulariser_match_ref
     assert_golden(first.reshape(1), f["out.orth_first"], "orth_loss of task 0 (the batch alone)")
     later = cfg.reg * orth_loss(feats, centroids, cfg.orth_temperature)
     assert_golden(later.reshape(1), f["out.orth"], "orth_loss with six stored centroids")
+
+
+# ----------------------------------------------------------------------------------------------- KAC head
+def check_kac_head() -> None:
+    """clbench/layers/kan.py KACHead against Ethanhuhuhu/KAC models/kac_clf.py KACLayer(64, 6): its start (zero
+    spline map, LayerNorm weight 1 / bias 0, the RBF grid and width), then, holding the fixture's trained weights,
+    the logits, the masked cross-entropy of the authors' Prompt.update_model (classes 0-2 masked, clbench's
+    ``masked_cross_entropy`` with the task's classes 3-5) and the gradients of the input, the LayerNorm and the
+    spline map."""
+    from clbench.layers.kan import KACHead
+    from clbench.methods.shared import masked_cross_entropy
+
+    f = load("kac")
+    head = KACHead(D)
+    head.grow(3, torch.Generator())  # two tasks of three classes: grown per task, zero rows as the reference's
+    head.grow(6, torch.Generator())
+    assert_golden(head.weight, f["out.init.spline_weight"], "KAC's initial spline map")
+    assert_golden(head.norm.weight, f["out.init.norm_weight"], "KAC's initial LayerNorm weight")
+    assert_golden(head.norm.bias, f["out.init.norm_bias"], "KAC's initial LayerNorm bias")
+    assert_golden(head.grid, f["out.grid"], "KAC's RBF grid")
+    assert_golden(torch.tensor([head.width], dtype=torch.float64), f["out.denominator"], "KAC's RBF width")
+    with torch.no_grad():
+        head.norm.weight.copy_(f["in.norm_weight"])
+        head.norm.bias.copy_(f["in.norm_bias"])
+        head.weight.copy_(f["in.spline_weight"])
+    x = f["in.x"].clone().requires_grad_(True)
+    logits = head(x)
+    assert_golden(logits, f["out.logits"], "KAC's logits")
+    allowed = range(int(f["in.last_valid_out_dim"]), 6)
+    loss = masked_cross_entropy(logits, f["in.targets"], list(allowed))
+    assert_golden(loss.reshape(1), f["out.loss"], "KAC's masked cross-entropy")
+    loss.backward()
+    assert_golden(x.grad, f["out.grad.x"], "KAC's input gradient")
+    assert_golden(head.norm.weight.grad, f["out.grad.norm_weight"], "KAC's LayerNorm weight gradient")
+    assert_golden(head.norm.bias.grad, f["out.grad.norm_bias"], "KAC's LayerNorm bias gradient")
+    assert_golden(head.weight.grad, f["out.grad.spline_weight"], "KAC's spline map gradient")
+
+
+def test_kac_head_of_l2p_dualprompt_coda_matches_the_authors_layer():  # named so each method's selection runs it
+    check_kac_head()

@@ -130,6 +130,38 @@ def test_avalanche_streaming_lda_run_live_gives_the_same_predictions(backbone):
         torch.testing.assert_close(ours.stats.covariance().float(), reference.Sigma, rtol=1e-5, atol=1e-5)
 
 
+def test_oas_start_is_scikit_learns_oas_of_the_residuals_then_streams_on(backbone):
+    """``init="oas"`` (the authors' fit_base): after task 0 the class means and counts of the task, and Sigma =
+    scikit-learn's OAS(assume_centered=True) of the within-class residuals, weighing as N0 samples; the exact update
+    then adds each later class's within-class scatter: Sigma = (N0 OAS + S_1) / (N0 + N1)."""
+    from sklearn.covariance import OAS
+
+    a, b = clusters([0, 1, 2], 12, seed=15), clusters([3, 4], 20, seed=16)  # 36 samples in 64 dimensions first
+    strategy = SLDA(SLDAConfig(init="oas"), ctx_for(backbone))
+    strategy.learn_task(Task(0, [0, 1, 2], 3, a))
+    xa, ya = a.features.double(), a.labels
+    means = torch.stack([xa[ya == c].mean(0) for c in range(3)])
+    oas = OAS(assume_centered=True).fit((xa - means[ya]).numpy())
+    torch.testing.assert_close(strategy.stats.means, means, rtol=1e-12, atol=1e-12)
+    assert strategy.stats.counts.tolist() == [12.0] * 3 and strategy.stats.n == 36
+    torch.testing.assert_close(strategy.stats.covariance(), torch.from_numpy(oas.covariance_), rtol=1e-10, atol=1e-12)
+    assert strategy.oas_shrinkage == pytest.approx(oas.shrinkage_, rel=1e-10) and 0 < strategy.oas_shrinkage < 1
+    assert strategy.diagnostics(a, None) == {"oas_shrinkage": strategy.oas_shrinkage}
+    strategy.learn_task(Task(1, [3, 4], 5, b))
+    scatter_b = pooled_within_class_covariance(b.features, b.labels) * 40
+    want = (36 * torch.from_numpy(oas.covariance_) + scatter_b) / 76
+    torch.testing.assert_close(strategy.stats.covariance(), want, rtol=1e-10, atol=1e-12)
+    assert SLDA(SLDAConfig(), ctx_for(backbone)).diagnostics(a, None) == {}  # the streaming start has no shrinkage
+
+
+def test_oas_start_differs_from_the_streaming_start(backbone):
+    streaming, oas = (SLDA(SLDAConfig(init=i), ctx_for(backbone)) for i in ("streaming", "oas"))
+    for s in (streaming, oas):
+        s.learn_task(Task(0, [0, 1, 2], 3, clusters([0, 1, 2], 12, seed=17)))
+    torch.testing.assert_close(streaming.stats.means, oas.stats.means, rtol=1e-12, atol=1e-12)  # the same means
+    assert (streaming.stats.covariance() - oas.stats.covariance()).abs().max() > 0.1  # a shrunk covariance
+
+
 def test_singular_covariance_without_shrinkage_is_refused(backbone):
     strategy = SLDA(SLDAConfig(shrinkage=0.0), ctx_for(backbone))
     with pytest.raises(ClbenchError, match="singular"):
@@ -143,7 +175,9 @@ def test_one_image_per_class_is_enough_with_shrinkage(backbone):
     assert torch.isfinite(strategy.predict(clusters([0, 1, 2], 2, seed=12))).all()
 
 
-@pytest.mark.parametrize("bad", [{"shrinkage": -0.1}, {"shrinkage": 1.5}, {"sigma_update": "welford"}])
+@pytest.mark.parametrize(
+    "bad", [{"shrinkage": -0.1}, {"shrinkage": 1.5}, {"sigma_update": "welford"}, {"init": "ledoit-wolf"}]
+)
 def test_bad_config_values_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SLDAConfig(**bad)

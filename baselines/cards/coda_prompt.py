@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.layers.checks import check_head, head_sizes
 from clbench.methods.costs import ParamCounts, RunShape, Work, prefix_prompt_work
 from clbench.run.catalog import MethodCard
 from clbench.run.config import CI_SHAPE
@@ -29,6 +30,10 @@ class CodaPromptConfig:
     batch_size: int = 128  # "batch_size"
     schedule: Literal["cosine", "constant"] = "cosine"  # "schedule_type": cosine (the reference's CosineSchedule)
     query: Literal["augmented", "cached"] = "augmented"  # ViTZoo.forward: frozen pass on the augmented batch
+    # "linear": the reference's linear head. "kac": the Kolmogorov-Arnold classifier of KAC (Hu et al., CVPR 2025;
+    # Ethanhuhuhu/KAC models/kac_clf.py, clbench/layers/kan.py) in its place, everything else unchanged (the
+    # authors' clf_type: kac configs change nothing else)
+    head: Literal["linear", "kac"] = "linear"
 
     def __post_init__(self) -> None:
         for name in ("components_per_task", "epochs", "batch_size"):
@@ -47,6 +52,7 @@ class CodaPromptConfig:
             raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
         if self.query not in ("augmented", "cached"):
             raise ValueError(f"query must be 'augmented' or 'cached', got {self.query!r}")
+        check_head(self.head)
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -94,16 +100,17 @@ def param_formula(cfg: CodaPromptConfig, d: int, depth: int, task_sizes: Sequenc
     under Adam weight decay > 0, which acts on their zero gradients)."""
     n_l = len(used_layers(cfg, depth))
     per_task = n_l * cfg.components_per_task * (2 * d + cfg.prompt_length * d)
+    row, shared = head_sizes(cfg.head, d)  # per class; the KAC head's LayerNorm (added in task 0, trained in each)
     added, trainable, n_seen = [], [], 0
     for t, n in enumerate(task_sizes):
         n_seen += n
-        rows = n * (d + 1)
-        added.append(per_task + rows)
-        trainable.append(per_task * (t + 1) + n_seen * (d + 1) if cfg.weight_decay > 0 else per_task + rows)
+        rows = n * row
+        added.append(per_task + rows + (shared if t == 0 else 0))
+        trainable.append(shared + (per_task * (t + 1) + n_seen * row if cfg.weight_decay > 0 else per_task + rows))
     return ParamCounts(
         added_per_task=added,
         trainable_per_task=trainable,
-        head=n_seen * (d + 1),
+        head=n_seen * row + shared,
         extra={"components_per_task": per_task},
     )
 

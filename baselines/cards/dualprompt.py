@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.layers.checks import block_list as _block_list
+from clbench.layers.checks import check_head, head_sizes
 from clbench.methods.costs import ParamCounts, RunShape, Work, prefix_prompt_work
 from clbench.run.catalog import MethodCard
 from clbench.run.config import CI_SHAPE
@@ -34,6 +35,10 @@ class DualPromptConfig:
     match_unseen_keys: bool = False  # True: PILOT's matching over all pool keys, untrained ones included
     kv_layout: Literal["paired", "pilot"] = "paired"  # "pilot": PILOT's E-prompt reshape without a permute
     query: Literal["augmented", "cached"] = "augmented"  # PromptVitNet: original backbone on the augmented batch
+    # "linear": the reference's linear head. "kac": the Kolmogorov-Arnold classifier of KAC (Hu et al., CVPR 2025;
+    # Ethanhuhuhu/KAC models/kac_clf.py, clbench/layers/kan.py) in its place, everything else unchanged (the
+    # authors' clf_type: kac configs change nothing else)
+    head: Literal["linear", "kac"] = "linear"
 
     def __post_init__(self) -> None:
         for name in ("g_prompt_length", "e_prompt_length", "pool_size", "epochs", "batch_size", "eval_batch_size"):
@@ -51,6 +56,7 @@ class DualPromptConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
         if self.query not in ("augmented", "cached"):
             raise ValueError(f"query must be 'augmented' or 'cached', got {self.query!r}")
+        check_head(self.head)
         if self.kv_layout not in ("paired", "pilot"):
             raise ValueError(f"kv_layout must be 'paired' or 'pilot', got {self.kv_layout!r}")
 
@@ -91,17 +97,18 @@ def param_formula(cfg: DualPromptConfig, d: int, depth: int, task_sizes: Sequenc
     g_layers, e_layers = prompt_layers(cfg, depth)
     g = len(g_layers) * 2 * cfg.g_prompt_length * d
     e = len(e_layers) * 2 * cfg.e_prompt_length * d
+    row, shared = head_sizes(cfg.head, d)  # per class; the KAC head's LayerNorm (added in task 0, trained in each)
     added, trainable, n_seen = [], [], 0
     for t, n in enumerate(task_sizes):
         n_seen += n
-        rows = n * (d + 1)
-        added.append(e + d + rows + (g if t == 0 else 0))
+        rows = n * row
+        added.append(e + d + rows + (g + shared if t == 0 else 0))
         decayed = cfg.weight_decay > 0
-        trainable.append(g + (cfg.pool_size * (e + d) + n_seen * (d + 1) if decayed else e + d + rows))
+        trainable.append(g + shared + (cfg.pool_size * (e + d) + n_seen * row if decayed else e + d + rows))
     return ParamCounts(
         added_per_task=added,
         trainable_per_task=trainable,
-        head=n_seen * (d + 1),
+        head=n_seen * row + shared,
         extra={"g_prompt": g, "e_prompt_per_slot": e, "pool_allocated": cfg.pool_size * (e + d)},
     )
 

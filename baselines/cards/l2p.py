@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.layers.checks import check_head, head_sizes
 from clbench.methods.costs import ParamCounts, RunShape, Work
 from clbench.run.catalog import MethodCard
 from clbench.run.config import CI_SHAPE
@@ -29,6 +30,10 @@ class L2PConfig:
     pull_coeff: float = 0.1  # "pull_constraint_coeff" (with "pull_constraint": true)
     train_selection: Literal["batchwise", "per-sample"] = "batchwise"  # "batchwise_prompt": true, also in training
     query: Literal["augmented", "cached"] = "augmented"  # PromptVitNet: original backbone on the augmented batch
+    # "linear": the reference's linear head. "kac": the Kolmogorov-Arnold classifier of KAC (Hu et al., CVPR 2025;
+    # Ethanhuhuhu/KAC models/kac_clf.py, clbench/layers/kan.py) in its place, everything else unchanged (the
+    # authors' clf_type: kac configs change nothing else)
+    head: Literal["linear", "kac"] = "linear"
 
     def __post_init__(self) -> None:
         for name in ("pool_size", "prompt_length", "top_k", "epochs", "batch_size", "eval_batch_size"):
@@ -45,6 +50,7 @@ class L2PConfig:
             raise ValueError(f"train_selection must be 'batchwise' or 'per-sample', got {self.train_selection!r}")
         if self.query not in ("augmented", "cached"):
             raise ValueError(f"query must be 'augmented' or 'cached', got {self.query!r}")
+        check_head(self.head)
 
 
 # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
@@ -88,13 +94,14 @@ def work(cfg: L2PConfig, shape: RunShape) -> Work:
 
 def param_formula(cfg: L2PConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
     pool = cfg.pool_size * cfg.prompt_length * d + cfg.pool_size * d  # prompts and their keys
+    row, shared = head_sizes(cfg.head, d)  # per class; the KAC head's LayerNorm (added in task 0, trained in each)
     added, trainable, seen = [], [], 0
     for t, c in enumerate(task_sizes):
         seen += c
-        new_rows = c * (d + 1)
-        added.append(new_rows + (pool if t == 0 else 0))
-        trainable.append(pool + (seen * (d + 1) if cfg.weight_decay > 0 else new_rows))
-    return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * (d + 1))
+        new_rows = c * row
+        added.append(new_rows + (pool + shared if t == 0 else 0))
+        trainable.append(pool + shared + (seen * row if cfg.weight_decay > 0 else new_rows))
+    return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * row + shared)
 
 
 CARD = MethodCard("l2p", L2PConfig, PROFILES, param_formula=param_formula, work=work)

@@ -20,12 +20,22 @@ class SLDAConfig:
     shrinkage: float = 1e-4  # shrinkage_param=1e-4: Sigma -> (1 - eps) Sigma + eps I before the inverse
     streaming_update_sigma: bool = True  # streaming_update_sigma=True: the covariance keeps learning (plastic)
     sigma_update: Literal["exact", "reference"] = "exact"  # "reference": fit()'s update (see the deviations)
+    # How the statistics start. "streaming": the first task's samples are absorbed one by one like every later one,
+    # from zero means and covariance (Avalanche's StreamingLDA, and the authors' README's "start streaming from
+    # scratch"). "oas": the authors' experiment (tyler-hayes/Deep_SLDA experiment.py, StreamingLDA.fit_base): the
+    # first task's samples taken at once, its class means and counts, and the covariance the OAS-shrunk estimate
+    # (scikit-learn OAS(assume_centered=True)) of the within-class residuals, counted as that many samples; the
+    # later tasks stream. The default stays "streaming": it is the reference these defaults follow, what a user of
+    # Avalanche gets, and the protocol of clbench's recorded SLDA results.
+    init: Literal["streaming", "oas"] = "streaming"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.shrinkage <= 1.0:
             raise ValueError(f"shrinkage must be in [0, 1], got {self.shrinkage}")
         if self.sigma_update not in ("exact", "reference"):
             raise ValueError(f"sigma_update must be 'exact' or 'reference', got {self.sigma_update!r}")
+        if self.init not in ("streaming", "oas"):
+            raise ValueError(f"init must be 'streaming' or 'oas', got {self.init!r}")
 
 
 # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the whole embedded benchmark at 56 px (the

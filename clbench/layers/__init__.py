@@ -6,8 +6,9 @@ another method file, they import from here (or from :mod:`clbench.methods.shared
 - :mod:`clbench.layers.first_session`: APER's first-session adaptation and the store of adapted features (APER,
   RanPAC's "Phase 1").
 - :mod:`clbench.layers.prompts`: prompt-pool key matching and prompt selection (L2P, DualPrompt).
-- :mod:`clbench.layers.heads`: the growing linear classifier (L2P, DualPrompt, MOS). The cosine head is
-  :class:`clbench.methods.shared.CosineHead`.
+- :mod:`clbench.layers.heads`: the growing linear classifier (L2P, DualPrompt, MOS) and the prompt methods' choice
+  of head. The cosine head is :class:`clbench.methods.shared.CosineHead`.
+- :mod:`clbench.layers.kan`: KAC's Kolmogorov-Arnold (radial basis) classifier, ``head=kac`` of the prompt methods.
 - :mod:`clbench.layers.analytic`: the frozen random expansion with ReLU, the float64 ridge solve over accumulated
   statistics and the recursive least-squares (analytic) classifier, with their memory estimates (RanPAC, ACIL, DS-AL).
 - :mod:`clbench.layers.checks`: settings checks and choices several methods' configs share (torch-free: the method

@@ -8,6 +8,19 @@ import math
 from typing import Any
 
 SOLVERS = ("auto", "recursive")  # the analytic heads' solver choices (clbench.layers.analytic: ACIL, DS-AL)
+HEADS = ("linear", "kac")  # the prompt methods' classifiers (clbench.layers.heads.build_head: L2P, DualPrompt, CODA)
+KAC_GRIDS = 16  # = clbench.layers.kan.KAC_GRIDS: RBF grid points per feature of the KAC head
+
+
+def check_head(kind: str) -> None:
+    if kind not in HEADS:
+        raise ValueError(f"head must be one of {', '.join(repr(h) for h in HEADS)}, got {kind!r}")
+
+
+def head_sizes(kind: str, d: int) -> tuple[int, int]:
+    """(parameters per class, parameters shared by all classes) of a ``kind`` head on width ``d``: linear d + 1 and
+    0; KAC d G (its row of the spline map) and 2 d (its LayerNorm)."""
+    return (d + 1, 0) if kind == "linear" else (d * KAC_GRIDS, 2 * d)
 
 
 def check_first_session_fields(cfg: Any, nonnegative: tuple[str, ...] = ()) -> None:

@@ -1,4 +1,5 @@
-"""Classifier heads shared by methods: :class:`LinearHead`, the linear classifier that grows a row per arriving class.
+"""Classifier heads shared by methods: :class:`LinearHead`, the linear classifier that grows a row per arriving class,
+and :func:`build_head`, the prompt methods' choice between it and KAC's (:mod:`clbench.layers.kan`).
 
 Used by L2P (``baselines/l2p.py``), DualPrompt (``baselines/dualprompt.py``) and MOS (``baselines/mos.py``), each the
 ``head`` of PILOT's ViT (``nn.Linear(d, classes)``, timm init). The cosine head of SimpleCIL, EASE, APER and TOSCA is
@@ -13,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clbench.layers.checks import HEADS
+
 
 class LinearHead(nn.Module):
     """A linear classifier whose rows are added when classes arrive (new rows: trunc-normal std 0.02, bias 0)."""
@@ -21,6 +24,20 @@ class LinearHead(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(0, dim))
         self.bias = nn.Parameter(torch.zeros(0))
+
+    @property
+    def n_classes(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def per_class(self) -> int:
+        """Parameters each class adds (its weight row and bias)."""
+        return int(self.weight.shape[1]) + 1
+
+    @property
+    def shared(self) -> int:
+        """Parameters no class owns: none."""
+        return 0
 
     def grow(self, n_total: int, generator: torch.Generator) -> None:
         n_new = n_total - self.weight.shape[0]
@@ -34,6 +51,24 @@ class LinearHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+
+def build_head(kind: str, dim: int) -> nn.Module:
+    """The prompt methods' classifier (``head`` setting): ``"linear"`` (:class:`LinearHead`) or ``"kac"``
+    (:class:`clbench.layers.kan.KACHead`). Both grow rows with ``grow(n_total, generator)`` and report
+    ``n_classes``, ``per_class`` and ``shared`` parameter counts."""
+    if kind == "linear":
+        return LinearHead(dim)
+    if kind == "kac":
+        from clbench.layers.kan import KACHead
+
+        return KACHead(dim)
+    raise ValueError(f"unknown head {kind!r}; choose one of {', '.join(HEADS)}")
+
+
+def head_size(head: nn.Module) -> int:
+    """The parameters a head holds (its rows and any shared part)."""
+    return sum(p.numel() for p in head.parameters())
 
 
 def head_inputs(head: nn.Module, predict: Callable[[], object]) -> torch.Tensor:

@@ -13,6 +13,9 @@ Two ways of updating the covariance, one per method's reference:
   Welford's update of the pooled within-class scatter: w_t = k / (k + 1) with k the samples of class y seen before,
   so Sigma is exactly the biased pooled within-class covariance. Both are computed for a whole batch at once (the
   d_t from per-class running sums, then one weighted product), which is the sequential recursion reordered.
+  :meth:`LDAStatistics.start_oas` (SLDA's authors' ``fit_base``) starts them instead from a first batch taken at
+  once: class means, counts, and the OAS-shrunk covariance of the within-class residuals, counted as that many
+  samples.
 - :meth:`LDAStatistics.add_classes_oas` (RanDumb, scikit-learn ``LinearDiscriminantAnalysis(solver="lsqr",
   covariance_estimator=OAS())``): each class's own OAS-shrunk covariance, weighted by the class's share of the
   samples. A class's images all arrive in one task (class-incremental), so its OAS estimate is final when the class
@@ -125,6 +128,30 @@ class LDAStatistics:
             self.n_cov += len(y)
         self.n += len(y)
 
+    def start_oas(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Start the statistics from a first batch ``x`` (N, d), labels ``y`` (N,), taken all at once (Hayes and
+        Kanan's ``StreamingLDA.fit_base``): each class's mean and count, and the covariance the OAS-shrunk estimate
+        of the within-class residuals x - mu_y (scikit-learn ``OAS(assume_centered=True)``), weighted as N samples
+        seen, so that the per-sample updates that follow continue from it. Returns the OAS shrinkage."""
+        if self.n:
+            raise ValueError("start_oas starts empty statistics; these have absorbed samples already")
+        x = x.to(F64)
+        y = y.long()
+        self.grow(int(y.max()) + 1 if len(y) else 0)
+        for c in torch.unique(y).tolist():
+            self.means[c] = x[y == c].mean(0)
+            self.counts[c] = float((y == c).sum())
+        centred = x - self.means[y]  # (N, d) within-class residuals
+        n = len(y)
+        scatter = centred.T @ centred  # (d, d) N S, S the empirical covariance about zero (assume_centered)
+        mu = float(torch.trace(scatter)) / n / self.dim  # trace(S) / d
+        alpha = float(scatter.pow(2).sum()) / (n * n) / (self.dim * self.dim)  # ||S||_F^2 / d^2
+        s = 0.0 if self.dim == 1 else oas_coefficient(n, self.dim, mu, alpha)
+        scatter.mul_(1.0 - s).diagonal().add_(n * s * mu)  # N ((1 - s) S + s mu I)
+        self.dense_sum().copy_(scatter)
+        self.n_cov = self.n = n
+        return s
+
     # ------------------------------------------------------------------------------------------ RanDumb
     def add_classes_oas(self, x: torch.Tensor, y: torch.Tensor, classes: Sequence[int]) -> list[float]:
         """Absorb the complete samples of new ``classes``: mean, count and n_c * OAS_c(x of class c) added to the
@@ -195,6 +222,12 @@ def oas_shrinkage(centred: torch.Tensor) -> float:
     gram = centred @ centred.T  # (n, n)
     mu = float(torch.trace(gram)) / n / d
     alpha = float(gram.pow(2).sum()) / (n * n) / (d * d)
+    return oas_coefficient(n, d, mu, alpha)
+
+
+def oas_coefficient(n: int, d: int, mu: float, alpha: float) -> float:
+    """OAS's shrinkage from n samples in d dimensions, mu = trace(S) / d and alpha = ||S||_F^2 / d^2 (scikit-learn's
+    ``_oas``): min((alpha + mu^2) / ((n + 1)(alpha - mu^2 / d)), 1), 1 where the denominator is 0."""
     den = (n + 1) * (alpha - mu * mu / d)
     return 1.0 if den == 0 else min((alpha + mu * mu) / den, 1.0)
 
