@@ -322,6 +322,12 @@ def cmd_perf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _published():
+    import clbench.published
+
+    return clbench.published
+
+
 COMMANDS: dict[
     str, tuple[str, Callable[[argparse.ArgumentParser], None] | None, Callable[[argparse.Namespace], int]]
 ] = {
@@ -344,6 +350,12 @@ COMMANDS: dict[
         cmd_doctor,
     ),
     "perf": ("measure speed ratios, cost projections and parameter counts, and record them", _add_perf_args, cmd_perf),
+    "published": (
+        "the published results of every method clbench carries, with sources, and (--commands) the clbench command "
+        "that measures each",
+        lambda p: _published().add_published_args(p),
+        lambda args: _published().cmd_published(args),
+    ),
     "export": (
         "send finished runs (a report folder, a sweep) to TensorBoard, MLflow or W&B, as `--log` does during a run",
         _add_export_args,
