@@ -156,8 +156,9 @@ def doc_commands() -> list[tuple[str, str]]:
             continue
         text = path.read_text()
         spans = re.findall(r"`(clbench (?:run|data check) [^`]*)`", text)  # inline, perhaps wrapped over lines
-        spans += re.findall(r"^\s*(?:\S*/)?(clbench (?:run|data check) [^`\n]*)$", text, re.M)  # code blocks
-        for cmd in spans:
+        for block in re.findall(r"```[^\n]*\n(.*?)```", text, re.S):  # code blocks, also after `&&`
+            spans += re.findall(r"(?:^|[\s&;])(?:[\w./-]*/)?(clbench (?:run|data check) [^\n&;|]*)", block, re.M)
+        for cmd in dict.fromkeys(spans):
             cmd = " ".join(cmd.split())
             words = shlex.split(cmd)
             bench = words[words.index("--bench") + 1] if "--bench" in words else "emoji"
