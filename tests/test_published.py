@@ -88,3 +88,23 @@ def test_the_command_prints_the_table_and_the_commands(capsys):
     assert "clbench run --strategy tosca --bench omnibenchmark --data-root DIR --init-cls 30" in out
     code, _, err = run_cli(["published", "--method", "tosac"], capsys)
     assert code == 2 and "tosca" in err  # did you mean
+
+
+def test_a_report_shows_the_published_value_beside_the_measured_cell(tmp_path, monkeypatch):
+    """On the record fixtures (SimpleCIL, micro ViT, emoji B0 Inc6, three seeds), with a published table that holds
+    that cell: the report gains a "Published results" section with both values; without it, no such section."""
+    from pathlib import Path
+
+    from clbench import published
+    from clbench.report import build
+    from clbench.report.collect import collect
+
+    runs = Path(__file__).parent / "fixtures" / "records" / "simplecil"
+    cell = Published("simplecil", "emoji", 6, 6, "vit_micro", 55.5, 44.25, "A paper", "table 9", "src", "secondary")
+    monkeypatch.setattr(build, "beside", lambda records: published.beside(records, rows=[cell]))
+    build.write_report(collect([runs]), tmp_path / "with", with_tsne=False)
+    text = (tmp_path / "with" / "README.md").read_text()
+    assert "Published results" in text and "44.25" in text and "A paper, table 9 (secondary)" in text
+    monkeypatch.setattr(build, "beside", lambda records: published.beside(records, rows=[]))
+    build.write_report(collect([runs]), tmp_path / "without", with_tsne=False)
+    assert "Published results" not in (tmp_path / "without" / "README.md").read_text()
