@@ -76,6 +76,12 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
         help="convert the run folder's checkpoint.pt (the old pickle format, refused otherwise) to the current "
         "format. Unpickling it EXECUTES ANY CODE the file carries: only for a run you made yourself",
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="make every check a run makes before learning (settings, data, split, weights, --out) and print the "
+        "plan; train and write nothing",
+    )
 
 
 def _log_spec(args: argparse.Namespace, group: str | None = None):
@@ -115,6 +121,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ClbenchError("clbench run needs --strategy", "or --resume DIR to continue an unfinished run")
     else:
         cfg = RunConfig(**values)
+    if args.dry_run:
+        from clbench.run.dryrun import print_plan
+
+        print_plan(cfg)
+        return 0
     with RichReporter() as reporter:
         observer = reporter
         if log is not None:
@@ -311,6 +322,12 @@ def cmd_perf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _published():
+    import clbench.published
+
+    return clbench.published
+
+
 COMMANDS: dict[
     str, tuple[str, Callable[[argparse.ArgumentParser], None] | None, Callable[[argparse.Namespace], int]]
 ] = {
@@ -333,6 +350,12 @@ COMMANDS: dict[
         cmd_doctor,
     ),
     "perf": ("measure speed ratios, cost projections and parameter counts, and record them", _add_perf_args, cmd_perf),
+    "published": (
+        "the published results of every method clbench carries, with sources, and (--commands) the clbench command "
+        "that measures each",
+        lambda p: _published().add_published_args(p),
+        lambda args: _published().cmd_published(args),
+    ),
     "export": (
         "send finished runs (a report folder, a sweep) to TensorBoard, MLflow or W&B, as `--log` does during a run",
         _add_export_args,

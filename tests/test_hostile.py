@@ -503,7 +503,10 @@ def test_data_check_and_run_agree(tmp_path, capsys):
         with pytest.raises(ClbenchError):
             check_before_run("folder", str(root), ignore=False)
     clean = make_tree(tmp_path / "clean")
-    assert check_data("folder", clean).ok and check_before_run("folder", str(clean), ignore=False) == []
+    # 4 classes: the run's split must fit them (the default, 10 classes first, does not)
+    assert not check_data("folder", clean).ok
+    assert check_data("folder", clean, init_cls=2, increment=2).ok
+    assert check_before_run("folder", str(clean), ignore=False) == []
 
 
 def test_hub_without_network_fails_at_once(tmp_path, monkeypatch):

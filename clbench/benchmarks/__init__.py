@@ -47,7 +47,7 @@ register(
         source_info=(
             "Fashion-MNIST is read from --data-root, $CLBENCH_FASHION_MNIST or /usr/share/datasets/fashion-mnist "
             "(Debian: apt-get install dataset-fashion-mnist); the folder must hold "
-            "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]; with network access torchvision downloads it"
+            "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]; clbench downloads nothing"
         ),
     )
 )

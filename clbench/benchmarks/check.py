@@ -57,6 +57,9 @@ class DataReport:
     n_hashed: int = 0
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # the run this data is checked for (`data check --init-cls/--increment/--scenario`): (init_cls, increment,
+    # given, scenario), given False for the benchmark's default split; None: no split check (before a run)
+    split: tuple[int, int, bool, str] | None = None
 
     @property
     def ok(self) -> bool:
@@ -150,6 +153,7 @@ def _check_tree(report: DataReport, progress_factory, workers: int, decode: bool
     report.classes_found = len(train)
     expected = f", {spec.n_classes} expected" if spec.n_classes is not None else " (discovered)"
     report.notes.append(f"classes: {len(train)} in train/, {len(test)} in test/{expected}")
+    _check_split(report, scan)
     for split in SPLITS:
         counts = [len(v) for v in scan.files[split].values()]
         report.split_stats[split] = _stats(counts, sum(counts))
@@ -241,6 +245,24 @@ def check_file_sources(
     _inspect_files(report, train.root, files, progress_factory, workers, decode)
 
 
+def _check_split(report: DataReport, scan) -> None:
+    """The split (or the domains) of the run the data is checked for fits the classes found."""
+    from clbench.benchmarks.folder import DOMAIN_LAYOUT, split_problem
+
+    if scan.domains:
+        report.notes.append(f"domains: {', '.join(scan.domains)} (in this order with --scenario domain)")
+    if report.split is None:
+        return
+    init_cls, increment, given, scenario = report.split
+    if scenario == "domain":
+        if not scan.domains:
+            report.problems.append(f"--scenario domain needs domains: this tree has none; expected {DOMAIN_LAYOUT}")
+        return
+    problem = split_problem(len(scan.files["train"]), init_cls, increment, defaults=not given)
+    if problem is not None:
+        report.problems.append(problem)
+
+
 def _array_hashes(source: ImageSource, split: str) -> list[tuple[str, str]]:
     images = getattr(source, "images", None)
     if images is None:
@@ -255,10 +277,7 @@ def _check_arrays(report: DataReport, loader, progress_factory, workers: int = 1
     _spec, root = report.spec, report.root
     locate = getattr(importlib.import_module(loader.__module__), "locate", None)
     if root is None and locate is not None and locate(None) is None:
-        report.notes.append(
-            "not on this machine yet: `clbench run` downloads it into the clbench cache when online, "
-            "or pass --data-root DIR"
-        )
+        report.problems.append("not on this machine (clbench downloads no data set): pass --data-root DIR")
         return
     try:
         train, test, names = loader(root)
@@ -324,6 +343,9 @@ def check_data(
     progress_factory: Callable[[str, int], Progress | None] | None = None,
     workers: int | None = None,
     decode: bool = True,
+    init_cls: int | None = None,
+    increment: int | None = None,
+    scenario: str = "class",
 ) -> DataReport:
     """Check a benchmark's data root; never raises for problems with the data (they are listed in the report).
     ``decode=False``: every check but the full decode of each image (a run decodes them anyway, and stops on the
@@ -332,7 +354,9 @@ def check_data(
     root_from = (
         "--data-root" if data_root else (f"${spec.data_env}" if spec.data_env and os.environ.get(spec.data_env) else "")
     )
-    report = DataReport(spec, None, root_from)
+    given = init_cls is not None or increment is not None
+    split = (spec.init_cls if init_cls is None else init_cls, spec.increment if increment is None else increment)
+    report = DataReport(spec, None, root_from, split=(*split, given, scenario))
     factory = progress_factory or (lambda description, total: None)
     try:
         report.root = resolve_data_root(spec, data_root)
@@ -468,6 +492,9 @@ def check_loaded(bench, ignore: bool) -> list[str]:
 def add_data_check_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bench", metavar="BENCH", help="benchmark name (see `clbench list`)")
     parser.add_argument("--data-root", help="the data folder to check (default: the benchmark's environment variable)")
+    parser.add_argument("--init-cls", type=int, help="the run's classes in the first task (default: the benchmark's)")
+    parser.add_argument("--increment", type=int, help="the run's classes per later task (default: the benchmark's)")
+    parser.add_argument("--scenario", choices=("class", "domain"), default="class", help="the run's scenario")
 
 
 def _wrap(label: str, text: str) -> str:
@@ -522,6 +549,7 @@ def cmd_data_check(args: argparse.Namespace) -> int:
             task = bar.add_task(description, total=total)
             return lambda n: bar.advance(task, n)
 
-        report = check_data(args.bench, args.data_root, factory)
+        split = dict(init_cls=args.init_cls, increment=args.increment, scenario=args.scenario)
+        report = check_data(args.bench, args.data_root, factory, **split)
     print(format_report(report))
     return 0 if report.ok else 1

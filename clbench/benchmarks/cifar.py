@@ -2,8 +2,9 @@
 
 Read from torchvision's on-disk format, ``cifar-100-python/{train,test,meta}`` (pickles: ``data`` uint8 (N, 3072)
 in channel-major order, ``fine_labels``; ``fine_label_names`` in ``meta``), found in ``--data-root`` (or
-``$CLBENCH_CIFAR100``), either as that folder or its parent. Without a data root it is read from the clbench cache,
-and downloaded there by torchvision when the machine is online (as PILOT's ``iCIFAR224`` does). The images are
+``$CLBENCH_CIFAR100``), either as that folder or its parent. Without a data root it is read from the clbench cache
+(``<cache>/data/cifar100``, where earlier versions downloaded it). Nothing is downloaded: where the data is absent
+the run stops at once saying where to put it (PILOT's ``iCIFAR224`` downloads it instead). The images are
 upsampled to the network's input size by the benchmark's transforms, as in the reference code.
 
 The pickles are read with an unpickler that only builds numpy arrays, lists, dicts and strings, so a tampered
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clbench.benchmarks.base import ArraySource, torchvision_download
+from clbench.benchmarks.base import ArraySource
 from clbench.errors import ClbenchError
 
 FOLDER = "cifar-100-python"
@@ -77,12 +78,16 @@ def locate(data_root: Path | None) -> Path | None:
     return None
 
 
-def _download() -> Path:
-    hint = (
-        "pass --data-root DIR holding cifar-100-python/{train,test,meta} (torchvision's format; "
-        "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz unpacked)"
+def _missing() -> ClbenchError:
+    """CIFAR-100 is not on this machine: clbench never downloads a data set (it runs offline), so it says at once
+    where to put it and how to fetch it."""
+    return ClbenchError(
+        "CIFAR-100 is not on this machine (clbench reads data sets, it never downloads them)",
+        "pass --data-root DIR holding cifar-100-python/{train,test,meta} (torchvision's format: "
+        "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz unpacked, or "
+        "python -c \"import torchvision; torchvision.datasets.CIFAR100('DIR', download=True)\" on a machine with "
+        "network), or set $CLBENCH_CIFAR100",
     )
-    return torchvision_download("CIFAR100", "cifar100", "CIFAR-100", hint) / FOLDER
 
 
 def _split(folder: Path, split: str) -> ArraySource:
@@ -115,10 +120,9 @@ def load(data_root: Path | None) -> tuple[ArraySource, ArraySource, list[str]]:
         if data_root is not None:
             raise ClbenchError(
                 f"{data_root} holds no CIFAR-100 in torchvision's format",
-                f"expected {data_root}/{FOLDER}/{{train,test,meta}}; or omit --data-root to download it into the "
-                "clbench cache",
+                f"expected {data_root}/{FOLDER}/{{train,test,meta}} (or {data_root} to be that folder)",
             )
-        folder = _download()
+        raise _missing()
     names = _read_pickle(folder / "meta").get("fine_label_names", [])
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):  # checked before str() walks it
         raise ClbenchError(f"{folder / 'meta'}: fine_label_names is not a list of names", _REFETCH)

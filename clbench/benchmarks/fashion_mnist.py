@@ -1,7 +1,7 @@
 """Fashion-MNIST (Xiao et al. 2017), the official 60k/10k split, read from IDX files.
 
-Looked for in ``--data-root``, ``$CLBENCH_FASHION_MNIST``, then Debian's ``dataset-fashion-mnist`` path; with
-network access and none of those, torchvision downloads it into the clbench cache.
+Looked for in ``--data-root``, ``$CLBENCH_FASHION_MNIST``, Debian's ``dataset-fashion-mnist`` path, then the clbench
+cache; nothing is downloaded: without any of those the run stops at once saying where to put it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clbench.benchmarks.base import ArraySource, torchvision_download
+from clbench.benchmarks.base import ArraySource
 from clbench.errors import ClbenchError
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -64,12 +64,19 @@ def _folder_with_files(folder: Path) -> bool:
     return all(_find(folder, s) for pair in FILES.values() for s in pair)
 
 
-def _download() -> Path:
-    hint = (
+def _cached() -> Path:
+    """Where earlier versions of clbench had torchvision download it (read if present; nothing is downloaded)."""
+    from clbench.files.atomic import cache_dir
+
+    return cache_dir() / "data" / "fashion-mnist" / "FashionMNIST" / "raw"
+
+
+def _missing() -> ClbenchError:
+    return ClbenchError(
+        "Fashion-MNIST is not on this machine (clbench reads data sets, it never downloads them)",
         "apt-get install dataset-fashion-mnist, or pass --data-root DIR holding "
-        "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]"
+        "{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (or set $CLBENCH_FASHION_MNIST)",
     )
-    return torchvision_download("FashionMNIST", "fashion-mnist", "Fashion-MNIST", hint)
 
 
 def load(data_root: Path | None) -> tuple[ArraySource, ArraySource, list[str]]:
@@ -82,8 +89,10 @@ def load(data_root: Path | None) -> tuple[ArraySource, ArraySource, list[str]]:
         folder = data_root
     elif _folder_with_files(DEBIAN_DIR):
         folder = DEBIAN_DIR
+    elif _folder_with_files(_cached()):
+        folder = _cached()
     else:
-        folder = _download()
+        raise _missing()
     out = []
     for split, (img_stem, lab_stem) in FILES.items():
         x = read_idx(_find(folder, img_stem))  # (N, 28, 28)

@@ -10,7 +10,12 @@ would be, if the two folders held different class sets).
 Deviations from ``ImageFolder`` (both would crash or mislabel a run): hidden folders and files (``.ipynb_checkpoints``,
 macOS ``._x.jpg`` resource forks) are ignored, and every structural problem below is an error found in the first
 seconds, before any image is decoded: a missing ``train/`` or ``test/``, an empty class folder, a class in only one
-split, no images at all, and (for presets) the wrong class count. :func:`scan_tree` collects all of them (``clbench
+split, no images at all, and (for presets) the wrong class count.
+
+A tree of domains, ``DIR/<domain>/{train,test}/<class>/<image>`` (:data:`DOMAIN_LAYOUT`; two or more domain
+folders holding the same class folders), is read as one tree whose images carry their domain (the sorted domain
+folder names, in that order): ``--scenario domain`` learns one domain per task, ``--scenario class`` all of them
+together. :func:`scan_tree` collects all of them (``clbench
 data check`` prints the list); :func:`load_tree` raises the first as a :class:`~clbench.errors.ClbenchError`.
 
 Nothing here imports torch; PIL is imported when an image is decoded.
@@ -27,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clbench.benchmarks.base import ImageSource
+from clbench.benchmarks.base import BenchmarkSpec, ImageSource
 from clbench.errors import ClbenchError
 from clbench.files.safety import read_bytes, special_file_problem
 
@@ -251,6 +256,10 @@ class TreeScan:
     problems: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # relative paths of non-image or hidden files
     link_problems: list[str] = field(default_factory=list)  # symbolic link loops, dangling links, links leaving root
+    # a domain tree (DOMAIN_LAYOUT): the domain folder names in arrival order (sorted), and split -> class -> the
+    # domain index of each file in ``files``; empty for a single-domain tree
+    domains: list[str] = field(default_factory=list)
+    file_domains: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
     @property
     def class_names(self) -> list[str]:
@@ -405,6 +414,8 @@ def scan_tree(root: Path, expected_classes: int | None = None, name: str = "fold
     root = Path(root)
     scan = TreeScan(root)
     missing = [s for s in SPLITS if not (root / s).is_dir()]
+    if missing and (domains := domain_folders(root)):
+        return _scan_domains(root, domains, expected_classes, name)
     if missing:
         scan.problems.append(_layout_problem(root, missing))
         return scan
@@ -467,6 +478,89 @@ def scan_tree(root: Path, expected_classes: int | None = None, name: str = "fold
     return scan
 
 
+DOMAIN_LAYOUT = "DIR/<domain>/train/<class>/<image> and DIR/<domain>/test/<class>/<image> (the same classes in each)"
+
+
+def domain_folders(root: Path) -> list[str]:
+    """The domain folders of a domain tree (:data:`DOMAIN_LAYOUT`): the sorted sub-folders of ``root`` when it has
+    no ``train/`` and ``test/`` of its own and two or more sub-folders each hold both; else an empty list (one such
+    sub-folder is a tree one level down, which :func:`_layout_problem` points to)."""
+    try:
+        subs = sorted(p.name for p in Path(root).iterdir() if p.is_dir() and not _is_hidden(p.name))
+    except OSError:
+        return []
+    if any((Path(root) / sp).is_dir() for sp in SPLITS):
+        return []
+    found = [d for d in subs if all((Path(root) / d / sp).is_dir() for sp in SPLITS)]
+    return found if len(found) >= 2 else []
+
+
+def _scan_domains(root: Path, domains: list[str], expected_classes: int | None, name: str) -> TreeScan:
+    """Scan each domain's train/test tree and join them: one class list (every domain must hold the same classes,
+    since a domain-incremental task brings every class in a new domain), paths relative to ``root``."""
+    scan = TreeScan(root, domains=list(domains))
+    others = sorted(p.name for p in root.iterdir() if p.is_dir() and not _is_hidden(p.name) and p.name not in domains)
+    if others:
+        scan.problems.append(
+            f"{root} is a domain tree ({_few(domains)}) but {_few(others)} hold no train/ and test/: expected "
+            f"{DOMAIN_LAYOUT}"
+        )
+    first: list[str] | None = None
+    for d_index, d in enumerate(domains):
+        one = scan_tree(root / d, None, name)
+        scan.problems += [f"domain {d!r}: {p}" for p in one.problems]
+        scan.link_problems += [f"{d}/{p}" for p in one.link_problems]
+        scan.ignored += [f"{d}/{p}" for p in one.ignored]
+        if first is None:
+            first = one.class_names
+        elif one.class_names != first:
+            missing, extra = sorted(set(first) - set(one.class_names)), sorted(set(one.class_names) - set(first))
+            scan.problems.append(
+                f"domain {d!r} holds other classes than domain {domains[0]!r}"
+                + (f": lacks {_few(missing)}" if missing else "")
+                + (f"; has {_few(extra)} in addition" if extra else "")
+                + " (every domain must hold the same class folders)"
+            )
+        for split, classes in one.files.items():
+            into, where = scan.files.setdefault(split, {}), scan.file_domains.setdefault(split, {})
+            for c, paths in classes.items():
+                into.setdefault(c, []).extend(f"{d}/{p}" for p in paths)
+                where.setdefault(c, []).extend([d_index] * len(paths))
+    if expected_classes is not None and first is not None and len(first) != expected_classes:
+        scan.problems.append(
+            f"benchmark {name!r} should have {expected_classes} classes but each domain has {len(first)}"
+        )
+    return scan
+
+
+def with_data_domains(spec: BenchmarkSpec, data_root: str | Path | None) -> BenchmarkSpec:
+    """``spec`` with the domains its data root declares (a discovered-class tree benchmark, ``folder``, whose root
+    has the :data:`DOMAIN_LAYOUT`), so that ``--scenario domain`` runs on it; ``spec`` unchanged otherwise."""
+    import dataclasses
+
+    if spec.n_classes is not None or spec.domains or data_root is None or not spec.load.endswith(":load_folder"):
+        return spec
+    domains = domain_folders(Path(data_root))
+    return dataclasses.replace(spec, domains=tuple(domains)) if domains else spec
+
+
+def split_problem(n_classes: int, init_cls: int, increment: int, defaults: bool) -> str | None:
+    """Why the split ``init_cls`` + ``increment`` per later task cannot cut ``n_classes`` classes into tasks (the
+    check a run makes, :func:`~clbench.benchmarks.base.task_sizes`), naming the flags that fix it; None if it can.
+    ``defaults``: the split is the benchmark's default (no flag given)."""
+    given = "the default split" if defaults else "the split"
+    what = f"{given} --init-cls {init_cls} --increment {increment}"
+    if init_cls > n_classes or (init_cls < n_classes and increment > n_classes - init_cls):
+        k = max(1, n_classes // 2)
+        return (
+            f"{what} does not fit the {n_classes} classes found: pass --init-cls K --increment M with "
+            f"K <= {n_classes} and M <= {n_classes} - K, e.g. --init-cls {k} --increment {n_classes - k}"
+            if n_classes > 1
+            else f"{what} does not fit: a class-incremental run needs at least 2 classes, found {n_classes}"
+        )
+    return None
+
+
 def _few(names: list[str], k: int = 5) -> str:
     shown = ", ".join(repr(n) for n in names[:k])
     return shown + (f" and {len(names) - k} more" if len(names) > k else "")
@@ -483,7 +577,12 @@ def sources_from_scan(scan: TreeScan, name: str) -> tuple[FileSource, FileSource
         for c in sorted(scan.files[split]):
             paths += scan.files[split][c]
             labels += [index[c]] * len(scan.files[split][c])
-        out.append(FileSource(scan.root, paths, np.asarray(labels, dtype=np.int64), f"{name}/{split}"))
+        source = FileSource(scan.root, paths, np.asarray(labels, dtype=np.int64), f"{name}/{split}")
+        if scan.domains:
+            source.domains = np.asarray(
+                [d for c in sorted(scan.files[split]) for d in scan.file_domains[split][c]], dtype=np.int64
+            )
+        out.append(source)
     return out[0], out[1], class_names
 
 

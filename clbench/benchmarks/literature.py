@@ -74,9 +74,8 @@ register(
         source_info=(
             "CIFAR-100 (Krizhevsky 2009, https://www.cs.toronto.edu/~kriz/cifar.html); "
             "the LAMDA-PILOT README: 'will be "
-            "automatically downloaded by the code'. Without --data-root clbench downloads it with torchvision into "
-            "$CLBENCH_CACHE/data/cifar100 when online; with --data-root DIR it reads torchvision's format "
-            "DIR/cifar-100-python/{train,test,meta}"
+            "automatically downloaded by the code'. clbench downloads nothing: with --data-root DIR it reads "
+            "torchvision's format DIR/cifar-100-python/{train,test,meta} (without it, $CLBENCH_CACHE/data/cifar100)"
         ),
         licence="no licence stated by the authors (see https://www.cs.toronto.edu/~kriz/cifar.html)",
         **REFERENCE_TF,

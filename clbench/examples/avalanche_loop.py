@@ -28,6 +28,17 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+# Avalanche imports qpsolvers (for its GEM plugin), which warns at import time when no QP solver is installed. No
+# clbench strategy calls a QP solver, so that warning, and only it, is silenced while Avalanche is first imported
+# here: importing this module (or running it) prints nothing of it, and any other warning still shows.
+QP_WARNING = "no QP solver found"
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=QP_WARNING, category=UserWarning)
+    from avalanche.benchmarks import SplitCIFAR100, nc_benchmark
+    from avalanche.evaluation.metrics import accuracy_metrics, forgetting_metrics
+    from avalanche.logging import CSVLogger, InteractiveLogger, TensorboardLogger
+    from avalanche.training.plugins import EvaluationPlugin
+
 
 class ImageDataset(Dataset):
     """(PIL image, class id) pairs from a clbench image source: an ordinary dataset with a ``targets`` list."""
@@ -56,10 +67,6 @@ def build_benchmark(strategy: Any, cifar100: str | None, n_experiences: int):
     """An Avalanche benchmark, built the way an Avalanche user builds one; transforms are the strategy's."""
     from clbench.benchmarks.base import literature_class_order
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from avalanche.benchmarks import SplitCIFAR100, nc_benchmark
-
     if cifar100:
         return SplitCIFAR100(
             n_experiences=n_experiences,
@@ -83,25 +90,91 @@ def build_benchmark(strategy: Any, cifar100: str | None, n_experiences: int):
 
 
 def make_evaluator(log_dir: str | None, verbose: bool):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from avalanche.evaluation.metrics import accuracy_metrics, forgetting_metrics
-        from avalanche.logging import CSVLogger, InteractiveLogger, TensorboardLogger
-        from avalanche.training.plugins import EvaluationPlugin
-
     loggers: list = [InteractiveLogger()] if verbose else []
     if log_dir:
         loggers += [
             CSVLogger(log_folder=str(Path(log_dir) / "csv")),
             TensorboardLogger(tb_log_dir=str(Path(log_dir) / "tb")),
         ]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "No loggers specified" under --quiet: the metrics are still returned
+    with warnings.catch_warnings():  # under --quiet Avalanche warns that no logger is given: the metrics are
+        warnings.filterwarnings("ignore", message="No loggers specified")  # still returned, and that is the point
         return EvaluationPlugin(
             accuracy_metrics(experience=True, stream=True),
             forgetting_metrics(experience=True, stream=True),
             loggers=loggers,
         )
+
+
+def reuse_cli_features(strategy: Any, benchmark: Any, sources: dict[str, Any]) -> dict[str, bool]:
+    """Serve every experience's frozen features from the entries ``clbench run`` writes for the whole train and test
+    splits, so that the example passes no image through the backbone when the CLI ran the same benchmark, backbone
+    and transform before (and the CLI reuses what the example computes).
+
+    ``sources``: split -> the benchmark's :class:`~clbench.benchmarks.base.ImageSource`, in the order the Avalanche
+    datasets were built from. A split's key is the harness's (:func:`clbench.run.harness.feature_key` over the
+    source's content fingerprint, with the strategy's backbone, weights, transform, precision and device: exactly
+    ``clbench run``'s); a split the cache lacks is computed once, with a progress bar, and cached. Each experience's
+    rows (``benchmark.*_exps_patterns_assignment``) are then filed under the key the strategy reads for that
+    experience. Returns split -> whether the CLI's entry was found. Without the feature cache it does nothing."""
+    import torch
+
+    from clbench.features.cache import extract
+    from clbench.run.avalanche_api import ExperienceImages
+    from clbench.run.harness import feature_key
+
+    if not strategy.config.feature_cache:
+        return {}
+    streams = {"train": benchmark.train_stream, "test": benchmark.test_stream}
+    rows = {"train": benchmark.train_exps_patterns_assignment, "test": benchmark.test_exps_patterns_assignment}
+    found = {}
+    for split, source in sources.items():
+        key = feature_key(strategy.resolved, strategy.inputs, split, source.fingerprint())
+
+        def compute(source: Any = source, split: str = split) -> torch.Tensor:
+            with _bar(f"features {split} ({len(source):,} images)", len(source)) as advance:
+                return extract(
+                    strategy.backbone,
+                    source,
+                    strategy.eval_transform,
+                    strategy.resolved.device,
+                    strategy.precision.name,
+                    strategy.config.batch_size,
+                    progress=advance,
+                )
+
+        whole, found[split] = strategy.cache.get_or_compute(key, compute, precision=strategy.precision.name)
+        for experience, picked in zip(streams[split], rows[split], strict=True):
+            images = ExperienceImages(experience.dataset, f"experience {experience.current_experience}")
+            exp_key = feature_key(strategy.resolved, strategy.inputs, "avalanche-experience", images.fingerprint())
+            index = torch.as_tensor(list(picked), dtype=torch.long)
+            rows_of = lambda index=index, whole=whole: whole[index]  # noqa: E731 (bound now, read once)
+            strategy.cache.get_or_compute(exp_key, rows_of, precision=strategy.precision.name)
+    return found
+
+
+class _bar:
+    """A rich progress bar on stderr while features are extracted (the report stays on stdout)."""
+
+    def __init__(self, description: str, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self.task = self.bar.add_task(description, total=total)
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return lambda n: self.bar.advance(self.task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.__exit__(*exc)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -157,6 +230,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run = {f.name: getattr(args, f.name) for f in run_fields() if f.name in args}  # the RunConfig flags given
     strategy = ClbenchStrategy(bench=bench, evaluator=make_evaluator(args.log_dir, not args.quiet), **run)
     benchmark = build_benchmark(strategy, cifar, spec.n_classes // spec.increment)
+    reused = reuse_cli_features(strategy, benchmark, _sources(cifar))
+    if reused and not args.quiet:
+        print("features: " + ", ".join(f"{s} {'from the cache' if hit else 'computed'}" for s, hit in reused.items()))
 
     results = []
     for t, experience in enumerate(benchmark.train_stream):
@@ -177,6 +253,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return out
+
+
+def _sources(cifar100: str | None) -> dict[str, Any]:
+    """The benchmark's train and test sources as ``clbench run`` loads them (the datasets above are built from
+    these, or, for CIFAR-100, from torchvision's reading of the same files, in the same order)."""
+    if cifar100:
+        from clbench.benchmarks.cifar import load as load_cifar
+
+        train, test, _ = load_cifar(Path(cifar100))
+    else:
+        from clbench.benchmarks.emoji import load
+
+        train, test, _ = load(None)
+    return {"train": train, "test": test}
 
 
 def _timed(cmd: list[str]) -> float:

@@ -6,6 +6,7 @@ choice, the cache location and size, and which weights and data are present.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from clbench.perf.throughput import DEFAULT_BACKBONE, DEFAULT_IMG, precision_table
@@ -33,7 +34,8 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     from clbench.records.results import library_versions
     from clbench.run.precision import CpuInfo
 
-    con = Console()
+    # a file or a pipe (a bug report) gets whole lines: rich would cut table cells at its 80-column default
+    con = Console() if sys.stdout.isatty() else Console(width=400, no_color=True)
     import torch
 
     cpu = CpuInfo.detect()
@@ -88,7 +90,7 @@ def _data_hint(spec) -> str:
     description names, or --data-root."""
     import re
 
-    if spec.load.startswith("clbench.benchmarks.emoji:"):
+    if is_embedded(spec):
         return "embedded in the package"
     if spec.data_env and os.environ.get(spec.data_env):
         root = os.environ[spec.data_env]
@@ -97,3 +99,9 @@ def _data_hint(spec) -> str:
         if Path(folder.rstrip(".,;)")).exists():
             return f"present at {folder.rstrip('.,;)')}"
     return "not here: pass --data-root DIR (`clbench data check` validates it)"
+
+
+def is_embedded(spec) -> bool:
+    """Whether a benchmark's data ships inside the package (emoji, emoji-domains, emoji-vendors): it needs no data
+    root and names no environment variable to find one, so its loader reads the package's own files."""
+    return not spec.needs_data_root and spec.data_env is None

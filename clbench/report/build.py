@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from clbench.errors import ClbenchError
 from clbench.files import escape as text
 from clbench.files.atomic import atomic_write_bytes
 from clbench.files.safety import check_output_folder, folder_mark, load_json, mark_folder, owned_folder, starts_with
+from clbench.published import beside
 from clbench.report.collect import Collection, git_short
 from clbench.report.figures import FIG_DIR, FigureOut, accuracy_curves, make_figures, provenance, slug
 from clbench.report.leaderboard import Board
@@ -38,6 +41,7 @@ from clbench.report.tables import (
 )
 
 MANIFEST = "report.json"
+PUBLISHED_INTRO = "Measured cells beside the published values (`clbench published`) on the same split and backbone."
 
 
 @dataclass
@@ -197,6 +201,8 @@ def write_report(
         bold_rows=[0] if len(board.table) else [],
     )
     secs = [lead, *study_sections(study), *sections(coll, curves, main=main, predicted=predicted)]
+    if published := beside(coll.runs):  # cells a paper reports on the same benchmark, split and backbone
+        secs.append(Section("Published results", "published", pd.DataFrame(published), intro=PUBLISHED_INTRO))
     written = Written(out_dir, figures=figures)
     written.files.append(_write_text(out_dir / "index.html", render_html(title, meta, secs, figures, fig_notes)))
     written.files.append(_write_text(out_dir / "README.md", render_markdown(title, meta, secs, figures, fig_notes)))

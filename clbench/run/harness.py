@@ -221,9 +221,10 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
     """Check every name and setting of ``cfg`` and decide what depends on them (cheap; nothing is loaded). Raises
     ClbenchError."""
     check_settings({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # also set by RunConfig
+    from clbench.benchmarks.folder import with_data_domains
     from clbench.run.scenario import check_scenario
 
-    spec = BENCHMARKS.get(cfg.bench)
+    spec = with_data_domains(BENCHMARKS.get(cfg.bench), cfg.data_root)  # a folder of domains declares them
     STRATEGIES.check(cfg.strategy)
     check_scenario(cfg.strategy, cfg.scenario, spec.domains, spec.name)  # one line, before the strategy imports
     from clbench.methods.contract import strategy_class

@@ -92,19 +92,20 @@ def supporting(scenario: str) -> list[str]:
 def check_scenario(strategy: str, scenario: str, domains: tuple[str, ...], bench: str) -> None:
     """Refuse, in one line, a strategy that does not support ``scenario``, or the domain scenario on a benchmark
     without domains (``domains``: its :attr:`~clbench.benchmarks.base.BenchmarkSpec.domains`)."""
-    if scenario not in declared_scenarios(strategy):
-        others = supporting(scenario)
-        raise ClbenchError(
-            f"{strategy} does not support {setting('scenario')} {scenario}; strategies that do: "
-            f"{', '.join(others) or 'none'}"
-        )
-    if scenario == "domain" and not domains:
+    if scenario == "domain" and not domains:  # the data's problem first, whichever the strategy
         from clbench.run.catalog import BENCHMARKS
 
         with_domains = [n for n in BENCHMARKS.names() if BENCHMARKS.get(n).domains]
         raise ClbenchError(
             f"benchmark {bench} has a single domain: {setting('scenario')} domain needs one with domains "
-            f"({', '.join(with_domains) or 'none registered'})"
+            f"({', '.join(with_domains) or 'none registered'}, or folder with --data-root DIR holding "
+            "DIR/<domain>/{train,test}/<class>/)"
+        )
+    if scenario not in declared_scenarios(strategy):
+        others = supporting(scenario)
+        raise ClbenchError(
+            f"{strategy} does not support {setting('scenario')} {scenario}; strategies that do: "
+            f"{', '.join(others) or 'none'}"
         )
 
 

