@@ -92,8 +92,6 @@ def _log_spec(args: argparse.Namespace, group: str | None = None):
 def cmd_run(args: argparse.Namespace) -> int:
     log = _log_spec(args)  # checked first: a tracker that is not installed is refused at once
     from clbench.run.config import RunConfig, flag_fields
-    from clbench.run.harness import run
-    from clbench.ui import RichReporter, print_result
 
     values = {name: getattr(args, name) for name in flag_fields("run")}
     values["overrides"] = tuple(args.overrides)
@@ -114,7 +112,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif args.strategy is None:
         raise ClbenchError("clbench run needs --strategy", "or --resume DIR to continue an unfinished run")
     else:
+        from clbench.run.catalog import check_run
+
         cfg = RunConfig(**values)
+        check_run(cfg)  # every name, profile and --set key from the cards: a mistake costs no torch import
+    from clbench.run.harness import run
+    from clbench.ui import RichReporter, print_result
+
     with RichReporter() as reporter:
         observer = reporter
         if log is not None:
