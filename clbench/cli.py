@@ -7,6 +7,7 @@ Imports of torch, timm and Avalanche happen inside the command functions so that
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -250,20 +251,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES
+    from clbench.run.describe import print_catalog, print_method
 
-    print("strategies:")
-    for name in STRATEGIES.names():
-        print(f"  {name}")
-    print("benchmarks:")
-    for name in BENCHMARKS.names():
-        s = BENCHMARKS.get(name)
-        split = f"B0 Inc{s.increment}" if s.init_cls == s.increment else f"B{s.init_cls} Inc{s.increment}"
-        print(f"  {name:<16} {split:<11} {s.summary}")
-    print("backbones:")
-    for name in BACKBONES.names():
-        print(f"  {name:<44} {BACKBONES.get(name).summary}")
+    if args.name is None:
+        print_catalog()
+    else:
+        print_method(args.name)  # an unknown name: the valid ones and "did you mean"
     return 0
+
+
+def _add_list_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "name", nargs="?", metavar="NAME", help="one strategy: its settings, profiles, reference, deviations"
+    )
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -324,7 +324,12 @@ COMMANDS: dict[
         _add_sweep_args,
         cmd_sweep,
     ),
-    "list": ("list registered strategies, benchmarks and backbones", None, cmd_list),
+    "list": (
+        "list registered strategies (family, what each trains, scenarios, profiles), benchmarks and backbones; "
+        "`clbench list NAME`: one strategy's settings, profiles, reference and deviations",
+        _add_list_args,
+        cmd_list,
+    ),
     "weights": (
         "list backbones, whether their weights are available offline here, and how to get them",
         None,
@@ -464,7 +469,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClbenchError as e:  # e.g. a malformed CLBENCH_PLUGINS
         print(f"clbench: error: {e.for_terminal()}", file=sys.stderr)
         return e.exit_code
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        return _refuse_unknown(parser, args, unknown)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -477,6 +484,51 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _dispatch(args, argv)
     finally:
         set_invocation(None)
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: list[str]) -> int:
+    """Flags the command does not take: one error line and a pointer to what the user meant (exit 2). A strategy
+    setting given as a flag (``--epochs 5``) points to ``--set epochs=5``; a sweep's flag given to ``run``
+    (``--seeds 1993,1994``) to ``clbench sweep``; a misspelt flag to the closest one."""
+    from clbench.files.escape import plain
+
+    command = getattr(args, "command", None)
+    sub = parser.commands.get(command, parser) if command else parser  # type: ignore[attr-defined]
+    print(f"clbench: error: unrecognized arguments: {plain(' '.join(unknown))}", file=sys.stderr)
+    print(f"  hint: {plain(_unknown_flag_hint(sub, command, args, unknown))}", file=sys.stderr)
+    return 2
+
+
+def _unknown_flag_hint(
+    sub: argparse.ArgumentParser, command: str | None, args: argparse.Namespace, unknown: list[str]
+) -> str:
+    import difflib
+
+    i = next((i for i, x in enumerate(unknown) if x.startswith("-")), None)
+    prog = f"clbench {command}" if command else "clbench"
+    if i is None:
+        return f"see `{prog} --help`"
+    flag, _, value = unknown[i].partition("=")
+    if not value:
+        after = unknown[i + 1] if i + 1 < len(unknown) else ""
+        value = after if after and not after.startswith("-") else "VALUE"
+    key = flag.lstrip("-").replace("-", "_")
+    if command in ("run", "sweep"):
+        from clbench.run.catalog import CARDS, STRATEGIES, card
+
+        strategy = getattr(args, "strategy", None)
+        names = [strategy] if strategy in STRATEGIES else CARDS.names()
+        if any(key in {f.name for f in dataclasses.fields(card(n).Config)} for n in names):
+            shown = f"`clbench list {strategy}`" if strategy in STRATEGIES else "`clbench list STRATEGY`"
+            return f"{flag} is a strategy setting: give it as --set {key}={value} ({shown} lists the settings)"
+    if command == "run":
+        sweep_flags = build_parser(only="sweep").commands["sweep"]._option_string_actions  # type: ignore[attr-defined]
+        if flag in sweep_flags:
+            strategy = getattr(args, "strategy", None) or "STRATEGY"
+            example = f"clbench sweep --strategies {strategy} {flag} {value}"
+            return f"{flag} is a flag of clbench sweep, which runs several: {example}"
+    close = difflib.get_close_matches(flag, [o for o in sub._option_string_actions if o.startswith("--")], n=1)
+    return f"did you mean {close[0]}?" if close else f"see `{prog} --help`"
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: object) -> None:
