@@ -48,8 +48,8 @@ def _add_setting_args(p: argparse.ArgumentParser, command: str) -> None:
         "--log-dir",
         metavar="DIR",
         help="--log: where trackers write (DIR/tensorboard/RUN, DIR/mlruns.db with artifacts in DIR/mlruns, "
-        "DIR/wandb); default: TensorBoard and W&B under the run folder, MLflow in ./mlruns.db (SQLite) or "
-        "$MLFLOW_TRACKING_URI",
+        "DIR/wandb); default: the run folder (a sweep's MLflow runs: SWEEP_OUT/mlruns.db), or $MLFLOW_TRACKING_URI "
+        "for MLflow; never the working folder. `clbench run` ends by printing each location",
     )
 
 
@@ -79,15 +79,16 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _log_spec(args: argparse.Namespace, group: str | None = None):
-    """``--log`` / ``--log-dir`` as a checked :class:`clbench.run.trackers.LogSpec`, or None without ``--log``."""
+def _log_spec(args: argparse.Namespace, group: str | None = None, out: str | None = None):
+    """``--log`` / ``--log-dir`` as a checked :class:`clbench.run.trackers.LogSpec`, or None without ``--log``;
+    ``out``: a sweep's folder, where its runs' MLflow store goes without ``--log-dir`` (a run's: its folder)."""
     if args.log is None:
         if args.log_dir is not None:
             raise ClbenchError("--log-dir is for --log", "add --log tensorboard (or mlflow, wandb), or drop --log-dir")
         return None
     from clbench.run.trackers import LogSpec
 
-    return LogSpec.from_flags(args.log, args.log_dir, group)
+    return LogSpec.from_flags(args.log, args.log_dir, group, out)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -118,7 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = RunConfig(**values)
         check_run(cfg)  # every name, profile and --set key from the cards: a mistake costs no torch import
     from clbench.run.harness import run
-    from clbench.ui import RichReporter, print_result
+    from clbench.ui import RichReporter, print_result, print_where
 
     with RichReporter() as reporter:
         observer = reporter
@@ -133,6 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 observer.abort()  # the trackers' runs end as failed
             raise
     print_result(record)
+    print_where(reporter.run_dir, observer.locations() if log is not None else {})
     return 0
 
 
@@ -170,7 +172,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from clbench.ui import RichSweepView, print_plan, print_sweep_end
 
     sweep = SweepArgs(**_fields(args, "sweep", SweepArgs))  # first: a sweep without --strategies or --out
-    log = _log_spec(args, group=Path(sweep.out).resolve().name)
+    log = _log_spec(args, group=Path(sweep.out).resolve().name, out=sweep.out)
     res = Resources(**_fields(args, "sweep", Resources))
     spec = sweep.spec(_fields(args, "sweep"), args.overrides)
     if sweep.dry_run:
@@ -200,11 +202,9 @@ def _add_export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--to", required=True, metavar="T1,T2", help="tensorboard, mlflow, wandb (any combination)")
     p.add_argument(
         "--log-dir",
-        default=".",
         metavar="DIR",
         help="where trackers write: DIR/tensorboard/RUN, DIR/mlruns.db and DIR/mlruns (or $MLFLOW_TRACKING_URI), "
-        "DIR/wandb "
-        "(default: the current folder)",
+        "DIR/wandb (default: the first RUNS folder)",
     )
     p.add_argument("--group", help="MLflow experiment / W&B group of the runs (default: clbench)")
 
@@ -216,7 +216,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from clbench.report.collect import find_run_dirs
     from clbench.run.trackers import LogSpec, TrackerHub
 
-    log = LogSpec.from_flags(args.to, args.log_dir, args.group)
+    log = LogSpec.from_flags(args.to, args.log_dir or args.runs[0], args.group)
     dirs, skipped = find_run_dirs(args.runs)
     for s in skipped:
         print(f"clbench: skipped {s.path}: {s.reason}", file=sys.stderr)
