@@ -165,16 +165,16 @@ def _fields(args: argparse.Namespace, command: str, cls: type | None = None) -> 
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from clbench.sweep import run_sweep, write_summary
     from clbench.sweep.settings import Resources, SweepArgs
-    from clbench.ui import RichSweepView, print_plan, print_sweep_end
 
     sweep = SweepArgs(**_fields(args, "sweep", SweepArgs))  # first: a sweep without --strategies or --out
     log = _log_spec(args, group=Path(sweep.out).resolve().name, out=sweep.out)
     res = Resources(**_fields(args, "sweep", Resources))
     spec = sweep.spec(_fields(args, "sweep"), args.overrides)
+    _check_sweep(spec)
+    from clbench.sweep import run_sweep, write_summary
+    from clbench.ui import RichSweepView, print_plan, print_sweep_end
+
     if sweep.dry_run:
         print_plan(run_sweep(spec, sweep.backend, res, sweep.ray_address, dry_run=True))
         return 0
@@ -195,6 +195,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     written = write_summary(spec.out, manifest, sweep.report, sweep.tsne, command)
     print_sweep_end(manifest, spec.out, written)
     return 0 if manifest.complete else 1
+
+
+def _check_sweep(spec: Any) -> None:
+    """Every run of the sweep ``spec`` checked from the catalog and the cards (:func:`clbench.run.catalog.check_run`)
+    before torch is imported: a misspelt name, profile or ``--set`` key is refused at once."""
+    from clbench.run.catalog import check_run
+    from clbench.sweep.plan import make_plan
+
+    for planned in make_plan(spec, check=False):
+        try:
+            check_run(planned.cfg)
+        except ClbenchError as e:
+            if any(scope is None for scope, _, _ in spec.overrides) and "has no setting" in str(e):
+                hint = "scope a setting to one strategy with --set STRATEGY.KEY=VALUE, e.g. --set tosca.epochs=5"
+                raise ClbenchError(e.args[0], e.hint or hint, e.flags) from None
+            raise
 
 
 def _add_export_args(p: argparse.ArgumentParser) -> None:

@@ -16,14 +16,15 @@ from clbench.run.catalog import CARDS, COMMON_PROFILES, FAMILIES, STRATEGIES, ca
 
 
 @pytest.mark.parametrize("what,argv,needle", WRONG_COMMANDS, ids=[w for w, _, _ in WRONG_COMMANDS])
-def test_a_wrong_command_is_refused_before_torch_is_imported(what, argv, needle):
-    code, err, torch_imported = run_wrong(argv)
+def test_a_wrong_command_is_refused_before_torch_is_imported(what, argv, needle, tmp_path):
+    code, err, torch_imported = run_wrong(argv, cwd=str(tmp_path))
     assert code == 2, err
     assert needle in err and "Traceback" not in err, err
     lines = err.strip("\n").split("\n")  # one error line, at most one hint line
     assert lines[0].startswith("clbench: error: ") and len(lines) <= 2, err
     assert len(lines) == 1 or lines[1].startswith("  hint: "), err
     assert not torch_imported, f"{what}: torch was imported before the refusal"
+    assert list(tmp_path.iterdir()) == []  # nothing written (a sweep's folder included)
 
 
 def _run(argv, capsys):

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from clbench.perf import arg, measurement
@@ -39,6 +40,9 @@ WRONG_COMMANDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ),
     ("setting as a flag", ("run", "--strategy", "tosca", "--epochs", "5"), "--set epochs=5"),
     ("sweep flag", ("run", "--strategy", "tosca", "--seeds", "1993,1994"), "clbench sweep"),
+    # a sweep refuses before it makes its folder: OUT is never created
+    ("sweep strategy", ("sweep", "--strategies", "tosca,toska", "--out", "never-made"), "did you mean 'tosca'"),
+    ("sweep --set key", ("sweep", "--strategies", "tosca,l2p", "--set", "epochz=3", "--out", "never-made"), "epochs"),
 )
 # Run in the child: clbench's main, then whether torch was imported, on stderr's last line.
 PROBE = (
@@ -50,10 +54,15 @@ PROBE = (
 )
 
 
-def run_wrong(argv: tuple[str, ...] | list[str], env: dict[str, str] | None = None) -> tuple[int, str, bool]:
-    """Run ``clbench ARGV`` in a fresh interpreter: (exit code, stderr without the probe's line, torch imported)."""
+def run_wrong(argv: tuple[str, ...] | list[str], cwd: str | None = None) -> tuple[int, str, bool]:
+    """Run ``clbench ARGV`` in a fresh interpreter, in ``cwd``, with this clbench: (exit code, stderr without the
+    probe's line, torch imported)."""
+    import clbench
+
+    root = str(Path(clbench.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=300, env=env or dict(os.environ)
+        [sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=300, env=env, cwd=cwd
     )
     lines = done.stderr.rstrip("\n").split("\n")
     imported = lines[-1] == "torch imported: True"
