@@ -203,9 +203,15 @@ def _check_sweep(spec: Any) -> None:
     from clbench.run.catalog import check_run
     from clbench.sweep.plan import make_plan
 
+    checked = set()
     for planned in make_plan(spec, check=False):
+        c = planned.cfg
+        key = (c.strategy, c.bench, c.backbone, c.scenario, c.profile, c.overrides)  # what check_run reads
+        if key in checked:  # the same checks again for another seed
+            continue
+        checked.add(key)
         try:
-            check_run(planned.cfg)
+            check_run(c)
         except ClbenchError as e:
             if any(scope is None for scope, _, _ in spec.overrides) and "has no setting" in str(e):
                 hint = "scope a setting to one strategy with --set STRATEGY.KEY=VALUE, e.g. --set tosca.epochs=5"
