@@ -174,10 +174,16 @@ def profile_text(values: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------------------------- printing
 def _console() -> Any:
-    """rich's console on stdout; written to a file or a pipe, lines are never cut at 80 columns."""
+    """rich's console on stdout; written to a file or a pipe, lines are never cut at 80 columns. A reader that stops
+    reading (``clbench list | head``) raises BrokenPipeError, which the CLI ends quietly (rich would exit 1)."""
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=100_000, no_color=True)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console() if sys.stdout.isatty() else _Console(width=100_000, no_color=True)
 
 
 def print_catalog(console: Any = None) -> None:
