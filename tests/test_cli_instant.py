@@ -93,6 +93,8 @@ def test_every_setting_of_every_method_has_a_one_line_meaning_and_every_method_a
 def test_list_of_an_unknown_name_suggests_the_closest(capsys):
     code, _, err = _run(["list", "tosa"], capsys)
     assert code == 2 and "did you mean 'tosca'" in err
+    code, out, _ = _run(["list", "emoji-domains"], capsys)  # a benchmark's name: its line
+    assert code == 0 and out.startswith("emoji-domains: benchmark (--bench): Embedded, domain-incremental")
 
 
 def test_the_quick_profile_of_every_method_is_a_valid_config():

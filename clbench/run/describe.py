@@ -229,8 +229,14 @@ def print_method(name: str, console: Any = None) -> None:
     from rich.table import Table
 
     from clbench.files.escape import rich as esc
+    from clbench.run.catalog import BACKBONES, BENCHMARKS
 
     console = console or _console()
+    if name not in STRATEGIES and (name in BENCHMARKS or name in BACKBONES):  # `clbench list emoji`: its line
+        spec = BENCHMARKS.get(name) if name in BENCHMARKS else BACKBONES.get(name)
+        kind = "benchmark (--bench)" if name in BENCHMARKS else "backbone (--backbone)"
+        console.print(f"{esc(name)}: {kind}: {esc(spec.summary)}", highlight=False)
+        return
     info = describe(name)
     console.print(f"[bold]{esc(name)}[/bold]: {esc(info.title)}" if info.title else f"[bold]{esc(name)}[/bold]")
     console.print(f"family: {esc(info.card.family or '-')}")
