@@ -7,6 +7,7 @@ Imports of torch, timm and Avalanche happen inside the command functions so that
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -47,8 +48,8 @@ def _add_setting_args(p: argparse.ArgumentParser, command: str) -> None:
         "--log-dir",
         metavar="DIR",
         help="--log: where trackers write (DIR/tensorboard/RUN, DIR/mlruns.db with artifacts in DIR/mlruns, "
-        "DIR/wandb); default: TensorBoard and W&B under the run folder, MLflow in ./mlruns.db (SQLite) or "
-        "$MLFLOW_TRACKING_URI",
+        "DIR/wandb); default: the run folder (a sweep's MLflow runs: SWEEP_OUT/mlruns.db), or $MLFLOW_TRACKING_URI "
+        "for MLflow; never the working folder. `clbench run` ends by printing each location",
     )
 
 
@@ -84,22 +85,21 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _log_spec(args: argparse.Namespace, group: str | None = None):
-    """``--log`` / ``--log-dir`` as a checked :class:`clbench.run.trackers.LogSpec`, or None without ``--log``."""
+def _log_spec(args: argparse.Namespace, group: str | None = None, out: str | None = None):
+    """``--log`` / ``--log-dir`` as a checked :class:`clbench.run.trackers.LogSpec`, or None without ``--log``;
+    ``out``: a sweep's folder, where its runs' MLflow store goes without ``--log-dir`` (a run's: its folder)."""
     if args.log is None:
         if args.log_dir is not None:
             raise ClbenchError("--log-dir is for --log", "add --log tensorboard (or mlflow, wandb), or drop --log-dir")
         return None
     from clbench.run.trackers import LogSpec
 
-    return LogSpec.from_flags(args.log, args.log_dir, group)
+    return LogSpec.from_flags(args.log, args.log_dir, group, out)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     log = _log_spec(args)  # checked first: a tracker that is not installed is refused at once
     from clbench.run.config import RunConfig, flag_fields
-    from clbench.run.harness import run
-    from clbench.ui import RichReporter, print_result
 
     values = {name: getattr(args, name) for name in flag_fields("run")}
     values["overrides"] = tuple(args.overrides)
@@ -120,12 +120,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif args.strategy is None:
         raise ClbenchError("clbench run needs --strategy", "or --resume DIR to continue an unfinished run")
     else:
+        from clbench.run.catalog import check_run
+
         cfg = RunConfig(**values)
+        check_run(cfg)  # every name, profile and --set key from the cards: a mistake costs no torch import
     if args.dry_run:
         from clbench.run.dryrun import print_plan
 
         print_plan(cfg)
         return 0
+    from clbench.run.harness import run
+    from clbench.ui import RichReporter, print_result, print_where
+
     with RichReporter() as reporter:
         observer = reporter
         if log is not None:
@@ -139,6 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 observer.abort()  # the trackers' runs end as failed
             raise
     print_result(record)
+    print_where(reporter.run_dir, observer.locations() if log is not None else {})
     return 0
 
 
@@ -169,16 +176,16 @@ def _fields(args: argparse.Namespace, command: str, cls: type | None = None) -> 
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from clbench.sweep import run_sweep, write_summary
     from clbench.sweep.settings import Resources, SweepArgs
-    from clbench.ui import RichSweepView, print_plan, print_sweep_end
 
     sweep = SweepArgs(**_fields(args, "sweep", SweepArgs))  # first: a sweep without --strategies or --out
-    log = _log_spec(args, group=Path(sweep.out).resolve().name)
+    log = _log_spec(args, group=Path(sweep.out).resolve().name, out=sweep.out)
     res = Resources(**_fields(args, "sweep", Resources))
     spec = sweep.spec(_fields(args, "sweep"), args.overrides)
+    _check_sweep(spec)
+    from clbench.sweep import run_sweep, write_summary
+    from clbench.ui import RichSweepView, print_plan, print_sweep_end
+
     if sweep.dry_run:
         print_plan(run_sweep(spec, sweep.backend, res, sweep.ray_address, dry_run=True))
         return 0
@@ -201,16 +208,36 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if manifest.complete else 1
 
 
+def _check_sweep(spec: Any) -> None:
+    """Every run of the sweep ``spec`` checked from the catalog and the cards (:func:`clbench.run.catalog.check_run`)
+    before torch is imported: a misspelt name, profile or ``--set`` key is refused at once."""
+    from clbench.run.catalog import check_run
+    from clbench.sweep.plan import make_plan
+
+    checked = set()
+    for planned in make_plan(spec, check=False):
+        c = planned.cfg
+        key = (c.strategy, c.bench, c.backbone, c.scenario, c.profile, c.overrides)  # what check_run reads
+        if key in checked:  # the same checks again for another seed
+            continue
+        checked.add(key)
+        try:
+            check_run(c)
+        except ClbenchError as e:
+            if any(scope is None for scope, _, _ in spec.overrides) and "has no setting" in str(e):
+                hint = "scope a setting to one strategy with --set STRATEGY.KEY=VALUE, e.g. --set tosca.epochs=5"
+                raise ClbenchError(e.args[0], e.hint or hint, e.flags) from None
+            raise
+
+
 def _add_export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUNS", help="run folders, or folders that hold run folders")
     p.add_argument("--to", required=True, metavar="T1,T2", help="tensorboard, mlflow, wandb (any combination)")
     p.add_argument(
         "--log-dir",
-        default=".",
         metavar="DIR",
         help="where trackers write: DIR/tensorboard/RUN, DIR/mlruns.db and DIR/mlruns (or $MLFLOW_TRACKING_URI), "
-        "DIR/wandb "
-        "(default: the current folder)",
+        "DIR/wandb (default: the first RUNS folder)",
     )
     p.add_argument("--group", help="MLflow experiment / W&B group of the runs (default: clbench)")
 
@@ -222,7 +249,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from clbench.report.collect import find_run_dirs
     from clbench.run.trackers import LogSpec, TrackerHub
 
-    log = LogSpec.from_flags(args.to, args.log_dir, args.group)
+    log = LogSpec.from_flags(args.to, args.log_dir or args.runs[0], args.group)
     dirs, skipped = find_run_dirs(args.runs)
     for s in skipped:
         print(f"clbench: skipped {s.path}: {s.reason}", file=sys.stderr)
@@ -257,20 +284,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES
+    from clbench.run.describe import print_catalog, print_method
 
-    print("strategies:")
-    for name in STRATEGIES.names():
-        print(f"  {name}")
-    print("benchmarks:")
-    for name in BENCHMARKS.names():
-        s = BENCHMARKS.get(name)
-        split = f"B0 Inc{s.increment}" if s.init_cls == s.increment else f"B{s.init_cls} Inc{s.increment}"
-        print(f"  {name:<16} {split:<11} {s.summary}")
-    print("backbones:")
-    for name in BACKBONES.names():
-        print(f"  {name:<44} {BACKBONES.get(name).summary}")
+    if args.name is None:
+        print_catalog()
+    else:
+        print_method(args.name)  # an unknown name: the valid ones and "did you mean"
     return 0
+
+
+def _add_list_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "name", nargs="?", metavar="NAME", help="one strategy: its settings, profiles, reference, deviations"
+    )
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -337,7 +363,12 @@ COMMANDS: dict[
         _add_sweep_args,
         cmd_sweep,
     ),
-    "list": ("list registered strategies, benchmarks and backbones", None, cmd_list),
+    "list": (
+        "list registered strategies (family, what each trains, scenarios, profiles), benchmarks and backbones; "
+        "`clbench list NAME`: one strategy's settings, profiles, reference and deviations",
+        _add_list_args,
+        cmd_list,
+    ),
     "weights": (
         "list backbones, whether their weights are available offline here, and how to get them",
         None,
@@ -483,7 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClbenchError as e:  # e.g. a malformed CLBENCH_PLUGINS
         print(f"clbench: error: {e.for_terminal()}", file=sys.stderr)
         return e.exit_code
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        return _refuse_unknown(parser, args, unknown)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -496,6 +529,51 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _dispatch(args, argv)
     finally:
         set_invocation(None)
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: list[str]) -> int:
+    """Flags the command does not take: one error line and a pointer to what the user meant (exit 2). A strategy
+    setting given as a flag (``--epochs 5``) points to ``--set epochs=5``; a sweep's flag given to ``run``
+    (``--seeds 1993,1994``) to ``clbench sweep``; a misspelt flag to the closest one."""
+    from clbench.files.escape import plain
+
+    command = getattr(args, "command", None)
+    sub = parser.commands.get(command, parser) if command else parser  # type: ignore[attr-defined]
+    print(f"clbench: error: unrecognized arguments: {plain(' '.join(unknown))}", file=sys.stderr)
+    print(f"  hint: {plain(_unknown_flag_hint(sub, command, args, unknown))}", file=sys.stderr)
+    return 2
+
+
+def _unknown_flag_hint(
+    sub: argparse.ArgumentParser, command: str | None, args: argparse.Namespace, unknown: list[str]
+) -> str:
+    import difflib
+
+    i = next((i for i, x in enumerate(unknown) if x.startswith("-")), None)
+    prog = f"clbench {command}" if command else "clbench"
+    if i is None:
+        return f"see `{prog} --help`"
+    flag, _, value = unknown[i].partition("=")
+    if not value:
+        after = unknown[i + 1] if i + 1 < len(unknown) else ""
+        value = after if after and not after.startswith("-") else "VALUE"
+    key = flag.lstrip("-").replace("-", "_")
+    if command in ("run", "sweep"):
+        from clbench.run.catalog import CARDS, STRATEGIES, card
+
+        strategy = getattr(args, "strategy", None)
+        names = [strategy] if strategy in STRATEGIES else CARDS.names()
+        if any(key in {f.name for f in dataclasses.fields(card(n).Config)} for n in names):
+            shown = f"`clbench list {strategy}`" if strategy in STRATEGIES else "`clbench list STRATEGY`"
+            return f"{flag} is a strategy setting: give it as --set {key}={value} ({shown} lists the settings)"
+    if command == "run":
+        sweep_flags = build_parser(only="sweep").commands["sweep"]._option_string_actions  # type: ignore[attr-defined]
+        if flag in sweep_flags:
+            strategy = getattr(args, "strategy", None) or "STRATEGY"
+            example = f"clbench sweep --strategies {strategy} {flag} {value}"
+            return f"{flag} is a flag of clbench sweep, which runs several: {example}"
+    close = difflib.get_close_matches(flag, [o for o in sub._option_string_actions if o.startswith("--")], n=1)
+    return f"did you mean {close[0]}?" if close else f"see `{prog} --help`"
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, *_: object) -> None:

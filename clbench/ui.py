@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -17,7 +18,7 @@ from rich.table import Table
 from clbench.evaluation import metrics
 from clbench.files.escape import rich as esc
 from clbench.records.results import RunRecord
-from clbench.run.harness import Reporter
+from clbench.run.harness import Reporter, RunStart
 
 if TYPE_CHECKING:
     from clbench.sweep.manifest import SweepManifest
@@ -35,6 +36,7 @@ class RichReporter(Reporter):
             console=self.console,
             transient=False,
         )
+        self.run_dir: Path | None = None  # the run's folder, once the run has started
 
     def __enter__(self) -> RichReporter:
         self._progress.start()
@@ -49,6 +51,21 @@ class RichReporter(Reporter):
     def progress(self, description: str, total: int) -> Callable[[int], None]:
         task_id = self._progress.add_task(esc(description), total=total)
         return lambda n: self._progress.advance(task_id, n)
+
+    def run_started(self, start: RunStart) -> None:
+        self.run_dir = start.run_dir
+
+    def run_finished(self, record: RunRecord, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+
+def print_where(run_dir: Path | None, trackers: dict[str, str], console: Console | None = None) -> None:
+    """The last lines of ``clbench run``: the record's folder and where each ``--log`` tracker wrote."""
+    console = console or Console(soft_wrap=True)  # a path is never cut or wrapped
+    if run_dir is not None:
+        console.print(f"record: {esc(str(Path(run_dir).resolve()))}", highlight=False)
+    for name, where in trackers.items():
+        console.print(f"{esc(name)}: {esc(where)}", highlight=False)
 
 
 def _fmt(x: Any, nd: int = 2) -> str:

@@ -244,6 +244,61 @@ def test_a_sweep_logs_one_tracker_run_per_run_grouped_by_sweep(tmp_path, capsys,
         assert r.data.metrics["final/last_acc"] == load_record(out / "runs" / r.info.run_name).last_acc
 
 
+# ----------------------------------------------------------------------------------------------- where
+def test_a_run_says_where_it_went_and_writes_no_store_in_the_working_folder(tmp_path, capsys, monkeypatch):
+    """`clbench run --log tensorboard,mlflow` without --log-dir: every store is inside the run folder, none in the
+    folder the command was typed in, and the run's last lines name the record folder and each tracker's location."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    here, out = tmp_path / "here", tmp_path / "run"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    argv = ["run", "--strategy", "simplecil", *MICRO, "--init-cls", "18", "--increment", "18", "--out", str(out)]
+    code, stdout, err = _cli([*argv, "--log", "tensorboard,mlflow"], capsys)
+    assert code == 0, err
+    assert list(here.iterdir()) == []  # no mlruns.db, mlruns/ or tensorboard/ where the command was typed
+    assert (out / "mlruns.db").is_file() and (out / "tensorboard").is_dir()
+    lines = stdout.splitlines()
+    assert f"record: {out}" in lines
+    assert any(x.startswith(f"tensorboard: {out / 'tensorboard'} (view: tensorboard --logdir ") for x in lines), lines
+    uri = mlflow_uri(out)
+    mlflow_line = next(x for x in lines if x.startswith("mlflow: "))
+    assert mlflow_line.startswith(f"mlflow: {uri}, run ") and f"mlflow ui --backend-store-uri {uri}" in mlflow_line
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("clbench").experiment_id])
+    assert [r.info.run_name for r in runs] == [load_record(out).run_id]
+
+
+def test_mlflows_store_goes_in_the_log_dir_else_the_sweeps_folder_else_the_run_folder(tmp_path, monkeypatch):
+    from clbench.run.trackers import LogSpec
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    sweep = LogSpec.from_flags("mlflow", None, "grid", out=str(tmp_path / "grid"))
+    assert sweep.mlflow_uri == mlflow_uri(tmp_path / "grid")
+    assert sweep.mlflow_artifacts == (tmp_path / "grid" / "mlruns").as_uri()
+    logs = LogSpec.from_flags("mlflow", str(tmp_path / "logs"), "grid", out=str(tmp_path / "grid"))
+    assert logs.mlflow_uri == mlflow_uri(tmp_path / "logs")
+    run = LogSpec.from_flags("mlflow", None)
+    assert run.mlflow_uri is None  # the run's folder, decided when the run starts (a run's --out may be unset)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    assert LogSpec.from_flags("mlflow", None, out=str(tmp_path / "grid")).mlflow_uri == "http://tracking.example:5000"
+
+
+def test_export_without_log_dir_writes_into_the_exported_folder(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    runs, here = tmp_path / "runs", tmp_path / "here"
+    shutil.copytree(ROOT / "reports/emoji/runs/reference/l2p", runs / "l2p")
+    here.mkdir()
+    monkeypatch.chdir(here)
+    code, out, err = _cli(["export", str(runs), "--to", "mlflow"], capsys)
+    assert code == 0, err
+    assert list(here.iterdir()) == [] and (runs / "mlruns.db").is_file()
+
+
 # ----------------------------------------------------------------------------------------------- failures
 def test_a_failing_tracker_leaves_the_run_complete(tmp_path, capsys, monkeypatch):
     """MLflow pointed at a store it cannot write: the run finishes, says so once, and the record keeps the event."""

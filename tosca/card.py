@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from clbench.errors import ClbenchError
 from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import MethodCard
+from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_INPUT
 
 VARIANTS: tuple[str, ...] = ("luca", "adapter", "calibrator", "tosca_r")  # the module variants (tosca.luca)
@@ -69,7 +69,11 @@ class TOSCAConfig:
         return tuple(dict.fromkeys((self.router, *parse_names(self.routers, "routers"), "oracle")))
 
 
+# ``quick``: the embedded benchmark at 112 px (clbench.run.catalog.COMMON_PROFILES); TOSCA trains on cached features,
+# so its reference epochs stay. ``augment``: the reference's image augmentation through the frozen ViT every epoch.
 PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "quick": dict(QUICK_INPUT),
     "ci": dict(CI_INPUT),
     "ci-augment": {**CI_INPUT, "train_mode": "augment", "epochs": 2, "batch_size": 16, "lr": 0.1},
     "augment": {"train_mode": "augment"},
@@ -107,4 +111,12 @@ def param_formula(cfg: TOSCAConfig, d: int, depth: int, task_sizes: Sequence[int
     return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * d + 1)
 
 
-CARD = MethodCard("tosca", TOSCAConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "tosca",
+    TOSCAConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="TOSCA",
+    trains="one LuCA module on the final [CLS] feature per task, and the cosine head",
+)

@@ -10,7 +10,7 @@ from typing import Any
 
 from clbench.layers.checks import SOLVERS
 from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import MethodCard
+from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_INPUT
 
 
@@ -39,7 +39,11 @@ class ACILConfig:
 
 # ``ci``: the regression gate's run: the embedded benchmark at 56 px (the shared CI feature cache), the
 # reference's gamma and a buffer of 2048 (one 2048 x 2048 float64 R, so the run takes about a second).
-PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT, "M": 2048}}
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "quick": dict(QUICK_INPUT),
+    "ci": {**CI_INPUT, "M": 2048},
+}
 
 
 def extra_counts(cfg: ACILConfig, d: int) -> dict[str, Any]:
@@ -70,4 +74,12 @@ def work(cfg: ACILConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("acil", ACILConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "acil",
+    ACILConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="closed-form heads and prototypes",
+    trains="nothing by gradient: a least-squares head on a fixed random expansion",
+)

@@ -38,6 +38,7 @@ class APERConfig:
 # passes of the run); afterwards one adapted pass per image.
 # ``ci``: the regression gate's first-session recipe (clbench.run.config.CI_FIRST_SESSION).
 PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
     "quick": {"img_size": 112, "epochs": 3},
     "ci": {**CI_FIRST_SESSION},
 }
@@ -70,4 +71,12 @@ def work(cfg: APERConfig, shape: RunShape) -> Work:
     return Work(f=frozen + sum(learnt) + n_test, b=cfg.epochs * learnt[0], f_cacheable=frozen)
 
 
-CARD = MethodCard("aper", APERConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "aper",
+    APERConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="adapters",
+    trains="adapters on the first task only; then prototypes",
+)

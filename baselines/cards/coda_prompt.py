@@ -75,6 +75,7 @@ class CodaPromptConfig:
 # reference's budget (its defaults, stated) with its 100-component pool spread over a 6-task split, the embedded
 # benchmark's (int(100 / 6) = 16 per task, as ``quick``); on a 10-task split the defaults are that budget.
 PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
     "quick": {"img_size": 112, "epochs": 2, "batch_size": 32, "query": "cached", "components_per_task": 16},
     "ci": {
         **CI_SHAPE,
@@ -123,4 +124,12 @@ def work(cfg: CodaPromptConfig, shape: RunShape) -> Work:
     return prefix_prompt_work(cfg.epochs, cfg.query, shape)
 
 
-CARD = MethodCard("coda_prompt", CodaPromptConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "coda_prompt",
+    CodaPromptConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="prompts",
+    trains="prompt components, their keys and attention, and the head",
+)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from clbench.layers.checks import SOLVERS
 from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import MethodCard
+from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_INPUT
 
 
@@ -49,7 +49,11 @@ class DSALConfig:
 
 # ``ci``: the regression gate's run: the embedded benchmark at 56 px (the shared CI feature cache), the
 # reference's gammas and C, and a buffer of 2048 (two 2048 x 2048 float64 R, so the run takes a few seconds).
-PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT, "M": 2048}}
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "quick": dict(QUICK_INPUT),
+    "ci": {**CI_INPUT, "M": 2048},
+}
 
 
 def extra_counts(cfg: DSALConfig, d: int) -> dict[str, Any]:
@@ -79,4 +83,12 @@ def work(cfg: DSALConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("dsal", DSALConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "dsal",
+    DSALConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="closed-form heads and prototypes",
+    trains="nothing by gradient: two least-squares heads (main and compensation)",
+)

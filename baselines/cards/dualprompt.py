@@ -77,6 +77,7 @@ class DualPromptConfig:
 # ``ci``: the regression gate's run: the embedded benchmark at 56 px, 3 tasks of 12 classes, the first 16
 # training images of each class, 2 epochs (its two protocols give the same matrix there: reports/gate/README.md).
 PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
     "quick": {"img_size": 112, "epochs": 2},
     "ci": {**CI_SHAPE, "epochs": 2, "train_per_class": 16},
 }
@@ -125,4 +126,12 @@ def work(cfg: DualPromptConfig, shape: RunShape) -> Work:
     return prefix_prompt_work(cfg.epochs, cfg.query, shape)
 
 
-CARD = MethodCard("dualprompt", DualPromptConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "dualprompt",
+    DualPromptConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="prompts",
+    trains="a shared G-prompt, per-task E-prompts with keys, and the head",
+)

@@ -42,6 +42,7 @@ class EASEConfig:
 # ``ci``: the regression gate's first-session recipe (clbench.run.config.CI_FIRST_SESSION): 3 tasks of 12 classes,
 # since inference after task t costs t + 1 ViT passes per seen test image.
 PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
     "quick": {"img_size": 112, "epochs": 3},
     "ci": {**CI_FIRST_SESSION},
 }
@@ -76,4 +77,12 @@ def work(cfg: EASEConfig, shape: RunShape) -> Work:
     return Work(f=prototypes + shape.protocols * with_t, b=cfg.epochs * sum(train))
 
 
-CARD = MethodCard("ease", EASEConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "ease",
+    EASEConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="adapters",
+    trains="one adapter set per task; prototypes in every subspace",
+)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import MethodCard
+from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_INPUT
 
 
@@ -41,7 +41,11 @@ class FeCAMConfig:
 
 # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (the
 # shared CI feature cache), all 6 tasks and every training image: nothing is trained, the run takes seconds.
-PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT}}
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "quick": dict(QUICK_INPUT),
+    "ci": {**CI_INPUT},
+}
 
 
 def param_formula(cfg: FeCAMConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
@@ -64,4 +68,12 @@ def work(cfg: FeCAMConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("fecam", FeCAMConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "fecam",
+    FeCAMConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="closed-form heads and prototypes",
+    trains="nothing: class means and one shrunk covariance per class",
+)

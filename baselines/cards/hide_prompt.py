@@ -109,6 +109,7 @@ class HiDePromptConfig:
 # ``reference``: the reference's CIFAR-100 script exactly (the defaults with the TII on augmented images);
 # ``reference-imr``: its ImageNet-R script (150 epochs, cosine, prompt length 20, reg 0.5).
 PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
     "reference": {"tii_input": "augmented"},
     "reference-imr": {
         "tii_input": "augmented",
@@ -191,4 +192,12 @@ def work(cfg: HiDePromptConfig, shape: RunShape) -> Work:
     )
 
 
-CARD = MethodCard("hide_prompt", HiDePromptConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "hide_prompt",
+    HiDePromptConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="prompts",
+    trains="per-task prefix prompts, a task-identity head and the head",
+)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clbench.methods.costs import ParamCounts, RunShape, Work, lora_task_size
-from clbench.run.catalog import MethodCard
+from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_SHAPE
 
 
@@ -51,7 +51,12 @@ class InfLoRAConfig:
 # CPU gave a third matrix), which failed the gate on other machines; in float64 both kernels give the same numbers
 # (reports/gate/README.md).
 # ``reference``: the reference's CIFAR-100 budget (its defaults, stated); ``reference-imr``: its ImageNet-R one.
+# ``quick``: a short CPU run of the embedded benchmark at 112 px (clbench.run.catalog.COMMON_PROFILES): 3 epochs of
+# batches of 32 at the ci profile's learning rate (the reference's batches of 128 give 3 steps per epoch on a task of
+# 6 emoji classes).
 PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "quick": {**QUICK_INPUT, "epochs": 3, "batch_size": 32, "lr": 0.005},
     "ci": {**CI_SHAPE, "epochs": 4, "train_per_class": 8, "lr": 0.005, "batch_size": 32, "float64": True},
     "reference": {"epochs": 20, "batch_size": 128, "lr": 0.0005, "rank": 10, "lamb": 0.95, "lame": 1.0},
     "reference-imr": {"epochs": 50, "batch_size": 128, "lr": 0.0005, "rank": 10, "lamb": 0.98, "lame": 1.0},
@@ -86,4 +91,12 @@ def work(cfg: InfLoRAConfig, shape: RunShape) -> Work:
     return Work(f=2 * n_learn + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn)
 
 
-CARD = MethodCard("inflora", InfLoRAConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "inflora",
+    InfLoRAConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="LoRA",
+    trains="LoRA on the attention keys and values in a non-interfering subspace, and the head",
+)

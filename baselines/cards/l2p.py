@@ -64,6 +64,7 @@ class L2PConfig:
 # dominates: the same 32 image passes per class as 2 epochs of 16 images, in 24 steps; at the reference's lr
 # 0.001875 the loss ended at 0.97 of its first epoch, now ~0.5: reports/gate/README.md).
 PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
     "quick": {"img_size": 112, "query": "cached", "epochs": 3},
     "ci": {
         **CI_SHAPE,
@@ -104,4 +105,12 @@ def param_formula(cfg: L2PConfig, d: int, depth: int, task_sizes: Sequence[int])
     return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * row + shared)
 
 
-CARD = MethodCard("l2p", L2PConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "l2p",
+    L2PConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="prompts",
+    trains="a pool of prompts with keys, and the head",
+)

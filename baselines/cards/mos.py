@@ -74,6 +74,7 @@ class MOSConfig:
 # images, in 24 steps instead of 8: the loss falls to ~0.6-0.7 of its first epoch, reports/gate/README.md),
 # 5 alignment epochs.
 PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
     "quick": {"img_size": 112, "epochs": 2, "ca_epochs": 10, "train_per_class": 32},
     "ci": {
         **CI_SHAPE,
@@ -124,4 +125,12 @@ def work(cfg: MOSConfig, shape: RunShape) -> Work:
     return Work(f=2 * n_train + shape.protocols * evals, b=cfg.epochs * n_train, f_cacheable=0.0)
 
 
-CARD = MethodCard("mos", MOSConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "mos",
+    MOSConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="adapters",
+    trains="per-task adapters merged into their predecessors, and the head",
+)

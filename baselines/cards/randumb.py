@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import MethodCard
+from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_INPUT
 
 
@@ -32,7 +32,11 @@ class RanDumbConfig:
 # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the whole embedded benchmark at 56 px (the
 # shared CI feature cache) with M = 1,000 random Fourier features (runall.sh's smallest width) instead of
 # 10,000: a few seconds on 2 cores instead of minutes.
-PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT, "M": 1000}}
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "quick": dict(QUICK_INPUT),
+    "ci": {**CI_INPUT, "M": 1000},
+}
 
 
 def extra_counts(cfg: RanDumbConfig, d: int) -> dict[str, Any]:
@@ -69,4 +73,12 @@ def work(cfg: RanDumbConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("randumb", RanDumbConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "randumb",
+    RanDumbConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="closed-form heads and prototypes",
+    trains="nothing: LDA on random Fourier features, one shared covariance",
+)

@@ -48,6 +48,7 @@ class RanPACConfig:
 # the reference's 10,000 (one 10,000 x 10,000 float64 Cholesky solve per task).
 # ``ci``: the regression gate's first-session recipe (clbench.run.config.CI_FIRST_SESSION) and M = 2,000.
 PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
     "quick": {"img_size": 112, "epochs": 3},
     "ci": {**CI_FIRST_SESSION, "M": 2000},
 }
@@ -100,4 +101,12 @@ def work(cfg: RanPACConfig, shape: RunShape) -> Work:
     return Work(f=frozen + adapted, b=train, f_cacheable=frozen)
 
 
-CARD = MethodCard("ranpac", RanPACConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "ranpac",
+    RanPACConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="adapters",
+    trains="adapters on the first task only; then a ridge head on a random projection",
+)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import MethodCard
+from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_INPUT
 
 
@@ -20,7 +20,11 @@ class SimpleCILConfig:
 
 # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
 # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
-PROFILES: dict[str, dict[str, Any]] = {"ci": dict(CI_INPUT)}
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "quick": dict(QUICK_INPUT),
+    "ci": dict(CI_INPUT),
+}
 
 
 def param_formula(cfg: SimpleCILConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
@@ -39,4 +43,12 @@ def work(cfg: SimpleCILConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("simplecil", SimpleCILConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "simplecil",
+    SimpleCILConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="closed-form heads and prototypes",
+    trains="nothing: one prototype (class mean) per class",
+)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import MethodCard
+from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_INPUT
 
 
@@ -40,7 +40,11 @@ class SLDAConfig:
 
 # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the whole embedded benchmark at 56 px (the
 # shared CI feature cache), the reference's defaults; it runs in about a second on cached features.
-PROFILES: dict[str, dict[str, Any]] = {"ci": {**CI_INPUT}}
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "quick": dict(QUICK_INPUT),
+    "ci": {**CI_INPUT},
+}
 
 
 def param_formula(cfg: SLDAConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
@@ -62,4 +66,12 @@ def work(cfg: SLDAConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("slda", SLDAConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard(
+    "slda",
+    SLDAConfig,
+    PROFILES,
+    param_formula=param_formula,
+    work=work,
+    family="closed-form heads and prototypes",
+    trains="nothing: streaming LDA, class means and one shared covariance",
+)

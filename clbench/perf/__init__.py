@@ -18,6 +18,7 @@ Ratios are measured within one run so that they hold on noisy machines; the comm
 - :mod:`clbench.perf.train_step`: ``train-step``, a strategy's training step against a bare forward + backward.
 - :mod:`clbench.perf.calibration`: ``calibrate``, the regression gate's calibration workload.
 - :mod:`clbench.perf.report_scale`: ``report-scale``, ``clbench report`` on the committed study and 1,000 records.
+- :mod:`clbench.perf.instant_errors`: ``instant-errors``, the seconds ``clbench`` takes to refuse a mistyped command.
 - a strategy's own measurements (:meth:`clbench.methods.contract.Strategy.perf_benchmarks`, e.g. ``tosca-routing`` in
   ``tosca/perf.py``), registered when the registry is first asked for, as the strategy's cost units are.
 
@@ -49,6 +50,7 @@ MODULES = (
     "clbench.perf.train_step",
     "clbench.perf.calibration",
     "clbench.perf.report_scale",
+    "clbench.perf.instant_errors",
 )
 PERF_BACKBONE = ("vit_small_patch14_dinov2", 112)  # the offline ViT-S/14 at the embedded benchmark's input size
 

@@ -41,7 +41,17 @@ class MethodCard:
     # (cfg, d, depth, task_sizes) -> ParamCounts of a finished run, from the config alone (clbench perf params)
     param_formula: Callable[..., ParamCounts] | None = None
     work: Callable[..., Work] | None = None  # (cfg, RunShape) -> Work: the cost model (clbench perf projection)
+    family: str = ""  # one of FAMILIES: how the method adapts the frozen ViT (`clbench list`, report panels)
+    trains: str = ""  # what it learns, in a few words (`clbench list`)
 
+
+# The method families, each a way of adapting a frozen pre-trained ViT (a card's ``family``).
+FAMILIES = ("prompts", "adapters", "LoRA", "whole-ViT", "closed-form heads and prototypes", "TOSCA")
+# The profile names every built-in method declares (`clbench list`): ``default`` is its reference settings (no
+# change), ``quick`` a short CPU run of the embedded benchmark (a few minutes on 2 cores, 112 px inputs and fewer
+# epochs where the method trains), ``ci`` the regression gate's run (reports/gate/README.md).
+COMMON_PROFILES = ("default", "quick", "ci")
+QUICK_INPUT: dict[str, int] = {"img_size": 112}  # the quick profiles' input: 8x8 patches of 14 px (DINOv2 ViT-S/14)
 
 # Strategy classes by name. Held untyped: this module sits below the method contract and must not name it (not even
 # for type checkers: that would close an import circle); clbench.methods.contract.strategy_class(name) returns one
@@ -81,6 +91,37 @@ def card(name: str) -> MethodCard:
         return CARDS.get(name)
     cls = STRATEGIES.get(name)
     return MethodCard(cls.name, cls.Config, dict(cls.profiles))
+
+
+def check_profile(method: MethodCard, profile: str | None) -> None:
+    """Refuse a profile ``method`` does not declare, naming the ones it does and the closest."""
+    if profile is None or profile in method.profiles:
+        return
+    import difflib
+
+    close = difflib.get_close_matches(profile, list(method.profiles), n=1, cutoff=0.5)
+    raise ClbenchError(
+        f"strategy {method.name} has no profile {profile!r}; valid profiles: {', '.join(method.profiles) or 'none'}",
+        f"did you mean {close[0]!r}?" if close else f"`clbench list {method.name}` shows what each profile sets",
+    )
+
+
+def check_run(cfg: Any) -> None:
+    """Every name and strategy setting of a fresh run (``cfg``: a :class:`clbench.run.config.RunConfig`) checked from
+    the catalog and the method's card, without importing torch or the method: the strategy, the benchmark, the
+    backbone, the scenario, the profile and the ``--set`` keys and values. ``clbench run`` calls it before it loads
+    anything, so that a mistake is refused at once; :func:`clbench.run.harness.resolve` checks the same again."""
+    from clbench.run.config import make_strategy_config
+    from clbench.run.scenario import check_scenario
+
+    STRATEGIES.check(cfg.strategy)
+    spec = BENCHMARKS.get(cfg.bench)
+    if cfg.backbone is not None:
+        BACKBONES.check(cfg.backbone)
+    check_scenario(cfg.strategy, cfg.scenario, spec.domains, spec.name)
+    method = card(cfg.strategy)
+    check_profile(method, cfg.profile)
+    make_strategy_config(method, cfg.profile, cfg.overrides)
 
 
 def config_defaults(name: str) -> dict[str, Any]:

@@ -12,10 +12,11 @@ exist) sends every tracker asked for the same things:
 - at the end, the summary metrics (``final/*``), the record (``result.json``) and the figures (accuracy curve and
   matrix) as artifacts.
 
-Offline by default: TensorBoard event files under ``RUN_DIR/tensorboard`` (or ``LOG_DIR/tensorboard/RUN_ID``), an
-MLflow SQLite store ``./mlruns.db`` with its artifacts in ``./mlruns/`` (or ``LOG_DIR/mlruns.db`` and
-``LOG_DIR/mlruns/``; ``MLFLOW_TRACKING_URI`` wins where set), W&B in offline mode under the run folder (or
-``LOG_DIR``) unless ``WANDB_MODE`` says otherwise.
+Offline by default, and never in the working folder: TensorBoard event files under ``RUN_DIR/tensorboard`` (or
+``LOG_DIR/tensorboard/RUN_ID``), an MLflow SQLite store ``RUN_DIR/mlruns.db`` with its artifacts in ``RUN_DIR/mlruns/``
+(a sweep's runs share ``SWEEP_OUT/mlruns.db``; with ``--log-dir``, ``LOG_DIR/mlruns.db`` and ``LOG_DIR/mlruns/``;
+``MLFLOW_TRACKING_URI`` wins where set), W&B in offline mode under the run folder (or ``LOG_DIR``) unless
+``WANDB_MODE`` says otherwise. ``clbench run`` ends by printing where each tracker wrote (:meth:`TrackerHub.locations`).
 
 MLflow's store is SQLite because that is the store MLflow 3 recommends and opens without being asked: its file store
 is in maintenance mode, and ``mlflow ui`` or ``MlflowClient`` refuse it unless ``MLFLOW_ALLOW_FILE_STORE=true`` is
@@ -120,14 +121,16 @@ class LogSpec:
     """Which trackers a run logs to, and where."""
 
     trackers: tuple[str, ...]
-    log_dir: str | None = None  # None: the run folder (TensorBoard, W&B) and ./mlruns.db, ./mlruns (MLflow)
+    log_dir: str | None = None  # None: the run folder (TensorBoard, W&B; MLflow too unless a sweep's --out is given)
     group: str | None = None  # the sweep a run belongs to (MLflow experiment, W&B group)
     mlflow_uri: str | None = None  # resolved where the run was asked for (a sweep's workers run elsewhere)
     mlflow_artifacts: str | None = None  # clbench's own store: the artifact folder beside it (None: MLflow's choice)
 
     @classmethod
-    def from_flags(cls, log: str, log_dir: str | None, group: str | None = None) -> LogSpec:
-        """Checked and resolved on the machine where the command was given: names, installation, folders."""
+    def from_flags(cls, log: str, log_dir: str | None, group: str | None = None, out: str | None = None) -> LogSpec:
+        """Checked and resolved on the machine where the command was given: names, installation, folders. MLflow's
+        store goes into ``log_dir``, else ``out`` (a sweep's folder: its runs share one store), else each run's
+        folder (decided when the run starts)."""
         trackers = parse_trackers(log)
         if log_dir is not None:
             from clbench.run.rundir import check_folder
@@ -137,16 +140,8 @@ class LogSpec:
         uri = artifacts = None
         if "mlflow" in trackers:
             uri = os.environ.get("MLFLOW_TRACKING_URI")
-            if not uri:  # clbench's own store: ./mlruns.db (artifacts in ./mlruns) or the same in LOG_DIR
-                parent = Path(log_dir or ".").resolve()
-                tracker_folder(parent, "mlruns", create=False)  # a real folder, not a link
-                database = parent / MLFLOW_DATABASE
-                if database.is_symlink() or (database.exists() and not database.is_file()):
-                    raise ClbenchError(
-                        f"{database} is not a file clbench can use as MLflow's database (a link or a folder)",
-                        "delete or move it, or give another --log-dir",
-                    )
-                uri, artifacts = f"sqlite:///{database}", (parent / "mlruns").as_uri()
+            if not uri and (log_dir or out):  # clbench's own store: mlruns.db (artifacts in mlruns/) in LOG_DIR or OUT
+                uri, artifacts = mlflow_store(Path(log_dir or out or ".").resolve())
         if log_dir is not None:
             for name in trackers:
                 if name in TRACKER_FOLDERS:
@@ -154,7 +149,22 @@ class LogSpec:
         return cls(trackers, log_dir, group, uri, artifacts)
 
 
-MLFLOW_DATABASE = "mlruns.db"  # MLflow's SQLite store clbench writes in LOG_DIR or the working folder
+MLFLOW_DATABASE = "mlruns.db"  # MLflow's SQLite store clbench writes in LOG_DIR, a sweep's folder or the run folder
+
+
+def mlflow_store(parent: Path) -> tuple[str, str]:
+    """clbench's own MLflow store in ``parent``: (the SQLite URI of ``parent/mlruns.db``, the URI of the artifact
+    folder ``parent/mlruns``), each checked to be a file or folder clbench may write (not a link)."""
+    tracker_folder(parent, "mlruns", create=False)  # a real folder, not a link
+    database = parent / MLFLOW_DATABASE
+    if database.is_symlink() or (database.exists() and not database.is_file()):
+        raise ClbenchError(
+            f"{database} is not a file clbench can use as MLflow's database (a link or a folder)",
+            "delete or move it, or give another --log-dir",
+        )
+    return f"sqlite:///{database}", (parent / "mlruns").as_uri()
+
+
 TRACKER_FOLDERS = {"tensorboard": "tensorboard", "wandb": "wandb"}  # the folder each writes in LOG_DIR or RUN_DIR
 
 
@@ -331,6 +341,10 @@ class Tracker(Protocol):
     def abort(self) -> None:
         """The run stopped with an error: close the tracker's run as failed."""
 
+    def location(self) -> str:
+        """Where the tracker wrote the run, and how to open it (after :meth:`start`)."""
+        ...
+
 
 class TensorBoardTracker:
     """Event files read by ``tensorboard --logdir``: scalars per task, settings as text, figures as images."""
@@ -345,6 +359,7 @@ class TensorBoardTracker:
             where = tracker_folder(tracker_folder(Path(self.spec.log_dir), "tensorboard"), run.run_id)
         else:
             where = tracker_folder(run.run_dir, "tensorboard", what="--out")
+        self.where = Path(where).resolve()
         self.writer = SummaryWriter(log_dir=str(where))
         lines = [f"| {k} | {v} |" for k, v in {**run.tags, **run.params}.items()]
         self.writer.add_text("settings", "| setting | value |\n|---|---|\n" + "\n".join(lines), 0)
@@ -371,6 +386,10 @@ class TensorBoardTracker:
     def abort(self) -> None:
         self.writer.close()
 
+    def location(self) -> str:
+        logdir = self.where.parent if self.spec.log_dir else self.where  # LOG_DIR/tensorboard holds every run
+        return f"{self.where} (view: tensorboard --logdir {logdir})"
+
 
 class MlflowTracker:
     """One MLflow run per clbench run, in the experiment of its sweep (else ``clbench``)."""
@@ -386,6 +405,9 @@ class MlflowTracker:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
+        if self.spec.mlflow_uri is None and not os.environ.get("MLFLOW_TRACKING_URI"):  # the store in the run folder
+            uri, artifacts = mlflow_store(run.run_dir.resolve())
+            self.spec = dataclasses.replace(self.spec, mlflow_uri=uri, mlflow_artifacts=artifacts)
         uri = self.spec.mlflow_uri or ""
         if uri.startswith("file:") or (uri and "://" not in uri):
             # the file store, which the user chose with MLFLOW_TRACKING_URI: MLflow 3 keeps it in maintenance mode
@@ -450,6 +472,10 @@ class MlflowTracker:
     def abort(self) -> None:
         self.client.set_terminated(self.run_id, "FAILED")
 
+    def location(self) -> str:
+        uri = self.spec.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or "MLflow's default store"
+        return f"{uri}, run {self.run_id} (view: mlflow ui --backend-store-uri {uri})"
+
 
 class WandbTracker:
     """One W&B run per clbench run, grouped by sweep; offline unless ``WANDB_MODE`` says otherwise."""
@@ -475,6 +501,7 @@ class WandbTracker:
             settings=wandb.Settings(silent=True, console="off"),
         )
         self.run.summary.update({f"tag/{k}": v for k, v in run.tags.items()})
+        self.where = (where / "wandb").resolve()
 
     def log_task(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log({**metrics, "task": step}, step=step)
@@ -494,6 +521,12 @@ class WandbTracker:
 
     def abort(self) -> None:
         self.run.finish(exit_code=1)
+
+    def location(self) -> str:
+        url = getattr(self.run, "url", None)
+        if url:
+            return str(url)
+        return f"{self.where} (offline; upload with: wandb sync {self.where}/offline-run-*)"
 
 
 ADAPTERS: dict[str, Callable[[LogSpec], Tracker]] = {
@@ -571,6 +604,7 @@ class TrackerHub:
 
     # ------------------------------------------------------------------------------------------- hooks
     def run_started(self, start: RunStart) -> None:
+        self.inner.run_started(start)
         self._start(info_from_start(start, self.spec.group))
 
     def task_done(self, t: int, summary: ProtocolSummary, entry: TaskEntry, peak_rss_mb: float | None) -> None:
@@ -587,6 +621,21 @@ class TrackerHub:
             self._each("finish", lambda tr: tr.finish(metrics, artifacts))
             self._wait()
         record.tracker_events = [*record.tracker_events, *self.events]
+        self.inner.run_finished(record, run_dir)
+
+    def locations(self) -> dict[str, str]:
+        """Tracker name -> where it wrote the last run and how to open it, for the trackers that started and were
+        not dropped."""
+        out = {}
+        for name in self.spec.trackers:
+            tracker = self._trackers.get(name)
+            if tracker is None or name in self.dropped:
+                continue
+            try:
+                out[name] = tracker.location()
+            except Exception as e:  # a tracker's own attribute that is missing: said, never raised
+                out[name] = f"unknown ({_why(e)})"
+        return out
 
     def abort(self, timeout: float = 10.0) -> None:
         """The run stopped with an error: close every tracker's run as failed, waiting at most ``timeout``."""
