@@ -107,7 +107,7 @@ def owned_folder(parent: Path, name: str, what: str, create: bool = True) -> Pat
     if path.is_symlink():
         raise ClbenchError(
             f"{what} {parent}: {name}/ is a symbolic link (to {os.readlink(path)}); clbench writes only into "
-            "folders inside the output folder",
+            "real folders inside the folders it was given",
             f"delete the link {path} or choose another {what}",
         )
     if path.exists() and not path.is_dir():
