@@ -242,6 +242,9 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
     check_precision(cfg.precision)
     if cfg.precision != "auto":  # a forced precision the device cannot run fails here, before anything loads
         choose_precision(cfg.precision, device.type)
+    from clbench.weights.resolve import check_input_size
+
+    check_input_size(backbone_name, cfg.img_size)  # an explicit size the backbone would ignore: refused
     img_size = run_level(strategy_cls, cfg.profile, cfg.img_size, "img_size")
     train_per_class = run_level(strategy_cls, cfg.profile, cfg.train_per_class, "train_per_class")
     if train_per_class is not None and train_per_class < strategy_cls.min_train_per_class:
