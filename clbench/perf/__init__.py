@@ -69,9 +69,11 @@ def arg(*flags: str, **options: Any) -> Arg:
 
 
 def bounded(flag: str, low: int, high: int, why: str) -> Callable[[str], int]:
-    """An argparse ``type`` reading a whole number of ``flag`` in ``[low, high]``; outside, one line naming the bound
-    and ``why`` it is there (every number that sizes a measurement's work, memory or disk is bounded where it is
-    read: a mistyped ``--records 1000000000`` would fill the disk, a ``--steps`` of millions run for days)."""
+    """An argparse ``type`` reading a whole number of ``flag`` in ``[low, high]``; outside, a ClbenchError naming the
+    bound and ``why`` it is there, which passes through argparse to the CLI's one-line refusal (every number that sizes
+    a measurement's work, memory or disk is bounded where it is read: a mistyped ``--records 1000000000`` would fill
+    the disk, a ``--steps`` of millions run for days)."""
+    from clbench.errors import ClbenchError
 
     def parse(text: str) -> int:
         try:
@@ -79,7 +81,7 @@ def bounded(flag: str, low: int, high: int, why: str) -> Callable[[str], int]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag} {text!r}: not a whole number") from None
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= {low} and <= {high} (got {value}; {why})")
+            raise ClbenchError(f"{flag} must be >= {low} and <= {high} (got {value}; {why})")
         return value
 
     parse.__name__ = "whole number"  # argparse names the type in some refusals
