@@ -391,3 +391,22 @@ def test_a_bound_refusal_names_the_flag_the_bound_and_why():
     with pytest.raises(argparse.ArgumentTypeError, match="not a whole number"):
         bounded("--x", 1, 3, "why")("four")
     assert bounded("--x", 1, 3, "why")("3") == 3
+
+
+# ----------------------------------------------------------------------------------------------- item 7: the gate
+def test_the_gate_prints_each_methods_margin_over_the_untrained_control():
+    from types import SimpleNamespace
+
+    from clbench.gate.printing import margin_lines
+
+    def run(strategy, acc, per_class=None, bench="emoji B0 Inc6"):
+        rec = SimpleNamespace(
+            profile="ci", train_per_class=per_class, scenario=None, protocol="per-sample", last_acc=acc
+        )
+        return SimpleNamespace(strategy=strategy, record=rec, bench_label=bench, backbone_label="vit 56px fp32")
+
+    runs = [run("simplecil", 26.0), run("simplecil", 27.0), run("tosca", 27.1), run("coda_prompt", 10.6, 16, "x")]
+    assert margin_lines(runs) == [
+        "coda_prompt ci (x, 16 images per class): final 10.60 %, no untrained control in these runs",
+        "tosca ci (emoji B0 Inc6): final 27.10 %, untrained control 26.50 %, margin +0.60 points",
+    ]
