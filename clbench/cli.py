@@ -338,13 +338,13 @@ def _add_perf_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
-    from clbench.perf import measurements, write
+    from clbench.perf import measurements, run_measurement, write
 
     m = measurements().get(args.which)  # an unknown name: the valid ones and "did you mean"
     parser = _Parser(prog=f"clbench perf {m.name}", description=m.help)
     m.add_arguments(parser)
     flags = parser.parse_args(args.flags)
-    write(m.run(flags), flags.out)
+    write(run_measurement(m, flags), flags.out)  # temporary files removed on SIGTERM too
     return 0
 
 

@@ -1354,7 +1354,8 @@ def _ckpt(which="one", edit=None, code=2, command="rerun", then=None):
         shutil.copytree(s / which, folder)
         if edit is not None:
             _edit_checkpoint(folder / "checkpoint.safetensors", edit)
-        argv = ["run", "--resume", str(folder)] if command == "resume" else folder_argv(e["data"], "--out", str(folder))
+        resume = ["run", "--resume", str(folder), "--data-root", str(e["data"])]
+        argv = resume if command == "resume" else folder_argv(e["data"], "--out", str(folder))
         return BCase(argv, needle, code, owned=(folder,), then=then)
 
     return case

@@ -199,7 +199,11 @@ def test_a_planted_checkpoint_in_a_run_folder_is_refused(name, how, runs, tmp_pa
     make, needle = PLANTS[name]
     make(run, marker)
     before = digests(run, runs["complete"], runs["cache"])
-    argv = ["run", "--resume", str(run)] if how == "resume" else run_argv(runs["data"], run)
+    argv = (
+        ["run", "--resume", str(run), "--data-root", str(runs["data"])]
+        if how == "resume"
+        else run_argv(runs["data"], run)
+    )
     code, err = cli(argv, capsys)
     assert code == 2, err
     lines = one_line(err)
@@ -248,7 +252,7 @@ def test_a_checkpoint_field_of_the_wrong_kind_is_one_line_naming_it(name, runs, 
     edit, needle = EDITS[name]
     _edit_doc(run / CHECKPOINT_FILE, edit)
     before = digests(run)
-    code, err = cli(["run", "--resume", str(run)], capsys)
+    code, err = cli(["run", "--resume", str(run), "--data-root", str(runs["data"])], capsys)
     assert code == 2, err
     error, hint = err.strip("\n").split("\n")[-2:]  # after the loading messages of a refusal made once loaded
     assert "Traceback" not in err and err.count("clbench: error: ") == 1 and error.startswith("clbench: error: "), err
@@ -334,7 +338,7 @@ def test_trust_checkpoint_converts_an_old_checkpoint_and_the_run_ends_as_uninter
     _old_checkpoint(run, runs["state"])
     code, err = cli(["run", "--resume", str(run)], capsys)
     assert code == 2 and "old pickle format" in one_line(err)[0], err
-    code, err = cli(["run", "--resume", str(run), "--trust-checkpoint"], capsys)
+    code, err = cli(["run", "--resume", str(run), "--data-root", str(runs["data"]), "--trust-checkpoint"], capsys)
     assert code == 0, err
     assert "executes any code the file carries" in err and f"converted to {run / CHECKPOINT_FILE}" in err, err
     assert not (run / LEGACY_FILE).exists() and not (run / CHECKPOINT_FILE).exists()  # converted, then finished

@@ -4,12 +4,12 @@ without loading the method (``tosca/strategy.py``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.errors import ClbenchError
+from clbench.layers.checks import check_lr, check_range
 from clbench.methods.costs import ParamCounts, RunShape, Work
 from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_INPUT
@@ -45,10 +45,11 @@ class TOSCAConfig:
                 raise ValueError(f"{name} must be >= 1")
         if self.epochs > 10_000:
             raise ValueError("epochs must be <= 10000")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError("lr must be a positive finite number")
-        if self.l1 < 0:
-            raise ValueError("l1 must be >= 0")
+        check_lr(self.lr)
+        check_range(self, "eta_min", 0.0, self.lr)  # the cosine schedule's floor, below its start
+        check_range(self, "momentum", 0.0, 1.0, high_open=True)  # SGD's momentum: 1 or more never settles
+        check_range(self, "weight_decay", 0.0, 1.0)  # a decay of 1 or more zeroes the weights every step
+        check_range(self, "l1", 0.0, 1e3)  # the sparsity weight (reference 5e-4); inf or 1e308 overflows the loss
         if self.router == DEFAULT_ROUTER and not self.routers:
             return  # the paper's rule alone: nothing to look up in the router registry (which loads torch)
         from clbench.methods.routers import ROUTERS, parse_names

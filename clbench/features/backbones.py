@@ -255,9 +255,10 @@ def load_backbone(
     key = _facts_key(name, weights, img_size) if lazy and cache_root is not None else None
     if key is None or cache_root is None:
         return build()
+    from clbench.files.atomic import cache_subdir
     from clbench.run.catalog import BACKBONES
 
-    path = cache_root / "machine" / FACTS_FILE
+    path = cache_subdir("machine", create=False, root=cache_root) / FACTS_FILE  # a link there: refused
     known = read_private_json(path)
     facts = BackboneFacts.from_json(known.get(key))
     if facts is not None:

@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from clbench.benchmarks.base import ImageSource
 from clbench.errors import ClbenchError
-from clbench.files.atomic import atomic_write_bytes, cache_dir
+from clbench.files.atomic import atomic_write_bytes, cache_dir, cache_subdir
 from clbench.files.safety import open_lock, special_file_problem
 from clbench.run.precision import autocast
 
@@ -168,7 +168,10 @@ def read_private_json(path: Path) -> dict:
 
 def write_private_json(path: Path, obj: dict) -> None:
     """Write ``obj`` to ``path`` atomically, readable and writable by this user only; a folder that cannot take it
-    only means the memory is not kept (it is a cache)."""
+    only means the memory is not kept (it is a cache). A folder that is a link is never written through: the caller
+    checks it is owned (:func:`clbench.files.atomic.cache_subdir`); here a link is only skipped."""
+    if path.parent.is_symlink():
+        return
     with contextlib.suppress(OSError, ClbenchError):
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, (json.dumps(obj, sort_keys=True) + "\n").encode())  # mkstemp: mode 0600
@@ -188,12 +191,19 @@ def _digest(t: torch.Tensor) -> str:
 
 
 class FeatureCache:
-    """On-disk cache of feature tensors under ``root`` (default: ``<cache dir>/features``)."""
+    """On-disk cache of feature tensors under ``root`` (default: ``<cache dir>/features``, which must be a real folder
+    inside the cache folder: a link there is refused, never written through, :func:`clbench.files.atomic.cache_subdir`).
+    """
 
     def __init__(
         self, root: Path | None = None, enabled: bool = True, warn: Callable[[str], None] | None = None
     ) -> None:
-        self.root = Path(root) if root is not None else cache_dir() / "features"
+        if root is not None:
+            self.root = Path(root)
+        elif enabled:
+            self.root = cache_subdir("features", create=False)  # ClbenchError for a link or a file there
+        else:
+            self.root = cache_dir() / "features"
         self.enabled = enabled
         self._warn_to = warn  # where the one warning of an unwritable cache goes (default: the logging module)
         self.events: list[str] = []  # "hit", "miss", "corrupt" per lookup, "unsaved" per failed write, for the record

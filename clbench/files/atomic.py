@@ -14,12 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from clbench.files.safety import atomic_write_bytes as atomic_write_bytes  # re-exported: where the writers import it
+from clbench.files.safety import owned_folder
 
 
 def cache_dir() -> Path:
     """``$CLBENCH_CACHE`` or ``~/.cache/clbench``: converted weights, wheels and feature caches."""
     root = os.environ.get("CLBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "clbench")
     return Path(root)
+
+
+def cache_subdir(name: str, create: bool = True, root: Path | None = None) -> Path:
+    """``<cache>/name`` (``features``, ``weights``, ``wheels``, ``machine``): a real folder inside the cache folder
+    (``root``, default :func:`cache_dir`), made if missing (``create``). A link there (to a folder of someone else's)
+    is refused with one ClbenchError line, never written through: clbench writes only into real sub-folders of the
+    folders it owns (:func:`clbench.files.safety.owned_folder`)."""
+    return owned_folder(cache_dir() if root is None else Path(root), name, "cache folder", create=create)
 
 
 def atomic_write_json(path: Path, obj: Any, *, standard: bool = False) -> None:

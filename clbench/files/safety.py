@@ -3,9 +3,10 @@
 Creating: locks are opened with ``O_NOFOLLOW`` and must be regular files (a planted symbolic link named ``.lock`` is
 refused, never followed and truncated); temporary files carry the prefix :data:`TMP_PREFIX`, are made with
 ``O_EXCL`` (``tempfile.mkstemp``), and only files with that prefix are ever swept up; a sub-folder clbench writes
-into (``figures/``, a sweep's ``runs/`` and ``report/``, a tracker's ``tensorboard/``) must be a real folder inside
-its parent, not a link leading out of it; a folder name taken from a file (a config's group, a record's run id) is
-one path component (:func:`folder_name_problem`).
+into (``figures/``, a sweep's ``runs/`` and ``report/``, a tracker's ``tensorboard/``, the cache's ``features/``,
+``machine/``, ``weights/`` and ``wheels/``) must be a real folder inside its parent, not a link leading out of it;
+a folder name taken from a file (a config's group, a record's run id) is one path component
+(:func:`folder_name_problem`).
 
 Output folders: ``--out`` of a run, a sweep or a report is new, empty, or a folder clbench made, told by its mark
 file :data:`FOLDER_MARK` (JSON naming the kind of folder, written first) or by clbench's own record of that kind;
@@ -107,7 +108,7 @@ def owned_folder(parent: Path, name: str, what: str, create: bool = True) -> Pat
     if path.is_symlink():
         raise ClbenchError(
             f"{what} {parent}: {name}/ is a symbolic link (to {os.readlink(path)}); clbench writes only into "
-            "folders inside the output folder",
+            "real folders inside the folders it was given",
             f"delete the link {path} or choose another {what}",
         )
     if path.exists() and not path.is_dir():

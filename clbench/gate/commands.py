@@ -79,7 +79,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     2 when a run record or the reference is refused (unreadable, mistyped, out of range)."""
     from clbench.errors import ClbenchError
     from clbench.gate import check as chk
-    from clbench.gate.printing import print_check
+    from clbench.gate.printing import print_check, print_margins
     from clbench.report.collect import collect
 
     write_only = [
@@ -160,6 +160,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
     result = chk.check(coll, ref, calibration, reference_path=args.reference)
     print_check(result, args.reference)
+    print_margins(coll.seeded())  # what each method's ci profile learns beyond the untrained control
     return 0 if result.ok else 1
 
 

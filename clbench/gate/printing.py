@@ -68,3 +68,66 @@ def print_check(result: CheckResult, reference_path: str, console=None) -> None:
             )
     else:
         console.print(f"[bold green]check passed[/]: {len(result.rows)} checks hold")
+
+
+CONTROL = "simplecil"  # the untrained control: the frozen backbone's features and class means, nothing trained
+
+
+def margin_lines(runs: list) -> list[str]:
+    """Per gate run configuration (``runs``: :class:`clbench.report.collect.Run`), the margin in points between its
+    final accuracy and the untrained control's (:data:`CONTROL` in its ``ci`` profile on the same benchmark split,
+    training images per class, backbone, scenario and protocol): a method whose ``ci`` profile trains so little that
+    it sits near or below the control cannot show a bug in what it learns. Mean over seeds. A configuration without
+    such a control among the runs is named, with what the control would need."""
+    from statistics import mean
+
+    def key(r) -> tuple:
+        rec = r.record
+        return (r.bench_label, rec.train_per_class, r.backbone_label, rec.scenario or "class", rec.protocol)
+
+    controls: dict[tuple, list[float]] = {}
+    for r in runs:
+        if r.strategy == CONTROL and r.record.profile == "ci":
+            controls.setdefault(key(r), []).append(float(r.record.last_acc))
+    groups: dict[tuple, list[float]] = {}
+    for r in runs:
+        if r.strategy != CONTROL:
+            groups.setdefault((r.strategy, r.record.profile or "defaults", *key(r)), []).append(
+                float(r.record.last_acc)
+            )
+    lines = []
+    for (strategy, profile, *k), accs in sorted(groups.items(), key=lambda item: str(item[0])):
+        bench, per_class, _, scenario, _ = k
+        where = (
+            bench
+            + (f", {per_class} images per class" if per_class else "")
+            + ("" if scenario == "class" else f", {scenario}")
+        )
+        acc = mean(accs)
+        if tuple(k) not in controls:
+            lines.append(f"{strategy} {profile} ({where}): final {acc:.2f} %, no untrained control in these runs")
+            continue
+        control = mean(controls[tuple(k)])
+        lines.append(
+            f"{strategy} {profile} ({where}): final {acc:.2f} %, untrained control {control:.2f} %, "
+            f"margin {acc - control:+.2f} points"
+        )
+    return lines
+
+
+def print_margins(runs: list, console=None) -> None:
+    """:func:`margin_lines` under a heading (nothing when no run has a control)."""
+    lines = margin_lines(runs)
+    if not lines:
+        return
+    if console is None:
+        import sys
+
+        from rich.console import Console
+
+        console = Console() if sys.stdout.isatty() else Console(width=180)
+    console.print(
+        f"margin over the untrained control ({CONTROL} ci: frozen features and class means, nothing trained):"
+    )
+    for line in lines:
+        console.print(f"  {esc(line)}", soft_wrap=True)

@@ -23,14 +23,33 @@ def head_sizes(kind: str, d: int) -> tuple[int, int]:
     return (d + 1, 0) if kind == "linear" else (d * KAC_GRIDS, 2 * d)
 
 
+# The largest learning rate a setting takes: 100x the largest any method's profile uses (0.1); --set lr=1e308 made
+# the first SGD step overflow inside torch instead of being refused here.
+LR_MAX = 10.0
+
+
+def check_lr(value: Any, name: str = "lr") -> None:
+    """Refuse a learning rate that is not a number in (0, :data:`LR_MAX`]: ValueError naming the field and the bound."""
+    if not (isinstance(value, (int, float)) and 0 < value <= LR_MAX):  # NaN and infinities fail too
+        raise ValueError(f"{name} must be a number > 0 and <= {LR_MAX:g}, got {value}")
+
+
+def check_range(cfg: Any, name: str, low: float, high: float, high_open: bool = False) -> None:
+    """Refuse ``cfg.<name>`` outside [low, high] (``high_open``: [low, high)): ValueError naming the field."""
+    value = getattr(cfg, name)
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and low <= value
+    ok = ok and (value < high if high_open else value <= high)
+    if not ok:
+        raise ValueError(f"{name} must be in [{low:g}, {high:g}{')' if high_open else ']'}, got {value}")
+
+
 def check_first_session_fields(cfg: Any, nonnegative: tuple[str, ...] = ()) -> None:
     """Cross-field checks shared by the adapter configs (APER, RanPAC, EASE); ``nonnegative``: the config's own
     further fields that must be finite numbers >= 0. Raises ``ValueError`` naming the field."""
     for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    if not (cfg.lr > 0 and math.isfinite(cfg.lr)):
-        raise ValueError(f"lr must be a positive number, got {cfg.lr}")
+    check_lr(cfg.lr)
     if not 0 <= cfg.min_lr <= cfg.lr:
         raise ValueError(f"min_lr must be in [0, lr], got {cfg.min_lr}")
     if not 0 <= cfg.adapter_dropout < 1:

@@ -28,9 +28,12 @@ Importing this package is cheap (no torch): :mod:`clbench.report` reads the cali
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,11 +70,39 @@ def arg(*flags: str, **options: Any) -> Arg:
     return Arg(flags, options)
 
 
+def bounded(flag: str, low: int, high: int, why: str) -> Callable[[str], int]:
+    """An argparse ``type`` reading a whole number of ``flag`` in ``[low, high]``; outside, a ClbenchError naming the
+    bound and ``why`` it is there, which passes through argparse to the CLI's one-line refusal (every number that sizes
+    a measurement's work, memory or disk is bounded where it is read: a mistyped ``--records 1000000000`` would fill
+    the disk, a ``--steps`` of millions run for days)."""
+    from clbench.errors import ClbenchError
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r}: not a whole number") from None
+        if not low <= value <= high:
+            raise ClbenchError(f"{flag} must be >= {low} and <= {high} (got {value}; {why})")
+        return value
+
+    parse.__name__ = "whole number"  # argparse names the type in some refusals
+    return parse
+
+
+IMG_SIZE_MAX = 1024  # pixels: a ViT-S/14 at 1,024 already holds 5,329 tokens; attention memory grows as their square
+
+
 def backbone_args(default: tuple[str, int] = PERF_BACKBONE) -> tuple[Arg, Arg]:
     """``--backbone`` and ``--img-size`` with the measurement's defaults."""
     return (
         arg("--backbone", default=default[0], help=f"backbone (default: {default[0]})"),
-        arg("--img-size", type=int, default=default[1], help=f"input size (default: {default[1]})"),
+        arg(
+            "--img-size",
+            type=bounded("--img-size", 16, IMG_SIZE_MAX, "attention memory grows with the fourth power of the size"),
+            default=default[1],
+            help=f"input size (default: {default[1]}; at most {IMG_SIZE_MAX})",
+        ),
     )
 
 
@@ -154,6 +185,32 @@ def measurements() -> Registry[Measurement]:
         load(MEASUREMENTS, MODULES, STRATEGIES)
         _loaded = True
     return MEASUREMENTS
+
+
+@contextlib.contextmanager
+def stopped_cleanly() -> Iterator[None]:
+    """While measuring, SIGTERM (a scheduler's stop, ``kill``) ends the process as Ctrl-C does: by an exception, so
+    that every ``finally`` and ``with`` on the way out runs and the temporary folders a measurement made are removed
+    (Python's default for SIGTERM ends the process at once, leaving them). Exit status 143, as for the signal."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach only the main thread
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the clean-up
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_measurement(m: Measurement, flags: argparse.Namespace) -> dict[str, Any]:
+    """``m.run(flags)``, its temporary files removed on SIGTERM as on success (:func:`stopped_cleanly`)."""
+    with stopped_cleanly():
+        return m.run(flags)
 
 
 def listing() -> str:

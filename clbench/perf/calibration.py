@@ -10,7 +10,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from clbench.perf import arg, measurement
+from clbench.perf import arg, bounded, measurement
 
 # A fixed forward pass of a randomly initialised ViT-S/14 (the gate's backbone architecture, so no weights are
 # needed) over a fixed batch at the gate's input size, fp32, on all torch threads. Change it and change the id: a
@@ -63,7 +63,14 @@ def calibrate(repeats: int | None = None) -> dict[str, Any]:
     "calibrate",
     help="seconds of the regression gate's calibration workload on this machine (`clbench check --calibrate DIR` "
     "stores it beside the gate's runs)",
-    args=(arg("--repeats", type=int, default=None, help=f"timed passes (default: {CALIBRATION_WORKLOAD['repeats']})"),),
+    args=(
+        arg(
+            "--repeats",
+            type=bounded("--repeats", 1, 100, "each pass is the whole calibration workload"),
+            default=None,
+            help=f"timed passes (default: {CALIBRATION_WORKLOAD['repeats']}; at most 100)",
+        ),
+    ),
 )
 def _calibrate(flags: argparse.Namespace) -> dict[str, Any]:
     from clbench.errors import ClbenchError

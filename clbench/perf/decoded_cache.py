@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clbench.perf import arg, measurement
+from clbench.perf import arg, bounded, measurement
 
 
 def _epoch_seconds(split: Any, batch_size: int, epochs: int) -> list[float]:
@@ -109,8 +109,13 @@ def decoded_cache(strategy: str | None = None, epochs: int = 3, log=print) -> di
     help="a trained method's loader epoch with images decoded on every read vs from the decoded-image cache",
     args=(
         arg("--strategy", default=None, help="the trained method whose quick profile sets the loader (default: L2P)"),
-        arg("--epochs", type=int, default=3, help="epochs measured per source and mode (default: 3)"),
+        arg(
+            "--epochs",
+            type=bounded("--epochs", 2, 50, "the first epoch fills the cache, and each epoch decodes every image"),
+            default=3,
+            help="epochs measured per source and mode (default: 3; from 2 to 50)",
+        ),
     ),
 )
 def _decoded_cache(flags: argparse.Namespace) -> dict[str, Any]:
-    return decoded_cache(flags.strategy, max(2, int(flags.epochs)))
+    return decoded_cache(flags.strategy, int(flags.epochs))

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clbench.perf import arg, measurement
+from clbench.perf import arg, bounded, measurement
 from clbench.perf.throughput import precision_table
 from clbench.run.precision import isa_limits
 
@@ -119,6 +119,9 @@ def _one_run(argv: list[str], env: dict[str, str], phases_file: Path, out: Path)
     }
 
 
+RUNS_MAX = 20  # whole `clbench run` processes per measurement (each a minute or more on a laptop)
+
+
 def main_job(strategy: str | None = None, warm_runs: int = 3, log=print) -> dict[str, Any]:
     """The README's main job from a cold feature cache, then ``warm_runs`` times warm, each in a fresh process
     (imports included), against one feature-extraction pass over the same images at the fastest setting
@@ -192,10 +195,17 @@ def main_job(strategy: str | None = None, warm_runs: int = 3, log=print) -> dict
 @measurement(
     "main-job",
     help="`clbench run` of the default strategy from a cold feature cache and warm, against one feature pass",
-    args=(arg("--warm-runs", type=int, default=3, help="warm runs after the cold one (default: 3; median kept)"),),
+    args=(
+        arg(
+            "--warm-runs",
+            type=bounded("--warm-runs", 1, RUNS_MAX, "each is a whole `clbench run` process"),
+            default=3,
+            help=f"warm runs after the cold one (default: 3, at most {RUNS_MAX}; median kept)",
+        ),
+    ),
 )
 def _main_job(flags: argparse.Namespace) -> dict[str, Any]:
-    return main_job(warm_runs=max(1, int(flags.warm_runs)))
+    return main_job(warm_runs=int(flags.warm_runs))
 
 
 def cached_feature_heads() -> tuple[str, ...]:
@@ -264,9 +274,14 @@ def warm_runs(strategies: tuple[str, ...] | None = None, runs: int = 3, log=prin
     "model is the cached features alone) at their defaults on the embedded benchmark, features cached",
     args=(
         arg("--strategies", default="", help="comma-separated strategy names (default: those heads)"),
-        arg("--runs", type=int, default=3, help="runs per strategy (default: 3; median kept)"),
+        arg(
+            "--runs",
+            type=bounded("--runs", 1, RUNS_MAX, "each is a whole `clbench run` process"),
+            default=3,
+            help=f"runs per strategy (default: 3, at most {RUNS_MAX}; median kept)",
+        ),
     ),
 )
 def _warm_runs(flags: argparse.Namespace) -> dict[str, Any]:
     names = tuple(s.strip() for s in str(flags.strategies).split(",") if s.strip())
-    return warm_runs(names or None, runs=max(1, int(flags.runs)))
+    return warm_runs(names or None, runs=int(flags.runs))

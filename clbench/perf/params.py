@@ -6,21 +6,33 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from clbench.perf import arg, measurement
+from clbench.perf import arg, bounded, measurement
+
+TASKS_MAX = 1000  # tasks of a --tasks plan (the literature's longest streams have 100 or fewer)
+CLASSES_MAX = 100_000  # classes in one task (ImageNet-21k has 21,843 in all)
 
 
 def parse_tasks(text: str) -> tuple[int, ...]:
     """``10x10`` -> ten tasks of 10 classes; ``50,10,10`` -> the classes of each task."""
     from clbench.errors import ClbenchError
 
+    if len(text) > 20 * TASKS_MAX:  # longer than TASKS_MAX numbers of any sensible size: not parsed at all
+        raise ClbenchError(f"--tasks: {len(text):,} characters, more than {TASKS_MAX:,} tasks can take", "e.g. 10x10")
     try:
         if "x" in text:
             tasks, classes = (int(v) for v in text.split("x"))
+            if not (0 < tasks <= TASKS_MAX):  # checked before (classes,) * tasks is built
+                raise ClbenchError(f"--tasks {text!r}: {tasks:,} tasks; the bound is 1 to {TASKS_MAX:,}", "e.g. 10x10")
             sizes = (classes,) * tasks
         else:
             sizes = tuple(int(v) for v in text.split(","))
     except ValueError:
         sizes = ()
+    if len(sizes) > TASKS_MAX or (sizes and max(sizes) > CLASSES_MAX):
+        raise ClbenchError(
+            f"--tasks {text[:40]!r}: at most {TASKS_MAX:,} tasks of at most {CLASSES_MAX:,} classes each",
+            "e.g. --tasks 10x10 or --tasks 50,10,10",
+        )
     if not sizes or min(sizes) < 1:
         raise ClbenchError(
             f"--tasks {text!r}: expected TxC (T tasks of C classes) or C1,C2,.. (positive integers)",
@@ -111,8 +123,18 @@ def format_params(table: dict[str, Any]) -> str:
     "params",
     help="parameters per task of every registered strategy, from its formula",
     args=(
-        arg("--d", type=int, default=768, help="the ViT's width (default: 768, ViT-B/16)"),
-        arg("--depth", type=int, default=12, help="the ViT's blocks (default: 12)"),
+        arg(
+            "--d",
+            type=bounded("--d", 1, 16384, "the width of a ViT"),
+            default=768,
+            help="the ViT's width (default: 768, ViT-B/16)",
+        ),
+        arg(
+            "--depth",
+            type=bounded("--depth", 1, 256, "the blocks of a ViT"),
+            default=12,
+            help="the ViT's blocks (default: 12)",
+        ),
         arg(
             "--tasks",
             default="10x10",

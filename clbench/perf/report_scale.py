@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
-from clbench.perf import arg, measurement
+from clbench.perf import arg, bounded, measurement
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "records"
 STUDY = (REPO / "reports" / "emoji" / "runs", REPO / "reports" / "emoji-table.yaml")  # the committed study
+RECORDS_MAX = 10_000  # synthetic records of ~15 KB each: 150 MB in the temporary folder at most
 TARGETS = {"study_s": 60, "study_mb": 2048, "synthetic_s": 300}  # issue 39: < 60 s and < 2 GB; 1,000 in < 5 min
 
 
@@ -103,7 +104,13 @@ def timed_report(args: list[str]) -> dict[str, Any]:
     proc = subprocess.Popen([*argv, "report", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     tree = _TreePeak(proc.pid)
     tree.start()
-    _, status, usage = os.wait4(proc.pid, 0)
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:  # SIGTERM (clbench.perf.stopped_cleanly), Ctrl-C: no report left writing into the folder
+        tree.stop.set()
+        proc.kill()
+        proc.wait()
+        raise
     wall = time.perf_counter() - start
     tree.stop.set()
     tree.join()
@@ -125,6 +132,8 @@ def report_scale(n_synthetic: int = 1000, log=print) -> dict[str, Any]:
     from clbench.records.results import git_revision
     from clbench.run.precision import CpuInfo
 
+    if not 1 <= n_synthetic <= RECORDS_MAX:
+        raise ClbenchError(f"{n_synthetic:,} synthetic records: the bound is 1 to {RECORDS_MAX:,}", "e.g. 1000")
     rows = []
     with tempfile.TemporaryDirectory(prefix="clbench-report-scale-") as tmp:
         runs, study = STUDY
@@ -175,9 +184,14 @@ def _shown(arg: str, tmp: str) -> str:
     "report-scale",
     help="`clbench report` on the committed study and on synthetic records (1,000 by default): wall-clock, CPU and "
     "peak memory of each, in fresh processes",
-    args=(arg("--records", type=int, default=1000, help="synthetic records (default: 1000)"),),
+    args=(
+        arg(
+            "--records",
+            type=bounded("--records", 1, RECORDS_MAX, "each is a record folder written to the temporary folder"),
+            default=1000,
+            help=f"synthetic records (default: 1000, at most {RECORDS_MAX:,})",
+        ),
+    ),
 )
 def _report_scale(flags: argparse.Namespace) -> dict[str, Any]:
-    if flags.records < 1:
-        raise ClbenchError(f"--records must be >= 1 (got {flags.records})")
     return report_scale(int(flags.records))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
-from clbench.perf import arg, measurement
+from clbench.perf import arg, bounded, measurement
 
 
 def sweep_overhead(
@@ -52,7 +52,14 @@ def sweep_overhead(
 @measurement(
     "sweep-overhead",
     help="local vs Ray sweep overhead per run",
-    args=(arg("--runs", type=int, default=6, help="runs per backend (default: 6)"),),
+    args=(
+        arg(
+            "--runs",
+            type=bounded("--runs", 2, 50, "each is a run on each backend"),
+            default=6,
+            help="runs per backend (default: 6; from 2 to 50)",
+        ),
+    ),
 )
 def _sweep_overhead(flags: argparse.Namespace) -> dict[str, Any]:
     if flags.runs < 2:

@@ -37,7 +37,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from clbench.errors import ClbenchError
 from clbench.methods.contract import Split, Strategy, Task
-from clbench.perf import arg, backbone_args, device_arg, measurement, write
+from clbench.perf import arg, backbone_args, bounded, device_arg, measurement, write
 
 PERF_STRATEGY_SEED = 1993
 
@@ -350,7 +350,12 @@ def train_step_table(
             metavar="auto|fp32|bf16|fp16",
             help="a precision to measure at (repeatable; default: auto)",
         ),
-        arg("--steps", type=int, default=4, help="timed steps per strategy (default: 4)"),
+        arg(
+            "--steps",
+            type=bounded("--steps", 1, 1000, "timed steps of every strategy at every precision"),
+            default=4,
+            help="timed steps per strategy (default: 4; at most 1000)",
+        ),
         *backbone_args(),
         arg("--bench", default="emoji", help="benchmark whose first task is trained on (default: emoji)"),
         device_arg(),

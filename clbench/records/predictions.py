@@ -281,6 +281,9 @@ def from_bytes(data: bytes, path: Path | str = PREDICTIONS_FILE, max_bytes: int 
         raise bad(f"pred is {arrays['pred'].shape} {arrays['pred'].dtype}, expected {want} integers")
     if arrays["conf"].dtype.kind != "f" or arrays["conf"].shape != want:
         raise bad(f"conf is {arrays['conf'].shape} {arrays['conf'].dtype}, expected {want} floats")
+    for n in ("after_task", "index", "label", "image_task", "pred"):  # positions and class ids: never negative
+        if arrays[n].size and int(arrays[n].min()) < 0:
+            raise bad(f"{n} holds a negative value ({int(arrays[n].min())}); it holds positions and class ids")
     conf = arrays["conf"]
     if conf.size and not (np.isfinite(conf).all() and conf.min() >= 0 and conf.max() <= 1):
         raise bad("a confidence outside [0, 1]")

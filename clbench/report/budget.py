@@ -64,10 +64,24 @@ def record_budget(record: RunRecord) -> dict[str, Any]:
     return budget_of(record.settings)
 
 
-def optimizer_steps(record: RunRecord) -> int | None:
-    """Optimizer steps of the whole run (every task), or None where the record does not carry them."""
+def steps_problem(record: RunRecord) -> str | None:
+    """What makes the step counts ``record`` carries no run's (a negative count, a count that is not a whole number),
+    or None: fine, or carrying none (older records)."""
     steps = record.params.extra.get(STEPS_KEY)
-    if not isinstance(steps, list) or not all(isinstance(s, int) for s in steps):
+    if steps is None:
+        return None
+    if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+        return f"params.{STEPS_KEY} is not a list of whole numbers"
+    if any(s < 0 for s in steps):
+        return f"params.{STEPS_KEY} holds a negative step count ({min(steps)})"
+    return None
+
+
+def optimizer_steps(record: RunRecord) -> int | None:
+    """Optimizer steps of the whole run (every task), or None where the record does not carry them or carries counts
+    no run makes (:func:`steps_problem`)."""
+    steps = record.params.extra.get(STEPS_KEY)
+    if not isinstance(steps, list) or steps_problem(record) is not None:
         return None
     return int(sum(steps))
 
@@ -206,7 +220,16 @@ def budget_curves(coll: Collection, strict: bool = False) -> tuple[list[BudgetCu
     curves: list[BudgetCurve] = []
     notes: list[str] = []
     for (bench, strategy), runs in sorted(by_strategy.items()):
-        uncounted = [r.run_id for r in runs if optimizer_steps(r.record) is None]
+        wrong = {r.run_id: p for r in runs if (p := steps_problem(r.record)) is not None}
+        uncounted = [r.run_id for r in runs if optimizer_steps(r.record) is None and r.run_id not in wrong]
+        if wrong:  # never drawn: a negative step count would put a point left of zero
+            rid, problem = next(iter(wrong.items()))
+            if strict:
+                raise ClbenchError(
+                    f"budget curve of {strategy} on {bench}: run {rid}'s record is not one clbench wrote ({problem})",
+                    "leave that record out, or re-run it",
+                )
+            notes.append(f"budget curve of {strategy} on {bench} leaves out {', '.join(wrong)}: {problem}")
         if strict:
             differ = differing_settings([r.record for r in runs])
             if differ:
@@ -232,7 +255,7 @@ def budget_curves(coll: Collection, strict: bool = False) -> tuple[list[BudgetCu
             drawn = {
                 rid for c in curves if c.strategy == strategy and c.bench == bench for p in c.points for rid in p.runs
             }
-            left = [r.run_id for r in runs if r.run_id not in drawn]
+            left = [r.run_id for r in runs if r.run_id not in drawn and r.run_id not in wrong]
             if left:
                 notes.append(
                     f"budget curve of {strategy} on {bench} leaves out {', '.join(left)}: "

@@ -644,6 +644,7 @@ def load_features(run: Run) -> dict[str, np.ndarray]:
     from clbench.errors import ClbenchError
     from clbench.features.embeddings import FORMAT
     from clbench.files.safety import npz_arrays, read_bytes
+    from clbench.records.features import checked_embeddings
 
     n_test = (run.record.n_images or {}).get("test")
     # what the record's test split can need: fp16 frozen and adapted features up to FEATURE_WIDTH wide per image
@@ -671,7 +672,7 @@ def load_features(run: Run) -> dict[str, np.ndarray]:
     index = data["index"]
     if n and (index.min() < 0 or (n_test is not None and index.max() >= n_test)):
         raise ValueError(f"index names test images outside the record's {n_test}")
-    return {**data, **{k: np.array(v) for k, v in text.items()}}
+    return checked_embeddings(run.path / "features.npz", {**data, **{k: np.array(v) for k, v in text.items()}})
 
 
 FEATURES_MAX_BYTES = 2**30  # frozen and adapted fp16 features of a 100k-image test split at d=2048 stay below

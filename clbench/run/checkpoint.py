@@ -386,7 +386,100 @@ def load(path: Path) -> Checkpoint:
     except (ValueError, RecursionError) as e:
         raise ClbenchError(f"{path} cannot be read as a clbench checkpoint ({str(e)[:200]})", _START_OVER) from None
     strategy = SavedState(doc.get("strategy"), {n: t for n, t in tensors.items() if n.startswith(STRATEGY_PREFIX)})
+    problem = nonfinite_state(strategy)
+    if problem is not None:  # found here, not by the first solve after it ("increase gamma" blamed the settings)
+        raise ClbenchError(f"{path} cannot be continued: {problem}; no run writes that", _START_OVER)
     return _from_doc(doc, strategy, rng)
+
+
+def nonfinite_state(state: SavedState) -> str | None:
+    """Where the strategy state ``state`` holds a NaN or an infinity in a floating-point tensor or array (what a
+    finished task leaves is finite: training stops on a non-finite loss, the solvers refuse non-finite weights), in
+    a few words; None when every value is finite."""
+    for name, t in state.tensors.items():
+        if t.is_floating_point() or t.is_complex():
+            bad = int((~torch.isfinite(t)).sum())
+            if bad:
+                return f"its strategy tensor {name[len(STRATEGY_PREFIX) :]} holds {bad:,} NaN or infinite value(s)"
+    for node in _nodes(state.tree):
+        if "$ndarray" in node and isinstance(node.get("dtype"), str) and node["$ndarray"] in state.tensors:
+            try:
+                dtype = np.dtype(node["dtype"])
+                if dtype.kind not in "fc":
+                    continue
+                values = np.frombuffer(state.tensors[node["$ndarray"]].numpy().tobytes(), dtype=dtype)
+            except (TypeError, ValueError):
+                continue  # not an array the decoder accepts either: refused there, naming it
+            if not np.isfinite(values).all():
+                return f"its strategy array {node['$ndarray'][len(STRATEGY_PREFIX) :]} holds NaN or infinite values"
+    return None
+
+
+def _nodes(tree: Any, limit: int = 1_000_000) -> list[dict[str, Any]]:
+    """Every JSON object in ``tree`` (iteratively: a deep tree is refused by the decoder, not here)."""
+    out: list[dict[str, Any]] = []
+    stack = [tree]
+    while stack and len(out) < limit:
+        node = stack.pop()
+        if isinstance(node, dict):
+            out.append(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return out
+
+
+def restore_strategy(strategy: Any, saved: SavedState, path: Path) -> None:
+    """``strategy.restore_state(saved)`` on a strategy just built from the run's settings, then refused (ClbenchError
+    naming the file) where the restored state contradicts those settings: every value of the fresh state that is a
+    setting's (an attribute named like a field of the strategy's config, holding that field's value, such as the
+    analytic head's ``gamma``) must be the same after the restore, since learning never changes a setting. Settings
+    of 0, "" or "auto" are left out: they ask the method to derive a value from the data."""
+    cfg = strategy.cfg
+    fields = {f: getattr(cfg, f) for f in getattr(cfg, "__dataclass_fields__", {})}
+    # a setting of 0, "" or "auto" asks the method to derive the value from the data (RanDumb's gamma 0: 'scale')
+    fields = {f: v for f, v in fields.items() if isinstance(v, (int, float, str)) and v not in (0, "", "auto")}
+    before = {p: v for p, v in _setting_leaves(strategy.state_dict(), fields).items() if v == fields[p[-1]]}
+    strategy.restore_state(saved)
+    after = _setting_leaves(strategy.state_dict(), fields)
+    for where, value in before.items():
+        if where in after and after[where] != value:
+            name = ".".join(where)
+            raise ClbenchError(
+                f"{path} cannot be continued: its strategy state sets {name} = {after[where]!r}, but this run's "
+                f"settings give {where[-1]} = {value!r}; no run with these settings writes that",
+                _START_OVER,
+            )
+
+
+def _setting_leaves(state: dict[str, Any], fields: dict[str, Any], limit: int = 100_000) -> dict[tuple[str, ...], Any]:
+    """The numbers, strings and booleans in ``state`` (attributes, dict entries, sub-modules, followed to a bounded
+    depth) held under the name of a config field, by their path of names."""
+    out: dict[tuple[str, ...], Any] = {}
+    seen: set[int] = set()
+    stack: list[tuple[tuple[str, ...], Any]] = [((k,), v) for k, v in state.items()]
+    while stack and len(seen) < limit:
+        where, value = stack.pop()
+        if isinstance(value, (bool, int, float, str)):
+            if where[-1] in fields:
+                out[where] = value
+            continue
+        if id(value) in seen or len(where) > 12 or isinstance(value, (torch.Tensor, np.ndarray)):
+            continue
+        seen.add(id(value))
+        if isinstance(value, torch.nn.Module):
+            items = [(k, v) for k, v in vars(value).items() if not k.startswith("_")]
+            items += list(value._modules.items())
+        elif isinstance(value, dict):
+            items = [(str(k), v) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            items = [(str(i), v) for i, v in enumerate(value)]
+        elif hasattr(value, "__dict__") and not isinstance(value, type):
+            items = list(vars(value).items())
+        else:
+            continue
+        stack.extend(((*where, k), v) for k, v in items)
+    return out
 
 
 def check_strategy(ckpt: Checkpoint, path: Path, saved_types: dict[str, type]) -> None:
@@ -469,7 +562,38 @@ def resume_config(run_dir: str | Path, given: dict[str, Any]) -> RunConfig:
             f"without {setting('resume')} to start it over",
         )
     ckpt = load(path / CHECKPOINT_FILE)
-    return config.resume_config(path, ckpt.config, ckpt.fingerprint, given)
+    return config.resume_config(
+        path, _without_paths(path / CHECKPOINT_FILE, ckpt.config, given), ckpt.fingerprint, given
+    )
+
+
+# Settings a checkpoint may hold that name a file or folder to open: a resume takes them only from the command line.
+PATH_SETTINGS = {"data_root": "a data folder", "weights": "a weights file"}
+# Settings that lower a barrier (run on data that fails its checks): never taken from a file, only from the command
+# line of this resume.
+TRUSTING_SETTINGS = ("ignore_data_problems",)
+
+
+def _without_paths(ckpt_path: Path, saved: JsonObject, given: dict[str, Any]) -> JsonObject:
+    """The checkpoint's settings ``saved`` with every path replaced by the one given on the command line (``given``):
+    a checkpoint is a file someone may have handed over, so ``--resume`` opens no file or folder it names (a FIFO, a
+    device, someone else's folder) unless the user names the same one again. Refused in one line, naming the setting
+    and the path, when a path setting is not given. The settings that trust content (:data:`TRUSTING_SETTINGS`) are
+    the command line's alone."""
+    from clbench.files.escape import plain
+
+    out = {k: v for k, v in saved.items() if k not in TRUSTING_SETTINGS}
+    for name, what in PATH_SETTINGS.items():
+        value = saved.get(name)
+        if not isinstance(value, str) or (name == "weights" and value in config.WEIGHT_SOURCES):
+            continue  # no path: nothing opened by name
+        if given.get(name) is None:
+            raise ClbenchError(
+                f"{ckpt_path} names {what} ({plain(value)[:200]}); clbench opens no path a checkpoint names",
+                f"to continue the run, give it again: {setting(name)} PATH (the one it was started with)",
+            )
+        out[name] = given[name]
+    return out
 
 
 def _no_checkpoint_message(path: Path, result: Path) -> str:
@@ -491,6 +615,32 @@ def data_identity(bench: Benchmark) -> DataIdentity:
         class_order=[int(c) for c in bench.class_order],
         task_sizes=[int(n) for n in bench.task_sizes],
     )
+
+
+CACHE_EVENTS = ("hit", "miss", "corrupt", "unsaved")  # clbench.features.cache.FeatureCache.events
+
+
+def impossible_values(ckpt: Checkpoint, bench: Benchmark) -> str | None:
+    """What in a checkpoint's values (of the right JSON types) no run of ``bench`` writes, in a few words; None when
+    they fit. Beside the counts the harness checks: each task's classes must be the ones that task brings (class
+    scenario; in the domain scenario, class ids of the benchmark), the feature-cache events must be cache events,
+    and each task's training diagnostics in their ranges (a share in [0, 1], a relative change >= 0): a tampered
+    value would otherwise pass into the record as the run's."""
+    for t, entry in enumerate(ckpt.per_task):
+        classes = list(entry.classes)
+        if bench.scenario == "class" and t < bench.n_tasks and sorted(classes) != bench.classes_of_task(t):
+            return f"its task {t + 1} entry names classes {classes[:6]}, not the {bench.task_sizes[t]} that task brings"
+        if any(c >= bench.n_classes for c in classes):
+            return f"its task {t + 1} entry names a class outside the benchmark's {bench.n_classes}"
+        share, change = entry.reset_share, entry.trained_change
+        if share is not None and not (share != share or 0 <= share <= 1):  # share != share: NaN, not measured
+            return f"its task {t + 1} reset_share is {share}, not a share in [0, 1]"
+        if change is not None and change < 0:
+            return f"its task {t + 1} trained_change is {change}, not a relative change (>= 0)"
+    odd = sorted(set(ckpt.feature_cache) - set(CACHE_EVENTS))
+    if odd:
+        return f"its feature-cache events include {odd[0][:40]!r}, not one of {', '.join(CACHE_EVENTS)}"
+    return None
 
 
 def check_inputs(

@@ -243,6 +243,9 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
     check_precision(cfg.precision)
     if cfg.precision != "auto":  # a forced precision the device cannot run fails here, before anything loads
         choose_precision(cfg.precision, device.type)
+    from clbench.weights.resolve import check_input_size
+
+    check_input_size(backbone_name, cfg.img_size)  # an explicit size the backbone would ignore: refused
     img_size = run_level(strategy_cls, cfg.profile, cfg.img_size, "img_size")
     train_per_class = run_level(strategy_cls, cfg.profile, cfg.train_per_class, "train_per_class")
     if train_per_class is not None and train_per_class < strategy_cls.min_train_per_class:
@@ -676,7 +679,7 @@ class _RunState:
                 f"{run_dir.checkpoint_path} cannot be continued: {problem}", f"pass {OVERWRITE} to start the run over"
             )
         try:
-            session.strategy.restore_state(ckpt.strategy)
+            checkpoint.restore_strategy(session.strategy, ckpt.strategy, run_dir.checkpoint_path)  # and its settings
         except (StateError, KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
             raise ClbenchError(
                 f"{run_dir.checkpoint_path} does not hold a {session.cfg.strategy} run's state ({type(e).__name__}: "
@@ -757,6 +760,10 @@ def _impossible_counts(ckpt: Checkpoint, session: PreparedRun) -> str | None:
     bench, done = session.bench, ckpt.tasks_done
     if done > bench.n_tasks:
         return f"it claims {done} tasks done, but the run has {bench.n_tasks}"
+    from clbench.run import checkpoint
+
+    if (wrong := checkpoint.impossible_values(ckpt, bench)) is not None:  # classes, cache events, diagnostics
+        return wrong
     if len(ckpt.per_task) != done or any(e.task != i for i, e in enumerate(ckpt.per_task)):
         return f"it holds {len(ckpt.per_task)} per-task entries for {done} tasks done"
     resumes = ckpt.resumed_from_task

@@ -247,7 +247,9 @@ def cached_probe(backbone, device, cpu: CpuInfo, cache_root: Path | None) -> Cal
         if cache_root is None:
             return measure()
         key = probe_key(cpu, backbone.spec.name, backbone.img_size)
-        path = cache_root / "machine" / PROBE_FILE
+        from clbench.files.atomic import cache_subdir
+
+        path = cache_subdir("machine", create=False, root=cache_root) / PROBE_FILE  # a link there: refused
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             lock = open_lock(path.with_suffix(".lock"))  # a planted symbolic link is refused, never followed

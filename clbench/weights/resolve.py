@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from clbench.errors import ClbenchError
+from clbench.errors import ClbenchError, setting
 from clbench.run.catalog import BACKBONES, BackboneSpec
 from clbench.run.config import WEIGHT_SOURCES
 
@@ -106,6 +106,8 @@ def _load_state_file(path: Path, lazy: bool = False) -> dict[str, torch.Tensor]:
         obj = obj["model"]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise ClbenchError(f"--weights {path} is not a state dict (a mapping of names to tensors)")
+    if not obj:
+        raise ClbenchError(f"--weights {path} holds no tensors", "pass the state dict of the backbone's weights")
     return obj
 
 
@@ -217,9 +219,12 @@ def _from_offline(spec: BackboneSpec, img_size: int | None) -> nn.Module:
 
 
 def _from_file(spec: BackboneSpec, img_size: int | None, path: Path) -> nn.Module:
-    state = _load_state_file(path)
-    try:
-        return _create(spec, img_size, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+    from timm.models import clean_state_dict
+
+    state = clean_state_dict(_load_state_file(path))  # DDP / torch.compile prefixes removed, as timm's reader does
+    try:  # timm is handed the state dict checked here, never the file: its reader would pick another state dict of
+        # the same file (``state_dict_ema`` before ``state_dict``); timm still resamples the position table
+        return _create(spec, img_size, pretrained=True, pretrained_cfg_overlay=dict(state_dict=state, file=None))
     except Exception:
         pass
     model = _create(spec, img_size)
@@ -232,6 +237,19 @@ def _from_file(spec: BackboneSpec, img_size: int | None, path: Path) -> nn.Modul
             "pass weights saved from the same timm architecture, or choose the matching --backbone",
         ) from None
     return model
+
+
+def check_input_size(name: str, img_size: int | None) -> None:
+    """Refuse an input size asked for explicitly (``img_size``; None: the benchmark's or the profile's) that backbone
+    ``name`` cannot take because its architecture fixes one (the micro ViT is built at 32 px whatever was asked):
+    the run would otherwise go on at the fixed size and its record claim the other."""
+    fixed = BACKBONES.get(name).timm_kwargs.get("img_size")
+    if img_size is not None and fixed is not None and int(img_size) != int(fixed):
+        raise ClbenchError(
+            f"{setting('img_size')} {img_size}: backbone {name} takes {fixed} px inputs only (its architecture "
+            "fixes the size)",
+            f"leave {setting('img_size')} out, or choose a backbone that is resized, e.g. vit_small_patch14_dinov2",
+        )
 
 
 def load_model(

