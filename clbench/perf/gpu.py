@@ -1,4 +1,4 @@
-"""``.ci/gpu``: everything CUDA-specific, checked and measured in one prepared command on one lent GPU, and its
+"""``.ci/gpu``: everything CUDA-specific, checked and measured in one prepared command on one GPU, and its
 ``--dry-run`` (the same steps on the CPU at toy sizes, run by ``.ci/run`` so that the script cannot rot).
 
 The steps (:func:`plan`), each a subprocess of ``python -m clbench.perf.gpu STEP`` (or pytest) with the time left
@@ -236,7 +236,7 @@ def _speed_estimate(sizes: Sizes, costs: GpuCosts) -> float:
 
 
 def plan(sizes: Sizes, costs: GpuCosts = GpuCosts()) -> list[Step]:
-    """The steps of ``sizes``, priced at ``costs`` (the GPU estimate even in the dry run: the plan a lent GPU will
+    """The steps of ``sizes``, priced at ``costs`` (the GPU estimate even in the dry run: the plan a GPU will
     see is what the dry run checks)."""
     py = [sys.executable, "-m", "clbench.perf.gpu"]
     mode = ["--mode", sizes.name]
@@ -334,7 +334,7 @@ def drive(out: Path, sizes: Sizes, steps: list[Step] | None = None, log: Callabl
     start = time.monotonic()
     steps = plan(sizes) if steps is None else steps
     if sizes is not GPU:
-        log(format_plan(plan(GPU), GPU) + "\n(what a lent GPU runs; this dry run runs instead:)")
+        log(format_plan(plan(GPU), GPU) + "\n(what a GPU runs; this dry run runs instead:)")
     log(format_plan(steps, sizes))
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -803,7 +803,9 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         if not a.dry_run and not torch.cuda.is_available():
-            raise ClbenchError("no CUDA device is visible to torch", "run it on the lent GPU, or pass --dry-run")
+            raise ClbenchError(
+                "no CUDA device is visible to torch", "run it on a machine with a CUDA GPU, or pass --dry-run"
+            )
         gpu = torch.cuda.get_device_name(0) if not a.dry_run else "cpu-dry-run"
         out = a.parent / gpu_folder_name(gpu)
         return drive(out, sizes)
