@@ -70,4 +70,4 @@ def work(cfg: ACILConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("acil", ACILConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("acil", ACILConfig, PROFILES, param_formula=param_formula, work=work, family="closed-form")

@@ -70,4 +70,4 @@ def work(cfg: APERConfig, shape: RunShape) -> Work:
     return Work(f=frozen + sum(learnt) + n_test, b=cfg.epochs * learnt[0], f_cacheable=frozen)
 
 
-CARD = MethodCard("aper", APERConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("aper", APERConfig, PROFILES, param_formula=param_formula, work=work, family="adapters")

@@ -116,4 +116,4 @@ def work(cfg: CodaPromptConfig, shape: RunShape) -> Work:
     return prefix_prompt_work(cfg.epochs, cfg.query, shape)
 
 
-CARD = MethodCard("coda_prompt", CodaPromptConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("coda_prompt", CodaPromptConfig, PROFILES, param_formula=param_formula, work=work, family="prompts")

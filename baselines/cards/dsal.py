@@ -79,4 +79,4 @@ def work(cfg: DSALConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("dsal", DSALConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("dsal", DSALConfig, PROFILES, param_formula=param_formula, work=work, family="closed-form")

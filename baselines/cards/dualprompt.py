@@ -118,4 +118,4 @@ def work(cfg: DualPromptConfig, shape: RunShape) -> Work:
     return prefix_prompt_work(cfg.epochs, cfg.query, shape)
 
 
-CARD = MethodCard("dualprompt", DualPromptConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("dualprompt", DualPromptConfig, PROFILES, param_formula=param_formula, work=work, family="prompts")

@@ -76,4 +76,4 @@ def work(cfg: EASEConfig, shape: RunShape) -> Work:
     return Work(f=prototypes + shape.protocols * with_t, b=cfg.epochs * sum(train))
 
 
-CARD = MethodCard("ease", EASEConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("ease", EASEConfig, PROFILES, param_formula=param_formula, work=work, family="adapters")

@@ -64,4 +64,4 @@ def work(cfg: FeCAMConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("fecam", FeCAMConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("fecam", FeCAMConfig, PROFILES, param_formula=param_formula, work=work, family="closed-form")

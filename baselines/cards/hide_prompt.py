@@ -191,4 +191,4 @@ def work(cfg: HiDePromptConfig, shape: RunShape) -> Work:
     )
 
 
-CARD = MethodCard("hide_prompt", HiDePromptConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("hide_prompt", HiDePromptConfig, PROFILES, param_formula=param_formula, work=work, family="prompts")

@@ -86,4 +86,4 @@ def work(cfg: InfLoRAConfig, shape: RunShape) -> Work:
     return Work(f=2 * n_learn + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn)
 
 
-CARD = MethodCard("inflora", InfLoRAConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("inflora", InfLoRAConfig, PROFILES, param_formula=param_formula, work=work, family="lora")

@@ -97,4 +97,4 @@ def param_formula(cfg: L2PConfig, d: int, depth: int, task_sizes: Sequence[int])
     return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * (d + 1))
 
 
-CARD = MethodCard("l2p", L2PConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("l2p", L2PConfig, PROFILES, param_formula=param_formula, work=work, family="prompts")

@@ -124,4 +124,4 @@ def work(cfg: MOSConfig, shape: RunShape) -> Work:
     return Work(f=2 * n_train + shape.protocols * evals, b=cfg.epochs * n_train, f_cacheable=0.0)
 
 
-CARD = MethodCard("mos", MOSConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("mos", MOSConfig, PROFILES, param_formula=param_formula, work=work, family="adapters")

@@ -69,4 +69,4 @@ def work(cfg: RanDumbConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("randumb", RanDumbConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("randumb", RanDumbConfig, PROFILES, param_formula=param_formula, work=work, family="closed-form")

@@ -100,4 +100,4 @@ def work(cfg: RanPACConfig, shape: RunShape) -> Work:
     return Work(f=frozen + adapted, b=train, f_cacheable=frozen)
 
 
-CARD = MethodCard("ranpac", RanPACConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("ranpac", RanPACConfig, PROFILES, param_formula=param_formula, work=work, family="closed-form")

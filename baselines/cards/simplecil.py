@@ -39,4 +39,4 @@ def work(cfg: SimpleCILConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("simplecil", SimpleCILConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("simplecil", SimpleCILConfig, PROFILES, param_formula=param_formula, work=work, family="closed-form")

@@ -141,4 +141,4 @@ def work(cfg: SLCAConfig, shape: RunShape) -> Work:
     return Work(f=cached + tuned, b=cfg.epochs * sum(learnt), f_cacheable=cached)
 
 
-CARD = MethodCard("slca", SLCAConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("slca", SLCAConfig, PROFILES, param_formula=param_formula, work=work, family="whole-vit")

@@ -52,4 +52,4 @@ def work(cfg: SLDAConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("slda", SLDAConfig, PROFILES, param_formula=param_formula, work=work)
+CARD = MethodCard("slda", SLDAConfig, PROFILES, param_formula=param_formula, work=work, family="closed-form")

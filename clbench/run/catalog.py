@@ -41,6 +41,9 @@ class MethodCard:
     # (cfg, d, depth, task_sizes) -> ParamCounts of a finished run, from the config alone (clbench perf params)
     param_formula: Callable[..., ParamCounts] | None = None
     work: Callable[..., Work] | None = None  # (cfg, RunShape) -> Work: the cost model (clbench perf projection)
+    # what the method trains, for the report's panels (clbench.report.figures.FAMILIES): "prompts", "adapters", "lora",
+    # "whole-vit", "closed-form" (heads and prototypes) or "tosca"; "" for a plug-in that names none
+    family: str = ""
 
 
 # Strategy classes by name. Held untyped: this module sits below the method contract and must not name it (not even
