@@ -184,7 +184,14 @@ def write_report(
     if latex_only:
         return write_paper(board, main, out_dir, predicted)
     figures, fig_notes = make_figures(
-        coll, out_dir, with_tsne, tsne_points or TSNE_MAX_POINTS, budget=curves, main=main, predicted=predicted
+        coll,
+        out_dir,
+        with_tsne,
+        tsne_points or TSNE_MAX_POINTS,
+        budget=curves,
+        main=main,
+        predicted=predicted,
+        baseline=study.baseline,
     )
     fig_notes += budget_notes
     _remove_stale(out_dir, {rel for f in figures for rel in f.files.values()})

@@ -262,7 +262,6 @@ def _line_label(key: AccKey, n: int, several_backbones: bool) -> str:
 
 
 # ------------------------------------------------------------------------------------------- figures
-MAX_SERIES = 8  # lines per axes: more are split into further panels (best final accuracy first)
 
 
 def series_key(groups: dict[AccKey, list[Run]], keys: Sequence[AccKey]) -> list[dict[str, str]]:
@@ -291,6 +290,70 @@ def _final(runs: Sequence[Run], protocol: str) -> float:
     return sum(vals) / len(vals) if vals else -math.inf
 
 
+# Panels of the accuracy curves: a method card's ``family`` (clbench.run.catalog.MethodCard) -> the panel's title, in
+# panel order; a method whose card names none (a plug-in) goes to OTHER_FAMILY.
+FAMILIES = {
+    "prompts": "Prompts",
+    "adapters": "Adapters",
+    "lora": "LoRA",
+    "whole-vit": "Whole ViT",
+    "closed-form": "Closed-form heads and prototypes",
+    "tosca": "TOSCA and its routers",
+}
+OTHER_FAMILY = "Other methods"
+# Okabe-Ito's colour-blind-safe colours (black kept for the baseline): the series of one panel take them in turn, so
+# no two lines of a panel are closer than CIEDE2000 21 (tests/test_report_figures.py); markers are a second cue.
+PANEL_COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442")
+BASELINE_COLOR = "#000000"
+PANEL_SERIES = len(PANEL_COLORS)  # series per panel besides the baseline: more split the family into two panels
+WIDE_BAND = 0.3  # a band wider than this share of the y range (anywhere) is left out: it would hide the panel
+LEGEND_CHARS = 22  # characters per legend line beside a panel (README width: ~900 px for the whole figure)
+
+
+def method_family(strategy: str) -> str:
+    """The panel title of ``strategy``'s family (:data:`FAMILIES`) read from its method card."""
+    from clbench.errors import ClbenchError
+    from clbench.run.catalog import card
+
+    try:
+        family = card(base_strategy(strategy)).family
+    except (ClbenchError, LookupError, ImportError, AttributeError):
+        family = ""
+    return FAMILIES.get(family, OTHER_FAMILY)
+
+
+def _family_order(title: str) -> int:
+    titles = list(FAMILIES.values())
+    return titles.index(title) if title in titles else len(titles)
+
+
+def _baseline_key(keys: Sequence[AccKey], baseline: str | None) -> AccKey | None:
+    """The baseline's row among ``keys`` (one benchmark): its per-sample protocol first."""
+    mine = [k for k in keys if baseline is not None and base_strategy(k.strategy) == base_strategy(baseline)]
+    mine = [k for k in mine if k.strategy == baseline] or mine
+    mine.sort(key=lambda k: (k.protocol != "per-sample", k.protocol))
+    return mine[0] if mine else None
+
+
+def _family_grid(fig: Figure, n: int) -> list[Axes]:
+    """``n`` panels two to a row; an odd last panel spans the row (no empty cell)."""
+    ncols = 1 if n == 1 else 2
+    nrows = math.ceil(n / ncols)
+    grid = fig.add_gridspec(nrows, ncols)
+    axes = []
+    for i in range(n):
+        row, col = divmod(i, ncols)
+        last_alone = ncols == 2 and i == n - 1 and n % 2 == 1
+        axes.append(fig.add_subplot(grid[row, :] if last_alone else grid[row, col]))
+    return axes
+
+
+def _wrap_label(label: str, width: int = LEGEND_CHARS) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(label, width, break_on_hyphens=False)) or label
+
+
 def accuracy_curves(
     coll: Collection,
     out_dir: Path,
@@ -298,11 +361,13 @@ def accuracy_curves(
     title: str = "Accuracy after each task",
     predicted: Any = None,
     dpi: int | None = None,
+    baseline: str | None = None,
 ) -> FigureOut | None:
-    """A_t against the number of classes seen: one line per row (strategy x backbone x protocol), the mean over
-    seeds with its 95 % interval band; at most :data:`MAX_SERIES` lines per panel (a benchmark's rows by final
-    accuracy, best first, then further panels), the legend outside the axes, short labels (the key table has the
-    full identity of each line)."""
+    """A_t against the number of classes seen, one panel per method family (:func:`method_family`; per benchmark
+    where there are several), one shared y range, the ``baseline`` (default: the first row) drawn in black in every
+    panel; the series of a panel in distinct colour-blind-safe colours and markers (:data:`PANEL_COLORS`), lines the
+    mean over seeds with their 95 % interval band (none where a band would cover much of the panel: the caption
+    names them); short labels (the key table has the full identity of each line)."""
     import matplotlib
 
     from clbench.report.leaderboard import needs_backbone, short_label
@@ -312,55 +377,86 @@ def accuracy_curves(
     benches = coll.benches()
     if not benches:
         return None
-    colors = strategy_colors(coll)
-    styles = variant_styles([k.strategy for k in groups])
     several = needs_backbone(list(groups))
     predicted = predicted or Predicted()
-    bands: set[str] = set()
-    chunks: list[tuple[str, list[AccKey]]] = []
+    baseline = baseline or base_strategy(next(iter(groups)).strategy)
+    panels: list[tuple[str, str, list[AccKey], AccKey | None]] = []  # (bench, title, keys, baseline key)
     for bench in benches:
-        keys = sorted((k for k in groups if k.bench == bench), key=lambda k: -_final(groups[k], k.protocol))
-        parts = [keys[i : i + MAX_SERIES] for i in range(0, len(keys), MAX_SERIES)]
-        for i, part in enumerate(parts):
-            chunks.append((bench + (f" ({i + 1} of {len(parts)})" if len(parts) > 1 else ""), part))
-    with matplotlib.rc_context(RC):
-        ncols, nrows = _panel_grid(len(chunks), 2)
-        fig, axes = _new_figure(ncols, nrows, 7.6, 4.2)
-        _hide_unused(axes, len(chunks))
-        for ax, (panel_title, keys) in zip(axes, chunks, strict=False):
-            backbones = sorted({(k.backbone, k.weights) for k in groups if k.bench == keys[0].bench})
-            for key in keys:
-                runs = groups[key]
-                mean, std = _mean_std_curves([r.summary(key.protocol).acc_curve for r in runs])
-                ri = row_interval(runs, key.protocol, predicted)
-                x = np.array(runs[0].seen_axis[0][: len(mean)])
-                style = "--" if key.protocol == "reference" else styles.get(key.strategy, "-")
-                if key.protocol not in PROTOCOL_STYLE:
-                    style = ":"
+        keys = [k for k in groups if k.bench == bench]
+        base = _baseline_key(keys, baseline)
+        families: dict[str, list[AccKey]] = {}
+        for k in sorted(keys, key=lambda k: -_final(groups[k], k.protocol)):
+            if k != base:
+                families.setdefault(method_family(k.strategy), []).append(k)
+        if base is not None and not families:
+            families[method_family(base.strategy)] = []
+        for fam in sorted(families, key=_family_order):
+            parts = [families[fam][i : i + PANEL_SERIES] for i in range(0, len(families[fam]), PANEL_SERIES)] or [[]]
+            for i, part in enumerate(parts):
+                t = fam + (f" ({i + 1} of {len(parts)})" if len(parts) > 1 else "")
+                panels.append((bench, f"{bench}: {t}" if len(benches) > 1 else t, part, base))
+    curves: dict[AccKey, tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, str]] = {}
+    for key, runs in groups.items():
+        mean, std = _mean_std_curves([r.summary(key.protocol).acc_curve for r in runs])
+        x = np.array(runs[0].seen_axis[0][: len(mean)])
+        ri = row_interval(runs, key.protocol, predicted)
+        if ri.curve_lo is not None and ri.curve_hi is not None:  # the 95 % interval of every A_t
+            lo, hi, kind = np.array(ri.curve_lo[: len(x)]), np.array(ri.curve_hi[: len(x)]), "interval"
+        elif len(runs) > 1:
+            lo, hi, kind = mean - std, mean + std, "std"
+        else:
+            lo = hi = None
+            kind = ""
+        curves[key] = (x, mean, lo, hi, kind)
+    shown = [k for _, _, keys, base in panels for k in [*keys, *([base] if base else [])]]
+    values = np.concatenate([curves[k][1] for k in shown])
+    values = values[np.isfinite(values)]
+    y0 = max(0.0, 5 * math.floor((float(values.min()) - 3) / 5)) if values.size else 0.0
+    y1 = min(100.0, 5 * math.ceil((float(values.max()) + 3) / 5)) if values.size else 100.0
+    bands: set[str] = set()
+    wide: list[str] = []
+    with matplotlib.rc_context({**RC, "font.size": 10, "legend.fontsize": 9, "axes.titlesize": 10.5}):
+        from matplotlib.figure import Figure
+
+        nrows = math.ceil(len(panels) / 2) if len(panels) > 1 else 1
+        fig = Figure(figsize=(10.0 if len(panels) > 1 else 7.0, 3.3 * nrows + 0.4), layout="constrained")
+        axes = _family_grid(fig, len(panels))
+        for ax, (_bench, panel_title, keys, base) in zip(axes, panels, strict=True):
+            series = [(k, PANEL_COLORS[i], MARKERS[i % len(MARKERS)]) for i, k in enumerate(keys)]
+            if base is not None:
+                series.append((base, BASELINE_COLOR, ""))
+            for key, color, marker in series:
+                x, mean, lo, hi, kind = curves[key]
+                is_base = key == base
+                style = PROTOCOL_STYLE.get(key.protocol, ":")
+                label = short_label(key, several) + (", baseline" if is_base else "") + f" (n={len(groups[key])})"
                 ax.plot(
                     x,
                     mean,
                     linestyle=style,
-                    marker=MARKERS[backbones.index((key.backbone, key.weights)) % len(MARKERS)],
-                    ms=3.5,
-                    lw=1.6,
-                    color=colors[key.strategy],
-                    label=f"{short_label(key, several)} (n={len(runs)})",
+                    marker=marker or None,
+                    ms=4,
+                    lw=2.2 if is_base else 1.6,
+                    color=color,
+                    alpha=0.75 if is_base else 1.0,
+                    label=_wrap_label(label),
+                    zorder=2 if is_base else 3,
                 )
-                if ri.curve_lo is not None and ri.curve_hi is not None:  # the 95 % interval of every A_t
-                    lo, hi = np.array(ri.curve_lo[: len(x)]), np.array(ri.curve_hi[: len(x)])
-                    ax.fill_between(x, lo, hi, color=colors[key.strategy], alpha=0.12, lw=0)
-                    bands.add("interval")
-                elif len(runs) > 1:
-                    ax.fill_between(x, mean - std, mean + std, color=colors[key.strategy], alpha=0.12, lw=0)
-                    bands.add("std")
-            ax.set_title(panel_title)
-            _seen_ticks(ax, groups[keys[0]][0].seen_axis)
+                if lo is None or hi is None or is_base:
+                    continue
+                if float(np.nanmax(hi - lo)) > WIDE_BAND * (y1 - y0):
+                    wide.append(short_label(key, several))
+                    continue
+                ax.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
+                bands.add(kind)
+            ax.set_ylim(y0, y1)
+            ax.set_title(panel_title, loc="left")
+            _seen_ticks(ax, groups[(keys or [base])[0]][0].seen_axis)
             ax.set_ylabel("accuracy A_t (%)")
-            _legend_outside(ax)
-        runs = _unique_runs(list(groups.values()))
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0.0, handlelength=2.2)
+        runs = _unique_runs([groups[k] for k in dict.fromkeys(shown)])
         band_text = {
-            frozenset(): "no bands (one run per line, without predictions)",
+            frozenset(): "no bands",
             frozenset({"interval"}): "bands the 95 % interval (bootstrap over test images; several seeds: "
             "hierarchical, seeds then images)",
             frozenset({"std"}): "bands ± one standard deviation over seeds (the records kept no predictions for "
@@ -369,13 +465,19 @@ def accuracy_curves(
             frozenset(bands),
             "bands the 95 % interval where the runs kept predictions, else ± one standard deviation over seeds",
         )
+        if wide:
+            band_text += f"; no band for {', '.join(dict.fromkeys(wide))} (wider than {WIDE_BAND:.0%} of the axis)"
+        base_name = next((short_label(b, several) for *_, b in panels if b is not None), None)
         caption = (
-            f"{title}: A_t (%) after each task against the number of classes (domain-incremental: domains) seen; "
-            "lines are means over "
-            f"seeds, {band_text}; solid = per-sample protocol, dashed = reference. " + provenance(runs)
+            f"{title}: A_t (%) after each task against the number of classes (domain-incremental: domains) seen, "
+            "one panel per method family, one y range; lines are means over seeds (n = seeds), "
+            f"{band_text}; solid = per-sample protocol, dashed = reference"
+            + (f"; black: the baseline, {base_name}, in every panel" if base_name else "")
+            + ". "
+            + provenance(runs)
         )
         out = _save(fig, out_dir, name, title, caption, runs, dpi)
-        out.key = series_key(groups, [k for _, ks in chunks for k in ks])
+        out.key = series_key(groups, list(dict.fromkeys(shown)))
         return out
 
 
@@ -983,6 +1085,7 @@ class FigureInputs:
     budget: Sequence[BudgetCurve]
     main: Collection | None
     tsne_points: int
+    baseline: str | None = None
 
 
 @dataclass(frozen=True)
@@ -1007,7 +1110,10 @@ def _paired(i: FigureInputs) -> tuple[list[FigureOut], list[str]]:
 
 # The report's figures in the order the report shows them.
 REPORT_FIGURES: tuple[FigureKind, ...] = (
-    FigureKind("accuracy_curves", lambda i: _one(accuracy_curves(i.rows, i.out_dir, predicted=i.predicted))),
+    FigureKind(
+        "accuracy_curves",
+        lambda i: _one(accuracy_curves(i.rows, i.out_dir, predicted=i.predicted, baseline=i.baseline)),
+    ),
     FigureKind("accuracy_matrices", lambda i: (accuracy_matrices(i.rows, i.out_dir), [])),
     FigureKind("accuracy_vs_params", lambda i: _one(accuracy_vs_params(i.rows, i.out_dir))),
     FigureKind("wall_clock", lambda i: _one(wall_clock(i.rows, i.out_dir))),
@@ -1027,15 +1133,17 @@ def make_figures(
     budget: Sequence[BudgetCurve] = (),
     main: Collection | None = None,
     predicted: Any = None,
+    baseline: str | None = None,
 ) -> tuple[list[FigureOut], list[str]]:
     """Every figure of :data:`REPORT_FIGURES`, saved under ``out_dir/figures``; returns them and notes on what is
     absent. ``budget``: the budget curves to draw (:func:`clbench.report.budget.budget_curves`); ``main``: the main
     table's rows (:mod:`clbench.report.leaderboard`): the accuracy curves, the accuracy matrices and the paired
-    differences show those only (default: every row)."""
+    differences show those only (default: every row); ``baseline``: the strategy drawn in every panel of the accuracy
+    curves and tested against in the forest plot (default: the first row)."""
     from clbench.report.uncertainty import Predicted
 
     inputs = FigureInputs(
-        coll, coll if main is None else main, out_dir, predicted or Predicted(), budget, main, tsne_points
+        coll, coll if main is None else main, out_dir, predicted or Predicted(), budget, main, tsne_points, baseline
     )
     figs: list[FigureOut] = []
     notes: list[str] = []
