@@ -1102,10 +1102,9 @@ def _one(f: FigureOut | None) -> tuple[list[FigureOut], list[str]]:
 
 
 def _paired(i: FigureInputs) -> tuple[list[FigureOut], list[str]]:
-    from clbench.report.uncertainty import paired_rows
+    from clbench.report.forest import forest_from_collection
 
-    rows = paired_rows(i.rows, i.predicted)  # only where runs kept predictions
-    return _one(paired_matrix(rows, i.rows, i.out_dir, "paired_differences", "Paired differences"))
+    return _one(forest_from_collection(i.rows, i.out_dir, i.predicted, i.baseline))  # where runs kept predictions
 
 
 # The report's figures in the order the report shows them.
