@@ -628,44 +628,87 @@ def _phase_seconds(t: Times, phase: str) -> float:
     return float(getattr(t, phase))
 
 
+def _short_run_labels(keys: Sequence[Any]) -> list[str]:
+    """``RanPAC``, ``TOSCA (bf16)``: a run group's method (display name and profile) and, where rows differ in them,
+    the words of benchmark and backbone that tell them apart."""
+    from clbench.report.leaderboard import display_name
+
+    def method(strategy: str) -> str:
+        base, _, rest = strategy.partition(" ")
+        name, colon, profile = base.partition(":")
+        return display_name(name) + (f":{profile}" if colon else "") + (f" {rest}" if rest else "")
+
+    words = [f"{k.bench} {k.backbone}".split() for k in keys]
+    common = set.intersection(*(set(w) for w in words)) if words else set()
+    out = []
+    for k, w in zip(keys, words, strict=True):
+        extra = " ".join(x for x in w if x not in common)
+        out.append(method(k.strategy) + (f" ({extra})" if extra else ""))
+    return out
+
+
 def wall_clock(coll: Collection, out_dir: Path) -> FigureOut | None:
-    """Seconds per run (mean over seeds) split into frozen-feature extraction, training and evaluation."""
+    """Seconds per run (mean over seeds) on a log axis, slowest first, and beside it each run's split into
+    frozen-feature extraction, training, evaluation and the rest (shares of its total)."""
     import matplotlib
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     groups = coll.run_groups()
     if not groups:
         return None
-    keys = list(groups)[::-1]  # barh draws bottom-up; keep table order top-down
-    with matplotlib.rc_context({**RC, "axes.grid": False}):
-        fig, (ax,) = _new_figure(1, 1, 9.0, 1.2 + 0.42 * len(keys))
-        parts = [(k.bench, k.strategy, k.backbone, k.protocols) for k in keys]
-        shared = [j for j in range(4) if len({p[j] for p in parts}) == 1 and len(keys) > 1]
-        labels = []
-        for i, key in enumerate(keys):
-            runs = groups[key]
-            left = 0.0
-            for phase, color in PHASE_COLORS.items():
-                sec = float(np.mean([_phase_seconds(r.record.time_s, phase) for r in runs]))
-                ax.barh(i, sec, left=left, color=color, label=phase if i == 0 else None, height=0.65)
-                left += sec
-            ax.text(left, i, f" {left:,.1f} s", va="center", fontsize=7)
-            differing = [p for j, p in enumerate(parts[i]) if j not in shared]  # what tells the rows apart
-            labels.append(f"{' | '.join(differing)} (n={len(runs)})")
+    seconds = {
+        k: {ph: float(np.mean([_phase_seconds(r.record.time_s, ph) for r in runs])) for ph in PHASE_COLORS}
+        for k, runs in groups.items()
+    }
+    keys = sorted(groups, key=lambda k: sum(seconds[k].values()))  # barh draws bottom-up: slowest at the top
+    labels = [f"{lab} (n={len(groups[k])})" for lab, k in zip(_short_run_labels(keys), keys, strict=True)]
+    with matplotlib.rc_context({**RC, "axes.grid": False, "font.size": 10, "legend.fontsize": 9}):
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(10.0, 1.6 + 0.3 * len(keys)), layout="constrained")
+        ax, ax_share = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2))
+        totals = [max(sum(seconds[k].values()), 1e-3) for k in keys]
+        ax.barh(range(len(keys)), totals, color="#0072B2", height=0.6)
+        for i, t in enumerate(totals):
+            ax.text(t, i, f" {_seconds_label(t)}", va="center", fontsize=8.5)
+        ax.set_xscale("log")
+        ax.set_xlim(min(totals) / 2, max(totals) * 6)  # room for the value after the longest bar
+        ax.xaxis.set_major_locator(FixedLocator([1, 10, 60, 600, 3600, 36000]))  # 1 s, 10 s, 1 min, 10 min, 1 h, 10 h
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _p: _seconds_label(x)))
         ax.set_yticks(range(len(keys)), labels)
-        common = " | ".join(parts[0][j] for j in shared)
-        ax.set_xlabel("wall-clock seconds per run (mean over seeds)")
-        if common:
-            ax.set_title(f"every row: {common}", fontsize=7, loc="left")
-        ax.margins(x=0.15)
-        ax.legend(loc="lower right", ncol=1, frameon=False)
+        ax.set_xlabel("wall-clock per run (log; mean over seeds)")
+        ax.grid(axis="x", alpha=0.3)
+        for i, k in enumerate(keys):
+            left = 0.0
+            total = sum(seconds[k].values()) or 1.0
+            for phase, color in PHASE_COLORS.items():
+                share = 100 * seconds[k][phase] / total
+                ax_share.barh(i, share, left=left, color=color, label=phase if i == 0 else None, height=0.6)
+                left += share
+        ax_share.set_xlim(0, 100)
+        ax_share.set_xlabel("share of the run (%)")
+        ax_share.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False, borderaxespad=0.2)
+        ax_share.tick_params(axis="y", left=False)
         runs = _unique_runs(list(groups.values()))
+        common = sorted(set.intersection(*(set(f"{k.bench} {k.backbone}".split()) for k in keys)))
         title = "Wall-clock time per run"
         caption = (
-            f"{title}: features = frozen-feature extraction (near 0 on a feature-cache hit), train, eval "
-            f"(every protocol the run evaluated), other = the rest of the run's total (loading backbone and "
-            f"data). " + provenance(runs)
+            f"{title} ({' '.join(w for w in f'{keys[0].bench} {keys[0].backbone}'.split() if w in common)}): left, "
+            "seconds per run (log axis); right, its split: features = frozen-feature extraction (near 0 on a "
+            "feature-cache hit), train, eval (every protocol the run evaluated), other = the rest of the run's total "
+            "(loading backbone and data). " + provenance(runs)
         )
         return _save(fig, out_dir, "wall_clock", title, caption, runs)
+
+
+def _seconds_label(s: float) -> str:
+    """``3.3 s``, ``45 s``, ``12 min``, ``1.5 h``: a duration as a short label."""
+    if s >= 3600:
+        return f"{s / 3600:.2g} h"
+    if s >= 60:
+        return f"{s / 60:.2g} min"
+    return f"{s:.2g} s" if s < 10 else f"{s:.0f} s"
 
 
 def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
