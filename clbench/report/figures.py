@@ -569,10 +569,62 @@ def _square(matrix: Sequence[Sequence[float]]) -> np.ndarray:
     return out
 
 
+# One colour and marker per method family (:data:`FAMILIES`, Okabe-Ito; grey for a plug-in's): the accuracy-memory
+# figure's points, labelled by method.
+FAMILY_LOOKS = {
+    "Prompts": ("#0072B2", "o"),
+    "Adapters": ("#E69F00", "s"),
+    "LoRA": ("#009E73", "^"),
+    "Whole ViT": ("#CC79A7", "D"),
+    "Closed-form heads and prototypes": ("#56B4E9", "v"),
+    "TOSCA and its routers": ("#D55E00", "P"),
+    OTHER_FAMILY: ("#000000", "X"),
+}
+MEMORY_AXES = (
+    ("added_total", "Added parameters", "parameters added to the frozen backbone (log)"),
+    ("stored_total", "Stored numbers", "numbers stored besides them: prototypes, statistics (log)"),
+)
+
+
+def _zero_at(values: Sequence[float]) -> float:
+    """Where a count of 0 sits on a log axis: a decade below the smallest positive count (1 if none)."""
+    positive = [v for v in values if v > 0]
+    return 10.0 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1.0
+
+
+def _draw(fig: Figure) -> None:
+    """Lay out and draw ``fig`` on an Agg canvas (text sizes known), without pyplot."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+
+
+def _label_points(ax: Axes, texts: list[Any], xs: list[float], ys: list[float]) -> None:
+    """Move the point labels of ``ax`` apart and off the points (adjustText), inside the axes."""
+    from adjustText import adjust_text
+
+    if not texts:
+        return
+    adjust_text(
+        texts,
+        x=xs,
+        y=ys,
+        ax=ax,
+        expand=(1.15, 1.4),
+        arrowprops={"arrowstyle": "-", "color": "#999999", "lw": 0.6},
+        iter_lim=1000,
+    )
+
+
 def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
-    """Final accuracy (mean ± std over seeds) against parameters added to the frozen backbone (log scale)."""
+    """Final accuracy (mean over seeds) against the parameters a method adds to the frozen backbone and, beside it,
+    against the numbers it stores besides them (prototypes, covariances, Gram matrices, random projections), both on
+    log axes; each point labelled by its method, coloured and marked by its family (:data:`FAMILY_LOOKS`)."""
     import matplotlib
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     from clbench.report.leaderboard import needs_backbone, short_label
 
@@ -580,44 +632,69 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
     benches = coll.benches()
     if not benches:
         return None
-    colors = strategy_colors(coll)
     several = needs_backbone(list(groups))
-    with matplotlib.rc_context(RC):
-        fig, panels = _bench_panels(benches, groups)
-        for panel in panels:
-            ax = panel.ax
-            xs = []
-            for key in panel.keys:
-                runs = groups[key]
-                acc = [r.summary(key.protocol).last_acc for r in runs]
-                added = float(np.mean([r.record.params.added_total for r in runs]))
-                x = max(added, 1.0)  # log axis: a method that adds nothing sits at 1
-                xs.append(x)
-                std = float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0
-                ax.errorbar(
-                    [x],
-                    [float(np.mean(acc))],
-                    yerr=[std],
-                    fmt=panel.marker(key),
-                    ms=6,
-                    capsize=3,
-                    color=colors[key.strategy],
-                    mfc="white" if key.protocol != "per-sample" else None,
-                    label=f"{short_label(key, several)} (n={len(runs)})" + ("" if added > 0 else ", adds 0"),
-                )
-            ax.set_xscale("log")
-            ax.set_xlim(min(xs) / 2.5, max(xs) * 4)  # at least a decade
-            ax.xaxis.set_major_formatter(FuncFormatter(_count_label))
-            ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.set_title(panel.bench)
-            ax.set_xlabel("parameters added to the frozen backbone (log)")
-            ax.set_ylabel("final accuracy A_T (%)")
-            _legend_outside(ax)
+    with matplotlib.rc_context({**RC, "font.size": 10, "legend.fontsize": 9}):
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(10.0, 4.6 * len(benches) + 0.5), layout="constrained")
+        grid = fig.subplots(len(benches), 2, sharey="row", squeeze=False)
+        placed: list[tuple[Axes, list[Any], list[float], list[float]]] = []
+        seen_families: dict[str, None] = {}
+        for row, bench in zip(grid, benches, strict=True):
+            keys = [k for k in groups if k.bench == bench]
+            for ax, (field_name, what, xlabel) in zip(row, MEMORY_AXES, strict=True):
+                counts = {k: float(np.mean([getattr(r.record.params, field_name) for r in groups[k]])) for k in keys}
+                zero = _zero_at(list(counts.values()))
+                texts, xs, ys = [], [], []
+                at: dict[tuple[float, float], list[str]] = {}  # one label for points drawn on each other
+                for key in keys:
+                    acc = float(np.mean([r.summary(key.protocol).last_acc for r in groups[key]]))
+                    family = method_family(key.strategy)
+                    seen_families[family] = None
+                    color, marker = FAMILY_LOOKS[family]
+                    x = counts[key] if counts[key] > 0 else zero
+                    mfc = color if key.protocol == "per-sample" else "white"
+                    ax.plot([x], [acc], marker=marker, ms=7, color=color, mfc=mfc, mew=1.4, lw=0, zorder=3)
+                    label = short_label(key, several).replace(" protocol", "")
+                    at.setdefault((round(math.log10(x), 2), round(acc, 1)), []).append(label)
+                    xs.append(x)
+                    ys.append(acc)
+                for (lx, acc), labels in at.items():
+                    heads = {label.split(", ")[0] for label in labels}
+                    label = f"{heads.pop()}, {len(labels)} protocols" if len(heads) == 1 < len(labels) else None
+                    texts.append((10**lx, acc, label or " / ".join(labels)))
+                ax.set_xscale("log")
+                top = max(xs) if xs else 10.0
+                ax.set_xlim(zero / 3, top * 5)
+                decades = [10.0**e for e in range(int(math.log10(zero)), int(math.log10(top * 5)) + 1)]
+                ax.xaxis.set_major_locator(FixedLocator(decades[:: max(1, len(decades) // 6)]))
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p, z=zero: "0" if v == z else _count_label(v)))
+                ax.xaxis.set_minor_formatter(NullFormatter())
+                ax.set_xlabel(xlabel)
+                ax.set_title(f"{bench}: {what}" if len(benches) > 1 else what, loc="left")
+                placed.append((ax, texts, xs, ys))
+            row[0].set_ylabel("final accuracy A_T (%)")
+        fig.legend(
+            handles=[
+                Line2D([], [], lw=0, marker=FAMILY_LOOKS[f][1], color=FAMILY_LOOKS[f][0], ms=7, label=f)
+                for f in seen_families
+            ],
+            loc="outside lower center",
+            ncol=min(3, len(seen_families)),
+            frameon=False,
+        )
+        _draw(fig)
+        fig.set_layout_engine("none")  # lay out once; the labels then move inside fixed axes
+        for ax, labels, xs, ys in placed:  # added after the layout: a label never shrinks the axes
+            texts = [ax.text(x, y, label, fontsize=8.5) for x, y, label in labels]
+            _label_points(ax, texts, xs, ys)
         runs = _unique_runs(list(groups.values()))
-        title = "Final accuracy against added parameters"
+        title = "Final accuracy against memory"
         caption = (
-            f"{title}: mean ± std over seeds; filled markers = per-sample protocol, open = other protocols. "
-            + provenance(runs)
+            f"{title}: final accuracy (mean over seeds) against the parameters a method adds to the frozen backbone "
+            "(left) and the numbers it stores besides them, such as prototypes, covariances, Gram matrices and random "
+            "projections (right), log axes, 0 at the left edge; colour and marker = method family; open markers = "
+            "other protocols than per-sample. " + provenance(runs)
         )
         return _save(fig, out_dir, "accuracy_vs_params", title, caption, runs)
 
