@@ -38,7 +38,8 @@ TSNE_MAX_POINTS = EMBEDDED_POINTS  # the test images a record keeps (clbench.fea
 TSNE_SEED = 0  # fixed random_state and subsample seed: the same records give the same picture
 PROTOCOL_STYLE = {"per-sample": "-", "reference": "--"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
-PHASE_COLORS = {"features": "#8da0cb", "train": "#fc8d62", "eval": "#66c2a5", "other": "#cccccc"}
+# Okabe-Ito, no two closer than CIEDE2000 21 (tests/test_report_figures.py)
+PHASE_COLORS = {"features": "#56B4E9", "train": "#E69F00", "eval": "#009E73", "other": "#BBBBBB"}
 RC = {  # a quiet paper style; set per figure through rc_context, never globally
     "axes.spines.top": False,
     "axes.spines.right": False,
