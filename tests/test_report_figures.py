@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_report_leaderboard import _capture_figures, text_collisions
+from test_report_leaderboard import _capture_figures, study_report, text_collisions
 
 from clbench.report.collect import collect
 
@@ -174,6 +174,14 @@ def test_every_report_figure_is_made_and_readable(crowded):
     assert not collisions, collisions
     colours = {name: p for name, fig in made if (p := close_colours(fig))}
     assert not colours, colours
+
+
+@pytest.mark.full  # the committed study's report (reports/emoji/runs with reports/emoji-table.yaml): minutes
+def test_every_figure_of_the_committed_study_is_readable(study_report):
+    made = study_report[1]
+    assert {"accuracy_curves", "accuracy_vs_params", "wall_clock", "paired_differences"} <= {n for n, _ in made}
+    problems = {name: p for name, fig in made if (p := text_collisions(fig) + close_colours(fig))}
+    assert not problems, problems
 
 
 def _curves(made):

@@ -305,6 +305,9 @@ OTHER_FAMILY = "Other methods"
 # Okabe-Ito's colour-blind-safe colours (black kept for the baseline): the series of one panel take them in turn, so
 # no two lines of a panel are closer than CIEDE2000 21 (tests/test_report_figures.py); markers are a second cue.
 PANEL_COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442")
+# more series in one axes (budget curves): Okabe-Ito's, then Tol's wine, olive and indigo and a dark grey, each at
+# least CIEDE2000 20 from the others
+SERIES_COLORS = (*PANEL_COLORS, "#882255", "#999933", "#332288", "#666666")
 BASELINE_COLOR = "#000000"
 PANEL_SERIES = len(PANEL_COLORS)  # series per panel besides the baseline: more split the family into two panels
 WIDE_BAND = 0.3  # a band wider than this share of the y range (anywhere) is left out: it would hide the panel
@@ -744,6 +747,7 @@ def wall_clock(coll: Collection, out_dir: Path) -> FigureOut | None:
         from matplotlib.figure import Figure
 
         fig = Figure(figsize=(10.0, 1.6 + 0.3 * len(keys)), layout="constrained")
+        fig.get_layout_engine().set(w_pad=0.1)  # inches: long labels keep clear of the canvas edge at every dpi
         ax, ax_share = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2))
         totals = [max(sum(seconds[k].values()), 1e-3) for k in keys]
         ax.barh(range(len(keys)), totals, color="#0072B2", height=0.6)
@@ -766,7 +770,8 @@ def wall_clock(coll: Collection, out_dir: Path) -> FigureOut | None:
                 left += share
         ax_share.set_xlim(0, 100)
         ax_share.set_xlabel("share of the run (%)")
-        ax_share.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False, borderaxespad=0.2)
+        handles, names = ax_share.get_legend_handles_labels()
+        fig.legend(handles, names, loc="outside upper right", ncol=4, frameon=False)
         ax_share.tick_params(axis="y", left=False)
         runs = _unique_runs(list(groups.values()))
         common = sorted(set.intersection(*(set(f"{k.bench} {k.backbone}".split()) for k in keys)))
@@ -1157,15 +1162,15 @@ def budget_curves_figure(coll: Collection, out_dir: Path, curves: Sequence[Budge
         fig, axes = _new_figure(ncols, nrows, 5.2, 3.8)
         _hide_unused(axes, len(benches))
         for ax, bench in zip(axes, benches, strict=False):
-            for curve in (c for c in curves if c.bench == bench):
+            for i, curve in enumerate(c for c in curves if c.bench == bench):
                 xs = [max(p.steps, 1) for p in curve.points]  # log axis: a run without steps sits at 1
                 ys = [p.mean for p in curve.points]
-                color = strategy_color(curve.strategy)  # the strategy's colour in every figure
+                color = SERIES_COLORS[i % len(SERIES_COLORS)]  # distinct within the panel; markers a second cue
                 ax.errorbar(
                     xs,
                     ys,
                     yerr=[p.std for p in curve.points],
-                    fmt="-o",
+                    fmt="-" + MARKERS[i % len(MARKERS)],
                     ms=4,
                     capsize=2,
                     color=color,
