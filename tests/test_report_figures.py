@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_report_leaderboard import _capture_figures, study_report, text_collisions
+from test_report_leaderboard import _capture_figures, text_collisions
+from test_report_leaderboard import study_report as study_report  # the full-tier fixture, shared
 
 from clbench.report.collect import collect
 
@@ -177,7 +178,7 @@ def test_every_report_figure_is_made_and_readable(crowded):
 
 
 @pytest.mark.full  # the committed study's report (reports/emoji/runs with reports/emoji-table.yaml): minutes
-def test_every_figure_of_the_committed_study_is_readable(study_report):
+def test_every_figure_of_the_committed_study_is_readable(study_report):  # noqa: F811
     made = study_report[1]
     assert {"accuracy_curves", "accuracy_vs_params", "wall_clock", "paired_differences"} <= {n for n, _ in made}
     problems = {name: p for name, fig in made if (p := text_collisions(fig) + close_colours(fig))}
