@@ -264,6 +264,8 @@ def write_tables(secs: list[Section], board: Board, out_dir: Path) -> list[Path]
         files.append(_write_text(folder / f"{name}.csv", sec.table.to_csv(index=False)))
         tex = leaderboard_latex(board) if sec.anchor == "leaderboard" else table_latex(sec.table, sec.title)
         files.append(_write_text(folder / f"{name}.tex", tex))
+        if sec.anchor == "leaderboard":  # the full-width variant (table*): more columns
+            files.append(_write_text(folder / f"{name}-wide.tex", leaderboard_latex(board, wide=True)))
     return files
 
 
