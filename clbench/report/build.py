@@ -252,6 +252,7 @@ TABLES_DIR = "tables"
 def write_tables(secs: list[Section], board: Board, out_dir: Path) -> list[Path]:
     """Every table of the report as ``tables/ANCHOR.csv`` and ``tables/ANCHOR.tex`` (booktabs); the leaderboard's
     LaTeX with its best row in bold and its significance marker (:func:`clbench.report.latex.leaderboard_latex`)."""
+    from clbench.report.exports import table_csv
     from clbench.report.latex import leaderboard_latex, table_latex
 
     folder = out_dir / TABLES_DIR
@@ -261,7 +262,7 @@ def write_tables(secs: list[Section], board: Board, out_dir: Path) -> list[Path]
         if sec.table is None or not len(sec.table):
             continue
         name = slug(sec.anchor)
-        files.append(_write_text(folder / f"{name}.csv", sec.table.to_csv(index=False)))
+        files.append(_write_text(folder / f"{name}.csv", table_csv(sec.table)))  # numbers, one column per quantity
         tex = leaderboard_latex(board) if sec.anchor == "leaderboard" else table_latex(sec.table, sec.title)
         files.append(_write_text(folder / f"{name}.tex", tex))
         if sec.anchor == "leaderboard":  # the full-width variant (table*): more columns
@@ -272,12 +273,13 @@ def write_tables(secs: list[Section], board: Board, out_dir: Path) -> list[Path]
 def write_paper(board: Board, main: Collection, out_dir: Path, predicted: Any) -> Written:
     """``--latex-only``: the leaderboard (``leaderboard.tex``, ``leaderboard.csv``) and the main figure (PDF, SVG
     and a 300-dpi PNG) in ``out_dir``; nothing else."""
+    from clbench.report.exports import table_csv
     from clbench.report.figures import PAPER_DPI
     from clbench.report.latex import leaderboard_latex
 
     written = Written(out_dir)
     written.files.append(_write_text(out_dir / "leaderboard.tex", leaderboard_latex(board)))
-    written.files.append(_write_text(out_dir / "leaderboard.csv", board.table.to_csv(index=False)))
+    written.files.append(_write_text(out_dir / "leaderboard.csv", table_csv(board.table)))
     fig = accuracy_curves(main, out_dir, predicted=predicted, dpi=PAPER_DPI)
     if fig is not None:
         written.figures.append(fig)
@@ -325,6 +327,7 @@ def write_compare(
 ) -> Written:
     """Accuracy curves with their intervals, the summary rows (mean ± half the 95 % interval), the paired tests of
     every pair of strategies (or each against ``baseline``) and their matrix figure, for ``bench``."""
+    from clbench.report.exports import write_compare_exports
     from clbench.report.figures import paired_matrix
     from clbench.report.tables import ECE_NOTE, INTERVAL_NOTE, PAIRS_INTRO
     from clbench.report.uncertainty import Predicted, paired_rows, pairs_frame
@@ -397,9 +400,7 @@ def write_compare(
         )
     written = Written(out_dir, figures=[fig] + ([matrix] if matrix is not None else []))
     written.files.append(_write_text(out_dir / "compare.md", "\n".join(md).rstrip() + "\n"))
-    written.files.append(_write_text(out_dir / "compare.csv", table.to_csv(index=False)))
-    if len(pairs_table):
-        written.files.append(_write_text(out_dir / "compare_pairs.csv", pairs_table.to_csv(index=False)))
+    written.files += write_compare_exports(out_dir, table, pairs_table, meta)  # CSV of numbers, and JSON
     written.files.append(_write_text(out_dir / "compare.tex", to_latex(table, caption)))
     for f in written.figures:
         written.files += [out_dir / rel for rel in f.files.values()]
