@@ -328,7 +328,7 @@ def write_compare(
     """Accuracy curves with their intervals, the summary rows (mean ± half the 95 % interval), the paired tests of
     every pair of strategies (or each against ``baseline``) and their matrix figure, for ``bench``."""
     from clbench.report.exports import write_compare_exports
-    from clbench.report.figures import paired_matrix
+    from clbench.report.forest import forest_of_pairs
     from clbench.report.tables import ECE_NOTE, INTERVAL_NOTE, PAIRS_INTRO
     from clbench.report.uncertainty import Predicted, paired_rows, pairs_frame
 
@@ -361,7 +361,9 @@ def write_compare(
         *sel.notes,
     ]
     caption = f"Strategies on {bench}, mean over seeds ± half the 95 % interval. " + provenance(sel.runs)
-    matrix = paired_matrix(pairs, sel, out_dir, f"compare_{slug(bench)}_pairs", f"Paired differences on {bench}")
+    matrix = forest_of_pairs(
+        pairs, sel, out_dir, f"compare_{slug(bench)}_pairs", f"Paired differences on {bench}", baseline
+    )
     pairs_table = pairs_frame(pairs)
     if baseline is not None:  # the README's column: each row against the baseline
         table.insert(table.columns.get_loc("95 % interval") + 1, f"vs {baseline} (final acc)", _versus(table, pairs))

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-
 if TYPE_CHECKING:
     from clbench.report.collect import Collection
     from clbench.report.figures import FigureOut
@@ -159,38 +157,13 @@ class _Pair:
     method: str
 
 
-def tests_from_collection(
-    coll: Collection, predicted: Any, baseline: str | None
-) -> tuple[list[_Pair], str, str | None, dict[str, str], str]:
-    """The tests of every main row against the best row and the baseline row of ``coll`` (one benchmark and protocol
-    at a time, rows paired as :func:`clbench.report.uncertainty.paired_rows` pairs them), Holm-adjusted over those
-    tests; returns (tests, best id, baseline id, labels ranked best first, the family's description)."""
-    from clbench.evaluation import stats
-    from clbench.report.figures import _final, base_strategy
-    from clbench.report.leaderboard import needs_backbone, short_label
-    from clbench.report.uncertainty import ALPHA, paired_rows
+def pairs_of(rows: Sequence[Any], several: bool) -> list[_Pair]:
+    """Paired rows (:class:`clbench.report.uncertainty.PairRow`) with a test, as :class:`PairTestLike` tests whose ids
+    and labels are the rows' short labels; the adjusted p and verdict are the rows' own (Holm)."""
+    from clbench.report.leaderboard import short_label
+    from clbench.report.uncertainty import ALPHA
 
-    groups = coll.acc_groups()
-    several = needs_backbone(list(groups))
-    ranked = sorted(groups, key=lambda k: -_final(groups[k], k.protocol))
-    labels = {short_label(k, several): short_label(k, several) for k in ranked}
-    if not ranked:
-        return [], "", None, {}, ""
-    best = ranked[0]
-    base = next(
-        (k for k in ranked if baseline is not None and base_strategy(k.strategy) == base_strategy(baseline)), None
-    )
-    wanted = {best} | ({base} if base is not None else set())
-    rows = [
-        r
-        for r in paired_rows(coll, predicted)
-        if r.test is not None
-        and (r.key_a in wanted or r.key_b in wanted)
-        and r.key_a is not None
-        and r.key_b is not None
-    ]
-    adjusted = stats.holm([r.test.p for r in rows]) if rows else np.array([])
-    tests = [
+    return [
         _Pair(
             short_label(r.key_a, several),
             short_label(r.key_b, several),
@@ -200,15 +173,67 @@ def tests_from_collection(
             r.test.diff.lo,
             r.test.diff.hi,
             r.test.p,
-            float(p),
-            bool(p < ALPHA),
+            r.p_holm,
+            None if r.p_holm is None else bool(r.p_holm < ALPHA),
             tuple(r.seeds),
             r.test.test,
         )
-        for r, p in zip(rows, adjusted, strict=True)
-        if r.test is not None
+        for r in rows
+        if r.test is not None and r.key_a is not None and r.key_b is not None
     ]
-    family = f"Holm over the {len(tests)} tests of each row against the best and the baseline"
+
+
+def forest_of_pairs(
+    rows: Sequence[Any], coll: Collection, out_dir: Path, name: str, title: str, baseline: str | None = None
+) -> FigureOut | None:
+    """:func:`forest_plot` of paired rows already tested (``clbench compare``: every pair, or each against
+    ``baseline``), with their own Holm-adjusted p: each row against the best row of ``coll`` and the baseline."""
+    from clbench.report.figures import _final
+    from clbench.report.leaderboard import needs_backbone, short_label
+
+    groups = coll.acc_groups()
+    several = needs_backbone(list(groups))
+    ranked = sorted(groups, key=lambda k: -_final(groups[k], k.protocol))
+    tests = pairs_of(rows, several)
+    if not ranked or not tests:
+        return None
+    labels = {short_label(k, several): short_label(k, several) for k in ranked}
+    base = next((short_label(k, several) for k in ranked if k.strategy == baseline), None)
+    family = "Holm over the tested pairs of each benchmark and protocol, as in the pairs table"
+    return forest_plot(
+        tests, short_label(ranked[0], several), base, labels, out_dir, runs=coll.runs, family=family, name=name,
+        title=title,
+    )  # fmt: skip
+
+
+def tests_from_collection(
+    coll: Collection, predicted: Any, baseline: str | None
+) -> tuple[list[_Pair], str, str | None, dict[str, str], str]:
+    """The tests of every row of ``coll`` against its best row and against the ``baseline`` row, as the leaderboard
+    makes them (:func:`clbench.report.uncertainty.paired_rows` against one strategy, Holm over each of the two
+    families, per benchmark and protocol); returns (tests, best id, baseline id, labels ranked best first, the
+    families' description)."""
+    from clbench.report.figures import _final
+    from clbench.report.leaderboard import needs_backbone, short_label
+    from clbench.report.uncertainty import paired_rows
+
+    groups = coll.acc_groups()
+    several = needs_backbone(list(groups))
+    ranked = sorted(groups, key=lambda k: -_final(groups[k], k.protocol))
+    if not ranked:
+        return [], "", None, {}, ""
+    labels = {short_label(k, several): short_label(k, several) for k in ranked}
+    best = ranked[0]
+    has_baseline = baseline is not None and any(k.strategy == baseline for k in ranked)
+    rows = [r for r in paired_rows(coll, predicted, best.strategy) if r.key_b == best]
+    if has_baseline and baseline != best.strategy:
+        rows += [r for r in paired_rows(coll, predicted, baseline) if r.key_a != best]  # best vs baseline: above
+    tests = pairs_of(rows, several)
+    base = next((k for k in ranked if k.strategy == baseline), None) if has_baseline else None
+    family = (
+        "Holm over each row's tests against the best row, and separately against the baseline, per benchmark and "
+        "protocol, as in the leaderboard"
+    )
     return tests, labels[short_label(best, several)], short_label(base, several) if base else None, labels, family
 
 
