@@ -107,4 +107,4 @@ def param_formula(cfg: TOSCAConfig, d: int, depth: int, task_sizes: Sequence[int
     return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * d + 1)
 
 
-CARD = MethodCard("tosca", TOSCAConfig, PROFILES, param_formula=param_formula, work=work, family="tosca")
+CARD = MethodCard("tosca", TOSCAConfig, PROFILES, param_formula=param_formula, work=work, family="routed-modules")

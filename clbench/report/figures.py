@@ -299,7 +299,7 @@ FAMILIES = {
     "lora": "LoRA",
     "whole-vit": "Whole ViT",
     "closed-form": "Closed-form heads and prototypes",
-    "tosca": "TOSCA and its routers",
+    "routed-modules": "TOSCA and its routers",
 }
 OTHER_FAMILY = "Other methods"
 # Okabe-Ito's colour-blind-safe colours (black kept for the baseline): the series of one panel take them in turn, so

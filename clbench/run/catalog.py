@@ -42,7 +42,7 @@ class MethodCard:
     param_formula: Callable[..., ParamCounts] | None = None
     work: Callable[..., Work] | None = None  # (cfg, RunShape) -> Work: the cost model (clbench perf projection)
     # what the method trains, for the report's panels (clbench.report.figures.FAMILIES): "prompts", "adapters", "lora",
-    # "whole-vit", "closed-form" (heads and prototypes) or "tosca"; "" for a plug-in that names none
+    # "whole-vit", "closed-form" (heads and prototypes) or "routed-modules"; "" for a plug-in that names none
     family: str = ""
 
 
