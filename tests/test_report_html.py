@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_report_leaderboard import study_report as study_report  # the full-tier fixture, shared
 
 from clbench.report.figures import FigureOut
 from clbench.report.html import mark_numbers, render_html, render_markdown, split_provenance
@@ -152,3 +153,33 @@ def test_lazily_loaded_figures_below_the_fold_are_not_reported_broken(tmp_path):
 def test_a_missing_figure_below_the_fold_is_still_reported_broken(tmp_path):
     facts = body_facts(page(tmp_path, figures=10, missing=1), tmp_path)
     assert facts["broken-images"] == "1" and facts["broken-sources"] == "figures/fig0.png", facts
+
+
+@pytest.fixture(scope="module")
+def crowded_report(tmp_path_factory) -> Path:
+    """The whole report of tests/test_report_figures.py's crowded fixture study (eleven methods, long tables)."""
+    from test_report_figures import crowded_runs
+
+    from clbench.report.build import write_report
+    from clbench.report.collect import collect
+
+    base = tmp_path_factory.mktemp("crowded-page")
+    write_report(collect([crowded_runs(base / "runs")]), base / "report", with_tsne=False)
+    return base / "report"
+
+
+@needs_chromium
+def test_a_reports_page_has_no_wrapped_number_at_1400_px(crowded_report, tmp_path):
+    facts = body_facts(crowded_report / "index.html", tmp_path)
+    assert facts["wrapped-numbers"] == "0", facts
+    assert int(facts["tallest-row"]) < 150, facts
+    assert facts["broken-images"] == "0" and int(facts["image-count"]) >= 5, facts
+    assert int(facts["scroll-width"]) <= 1400, facts
+
+
+@pytest.mark.full  # the committed study's report: minutes
+@needs_chromium
+def test_the_committed_studys_page_has_no_wrapped_number_at_1400_px(study_report, tmp_path):  # noqa: F811
+    facts = body_facts(study_report[0] / "index.html", tmp_path)
+    assert facts["wrapped-numbers"] == "0", facts
+    assert facts["broken-images"] == "0", facts
