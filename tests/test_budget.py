@@ -211,12 +211,13 @@ def test_a_step_schedules_milestone_scaled_with_the_epochs_stays_on_the_curve(tm
     assert [p.marks for p in curve.points] == [(), (), (REFERENCE, QUICK)]
 
 
-def test_each_curve_takes_its_strategys_colour(tmp_path, monkeypatch):
-    """A curve is drawn in its strategy's fixed colour (``STRATEGY_LOOKS``), whatever its records' variant labels
-    (a budget point's label names its settings, e.g. ``tosca:... epochs=2``)."""
+def test_each_curve_takes_the_panels_next_colour(tmp_path, monkeypatch):
+    """The curves of a panel take :data:`SERIES_COLORS` in turn (distinct within the panel, tests/
+    test_report_figures.py), whatever their records' variant labels (a budget point's label names its settings,
+    e.g. ``tosca:... epochs=2``): the fixed strategy colours put near-identical ones side by side."""
     import matplotlib.axes
 
-    from clbench.report.figures import budget_curves_figure, strategy_color
+    from clbench.report.figures import SERIES_COLORS, budget_curves_figure
 
     drawn: list[str] = []
     real = matplotlib.axes.Axes.errorbar
@@ -230,4 +231,4 @@ def test_each_curve_takes_its_strategys_colour(tmp_path, monkeypatch):
     assert "tosca" not in {r.variant for r in coll.runs}
     curves, _ = budget_curves(coll, strict=True)
     assert budget_curves_figure(coll, tmp_path / "figures", curves) is not None
-    assert drawn == [strategy_color("tosca")]
+    assert drawn == [SERIES_COLORS[0]]

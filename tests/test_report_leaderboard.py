@@ -396,7 +396,7 @@ def test_leaderboard_latex_bolds_the_best_and_marks_significance(report_and_figu
     board = Board(table, [], "Main table: x.", [], None, None, [50.0, 40.0], [None, True])
     rows = leaderboard_latex(board).split(r"\midrule")[1].splitlines()
     assert SIGNIFICANT not in rows[1] and "B" + SIGNIFICANT in rows[2]
-    assert r"50.00 $\pm$ 1.0" in rows[1] and "±" not in "".join(rows)
+    assert r"50.0 $\pm$ 1.0" in rows[1] and "±" not in "".join(rows)  # one decimal in the paper table
 
 
 def test_latex_only_writes_the_table_and_the_main_figure_for_a_paper(tmp_path):

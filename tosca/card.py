@@ -118,6 +118,6 @@ CARD = MethodCard(
     PROFILES,
     param_formula=param_formula,
     work=work,
-    family="TOSCA",
+    family="routed-modules",
     trains="one LuCA module on the final [CLS] feature per task, and the cosine head",
 )

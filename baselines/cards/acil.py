@@ -80,6 +80,6 @@ CARD = MethodCard(
     PROFILES,
     param_formula=param_formula,
     work=work,
-    family="closed-form heads and prototypes",
+    family="closed-form",
     trains="nothing by gradient: a least-squares head on a fixed random expansion",
 )

@@ -89,6 +89,6 @@ CARD = MethodCard(
     PROFILES,
     param_formula=param_formula,
     work=work,
-    family="closed-form heads and prototypes",
+    family="closed-form",
     trains="nothing by gradient: two least-squares heads (main and compensation)",
 )

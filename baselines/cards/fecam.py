@@ -74,6 +74,6 @@ CARD = MethodCard(
     PROFILES,
     param_formula=param_formula,
     work=work,
-    family="closed-form heads and prototypes",
+    family="closed-form",
     trains="nothing: class means and one shrunk covariance per class",
 )

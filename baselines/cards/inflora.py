@@ -97,6 +97,6 @@ CARD = MethodCard(
     PROFILES,
     param_formula=param_formula,
     work=work,
-    family="LoRA",
+    family="lora",
     trains="LoRA on the attention keys and values in a non-interfering subspace, and the head",
 )

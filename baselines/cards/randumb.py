@@ -79,6 +79,6 @@ CARD = MethodCard(
     PROFILES,
     param_formula=param_formula,
     work=work,
-    family="closed-form heads and prototypes",
+    family="closed-form",
     trains="nothing: LDA on random Fourier features, one shared covariance",
 )

@@ -107,6 +107,6 @@ CARD = MethodCard(
     PROFILES,
     param_formula=param_formula,
     work=work,
-    family="adapters",
+    family="closed-form",
     trains="adapters on the first task only; then a ridge head on a random projection",
 )

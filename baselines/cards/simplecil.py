@@ -49,6 +49,6 @@ CARD = MethodCard(
     PROFILES,
     param_formula=param_formula,
     work=work,
-    family="closed-form heads and prototypes",
+    family="closed-form",
     trains="nothing: one prototype (class mean) per class",
 )

@@ -161,6 +161,6 @@ CARD = MethodCard(
     PROFILES,
     param_formula=param_formula,
     work=work,
-    family="whole-ViT",
+    family="whole-vit",
     trains="the whole ViT at a slow learning rate, and the head aligned from class Gaussians",
 )

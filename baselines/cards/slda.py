@@ -72,6 +72,6 @@ CARD = MethodCard(
     PROFILES,
     param_formula=param_formula,
     work=work,
-    family="closed-form heads and prototypes",
+    family="closed-form",
     trains="nothing: streaming LDA, class means and one shared covariance",
 )

@@ -188,7 +188,14 @@ def write_report(
     if latex_only:
         return write_paper(board, main, out_dir, predicted)
     figures, fig_notes = make_figures(
-        coll, out_dir, with_tsne, tsne_points or TSNE_MAX_POINTS, budget=curves, main=main, predicted=predicted
+        coll,
+        out_dir,
+        with_tsne,
+        tsne_points or TSNE_MAX_POINTS,
+        budget=curves,
+        main=main,
+        predicted=predicted,
+        baseline=study.baseline,
     )
     fig_notes += budget_notes
     _remove_stale(out_dir, {rel for f in figures for rel in f.files.values()})
@@ -251,6 +258,7 @@ TABLES_DIR = "tables"
 def write_tables(secs: list[Section], board: Board, out_dir: Path) -> list[Path]:
     """Every table of the report as ``tables/ANCHOR.csv`` and ``tables/ANCHOR.tex`` (booktabs); the leaderboard's
     LaTeX with its best row in bold and its significance marker (:func:`clbench.report.latex.leaderboard_latex`)."""
+    from clbench.report.exports import table_csv
     from clbench.report.latex import leaderboard_latex, table_latex
 
     folder = out_dir / TABLES_DIR
@@ -260,21 +268,24 @@ def write_tables(secs: list[Section], board: Board, out_dir: Path) -> list[Path]
         if sec.table is None or not len(sec.table):
             continue
         name = slug(sec.anchor)
-        files.append(_write_text(folder / f"{name}.csv", sec.table.to_csv(index=False)))
+        files.append(_write_text(folder / f"{name}.csv", table_csv(sec.table)))  # numbers, one column per quantity
         tex = leaderboard_latex(board) if sec.anchor == "leaderboard" else table_latex(sec.table, sec.title)
         files.append(_write_text(folder / f"{name}.tex", tex))
+        if sec.anchor == "leaderboard":  # the full-width variant (table*): more columns
+            files.append(_write_text(folder / f"{name}-wide.tex", leaderboard_latex(board, wide=True)))
     return files
 
 
 def write_paper(board: Board, main: Collection, out_dir: Path, predicted: Any) -> Written:
     """``--latex-only``: the leaderboard (``leaderboard.tex``, ``leaderboard.csv``) and the main figure (PDF, SVG
     and a 300-dpi PNG) in ``out_dir``; nothing else."""
+    from clbench.report.exports import table_csv
     from clbench.report.figures import PAPER_DPI
     from clbench.report.latex import leaderboard_latex
 
     written = Written(out_dir)
     written.files.append(_write_text(out_dir / "leaderboard.tex", leaderboard_latex(board)))
-    written.files.append(_write_text(out_dir / "leaderboard.csv", board.table.to_csv(index=False)))
+    written.files.append(_write_text(out_dir / "leaderboard.csv", table_csv(board.table)))
     fig = accuracy_curves(main, out_dir, predicted=predicted, dpi=PAPER_DPI)
     if fig is not None:
         written.figures.append(fig)
@@ -322,7 +333,8 @@ def write_compare(
 ) -> Written:
     """Accuracy curves with their intervals, the summary rows (mean ± half the 95 % interval), the paired tests of
     every pair of strategies (or each against ``baseline``) and their matrix figure, for ``bench``."""
-    from clbench.report.figures import paired_matrix
+    from clbench.report.exports import write_compare_exports
+    from clbench.report.forest import forest_of_pairs
     from clbench.report.tables import ECE_NOTE, INTERVAL_NOTE, PAIRS_INTRO
     from clbench.report.uncertainty import Predicted, paired_rows, pairs_frame
 
@@ -355,7 +367,9 @@ def write_compare(
         *sel.notes,
     ]
     caption = f"Strategies on {bench}, mean over seeds ± half the 95 % interval. " + provenance(sel.runs)
-    matrix = paired_matrix(pairs, sel, out_dir, f"compare_{slug(bench)}_pairs", f"Paired differences on {bench}")
+    matrix = forest_of_pairs(
+        pairs, sel, out_dir, f"compare_{slug(bench)}_pairs", f"Paired differences on {bench}", baseline
+    )
     pairs_table = pairs_frame(pairs)
     if baseline is not None:  # the README's column: each row against the baseline
         table.insert(table.columns.get_loc("95 % interval") + 1, f"vs {baseline} (final acc)", _versus(table, pairs))
@@ -394,9 +408,7 @@ def write_compare(
         )
     written = Written(out_dir, figures=[fig] + ([matrix] if matrix is not None else []))
     written.files.append(_write_text(out_dir / "compare.md", "\n".join(md).rstrip() + "\n"))
-    written.files.append(_write_text(out_dir / "compare.csv", table.to_csv(index=False)))
-    if len(pairs_table):
-        written.files.append(_write_text(out_dir / "compare_pairs.csv", pairs_table.to_csv(index=False)))
+    written.files += write_compare_exports(out_dir, table, pairs_table, meta)  # CSV of numbers, and JSON
     written.files.append(_write_text(out_dir / "compare.tex", to_latex(table, caption)))
     for f in written.figures:
         written.files += [out_dir / rel for rel in f.files.values()]

@@ -38,7 +38,8 @@ TSNE_MAX_POINTS = EMBEDDED_POINTS  # the test images a record keeps (clbench.fea
 TSNE_SEED = 0  # fixed random_state and subsample seed: the same records give the same picture
 PROTOCOL_STYLE = {"per-sample": "-", "reference": "--"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
-PHASE_COLORS = {"features": "#8da0cb", "train": "#fc8d62", "eval": "#66c2a5", "other": "#cccccc"}
+# Okabe-Ito, no two closer than CIEDE2000 21 (tests/test_report_figures.py)
+PHASE_COLORS = {"features": "#56B4E9", "train": "#E69F00", "eval": "#009E73", "other": "#BBBBBB"}
 RC = {  # a quiet paper style; set per figure through rc_context, never globally
     "axes.spines.top": False,
     "axes.spines.right": False,
@@ -262,7 +263,6 @@ def _line_label(key: AccKey, n: int, several_backbones: bool) -> str:
 
 
 # ------------------------------------------------------------------------------------------- figures
-MAX_SERIES = 8  # lines per axes: more are split into further panels (best final accuracy first)
 
 
 def series_key(groups: dict[AccKey, list[Run]], keys: Sequence[AccKey]) -> list[dict[str, str]]:
@@ -291,6 +291,67 @@ def _final(runs: Sequence[Run], protocol: str) -> float:
     return sum(vals) / len(vals) if vals else -math.inf
 
 
+# Panels of the accuracy curves: a method card's ``family`` (clbench.run.catalog.MethodCard) -> the panel's title, in
+# panel order; a method whose card names none (a plug-in) goes to OTHER_FAMILY.
+OTHER_FAMILY = "Other methods"
+# Okabe-Ito's colour-blind-safe colours (black kept for the baseline): the series of one panel take them in turn, so
+# no two lines of a panel are closer than CIEDE2000 21 (tests/test_report_figures.py); markers are a second cue.
+PANEL_COLORS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442")
+# more series in one axes (budget curves): Okabe-Ito's, then Tol's wine, olive and indigo and a dark grey, each at
+# least CIEDE2000 20 from the others
+SERIES_COLORS = (*PANEL_COLORS, "#882255", "#999933", "#332288", "#666666")
+BASELINE_COLOR = "#000000"
+PANEL_SERIES = len(PANEL_COLORS)  # series per panel besides the baseline: more split the family into two panels
+WIDE_BAND = 0.3  # a band wider than this share of the y range (anywhere) is left out: it would hide the panel
+LEGEND_CHARS = 22  # characters per legend line beside a panel (README width: ~900 px for the whole figure)
+
+
+def method_family(strategy: str) -> str:
+    """The panel title of ``strategy``'s family (:data:`clbench.run.catalog.FAMILIES`) read from its method card."""
+    from clbench.errors import ClbenchError
+    from clbench.run.catalog import FAMILIES, card
+
+    try:
+        family = card(base_strategy(strategy)).family
+    except (ClbenchError, LookupError, ImportError, AttributeError):
+        family = ""
+    return FAMILIES.get(family, OTHER_FAMILY)
+
+
+def _family_order(title: str) -> int:
+    from clbench.run.catalog import FAMILIES
+
+    titles = list(FAMILIES.values())
+    return titles.index(title) if title in titles else len(titles)
+
+
+def _baseline_key(keys: Sequence[AccKey], baseline: str | None) -> AccKey | None:
+    """The baseline's row among ``keys`` (one benchmark): its per-sample protocol first."""
+    mine = [k for k in keys if baseline is not None and base_strategy(k.strategy) == base_strategy(baseline)]
+    mine = [k for k in mine if k.strategy == baseline] or mine
+    mine.sort(key=lambda k: (k.protocol != "per-sample", k.protocol))
+    return mine[0] if mine else None
+
+
+def _family_grid(fig: Figure, n: int) -> list[Axes]:
+    """``n`` panels two to a row; an odd last panel spans the row (no empty cell)."""
+    ncols = 1 if n == 1 else 2
+    nrows = math.ceil(n / ncols)
+    grid = fig.add_gridspec(nrows, ncols)
+    axes = []
+    for i in range(n):
+        row, col = divmod(i, ncols)
+        last_alone = ncols == 2 and i == n - 1 and n % 2 == 1
+        axes.append(fig.add_subplot(grid[row, :] if last_alone else grid[row, col]))
+    return axes
+
+
+def _wrap_label(label: str, width: int = LEGEND_CHARS) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(label, width, break_on_hyphens=False)) or label
+
+
 def accuracy_curves(
     coll: Collection,
     out_dir: Path,
@@ -298,11 +359,13 @@ def accuracy_curves(
     title: str = "Accuracy after each task",
     predicted: Any = None,
     dpi: int | None = None,
+    baseline: str | None = None,
 ) -> FigureOut | None:
-    """A_t against the number of classes seen: one line per row (strategy x backbone x protocol), the mean over
-    seeds with its 95 % interval band; at most :data:`MAX_SERIES` lines per panel (a benchmark's rows by final
-    accuracy, best first, then further panels), the legend outside the axes, short labels (the key table has the
-    full identity of each line)."""
+    """A_t against the number of classes seen, one panel per method family (:func:`method_family`; per benchmark
+    where there are several), one shared y range, the ``baseline`` (default: the first row) drawn in black in every
+    panel; the series of a panel in distinct colour-blind-safe colours and markers (:data:`PANEL_COLORS`), lines the
+    mean over seeds with their 95 % interval band (none where a band would cover much of the panel: the caption
+    names them); short labels (the key table has the full identity of each line)."""
     import matplotlib
 
     from clbench.report.leaderboard import needs_backbone, short_label
@@ -312,55 +375,86 @@ def accuracy_curves(
     benches = coll.benches()
     if not benches:
         return None
-    colors = strategy_colors(coll)
-    styles = variant_styles([k.strategy for k in groups])
     several = needs_backbone(list(groups))
     predicted = predicted or Predicted()
-    bands: set[str] = set()
-    chunks: list[tuple[str, list[AccKey]]] = []
+    baseline = baseline or base_strategy(next(iter(groups)).strategy)
+    panels: list[tuple[str, str, list[AccKey], AccKey | None]] = []  # (bench, title, keys, baseline key)
     for bench in benches:
-        keys = sorted((k for k in groups if k.bench == bench), key=lambda k: -_final(groups[k], k.protocol))
-        parts = [keys[i : i + MAX_SERIES] for i in range(0, len(keys), MAX_SERIES)]
-        for i, part in enumerate(parts):
-            chunks.append((bench + (f" ({i + 1} of {len(parts)})" if len(parts) > 1 else ""), part))
-    with matplotlib.rc_context(RC):
-        ncols, nrows = _panel_grid(len(chunks), 2)
-        fig, axes = _new_figure(ncols, nrows, 7.6, 4.2)
-        _hide_unused(axes, len(chunks))
-        for ax, (panel_title, keys) in zip(axes, chunks, strict=False):
-            backbones = sorted({(k.backbone, k.weights) for k in groups if k.bench == keys[0].bench})
-            for key in keys:
-                runs = groups[key]
-                mean, std = _mean_std_curves([r.summary(key.protocol).acc_curve for r in runs])
-                ri = row_interval(runs, key.protocol, predicted)
-                x = np.array(runs[0].seen_axis[0][: len(mean)])
-                style = "--" if key.protocol == "reference" else styles.get(key.strategy, "-")
-                if key.protocol not in PROTOCOL_STYLE:
-                    style = ":"
+        keys = [k for k in groups if k.bench == bench]
+        base = _baseline_key(keys, baseline)
+        families: dict[str, list[AccKey]] = {}
+        for k in sorted(keys, key=lambda k: -_final(groups[k], k.protocol)):
+            if k != base:
+                families.setdefault(method_family(k.strategy), []).append(k)
+        if base is not None and not families:
+            families[method_family(base.strategy)] = []
+        for fam in sorted(families, key=_family_order):
+            parts = [families[fam][i : i + PANEL_SERIES] for i in range(0, len(families[fam]), PANEL_SERIES)] or [[]]
+            for i, part in enumerate(parts):
+                t = fam + (f" ({i + 1} of {len(parts)})" if len(parts) > 1 else "")
+                panels.append((bench, f"{bench}: {t}" if len(benches) > 1 else t, part, base))
+    curves: dict[AccKey, tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, str]] = {}
+    for key, runs in groups.items():
+        mean, std = _mean_std_curves([r.summary(key.protocol).acc_curve for r in runs])
+        x = np.array(runs[0].seen_axis[0][: len(mean)])
+        ri = row_interval(runs, key.protocol, predicted)
+        if ri.curve_lo is not None and ri.curve_hi is not None:  # the 95 % interval of every A_t
+            lo, hi, kind = np.array(ri.curve_lo[: len(x)]), np.array(ri.curve_hi[: len(x)]), "interval"
+        elif len(runs) > 1:
+            lo, hi, kind = mean - std, mean + std, "std"
+        else:
+            lo = hi = None
+            kind = ""
+        curves[key] = (x, mean, lo, hi, kind)
+    shown = [k for _, _, keys, base in panels for k in [*keys, *([base] if base else [])]]
+    values = np.concatenate([curves[k][1] for k in shown])
+    values = values[np.isfinite(values)]
+    y0 = max(0.0, 5 * math.floor((float(values.min()) - 3) / 5)) if values.size else 0.0
+    y1 = min(100.0, 5 * math.ceil((float(values.max()) + 3) / 5)) if values.size else 100.0
+    bands: set[str] = set()
+    wide: list[str] = []
+    with matplotlib.rc_context({**RC, "font.size": 10, "legend.fontsize": 9, "axes.titlesize": 10.5}):
+        from matplotlib.figure import Figure
+
+        nrows = math.ceil(len(panels) / 2) if len(panels) > 1 else 1
+        fig = Figure(figsize=(10.0 if len(panels) > 1 else 7.0, 3.3 * nrows + 0.4), layout="constrained")
+        axes = _family_grid(fig, len(panels))
+        for ax, (_bench, panel_title, keys, base) in zip(axes, panels, strict=True):
+            series = [(k, PANEL_COLORS[i], MARKERS[i % len(MARKERS)]) for i, k in enumerate(keys)]
+            if base is not None:
+                series.append((base, BASELINE_COLOR, ""))
+            for key, color, marker in series:
+                x, mean, lo, hi, kind = curves[key]
+                is_base = key == base
+                style = PROTOCOL_STYLE.get(key.protocol, ":")
+                label = short_label(key, several) + (", baseline" if is_base else "") + f" (n={len(groups[key])})"
                 ax.plot(
                     x,
                     mean,
                     linestyle=style,
-                    marker=MARKERS[backbones.index((key.backbone, key.weights)) % len(MARKERS)],
-                    ms=3.5,
-                    lw=1.6,
-                    color=colors[key.strategy],
-                    label=f"{short_label(key, several)} (n={len(runs)})",
+                    marker=marker or None,
+                    ms=4,
+                    lw=2.2 if is_base else 1.6,
+                    color=color,
+                    alpha=0.75 if is_base else 1.0,
+                    label=_wrap_label(label),
+                    zorder=2 if is_base else 3,
                 )
-                if ri.curve_lo is not None and ri.curve_hi is not None:  # the 95 % interval of every A_t
-                    lo, hi = np.array(ri.curve_lo[: len(x)]), np.array(ri.curve_hi[: len(x)])
-                    ax.fill_between(x, lo, hi, color=colors[key.strategy], alpha=0.12, lw=0)
-                    bands.add("interval")
-                elif len(runs) > 1:
-                    ax.fill_between(x, mean - std, mean + std, color=colors[key.strategy], alpha=0.12, lw=0)
-                    bands.add("std")
-            ax.set_title(panel_title)
-            _seen_ticks(ax, groups[keys[0]][0].seen_axis)
+                if lo is None or hi is None or is_base:
+                    continue
+                if float(np.nanmax(hi - lo)) > WIDE_BAND * (y1 - y0):
+                    wide.append(short_label(key, several))
+                    continue
+                ax.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
+                bands.add(kind)
+            ax.set_ylim(y0, y1)
+            ax.set_title(panel_title, loc="left")
+            _seen_ticks(ax, groups[(keys or [base])[0]][0].seen_axis)
             ax.set_ylabel("accuracy A_t (%)")
-            _legend_outside(ax)
-        runs = _unique_runs(list(groups.values()))
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0.0, handlelength=2.2)
+        runs = _unique_runs([groups[k] for k in dict.fromkeys(shown)])
         band_text = {
-            frozenset(): "no bands (one run per line, without predictions)",
+            frozenset(): "no bands",
             frozenset({"interval"}): "bands the 95 % interval (bootstrap over test images; several seeds: "
             "hierarchical, seeds then images)",
             frozenset({"std"}): "bands ± one standard deviation over seeds (the records kept no predictions for "
@@ -369,13 +463,19 @@ def accuracy_curves(
             frozenset(bands),
             "bands the 95 % interval where the runs kept predictions, else ± one standard deviation over seeds",
         )
+        if wide:
+            band_text += f"; no band for {', '.join(dict.fromkeys(wide))} (wider than {WIDE_BAND:.0%} of the axis)"
+        base_name = next((short_label(b, several) for *_, b in panels if b is not None), None)
         caption = (
-            f"{title}: A_t (%) after each task against the number of classes (domain-incremental: domains) seen; "
-            "lines are means over "
-            f"seeds, {band_text}; solid = per-sample protocol, dashed = reference. " + provenance(runs)
+            f"{title}: A_t (%) after each task against the number of classes (domain-incremental: domains) seen, "
+            "one panel per method family, one y range; lines are means over seeds (n = seeds), "
+            f"{band_text}; solid = per-sample protocol, dashed = reference"
+            + (f"; black: the baseline, {base_name}, in every panel" if base_name else "")
+            + ". "
+            + provenance(runs)
         )
         out = _save(fig, out_dir, name, title, caption, runs, dpi)
-        out.key = series_key(groups, [k for _, ks in chunks for k in ks])
+        out.key = series_key(groups, list(dict.fromkeys(shown)))
         return out
 
 
@@ -467,10 +567,62 @@ def _square(matrix: Sequence[Sequence[float]]) -> np.ndarray:
     return out
 
 
+# One colour and marker per method family (:data:`clbench.run.catalog.FAMILIES`, Okabe-Ito; grey for a plug-in's):
+# the accuracy-memory figure's points, labelled by method.
+FAMILY_LOOKS = {
+    "Prompts": ("#0072B2", "o"),
+    "Adapters": ("#E69F00", "s"),
+    "LoRA": ("#009E73", "^"),
+    "Whole ViT": ("#CC79A7", "D"),
+    "Closed-form heads and prototypes": ("#56B4E9", "v"),
+    "TOSCA and its routers": ("#D55E00", "P"),
+    OTHER_FAMILY: ("#000000", "X"),
+}
+MEMORY_AXES = (
+    ("added_total", "Added parameters", "parameters added to the frozen backbone (log)"),
+    ("stored_total", "Stored numbers", "numbers stored besides them: prototypes, statistics (log)"),
+)
+
+
+def _zero_at(values: Sequence[float]) -> float:
+    """Where a count of 0 sits on a log axis: a decade below the smallest positive count (1 if none)."""
+    positive = [v for v in values if v > 0]
+    return 10.0 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1.0
+
+
+def _draw(fig: Figure) -> None:
+    """Lay out and draw ``fig`` on an Agg canvas (text sizes known), without pyplot."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+
+
+def _label_points(ax: Axes, texts: list[Any], xs: list[float], ys: list[float]) -> None:
+    """Move the point labels of ``ax`` apart and off the points (adjustText), inside the axes."""
+    from adjustText import adjust_text
+
+    if not texts:
+        return
+    adjust_text(
+        texts,
+        x=xs,
+        y=ys,
+        ax=ax,
+        expand=(1.15, 1.4),
+        arrowprops={"arrowstyle": "-", "color": "#999999", "lw": 0.6},
+        iter_lim=1000,
+    )
+
+
 def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
-    """Final accuracy (mean ± std over seeds) against parameters added to the frozen backbone (log scale)."""
+    """Final accuracy (mean over seeds) against the parameters a method adds to the frozen backbone and, beside it,
+    against the numbers it stores besides them (prototypes, covariances, Gram matrices, random projections), both on
+    log axes; each point labelled by its method, coloured and marked by its family (:data:`FAMILY_LOOKS`)."""
     import matplotlib
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     from clbench.report.leaderboard import needs_backbone, short_label
 
@@ -478,44 +630,69 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
     benches = coll.benches()
     if not benches:
         return None
-    colors = strategy_colors(coll)
     several = needs_backbone(list(groups))
-    with matplotlib.rc_context(RC):
-        fig, panels = _bench_panels(benches, groups)
-        for panel in panels:
-            ax = panel.ax
-            xs = []
-            for key in panel.keys:
-                runs = groups[key]
-                acc = [r.summary(key.protocol).last_acc for r in runs]
-                added = float(np.mean([r.record.params.added_total for r in runs]))
-                x = max(added, 1.0)  # log axis: a method that adds nothing sits at 1
-                xs.append(x)
-                std = float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0
-                ax.errorbar(
-                    [x],
-                    [float(np.mean(acc))],
-                    yerr=[std],
-                    fmt=panel.marker(key),
-                    ms=6,
-                    capsize=3,
-                    color=colors[key.strategy],
-                    mfc="white" if key.protocol != "per-sample" else None,
-                    label=f"{short_label(key, several)} (n={len(runs)})" + ("" if added > 0 else ", adds 0"),
-                )
-            ax.set_xscale("log")
-            ax.set_xlim(min(xs) / 2.5, max(xs) * 4)  # at least a decade
-            ax.xaxis.set_major_formatter(FuncFormatter(_count_label))
-            ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.set_title(panel.bench)
-            ax.set_xlabel("parameters added to the frozen backbone (log)")
-            ax.set_ylabel("final accuracy A_T (%)")
-            _legend_outside(ax)
+    with matplotlib.rc_context({**RC, "font.size": 10, "legend.fontsize": 9}):
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(10.0, 4.6 * len(benches) + 0.5), layout="constrained")
+        grid = fig.subplots(len(benches), 2, sharey="row", squeeze=False)
+        placed: list[tuple[Axes, list[Any], list[float], list[float]]] = []
+        seen_families: dict[str, None] = {}
+        for row, bench in zip(grid, benches, strict=True):
+            keys = [k for k in groups if k.bench == bench]
+            for ax, (field_name, what, xlabel) in zip(row, MEMORY_AXES, strict=True):
+                counts = {k: float(np.mean([getattr(r.record.params, field_name) for r in groups[k]])) for k in keys}
+                zero = _zero_at(list(counts.values()))
+                texts, xs, ys = [], [], []
+                at: dict[tuple[float, float], list[str]] = {}  # one label for points drawn on each other
+                for key in keys:
+                    acc = float(np.mean([r.summary(key.protocol).last_acc for r in groups[key]]))
+                    family = method_family(key.strategy)
+                    seen_families[family] = None
+                    color, marker = FAMILY_LOOKS[family]
+                    x = counts[key] if counts[key] > 0 else zero
+                    mfc = color if key.protocol == "per-sample" else "white"
+                    ax.plot([x], [acc], marker=marker, ms=7, color=color, mfc=mfc, mew=1.4, lw=0, zorder=3)
+                    label = short_label(key, several).replace(" protocol", "")
+                    at.setdefault((round(math.log10(x), 2), round(acc, 1)), []).append(label)
+                    xs.append(x)
+                    ys.append(acc)
+                for (lx, acc), labels in at.items():
+                    heads = {label.split(", ")[0] for label in labels}
+                    label = f"{heads.pop()}, {len(labels)} protocols" if len(heads) == 1 < len(labels) else None
+                    texts.append((10**lx, acc, label or " / ".join(labels)))
+                ax.set_xscale("log")
+                top = max(xs) if xs else 10.0
+                ax.set_xlim(zero / 3, top * 5)
+                decades = [10.0**e for e in range(int(math.log10(zero)), int(math.log10(top * 5)) + 1)]
+                ax.xaxis.set_major_locator(FixedLocator(decades[:: max(1, len(decades) // 6)]))
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p, z=zero: "0" if v == z else _count_label(v)))
+                ax.xaxis.set_minor_formatter(NullFormatter())
+                ax.set_xlabel(xlabel)
+                ax.set_title(f"{bench}: {what}" if len(benches) > 1 else what, loc="left")
+                placed.append((ax, texts, xs, ys))
+            row[0].set_ylabel("final accuracy A_T (%)")
+        fig.legend(
+            handles=[
+                Line2D([], [], lw=0, marker=FAMILY_LOOKS[f][1], color=FAMILY_LOOKS[f][0], ms=7, label=f)
+                for f in seen_families
+            ],
+            loc="outside lower center",
+            ncol=min(3, len(seen_families)),
+            frameon=False,
+        )
+        _draw(fig)
+        fig.set_layout_engine("none")  # lay out once; the labels then move inside fixed axes
+        for ax, labels, xs, ys in placed:  # added after the layout: a label never shrinks the axes
+            texts = [ax.text(x, y, label, fontsize=8.5) for x, y, label in labels]
+            _label_points(ax, texts, xs, ys)
         runs = _unique_runs(list(groups.values()))
-        title = "Final accuracy against added parameters"
+        title = "Final accuracy against memory"
         caption = (
-            f"{title}: mean ± std over seeds; filled markers = per-sample protocol, open = other protocols. "
-            + provenance(runs)
+            f"{title}: final accuracy (mean over seeds) against the parameters a method adds to the frozen backbone "
+            "(left) and the numbers it stores besides them, such as prototypes, covariances, Gram matrices and random "
+            "projections (right), log axes, 0 at the left edge; colour and marker = method family; open markers = "
+            "other protocols than per-sample. " + provenance(runs)
         )
         return _save(fig, out_dir, "accuracy_vs_params", title, caption, runs)
 
@@ -526,44 +703,89 @@ def _phase_seconds(t: Times, phase: str) -> float:
     return float(getattr(t, phase))
 
 
+def _short_run_labels(keys: Sequence[Any]) -> list[str]:
+    """``RanPAC``, ``TOSCA (bf16)``: a run group's method (display name and profile) and, where rows differ in them,
+    the words of benchmark and backbone that tell them apart."""
+    from clbench.report.leaderboard import display_name
+
+    def method(strategy: str) -> str:
+        base, _, rest = strategy.partition(" ")
+        name, colon, profile = base.partition(":")
+        return display_name(name) + (f":{profile}" if colon else "") + (f" {rest}" if rest else "")
+
+    words = [f"{k.bench} {k.backbone}".split() for k in keys]
+    common = set.intersection(*(set(w) for w in words)) if words else set()
+    out = []
+    for k, w in zip(keys, words, strict=True):
+        extra = " ".join(x for x in w if x not in common)
+        out.append(method(k.strategy) + (f" ({extra})" if extra else ""))
+    return out
+
+
 def wall_clock(coll: Collection, out_dir: Path) -> FigureOut | None:
-    """Seconds per run (mean over seeds) split into frozen-feature extraction, training and evaluation."""
+    """Seconds per run (mean over seeds) on a log axis, slowest first, and beside it each run's split into
+    frozen-feature extraction, training, evaluation and the rest (shares of its total)."""
     import matplotlib
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     groups = coll.run_groups()
     if not groups:
         return None
-    keys = list(groups)[::-1]  # barh draws bottom-up; keep table order top-down
-    with matplotlib.rc_context({**RC, "axes.grid": False}):
-        fig, (ax,) = _new_figure(1, 1, 9.0, 1.2 + 0.42 * len(keys))
-        parts = [(k.bench, k.strategy, k.backbone, k.protocols) for k in keys]
-        shared = [j for j in range(4) if len({p[j] for p in parts}) == 1 and len(keys) > 1]
-        labels = []
-        for i, key in enumerate(keys):
-            runs = groups[key]
-            left = 0.0
-            for phase, color in PHASE_COLORS.items():
-                sec = float(np.mean([_phase_seconds(r.record.time_s, phase) for r in runs]))
-                ax.barh(i, sec, left=left, color=color, label=phase if i == 0 else None, height=0.65)
-                left += sec
-            ax.text(left, i, f" {left:,.1f} s", va="center", fontsize=7)
-            differing = [p for j, p in enumerate(parts[i]) if j not in shared]  # what tells the rows apart
-            labels.append(f"{' | '.join(differing)} (n={len(runs)})")
+    seconds = {
+        k: {ph: float(np.mean([_phase_seconds(r.record.time_s, ph) for r in runs])) for ph in PHASE_COLORS}
+        for k, runs in groups.items()
+    }
+    keys = sorted(groups, key=lambda k: sum(seconds[k].values()))  # barh draws bottom-up: slowest at the top
+    labels = [f"{lab} (n={len(groups[k])})" for lab, k in zip(_short_run_labels(keys), keys, strict=True)]
+    with matplotlib.rc_context({**RC, "axes.grid": False, "font.size": 10, "legend.fontsize": 9}):
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(10.0, 1.6 + 0.3 * len(keys)), layout="constrained")
+        fig.get_layout_engine().set(w_pad=0.1)  # inches: long labels keep clear of the canvas edge at every dpi
+        ax, ax_share = fig.subplots(1, 2, sharey=True, width_ratios=(3, 2))
+        totals = [max(sum(seconds[k].values()), 1e-3) for k in keys]
+        ax.barh(range(len(keys)), totals, color="#0072B2", height=0.6)
+        for i, t in enumerate(totals):
+            ax.text(t, i, f" {_seconds_label(t)}", va="center", fontsize=8.5)
+        ax.set_xscale("log")
+        ax.set_xlim(min(totals) / 2, max(totals) * 6)  # room for the value after the longest bar
+        ax.xaxis.set_major_locator(FixedLocator([1, 10, 60, 600, 3600, 36000]))  # 1 s, 10 s, 1 min, 10 min, 1 h, 10 h
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _p: _seconds_label(x)))
         ax.set_yticks(range(len(keys)), labels)
-        common = " | ".join(parts[0][j] for j in shared)
-        ax.set_xlabel("wall-clock seconds per run (mean over seeds)")
-        if common:
-            ax.set_title(f"every row: {common}", fontsize=7, loc="left")
-        ax.margins(x=0.15)
-        ax.legend(loc="lower right", ncol=1, frameon=False)
+        ax.set_xlabel("wall-clock per run (log; mean over seeds)")
+        ax.grid(axis="x", alpha=0.3)
+        for i, k in enumerate(keys):
+            left = 0.0
+            total = sum(seconds[k].values()) or 1.0
+            for phase, color in PHASE_COLORS.items():
+                share = 100 * seconds[k][phase] / total
+                ax_share.barh(i, share, left=left, color=color, label=phase if i == 0 else None, height=0.6)
+                left += share
+        ax_share.set_xlim(0, 100)
+        ax_share.set_xlabel("share of the run (%)")
+        handles, names = ax_share.get_legend_handles_labels()
+        fig.legend(handles, names, loc="outside upper right", ncol=4, frameon=False)
+        ax_share.tick_params(axis="y", left=False)
         runs = _unique_runs(list(groups.values()))
+        common = sorted(set.intersection(*(set(f"{k.bench} {k.backbone}".split()) for k in keys)))
         title = "Wall-clock time per run"
         caption = (
-            f"{title}: features = frozen-feature extraction (near 0 on a feature-cache hit), train, eval "
-            f"(every protocol the run evaluated), other = the rest of the run's total (loading backbone and "
-            f"data). " + provenance(runs)
+            f"{title} ({' '.join(w for w in f'{keys[0].bench} {keys[0].backbone}'.split() if w in common)}): left, "
+            "seconds per run (log axis); right, its split: features = frozen-feature extraction (near 0 on a "
+            "feature-cache hit), train, eval (every protocol the run evaluated), other = the rest of the run's total "
+            "(loading backbone and data). " + provenance(runs)
         )
         return _save(fig, out_dir, "wall_clock", title, caption, runs)
+
+
+def _seconds_label(s: float) -> str:
+    """``3.3 s``, ``45 s``, ``12 min``, ``1.5 h``: a duration as a short label."""
+    if s >= 3600:
+        return f"{s / 3600:.2g} h"
+    if s >= 60:
+        return f"{s / 60:.2g} min"
+    return f"{s:.2g} s" if s < 10 else f"{s:.0f} s"
 
 
 def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
@@ -935,15 +1157,15 @@ def budget_curves_figure(coll: Collection, out_dir: Path, curves: Sequence[Budge
         fig, axes = _new_figure(ncols, nrows, 5.2, 3.8)
         _hide_unused(axes, len(benches))
         for ax, bench in zip(axes, benches, strict=False):
-            for curve in (c for c in curves if c.bench == bench):
+            for i, curve in enumerate(c for c in curves if c.bench == bench):
                 xs = [max(p.steps, 1) for p in curve.points]  # log axis: a run without steps sits at 1
                 ys = [p.mean for p in curve.points]
-                color = strategy_color(curve.strategy)  # the strategy's colour in every figure
+                color = SERIES_COLORS[i % len(SERIES_COLORS)]  # distinct within the panel; markers a second cue
                 ax.errorbar(
                     xs,
                     ys,
                     yerr=[p.std for p in curve.points],
-                    fmt="-o",
+                    fmt="-" + MARKERS[i % len(MARKERS)],
                     ms=4,
                     capsize=2,
                     color=color,
@@ -984,6 +1206,7 @@ class FigureInputs:
     budget: Sequence[BudgetCurve]
     main: Collection | None
     tsne_points: int
+    baseline: str | None = None
 
 
 @dataclass(frozen=True)
@@ -1000,15 +1223,17 @@ def _one(f: FigureOut | None) -> tuple[list[FigureOut], list[str]]:
 
 
 def _paired(i: FigureInputs) -> tuple[list[FigureOut], list[str]]:
-    from clbench.report.uncertainty import paired_rows
+    from clbench.report.forest import forest_from_collection
 
-    rows = paired_rows(i.rows, i.predicted)  # only where runs kept predictions
-    return _one(paired_matrix(rows, i.rows, i.out_dir, "paired_differences", "Paired differences"))
+    return _one(forest_from_collection(i.rows, i.out_dir, i.predicted, i.baseline))  # where runs kept predictions
 
 
 # The report's figures in the order the report shows them.
 REPORT_FIGURES: tuple[FigureKind, ...] = (
-    FigureKind("accuracy_curves", lambda i: _one(accuracy_curves(i.rows, i.out_dir, predicted=i.predicted))),
+    FigureKind(
+        "accuracy_curves",
+        lambda i: _one(accuracy_curves(i.rows, i.out_dir, predicted=i.predicted, baseline=i.baseline)),
+    ),
     FigureKind("accuracy_matrices", lambda i: (accuracy_matrices(i.rows, i.out_dir), [])),
     FigureKind("accuracy_vs_params", lambda i: _one(accuracy_vs_params(i.rows, i.out_dir))),
     FigureKind("wall_clock", lambda i: _one(wall_clock(i.rows, i.out_dir))),
@@ -1028,15 +1253,17 @@ def make_figures(
     budget: Sequence[BudgetCurve] = (),
     main: Collection | None = None,
     predicted: Any = None,
+    baseline: str | None = None,
 ) -> tuple[list[FigureOut], list[str]]:
     """Every figure of :data:`REPORT_FIGURES`, saved under ``out_dir/figures``; returns them and notes on what is
     absent. ``budget``: the budget curves to draw (:func:`clbench.report.budget.budget_curves`); ``main``: the main
     table's rows (:mod:`clbench.report.leaderboard`): the accuracy curves, the accuracy matrices and the paired
-    differences show those only (default: every row)."""
+    differences show those only (default: every row); ``baseline``: the strategy drawn in every panel of the accuracy
+    curves and tested against in the forest plot (default: the first row)."""
     from clbench.report.uncertainty import Predicted
 
     inputs = FigureInputs(
-        coll, coll if main is None else main, out_dir, predicted or Predicted(), budget, main, tsne_points
+        coll, coll if main is None else main, out_dir, predicted or Predicted(), budget, main, tsne_points, baseline
     )
     figs: list[FigureOut] = []
     notes: list[str] = []
@@ -1053,67 +1280,3 @@ def make_figures(
                 "differences show the main table's rows; the other records are in their sections' tables"
             )
     return figs, notes
-
-
-def paired_matrix(rows: Sequence[Any], coll: Collection, out_dir: Path, name: str, title: str) -> FigureOut | None:
-    """Final accuracy of row minus column (points) for every tested pair (:class:`clbench.report.uncertainty.
-    PairRow`), one panel per benchmark and protocol; * marks pairs that differ at 5 % after Holm's correction,
-    n/p pairs that could not be paired."""
-    import matplotlib
-
-    from clbench.report.leaderboard import needs_backbone, short_label
-
-    settings = sorted({(r.bench, r.protocol) for r in rows})
-    if not any(r.test is not None for r in rows):
-        return None
-    keys = list({k for r in rows for k in (r.key_a, r.key_b) if k is not None})
-    several = needs_backbone(keys)
-
-    def name_of(r: Any, side: str) -> str:  # the short label of a pair's side (its key), else the row's own label
-        key = r.key_a if side == "a" else r.key_b
-        label = short_label(key, several) if key is not None else (r.a if side == "a" else r.b)
-        return label.replace(f", {key.protocol} protocol", "") if key is not None else label
-
-    biggest = max(len({name_of(r, "a") for r in rows} | {name_of(r, "b") for r in rows}), 2)
-    side = max(4.6, 0.5 * biggest + 2.6)  # a cell of about half an inch, room for the labels and the colour bar
-    with matplotlib.rc_context({**RC, "axes.grid": False}):
-        ncols, nrows = _panel_grid(len(settings), 2)
-        fig, axes = _new_figure(ncols, nrows, side + 1.2, side)
-        fig.get_layout_engine().set(w_pad=0.15, h_pad=0.15)  # inches: rotated tick labels stay on the canvas
-        for ax, (bench, protocol) in zip(axes, settings, strict=False):
-            mine = [r for r in rows if (r.bench, r.protocol) == (bench, protocol)]
-            names = sorted({name_of(r, "a") for r in mine} | {name_of(r, "b") for r in mine})
-            at = {n: i for i, n in enumerate(names)}
-            diff = np.full((len(names), len(names)), np.nan)
-            marks = [["" for _ in names] for _ in names]
-            for r in mine:
-                i, j = at[name_of(r, "a")], at[name_of(r, "b")]
-                if r.test is None:
-                    marks[i][j] = marks[j][i] = "n/p"
-                    continue
-                diff[i, j], diff[j, i] = r.test.diff.value, -r.test.diff.value
-                star = "*" if r.significant else ""
-                marks[i][j] = f"{r.test.diff.value:+.1f}{star}"
-                marks[j][i] = f"{-r.test.diff.value:+.1f}{star}"
-            lim = max(1.0, float(np.nanmax(np.abs(diff))) if np.isfinite(diff).any() else 1.0)
-            im = ax.imshow(diff, cmap="RdBu", vmin=-lim, vmax=lim)
-            for i in range(len(names)):
-                for j in range(len(names)):
-                    if marks[i][j]:
-                        dark = np.isfinite(diff[i, j]) and abs(diff[i, j]) > 0.6 * lim
-                        color = "white" if dark else "black"
-                        ax.text(j, i, marks[i][j], ha="center", va="center", fontsize=6.5, color=color)
-            ax.set_xticks(range(len(names)), names, rotation=90)  # upright boxes: neighbours never touch
-            ax.set_yticks(range(len(names)), names)
-            one_bench = len({b for b, _ in settings}) == 1
-            ax.set_title(f"{protocol} protocol" if one_bench else f"{bench}, {protocol}", fontsize=9)
-            fig.colorbar(im, ax=ax, shrink=0.8, label="row - column (points)")
-        _hide_unused(axes, len(settings))
-        caption = (
-            f"{title} ({', '.join(sorted({b for b, _ in settings}))}): final accuracy of the row's strategy minus "
-            "the column's, in points, on the same test images "
-            "and seeds; * = significantly different at 5 % (exact McNemar for one seed, paired bootstrap over "
-            "images for several, seeds held fixed; Holm-corrected over the pairs of each panel); n/p = not "
-            "paired (other seeds, class order or test set). " + provenance(coll.runs)
-        )
-        return _save(fig, out_dir, name, title, caption, coll.runs)

@@ -8,6 +8,7 @@ in texlive-latex-recommended's ``booktabs.sty``); a wide table is wrapped in ``\
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from clbench.files import escape as text
@@ -61,34 +62,126 @@ def table_latex(df: pd.DataFrame, caption: str, label: str | None = None) -> str
     return _tabular(df, rows, caption, label or "tab:" + re.sub(r"[^a-z0-9]+", "-", caption.lower()).strip("-")[:40])
 
 
-LEADERBOARD_COLUMNS = ("rank", "method", "seeds", "final acc % ± CI", "avg inc acc % ± CI", "forgetting")
+PACKAGES = "% Needs \\usepackage{booktabs} (its top, middle and bottom rules); nothing else.\n"
+REFERENCE_PROTOCOL = ", reference protocol"  # a method cell's suffix, abbreviated in the paper table
+# The leaderboard's columns for a paper, by the start of their display name: (start, header, wide table only)
+PAPER_COLUMNS = (
+    ("rank", "Rank", False),
+    ("method", "Method", False),
+    ("seeds", "Seeds", False),
+    ("final acc", "Final acc.", False),
+    ("avg inc acc", "Avg.\\ inc.\\ acc.", True),
+    ("forgetting", "Forg.", True),
+    ("added params", "Added", True),
+    ("train s", "Train s", True),
+)
+_INTERVAL = re.compile(r"^\s*([-+]?[0-9.]+)\s*\[([-+]?[0-9.]+),\s*([-+]?[0-9.]+)\]")
 
 
-def leaderboard_latex(board: Board) -> str:
-    """The leaderboard: rank, method, final and average incremental accuracy with $\\pm$ half the 95 % interval,
-    forgetting, added parameters, training time and the difference to the baseline; the best row in bold; the
-    marker :data:`SIGNIFICANT` on methods that differ from the baseline (Holm-adjusted over the main rows)."""
+def _paper_cell(column: str, value: object) -> str:
+    """A leaderboard cell for the paper: ``(ref.)`` for the reference protocol, counts as ``955k`` / ``21.6M``,
+    seconds without decimals."""
+    raw = str(value)
+    if column == "method":
+        return cell(raw.replace(REFERENCE_PROTOCOL, " (ref.)").replace(":reference", ":ref."))
+    interval = re.fullmatch(r"([-+]?[0-9]+\.[0-9]+) ± ([0-9.]+)", raw)
+    if interval:  # one decimal: the interval's half-width moves by about 0.03 points between bootstrap seeds
+        return f"{float(interval.group(1)):.1f} $\\pm$ {interval.group(2)}"
+    if column.startswith("forgetting") and re.fullmatch(r"[0-9]+\.[0-9]+", raw):
+        return f"{float(raw):.1f}"
+    number = raw.replace(",", "")
+    if column.startswith(("added", "train")) and re.fullmatch(r"[0-9]+(\.[0-9]+)?", number):
+        x = float(number)
+        if column.startswith("train"):
+            return f"{x:.2g}" if x < 10 else f"{x:,.0f}"
+        for div, suffix in ((1e6, "M"), (1e3, "k")):
+            if x >= div:
+                return f"{x / div:.3g}{suffix}"
+        return f"{x:.0f}"
+    return cell(raw)
+
+
+def _versus_cell(value: object, wide: bool) -> str:
+    """``+30.21 [+27.4, +33.0], p 1e-07`` as ``+30.2`` (narrow) or ``+30.2 [+27.4, +33.0]`` (wide); other cells
+    (``baseline``, ``not paired``) as they are."""
+    m = _INTERVAL.match(str(value))
+    if m is None:
+        return "n/p" if str(value) == "not paired" else cell(value)
+    diff, lo, hi = (float(g) for g in m.groups())
+    return f"{diff:+.1f}" + (f" [{lo:.1f}, {hi:.1f}]" if wide else "")
+
+
+def leaderboard_latex(board: Board, wide: bool = False) -> str:
+    """The leaderboard for a paper, ranked best first with display names: rank, method, seeds, final and average
+    incremental accuracy with $\\pm$ half the 95 % interval and the difference to the baseline; ``wide`` (a
+    full-width ``table*``) adds forgetting, added parameters, training time and the difference's interval. The best
+    row in bold; :data:`SIGNIFICANT` on methods that differ from the baseline (Holm-adjusted over the main rows).
+    Sized to fit ``\\textwidth`` at 9 pt (``\\small`` in a 10 pt document; ``wide``: a two-column page) without
+    ``\\resizebox``; the packages it needs are named in its first line."""
     df = board.table
-    cols = [c for c in df.columns if c not in ("differs from best", "warnings")]
-    out = df[cols]
+    cols, headers = [], []
+    for start, header, only_wide in PAPER_COLUMNS:
+        col = next((c for c in df.columns if str(c).startswith(start)), None)
+        if col is not None and (wide or not only_wide):
+            cols.append(col)
+            headers.append(header)
+    versus = board.versus_column if board.versus_column in df.columns else None
+    baseline = ""
+    if versus is not None:
+        baseline = str(versus).split(" vs ", 1)[-1].split(" [", 1)[0].split(",", 1)[0].strip()
+        headers.append(r"$\Delta$ " + text.latex(baseline))
     rows = []
-    for i, row in enumerate(out.itertuples(index=False)):
-        cells = [cell(v) for v in row]
-        if board.significant_vs_baseline[i]:
+    for i, row in enumerate(df.itertuples(index=False)):
+        values = dict(zip(df.columns, row, strict=True))
+        cells = [_paper_cell(c, values[c]) for c in cols]
+        if versus is not None:
+            cells.append(_versus_cell(values[versus], wide))
+        if "method" in cols and board.significant_vs_baseline[i]:
             cells[cols.index("method")] += SIGNIFICANT
         if i == 0:
             cells = [r"\textbf{" + c + "}" if c else c for c in cells]
         rows.append(cells)
+    first = board.caption.split(". ")[0].split(": one row per method")[0]
     caption = (
-        board.caption.split(". ")[0]
-        + ". Mean over seeds $\\pm$ half the 95 \\% interval; best in bold; "
-        + SIGNIFICANT
-        + ": differs from the baseline (Holm-adjusted p $<$ 0.05, main rows only)."
+        cell(first)
+        + ". Ranked by final accuracy (\\%), mean over seeds $\\pm$ half the 95 \\% interval; best in bold; (ref.): "
+        "the reference protocol; :ref.: the reference profile; n/p: not paired with the baseline (other seeds or "
+        "protocol)"
+        + (
+            f"; $\\Delta$ {text.latex(baseline)}: final accuracy minus the baseline's (points"
+            + (", 95 \\% interval" if wide else "")
+            + f"); {SIGNIFICANT}: differs from the baseline (Holm-adjusted p $<$ 0.05, main rows only)"
+            if versus is not None
+            else ""
+        )
+        + (
+            "; Forg.: forgetting; Added: parameters added to the backbone (k, M); Train s: training seconds per run"
+            if wide
+            else ""
+        )
+        + "."
     )
-    lines = _tabular(out, rows, "CAPTION", "tab:leaderboard").replace(
-        r"\caption{CAPTION}", r"\caption{" + caption + "}"
-    )
-    return lines
+    align = "".join("l" if c == "method" else "r" for c in cols) + ("r" if versus is not None else "")
+    env = "table*" if wide else "table"
+    lines = [
+        PACKAGES.rstrip(),
+        f"\\begin{{{env}}}[t]",
+        r"\centering",
+        r"\small",
+        r"\setlength{\tabcolsep}{" + ("3pt" if wide else "4pt") + "}",
+        r"\caption{" + caption + "}",
+        r"\label{tab:leaderboard" + ("-wide" if wide else "") + "}",
+        r"\begin{tabular}{" + align + "}",
+        r"\toprule",
+        " & ".join(headers) + r" \\",
+        r"\midrule",
+        *(" & ".join(r) + r" \\" for r in rows),
+        r"\bottomrule",
+        r"\end{tabular}",
+        f"\\end{{{env}}}",
+        "",
+    ]
+    return "\n".join(lines)
 
 
-__all__ = ["SIGNIFICANT", "cell", "leaderboard_latex", "table_latex"]
+__all__ = ["PACKAGES", "SIGNIFICANT", "cell", "leaderboard_latex", "table_latex"]

@@ -41,12 +41,21 @@ class MethodCard:
     # (cfg, d, depth, task_sizes) -> ParamCounts of a finished run, from the config alone (clbench perf params)
     param_formula: Callable[..., ParamCounts] | None = None
     work: Callable[..., Work] | None = None  # (cfg, RunShape) -> Work: the cost model (clbench perf projection)
-    family: str = ""  # one of FAMILIES: how the method adapts the frozen ViT (`clbench list`, report panels)
+    # how the method adapts the frozen ViT, one key of FAMILIES (`clbench list`, the report's panels); "" for a plug-in
+    # that names none
+    family: str = ""
     trains: str = ""  # what it learns, in a few words (`clbench list`)
 
 
-# The method families, each a way of adapting a frozen pre-trained ViT (a card's ``family``).
-FAMILIES = ("prompts", "adapters", "LoRA", "whole-ViT", "closed-form heads and prototypes", "TOSCA")
+# The method families, each a way of adapting a frozen pre-trained ViT: a card's ``family`` -> its title.
+FAMILIES = {
+    "prompts": "Prompts",
+    "adapters": "Adapters",
+    "lora": "LoRA",
+    "whole-vit": "Whole ViT",
+    "closed-form": "Closed-form heads and prototypes",
+    "routed-modules": "TOSCA and its routers",
+}
 # The profile names every built-in method declares (`clbench list`): ``default`` is its reference settings (no
 # change), ``quick`` a short CPU run of the embedded benchmark (a few minutes on 2 cores, 112 px inputs and fewer
 # epochs where the method trains), ``ci`` the regression gate's run (reports/gate/README.md).
