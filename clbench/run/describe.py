@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clbench.run.catalog import STRATEGIES, MethodCard, card
+from clbench.run.catalog import FAMILIES, STRATEGIES, MethodCard, card
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,8 @@ def print_catalog(console: Any = None) -> None:
     for name in STRATEGIES.names():
         try:
             method = card(name)
-            row = [method.family or "-", method.trains or "-", ", ".join(declared_scenarios(name))]
+            family = FAMILIES.get(method.family, method.family or "-")
+            row = [family, method.trains or "-", ", ".join(declared_scenarios(name))]
             row.append(", ".join(method.profiles) or "-")
         except ClbenchError as e:  # a plug-in that cannot be loaded here
             row = ["-", f"cannot be loaded: {e}", "-", "-"]
@@ -239,7 +240,7 @@ def print_method(name: str, console: Any = None) -> None:
         return
     info = describe(name)
     console.print(f"[bold]{esc(name)}[/bold]: {esc(info.title)}" if info.title else f"[bold]{esc(name)}[/bold]")
-    console.print(f"family: {esc(info.card.family or '-')}")
+    console.print(f"family: {esc(FAMILIES.get(info.card.family, info.card.family or '-'))}")
     console.print(f"trains: {esc(info.card.trains or '-')}")
     console.print(f"scenarios: {esc(', '.join(info.scenarios))} (--scenario)")
     if info.reference:
