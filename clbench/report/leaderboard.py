@@ -22,7 +22,6 @@ only, so the correction for a budget sweep's pairs does not take the power out o
 from __future__ import annotations
 
 import argparse
-import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,8 +34,10 @@ from clbench.report.collect import AccKey, Collection, Run
 if TYPE_CHECKING:
     import pandas as pd
 
+    from clbench.report.study import PairTest
+    from clbench.report.study import Study as StudyModel
     from clbench.report.tables import Section
-    from clbench.report.uncertainty import PairRow, Predicted
+    from clbench.report.uncertainty import Predicted
 
 # A method's card names its reference budget ``reference`` where its defaults are not that budget, or to state it
 # (InfLoRA, SLCA, HiDe-Prompt), and ``reference-WHAT`` for the reference's budget of another data set or split
@@ -293,86 +294,109 @@ class Board:
     best: AccKey | None
     finals: list[float]
     significant_vs_baseline: list[bool | None]
+    study: StudyModel | None = None  # the study every column was read from
 
 
-def _pair_for(rows: Sequence[PairRow], key: AccKey, other: str) -> PairRow | None:
-    for r in rows:
-        if r.key_a == key and r.key_b is not None and r.key_b.strategy == other:
-            return r
-    return None
+def _diff_cell(t: PairTest | None, refused: str | None) -> str:
+    """``+2.44 [-0.3, +5.1]`` (a minus b, points, 95 % interval of the same procedure as its p), the seeds when
+    the rows' seeds differ, or why the pair has no test."""
+    from clbench.report.uncertainty import fmt_range
+
+    if t is None:
+        return f"not tested: {refused}" if refused else "-"
+    cell = f"{t.diff:+.2f} {fmt_range(_interval(t))}"
+    return cell + (f" (seed{'s' if len(t.seeds) > 1 else ''} {_seeds_short(t.seeds)})" if t.note else "")
 
 
-def _diff_cell(r: PairRow | None, is_self: bool, what: str) -> str:
-    from clbench.report.uncertainty import fmt_range, p_cell
+def _interval(t: PairTest):
+    from clbench.evaluation.stats import Interval
 
-    if is_self:
-        return what
-    if r is None:
-        return "-"
-    if r.test is None:
-        return "not paired"
-    d = r.test.diff
-    return f"{d.value:+.2f} {fmt_range(d)}, p {p_cell(r.p_holm, r.p_holm_bound)}"
+    return Interval(t.diff, t.lo, t.hi)
 
 
-def leaderboard(study: Study, coll: Collection, predicted: Predicted) -> Board:
-    """The main rows sorted by final accuracy (module docstring)."""
+def _seeds_short(seeds: Sequence[int]) -> str:
+    from clbench.report.study import _seeds_text
+
+    return _seeds_text(seeds)
+
+
+def _p_cell(t: PairTest | None) -> str:
+    from clbench.evaluation.stats import fmt_p
+
+    return "-" if t is None else fmt_p(t.p, t.p_bound)
+
+
+def _holm_cell(t: PairTest | None) -> str:
+    from clbench.evaluation.stats import fmt_p
+
+    return "-" if t is None else f"{fmt_p(t.p_adj, t.p_adj_bound)} ({'differs' if t.significant else 'n.s.'})"
+
+
+def leaderboard(study: Study, coll: Collection, predicted: Predicted, model: StudyModel | None = None) -> Board:
+    """The main rows sorted by final accuracy (module docstring), every test read from the study ``model``
+    (:func:`clbench.report.study.build_study`, built here when not given)."""
     import pandas as pd
 
+    from clbench.report.study import build_study
     from clbench.report.tables import fmt_float, fmt_int_range, mean_std
-    from clbench.report.uncertainty import fmt_interval, paired_rows, row_interval
+    from clbench.report.uncertainty import fmt_interval
 
-    main = study.collection(coll)
-    rows = main.acc_groups()
-    finals = {k: mean_std(r.summary(k.protocol).last_acc for r in runs)[0] for k, runs in rows.items()}
-    order = sorted(rows, key=lambda k: (-(finals[k] if not math.isnan(finals[k]) else -math.inf), k.strategy))
-    best = order[0] if order else None
-    vs_base = paired_rows(main, predicted, study.baseline) if study.baseline else []
-    vs_best = paired_rows(main, predicted, best.strategy) if best is not None else []
-    several = needs_backbone(list(rows))
-    column = f"Δ final vs {display_name(study.baseline)} [95 % CI], Holm p" if study.baseline else None
+    model = model if model is not None else build_study(study, coll, predicted)
+    base_name = display_name(study.baseline) if study.baseline else None
+    column = f"Δ final vs {base_name} [95 % CI]" if base_name else None
     records: list[dict[str, Any]] = []
     notes: dict[str, list[str]] = {}
     significant: list[bool | None] = []
-    for rank, key in enumerate(order, 1):
-        runs = rows[key]
+    for rank, row in enumerate(model.rows, 1):
+        runs = list(row.runs)
+        key = row.key
         s = [r.summary(key.protocol) for r in runs]
-        ri = row_interval(runs, key.protocol, predicted)
-        near = _pair_for(vs_best, key, best.strategy) if best is not None and key != best else None
-        if key == best:
-            mark = "best"
-        elif near is None or near.test is None:
-            mark = "-"
-        else:
-            mark = "no" if not near.significant else "yes"
-        base = _pair_for(vs_base, key, study.baseline) if study.baseline else None
-        significant.append(None if base is None or base.test is None else bool(base.significant))
+        best = model.best_of(row)
+        base = model.baseline_of(row)
+        vs_best = model.test(row.id, best.id) if best.id != row.id else None
+        vs_base = model.test(row.id, base.id) if base is not None and base.id != row.id else None
+        significant.append(None if vs_base is None else vs_base.significant)
         marks = []
         for kind, texts in record_warnings(runs, key.protocol).items():
             marks.append(f"{kind} ({len(texts)} of {len(runs)} records)" if len(runs) > 1 else kind)
             for rid, w in texts:
                 notes.setdefault(f"{kind}: {w}", []).append(rid)
-        row: dict[str, Any] = {
+        record: dict[str, Any] = {
             "rank": str(rank),
-            "method": short_label(key, several),
+            "method": row.label,
             "seeds": str(len(runs)),
-            "final acc % ± CI": fmt_interval(finals[key], ri.last),
-            "avg inc acc % ± CI": fmt_interval(mean_std(x.avg_acc for x in s)[0], ri.avg),
+            "final acc % ± CI": fmt_interval(row.final, row.interval.last),
+            "avg inc acc % ± CI": fmt_interval(mean_std(x.avg_acc for x in s)[0], row.interval.avg),
             "forgetting": fmt_float(mean_std(x.forgetting for x in s)[0], 2),
             "added params": fmt_int_range(r.record.params.added_total for r in runs),
             "train s": fmt_float(mean_std(r.record.time_s.train for r in runs)[0]),
         }
-        if column is not None:
-            row[column] = _diff_cell(base, key.strategy == study.baseline and base is None, "baseline")
-        row["differs from best"] = mark
-        row["warnings"] = "; ".join(marks) or "-"
-        records.append(row)
+        if column is not None and base_name is not None:
+            if base is not None and base.id == row.id:
+                record[column], record[f"p vs {base_name}"], record[f"Holm p vs {base_name}"] = "baseline", "-", "-"
+            else:
+                refused = model.refusal(row.id, base.id) if base is not None else None
+                record[column] = _diff_cell(vs_base, refused.why if refused else None)
+                record[f"p vs {base_name}"] = _p_cell(vs_base)
+                record[f"Holm p vs {base_name}"] = _holm_cell(vs_base)
+        if best.id == row.id:
+            mark = "best" if rank == 1 else f"best of the {key.protocol} protocol"
+            record["Δ final vs best [95 % CI]"], record["p vs best"], record["Holm p vs best"] = mark, "-", "-"
+        else:
+            refused = model.refusal(row.id, best.id)
+            record["Δ final vs best [95 % CI]"] = _diff_cell(vs_best, refused.why if refused else None)
+            record["p vs best"] = _p_cell(vs_best)
+            record["Holm p vs best"] = _holm_cell(vs_best)
+        record["warnings"] = "; ".join(marks) or "-"
+        records.append(record)
     table = pd.DataFrame(records)
     if len(table) and (table["warnings"] == "-").all():
         table = table.drop(columns=["warnings"])
-    caption = _caption(study, main, best, bool(notes))
+    keys = [r.key for r in model.rows]
+    best_key = model.rows[0].key if model.rows else None
+    caption = _caption(study, model, best_key, bool(notes))
     lines = [f"{text} (records: {', '.join(sorted(set(ids)))})" for text, ids in notes.items()]
-    return Board(table, order, caption, lines, column, best, [finals[k] for k in order], significant)
+    return Board(table, keys, caption, lines, column, best_key, [r.final for r in model.rows], significant, model)
 
 
 def record_warnings(runs: Sequence[Run], protocol: str) -> dict[str, list[tuple[str, str]]]:
@@ -394,7 +418,7 @@ def record_warnings(runs: Sequence[Run], protocol: str) -> dict[str, list[tuple[
     return out
 
 
-def _caption(study: Study, main: Collection, best: AccKey | None, warned: bool) -> str:
+def _caption(study: Study, model: StudyModel, best: AccKey | None, warned: bool) -> str:
     from clbench.report.tables import INTERVAL_NOTE
 
     benches = sorted({k.bench for k in study.main})
@@ -406,19 +430,10 @@ def _caption(study: Study, main: Collection, best: AccKey | None, warned: bool) 
         "forgetting: Chaudhry / PILOT definition (max earlier R[t][j] minus final R[T][j]), mean over seeds; "
         "added params: parameters stored on top of the frozen backbone after the last task; train s: training "
         "seconds per run, mean over seeds.",
+        f"Paired tests (Δ: final accuracy of the row minus the other's, points, on the same test images and the "
+        f"seeds both rows have): {PAIRED_NOTE} Family: {model.family}; 'differs'/'n.s.': the Holm-adjusted verdict "
+        "at 5 %.",
     ]
-    if study.baseline:
-        parts.append(
-            f"Δ vs {display_name(study.baseline)}: final accuracy minus the baseline's on the same test images and "
-            "seeds, points, with its 95 % interval and its p Holm-adjusted over the main rows' tests against the "
-            "baseline only (each benchmark and protocol; seed-level t test for several seeds, exact McNemar for "
-            "one); 'not paired': other seeds or class orders than the baseline's, or a protocol the baseline lacks."
-        )
-    if best is not None:
-        parts.append(
-            f"differs from best: the paired test against the best row ({short_label(best)}), Holm-adjusted over the "
-            "main rows; 'no' marks methods not significantly different from the best at 5 %."
-        )
     if len(protocols) > 1 or protocols != ["per-sample"]:
         parts.append(
             "Protocols: per-sample = every test image predicted on its own; reference = the reference "
@@ -430,6 +445,15 @@ def _caption(study: Study, main: Collection, best: AccKey | None, warned: bool) 
             "that barely changed the predictions, collapsed routing); each text is listed once under the table."
         )
     return " ".join(parts)
+
+
+# How a pair's interval and p are made: said once, in every caption that prints one.
+PAIRED_NOTE = (
+    "one seed shared, the paired bootstrap over test images (10,000 resamples, within classes; by whole test "
+    "batches for a reference protocol), its percentile interval and the bootstrap p of the same draws; several "
+    "seeds, the seed-level t (per-seed differences plus the shared test-image variance) with the p solved from "
+    "the same interval. Either way the interval excludes 0 exactly when the unadjusted p < 0.05."
+)
 
 
 def study_sections(study: Study) -> list[Section]:

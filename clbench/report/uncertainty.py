@@ -175,9 +175,18 @@ def fmt_interval(value: float | None, interval: stats.Interval | None, nd: int =
 
 
 def fmt_range(interval: stats.Interval) -> str:
-    """``[-5.4, +0.5]``: a signed interval at the printed resolution."""
+    """``[-5.4, +0.5]``: a signed interval at the printed resolution. An end that is not 0 never prints as 0 (it
+    gets the decimals it needs, up to three), so the printed interval excludes 0 exactly when the interval does."""
+    return f"[{fmt_end(interval.lo)}, {fmt_end(interval.hi)}]"
+
+
+def fmt_end(value: float) -> str:
+    """One end of a signed interval: :data:`clbench.evaluation.stats.INTERVAL_DECIMALS` decimals, more where fewer
+    would print a nonzero end as 0."""
     nd = stats.INTERVAL_DECIMALS
-    return f"[{interval.lo:+.{nd}f}, {interval.hi:+.{nd}f}]"
+    while value != 0 and float(f"{value:.{nd}f}") == 0 and nd < 3:
+        nd += 1
+    return f"{value:+.{nd}f}"  # the sign stays that of the value (-0.000 below 0)
 
 
 # ----------------------------------------------------------------------------------------------- pairs
