@@ -79,14 +79,11 @@ def printed_pairs(tmp: Path) -> dict[tuple[str, str], set[tuple[str, str, str]]]
     board = manifest["study"]["leaderboard"]  # the leaderboard: against the best and the baseline
     best = board[0]["method"]
     for r in board:
-        verdict = {"differs": "yes", "n.s.": "no"}
         if r["p vs best"] != "-":
-            holm, _, v = r["Holm p vs best"].partition(" (")
-            add(r["method"], best, r["p vs best"], holm, verdict[v.rstrip(")")])
+            add(r["method"], best, r["p vs best"], r["Holm p vs best"], r["differs from best"])
         base = next(x["method"] for x in board if x["Δ final vs SimpleCIL [95 % CI]"] == "baseline")
         if r["p vs SimpleCIL"] != "-":
-            holm, _, v = r["Holm p vs SimpleCIL"].partition(" (")
-            add(r["method"], base, r["p vs SimpleCIL"], holm, verdict[v.rstrip(")")])
+            add(r["method"], base, r["p vs SimpleCIL"], r["Holm p vs SimpleCIL"])
     block = readme_block((tmp / "README.md").read_text())  # the README block: "Δ [..]; p X, Holm Y"
     rows = [line.strip("|").split(" | ") for line in block.splitlines() if line.startswith("| ") and "---" not in line]
     head, body = [c.strip() for c in rows[0]], rows[1:]

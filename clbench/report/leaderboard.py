@@ -329,7 +329,10 @@ def _p_cell(t: PairTest | None) -> str:
 def _holm_cell(t: PairTest | None) -> str:
     from clbench.evaluation.stats import fmt_p
 
-    return "-" if t is None else f"{fmt_p(t.p_adj, t.p_adj_bound)} ({'differs' if t.significant else 'n.s.'})"
+    return "-" if t is None else fmt_p(t.p_adj, t.p_adj_bound)
+
+
+BEST_VERDICT = "differs from best"  # the adjusted verdict at 5 %, its own column
 
 
 def leaderboard(study: Study, coll: Collection, predicted: Predicted, model: StudyModel | None = None) -> Board:
@@ -382,11 +385,13 @@ def leaderboard(study: Study, coll: Collection, predicted: Predicted, model: Stu
         if best.id == row.id:
             mark = "best" if rank == 1 else f"best of the {key.protocol} protocol"
             record["Δ final vs best [95 % CI]"], record["p vs best"], record["Holm p vs best"] = mark, "-", "-"
+            record[BEST_VERDICT] = "best"
         else:
             refused = model.refusal(row.id, best.id)
             record["Δ final vs best [95 % CI]"] = _diff_cell(vs_best, refused.why if refused else None)
             record["p vs best"] = _p_cell(vs_best)
             record["Holm p vs best"] = _holm_cell(vs_best)
+            record[BEST_VERDICT] = "-" if vs_best is None else "yes" if vs_best.significant else "no"
         record["warnings"] = "; ".join(marks) or "-"
         records.append(record)
     table = pd.DataFrame(records)
@@ -431,8 +436,8 @@ def _caption(study: Study, model: StudyModel, best: AccKey | None, warned: bool)
         "added params: parameters stored on top of the frozen backbone after the last task; train s: training "
         "seconds per run, mean over seeds.",
         f"Paired tests (Δ: final accuracy of the row minus the other's, points, on the same test images and the "
-        f"seeds both rows have): {PAIRED_NOTE} Family: {model.family}; 'differs'/'n.s.': the Holm-adjusted verdict "
-        "at 5 %.",
+        f"seeds both rows have): {PAIRED_NOTE} Family: {model.family}; Holm p: adjusted over that family; "
+        f"{BEST_VERDICT}: the adjusted verdict at 5 % ('no': not significantly different from the best).",
     ]
     if len(protocols) > 1 or protocols != ["per-sample"]:
         parts.append(

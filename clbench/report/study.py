@@ -191,8 +191,8 @@ class Study:
     def to_dict(self) -> dict[str, object]:
         return {
             "family": self.family,
-            "best": self.best,
-            "baseline": self.baseline,
+            "best_row": self.best,
+            "baseline_row": self.baseline,
             "rows": [
                 {"id": r.id, "label": r.label, "seeds": list(r.seeds), "final": r.final, "avg": r.avg}
                 for r in self.rows
