@@ -177,3 +177,67 @@ def test_readme_without_markers_is_refused_before_anything_is_written(tmp_path, 
     rc = main(["report", str(runs), "--out", str(tmp_path / "rep"), "--no-tsne", "--readme", readme])
     err = capsys.readouterr().err
     assert rc != 0 and "clbench results: begin" in err and not (tmp_path / "rep").exists()
+
+
+# ------------------------------------------------------------------------------------- a study row is one data set
+REPO = Path(__file__).resolve().parent.parent
+SC1993 = REPO / "reports" / "emoji" / "runs" / "seeds" / "simplecil-emoji-s1993-o1993"
+STUDY_HEAD = "benches: emoji\nseeds: 1993\nprecision: fp32\nout: runs/x\n"
+
+
+def _copy_record(src: Path, dest: Path, **changes) -> Path:
+    import shutil
+
+    shutil.copytree(src, dest)
+    path = dest / "result.json"
+    rec = json.loads(path.read_text())
+    rec.update(changes)
+    path.write_text(json.dumps(rec))
+    return dest
+
+
+def test_a_study_group_with_records_of_two_data_sets_is_refused_naming_them(tmp_path):
+    """Two records with the same settings (fingerprint) but other data digests: before, both joined the group as
+    two rows of one method; now the report refuses in one line naming both records."""
+    from clbench.cli import build_parser
+    from clbench.errors import ClbenchError
+    from clbench.report.leaderboard import from_study_file
+
+    runs = tmp_path / "runs"
+    _copy_record(SC1993, runs / "a")
+    other = {"train": "0" * 16, "test": "1" * 16}
+    _copy_record(SC1993, runs / "b", run_id="simplecil-other-data", data_fingerprint=other)
+    study = tmp_path / "study.yaml"
+    study.write_text(
+        STUDY_HEAD + "groups:\n  - name: seeds\n    strategies: simplecil\n    seeds: 1993..1997\n    vary: both\n"
+    )
+    with pytest.raises(ClbenchError) as err:
+        from_study_file(collect([runs]), study, build_parser)
+    text = err.value.args[0]  # the message line (the hint is apart)
+    assert "group seeds has records of 2 data sets on emoji" in text and "\n" not in text
+    assert "simplecil-emoji-s1993-o1993" in text and "simplecil-other-data" in text
+    # one data set: accepted, one row
+    (runs / "b").rename(tmp_path / "b")
+    coll, selection = from_study_file(collect([runs]), study, build_parser)
+    assert len(selection.main) == 1
+
+
+def test_a_study_file_of_20000_groups_is_refused_before_any_group_is_planned(tmp_path, monkeypatch):
+    from clbench.cli import build_parser
+    from clbench.errors import ClbenchError
+    from clbench.report import leaderboard
+
+    def never(*_a, **_k):
+        raise AssertionError("a group was planned")
+
+    monkeypatch.setattr(leaderboard, "study_groups", never)
+    runs = tmp_path / "runs"
+    _copy_record(SC1993, runs / "a")
+    study = tmp_path / "many.yaml"
+    study.write_text(STUDY_HEAD + "groups:\n" + "".join(f"- {{name: g{i}, strategies: slda}}\n" for i in range(20_000)))
+    with pytest.raises(ClbenchError, match=r"bytes, more than a study file's"):
+        leaderboard.from_study_file(collect([runs]), study, build_parser)
+    # under the byte cap, over the group cap: refused by its count, still before planning
+    monkeypatch.setattr(leaderboard, "MAX_STUDY_BYTES", 10**7)
+    with pytest.raises(ClbenchError, match=r"20,000 groups, more than a study's 256"):
+        leaderboard.from_study_file(collect([runs]), study, build_parser)

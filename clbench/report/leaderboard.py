@@ -215,6 +215,52 @@ def study_groups(
     return out
 
 
+# A study file names its groups by hand: the committed one has 11 groups and 5 KB. Each group is planned as a sweep
+# (a parser and a plan per group), so a file of thousands of groups would run for minutes: refused, one line.
+MAX_STUDY_GROUPS = 256
+MAX_STUDY_BYTES = 256 * 1024
+
+
+def read_study_file(path: str | Path) -> dict[str, Any]:
+    """The study file's mapping, read once (:func:`clbench.run.configfile.load`: YAML 1.2, no aliases), refused in
+    one line beyond :data:`MAX_STUDY_BYTES` bytes (before it is parsed) or :data:`MAX_STUDY_GROUPS` groups."""
+    from clbench.run.configfile import load
+
+    p = Path(path)
+    if p.is_file() and p.stat().st_size > MAX_STUDY_BYTES:
+        raise ClbenchError(
+            f"--study {path}: {p.stat().st_size:,} bytes, more than a study file's {MAX_STUDY_BYTES:,}",
+            "give the sweep file of one study (a few groups of runs)",
+        )
+    data = load(str(path))
+    groups = data.get("groups")
+    if isinstance(groups, list) and len(groups) > MAX_STUDY_GROUPS:
+        raise ClbenchError(
+            f"--study {path}: {len(groups):,} groups, more than a study's {MAX_STUDY_GROUPS}",
+            "split it into studies of at most that many groups",
+        )
+    return data
+
+
+def _check_group_data(name: str, runs: list[Run], path: str | Path) -> None:
+    """A study group's records are of one data set per benchmark: records whose data digests differ (two data
+    sets with the same settings) are refused in one line naming them (records without a digest match any)."""
+    from clbench.report.collect import data_identity
+
+    by_bench: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        ident = data_identity(r.record)
+        if ident is not None:
+            by_bench[r.record.bench][ident].append(r.run_id)
+    for bench, idents in by_bench.items():
+        if len(idents) > 1:
+            named = "; ".join(f"data {d}: {', '.join(sorted(ids))}" for d, ids in sorted(idents.items()))
+            raise ClbenchError(
+                f"--study {Path(path).name}: group {name} has records of {len(idents)} data sets on {bench} ({named})",
+                "give the report the records of one data set (or run the other data set as a study of its own)",
+            )
+
+
 def from_study_file(
     coll: Collection,
     path: str | Path,
@@ -222,9 +268,11 @@ def from_study_file(
     baseline: str | None = None,
 ) -> tuple[Collection, Study]:
     """The study of ``path`` over ``coll`` (module docstring); returns the collection the report uses (class
-    orders pooled when a group varies them) and the study."""
+    orders pooled when a group varies them) and the study. A record joins a group only when its settings
+    fingerprint is one the group plans and its data is the group's (:func:`_check_group_data`)."""
+    data = read_study_file(path)
     groups = study_groups(path, make_parser)
-    vary = _varies_class_order(path)
+    vary = _varies_class_order(data)
     if vary:
         coll = _pooled(coll)
     by_digest: dict[str, list[Run]] = defaultdict(list)
@@ -237,6 +285,7 @@ def from_study_file(
     placed: set[str] = set()
     for name, is_main, _, planned in groups:
         runs = [r for d in planned for r in by_digest.get(d, [])]
+        _check_group_data(name, runs, path)
         missing = len(planned) - len({d for d in planned if d in by_digest})
         if missing:
             notes.append(f"study group {name}: {missing} of its {len(planned)} planned runs have no record here")
@@ -245,6 +294,8 @@ def from_study_file(
         elif runs:
             sections.append(StudySection(f"Study group {name}", f"group-{name}", "group", runs, ""))
         placed |= {r.run_id for r in runs}
+    main_data = [r for r in coll.runs if r.run_id in main_ids]
+    _check_group_data("(the main groups together)", main_data, path)
     # A main record that repeats the seed of a record outside the study (the same settings run twice, e.g. a budget
     # point at the default epochs) is the study's: the repeat mark only holds among the main records.
     main_runs = [
@@ -273,10 +324,7 @@ def from_study_file(
     return coll, study
 
 
-def _varies_class_order(path: str | Path) -> bool:
-    from clbench.run.configfile import load
-
-    data = load(str(path))
+def _varies_class_order(data: dict[str, Any]) -> bool:
     values = [data.get("vary")] + [g.get("vary") for g in data.get("groups") or [] if isinstance(g, dict)]
     return any(v in ("both", "class-order") for v in values)
 
