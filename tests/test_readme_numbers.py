@@ -81,32 +81,14 @@ FIVE_SEEDS = {
 }
 # first words of the row label -> strategy; records: each domain-incremental sweep's, every seed of SEEDS
 DOMAIN = {"ACIL": "acil", "SLDA": "slda", "TOSCA (one module": "tosca", "SimpleCIL": "simplecil"}
-# first words of the row label -> (record folder, protocol): emoji-domains at seed 1993, every strategy that supports
-# the domain scenario (the closed-form heads and TOSCA: the five-seed sweep's first run; the methods that train through
-# the ViT: their reference budget), one compare over all of them so that Holm covers every pair
-DOMAIN_ONE_SEED = {
-    "SimpleCIL": ("reports/emoji-domains/cheap-seeds/runs/simplecil-emoji-domains-s1993", "per-sample"),
-    "SLDA": ("reports/emoji-domains/cheap-seeds/runs/slda-emoji-domains-s1993", "per-sample"),
-    "ACIL": ("reports/emoji-domains/cheap-seeds/runs/acil-emoji-domains-s1993", "per-sample"),
-    "TOSCA (one module": ("reports/emoji-domains/cheap-seeds/runs/tosca-emoji-domains-s1993", "per-sample"),
-    "L2P": ("reports/emoji-domains/reference-trained/runs/l2p-emoji-domains-s1993", "per-sample"),
-    "DualPrompt": ("reports/emoji-domains/reference-trained/runs/dualprompt-emoji-domains-s1993", "per-sample"),
-    "RanPAC": ("reports/emoji-domains/reference-trained/runs/ranpac-emoji-domains-s1993", "per-sample"),
-}
 # table -> (benchmark, the sweep's record folder)
-DOMAIN_SWEEPS = {
-    "domain": ("emoji-vendors", "reports/emoji-vendors/runs/runs"),
-    "domains4": ("emoji-domains", "reports/emoji-domains/cheap-seeds/runs"),
-}
+DOMAIN_SWEEPS = {"domain": ("emoji-vendors", "reports/emoji-vendors/runs/runs")}
 HEADERS = {
     "five": "| strategy, five seeds",
     "domain": "| strategy | final % | avg inc % | forgetting | task-aware final %",
-    "domains4": "| strategy (emoji-domains) | final % | avg inc % | forgetting | task-aware final %",
-    "domains4-one": "| strategy (emoji-domains, seed 1993)",
 }
 # the file (from the repository root) that holds each table; the prose's stated differences live in PROSE_FILE
 TABLE_FILE = {"five": "reports/README.md", "domain": "reports/README.md"}
-TABLE_FILE["domains4"] = TABLE_FILE["domains4-one"] = "reports/README.md"
 PROSE_FILE = "reports/README.md"
 
 
@@ -175,18 +157,6 @@ def _params(rec) -> list[str]:
     return [f"{rec.params.added_total:,}", f"{rec.params.stored_total:,}", f"{rec.params.trainable:,}"]
 
 
-def one_seed_cells(rows: dict[str, tuple[str, str]], label: str, bench: str) -> tuple[list[str], str]:
-    """A one-seed table's row: (precision, final, average incremental accuracy, forgetting) and its paired-test cell,
-    from one compare over every record the table's ``rows`` name (routers aside), so Holm covers all its pairs."""
-    folder, protocol = rows[label]
-    rec = load_record(ROOT / folder)
-    folders = tuple(sorted({f for f, w in rows.values() if not w.startswith("router:")}))
-    r = table_row(folders, False, folder, protocol, bench)
-    forgetting = rec.summary(protocol).forgetting
-    cells = [rec.precision, r["final acc %"], r["avg inc acc %"], "" if forgetting is None else f"{forgetting:.2f}"]
-    return cells, versus_cell(r["vs"])
-
-
 def expected_five(label: str) -> list[str]:
     """The row's cells after the label (five-seed table)."""
     strategy, protocol = FIVE_SEEDS[label]
@@ -226,19 +196,9 @@ def expected_domain(label: str, which: str = "domain") -> list[str]:
     ]
 
 
-def expected_domain_one(label: str) -> list[str]:
-    """The row's cells after the label (the emoji-domains table at seed 1993: one compare over every row's record)."""
-    folder, protocol = DOMAIN_ONE_SEED[label]
-    first, versus = one_seed_cells(DOMAIN_ONE_SEED, label, "emoji-domains")
-    folders = tuple(sorted(f for f, _ in DOMAIN_ONE_SEED.values()))
-    return [*first, table_row(folders, False, folder, protocol, "emoji-domains")["task-aware final %"], versus]
-
-
 TABLES = {
     "five": (FIVE_SEEDS, expected_five),
     "domain": (DOMAIN, expected_domain),
-    "domains4": (DOMAIN, lambda label: expected_domain(label, "domains4")),
-    "domains4-one": (DOMAIN_ONE_SEED, expected_domain_one),
 }
 
 
@@ -266,7 +226,7 @@ def test_readme_results_block_is_the_study():
     sentence, every Δ, interval, p and Holm p of the study's one family."""
     from clbench.report.front import readme_block, results_block
 
-    assert readme_block((ROOT / "README.md").read_text()) == results_block(main_study())
+    assert readme_block((ROOT / "README.md").read_text(), "emoji-table") == results_block(main_study())
 
 
 def test_readme_block_check_can_fail():
@@ -302,7 +262,7 @@ def test_readme_block_is_ranked_and_answers():
 def readme_block_text() -> str:
     from clbench.report.front import readme_block
 
-    return readme_block((ROOT / "README.md").read_text())
+    return readme_block((ROOT / "README.md").read_text(), "emoji-table")
 
 
 @pytest.mark.parametrize("label", list(FIVE_SEEDS))
@@ -311,11 +271,34 @@ def test_five_seed_row_equals_its_records(label):
     assert row[1:] == expected_five(label), f"five-seed row {row[0]!r} differs from its five records"
 
 
-@pytest.mark.parametrize("label", list(DOMAIN_ONE_SEED))
-def test_emoji_domains_seed_1993_row_equals_its_record(label):
-    row = next(r for r in table_rows("domains4-one") if row_key(r[0], DOMAIN_ONE_SEED) == label)
-    folder = DOMAIN_ONE_SEED[label][0]
-    assert row[1:] == expected_domain_one(label), f"emoji-domains row {row[0]!r} differs from {folder}"
+DOMAIN_STUDY = "reports/emoji-domains.yaml"
+DOMAIN_RUNS = ("reports/emoji-domains/cheap-seeds/runs", "reports/emoji-domains/reference-trained/runs")
+
+
+@cache
+def domain_study():
+    """The emoji-domains study: both groups of its sweep file in one table, one baseline."""
+    from clbench.cli import build_parser
+    from clbench.report.leaderboard import from_study_file
+
+    coll, selection = from_study_file(collect([ROOT / f for f in DOMAIN_RUNS]), ROOT / DOMAIN_STUDY, build_parser)
+    return build_study(selection, coll, Predicted())
+
+
+def test_the_domain_incremental_study_is_one_table_with_every_method():
+    """reports/README.md's emoji-domains block is the study's (one report, one table, one baseline): every method
+    that ran it, the five-seed and the seed-1993 ones, RanPAC and SLDA tested against each other."""
+    from clbench.report.front import readme_block, results_block
+
+    model = domain_study()
+    assert readme_block((ROOT / PROSE_FILE).read_text(), "emoji-domains") == results_block(model)
+    strategies = {r.key.strategy for r in model.rows}
+    assert strategies == {"simplecil", "acil", "slda", "tosca", "l2p", "dualprompt", "ranpac"}
+    assert model.baseline_strategy == "simplecil" and not model.refused
+    assert all(r.key.bench.startswith("emoji-domains 4 domains x 50 classes") for r in model.rows)
+    ranpac, slda = (next(r for r in model.rows if r.key.strategy == s) for s in ("ranpac", "slda"))
+    t = model.test(ranpac.id, slda.id)
+    assert t is not None and t.seeds == (1993,)
 
 
 @pytest.mark.parametrize("which", list(DOMAIN_SWEEPS))
@@ -352,7 +335,7 @@ VERSUS = re.compile(
 NO_TEST = {"baseline", "-", "n/p"}
 
 
-@pytest.mark.parametrize("which", ["five", "domains4-one"])
+@pytest.mark.parametrize("which", ["five"])
 def test_every_versus_cell_has_an_interval_and_a_p(which):
     """Every difference the tables state: value, 95 % interval, its test (which made the interval too), the
     unadjusted and the Holm-corrected p and the verdict."""
@@ -368,7 +351,6 @@ def test_every_versus_cell_has_an_interval_and_a_p(which):
 
 
 VERSUS_HEADER = {
-    "domains4-one": "vs SimpleCIL (final, points, 95 % interval; its test, p, Holm)",
     "five": "vs SimpleCIL (final, points, 95 % interval; its test, p, Holm)",
 }
 

@@ -185,16 +185,16 @@ def write_report(
     model = build_study(study, coll, predicted, family)  # every table, README block and JSON reads these tests
     board = leaderboard(study, coll, predicted, model)
     if readme:
-        from clbench.report.front import check_readme
+        from clbench.report.front import check_readme, tag_of
 
         for path in readme:
-            check_readme(Path(path))  # refused before anything is written
+            check_readme(Path(path), tag_of(study_file))  # refused before anything is written
     meta = _meta(coll, command)  # before anything is written: a report inside the source tree stamps its revision
     out_dir = Path(out_dir)
     _figures_folder(out_dir)
     if latex_only:
         written = write_paper(board, main, out_dir, predicted)
-        written.files += _write_readmes(readme, model, out_dir)
+        written.files += _write_readmes(readme, model, study_file)
         return written
     figures, fig_notes = make_figures(
         coll, out_dir, with_tsne, tsne_points or TSNE_MAX_POINTS, budget=curves, main=main, predicted=predicted
@@ -250,15 +250,15 @@ def write_report(
     written.files.append(_write_text(out_dir / MANIFEST, json.dumps(_jsonable(manifest), indent=2) + "\n"))
     written.files += [out_dir / rel for f in figures for rel in f.files.values()]
     written.files += write_tables(secs, board, out_dir)
-    written.files += _write_readmes(readme, model, out_dir)
+    written.files += _write_readmes(readme, model, study_file)
     return written
 
 
-def _write_readmes(readme: list[Path] | None, model: Any, out_dir: Path) -> list[Path]:
-    """Rewrite each file's results block from ``model`` (:func:`clbench.report.front.write_readme`)."""
-    from clbench.report.front import write_readme
+def _write_readmes(readme: list[Path] | None, model: Any, study_file: str | Path | None) -> list[Path]:
+    """Rewrite each file's results block of this study from ``model`` (:func:`clbench.report.front.write_readme`)."""
+    from clbench.report.front import tag_of, write_readme
 
-    return [write_readme(Path(path), model, out_dir) for path in readme or []]
+    return [write_readme(Path(path), model, tag_of(study_file)) for path in readme or []]
 
 
 TABLES_DIR = "tables"

@@ -78,8 +78,9 @@ def add_report_args(p: argparse.ArgumentParser) -> None:
         "--readme",
         action="append",
         metavar="FILE",
-        help="also rewrite FILE's results block (between its `<!-- clbench results: begin ... -->` and "
-        "`<!-- clbench results: end -->` lines) with the study's leaderboard and its one-sentence answer; repeatable",
+        help="also rewrite FILE's results block of this study (between its lines `<!-- clbench results: begin TAG "
+        "... -->` and `<!-- clbench results: end TAG -->`, TAG the study file's name, e.g. emoji-table, or main "
+        "without --study) with the study's leaderboard and its one-sentence answer; repeatable",
     )
 
 
