@@ -24,6 +24,7 @@ from clbench.report.leaderboard import automatic
 from clbench.report.study import build_study
 from clbench.report.uncertainty import Predicted
 
+REPO = Path(__file__).resolve().parent.parent
 README = f"# Project\n\nIntro.\n\n{BEGIN}\nold\n{END}\n\nAfter.\n"
 
 
@@ -54,58 +55,80 @@ def _model(tmp: Path, family: str = "default"):
     return build_study(selection, coll, Predicted(), family)
 
 
-def printed_pairs(tmp: Path) -> dict[tuple[str, str], set[tuple[str, str, str]]]:
-    """Every (row, row) pair printed anywhere in the report's outputs -> the set of (p, Holm p, verdict) it is
-    printed with (the verdict where the output prints one, else "")."""
+def printed_pairs(
+    report: Path, readme: tuple[Path, str], compare: Path | None = None
+) -> dict[tuple[str, str], set[tuple[str, str, str]]]:
+    """Every (row, row) pair printed anywhere in a report's outputs (``report``: its folder; ``readme``: a file and
+    the tag of its results block; ``compare``: a compare folder of the same records) -> the set of (p, Holm p,
+    verdict) it is printed with (the verdict where the output prints one, else "")."""
     out: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
 
     def add(a: str, b: str, p: str, holm: str, verdict: str = "") -> None:
         out.setdefault(tuple(sorted((a, b))), set()).add((p, holm, verdict))
 
-    manifest = json.loads((tmp / "rep" / "report.json").read_text())
-    labels = {r["id"]: r["label"] for r in manifest["study"]["rows"]}
-    for t in manifest["study"]["tests"]:  # report.json: numbers
-        v = "yes" if t["significant"] else "no"
-        add(labels[t["a"]], labels[t["b"]], fmt_p(t["p"], t["p_bound"]), fmt_p(t["p_adj"], t["p_adj_bound"]), v)
-    compare = json.loads((tmp / "cmp" / "compare.json").read_text())
-    clabels = {r["id"]: r["label"] for r in compare["rows"]}
-    for t in compare["tests"]:
-        v = "yes" if t["significant"] else "no"
-        add(clabels[t["a"]], clabels[t["b"]], fmt_p(t["p"], t["p_bound"]), fmt_p(t["p_adj"], t["p_adj_bound"]), v)
-    for table in (tmp / "rep" / "tables" / "pairs.csv", tmp / "cmp" / "compare_pairs.csv"):  # the paired tables
+    def from_json(study: dict) -> None:
+        labels = {r["id"]: r["label"] for r in study["rows"]}
+        for t in study["tests"]:
+            v = "yes" if t["significant"] else "no"
+            p, holm = fmt_p(t["p"], t["p_bound"]), fmt_p(t["p_adj"], t["p_adj_bound"])
+            add(labels[t["a"]], labels[t["b"]], p, holm, v)
+
+    manifest = json.loads((report / "report.json").read_text())
+    assert "tests" in manifest["study"], f"{report}: made before the study model; regenerate it"
+    from_json(manifest["study"])
+    tables = [report / "tables" / "pairs.csv"]
+    if compare is not None:
+        from_json(json.loads((compare / "compare.json").read_text()))
+        tables.append(compare / "compare_pairs.csv")
+    for table in tables:  # the paired tables
         for r in pd.read_csv(table, dtype=str).to_dict(orient="records"):
             if r["p"] != "-":
                 add(r["A"], r["B"], r["p"], r["p (Holm)"], "yes" if r["differ (Holm, 5 %)"] == "yes" else "no")
     board = manifest["study"]["leaderboard"]  # the leaderboard: against the best and the baseline
     best = board[0]["method"]
+    base = next(x["method"] for x in board if x["Δ final vs SimpleCIL [95 % CI]"] == "baseline")
     for r in board:
         if r["p vs best"] != "-":
             add(r["method"], best, r["p vs best"], r["Holm p vs best"], r["differs from best"])
-        base = next(x["method"] for x in board if x["Δ final vs SimpleCIL [95 % CI]"] == "baseline")
         if r["p vs SimpleCIL"] != "-":
             add(r["method"], base, r["p vs SimpleCIL"], r["Holm p vs SimpleCIL"])
-    block = readme_block((tmp / "README.md").read_text())  # the README block: "Δ [..]; p X, Holm Y"
+    block = readme_block(readme[0].read_text(), readme[1])  # the README block: "Δ [..]; p X, Holm Y"
     rows = [line.strip("|").split(" | ") for line in block.splitlines() if line.startswith("| ") and "---" not in line]
     head, body = [c.strip() for c in rows[0]], rows[1:]
     best_label = body[0][1].strip().strip("*")
+    assert head[5].startswith("vs best") and head[6].startswith("vs SimpleCIL")
     for cells in body:
         cells = [c.strip().strip("*") for c in cells]
         for col, other in ((5, best_label), (6, "SimpleCIL")):
             m = re.search(r"; p (.+?), Holm ([^,]+)", cells[col])
             if m:
                 add(cells[1], other, m.group(1), m.group(2))
-    assert head[5].startswith("vs best")
     return out
 
 
-def test_no_pair_is_printed_with_two_p_values_or_verdicts(outputs):
-    pairs = printed_pairs(outputs)
+def assert_one_answer(pairs: dict[tuple[str, str], set[tuple[str, str, str]]]) -> None:
     assert pairs, "no pair printed"
     for pair, values in pairs.items():
         ps = {(p, holm) for p, holm, _ in values}
         verdicts = {v for _, _, v in values if v}
         assert len(ps) == 1, f"{pair}: printed with {sorted(ps)}"
         assert len(verdicts) <= 1, f"{pair}: verdicts {sorted(verdicts)}"
+
+
+def test_no_pair_is_printed_with_two_p_values_or_verdicts(outputs):
+    pairs = printed_pairs(outputs / "rep", (outputs / "README.md", "main"), outputs / "cmp")
+    assert_one_answer(pairs)
+    # the check can fail: one output printing another p for a pair is caught
+    some = next(iter(pairs))
+    broken = {**pairs, some: pairs[some] | {("0.5", "0.9", "")}}
+    with pytest.raises(AssertionError, match="printed with"):
+        assert_one_answer(broken)
+
+
+def test_the_committed_report_and_readmes_print_each_pair_once():
+    """reports/emoji (made by `clbench report reports/emoji/runs --study reports/emoji-table.yaml --out
+    reports/emoji --readme README.md`), README.md's block: one p, one Holm p, one verdict per pair."""
+    assert_one_answer(printed_pairs(REPO / "reports" / "emoji", (REPO / "README.md", "emoji-table")))
 
 
 def test_every_output_prints_the_studys_tests(outputs):
@@ -180,7 +203,6 @@ def test_readme_without_markers_is_refused_before_anything_is_written(tmp_path, 
 
 
 # ------------------------------------------------------------------------------------- a study row is one data set
-REPO = Path(__file__).resolve().parent.parent
 SC1993 = REPO / "reports" / "emoji" / "runs" / "seeds" / "simplecil-emoji-s1993-o1993"
 STUDY_HEAD = "benches: emoji\nseeds: 1993\nprecision: fp32\nout: runs/x\n"
 

@@ -428,7 +428,7 @@ def pairs_frame(model: StudyModel) -> pd.DataFrame:
             {
                 "A": t.label_a,
                 "B": t.label_b,
-                "seeds": _seeds_text(t.seeds) + (f" ({t.note})" if t.note else ""),
+                "seeds": _seeds_text(t.seeds) + (" (the seeds both rows have)" if t.note else ""),
                 "A - B final acc (points) [95 % CI]": f"{t.diff:+.2f} {fmt_range(stats.Interval(t.diff, t.lo, t.hi))}",
                 "test": t.method,
                 "p": stats.fmt_p(t.p, t.p_bound),
