@@ -339,7 +339,7 @@ class PairedTest:
 
     diff: Interval
     p: float
-    test: str  # "exact McNemar" / "paired bootstrap over images" / "paired t over seeds"
+    test: str  # PAIRED_BOOTSTRAP / PAIRED_BLOCK_BOOTSTRAP / "paired t over seeds"
     at_floor: bool = False
     conditions: str = ""
 

@@ -14,9 +14,12 @@ dump. :class:`Study` says what is compared:
   records with the most seeds (then the most recent revision's order); budget variants, profiles and ``--set``
   ablations go to their own sections.
 
-A record that belongs to no section is listed under "Not in the comparison", never silently dropped. The
-leaderboard's paired tests (against the baseline, and against the best row) are Holm-corrected over the main rows
-only, so the correction for a budget sweep's pairs does not take the power out of the comparison that matters.
+A record that belongs to no section is listed under "Not in the comparison", never silently dropped. A record joins
+a study file's group only when its data digests agree with the group's (a group of two data sets is refused), and a
+study file is capped (:data:`MAX_STUDY_GROUPS`, :data:`MAX_STUDY_BYTES`). The leaderboard reads its paired tests
+(against the best row and against the baseline) from the study (:mod:`clbench.report.study`), whose family covers
+the main rows only, so the correction for a budget sweep's pairs does not take the power out of the comparison that
+matters, and the paired table, ``compare`` and the README print the same p for the same pair.
 """
 
 from __future__ import annotations

@@ -193,10 +193,12 @@ def fmt_end(value: float) -> str:
 @dataclass(frozen=True)
 class PairRow:
     """A against B on one benchmark and protocol: the difference in final accuracy (points, A minus B). ``key_a``,
-    ``key_b``: the full identity of the two rows (their seeds in ``seeds``). ``test``: one seed, exact McNemar (block
-    bootstrap for a batch-coupled protocol); several, the seed-level test, with the image-level test beside it
-    (``image_test``) and the exact sign-flip p over seeds (``sign_flip``). Holm over the pairs of each benchmark and
-    protocol, for each test separately; ``*_bound``: the adjusted p is an upper bound (a resampling floor)."""
+    ``key_b``: the full identity of the two rows (their seeds in ``seeds``). ``test``: one seed, the paired (block)
+    bootstrap; several, the seed-level test, with the image-level test beside it (``image_test``) and the exact
+    sign-flip p over seeds (``sign_flip``). Holm over the pairs of each benchmark and protocol, for each test
+    separately; ``*_bound``: the adjusted p is an upper bound (a resampling floor). The all-pairs matrix figure
+    reads these; every table of a report reads the study's tests instead (:mod:`clbench.report.study`: one family,
+    one p per pair)."""
 
     bench: str
     protocol: str
