@@ -573,3 +573,19 @@ def test_relative_links_resolve(name):
     assert targets
     missing = [t for t in targets if not (path.parent / t.split("#")[0]).exists()]
     assert not missing, f"{name}: links to {missing}"
+
+
+@pytest.mark.full  # compare over the 119 committed records, with its figures: about a minute on 2 cores
+def test_compare_with_the_study_file_prints_the_studys_tests(tmp_path):
+    """`clbench compare --study` reads the same study as the report and the README: the same tests, bit for bit."""
+    import json
+
+    from clbench.cli import main
+
+    argv = ["compare", str(ROOT / RUNS), "--bench", "emoji", "--study", str(ROOT / STUDY), "--out", str(tmp_path)]
+    assert main(argv) == 0
+    got = json.loads((tmp_path / "compare.json").read_text())
+    want = main_study().to_dict()
+    assert got["family"] == want["family"] and len(got["tests"]) == len(want["tests"]) > 0
+    for a, b in zip(got["tests"], want["tests"], strict=True):
+        assert a == json.loads(json.dumps(b)), a["label_a"]

@@ -341,13 +341,16 @@ def write_compare(
     command: str | None = None,
     baseline: str | None = None,
     family: str = "default",
+    study_file: str | Path | None = None,
+    make_parser: Callable[[], argparse.ArgumentParser] | None = None,
 ) -> Written:
     """Accuracy curves with their intervals, the summary rows (mean ± half the 95 % interval), and the study's
-    paired tests (:mod:`clbench.report.study`: the main rows chosen as ``clbench report`` chooses them without a
-    study file, the same family and Holm correction, so that a pair prints the same p as in the report of the same
-    records) with their matrix figure, for ``bench``; ``compare.json`` holds the study's tests as numbers."""
+    paired tests (:mod:`clbench.report.study`: the main rows chosen as ``clbench report`` chooses them, from
+    ``study_file`` or without one, the same family and Holm correction, so that a pair prints the same p as in the
+    report of the same records) with their matrix figure, for ``bench``; ``compare.json`` holds the study's tests as
+    numbers."""
     from clbench.report.figures import paired_matrix
-    from clbench.report.leaderboard import automatic
+    from clbench.report.leaderboard import automatic, from_study_file
     from clbench.report.study import build_study
     from clbench.report.tables import ECE_NOTE, INTERVAL_NOTE, pairs_frame, pairs_intro
     from clbench.report.uncertainty import Predicted, paired_rows
@@ -364,7 +367,12 @@ def write_compare(
         have = ", ".join(sorted({r.strategy for r in sel.runs}))
         raise ClbenchError(f"--baseline {baseline}: no run of that strategy on {bench}", f"strategies here: {have}")
     predicted = Predicted()
-    sel, selection = automatic(sel, baseline)
+    if study_file is not None:
+        if make_parser is None:
+            raise ValueError("a study file is read with the command line's parser: pass make_parser")
+        sel, selection = from_study_file(sel, study_file, make_parser, baseline)
+    else:
+        sel, selection = automatic(sel, baseline)
     model = build_study(selection, sel, predicted, family)  # reads every predictions file: a changed one stops here
     meta = _meta(sel, command)  # before anything is written (see write_report)
     out_dir = Path(out_dir)

@@ -159,6 +159,12 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
         help="the strategy every main row is tested against (default: simplecil where present, else the first), "
         "e.g. simplecil",
     )
+    p.add_argument(
+        "--study",
+        metavar="FILE",
+        help="the study's sweep file, as `clbench report --study`: the same main rows and tests, so that each pair "
+        "prints the p of the report of the same records",
+    )
     _add_family(p)
 
 
@@ -174,6 +180,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         command=command_line(),
         baseline=args.baseline,
         family="all" if args.all_pairs else "default",
+        study_file=args.study,
+        make_parser=getattr(args, "make_parser", None),
     )
     print(
         f"compare: {len(coll.select(args.bench).runs)} runs on {plain(args.bench)} -> "
