@@ -72,10 +72,11 @@ def test_leaderboard_is_sorted_by_final_accuracy_and_marks_the_best_and_the_base
     assert board.finals == sorted(board.finals, reverse=True)
     assert board.table["differs from best"].iloc[0] == "best"
     column = board.versus_column
-    assert column is not None and "Holm" in column
+    assert column is not None and "Holm p vs SimpleCIL" in board.table.columns
     base = board.table[board.table["method"] == "SimpleCIL"]
     assert list(base[column]) == ["baseline"]
-    assert "Holm-adjusted over the main rows" in board.caption
+    assert board.study is not None and f"Family: {board.study.family}" in board.caption
+    assert "each main row vs the best row and vs the baseline (SimpleCIL)" in board.caption
     assert "95 % interval" in board.caption  # explained once in the caption, not in a column per row
     assert not any("bootstrap" in str(v) for v in board.table.to_numpy().ravel())
 

@@ -141,7 +141,7 @@ def test_the_several_seed_paired_test_has_5_percent_false_positives(classes):
     hier = stats.hierarchical_draws((a.astype(np.float32) - b)[:, :, :200], classes, B, seed=14)
     assert (stats.bootstrap_p(d[:, :200].mean(axis=0), hier) < 0.05).mean() < 0.02
     one = stats.paired_test(a[:, :, 0], b[:, :, 0], classes)
-    assert one.test == "paired bootstrap over images" and one.diff.lo < one.diff.value < one.diff.hi
+    assert one.test == stats.PAIRED_BOOTSTRAP and one.diff.lo < one.diff.value < one.diff.hi
 
 
 def test_paired_tests_detect_a_3_point_difference(classes):

@@ -16,8 +16,10 @@ from test_uncertainty_report import make_run
 from clbench.records.results import load_record
 from clbench.report.build import _versus
 from clbench.report.collect import collect
+from clbench.report.leaderboard import Study
+from clbench.report.study import build_study
 from clbench.report.tables import summary_table
-from clbench.report.uncertainty import Predicted, paired_rows
+from clbench.report.uncertainty import Predicted
 
 
 @pytest.fixture(scope="module")
@@ -41,18 +43,25 @@ def test_one_method_at_two_precisions_gets_two_rows_and_two_tests(tmp_path, test
     _at_precision(make_run(runs, test_y, "tosca", 1, 0.50), "fp32", "tosca-fp32-s1")  # fp32: 20 points better
     make_run(runs, test_y, "tosca", 1, 0.31)  # bf16 (the fixture's precision): no real difference
     coll = collect([runs], False).select("emoji")
+    selection = Study(coll.acc_groups(), "simplecil")  # every row a main row: both precisions of TOSCA
     predicted = Predicted()
-    pairs = paired_rows(coll, predicted, "simplecil")
+    model = build_study(selection, coll, predicted)
     table = summary_table(coll, predicted)
     rows = zip(table["strategy"], table["backbone"], strict=True)
-    cells = dict(zip(rows, _versus(table, pairs), strict=True))
+    cells = dict(zip(rows, _versus(table, model), strict=True))
     tosca = {backbone: cell for (strategy, backbone), cell in cells.items() if strategy == "tosca"}
     assert len(tosca) == 2, cells  # two rows: the precision is part of the backbone label
     fp32 = next(c for b, c in tosca.items() if b.endswith("fp32"))
     bf16 = next(c for b, c in tosca.items() if b.endswith("bf16"))
     assert "differs" in fp32 and "not significantly different" in bf16, tosca
     assert float(fp32.split()[0]) > 15 > float(bf16.split()[0])
-    assert {(p.key_a.backbone if p.key_a else None) for p in pairs if p.test is not None} == set(tosca)
+    sides = [(model.row(t.a).key, model.row(t.b).key) for t in model.tests]
+    tested = {
+        a.backbone if b.strategy == "simplecil" else b.backbone
+        for a, b in sides
+        if "simplecil" in (a.strategy, b.strategy)
+    }
+    assert tested == set(tosca)
 
 
 def test_a_batch_coupled_protocol_is_resampled_by_test_batches(tmp_path, test_y):

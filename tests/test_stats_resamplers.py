@@ -100,17 +100,17 @@ def test_seed_level_resamples_seeds_not_images_alone():
 def test_a_p_value_at_the_floor_is_a_bound_through_holm_and_prints_as_one():
     a = np.ones((2, 36))
     b = np.zeros((2, 36))  # every image better: no resample is as extreme as 0
-    t = stats.paired_test(a, b, STRATA, n_resamples=999)
-    assert t.p == pytest.approx(stats.p_floor(999)) == pytest.approx(1 / 1000) and t.at_floor
+    t = stats.paired_test(a, b, STRATA, n_resamples=1000)
+    assert t.p == pytest.approx(1 / 1000) and t.at_floor  # no draw reached 0: the floor 1 / B, a bound
     adjusted, bound = stats.holm_bounds([t.p, 0.02, 0.5], [True, False, False])
     assert adjusted.tolist() == pytest.approx([3 / 1000, 0.04, 0.5]) and bound.tolist() == [True, False, False]
     assert stats.fmt_p(adjusted[0], bound[0]) == "< 0.003" and stats.fmt_p(adjusted[1], bound[1]) == "0.04"
     # a value after a bound whose Holm term is set by the bound is a bound too
     adjusted, bound = stats.holm_bounds([0.001, 0.0012], [True, False])
     assert adjusted.tolist() == pytest.approx([0.002, 0.002]) and bound.tolist() == [True, True]
-    # McNemar is exact: never a bound
-    one = stats.paired_test(a[:1], b[:1], STRATA)
-    assert one.test == "exact McNemar" and not one.at_floor
+    # one seed: the same bootstrap, so the same floor and the same bound
+    one = stats.paired_test(a[:1], b[:1], STRATA, n_resamples=1000)
+    assert one.test == stats.PAIRED_BOOTSTRAP and one.at_floor and one.p == pytest.approx(1 / 1000)
 
 
 def test_the_sign_flip_test_is_exact_and_has_its_floor():

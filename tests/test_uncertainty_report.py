@@ -69,8 +69,9 @@ def compare(capsys, *argv: str) -> tuple[int, str]:
 def test_compare_shows_intervals_and_holm_corrected_pairs(tmp_path, test_y, capsys):
     for seed in (1, 2, 3):
         make_run(tmp_path / "runs", test_y, "simplecil", seed, 0.30)
-        make_run(tmp_path / "runs", test_y, "tosca", seed, 0.45)  # 15 points better: a real difference
+        make_run(tmp_path / "runs", test_y, "tosca", seed, 0.60)  # 30 points better: a real difference
         make_run(tmp_path / "runs", test_y, "aper", seed, 0.30)  # no difference to simplecil
+        make_run(tmp_path / "runs", test_y, "slda", seed, 0.30)
     out = tmp_path / "cmp"
     runs = str(tmp_path / "runs")
     code, text = compare(capsys, runs, "--bench", "emoji", "--out", str(out), "--baseline", "simplecil")
@@ -79,38 +80,54 @@ def test_compare_shows_intervals_and_holm_corrected_pairs(tmp_path, test_y, caps
     assert "seed level: t over 3 seeds" in md
     rows = {line.split("|")[2].strip(): line for line in md.splitlines() if line.startswith("| emoji")}
     assert " ± " in rows["tosca"].split("|")[7]  # final acc: value ± half-width
-    assert "differs" in rows["tosca"] and "not significantly different" in rows["aper"]
-    pairs = (out / "compare_pairs.csv").read_text()
-    assert "tosca,simplecil" in pairs and "aper,simplecil" in pairs and "tosca,aper" not in pairs  # vs baseline only
-    assert (out / "figures" / "compare_emoji_pairs.png").is_file()
-    # every pair when no baseline is given; Holm's p is never below the raw one
-    code, text = compare(capsys, str(tmp_path / "runs"), "--bench", "emoji", "--out", str(out))
-    assert code == 0, text
+    assert ": differs)" in rows["tosca"] and "not significantly different" in rows["aper"]
     import pandas as pd
 
+    # the default family: each row against the best (TOSCA) and against the baseline: 3 + 2 pairs, not all 6
     table = pd.read_csv(out / "compare_pairs.csv")
-    assert len(table) == 3 and (table["p (Holm)"] >= table["p"]).all()
+    pairs = set(zip(table["A"], table["B"], strict=True))
+    assert len(pairs) == 5 and ("SLDA", "APER") not in pairs and ("APER", "SLDA") not in pairs
+    assert "each main row vs the best row and vs the baseline (SimpleCIL)" in md and "Holm over 5 tests" in md
+    assert (out / "figures" / "compare_emoji_pairs.png").is_file()
+    # every pair with --all-pairs; Holm's p is never below the raw one
+    code, text = compare(capsys, runs, "--bench", "emoji", "--out", str(out), "--all-pairs")
+    assert code == 0, text
+    table = pd.read_csv(out / "compare_pairs.csv")
+    assert len(table) == 6 and (table["p (Holm)"] >= table["p"]).all()
 
 
-def test_one_seed_uses_mcnemar_and_says_it_has_no_seed_spread(tmp_path, test_y, capsys):
+def test_one_seed_uses_the_paired_bootstrap_and_says_it_has_no_seed_spread(tmp_path, test_y, capsys):
     make_run(tmp_path / "runs", test_y, "simplecil", 1, 0.30)
     make_run(tmp_path / "runs", test_y, "tosca", 1, 0.40)
     out = tmp_path / "cmp"
     assert compare(capsys, str(tmp_path / "runs"), "--bench", "emoji", "--out", str(out))[0] == 0
     md = (out / "compare.md").read_text()
-    assert "1 seed: no spread over seeds" in md and "exact McNemar" in md
+    assert "1 seed: no spread over seeds" in md and "paired bootstrap over test images, seed 1" in md
+    pairs = md.partition("## Paired comparisons")[2].partition("![")[0]
+    assert pairs and "McNemar" not in pairs  # no test printed beside another procedure's interval
 
 
-def test_pairs_with_another_class_order_or_seeds_are_refused_naming_it(tmp_path, test_y, capsys):
+def test_pairs_with_another_class_order_or_no_shared_seed_are_refused_naming_it(tmp_path, test_y, capsys):
     make_run(tmp_path / "runs", test_y, "simplecil", 1, 0.30)
     make_run(tmp_path / "runs", test_y, "tosca", 1, 0.30, order_seed=7)
     make_run(tmp_path / "runs", test_y, "aper", 2, 0.30)
     out = tmp_path / "cmp"
-    argv = [str(tmp_path / "runs"), "--bench", "emoji", "--out", str(out), "--pool-class-orders"]
+    argv = [str(tmp_path / "runs"), "--bench", "emoji", "--out", str(out), "--pool-class-orders", "--all-pairs"]
     assert compare(capsys, *argv)[0] == 0
     md = (out / "compare.md").read_text()
-    assert "not paired: class orders differ (seed 1: class-order seeds 1993 vs 7)" in md
-    assert "not paired: seeds differ (2 vs 1)" in md
+    assert "not tested: class orders differ (seed 1: class-order seeds 1993 vs 7)" in md
+    assert "not tested: no seed in common (2 vs 1)" in md or "not tested: no seed in common (1 vs 2)" in md
+
+
+def test_rows_with_different_seeds_are_compared_on_the_seeds_they_share(tmp_path, test_y, capsys):
+    for seed in (1, 2, 3):
+        make_run(tmp_path / "runs", test_y, "simplecil", seed, 0.30)
+    make_run(tmp_path / "runs", test_y, "tosca", 2, 0.60)
+    out = tmp_path / "cmp"
+    assert compare(capsys, str(tmp_path / "runs"), "--bench", "emoji", "--out", str(out))[0] == 0
+    md = (out / "compare.md").read_text()
+    assert "paired bootstrap over test images, seed 2" in md and "on the 1 seed both rows have (2)" in md
+    assert "not tested" not in md and "not paired" not in md
 
 
 def test_runs_without_predictions_show_no_interval_and_say_why(tmp_path, test_y, capsys):

@@ -19,15 +19,17 @@ same inputs give the same interval.
   kept for the tests): a percentile bootstrap over 5 seeds under-covers when the seed spread dominates (it uses
   the normal quantile and the ``(S-1)/S``-biased spread: about 90 % where 95 % is claimed, tests/test_stats.py); a
   studentised bootstrap over 5 seeds is unstable. The analytic form has no Monte-Carlo error.
-- Two methods on the same images and seeds. One seed: the exact McNemar test on the discordant images (conditions
-  on the two trained runs). Several seeds: the unit is the seed. :func:`paired_seed_test` is the t test of the
-  per-seed differences with the shared test-image variance added as above (it generalises over training runs and
-  test images); :func:`sign_flip_p` is the exact sign-flip test over seeds (conditions on the test images; its
-  smallest two-sided p is ``2 / 2^S``, 1/16 with 5 seeds); and the image-level paired bootstrap of
-  :func:`paired_test` (each image carries its difference averaged over the seeds) is kept as a second test: it
-  conditions on the trained runs and measures test-image noise only. A resampling p-value at its floor
-  (``1 / (B + 1)``: no resample as extreme) is a bound, not a value: :class:`PairedTest` says so (``at_floor``) and
-  :func:`holm_bounds` keeps a Holm-adjusted bound a bound. :func:`holm` corrects p-values for the number of pairs.
+- Two methods on the same images and seeds: every printed difference's interval and its p-value come from one
+  procedure, so that the interval excludes 0 exactly when the unadjusted test rejects at 5 %. One seed:
+  :func:`paired_test`, the paired bootstrap over test images (within classes; by whole test batches for a
+  batch-coupled protocol), its percentile interval and the bootstrap p of the same draws (:func:`percentile_bootstrap`;
+  it conditions on the two trained runs: test-image noise only). Several seeds, the unit is the seed:
+  :func:`paired_seed_test`, the t test of the per-seed differences with the shared test-image variance added as
+  above (it generalises over training runs and test images), whose p is solved from its own interval
+  (:func:`_combined_p`). :func:`mcnemar_exact` and :func:`sign_flip_p` stay as library functions (tests) but no
+  report prints them beside another test's interval. A resampling p-value at its floor (``1 / B``: no resample
+  reached 0) is a bound, not a value: :class:`PairedTest` says so (``at_floor``) and :func:`holm_bounds` keeps a
+  Holm-adjusted bound a bound. :func:`holm` corrects p-values for the number of pairs.
 
 Everything is in the units of its input (the harness passes 0/1 correctness, intervals come out in percent after
 ``100 *``).
@@ -337,7 +339,7 @@ class PairedTest:
 
     diff: Interval
     p: float
-    test: str  # "exact McNemar" / "paired bootstrap over images" / "paired t over seeds"
+    test: str  # PAIRED_BOOTSTRAP / PAIRED_BLOCK_BOOTSTRAP / "paired t over seeds"
     at_floor: bool = False
     conditions: str = ""
 
@@ -377,6 +379,28 @@ SEED_CONDITIONS = "unit: the seed; generalises over training runs and test image
 MCNEMAR_CONDITIONS = "conditions on the two trained runs (test-image noise only)"
 
 
+def percentile_bootstrap(observed: float, draws: np.ndarray, level: float = LEVEL) -> tuple[Interval, float, bool]:
+    """The interval and the two-sided p-value of one bootstrap of a difference, made so that they agree exactly: the
+    interval's ends are order statistics of the B draws, ``lo`` the (k+1)-th smallest and ``hi`` the (k+1)-th
+    largest with ``k = ceil(B (1 - level) / 2) - 1``; the p-value is ``2 min(#draws <= 0, #draws >= 0) / B`` (at
+    most 1). Then ``lo > 0`` exactly when at most k draws are <= 0, that is exactly when ``p < 1 - level`` with the
+    draws on the positive side (and ``hi < 0`` likewise): the interval excludes 0 exactly when the test rejects.
+    Where no draw reaches 0 the p-value is the floor ``1 / B`` (third value True: a bound, not a value).
+    ``observed``, ``draws`` (B,) in the units of the difference."""
+    d = np.sort(np.asarray(draws, np.float64).ravel())
+    n = len(d)
+    k = max(0, math.ceil(round(n * (1 - level) / 2, 9)) - 1)  # round: 1000 * 0.05 / 2 is 25.000000000000004
+    lo, hi = float(d[k]), float(d[n - 1 - k])
+    below, above = int((d <= 0).sum()), int((d >= 0).sum())
+    tail = min(below, above)
+    p = min(1.0, max(2 * tail, 1) / n)
+    return Interval(float(observed), lo, hi), p, tail == 0
+
+
+PAIRED_BOOTSTRAP = "paired bootstrap over test images"
+PAIRED_BLOCK_BOOTSTRAP = "paired block bootstrap over test batches"
+
+
 def paired_test(
     a: np.ndarray,
     b: np.ndarray,
@@ -386,23 +410,20 @@ def paired_test(
     blocks: np.ndarray | None = None,
 ) -> PairedTest:
     """A against B on the same images: ``a``, ``b`` (S, N) 0/1 final correctness per seed (the same seeds in the
-    same order). The interval: a stratified bootstrap over test images (by whole blocks with ``blocks``), each image
-    carrying its difference averaged over the seeds (the seeds held fixed: this test conditions on the trained runs).
-    The p-value: exact McNemar for one seed, that bootstrap's for several (at its floor: ``at_floor``). (Resampling
-    the seeds as well would count each seed's image-level noise twice: under the null such a test almost never
-    rejects, see tests/test_stats.py; :func:`paired_seed_test` is the test over training runs.)"""
+    same order). One procedure gives the interval and the p-value (:func:`percentile_bootstrap`): a stratified
+    bootstrap over test images (by whole blocks with ``blocks``), each image carrying its difference averaged over
+    the seeds (the seeds held fixed: this test conditions on the trained runs); its interval excludes 0 exactly
+    when its p is below 0.05. (Resampling the seeds as well would count each seed's image-level noise twice: under
+    the null such a test almost never rejects, see tests/test_stats.py; :func:`paired_seed_test` is the test over
+    training runs.)"""
     a, b = np.atleast_2d(np.asarray(a, np.float64)), np.atleast_2d(np.asarray(b, np.float64))
     if a.shape != b.shape:
         raise ValueError(f"paired outcomes need the same shape, got {a.shape} and {b.shape}")
     d = (a - b).mean(axis=0)  # (N,) per image, over seeds
     draws = bootstrap_means(d, strata, n_resamples, seed, blocks)[:, 0]
-    observed = float(d.mean())
-    diff = percentile_interval(observed, draws).scaled(100)
-    if a.shape[0] == 1 and blocks is None:
-        return PairedTest(diff, mcnemar_exact(a[0], b[0]), "exact McNemar", conditions=MCNEMAR_CONDITIONS)
-    p = float(bootstrap_p(np.array(observed), draws[:, None])[0])
-    name = "paired block bootstrap over test batches" if blocks is not None else "paired bootstrap over images"
-    return PairedTest(diff, p, name, p <= p_floor(n_resamples) * (1 + 1e-9), IMAGE_CONDITIONS)
+    diff, p, at_floor = percentile_bootstrap(float(d.mean()), draws)
+    name = PAIRED_BLOCK_BOOTSTRAP if blocks is not None else PAIRED_BOOTSTRAP
+    return PairedTest(diff.scaled(100), p, name, at_floor, IMAGE_CONDITIONS)
 
 
 def paired_seed_test(

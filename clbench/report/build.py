@@ -152,6 +152,8 @@ def write_report(
     make_parser: Callable[[], argparse.ArgumentParser] | None = None,
     baseline: str | None = None,
     latex_only: bool = False,
+    family: str = "default",
+    readme: list[Path] | None = None,
 ) -> Written:
     """Tables, figures, ``index.html``, ``README.md`` and ``report.json`` for ``coll`` in ``out_dir``.
     ``budget_strict``: every strategy's records must differ only in their budget (``--budget-curves``), else
@@ -159,11 +161,14 @@ def write_report(
     ``study_file``: the sweep file whose groups define the main table (:mod:`clbench.report.leaderboard`; without
     one the main table is chosen from the records; ``make_parser``, the command line's parser, reads it);
     ``baseline``: the strategy the leaderboard tests against.
-    ``latex_only``: write only what a paper needs (:func:`write_paper`)."""
+    ``latex_only``: write only what a paper needs (:func:`write_paper`). ``family``: the study's family of paired
+    tests (:data:`clbench.report.study.FAMILIES`). ``readme``: Markdown files whose results block (between
+    :data:`clbench.report.front.BEGIN` and ``END``) is rewritten from the study."""
     from clbench.report.budget import budget_curves
     from clbench.report.figures import TSNE_MAX_POINTS
     from clbench.report.html import render_html, render_markdown
     from clbench.report.leaderboard import automatic, from_study_file, leaderboard, study_sections
+    from clbench.report.study import build_study
     from clbench.report.uncertainty import Predicted
 
     if not coll.runs:
@@ -181,12 +186,20 @@ def write_report(
         coll, study = automatic(coll, baseline)
     main = study.collection(coll)
     predicted = Predicted()
-    board = leaderboard(study, coll, predicted)
+    model = build_study(study, coll, predicted, family)  # every table, README block and JSON reads these tests
+    board = leaderboard(study, coll, predicted, model)
+    if readme:
+        from clbench.report.front import check_readme, tag_of
+
+        for path in readme:
+            check_readme(Path(path), tag_of(study_file))  # refused before anything is written
     meta = _meta(coll, command)  # before anything is written: a report inside the source tree stamps its revision
     out_dir = Path(out_dir)
     _figures_folder(out_dir)
     if latex_only:
-        return write_paper(board, main, out_dir, predicted)
+        written = write_paper(board, main, out_dir, predicted)
+        written.files += _write_readmes(readme, model, study_file)
+        return written
     figures, fig_notes = make_figures(
         coll,
         out_dir,
@@ -196,6 +209,7 @@ def write_report(
         main=main,
         predicted=predicted,
         baseline=study.baseline,
+        study=model,
     )
     fig_notes += budget_notes
     _remove_stale(out_dir, {rel for f in figures for rel in f.files.values()})
@@ -207,7 +221,7 @@ def write_report(
         notes=[board.caption, *study.notes, *board.notes],
         bold_rows=[0] if len(board.table) else [],
     )
-    secs = [lead, *study_sections(study), *sections(coll, curves, main=main, predicted=predicted)]
+    secs = [lead, *study_sections(study), *sections(coll, curves, model=model, predicted=predicted)]
     if published := beside(coll.runs):  # cells a paper reports on the same benchmark, split and backbone
         secs.append(Section("Published results", "published", pd.DataFrame(published), intro=PUBLISHED_INTRO))
     written = Written(out_dir, figures=figures)
@@ -219,6 +233,7 @@ def write_report(
             "source": study.source,
             "baseline": study.baseline,
             "leaderboard": board.table.to_dict(orient="records"),
+            **model.to_dict(),
             "main_rows": [{**k._asdict(), "runs": [r.run_id for r in study.main[k]]} for k in board.keys],
             "sections": [
                 {"title": sec.title, "kind": sec.kind, "runs": [r.run_id for r in sec.runs]} for sec in study.sections
@@ -249,7 +264,15 @@ def write_report(
     written.files.append(_write_text(out_dir / MANIFEST, json.dumps(_jsonable(manifest), indent=2) + "\n"))
     written.files += [out_dir / rel for f in figures for rel in f.files.values()]
     written.files += write_tables(secs, board, out_dir)
+    written.files += _write_readmes(readme, model, study_file)
     return written
+
+
+def _write_readmes(readme: list[Path] | None, model: Any, study_file: str | Path | None) -> list[Path]:
+    """Rewrite each file's results block of this study from ``model`` (:func:`clbench.report.front.write_readme`)."""
+    from clbench.report.front import tag_of, write_readme
+
+    return [write_readme(Path(path), model, tag_of(study_file)) for path in readme or []]
 
 
 TABLES_DIR = "tables"
@@ -329,14 +352,27 @@ def to_latex(df, caption: str) -> str:
 
 
 def write_compare(
-    coll: Collection, bench: str, out_dir: Path, *, command: str | None = None, baseline: str | None = None
+    coll: Collection,
+    bench: str,
+    out_dir: Path,
+    *,
+    command: str | None = None,
+    baseline: str | None = None,
+    family: str = "default",
+    study_file: str | Path | None = None,
+    make_parser: Callable[[], argparse.ArgumentParser] | None = None,
 ) -> Written:
-    """Accuracy curves with their intervals, the summary rows (mean ± half the 95 % interval), the paired tests of
-    every pair of strategies (or each against ``baseline``) and their matrix figure, for ``bench``."""
+    """Accuracy curves with their intervals, the summary rows (mean ± half the 95 % interval), and the study's
+    paired tests (:mod:`clbench.report.study`: the main rows chosen as ``clbench report`` chooses them, from
+    ``study_file`` or without one, the same family and Holm correction, so that a pair prints the same p as in the
+    report of the same records) with their forest plot, for ``bench``; ``compare.csv`` and ``compare_pairs.csv`` hold
+    numbers and ``compare.json`` the study's tests (:mod:`clbench.report.exports`)."""
     from clbench.report.exports import write_compare_exports
-    from clbench.report.forest import forest_of_pairs
-    from clbench.report.tables import ECE_NOTE, INTERVAL_NOTE, PAIRS_INTRO
-    from clbench.report.uncertainty import Predicted, paired_rows, pairs_frame
+    from clbench.report.forest import forest_of_study
+    from clbench.report.leaderboard import automatic, from_study_file
+    from clbench.report.study import build_study
+    from clbench.report.tables import ECE_NOTE, INTERVAL_NOTE, pairs_frame, pairs_intro
+    from clbench.report.uncertainty import Predicted
 
     sel = coll.select(bench)
     if not sel.runs:
@@ -350,7 +386,13 @@ def write_compare(
         have = ", ".join(sorted({r.strategy for r in sel.runs}))
         raise ClbenchError(f"--baseline {baseline}: no run of that strategy on {bench}", f"strategies here: {have}")
     predicted = Predicted()
-    pairs = paired_rows(sel, predicted, baseline)  # reads every predictions file: a changed one stops here
+    if study_file is not None:
+        if make_parser is None:
+            raise ValueError("a study file is read with the command line's parser: pass make_parser")
+        sel, selection = from_study_file(sel, study_file, make_parser, baseline)
+    else:
+        sel, selection = automatic(sel, baseline)
+    model = build_study(selection, sel, predicted, family)  # reads every predictions file: a changed one stops here
     meta = _meta(sel, command)  # before anything is written (see write_report)
     out_dir = Path(out_dir)
     _figures_folder(out_dir)
@@ -367,13 +409,12 @@ def write_compare(
         *sel.notes,
     ]
     caption = f"Strategies on {bench}, mean over seeds ± half the 95 % interval. " + provenance(sel.runs)
-    matrix = forest_of_pairs(
-        pairs, sel, out_dir, f"compare_{slug(bench)}_pairs", f"Paired differences on {bench}", baseline
-    )
-    pairs_table = pairs_frame(pairs)
-    if baseline is not None:  # the README's column: each row against the baseline
-        table.insert(table.columns.get_loc("95 % interval") + 1, f"vs {baseline} (final acc)", _versus(table, pairs))
-    refused = [f"{r.a} vs {r.b}: {r.refused}" for r in pairs if r.refused]
+    matrix = forest_of_study(model, out_dir, runs=sel.runs, name=f"compare_{slug(bench)}_pairs",
+                             title=f"Paired differences on {bench}")  # fmt: skip
+    pairs_table = pairs_frame(model)
+    if model.baseline_strategy is not None:  # each row against the baseline, read from the study
+        name = model.baseline_strategy
+        table.insert(table.columns.get_loc("95 % interval") + 1, f"vs {name} (final acc)", _versus(table, model))
     md = [
         f"# Comparison on {text.markdown(bench)}",
         "",
@@ -388,17 +429,7 @@ def write_compare(
         ),
     ]
     if len(pairs_table):
-        md.append(
-            section_markdown(
-                Section(
-                    "Paired comparisons",
-                    "pairs",
-                    pairs_table,
-                    intro=PAIRS_INTRO,
-                    notes=[f"not paired: {line}" for line in refused],
-                )
-            )
-        )
+        md.append(section_markdown(Section("Paired comparisons", "pairs", pairs_table, intro=pairs_intro(model))))
     if matrix is not None:
         md += [f"![{matrix.title}]({matrix.files['png']})", "", f"**Figure.** {matrix.caption}", ""]
     md.append(section_markdown(Section("Runs", "runs", runs_table(sel))))
@@ -408,49 +439,47 @@ def write_compare(
         )
     written = Written(out_dir, figures=[fig] + ([matrix] if matrix is not None else []))
     written.files.append(_write_text(out_dir / "compare.md", "\n".join(md).rstrip() + "\n"))
-    written.files += write_compare_exports(out_dir, table, pairs_table, meta)  # CSV of numbers, and JSON
+    written.files += write_compare_exports(out_dir, table, pairs_table, meta, study=_jsonable(model.to_dict()))
     written.files.append(_write_text(out_dir / "compare.tex", to_latex(table, caption)))
     for f in written.figures:
         written.files += [out_dir / rel for rel in f.files.values()]
     return written
 
 
-def _versus(table, pairs) -> list[str]:
-    """Per summary row: its paired test against the baseline (A minus baseline, points, its 95 % interval and the
-    Holm-corrected p of each test), or why not. A test belongs to the row of the same identity: benchmark, strategy
-    variant, backbone (with its precision), weights, protocol and seeds (one method at fp32 and bf16 gets two)."""
+def _versus(table, model) -> list[str]:
+    """Per summary row: the study's test of that row against the baseline's row (row minus baseline, points, its
+    95 % interval, the unadjusted and the Holm-adjusted p and the verdict), ``baseline``, ``-`` for a row outside
+    the study's main rows, or why the pair has no test. A test belongs to the row of the same identity:
+    benchmark, strategy variant, backbone (with its precision), weights and protocol."""
     from clbench.report.collect import AccKey
-    from clbench.report.uncertainty import fmt_range, p_cell
+    from clbench.report.study import p_text, verdict
+    from clbench.report.uncertainty import fmt_range
 
-    def seeds_of(cell: str) -> tuple[int, ...]:  # "5 (1993, 1994, ...)"
-        inner = cell.partition("(")[2].rstrip(")")
-        return tuple(int(x) for x in inner.split(",") if x.strip())
-
-    by_row = {r.identity("a"): r for r in pairs}
-    baselines = {r.identity("b") for r in pairs}
     cells = []
-    columns = ("benchmark", "backbone", "weights", "strategy", "protocol", "n (seeds)")
-    for bench, backbone, weights, strategy, protocol, seeds in zip(*(table[c] for c in columns), strict=True):
-        ident = (AccKey(bench, backbone, weights, strategy, protocol), seeds_of(seeds))
-        r = by_row.get(ident)
-        if r is None:
-            cells.append("baseline" if ident in baselines else "-")
-        elif r.test is None:
-            cells.append(f"not paired: {r.refused}")
-        else:
-            verdict = "differs" if r.significant else "not significantly different"
-            d = r.test.diff
-            head = f"{d.value:+.2f} {fmt_range(d)}"
-            if r.image_test is None and len(r.seeds) == 1:
-                cells.append(f"{head} ({r.test.test} p {p_cell(r.p_holm, r.p_holm_bound)} Holm, {verdict})")
-                continue
-            image = (
-                f"image-level p {p_cell(r.image_p_holm, r.image_p_holm_bound)} Holm"
-                if r.image_test is not None
-                else "no image-level test"
-            )
-            cells.append(f"{head} (seed-level p {p_cell(r.p_holm, r.p_holm_bound)} Holm, {verdict}; {image})")
+    columns = ("benchmark", "backbone", "weights", "strategy", "protocol")
+    for bench, backbone, weights, strategy, protocol in zip(*(table[c] for c in columns), strict=True):
+        row = model.row_of(AccKey(bench, backbone, weights, strategy, protocol))
+        base = model.baseline_of(row) if row is not None else None
+        if row is None or base is None:
+            cells.append("-")
+            continue
+        if base.id == row.id:
+            cells.append("baseline")
+            continue
+        t = model.test(row.id, base.id)
+        if t is None:
+            refused = model.refusal(row.id, base.id)
+            cells.append(f"not tested: {refused.why}" if refused else "-")
+            continue
+        seeds = f"; {t.note}" if t.note else ""
+        cells.append(f"{t.diff:+.2f} {fmt_range(stats_interval(t))} ({t.method}{seeds}; {p_text(t)}: {verdict(t)})")
     return cells
+
+
+def stats_interval(t):
+    from clbench.evaluation.stats import Interval
+
+    return Interval(t.diff, t.lo, t.hi)
 
 
 __all__ = ["Written", "write_compare", "write_report"]

@@ -103,9 +103,14 @@ class Run:
     # --------------------------------------------------------------------------------------- labels
     @property
     def bench_label(self) -> str:
+        scenario = self.record.scenario or "class"
         if self.pool_class_orders:
-            return bench_label(self.record.bench, self.record.task_sizes) + self.data_tag + " (class orders pooled)"
-        return bench_label(self.record.bench, self.record.task_sizes, self.record.class_order_seed) + self.data_tag
+            label = bench_label(self.record.bench, self.record.task_sizes, scenario=scenario)
+            return label + self.data_tag + " (class orders pooled)"
+        return (
+            bench_label(self.record.bench, self.record.task_sizes, self.record.class_order_seed, scenario)
+            + self.data_tag
+        )
 
     @property
     def backbone_label(self) -> str:
@@ -203,11 +208,17 @@ def _acc_sort_key(key: AccKey) -> tuple[str, str, str, str, int, str]:
 
 
 # ------------------------------------------------------------------------------------------- labels
-def bench_label(bench: str, task_sizes: list[int], class_order_seed: int = DEFAULT_CLASS_ORDER_SEED) -> str:
-    """``emoji B6 Inc6``: the benchmark and its split (and class order when it is not the literature's)."""
+def bench_label(
+    bench: str, task_sizes: list[int], class_order_seed: int = DEFAULT_CLASS_ORDER_SEED, scenario: str = "class"
+) -> str:
+    """``emoji B6 Inc6``: the benchmark and its split (and class order when it is not the literature's). In the
+    domain scenario every task brings every class in one more domain: ``emoji-domains 4 domains x 50 classes``
+    (a class split such as "B0 Inc50" would misname it: ``clbench list`` shows the class-incremental split)."""
     sizes = [int(n) for n in task_sizes]
     label = bench
-    if sizes:
+    if sizes and scenario == "domain":
+        label += f" {len(sizes)} domains x {sizes[0]} classes"
+    elif sizes:
         inc = sizes[1] if len(sizes) > 1 else sizes[0]
         label += f" B{sizes[0]} Inc{inc}" if sizes[0] != inc else f" B0 Inc{inc}"
         if len(sizes) > 2 and sizes[-1] != inc:

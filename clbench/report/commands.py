@@ -74,6 +74,14 @@ def add_report_args(p: argparse.ArgumentParser) -> None:
         help="write only what a paper needs: the leaderboard as LaTeX (booktabs) and CSV, and the main figure as "
         "PDF, SVG and a 300-dpi PNG",
     )
+    p.add_argument(
+        "--readme",
+        action="append",
+        metavar="FILE",
+        help="also rewrite FILE's results block of this study (between its lines `<!-- clbench results: begin TAG "
+        "... -->` and `<!-- clbench results: end TAG -->`, TAG the study file's name, e.g. emoji-table, or main "
+        "without --study) with the study's leaderboard and its one-sentence answer; repeatable",
+    )
 
 
 def _add_study(p: argparse.ArgumentParser) -> None:
@@ -89,6 +97,16 @@ def _add_study(p: argparse.ArgumentParser) -> None:
         metavar="STRATEGY",
         help="the strategy the leaderboard tests every main row against (default: the study file's first "
         "strategy; without one, simplecil where present)",
+    )
+    _add_family(p)
+
+
+def _add_family(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--all-pairs",
+        action="store_true",
+        help="the study's family of paired tests is every pair of main rows (default: each main row against the "
+        "best row and against the baseline); Holm corrects over the family, the same in every table",
     )
 
 
@@ -112,6 +130,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         make_parser=getattr(args, "make_parser", None),
         baseline=args.baseline,
         latex_only=args.latex_only,
+        family="all" if args.all_pairs else "default",
+        readme=[Path(f) for f in args.readme or []],
     )
     print(
         f"report: {len(coll.runs)} runs, {len(coll.skipped)} skipped, {len(written.figures)} figures -> "
@@ -136,8 +156,16 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--baseline",
         metavar="STRATEGY",
-        help="test every strategy against this one only (default: every pair), e.g. simplecil",
+        help="the strategy every main row is tested against (default: simplecil where present, else the first), "
+        "e.g. simplecil",
     )
+    p.add_argument(
+        "--study",
+        metavar="FILE",
+        help="the study's sweep file, as `clbench report --study`: the same main rows and tests, so that each pair "
+        "prints the p of the report of the same records",
+    )
+    _add_family(p)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -145,7 +173,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from clbench.report.collect import collect
 
     coll = collect(args.run_dirs, args.pool_class_orders)
-    written = write_compare(coll, args.bench, Path(args.out), command=command_line(), baseline=args.baseline)
+    written = write_compare(
+        coll,
+        args.bench,
+        Path(args.out),
+        command=command_line(),
+        baseline=args.baseline,
+        family="all" if args.all_pairs else "default",
+        study_file=args.study,
+        make_parser=getattr(args, "make_parser", None),
+    )
     print(
         f"compare: {len(coll.select(args.bench).runs)} runs on {plain(args.bench)} -> "
         + ", ".join(plain(f) for f in written.files)

@@ -159,15 +159,20 @@ def pair_tests_frame(tests: Sequence[Any]) -> pd.DataFrame:
     )  # fmt: skip
 
 
-def write_compare_exports(out_dir: Path, table: pd.DataFrame, pairs: pd.DataFrame, meta: str = "") -> list[Path]:
+def write_compare_exports(
+    out_dir: Path, table: pd.DataFrame, pairs: pd.DataFrame, meta: str = "", study: dict[str, Any] | None = None
+) -> list[Path]:
     """``compare.csv`` (and ``compare_pairs.csv`` where there are pairs) holding numbers, and ``compare.json`` with
-    both tables' records and how the report was made; returns the paths written."""
+    the summary table's records (``table``), the pairs table's (``pairs``), how it was made and, given ``study``
+    (:meth:`clbench.report.study.Study.to_dict`), the study's rows, family and tests at full precision; returns the
+    paths written."""
     from clbench.report.build import _write_text
 
     files = [_write_text(out_dir / "compare.csv", table_csv(table))]
     if len(pairs):
         files.append(_write_text(out_dir / "compare_pairs.csv", table_csv(pairs)))
-    doc = {"generated_by": meta, "rows": table_records(table), "pairs": table_records(pairs) if len(pairs) else []}
+    doc = {"generated_by": meta, "table": table_records(table), "pairs": table_records(pairs) if len(pairs) else []}
+    doc.update(study or {})
     files.append(_write_text(out_dir / "compare.json", json.dumps(doc, indent=2, allow_nan=False) + "\n"))
     return files
 

@@ -1207,6 +1207,7 @@ class FigureInputs:
     main: Collection | None
     tsne_points: int
     baseline: str | None = None
+    study: Any = None  # the report's study (clbench.report.study.Study): its tests are the forest plot's
 
 
 @dataclass(frozen=True)
@@ -1223,8 +1224,10 @@ def _one(f: FigureOut | None) -> tuple[list[FigureOut], list[str]]:
 
 
 def _paired(i: FigureInputs) -> tuple[list[FigureOut], list[str]]:
-    from clbench.report.forest import forest_from_collection
+    from clbench.report.forest import forest_from_collection, forest_of_study
 
+    if i.study is not None:  # the study's own tests: the forest prints the p and verdict every table prints
+        return _one(forest_of_study(i.study, i.out_dir, runs=i.rows.runs))
     return _one(forest_from_collection(i.rows, i.out_dir, i.predicted, i.baseline))  # where runs kept predictions
 
 
@@ -1254,17 +1257,20 @@ def make_figures(
     main: Collection | None = None,
     predicted: Any = None,
     baseline: str | None = None,
+    study: Any = None,
 ) -> tuple[list[FigureOut], list[str]]:
     """Every figure of :data:`REPORT_FIGURES`, saved under ``out_dir/figures``; returns them and notes on what is
     absent. ``budget``: the budget curves to draw (:func:`clbench.report.budget.budget_curves`); ``main``: the main
     table's rows (:mod:`clbench.report.leaderboard`): the accuracy curves, the accuracy matrices and the paired
     differences show those only (default: every row); ``baseline``: the strategy drawn in every panel of the accuracy
-    curves and tested against in the forest plot (default: the first row)."""
+    curves and tested against in the forest plot (default: the first row); ``study``: the report's study
+    (:class:`clbench.report.study.Study`), whose tests the forest plot draws (without one it tests the rows itself)."""
     from clbench.report.uncertainty import Predicted
 
     inputs = FigureInputs(
-        coll, coll if main is None else main, out_dir, predicted or Predicted(), budget, main, tsne_points, baseline
-    )
+        coll, coll if main is None else main, out_dir, predicted or Predicted(), budget, main, tsne_points, baseline,
+        study,
+    )  # fmt: skip
     figs: list[FigureOut] = []
     notes: list[str] = []
     for kind in REPORT_FIGURES:

@@ -138,6 +138,28 @@ def forest_plot(
         return _save(fig, out_dir, name, title, caption, list(runs))
 
 
+def forest_of_study(
+    study: Any,
+    out_dir: Path,
+    *,
+    runs: Sequence[Any] = (),
+    name: str = "paired_differences",
+    title: str = "Differences to the best and to the baseline",
+) -> FigureOut | None:
+    """:func:`forest_plot` of a study's own tests (:class:`clbench.report.study.Study`): the rows of its best row's
+    benchmark and protocol, ranked, each against the best and the baseline, with the p and verdict of the study's
+    family, so that the figure and every table print one test per pair."""
+    if study.best is None:
+        return None
+    best = study.row(study.best)
+    labels = {r.id: r.label for r in study.rows if r.setting == best.setting}
+    tests = [t for t in study.tests if t.a in labels and t.b in labels]
+    baseline = study.baseline if study.baseline in labels else None
+    return forest_plot(
+        tests, study.best, baseline, labels, out_dir, runs=runs, family=study.family, name=name, title=title
+    )
+
+
 # ------------------------------------------------------------------------------------------- from paired rows
 @dataclass(frozen=True)
 class _Pair:

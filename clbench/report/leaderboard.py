@@ -14,15 +14,17 @@ dump. :class:`Study` says what is compared:
   records with the most seeds (then the most recent revision's order); budget variants, profiles and ``--set``
   ablations go to their own sections.
 
-A record that belongs to no section is listed under "Not in the comparison", never silently dropped. The
-leaderboard's paired tests (against the baseline, and against the best row) are Holm-corrected over the main rows
-only, so the correction for a budget sweep's pairs does not take the power out of the comparison that matters.
+A record that belongs to no section is listed under "Not in the comparison", never silently dropped. A record joins
+a study file's group only when its data digests agree with the group's (a group of two data sets is refused), and a
+study file is capped (:data:`MAX_STUDY_GROUPS`, :data:`MAX_STUDY_BYTES`). The leaderboard reads its paired tests
+(against the best row and against the baseline) from the study (:mod:`clbench.report.study`), whose family covers
+the main rows only, so the correction for a budget sweep's pairs does not take the power out of the comparison that
+matters, and the paired table, ``compare`` and the README print the same p for the same pair.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,8 +37,10 @@ from clbench.report.collect import AccKey, Collection, Run
 if TYPE_CHECKING:
     import pandas as pd
 
+    from clbench.report.study import PairTest
+    from clbench.report.study import Study as StudyModel
     from clbench.report.tables import Section
-    from clbench.report.uncertainty import PairRow, Predicted
+    from clbench.report.uncertainty import Predicted
 
 # A method's card names its reference budget ``reference`` where its defaults are not that budget, or to state it
 # (InfLoRA, SLCA, HiDe-Prompt), and ``reference-WHAT`` for the reference's budget of another data set or split
@@ -214,6 +218,52 @@ def study_groups(
     return out
 
 
+# A study file names its groups by hand: the committed one has 11 groups and 5 KB. Each group is planned as a sweep
+# (a parser and a plan per group), so a file of thousands of groups would run for minutes: refused, one line.
+MAX_STUDY_GROUPS = 256
+MAX_STUDY_BYTES = 256 * 1024
+
+
+def read_study_file(path: str | Path) -> dict[str, Any]:
+    """The study file's mapping, read once (:func:`clbench.run.configfile.load`: YAML 1.2, no aliases), refused in
+    one line beyond :data:`MAX_STUDY_BYTES` bytes (before it is parsed) or :data:`MAX_STUDY_GROUPS` groups."""
+    from clbench.run.configfile import load
+
+    p = Path(path)
+    if p.is_file() and p.stat().st_size > MAX_STUDY_BYTES:
+        raise ClbenchError(
+            f"--study {path}: {p.stat().st_size:,} bytes, more than a study file's {MAX_STUDY_BYTES:,}",
+            "give the sweep file of one study (a few groups of runs)",
+        )
+    data = load(str(path))
+    groups = data.get("groups")
+    if isinstance(groups, list) and len(groups) > MAX_STUDY_GROUPS:
+        raise ClbenchError(
+            f"--study {path}: {len(groups):,} groups, more than a study's {MAX_STUDY_GROUPS}",
+            "split it into studies of at most that many groups",
+        )
+    return data
+
+
+def _check_group_data(name: str, runs: list[Run], path: str | Path) -> None:
+    """A study group's records are of one data set per benchmark: records whose data digests differ (two data
+    sets with the same settings) are refused in one line naming them (records without a digest match any)."""
+    from clbench.report.collect import data_identity
+
+    by_bench: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        ident = data_identity(r.record)
+        if ident is not None:
+            by_bench[r.record.bench][ident].append(r.run_id)
+    for bench, idents in by_bench.items():
+        if len(idents) > 1:
+            named = "; ".join(f"data {d}: {', '.join(sorted(ids))}" for d, ids in sorted(idents.items()))
+            raise ClbenchError(
+                f"--study {Path(path).name}: group {name} has records of {len(idents)} data sets on {bench} ({named})",
+                "give the report the records of one data set (or run the other data set as a study of its own)",
+            )
+
+
 def from_study_file(
     coll: Collection,
     path: str | Path,
@@ -221,9 +271,11 @@ def from_study_file(
     baseline: str | None = None,
 ) -> tuple[Collection, Study]:
     """The study of ``path`` over ``coll`` (module docstring); returns the collection the report uses (class
-    orders pooled when a group varies them) and the study."""
+    orders pooled when a group varies them) and the study. A record joins a group only when its settings
+    fingerprint is one the group plans and its data is the group's (:func:`_check_group_data`)."""
+    data = read_study_file(path)
     groups = study_groups(path, make_parser)
-    vary = _varies_class_order(path)
+    vary = _varies_class_order(data)
     if vary:
         coll = _pooled(coll)
     by_digest: dict[str, list[Run]] = defaultdict(list)
@@ -236,6 +288,7 @@ def from_study_file(
     placed: set[str] = set()
     for name, is_main, _, planned in groups:
         runs = [r for d in planned for r in by_digest.get(d, [])]
+        _check_group_data(name, runs, path)
         missing = len(planned) - len({d for d in planned if d in by_digest})
         if missing:
             notes.append(f"study group {name}: {missing} of its {len(planned)} planned runs have no record here")
@@ -244,6 +297,8 @@ def from_study_file(
         elif runs:
             sections.append(StudySection(f"Study group {name}", f"group-{name}", "group", runs, ""))
         placed |= {r.run_id for r in runs}
+    main_data = [r for r in coll.runs if r.run_id in main_ids]
+    _check_group_data("(the main groups together)", main_data, path)
     # A main record that repeats the seed of a record outside the study (the same settings run twice, e.g. a budget
     # point at the default epochs) is the study's: the repeat mark only holds among the main records.
     main_runs = [
@@ -272,10 +327,7 @@ def from_study_file(
     return coll, study
 
 
-def _varies_class_order(path: str | Path) -> bool:
-    from clbench.run.configfile import load
-
-    data = load(str(path))
+def _varies_class_order(data: dict[str, Any]) -> bool:
     values = [data.get("vary")] + [g.get("vary") for g in data.get("groups") or [] if isinstance(g, dict)]
     return any(v in ("both", "class-order") for v in values)
 
@@ -293,86 +345,114 @@ class Board:
     best: AccKey | None
     finals: list[float]
     significant_vs_baseline: list[bool | None]
+    study: StudyModel | None = None  # the study every column was read from
 
 
-def _pair_for(rows: Sequence[PairRow], key: AccKey, other: str) -> PairRow | None:
-    for r in rows:
-        if r.key_a == key and r.key_b is not None and r.key_b.strategy == other:
-            return r
-    return None
+def _diff_cell(t: PairTest | None, refused: str | None) -> str:
+    """``+2.44 [-0.3, +5.1]`` (a minus b, points, 95 % interval of the same procedure as its p), the seeds when
+    the rows' seeds differ, or why the pair has no test."""
+    from clbench.report.uncertainty import fmt_range
+
+    if t is None:
+        return f"not tested: {refused}" if refused else "-"
+    cell = f"{t.diff:+.2f} {fmt_range(_interval(t))}"
+    return cell + (f" (seed{'s' if len(t.seeds) > 1 else ''} {_seeds_short(t.seeds)})" if t.note else "")
 
 
-def _diff_cell(r: PairRow | None, is_self: bool, what: str) -> str:
-    from clbench.report.uncertainty import fmt_range, p_cell
+def _interval(t: PairTest):
+    from clbench.evaluation.stats import Interval
 
-    if is_self:
-        return what
-    if r is None:
-        return "-"
-    if r.test is None:
-        return "not paired"
-    d = r.test.diff
-    return f"{d.value:+.2f} {fmt_range(d)}, p {p_cell(r.p_holm, r.p_holm_bound)}"
+    return Interval(t.diff, t.lo, t.hi)
 
 
-def leaderboard(study: Study, coll: Collection, predicted: Predicted) -> Board:
-    """The main rows sorted by final accuracy (module docstring)."""
+def _seeds_short(seeds: Sequence[int]) -> str:
+    from clbench.report.study import _seeds_text
+
+    return _seeds_text(seeds)
+
+
+def _p_cell(t: PairTest | None) -> str:
+    from clbench.evaluation.stats import fmt_p
+
+    return "-" if t is None else fmt_p(t.p, t.p_bound)
+
+
+def _holm_cell(t: PairTest | None) -> str:
+    from clbench.evaluation.stats import fmt_p
+
+    return "-" if t is None else fmt_p(t.p_adj, t.p_adj_bound)
+
+
+BEST_VERDICT = "differs from best"  # the adjusted verdict at 5 %, its own column
+
+
+def leaderboard(study: Study, coll: Collection, predicted: Predicted, model: StudyModel | None = None) -> Board:
+    """The main rows sorted by final accuracy (module docstring), every test read from the study ``model``
+    (:func:`clbench.report.study.build_study`, built here when not given)."""
     import pandas as pd
 
+    from clbench.report.study import build_study
     from clbench.report.tables import fmt_float, fmt_int_range, mean_std
-    from clbench.report.uncertainty import fmt_interval, paired_rows, row_interval
+    from clbench.report.uncertainty import fmt_interval
 
-    main = study.collection(coll)
-    rows = main.acc_groups()
-    finals = {k: mean_std(r.summary(k.protocol).last_acc for r in runs)[0] for k, runs in rows.items()}
-    order = sorted(rows, key=lambda k: (-(finals[k] if not math.isnan(finals[k]) else -math.inf), k.strategy))
-    best = order[0] if order else None
-    vs_base = paired_rows(main, predicted, study.baseline) if study.baseline else []
-    vs_best = paired_rows(main, predicted, best.strategy) if best is not None else []
-    several = needs_backbone(list(rows))
-    column = f"Δ final vs {display_name(study.baseline)} [95 % CI], Holm p" if study.baseline else None
+    model = model if model is not None else build_study(study, coll, predicted)
+    base_name = display_name(study.baseline) if study.baseline else None
+    column = f"Δ final vs {base_name} [95 % CI]" if base_name else None
     records: list[dict[str, Any]] = []
     notes: dict[str, list[str]] = {}
     significant: list[bool | None] = []
-    for rank, key in enumerate(order, 1):
-        runs = rows[key]
+    for rank, row in enumerate(model.rows, 1):
+        runs = list(row.runs)
+        key = row.key
         s = [r.summary(key.protocol) for r in runs]
-        ri = row_interval(runs, key.protocol, predicted)
-        near = _pair_for(vs_best, key, best.strategy) if best is not None and key != best else None
-        if key == best:
-            mark = "best"
-        elif near is None or near.test is None:
-            mark = "-"
-        else:
-            mark = "no" if not near.significant else "yes"
-        base = _pair_for(vs_base, key, study.baseline) if study.baseline else None
-        significant.append(None if base is None or base.test is None else bool(base.significant))
+        best = model.best_of(row)
+        base = model.baseline_of(row)
+        vs_best = model.test(row.id, best.id) if best.id != row.id else None
+        vs_base = model.test(row.id, base.id) if base is not None and base.id != row.id else None
+        significant.append(None if vs_base is None else vs_base.significant)
         marks = []
         for kind, texts in record_warnings(runs, key.protocol).items():
             marks.append(f"{kind} ({len(texts)} of {len(runs)} records)" if len(runs) > 1 else kind)
             for rid, w in texts:
                 notes.setdefault(f"{kind}: {w}", []).append(rid)
-        row: dict[str, Any] = {
+        record: dict[str, Any] = {
             "rank": str(rank),
-            "method": short_label(key, several),
+            "method": row.label,
             "seeds": str(len(runs)),
-            "final acc % ± CI": fmt_interval(finals[key], ri.last),
-            "avg inc acc % ± CI": fmt_interval(mean_std(x.avg_acc for x in s)[0], ri.avg),
+            "final acc % ± CI": fmt_interval(row.final, row.interval.last),
+            "avg inc acc % ± CI": fmt_interval(mean_std(x.avg_acc for x in s)[0], row.interval.avg),
             "forgetting": fmt_float(mean_std(x.forgetting for x in s)[0], 2),
             "added params": fmt_int_range(r.record.params.added_total for r in runs),
             "train s": fmt_float(mean_std(r.record.time_s.train for r in runs)[0]),
         }
-        if column is not None:
-            row[column] = _diff_cell(base, key.strategy == study.baseline and base is None, "baseline")
-        row["differs from best"] = mark
-        row["warnings"] = "; ".join(marks) or "-"
-        records.append(row)
+        if column is not None and base_name is not None:
+            if base is not None and base.id == row.id:
+                record[column], record[f"p vs {base_name}"], record[f"Holm p vs {base_name}"] = "baseline", "-", "-"
+            else:
+                refused = model.refusal(row.id, base.id) if base is not None else None
+                record[column] = _diff_cell(vs_base, refused.why if refused else None)
+                record[f"p vs {base_name}"] = _p_cell(vs_base)
+                record[f"Holm p vs {base_name}"] = _holm_cell(vs_base)
+        if best.id == row.id:
+            mark = "best" if rank == 1 else f"best of the {key.protocol} protocol"
+            record["Δ final vs best [95 % CI]"], record["p vs best"], record["Holm p vs best"] = mark, "-", "-"
+            record[BEST_VERDICT] = "best"
+        else:
+            refused = model.refusal(row.id, best.id)
+            record["Δ final vs best [95 % CI]"] = _diff_cell(vs_best, refused.why if refused else None)
+            record["p vs best"] = _p_cell(vs_best)
+            record["Holm p vs best"] = _holm_cell(vs_best)
+            record[BEST_VERDICT] = "-" if vs_best is None else "yes" if vs_best.significant else "no"
+        record["warnings"] = "; ".join(marks) or "-"
+        records.append(record)
     table = pd.DataFrame(records)
     if len(table) and (table["warnings"] == "-").all():
         table = table.drop(columns=["warnings"])
-    caption = _caption(study, main, best, bool(notes))
+    keys = [r.key for r in model.rows]
+    best_key = model.rows[0].key if model.rows else None
+    caption = _caption(study, model, best_key, bool(notes))
     lines = [f"{text} (records: {', '.join(sorted(set(ids)))})" for text, ids in notes.items()]
-    return Board(table, order, caption, lines, column, best, [finals[k] for k in order], significant)
+    return Board(table, keys, caption, lines, column, best_key, [r.final for r in model.rows], significant, model)
 
 
 def record_warnings(runs: Sequence[Run], protocol: str) -> dict[str, list[tuple[str, str]]]:
@@ -394,7 +474,7 @@ def record_warnings(runs: Sequence[Run], protocol: str) -> dict[str, list[tuple[
     return out
 
 
-def _caption(study: Study, main: Collection, best: AccKey | None, warned: bool) -> str:
+def _caption(study: Study, model: StudyModel, best: AccKey | None, warned: bool) -> str:
     from clbench.report.tables import INTERVAL_NOTE
 
     benches = sorted({k.bench for k in study.main})
@@ -406,19 +486,10 @@ def _caption(study: Study, main: Collection, best: AccKey | None, warned: bool) 
         "forgetting: Chaudhry / PILOT definition (max earlier R[t][j] minus final R[T][j]), mean over seeds; "
         "added params: parameters stored on top of the frozen backbone after the last task; train s: training "
         "seconds per run, mean over seeds.",
+        f"Paired tests (Δ: final accuracy of the row minus the other's, points, on the same test images and the "
+        f"seeds both rows have): {PAIRED_NOTE} Family: {model.family}; Holm p: adjusted over that family; "
+        f"{BEST_VERDICT}: the adjusted verdict at 5 % ('no': not significantly different from the best).",
     ]
-    if study.baseline:
-        parts.append(
-            f"Δ vs {display_name(study.baseline)}: final accuracy minus the baseline's on the same test images and "
-            "seeds, points, with its 95 % interval and its p Holm-adjusted over the main rows' tests against the "
-            "baseline only (each benchmark and protocol; seed-level t test for several seeds, exact McNemar for "
-            "one); 'not paired': other seeds or class orders than the baseline's, or a protocol the baseline lacks."
-        )
-    if best is not None:
-        parts.append(
-            f"differs from best: the paired test against the best row ({short_label(best)}), Holm-adjusted over the "
-            "main rows; 'no' marks methods not significantly different from the best at 5 %."
-        )
     if len(protocols) > 1 or protocols != ["per-sample"]:
         parts.append(
             "Protocols: per-sample = every test image predicted on its own; reference = the reference "
@@ -430,6 +501,15 @@ def _caption(study: Study, main: Collection, best: AccKey | None, warned: bool) 
             "that barely changed the predictions, collapsed routing); each text is listed once under the table."
         )
     return " ".join(parts)
+
+
+# How a pair's interval and p are made: said once, in every caption that prints one.
+PAIRED_NOTE = (
+    "one seed shared, the paired bootstrap over test images (10,000 resamples, within classes; by whole test "
+    "batches for a reference protocol), its percentile interval and the bootstrap p of the same draws; several "
+    "seeds, the seed-level t (per-seed differences plus the shared test-image variance) with the p solved from "
+    "the same interval. Either way the interval excludes 0 exactly when the unadjusted p < 0.05."
+)
 
 
 def study_sections(study: Study) -> list[Section]:

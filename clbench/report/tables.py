@@ -18,14 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from clbench.evaluation import stats
 from clbench.files import escape as text
 from clbench.records.routing_diagnostics import RoutingDiagnostics, read_routing
 from clbench.report.budget import BudgetCurve, budget_table_rows
 from clbench.report.collect import Collection, Run, digest_short
-from clbench.report.uncertainty import Predicted, RowInterval, fmt_interval, paired_rows, pairs_frame, row_interval
+from clbench.report.uncertainty import Predicted, RowInterval, fmt_interval, row_interval
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from clbench.report.study import Study as StudyModel
 
 # What each evaluation protocol means; printed under tables that show the protocol column.
 PROTOCOL_NOTES: dict[str, str] = {
@@ -399,40 +402,71 @@ ECE_NOTE = (
     "far below their accuracy), so raw ECE ranks the temperature, not calibration. It stays in every record "
     "(ece) and in the report's machine-readable summary (report.json, ece_mean)"
 )
-PAIRS_INTRO = (
-    "Final accuracy of A minus B on the same test images and seeds, with its 95 % interval. One seed: exact "
-    "McNemar test (conditions on the two trained runs; a batch-coupled protocol: paired block bootstrap over test "
-    "batches). Several seeds, the unit is the seed: a t test of the per-seed differences with the shared "
-    "test-image variance added (generalises over training runs and test images; its p matches its interval); "
-    "beside it the image-level paired bootstrap (seeds held fixed: conditions on the trained runs, test-image noise "
-    "only) and the exact sign-flip test over seeds (conditions on the test images; its floor is 2/2^S, 1/16 with 5 "
-    "seeds). A resampling p at its floor prints as '< 1/(B+1)' and stays a bound after Holm. p (Holm): corrected "
-    "for the number of pairs tested on each benchmark and protocol, each test separately; 'no' marks pairs not "
-    "significantly different at 5 %."
-)
 
 
-def pairs_section(coll: Collection, predicted: Predicted, baseline: str | None = None) -> Section | None:
-    """Paired tests of final accuracy between the rows of each benchmark and protocol (None: no pair tested)."""
-    rows = paired_rows(coll, predicted, baseline)
-    if not any(r.test is not None for r in rows):
-        return None
-    return Section(
-        "Paired comparisons",
-        "pairs",
-        pairs_frame(rows),
-        intro=PAIRS_INTRO,
+def pairs_intro(model: StudyModel) -> str:
+    """The paired table's caption: what a difference is, the one procedure behind its interval and p, the family."""
+    from clbench.report.leaderboard import PAIRED_NOTE
+
+    return (
+        "Final accuracy of A minus B, points, on the same test images and the seeds both rows have, with its 95 % "
+        f"interval and the two-sided p of the same procedure: {PAIRED_NOTE} A resampling p at its floor prints as "
+        f"'< 1/B' and stays a bound after Holm. Family: {model.family}. 'differ (Holm, 5 %)': the adjusted verdict."
     )
+
+
+def pairs_frame(model: StudyModel) -> pd.DataFrame:
+    """The study's tests (and the pairs of its family that could not be tested), display strings."""
+    import pandas as pd
+
+    from clbench.report.study import _seeds_text
+    from clbench.report.uncertainty import fmt_range
+
+    out = []
+    for t in model.tests:
+        out.append(
+            {
+                "A": t.label_a,
+                "B": t.label_b,
+                "seeds": _seeds_text(t.seeds) + (" (the seeds both rows have)" if t.note else ""),
+                "A - B final acc (points) [95 % CI]": f"{t.diff:+.2f} {fmt_range(stats.Interval(t.diff, t.lo, t.hi))}",
+                "test": t.method,
+                "p": stats.fmt_p(t.p, t.p_bound),
+                "p (Holm)": stats.fmt_p(t.p_adj, t.p_adj_bound),
+                "differ (Holm, 5 %)": "yes" if t.significant else "no (not significantly different)",
+            }
+        )
+    for r in model.refused:
+        out.append(
+            {
+                "A": r.label_a,
+                "B": r.label_b,
+                "seeds": "-",
+                "A - B final acc (points) [95 % CI]": "-",
+                "test": f"not tested: {r.why}",
+                "p": "-",
+                "p (Holm)": "-",
+                "differ (Holm, 5 %)": "-",
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def pairs_section(model: StudyModel) -> Section | None:
+    """The study's paired tests (None: its family has no pair)."""
+    if not model.tests and not model.refused:
+        return None
+    return Section("Paired comparisons", "pairs", pairs_frame(model), intro=pairs_intro(model))
 
 
 def sections(
     coll: Collection,
     budget: Sequence[BudgetCurve] = (),
-    main: Collection | None = None,
+    model: StudyModel | None = None,
     predicted: Predicted | None = None,
 ) -> list[Section]:
-    """Every table of a report, in order; ``budget``: the budget curves whose points get a table; ``main``: the
-    main table's rows (:mod:`clbench.report.leaderboard`), the only rows paired (default: every row)."""
+    """Every table of a report, in order; ``budget``: the budget curves whose points get a table; ``model``: the
+    study (:mod:`clbench.report.study`) whose tests the paired table prints (default: none)."""
     predicted = predicted or Predicted()
     summary = summary_table(coll, predicted)
     protocols = sorted({p for r in coll.runs for p in r.protocols})
@@ -454,9 +488,7 @@ def sections(
             definitions=metric_definitions(),
         )
     ]
-    pairs = pairs_section(coll if main is None else main, predicted)
-    if pairs is not None and main is not None:
-        pairs.intro += " Main-table rows only: Holm covers the pairs of the comparison, not every record."
+    pairs = pairs_section(model) if model is not None else None
     if pairs is not None:
         out.append(pairs)
     gap = gap_table(coll)

@@ -175,19 +175,30 @@ def fmt_interval(value: float | None, interval: stats.Interval | None, nd: int =
 
 
 def fmt_range(interval: stats.Interval) -> str:
-    """``[-5.4, +0.5]``: a signed interval at the printed resolution."""
+    """``[-5.4, +0.5]``: a signed interval at the printed resolution. An end that is not 0 never prints as 0 (it
+    gets the decimals it needs, up to three), so the printed interval excludes 0 exactly when the interval does."""
+    return f"[{fmt_end(interval.lo)}, {fmt_end(interval.hi)}]"
+
+
+def fmt_end(value: float) -> str:
+    """One end of a signed interval: :data:`clbench.evaluation.stats.INTERVAL_DECIMALS` decimals, more where fewer
+    would print a nonzero end as 0."""
     nd = stats.INTERVAL_DECIMALS
-    return f"[{interval.lo:+.{nd}f}, {interval.hi:+.{nd}f}]"
+    while value != 0 and float(f"{value:.{nd}f}") == 0 and nd < 3:
+        nd += 1
+    return f"{value:+.{nd}f}"  # the sign stays that of the value (-0.000 below 0)
 
 
 # ----------------------------------------------------------------------------------------------- pairs
 @dataclass(frozen=True)
 class PairRow:
     """A against B on one benchmark and protocol: the difference in final accuracy (points, A minus B). ``key_a``,
-    ``key_b``: the full identity of the two rows (their seeds in ``seeds``). ``test``: one seed, exact McNemar (block
-    bootstrap for a batch-coupled protocol); several, the seed-level test, with the image-level test beside it
-    (``image_test``) and the exact sign-flip p over seeds (``sign_flip``). Holm over the pairs of each benchmark and
-    protocol, for each test separately; ``*_bound``: the adjusted p is an upper bound (a resampling floor)."""
+    ``key_b``: the full identity of the two rows (their seeds in ``seeds``). ``test``: one seed, the paired (block)
+    bootstrap; several, the seed-level test, with the image-level test beside it (``image_test``) and the exact
+    sign-flip p over seeds (``sign_flip``). Holm over the pairs of each benchmark and protocol, for each test
+    separately; ``*_bound``: the adjusted p is an upper bound (a resampling floor). The all-pairs matrix figure
+    reads these; every table of a report reads the study's tests instead (:mod:`clbench.report.study`: one family,
+    one p per pair)."""
 
     bench: str
     protocol: str
