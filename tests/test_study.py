@@ -81,9 +81,11 @@ def printed_pairs(
         from_json(json.loads((compare / "compare.json").read_text()))
         tables.append(compare / "compare_pairs.csv")
     for table in tables:  # the paired tables
-        for r in pd.read_csv(table, dtype=str).to_dict(orient="records"):
-            if r["p"] != "-":
-                add(r["A"], r["B"], r["p"], r["p (Holm)"], "yes" if r["differ (Holm, 5 %)"] == "yes" else "no")
+        for r in pd.read_csv(table, dtype=str, keep_default_na=False).to_dict(orient="records"):
+            if r["p"] not in ("-", ""):  # numbers, a p printed as a bound with its "<" beside it
+                p = f"{r['p bound']} {r['p']}" if r.get("p bound") else r["p"]
+                holm = f"{r['p (Holm) bound']} {r['p (Holm)']}" if r.get("p (Holm) bound") else r["p (Holm)"]
+                add(r["A"], r["B"], p, holm, "yes" if r["differ (Holm, 5 %)"] == "yes" else "no")
     board = manifest["study"]["leaderboard"]  # the leaderboard: against the best and the baseline
     best = board[0]["method"]
     base = next(x["method"] for x in board if x["Δ final vs SimpleCIL [95 % CI]"] == "baseline")

@@ -4,9 +4,9 @@ A report table is made for reading (``52.76 ± 2.1``, ``"13,860"``, ``+1.68 [+0.
 splits every such cell into numbers: a value with ``±`` gives ``NAME mean`` and ``NAME half-width`` (half the 95 %
 interval, as the table prints it); a difference with its interval gives ``NAME``, ``NAME lower``, ``NAME upper`` and,
 where the cell has one, ``NAME p`` (``NAME adjusted p`` where the column says the p is Holm-adjusted); a count or a
-p-value gives the number. A cell that holds words (``baseline``, ``not paired``) leaves the numbers empty and keeps its
-words in ``NAME note``; columns of words (methods, tests, run ids) stay as they are. The numbers carry the table's
-printed precision.
+p-value gives the number, and a p printed as a bound (``< 1e-4``) its ``bound`` column (``<``) beside it. A cell
+that holds words (``baseline``, ``not paired``) leaves the numbers empty and keeps its words in ``NAME note``;
+columns of words (methods, tests, run ids) stay as they are. The numbers carry the table's printed precision.
 
 Paired tests with the attributes of the study model's (:class:`clbench.report.forest.PairTestLike`) export at full
 precision through :func:`pair_tests_frame`.
@@ -60,9 +60,11 @@ def _parse(value: object) -> dict[str, Any] | None:
         out = {"value": _float(m["value"]), "lower": _float(m["lower"]), "upper": _float(m["upper"])}
         if m["p"] is not None:
             out["p"] = _float(m["p"])
+            if m["bound"]:  # "p < 1e-4": the number is a bound, kept beside it
+                out["p bound"] = m["bound"]
         return out
     if (m := PLAIN.match(text)) is not None:
-        return {"value": _float(m["value"])}
+        return {"value": _float(m["value"])} | ({"bound": m["bound"]} if m["bound"] else {})
     return None
 
 
@@ -98,8 +100,12 @@ def numeric_table(df: pd.DataFrame) -> pd.DataFrame:
         base = _base(name)
         adjusted = bool(re.search(r"\bHolm\b|adjusted", name))
         for key in keys:
+            if key.endswith("bound"):  # "<" where the printed number is an upper bound (a resampling floor)
+                label = f"{name} bound" if key == "bound" else f"{base} {'adjusted p' if adjusted else 'p'} bound"
+                out[label] = [(p or {}).get(key) for p in parsed]
+                continue
             if key == "value":
-                label = name if keys == ["value"] else base
+                label = name if [k for k in keys if not k.endswith("bound")] == ["value"] else base
             elif key == "p":
                 label = f"{base} {'adjusted p' if adjusted else 'p'}"
             else:
