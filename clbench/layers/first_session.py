@@ -63,13 +63,20 @@ def first_session_cls(model: nn.Module, images: torch.Tensor, tuned: nn.Module, 
 
 
 def tune_first_session(
-    model: nn.Module, task: Task, cfg: Any, ctx: Context, label: str, tuned: nn.Module | None = None
+    model: nn.Module,
+    task: Task,
+    cfg: Any,
+    ctx: Context,
+    label: str,
+    tuned: nn.Module | None = None,
+    head_init: torch.Tensor | None = None,
 ) -> tuple[Any, CosineHead]:
     """Phase 1 of APER / RanPAC: a fresh adapter set (or the given ``tuned`` module) and a cosine head over
     ``task.classes``, trained with cross-entropy on the augmented training images (SGD with momentum and weight
     decay over the tuned module, head and sigma, as the reference's ``optim.SGD(self._network.parameters(), ...)``
     where only those have gradients; cosine schedule stepped per epoch). Returns the tuned module frozen in eval
-    mode and the trained head."""
+    mode and the trained head. ``head_init``: the head's initial rows (|C_0|, d) instead of ``CosineLinear``'s
+    uniform draw (the golden tests start from the reference's)."""
     dev, dim, n_blocks = ctx.device, ctx.backbone.num_features, len(model.blocks)
     adapters = (AdapterSet(n_blocks, dim, cfg, ctx.generator(1000)) if tuned is None else tuned).to(dev)
     head = CosineHead(dim)
@@ -77,6 +84,8 @@ def tune_first_session(
     with torch.no_grad():
         bound = 1.0 / math.sqrt(dim)  # CosineLinear.reset_parameters
         head.weight.uniform_(-bound, bound, generator=ctx.generator(2000))
+        if head_init is not None:
+            head.weight.copy_(head_init)
     head.to(dev)
     local = torch.full((task.n_seen,), -1, dtype=torch.long)
     local[torch.as_tensor(task.classes)] = torch.arange(len(task.classes))  # label -> row of the task-0 head
