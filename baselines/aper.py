@@ -1,12 +1,15 @@
-"""APER (adapter variant): adapt the pre-trained ViT on the first task only, then prototypes on the concatenation
-of the frozen and the adapted features.
+"""APER: adapt the pre-trained ViT on the first task only (adapters, SSF, VPT or full fine-tuning), then prototypes
+on the concatenation of the frozen and the adapted features.
 
 Paper: Zhou et al., "Revisiting Class-Incremental Learning with Pre-Trained Models: Generalizability and
 Adaptivity are All You Need", IJCV 2024, arXiv 2303.07338 (APER, first published as ADAM).
 Reference implementation checked: LAMDA-PILOT ``models/aper_adapter.py`` (``_train``, ``replace_fc``),
 ``utils/inc_net.py`` (``SimpleVitNet``, ``MultiBranchCosineIncrementalNet.construct_dual_branch_network``, the
 AdaptFormer ``tuning_config``), ``backbone/vit_adapter.py``, ``backbone/linears.py`` (``CosineLinear``) and
-``exps/aper_aperpter.json``; the original ``zhoudw-zdw/RevisitingCIL`` configs (same defaults).
+``exps/aper_aperpter.json``; the original ``zhoudw-zdw/RevisitingCIL`` configs (same defaults). The other three
+adaptations: LAMDA-PILOT @ 5240714 ``models/aper_ssf.py``, ``aper_vpt.py``, ``aper_finetune.py``,
+``backbone/vit_ssf.py``, ``backbone/vpt.py``, ``utils/inc_net.py`` (``get_backbone``, ``construct_dual_branch_network``)
+and ``exps/aper_ssf.json``, ``aper_vpt_deep.json``, ``aper_vpt_shallow.json``, ``aper_finetune.json``.
 
 Algorithm, for task t with new classes C_t:
 
@@ -19,6 +22,23 @@ Algorithm, for task t with new classes C_t:
    training images (test transform), a 2d-dimensional vector (1,536 for ViT-B).
 3. Inference: argmax_c cos(concat(f_ptm(x), f_adapted(x)), P_c); the concatenation is normalised as a whole; the
    head's sigma is 1 and never trained.
+
+The first-session adaptation is the setting ``adapt`` (PILOT's four models; step 1 above is ``adapter``, the
+default). The loop, head, loss and schedule are the same for all four; what is tuned differs:
+
+- ``ssf``: a (scale, shift) pair per channel on the outputs of the patch projection, every block's norm1, qkv,
+  proj, norm2, fc1 (before the GELU) and fc2, and the final norm (``clbench.layers.ssf``), scale ~ N(1, 0.02),
+  shift ~ N(0, 0.02); 2 (depth (7 d + h) + 2 d) parameters (h: MLP width).
+- ``vpt``: P = 5 zero-initialised prompt tokens appended after the image tokens, a fresh set before every block
+  (``vpt_type=deep``, PILOT's ``aper_vpt_deep.json``) or one set through all blocks (``shallow``)
+  (``clbench.layers.vpt``); (depth or 1) P d parameters.
+- ``finetune``: every parameter of a copy of the ViT (PILOT's ``optim.SGD(self._network.parameters())`` over the
+  whole ``SimpleVitNet``); the copy is the adapted branch, the run's frozen backbone the pre-trained one, so a run
+  keeps two whole ViTs (the accounting's added/stored count includes the copy).
+
+Reference settings per adaptation are the profiles ``reference-ssf``, ``reference-vpt``, ``reference-vpt-shallow``
+and ``reference-finetune`` (only finetune's differ from the adapter's: 6 epochs, batch 128, weight decay 0.05);
+``--set adapt=V`` alone keeps the adapter's defaults.
 
 Cost: from task 1 on nothing is trained. The pre-trained branch is clbench's cached frozen feature
 (``Split.features``); the adapted branch is computed once per image and kept in the strategy
@@ -44,6 +64,11 @@ rows,
 - Adapter dropout and the first-session shuffling draw from private generators (``ctx.generator``), not the global
   RNG.
 - The reference hard-codes width 768; here the width is the backbone's ``num_features`` (any d; prototypes 2d).
+- SSF is applied with forward hooks on the run's frozen timm ViT, held only while the adapted feature is computed
+  (the reference builds a separate SSF ViT class; the golden fixture ``aper_ssf`` checks the numbers agree). On
+  DINOv2 the factors sit on the same sites; LayerScale (absent in the reference's ViT-B) stays untouched.
+- ``finetune``'s adapted branch is a deep copy of the backbone trained in float32 under the run's autocast; the
+  reference builds the pre-trained branch anew from the hub (here: the frozen backbone's cached features).
 - The backbone runs at the run's precision (bf16 autocast where ``--precision`` resolves to it); heads and
   prototypes are float32.
 - The run setting ``train_per_class`` (``--train-per-class``; the ``ci`` profile sets 8) restricts both the tuning
