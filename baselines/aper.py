@@ -1,12 +1,15 @@
-"""APER (adapter variant): adapt the pre-trained ViT on the first task only, then prototypes on the concatenation
-of the frozen and the adapted features.
+"""APER: adapt the pre-trained ViT on the first task only (adapters, SSF, VPT or full fine-tuning), then prototypes
+on the concatenation of the frozen and the adapted features.
 
 Paper: Zhou et al., "Revisiting Class-Incremental Learning with Pre-Trained Models: Generalizability and
 Adaptivity are All You Need", IJCV 2024, arXiv 2303.07338 (APER, first published as ADAM).
 Reference implementation checked: LAMDA-PILOT ``models/aper_adapter.py`` (``_train``, ``replace_fc``),
 ``utils/inc_net.py`` (``SimpleVitNet``, ``MultiBranchCosineIncrementalNet.construct_dual_branch_network``, the
 AdaptFormer ``tuning_config``), ``backbone/vit_adapter.py``, ``backbone/linears.py`` (``CosineLinear``) and
-``exps/aper_aperpter.json``; the original ``zhoudw-zdw/RevisitingCIL`` configs (same defaults).
+``exps/aper_aperpter.json``; the original ``zhoudw-zdw/RevisitingCIL`` configs (same defaults). The other three
+adaptations: LAMDA-PILOT @ 5240714 ``models/aper_ssf.py``, ``aper_vpt.py``, ``aper_finetune.py``,
+``backbone/vit_ssf.py``, ``backbone/vpt.py``, ``utils/inc_net.py`` (``get_backbone``, ``construct_dual_branch_network``)
+and ``exps/aper_ssf.json``, ``aper_vpt_deep.json``, ``aper_vpt_shallow.json``, ``aper_finetune.json``.
 
 Algorithm, for task t with new classes C_t:
 
@@ -19,6 +22,23 @@ Algorithm, for task t with new classes C_t:
    training images (test transform), a 2d-dimensional vector (1,536 for ViT-B).
 3. Inference: argmax_c cos(concat(f_ptm(x), f_adapted(x)), P_c); the concatenation is normalised as a whole; the
    head's sigma is 1 and never trained.
+
+The first-session adaptation is the setting ``adapt`` (PILOT's four models; step 1 above is ``adapter``, the
+default). The loop, head, loss and schedule are the same for all four; what is tuned differs:
+
+- ``ssf``: a (scale, shift) pair per channel on the outputs of the patch projection, every block's norm1, qkv,
+  proj, norm2, fc1 (before the GELU) and fc2, and the final norm (``clbench.layers.ssf``), scale ~ N(1, 0.02),
+  shift ~ N(0, 0.02); 2 (depth (7 d + h) + 2 d) parameters (h: MLP width).
+- ``vpt``: P = 5 zero-initialised prompt tokens appended after the image tokens, a fresh set before every block
+  (``vpt_type=deep``, PILOT's ``aper_vpt_deep.json``) or one set through all blocks (``shallow``)
+  (``clbench.layers.vpt``); (depth or 1) P d parameters.
+- ``finetune``: every parameter of a copy of the ViT (PILOT's ``optim.SGD(self._network.parameters())`` over the
+  whole ``SimpleVitNet``); the copy is the adapted branch, the run's frozen backbone the pre-trained one, so a run
+  keeps two whole ViTs (the accounting's added/stored count includes the copy).
+
+Reference settings per adaptation are the profiles ``reference-ssf``, ``reference-vpt``, ``reference-vpt-shallow``
+and ``reference-finetune`` (only finetune's differ from the adapter's: 6 epochs, batch 128, weight decay 0.05);
+``--set adapt=V`` alone keeps the adapter's defaults.
 
 Cost: from task 1 on nothing is trained. The pre-trained branch is clbench's cached frozen feature
 (``Split.features``); the adapted branch is computed once per image and kept in the strategy
@@ -44,6 +64,11 @@ rows,
 - Adapter dropout and the first-session shuffling draw from private generators (``ctx.generator``), not the global
   RNG.
 - The reference hard-codes width 768; here the width is the backbone's ``num_features`` (any d; prototypes 2d).
+- SSF is applied with forward hooks on the run's frozen timm ViT, held only while the adapted feature is computed
+  (the reference builds a separate SSF ViT class; the golden fixture ``aper_ssf`` checks the numbers agree). On
+  DINOv2 the factors sit on the same sites; LayerScale (absent in the reference's ViT-B) stays untouched.
+- ``finetune``'s adapted branch is a deep copy of the backbone trained in float32 under the run's autocast; the
+  reference builds the pre-trained branch anew from the hub (here: the frozen backbone's cached features).
 - The backbone runs at the run's precision (bf16 autocast where ``--precision`` resolves to it); heads and
   prototypes are float32.
 - The run setting ``train_per_class`` (``--train-per-class``; the ``ci`` profile sets 8) restricts both the tuning
@@ -60,16 +85,20 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from baselines.cards.aper import CARD, PROFILES, APERConfig
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.first_session import (
     AdaptedFeatures,
-    adapted_cls,
+    TunedViT,
     check_width,
+    first_session_cls,
     n_head_params,
     tune_first_session,
 )
+from clbench.layers.ssf import SSF, ScaleShift
+from clbench.layers.vpt import VisualPrompts
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import (
@@ -86,7 +115,7 @@ class APER(Strategy):
     # scenarios: class only for now: its prototype rows are set once per task (a later domain would overwrite them);
     # a running mean over domains as SimpleCIL's is the natural extension, not made yet
     Config = APERConfig
-    state_types = (AdapterSet, Adapter, AdaptedFeatures)
+    state_types = (AdapterSet, Adapter, AdaptedFeatures, SSF, ScaleShift, VisualPrompts)
     needs_vit = True
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/aper.py
     card = CARD  # its parameter formula and cost model
@@ -96,7 +125,9 @@ class APER(Strategy):
         self.model = ctx.backbone.model
         check_vit_blocks(self.model)
         self.dim = ctx.backbone.num_features
-        self.adapters: AdapterSet | None = None  # trained in task 0, frozen afterwards
+        # the first session's tuned module, trained in task 0 and frozen afterwards: an AdapterSet, SSF factors,
+        # visual prompts or a fine-tuned copy of the ViT (``adapt``)
+        self.adapters: nn.Module | None = None
         self.head = CosineHead(2 * self.dim, learn_sigma=False)  # rows: prototypes on concat(frozen, adapted)
         self.store = AdaptedFeatures(self.dim)
         self.n_classes = 0
@@ -110,7 +141,7 @@ class APER(Strategy):
             raise RuntimeError("APER has no adapted backbone before task 0")
         adapted = self.store.get(
             split,
-            lambda x: adapted_cls(self.model, x, self.adapters, self.ctx),
+            lambda x: first_session_cls(self.model, x, self.adapters, self.ctx),
             self.cfg.eval_batch_size,
             self.ctx.device,
         )
@@ -122,10 +153,10 @@ class APER(Strategy):
         if sorted(task.classes) != list(range(self.n_classes, task.n_seen)):
             raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
         adapters = trainable = steps = 0
-        if self.adapters is None:  # first session: tune, keep the adapters, discard the head
-            self.adapters, head = tune_first_session(self.model, task, cfg, self.ctx, "APER")
+        if self.adapters is None:  # first session: tune, keep the tuned module, discard the head
+            self.adapters, head = tune_first_session(self.model, task, cfg, self.ctx, "APER", self._new_tuned())
             steps = cfg.epochs * math.ceil(len(task.train) / cfg.batch_size)  # batches per epoch x epochs
-            adapters = adapter_set_size(len(self.model.blocks), self.dim, cfg.bottleneck)
+            adapters = self.first_session_params()
             trainable = adapters + n_head_params(head)
         feats = self.features(task.train)  # (N_t, 2d)
         protos = class_means(feats, task.train.labels, sorted(task.classes))  # (C_t, 2d), label order
@@ -135,6 +166,23 @@ class APER(Strategy):
         self._added.append(protos.numel() + adapters)
         self._trainable.append(trainable)
         self.note_steps(steps)
+
+    def _new_tuned(self) -> nn.Module | None:
+        """The module the first session tunes (None: tune_first_session's fresh adapter set)."""
+        cfg = self.cfg
+        if cfg.adapt == "ssf":
+            return SSF(self.model, self.ctx.generator(1000))
+        if cfg.adapt == "vpt":
+            return VisualPrompts(len(self.model.blocks), cfg.prompt_tokens, self.dim, cfg.vpt_type == "deep")
+        if cfg.adapt == "finetune":
+            return TunedViT(self.model)
+        return None
+
+    def first_session_params(self) -> int:
+        """Parameters of the first session's tuned module (after task 0; by the formula before)."""
+        if self.adapters is None or isinstance(self.adapters, AdapterSet):
+            return adapter_set_size(len(self.model.blocks), self.dim, self.cfg.bottleneck)
+        return sum(p.numel() for p in self.adapters.parameters())
 
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
@@ -151,16 +199,31 @@ class APER(Strategy):
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         return {"adapted_passes_total": self.store.passes, "backbone_passes_per_test_image": 1}
 
+    def state_dict(self) -> dict[str, Any]:
+        """A fine-tuned ViT copy is kept as its named tensors (rebuilt on a copy of the run's backbone by
+        :meth:`load_state_dict`); everything else as :meth:`Strategy.state_dict` keeps it."""
+        state = super().state_dict()
+        if isinstance(self.adapters, TunedViT):
+            state["adapters"] = None
+            state["tuned_vit"] = {k: v.detach().clone() for k, v in self.adapters.vit.state_dict().items()}
+        return state
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_width("aper", int(state["dim"]), self.dim)
+        state = dict(state)
+        tensors = state.pop("tuned_vit", None)
         super().load_state_dict(state)
+        if tensors is not None:
+            tuned = TunedViT(self.model)
+            tuned.vit.load_state_dict(tensors)
+            self.adapters = tuned.requires_grad_(False).eval()
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:
-        extra = {
-            "adapter_params": adapter_set_size(len(self.model.blocks), self.dim, self.cfg.bottleneck),
-            "prototype_width": 2 * self.dim,
-        }
+        tuned = self.first_session_params()
+        extra = {"first_session_params": tuned, "prototype_width": 2 * self.dim}
+        if self.cfg.adapt == "adapter":
+            extra["adapter_params"] = tuned
         added, stored = self.split_kept(self._added, 0, extra, [])
         return ParamCounts(
             added_per_task=added,
@@ -172,6 +235,8 @@ class APER(Strategy):
 
     @classmethod
     def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: the first-session adapters; stored: the 2d prototypes (class means) of every class."""
-        added = [int(extra["adapter_params"]) if t == 0 else 0 for t in range(len(kept_per_task))]
+        """Learned: the first session's tuned module (adapters, SSF factors, prompts or the ViT copy); stored: the
+        2d prototypes (class means) of every class. Records before ``adapt`` name it ``adapter_params``."""
+        tuned = int(extra["first_session_params"] if "first_session_params" in extra else extra["adapter_params"])
+        added = [tuned if t == 0 else 0 for t in range(len(kept_per_task))]
         return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]

@@ -9,6 +9,7 @@ for the whole session, so the library code and the tests see the same planted bu
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 from collections.abc import Callable
@@ -34,11 +35,14 @@ import baselines.simplecil as simplecil_mod
 import baselines.slca as slca_mod
 import baselines.slda as slda_mod
 import clbench.layers.kan as kan_mod
+import clbench.layers.first_session as first_session_mod
 import clbench.layers.lda as lda_mod
 import clbench.layers.lora as lora_mod
 import clbench.layers.prompts as prompts_mod
+import clbench.layers.ssf as ssf_mod
+import clbench.layers.vpt as vpt_mod
 import tosca.strategy as tosca_mod
-from clbench.methods.shared import cosine_logits, vit_tokens
+from clbench.methods.shared import cosine_logits, vit_block, vit_tokens
 
 ENV = "CLBENCH_MUTATION"
 
@@ -106,6 +110,24 @@ def _frozen_half_only(self, split, protocol="per-sample"):  # classify on the fr
 def _adapted_store_bypassed(self, split):  # the frozen [CLS] feature used for both halves
     frozen = split.features.float()
     return torch.cat([frozen, frozen], dim=1)
+
+
+def _ssf_scale_only(self, x):  # SSF's shift forgotten: x * scale
+    return x * (self.scale.view(1, -1, 1, 1) if self.axis == 1 else self.scale).to(x.dtype)
+
+
+def _vpt_first_prompts_in_every_block(self, model, images):  # deep VPT: block 0's prompts enter every block
+    x = vit_tokens(model, images)
+    b, n = x.shape[0], x.shape[1]
+    for block in model.blocks:
+        x = vit_block(block, torch.cat([x, self.prompts[0].expand(b, -1, -1)], dim=1))[:, :n]
+    return model.forward_head(model.norm(x), pre_logits=True)
+
+
+def _tuned_vit_left_frozen(self, model):  # adapt=finetune: the ViT copy keeps requires_grad False (head-only)
+    torch.nn.Module.__init__(self)
+    self.vit = copy.deepcopy(model)
+    self.vit.requires_grad_(False)
 
 
 # ----------------------------------------------------------------------------------------------- MOS
@@ -349,6 +371,21 @@ MUTATIONS: dict[str, Mutation] = {
         "the frozen feature stands in for the adapted half",
         lambda: mock.patch.object(aper_mod.APER, "features", _adapted_store_bypassed),
     ),
+    "aper-ssf-no-shift": Mutation(
+        "aper",
+        "adapt=ssf: the scale-and-shift factors scale only (the shift is dropped)",
+        lambda: mock.patch.object(ssf_mod.ScaleShift, "forward", _ssf_scale_only),
+    ),
+    "aper-vpt-one-prompt-set": Mutation(
+        "aper",
+        "adapt=vpt (deep): the first block's prompts are appended before every block",
+        lambda: mock.patch.object(vpt_mod.VisualPrompts, "cls", _vpt_first_prompts_in_every_block),
+    ),
+    "aper-finetune-vit-frozen": Mutation(
+        "aper",
+        "adapt=finetune: the ViT copy is left frozen, only the task-0 head trains",
+        lambda: mock.patch.object(first_session_mod.TunedViT, "__init__", _tuned_vit_left_frozen),
+    ),
     "mos-skip-merge": Mutation(
         "mos",
         "the adapter merge after each optimizer step is skipped",
@@ -499,7 +536,10 @@ SELECTIONS: dict[str, tuple[tuple[str, ...], str]] = {
         ("tests/test_reference_golden.py", "tests/test_ranpac.py"),
         "ranpac or ridge or lambda or floor or projection or statistics or plain_head",
     ),
-    "aper": (("tests/test_reference_golden.py", "tests/test_aper.py"), "aper or adapted"),
+    "aper": (
+        ("tests/test_reference_golden.py", "tests/test_aper.py", "tests/test_aper_variants.py"),
+        "aper or adapted",
+    ),
     "mos": (
         ("tests/test_reference_golden.py", "tests/test_mos.py"),
         "mos or merge or reference_forward or orth or self_refinement or per_sample_predictions",

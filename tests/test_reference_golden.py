@@ -21,6 +21,7 @@ outputs (chosen prompts, chosen module, top-5 classes) must match exactly.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from pathlib import Path
 from unittest import mock
@@ -50,6 +51,9 @@ from clbench.benchmarks.base import ArraySource
 from clbench.features.backbones import load_backbone
 from clbench.features.transforms import TransformSpec
 from clbench.layers.adapters import AdapterSet
+from clbench.layers.first_session import TunedViT, tune_first_session
+from clbench.layers.ssf import SSF
+from clbench.layers.vpt import VisualPrompts
 from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, Split, Task
 from clbench.methods.shared import optimizer_step
 from tosca.luca import LuCA
@@ -438,6 +442,95 @@ def check_aper(backbone) -> None:
         assert_golden(strategy.predict(test), f[f"out.task{t}.logits"], f"logits after task {t}")
 
 
+APER_VIT = dict(img_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2)  # the adaptation fixtures' ViT
+
+
+def aper_vit(f: dict[str, torch.Tensor]) -> nn.Module:
+    """A timm ViT (16-d, 2 blocks, 8 px) with the fixture's weights (``in.vit.*``, the reference's names)."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    vit = VisionTransformer(num_classes=0, **APER_VIT)
+    vit.load_state_dict({k[len("in.vit.") :]: v for k, v in f.items() if k.startswith("in.vit.")})
+    return vit.eval()
+
+
+# SSF site (clbench.layers.ssf.ssf_sites) -> the reference's parameter prefix (scale: PREFIX_scale_N, shift: _shift_N)
+def ssf_reference_name(site: str) -> str:
+    parts = site.split(".")
+    if site == "norm":
+        return "ssf_{}_1"
+    if site == "patch_embed.proj":
+        return "patch_embed.ssf_{}_1"
+    if site == "patch_embed.norm":
+        return "patch_embed.ssf_{}_2"
+    block, leaf = ".".join(parts[:2]), parts[-1]
+    where = {"norm1": "{}.ssf_{{}}_1", "norm2": "{}.ssf_{{}}_2", "qkv": "{}.attn.ssf_{{}}_1",
+             "proj": "{}.attn.ssf_{{}}_2", "fc1": "{}.mlp.ssf_{{}}_1", "fc2": "{}.mlp.ssf_{{}}_2"}[leaf]  # fmt: skip
+    return where.format(block)
+
+
+def check_aper_ssf() -> None:
+    """clbench.layers.ssf.SSF on a timm ViT against backbone/vit_ssf.py VisionTransformer(tuning_mode='ssf'): the
+    same weights and scale/shift factors, the [CLS] pre-logits feature of fixed inputs."""
+    f = load("aper_ssf")
+    vit = aper_vit(f)
+    ssf = SSF(vit, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for site, factor in zip(ssf.sites, ssf.factors, strict=True):
+            name = ssf_reference_name(site)
+            factor.scale.copy_(f["in.ssf." + name.format("scale")])
+            factor.shift.copy_(f["in.ssf." + name.format("shift")])
+    used = {ssf_reference_name(site).format(k) for site in ssf.sites for k in ("scale", "shift")}
+    assert used == {k[len("in.ssf.") :] for k in f if k.startswith("in.ssf.")}  # every reference factor placed
+    with torch.no_grad():
+        assert_golden(ssf.cls(vit, f["in.x"]), f["out.cls"], "SSF [CLS] feature")
+
+
+def check_aper_vpt(kind: str) -> None:
+    """clbench.layers.vpt.VisualPrompts against backbone/vpt.py VPT_ViT.forward (VPT_type Deep / Shallow)."""
+    f = load("aper_vpt")
+    vit = aper_vit(f)
+    prompts = f[f"in.prompts.{kind}"]
+    vpt = VisualPrompts(len(vit.blocks), prompts.shape[1], prompts.shape[2], deep=kind == "deep")
+    with torch.no_grad():
+        vpt.prompts.copy_(prompts)
+        assert_golden(vpt.cls(vit, f["in.x"]), f[f"out.{kind}"], f"VPT ({kind}) [CLS] feature")
+
+
+class FixedBatches:
+    """Stands in for a task's training split: its loader yields the fixture's batches in order."""
+
+    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor, None]]) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return sum(len(y) for _, y, _ in self.batches)
+
+    def image_loader(self, *args, **kwargs):
+        return self.batches
+
+
+def check_aper_finetune() -> None:
+    """APER adapt=finetune's first session (clbench.layers.first_session.tune_first_session with a TunedViT: SGD
+    momentum 0.9 and weight decay over the whole ViT, the cosine head and its sigma; cosine schedule per epoch)
+    against models/aper_finetune.py Learner._train / _init_train on a SimpleVitNet: the weights after 3 epochs of
+    2 fixed batches, from the same start."""
+    f = load("aper_finetune")
+    vit = aper_vit(f)
+    batches = [(f[f"in.batch{b}.x"], f[f"in.batch{b}.y"], None) for b in range(2)]
+    task = Task(0, [0, 1, 2], 3, FixedBatches(batches))  # type: ignore[arg-type]
+    cfg = APERConfig(adapt="finetune", epochs=3, lr=0.05, weight_decay=0.05)
+    ctx = Context(backbone=types.SimpleNamespace(num_features=16), device=torch.device("cpu"), precision="fp32",
+                  seed=0, log=lambda s: None)  # fmt: skip
+    tuned, head = tune_first_session(vit, task, cfg, ctx, "APER", TunedViT(vit), head_init=f["in.fc.weight"])
+    for name, value in tuned.vit.state_dict().items():
+        assert_golden(value, f[f"out.vit.{name}"], f"fine-tuned ViT {name}")
+    assert_golden(head.weight, f["out.fc.weight"], "task-0 cosine head")
+    assert_golden(head.sigma, f["out.fc.sigma"], "task-0 head sigma")
+    for name, value in vit.state_dict().items():  # the model it copied is untouched
+        assert torch.equal(value, f[f"in.vit.{name}"]), name
+
+
 DP_HEADS = 2  # vit_micro's heads: PILOT stores prefixes per head, (.., L, heads, d / heads)
 DP_TOKENS = 8  # the fixture keeps the attention output of the first 8 tokens
 
@@ -702,6 +795,19 @@ def test_ranpac_exact_numerics_match_reference(backbone):
 
 def test_aper_prototypes_and_logits_match_reference(backbone):
     check_aper(backbone)
+
+
+def test_aper_ssf_feature_matches_reference():
+    check_aper_ssf()
+
+
+@pytest.mark.parametrize("kind", ["deep", "shallow"])
+def test_aper_vpt_feature_matches_reference(kind):
+    check_aper_vpt(kind)
+
+
+def test_aper_finetune_first_session_matches_reference():
+    check_aper_finetune()
 
 
 def test_dualprompt_prefixes_attention_and_logits_match_reference():

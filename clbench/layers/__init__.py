@@ -4,7 +4,9 @@ another method file, they import from here (or from :mod:`clbench.methods.shared
 - :mod:`clbench.layers.adapters`: the AdaptFormer bottleneck adapter and one-per-block adapter sets (EASE, APER,
   RanPAC, MOS).
 - :mod:`clbench.layers.first_session`: APER's first-session adaptation and the store of adapted features (APER,
-  RanPAC's "Phase 1").
+  RanPAC's "Phase 1"), and the fine-tuned ViT copy of APER's ``adapt=finetune``.
+- :mod:`clbench.layers.ssf`: SSF scale-and-shift factors on a frozen ViT (APER ``adapt=ssf``).
+- :mod:`clbench.layers.vpt`: deep and shallow visual prompt tokens (APER ``adapt=vpt``).
 - :mod:`clbench.layers.prompts`: prompt-pool key matching and prompt selection (L2P, DualPrompt).
 - :mod:`clbench.layers.heads`: the growing linear classifier (L2P, DualPrompt, MOS) and the prompt methods' choice
   of head. The cosine head is :class:`clbench.methods.shared.CosineHead`.

@@ -6,10 +6,16 @@ are All You Need", IJCV 2024, arXiv 2303.07338 (LAMDA-PILOT ``models/aper_adapte
 et al., "RanPAC: Random Projections and Pre-trained Models for Continual Learning", NeurIPS 2023, arXiv 2307.02251,
 which adopted APER's first session as its Phase 1 (PILOT ``models/ranpac.py`` ``_train``). Used by
 ``baselines/aper.py`` and ``baselines/ranpac.py``; the adapters are :mod:`clbench.layers.adapters`.
+
+APER's other first-session adaptations (PILOT ``models/aper_ssf.py``, ``aper_vpt.py``, ``aper_finetune.py``) go
+through the same loop with another tuned module: :class:`clbench.layers.ssf.SSF`,
+:class:`clbench.layers.vpt.VisualPrompts` or :class:`TunedViT` (a trainable copy of the whole ViT); each has a
+``cls(model, images)`` giving the adapted [CLS] feature (:func:`first_session_cls`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import Any
@@ -32,20 +38,54 @@ def adapted_cls(model: nn.Module, images: torch.Tensor, adapters: AdapterSet, ct
         return model.forward_head(x, pre_logits=True).float()
 
 
+class TunedViT(nn.Module):
+    """A trainable copy of the run's whole ViT (APER ``adapt=finetune``, PILOT ``models/aper_finetune.py``: every
+    backbone parameter trained in the first session); the run's frozen backbone is left as it is."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.vit = copy.deepcopy(model)
+        self.vit.requires_grad_(True)
+
+    def cls(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """(B, d) [CLS] pre-logits feature of the tuned copy (``model``, the frozen one, is not used)."""
+        x = vit_forward_tokens(self.vit, vit_tokens(self.vit, images))  # (B, N, d)
+        return self.vit.forward_head(x, pre_logits=True)
+
+
+def first_session_cls(model: nn.Module, images: torch.Tensor, tuned: nn.Module, ctx: Context) -> torch.Tensor:
+    """(B, d) float32 adapted [CLS] feature: ``model`` with the first session's ``tuned`` module (an
+    :class:`AdapterSet`, or any module with ``cls(model, images)``: SSF factors, prompts, a tuned ViT copy)."""
+    if isinstance(tuned, AdapterSet):
+        return adapted_cls(model, images, tuned, ctx)
+    with ctx.autocast():
+        return tuned.cls(model, images).float()
+
+
 def tune_first_session(
-    model: nn.Module, task: Task, cfg: Any, ctx: Context, label: str
-) -> tuple[AdapterSet, CosineHead]:
-    """Phase 1 of APER / RanPAC: a fresh adapter set and a cosine head over ``task.classes``, trained with
-    cross-entropy on the augmented training images (SGD with momentum and weight decay over adapters, head and
-    sigma, as the reference's ``optim.SGD(self._network.parameters(), ...)`` where only those have gradients;
-    cosine schedule stepped per epoch). Returns the adapters frozen in eval mode and the trained head."""
+    model: nn.Module,
+    task: Task,
+    cfg: Any,
+    ctx: Context,
+    label: str,
+    tuned: nn.Module | None = None,
+    head_init: torch.Tensor | None = None,
+) -> tuple[Any, CosineHead]:
+    """Phase 1 of APER / RanPAC: a fresh adapter set (or the given ``tuned`` module) and a cosine head over
+    ``task.classes``, trained with cross-entropy on the augmented training images (SGD with momentum and weight
+    decay over the tuned module, head and sigma, as the reference's ``optim.SGD(self._network.parameters(), ...)``
+    where only those have gradients; cosine schedule stepped per epoch). Returns the tuned module frozen in eval
+    mode and the trained head. ``head_init``: the head's initial rows (|C_0|, d) instead of ``CosineLinear``'s
+    uniform draw (the golden tests start from the reference's)."""
     dev, dim, n_blocks = ctx.device, ctx.backbone.num_features, len(model.blocks)
-    adapters = AdapterSet(n_blocks, dim, cfg, ctx.generator(1000)).to(dev)
+    adapters = (AdapterSet(n_blocks, dim, cfg, ctx.generator(1000)) if tuned is None else tuned).to(dev)
     head = CosineHead(dim)
     head.grow(len(task.classes))
     with torch.no_grad():
         bound = 1.0 / math.sqrt(dim)  # CosineLinear.reset_parameters
         head.weight.uniform_(-bound, bound, generator=ctx.generator(2000))
+        if head_init is not None:
+            head.weight.copy_(head_init)
     head.to(dev)
     local = torch.full((task.n_seen,), -1, dtype=torch.long)
     local[torch.as_tensor(task.classes)] = torch.arange(len(task.classes))  # label -> row of the task-0 head
@@ -55,16 +95,18 @@ def tune_first_session(
     schedule = cosine_lr(optimizer, cfg.epochs, eta_min=cfg.min_lr)
     loader = task.train.image_loader(cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(3000))
     seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator(4000)))
-    adapters.set_dropout_generator(torch.Generator(device=dev).manual_seed(seed))
+    if isinstance(adapters, AdapterSet):
+        adapters.set_dropout_generator(torch.Generator(device=dev).manual_seed(seed))
     log = EpochLog(ctx, f"{label} first session", cfg.epochs, len(loader))
     adapters.train()
     for epoch in log.epochs():
         for images, labels, _ in loader:
             target = local[labels].to(dev)
-            logits = head(adapted_cls(model, images.to(dev), adapters, ctx))  # (B, |C_0|)
+            logits = head(first_session_cls(model, images.to(dev), adapters, ctx))  # (B, |C_0|)
             log.step(optimizer, F.cross_entropy(logits, target), len(target), f"first session epoch {epoch}")
         schedule.step()
-    adapters.set_dropout_generator(None)
+    if isinstance(adapters, AdapterSet):
+        adapters.set_dropout_generator(None)
     adapters.requires_grad_(False)
     adapters.eval()
     return adapters, head
