@@ -34,8 +34,8 @@ import baselines.ranpac as ranpac_mod
 import baselines.simplecil as simplecil_mod
 import baselines.slca as slca_mod
 import baselines.slda as slda_mod
-import clbench.layers.kan as kan_mod
 import clbench.layers.first_session as first_session_mod
+import clbench.layers.kan as kan_mod
 import clbench.layers.lda as lda_mod
 import clbench.layers.lora as lora_mod
 import clbench.layers.prompts as prompts_mod
