@@ -70,4 +70,7 @@ def work(cfg: ACILConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("acil", ACILConfig, PROFILES, param_formula=param_formula, work=work)
+# `clbench tune`: the ridge regularisation and the random buffer's width, both on a log scale
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {"gamma": (1e-4, 100.0, True), "M": (512, 16384, True)}
+
+CARD = MethodCard("acil", ACILConfig, PROFILES, param_formula=param_formula, work=work, tune_space=TUNE_SPACE)

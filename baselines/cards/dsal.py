@@ -79,4 +79,12 @@ def work(cfg: DSALConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("dsal", DSALConfig, PROFILES, param_formula=param_formula, work=work)
+# `clbench tune`: both streams' regularisation, the buffer width and the compensation ratio
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {
+    "gamma": (1e-4, 100.0, True),
+    "gamma_comp": (1e-4, 100.0, True),
+    "M": (512, 16384, True),
+    "compensation_ratio": (0.0, 2.0),
+}
+
+CARD = MethodCard("dsal", DSALConfig, PROFILES, param_formula=param_formula, work=work, tune_space=TUNE_SPACE)

@@ -64,4 +64,12 @@ def work(cfg: FeCAMConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("fecam", FeCAMConfig, PROFILES, param_formula=param_formula, work=work)
+# `clbench tune`: the two shrinkages of the covariance (diagonal and off-diagonal) and Tukey's transform
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {
+    "alpha1": (0.01, 10.0, True),
+    "alpha2": (0.0, 1.0),
+    "tukey": (False, True),
+    "beta": (0.1, 1.0),
+}
+
+CARD = MethodCard("fecam", FeCAMConfig, PROFILES, param_formula=param_formula, work=work, tune_space=TUNE_SPACE)

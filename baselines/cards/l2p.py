@@ -97,4 +97,7 @@ def param_formula(cfg: L2PConfig, d: int, depth: int, task_sizes: Sequence[int])
     return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * (d + 1))
 
 
-CARD = MethodCard("l2p", L2PConfig, PROFILES, param_formula=param_formula, work=work)
+# `clbench tune`: the prompt learning rate on a log scale; study it at a short budget (e.g. --set epochs=1)
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {"lr": (1e-4, 0.05, True)}
+
+CARD = MethodCard("l2p", L2PConfig, PROFILES, param_formula=param_formula, work=work, tune_space=TUNE_SPACE)

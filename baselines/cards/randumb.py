@@ -69,4 +69,7 @@ def work(cfg: RanDumbConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("randumb", RanDumbConfig, PROFILES, param_formula=param_formula, work=work)
+# `clbench tune`: the random Fourier features' width and RBF gamma (0: the "scale" rule, so the range starts above it)
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {"M": (1000, 20000, True), "gamma": (1e-4, 1.0, True)}
+
+CARD = MethodCard("randumb", RanDumbConfig, PROFILES, param_formula=param_formula, work=work, tune_space=TUNE_SPACE)

@@ -52,4 +52,7 @@ def work(cfg: SLDAConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
-CARD = MethodCard("slda", SLDAConfig, PROFILES, param_formula=param_formula, work=work)
+# `clbench tune`: the covariance shrinkage, on a log scale (the reference fixes 1e-4)
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {"shrinkage": (1e-6, 0.5, True)}
+
+CARD = MethodCard("slda", SLDAConfig, PROFILES, param_formula=param_formula, work=work, tune_space=TUNE_SPACE)

@@ -41,6 +41,8 @@ class MethodCard:
     # (cfg, d, depth, task_sizes) -> ParamCounts of a finished run, from the config alone (clbench perf params)
     param_formula: Callable[..., ParamCounts] | None = None
     work: Callable[..., Work] | None = None  # (cfg, RunShape) -> Work: the cost model (clbench perf projection)
+    # `clbench tune`'s search space: setting -> (low, high[, log]) or a tuple of choices (clbench.tune.space)
+    tune_space: dict[str, tuple[Any, ...]] | None = None
 
 
 # Strategy classes by name. Held untyped: this module sits below the method contract and must not name it (not even

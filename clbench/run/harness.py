@@ -413,6 +413,8 @@ class PreparedRun:
     strategy: Strategy[Any]
     data_problems: list[str] = field(default_factory=list)  # found and run anyway (ignore_data_problems)
     rng_at_build: RngState | None = None  # global RNG states just before the strategy was built
+    # a validation run's split (clbench.run.validation.ValidationSplit.summary); None: evaluated on the test split
+    validation: dict[str, Any] | None = None
 
     @property
     def cfg(self) -> RunConfig:
@@ -494,6 +496,16 @@ def prepare(
     bench = build_benchmark(
         spec, cfg.data_root, resolved.init_cls, resolved.increment, cfg.class_order_seed, cfg.scenario
     )
+    holdout = None
+    if cfg.validation is not None:  # learn from part of the training images, evaluate on the rest; test sealed
+        from clbench.run.validation import hold_out
+
+        holdout = hold_out(bench, cfg.validation)
+        bench = holdout.bench
+        rep.log(
+            f"validation split: {len(holdout.held)} of {len(holdout.full_train)} training images held out "
+            f"({cfg.validation:g} of each class); the test split is not read"
+        )
     rep.log(f"backbone {resolved.backbone_name} (weights: {cfg.weights})")
     cache = FeatureCache(enabled=cfg.feature_cache, warn=lambda m: rep.log(f"warning: {m}"))
     inputs = load_inputs(resolved, precision)
@@ -502,7 +514,9 @@ def prepare(
     # Frozen features, once per image: cached across runs and strategies.
     t0 = time.perf_counter()
     feats: dict[str, torch.Tensor] = {}
-    for split_name, source in (("train", bench.train), ("test", bench.test)):
+    # a validation run featurises the whole training split (the cache entry a test run uses) and cuts it below
+    splits = (("train", holdout.full_train),) if holdout else (("train", bench.train), ("test", bench.test))
+    for split_name, source in splits:
         key = feature_key(resolved, inputs, split_name, source.fingerprint())
 
         def compute(source: ImageSource = source, split_name: str = split_name) -> torch.Tensor:
@@ -524,6 +538,9 @@ def prepare(
 
         feats[split_name], hit = cache.get_or_compute(key, compute, spot, inputs.precision.name)
         rep.log(f"features {split_name}: {'cache hit' if hit else 'computed'} {tuple(feats[split_name].shape)}")
+    if holdout is not None:
+        full = feats["train"]
+        feats = {"train": full[torch.as_tensor(holdout.kept)], "test": full[torch.as_tensor(holdout.held)]}
     t_features = time.perf_counter() - t0
 
     ctx = Context(
@@ -536,7 +553,17 @@ def prepare(
     )
     rng_at_build = capture_rng()  # the under-training detector builds an untrained twin from the same states
     strategy = resolved.strategy_cls(resolved.strategy_config, ctx)
-    return PreparedRun(resolved, inputs, bench, feats, cache.events, t_features, strategy, rng_at_build=rng_at_build)
+    return PreparedRun(
+        resolved,
+        inputs,
+        bench,
+        feats,
+        cache.events,
+        t_features,
+        strategy,
+        rng_at_build=rng_at_build,
+        validation=None if holdout is None else holdout.summary(),
+    )
 
 
 def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> RunRecord:
@@ -550,6 +577,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     t_start = time.perf_counter()
     resolved = resolve(cfg)  # every bad name or setting fails here, before a run folder is made
     cadence = checkpoint.Cadence.from_env()  # so does a bad $CLBENCH_CHECKPOINT_S
+    _tuning(cfg)  # and a --tuning file that is not a tuning summary
     run_dir, data_problems = _claim_run_folder(resolved, resume)
     caller_rng = checkpoint.capture_rng()
     reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
@@ -963,6 +991,15 @@ def _predictions(session: PreparedRun, logs: dict[str, _ProtocolLog]) -> Predict
     )
 
 
+def _tuning(cfg: RunConfig) -> dict[str, Any] | None:
+    """The content of ``--tuning FILE`` (how ``clbench tune`` chose the run's settings), for the record."""
+    if cfg.tuning is None:
+        return None
+    from clbench.tune.summary import read_summary
+
+    return read_summary(Path(cfg.tuning))
+
+
 def _write_record(record: RunRecord, path: Path, preds: Predictions | None) -> None:
     """``predictions.npz`` first (or no stale one), then the record that names it."""
     from clbench.records import predictions
@@ -1013,6 +1050,7 @@ def _record(
         session.protocols,
     )
     params = strategy.param_counts()
+    evaluated = "test" if session.validation is None else "validation"  # the split the accuracies are on
     added = list(params.added_per_task)
     stored = list(params.stored_per_task)
     trainable = list(params.trainable_per_task)
@@ -1043,8 +1081,11 @@ def _record(
         profile=cfg.profile,
         bench=spec.name,
         n_classes=bench.n_classes,
-        n_images={"train": len(bench.train), "test": len(bench.test)},
-        data_fingerprint={"train": bench.train.data_id(), "test": bench.test.data_id()},
+        n_images={"train": len(bench.train), evaluated: len(bench.test)},
+        data_fingerprint={"train": bench.train.data_id(), evaluated: bench.test.data_id()},
+        evaluated_on=None if session.validation is None else evaluated,
+        validation=session.validation,
+        tuning=_tuning(cfg),
         # classes each task brings: in the domain scenario every task brings the classes of its domain
         task_sizes=[bench.n_classes] * bench.n_tasks if bench.scenario == "domain" else bench.task_sizes,
         scenario=None if bench.scenario == "class" else bench.scenario,
