@@ -115,9 +115,11 @@ def _check_identity(req: TuneRequest) -> None:
     if path.exists():
         saved = json.loads(path.read_text())
         if saved != ident:
-            diff = sorted(k for k in set(saved) | set(ident) if saved.get(k) != ident.get(k))
+            flat = {**{k: v for k, v in ident.items() if k != "run"}, **ident["run"]}
+            was = {**{k: v for k, v in saved.items() if k != "run"}, **saved.get("run", {})}
+            diff = [f"{k}: {was.get(k)} there, {flat.get(k)} here" for k in flat if was.get(k) != flat.get(k)]
             raise ClbenchError(
-                f"--out {req.out} holds a study of other settings ({', '.join(diff)} differ)",
+                f"--out {req.out} holds a study of other settings ({'; '.join(diff)})",
                 "give the study's own settings to continue it, or another --out for a new study",
             )
     else:
@@ -138,16 +140,21 @@ def _finished(study: Any) -> int:
 
 
 def _retry_interrupted(study: Any, log: Callable[[str], None]) -> None:
-    """A trial left running by a crashed process: marked failed (and interrupted), its settings queued again."""
+    """Trials an interruption cut off run again first: one a Ctrl-C stopped (failed, marked ``interrupted``) or one
+    a killed process left running (marked so here). Each is queued once: not where a later trial has its settings."""
     from optuna.trial import TrialState
 
     storage = study._storage  # Optuna's public API has no call to fail a stale trial of a journal study
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        storage.set_trial_user_attr(t._trial_id, "interrupted", True)
-        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        if t.params:
+    trials = study.get_trials(deepcopy=False)
+    for t in trials:
+        if t.state == TrialState.RUNNING:
+            storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        elif not (t.state == TrialState.FAIL and t.user_attrs.get("interrupted")):
+            continue
+        if t.params and not any(later.params == t.params for later in trials if later.number > t.number):
             study.enqueue_trial(t.params, skip_if_exists=False)
-        log(f"trial {t.number} was cut off by an interruption: it runs again")
+            log(f"trial {t.number} was cut off by an interruption: its settings run again")
 
 
 def trial_config(req: TuneRequest, number: int, params: dict[str, Any]) -> RunConfig:
@@ -194,6 +201,9 @@ def run_study(
         t0 = time.perf_counter()
         try:
             record = run(trial_config(req, trial.number, params), _TrialReporter(trial))
+        except KeyboardInterrupt:
+            trial.set_user_attr("interrupted", True)  # a rerun tries these settings again (_retry_interrupted)
+            raise
         finally:
             seconds.append(time.perf_counter() - t0)
         value = record.summary(record.protocol).last_acc
@@ -210,7 +220,7 @@ def run_study(
         best = _best_value(study)
         if advance is not None:
             advance(_finished(study), best)
-        if len(seconds) == 1:
+        if len(seconds) == 1 and _finished(study) < req.trials:
             left = req.trials - _finished(study)
             minutes = left * seconds[0] / 60
             log(f"measured: {seconds[0]:.1f} s for the first trial; about {minutes:.1f} min for the {left} left")
