@@ -5,6 +5,7 @@ its chosen config runs as is on the test split and the record says how its setti
 from __future__ import annotations
 
 import json
+
 import numpy as np
 import pytest
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class SubsetSource(ImageSource):
         self.labels = np.asarray(parent.labels)[self.indices]
         self.domains = None if parent.domains is None else np.asarray(parent.domains)[self.indices]
 
-    def image(self, i: int):  # -> PIL.Image.Image
+    def image(self, i: int) -> Any:  # PIL.Image.Image
         return self.parent.image(int(self.indices[i]))
 
     def _digest(self, of: str) -> str:
@@ -71,7 +72,7 @@ class SealedSource(ImageSource):
             f"evaluate on the test split with a run without {setting('validation')}",
         )
 
-    def image(self, i: int):  # -> never returns
+    def image(self, i: int) -> Any:  # never returns
         raise self._refuse()
 
     def fingerprint(self) -> str:

@@ -303,7 +303,7 @@ def chosen_yaml(req: TuneRequest, summary: dict[str, Any]) -> str:
         if value is not None and value != RunConfig.__dataclass_fields__[name].default:
             lines.append(f"{name.replace('_', '-')}: {json.dumps(value)}")
     lines.append(f"seed: {base.seed}")
-    lines.append(f"tuning: {json.dumps(str((req.out / SUMMARY_FILE).resolve()))}")
+    lines.append(f"tuning: {json.dumps(str(req.out / SUMMARY_FILE))}")  # as --out was given: relative or not
     settings = {**dict(req.fixed), **{k: as_setting(v) for k, v in summary["best_settings"].items()}}
     lines.append(f"{req.strategy}:")
     lines += [f"  {k}: {json.dumps(v) if not _plain_number(v) else v}" for k, v in settings.items()]
