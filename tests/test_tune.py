@@ -42,6 +42,17 @@ def test_held_out_is_stratified_and_seeded_by_the_data_alone():
             assert int((strata[by_domain] == s).sum()) == min(max(1, round(0.5 * n)), n - 1)
 
 
+def test_a_grouped_benchmark_holds_out_whole_groups():
+    labels = np.repeat([0, 1], 12)
+    groups = np.repeat(np.arange(8), 3)  # class 0: groups 0-3, class 1: groups 4-7, three images each
+    held = held_out(labels, 0.25, 7, groups=groups)
+    assert sorted(np.bincount(groups[held], minlength=8)) == [0, 0, 0, 0, 0, 0, 3, 3]  # one whole group per class
+    assert set(np.bincount(labels[held]).tolist()) == {3}
+    domains = np.tile([0, 1, 0], 8)
+    with_domains = held_out(labels, 0.25, 7, domains, groups)  # a group's images go together across domains
+    assert set(np.bincount(groups[with_domains], minlength=8).tolist()) <= {0, 3}
+
+
 def test_hold_out_cuts_the_training_split_and_seals_the_test_split():
     from clbench.benchmarks import BENCHMARKS, build_benchmark
 
@@ -54,6 +65,8 @@ def test_hold_out_cuts_the_training_split_and_seals_the_test_split():
     per_class = np.bincount(view.test_y, minlength=view.n_classes)
     assert (per_class >= 1).all() and view.test_y.tolist() == bench.train_y[split.held].tolist()
     assert len(view.seen_test(0)) == per_class[: view.task_sizes[0]].sum()  # every task is evaluated on its classes
+    kept_groups, held_groups = set(train.groups[split.kept]), set(train.groups[split.held])
+    assert held_groups and kept_groups.isdisjoint(held_groups)  # emoji's split is grouped: so is this one
     assert isinstance(bench.test, SealedSource) and len(bench.test) == n_test
     with pytest.raises(ClbenchError, match="read the test split: it is sealed"):
         bench.test.image(0)
