@@ -441,6 +441,26 @@ class RunConfig:
     feature_cache: bool = run_field(
         True, Flag(), Cli("recompute frozen features instead of using the on-disk cache", off="--no-feature-cache")
     )
+    # Keep the first K classes of the class order only: a held-out class subset to tune on (clbench tune), whose
+    # settings are then evaluated on every class. Defining: another benchmark's numbers.
+    classes: int | None = run_field(
+        None,
+        Number(
+            int,
+            1,
+            MAX_CLASSES,
+            optional=True,
+            meaning="the classes of the class order a run keeps",
+            default_hint="leave {s} out for every class",
+        ),
+        Cli(
+            "keep only the first K classes of the class order (--class-order-seed says which) and their images: a "
+            "class subset to tune on. Default: every class",
+            metavar="K",
+        ),
+        defining=True,
+        omitted_at=None,
+    )
     # Hold out this share of each class's training images (stratified, the same images for every method and seed:
     # clbench.run.validation), learn from the rest and evaluate on them instead of the test split, which a
     # validation run never reads. Defining: a validation run's numbers are not a test run's.

@@ -496,7 +496,13 @@ def prepare(
     bench = build_benchmark(
         spec, cfg.data_root, resolved.init_cls, resolved.increment, cfg.class_order_seed, cfg.scenario
     )
+    loaded = {"train": bench.train, "test": bench.test}  # the splits as loaded: what the feature cache holds
     holdout = None
+    if cfg.classes is not None:  # the first K classes of the class order only (a smaller benchmark to tune on)
+        from clbench.run.validation import first_classes
+
+        bench = first_classes(bench, cfg.classes, resolved.init_cls, resolved.increment)
+        rep.log(f"classes: the first {cfg.classes} of the class order ({len(bench.train)} training images)")
     if cfg.validation is not None:  # learn from part of the training images, evaluate on the rest; test sealed
         from clbench.run.validation import hold_out
 
@@ -514,9 +520,13 @@ def prepare(
     # Frozen features, once per image: cached across runs and strategies.
     t0 = time.perf_counter()
     feats: dict[str, torch.Tensor] = {}
-    # a validation run featurises the whole training split (the cache entry a test run uses) and cuts it below
-    splits = (("train", holdout.full_train),) if holdout else (("train", bench.train), ("test", bench.test))
-    for split_name, source in splits:
+    # A run on part of the images (--validation, --classes) featurises the splits as loaded (the cache entries every
+    # run shares) and takes its images' rows below; a validation run never featurises the test split.
+    from clbench.run.validation import rows_in
+
+    parts = {name: rows_in(getattr(bench, name), loaded) for name in ("train", "test")}  # name -> (split, rows)
+    needed = list(dict.fromkeys(split for split, _ in parts.values()))
+    for split_name, source in ((n, loaded[n]) for n in needed):
         key = feature_key(resolved, inputs, split_name, source.fingerprint())
 
         def compute(source: ImageSource = source, split_name: str = split_name) -> torch.Tensor:
@@ -538,9 +548,10 @@ def prepare(
 
         feats[split_name], hit = cache.get_or_compute(key, compute, spot, inputs.precision.name)
         rep.log(f"features {split_name}: {'cache hit' if hit else 'computed'} {tuple(feats[split_name].shape)}")
-    if holdout is not None:
-        full = feats["train"]
-        feats = {"train": full[torch.as_tensor(holdout.kept)], "test": full[torch.as_tensor(holdout.held)]}
+    feats = {
+        name: feats[split] if rows is None else feats[split][torch.as_tensor(rows)]
+        for name, (split, rows) in parts.items()
+    }
     t_features = time.perf_counter() - t0
 
     ctx = Context(

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from clbench.benchmarks.base import Benchmark, ImageSource
+from clbench.benchmarks.base import Benchmark, ImageSource, task_sizes
 from clbench.errors import ClbenchError, setting
 
 # The split's seed, fixed: combined with the training data's digest and the fraction, it names the held-out images.
@@ -166,3 +166,40 @@ def hold_out(bench: Benchmark, fraction: float) -> ValidationSplit:
     )
     bench.test = SealedSource(bench.test, fraction)  # whoever still holds the benchmark as loaded cannot read its test
     return ValidationSplit(view, train, kept, held, fraction, seed)
+
+
+def rows_in(source: ImageSource, loaded: dict[str, ImageSource]) -> tuple[str, np.ndarray | None]:
+    """Which split as loaded ``source``'s images come from ("train" or "test"), and their rows in it (None: all of
+    them, in order): a :class:`SubsetSource` of a subset of a loaded split is its rows of that split."""
+    rows: np.ndarray | None = None
+    while isinstance(source, SubsetSource):
+        rows = source.indices if rows is None else source.indices[rows]
+        source = source.parent
+    name = next((n for n, s in loaded.items() if s is source), None)
+    if name is None:
+        raise ValueError("a split that is no part of the benchmark as loaded")
+    return name, rows
+
+
+def first_classes(bench: Benchmark, k: int, init_cls: int | None, increment: int | None) -> Benchmark:
+    """``bench`` with the first ``k`` classes of its class order only (``--classes K``): their training and test
+    images, cut into tasks as the benchmark's split (or ``init_cls`` / ``increment``) cuts ``k`` classes."""
+    if bench.scenario == "domain":
+        raise ClbenchError(
+            f"{setting('classes')} keeps classes of a class-incremental run; a domain run's tasks are domains",
+            f"drop {setting('classes')} or use {setting('scenario')} class",
+        )
+    if k > bench.n_classes:
+        raise ClbenchError(
+            f"{setting('classes')} {k}: benchmark {bench.spec.name!r} has {bench.n_classes} classes",
+            f"give {setting('classes')} {bench.n_classes} or less",
+        )
+    order = bench.class_order[:k]
+    sizes = task_sizes(
+        k,
+        bench.spec.init_cls if init_cls is None else init_cls,
+        bench.spec.increment if increment is None else increment,
+    )
+    train = SubsetSource(bench.train, np.flatnonzero(np.isin(bench.train.labels, order)), f"classes-{k}")
+    test = SubsetSource(bench.test, np.flatnonzero(np.isin(bench.test.labels, order)), f"classes-{k}")
+    return Benchmark(bench.spec, bench.class_names, list(order), sizes, train, test, bench.scenario)

@@ -50,6 +50,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
         ("--scenario", str, "class or domain (default: class)"),
         ("--profile", str, "the strategy's named profile"),
         ("--seed", int, "seed of every trial's run (default: 1993)"),
+        ("--classes", int, "tune on the first K classes of the class order only (a held-out class subset)"),
+        ("--class-order-seed", int, "seed of the class order (default: 1993)"),
         ("--data-root", str, "data folder"),
         ("--device", str, "auto, cpu or cuda"),
     ):
@@ -72,6 +74,8 @@ def _base(args: argparse.Namespace) -> Any:
             "scenario",
             "profile",
             "seed",
+            "classes",
+            "class_order_seed",
             "data_root",
             "device",
         )
@@ -98,6 +102,10 @@ def estimate(strategy: str, base: Any) -> str:
         bench = build_benchmark(
             spec, base.data_root, base.init_cls, base.increment, base.class_order_seed, base.scenario
         )
+        if base.classes is not None:
+            from clbench.run.validation import first_classes
+
+            bench = first_classes(bench, base.classes, base.init_cls, base.increment)
         n_train = len(bench.train) * (1 - base.validation)
         n_val = len(bench.train) * base.validation
         tasks = bench.n_tasks
@@ -123,7 +131,8 @@ def main(args: argparse.Namespace) -> int:
     base = _base(args)
     out = Path(args.out) if args.out else Path("tune") / f"{args.strategy}-{args.bench}"
     req = TuneRequest(args.strategy, space, args.trials, base, out, args.pruner, tuple(args.overrides))
-    print(f"tuning {args.strategy} on the validation split ({args.validation:g}) of {args.bench}: {args.trials} trials")
+    where = f"{args.bench} (its first {args.classes} classes)" if args.classes else args.bench
+    print(f"tuning {args.strategy} on the validation split ({args.validation:g}) of {where}: {args.trials} trials")
     print("search space: " + ", ".join(f"{k} {d.to_json()}" for k, d in space.items()))
     print(estimate(args.strategy, base))
     with Progress(

@@ -40,7 +40,15 @@ class Cell:
         t = self.tuning
         if t is None:
             return "defaults"
-        return "same" if t.get("tuning_bench") == self.record.bench else "elsewhere"
+        same = t.get("tuning_bench") == self.record.bench and t.get("tuning_classes") is None
+        return "same" if same else "elsewhere"
+
+    @property
+    def tuned_on(self) -> str:
+        """Where the settings were chosen: a benchmark, or a class subset of one."""
+        t = self.tuning or {}
+        k = t.get("tuning_classes")
+        return f"{t.get('tuning_bench')}'s first {k} classes" if k else str(t.get("tuning_bench"))
 
 
 def collect(folder: Path) -> dict[str, dict[str, Cell]]:
@@ -120,14 +128,7 @@ def _validation(cell: Cell | None) -> str:
 def table(folder: Path) -> str:
     """The Markdown tables of the study in ``folder``."""
     cells = collect(folder)
-    elsewhere = sorted(
-        {
-            str(c.tuning["tuning_bench"])
-            for m in cells.values()
-            for c in m.values()
-            if c.tuning and c.condition == "elsewhere"
-        }
-    )
+    elsewhere = sorted({c.tuned_on for m in cells.values() for c in m.values() if c.condition == "elsewhere"})
     where = ", ".join(elsewhere) or "another benchmark"
     lines = [
         f"| method | defaults | tuned on the same benchmark | Δ vs defaults | tuned on {where} | Δ vs defaults |",

@@ -70,7 +70,7 @@ class TuneRequest:
 
     def identity(self) -> dict[str, Any]:
         """What must match for a rerun to continue the study in ``out``."""
-        shape = {k: getattr(self.base, k) for k in ("bench", "seed", "validation", *SHAPE_FIELDS)}
+        shape = {k: getattr(self.base, k) for k in ("bench", "classes", "seed", "validation", *SHAPE_FIELDS)}
         return {
             "strategy": self.strategy,
             "space": {k: d.to_json() for k, d in self.space.items()},
@@ -253,6 +253,8 @@ def _write_outcome(study: Any, req: TuneRequest, seconds: list[float]) -> StudyO
         "search_space": {k: d.to_json() for k, d in req.space.items()},
         "fixed_settings": dict(req.fixed),
         "tuning_bench": req.base.bench,
+        "tuning_classes": req.base.classes,  # the first K classes of the class order only; None: every class
+        "class_order_seed": req.base.class_order_seed,
         "scenario": req.base.scenario,
         "split": {"name": "validation", "fraction": req.base.validation, **_split_seed()},
         "seed": req.base.seed,
@@ -291,9 +293,10 @@ def chosen_yaml(req: TuneRequest, summary: dict[str, Any]) -> str:
     """The config file of the chosen settings: the study's run shape, on the test split (no validation), the best
     trial's settings under the strategy's name, and ``tuning:`` naming the summary the record will carry."""
     base = req.base
+    where = f"{base.bench}'s first {base.classes} classes" if base.classes else base.bench
     lines = [
         f"# chosen by clbench tune: {summary['trials']['complete']} trials of {req.strategy} on the validation split "
-        f"({base.validation:g}) of {base.bench}; best validation accuracy {summary['best_validation_acc']:.2f}",
+        f"({base.validation:g}) of {where}; best validation accuracy {summary['best_validation_acc']:.2f}",
         "# run it as is on the test split: clbench run --config THIS_FILE (add --bench NAME to evaluate elsewhere)",
         f"strategy: {req.strategy}",
         f"bench: {base.bench}",
