@@ -231,3 +231,21 @@ def test_a_tuning_file_that_is_not_a_summary_is_refused_before_the_run(tmp_path)
     with pytest.raises(ClbenchError, match="not a tuning summary"):
         run(RunConfig(strategy="slda", tuning=str(bad), out=str(tmp_path / "r"), **MICRO))
     assert not (tmp_path / "r").exists()
+
+
+def test_a_class_subset_keeps_the_first_classes_of_the_order_and_their_images():
+    from clbench.benchmarks import BENCHMARKS, build_benchmark
+    from clbench.run.validation import first_classes, rows_in
+
+    bench = build_benchmark(BENCHMARKS.get("emoji"), class_order_seed=7)
+    loaded = {"train": bench.train, "test": bench.test}
+    sub = first_classes(bench, 18, None, None)
+    assert sub.class_order == bench.class_order[:18] and sub.task_sizes == [6, 6, 6]
+    assert set(sub.train_y.tolist()) == set(range(18)) and sub.test_y.max() == 17
+    split, rows = rows_in(sub.train, loaded)
+    assert split == "train" and np.isin(bench.train.labels[rows], bench.class_order[:18]).all()
+    assert len(rows) == np.isin(bench.train.labels, bench.class_order[:18]).sum()
+    held = hold_out(sub, 0.2)
+    assert rows_in(held.bench.test, loaded)[0] == "train"  # validation images of the subset: training images
+    with pytest.raises(ClbenchError, match="has 36 classes"):
+        first_classes(bench, 40, None, None)
