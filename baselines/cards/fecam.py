@@ -65,8 +65,9 @@ def work(cfg: FeCAMConfig, shape: RunShape) -> Work:
 
 
 # `clbench tune`: the two shrinkages of the covariance (diagonal and off-diagonal). Not Tukey's transform: it needs
-# non-negative features and a ViT's [CLS] features are signed. alpha1 from 0.1: at 0.02 to 0.075 a class's shrunk
-# covariance (about 50 images in 384 dimensions on the embedded benchmark) was singular in a study
+# non-negative features and a ViT's [CLS] features are signed. alpha1 from 0.1: at 0.02 to 0.16 a class's shrunk
+# covariance (about 50 images in 384 dimensions on the embedded benchmark) was singular in a study, and such a
+# trial fails (reports/tuning/README.md counts them)
 TUNE_SPACE: dict[str, tuple[Any, ...]] = {"alpha1": (0.1, 10.0, True), "alpha2": (0.0, 1.0)}
 
 CARD = MethodCard("fecam", FeCAMConfig, PROFILES, param_formula=param_formula, work=work, tune_space=TUNE_SPACE)

@@ -121,8 +121,10 @@ def _validation(cell: Cell | None) -> str:
     before = t.get("defaults_validation_acc")
     best = t.get("best_validation_acc")
     head = f"{before:.2f} -> {best:.2f}" if isinstance(before, (int, float)) else f"best {best:.2f}"
+    finished = trials.get("complete", 0) + trials.get("pruned", 0) + trials.get("failed", 0)
     pruned = f", {trials.get('pruned')} pruned" if trials.get("pruned") else ""
-    return f"{head} ({trials.get('complete', 0) + trials.get('pruned', 0)} trials{pruned})"
+    failed = f", {trials.get('failed')} failed" if trials.get("failed") else ""
+    return f"{head} ({finished} trials{pruned}{failed})"
 
 
 def table(folder: Path) -> str:
