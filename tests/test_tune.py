@@ -207,12 +207,21 @@ def test_tune_resumes_after_an_interruption_and_its_chosen_config_runs_with_prov
     assert summary["split"] == {"name": "validation", "fraction": 0.2, "split_seed": 20240403}
     assert summary["tuning_bench"] == "emoji" and summary["search_space"]["shrinkage"]["log"] is True
 
-    assert _cli(["run", "--config", str(out / "chosen.yaml"), "--out", str(tmp_path / "chosen")]) == 0
-    record = json.loads((tmp_path / "chosen" / "result.json").read_text())
+    assert _cli(["run", "--config", str(out / "chosen.yaml"), "--out", str(tmp_path / "runs" / "chosen")]) == 0
+    record = json.loads((tmp_path / "runs" / "chosen" / "result.json").read_text())
     assert "evaluated_on" not in record and set(record["n_images"]) == {"train", "test"}  # the test split
     assert record["strategy_config"]["shrinkage"] == best.params["shrinkage"]
     assert record["tuning"] == summary  # how the settings were chosen, in the record
     assert record["backbone"] == "vit_micro"
+
+    from clbench.tune.report import table
+
+    defaults = ["run", "--strategy", "slda", "--out", str(tmp_path / "runs" / "defaults"), *TUNE_ARGV]
+    assert _cli(defaults) == 0
+    row = next(line for line in table(tmp_path).splitlines() if line.startswith("| slda |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[2].startswith(f"{record['last_acc']:.2f} [") and ", p " in cells[3]  # tuned, and paired with defaults
+    assert cells[4] == "-"  # nothing tuned elsewhere
 
 
 def test_tune_refuses_another_study_in_the_same_folder(tmp_path, capsys):

@@ -200,9 +200,13 @@ def run_study(
         params = {k: d.suggest(trial) for k, d in req.space.items()}
         t0 = time.perf_counter()
         try:
-            record = run(trial_config(req, trial.number, params), _TrialReporter(trial))
+            cfg = trial_config(req, trial.number, params)
+            record = run(cfg, _TrialReporter(trial))
         except KeyboardInterrupt:
             trial.set_user_attr("interrupted", True)  # a rerun tries these settings again (_retry_interrupted)
+            raise
+        except optuna.TrialPruned:
+            _drop_checkpoint(Path(cfg.out or ""))  # a pruned trial is never continued: its record is what stays
             raise
         finally:
             seconds.append(time.perf_counter() - t0)
@@ -225,6 +229,12 @@ def run_study(
             minutes = left * seconds[0] / 60
             log(f"measured: {seconds[0]:.1f} s for the first trial; about {minutes:.1f} min for the {left} left")
     return _write_outcome(study, req, seconds)
+
+
+def _drop_checkpoint(run_dir: Path) -> None:
+    from clbench.run.checkpoint import CHECKPOINT_FILE
+
+    (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
 
 
 def _best_value(study: Any) -> float | None:
