@@ -354,6 +354,18 @@ def _published():
     return clbench.published
 
 
+def _add_tune_args(p: argparse.ArgumentParser) -> None:
+    from clbench.tune.command import add_args
+
+    add_args(p)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from clbench.tune.command import main as tune
+
+    return tune(args)
+
+
 COMMANDS: dict[
     str, tuple[str, Callable[[argparse.ArgumentParser], None] | None, Callable[[argparse.Namespace], int]]
 ] = {
@@ -362,6 +374,11 @@ COMMANDS: dict[
         "run strategies x benchmarks x seeds (locally or on Ray), then the summary table and report",
         _add_sweep_args,
         cmd_sweep,
+    ),
+    "tune": (
+        "choose a strategy's settings on a validation split (Optuna), never reading the test images",
+        _add_tune_args,
+        cmd_tune,
     ),
     "list": (
         "list registered strategies (family, what each trains, scenarios, profiles), benchmarks and backbones; "

@@ -40,7 +40,8 @@ def test_the_generated_parser_has_the_flags_it_had():
     run, sweep = _options("run"), _options("sweep")
     added = {"--train-per-class"}  # a run setting since (it was a strategy setting of six methods)
     added |= {"--scenario"}  # class | domain (issue #40)
-    assert set(run) == RUN_FLAGS_BEFORE | added
+    added |= {"--validation", "--classes"}  # held-out training images; a class subset (issue #61)
+    assert set(run) == RUN_FLAGS_BEFORE | added | {"--tuning"}  # a chosen config's provenance: run only
     assert set(sweep) == SWEEP_FLAGS_BEFORE | added
     # defaults, types, choices and aliases as they were written by hand
     assert run["--seed"].default == 1993 and run["--seed"].type is int
@@ -162,7 +163,8 @@ def test_the_fingerprint_and_the_profile_keys_are_read_from_runconfigs_declarati
     assert not {"device", "out", "batch_size", "feature_cache"} & set(config.DEFINING_FIELDS)  # how, not what
     assert config.RUN_LEVEL_PROFILE_KEYS == {"img_size", "init_cls", "increment", "train_per_class"}
     plain = config.Fingerprint.from_config(config.RunConfig(strategy="tosca"), "vit_micro")
-    assert set(plain) == set(config.DEFINING_FIELDS) - {"train_per_class", "scenario"}  # as records before them
+    added_later = {"train_per_class", "scenario", "validation", "classes"}
+    assert set(plain) == set(config.DEFINING_FIELDS) - added_later  # as records before them
     marked = config.Fingerprint.from_config(
         config.RunConfig(strategy="tosca", scenario="domain", train_per_class=8), "vit_micro"
     )
@@ -202,7 +204,8 @@ def test_a_fingerprint_reads_and_writes_back_the_committed_files_json_unchanged(
 def test_a_fingerprint_from_a_config_is_its_defining_fields_and_reads_back_equal():
     cfg = config.RunConfig(strategy="tosca", overrides=(("lr", "0.1"), ("epochs", "2"), ("lr", "0.2")))
     fp = config.Fingerprint.from_config(cfg, "vit_micro")
-    assert tuple(fp) == tuple(n for n in config.DEFINING_FIELDS if n not in ("train_per_class", "scenario"))
+    left_out = ("train_per_class", "scenario", "validation", "classes")  # at the values earlier records were made at
+    assert tuple(fp) == tuple(n for n in config.DEFINING_FIELDS if n not in left_out)
     assert fp["backbone"] == "vit_micro" and dict(fp["overrides"]) == {"epochs": "2", "lr": "0.2"}  # sorted, last wins
     back = config.Fingerprint.from_json(json.loads(json.dumps(fp.to_json())))
     assert back == fp and back.digest() == fp.digest() and hash(back) == hash(fp)

@@ -112,6 +112,9 @@ def param_formula(cfg: TOSCAConfig, d: int, depth: int, task_sizes: Sequence[int
     return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * d + 1)
 
 
+# `clbench tune`: the learning rate and the L1 weight that makes the LuCA modules sparse, both on a log scale
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {"lr": (1e-3, 0.2, True), "l1": (1e-6, 1e-2, True)}
+
 CARD = MethodCard(
     "tosca",
     TOSCAConfig,
@@ -120,4 +123,5 @@ CARD = MethodCard(
     work=work,
     family="routed-modules",
     trains="one LuCA module on the final [CLS] feature per task, and the cosine head",
+    tune_space=TUNE_SPACE,
 )

@@ -74,6 +74,9 @@ def work(cfg: ACILConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
+# `clbench tune`: the ridge regularisation and the random buffer's width, both on a log scale
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {"gamma": (1e-4, 100.0, True), "M": (512, 16384, True)}
+
 CARD = MethodCard(
     "acil",
     ACILConfig,
@@ -82,4 +85,5 @@ CARD = MethodCard(
     work=work,
     family="closed-form",
     trains="nothing by gradient: a least-squares head on a fixed random expansion",
+    tune_space=TUNE_SPACE,
 )

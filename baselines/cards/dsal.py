@@ -83,6 +83,14 @@ def work(cfg: DSALConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
+# `clbench tune`: both streams' regularisation, the buffer width and the compensation ratio
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {
+    "gamma": (1e-4, 100.0, True),
+    "gamma_comp": (1e-4, 100.0, True),
+    "M": (512, 16384, True),
+    "compensation_ratio": (0.0, 2.0),
+}
+
 CARD = MethodCard(
     "dsal",
     DSALConfig,
@@ -91,4 +99,5 @@ CARD = MethodCard(
     work=work,
     family="closed-form",
     trains="nothing by gradient: two least-squares heads (main and compensation)",
+    tune_space=TUNE_SPACE,
 )

@@ -105,6 +105,9 @@ def param_formula(cfg: L2PConfig, d: int, depth: int, task_sizes: Sequence[int])
     return ParamCounts(added_per_task=added, trainable_per_task=trainable, head=seen * row + shared)
 
 
+# `clbench tune`: the prompt learning rate on a log scale; study it at a short budget (e.g. --set epochs=1)
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {"lr": (1e-4, 0.05, True)}
+
 CARD = MethodCard(
     "l2p",
     L2PConfig,
@@ -113,4 +116,5 @@ CARD = MethodCard(
     work=work,
     family="prompts",
     trains="a pool of prompts with keys, and the head",
+    tune_space=TUNE_SPACE,
 )

@@ -73,6 +73,9 @@ def work(cfg: RanDumbConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
+# `clbench tune`: the random Fourier features' width and RBF gamma (0: the "scale" rule, so the range starts above it)
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {"M": (1000, 20000, True), "gamma": (1e-4, 1.0, True)}
+
 CARD = MethodCard(
     "randumb",
     RanDumbConfig,
@@ -81,4 +84,5 @@ CARD = MethodCard(
     work=work,
     family="closed-form",
     trains="nothing: LDA on random Fourier features, one shared covariance",
+    tune_space=TUNE_SPACE,
 )

@@ -101,6 +101,11 @@ def work(cfg: RanPACConfig, shape: RunShape) -> Work:
     return Work(f=frozen + adapted, b=train, f_cacheable=frozen)
 
 
+# `clbench tune`: the projection width M and the first session's learning rate; RanPAC picks its ridge lambda
+# itself (by cross-validation on the task's data), so lambda is not a setting. Phase 1 off (first_session=false, the
+# paper's ablation) makes a study of cached-feature trials: tune with --set first_session=false
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {"M": (1000, 20000, True), "lr": (1e-3, 0.1, True)}
+
 CARD = MethodCard(
     "ranpac",
     RanPACConfig,
@@ -109,4 +114,5 @@ CARD = MethodCard(
     work=work,
     family="closed-form",
     trains="adapters on the first task only; then a ridge head on a random projection",
+    tune_space=TUNE_SPACE,
 )

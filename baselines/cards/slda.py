@@ -66,6 +66,9 @@ def work(cfg: SLDAConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
+# `clbench tune`: the covariance shrinkage, on a log scale (the reference fixes 1e-4)
+TUNE_SPACE: dict[str, tuple[Any, ...]] = {"shrinkage": (1e-6, 0.5, True)}
+
 CARD = MethodCard(
     "slda",
     SLDAConfig,
@@ -74,4 +77,5 @@ CARD = MethodCard(
     work=work,
     family="closed-form",
     trains="nothing: streaming LDA, class means and one shared covariance",
+    tune_space=TUNE_SPACE,
 )

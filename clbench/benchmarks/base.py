@@ -29,6 +29,10 @@ class ImageSource(ABC):
     # Domain-incremental benchmarks: the domain index (into ``BenchmarkSpec.domains``) of every image, same length
     # as ``labels``; None for a benchmark with a single domain.
     domains: np.ndarray | None = None
+    # Images that must not be split apart (one base emoji's variants and vendors): a group id per image, where the
+    # benchmark's own train/test split is grouped; a validation split (clbench.run.validation) then holds out whole
+    # groups, as the test split does. None: every image stands alone.
+    groups: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])

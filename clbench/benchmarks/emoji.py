@@ -32,4 +32,5 @@ def load(data_root: Path | None) -> tuple[ArraySource, ArraySource, list[str]]:
         names = [str(n) for n in z["class_names"]]
         train = NpzArraySource(path, "train_x", z["train_y"], "emoji/train")
         test = NpzArraySource(path, "test_x", z["test_y"], "emoji/test")
+        train.groups = z["train_group"]  # the split is grouped by base emoji: a validation split holds out groups
     return train, test, names

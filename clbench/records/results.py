@@ -375,6 +375,16 @@ class RunRecord:
         where_set=True,
         default=None,
     )
+    # the split the accuracies are on where it is not the test split: "validation" (--validation); records without
+    # it were evaluated on the test split
+    evaluated_on: str | None = json_field(f"{NAME} or null", or_none(is_name), where_set=True, default=None)
+    # a validation run's split: fraction, split_seed, learnt_from, held_out, train_digest (clbench.run.validation)
+    validation: JsonObject | None = json_field(
+        "an object or null", or_none(is_json_object), where_set=True, default=None
+    )
+    # how the strategy's settings were chosen (`clbench tune`: search space, budget, tuning benchmark and split,
+    # trials, best validation accuracy), as its summary file said (clbench.tune.summary)
+    tuning: JsonObject | None = json_field("an object or null", or_none(is_json_object), where_set=True, default=None)
     task_sizes: list[int] = json_field(  # classes per task
         "a list of integers >= 1",
         lambda v: isinstance(v, list) and bool(v) and all(is_positive(n) for n in v),

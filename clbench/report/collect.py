@@ -106,11 +106,20 @@ class Run:
         scenario = self.record.scenario or "class"
         if self.pool_class_orders:
             label = bench_label(self.record.bench, self.record.task_sizes, scenario=scenario)
-            return label + self.data_tag + " (class orders pooled)"
-        return (
-            bench_label(self.record.bench, self.record.task_sizes, self.record.class_order_seed, scenario)
-            + self.data_tag
-        )
+            label += self.data_tag + " (class orders pooled)"
+        else:
+            label = bench_label(self.record.bench, self.record.task_sizes, self.record.class_order_seed, scenario)
+            label += self.data_tag
+        return label + self.split_tag
+
+    @property
+    def split_tag(self) -> str:
+        """`` validation 0.2`` for a run evaluated on held-out training images (``--validation``): never a row, a
+        pairing or a repeat with test-split runs; empty for the test split."""
+        if self.record.evaluated_on != "validation":
+            return ""
+        fraction = (self.record.validation or {}).get("fraction")
+        return f" validation {fraction:g}" if isinstance(fraction, (int, float)) else " validation"
 
     @property
     def backbone_label(self) -> str:

@@ -45,6 +45,8 @@ class MethodCard:
     # that names none
     family: str = ""
     trains: str = ""  # what it learns, in a few words (`clbench list`)
+    # `clbench tune`'s search space: setting -> (low, high[, log]) or a tuple of choices (clbench.tune.space)
+    tune_space: dict[str, tuple[Any, ...]] | None = None
 
 
 # The method families, each a way of adapting a frozen pre-trained ViT: a card's ``family`` -> its title.

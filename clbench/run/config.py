@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from clbench.benchmarks import DEFAULT_BENCH  # not clbench.run.catalog: the record reader imports no method
 from clbench.errors import ClbenchError, setting
-from clbench.files.typedfile import OBJECT, TEXT, JsonValue, is_bool, is_int, is_str, or_none, short
+from clbench.files.typedfile import OBJECT, TEXT, JsonValue, is_bool, is_int, is_number, is_str, or_none, short
 
 if TYPE_CHECKING:  # never imported at run time: this module stays free of torch
     from _typeshed import DataclassInstance
@@ -441,6 +441,60 @@ class RunConfig:
     feature_cache: bool = run_field(
         True, Flag(), Cli("recompute frozen features instead of using the on-disk cache", off="--no-feature-cache")
     )
+    # Keep the first K classes of the class order only: a held-out class subset to tune on (clbench tune), whose
+    # settings are then evaluated on every class. Defining: another benchmark's numbers.
+    classes: int | None = run_field(
+        None,
+        Number(
+            int,
+            1,
+            MAX_CLASSES,
+            optional=True,
+            meaning="the classes of the class order a run keeps",
+            default_hint="leave {s} out for every class",
+        ),
+        Cli(
+            "keep only the first K classes of the class order (--class-order-seed says which) and their images: a "
+            "class subset to tune on. Default: every class",
+            metavar="K",
+        ),
+        defining=True,
+        omitted_at=None,
+    )
+    # Hold out this share of each class's training images (stratified, the same images for every method and seed:
+    # clbench.run.validation), learn from the rest and evaluate on them instead of the test split, which a
+    # validation run never reads. Defining: a validation run's numbers are not a test run's.
+    validation: float | None = run_field(
+        None,
+        Number(
+            float,
+            0.0,
+            0.9,
+            optional=True,
+            low_open=True,
+            meaning="the share of each class's training images held out for validation",
+            default_hint="leave {s} out to evaluate on the test split",
+        ),
+        Cli(
+            "hold out this share of each class's training images (stratified, seeded from the data: the same "
+            "images for every method and seed), learn from the rest and evaluate on them; the test split is never "
+            "read. Default: evaluate on the test split",
+            metavar="FRACTION",
+        ),
+        defining=True,
+        omitted_at=None,
+    )
+    # How the strategy's settings were chosen (`clbench tune` writes it into chosen.yaml): a JSON file whose content
+    # the record carries (RunRecord.tuning). Not defining: it says where the settings came from, not what they are.
+    tuning: str | None = run_field(
+        None,
+        Text(optional=True, meaning="a tuning summary file (clbench tune writes one)"),
+        Cli(
+            "the tuning summary `clbench tune` wrote for these settings; the record carries it",
+            run_only=True,
+            metavar="FILE",
+        ),
+    )
     ignore_data_problems: bool = (
         run_field(  # run on data that `clbench data check` fails (the problems go in the record)
             False,
@@ -588,7 +642,12 @@ def _json_check(name: str, annotation: Any) -> tuple[str, Callable[[Any], bool]]
         return OVERRIDES_JSON, lambda v: isinstance(v, dict) and all(is_str(x) for x in v.values())
     kinds = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
     base = next((k for k in kinds or (annotation,) if k is not type(None)), annotation)
-    expected, ok = {str: (TEXT, is_str), int: ("an integer", is_int), bool: ("true or false", is_bool)}[base]
+    expected, ok = {
+        str: (TEXT, is_str),
+        int: ("an integer", is_int),
+        bool: ("true or false", is_bool),
+        float: ("a number", is_number),
+    }[base]
     if type(None) in kinds:
         return f"{expected} or null", or_none(ok)
     return expected, ok

@@ -417,6 +417,8 @@ class PreparedRun:
     strategy: Strategy[Any]
     data_problems: list[str] = field(default_factory=list)  # found and run anyway (ignore_data_problems)
     rng_at_build: RngState | None = None  # global RNG states just before the strategy was built
+    # a validation run's split (clbench.run.validation.ValidationSplit.summary); None: evaluated on the test split
+    validation: dict[str, Any] | None = None
 
     @property
     def cfg(self) -> RunConfig:
@@ -498,6 +500,22 @@ def prepare(
     bench = build_benchmark(
         spec, cfg.data_root, resolved.init_cls, resolved.increment, cfg.class_order_seed, cfg.scenario
     )
+    loaded = {"train": bench.train, "test": bench.test}  # the splits as loaded: what the feature cache holds
+    holdout = None
+    if cfg.classes is not None:  # the first K classes of the class order only (a smaller benchmark to tune on)
+        from clbench.run.validation import first_classes
+
+        bench = first_classes(bench, cfg.classes, resolved.init_cls, resolved.increment)
+        rep.log(f"classes: the first {cfg.classes} of the class order ({len(bench.train)} training images)")
+    if cfg.validation is not None:  # learn from part of the training images, evaluate on the rest; test sealed
+        from clbench.run.validation import hold_out
+
+        holdout = hold_out(bench, cfg.validation)
+        bench = holdout.bench
+        rep.log(
+            f"validation split: {len(holdout.held)} of {len(holdout.full_train)} training images held out "
+            f"({cfg.validation:g} of each class); the test split is not read"
+        )
     rep.log(f"backbone {resolved.backbone_name} (weights: {cfg.weights})")
     cache = FeatureCache(enabled=cfg.feature_cache, warn=lambda m: rep.log(f"warning: {m}"))
     inputs = load_inputs(resolved, precision)
@@ -506,7 +524,13 @@ def prepare(
     # Frozen features, once per image: cached across runs and strategies.
     t0 = time.perf_counter()
     feats: dict[str, torch.Tensor] = {}
-    for split_name, source in (("train", bench.train), ("test", bench.test)):
+    # A run on part of the images (--validation, --classes) featurises the splits as loaded (the cache entries every
+    # run shares) and takes its images' rows below; a validation run never featurises the test split.
+    from clbench.run.validation import rows_in
+
+    parts = {name: rows_in(getattr(bench, name), loaded) for name in ("train", "test")}  # name -> (split, rows)
+    needed = list(dict.fromkeys(split for split, _ in parts.values()))
+    for split_name, source in ((n, loaded[n]) for n in needed):
         key = feature_key(resolved, inputs, split_name, source.fingerprint())
 
         def compute(source: ImageSource = source, split_name: str = split_name) -> torch.Tensor:
@@ -528,6 +552,10 @@ def prepare(
 
         feats[split_name], hit = cache.get_or_compute(key, compute, spot, inputs.precision.name)
         rep.log(f"features {split_name}: {'cache hit' if hit else 'computed'} {tuple(feats[split_name].shape)}")
+    feats = {
+        name: feats[split] if rows is None else feats[split][torch.as_tensor(rows)]
+        for name, (split, rows) in parts.items()
+    }
     t_features = time.perf_counter() - t0
 
     ctx = Context(
@@ -540,7 +568,17 @@ def prepare(
     )
     rng_at_build = capture_rng()  # the under-training detector builds an untrained twin from the same states
     strategy = resolved.strategy_cls(resolved.strategy_config, ctx)
-    return PreparedRun(resolved, inputs, bench, feats, cache.events, t_features, strategy, rng_at_build=rng_at_build)
+    return PreparedRun(
+        resolved,
+        inputs,
+        bench,
+        feats,
+        cache.events,
+        t_features,
+        strategy,
+        rng_at_build=rng_at_build,
+        validation=None if holdout is None else holdout.summary(),
+    )
 
 
 def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> RunRecord:
@@ -554,6 +592,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     t_start = time.perf_counter()
     resolved = resolve(cfg)  # every bad name or setting fails here, before a run folder is made
     cadence = checkpoint.Cadence.from_env()  # so does a bad $CLBENCH_CHECKPOINT_S
+    _tuning(cfg)  # and a --tuning file that is not a tuning summary
     run_dir, data_problems = _claim_run_folder(resolved, resume)
     caller_rng = checkpoint.capture_rng()
     reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
@@ -971,6 +1010,15 @@ def _predictions(session: PreparedRun, logs: dict[str, _ProtocolLog]) -> Predict
     )
 
 
+def _tuning(cfg: RunConfig) -> dict[str, Any] | None:
+    """The content of ``--tuning FILE`` (how ``clbench tune`` chose the run's settings), for the record."""
+    if cfg.tuning is None:
+        return None
+    from clbench.tune.summary import read_summary
+
+    return read_summary(Path(cfg.tuning))
+
+
 def _write_record(record: RunRecord, path: Path, preds: Predictions | None) -> None:
     """``predictions.npz`` first (or no stale one), then the record that names it."""
     from clbench.records import predictions
@@ -1021,6 +1069,7 @@ def _record(
         session.protocols,
     )
     params = strategy.param_counts()
+    evaluated = "test" if session.validation is None else "validation"  # the split the accuracies are on
     added = list(params.added_per_task)
     stored = list(params.stored_per_task)
     trainable = list(params.trainable_per_task)
@@ -1051,8 +1100,11 @@ def _record(
         profile=cfg.profile,
         bench=spec.name,
         n_classes=bench.n_classes,
-        n_images={"train": len(bench.train), "test": len(bench.test)},
-        data_fingerprint={"train": bench.train.data_id(), "test": bench.test.data_id()},
+        n_images={"train": len(bench.train), evaluated: len(bench.test)},
+        data_fingerprint={"train": bench.train.data_id(), evaluated: bench.test.data_id()},
+        evaluated_on=None if session.validation is None else evaluated,
+        validation=session.validation,
+        tuning=_tuning(cfg),
         # classes each task brings: in the domain scenario every task brings the classes of its domain
         task_sizes=[bench.n_classes] * bench.n_tasks if bench.scenario == "domain" else bench.task_sizes,
         scenario=None if bench.scenario == "class" else bench.scenario,
