@@ -41,7 +41,8 @@ def test_the_generated_parser_has_the_flags_it_had():
     added = {"--train-per-class"}  # a run setting since (it was a strategy setting of six methods)
     added |= {"--scenario"}  # class | domain (issue #40)
     added |= {"--validation", "--classes"}  # held-out training images; a class subset (issue #61)
-    assert set(run) == RUN_FLAGS_BEFORE | added | {"--tuning"}  # a chosen config's provenance: run only
+    # a chosen config's provenance; every check of a run without the run: run only
+    assert set(run) == RUN_FLAGS_BEFORE | added | {"--tuning", "--dry-run"}
     assert set(sweep) == SWEEP_FLAGS_BEFORE | added
     # defaults, types, choices and aliases as they were written by hand
     assert run["--seed"].default == 1993 and run["--seed"].type is int
