@@ -8,7 +8,8 @@ validation accuracies. ``python -m clbench.tune.report FOLDER`` prints the Markd
 
 The intervals come from :mod:`clbench.evaluation.stats`: a record's final accuracy interval is the stratified image
 bootstrap the run computed (``last_acc_ci``); a tuned run against the defaults run is :func:`stats.paired_test`
-(exact McNemar on one seed, the paired image bootstrap for the interval of the difference).
+(one paired image bootstrap for the interval of the difference and its p, so that the interval excludes 0 exactly
+when p < 0.05).
 """
 
 from __future__ import annotations
