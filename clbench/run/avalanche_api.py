@@ -57,6 +57,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from clbench.benchmarks.base import ImageSource
 from clbench.errors import ClbenchError
+from clbench.methods.answers import checked
 from clbench.methods.contract import PER_SAMPLE, Context, Split, Task
 from clbench.run.config import RunConfig
 
@@ -431,11 +432,7 @@ class ClbenchStrategy(SupervisedTemplate):
         split = Split(
             self._eval_source, pos.cpu().numpy(), y.cpu(), feats.cpu(), self.eval_transform, self.train_transform
         )
-        logits = self.model(feats, split)  # (B, n_seen)
-        if logits.shape != (len(y), self.n_seen):
-            raise RuntimeError(
-                f"{self.config.strategy}.predict returned {tuple(logits.shape)}, expected {(len(y), self.n_seen)}"
-            )
+        logits = checked(self.config.strategy, "predict", self.model(feats, split), images=len(y), classes=self.n_seen)
         out[:, : self.n_seen] = logits.to(self.device)
         return out
 

@@ -21,6 +21,7 @@ import torch
 from clbench.errors import ClbenchError, setting
 from clbench.evaluation import metrics
 from clbench.methods import training_check
+from clbench.methods.answers import checked
 from clbench.methods.shared import TrainingTrace
 from clbench.records.predictions import PREDICTIONS_FILE, Predictions
 from clbench.records.results import (
@@ -864,22 +865,18 @@ def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunStat
     y = step.test.labels.numpy()
     first_logits = None
     for p in protocols:
-        logits = strategy.predict(step.test, p)
-        if logits.shape != (len(y), task.n_seen):
-            raise RuntimeError(
-                f"{session.cfg.strategy}.predict returned {tuple(logits.shape)}, expected {(len(y), task.n_seen)}"
-            )
-        if not torch.isfinite(logits).all():
-            raise ClbenchError(f"{session.cfg.strategy} produced NaN/inf logits after task {t}")
+        seen = {"images": len(y), "classes": task.n_seen}  # what every answer about the test images must fit
+        logits = checked(session.cfg.strategy, "predict", strategy.predict(step.test, p), **seen)
         if session.bench.scenario == "domain":  # every task has every class: a per-task module given the task
             given = strategy.predict_given_task(step.test, step.sample_task, p)
+            given = checked(session.cfg.strategy, "predict_given_task", given, **seen)
             state.logs[p].add(logits, y, step.sample_task, t, step.test.indices, in_task=given)
         else:  # class scenario: the prediction restricted to the classes of the image's task
             task_of = session.bench.task_of_label()[: task.n_seen]
             in_its_task = task_of[None, :] == step.sample_task[:, None]
             state.logs[p].add(logits, y, step.sample_task, t, step.test.indices, task_classes=in_its_task)
         first_logits = logits if first_logits is None else first_logits
-    diagnostics = strategy.diagnostics(step.test, step.sample_task)
+    diagnostics = checked(session.cfg.strategy, "diagnostics", strategy.diagnostics(step.test, step.sample_task))
     if training := trace.summary():
         diagnostics = {**diagnostics, "training": training}
     reset = None  # the first task only: does training change what the strategy predicts?
@@ -976,6 +973,7 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) ->
     bench = session.bench
     index = embeddings.subsample(len(bench.test))
     adapted = strategy.adapted_features(session.split("test", index))
+    adapted = checked(session.cfg.strategy, "adapted_features", adapted, images=len(index))
     data = embeddings.encode(
         index,
         np.asarray(bench.test_y)[index],
@@ -1068,7 +1066,7 @@ def _record(
         session.backbone,
         session.protocols,
     )
-    params = strategy.param_counts()
+    params = checked(cfg.strategy, "param_counts", strategy.param_counts(), tasks=len(per_task))
     evaluated = "test" if session.validation is None else "validation"  # the split the accuracies are on
     added = list(params.added_per_task)
     stored = list(params.stored_per_task)
