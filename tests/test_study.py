@@ -83,8 +83,8 @@ def printed_pairs(
     for table in tables:  # the paired tables
         for r in pd.read_csv(table, dtype=str, keep_default_na=False).to_dict(orient="records"):
             if r["p"] not in ("-", ""):  # numbers, a p printed as a bound with its "<" beside it
-                p = f"{r['p bound']} {r['p']}" if r.get("p bound") else r["p"]
-                holm = f"{r['p (Holm) bound']} {r['p (Holm)']}" if r.get("p (Holm) bound") else r["p (Holm)"]
+                p = fmt_p(float(r["p"]), bool(r.get("p bound")))
+                holm = fmt_p(float(r["p (Holm)"]), bool(r.get("p (Holm) bound")))
                 add(r["A"], r["B"], p, holm, "yes" if r["differ (Holm, 5 %)"] == "yes" else "no")
     board = manifest["study"]["leaderboard"]  # the leaderboard: against the best and the baseline
     best = board[0]["method"]
