@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -334,19 +335,42 @@ def _latex_escape(value: object) -> str:
     return text.latex(value)
 
 
+def _lead_number(value: object) -> float:
+    """The first number of a table cell (``52.76 ± 2.1`` -> 52.76); -inf where there is none."""
+    m = re.match(r"\s*([-+]?[0-9]+(?:\.[0-9]+)?)", str(value))
+    return float(m.group(1)) if m else -math.inf
+
+
 def to_latex(df, caption: str) -> str:
-    """A booktabs table of the compact columns (no jinja2 dependency)."""
+    """A booktabs table of the compact columns (no jinja2 dependency), ranked by final accuracy, the best row in
+    bold, strategies by the names readers know; a column every row shares (one backbone) is named in the caption
+    instead of repeated. Needs ``\\usepackage{booktabs}`` (named in its first line)."""
+    from clbench.report.leaderboard import display_name
+
     cols = [c for c in LATEX_COLUMNS if c in df.columns]
+    for shared in ("backbone", "protocol"):
+        if shared in cols and df[shared].nunique() == 1:
+            cols.remove(shared)
+            caption = f"{caption} {shared.capitalize()}: {df[shared].iloc[0]}."
+    rows = df[cols].copy()
+    if "final acc %" in cols:
+        rows = rows.iloc[sorted(range(len(rows)), key=lambda i: -_lead_number(rows["final acc %"].iloc[i]))]
+    if "strategy" in cols:
+        base = [str(s).partition(" ")[0].partition(":")[0] for s in rows["strategy"]]
+        rows["strategy"] = [display_name(b) + str(s)[len(b) :] for b, s in zip(base, rows["strategy"], strict=True)]
     lines = [
+        "% clbench compare: needs \\usepackage{booktabs}",
         r"\begin{table}[t]",
         r"\centering",
-        r"\begin{tabular}{" + "l" * 3 + "r" * (len(cols) - 3) + "}",
-        r"\toprule",
-        " & ".join(_latex_escape(c) for c in cols) + r" \\",
-        r"\midrule",
-    ]
-    for _, row in df[cols].iterrows():
-        lines.append(" & ".join(_latex_escape(v) for v in row) + r" \\")
+        r"\small",
+        r"\begin{tabular}{" + "".join("l" if c in ("strategy", "backbone", "protocol") else "r" for c in cols) + "}",
+    ]  # words left, numbers right
+    lines += [r"\toprule", " & ".join(_latex_escape(c) for c in cols) + r" \\", r"\midrule"]
+    for i, (_, row) in enumerate(rows.iterrows()):
+        cells = [_latex_escape(v) for v in row]
+        if i == 0 and "final acc %" in cols:  # the best row
+            cells = [r"\textbf{" + c + "}" for c in cells]
+        lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\caption{" + _latex_escape(caption) + "}", r"\end{table}", ""]
     return "\n".join(lines)
 
@@ -440,7 +464,8 @@ def write_compare(
     written = Written(out_dir, figures=[fig] + ([matrix] if matrix is not None else []))
     written.files.append(_write_text(out_dir / "compare.md", "\n".join(md).rstrip() + "\n"))
     written.files += write_compare_exports(out_dir, table, pairs_table, meta, study=_jsonable(model.to_dict()))
-    written.files.append(_write_text(out_dir / "compare.tex", to_latex(table, caption)))
+    ranked = f"Strategies on {bench}, mean over seeds ± half the 95 % interval, ranked by final accuracy."
+    written.files.append(_write_text(out_dir / "compare.tex", to_latex(table, ranked)))  # runs: compare.md's table
     for f in written.figures:
         written.files += [out_dir / rel for rel in f.files.values()]
     return written
