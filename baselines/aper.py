@@ -72,11 +72,7 @@ from clbench.layers.first_session import (
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.costs import adapter_set_size
-from clbench.methods.shared import (
-    CosineHead,
-    check_vit_blocks,
-    class_means,
-)
+from clbench.methods.shared import CosineHead, check_protocol, check_vit_blocks, class_means
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
@@ -139,8 +135,7 @@ class APER(Strategy):
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol != PER_SAMPLE:
-            raise ValueError(f"unknown protocol {protocol!r}; APER supports {PER_SAMPLE}")
+        check_protocol(protocol, self.protocols, "APER")
         return self.head(self.features(split))  # (N, n_seen): cosine to each prototype, sigma 1
 
     @torch.no_grad()

@@ -69,6 +69,7 @@ from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import (
     CosineHead,
     EpochLog,
+    check_protocol,
     check_vit_blocks,
     class_means,
     cosine_lr,
@@ -217,8 +218,7 @@ class EASE(Strategy):
 
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol != PER_SAMPLE:
-            raise ValueError(f"unknown protocol {protocol!r}; EASE supports {PER_SAMPLE}")
+        check_protocol(protocol, self.protocols, "EASE")
         start = time.perf_counter()
         for s in self.adapter_sets:
             s.eval()

@@ -120,7 +120,16 @@ from clbench.methods.contract import (
     Strategy,
     Task,
 )
-from clbench.methods.shared import EpochLog, check_vit_blocks, masked_cross_entropy, optimizer_step, vit_tokens
+from clbench.methods.shared import (
+    EpochLog,
+    align_on_samples,
+    check_protocol,
+    check_vit_blocks,
+    gaussian_samples,
+    masked_cross_entropy,
+    optimizer_step,
+    vit_tokens,
+)
 
 
 def epoch_lr_factor(cfg: HiDePromptConfig, epoch: int) -> float:
@@ -276,8 +285,7 @@ def sample_features(
     if stats.spread.dim() == 4:  # covariance: one mean per class, z through the Cholesky factor
         rows = torch.nonzero(stats.valid[:, 0]).flatten()
         factors = torch.linalg.cholesky(stats.spread[rows, 0].double()).float()  # (C, d, d)
-        z = torch.randn(len(rows), per_centroid, d, generator=generator)
-        x = stats.mean[rows, 0][:, None] + torch.einsum("cnd,ced->cne", z, factors)
+        x = gaussian_samples(stats.mean[rows, 0], factors, per_centroid, generator)
         classes = rows
     else:
         extra = cov_eps if stats.mean.shape[1] > 1 else 0.0  # 'variance' holds var + eps already
@@ -472,22 +480,23 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.ca_epochs)
         gen = self.ctx.generator(5000 + 100 * self.n_tasks + which)
         label = "TII alignment" if which == 0 else "TAP"
-        for epoch in range(cfg.ca_epochs):
-            x, y = sample_features(stats, per, cfg.cov_eps, gen)
-            order = torch.randperm(len(x), generator=gen)
-            x, y = x[order].to(dev), y[order].to(dev)
-            total, n = 0.0, 0
-            for it in range(n_batches):
-                xb, yb = x[it * per : (it + 1) * per], y[it * per : (it + 1) * per]
-                if len(yb) == 0:  # ran out of samples (the reference would take a NaN loss)
-                    break
-                loss = F.cross_entropy(net(xb), yb)
-                total += optimizer_step(opt, loss, f"task {self.n_tasks} {label} epoch {epoch}")
-                n += 1
-            sched.step()
-            self.ctx.log(
-                f"  HiDe-Prompt task {self.n_tasks} {label} {epoch + 1}/{cfg.ca_epochs}: {total / max(n, 1):.4f}"
-            )
+
+        def log(epoch: int, loss: float) -> None:
+            self.ctx.log(f"  HiDe-Prompt task {self.n_tasks} {label} {epoch + 1}/{cfg.ca_epochs}: {loss:.4f}")
+
+        align_on_samples(
+            opt,
+            sched,
+            cfg.ca_epochs,
+            lambda: sample_features(stats, per, cfg.cov_eps, gen),
+            lambda x, y: F.cross_entropy(net(x), y),
+            per,
+            n_batches,
+            gen,
+            dev,
+            f"task {self.n_tasks} {label}",
+            log,
+        )
 
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
@@ -498,8 +507,7 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
 
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; HiDe-Prompt supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "HiDe-Prompt")
         reference = protocol == REFERENCE
         batch = eval_batch(self.cfg.eval_batch_size, reference)
         out, tasks = [], []

@@ -76,7 +76,7 @@ from clbench.layers.lora import (
     update_dual_gpm,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, check_vit_blocks, compute_dtype, vit_tokens
+from clbench.methods.shared import EpochLog, check_protocol, check_vit_blocks, compute_dtype, vit_tokens
 
 EVAL_BATCH = 64  # evaluation batch (speed only: rows do not depend on it)
 
@@ -236,8 +236,7 @@ class InfLoRA(Strategy[InfLoRAConfig]):
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; InfLoRA supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "InfLoRA")
         out = []
         for images, _, _ in split.image_loader(max(self.cfg.batch_size, EVAL_BATCH), augment=False):
             out.append(self.heads(self._features(images.to(self.ctx.device))).float().cpu())

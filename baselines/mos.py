@@ -90,12 +90,14 @@ from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts
 from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import (
     EpochLog,
+    align_on_samples,
+    check_protocol,
     check_vit_blocks,
     class_means,
     cosine_logits,
     cosine_lr,
+    gaussian_samples,
     masked_cross_entropy,
-    optimizer_step,
     vit_forward_tokens,
     vit_tokens,
 )
@@ -328,18 +330,23 @@ class MOS(Strategy):
         per_class = cfg.batch_size * cfg.ca_samples_scale
         gen = self.ctx.generator(5000 + task.id)
         labels = torch.arange(n_seen).repeat_interleave(per_class).to(dev)
-        for epoch in range(cfg.ca_epochs):
-            z = torch.randn(n_seen, per_class, self.dim, generator=gen).to(dev)
-            x = (means[:, None, :] + torch.einsum("cnd,ced->cne", z, factors_t)).flatten(0, 1)  # (C * n, d)
-            order = torch.randperm(len(x), generator=gen).to(dev)
-            x, y = x[order], labels[order]
-            total = 0.0
-            for it in range(n_seen):
-                sl = slice(it * per_class, (it + 1) * per_class)
-                loss = F.cross_entropy(self.head(x[sl]), y[sl])
-                total += optimizer_step(optimizer, loss, f"task {task.id} alignment epoch {epoch}")
-            schedule.step()
-            self.ctx.log(f"  MOS task {task.id} alignment {epoch + 1}/{cfg.ca_epochs}: loss {total / n_seen:.4f}")
+
+        def log(epoch: int, loss: float) -> None:
+            self.ctx.log(f"  MOS task {task.id} alignment {epoch + 1}/{cfg.ca_epochs}: loss {loss:.4f}")
+
+        align_on_samples(
+            optimizer,
+            schedule,
+            cfg.ca_epochs,
+            lambda: (gaussian_samples(means, factors_t, per_class, gen).flatten(0, 1), labels),  # (C * n, d)
+            lambda x, y: F.cross_entropy(self.head(x), y),
+            per_class,
+            n_seen,
+            gen,
+            dev,
+            f"task {task.id} alignment",
+            log,
+        )
 
     @torch.no_grad()
     def _prototypes(self, task: Task) -> None:
@@ -366,8 +373,7 @@ class MOS(Strategy):
 
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; MOS supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "MOS")
         out, finals = [], []
         for images, _, _ in split.image_loader(self.cfg.eval_batch_size, augment=False):
             images = images.to(self.ctx.device)

@@ -97,7 +97,7 @@ from clbench.layers.first_session import (
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.costs import adapter_set_size
-from clbench.methods.shared import check_vit_blocks
+from clbench.methods.shared import check_protocol, check_vit_blocks
 from clbench.run.scenario import new_class_count
 
 RIDGE_GRID = tuple(10.0**k for k in range(-8, 9))  # optimise_ridge_parameter: 10.0 ** np.arange(-8, 9)
@@ -270,8 +270,7 @@ class RanPAC(Strategy):
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol != PER_SAMPLE:
-            raise ValueError(f"unknown protocol {protocol!r}; RanPAC supports {PER_SAMPLE}")
+        check_protocol(protocol, self.protocols, "RanPAC")
         h = self.project(self.features(split).double())  # (N, M) float64
         wo = self.Wo.double()
         if self.cfg.head == "cosine":  # PILOT CosineLinear: sigma * cos(h, Wo_c)

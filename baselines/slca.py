@@ -68,7 +68,14 @@ from torch import nn
 
 from baselines.cards.slca import CARD, PROFILES, SLCAConfig, counts
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, compute_dtype, cosine_lr, optimizer_step
+from clbench.methods.shared import (
+    EpochLog,
+    align_on_samples,
+    check_protocol,
+    compute_dtype,
+    cosine_lr,
+    gaussian_samples,
+)
 
 COV_RIDGE = 1e-4  # torch.eye(d) * 1e-4 added to each class covariance (_compute_class_mean)
 
@@ -246,27 +253,34 @@ class SLCA(Strategy[SLCAConfig]):
         gen = self.ctx.generator(5000 + task.id)
         labels = torch.arange(n_seen).repeat_interleave(per_class).to(dev)
         sizes = head.sizes
-        for epoch in range(cfg.ca_epochs):
-            z = torch.randn(n_seen, per_class, self.dim, generator=gen).to(dev, self.dtype)
-            x = (means[:, None, :] + torch.einsum("cnd,ced->cne", z, factors)).flatten(0, 1)  # (C * n, d)
-            order = torch.randperm(len(x), generator=gen).to(dev)
-            x, y = x[order], labels[order]
-            total = 0.0
-            for it in range(n_seen):
-                sl = slice(it * per_class, (it + 1) * per_class)
-                logits = head(x[sl])
-                if cfg.logit_norm > 0:
-                    logits = normalised_logits(logits, sizes, cfg.logit_norm)
-                loss = F.cross_entropy(logits, y[sl])
-                total += optimizer_step(optimizer, loss, f"task {task.id} alignment epoch {epoch}")
-            schedule.step()
-            self.ctx.log(f"  SLCA task {task.id} alignment {epoch + 1}/{cfg.ca_epochs}: loss {total / n_seen:.4f}")
+
+        def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            logits = head(x)
+            if cfg.logit_norm > 0:
+                logits = normalised_logits(logits, sizes, cfg.logit_norm)
+            return F.cross_entropy(logits, y)
+
+        def log(epoch: int, loss: float) -> None:
+            self.ctx.log(f"  SLCA task {task.id} alignment {epoch + 1}/{cfg.ca_epochs}: loss {loss:.4f}")
+
+        align_on_samples(
+            optimizer,
+            schedule,
+            cfg.ca_epochs,
+            lambda: (gaussian_samples(means, factors, per_class, gen).flatten(0, 1), labels),  # (C * n, d)
+            loss_of,
+            per_class,
+            n_seen,
+            gen,
+            dev,
+            f"task {task.id} alignment",
+            log,
+        )
 
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; SLCA supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "SLCA")
         feats = self._split_features(split).to(self.ctx.device)
         logits: torch.Tensor = self.aligned(feats)
         return logits[:, : self.n_seen].float().cpu()

@@ -27,6 +27,21 @@ def check_first_session_fields(cfg: Any, nonnegative: tuple[str, ...] = ()) -> N
             raise ValueError(f"{name} must be a finite number >= 0, got {getattr(cfg, name)}")
 
 
+def check_analytic_fields(cfg: Any) -> None:
+    """The settings the analytic heads (ACIL, DS-AL) share: ``solver``, buffer size ``M``, regularisation ``gamma``
+    and the two batch sizes. Raises ``ValueError`` naming the field."""
+    if cfg.solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {cfg.solver!r}")
+    if cfg.M < 1:
+        raise ValueError(f"M must be >= 1, got {cfg.M}")
+    if not cfg.gamma > 0:
+        raise ValueError(f"gamma must be > 0 (R starts at I / gamma), got {cfg.gamma}")
+    if cfg.il_batch_size < 1:
+        raise ValueError(f"il_batch_size must be >= 1, got {cfg.il_batch_size}")
+    if cfg.eval_batch_size < 1:
+        raise ValueError(f"eval_batch_size must be >= 1, got {cfg.eval_batch_size}")
+
+
 def block_list(spec: str, name: str) -> tuple[int, ...]:
     """'0,1' -> (0, 1); empty -> (); distinct indices >= 0, else ValueError naming the field (the prompt methods'
     block lists: DualPrompt, HiDe-Prompt)."""
