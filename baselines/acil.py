@@ -75,13 +75,12 @@ from clbench.layers.analytic import (
     AnalyticRidge,
     RecursiveRidge,
     check_memory,
-    check_saved_buffer,
     growth_measurement,
     relu_projection,
     uniform_expansion,
 )
+from clbench.layers.checks import check_protocol, check_saved_buffer
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import check_protocol
 from clbench.run.scenario import new_class_count
 
 

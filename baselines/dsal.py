@@ -76,12 +76,11 @@ from clbench.layers.analytic import (
     AnalyticRidge,
     RecursiveRidge,
     check_memory,
-    check_saved_buffer,
     growth_measurement,
     uniform_expansion,
 )
+from clbench.layers.checks import check_protocol, check_saved_buffer
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import check_protocol
 
 
 class DSAL(Strategy[DSALConfig]):

@@ -64,12 +64,12 @@ from torch import nn
 
 from baselines.cards.ease import CARD, PROFILES, EASEConfig
 from clbench.layers.adapters import Adapter, AdapterSet
+from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import (
     CosineHead,
     EpochLog,
-    check_protocol,
     check_vit_blocks,
     class_means,
     cosine_lr,

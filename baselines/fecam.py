@@ -77,9 +77,9 @@ import torch.nn.functional as F
 
 from baselines.cards.fecam import CARD, PROFILES, FeCAMConfig
 from clbench.errors import ClbenchError
+from clbench.layers.checks import check_protocol
 from clbench.layers.first_session import check_width
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import check_protocol
 from clbench.perf import Measurement, arg
 
 

@@ -109,6 +109,8 @@ from torch import nn
 
 from baselines.cards.hide_prompt import CARD, PROFILES, HiDePromptConfig, Storage, e_layers_in
 from clbench.errors import ClbenchError
+from clbench.layers.alignment import align_on_samples, gaussian_samples
+from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import eval_batch, orth_loss, pilot_kv_layout, prefix_block
 from clbench.methods.contract import (
@@ -120,16 +122,7 @@ from clbench.methods.contract import (
     Strategy,
     Task,
 )
-from clbench.methods.shared import (
-    EpochLog,
-    align_on_samples,
-    check_protocol,
-    check_vit_blocks,
-    gaussian_samples,
-    masked_cross_entropy,
-    optimizer_step,
-    vit_tokens,
-)
+from clbench.methods.shared import EpochLog, check_vit_blocks, masked_cross_entropy, optimizer_step, vit_tokens
 
 
 def epoch_lr_factor(cfg: HiDePromptConfig, epoch: int) -> float:

@@ -68,6 +68,7 @@ from torch import nn
 
 from baselines.cards.inflora import CARD, PROFILES, InfLoRAConfig
 from clbench.errors import ClbenchError
+from clbench.layers.checks import check_protocol
 from clbench.layers.lora import (
     KVLoRA,
     ProjectType,
@@ -76,7 +77,7 @@ from clbench.layers.lora import (
     update_dual_gpm,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, check_protocol, check_vit_blocks, compute_dtype, vit_tokens
+from clbench.methods.shared import EpochLog, check_vit_blocks, compute_dtype, vit_tokens
 
 EVAL_BATCH = 64  # evaluation batch (speed only: rows do not depend on it)
 

@@ -84,19 +84,18 @@ from torch import nn
 from baselines.cards.mos import CARD, PROFILES, MOSConfig, head_rows_updated
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet
+from clbench.layers.alignment import align_on_gaussians
+from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import orth_loss
 from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import (
     EpochLog,
-    align_on_samples,
-    check_protocol,
     check_vit_blocks,
     class_means,
     cosine_logits,
     cosine_lr,
-    gaussian_samples,
     masked_cross_entropy,
     vit_forward_tokens,
     vit_tokens,
@@ -315,7 +314,7 @@ class MOS(Strategy):
         self.class_cov.extend(covs)
 
     def _align_classifier(self, task: Task) -> None:
-        cfg, dev, n_seen = self.cfg, self.ctx.device, task.n_seen
+        cfg, dev = self.cfg, self.ctx.device
         params = [self.head.weight, self.head.bias]
         optimizer = torch.optim.SGD(params, lr=cfg.ca_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         schedule = cosine_lr(optimizer, cfg.ca_epochs, eta_min=0.0)
@@ -326,27 +325,15 @@ class MOS(Strategy):
             else:
                 factors.append(torch.linalg.cholesky(cov.double()))
         factors_t = torch.stack(factors).float().to(dev)  # (C, d, d)
-        means = self.class_mean.to(dev)
         per_class = cfg.batch_size * cfg.ca_samples_scale
-        gen = self.ctx.generator(5000 + task.id)
-        labels = torch.arange(n_seen).repeat_interleave(per_class).to(dev)
 
         def log(epoch: int, loss: float) -> None:
             self.ctx.log(f"  MOS task {task.id} alignment {epoch + 1}/{cfg.ca_epochs}: loss {loss:.4f}")
 
-        align_on_samples(
-            optimizer,
-            schedule,
-            cfg.ca_epochs,
-            lambda: (gaussian_samples(means, factors_t, per_class, gen).flatten(0, 1), labels),  # (C * n, d)
-            lambda x, y: F.cross_entropy(self.head(x), y),
-            per_class,
-            n_seen,
-            gen,
-            dev,
-            f"task {task.id} alignment",
-            log,
-        )
+        means, gen = self.class_mean.to(dev), self.ctx.generator(5000 + task.id)
+        loss_of = lambda x, y: F.cross_entropy(self.head(x), y)  # noqa: E731
+        where = f"task {task.id} alignment"
+        align_on_gaussians(optimizer, schedule, cfg.ca_epochs, means, factors_t, per_class, gen, loss_of, where, log)
 
     @torch.no_grad()
     def _prototypes(self, task: Task) -> None:

@@ -88,6 +88,7 @@ from baselines.cards.ranpac import CARD, PROFILES, RanPACConfig, param_extra
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.analytic import available_memory, relu_projection, ridge_solution
+from clbench.layers.checks import check_protocol
 from clbench.layers.first_session import (
     AdaptedFeatures,
     adapted_cls,
@@ -97,7 +98,7 @@ from clbench.layers.first_session import (
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.costs import adapter_set_size
-from clbench.methods.shared import check_protocol, check_vit_blocks
+from clbench.methods.shared import check_vit_blocks
 from clbench.run.scenario import new_class_count
 
 RIDGE_GRID = tuple(10.0**k for k in range(-8, 9))  # optimise_ridge_parameter: 10.0 ** np.arange(-8, 9)

@@ -67,15 +67,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.slca import CARD, PROFILES, SLCAConfig, counts
+from clbench.layers.alignment import align_on_gaussians
+from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import (
-    EpochLog,
-    align_on_samples,
-    check_protocol,
-    compute_dtype,
-    cosine_lr,
-    gaussian_samples,
-)
+from clbench.methods.shared import EpochLog, compute_dtype, cosine_lr
 
 COV_RIDGE = 1e-4  # torch.eye(d) * 1e-4 added to each class covariance (_compute_class_mean)
 
@@ -241,7 +236,7 @@ class SLCA(Strategy[SLCAConfig]):
         self.class_cov = torch.cat([self.class_cov, torch.stack(covs)])
 
     def _align(self, head: TaskHeads, task: Task, task_size: int) -> None:
-        cfg, dev, n_seen = self.cfg, self.ctx.device, self.n_seen
+        cfg, dev = self.cfg, self.ctx.device
         optimizer = torch.optim.SGD(
             head.parameters(), lr=cfg.ca_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
         )
@@ -249,10 +244,7 @@ class SLCA(Strategy[SLCAConfig]):
         class_task = alignment_tasks(self.class_task, task_size, cfg.ca_task_index)
         means = (self.class_mean.double() * shrink_factors(class_task, task.id)[:, None]).to(dev, self.dtype)
         factors = torch.linalg.cholesky(self.class_cov).to(dev)  # (C, d, d): float32 as MultivariateNormal
-        per_class = cfg.ca_samples
-        gen = self.ctx.generator(5000 + task.id)
-        labels = torch.arange(n_seen).repeat_interleave(per_class).to(dev)
-        sizes = head.sizes
+        gen, sizes = self.ctx.generator(5000 + task.id), head.sizes
 
         def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             logits = head(x)
@@ -263,19 +255,8 @@ class SLCA(Strategy[SLCAConfig]):
         def log(epoch: int, loss: float) -> None:
             self.ctx.log(f"  SLCA task {task.id} alignment {epoch + 1}/{cfg.ca_epochs}: loss {loss:.4f}")
 
-        align_on_samples(
-            optimizer,
-            schedule,
-            cfg.ca_epochs,
-            lambda: (gaussian_samples(means, factors, per_class, gen).flatten(0, 1), labels),  # (C * n, d)
-            loss_of,
-            per_class,
-            n_seen,
-            gen,
-            dev,
-            f"task {task.id} alignment",
-            log,
-        )
+        where = f"task {task.id} alignment"
+        align_on_gaussians(optimizer, schedule, cfg.ca_epochs, means, factors, cfg.ca_samples, gen, loss_of, where, log)
 
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()

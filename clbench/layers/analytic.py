@@ -84,16 +84,6 @@ def check_memory(method: str, M: int, d: int, batch: int, streams: int = 1) -> N
         )
 
 
-def check_saved_buffer(method: str, state: dict[str, Any], d: int, M: int) -> None:
-    """Refuse to resume a run whose saved random buffer W_b is not this run's (d, M) (ACIL, DS-AL)."""
-    saved = tuple(state["buffer"].shape)
-    if saved != (d, M):
-        raise ClbenchError(
-            f"{method}: the saved run's buffer is {saved[0]} x {saved[1]}, this one {d} x {M}",
-            "resume with the same backbone and --set M, or start over with --overwrite",
-        )
-
-
 def _spd_factor(a: torch.Tensor, what: str, matrix: str, gamma: float) -> torch.Tensor:
     """The Cholesky factor of ``a``, or the one-line refusal that asks for a larger gamma (``matrix`` names it)."""
     factor, info = torch.linalg.cholesky_ex(a)

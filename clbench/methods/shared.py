@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -268,50 +268,6 @@ class TrainingTrace:
                 }
             )
         return out
-
-
-def check_protocol(protocol: str, protocols: Sequence[str], method: str) -> None:
-    """Refuse an evaluation protocol the method does not implement (``method``: its name as the message shows it)."""
-    if protocol not in protocols:
-        raise ValueError(f"unknown protocol {protocol!r}; {method} supports {', '.join(protocols)}")
-
-
-def gaussian_samples(means: torch.Tensor, factors: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
-    """(C, n, d) features drawn from N(mean_c, L_c L_c^T) for each class row: mean + z L^T with z ~ N(0, I) drawn
-    from ``generator`` (the same distribution as ``MultivariateNormal``), in ``factors``' dtype on ``means``' device."""
-    z = torch.randn(len(means), n, means.shape[-1], generator=generator).to(means.device, factors.dtype)
-    return means[:, None, :] + torch.einsum("cnd,ced->cne", z, factors)
-
-
-def align_on_samples(
-    optimizer: torch.optim.Optimizer,
-    schedule: Any,
-    epochs: int,
-    sample: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-    loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    per: int,
-    n_batches: int,
-    generator: torch.Generator,
-    device: torch.device | str,
-    where: str,
-    log: Callable[[int, float], None],
-) -> None:
-    """Classifier alignment on sampled features (MOS, SLCA, HiDe-Prompt): each epoch draws ``sample()`` (features,
-    labels), shuffles them with ``generator``, takes up to ``n_batches`` mini-batches of ``per`` (stopping early when
-    the samples run out), steps the schedule and calls ``log(epoch, mean loss)``."""
-    for epoch in range(epochs):
-        x, y = sample()
-        order = torch.randperm(len(x), generator=generator)
-        x, y = x[order.to(x.device)].to(device), y[order.to(y.device)].to(device)
-        total, n = 0.0, 0
-        for it in range(n_batches):
-            xb, yb = x[it * per : (it + 1) * per], y[it * per : (it + 1) * per]
-            if len(yb) == 0:  # ran out of samples
-                break
-            total += optimizer_step(optimizer, loss_of(xb, yb), f"{where} epoch {epoch}")
-            n += 1
-        schedule.step()
-        log(epoch, total / max(n, 1))
 
 
 def _non_finite(value: float, where: str) -> ClbenchError:
