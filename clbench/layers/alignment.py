@@ -33,7 +33,7 @@ def align_on_samples(
 ) -> None:
     """Classifier alignment on sampled features (MOS, SLCA, HiDe-Prompt): each epoch draws ``sample()`` (features,
     labels), shuffles them with ``generator``, takes up to ``n_batches`` mini-batches of ``per`` (stopping early when
-    the samples run out), steps the schedule and calls ``log(epoch, mean loss)``."""
+    the samples run out), steps the schedule after an epoch that stepped and calls ``log(epoch, mean loss)``."""
     for epoch in range(epochs):
         x, y = sample()
         order = torch.randperm(len(x), generator=generator)
@@ -45,7 +45,8 @@ def align_on_samples(
                 break
             total += optimizer_step(optimizer, loss_of(xb, yb), f"{where} epoch {epoch}")
             n += 1
-        schedule.step()
+        if n:  # an epoch with no sample took no step: nothing to schedule (torch warns of a schedule stepped first)
+            schedule.step()
         log(epoch, total / max(n, 1))
 
 
