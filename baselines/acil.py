@@ -71,7 +71,6 @@ import torch
 import torch.nn.functional as F
 
 from baselines.cards.acil import CARD, PROFILES, ACILConfig, extra_counts
-from clbench.errors import ClbenchError
 from clbench.layers.analytic import (
     AnalyticRidge,
     RecursiveRidge,
@@ -80,6 +79,7 @@ from clbench.layers.analytic import (
     relu_projection,
     uniform_expansion,
 )
+from clbench.layers.checks import check_protocol, check_saved_buffer
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.run.scenario import new_class_count
 
@@ -123,8 +123,7 @@ class ACIL(Strategy[ACILConfig]):
 
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol != PER_SAMPLE:
-            raise ValueError(f"unknown protocol {protocol!r}; ACIL supports {PER_SAMPLE}")
+        check_protocol(protocol, self.protocols, "ACIL")
         f, step = split.features, self.cfg.eval_batch_size
         blocks = [self.head(self.expand(f[i : i + step])).float() for i in range(0, len(f), step)]
         return torch.cat(blocks) if blocks else torch.zeros(0, self.n_classes)  # (N, n_seen)
@@ -138,12 +137,7 @@ class ACIL(Strategy[ACILConfig]):
         return {"M": self.cfg.M, "gamma": self.cfg.gamma}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = tuple(state["buffer"].shape)
-        if saved != (self.dim, self.cfg.M):
-            raise ClbenchError(
-                f"acil: the saved run's buffer is {saved[0]} x {saved[1]}, this one {self.dim} x {self.cfg.M}",
-                "resume with the same backbone and --set M, or start over with --overwrite",
-            )
+        check_saved_buffer("acil", state, self.dim, self.cfg.M)
         super().load_state_dict(state)
 
     # ---------------------------------------------------------------------------------------- accounting

@@ -59,8 +59,7 @@ Deviations from the paper / reference code:
 - DINOv2 blocks have LayerScale; the adapter output is added outside ``ls2``, exactly as in EASE
   (``clbench.methods.shared.vit_block``): see ``baselines/ease.py`` for why.
 - The task-0 head is ``clbench.methods.shared.CosineHead`` with ``CosineLinear``'s init (uniform(-1/sqrt(d), 1/sqrt(d))
-rows,
-  learnable sigma 1), over the task's classes in arrival order.
+  rows, learnable sigma 1), over the task's classes in arrival order.
 - Adapter dropout and the first-session shuffling draw from private generators (``ctx.generator``), not the global
   RNG.
 - The reference hard-codes width 768; here the width is the backbone's ``num_features`` (any d; prototypes 2d).
@@ -89,6 +88,7 @@ from torch import nn
 
 from baselines.cards.aper import CARD, PROFILES, APERConfig
 from clbench.layers.adapters import Adapter, AdapterSet
+from clbench.layers.checks import check_protocol
 from clbench.layers.first_session import (
     AdaptedFeatures,
     TunedViT,
@@ -101,11 +101,7 @@ from clbench.layers.ssf import SSF, ScaleShift
 from clbench.layers.vpt import VisualPrompts
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.costs import adapter_set_size
-from clbench.methods.shared import (
-    CosineHead,
-    check_vit_blocks,
-    class_means,
-)
+from clbench.methods.shared import CosineHead, check_vit_blocks, class_means
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
@@ -187,8 +183,7 @@ class APER(Strategy):
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol != PER_SAMPLE:
-            raise ValueError(f"unknown protocol {protocol!r}; APER supports {PER_SAMPLE}")
+        check_protocol(protocol, self.protocols, "APER")
         return self.head(self.features(split))  # (N, n_seen): cosine to each prototype, sigma 1
 
     @torch.no_grad()

@@ -72,7 +72,6 @@ import torch
 import torch.nn.functional as F
 
 from baselines.cards.dsal import CARD, PROFILES, DSALConfig, extra_counts
-from clbench.errors import ClbenchError
 from clbench.layers.analytic import (
     AnalyticRidge,
     RecursiveRidge,
@@ -80,6 +79,7 @@ from clbench.layers.analytic import (
     growth_measurement,
     uniform_expansion,
 )
+from clbench.layers.checks import check_protocol, check_saved_buffer
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
@@ -144,8 +144,7 @@ class DSAL(Strategy[DSALConfig]):
 
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol != PER_SAMPLE:
-            raise ValueError(f"unknown protocol {protocol!r}; DS-AL supports {PER_SAMPLE}")
+        check_protocol(protocol, self.protocols, "DS-AL")
         f, step, C = split.features, self.cfg.eval_batch_size, self.cfg.compensation_ratio
         blocks = []
         for i in range(0, len(f), step):
@@ -163,12 +162,7 @@ class DSAL(Strategy[DSALConfig]):
         return {"M": self.cfg.M, "compensation_ratio": self.cfg.compensation_ratio}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = tuple(state["buffer"].shape)
-        if saved != (self.dim, self.cfg.M):
-            raise ClbenchError(
-                f"dsal: the saved run's buffer is {saved[0]} x {saved[1]}, this one {self.dim} x {self.cfg.M}",
-                "resume with the same backbone and --set M, or start over with --overwrite",
-            )
+        check_saved_buffer("dsal", state, self.dim, self.cfg.M)
         super().load_state_dict(state)
 
     # ---------------------------------------------------------------------------------------- accounting

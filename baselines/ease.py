@@ -64,6 +64,7 @@ from torch import nn
 
 from baselines.cards.ease import CARD, PROFILES, EASEConfig
 from clbench.layers.adapters import Adapter, AdapterSet
+from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import (
@@ -217,8 +218,7 @@ class EASE(Strategy):
 
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol != PER_SAMPLE:
-            raise ValueError(f"unknown protocol {protocol!r}; EASE supports {PER_SAMPLE}")
+        check_protocol(protocol, self.protocols, "EASE")
         start = time.perf_counter()
         for s in self.adapter_sets:
             s.eval()

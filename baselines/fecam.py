@@ -77,6 +77,7 @@ import torch.nn.functional as F
 
 from baselines.cards.fecam import CARD, PROFILES, FeCAMConfig
 from clbench.errors import ClbenchError
+from clbench.layers.checks import check_protocol
 from clbench.layers.first_session import check_width
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.perf import Measurement, arg
@@ -212,8 +213,7 @@ class FeCAM(Strategy[FeCAMConfig]):
 
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol != PER_SAMPLE:
-            raise ValueError(f"unknown protocol {protocol!r}; FeCAM supports {PER_SAMPLE}")
+        check_protocol(protocol, self.protocols, "FeCAM")
         z = embed(split.features, self.cfg)  # (N, d) float64 (both rules normalise the test feature)
         dists = [  # one column per class, each row from its own image only
             mahalanobis(z, mean, precision)

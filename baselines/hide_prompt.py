@@ -109,6 +109,8 @@ from torch import nn
 
 from baselines.cards.hide_prompt import CARD, PROFILES, HiDePromptConfig, Storage, e_layers_in
 from clbench.errors import ClbenchError
+from clbench.layers.alignment import align_on_samples, gaussian_samples
+from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import eval_batch, orth_loss, pilot_kv_layout, prefix_block
 from clbench.methods.contract import (
@@ -276,8 +278,7 @@ def sample_features(
     if stats.spread.dim() == 4:  # covariance: one mean per class, z through the Cholesky factor
         rows = torch.nonzero(stats.valid[:, 0]).flatten()
         factors = torch.linalg.cholesky(stats.spread[rows, 0].double()).float()  # (C, d, d)
-        z = torch.randn(len(rows), per_centroid, d, generator=generator)
-        x = stats.mean[rows, 0][:, None] + torch.einsum("cnd,ced->cne", z, factors)
+        x = gaussian_samples(stats.mean[rows, 0], factors, per_centroid, generator)
         classes = rows
     else:
         extra = cov_eps if stats.mean.shape[1] > 1 else 0.0  # 'variance' holds var + eps already
@@ -472,22 +473,23 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.ca_epochs)
         gen = self.ctx.generator(5000 + 100 * self.n_tasks + which)
         label = "TII alignment" if which == 0 else "TAP"
-        for epoch in range(cfg.ca_epochs):
-            x, y = sample_features(stats, per, cfg.cov_eps, gen)
-            order = torch.randperm(len(x), generator=gen)
-            x, y = x[order].to(dev), y[order].to(dev)
-            total, n = 0.0, 0
-            for it in range(n_batches):
-                xb, yb = x[it * per : (it + 1) * per], y[it * per : (it + 1) * per]
-                if len(yb) == 0:  # ran out of samples (the reference would take a NaN loss)
-                    break
-                loss = F.cross_entropy(net(xb), yb)
-                total += optimizer_step(opt, loss, f"task {self.n_tasks} {label} epoch {epoch}")
-                n += 1
-            sched.step()
-            self.ctx.log(
-                f"  HiDe-Prompt task {self.n_tasks} {label} {epoch + 1}/{cfg.ca_epochs}: {total / max(n, 1):.4f}"
-            )
+
+        def log(epoch: int, loss: float) -> None:
+            self.ctx.log(f"  HiDe-Prompt task {self.n_tasks} {label} {epoch + 1}/{cfg.ca_epochs}: {loss:.4f}")
+
+        align_on_samples(
+            opt,
+            sched,
+            cfg.ca_epochs,
+            lambda: sample_features(stats, per, cfg.cov_eps, gen),
+            lambda x, y: F.cross_entropy(net(x), y),
+            per,
+            n_batches,
+            gen,
+            dev,
+            f"task {self.n_tasks} {label}",
+            log,
+        )
 
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
@@ -498,8 +500,7 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
 
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; HiDe-Prompt supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "HiDe-Prompt")
         reference = protocol == REFERENCE
         batch = eval_batch(self.cfg.eval_batch_size, reference)
         out, tasks = [], []

@@ -68,6 +68,7 @@ from torch import nn
 
 from baselines.cards.inflora import CARD, PROFILES, InfLoRAConfig
 from clbench.errors import ClbenchError
+from clbench.layers.checks import check_protocol
 from clbench.layers.lora import (
     KVLoRA,
     ProjectType,
@@ -236,8 +237,7 @@ class InfLoRA(Strategy[InfLoRAConfig]):
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; InfLoRA supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "InfLoRA")
         out = []
         for images, _, _ in split.image_loader(max(self.cfg.batch_size, EVAL_BATCH), augment=False):
             out.append(self.heads(self._features(images.to(self.ctx.device))).float().cpu())

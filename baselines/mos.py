@@ -84,6 +84,8 @@ from torch import nn
 from baselines.cards.mos import CARD, PROFILES, MOSConfig, head_rows_updated
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet
+from clbench.layers.alignment import align_on_gaussians
+from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import orth_loss
 from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
@@ -95,7 +97,6 @@ from clbench.methods.shared import (
     cosine_logits,
     cosine_lr,
     masked_cross_entropy,
-    optimizer_step,
     vit_forward_tokens,
     vit_tokens,
 )
@@ -313,7 +314,7 @@ class MOS(Strategy):
         self.class_cov.extend(covs)
 
     def _align_classifier(self, task: Task) -> None:
-        cfg, dev, n_seen = self.cfg, self.ctx.device, task.n_seen
+        cfg, dev = self.cfg, self.ctx.device
         params = [self.head.weight, self.head.bias]
         optimizer = torch.optim.SGD(params, lr=cfg.ca_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         schedule = cosine_lr(optimizer, cfg.ca_epochs, eta_min=0.0)
@@ -324,22 +325,15 @@ class MOS(Strategy):
             else:
                 factors.append(torch.linalg.cholesky(cov.double()))
         factors_t = torch.stack(factors).float().to(dev)  # (C, d, d)
-        means = self.class_mean.to(dev)
         per_class = cfg.batch_size * cfg.ca_samples_scale
-        gen = self.ctx.generator(5000 + task.id)
-        labels = torch.arange(n_seen).repeat_interleave(per_class).to(dev)
-        for epoch in range(cfg.ca_epochs):
-            z = torch.randn(n_seen, per_class, self.dim, generator=gen).to(dev)
-            x = (means[:, None, :] + torch.einsum("cnd,ced->cne", z, factors_t)).flatten(0, 1)  # (C * n, d)
-            order = torch.randperm(len(x), generator=gen).to(dev)
-            x, y = x[order], labels[order]
-            total = 0.0
-            for it in range(n_seen):
-                sl = slice(it * per_class, (it + 1) * per_class)
-                loss = F.cross_entropy(self.head(x[sl]), y[sl])
-                total += optimizer_step(optimizer, loss, f"task {task.id} alignment epoch {epoch}")
-            schedule.step()
-            self.ctx.log(f"  MOS task {task.id} alignment {epoch + 1}/{cfg.ca_epochs}: loss {total / n_seen:.4f}")
+
+        def log(epoch: int, loss: float) -> None:
+            self.ctx.log(f"  MOS task {task.id} alignment {epoch + 1}/{cfg.ca_epochs}: loss {loss:.4f}")
+
+        means, gen = self.class_mean.to(dev), self.ctx.generator(5000 + task.id)
+        loss_of = lambda x, y: F.cross_entropy(self.head(x), y)  # noqa: E731
+        where = f"task {task.id} alignment"
+        align_on_gaussians(optimizer, schedule, cfg.ca_epochs, means, factors_t, per_class, gen, loss_of, where, log)
 
     @torch.no_grad()
     def _prototypes(self, task: Task) -> None:
@@ -366,8 +360,7 @@ class MOS(Strategy):
 
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; MOS supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "MOS")
         out, finals = [], []
         for images, _, _ in split.image_loader(self.cfg.eval_batch_size, augment=False):
             images = images.to(self.ctx.device)

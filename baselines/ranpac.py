@@ -88,6 +88,7 @@ from baselines.cards.ranpac import CARD, PROFILES, RanPACConfig, param_extra
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.analytic import available_memory, relu_projection, ridge_solution
+from clbench.layers.checks import check_protocol
 from clbench.layers.first_session import (
     AdaptedFeatures,
     adapted_cls,
@@ -270,8 +271,7 @@ class RanPAC(Strategy):
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol != PER_SAMPLE:
-            raise ValueError(f"unknown protocol {protocol!r}; RanPAC supports {PER_SAMPLE}")
+        check_protocol(protocol, self.protocols, "RanPAC")
         h = self.project(self.features(split).double())  # (N, M) float64
         wo = self.Wo.double()
         if self.cfg.head == "cosine":  # PILOT CosineLinear: sigma * cos(h, Wo_c)

@@ -67,8 +67,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.slca import CARD, PROFILES, SLCAConfig, counts
+from clbench.layers.alignment import align_on_gaussians
+from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, compute_dtype, cosine_lr, optimizer_step
+from clbench.methods.shared import EpochLog, compute_dtype, cosine_lr
 
 COV_RIDGE = 1e-4  # torch.eye(d) * 1e-4 added to each class covariance (_compute_class_mean)
 
@@ -234,7 +236,7 @@ class SLCA(Strategy[SLCAConfig]):
         self.class_cov = torch.cat([self.class_cov, torch.stack(covs)])
 
     def _align(self, head: TaskHeads, task: Task, task_size: int) -> None:
-        cfg, dev, n_seen = self.cfg, self.ctx.device, self.n_seen
+        cfg, dev = self.cfg, self.ctx.device
         optimizer = torch.optim.SGD(
             head.parameters(), lr=cfg.ca_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
         )
@@ -242,31 +244,24 @@ class SLCA(Strategy[SLCAConfig]):
         class_task = alignment_tasks(self.class_task, task_size, cfg.ca_task_index)
         means = (self.class_mean.double() * shrink_factors(class_task, task.id)[:, None]).to(dev, self.dtype)
         factors = torch.linalg.cholesky(self.class_cov).to(dev)  # (C, d, d): float32 as MultivariateNormal
-        per_class = cfg.ca_samples
-        gen = self.ctx.generator(5000 + task.id)
-        labels = torch.arange(n_seen).repeat_interleave(per_class).to(dev)
-        sizes = head.sizes
-        for epoch in range(cfg.ca_epochs):
-            z = torch.randn(n_seen, per_class, self.dim, generator=gen).to(dev, self.dtype)
-            x = (means[:, None, :] + torch.einsum("cnd,ced->cne", z, factors)).flatten(0, 1)  # (C * n, d)
-            order = torch.randperm(len(x), generator=gen).to(dev)
-            x, y = x[order], labels[order]
-            total = 0.0
-            for it in range(n_seen):
-                sl = slice(it * per_class, (it + 1) * per_class)
-                logits = head(x[sl])
-                if cfg.logit_norm > 0:
-                    logits = normalised_logits(logits, sizes, cfg.logit_norm)
-                loss = F.cross_entropy(logits, y[sl])
-                total += optimizer_step(optimizer, loss, f"task {task.id} alignment epoch {epoch}")
-            schedule.step()
-            self.ctx.log(f"  SLCA task {task.id} alignment {epoch + 1}/{cfg.ca_epochs}: loss {total / n_seen:.4f}")
+        gen, sizes = self.ctx.generator(5000 + task.id), head.sizes
+
+        def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            logits = head(x)
+            if cfg.logit_norm > 0:
+                logits = normalised_logits(logits, sizes, cfg.logit_norm)
+            return F.cross_entropy(logits, y)
+
+        def log(epoch: int, loss: float) -> None:
+            self.ctx.log(f"  SLCA task {task.id} alignment {epoch + 1}/{cfg.ca_epochs}: loss {loss:.4f}")
+
+        where = f"task {task.id} alignment"
+        align_on_gaussians(optimizer, schedule, cfg.ca_epochs, means, factors, cfg.ca_samples, gen, loss_of, where, log)
 
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; SLCA supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "SLCA")
         feats = self._split_features(split).to(self.ctx.device)
         logits: torch.Tensor = self.aligned(feats)
         return logits[:, : self.n_seen].float().cpu()

@@ -71,7 +71,15 @@ class TOSCAConfig:
 
 
 # ``quick``: the embedded benchmark at 112 px (clbench.run.catalog.COMMON_PROFILES); TOSCA trains on cached features,
-# so its reference epochs stay. ``augment``: the reference's image augmentation through the frozen ViT every epoch.
+# so its reference epochs stay.
+# ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
+# patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
+# ``ci`` is the default cached training (run with --protocol both); ``ci-augment`` trains through the frozen
+# ViT with the reference's augmentation, 2 epochs instead of 20 (one ViT pass per training image per epoch), in
+# batches of 16 at lr 0.1 (3x the steps of batch 48 for the same passes: at batch 48 and lr 0.025 the loss ended
+# at 0.98 of its first epoch, now 0.83-0.90; reports/gate/README.md).
+# ``augment``: the reference's training (train_mode=augment, see tosca/strategy.py's docstring); it gets its own row
+# in ``clbench perf projection``.
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "quick": dict(QUICK_INPUT),

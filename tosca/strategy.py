@@ -17,8 +17,7 @@ Algorithm (per task t):
 Inference without a task id: every stored module runs on z, logits_i = head(LuCA_i(z)), and the module
 with the lowest softmax entropy is chosen (the paper's rule, the default ``router``; the other per-sample rules of
 :mod:`clbench.methods.routers` are ``--set router=NAME``, and ``--set routers=a,b,c`` evaluates several from the same
-trained
-modules, recorded per task under ``diagnostics.routers``). Protocols:
+trained modules, recorded per task under ``diagnostics.routers``). Protocols:
 - ``per-sample`` (default, sound): the choice is made per image; a prediction depends on its own image only.
 - ``reference``: the official rule. Batches of ``ref_eval_batch`` (48) consecutive test images in class
   order (the reference's unshuffled, class-by-class test loader) and one module per batch, the one with the
@@ -105,14 +104,6 @@ class TOSCA(Strategy):
     Config = TOSCAConfig
     state_types = (LuCA, RoutingMemory, TaskStats)
     protocols = (PER_SAMPLE, REFERENCE)
-    # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
-    # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.
-    # ``ci`` is the default cached training (run with --protocol both); ``ci-augment`` trains through the frozen
-    # ViT with the reference's augmentation, 2 epochs instead of 20 (one ViT pass per training image per epoch), in
-    # batches of 16 at lr 0.1 (3x the steps of batch 48 for the same passes: at batch 48 and lr 0.025 the loss ended
-    # at 0.98 of its first epoch, now 0.83-0.90; reports/gate/README.md).
-    # ``augment``: the reference's training (train_mode=augment, see the module docstring); it gets its own row in
-    # ``clbench perf projection``.
     # domain scenario: one module per domain; module t predicts against its own prototypes of every class (the
     # domain's class means in its space, ``task_heads``), and routing picks a module (a domain) per image as it picks a
     # task in the class scenario
@@ -120,7 +111,7 @@ class TOSCA(Strategy):
     gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too
     profiles = PROFILES  # named profiles and their cost notes: tosca/card.py
     card = CARD  # its parameter formula and cost model
-    projection_profiles = ("augment",)
+    projection_profiles = ("augment",)  # the reference's training gets its own row in ``clbench perf projection``
 
     def __init__(self, config: TOSCAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

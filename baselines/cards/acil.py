@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clbench.layers.checks import SOLVERS
+from clbench.layers.checks import check_analytic_fields
 from clbench.methods.costs import ParamCounts, RunShape, Work
 from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_INPUT
@@ -25,16 +25,7 @@ class ACILConfig:
     solver: str = "auto"  # clbench: the dual form while it is the cheaper form; "recursive": the reference's
 
     def __post_init__(self) -> None:
-        if self.solver not in SOLVERS:
-            raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {self.solver!r}")
-        if self.M < 1:
-            raise ValueError(f"M must be >= 1, got {self.M}")
-        if not self.gamma > 0:
-            raise ValueError(f"gamma must be > 0 (R starts at I / gamma), got {self.gamma}")
-        if self.il_batch_size < 1:
-            raise ValueError(f"il_batch_size must be >= 1, got {self.il_batch_size}")
-        if self.eval_batch_size < 1:
-            raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+        check_analytic_fields(self)
 
 
 # ``ci``: the regression gate's run: the embedded benchmark at 56 px (the shared CI feature cache), the

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.layers.checks import SOLVERS
+from clbench.layers.checks import check_analytic_fields
 from clbench.methods.costs import ParamCounts, RunShape, Work
 from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_INPUT
@@ -29,22 +29,13 @@ class DSALConfig:
     solver: str = "auto"  # clbench: the dual form while it is the cheaper form; "recursive": the reference's
 
     def __post_init__(self) -> None:
-        if self.solver not in SOLVERS:
-            raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {self.solver!r}")
-        if self.M < 1:
-            raise ValueError(f"M must be >= 1, got {self.M}")
-        if not self.gamma > 0:
-            raise ValueError(f"gamma must be > 0 (R starts at I / gamma), got {self.gamma}")
+        check_analytic_fields(self)
         if not self.gamma_comp > 0:
             raise ValueError(f"gamma_comp must be > 0 (R starts at I / gamma_comp), got {self.gamma_comp}")
         if not math.isfinite(self.compensation_ratio):
             raise ValueError(f"compensation_ratio must be finite, got {self.compensation_ratio}")
         if self.residue not in ("task", "batch"):
             raise ValueError(f"residue must be 'task' or 'batch', got {self.residue!r}")
-        if self.il_batch_size < 1:
-            raise ValueError(f"il_batch_size must be >= 1, got {self.il_batch_size}")
-        if self.eval_batch_size < 1:
-            raise ValueError(f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
 
 
 # ``ci``: the regression gate's run: the embedded benchmark at 56 px (the shared CI feature cache), the

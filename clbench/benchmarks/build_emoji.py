@@ -65,7 +65,7 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -252,20 +252,37 @@ def split_groups(chosen: Sequence[str], group_sizes: dict[str, int]) -> tuple[li
     return train, test
 
 
+def grouped_splits(
+    class_names: Sequence[str], sizes_of: Callable[[str], dict[str, int]]
+) -> Iterator[tuple[int, str, dict[str, int], list[str], list[str]]]:
+    """Each class in order: its label, name, group sizes (``sizes_of(name)``) and its capped grouped split (train
+    groups, test groups), one generator seeded ``SEED`` drawing the caps of all classes in turn."""
+    rng = np.random.default_rng(SEED)
+    for label, name in enumerate(class_names):
+        sizes = sizes_of(name)
+        chosen = cap_groups(sizes, rng)
+        train_groups, test_groups = split_groups(chosen, sizes)
+        yield label, name, sizes, train_groups, test_groups
+
+
+def sort_disjoint(train: list[Any], test: list[Any], key: Callable[[Any], Any]) -> None:
+    """Sort both splits by ``key`` in place and check no group stands in both."""
+    train.sort(key=key)
+    test.sort(key=key)
+    assert not ({s.group for s in train} & {s.group for s in test}), "a group appears in both splits"
+
+
 def build_samples(
     classes: dict[str, dict[str, list[tuple[str, str, Path]]]],
     class_names: Sequence[str],
 ) -> tuple[list[Sample], list[Sample], list[dict[str, Any]]]:
     """Apply the cap and the grouped split; return train, test, class stats."""
-    rng = np.random.default_rng(SEED)
     train: list[Sample] = []
     test: list[Sample] = []
     stats: list[dict[str, Any]] = []
-    for label, name in enumerate(class_names):
+    sizes_of = lambda name: {g: len(items) for g, items in classes[name].items()}  # noqa: E731
+    for label, name, sizes, train_groups, test_groups in grouped_splits(class_names, sizes_of):
         groups = classes[name]
-        sizes = {g: len(items) for g, items in groups.items()}
-        chosen = cap_groups(sizes, rng)
-        train_groups, test_groups = split_groups(chosen, sizes)
         for split, split_groups_ in ((train, train_groups), (test, test_groups)):
             for g in split_groups_:
                 for vendor, image, path in groups[g]:
@@ -281,9 +298,7 @@ def build_samples(
                 "test_groups": len(test_groups),
             }
         )
-    train.sort(key=Sample.sort_key)
-    test.sort(key=Sample.sort_key)
-    assert not ({s.group for s in train} & {s.group for s in test}), "a group appears in both splits"
+    sort_disjoint(train, test, Sample.sort_key)
     return train, test, stats
 
 

@@ -72,8 +72,8 @@ from clbench.benchmarks.build_emoji import (
     IMAGE_SIZE,
     SEED,
     TEST_FRACTION,
-    cap_groups,
-    split_groups,
+    grouped_splits,
+    sort_disjoint,
     write_npz_atomic,
     write_text_atomic,
 )
@@ -265,15 +265,12 @@ def build_samples(
     classes: dict[str, dict[str, list[str]]], class_names: Sequence[str], n_domains: int
 ) -> tuple[list[Sample], list[Sample], list[dict[str, Any]]]:
     """Cap and split by group (the embedded benchmark's rules); every group's emoji in every domain."""
-    rng = np.random.default_rng(SEED)
     train: list[Sample] = []
     test: list[Sample] = []
     stats: list[dict[str, Any]] = []
-    for label, name in enumerate(class_names):
+    sizes_of = lambda name: {g: n_domains * len(v) for g, v in classes[name].items()}  # noqa: E731
+    for label, name, sizes, train_groups, test_groups in grouped_splits(class_names, sizes_of):
         groups = classes[name]
-        sizes = {g: n_domains * len(v) for g, v in groups.items()}
-        chosen = cap_groups(sizes, rng)
-        train_groups, test_groups = split_groups(chosen, sizes)
         for split, names in ((train, train_groups), (test, test_groups)):
             for g in names:
                 split.extend(Sample(label, g, d, k) for k in groups[g] for d in range(n_domains))
@@ -286,10 +283,7 @@ def build_samples(
                 "test_images_per_domain": sum(sizes[g] for g in test_groups) // n_domains,
             }
         )
-    key = lambda s: (s.label, s.group, s.domain, s.key)  # noqa: E731
-    train.sort(key=key)
-    test.sort(key=key)
-    assert not ({s.group for s in train} & {s.group for s in test}), "a group appears in both splits"
+    sort_disjoint(train, test, lambda s: (s.label, s.group, s.domain, s.key))
     return train, test, stats
 
 

@@ -21,6 +21,8 @@ Torch-free: importing this module only builds specs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from clbench.benchmarks.base import BenchmarkSpec
 from clbench.benchmarks.folder import LAYOUT, TreeLoader
 from clbench.benchmarks.registry import register
@@ -41,12 +43,26 @@ def _tree_layout(n: int, pilot_dir: str) -> str:
     )
 
 
-def _tree_preset(name: str, summary: str, n: int, init_cls: int, source_info: str, licence: str = PILOT_LICENCE):
+def register_preset(
+    module: str,
+    name: str,
+    summary: str,
+    n: int,
+    init_cls: int,
+    source_info: str,
+    licence: str,
+    transform: dict[str, Any],
+    domains: tuple[str, ...] = (),
+    shared_test: bool = False,
+) -> None:
+    """Register a literature benchmark read from a data root (``--data-root`` or ``CLBENCH_<NAME>``) on the papers'
+    backbone: its loader is ``module:load_<name>``, its tasks B0 with ``init_cls`` classes each, ``transform`` the
+    reference's evaluation transform (``img_size``, ``resize``, ``normalize``)."""
     register(
         BenchmarkSpec(
             name=name,
             summary=summary,
-            load=f"{__name__}:load_{name.replace('-', '_')}",
+            load=f"{module}:load_{name.replace('-', '_')}",
             init_cls=init_cls,
             increment=init_cls,
             backbone=PAPER_BACKBONE,
@@ -55,9 +71,15 @@ def _tree_preset(name: str, summary: str, n: int, init_cls: int, source_info: st
             needs_data_root=True,
             source_info=source_info,
             licence=licence,
-            **REFERENCE_TF,
+            domains=domains,
+            shared_test=shared_test,
+            **transform,
         )
     )
+
+
+def _tree_preset(name: str, summary: str, n: int, init_cls: int, source_info: str, licence: str = PILOT_LICENCE):
+    register_preset(__name__, name, summary, n, init_cls, source_info, licence, REFERENCE_TF)
 
 
 # ------------------------------------------------------------------------------------------------ CIFAR-100

@@ -45,8 +45,7 @@ import numpy as np
 
 from clbench.benchmarks.base import BenchmarkSpec
 from clbench.benchmarks.folder import IMG_EXTENSIONS, FileSource
-from clbench.benchmarks.literature import PAPER_BACKBONE
-from clbench.benchmarks.registry import register
+from clbench.benchmarks.literature import register_preset
 from clbench.errors import ClbenchError
 from clbench.files.escape import plain
 
@@ -359,24 +358,8 @@ def load_office_home(data_root: Path | None) -> tuple[DomainFileSource, DomainFi
 def _preset(
     name: str, summary: str, n: int, domains: tuple[str, ...], source_info: str, licence: str, shared_test: bool = False
 ) -> None:
-    register(
-        BenchmarkSpec(
-            name=name,
-            summary=summary,
-            load=f"{__name__}:load_{name.replace('-', '_')}",
-            init_cls=n,  # the class scenario pools every domain: one task of every class (the reference is DIL only)
-            increment=n,
-            backbone=PAPER_BACKBONE,
-            n_classes=n,
-            data_env="CLBENCH_" + name.replace("-", "_").upper(),
-            needs_data_root=True,
-            source_info=source_info,
-            licence=licence,
-            domains=domains,
-            shared_test=shared_test,
-            **REFERENCE_TF,  # type: ignore[arg-type]
-        )
-    )
+    # the class scenario pools every domain: one task of every class (the reference is DIL only)
+    register_preset(__name__, name, summary, n, n, source_info, licence, REFERENCE_TF, domains, shared_test)
 
 
 _preset(

@@ -16,12 +16,11 @@ Definitions (printed in every report, see :data:`DEFINITIONS`):
   confidence into 15 equal-width bins of (0, 1]; the image-weighted mean over bins of ``|accuracy - mean
   confidence|``, in points.
 - Intervals (:mod:`clbench.evaluation.stats`): a record's ``last_acc_ci`` / ``avg_acc_ci`` are 95 % percentile intervals
-of a
-  bootstrap over test images resampled within each class (2,000 resamples, a fixed seed). Reports recompute theirs
-  from the predictions: 10,000 resamples (by test batch for a batch-coupled protocol) and, over seeds, the
-  seed-level interval (a t interval over seeds combined with the shared test-image noise), not the hierarchical
-  bootstrap the ``last_acc_ci / avg_acc_ci`` entry still names: that text is what every record stores, so it stays
-  as it was (a changed text would mark every record as redefined); ``report intervals`` says what reports print.
+  of a bootstrap over test images resampled within each class (2,000 resamples, a fixed seed). Reports recompute theirs
+  from the predictions: 10,000 resamples (by test batch for a batch-coupled protocol) and, over seeds, the seed-level
+  interval (a t interval over seeds combined with the shared test-image noise), not the hierarchical bootstrap the
+  ``last_acc_ci / avg_acc_ci`` entry still names: that text is what every record stores, so it stays as it was (a
+  changed text would mark every record as redefined); ``report intervals`` says what reports print.
 - ``task-aware`` accuracy (Mammoth's Task-IL beside its Class-IL): the prediction when each test image's task is
   given. Class scenario: the argmax of the logits restricted to the classes of the image's task
   (:func:`task_aware_prediction`); it equals the task-agnostic accuracy where a run has one task. Their gap
@@ -33,8 +32,7 @@ apply with tasks read as domains: ``R[t][d]`` is the accuracy on domain ``d``'s 
 class; ``A_t`` covers the test images of domains ``0..t``; ``forgetting`` / ``bwt`` are means over old domains.
 Task-aware accuracy there is the prediction of the image's own domain's module, for a method that keeps one per
 domain (:meth:`clbench.methods.contract.Strategy.predict_given_task`); for every other method it equals the
-task-agnostic
-accuracy, since every task holds the same classes.
+task-agnostic accuracy, since every task holds the same classes.
 """
 
 from __future__ import annotations

@@ -51,8 +51,7 @@ N_RESAMPLES = 10_000
 INTERVAL_DECIMALS = 1
 # The record's own ``last_acc_ci`` / ``avg_acc_ci`` (run_intervals, written by the harness): 2,000 resamples, as
 # clbench.evaluation.metrics.DEFINITIONS states and every committed record was made; kept so that records stay
-# comparable
-# (the reports recompute their intervals from the predictions with N_RESAMPLES).
+# comparable (the reports recompute their intervals from the predictions with N_RESAMPLES).
 RECORD_RESAMPLES = 2000
 LEVEL = 0.95
 SEED = 20260101  # the bootstrap's own seed: a record's interval is reproducible (and equal after a resume)

@@ -16,14 +16,13 @@ changed only a few rows.
 
 Once per entry, not once per run: a run that reads every feature from the cache and whose strategy never enters the
 backbone must not build the ViT only to check 8 images (:class:`clbench.features.backbones.LazyBackbone`). So an entry
-that
-passed is remembered in :data:`CHECKED_FILE`, keyed by the entry's name and recording the SHA-256 of its features
-and its key (which holds the backbone's digest); an entry whose bytes are the ones that passed is not checked again.
-A rewritten entry has another digest, so it is checked (and caught) on its next use, as before. The memory is
-trusted only when it cannot have been written by anyone but this user (:func:`read_private_json`: owned by this
-user, writable by no one else, not a link), so whoever shares the cache folder cannot mark their entry as checked.
-A cache folder shared with others trusts everyone who can write to it otherwise: share it only with people whose
-results you would trust, or give each user their own ``$CLBENCH_CACHE``.
+that passed is remembered in :data:`CHECKED_FILE`, keyed by the entry's name and recording the SHA-256 of its features
+and its key (which holds the backbone's digest); an entry whose bytes are the ones that passed is not checked again. A
+rewritten entry has another digest, so it is checked (and caught) on its next use, as before. The memory is trusted only
+when it cannot have been written by anyone but this user (:func:`read_private_json`: owned by this user, writable by no
+one else, not a link), so whoever shares the cache folder cannot mark their entry as checked. A cache folder shared with
+others trusts everyone who can write to it otherwise: share it only with people whose results you would trust, or give
+each user their own ``$CLBENCH_CACHE``.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 A trained method (EASE, L2P, DualPrompt, APER, MOS, TOSCA's training) reads its task's training images once per
 epoch through :meth:`clbench.methods.contract.Split.image_loader`, and each read decodes the file (a JPEG or PNG of a
-folder
-benchmark) before the augmentation. :class:`DecodedImages` wraps the run's training :class:`ImageSource`: the first
-read of an image decodes it and keeps its RGB pixels as a uint8 array; later reads rebuild the same PIL image from
+folder benchmark) before the augmentation. :class:`DecodedImages` wraps the run's training :class:`ImageSource`: the
+first read of an image decodes it and keeps its RGB pixels as a uint8 array; later reads rebuild the same PIL image from
 them. The augmentation (RandomResizedCrop, flip, ...) is still drawn and applied per epoch, as the reference does.
 
 The pixels kept are the decoded image itself, not a resized copy: a resize before RandomResizedCrop would change

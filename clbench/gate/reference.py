@@ -35,17 +35,15 @@ File layout (``"format": "clbench-reference/2"``; the number is :data:`SCHEMA_VE
 Every field, and every field of each part (an entry, its tolerance, parameter counts and times, the time rule and
 its calibration measurements, a written_by block, a run of produced_by), is declared once on its dataclass with
 :func:`clbench.files.typedfile.json_field`; reading (:func:`clbench.files.typedfile.problems`, then
-:func:`~clbench.files.typedfile.read`)
-and writing (:func:`~clbench.files.typedfile.write`) follow from the declarations, and keys this clbench does not know
-are
-kept in ``extra`` and written back. A file that is not a reference is refused with one line naming the file, the
-dotted field (``entries[3].img_size``), what it must be and the fix. Older files: an entry without
-``class_order_seed`` (written before class orders were chosen) reads as the literature's order; ``params`` without
-``stored_total`` (before stored statistics were counted apart) pins the other two counts only; an entry without
-``data`` (written before records held data digests) pins no data; an entry without ``metrics`` (written before the
-gate compared every stored metric) pins the accuracy matrix, final and average accuracy only. Format 1 (one-sided,
-final/average accuracy only) is refused for checking; when it is being rewritten its provenance is kept in the new
-file's history. A newer format is refused: it was written by a newer clbench.
+:func:`~clbench.files.typedfile.read`) and writing (:func:`~clbench.files.typedfile.write`) follow from the
+declarations, and keys this clbench does not know are kept in ``extra`` and written back. A file that is not a reference
+is refused with one line naming the file, the dotted field (``entries[3].img_size``), what it must be and the fix. Older
+files: an entry without ``class_order_seed`` (written before class orders were chosen) reads as the literature's order;
+``params`` without ``stored_total`` (before stored statistics were counted apart) pins the other two counts only; an
+entry without ``data`` (written before records held data digests) pins no data; an entry without ``metrics`` (written
+before the gate compared every stored metric) pins the accuracy matrix, final and average accuracy only. Format 1
+(one-sided, final/average accuracy only) is refused for checking; when it is being rewritten its provenance is kept in
+the new file's history. A newer format is refused: it was written by a newer clbench.
 """
 
 from __future__ import annotations

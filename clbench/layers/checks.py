@@ -5,7 +5,10 @@ and the CLI read those cards without loading a method or torch."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
+
+from clbench.errors import ClbenchError
 
 SOLVERS = ("auto", "recursive")  # the analytic heads' solver choices (clbench.layers.analytic: ACIL, DS-AL)
 HEADS = ("linear", "kac")  # the prompt methods' classifiers (clbench.layers.heads.build_head: L2P, DualPrompt, CODA)
@@ -57,6 +60,37 @@ def check_first_session_fields(cfg: Any, nonnegative: tuple[str, ...] = ()) -> N
     for name in ("momentum", "weight_decay", "adapter_scale", *nonnegative):
         if not (getattr(cfg, name) >= 0 and math.isfinite(getattr(cfg, name))):
             raise ValueError(f"{name} must be a finite number >= 0, got {getattr(cfg, name)}")
+
+
+def check_analytic_fields(cfg: Any) -> None:
+    """The settings the analytic heads (ACIL, DS-AL) share: ``solver``, buffer size ``M``, regularisation ``gamma``
+    and the two batch sizes. Raises ``ValueError`` naming the field."""
+    if cfg.solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {', '.join(SOLVERS)}, got {cfg.solver!r}")
+    if cfg.M < 1:
+        raise ValueError(f"M must be >= 1, got {cfg.M}")
+    if not cfg.gamma > 0:
+        raise ValueError(f"gamma must be > 0 (R starts at I / gamma), got {cfg.gamma}")
+    if cfg.il_batch_size < 1:
+        raise ValueError(f"il_batch_size must be >= 1, got {cfg.il_batch_size}")
+    if cfg.eval_batch_size < 1:
+        raise ValueError(f"eval_batch_size must be >= 1, got {cfg.eval_batch_size}")
+
+
+def check_saved_buffer(method: str, state: dict[str, Any], d: int, M: int) -> None:
+    """Refuse to resume a run whose saved random buffer W_b is not this run's (d, M) (ACIL, DS-AL)."""
+    saved = tuple(state["buffer"].shape)
+    if saved != (d, M):
+        raise ClbenchError(
+            f"{method}: the saved run's buffer is {saved[0]} x {saved[1]}, this one {d} x {M}",
+            "resume with the same backbone and --set M, or start over with --overwrite",
+        )
+
+
+def check_protocol(protocol: str, protocols: Sequence[str], method: str) -> None:
+    """Refuse an evaluation protocol the method does not implement (``method``: its name as the message shows it)."""
+    if protocol not in protocols:
+        raise ValueError(f"unknown protocol {protocol!r}; {method} supports {', '.join(protocols)}")
 
 
 def block_list(spec: str, name: str) -> tuple[int, ...]:

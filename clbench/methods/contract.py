@@ -270,8 +270,7 @@ class Strategy(ABC, Generic[ConfigT]):
         """Everything the strategy has learnt, for a checkpoint (:mod:`clbench.run.checkpoint`): every attribute except
         ``cfg`` and ``ctx`` (modules, heads, tensors, lists, objects of :attr:`state_types`). An attribute that is
         the context's frozen backbone (or its timm model) is a :class:`~clbench.files.safestate.ContextRef` to it, never
-        a
-        copy."""
+        a copy."""
         shared = _context_objects(self.ctx)
         return {
             name: ContextRef(shared[id(value)]) if id(value) in shared else value
@@ -327,8 +326,7 @@ def _context_objects(ctx: Context, by_name: bool = False) -> dict[int, str] | di
     """The run's own objects a state refers to instead of copying: the frozen backbone, its timm model and every
     sub-module of it (a strategy may keep the ViT's blocks). ``{id: name}``, or ``{name: object}`` with
     ``by_name``. A backbone built on first use (:class:`clbench.features.backbones.LazyBackbone`) and not built yet has
-    no
-    sub-module a saved state can refer to, so saving leaves it unbuilt; restoring (``by_name``) builds it."""
+    no sub-module a saved state can refer to, so saving leaves it unbuilt; restoring (``by_name``) builds it."""
     objects: dict[str, object] = {"backbone": ctx.backbone}
     unbuilt = not by_name and not getattr(ctx.backbone, "built", True)
     model = None if unbuilt else getattr(ctx.backbone, "model", None)

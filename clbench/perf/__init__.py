@@ -162,8 +162,7 @@ def from_strategy(strategy: str, name: str, item: Measurement | Callable[..., di
 def load(registry: Registry[Measurement], modules: tuple[str, ...], strategies: Registry[Any]) -> None:
     """Import the generic measurement ``modules`` (each registers its own into :data:`MEASUREMENTS`), then register
     every strategy's own (:meth:`~clbench.methods.contract.Strategy.perf_benchmarks`) into ``registry``; a name given
-    twice
-    raises."""
+    twice raises."""
     for module in modules:
         importlib.import_module(module)
     for strategy in strategies.names():

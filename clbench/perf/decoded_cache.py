@@ -1,12 +1,11 @@
 """``clbench perf decoded-cache``: what the decoded-image cache (:mod:`clbench.features.decoded`) saves a trained method
-per
-epoch: the seconds of one epoch of a task's training loader (decode, RandomResizedCrop + flip, to tensor, normalise,
-batches of the method's size, shuffled) with every image decoded on every read, against the same epoch from the
-cache after its first epoch filled it. Measured on the embedded benchmark's first task of the L2P quick profile (the
-run's own transforms, through the harness), from two kinds of source: the embedded arrays (already decoded, so the
-cache saves only the array-to-image step) and the same images written as PNG files of a folder benchmark (where a
-read decodes a file, as for ImageNet-R or any ``--bench folder``). The training step itself (forward and backward
-through the ViT) is the same with and without the cache; ``clbench perf train-step`` measures it.
+per epoch: the seconds of one epoch of a task's training loader (decode, RandomResizedCrop + flip, to tensor, normalise,
+batches of the method's size, shuffled) with every image decoded on every read, against the same epoch from the cache
+after its first epoch filled it. Measured on the embedded benchmark's first task of the L2P quick profile (the run's own
+transforms, through the harness), from two kinds of source: the embedded arrays (already decoded, so the cache saves
+only the array-to-image step) and the same images written as PNG files of a folder benchmark (where a read decodes a
+file, as for ImageNet-R or any ``--bench folder``). The training step itself (forward and backward through the ViT) is
+the same with and without the cache; ``clbench perf train-step`` measures it.
 """
 
 from __future__ import annotations

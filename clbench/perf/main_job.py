@@ -38,8 +38,8 @@ import json, sys, time
 t0 = time.perf_counter()
 import clbench.cli as cli
 import clbench.run.harness as harness, clbench.benchmarks as benchmarks, clbench.features.backbones as backbones
-import clbench.benchmarks.streams, clbench.methods.contract, clbench.features.transforms, clbench.ui,
-clbench.features.cache
+import clbench.benchmarks.streams, clbench.methods.contract, clbench.features.transforms, clbench.ui
+import clbench.features.cache
 phases = {"imports": time.perf_counter() - t0}
 built = []
 def timed(module, name, phase):

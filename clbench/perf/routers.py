@@ -1,6 +1,5 @@
 """``clbench perf routers``: seconds per image of every router's rule (:mod:`clbench.methods.routers`) at T modules,
-against
-one backbone forward pass per image, and the cost of fitting one task's routing statistics."""
+against one backbone forward pass per image, and the cost of fitting one task's routing statistics."""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ A record is written atomically after every task with ``complete: false`` and onc
 unfinished ones (:func:`read_record`). Code reads fields (``record.params.added_total``,
 ``record.summary("per-sample").last_acc``), never string keys; only the method-specific ``per_task[t].diagnostics``
 stays a free dict (its routing part is typed: :mod:`clbench.records.routing_diagnostics`). ``SCHEMA_VERSION`` changes
-when
-a field changes meaning; older readable versions are upgraded on load, others refused with a message. The file's
+when a field changes meaning; older readable versions are upgraded on load, others refused with a message. The file's
 layout is said once, by :class:`RunRecord`'s declaration (:func:`json_field`).
 """
 
@@ -128,8 +127,7 @@ def peak_rss_mb() -> float:
 # ------------------------------------------------------------------------------------------- the typed record
 # Version history. A record of version OLDEST_READABLE or later is upgraded on load (:data:`UPGRADES`: pure JSON). One
 # of versions 1 to 3 is refused with a message naming ``clbench records upgrade`` (:mod:`clbench.records.upgrade`),
-# which
-# rewrites it once: restating its parameter counts needs the method's code, and reading records imports none. One
+# which rewrites it once: restating its parameter counts needs the method's code, and reading records imports none. One
 # older than OLDEST_UPGRADABLE, or newer than SCHEMA_VERSION, is refused.
 #   1: fields were added without a version change (fingerprint, n_images, class_names, resumed_from_task,
 #      time_s.checkpoint, host details, precision_reason); records before ``--precision`` say ``autocast: true/false``
@@ -138,17 +136,14 @@ def peak_rss_mb() -> float:
 #      unknown) but ``protocol_gap``, ``finished``, ``training_warning`` and ``tracker_events``, written where set
 #      (the last two added later; a record without them means none). The JSON layout is version 1's.
 #   3: ``predictions`` names the run's per-image predictions file (clbench.records.predictions) with its sha256 and
-# size, or
-#      is null where the run kept none; every protocol's metrics add ``bwt``, ``ece``, ``last_acc_ci`` and
+#      size, or is null where the run kept none; every protocol's metrics add ``bwt``, ``ece``, ``last_acc_ci`` and
 #      ``avg_acc_ci``, written where known (the last three need predictions). Version-2 records lack them all.
 #   4: one parameter accounting for every method (:class:`clbench.methods.contract.ParamCounts`): ``params.added_*``
-# counts
-#      learned parameters only (heads included: TOSCA's head rows are in it now), ``params.stored_*`` the statistics
-#      kept (prototypes, means, covariances, Gram matrices, random projections), which versions 2 and 3 counted as
-#      added for SimpleCIL, EASE, APER, RanPAC (its W) and MOS. :func:`clbench.records.upgrade.upgrade_v3` restates an
-# older
-#      record through the strategy's :meth:`~clbench.methods.contract.Strategy.split_kept` (the split its live runs
-# use).
+#      counts learned parameters only (heads included: TOSCA's head rows are in it now), ``params.stored_*`` the
+#      statistics kept (prototypes, means, covariances, Gram matrices, random projections), which versions 2 and 3
+#      counted as added for SimpleCIL, EASE, APER, RanPAC (its W) and MOS. :func:`clbench.records.upgrade.upgrade_v3`
+#      restates an older record through the strategy's :meth:`~clbench.methods.contract.Strategy.split_kept` (the split
+#      its live runs use).
 #   5: ``train_per_class`` is a run setting (``--train-per-class``), written at the top level where set; version 4
 #      held it in ``strategy_config`` of the six methods that had it. :func:`_upgrade_v4` moves it out. Added later
 #      without a version change, written where known: ``data_fingerprint`` (train/test content digests; a record

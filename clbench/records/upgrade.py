@@ -4,8 +4,7 @@ Readers (reports, ``compare``, the gate, sweeps) read records of schema :data:`~
 and later and upgrade them on load; those upgrades are pure JSON (:data:`clbench.records.results.UPGRADES`). A record of
 schema 1 to 3 predates one parameter accounting: its ``params.added_per_task`` holds learned parameters and stored
 statistics together, and only the method's own rule, :meth:`~clbench.methods.contract.Strategy.split_kept` (the split
-its
-live runs count with), can part them. Readers refuse such a record and name this command, so that reading records
+its live runs count with), can part them. Readers refuse such a record and name this command, so that reading records
 never imports torch or a method; this command imports them, restates each old record once (:func:`upgrade_v3`) and
 rewrites it in place.
 

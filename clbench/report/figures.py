@@ -99,8 +99,7 @@ def _unique_runs(groups: Sequence[Sequence[Run]]) -> list[Run]:
 
 
 # One colour per strategy, the same in every figure and every report (``clbench.run.catalog.STRATEGY_LOOKS``); a name
-# not
-# listed there takes one of these colours by its digest.
+# not listed there takes one of these colours by its digest.
 PALETTE = (
     "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442",
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",

@@ -2,8 +2,7 @@
 
 Reads ``per_task[t].diagnostics.routers`` of records from strategies that choose a per-task module per image and
 record several rules from one trained run (``--set routers=a,b,c``, :mod:`clbench.methods.routers`). Every number is
-read
-from a record; the tables name the run each row comes from. ``clbench routing-study`` writes these tables (and,
+read from a record; the tables name the run each row comes from. ``clbench routing-study`` writes these tables (and,
 with ``--vary FIELD``, a table across runs that differ in one strategy setting) to a Markdown file with the figure.
 """
 

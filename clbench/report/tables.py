@@ -266,9 +266,8 @@ def protocol_routing_warning(record: Any, routing: RoutingDiagnostics, protocol:
     """The routing warning of one protocol's own module choices. Per-sample: the record's text (its router's
     collapse test, ``diagnostics.routing_warning``). Another protocol (e.g. the reference protocol's batch vote):
     the same collapse test (:func:`clbench.records.routing_diagnostics.collapse_warning`) on that protocol's
-    chosen-module
-    counts, against the test images' true tasks (the rows of the router study's confusion counts; in records without
-    them, each task's share of the classes)."""
+    chosen-module counts, against the test images' true tasks (the rows of the router study's confusion counts; in
+    records without them, each task's share of the classes)."""
     from clbench.records.routing_diagnostics import collapse_warning
 
     if protocol == "per-sample":

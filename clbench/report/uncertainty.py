@@ -2,15 +2,14 @@
 
 A row of one run gets the stratified image-bootstrap interval; a row of several seeds tested on the same images the
 seed-level one (a t interval over the seeds combined with the shared test-image noise, :mod:`clbench.evaluation.stats`).
-A
-protocol whose predictions depend on the test batch (a ``reference`` protocol: the record's strategy config names its
+A protocol whose predictions depend on the test batch (a ``reference`` protocol: the record's strategy config names its
 test-batch size, ``ref_eval_batch`` or ``eval_batch_size``; the batches are the seen test images class by class, in
-test-index order within a class, cut every that many images, as the harness forms them) is resampled by whole
-batches. Pairs are keyed by the full identity of both rows (benchmark, strategy variant, backbone with its
-precision, weights, protocol, seeds). A row whose runs lack predictions (records written before clbench kept
-them) gets no interval and a reason, never a made-up one. Two rows are paired (same benchmark and protocol) only
-when their runs have the same seeds, and per seed the same class order and test images; otherwise the pair is
-refused with what differs. A predictions file that does not match its record's digest stops the report.
+test-index order within a class, cut every that many images, as the harness forms them) is resampled by whole batches.
+Pairs are keyed by the full identity of both rows (benchmark, strategy variant, backbone with its precision, weights,
+protocol, seeds). A row whose runs lack predictions (records written before clbench kept them) gets no interval and a
+reason, never a made-up one. Two rows are paired (same benchmark and protocol) only when their runs have the same seeds,
+and per seed the same class order and test images; otherwise the pair is refused with what differs. A predictions file
+that does not match its record's digest stops the report.
 """
 
 from __future__ import annotations
@@ -164,8 +163,7 @@ def _row_interval(runs: list[Run], protocol: str, predicted: Predicted) -> RowIn
 
 def fmt_interval(value: float | None, interval: stats.Interval | None, nd: int = 2) -> str:
     """``28.66 ± 1.5`` (half the 95 % interval's width, to :data:`clbench.evaluation.stats.INTERVAL_DECIMALS`: the
-    second
-    decimal of a 10,000-resample bootstrap endpoint is Monte-Carlo noise) or the bare value where there is no
+    second decimal of a 10,000-resample bootstrap endpoint is Monte-Carlo noise) or the bare value where there is no
     interval."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return "-"

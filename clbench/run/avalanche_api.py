@@ -20,13 +20,12 @@ Same numbers as ``clbench run`` by construction: the strategy takes the CLI's ow
 ``backbone=``, ``seed=``, ``overrides=``, ...; ``help(ClbenchStrategy)`` lists them), and builds its backbone, input
 size, transforms and precision with the CLI's code (:func:`clbench.run.harness.resolve`, then
 :func:`clbench.run.harness.load_inputs`). The keywords are derived from RunConfig, not restated: a new RunConfig field
-is
-a new keyword, unless :data:`NOT_APPLICABLE` says why the stream decides it. An unknown keyword is refused with the
-valid ones and the closest; ``method=`` and ``settings=``, the earlier names of ``strategy=`` and ``overrides=``,
-still work with a DeprecationWarning. It reads each experience's *raw* images (the stream's transform groups
-removed) and applies the benchmark transform itself; a stream whose eval transform gives other tensors is refused.
-Frozen features are computed once per experience and cached on disk under the CLI's key fields
-(:func:`clbench.run.harness.feature_key`; ``data`` is the content digest of the experience's raw images).
+is a new keyword, unless :data:`NOT_APPLICABLE` says why the stream decides it. An unknown keyword is refused with the
+valid ones and the closest; ``method=`` and ``settings=``, the earlier names of ``strategy=`` and ``overrides=``, still
+work with a DeprecationWarning. It reads each experience's *raw* images (the stream's transform groups removed) and
+applies the benchmark transform itself; a stream whose eval transform gives other tensors is refused. Frozen features
+are computed once per experience and cached on disk under the CLI's key fields (:func:`clbench.run.harness.feature_key`;
+``data`` is the content digest of the experience's raw images).
 
 What a stream must be: class-incremental, with class ids in arrival order (experience 0 holds classes
 ``0..k0-1``, experience 1 the next ids, ...; ``nc_benchmark(..., class_ids_from_zero_from_first_exp=True)`` or

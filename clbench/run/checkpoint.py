@@ -22,8 +22,7 @@ the strategy's (named ``strategy.<n>``) and the RNG states (``rng.torch``, ``rng
   fingerprints, class order, task sizes): checked once the benchmark and backbone are loaded again.
 - ``tasks_done``: tasks learnt and evaluated; the run continues with task ``tasks_done``.
 - ``strategy``: :meth:`Strategy.save_state() <clbench.methods.contract.Strategy.save_state>`, the strategy's attributes
-as a
-  JSON tree naming the tensors (:mod:`clbench.files.safestate`).
+  as a JSON tree naming the tensors (:mod:`clbench.files.safestate`).
 - ``rng``: the global RNG states (numpy's and Python's as numbers; torch's as tensors) after the task's evaluation.
   Strategies otherwise draw from ``ctx.generator(salt)``, fixed per task.
 - ``logs``: per protocol, the accuracy rows and per-image predictions so far (:class:`ProtocolLogState`, which the
@@ -216,10 +215,9 @@ def _is_change(v: Any) -> bool:
 @dataclass
 class _SavedTaskEntry(TaskEntry):
     """What a per-task entry must be in a checkpoint (read as the :class:`~clbench.records.results.TaskEntry` it is):
-    its
-    number is required (the record's position gives it; here nothing does), and ``trained_change`` may be infinite
-    (only zero-initialised parts moved), which the record writes as null and the checkpoint keeps, so that a resumed
-    run ends with the record an uninterrupted one writes."""
+    its number is required (the record's position gives it; here nothing does), and ``trained_change`` may be infinite
+    (only zero-initialised parts moved), which the record writes as null and the checkpoint keeps, so that a resumed run
+    ends with the record an uninterrupted one writes."""
 
     task: int = json_field(COUNT, is_count, required=True)
     trained_change: float | None = json_field(

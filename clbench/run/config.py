@@ -6,9 +6,8 @@ the fields (:func:`add_run_flags`), so a new field is a new flag with no other e
 without a dependency). Building a RunConfig checks every field (type, range, choice) and raises
 a :class:`~clbench.errors.ClbenchError` naming the flag, the value and the fix. ``clbench run``, ``clbench sweep``,
 ``clbench run --resume`` and the Python API (``clbench.run.harness.run(RunConfig(...))``) therefore refuse the same
-values
-with the same message, before anything is loaded. ``None`` means "not given" (the benchmark's or strategy's default);
-zero is a value like any other and is refused where it makes no sense, never replaced by a default.
+values with the same message, before anything is loaded. ``None`` means "not given" (the benchmark's or strategy's
+default); zero is a value like any other and is refused where it makes no sense, never replaced by a default.
 
 The ``--set`` parsing of strategy settings (:func:`make_strategy_config`) lives here too: strings to the types of the
 strategy's config dataclass, then the dataclass's own checks. Names (strategy, benchmark, backbone) and what depends on

@@ -965,8 +965,7 @@ def host_info() -> Host:
 
 def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) -> None:
     """``features.npz`` for the report's t-SNE figure (:mod:`clbench.features.embeddings`): a fixed subsample of the
-    test
-    images, their frozen features and what the method's classifier scores, reduced and fp16."""
+    test images, their frozen features and what the method's classifier scores, reduced and fp16."""
     from clbench.features import embeddings
     from clbench.files.atomic import atomic_write_bytes
 
