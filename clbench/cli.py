@@ -120,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif args.strategy is None:
         raise ClbenchError("clbench run needs --strategy", "or --resume DIR to continue an unfinished run")
     else:
-        from clbench.run.catalog import check_run
+        from clbench.run.precheck import check_run
 
         cfg = RunConfig(**values)
         check_run(cfg)  # every name, profile and --set key from the cards: a mistake costs no torch import
@@ -209,9 +209,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _check_sweep(spec: Any) -> None:
-    """Every run of the sweep ``spec`` checked from the catalog and the cards (:func:`clbench.run.catalog.check_run`)
+    """Every run of the sweep ``spec`` checked from the catalog and the cards (:func:`clbench.run.precheck.check_run`)
     before torch is imported: a misspelt name, profile or ``--set`` key is refused at once."""
-    from clbench.run.catalog import check_run
+    from clbench.run.precheck import check_run
     from clbench.sweep.plan import make_plan
 
     checked = set()
@@ -357,7 +357,7 @@ def _published():
 def _add_tune_args(p: argparse.ArgumentParser) -> None:
     from clbench.tune.command import add_args
 
-    add_args(p)
+    add_args(p, parse_key_value)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

@@ -381,12 +381,14 @@ def _tracker_link(command, tracker, folder_name):
 
 
 def _mlruns_link_in_cwd(t, made, m, needle):
+    """An mlruns/ link in the working folder: MLflow's store is the run folder's, never the working folder's, so the
+    run neither follows the link nor writes beside it."""
     m.delenv("MLFLOW_TRACKING_URI", raising=False)
     cwd = t / "cwd"
     cwd.mkdir()
     (cwd / "mlruns").symlink_to(victim_folder(t, "meta.yaml"))
     m.chdir(cwd)
-    return Case(run_argv(made["data"], t / "run") + ["--log", "mlflow"], needle)
+    return Case(run_argv(made["data"], t / "run") + ["--log", "mlflow"], needle, 0, (t / "run",), "out")
 
 
 def _run_folder_tensorboard_link(t, made, m, needle):
@@ -412,7 +414,7 @@ OUT_CASES = {
     "run-log-dir-wandb-link": (_tracker_link("run", "wandb", "wandb"), "wandb/ is a symbolic link"),
     "export-tensorboard-link": (_tracker_link("export", "tensorboard", "tensorboard"), "tensorboard/ is a symbolic"),
     "export-mlruns-link": (_tracker_link("export", "mlflow", "mlruns"), "mlruns/ is a symbolic link"),
-    "run-mlruns-link-in-cwd": (_mlruns_link_in_cwd, "mlruns/ is a symbolic link"),
+    "run-mlruns-link-in-cwd": (_mlruns_link_in_cwd, "/run/mlruns.db"),
     "run-log-dir-mlflow-database-link": (
         _tracker_link("run", "mlflow", "mlruns.db"),
         "is not a file clbench can use as MLflow's database",

@@ -268,7 +268,7 @@ def test_router_costs_runs_on_the_micro_vit():
 def test_routing_study_tables_come_from_the_record(tmp_path):
     from clbench.report.collect import collect
     from clbench.report.routing import router_rows
-    from clbench.report.study import write_study
+    from clbench.report.routing_study import write_study
     from clbench.report.tables import markdown_tables
     from clbench.run.harness import RunConfig, run
 

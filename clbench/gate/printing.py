@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from clbench.files.escape import rich as esc
 from clbench.gate.check import CHANGED, FAIL, MISSING, NOTE, OK, CheckResult, CheckRow
+from clbench.run.catalog import DEFAULT_STRATEGY
 
 STATUS_STYLE = {OK: "green", CHANGED: "bold magenta", FAIL: "bold red", MISSING: "bold red", NOTE: "yellow"}
 COLUMNS = (
@@ -70,7 +71,7 @@ def print_check(result: CheckResult, reference_path: str, console=None) -> None:
         console.print(f"[bold green]check passed[/]: {len(result.rows)} checks hold")
 
 
-CONTROL = "simplecil"  # the untrained control: the frozen backbone's features and class means, nothing trained
+CONTROL = DEFAULT_STRATEGY  # the untrained control: the frozen backbone's features and class means, nothing trained
 
 
 def margin_lines(runs: list) -> list[str]:

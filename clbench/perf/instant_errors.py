@@ -24,26 +24,44 @@ from typing import Any
 
 from clbench.perf import arg, measurement
 
+
+def _examples() -> tuple[str, str, str]:
+    """From the catalog (no method is named here): a strategy with an ``epochs`` setting, a misspelling of it one
+    letter off, and a strategy without the domain scenario."""
+    import dataclasses
+
+    from clbench.run.catalog import STRATEGIES, card
+    from clbench.run.scenario import declared_scenarios
+
+    names = STRATEGIES.names()
+    trained = next(n for n in names if "epochs" in {f.name for f in dataclasses.fields(card(n).Config)})
+    typo = trained[:-1] + ("x" if trained[-1] != "x" else "y")
+    class_only = next(n for n in names if n != trained and "domain" not in declared_scenarios(n))
+    return trained, typo, class_only
+
+
+S, TYPO, CLASS_ONLY = _examples()
 # (what is wrong, the command's arguments, a piece of the error or hint the user must see)
 WRONG_COMMANDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("strategy", ("run", "--strategy", "toska"), "did you mean 'tosca'"),
-    ("benchmark", ("run", "--strategy", "tosca", "--bench", "emojis"), "unknown benchmark 'emojis'"),
-    ("backbone", ("run", "--strategy", "tosca", "--backbone", "vit_tiny"), "unknown backbone 'vit_tiny'"),
-    ("profile", ("run", "--strategy", "tosca", "--profile", "quik"), "did you mean 'quick'"),
-    ("--set key", ("run", "--strategy", "tosca", "--set", "epochz=3"), "did you mean 'epochs'"),
-    ("--set value", ("run", "--strategy", "tosca", "--set", "epochs=many"), "expected a value of type int"),
-    ("scenario", ("run", "--strategy", "tosca", "--scenario", "domian"), "valid scenarios: class, domain"),
+    ("strategy", ("run", "--strategy", TYPO), f"did you mean '{S}'"),
+    ("benchmark", ("run", "--strategy", S, "--bench", "emojis"), "unknown benchmark 'emojis'"),
+    ("backbone", ("run", "--strategy", S, "--backbone", "vit_tiny"), "unknown backbone 'vit_tiny'"),
+    ("profile", ("run", "--strategy", S, "--profile", "quik"), "did you mean 'quick'"),
+    ("--set key", ("run", "--strategy", S, "--set", "epochz=3"), "did you mean 'epochs'"),
+    ("--set value", ("run", "--strategy", S, "--set", "epochs=many"), "expected a value of type int"),
+    ("scenario", ("run", "--strategy", S, "--scenario", "domian"), "valid scenarios: class, domain"),
     (
         "unsupported scenario",
-        ("run", "--strategy", "ease", "--bench", "emoji-domains", "--scenario", "domain"),
-        "ease does not support",
+        ("run", "--strategy", CLASS_ONLY, "--bench", "emoji-domains", "--scenario", "domain"),
+        f"{CLASS_ONLY} does not support",
     ),
-    ("setting as a flag", ("run", "--strategy", "tosca", "--epochs", "5"), "--set epochs=5"),
-    ("sweep flag", ("run", "--strategy", "tosca", "--seeds", "1993,1994"), "clbench sweep"),
+    ("setting as a flag", ("run", "--strategy", S, "--epochs", "5"), "--set epochs=5"),
+    ("sweep flag", ("run", "--strategy", S, "--seeds", "1993,1994"), "clbench sweep"),
     # a sweep refuses before it makes its folder: OUT is never created
-    ("sweep strategy", ("sweep", "--strategies", "tosca,toska", "--out", "never-made"), "did you mean 'tosca'"),
-    ("sweep --set key", ("sweep", "--strategies", "tosca,l2p", "--set", "epochz=3", "--out", "never-made"), "epochs"),
-)
+    ("sweep strategy", ("sweep", "--strategies", f"{S},{TYPO}", "--out", "never-made"), f"did you mean '{S}'"),
+    ("sweep --set key", ("sweep", "--strategies", f"{S},{CLASS_ONLY}", "--set", "epochz=3", "--out", "never-made"),
+     "epochs"),
+)  # fmt: skip
 # Run in the child: clbench's main, then whether torch was imported, on stderr's last line.
 PROBE = (
     "import sys\n"

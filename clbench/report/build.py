@@ -26,7 +26,8 @@ from clbench.files.atomic import atomic_write_bytes
 from clbench.files.safety import check_output_folder, folder_mark, load_json, mark_folder, owned_folder, starts_with
 from clbench.published import beside
 from clbench.report.collect import Collection, git_short
-from clbench.report.figures import FIG_DIR, FigureOut, accuracy_curves, make_figures, provenance, slug
+from clbench.report.figure_base import FIG_DIR, FigureOut, provenance, slug
+from clbench.report.figures import accuracy_curves, make_figures
 from clbench.report.leaderboard import Board
 from clbench.report.tables import (
     COST_NOTE,
@@ -304,7 +305,7 @@ def write_paper(board: Board, main: Collection, out_dir: Path, predicted: Any) -
     """``--latex-only``: the leaderboard (``leaderboard.tex``, ``leaderboard.csv``) and the main figure (PDF, SVG
     and a 300-dpi PNG) in ``out_dir``; nothing else."""
     from clbench.report.exports import table_csv
-    from clbench.report.figures import PAPER_DPI
+    from clbench.report.figure_base import PAPER_DPI
     from clbench.report.latex import leaderboard_latex
 
     written = Written(out_dir)

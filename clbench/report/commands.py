@@ -203,7 +203,7 @@ def add_routing_study_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_routing_study(args: argparse.Namespace) -> int:
     from clbench.report.collect import collect
-    from clbench.report.study import write_study
+    from clbench.report.routing_study import write_study
 
     path = write_study(collect(args.run_dirs), Path(args.out), args.vary, command=command_line())
     print(f"routing study -> {path}")

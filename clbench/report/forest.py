@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from clbench.report.collect import Collection
-    from clbench.report.figures import FigureOut
+    from clbench.report.figure_base import FigureOut
 
 SIGNIFICANT_COLOR = "#0072B2"  # Okabe-Ito blue: the adjusted test rejects at 5 %
 PLAIN_COLOR = "#7f7f7f"  # grey, open marker: it does not
@@ -80,7 +80,7 @@ def forest_plot(
     rejects at 5 %, open grey where not. ``family``: the correction, named once in the caption. None without a test."""
     import matplotlib
 
-    from clbench.report.figures import RC, _save, provenance
+    from clbench.report.figure_base import RC, _save, provenance
 
     sides = [(best, "best")] + ([(baseline, "baseline")] if baseline is not None and baseline != best else [])
     diffs = [(versus, what, differences(tests, versus)) for versus, what in sides]
@@ -210,7 +210,7 @@ def forest_of_pairs(
 ) -> FigureOut | None:
     """:func:`forest_plot` of paired rows already tested (``clbench compare``: every pair, or each against
     ``baseline``), with their own Holm-adjusted p: each row against the best row of ``coll`` and the baseline."""
-    from clbench.report.figures import _final
+    from clbench.report.figure_base import _final
     from clbench.report.leaderboard import needs_backbone, short_label
 
     groups = coll.acc_groups()
@@ -235,7 +235,7 @@ def tests_from_collection(
     makes them (:func:`clbench.report.uncertainty.paired_rows` against one strategy, Holm over each of the two
     families, per benchmark and protocol); returns (tests, best id, baseline id, labels ranked best first, the
     families' description)."""
-    from clbench.report.figures import _final
+    from clbench.report.figure_base import _final
     from clbench.report.leaderboard import needs_backbone, short_label
     from clbench.report.uncertainty import paired_rows
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from clbench.errors import ClbenchError
 from clbench.report.collect import AccKey, Collection, Run
+from clbench.report.labels import display_name, short_label
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,31 +56,6 @@ def is_reference_profile(profile: str | None) -> bool:
 
 
 SECTION_KINDS = ("budget", "profile", "ablation", "other", "group", "unassigned")
-
-
-def display_name(strategy: str) -> str:
-    """The strategy's name as a reader knows it (``clbench.run.catalog.STRATEGY_LOOKS``); a plug-in's as registered."""
-    from clbench.run.catalog import STRATEGY_LOOKS
-
-    return STRATEGY_LOOKS[strategy][0] if strategy in STRATEGY_LOOKS else strategy
-
-
-def short_label(key: AccKey, several_backbones: bool = False) -> str:
-    """``TOSCA``, ``TOSCA, reference protocol``, ``RanPAC epochs=300``: what a legend or a table row names."""
-    base, _, rest = key.strategy.partition(" ")
-    name, colon, profile = base.partition(":")
-    label = display_name(name) + (f":{profile}" if colon else "") + (f" {rest}" if rest else "")
-    if key.protocol != "per-sample":
-        label += f", {key.protocol} protocol"
-    if several_backbones:
-        label += f" ({key.backbone})"
-    return label
-
-
-def needs_backbone(keys: Sequence[AccKey]) -> bool:
-    """Whether short labels must name the backbone: two rows of one benchmark, strategy and protocol differ in it."""
-    slots = [(k.bench, k.strategy, k.protocol) for k in keys]
-    return len(set(slots)) < len(slots)
 
 
 @dataclass
@@ -475,7 +451,7 @@ def record_warnings(runs: Sequence[Run], protocol: str) -> dict[str, list[tuple[
 
 
 def _caption(study: Study, model: StudyModel, best: AccKey | None, warned: bool) -> str:
-    from clbench.report.tables import INTERVAL_NOTE
+    from clbench.report.tables import INTERVAL_NOTE, PAIRED_NOTE
 
     benches = sorted({k.bench for k in study.main})
     protocols = sorted({k.protocol for k in study.main})
@@ -504,12 +480,6 @@ def _caption(study: Study, model: StudyModel, best: AccKey | None, warned: bool)
 
 
 # How a pair's interval and p are made: said once, in every caption that prints one.
-PAIRED_NOTE = (
-    "one seed shared, the paired bootstrap over test images (10,000 resamples, within classes; by whole test "
-    "batches for a reference protocol), its percentile interval and the bootstrap p of the same draws; several "
-    "seeds, the seed-level t (per-seed differences plus the shared test-image variance) with the p solved from "
-    "the same interval. Either way the interval excludes 0 exactly when the unadjusted p < 0.05."
-)
 
 
 def study_sections(study: Study) -> list[Section]:

@@ -403,10 +403,17 @@ ECE_NOTE = (
 )
 
 
+# How a pair's interval and p are made, said once (the leaderboard's and the paired table's captions).
+PAIRED_NOTE = (
+    "one seed shared, the paired bootstrap over test images (10,000 resamples, within classes; by whole test "
+    "batches for a reference protocol), its percentile interval and the bootstrap p of the same draws; several "
+    "seeds, the seed-level t (per-seed differences plus the shared test-image variance) with the p solved from "
+    "the same interval. Either way the interval excludes 0 exactly when the unadjusted p < 0.05."
+)
+
+
 def pairs_intro(model: StudyModel) -> str:
     """The paired table's caption: what a difference is, the one procedure behind its interval and p, the family."""
-    from clbench.report.leaderboard import PAIRED_NOTE
-
     return (
         "Final accuracy of A minus B, points, on the same test images and the seeds both rows have, with its 95 % "
         f"interval and the two-sided p of the same procedure: {PAIRED_NOTE} A resampling p at its floor prints as "

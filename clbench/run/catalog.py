@@ -117,25 +117,6 @@ def check_profile(method: MethodCard, profile: str | None) -> None:
     )
 
 
-def check_run(cfg: Any) -> None:
-    """Every name and strategy setting of a fresh run (``cfg``: a :class:`clbench.run.config.RunConfig`) checked from
-    the catalog and the method's card, without importing torch or the method: the strategy, the benchmark, the
-    backbone, the scenario, the profile and the ``--set`` keys and values. ``clbench run`` calls it before it loads
-    anything, so that a mistake is refused at once; :func:`clbench.run.harness.resolve` checks the same again."""
-    from clbench.benchmarks.folder import with_data_domains
-    from clbench.run.config import make_strategy_config
-    from clbench.run.scenario import check_scenario
-
-    STRATEGIES.check(cfg.strategy)
-    spec = with_data_domains(BENCHMARKS.get(cfg.bench), cfg.data_root)  # a folder of domains declares them
-    if cfg.backbone is not None:
-        BACKBONES.check(cfg.backbone)
-    check_scenario(cfg.strategy, cfg.scenario, spec.domains, spec.name)
-    method = card(cfg.strategy)
-    check_profile(method, cfg.profile)
-    make_strategy_config(method, cfg.profile, cfg.overrides)
-
-
 def config_defaults(name: str) -> dict[str, Any]:
     """Setting name -> default of strategy ``name``'s settings that have a plain default (``{}`` for a name not
     registered here): what a record or reference written before a setting existed is read as holding."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,9 @@ HELP = (
 )
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    from clbench.cli import parse_key_value
-
+def add_args(p: argparse.ArgumentParser, parse_key_value: Callable[[str], tuple[str, str]]) -> None:
+    """``clbench tune``'s flags on ``p``; ``parse_key_value``: the command line's ``--set KEY=VALUE`` reader (passed
+    in: this module sits below the command line and does not import it)."""
     p.add_argument("--strategy", required=True, help="the method to tune (see `clbench list`)")
     p.add_argument("--bench", default="emoji", help="the tuning benchmark (default: %(default)s)")
     p.add_argument(
