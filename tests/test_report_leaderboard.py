@@ -18,7 +18,8 @@ import pytest
 
 from clbench.cli import build_parser
 from clbench.report.collect import collect
-from clbench.report.leaderboard import automatic, from_study_file, leaderboard, short_label
+from clbench.report.labels import short_label
+from clbench.report.leaderboard import automatic, from_study_file, leaderboard
 from clbench.report.uncertainty import Predicted
 
 REPO = Path(__file__).resolve().parent.parent

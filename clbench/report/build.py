@@ -346,7 +346,7 @@ def to_latex(df, caption: str) -> str:
     """A booktabs table of the compact columns (no jinja2 dependency), ranked by final accuracy, the best row in
     bold, strategies by the names readers know; a column every row shares (one backbone) is named in the caption
     instead of repeated. Needs ``\\usepackage{booktabs}`` (named in its first line)."""
-    from clbench.report.leaderboard import display_name
+    from clbench.report.labels import display_name
 
     cols = [c for c in LATEX_COLUMNS if c in df.columns]
     for shared in ("backbone", "protocol"):

@@ -206,7 +206,7 @@ def _line_label(key: AccKey, n: int, several_backbones: bool) -> str:
 
 def series_key(groups: dict[AccKey, list[Run]], keys: Sequence[AccKey]) -> list[dict[str, str]]:
     """The full identity of each series a figure labels shortly: the key table printed beside it."""
-    from clbench.report.leaderboard import needs_backbone, short_label
+    from clbench.report.labels import needs_backbone, short_label
 
     several = needs_backbone(keys)
     return [
@@ -301,7 +301,7 @@ def accuracy_curves(
     names them); short labels (the key table has the full identity of each line)."""
     import matplotlib
 
-    from clbench.report.leaderboard import needs_backbone, short_label
+    from clbench.report.labels import needs_backbone, short_label
     from clbench.report.uncertainty import Predicted, row_interval
 
     groups = coll.acc_groups()
@@ -557,7 +557,7 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-    from clbench.report.leaderboard import needs_backbone, short_label
+    from clbench.report.labels import needs_backbone, short_label
 
     groups = coll.acc_groups()
     benches = coll.benches()
@@ -639,7 +639,7 @@ def _phase_seconds(t: Times, phase: str) -> float:
 def _short_run_labels(keys: Sequence[Any]) -> list[str]:
     """``RanPAC``, ``TOSCA (bf16)``: a run group's method (display name and profile) and, where rows differ in them,
     the words of benchmark and backbone that tell them apart."""
-    from clbench.report.leaderboard import display_name
+    from clbench.report.labels import display_name
 
     def method(strategy: str) -> str:
         base, _, rest = strategy.partition(" ")
@@ -726,7 +726,7 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
     accuracy with the chosen modules against accuracy with each image's own task's module (oracle)."""
     import matplotlib
 
-    from clbench.report.leaderboard import display_name
+    from clbench.report.labels import display_name
 
     groups = {k: [r for r in runs if routing_protocols(r)] for k, runs in coll.run_groups().items()}
     groups = {k: runs for k, runs in groups.items() if runs}
@@ -950,7 +950,7 @@ def tsne(
     test images, t-SNE settings and seed in every panel. Returns figures and notes (which rows have none, why)."""
     import matplotlib
 
-    from clbench.report.leaderboard import short_label
+    from clbench.report.labels import short_label
 
     rows = coll if main is None else main
     figures: list[FigureOut] = []

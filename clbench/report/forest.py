@@ -182,7 +182,7 @@ class _Pair:
 def pairs_of(rows: Sequence[Any], several: bool) -> list[_Pair]:
     """Paired rows (:class:`clbench.report.uncertainty.PairRow`) with a test, as :class:`PairTestLike` tests whose ids
     and labels are the rows' short labels; the adjusted p and verdict are the rows' own (Holm)."""
-    from clbench.report.leaderboard import short_label
+    from clbench.report.labels import short_label
     from clbench.report.uncertainty import ALPHA
 
     return [
@@ -211,7 +211,7 @@ def forest_of_pairs(
     """:func:`forest_plot` of paired rows already tested (``clbench compare``: every pair, or each against
     ``baseline``), with their own Holm-adjusted p: each row against the best row of ``coll`` and the baseline."""
     from clbench.report.figure_base import _final
-    from clbench.report.leaderboard import needs_backbone, short_label
+    from clbench.report.labels import needs_backbone, short_label
 
     groups = coll.acc_groups()
     several = needs_backbone(list(groups))
@@ -236,7 +236,7 @@ def tests_from_collection(
     families, per benchmark and protocol); returns (tests, best id, baseline id, labels ranked best first, the
     families' description)."""
     from clbench.report.figure_base import _final
-    from clbench.report.leaderboard import needs_backbone, short_label
+    from clbench.report.labels import needs_backbone, short_label
     from clbench.report.uncertainty import paired_rows
 
     groups = coll.acc_groups()

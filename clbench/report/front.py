@@ -115,7 +115,7 @@ def sentence(model: Study) -> str:
 
 def results_block(model: Study) -> str:
     """The Markdown between the markers (module docstring)."""
-    from clbench.report.leaderboard import display_name
+    from clbench.report.labels import display_name
 
     rows = front_rows(model)
     base_name = display_name(model.baseline_strategy) if model.baseline_strategy else None
