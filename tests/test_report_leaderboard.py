@@ -222,7 +222,10 @@ def _capture_figures(monkeypatch) -> list:
         made.append((args[1], fig))
         return save(fig, *args, **kwargs)
 
-    monkeypatch.setattr(figures, "_save", keep)
+    from clbench.report import figure_base
+
+    monkeypatch.setattr(figures, "_save", keep)  # the report's figures
+    monkeypatch.setattr(figure_base, "_save", keep)  # the forest plot's (clbench.report.forest reads it there)
     return made
 
 
