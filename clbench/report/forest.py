@@ -94,6 +94,8 @@ def forest_plot(
         from matplotlib.lines import Line2D
 
         fig = Figure(figsize=(10.0, 1.2 + 0.3 * len(order)), layout="constrained")
+        # a margin round the canvas: the longest row label (a method with its profile) otherwise touches its edge
+        fig.get_layout_engine().set(w_pad=0.15, h_pad=0.1)
         axes = fig.subplots(1, len(diffs), sharey=True, squeeze=False)[0]
         for ax, (versus, what, d) in zip(axes, diffs, strict=True):
             ax.axvline(0, color="black", lw=0.8)
