@@ -31,6 +31,12 @@ def cache_subdir(name: str, create: bool = True, root: Path | None = None) -> Pa
     return owned_folder(cache_dir() if root is None else Path(root), name, "cache folder", create=create)
 
 
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; returns ``path``."""
+    atomic_write_bytes(path, text.encode())
+    return path
+
+
 def atomic_write_json(path: Path, obj: Any, *, standard: bool = False) -> None:
     """``obj`` as indented JSON, written atomically. ``standard``: every NaN or infinity written as null (standard
     JSON has neither; Python's ``json`` would write the non-standard ``NaN`` that jq, JavaScript and most other

@@ -22,7 +22,7 @@ import pandas as pd
 
 from clbench.errors import ClbenchError
 from clbench.files import escape as text
-from clbench.files.atomic import atomic_write_bytes
+from clbench.files.atomic import atomic_write_text
 from clbench.files.safety import check_output_folder, folder_mark, load_json, mark_folder, owned_folder, starts_with
 from clbench.published import beside
 from clbench.report.collect import Collection, git_short
@@ -53,9 +53,7 @@ class Written:
     figures: list[FigureOut] = field(default_factory=list)
 
 
-def _write_text(path: Path, text: str) -> Path:
-    atomic_write_bytes(path, text.encode())
-    return path
+_write_text = atomic_write_text  # every text file of a report, written whole or not at all
 
 
 def _meta(coll: Collection, command: str | None) -> str:

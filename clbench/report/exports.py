@@ -172,11 +172,7 @@ def write_compare_exports(
     the summary table's records (``table``), the pairs table's (``pairs``), how it was made and, given ``study``
     (:meth:`clbench.report.study.Study.to_dict`), the study's rows, family and tests at full precision; returns the
     paths written."""
-    from clbench.files.atomic import atomic_write_bytes
-
-    def _write_text(path: Path, text: str) -> Path:
-        atomic_write_bytes(path, text.encode())
-        return path
+    from clbench.files.atomic import atomic_write_text as _write_text
 
     files = [_write_text(out_dir / "compare.csv", table_csv(table))]
     if len(pairs):
