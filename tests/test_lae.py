@@ -155,3 +155,74 @@ def test_bad_settings_are_refused():
     for bad in ({"pet": "vpt"}, {"rules": "paper"}, {"ema_decay": 1.0}, {"blocks": ""}, {"prefix_length": 0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             LAEConfig(**bad)
+
+
+# ----------------------------------------------------------------------------------------------- golden
+# tests/reference_golden/README.md, "lae.safetensors": PILOT 5240714 backbone/vit_lae.py's own Block, Prefix, Adapter
+# and KVLoRA, timm's ModelEmaV2 (the authors' offline update) and models/lae.py's ensemble, on fixed tiny inputs.
+RTOL, ATOL = 1e-5, 1e-5
+
+
+@pytest.fixture(scope="module")
+def golden():
+    from safetensors.torch import load_file
+
+    return load_file(GOLDEN)
+
+
+def reference_block(g):
+    from timm.models.vision_transformer import Block
+
+    block = Block(dim=16, num_heads=4, qkv_bias=True)
+    block.load_state_dict({k[len("in.block.") :]: v for k, v in g.items() if k.startswith("in.block.")})
+    return block.eval()
+
+
+def test_matches_the_reference_block_with_each_pet(golden):
+    g = golden
+    block, x = reference_block(g), g["in.x"]
+    gen = torch.Generator().manual_seed(0)
+    prefix = PrefixPET(3, 16, gen)
+    adapter = AdapterPET(16, 5, gen)
+    lora = LoRAPET(16, 5, gen)
+    with torch.no_grad():
+        prefix.key.copy_(g["in.prefix.key"])
+        prefix.val.copy_(g["in.prefix.val"])
+        prefix.key_scale.copy_(g["in.prefix.key_scale"])
+        prefix.val_scale.copy_(g["in.prefix.val_scale"])
+        adapter.down_weight.copy_(g["in.adapter.layer.0.weight"])
+        adapter.down_bias.copy_(g["in.adapter.layer.0.bias"])
+        adapter.up_weight.copy_(g["in.adapter.layer.2.weight"])
+        adapter.up_bias.copy_(g["in.adapter.layer.2.bias"])
+        adapter.scale.copy_(g["in.adapter.layer.3.scale"])
+        for i in range(2):
+            lora.A[i].copy_(g[f"in.lora.lora_A.{i}"])
+            lora.B[i].copy_(g[f"in.lora.lora_B.{i}"])
+            lora.scale[i].copy_(g[f"in.lora.scale.{i}.scale"])
+        assert torch.allclose(pet_block(block, x, None), g["out.plain"], rtol=RTOL, atol=ATOL)
+        for name, pet in (("prefix", prefix), ("adapter", adapter), ("lora", lora)):
+            got = pet_block(block, x, pet)
+            assert torch.allclose(got, g[f"out.{name}"], rtol=RTOL, atol=ATOL), name
+
+
+def test_matches_the_reference_offline_average_and_ensemble(golden, backbone):
+    g = golden
+    cfg = replace(SMALL, prefix_length=3, blocks="0", ema_decay=0.9)
+    s = LAE(cfg, ctx_for(backbone))
+    s.online = torch.nn.ModuleList([PrefixPET(3, 16, torch.Generator().manual_seed(0))])
+    names = ("key", "val", "key_scale", "val_scale")
+    with torch.no_grad():
+        for n in names:
+            getattr(s.online[0], n).copy_(g[f"in.ema.start.{n}"])
+        s.offline = s._copy(s.online)
+        for step in range(3):
+            for n in names:
+                getattr(s.online[0], n).copy_(g[f"in.ema.online{step}.{n}"])
+            s.ema_update()
+    for n in names:
+        assert torch.allclose(getattr(s.offline[0], n), g[f"out.ema.{n}"], rtol=RTOL, atol=ATOL), n
+    # the ensemble: clbench's log-space max gives the log of the reference's max of softmaxes
+    on, off = g["in.logits_online"], g["in.logits_offline"]
+    ours = torch.maximum(F.log_softmax(on, dim=1), F.log_softmax(off, dim=1))
+    assert torch.allclose(ours.exp(), g["out.ensemble"], rtol=RTOL, atol=ATOL)
+    assert torch.equal(ours.argmax(dim=1), g["out.ensemble_pred"])
