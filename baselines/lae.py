@@ -234,7 +234,8 @@ class LAE(Strategy):
         self.head.grow(task.n_seen, ctx.generator(1000 + t))
         with torch.no_grad():  # SimpleLinear.reset_parameters: kaiming_uniform(nonlinearity="linear"), bias 0
             bound = math.sqrt(3.0 / self.head.weight.shape[1])
-            self.head.weight[old:].uniform_(-bound, bound, generator=ctx.generator(1500 + t))
+            rows = torch.empty(task.n_seen - old, self.head.weight.shape[1])
+            self.head.weight[old:] = rows.uniform_(-bound, bound, generator=ctx.generator(1500 + t)).to(dev)
         self.n_seen = task.n_seen
         params = [*self.head.parameters(), *self.online.parameters()]
         optimizer = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)  # re-created per task

@@ -697,6 +697,29 @@ def _hide_prompt_mutations() -> None:
 
 _hide_prompt_mutations()
 
+
+# ----------------------------------------------------------------------------------------------- LAE
+def _lae_mutations() -> None:
+    import baselines.lae as lae_mod
+
+    def online_only(self, images):  # the ensemble drops the offline module
+        return F.log_softmax(self._forward(images, self.online)[:, : self.n_seen], dim=1)
+
+    MUTATIONS["lae-offline-never-averaged"] = Mutation(
+        "lae",
+        "the offline module stays where it started (no moving-average step)",
+        lambda: mock.patch.object(lae_mod.LAE, "ema_update", lambda self: None),
+    )
+    MUTATIONS["lae-ensemble-online-only"] = Mutation(
+        "lae",
+        "inference scores with the online module alone",
+        lambda: mock.patch.object(lae_mod.LAE, "scores", online_only),
+    )
+    SELECTIONS["lae"] = (("tests/test_lae.py",), "lae")
+
+
+_lae_mutations()
+
 _active: list[contextlib.AbstractContextManager] = []
 
 

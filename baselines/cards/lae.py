@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from clbench.layers.checks import block_list, check_lr
 from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import MethodCard
+from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_SHAPE
 
 PETS = ("prefix", "adapter", "lora")
@@ -72,7 +72,7 @@ class LAEConfig:
 # offline module (0.9999 would keep it at its start).
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
-    "quick": {"img_size": 112, "epochs": 2, "num_freeze_epochs": 1, "batch_size": 32},
+    "quick": {**QUICK_INPUT, "epochs": 2, "num_freeze_epochs": 1, "batch_size": 32},
     "ci": {**CI_SHAPE, "epochs": 3, "num_freeze_epochs": 1, "batch_size": 16, "train_per_class": 16, "ema_decay": 0.9},
 }
 
