@@ -1,5 +1,5 @@
-"""LAE: mechanics on the tiny random ViT (the golden check against PILOT's own classes is
-tests/test_reference_golden.py's ``lae`` cases, here too: ``test_matches_the_reference_*``).
+"""LAE: mechanics on the tiny random ViT, and the golden check against PILOT's own classes
+(``test_matches_the_reference_*``, fixture tests/reference_golden/lae.safetensors).
 
 Every test states an invariant from the paper / reference code (a zero PET is the plain block, the prefix
 compensation, the offline moving average and its start, the freeze epochs, the ensemble's max, per-sample predictions,
