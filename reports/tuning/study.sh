@@ -14,6 +14,9 @@ for m in $METHODS; do
     fixed=(--set first_session=false)  # RanPAC without Phase 1: cached-feature trials
     space=(--space "$OUT/ranpac-space.yaml")  # M only, up to 4000 (the file says why)
   fi
+  # L2P at a short budget (every run of its three, defaults included): the cached query (profile quick), the first
+  # 16 training images of each class, 2 epochs; its lr only (the card's space). Run with TRIALS=6
+  [ "$m" = l2p ] && fixed=(--profile quick --train-per-class 16 --set epochs=2)
   if [ ! -f "$OUT/runs/$m-defaults/result.json" ]; then
     clbench run --strategy "$m" --bench emoji "${fixed[@]}" --out "$OUT/runs/$m-defaults" --overwrite
   fi
