@@ -36,12 +36,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from clbench.errors import ClbenchError
-
-if TYPE_CHECKING:
-    from clbench.tune.study import TuneRequest
 
 
 @dataclass(frozen=True)
@@ -103,13 +100,24 @@ def _env() -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class StudyHooks:
+    """What :func:`run_trials` takes from the study (:mod:`clbench.tune.study`, which calls it): a trial's run
+    (``config(req, number, params)``), the record's summary field that is the trial's value, the count of finished
+    trials and the best value so far (each of the study)."""
+
+    config: Callable[[Any, int, dict[str, Any]], Any]
+    objective: str
+    finished: Callable[[Any], int]
+    best_value: Callable[[Any], float | None]
+
+
 def run_trials(
-    study: Any,
-    req: TuneRequest,
-    finished: Callable[[Any], int],
+    study: Any,  # an optuna.Study
+    req: Any,  # a clbench.tune.study.TuneRequest
+    hooks: StudyHooks,
     log: Callable[[str], None],
     advance: Callable[[int, float | None], None] | None,
-    best_value: Callable[[Any], float | None],
     seconds: list[float],
 ) -> None:
     """Ask, submit and tell trials until ``req.trials`` have finished, up to the backend's number at once."""
@@ -118,7 +126,8 @@ def run_trials(
     from clbench.records.results import load_record
     from clbench.run.harness import resolve
     from clbench.sweep.worker import WorkerPayload
-    from clbench.tune.study import OBJECTIVE, trial_config
+
+    finished, best_value = hooks.finished, hooks.best_value
 
     backend, at_once = _backend(req.where)
     log(f"trials run through the {req.where.backend} backend, {at_once} at once (not pruned)")
@@ -146,7 +155,7 @@ def run_trials(
             while len(in_flight) < at_once and finished(study) + len(in_flight) < req.trials:
                 trial = study.ask()
                 params = {k: d.suggest(trial) for k, d in req.space.items()}
-                cfg = trial_config(resolved, trial.number, params)
+                cfg = hooks.config(resolved, trial.number, params)
                 try:
                     fingerprint = resolve(cfg).fingerprint  # a bad setting fails here, as in a trial run here
                 except ClbenchError as e:
@@ -184,7 +193,7 @@ def run_trials(
                         if outcome.started_at is not None and outcome.finished_at is not None:
                             seconds.append(outcome.finished_at - outcome.started_at)  # in the worker, one clock
                         del in_flight[run_id]
-                        value = getattr(summary, OBJECTIVE)
+                        value = getattr(summary, hooks.objective)
                         if value is None:
                             log(f"trial {trial.number} finished without a validation accuracy")
                             study.tell(trial, state=TrialState.FAIL)

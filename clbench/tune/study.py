@@ -223,9 +223,9 @@ def run_study(
     if done:
         log(f"continuing the study in {req.out}: {done} of {req.trials} trials finished")
     if not req.where.in_process:
-        from clbench.tune.parallel import run_trials
+        from clbench.tune.parallel import StudyHooks, run_trials
 
-        run_trials(study, req, _finished, log, advance, _best_value, seconds)
+        run_trials(study, req, StudyHooks(trial_config, OBJECTIVE, _finished, _best_value), log, advance, seconds)
         return _write_outcome(study, req, seconds)
     while (done := _finished(study)) < req.trials:
         study.optimize(objective, n_trials=1, catch=(ClbenchError,))
