@@ -115,8 +115,9 @@ def test_a_study_killed_with_trials_in_flight_continues_them(tmp_path):
         proc.wait()
     assert killed is not None, "the kill never landed"
     before = _trials(out)
+    # a trial killed between its ask and its draws has no settings to try again: it is only marked failed
     cut = [t for t in before if t.state.name == "RUNNING"]
-    assert cut
+    assert any(t.params for t in cut), [(t.number, t.state.name, t.params) for t in before]
     assert _cli(argv) == 0
     after = _trials(out)
     for t in before:
@@ -124,7 +125,8 @@ def test_a_study_killed_with_trials_in_flight_continues_them(tmp_path):
             assert after[t.number].value == t.value and after[t.number].state.name == "COMPLETE"
     for t in cut:  # marked failed, and their settings run again under new numbers
         assert after[t.number].state.name == "FAIL" and after[t.number].user_attrs["interrupted"]
-        assert any(u.params == t.params and u.number > t.number and u.state.name == "COMPLETE" for u in after)
+        again = [u for u in after if u.params == t.params and u.number > t.number and u.state.name == "COMPLETE"]
+        assert again or not t.params, [(u.number, u.state.name, u.params) for u in after]
     assert sum(t.state.name == "COMPLETE" for t in after) == 4
     _check_records(out, after)
 
@@ -157,6 +159,7 @@ def test_ray_backend_without_ray_says_how_to_install_it(tmp_path, capsys, monkey
     [
         (["--ray-address", "127.0.0.1:1"], "--ray-address is for --backend ray"),
         (["--jobs", "0"], "--jobs 0: expected 1 or more"),
+        (["--cpus-per-run", "2"], "--cpus-per-run is for trials run at once"),
     ],
 )
 def test_bad_backend_flags_are_refused_before_the_study_starts(tmp_path, capsys, flags, message):
@@ -164,3 +167,55 @@ def test_bad_backend_flags_are_refused_before_the_study_starts(tmp_path, capsys,
     assert _cli([*ARGV, "--trials", "2", "--out", str(out), *flags]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.full
+def test_trials_run_on_a_ray_cluster_at_its_address(tmp_path, capsys):
+    """Full tier, as the sweep's cluster test: the default tier carries the Ray path with a local Ray."""
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed: pip install -e '.[test]' installs it")
+    import socket
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_bin = Path(sys.executable).parent / "ray"
+    # `--block` keeps `ray start` in the foreground: terminating it stops this cluster only, not the user's others.
+    head = subprocess.Popen(
+        [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1"]
+        + ["--include-dashboard=false", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
+    out = tmp_path / "study"
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the head's GCS port answers once the cluster is up
+            assert head.poll() is None and time.monotonic() < deadline, "ray start --head failed"
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        argv = [*ARGV, "--trials", "3", "--out", str(out), "--backend", "ray", "--ray-address", f"127.0.0.1:{port}"]
+        code = _cli(argv)
+    finally:
+        head.terminate()
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
+    text = " ".join(capsys.readouterr().out.split())
+    assert code == 0, text
+    where = f"as many trials as its CPUs hold at once on 127.0.0.1:{port}"
+    assert f"cost of the study: 3 trials, {where}" in text  # the cluster's CPUs decide
+    assert "trials run through the ray backend, 2 at once (not pruned)" in text  # its 2 CPUs, 1 per trial
+    trials = _trials(out)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3
+    _check_records(out, trials)
+    summary = json.loads((out / "tuning.json").read_text())
+    assert (
+        summary["search"]["trials_at_once_this_session"]
+        == f"as many trials as its CPUs hold at once on 127.0.0.1:{port}"
+    )

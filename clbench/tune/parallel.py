@@ -2,7 +2,7 @@
 worker processes on this machine, or Ray tasks (``--backend ray``, on a local Ray or the cluster at
 ``--ray-address``). Each trial is submitted as the sweep submits a run (:func:`clbench.sweep.worker.execute` with a
 :class:`~clbench.sweep.worker.WorkerPayload`), so it is the same ordinary record in ``OUT/trials/`` and a crashed or
-pre-empted worker is started again from the trial's checkpoint (``--retries``, as in a sweep).
+pre-empted worker is started again from the trial's checkpoint (twice at most: a sweep's default ``--retries``).
 
 Optuna's ask-and-tell interface keeps the study in this process: a trial's settings are drawn here
 (``study.ask``), its run executes in a worker, and its validation accuracy is told here (``study.tell``) when the
@@ -63,6 +63,8 @@ class Where:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ClbenchError(f"--{name.replace('_', '-')} {value}: expected 1 or more")
+        if self.in_process and self.cpus_per_run is not None:
+            raise ClbenchError("--cpus-per-run is for trials run at once", "add --jobs N (or --backend ray)")
 
     @property
     def in_process(self) -> bool:
