@@ -155,6 +155,11 @@ def test_the_card_declares_the_space_and_a_yaml_file_overrides_it(tmp_path):
     space = search_space("acil", str(f))
     assert (space["gamma"].low, space["gamma"].high, space["gamma"].log) == (0.5, 2.0, False)
     assert space["solver"].choices == ("auto", "recursive") and "M" in space
+    f.write_text("gamma: null\n")  # left out of the search
+    assert list(search_space("acil", str(f))) == ["M"]
+    f.write_text("gama: null\n")
+    with pytest.raises(ClbenchError, match="acil has no setting 'gama'"):
+        search_space("acil", str(f))
     f.write_text("gama: [0.5, 2.0]\n")
     with pytest.raises(ClbenchError, match="acil has no setting 'gama'"):
         search_space("acil", str(f))

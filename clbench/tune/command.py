@@ -40,6 +40,18 @@ def add_args(p: argparse.ArgumentParser, parse_key_value: Callable[[str], tuple[
         help="a strategy setting every trial takes (e.g. a short budget: --set epochs=2); not searched",
     )
     p.add_argument("--no-pruner", dest="pruner", action="store_false", help="run every trial to its last task")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="trials at once (local: N worker processes, as clbench sweep; ray: default as many as the cluster's "
+        "CPUs hold); trials run at once are not pruned. Default: one at a time in this process",
+    )
+    p.add_argument(
+        "--backend", choices=("local", "ray"), default="local", help="where trials run at once (default: local)"
+    )
+    p.add_argument("--ray-address", metavar="HOST:PORT", help="ray: an existing cluster (default: a local Ray)")
+    p.add_argument("--cpus-per-run", type=int, metavar="N", help="CPUs (torch threads) per trial run at once")
     for flag, kind, what in (
         ("--backbone", str, "backbone (default: the benchmark's)"),
         ("--weights", str, "weights source (default: auto)"),
@@ -120,9 +132,21 @@ def estimate(strategy: str, base: Any) -> str:
     return f"cost per trial (the card's model at the defaults): {frozen}{train_passes}; {tasks} tasks"
 
 
+def study_cost(trials: int, where: Any) -> str:
+    """The study's length in trial durations: ``trials`` one after another, or in rounds of the trials run at once."""
+    if where.in_process:
+        return f"cost of the study: {trials} trials one after another, {where.describe()}"
+    at_once = where.jobs
+    if at_once is None:  # Ray without --jobs: the cluster's CPUs decide, known once it is reached
+        return f"cost of the study: {trials} trials, {where.describe()}"
+    rounds = -(-trials // at_once)
+    return f"cost of the study: {trials} trials, {where.describe()}: wall time about {rounds} x one trial's"
+
+
 def main(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from clbench.tune.parallel import Where
     from clbench.tune.space import search_space
     from clbench.tune.study import TuneRequest, run_study
 
@@ -131,11 +155,13 @@ def main(args: argparse.Namespace) -> int:
     space = search_space(args.strategy, args.space)
     base = _base(args)
     out = Path(args.out) if args.out else Path("tune") / f"{args.strategy}-{args.bench}"
-    req = TuneRequest(args.strategy, space, args.trials, base, out, args.pruner, tuple(args.overrides))
+    place = Where(args.backend, args.jobs, args.ray_address, args.cpus_per_run)
+    req = TuneRequest(args.strategy, space, args.trials, base, out, args.pruner, tuple(args.overrides), place)
     where = f"{args.bench} (its first {args.classes} classes)" if args.classes else args.bench
     print(f"tuning {args.strategy} on the validation split ({args.validation:g}) of {where}: {args.trials} trials")
     print("search space: " + ", ".join(f"{k} {d.to_json()}" for k, d in space.items()))
     print(estimate(args.strategy, base))
+    print(study_cost(args.trials, place))
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False
     ) as bar:

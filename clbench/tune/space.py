@@ -7,7 +7,8 @@ The space is declared on the method's card (``MethodCard.tune_space``), as data 
 A pair or triple of numbers is a range ``(low, high[, log])``, drawn as the setting's type (an ``int`` setting gives
 integers); a tuple of strings or booleans is a set of choices. A YAML file (``--space FILE.yaml``) overrides it with
 the same shapes: ``shrinkage: [1.0e-6, 0.5, log]``, ``M: {low: 1024, high: 16384, log: true}``,
-``head: {choices: [plain, cosine]}``; a setting the file names replaces the card's, the others stay.
+``head: {choices: [plain, cosine]}``; a setting the file names replaces the card's, the others stay, and
+``lr: null`` leaves the card's ``lr`` out of the search (it keeps its default, or its ``--set`` value).
 """
 
 from __future__ import annotations
@@ -101,6 +102,12 @@ def search_space(strategy: str, path: str | None = None) -> dict[str, Dimension]
         data = load(path)
         data = data.get(strategy, data) if isinstance(data.get(strategy), dict) else data
         for k, v in data.items():
+            if v is None:  # `KEY: null`: not searched
+                if str(k) not in hints:
+                    valid = ", ".join(sorted(hints))
+                    raise ClbenchError(f"--space {path}: {strategy} has no setting {k!r}", f"name one of: {valid}")
+                space.pop(str(k), None)
+                continue
             space[str(k)] = _dimension(strategy, str(k), v, hints, f"--space {path}")
     if not space:
         raise ClbenchError(

@@ -7,9 +7,10 @@ categorical settings; its median pruner stops a trial whose validation accuracy 
 of earlier trials at that task (each task is one report); and its journal storage is one append-only file that a
 crashed study continues from. Ray Tune adds a cluster scheduler this study does not need.
 
-The trials run one after another, in this process: a closed-form head on cached features is seconds per trial, and
-the frozen features are computed once for the whole study (the feature cache). Trials run through
-:func:`clbench.run.harness.run`, as ``clbench run`` does.
+By default the trials run one after another, in this process: a closed-form head on cached features is seconds per
+trial, and the frozen features are computed once for the whole study (the feature cache). Trials run through
+:func:`clbench.run.harness.run`, as ``clbench run`` does. With ``--jobs N`` or ``--backend ray`` they run at once
+through the sweep's backends (:mod:`clbench.tune.parallel`, which says what stays deterministic then).
 
 Resuming: the study lives in ``OUT/study.journal``. Running the same command again continues it up to ``--trials``
 finished trials; a trial the crash cut off is marked failed and its settings are tried again first. The request
@@ -29,6 +30,7 @@ from typing import Any
 from clbench.errors import ClbenchError, setting
 from clbench.run.config import RunConfig
 from clbench.run.harness import Reporter
+from clbench.tune.parallel import Where
 from clbench.tune.space import Dimension, as_setting, defaults_in
 from clbench.tune.summary import SUMMARY_FILE, write_summary
 
@@ -67,6 +69,7 @@ class TuneRequest:
     out: Path
     pruner: bool = True
     fixed: tuple[tuple[str, str], ...] = ()  # --set pairs every trial takes (e.g. a short epoch budget)
+    where: Where = Where()  # where the trials run (not part of the study's identity: a rerun may run them elsewhere)
 
     def identity(self) -> dict[str, Any]:
         """What must match for a rerun to continue the study in ``out``."""
@@ -219,6 +222,11 @@ def run_study(
     done = _finished(study)
     if done:
         log(f"continuing the study in {req.out}: {done} of {req.trials} trials finished")
+    if not req.where.in_process:
+        from clbench.tune.parallel import StudyHooks, run_trials
+
+        run_trials(study, req, StudyHooks(trial_config, OBJECTIVE, _finished, _best_value), log, advance, seconds)
+        return _write_outcome(study, req, seconds)
     while (done := _finished(study)) < req.trials:
         study.optimize(objective, n_trials=1, catch=(ClbenchError,))
         best = _best_value(study)
@@ -283,7 +291,8 @@ def _write_outcome(study: Any, req: TuneRequest, seconds: list[float]) -> StudyO
         "search": {
             "library": f"optuna {optuna.__version__}",
             "sampler": f"TPESampler(seed={SAMPLER_SEED})",
-            "pruner": "MedianPruner(n_startup_trials=5) on each task's validation accuracy" if req.pruner else None,
+            "pruner": _pruner_text(req),
+            "trials_at_once_this_session": req.where.describe(),
         },
         "trial_seconds_this_session": round(sum(seconds), 1),
     }
@@ -291,6 +300,13 @@ def _write_outcome(study: Any, req: TuneRequest, seconds: list[float]) -> StudyO
     chosen = req.out / CHOSEN_FILE
     chosen.write_text(chosen_yaml(req, summary))
     return StudyOutcome(summary, chosen, seconds)
+
+
+def _pruner_text(req: TuneRequest) -> str | None:
+    if not req.pruner:
+        return None
+    pruner = "MedianPruner(n_startup_trials=5) on each task's validation accuracy"
+    return pruner if req.where.in_process else f"{pruner}; not applied to trials run at once"
 
 
 def _split_seed() -> dict[str, int]:
