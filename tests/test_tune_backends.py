@@ -92,6 +92,7 @@ def test_the_cost_printed_before_the_study_counts_the_trials_run_at_once(tmp_pat
     assert "cost of the study: 3 trials one after another" not in out
 
 
+@pytest.mark.full  # four trials in worker processes, a kill and a resume: a minute idle, several on a loaded machine
 def test_a_study_killed_with_trials_in_flight_continues_them(tmp_path):
     out = tmp_path / "study"
     argv = [*ARGV, "--trials", "4", "--jobs", "2", "--out", str(out)]
@@ -131,6 +132,7 @@ def test_a_study_killed_with_trials_in_flight_continues_them(tmp_path):
     _check_records(out, after)
 
 
+@pytest.mark.full  # starts a local Ray
 def test_trials_run_as_ray_tasks_on_a_local_ray(tmp_path):
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed: pip install -e '.[test]' installs it")
