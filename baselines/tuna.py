@@ -74,7 +74,7 @@ Deviations from the paper / reference code:
   hard-codes 768). Transforms, normalisation, class order and task split are the harness's.
 - Test accuracy is not computed during training (the reference logs it; nothing is selected on it).
 - The CPU ``quick`` profile (not the default) runs at 112 px on the first 32 training images per class, with 2
-  epochs instead of 10 and 10 alignment epochs instead of 30; ``ci`` also raises lr to 0.1 (see the card).
+  epochs instead of 10 and 10 alignment epochs instead of 30; ``ci`` is the gate's smaller run (see the card).
 """
 
 from __future__ import annotations
