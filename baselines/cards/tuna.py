@@ -84,7 +84,7 @@ class TUNAConfig:
 # images of each class, 4 epochs of batches of 16 (24 steps per task), 5 alignment epochs, the reference's lr 0.02.
 # Measured (seed 1993, 2 busy cores): the CosFace loss falls from 5.8 / 4.8 / 4.8 to 2.5 / 1.9 / 2.4 over a task's
 # 4 epochs, A_T 30.3 against SimpleCIL's 21.2 on the same split; at lr 0.1 the adapters drifted and A_T was 22.6.
-# Evaluation dominates (t + 2 passes per seen test image): ~85 s training, ~235 s evaluation on that machine.
+# Evaluation dominates (t + 2 passes per seen test image): 85-130 s training, 235-315 s evaluation there.
 # ``reference-cifar``: the authors' exps/tuna_cifar.json (CIFAR-100 B0 Inc5): no orthogonality term, no decay.
 # ``reference-code``: the defaults with the three code behaviours the module docstring lists as flaws.
 PROFILES: dict[str, dict[str, Any]] = {
