@@ -320,6 +320,16 @@ def test_config_refuses_bad_values():
     assert PROFILES["reference-code"] == {"universal": "last", "decay_rule": "reference", "orth_updates_old": True}
 
 
+def test_every_profile_is_a_valid_config_and_the_default_is_the_reference():
+    from clbench.run.config import make_strategy_config
+
+    for profile in PROFILES:
+        cfg = make_strategy_config(TUNA, profile, ())
+        assert (cfg == TUNAConfig()) == (profile == "default")
+    assert PROFILES["quick"]["img_size"] == 112 and PROFILES["ci"]["img_size"] == 56
+    assert make_strategy_config(TUNA, "reference-cifar", ()).use_orth is False  # exps/tuna_cifar.json
+
+
 # ----------------------------------------------------------------------------------------------- accounting
 @pytest.mark.parametrize("method", ["tuna"])
 def test_param_formula_equals_the_counts_of_a_real_run(trained, backbone, tasks, method):
