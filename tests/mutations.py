@@ -34,6 +34,7 @@ import baselines.ranpac as ranpac_mod
 import baselines.simplecil as simplecil_mod
 import baselines.slca as slca_mod
 import baselines.slda as slda_mod
+import baselines.tuna as tuna_mod
 import clbench.layers.first_session as first_session_mod
 import clbench.layers.kan as kan_mod
 import clbench.layers.lda as lda_mod
@@ -719,6 +720,35 @@ def _lae_mutations() -> None:
 
 
 _lae_mutations()
+
+
+# ----------------------------------------------------------------------------------------------- TUNA
+def _tuna_mean_merge(sets):  # the universal set is the plain average of the task sets (no sign election)
+    merged = copy.deepcopy(sets[-1])
+    with torch.no_grad():
+        for name, p in merged.named_parameters():
+            p.copy_(torch.stack([dict(s.named_parameters())[name] for s in sets]).mean(dim=0))
+    return merged.requires_grad_(False).eval()
+
+
+def _tuna_batch_entropy(logits, eps):  # one set for the whole batch: the least batch-mean entropy
+    probs = F.softmax(logits, dim=-1)
+    entropy = -(probs * torch.log(probs + eps)).sum(dim=-1).mean(dim=0)  # (T,)
+    chosen = entropy.argmin().expand(len(logits))
+    return logits[torch.arange(len(logits)), chosen], chosen
+
+
+MUTATIONS["tuna-mean-merge"] = Mutation(
+    "tuna",
+    "the universal adapter is the mean of the task sets instead of emr_merge's elected sign and largest magnitude",
+    lambda: mock.patch.object(tuna_mod, "emr_merge", _tuna_mean_merge),
+)
+MUTATIONS["tuna-batch-entropy"] = Mutation(
+    "tuna",
+    "the entropy rule picks one adapter set per test batch (least batch-mean entropy) instead of per image",
+    lambda: mock.patch.object(tuna_mod, "entropy_select", _tuna_batch_entropy),
+)
+SELECTIONS["tuna"] = (("tests/test_tuna.py",), "tuna")
 
 _active: list[contextlib.AbstractContextManager] = []
 

@@ -94,6 +94,7 @@ _method("slca", "baselines.slca:SLCA", "baselines.cards.slca")
 _method("inflora", "baselines.inflora:InfLoRA", "baselines.cards.inflora")
 _method("coda_prompt", "baselines.coda_prompt:CodaPrompt", "baselines.cards.coda_prompt")
 _method("lae", "baselines.lae:LAE", "baselines.cards.lae")
+_method("tuna", "baselines.tuna:TUNA", "baselines.cards.tuna")
 
 
 def card(name: str) -> MethodCard:
@@ -156,6 +157,7 @@ STRATEGY_LOOKS: dict[str, tuple[str, str]] = {
     "acil": ("ACIL", "#393b79"),
     "dsal": ("DS-AL", "#8c6d31"),
     "lae": ("LAE", "#004b0f"),
+    "tuna": ("TUNA", "#004400"),
 }
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
