@@ -4,6 +4,7 @@ the same record as before."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -87,3 +88,13 @@ def test_prepare_takes_a_config_or_a_resolved_run(micro_session_factory):
     assert isinstance(key, str) and key == harness.feature_key(
         session.resolved, session.inputs, "test", session.bench.test.fingerprint()
     )
+
+
+def test_a_record_names_the_code_revision_its_run_started_with(tmp_path, monkeypatch):
+    """A long run's record names the revision of the code it imported at its start, not the tree's revision when the
+    record is written (a commit made while the run went on is not the code that ran)."""
+    revisions = iter(["started-at", *["committed-later"] * 100])
+    monkeypatch.setattr(harness, "git_revision", lambda: next(revisions))
+    record = harness.run(RunConfig(strategy="simplecil", out=str(tmp_path / "run"), **MICRO))
+    assert record.complete and record.git_revision == "started-at"
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["git_revision"] == "started-at"

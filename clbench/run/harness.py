@@ -784,6 +784,9 @@ class _RunState:
         )
         record.peak_rss_mb = max(self.peak_before, record.peak_rss_mb or 0.0)  # over every segment of the run
         record.resume_warning = self.resume_warning
+        # the code this process imported when the run (or its last segment) started: the tree may have moved on
+        # while a long run was going, and the record is of the code that ran, not of the tree when it was written
+        record.git_revision = self.revision
         return record
 
 
