@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import baselines.acil as acil_mod
 import baselines.aper as aper_mod
 import baselines.coda_prompt as coda_mod
+import baselines.cofima as cofima_mod
 import baselines.dsal as dsal_mod
 import baselines.dualprompt as dualprompt_mod
 import baselines.ease as ease_mod
@@ -764,3 +765,29 @@ def pytest_configure(config) -> None:
 def pytest_unconfigure(config) -> None:
     while _active:
         _active.pop().__exit__(None, None, None)
+
+
+# ----------------------------------------------------------------------------------------------- CoFiMA
+REAL_COFIMA_FISHER = cofima_mod.fisher_diagonal
+REAL_COFIMA_MERGE = cofima_mod.merge_weights
+
+
+def _cofima_fisher_uncapped(params, batches, logits_of, cap):  # the cap at fishermax left out
+    return REAL_COFIMA_FISHER(params, batches, logits_of, float("inf"))
+
+
+def _cofima_merge_weights_swapped(theta0, theta1, alpha, fisher0=None, fisher1=None, new_head="copy"):  # 1 - a, a
+    return REAL_COFIMA_MERGE(theta0, theta1, 1 - alpha, fisher0, fisher1, new_head)
+
+
+MUTATIONS["cofima-fisher-uncapped"] = Mutation(
+    "cofima",
+    "the Fisher diagonal without the reference's cap at 1e-4 (fishermax)",
+    lambda: mock.patch.object(cofima_mod, "fisher_diagonal", _cofima_fisher_uncapped),
+)
+MUTATIONS["cofima-merge-weights-swapped"] = Mutation(
+    "cofima",
+    "the merge gives the previous model the weight wt_lambda and the new one 1 - wt_lambda",
+    lambda: mock.patch.object(cofima_mod, "merge_weights", _cofima_merge_weights_swapped),
+)
+SELECTIONS["cofima"] = (("tests/test_cofima.py",), "cofima or fisher or merge")

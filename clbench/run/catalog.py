@@ -95,6 +95,7 @@ _method("inflora", "baselines.inflora:InfLoRA", "baselines.cards.inflora")
 _method("coda_prompt", "baselines.coda_prompt:CodaPrompt", "baselines.cards.coda_prompt")
 _method("lae", "baselines.lae:LAE", "baselines.cards.lae")
 _method("tuna", "baselines.tuna:TUNA", "baselines.cards.tuna")
+_method("cofima", "baselines.cofima:CoFiMA", "baselines.cards.cofima")
 
 
 def card(name: str) -> MethodCard:
@@ -158,6 +159,7 @@ STRATEGY_LOOKS: dict[str, tuple[str, str]] = {
     "dsal": ("DS-AL", "#8c6d31"),
     "lae": ("LAE", "#004b0f"),
     "tuna": ("TUNA", "#004400"),
+    "cofima": ("CoFiMA", "#5254a3"),
 }
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
