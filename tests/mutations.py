@@ -791,3 +791,54 @@ MUTATIONS["cofima-merge-weights-swapped"] = Mutation(
     lambda: mock.patch.object(cofima_mod, "merge_weights", _cofima_merge_weights_swapped),
 )
 SELECTIONS["cofima"] = (("tests/test_cofima.py",), "cofima or fisher or merge")
+
+
+# ----------------------------------------------------------------------------------------------- SD-LoRA
+def _sd_lora_mutations() -> None:
+    import baselines.sd_lora as sd_mod
+
+    def unnormalised(self, block):  # old directions enter as alpha_i B_i A_i, not divided by ||B_i|| ||A_i||
+        if not self.n_tasks:
+            return None
+        out = []
+        for a_list, b_list in ((self.a_q, self.b_q), (self.a_v, self.b_v)):
+            out.append(torch.cat([a_list[t][block] for t in range(self.n_tasks)]))
+            out.append(torch.cat([b_list[t][block] * self.alpha[t] for t in range(self.n_tasks)], dim=1))
+        return tuple(out)
+
+    def current_magnitude_only(cfg, lora, head, lr):  # old tasks' magnitudes left out of the optimiser
+        params = [*lora.current(), lora.alpha[-1], head.weight, head.bias]
+        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    real_attention = sd_mod.qv_lora_attention
+
+    def keys_not_values(attn, x, factors):  # the second pair shifts the keys (InfLoRA's layout), not the values
+        if factors is None:
+            return real_attention(attn, x, None)
+        aq, bq, av, bv = factors
+        d = x.shape[-1]
+        shifted = copy.deepcopy(attn)
+        with torch.no_grad():
+            shifted.qkv.weight[:d] += (bq @ aq).detach()
+            shifted.qkv.weight[d : 2 * d] += (bv @ av).detach()
+        return real_attention(shifted, x, None)
+
+    MUTATIONS["sd-lora-unnormalised-old-directions"] = Mutation(
+        "sd_lora",
+        "old tasks' directions are not normalised by ||B|| ||A|| before their magnitude scales them",
+        lambda: mock.patch.object(sd_mod.QVLoRA, "factors", unnormalised),
+    )
+    MUTATIONS["sd-lora-old-magnitudes-frozen"] = Mutation(
+        "sd_lora",
+        "only the current task's magnitude trains; the old tasks' stay at their start",
+        lambda: mock.patch.object(sd_mod, "task_optimizer", current_magnitude_only),
+    )
+    MUTATIONS["sd-lora-keys-not-values"] = Mutation(
+        "sd_lora",
+        "the second LoRA pair shifts the attention keys instead of the values",
+        lambda: mock.patch.object(sd_mod, "qv_lora_attention", keys_not_values),
+    )
+    SELECTIONS["sd_lora"] = (("tests/test_sd_lora.py",), "sd_lora")
+
+
+_sd_lora_mutations()

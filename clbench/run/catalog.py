@@ -96,6 +96,7 @@ _method("coda_prompt", "baselines.coda_prompt:CodaPrompt", "baselines.cards.coda
 _method("lae", "baselines.lae:LAE", "baselines.cards.lae")
 _method("tuna", "baselines.tuna:TUNA", "baselines.cards.tuna")
 _method("cofima", "baselines.cofima:CoFiMA", "baselines.cards.cofima")
+_method("sd_lora", "baselines.sd_lora:SDLoRA", "baselines.cards.sd_lora")
 
 
 def card(name: str) -> MethodCard:
@@ -160,6 +161,7 @@ STRATEGY_LOOKS: dict[str, tuple[str, str]] = {
     "lae": ("LAE", "#004b0f"),
     "tuna": ("TUNA", "#004400"),
     "cofima": ("CoFiMA", "#5254a3"),
+    "sd_lora": ("SD-LoRA", "#98df8a"),
 }
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
