@@ -35,6 +35,10 @@ Algorithm (the reference's settings: ``msa`` [1, 0, 1], ``general_pos`` the firs
    block weights; the logits of task i's classes are the cosines between it and their prototypes (the final
    head's scale stays 1). Each image's logits depend on it alone: one protocol.
 
+Scenarios: class-incremental only. The authors evaluate no domain-incremental benchmark, and the method would need a
+change there: each task's prototypes fill its own classes' logits, and a later domain of the same classes would have
+to choose between the paths.
+
 Deviations from the reference code:
 
 - The step from the second task on. The reference builds the cross-entropy's graph, then steps on the distillation's
@@ -372,15 +376,6 @@ class CLLoRA(Strategy[CLLoRAConfig]):
             for images, _, _ in split.image_loader(self.cfg.eval_batch_size, augment=False)
         ]
         return torch.cat(out)
-
-    def predict_given_task(self, split: Split, tasks: np.ndarray, protocol: str = PER_SAMPLE) -> torch.Tensor | None:
-        """Task-aware diagnostic: each image scored against its own task's classes only (others at -inf)."""
-        logits = self.predict(split, protocol)
-        masked = torch.full_like(logits, float("-inf"))
-        for i, t in enumerate(np.asarray(tasks).tolist()):
-            cls = self.task_classes[int(t)]
-            masked[i, cls] = logits[i, cls]
-        return masked
 
     @torch.no_grad()
     def adapted_features(self, split: Split) -> torch.Tensor:
