@@ -64,7 +64,7 @@ Deviations from the reference code:
   projections; same formula). The [CLS] feature is read through the backbone's ``forward_head`` (its pooling and
   ``fc_norm``), the final norm first, as for every clbench method.
 - The ``ci`` profile (the regression gate, not the default) computes in float64 (``float64``: a float64 copy of the
-  frozen ViT, the LoRA, the heads), so that its numbers do not depend on the CPU's kernels; it trains at lr 0.1
+  frozen ViT, the LoRA, the heads), so that its numbers do not depend on the CPU's kernels; it trains at lr 0.3
   (4 epochs of 3 steps).
 - The reference's ViT is ViT-B/16; clbench runs the benchmark's backbone. Timm models whose attention has
   ``q_norm``/``k_norm`` apply them to the shifted queries. DINOv2's LayerScale scales the attention output as usual.
