@@ -278,3 +278,21 @@ def test_bad_settings_are_refused(backbone):
         CLLoRA(CLLoRAConfig(shared_blocks=4), ctx_for(backbone))
     with pytest.raises(ValueError, match="kd_temperature"):
         CLLoRAConfig(kd_temperature=0)
+
+
+def test_float64_setting_runs_on_a_float64_copy_that_checkpoints_do_not_hold(backbone, tasks, test_split):
+    """The ci profile's ``float64``: a float64 copy of the frozen ViT with float64 LoRA and prototypes; the
+    frozen ViT stays as it was; a checkpoint keeps what was learnt but not the copy, and restores exactly."""
+    cfg = CLLoRAConfig(**{**vars(SMALL), "float64": True, "epochs": 1})
+    s = CLLoRA(cfg, ctx_for(backbone))
+    assert s.model is not backbone.model and next(backbone.model.parameters()).dtype == torch.float32
+    digest = state_digest(backbone.model)
+    for task in tasks:
+        s.learn_task(task)
+    assert {p.dtype for p in s.specific.parameters()} == {torch.float64}
+    assert {p.dtype for p in s.prototypes} == {torch.float64}
+    assert state_digest(backbone.model) == digest
+    assert "model" not in s.state_dict()
+    other = CLLoRA(cfg, ctx_for(backbone))
+    other.restore_state(s.save_state())
+    torch.testing.assert_close(other.predict(test_split), s.predict(test_split), rtol=0, atol=0)
