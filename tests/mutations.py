@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import baselines.acil as acil_mod
 import baselines.aper as aper_mod
+import baselines.cl_lora as cl_lora_mod
 import baselines.coda_prompt as coda_mod
 import baselines.cofima as cofima_mod
 import baselines.dsal as dsal_mod
@@ -842,3 +843,17 @@ def _sd_lora_mutations() -> None:
 
 
 _sd_lora_mutations()
+
+
+# ----------------------------------------------------------------------------------------------- CL-LoRA
+def _cl_lora_unit_sum_reassignment(teacher_up):  # row norms over their sum, without the factor d: mean 1/d, not 1
+    norms = teacher_up.norm(dim=1)
+    return (norms / norms.sum()).unsqueeze(1)
+
+
+MUTATIONS["cl_lora-reassignment-without-width"] = Mutation(
+    "cl_lora",
+    "the gradient reassignment's row factors sum to 1 instead of d (the distillation step shrinks d-fold)",
+    lambda: mock.patch.object(cl_lora_mod, "reassignment_weights", _cl_lora_unit_sum_reassignment),
+)
+SELECTIONS["cl_lora"] = (("tests/test_cl_lora.py",), "cl_lora or golden or reassignment")

@@ -97,6 +97,7 @@ _method("lae", "baselines.lae:LAE", "baselines.cards.lae")
 _method("tuna", "baselines.tuna:TUNA", "baselines.cards.tuna")
 _method("cofima", "baselines.cofima:CoFiMA", "baselines.cards.cofima")
 _method("sd_lora", "baselines.sd_lora:SDLoRA", "baselines.cards.sd_lora")
+_method("cl_lora", "baselines.cl_lora:CLLoRA", "baselines.cards.cl_lora")
 
 
 def card(name: str) -> MethodCard:
@@ -162,6 +163,7 @@ STRATEGY_LOOKS: dict[str, tuple[str, str]] = {
     "tuna": ("TUNA", "#004400"),
     "cofima": ("CoFiMA", "#5254a3"),
     "sd_lora": ("SD-LoRA", "#98df8a"),
+    "cl_lora": ("CL-LoRA", "#00441b"),
 }
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
