@@ -159,11 +159,11 @@ STRATEGY_LOOKS: dict[str, tuple[str, str]] = {
     "randumb": ("RanDumb", "#d62728"),
     "acil": ("ACIL", "#393b79"),
     "dsal": ("DS-AL", "#8c6d31"),
-    "lae": ("LAE", "#004b0f"),
-    "tuna": ("TUNA", "#004400"),
-    "cofima": ("CoFiMA", "#5254a3"),
-    "sd_lora": ("SD-LoRA", "#98df8a"),
-    "cl_lora": ("CL-LoRA", "#00441b"),
+    "lae": ("LAE", "#006060"),
+    "tuna": ("TUNA", "#a00060"),
+    "cofima": ("CoFiMA", "#c0c0e0"),
+    "sd_lora": ("SD-LoRA", "#a0e0c0"),
+    "cl_lora": ("CL-LoRA", "#006020"),
 }
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
