@@ -60,6 +60,8 @@ ONE_SEED = {
     "CODA-Prompt (reference": (f"{RUNS}/reference/coda_prompt", "per-sample"),
     "HiDe-Prompt (reference": (f"{RUNS}/reference/hide_prompt", "per-sample"),
     "HiDe-Prompt, `reference` protocol": (f"{RUNS}/reference/hide_prompt", "reference"),
+    "APER, SSF first session": (f"{RUNS}/reference/aper-ssf", "per-sample"),
+    "APER, deep VPT first session": (f"{RUNS}/reference/aper-vpt", "per-sample"),
     "FeCAM": (f"{RUNS}/seeds/fecam-emoji-s1993-o1993", "per-sample"),
     "SLDA": (f"{RUNS}/seeds/slda-emoji-s1993-o1993", "per-sample"),
     "RanDumb": (f"{RUNS}/seeds/randumb-emoji-s1993-o1993", "per-sample"),
