@@ -93,6 +93,7 @@ _method("hide_prompt", "baselines.hide_prompt:HiDePrompt", "baselines.cards.hide
 _method("slca", "baselines.slca:SLCA", "baselines.cards.slca")
 _method("inflora", "baselines.inflora:InfLoRA", "baselines.cards.inflora")
 _method("coda_prompt", "baselines.coda_prompt:CodaPrompt", "baselines.cards.coda_prompt")
+_method("duct", "baselines.duct:DUCT", "baselines.cards.duct")
 
 
 def card(name: str) -> MethodCard:
@@ -154,6 +155,7 @@ STRATEGY_LOOKS: dict[str, tuple[str, str]] = {
     "randumb": ("RanDumb", "#d62728"),
     "acil": ("ACIL", "#393b79"),
     "dsal": ("DS-AL", "#8c6d31"),
+    "duct": ("DUCT", "#637939"),
 }
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
