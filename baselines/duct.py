@@ -33,7 +33,8 @@ domain t, every one already known after the first domain):
    logits.
 5. Classifier transport (t >= 1): per earlier task o, the cost between C_t and C_o is the Euclidean distance of their
    pre-trained class means (the means of the frozen features, kept per row); ``ot.sinkhorn`` (the POT package) with
-   uniform marginals and ``ot_reg`` = 0.02 gives the plan T (|C_t| x |C_o|); the old block becomes
+   uniform marginals and ``ot_reg`` = 0.02 gives the plan T (|C_t| x |C_o|) (log-domain by default, see below); the
+   old block becomes
    (1 - 0.25) W_o + 0.25 T^T W_t.
 
 Prediction: sigma * cos(f, w) of the merged ViT's [CLS] feature against every row; where several rows name one class
@@ -56,6 +57,13 @@ Deviations from the reference code, and its flaws:
   them U(-1/sqrt(d), 1/sqrt(d)) as a new ``CosineLinear`` does; ``head_init="uniform"`` (default) does that,
   ``"zeros"`` reproduces PILOT. sigma carries over from task to task as in PILOT (the authors' code starts each task
   with a new head whose sigma is 1; sigma scales every logit alike, so it changes training, never an argmax).
+- Reference flaw: the plain Sinkhorn iterations (``ot.sinkhorn``'s default method, the reference's) compute
+  exp(-cost / reg), which underflows to 0 for class means more than about 700 * ``ot_reg`` apart (14 at 0.02: ViT
+  features' class means are often that far apart); POT then stops at iteration 0 and returns a plan of zeros (or of
+  1e-66-sized entries), and the "transport" merely shrinks the old rows, which a cosine head ignores.
+  ``ot_method="sinkhorn_log"`` (default) runs the same iterations in the log domain and reaches the entropic plan;
+  ``"sinkhorn"`` reproduces the reference. Where the plain iterations do not underflow both give the same plan. Each
+  transport logs the plan's mass (1 when solved).
 - ``similarity_weight`` (default True, PILOT and the paper) weights each task vector by Sim_t; the authors' code adds
   ``merge_scalar * tau_t`` unweighted (False). The tuned class means of Sim_t are taken on augmented images, as PILOT's
   ``_cal_means_cur`` reads the training set in ``mode='train'``; their augmentation is drawn from a private generator.
@@ -83,6 +91,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -120,21 +129,21 @@ def merge_task_vector(merged: nn.Module, tuned: nn.Module, pretrained: nn.Module
             value.add_(delta * scale)
 
 
-def transport_plan(cur_means: torch.Tensor, old_means: torch.Tensor, reg: float) -> torch.Tensor:
+def transport_plan(cur_means: torch.Tensor, old_means: torch.Tensor, reg: float, method: str) -> torch.Tensor:
     """The entropic optimal-transport plan (|C_t|, |C_o|) between the current and an old task's classes: cost the
-    Euclidean distance of their pre-trained class means, uniform marginals, ``ot.sinkhorn`` (POT) in float64."""
+    Euclidean distance of their pre-trained class means, uniform marginals, ``ot.sinkhorn`` (POT) in float64 with
+    ``method`` ("sinkhorn": the reference's; "sinkhorn_log": the same plan without its underflow)."""
     import ot
 
     cost = torch.cdist(cur_means.double(), old_means.double(), p=2)
     a = torch.full((cost.shape[0],), 1.0 / cost.shape[0], dtype=torch.float64)
     b = torch.full((cost.shape[1],), 1.0 / cost.shape[1], dtype=torch.float64)
-    with warnings.catch_warnings():  # "Sinkhorn did not converge": the plan after numItermax steps, as the reference
+    with warnings.catch_warnings():  # "did not converge", "numerical errors": the plan it stopped at, as the reference
         warnings.simplefilter("ignore", UserWarning)
-        plan: torch.Tensor = ot.sinkhorn(a, b, cost, reg)
+        plan: torch.Tensor = ot.sinkhorn(a, b, cost, reg, method=method)
     if not bool(torch.isfinite(plan).all()):
         raise ClbenchError(
-            f"DUCT's classifier transport: ot.sinkhorn gave a non-finite plan at ot_reg {reg} (class means up to "
-            f"{float(cost.max()):.3g} apart underflow exp(-cost / reg))",
+            f"DUCT's classifier transport: ot.sinkhorn ({method}) gave a non-finite plan at ot_reg {reg}",
             "raise the regularisation, e.g. --set ot_reg=0.1",
         )
     return plan
@@ -144,6 +153,39 @@ def transported_block(old_w: torch.Tensor, cur_w: torch.Tensor, plan: torch.Tens
     """(1 - ratio) W_o + ratio T^T W_t (``_stage2_transport_classifier``), in ``old_w``'s dtype."""
     moved = (plan.T @ cur_w.double()).to(old_w.dtype)
     return (1 - ratio) * old_w + ratio * moved
+
+
+def train_stage(
+    cfg: DUCTConfig,
+    head: nn.Module,
+    vit_params: list[nn.Parameter] | None,
+    epochs: int,
+    block: tuple[int, int],
+    batches: Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]],
+    n_batches: int,
+    features: Callable[[torch.Tensor], torch.Tensor],
+    log: EpochLog,
+    where: str,
+) -> int:
+    """One stage of ``Learner._train``: SGD (momentum, weight decay on every group) over ``epochs`` of ``batches()``
+    (inputs, targets within the block), cross-entropy on the logits of rows ``block``. ``vit_params`` given: the
+    fine-tuning stage, the ViT at ``lr * backbone_lr_scale`` and the whole head at ``lr``; None: the retraining, the
+    head alone at ``retrain_lr``. The rate is ``warmup_factor`` times that for the first ``warmup_epochs`` epochs
+    (``ConstantLR``, stepped per epoch). Returns the steps taken."""
+    head_lr = cfg.lr if vit_params is not None else cfg.retrain_lr
+    groups: list[dict[str, Any]] = [{"params": list(head.parameters()), "lr": head_lr}]
+    if vit_params is not None:
+        groups.insert(0, {"params": vit_params, "lr": cfg.lr * cfg.backbone_lr_scale})
+    optimizer = torch.optim.SGD(groups, lr=head_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    warm, factor = cfg.warmup_epochs, cfg.warmup_factor
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: factor if e < warm else 1.0)
+    start, end = block
+    for epoch in log.epochs():
+        for inputs, target in batches():
+            loss = F.cross_entropy(head(features(inputs))[:, start:end], target)
+            log.step(optimizer, loss, len(target), f"{where} epoch {epoch}")
+        schedule.step()
+    return epochs * n_batches
 
 
 class DUCT(Strategy[DUCTConfig]):
@@ -202,41 +244,39 @@ class DUCT(Strategy[DUCTConfig]):
         return torch.cat(out) if out else torch.zeros(0, self.dim, dtype=self.dtype)
 
     # ---------------------------------------------------------------------------------------- learning
-    def _optimizer(self, groups: list[dict[str, Any]], lr: float) -> tuple[torch.optim.Optimizer, Any]:
-        cfg = self.cfg
-        optimizer = torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-        warm, factor = cfg.warmup_epochs, cfg.warmup_factor
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: factor if e < warm else 1.0)
-        return optimizer, schedule
-
     def _train(self, task: Task, model: nn.Module, tune_vit: bool, epochs: int, start: int, end: int, salt: int) -> int:
         """``epochs`` of SGD on the block [start, end) of logits: the ViT ``model`` and the head (``tune_vit``), or
         the head alone on ``model``'s features. Returns the steps taken."""
         cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
-        head_lr = cfg.lr if tune_vit else cfg.retrain_lr
-        groups: list[dict[str, Any]] = [{"params": list(self.head.parameters()), "lr": head_lr}]
-        if tune_vit:
-            groups.insert(0, {"params": list(model.parameters()), "lr": cfg.lr * cfg.backbone_lr_scale})
-        optimizer, schedule = self._optimizer(groups, head_lr)
         local = {c: i for i, c in enumerate(self.row_class[start:end])}
         loader = task.train.image_loader(cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(salt))
-        stage = "fine-tuning" if tune_vit else "retraining"
-        log = EpochLog(ctx, f"DUCT task {task.id} {stage}", epochs, len(loader))
-        model.train(tune_vit)
-        for epoch in log.epochs():
+
+        def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
             for images, labels, _ in loader:
-                images = images.to(dev)
-                target = torch.tensor([local[int(y)] for y in labels], device=dev)
-                if tune_vit:
-                    feats = self._features(model, images)
-                else:
-                    with torch.no_grad():
-                        feats = self._features(model, images)
-                loss = F.cross_entropy(self.head(feats)[:, start:end], target)
-                log.step(optimizer, loss, len(labels), f"task {task.id} {stage} epoch {epoch}")
-            schedule.step()
+                yield images.to(dev), torch.tensor([local[int(y)] for y in labels], device=dev)
+
+        def features(images: torch.Tensor) -> torch.Tensor:
+            if tune_vit:
+                return self._features(model, images)
+            with torch.no_grad():
+                return self._features(model, images)
+
+        stage = "fine-tuning" if tune_vit else "retraining"
+        model.train(tune_vit)
+        steps = train_stage(
+            cfg,
+            self.head,
+            list(model.parameters()) if tune_vit else None,
+            epochs,
+            (start, end),
+            batches,
+            len(loader),
+            features,
+            EpochLog(ctx, f"DUCT task {task.id} {stage}", epochs, len(loader)),
+            f"task {task.id} {stage}",
+        )
         model.eval()
-        return epochs * len(loader)
+        return steps
 
     def learn_task(self, task: Task) -> None:
         cfg, ctx = self.cfg, self.ctx
@@ -283,7 +323,12 @@ class DUCT(Strategy[DUCTConfig]):
         cfg, w = self.cfg, self.head.weight
         cur_w, cur_means = w[start:end].detach().clone(), self.row_means[start:end]
         for o_start, o_end in self.blocks[:-1]:
-            plan = transport_plan(cur_means, self.row_means[o_start:o_end], cfg.ot_reg)
+            plan = transport_plan(cur_means, self.row_means[o_start:o_end], cfg.ot_reg, cfg.ot_method)
+            cost = torch.cdist(cur_means, self.row_means[o_start:o_end])
+            self.ctx.log(
+                f"  DUCT transport onto rows {o_start}-{o_end}: plan mass {float(plan.sum()):.4f} (1 when solved), "
+                f"OT cost {float((plan * cost).sum()):.4f}"
+            )
             w[o_start:o_end] = transported_block(w[o_start:o_end], cur_w, plan.to(w.device), cfg.head_merge_ratio)
 
     # ---------------------------------------------------------------------------------------- prediction

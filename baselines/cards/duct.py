@@ -40,6 +40,10 @@ class DUCTConfig:
     similarity_weight: bool = True
     head_merge_ratio: float = 0.25  # "head_merge_ratio": alpha_W of the classifier transport
     ot_reg: float = 0.02  # "ot_reg": the entropic regularisation of ot.sinkhorn
+    # ot.sinkhorn's method: "sinkhorn_log" (log-domain) reaches the entropic plan where the reference's plain
+    # "sinkhorn" underflows (class means farther apart than about 700 * ot_reg give exp(-cost / reg) = 0 and a plan of
+    # zeros: the transport does nothing); "sinkhorn" reproduces the reference
+    ot_method: Literal["sinkhorn_log", "sinkhorn"] = "sinkhorn_log"
     # the rows a task adds to the cosine head: "uniform" U(-1/sqrt(d), 1/sqrt(d)) as the authors' IncViTCosine and
     # the first task in PILOT; "zeros" as PILOT's SimpleVitNet.update_fc for later tasks (a reference flaw: see
     # baselines/duct.py)
@@ -62,6 +66,8 @@ class DUCTConfig:
                 raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)}")
         if not 0 <= self.head_merge_ratio <= 1:
             raise ValueError(f"head_merge_ratio must be in [0, 1], got {self.head_merge_ratio}")
+        if self.ot_method not in ("sinkhorn_log", "sinkhorn"):
+            raise ValueError(f"ot_method must be 'sinkhorn_log' or 'sinkhorn', got {self.ot_method!r}")
         if self.head_init not in ("uniform", "zeros"):
             raise ValueError(f"head_init must be 'uniform' or 'zeros', got {self.head_init!r}")
 
