@@ -155,7 +155,7 @@ STRATEGY_LOOKS: dict[str, tuple[str, str]] = {
     "randumb": ("RanDumb", "#d62728"),
     "acil": ("ACIL", "#393b79"),
     "dsal": ("DS-AL", "#8c6d31"),
-    "duct": ("DUCT", "#637939"),
+    "duct": ("DUCT", "#1a4d2e"),
 }
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
