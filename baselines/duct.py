@@ -77,6 +77,9 @@ Deviations from the reference code, and its flaws:
 - The reference evaluates the network after each stage for its log; clbench does not (no effect on training). The
   retraining's forward passes through the merged ViT run without gradient (the reference builds the graph and
   discards the ViT's gradients: the same numbers).
+- The literature profiles (``domainnet``, ``office-home``, ``cddb``, ``core50``) carry the authors' per-benchmark
+  settings; the domain order is the clbench preset's (Office-Home alphabetical: Art, Clipart, Product, Real World; the
+  authors' configuration: Product, Clipart, Real World, Art).
 - The paper's cost is the squared distance ``||c_i - c_j||^2``; both codes use ``torch.cdist(p=2)``, as clbench.
 - The ViT is the benchmark's backbone (the reference: ViT-B/16 IN-1k in PILOT, IN-21k in the authors' code); its
   feature is the backbone's pre-logits [CLS] feature as the frozen backbone computes it. Transforms, class order and
