@@ -33,7 +33,7 @@ class DUCTConfig:
     retrain_lr: float = 0.1
     # ConstantLR(optimizer) with torch's defaults, stepped per epoch: the first 5 epochs of each stage at lr / 3
     warmup_epochs: int = 5
-    warmup_factor: float = 1 / 3
+    warmup_factor: float = 1 / 3  # ConstantLR's default factor
     merge_scalar: float = 0.25  # "merge_scalar": lambda of the task arithmetic
     # PILOT's _calculate_adjust_ratio (the paper's Sim_{0,k}): each task vector weighted by the mean cosine of its
     # classes' pre-trained and fine-tuned means; False: the authors' code (no weighting)
