@@ -26,6 +26,7 @@ import baselines.coda_prompt as coda_mod
 import baselines.cofima as cofima_mod
 import baselines.dsal as dsal_mod
 import baselines.dualprompt as dualprompt_mod
+import baselines.duct as duct_mod
 import baselines.ease as ease_mod
 import baselines.fecam as fecam_mod
 import baselines.inflora as inflora_mod
@@ -857,3 +858,34 @@ MUTATIONS["cl_lora-reassignment-without-width"] = Mutation(
     lambda: mock.patch.object(cl_lora_mod, "reassignment_weights", _cl_lora_unit_sum_reassignment),
 )
 SELECTIONS["cl_lora"] = (("tests/test_cl_lora.py",), "cl_lora or golden or reassignment")
+
+
+# ----------------------------------------------------------------------------------------------- DUCT
+def _duct_mutations() -> None:
+    def ratio_swapped(old_w, cur_w, plan, ratio):  # the old block keeps `ratio`, the transported one 1 - ratio
+        moved = (plan.T @ cur_w.double()).to(old_w.dtype)
+        return ratio * old_w + (1 - ratio) * moved
+
+    real_copy = duct_mod.DUCT._copy_of_pretrained
+
+    def from_merged(self):  # each task fine-tunes a copy of the merged ViT, not of the pre-trained one
+        model = real_copy(self)
+        merged = getattr(self, "model", None)
+        if merged is not None:
+            model.load_state_dict(merged.state_dict())
+        return model
+
+    MUTATIONS["duct-transport-ratio-swapped"] = Mutation(
+        "duct",
+        "the transport keeps head_merge_ratio of the old block and 1 - head_merge_ratio of the transported one",
+        lambda: mock.patch.object(duct_mod, "transported_block", ratio_swapped),
+    )
+    MUTATIONS["duct-fine-tunes-the-merged-vit"] = Mutation(
+        "duct",
+        "each task fine-tunes from the merged ViT instead of the pre-trained one (continual fine-tuning)",
+        lambda: mock.patch.object(duct_mod.DUCT, "_copy_of_pretrained", from_merged),
+    )
+    SELECTIONS["duct"] = (("tests/test_duct.py",), "duct")
+
+
+_duct_mutations()

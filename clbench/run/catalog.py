@@ -98,6 +98,7 @@ _method("tuna", "baselines.tuna:TUNA", "baselines.cards.tuna")
 _method("cofima", "baselines.cofima:CoFiMA", "baselines.cards.cofima")
 _method("sd_lora", "baselines.sd_lora:SDLoRA", "baselines.cards.sd_lora")
 _method("cl_lora", "baselines.cl_lora:CLLoRA", "baselines.cards.cl_lora")
+_method("duct", "baselines.duct:DUCT", "baselines.cards.duct")
 
 
 def card(name: str) -> MethodCard:
@@ -164,6 +165,7 @@ STRATEGY_LOOKS: dict[str, tuple[str, str]] = {
     "cofima": ("CoFiMA", "#c0c0e0"),
     "sd_lora": ("SD-LoRA", "#a0e0c0"),
     "cl_lora": ("CL-LoRA", "#006020"),
+    "duct": ("DUCT", "#e0a080"),
 }
 DEFAULT_STRATEGY = "simplecil"  # help-text examples, generic measurements (main-job, feature-probe)
 FEATURED_STRATEGY = "tosca"  # the method clbench was built around: the Avalanche example's default method
