@@ -494,3 +494,15 @@ def test_every_gate_run_that_trains_shows_its_loss_fall_and_its_parts_move(folde
         fell = f"{main['loss_first_epoch']:.4f} -> {main['loss_last_epoch']:.4f}"
         assert ratio <= LOSS_RATIO_MAX, f"{folder} task {t}: loss {fell}"
         assert main["param_change"] >= PARAM_CHANGE_MIN, f"{folder} task {t}: parts moved {main['param_change']:.2e}"
+
+
+def test_every_gate_run_has_an_untrained_control_at_its_split():
+    """The plan runs the untrained control at every split a ci profile uses (first task, increment, training images
+    per class), so the gate prints each method's margin over it: on the committed gate records, no run lacks one."""
+    from clbench.gate.printing import CONTROL, margin_lines
+
+    plan = chk.gate_plan(Path("OUT"))
+    controls = [run for run in plan if run[1] == CONTROL and "--train-per-class" in run]
+    assert controls, "no control at the 3-task ci splits"
+    lines = margin_lines(collect([RECORDS]).seeded())
+    assert lines and not [line for line in lines if "no untrained control" in line], lines

@@ -254,7 +254,50 @@ def gate_plan(out: Path) -> list[list[str]]:
                     str(out / f"{name}-domain-{CI_PROFILE_PREFIX}"),
                 ]
             )
+    runs += _control_runs(out)
     return [[*run[:-2], "--precision", "fp32", *run[-2:]] for run in runs]
+
+
+# The untrained control (:data:`clbench.gate.printing.CONTROL`): its ci profile, run again at every other split a
+# registered ci profile uses, so that the gate prints every method's margin over it (what its ci training learns).
+CONTROL_SPLIT_KEYS = (
+    ("init_cls", "--init-cls", "b"),
+    ("increment", "--increment", "inc"),
+    ("train_per_class", "--train-per-class", "k"),
+)
+
+
+def _control_runs(out: Path) -> list[list[str]]:
+    """``CONTROL --profile ci`` at each split (first task, increment, training images per class) of a registered ci
+    profile that differs from the control's own ci split, into ``OUT/<control>-ci-b<init>-inc<inc>-k<k>`` (a part
+    the profile leaves at the benchmark's default is omitted from the name). Input size: every ci profile's is the
+    control's (``CI_INPUT``); a profile with another one gets a control at it too."""
+    from clbench.gate.printing import CONTROL
+    from clbench.run.catalog import card
+
+    def split(profile: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(profile.get(key) for key, _, _ in CONTROL_SPLIT_KEYS) + (profile.get("img_size"),)
+
+    own = split(card(CONTROL).profiles[CI_PROFILE_PREFIX])
+    splits = sorted(
+        {split(card(name).profiles[p]) for name, profiles in _registered_ci_profiles().items() for p in profiles}
+        - {own},
+        key=str,
+    )
+    runs = []
+    for values in splits:
+        flags: list[str] = []
+        parts: list[str] = []
+        for (_, flag, short), value in zip(CONTROL_SPLIT_KEYS, values[:-1], strict=True):
+            if value is not None:
+                flags += [flag, str(value)]
+                parts.append(f"{short}{value}")
+        if values[-1] is not None and values[-1] != own[-1]:
+            flags += ["--img-size", str(values[-1])]
+            parts.append(f"px{values[-1]}")
+        name = f"{CONTROL}-{CI_PROFILE_PREFIX}-" + "-".join(parts)
+        runs.append(["--strategy", CONTROL, "--profile", CI_PROFILE_PREFIX, *flags, "--out", str(out / name)])
+    return runs
 
 
 def _registered_ci_profiles() -> dict[str, list[str]]:
