@@ -52,6 +52,7 @@ from clbench.gate.reference import (  # noqa: F401  (also the names the CLI, tes
     REFERENCE_FORMAT,
     STORED_METRICS,
     TIME_PHASES,
+    TRAINING_PINS,
     EntryKey,
     Measurement,
     ParamPins,
@@ -71,7 +72,13 @@ from clbench.gate.reference import (  # noqa: F401  (also the names the CLI, tes
     weights_identity,
     write_reference,
 )
-from clbench.gate.tolerances import Tolerance, ToleranceTable, load_tolerances, tolerance_for  # noqa: F401
+from clbench.gate.tolerances import (  # noqa: F401
+    TRAINING_REL_TOLERANCE,
+    Tolerance,
+    ToleranceTable,
+    load_tolerances,
+    tolerance_for,
+)
 from clbench.perf.calibration import CALIBRATION_ID
 from clbench.records.results import out_of_bounds
 from clbench.report.collect import Collection, Run, config_digest
@@ -464,6 +471,7 @@ def _entry(key: EntryKey, runs: list[Run], tolerance: Tolerance, calib: float | 
         strategy_config=first.settings,
         data=next((dict(r.record.data_fingerprint) for r in runs if r.record.data_fingerprint), None),
         metrics=stored_metrics(runs, key.protocol),
+        training=stored_training(runs),
     )
 
 
@@ -491,6 +499,61 @@ def stored_metrics(runs: Sequence[Run], protocol: str) -> dict[str, Any]:
     mean over the runs (what a reference entry pins beside the accuracy matrix)."""
     s = [r.summary(protocol) for r in runs]
     return {m: _mean_value([getattr(x, m) for x in s]) for m in STORED_METRICS}
+
+
+def stored_training(runs: Sequence[Run]) -> list[list[dict[str, float | None]]] | None:
+    """Per task, per optimiser it stepped: :data:`TRAINING_PINS` of the records' training diagnostics, mean over the
+    runs; None where a run has no diagnostics or the runs stepped different numbers of optimisers."""
+    per_run = []
+    for r in runs:
+        tasks = [(t.diagnostics or {}).get("training") for t in r.record.per_task]
+        if any(t is None and r.record.per_task[i].trained_change is not None for i, t in enumerate(tasks)):
+            return None
+        per_run.append([t or [] for t in tasks])
+    if not per_run or len({tuple(len(t) for t in run) for run in per_run}) != 1:
+        return None
+    return [
+        [
+            {k: _mean_value([run[i][j].get(k) for run in per_run]) for k in TRAINING_PINS}
+            for j in range(len(per_run[0][i]))
+        ]
+        for i in range(len(per_run[0]))
+    ]
+
+
+def _training_rows(entry: ReferenceEntry, runs: list[Run], label: str, rewrite: str) -> list[CheckRow]:
+    """The entry's pinned training diagnostics against the runs' mean: each loss and parameter change within
+    :data:`TRAINING_REL_TOLERANCE` of its pinned value (relative), the same optimisers in each task. One row per
+    entry, naming the worst."""
+    if entry.training is None:
+        return []
+    got = stored_training(runs)
+    shown_tol = f"± {TRAINING_REL_TOLERANCE:.0%} each"
+    if got is None or [len(t) for t in got] != [len(t) for t in entry.training]:
+        steps = "none recorded" if got is None else f"{[len(t) for t in got]} optimisers per task"
+        why = (
+            f"the runs stepped other optimisers than the pinned {[len(t) for t in entry.training]} per task "
+            f"({steps}): what the method trains changed; {rewrite}"
+        )
+        return [CheckRow(label, "training", "pinned", steps, shown_tol, CHANGED, why)]
+    worst, where = 0.0, ""
+    for i, (want_task, got_task) in enumerate(zip(entry.training, got, strict=True)):
+        for j, (want, have) in enumerate(zip(want_task, got_task, strict=True)):
+            for k in TRAINING_PINS:
+                w, h = want.get(k), have.get(k)
+                if w is None and h is None:
+                    continue
+                rel = math.inf if w is None or h is None else abs(h - w) / max(abs(w), 1e-12)
+                if rel > worst:
+                    worst, where = rel, f"task {i + 1} optimiser {j + 1} {k}: pinned {_short(w)}, now {_short(h)}"
+    moved = worst > TRAINING_REL_TOLERANCE
+    why = f"training moved beyond {TRAINING_REL_TOLERANCE:.0%} ({where}): what the method learns changed; {rewrite}"
+    shown = f"max rel |Δ| {worst:.2g}" + (f" ({where})" if moved else "")
+    return [
+        CheckRow(
+            label, "training", "losses, param change", shown, shown_tol, CHANGED if moved else OK, why if moved else ""
+        )
+    ]
 
 
 def _metric_tolerance(entry: ReferenceEntry, metric: str) -> float:
@@ -676,6 +739,7 @@ def _entry_rows(
     return [
         *_accuracy_rows(entry, runs, label, rewrite),
         *_metric_rows(entry, runs, label, rewrite),
+        *_training_rows(entry, runs, label, rewrite),
         *_param_rows(entry, runs, label),
         *(_time_rows(entry, runs, label, ref, calib) if entry.time and calib is not None else []),
         *_seed_rows(entry, runs, label),
