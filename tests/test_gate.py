@@ -494,3 +494,43 @@ def test_every_gate_run_that_trains_shows_its_loss_fall_and_its_parts_move(folde
         fell = f"{main['loss_first_epoch']:.4f} -> {main['loss_last_epoch']:.4f}"
         assert ratio <= LOSS_RATIO_MAX, f"{folder} task {t}: loss {fell}"
         assert main["param_change"] >= PARAM_CHANGE_MIN, f"{folder} task {t}: parts moved {main['param_change']:.2e}"
+
+
+def test_every_gate_run_has_an_untrained_control_at_its_split():
+    """The plan runs the untrained control at every split a ci profile uses (first task, increment, training images
+    per class), so the gate prints each method's margin over it: on the committed gate records, no run lacks one."""
+    from clbench.gate.printing import CONTROL, margin_lines
+
+    plan = chk.gate_plan(Path("OUT"))
+    controls = [run for run in plan if run[1] == CONTROL and "--train-per-class" in run]
+    assert controls, "no control at the 3-task ci splits"
+    lines = margin_lines(collect([RECORDS]).seeded())
+    assert lines and not [line for line in lines if "no untrained control" in line], lines
+
+
+def _scale_training(name: str, task: int, key: str, factor: float):
+    def change(rec):
+        for o in rec["per_task"][task]["diagnostics"]["training"]:
+            o[key] *= factor
+
+    return name, change
+
+
+@pytest.mark.parametrize(
+    ("name", "task", "key", "factor"),
+    [("coda_prompt-ci", 1, "loss_last_epoch", 1.03), ("slca-ci", 2, "param_change", 0.9)],
+)
+def test_a_run_whose_training_moved_fails_though_its_accuracy_holds(runs, name, task, key, factor):
+    """A method whose ci accuracy sits below the untrained control's (CODA-Prompt, SLCA) still has its training
+    pinned: a last-epoch loss 3 % higher, or parameters that moved 10 % less, fail the entry as changed while every
+    accuracy stays where it was."""
+    assert all(e.get("training") for e in ENTRIES if e["strategy"] != "simplecil"), "training not pinned"
+    edit(runs, *_scale_training(name, task, key, factor))
+    bad = failed(gate(runs))
+    assert [(check, status) for _, check, status in bad] == [("training", "changed")], bad
+    assert bad[0][0].startswith(name.split("-")[0]), bad
+
+
+def test_training_within_the_tolerance_passes(runs):
+    edit(runs, *_scale_training("coda_prompt-ci", 1, "loss_last_epoch", 1.005))
+    assert gate(runs).ok

@@ -52,6 +52,7 @@ from clbench.gate.reference import (  # noqa: F401  (also the names the CLI, tes
     REFERENCE_FORMAT,
     STORED_METRICS,
     TIME_PHASES,
+    TRAINING_PINS,
     EntryKey,
     Measurement,
     ParamPins,
@@ -71,7 +72,13 @@ from clbench.gate.reference import (  # noqa: F401  (also the names the CLI, tes
     weights_identity,
     write_reference,
 )
-from clbench.gate.tolerances import Tolerance, ToleranceTable, load_tolerances, tolerance_for  # noqa: F401
+from clbench.gate.tolerances import (  # noqa: F401
+    TRAINING_REL_TOLERANCE,
+    Tolerance,
+    ToleranceTable,
+    load_tolerances,
+    tolerance_for,
+)
 from clbench.perf.calibration import CALIBRATION_ID
 from clbench.records.results import out_of_bounds
 from clbench.report.collect import Collection, Run, config_digest
@@ -254,7 +261,50 @@ def gate_plan(out: Path) -> list[list[str]]:
                     str(out / f"{name}-domain-{CI_PROFILE_PREFIX}"),
                 ]
             )
+    runs += _control_runs(out)
     return [[*run[:-2], "--precision", "fp32", *run[-2:]] for run in runs]
+
+
+# The untrained control (:data:`clbench.gate.printing.CONTROL`): its ci profile, run again at every other split a
+# registered ci profile uses, so that the gate prints every method's margin over it (what its ci training learns).
+CONTROL_SPLIT_KEYS = (
+    ("init_cls", "--init-cls", "b"),
+    ("increment", "--increment", "inc"),
+    ("train_per_class", "--train-per-class", "k"),
+)
+
+
+def _control_runs(out: Path) -> list[list[str]]:
+    """``CONTROL --profile ci`` at each split (first task, increment, training images per class) of a registered ci
+    profile that differs from the control's own ci split, into ``OUT/<control>-ci-b<init>-inc<inc>-k<k>`` (a part
+    the profile leaves at the benchmark's default is omitted from the name). Input size: every ci profile's is the
+    control's (``CI_INPUT``); a profile with another one gets a control at it too."""
+    from clbench.gate.printing import CONTROL
+    from clbench.run.catalog import card
+
+    def split(profile: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(profile.get(key) for key, _, _ in CONTROL_SPLIT_KEYS) + (profile.get("img_size"),)
+
+    own = split(card(CONTROL).profiles[CI_PROFILE_PREFIX])
+    splits = sorted(
+        {split(card(name).profiles[p]) for name, profiles in _registered_ci_profiles().items() for p in profiles}
+        - {own},
+        key=str,
+    )
+    runs = []
+    for values in splits:
+        flags: list[str] = []
+        parts: list[str] = []
+        for (_, flag, short), value in zip(CONTROL_SPLIT_KEYS, values[:-1], strict=True):
+            if value is not None:
+                flags += [flag, str(value)]
+                parts.append(f"{short}{value}")
+        if values[-1] is not None and values[-1] != own[-1]:
+            flags += ["--img-size", str(values[-1])]
+            parts.append(f"px{values[-1]}")
+        name = f"{CONTROL}-{CI_PROFILE_PREFIX}-" + "-".join(parts)
+        runs.append(["--strategy", CONTROL, "--profile", CI_PROFILE_PREFIX, *flags, "--out", str(out / name)])
+    return runs
 
 
 def _registered_ci_profiles() -> dict[str, list[str]]:
@@ -421,6 +471,7 @@ def _entry(key: EntryKey, runs: list[Run], tolerance: Tolerance, calib: float | 
         strategy_config=first.settings,
         data=next((dict(r.record.data_fingerprint) for r in runs if r.record.data_fingerprint), None),
         metrics=stored_metrics(runs, key.protocol),
+        training=stored_training(runs),
     )
 
 
@@ -448,6 +499,61 @@ def stored_metrics(runs: Sequence[Run], protocol: str) -> dict[str, Any]:
     mean over the runs (what a reference entry pins beside the accuracy matrix)."""
     s = [r.summary(protocol) for r in runs]
     return {m: _mean_value([getattr(x, m) for x in s]) for m in STORED_METRICS}
+
+
+def stored_training(runs: Sequence[Run]) -> list[list[dict[str, float | None]]] | None:
+    """Per task, per optimiser it stepped: :data:`TRAINING_PINS` of the records' training diagnostics, mean over the
+    runs; None where a run has no diagnostics or the runs stepped different numbers of optimisers."""
+    per_run = []
+    for r in runs:
+        tasks = [(t.diagnostics or {}).get("training") for t in r.record.per_task]
+        if any(t is None and r.record.per_task[i].trained_change is not None for i, t in enumerate(tasks)):
+            return None
+        per_run.append([t or [] for t in tasks])
+    if not per_run or len({tuple(len(t) for t in run) for run in per_run}) != 1:
+        return None
+    return [
+        [
+            {k: _mean_value([run[i][j].get(k) for run in per_run]) for k in TRAINING_PINS}
+            for j in range(len(per_run[0][i]))
+        ]
+        for i in range(len(per_run[0]))
+    ]
+
+
+def _training_rows(entry: ReferenceEntry, runs: list[Run], label: str, rewrite: str) -> list[CheckRow]:
+    """The entry's pinned training diagnostics against the runs' mean: each loss and parameter change within
+    :data:`TRAINING_REL_TOLERANCE` of its pinned value (relative), the same optimisers in each task. One row per
+    entry, naming the worst."""
+    if entry.training is None:
+        return []
+    got = stored_training(runs)
+    shown_tol = f"± {TRAINING_REL_TOLERANCE:.0%} each"
+    if got is None or [len(t) for t in got] != [len(t) for t in entry.training]:
+        steps = "none recorded" if got is None else f"{[len(t) for t in got]} optimisers per task"
+        why = (
+            f"the runs stepped other optimisers than the pinned {[len(t) for t in entry.training]} per task "
+            f"({steps}): what the method trains changed; {rewrite}"
+        )
+        return [CheckRow(label, "training", "pinned", steps, shown_tol, CHANGED, why)]
+    worst, where = 0.0, ""
+    for i, (want_task, got_task) in enumerate(zip(entry.training, got, strict=True)):
+        for j, (want, have) in enumerate(zip(want_task, got_task, strict=True)):
+            for k in TRAINING_PINS:
+                w, h = want.get(k), have.get(k)
+                if w is None and h is None:
+                    continue
+                rel = math.inf if w is None or h is None else abs(h - w) / max(abs(w), 1e-12)
+                if rel > worst:
+                    worst, where = rel, f"task {i + 1} optimiser {j + 1} {k}: pinned {_short(w)}, now {_short(h)}"
+    moved = worst > TRAINING_REL_TOLERANCE
+    why = f"training moved beyond {TRAINING_REL_TOLERANCE:.0%} ({where}): what the method learns changed; {rewrite}"
+    shown = f"max rel |Δ| {worst:.2g}" + (f" ({where})" if moved else "")
+    return [
+        CheckRow(
+            label, "training", "losses, param change", shown, shown_tol, CHANGED if moved else OK, why if moved else ""
+        )
+    ]
 
 
 def _metric_tolerance(entry: ReferenceEntry, metric: str) -> float:
@@ -633,6 +739,7 @@ def _entry_rows(
     return [
         *_accuracy_rows(entry, runs, label, rewrite),
         *_metric_rows(entry, runs, label, rewrite),
+        *_training_rows(entry, runs, label, rewrite),
         *_param_rows(entry, runs, label),
         *(_time_rows(entry, runs, label, ref, calib) if entry.time and calib is not None else []),
         *_seed_rows(entry, runs, label),

@@ -212,6 +212,25 @@ def _is_metrics(v: Any) -> bool:
     return v is None or (isinstance(v, dict) and all(k in STORED_METRICS and _is_metric_value(x) for k, x in v.items()))
 
 
+# What a gate entry pins of each optimiser's training in each task (clbench.methods.shared.TrainingTrace.summary):
+# the mean loss of its first and last epoch and how far its parameters moved (||after - init|| / ||init||).
+TRAINING_PINS = ("loss_first_epoch", "loss_last_epoch", "param_change")
+
+
+def _is_training(v: Any) -> bool:
+    return v is None or (
+        isinstance(v, list)
+        and all(
+            isinstance(task, list)
+            and all(
+                isinstance(o, dict) and all(k in TRAINING_PINS and (x is None or is_number(x)) for k, x in o.items())
+                for o in task
+            )
+            for task in v
+        )
+    )
+
+
 # The metrics of a record's protocol summary the gate pins beside the accuracy matrix, final and average accuracy
 # (clbench.records.results.ProtocolSummary): scalars in points, per-task curves in percent, intervals as [lo, hi].
 STORED_METRICS = (
@@ -313,6 +332,16 @@ class ReferenceEntry(Typed):
     metrics: dict[str, MetricValue] | None = json_field(
         f"null or an object of {', '.join(STORED_METRICS)} -> a number, a list of numbers or null",
         _is_metrics,
+        where_set=True,
+        default=None,
+    )
+    # what training did, per task and per optimiser the task stepped (:data:`TRAINING_PINS` of the record's
+    # ``diagnostics.training``, mean over the runs; [] for a task that trains nothing); None: not pinned (references
+    # written before). A bug in what a method learns moves its losses even where its ci accuracy sits near the
+    # untrained control's.
+    training: list[list[dict[str, float | None]]] | None = json_field(
+        f"null or a list (per task) of lists (per optimiser) of objects of {', '.join(TRAINING_PINS)} -> a number",
+        _is_training,
         where_set=True,
         default=None,
     )
