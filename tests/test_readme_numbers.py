@@ -62,6 +62,7 @@ ONE_SEED = {
     "HiDe-Prompt, `reference` protocol": (f"{RUNS}/reference/hide_prompt", "reference"),
     "APER, SSF first session": (f"{RUNS}/reference/aper-ssf", "per-sample"),
     "APER, deep VPT first session": (f"{RUNS}/reference/aper-vpt", "per-sample"),
+    "LAE (reference": (f"{RUNS}/reference/lae", "per-sample"),
     "FeCAM": (f"{RUNS}/seeds/fecam-emoji-s1993-o1993", "per-sample"),
     "SLDA": (f"{RUNS}/seeds/slda-emoji-s1993-o1993", "per-sample"),
     "RanDumb": (f"{RUNS}/seeds/randumb-emoji-s1993-o1993", "per-sample"),
