@@ -975,8 +975,10 @@ def tsne(
     groups = _tsne_panels(picked, labels, max_points, notes)
     cache = embed_all([p.x for panels in groups.values() for p in panels])
     for (bench, backbone), panels in groups.items():
-        for page, start in enumerate(range(0, len(panels), TSNE_PANELS)):
-            chunk = panels[start : start + TSNE_PANELS]
+        # pages of even size (17 panels: 9 and 8, not 16 and a lone panel whose title the narrow page clips)
+        per_page = math.ceil(len(panels) / math.ceil(len(panels) / TSNE_PANELS))
+        for page, start in enumerate(range(0, len(panels), per_page)):
+            chunk = panels[start : start + per_page]
             cols = min(4, len(chunk))
             with matplotlib.rc_context({**RC, "axes.grid": False}):
                 fig, axes = _new_figure(cols, math.ceil(len(chunk) / cols), 3.4, 3.5)
