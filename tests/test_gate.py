@@ -182,7 +182,7 @@ def test_a_two_point_gain_on_one_task_fails_as_changed(runs, entry):
 
 
 def test_a_drop_within_the_measured_spread_passes(runs):
-    entry = next(e for e in ENTRIES if e["strategy"] == "simplecil")
+    entry = next(e for e in ENTRIES if e["runs"] == ["simplecil-ci"])  # the control at its own split
     tol = entry["tolerance"]["matrix"]
     edit(runs, run_folder(entry), shift_task("per-sample", task=2, points=-(tol - 0.01)))
     assert gate(runs).ok
@@ -265,7 +265,7 @@ def test_a_run_the_reference_does_not_pin_fails(runs):
 
 
 def test_a_run_at_another_precision_is_refused(runs):
-    entry = next(e for e in ENTRIES if e["strategy"] == "simplecil")
+    entry = next(e for e in ENTRIES if e["runs"] == ["simplecil-ci"])  # the control at its own split
     edit(runs, run_folder(entry), lambda rec: rec.update(precision="bf16"))
     rows = gate(runs).failures
     assert [r.check for r in rows] == ["precision"]
@@ -273,7 +273,7 @@ def test_a_run_at_another_precision_is_refused(runs):
 
 
 def test_an_old_record_with_autocast_counts_as_bf16(runs):
-    entry = next(e for e in ENTRIES if e["strategy"] == "simplecil")
+    entry = next(e for e in ENTRIES if e["runs"] == ["simplecil-ci"])  # the control at its own split
 
     def old(rec):
         del rec["precision"]
@@ -392,7 +392,7 @@ def test_a_calibration_file_reads_and_writes_back_the_same(runs, tmp_path):
     ],
 )
 def test_a_bad_record_fails_the_gate_naming_file_and_field(runs, change, field):
-    entry = next(e for e in ENTRIES if e["strategy"] == "simplecil")
+    entry = next(e for e in ENTRIES if e["runs"] == ["simplecil-ci"])  # the control at its own split
     edit(runs, run_folder(entry), change)
     rows = [r for r in gate(runs).failures if r.check == "record readable"]
     assert len(rows) == 1 and run_folder(entry) in rows[0].entry and field in rows[0].detail
@@ -528,7 +528,7 @@ def test_a_run_whose_training_moved_fails_though_its_accuracy_holds(runs, name, 
     edit(runs, *_scale_training(name, task, key, factor))
     bad = failed(gate(runs))
     assert [(check, status) for _, check, status in bad] == [("training", "changed")], bad
-    assert bad[0][0].startswith(name.split("-")[0]), bad
+    assert f"| {name.removesuffix('-ci')}:ci |" in bad[0][0], bad
 
 
 def test_training_within_the_tolerance_passes(runs):

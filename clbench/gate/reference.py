@@ -122,11 +122,15 @@ class EntryKey(NamedTuple):
     backbone: str
     img_size: int | None
     protocol: str
+    # the first k training images per class (the run's train_per_class; None: all): the untrained control runs at
+    # one split with 8 and with 16, one profile
+    train_per_class: int | None = None
 
     def label(self) -> str:
         profile = f":{self.profile}" if self.profile else ""
         bench = bench_label(self.bench, list(self.task_sizes), self.class_order_seed)
-        return f"{bench} | {self.strategy}{profile} | {self.backbone} {self.img_size}px | {self.protocol}"
+        per_class = f" | {self.train_per_class} per class" if self.train_per_class else ""
+        return f"{bench} | {self.strategy}{profile} | {self.backbone} {self.img_size}px | {self.protocol}{per_class}"
 
     def run_command(self) -> str:
         """The ``clbench run`` flags that make a run matching this key (for one-line fixes)."""
@@ -141,7 +145,15 @@ class EntryKey(NamedTuple):
 def entry_key(run: Run, protocol: str) -> EntryKey:
     r = run.record
     return EntryKey(
-        r.bench, tuple(run.task_sizes), r.class_order_seed, run.strategy, r.profile, r.backbone, r.img_size, protocol
+        r.bench,
+        tuple(run.task_sizes),
+        r.class_order_seed,
+        run.strategy,
+        r.profile,
+        r.backbone,
+        r.img_size,
+        protocol,
+        r.train_per_class,
     )
 
 
@@ -358,6 +370,7 @@ class ReferenceEntry(Typed):
             self.backbone,
             self.img_size,
             self.protocol,
+            (self.strategy_config or {}).get("train_per_class"),
         )
 
 
