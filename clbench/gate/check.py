@@ -279,7 +279,8 @@ def _control_runs(out: Path) -> list[list[str]]:
     profile that differs from the control's own ci split, into ``OUT/<control>-ci-b<init>-inc<inc>-k<k>`` (a part
     the profile leaves at the benchmark's default is omitted from the name). Input size: every ci profile's is the
     control's (``CI_INPUT``); a profile with another one gets a control at it too."""
-    from clbench.gate.printing import CONTROL
+    # the untrained control, clbench.gate.printing.CONTROL (which imports this module: named here from its source)
+    from clbench.run.catalog import DEFAULT_STRATEGY as CONTROL
     from clbench.run.catalog import card
 
     def split(profile: dict[str, Any]) -> tuple[Any, ...]:
