@@ -889,3 +889,15 @@ def _duct_mutations() -> None:
 
 
 _duct_mutations()
+
+
+def _cl_lora_kd_student_unscaled(pred, soft, temperature):  # the temperature divides the teacher's logits only
+    log_p = torch.log_softmax(pred, dim=1)
+    return -(torch.softmax(soft / temperature, dim=1) * log_p).sum() / pred.shape[0]
+
+
+MUTATIONS["cl_lora-kd-student-unscaled"] = Mutation(
+    "cl_lora",
+    "the distillation loss softens the teacher's logits by the temperature but not the student's",
+    lambda: mock.patch.object(cl_lora_mod, "kd_loss", _cl_lora_kd_student_unscaled),
+)
