@@ -339,7 +339,7 @@ def test_study_file_groups_choose_the_main_table_and_sections():
     assert strategies == {
         "simplecil", "tosca", "acil", "dsal", "fecam", "randumb", "slda", "l2p", "ease", "ranpac", "aper",
         "dualprompt", "mos", "inflora:reference", "slca:reference", "coda_prompt:reference-6tasks",
-        "hide_prompt:reference",
+        "hide_prompt:reference", "aper:reference-ssf", "aper:reference-vpt", "lae",
     }  # fmt: skip  # inflora: a group at the `reference` profile is a main row too, CODA's at `reference-6tasks`
     assert study.baseline == "simplecil"  # the first strategy of the first main group
     titles = [s.title for s in study.sections]
