@@ -189,7 +189,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if sweep.dry_run:
         print_plan(run_sweep(spec, sweep.backend, res, sweep.ray_address, dry_run=True))
         return 0
-    from clbench.records.results import command_line
+    from clbench.records.command import command_line
 
     command = command_line()
     with RichSweepView() as view:
@@ -537,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from clbench.records.results import set_invocation
+    from clbench.records.command import set_invocation
 
     set_invocation(list(sys.argv[1:] if argv is None else argv))  # the records name the command as typed
     try:

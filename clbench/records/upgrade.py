@@ -1,12 +1,12 @@
 """``clbench records upgrade DIR``: rewrite the run records under a folder at the current schema version, once.
 
-Readers (reports, ``compare``, the gate, sweeps) read records of schema :data:`~clbench.records.results.OLDEST_READABLE`
-and later and upgrade them on load; those upgrades are pure JSON (:data:`clbench.records.results.UPGRADES`). A record of
-schema 1 to 3 predates one parameter accounting: its ``params.added_per_task`` holds learned parameters and stored
-statistics together, and only the method's own rule, :meth:`~clbench.methods.contract.Strategy.split_kept` (the split
-its live runs count with), can part them. Readers refuse such a record and name this command, so that reading records
-never imports torch or a method; this command imports them, restates each old record once (:func:`upgrade_v3`) and
-rewrites it in place.
+Readers (reports, ``compare``, the gate, sweeps) read records of schema
+:data:`~clbench.records.versions.OLDEST_READABLE` and later and upgrade them on load; those upgrades are pure JSON
+(:data:`clbench.records.versions.UPGRADES`). A record of schema 1 to 3 predates one parameter accounting: its
+``params.added_per_task`` holds learned parameters and stored statistics together, and only the method's own rule,
+:meth:`~clbench.methods.contract.Strategy.split_kept` (the split its live runs count with), can part them. Readers
+refuse such a record and name this command, so that reading records never imports torch or a method; this command
+imports them, restates each old record once (:func:`upgrade_v3`) and rewrites it in place.
 
 Nothing is lost: every field keeps its meaning, the counts as first written stay in ``params.kept_as_written``
 beside ``params.restated_from_schema``, a record is replaced atomically and only after the rewrite reads back as
@@ -24,18 +24,9 @@ from pathlib import Path
 
 from clbench.errors import ClbenchError
 from clbench.files.safety import load_json
-from clbench.records.results import (
-    OLDEST_UPGRADABLE,
-    RESULT_FILE,
-    RUN_HINT,
-    SCHEMA_VERSION,
-    UPGRADES,
-    Json,
-    RunRecord,
-    _build,
-    _checked,
-    read_record,
-)
+from clbench.records.results import RUN_HINT, _build, _checked, read_record
+from clbench.records.schema import RESULT_FILE, Json, RunRecord
+from clbench.records.versions import OLDEST_UPGRADABLE, SCHEMA_VERSION, UPGRADES
 
 
 def upgrade_v1(data: Json) -> Json:

@@ -58,7 +58,7 @@ _write_text = atomic_write_text  # every text file of a report, written whole or
 
 def _meta(coll: Collection, command: str | None) -> str:
     from clbench import __version__
-    from clbench.records.results import git_revision
+    from clbench.records.host import git_revision
 
     skipped = f", {len(coll.skipped)} skipped" if coll.skipped else ""
     text = (

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from clbench.features.embeddings import POINTS as EMBEDDED_POINTS
-from clbench.records.results import TaskEntry, Times
 from clbench.records.routing_diagnostics import routing_or_none
+from clbench.records.schema import TaskEntry, Times
 from clbench.report.budget import QUICK, REFERENCE, BudgetCurve, curve_label
 from clbench.report.collect import AccKey, Collection, Run
 from clbench.report.figure_base import (
