@@ -318,7 +318,8 @@ def write_artifacts(record: RunRecord, run_dir: Path, out: Path) -> list[Path]:
     files[0].write_text(json.dumps(record.to_dict(), indent=1))
     try:
         from clbench.report.collect import Collection, Run
-        from clbench.report.figures import accuracy_curves, accuracy_matrices
+        from clbench.report.figures.curves import accuracy_curves
+        from clbench.report.figures.matrices import accuracy_matrices
 
         coll = Collection(runs=[Run(run_dir, record, record.run_id, record.strategy)])
         figs = [accuracy_curves(coll, out), *accuracy_matrices(coll, out)]
