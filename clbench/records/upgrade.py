@@ -16,8 +16,10 @@ not touched (the command can be run again at no cost).
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,3 +162,31 @@ def _replace(path: Path, record: RunRecord, original: bytes, version: int) -> Ou
 
 def _dumped(record: RunRecord) -> str:
     return json.dumps(record.to_dict(), sort_keys=True)  # NaN == NaN as text
+
+
+def upgrade_command(args: argparse.Namespace) -> int:
+    """``clbench records upgrade DIR...``: one line per record changed or refused, then the counts; exit 1 when a
+    record could not be upgraded."""
+    from collections import Counter
+
+    from clbench.files.escape import plain
+    from clbench.records.results import RUN_HINT
+    from clbench.records.upgrade import upgrade_folders
+
+    outcomes = upgrade_folders(args.dirs, dry_run=args.dry_run)
+    verb = "would upgrade" if args.dry_run else "upgraded"
+    for o in outcomes:
+        if o.status == "upgraded":
+            print(f"{verb} {plain(str(o.path))} (schema {o.version})")
+        elif o.status != "current":
+            why = o.why.removeprefix(f"{o.path}: ")
+            print(f"{o.status} {plain(str(o.path))}: {plain(why)}")
+    counts = Counter(o.status for o in outcomes)
+    print(
+        f"{len(outcomes)} records: {counts['upgraded']} {verb}, {counts['current']} already current"
+        + (f", {counts['busy']} busy (a run is writing them; run this again after it)" if counts["busy"] else "")
+        + (f", {counts['refused']} refused" if counts["refused"] else "")
+    )
+    if counts["refused"]:
+        print(f"  hint: a refused record cannot be read as it is: {RUN_HINT}", file=sys.stderr)
+    return 1 if counts["refused"] or counts["busy"] else 0
