@@ -1,7 +1,7 @@
-"""``clbench``: parses flags into typed configs and calls the harness or the reports. No other logic.
+"""``clbench``: parses flags and dispatches each command to its body in the package it belongs to
+(:mod:`clbench.run.commands`, :mod:`clbench.sweep.commands`, :mod:`clbench.report.commands`, ...). No other logic.
 
-Imports of torch, timm and Avalanche happen inside the command functions so that ``clbench --help`` and
-``clbench list`` answer at once.
+Those bodies are imported when their command runs, so that ``clbench --help`` and ``clbench list`` answer at once.
 """
 
 from __future__ import annotations
@@ -85,70 +85,6 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _log_spec(args: argparse.Namespace, group: str | None = None, out: str | None = None):
-    """``--log`` / ``--log-dir`` as a checked :class:`clbench.run.trackers.LogSpec`, or None without ``--log``;
-    ``out``: a sweep's folder, where its runs' MLflow store goes without ``--log-dir`` (a run's: its folder)."""
-    if args.log is None:
-        if args.log_dir is not None:
-            raise ClbenchError("--log-dir is for --log", "add --log tensorboard (or mlflow, wandb), or drop --log-dir")
-        return None
-    from clbench.run.trackers import LogSpec
-
-    return LogSpec.from_flags(args.log, args.log_dir, group, out)
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    log = _log_spec(args)  # checked first: a tracker that is not installed is refused at once
-    from clbench.run.config import RunConfig, flag_fields
-
-    values = {name: getattr(args, name) for name in flag_fields("run")}
-    values["overrides"] = tuple(args.overrides)
-    if args.trust_checkpoint:
-        from clbench.run.checkpoint import convert_legacy
-
-        if not (args.resume or args.out):
-            raise ClbenchError("--trust-checkpoint converts the checkpoint of a run folder: name it with --resume DIR")
-        convert_legacy(
-            Path(args.resume or args.out), lambda m: print(f"clbench: --trust-checkpoint: {m}", file=sys.stderr)
-        )
-    if args.resume:
-        from clbench.run.checkpoint import resume_config
-        from clbench.run.config import given_settings
-
-        # a flag left at its default counts as not given; checked as in a fresh run, before the checkpoint is read
-        cfg = resume_config(args.resume, given_settings(values))
-    elif args.strategy is None:
-        raise ClbenchError("clbench run needs --strategy", "or --resume DIR to continue an unfinished run")
-    else:
-        from clbench.run.precheck import check_run
-
-        cfg = RunConfig(**values)
-        check_run(cfg)  # every name, profile and --set key from the cards: a mistake costs no torch import
-    if args.dry_run:
-        from clbench.run.dryrun import print_plan
-
-        print_plan(cfg)
-        return 0
-    from clbench.run.harness import run
-    from clbench.ui import RichReporter, print_result, print_where
-
-    with RichReporter() as reporter:
-        observer = reporter
-        if log is not None:
-            from clbench.run.trackers import TrackerHub
-
-            observer = TrackerHub(log, reporter)
-        try:
-            record = run(cfg, observer, resume=bool(args.resume))
-        except BaseException:
-            if log is not None:
-                observer.abort()  # the trackers' runs end as failed
-            raise
-    print_result(record)
-    print_where(reporter.run_dir, observer.locations() if log is not None else {})
-    return 0
-
-
 def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     """The sweep's own flags, generated from :mod:`clbench.sweep.settings` (one declaration per setting), ``--set``,
     then the run settings every run shares."""
@@ -168,68 +104,6 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     _add_setting_args(p, "sweep")
 
 
-def _fields(args: argparse.Namespace, command: str, cls: type | None = None) -> dict[str, Any]:
-    """The parsed flags of ``clbench COMMAND`` that are fields of the declaration ``cls`` (default: RunConfig)."""
-    from clbench.run.config import flag_fields
-
-    return {name: getattr(args, name) for name in flag_fields(command, cls)}
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from clbench.sweep.settings import Resources, SweepArgs
-
-    sweep = SweepArgs(**_fields(args, "sweep", SweepArgs))  # first: a sweep without --strategies or --out
-    log = _log_spec(args, group=Path(sweep.out).resolve().name, out=sweep.out)
-    res = Resources(**_fields(args, "sweep", Resources))
-    spec = sweep.spec(_fields(args, "sweep"), args.overrides)
-    _check_sweep(spec)
-    from clbench.sweep import run_sweep, write_summary
-    from clbench.ui import RichSweepView, print_plan, print_sweep_end
-
-    if sweep.dry_run:
-        print_plan(run_sweep(spec, sweep.backend, res, sweep.ray_address, dry_run=True))
-        return 0
-    from clbench.records.results import command_line
-
-    command = command_line()
-    with RichSweepView() as view:
-        manifest = run_sweep(
-            spec,
-            sweep.backend,
-            res,
-            sweep.ray_address,
-            view=view,
-            cache=sweep.cache,
-            command=command,
-            log=dataclasses.asdict(log) if log else None,
-        )
-    written = write_summary(spec.out, manifest, sweep.report, sweep.tsne, command)
-    print_sweep_end(manifest, spec.out, written)
-    return 0 if manifest.complete else 1
-
-
-def _check_sweep(spec: Any) -> None:
-    """Every run of the sweep ``spec`` checked from the catalog and the cards (:func:`clbench.run.precheck.check_run`)
-    before torch is imported: a misspelt name, profile or ``--set`` key is refused at once."""
-    from clbench.run.precheck import check_run
-    from clbench.sweep.plan import make_plan
-
-    checked = set()
-    for planned in make_plan(spec, check=False):
-        c = planned.cfg
-        key = (c.strategy, c.bench, c.backbone, c.scenario, c.profile, c.overrides)  # what check_run reads
-        if key in checked:  # the same checks again for another seed
-            continue
-        checked.add(key)
-        try:
-            check_run(c)
-        except ClbenchError as e:
-            if any(scope is None for scope, _, _ in spec.overrides) and "has no setting" in str(e):
-                hint = "scope a setting to one strategy with --set STRATEGY.KEY=VALUE, e.g. --set tosca.epochs=5"
-                raise ClbenchError(e.args[0], e.hint or hint, e.flags) from None
-            raise
-
-
 def _add_export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUNS", help="run folders, or folders that hold run folders")
     p.add_argument("--to", required=True, metavar="T1,T2", help="tensorboard, mlflow, wandb (any combination)")
@@ -242,45 +116,29 @@ def _add_export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group", help="MLflow experiment / W&B group of the runs (default: clbench)")
 
 
+# Each command's body lives in its package, imported when the command runs (``clbench --help`` stays torch-free).
+def cmd_run(args: argparse.Namespace) -> int:
+    from clbench.run.commands import run_command
+
+    return run_command(args)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from clbench.sweep.commands import sweep_command
+
+    return sweep_command(args)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from clbench.run.commands import export_command
 
-    from clbench.records.results import load_record
-    from clbench.report.collect import find_run_dirs
-    from clbench.run.trackers import LogSpec, TrackerHub
+    return export_command(args)
 
-    log = LogSpec.from_flags(args.to, args.log_dir or args.runs[0], args.group)
-    dirs, skipped = find_run_dirs(args.runs)
-    for s in skipped:
-        print(f"clbench: skipped {s.path}: {s.reason}", file=sys.stderr)
-    if not dirs:
-        raise ClbenchError(f"no run records under {', '.join(args.runs)}", "give run folders that hold result.json")
-    from clbench.files.escape import plain
-    from clbench.files.safety import folder_name_problem
 
-    records = [(Path(d), load_record(d)) for d in dirs]  # every record checked before anything is sent
-    for d, record in records:
-        why = folder_name_problem(record.run_id)  # TensorBoard's folder LOG_DIR/tensorboard/RUN_ID, the runs' names
-        if why is not None:
-            raise ClbenchError(
-                f"{d}: run_id {plain(repr(record.run_id))[:80]} is not a plain name ({why})",
-                "correct the record's run_id, or leave that run folder out of the export",
-            )
-        ref = record.predictions  # a record that disagrees with its own predictions is refused, as by the gate
-        if ref is not None and (d / ref.file).exists():
-            from clbench.records.predictions import read
+def cmd_records_upgrade(args: argparse.Namespace) -> int:
+    from clbench.records.upgrade import upgrade_command
 
-            read(d, ref, expect=record.protocols)
-    hub = TrackerHub(log)  # one for the export: each tracker connects once; one that fails is dropped for the rest
-    failed = 0
-    for d, record in records:
-        events = hub.replay(record, d.parent)
-        for e in events:
-            print(f"clbench: warning: {plain(record.run_id)}: {plain(e)}", file=sys.stderr)
-        failed += bool(events)
-        left = [t for t in log.trackers if t not in hub.dropped]
-        print(f"exported {plain(d.parent)} ({len(record.per_task)} tasks) to {', '.join(left) or 'no tracker'}")
-    return 1 if failed or hub.dropped else 0
+    return upgrade_command(args)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -496,34 +354,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_records_upgrade(args: argparse.Namespace) -> int:
-    """``clbench records upgrade DIR...``: one line per record changed or refused, then the counts; exit 1 when a
-    record could not be upgraded."""
-    from collections import Counter
-
-    from clbench.files.escape import plain
-    from clbench.records.results import RUN_HINT
-    from clbench.records.upgrade import upgrade_folders
-
-    outcomes = upgrade_folders(args.dirs, dry_run=args.dry_run)
-    verb = "would upgrade" if args.dry_run else "upgraded"
-    for o in outcomes:
-        if o.status == "upgraded":
-            print(f"{verb} {plain(str(o.path))} (schema {o.version})")
-        elif o.status != "current":
-            why = o.why.removeprefix(f"{o.path}: ")
-            print(f"{o.status} {plain(str(o.path))}: {plain(why)}")
-    counts = Counter(o.status for o in outcomes)
-    print(
-        f"{len(outcomes)} records: {counts['upgraded']} {verb}, {counts['current']} already current"
-        + (f", {counts['busy']} busy (a run is writing them; run this again after it)" if counts["busy"] else "")
-        + (f", {counts['refused']} refused" if counts["refused"] else "")
-    )
-    if counts["refused"]:
-        print(f"  hint: a refused record cannot be read as it is: {RUN_HINT}", file=sys.stderr)
-    return 1 if counts["refused"] or counts["busy"] else 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -537,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from clbench.records.results import set_invocation
+    from clbench.records.command import set_invocation
 
     set_invocation(list(sys.argv[1:] if argv is None else argv))  # the records name the command as typed
     try:
@@ -632,30 +462,9 @@ def _dispatch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
 
 
 def entry() -> None:
-    """The ``clbench`` console script (and ``python -m clbench.cli``): :func:`main`, then :func:`exit_now`."""
-    exit_now(main())
-
-
-def exit_now(code: int) -> None:
-    """End the process with ``code`` without the interpreter's teardown. What an exit must still do is done first
-    (other threads joined and every ``atexit`` handler run: trackers, temporary folders, logging; the standard
-    streams flushed); tearing down the modules of torch and the rest, about 0.5 s on 2 cores (a tenth of the warm
-    main job), is skipped by ``os._exit``. Where this Python lacks the two hooks used, the usual exit."""
-    import atexit
-    import os
-    import threading
-
-    join_threads, run_exit_handlers = getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)
-    if join_threads is None or run_exit_handlers is None:
-        sys.exit(code)
-    join_threads()
-    run_exit_handlers()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
-            pass
-    os._exit(code)
+    """The ``clbench`` console script (and ``python -m clbench.cli``): :func:`main`, its code the process's exit
+    status (the interpreter's ordinary exit: other threads joined, ``atexit`` handlers run, output flushed)."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

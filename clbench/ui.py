@@ -17,7 +17,7 @@ from rich.table import Table
 
 from clbench.evaluation import metrics
 from clbench.files.escape import rich as esc
-from clbench.records.results import RunRecord
+from clbench.records.schema import RunRecord
 from clbench.run.harness import Reporter, RunStart
 
 if TYPE_CHECKING:

@@ -372,3 +372,39 @@ def test_importing_the_report_and_gate_packages_loads_no_torch_nor_harness(packa
     count, loaded = (out.splitlines() + ["", ""])[:2]
     assert int(count) >= at_least  # it imported every submodule
     assert loaded == "", f"importing {package} loaded {loaded}"
+
+
+TOOLS = "clbench.tools"  # maintenance commands that rebuild the embedded data by hand (python -m clbench.tools.NAME)
+
+
+def tool_importers(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Each import of a maintenance tool by a module outside :data:`TOOLS` (function-level imports included)."""
+    inside = lambda name: name == TOOLS or name.startswith(TOOLS + ".")  # noqa: E731
+    return sorted(
+        f"{m} (line {line}) -> {t}"
+        for m, deps in graph.items()
+        if not inside(m)
+        for t, line in deps.items()
+        if inside(t)
+    )
+
+
+def test_no_library_module_imports_the_maintenance_tools():
+    """The data-set builders (clbench.tools) only rebuild clbench/data/: a run, a benchmark's loader, a report or the
+    CLI imports none of them, so none of their code (PIL, npm tarballs, resvg) is on the path of ``clbench run``."""
+    graph = import_graph()
+    assert "clbench.tools.build_emoji_domains" in graph  # it read the tools
+    found = tool_importers(graph)
+    assert not found, "a library module importing a maintenance tool:\n" + "\n".join(found)
+
+
+def test_the_maintenance_tool_check_finds_an_importer(tmp_path):
+    source = {
+        "clbench/__init__.py": "",
+        "clbench/tools/__init__.py": "",
+        "clbench/tools/build.py": "from clbench.benchmarks import data\n",
+        "clbench/benchmarks/__init__.py": "",
+        "clbench/benchmarks/data.py": "def f():\n    from clbench.tools.build import digest\n",
+    }
+    write_tree(tmp_path, source)
+    assert tool_importers(import_graph(tmp_path)) == ["clbench.benchmarks.data (line 2) -> clbench.tools.build"]

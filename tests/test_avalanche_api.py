@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from clbench.errors import ClbenchError
-from clbench.records.results import RunRecord
+from clbench.records.schema import RunRecord
 
 
 def _avalanche():

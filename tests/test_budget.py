@@ -217,7 +217,8 @@ def test_each_curve_takes_the_panels_next_colour(tmp_path, monkeypatch):
     e.g. ``tosca:... epochs=2``): the fixed strategy colours put near-identical ones side by side."""
     import matplotlib.axes
 
-    from clbench.report.figures import SERIES_COLORS, budget_curves_figure
+    from clbench.report.figures.curves import budget_curves_figure
+    from clbench.report.figures.style import SERIES_COLORS
 
     drawn: list[str] = []
     real = matplotlib.axes.Axes.errorbar

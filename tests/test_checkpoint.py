@@ -16,7 +16,7 @@ import torch
 
 from clbench.errors import ClbenchError
 from clbench.files.safestate import SavedState
-from clbench.records.results import TaskEntry, Times
+from clbench.records.schema import TaskEntry, Times
 from clbench.run import checkpoint as ck
 from clbench.run.config import Fingerprint, RunConfig
 

@@ -11,7 +11,7 @@ import pytest
 
 from clbench.features import embeddings
 from clbench.report.collect import collect
-from clbench.report.figures import _tsne_panels, load_features, tsne
+from clbench.report.figures.tsne_maps import _tsne_panels, load_features, tsne
 from clbench.run.catalog import STRATEGIES
 from clbench.run.harness import RunConfig, run
 

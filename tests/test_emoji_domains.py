@@ -13,23 +13,22 @@ import numpy as np
 import pytest
 
 from clbench.benchmarks import BENCHMARKS, build_benchmark
-from clbench.benchmarks.build_emoji_domains import (
+from clbench.benchmarks.check import check_data
+from clbench.benchmarks.emoji_domains import DOMAINS, N_CLASSES, content_digest, data_file, load
+from clbench.errors import ClbenchError
+from clbench.tools.build_emoji_domains import (
     DOMAINS as BUILD_DOMAINS,
 )
-from clbench.benchmarks.build_emoji_domains import (
+from clbench.tools.build_emoji_domains import (
     NOTICE_BEGIN,
     NOTICE_END,
     build_samples,
     code_key,
     collect_groups,
-    content_digest,
     notice_text,
     select_classes,
     update_notice,
 )
-from clbench.benchmarks.check import check_data
-from clbench.benchmarks.emoji_domains import DOMAINS, N_CLASSES, data_file, load
-from clbench.errors import ClbenchError
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +153,7 @@ def test_notice_section_is_appended_once_and_replaced_on_rebuild(tmp_path):
 
 
 def test_rebuilding_the_emoji_benchmark_keeps_the_domains_section_of_notice(tmp_path):
-    from clbench.benchmarks import build_emoji
+    from clbench.tools import build_emoji
 
     notice = tmp_path / "NOTICE"
     notice.write_text("an older emoji attribution\n")

@@ -356,15 +356,16 @@ def test_chromium_image_check_catches_a_missing_figure(report_dir, tmp_path):
 def test_accuracy_matrices_are_split_into_figures_of_at_most_matrix_panels(tmp_path, monkeypatch):
     """One figure of 63 heatmaps ran out of 24 GB: the matrices of a benchmark come as figures of at most
     MATRIX_PANELS panels (here 2), named accuracy_matrix_<bench>, _2, ..., together showing every run."""
-    from clbench.report import figures
+    from clbench.report.figure_base import slug
+    from clbench.report.figures import matrices
 
     coll = collect([FIXTURES])
     bench = coll.benches()[0]  # "emoji B0 Inc6"
     keys = [k for k in coll.acc_groups() if k.bench == bench]
     assert len(keys) >= 3  # enough row keys for more than one page of 2
-    monkeypatch.setattr(figures, "MATRIX_PANELS", 2)
-    out = figures.accuracy_matrices(coll, tmp_path)
-    pages, name = -(-len(keys) // 2), "accuracy_matrix_" + figures.slug(bench)
+    monkeypatch.setattr(matrices, "MATRIX_PANELS", 2)
+    out = matrices.accuracy_matrices(coll, tmp_path)
+    pages, name = -(-len(keys) // 2), "accuracy_matrix_" + slug(bench)
     assert [f.name for f in out] == [name] + [f"{name}_{i}" for i in range(2, pages + 1)]
     assert all(f"({i} of {pages})" in f.title for i, f in enumerate(out, start=1))
     shown = {run for f in out for run in f.runs}

@@ -218,7 +218,7 @@ def test_accuracy_curves_leave_out_a_band_that_would_cover_the_panel(tmp_path, m
     """Seeds 30 points apart give a band wider than WIDE_BAND of the y range: not drawn, and the caption says so."""
     from matplotlib.collections import PolyCollection
 
-    from clbench.report.figures import accuracy_curves
+    from clbench.report.figures.curves import accuracy_curves
 
     runs = crowded_runs(tmp_path / "runs")
     rec = json.loads((runs / "fecam-s1994" / "result.json").read_text())

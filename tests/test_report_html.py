@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from test_report_leaderboard import study_report as study_report  # the full-tier fixture, shared
 
-from clbench.report.figures import FigureOut
+from clbench.report.figure_base import FigureOut
 from clbench.report.html import mark_numbers, render_html, render_markdown, split_provenance
 from clbench.report.tables import Section
 

@@ -114,7 +114,7 @@ def test_short_labels_name_the_method_and_protocol():
 
 
 def test_palette_is_fixed_by_strategy_name():
-    from clbench.report.figures import strategy_color, variant_styles
+    from clbench.report.figures.style import strategy_color, variant_styles
 
     assert strategy_color("tosca") == strategy_color("tosca l1=0") == strategy_color("tosca:quick")
     assert strategy_color("tosca") != strategy_color("simplecil")
@@ -213,18 +213,18 @@ def text_collisions(fig) -> list[str]:
 
 
 def _capture_figures(monkeypatch) -> list:
-    from clbench.report import figures
+    from clbench.report import figure_base
+    from clbench.report.figures import costs, curves, matrices, routing_plots, tsne_maps
 
     made: list = []
-    save = figures._save
+    save = figure_base._save
 
     def keep(fig, *args, **kwargs):
         made.append((args[1], fig))
         return save(fig, *args, **kwargs)
 
-    from clbench.report import figure_base
-
-    monkeypatch.setattr(figures, "_save", keep)  # the report's figures
+    for family in (costs, curves, matrices, routing_plots, tsne_maps):  # the report's figures, one module per family
+        monkeypatch.setattr(family, "_save", keep)
     monkeypatch.setattr(figure_base, "_save", keep)  # the forest plot's (clbench.report.forest reads it there)
     return made
 
@@ -250,7 +250,7 @@ def test_the_routing_studys_panels_name_their_setting_and_keep_the_legend_outsid
     """`clbench routing-study` on the committed runs (reports/routing/emoji, four l1 values x two seeds): each panel's
     title names the setting it differs in (its panels were four identical titles), the routers' legend is the
     figure's, beside the panels and not over the first one's lines, and no two texts collide."""
-    from clbench.report.figures import routing_study
+    from clbench.report.figures.routing_plots import routing_study
 
     made = _capture_figures(monkeypatch)
     assert routing_study(collect([REPO / "reports" / "routing" / "emoji"]), tmp_path) is not None

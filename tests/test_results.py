@@ -15,16 +15,11 @@ import pytest
 from clbench.errors import ClbenchError
 from clbench.files.atomic import without_nan
 from clbench.files.safety import mark_folder
-from clbench.records.results import (
-    RESULT_FILE,
-    SCHEMA_VERSION,
-    ProtocolSummary,
-    RunRecord,
-    as_typed,
-    load_record,
-    read_record,
-)
+from clbench.records.command import as_typed
+from clbench.records.results import load_record, read_record
+from clbench.records.schema import RESULT_FILE, ProtocolSummary, RunRecord
 from clbench.records.upgrade import upgraded
+from clbench.records.versions import SCHEMA_VERSION
 from clbench.run.checkpoint import CHECKPOINT_FILE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,7 +84,7 @@ def test_every_committed_record_loads_or_is_refused_as_its_fixture_says(path):
     if raw.get("train_per_class") is not None:
         expected["train_per_class"] = raw["train_per_class"]
     assert rec.settings == expected
-    # the command reads as typed (clbench.records.results.as_typed): no interpreter, worktree or absolute path of the
+    # the command reads as typed (clbench.records.command.as_typed): no interpreter, worktree or absolute path of the
     # maker
     if raw.get("command"):
         assert rec.command == as_typed(raw["command"].split(" "), None) and "/work/" not in rec.command

@@ -40,7 +40,7 @@ def test_scenario_is_a_checked_run_setting_in_the_fingerprint_only_where_not_cla
 
 
 def test_records_without_a_scenario_read_as_class(tmp_path):
-    from clbench.records.results import RunRecord
+    from clbench.records.schema import RunRecord
 
     assert RunRecord.__dataclass_fields__["scenario"].default is None  # None: class (the old schema)
 

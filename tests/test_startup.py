@@ -229,8 +229,8 @@ cli.entry()
 
 @pytest.mark.parametrize(("argv", "code"), [(["list"], 0), (["run", "--strategy", "no-such-method"], 2)])
 def test_the_console_entry_exits_with_mains_code_after_threads_handlers_and_output(argv, code):
-    """``clbench`` skips the interpreter's module teardown (``os._exit``), but not what an exit must do: other threads
-    are joined, ``atexit`` handlers run, the output is flushed, and the exit code is main's."""
+    """``clbench`` ends as the interpreter's ordinary exit does what an exit must do: other threads are joined,
+    ``atexit`` handlers run, the output is flushed, and the exit code is main's."""
     done = subprocess.run([sys.executable, "-c", _ENTRY, *argv], capture_output=True, text=True, timeout=120)
     assert done.returncode == code, done.stderr
     assert done.stdout.rstrip().endswith("thread finished\nhandler ran")

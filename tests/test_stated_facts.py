@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-from clbench.benchmarks.build_emoji_domains import DOMAINS as BUILD_DOMAINS
 from clbench.benchmarks.emoji import data_file as emoji_file
 from clbench.benchmarks.emoji_domains import DOMAINS, N_CLASSES
 from clbench.benchmarks.emoji_domains import data_file as domains_file
@@ -26,6 +25,7 @@ from clbench.benchmarks.emoji_vendors import DOMAINS as VENDORS
 from clbench.benchmarks.emoji_vendors import load as load_vendors
 from clbench.methods import training_check
 from clbench.methods.shared import TrainingTrace, optimizer_step
+from clbench.tools.build_emoji_domains import DOMAINS as BUILD_DOMAINS
 
 
 def _colours(images: np.ndarray) -> np.ndarray:

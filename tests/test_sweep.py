@@ -25,7 +25,8 @@ import pytest
 from clbench.cli import main
 from clbench.errors import ClbenchError
 from clbench.files import typedfile
-from clbench.records.results import RunRecord, load_record
+from clbench.records.results import load_record
+from clbench.records.schema import RunRecord
 from clbench.sweep import (
     ATTEMPT_FILE,
     SWEEP_FILE,

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from clbench.cli import main
-from clbench.records.results import RunRecord, load_record
+from clbench.records.results import load_record
+from clbench.records.schema import RunRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = ["--backbone", "vit_micro", "--weights", "random"]
@@ -321,7 +322,7 @@ def test_a_hung_tracker_is_left_behind_after_the_timeout(tmp_path):
     clock: the wait ends while the tracker's call is still blocked (it returns only once the test releases it)."""
     import threading
 
-    from clbench.records.results import ProtocolSummary, TaskEntry
+    from clbench.records.schema import ProtocolSummary, TaskEntry
     from clbench.run import trackers
 
     release, returned = threading.Event(), threading.Event()

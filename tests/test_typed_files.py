@@ -14,16 +14,10 @@ import pytest
 from clbench.errors import ClbenchError
 from clbench.files.atomic import without_nan
 from clbench.gate.reference import Reference, load_reference, write_reference
-from clbench.records.results import (
-    LAYOUT,
-    OPTIONAL_FIELDS,
-    REQUIRED_FIELDS,
-    SCHEMA_VERSION,
-    UPGRADES,
-    RunRecord,
-    read_record,
-)
+from clbench.records.results import read_record
 from clbench.records.routing_diagnostics import VERSION_KEY, RoutingDiagnostics, read_routing
+from clbench.records.schema import LAYOUT, OPTIONAL_FIELDS, REQUIRED_FIELDS, RunRecord
+from clbench.records.versions import SCHEMA_VERSION, UPGRADES
 from clbench.sweep.manifest import SweepManifest, load_manifest, upgrade, write_manifest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -218,7 +212,7 @@ def test_routing_diagnostics_write_their_version():
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: str(p.parent.relative_to(REPO)))
 def test_every_committed_record_writes_back_identically(tmp_path, path):
     """A current-version record writes back byte for byte (key order included); an older one writes back every
-    field it had as upgraded (the upgrades of clbench.records.results.UPGRADES applied), and the rewrite is a fixed
+    field it had as upgraded (the upgrades of clbench.records.versions.UPGRADES applied), and the rewrite is a fixed
     point."""
     raw = json.loads(path.read_text())
     record = read_record(path)

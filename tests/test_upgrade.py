@@ -15,8 +15,10 @@ import pytest
 
 from clbench.cli import main
 from clbench.errors import ClbenchError
-from clbench.records.results import RESULT_FILE, SCHEMA_VERSION, load_record, read_record
+from clbench.records.results import load_record, read_record
+from clbench.records.schema import RESULT_FILE
 from clbench.records.upgrade import upgrade_folders
+from clbench.records.versions import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
 LEGACY = REPO / "tests" / "fixtures" / "records-legacy"  # one record of each old schema, as it was written

@@ -25,7 +25,7 @@ from clbench.features.transforms import TransformSpec
 from clbench.methods.contract import Context, ParamCounts, Split, Task
 
 if TYPE_CHECKING:
-    from clbench.records.results import RunRecord
+    from clbench.records.schema import RunRecord
 
 
 @pytest.fixture(scope="module")

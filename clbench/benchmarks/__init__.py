@@ -26,7 +26,7 @@ register(
         # the offline ViT-S/14 (nearest-class-mean 28.6 % vs 23.4 %, linear probe 44.9 % vs 39.9 %), 4x cheaper.
         img_size=112,
         licence="Noto Emoji Apache-2.0; Twemoji CC-BY-4.0 (see clbench/data/NOTICE)",
-        source_info="rebuild with: python -m clbench.benchmarks.build_emoji",
+        source_info="rebuild with: python -m clbench.tools.build_emoji",
         # Three drawings shared by two base emoji of different groups (found by `clbench data check emoji`).
         known_leaks=("test[94] = train[302]", "test[95] = train[303]", "test[463] = train[1179]"),
     )

@@ -1,6 +1,6 @@
 """The embedded default benchmark: 36 Unicode emoji subcategories drawn by two vendors.
 
-Built by :mod:`clbench.benchmarks.build_emoji` from the npm packages emoji-datasource-google and
+Built by :mod:`clbench.tools.build_emoji` from the npm packages emoji-datasource-google and
 emoji-datasource-twitter 16.0.0 and shipped as ``clbench/data/emoji.npz`` (licences in
 ``clbench/data/NOTICE``). The train/test split is grouped by base emoji: every skin-tone variant and both
 vendors' drawings of one emoji fall on the same side, so near-duplicates never straddle the split.
@@ -26,7 +26,7 @@ def load(data_root: Path | None) -> tuple[ArraySource, ArraySource, list[str]]:
     if not path.is_file():
         raise ClbenchError(
             f"the embedded emoji benchmark file {path} is missing",
-            "reinstall clbench, or rebuild it with: python -m clbench.benchmarks.build_emoji",
+            "reinstall clbench, or rebuild it with: python -m clbench.tools.build_emoji",
         )
     with np.load(path, allow_pickle=False) as z:  # the labels now, the images when a pixel is read
         names = [str(n) for n in z["class_names"]]

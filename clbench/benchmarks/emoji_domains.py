@@ -2,7 +2,7 @@
 
 Why: the domain-incremental scenario needs one label space seen in several domains, offline. Four emoji artwork
 sets with redistributable licences (Noto, Twemoji, EmojiOne 2.2.7, OpenMoji 17.0.0) draw the same emoji; each set is
-a domain and the label is the emoji's Unicode subcategory. Built by :mod:`clbench.benchmarks.build_emoji_domains`
+a domain and the label is the emoji's Unicode subcategory. Built by :mod:`clbench.tools.build_emoji_domains`
 and shipped as ``clbench/data/emoji_domains.npz`` (licences in ``clbench/data/NOTICE``). Every domain holds exactly
 the same emoji, split train/test by base emoji as the embedded benchmark is (no skin-tone variant on both sides):
 806 train and 339 test images per domain. The styles differ measurably (on the shipped file, train and test): an
@@ -16,6 +16,7 @@ same sources serve the class-incremental scenario (all domains' images together)
 
 from __future__ import annotations
 
+import hashlib
 from importlib import resources
 from pathlib import Path
 
@@ -28,9 +29,19 @@ from clbench.errors import ClbenchError
 DOMAINS: tuple[str, ...] = ("noto", "twemoji", "emojione", "openmoji")  # arrival order: the build's domain order
 N_CLASSES = 50
 FILE_NAME = "emoji_domains.npz"
-# printed by `python -m clbench.benchmarks.build_emoji_domains` (content_digest: over the arrays, not the zip bytes)
+# printed by `python -m clbench.tools.build_emoji_domains` (content_digest: over the arrays, not the zip bytes)
 CONTENT_SHA256 = "b84a14221949ae6b400f6881d72226748c79c1c1b1221817db5ca32cddaeccaa"
-REBUILD = "rebuild it with: python -m clbench.benchmarks.build_emoji_domains (needs npm and resvg-cli==0.44.0)"
+REBUILD = "rebuild it with: python -m clbench.tools.build_emoji_domains (needs npm and resvg-cli==0.44.0)"
+
+
+def content_digest(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 over every array's name, dtype, shape and bytes, names sorted (the zip's bytes carry timestamps)."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def data_file() -> Path:
@@ -39,8 +50,6 @@ def data_file() -> Path:
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """Every array of the file, checked against :data:`CONTENT_SHA256`."""
-    from clbench.benchmarks.build_emoji_domains import content_digest
-
     if not path.is_file():
         raise ClbenchError(f"the emoji-domains benchmark file {path} is missing", f"reinstall clbench, or {REBUILD}")
     try:

@@ -2,7 +2,7 @@
 
 The cheap domain-incremental benchmark (``--scenario domain``): the images, labels and grouped train/test split of
 ``clbench/data/emoji.npz`` (:mod:`clbench.benchmarks.emoji`) unchanged, each image's domain its vendor. The file
-stores no vendor column, but its build (:mod:`clbench.benchmarks.build_emoji`) fixes it: each split is sorted by
+stores no vendor column, but its build (:mod:`clbench.tools.build_emoji`) fixes it: each split is sorted by
 (label, group, vendor, image name), and every base emoji's group holds each of its images once per vendor (every
 (label, group) run of the file has an even length, checked on load). So in each run the first half is Google's
 (``google`` sorts before ``twitter``) and the second half Twitter's, image by image the same emoji: 1,160 train and
@@ -35,7 +35,7 @@ def vendor_index(labels: np.ndarray, groups: np.ndarray) -> np.ndarray:
         if (b - a) % 2:
             raise ClbenchError(
                 f"emoji-vendors: group {groups[a]!r} has {b - a} images, not one per vendor of each emoji",
-                "rebuild the embedded benchmark with: python -m clbench.benchmarks.build_emoji",
+                "rebuild the embedded benchmark with: python -m clbench.tools.build_emoji",
             )
         out[a + (b - a) // 2 : b] = 1
     return out
@@ -63,7 +63,7 @@ SPEC = register(
         n_classes=36,
         img_size=112,  # as emoji's
         licence="Noto Emoji Apache-2.0; Twemoji CC-BY-4.0 (see clbench/data/NOTICE)",
-        source_info="the embedded emoji benchmark; rebuild with: python -m clbench.benchmarks.build_emoji",
+        source_info="the embedded emoji benchmark; rebuild with: python -m clbench.tools.build_emoji",
         known_leaks=("test[94] = train[302]", "test[95] = train[303]", "test[463] = train[1179]"),  # emoji's
         domains=DOMAINS,
         features_as="emoji",  # the same images: one feature extraction for both

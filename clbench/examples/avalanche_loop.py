@@ -282,7 +282,8 @@ def measure(method: str, out: Path, workdir: Path | None = None) -> dict[str, An
     side ran once before). Also checks that both give the same accuracy matrix. Writes ``out`` (JSON)."""
     import tempfile
 
-    from clbench.records.results import git_revision, library_versions, load_record
+    from clbench.records.host import git_revision, library_versions
+    from clbench.records.results import load_record
     from clbench.run.harness import host_info
 
     work = Path(workdir or tempfile.mkdtemp(prefix="clbench-perf-"))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clbench.files.escape import plain
-from clbench.records.results import command_line
+from clbench.records.command import command_line
 from clbench.report.commands import add_run_dirs
 
 

@@ -94,7 +94,7 @@ from clbench.gate.tolerances import (
     is_tolerance,
     is_tolerance_table,
 )
-from clbench.records.results import DEFAULT_CLASS_ORDER_SEED, Host, is_matrix, is_pct, out_of_bounds
+from clbench.records.schema import DEFAULT_CLASS_ORDER_SEED, Host, is_matrix, is_pct, out_of_bounds
 from clbench.report.collect import Collection, Run, bench_label
 
 Json = dict[str, Any]
@@ -244,7 +244,7 @@ def _is_training(v: Any) -> bool:
 
 
 # The metrics of a record's protocol summary the gate pins beside the accuracy matrix, final and average accuracy
-# (clbench.records.results.ProtocolSummary): scalars in points, per-task curves in percent, intervals as [lo, hi].
+# (clbench.records.schema.ProtocolSummary): scalars in points, per-task curves in percent, intervals as [lo, hi].
 STORED_METRICS = (
     "forgetting",
     "forgetting_first_last",

@@ -214,7 +214,7 @@ class Strategy(ABC, Generic[ConfigT]):
     ) -> tuple[list[int], list[int]]:  # extra: the record's JSON params
         """(added_per_task, stored_per_task) of :class:`ParamCounts` from what the strategy kept per task in all
         (``kept_per_task``: learned and stored together, the ``added_per_task`` of records before schema version 3)
-        and that record's ``head`` and ``extra`` counts. Used to restate older records (:mod:`clbench.records.results`)
+        and that record's ``head`` and ``extra`` counts. Used to restate older records (:mod:`clbench.records.upgrade`)
         and by the methods' own :meth:`param_counts`, so that both give the same numbers. Default: everything kept
         is learned (a method without statistics)."""
         return list(kept_per_task), [0] * len(kept_per_task)

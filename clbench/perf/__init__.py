@@ -222,7 +222,7 @@ def write(result: dict[str, Any], out: str | None, partial: bool = False) -> Non
     """Stamp ``result`` with the code revision, library versions and command line, and write it to ``out`` (a
     ``partial`` one: a long measurement keeping what it has measured so far)."""
     from clbench.files.atomic import atomic_write_json
-    from clbench.records.results import git_revision, library_versions
+    from clbench.records.host import git_revision, library_versions
 
     if partial:
         if out:

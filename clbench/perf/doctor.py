@@ -31,7 +31,7 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
 
     import clbench
     from clbench.files.atomic import cache_dir
-    from clbench.records.results import library_versions
+    from clbench.records.host import library_versions
     from clbench.run.precision import CpuInfo
 
     # a file or a pipe (a bug report) gets whole lines: rich would cut table cells at its 80-column default

@@ -72,7 +72,7 @@ phases["backbone_built"] = bool(built)
 phases["lazy_build_s"] = sum(built)
 with open(sys.argv[1], "w") as f:
     json.dump(phases, f)
-cli.exit_now(code)  # as the clbench console script ends
+sys.exit(code)  # as the clbench console script ends
 """
 
 

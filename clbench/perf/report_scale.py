@@ -129,7 +129,7 @@ def timed_report(args: list[str]) -> dict[str, Any]:
 
 
 def report_scale(n_synthetic: int = 1000, log=print) -> dict[str, Any]:
-    from clbench.records.results import git_revision
+    from clbench.records.host import git_revision
     from clbench.run.precision import CpuInfo
 
     if not 1 <= n_synthetic <= RECORDS_MAX:

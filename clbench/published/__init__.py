@@ -132,7 +132,7 @@ def split_of(task_sizes: list[int]) -> tuple[int, int]:
 def beside(records, rows: list[Published] | None = None) -> list[dict[str, object]]:
     """One row per measured cell that has a published value: the cell, the mean measured average and final
     accuracy over its records (percent; the main protocol's), the number of seeds, and each published value with its
-    source. ``records``: :class:`~clbench.records.results.RunRecord` objects (or objects with a ``record``), such as a
+    source. ``records``: :class:`~clbench.records.schema.RunRecord` objects (or objects with a ``record``), such as a
     report's runs. Domain-incremental records are left out (no published row is domain-incremental)."""
     rows = load() if rows is None else rows
     cells: dict[tuple[str, str, tuple[int, int], str], list] = {}

@@ -1,12 +1,12 @@
 """``clbench records upgrade DIR``: rewrite the run records under a folder at the current schema version, once.
 
-Readers (reports, ``compare``, the gate, sweeps) read records of schema :data:`~clbench.records.results.OLDEST_READABLE`
-and later and upgrade them on load; those upgrades are pure JSON (:data:`clbench.records.results.UPGRADES`). A record of
-schema 1 to 3 predates one parameter accounting: its ``params.added_per_task`` holds learned parameters and stored
-statistics together, and only the method's own rule, :meth:`~clbench.methods.contract.Strategy.split_kept` (the split
-its live runs count with), can part them. Readers refuse such a record and name this command, so that reading records
-never imports torch or a method; this command imports them, restates each old record once (:func:`upgrade_v3`) and
-rewrites it in place.
+Readers (reports, ``compare``, the gate, sweeps) read records of schema
+:data:`~clbench.records.versions.OLDEST_READABLE` and later and upgrade them on load; those upgrades are pure JSON
+(:data:`clbench.records.versions.UPGRADES`). A record of schema 1 to 3 predates one parameter accounting: its
+``params.added_per_task`` holds learned parameters and stored statistics together, and only the method's own rule,
+:meth:`~clbench.methods.contract.Strategy.split_kept` (the split its live runs count with), can part them. Readers
+refuse such a record and name this command, so that reading records never imports torch or a method; this command
+imports them, restates each old record once (:func:`upgrade_v3`) and rewrites it in place.
 
 Nothing is lost: every field keeps its meaning, the counts as first written stay in ``params.kept_as_written``
 beside ``params.restated_from_schema``, a record is replaced atomically and only after the rewrite reads back as
@@ -16,26 +16,19 @@ not touched (the command can be run again at no cost).
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from clbench.errors import ClbenchError
 from clbench.files.safety import load_json
-from clbench.records.results import (
-    OLDEST_UPGRADABLE,
-    RESULT_FILE,
-    RUN_HINT,
-    SCHEMA_VERSION,
-    UPGRADES,
-    Json,
-    RunRecord,
-    _build,
-    _checked,
-    read_record,
-)
+from clbench.records.results import RUN_HINT, _build, _checked, read_record
+from clbench.records.schema import RESULT_FILE, Json, RunRecord
+from clbench.records.versions import OLDEST_UPGRADABLE, SCHEMA_VERSION, UPGRADES
 
 
 def upgrade_v1(data: Json) -> Json:
@@ -169,3 +162,31 @@ def _replace(path: Path, record: RunRecord, original: bytes, version: int) -> Ou
 
 def _dumped(record: RunRecord) -> str:
     return json.dumps(record.to_dict(), sort_keys=True)  # NaN == NaN as text
+
+
+def upgrade_command(args: argparse.Namespace) -> int:
+    """``clbench records upgrade DIR...``: one line per record changed or refused, then the counts; exit 1 when a
+    record could not be upgraded."""
+    from collections import Counter
+
+    from clbench.files.escape import plain
+    from clbench.records.results import RUN_HINT
+    from clbench.records.upgrade import upgrade_folders
+
+    outcomes = upgrade_folders(args.dirs, dry_run=args.dry_run)
+    verb = "would upgrade" if args.dry_run else "upgraded"
+    for o in outcomes:
+        if o.status == "upgraded":
+            print(f"{verb} {plain(str(o.path))} (schema {o.version})")
+        elif o.status != "current":
+            why = o.why.removeprefix(f"{o.path}: ")
+            print(f"{o.status} {plain(str(o.path))}: {plain(why)}")
+    counts = Counter(o.status for o in outcomes)
+    print(
+        f"{len(outcomes)} records: {counts['upgraded']} {verb}, {counts['current']} already current"
+        + (f", {counts['busy']} busy (a run is writing them; run this again after it)" if counts["busy"] else "")
+        + (f", {counts['refused']} refused" if counts["refused"] else "")
+    )
+    if counts["refused"]:
+        print(f"  hint: a refused record cannot be read as it is: {RUN_HINT}", file=sys.stderr)
+    return 1 if counts["refused"] or counts["busy"] else 0

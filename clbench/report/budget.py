@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from clbench.errors import ClbenchError
-from clbench.records.results import RunRecord, trained_settings
+from clbench.records.schema import RunRecord, trained_settings
 from clbench.report.collect import Collection, Run
 
 STEPS_KEY = "optimizer_steps_per_task"

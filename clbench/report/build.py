@@ -27,7 +27,8 @@ from clbench.files.safety import check_output_folder, folder_mark, load_json, ma
 from clbench.published import beside
 from clbench.report.collect import Collection, git_short
 from clbench.report.figure_base import FIG_DIR, FigureOut, provenance, slug
-from clbench.report.figures import accuracy_curves, make_figures
+from clbench.report.figures import make_figures
+from clbench.report.figures.curves import accuracy_curves
 from clbench.report.leaderboard import Board
 from clbench.report.tables import (
     COST_NOTE,
@@ -58,7 +59,7 @@ _write_text = atomic_write_text  # every text file of a report, written whole or
 
 def _meta(coll: Collection, command: str | None) -> str:
     from clbench import __version__
-    from clbench.records.results import git_revision
+    from clbench.records.host import git_revision
 
     skipped = f", {len(coll.skipped)} skipped" if coll.skipped else ""
     text = (
@@ -165,7 +166,7 @@ def write_report(
     tests (:data:`clbench.report.study.FAMILIES`). ``readme``: Markdown files whose results block (between
     :data:`clbench.report.front.BEGIN` and ``END``) is rewritten from the study."""
     from clbench.report.budget import budget_curves
-    from clbench.report.figures import TSNE_MAX_POINTS
+    from clbench.report.figures.tsne_maps import TSNE_MAX_POINTS
     from clbench.report.html import render_html, render_markdown
     from clbench.report.leaderboard import automatic, from_study_file, leaderboard, study_sections
     from clbench.report.study import build_study

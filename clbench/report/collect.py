@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from clbench.errors import ClbenchError
-from clbench.records.results import DEFAULT_CLASS_ORDER_SEED, RESULT_FILE, ProtocolSummary, RunRecord, load_record
+from clbench.records.results import load_record
 from clbench.records.routing_diagnostics import RoutingDiagnostics, read_routing
+from clbench.records.schema import DEFAULT_CLASS_ORDER_SEED, RESULT_FILE, ProtocolSummary, RunRecord
 
 SEARCH_DEPTH = 2  # a parent folder is searched for run folders this many levels down
 RUN_MARKERS = (".lock", "features.npz")  # files the harness writes in a run folder before its first record

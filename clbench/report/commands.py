@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clbench.files.escape import plain
-from clbench.records.results import command_line
+from clbench.records.command import command_line
 
 
 def add_run_dirs(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 
 from clbench.files import escape as text
-from clbench.report.figures import FigureOut
+from clbench.report.figure_base import FigureOut
 from clbench.report.tables import Section, section_markdown, to_html
 
 CSS = """
@@ -94,7 +94,7 @@ PROVENANCE = re.compile(r"\s*Runs: (?P<runs>.*?)\. Git: (?P<git>.*?)\. Backbone 
 
 
 def split_provenance(caption: str) -> tuple[str, dict[str, str] | None]:
-    """A caption without its trailing ``Runs: ... Git: ... Backbone weights: ...`` (:func:`clbench.report.figures.
+    """A caption without its trailing ``Runs: ... Git: ... Backbone weights: ...`` (:func:`clbench.report.figure_base.
     provenance`), and those three as a dict (None where the caption has none)."""
     m = PROVENANCE.search(caption)
     if m is None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clbench.records.results import RunRecord
+from clbench.records.schema import RunRecord
 from clbench.report.collect import Collection
-from clbench.report.figures import routing_study
+from clbench.report.figures.routing_plots import routing_study
 from clbench.report.routing import routing_per_task_table, study_runs, study_table, vary_mean_table, vary_table
 
 

@@ -27,8 +27,8 @@ the strategy's (named ``strategy.<n>``) and the RNG states (``rng.torch``, ``rng
   Strategies otherwise draw from ``ctx.generator(salt)``, fixed per task.
 - ``logs``: per protocol, the accuracy rows and per-image predictions so far (:class:`ProtocolLogState`, which the
   harness's ``_ProtocolLog`` fills); ``per_task``: the record's per-task entries so far
-  (:class:`~clbench.records.results.TaskEntry`).
-- ``times`` (:class:`~clbench.records.results.Times`: seconds so far per phase), ``peak_rss_mb``, ``feature_cache``
+  (:class:`~clbench.records.schema.TaskEntry`).
+- ``times`` (:class:`~clbench.records.schema.Times`: seconds so far per phase), ``peak_rss_mb``, ``feature_cache``
 (cache
   events so far), ``resumed_from_task`` (``tasks_done`` at every earlier resume): summed over the run's segments.
 - ``git_revision``: the code that wrote it (a resume under other code is logged, not refused).
@@ -83,7 +83,7 @@ from clbench.files.typedfile import (
     list_of,
     or_none,
 )
-from clbench.records.results import TaskEntry, Times
+from clbench.records.schema import TaskEntry, Times
 from clbench.run import config
 from clbench.run.config import Fingerprint, RunConfig
 
@@ -214,7 +214,7 @@ def _is_change(v: Any) -> bool:
 
 @dataclass
 class _SavedTaskEntry(TaskEntry):
-    """What a per-task entry must be in a checkpoint (read as the :class:`~clbench.records.results.TaskEntry` it is):
+    """What a per-task entry must be in a checkpoint (read as the :class:`~clbench.records.schema.TaskEntry` it is):
     its number is required (the record's position gives it; here nothing does), and ``trained_change`` may be infinite
     (only zero-initialised parts moved), which the record writes as null and the checkpoint keeps, so that a resumed run
     ends with the record an uninterrupted one writes."""
@@ -548,7 +548,7 @@ def resume_config(run_dir: str | Path, given: dict[str, Any]) -> RunConfig:
 
     ``given`` holds the settings the user passed explicitly (:func:`clbench.run.config.given_settings`); how they are
     reconciled with the checkpoint's is :func:`clbench.run.config.resume_config`."""
-    from clbench.records.results import RESULT_FILE
+    from clbench.records.schema import RESULT_FILE
 
     path = Path(run_dir)
     config.check_resume_request(path, given)

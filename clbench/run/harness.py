@@ -23,21 +23,10 @@ from clbench.evaluation import metrics
 from clbench.methods import training_check
 from clbench.methods.answers import checked
 from clbench.methods.shared import TrainingTrace
+from clbench.records.command import command_line
+from clbench.records.host import git_revision, library_versions, peak_rss_mb, reset_peak_rss
 from clbench.records.predictions import PREDICTIONS_FILE, Predictions
-from clbench.records.results import (
-    Host,
-    Params,
-    ProtocolGap,
-    ProtocolSummary,
-    RunRecord,
-    TaskEntry,
-    Times,
-    command_line,
-    git_revision,
-    library_versions,
-    peak_rss_mb,
-    reset_peak_rss,
-)
+from clbench.records.schema import Host, Params, ProtocolGap, ProtocolSummary, RunRecord, TaskEntry, Times
 from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 from clbench.run.checkpoint import ProtocolLogState
 from clbench.run.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)

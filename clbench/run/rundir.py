@@ -26,7 +26,8 @@ from clbench.files.safety import (
     remove_own_tmp,
 )
 from clbench.records.predictions import PREDICTIONS_FILE
-from clbench.records.results import RESULT_FILE, record_says_complete
+from clbench.records.results import record_says_complete
+from clbench.records.schema import RESULT_FILE
 from clbench.run.config import Fingerprint, RunConfig
 
 if TYPE_CHECKING:

@@ -62,7 +62,7 @@ from clbench.errors import ClbenchError
 from clbench.records.routing_diagnostics import routing_or_none
 
 if TYPE_CHECKING:
-    from clbench.records.results import ProtocolSummary, RunRecord, TaskEntry
+    from clbench.records.schema import ProtocolSummary, RunRecord, TaskEntry
     from clbench.run.harness import RunStart
 
 EXTRA = "trackers"  # pip install 'clbench[trackers]'
@@ -270,7 +270,7 @@ def task_metrics(summary: ProtocolSummary, entry: TaskEntry, peak_rss_mb: float 
 def summary_so_far(summary: ProtocolSummary, t: int) -> ProtocolSummary:
     """``summary`` as it stood after task ``t`` (0-based): what the run logged then, for records replayed."""
     from clbench.evaluation import metrics
-    from clbench.records.results import ProtocolSummary
+    from clbench.records.schema import ProtocolSummary
 
     m, c = summary.accuracy_matrix[: t + 1], summary.acc_curve[: t + 1]
     return ProtocolSummary(
@@ -318,7 +318,8 @@ def write_artifacts(record: RunRecord, run_dir: Path, out: Path) -> list[Path]:
     files[0].write_text(json.dumps(record.to_dict(), indent=1))
     try:
         from clbench.report.collect import Collection, Run
-        from clbench.report.figures import accuracy_curves, accuracy_matrices
+        from clbench.report.figures.curves import accuracy_curves
+        from clbench.report.figures.matrices import accuracy_matrices
 
         coll = Collection(runs=[Run(run_dir, record, record.run_id, record.strategy)])
         figs = [accuracy_curves(coll, out), *accuracy_matrices(coll, out)]

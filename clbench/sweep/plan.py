@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
-from clbench.records.results import RunRecord
+from clbench.records.schema import RunRecord
 from clbench.run.config import Fingerprint, RunConfig, split_list
 
 SWEEP_FILE = "sweep.json"
@@ -179,7 +179,8 @@ def read_run_record(run_dir: Path) -> RunRecord | None:
     """The run's record, finished or not; None where it has none yet, or a torn one (a write killed midway leaves
     the run to its checkpoint). Raises ClbenchError for a record this clbench refuses (another schema version, a
     mistyped field)."""
-    from clbench.records.results import RESULT_FILE, read_record
+    from clbench.records.results import read_record
+    from clbench.records.schema import RESULT_FILE
 
     if read_json(run_dir / RESULT_FILE) is None:
         return None

@@ -202,7 +202,7 @@ def check_sweep_folder(out: Path) -> None:
 
 
 def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> SweepManifest:
-    from clbench.records.results import git_revision
+    from clbench.records.host import git_revision
 
     return SweepManifest(
         command=command,

@@ -33,7 +33,7 @@ from clbench.files.typedfile import (
     map_of,
     or_none,
 )
-from clbench.records.results import RunRecord
+from clbench.records.schema import RunRecord
 from clbench.run.config import Fingerprint
 from clbench.run.harness import Reporter
 from clbench.sweep.manifest import RunOutcome

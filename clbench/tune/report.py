@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from clbench.records.results import RunRecord, load_record
+from clbench.records.results import load_record
+from clbench.records.schema import RunRecord
 
 
 @dataclass(frozen=True)

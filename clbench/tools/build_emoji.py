@@ -46,7 +46,7 @@ Rules
 
 Usage::
 
-    python -m clbench.benchmarks.build_emoji --npm-root DIR --out clbench/data/emoji.npz
+    python -m clbench.tools.build_emoji --npm-root DIR --out clbench/data/emoji.npz
 
 ``DIR`` is a directory holding ``node_modules/emoji-datasource-google`` and
 ``node_modules/emoji-datasource-twitter``. Without ``--npm-root`` the script
@@ -89,7 +89,7 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_OUT = DATA_DIR / "emoji.npz"
 
 NPM_PACKAGES: tuple[str, ...] = tuple(f"emoji-datasource-{v}@{PACKAGE_VERSION}" for v in VENDORS)
-REBUILD_COMMAND = "python -m clbench.benchmarks.build_emoji --npm-root DIR --out clbench/data/emoji.npz"
+REBUILD_COMMAND = "python -m clbench.tools.build_emoji --npm-root DIR --out clbench/data/emoji.npz"
 
 RULES: tuple[str, ...] = (
     "Each image is one emoji (base or skin-tone variant) from one vendor "
@@ -483,7 +483,7 @@ def build(npm_root: Path, out: Path) -> dict[str, np.ndarray]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m clbench.benchmarks.build_emoji", description="Build the embedded 'emoji' benchmark (emoji.npz)."
+        prog="python -m clbench.tools.build_emoji", description="Build the embedded 'emoji' benchmark (emoji.npz)."
     )
     parser.add_argument(
         "--npm-root",

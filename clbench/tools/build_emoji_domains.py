@@ -38,7 +38,7 @@ Rules
 
 Usage::
 
-    python -m clbench.benchmarks.build_emoji_domains [--packs DIR] [--out clbench/data/emoji_domains.npz]
+    python -m clbench.tools.build_emoji_domains [--packs DIR] [--out clbench/data/emoji_domains.npz]
 
 ``DIR`` holds the four npm tarballs (``npm pack <pkg>@<version>``); without it the script runs ``npm pack`` into a
 temporary folder. Each tarball is checked against its pinned sha512 (npm's ``integrity``). resvg is taken from
@@ -67,7 +67,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from clbench.benchmarks.build_emoji import (
+from clbench.benchmarks.emoji_domains import content_digest
+from clbench.tools.build_emoji import (
     CLASS_CAP,
     IMAGE_SIZE,
     SEED,
@@ -83,7 +84,7 @@ MIN_CLASS_IMAGES = 48
 RESVG_VERSION = "0.44.0"
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_OUT = DATA_DIR / "emoji_domains.npz"
-REBUILD_COMMAND = "python -m clbench.benchmarks.build_emoji_domains"
+REBUILD_COMMAND = "python -m clbench.tools.build_emoji_domains"
 NOTICE_BEGIN = '-- begin: clbench benchmark "emoji-domains" (emoji_domains.npz) --'
 NOTICE_END = '-- end: clbench benchmark "emoji-domains" --'
 
@@ -322,16 +323,6 @@ def decode(pack: Pack, keys: Sequence[str], resvg: str | None, work: Path) -> di
         with Image.open(io.BytesIO(pack.bytes_of(key))) as im:
             out[key] = to_rgb(im.convert("RGBA"))
     return out
-
-
-def content_digest(arrays: dict[str, np.ndarray]) -> str:
-    """sha256 over every array's name, dtype, shape and bytes, names sorted (the zip's bytes carry timestamps)."""
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
 
 
 def build_arrays(packs: Path, resvg: Path | None = None) -> dict[str, np.ndarray]:

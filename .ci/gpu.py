@@ -1,8 +1,9 @@
 """``.ci/gpu``: everything CUDA-specific, checked and measured in one prepared command on one GPU, and its
 ``--dry-run`` (the same steps on the CPU at toy sizes, run by ``.ci/run`` so that the script cannot rot).
 
-The steps (:func:`plan`), each a subprocess of ``python -m clbench.perf.gpu STEP`` (or pytest) with the time left
-as its timeout, so that one CUDA failure or overrun costs one step and the rest still report:
+It lives beside ``.ci/gpu`` and outside the library: nothing a user imports needs it. The steps (:func:`plan`), each
+a subprocess of ``python .ci/gpu.py STEP`` (or pytest) with the time left as its timeout, so that one CUDA failure or
+overrun costs one step and the rest still report:
 
 - ``tests``: the contract tests (``tests/test_contract.py``: their runs take ``--device auto``, i.e. CUDA where
   present) and the golden tests (``tests/test_reference_golden.py``; its ``ctx_for`` builds a CPU context, so on
@@ -47,8 +48,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clbench.errors import ClbenchError
-from clbench.run.catalog import DEFAULT_STRATEGY
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # a script's path starts at .ci/: the tree's clbench first, whatever else is installed
+    sys.path.insert(0, str(ROOT))
+
+from clbench.errors import ClbenchError  # noqa: E402  (after the tree is on the path)
+from clbench.run.catalog import DEFAULT_STRATEGY  # noqa: E402
 
 SEED = 1993
 MATRIX_TOL = 2.0  # accuracy points per matrix cell, CUDA fp32 against CPU fp32: float32 kernels differ in summation
@@ -238,7 +243,7 @@ def _speed_estimate(sizes: Sizes, costs: GpuCosts) -> float:
 def plan(sizes: Sizes, costs: GpuCosts = GpuCosts()) -> list[Step]:
     """The steps of ``sizes``, priced at ``costs`` (the GPU estimate even in the dry run: the plan a GPU will
     see is what the dry run checks)."""
-    py = [sys.executable, "-m", "clbench.perf.gpu"]
+    py = [sys.executable, str(Path(__file__).resolve())]
     mode = ["--mode", sizes.name]
     cpu_ci = _ci_estimate(sizes, costs, "fp32", on_cpu=True)
     proj = costs.process_s + 2 * 8 * sizes.batch * costs.per_image(sizes.projection_backbone) * (1 + costs.b_over_f)
@@ -309,7 +314,7 @@ def plan(sizes: Sizes, costs: GpuCosts = GpuCosts()) -> list[Step]:
 
 
 def format_plan(steps: list[Step], sizes: Sizes) -> str:
-    lines = [f"plan ({sizes.name}; estimated seconds on a current data-centre GPU, GpuCosts in clbench/perf/gpu.py):"]
+    lines = [f"plan ({sizes.name}; estimated seconds on a current data-centre GPU, GpuCosts in .ci/gpu.py):"]
     for s in steps:
         lines.append(f"  {s.name:<10} ~{s.estimate_s:6.0f} s{'  (background)' if s.background else ''}  {s.what}")
     serial = sum(s.estimate_s for s in steps if not s.background)
@@ -773,7 +778,7 @@ def run_projection(sizes: Sizes, device: str, out: Path) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m clbench.perf.gpu", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python .ci/gpu.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
     d = sub.add_parser("drive", help="the whole check (what .ci/gpu runs)")
     d.add_argument(
