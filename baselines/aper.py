@@ -86,7 +86,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from baselines.cards.aper import CARD, PROFILES, APERConfig
+from baselines.cards.aper import CARD, APERConfig
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.checks import check_protocol
 from clbench.layers.first_session import (
@@ -105,16 +105,13 @@ from clbench.methods.shared import CosineHead, check_vit_blocks, class_means
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
+@CARD.strategy
 class APER(Strategy):
-    name = "aper"
     embedding = "APER's concatenated frozen and adapted [CLS]"
     # scenarios: class only for now: its prototype rows are set once per task (a later domain would overwrite them);
     # a running mean over domains as SimpleCIL's is the natural extension, not made yet
-    Config = APERConfig
     state_types = (AdapterSet, Adapter, AdaptedFeatures, SSF, ScaleShift, VisualPrompts)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/aper.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: APERConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

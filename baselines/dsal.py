@@ -71,7 +71,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from baselines.cards.dsal import CARD, PROFILES, DSALConfig, extra_counts
+from baselines.cards.dsal import CARD, DSALConfig, extra_counts
 from clbench.layers.analytic import (
     AnalyticRidge,
     RecursiveRidge,
@@ -83,16 +83,13 @@ from clbench.layers.checks import check_protocol, check_saved_buffer
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
+@CARD.strategy
 class DSAL(Strategy[DSALConfig]):
-    name = "dsal"
     embedding = "DS-AL's buffer layer ReLU(f W_b)"
     # scenarios: class only: the compensation stream's previous-label cleansing zeroes every earlier class's
     # column, and in a later domain every class is earlier, so that stream would learn nothing (defined for new classes)
-    Config = DSALConfig
     state_types = (AnalyticRidge, RecursiveRidge)
     streams: ClassVar[int] = 2  # R matrices held (the memory estimate)
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/dsal.py
-    card = CARD  # its parameter formula and cost model: baselines/cards/dsal.py
 
     def __init__(self, config: DSALConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.ease import CARD, PROFILES, EASEConfig
+from baselines.cards.ease import CARD, EASEConfig
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
@@ -106,16 +106,13 @@ def subspace_weights(class_task: Sequence[int], n_sets: int, alpha: float) -> to
     return w
 
 
+@CARD.strategy
 class EASE(Strategy):
-    name = "ease"
     embedding = "EASE's concatenated adapter-subspace features"
     # scenarios: class only: the semantic-guided prototype complement builds old classes' prototypes in a new
     # adapter from their similarity to the task's NEW classes; a later domain has none, so it is undefined there
-    Config = EASEConfig
     state_types = (AdapterSet, Adapter)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/ease.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: EASEConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

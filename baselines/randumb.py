@@ -81,7 +81,7 @@ from typing import Any
 import psutil
 import torch
 
-from baselines.cards.randumb import CARD, PROFILES, RanDumbConfig, extra_counts
+from baselines.cards.randumb import CARD, RanDumbConfig, extra_counts
 from clbench.errors import ClbenchError
 from clbench.layers.lda import (
     F64,
@@ -118,16 +118,13 @@ def check_memory(width: int) -> None:
         )
 
 
+@CARD.strategy
 class RanDumb(Strategy[RanDumbConfig]):
-    name = "randumb"
     embedding = "RanDumb's random Fourier features"
     # scenarios: class only: each class's mean and OAS-shrunk statistics are added once (add_classes_oas);
     # a later domain of the same classes would need them merged, not done
-    Config = RanDumbConfig
     state_types = (LDAStatistics,)
     min_train_per_class = 2  # a class's OAS covariance needs 2 images
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/randumb.py
-    card = CARD  # its parameter formula and cost model: baselines/cards/randumb.py
 
     def __init__(self, config: RanDumbConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

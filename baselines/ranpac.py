@@ -84,7 +84,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from baselines.cards.ranpac import CARD, PROFILES, RanPACConfig, param_extra
+from baselines.cards.ranpac import CARD, RanPACConfig, param_extra
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.analytic import available_memory, relu_projection, ridge_solution
@@ -187,17 +187,14 @@ def check_memory(M: int, d: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
+@CARD.strategy
 class RanPAC(Strategy):
-    name = "ranpac"
     embedding = "RanPAC's ReLU random projection h = ReLU(f W)"
     # domain scenario: Phase 1 adapts on the first domain only; G and Q accumulate every domain's images, so the
     # ridge head is the joint solution over all domains seen (its columns: every class from the first task)
     scenarios = ("class", "domain")
-    Config = RanPACConfig
     state_types = (AdapterSet, Adapter, AdaptedFeatures)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/ranpac.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: RanPACConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

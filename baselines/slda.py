@@ -76,7 +76,7 @@ from typing import Any
 
 import torch
 
-from baselines.cards.slda import CARD, PROFILES, SLDAConfig
+from baselines.cards.slda import CARD, SLDAConfig
 from clbench.layers.lda import (
     F64,
     GROWTH_SHAPES,
@@ -91,15 +91,12 @@ from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, St
 from clbench.run.scenario import new_class_count
 
 
+@CARD.strategy
 class SLDA(Strategy[SLDAConfig]):
-    name = "slda"
     # domain scenario: a streaming method by definition (Hayes and Kanan update every class mean and the shared
     # covariance one image at a time), so a later domain's images update the means of classes already seen
     scenarios = ("class", "domain")
-    Config = SLDAConfig
     state_types = (LDAStatistics,)
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/slda.py
-    card = CARD  # its parameter formula and cost model: baselines/cards/slda.py
 
     def __init__(self, config: SLDAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -75,7 +75,7 @@ from clbench.methods.shared import (
     torch_threads,
 )
 from clbench.records.routing_diagnostics import ModuleChoices, RoutingDiagnostics
-from tosca.card import CARD, PROFILES, TOSCAConfig
+from tosca.card import CARD, TOSCAConfig
 from tosca.luca import LuCA, stacked_forward
 
 # EASE's adapter bottleneck ("ffn_num" in its reference config, baselines/ease.py): the record compares one EASE
@@ -98,10 +98,9 @@ def route_reference(all_logits: torch.Tensor, batch: int) -> torch.Tensor:
     return choice
 
 
+@CARD.strategy
 class TOSCA(Strategy):
-    name = "tosca"
     embedding = "TOSCA's calibrated [CLS] under the routed module"
-    Config = TOSCAConfig
     state_types = (LuCA, RoutingMemory, TaskStats)
     protocols = (PER_SAMPLE, REFERENCE)
     # domain scenario: one module per domain; module t predicts against its own prototypes of every class (the
@@ -109,8 +108,6 @@ class TOSCA(Strategy):
     # task in the class scenario
     scenarios = ("class", "domain")
     gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too
-    profiles = PROFILES  # named profiles and their cost notes: tosca/card.py
-    card = CARD  # its parameter formula and cost model
     projection_profiles = ("augment",)  # the reference's training gets its own row in ``clbench perf projection``
 
     def __init__(self, config: TOSCAConfig, ctx: Context) -> None:

@@ -146,7 +146,9 @@ class Context:
 
 
 class Strategy(ABC, Generic[ConfigT]):
-    """Base class of every method. Subclasses set ``name``, ``Config`` and implement the three methods."""
+    """Base class of every method. Subclasses implement the three methods and take ``name``, ``Config``,
+    ``profiles`` and ``card`` from their method card, whose decorator the class wears (``@CARD.strategy``); a
+    plug-in without a card sets ``name`` and ``Config`` (and ``profiles``) itself."""
 
     name: ClassVar[str]
     Config: ClassVar[type[DataclassInstance]]  # = ConfigT (a class variable cannot name the type parameter)

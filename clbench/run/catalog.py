@@ -18,22 +18,24 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from clbench.benchmarks import BENCHMARKS, DEFAULT_BENCH
 from clbench.errors import ClbenchError
 from clbench.methods.costs import ParamCounts, Work
 from clbench.run.registry import Registry
 
+C = TypeVar("C", bound=type)
+
 
 @dataclass(frozen=True)
 class MethodCard:
-    """What is read of a method without loading it: its name, its settings class (defaults and checks), its named
-    profiles, and its parameter formula and cost model (stated with :mod:`clbench.methods.costs`). Each built-in
-    method declares one in a torch-free module (``baselines/cards/NAME.py``, ``tosca/card.py``) that its strategy
-    class takes ``Config``, ``profiles`` and ``card`` from, so that reports, the gate's labels, ``clbench list`` and
-    the parameter and cost projections read a method without torch; a plug-in's is read from its class
-    (:func:`card`)."""
+    """A method's one declaration, read without loading the method: its name, its settings class (defaults and
+    checks), its named profiles, its parameter formula and cost model (stated with :mod:`clbench.methods.costs`), and
+    what each tool needs of it. Each built-in method declares one in a torch-free module (``baselines/cards/NAME.py``,
+    ``tosca/card.py``) and its strategy class is decorated with it (:meth:`strategy`), so that reports, the gate,
+    ``clbench list`` and the parameter and cost projections read a method without torch, and the class restates
+    nothing; a plug-in without a card has one read from its class (:func:`card`)."""
 
     name: str
     Config: type[Any]  # a frozen dataclass (its defaults are the reference's)
@@ -47,6 +49,12 @@ class MethodCard:
     trains: str = ""  # what it learns, in a few words (`clbench list`)
     # `clbench tune`'s search space: setting -> (low, high[, log]) or a tuple of choices (clbench.tune.space)
     tune_space: dict[str, tuple[Any, ...]] | None = None
+
+    def strategy(self, cls: C) -> C:
+        """Class decorator (``@CARD.strategy``): the strategy class this card declares takes its ``name``,
+        ``Config``, ``profiles`` and ``card`` from it, so that the class states none of them."""
+        cls.name, cls.Config, cls.profiles, cls.card = self.name, self.Config, self.profiles, self
+        return cls
 
 
 # The method families, each a way of adapting a frozen pre-trained ViT: a card's ``family`` -> its title.
@@ -102,11 +110,15 @@ _method("duct", "baselines.duct:DUCT", "baselines.cards.duct")
 
 
 def card(name: str) -> MethodCard:
-    """The method card of strategy ``name``: its declared one (torch-free), or a plug-in's read from its class
-    (which imports the plug-in). ClbenchError for a name not registered."""
+    """The method card of strategy ``name``: its declared one (torch-free), or a plug-in's (which imports the
+    plug-in): the card its class is decorated with, else one read from the class's ``name``, ``Config`` and
+    ``profiles``. ClbenchError for a name not registered."""
     if name in CARDS:
         return CARDS.get(name)
     cls = STRATEGIES.get(name)
+    declared = getattr(cls, "card", None)
+    if isinstance(declared, MethodCard):
+        return declared
     return MethodCard(cls.name, cls.Config, dict(cls.profiles))
 
 
