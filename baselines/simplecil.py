@@ -29,7 +29,6 @@ from clbench.methods.shared import CosineHead, class_means
 class SimpleCIL(Strategy):
     # domain scenario: a class's prototype is its mean over every domain seen so far (a running mean)
     scenarios = ("class", "domain")
-    gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too
 
     def __init__(self, config: SimpleCILConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

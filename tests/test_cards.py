@@ -40,6 +40,21 @@ def test_the_class_restates_nothing_its_card_declares(name):
     assert not restated, restated
 
 
+# What the tools read of a method: data on its card (a field with a default), never an attribute of the method contract.
+TOOL_DATA = ("gate_scenarios", "projection_profiles")
+
+
+def test_tool_data_is_on_the_card_not_on_the_method_contract():
+    from clbench.methods.contract import Strategy
+    from clbench.run.catalog import MethodCard
+
+    fields = set(MethodCard.__dataclass_fields__)
+    assert all(name in fields for name in TOOL_DATA), set(TOOL_DATA) - fields
+    assert not [name for name in TOOL_DATA if hasattr(Strategy, name)]
+    for name in STRATEGIES.names():
+        assert not [d for d in TOOL_DATA if hasattr(STRATEGIES.get(name), d)], name
+
+
 def _fresh(code: str) -> None:
     """Run ``code`` in a fresh interpreter at the repository root; it must exit 0."""
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)

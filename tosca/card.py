@@ -132,4 +132,6 @@ CARD = MethodCard(
     family="routed-modules",
     trains="one LuCA module on the final [CLS] feature per task, and the cosine head",
     tune_space=TUNE_SPACE,
+    gate_scenarios=("class", "domain"),  # the gate pins its domain-incremental path too
+    projection_profiles=("augment",),  # the reference's training gets its own row in ``clbench perf projection``
 )

@@ -107,8 +107,6 @@ class TOSCA(Strategy):
     # domain's class means in its space, ``task_heads``), and routing picks a module (a domain) per image as it picks a
     # task in the class scenario
     scenarios = ("class", "domain")
-    gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too
-    projection_profiles = ("augment",)  # the reference's training gets its own row in ``clbench perf projection``
 
     def __init__(self, config: TOSCAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -51,4 +51,5 @@ CARD = MethodCard(
     work=work,
     family="closed-form",
     trains="nothing: one prototype (class mean) per class",
+    gate_scenarios=("class", "domain"),  # the gate pins its domain-incremental path too
 )

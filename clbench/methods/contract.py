@@ -158,8 +158,6 @@ class Strategy(ABC, Generic[ConfigT]):
     # the method's card (torch-free: baselines/cards/NAME.py, tosca/card.py): where its parameter formula and cost
     # model are stated (:meth:`param_formula`, :meth:`work` read them from it)
     card: ClassVar[MethodCard | None] = None
-    # profiles that get their own row in ``clbench perf projection`` (``<name>-<profile>``), besides the default config
-    projection_profiles: ClassVar[tuple[str, ...]] = ()
     needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
     # methods that fine-tune the ViT's own weights. Such a method trains a copy of ``ctx.backbone.model`` that
     # it keeps (one per run, never one per task) and leaves the frozen backbone bit-identical like every method; the
@@ -173,9 +171,6 @@ class Strategy(ABC, Generic[ConfigT]):
     # the scenarios (clbench.run.config.SCENARIO_CHOICES) the method is defined for; "domain": a later task brings the
     # classes of earlier ones again, in a new domain (``task.classes`` then names classes already seen)
     scenarios: ClassVar[tuple[str, ...]] = ("class",)
-    # the scenarios the regression gate runs the method's ci profiles in (clbench.gate.check.gate_plan): class
-    # always; "domain" adds its ci profile on the domain gate's benchmark (a cheap method or two keep that path pinned)
-    gate_scenarios: ClassVar[tuple[str, ...]] = ("class",)
     # the smallest run-level ``train_per_class`` the method can learn from (e.g. 2 for a class covariance)
     min_train_per_class: ClassVar[int] = 1
     # classes (besides tensors, plain data, torch's layers and BLOCK_TYPES) whose instances the strategy's state holds;

@@ -6,9 +6,9 @@ JSON.
   (:mod:`clbench.run.precision`)), of one training pass (forward and backward through the frozen ViT to input-side
   parameters, as prompt and adapter methods need) and of each strategy's own units
   (:meth:`clbench.methods.contract.Strategy.unit_seconds`), then asks every registered strategy what one run costs
-  (:meth:`clbench.methods.contract.Strategy.work`, its default config plus its ``projection_profiles``) on the six
-  benchmarks of the TOSCA paper and converts to device-hours for ``seeds`` seeds. The counting model of each method
-  is the docstring of its ``work``; this module names none.
+  (:meth:`clbench.methods.contract.Strategy.work`, its default config plus its card's ``projection_profiles``) on
+  the six benchmarks of the TOSCA paper and converts to device-hours for ``seeds`` seeds. The counting model of each
+  method is the docstring of its ``work``; this module names none.
 - ``projection-check``: the same model against a recorded run of any strategy.
 """
 
@@ -45,15 +45,15 @@ PAPER_BENCHMARKS: dict[str, dict[str, int]] = {
 # ----------------------------------------------------------------------------------------------- projection
 def projection_rows(names: list[str] | None = None) -> list[tuple[str, type, Any]]:
     """(row name, strategy class, config) of every registered strategy (or of ``names``): its default config, then
-    one row ``<name>-<profile>`` for each of its ``projection_profiles``."""
-    from clbench.run.catalog import STRATEGIES
+    one row ``<name>-<profile>`` for each of its card's ``projection_profiles``."""
+    from clbench.run.catalog import STRATEGIES, card
     from clbench.run.config import make_strategy_config
 
     rows = []
     for name in names if names is not None else STRATEGIES.names():
         cls = STRATEGIES.get(name)
         rows.append((name, cls, make_strategy_config(cls, None, ())))
-        for profile in cls.projection_profiles:
+        for profile in card(name).projection_profiles:
             rows.append((f"{name}-{profile}", cls, make_strategy_config(cls, profile, ())))
     return rows
 

@@ -49,6 +49,11 @@ class MethodCard:
     trains: str = ""  # what it learns, in a few words (`clbench list`)
     # `clbench tune`'s search space: setting -> (low, high[, log]) or a tuple of choices (clbench.tune.space)
     tune_space: dict[str, tuple[Any, ...]] | None = None
+    # the scenarios the regression gate runs the method's ci profile in (clbench.gate.check.gate_plan): "class"
+    # always; "domain" adds its ci profile on the domain gate's benchmark (a cheap method or two keep that path pinned)
+    gate_scenarios: tuple[str, ...] = ("class",)
+    # profiles that get their own row in `clbench perf projection` (``<name>-<profile>``), besides the default config
+    projection_profiles: tuple[str, ...] = ()
 
     def strategy(self, cls: C) -> C:
         """Class decorator (``@CARD.strategy``): the strategy class this card declares takes its ``name``,
