@@ -245,10 +245,6 @@ class FeCAM(Strategy[FeCAMConfig]):
     def split_kept(cls, kept_per_task, head, extra, task_sizes):
         return [0] * len(kept_per_task), list(kept_per_task)  # means and precision matrices: statistics
 
-    @classmethod
-    def perf_benchmarks(cls) -> dict[str, Measurement]:
-        return {GROWTH.name: GROWTH}
-
 
 # ----------------------------------------------------------------------------------------------- perf
 # (classes, tasks, d, test images per class): the embedded benchmark's shape (942 test images: 26 per class), then

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -45,6 +46,14 @@ def work(cfg: PlugNearestConfig, shape: RunShape) -> Work:
     return Work(f=f, f_cacheable=f, extra={"plugnn_rows": sum(shape.test_seen)})
 
 
+def unit_seconds(d: int, device) -> dict[str, float]:
+    return {"plugnn_rows": 1e-7 * d}
+
+
+def probe(backbone: str, img_size: int) -> dict[str, Any]:
+    return {"benchmark": "plugnn-probe", "backbone": backbone}
+
+
 # the plug-in's one declaration: its name, settings, profiles, formulas and what the tools read of it
 CARD = MethodCard(
     NAME,
@@ -53,6 +62,8 @@ CARD = MethodCard(
     param_formula=param_formula,
     work=work,
     projection_profiles=("ci",),
+    perf_benchmarks={"plugnn-probe": "test_plugin_strategy:probe"},
+    unit_seconds="test_plugin_strategy:unit_seconds",
 )
 
 
@@ -80,14 +91,6 @@ class PlugNearest(Strategy[PlugNearestConfig]):  # the parameter types self.cfg,
         return ParamCounts(
             added_per_task=list(self._added), trainable_per_task=[0] * len(self._added), head=self.head.weight.numel()
         )
-
-    @classmethod
-    def unit_seconds(cls, d: int, device) -> dict[str, float]:
-        return {"plugnn_rows": 1e-7 * d}
-
-    @classmethod
-    def perf_benchmarks(cls):
-        return {"plugnn-probe": lambda backbone, img_size: {"benchmark": "plugnn-probe", "backbone": backbone}}
 
 
 def clbench(*args: str, cwd: Path, plugins: str = PLUGIN, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -134,4 +134,6 @@ CARD = MethodCard(
     tune_space=TUNE_SPACE,
     gate_scenarios=("class", "domain"),  # the gate pins its domain-incremental path too
     projection_profiles=("augment",),  # the reference's training gets its own row in ``clbench perf projection``
+    perf_benchmarks={"tosca-routing": "tosca.perf:ROUTING"},
+    unit_seconds="tosca.perf:unit_seconds",  # its cost model's luca_steps and route_module_images
 )

@@ -336,19 +336,6 @@ class TOSCA(Strategy):
         choice = self.route_with(self.cfg.router, split, self.head(stacked).cpu())
         return stacked[choice.to(stacked.device), torch.arange(len(z))].cpu()
 
-    # ------------------------------------------------------------------------------------------ cost model
-    @classmethod
-    def unit_seconds(cls, d: int, device: torch.device) -> dict[str, float]:
-        from tosca.perf import unit_seconds
-
-        return unit_seconds(d, device)
-
-    @classmethod
-    def perf_benchmarks(cls):
-        from tosca.perf import ROUTING
-
-        return {ROUTING.name: ROUTING}
-
     @classmethod
     def split_kept(cls, kept_per_task, head, extra, task_sizes):
         """Records before schema 3 kept TOSCA's module only: its head rows (trained with the module, d per class,

@@ -77,4 +77,5 @@ CARD = MethodCard(
     family="closed-form",
     trains="nothing by gradient: a least-squares head on a fixed random expansion",
     tune_space=TUNE_SPACE,
+    perf_benchmarks={"acil-growth": "baselines.acil:GROWTH"},
 )

@@ -91,4 +91,5 @@ CARD = MethodCard(
     family="closed-form",
     trains="nothing by gradient: two least-squares heads (main and compensation)",
     tune_space=TUNE_SPACE,
+    perf_benchmarks={"dsal-growth": "baselines.dsal:GROWTH"},
 )

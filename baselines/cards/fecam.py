@@ -83,4 +83,5 @@ CARD = MethodCard(
     family="closed-form",
     trains="nothing: class means and one shrunk covariance per class",
     tune_space=TUNE_SPACE,
+    perf_benchmarks={"fecam-growth": "baselines.fecam:GROWTH"},
 )

@@ -85,4 +85,5 @@ CARD = MethodCard(
     family="closed-form",
     trains="nothing: LDA on random Fourier features, one shared covariance",
     tune_space=TUNE_SPACE,
+    perf_benchmarks={"randumb-growth": "baselines.randumb:GROWTH"},
 )

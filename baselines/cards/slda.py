@@ -78,4 +78,5 @@ CARD = MethodCard(
     family="closed-form",
     trains="nothing: streaming LDA, class means and one shared covariance",
     tune_space=TUNE_SPACE,
+    perf_benchmarks={"slda-growth": "baselines.slda:GROWTH"},
 )

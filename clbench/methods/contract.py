@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
     from PIL.Image import Image
 
-    from clbench.perf import Measurement
     from clbench.run.catalog import MethodCard
 
 # A strategy's settings: a (frozen) dataclass instance, its class the strategy's ``Config``. ``Strategy[MyConfig]``
@@ -225,21 +224,6 @@ class Strategy(ABC, Generic[ConfigT]):
         if cls.card is None or cls.card.work is None:
             raise NotImplementedError(f"strategy {cls.name} states no cost model (its card's `work`)")
         return cls.card.work(cfg, shape)
-
-    @classmethod
-    def unit_seconds(cls, d: int, device: torch.device) -> dict[str, float]:
-        """Seconds per unit of each name this strategy puts in ``Work.extra``, measured now for feature width
-        ``d`` on ``device`` (none by default)."""
-        return {}
-
-    @classmethod
-    def perf_benchmarks(cls) -> Mapping[str, Measurement | Callable[..., dict[str, Any]]]:
-        """Method-specific ``clbench perf`` measurements: name -> a :class:`clbench.perf.Measurement` (its help, flags
-        and function), or a bare ``fn(backbone=..., img_size=...)`` returning the JSON-able measurements, given
-        ``--backbone`` and ``--img-size``. Registered with the generic ones (:func:`clbench.perf.measurements`),
-        listed by ``clbench perf --help``, run as ``clbench perf NAME``; none by default. Names are global: prefix
-        them with the method's name."""
-        return {}
 
     @classmethod
     def param_formula(

@@ -74,8 +74,8 @@ class Work:
     """What one run costs, in units whose seconds per unit ``clbench perf`` measures on a device.
 
     ``f`` and ``b`` are timed generically (a frozen forward pass; a forward + backward pass through the ViT to
-    input-side parameters). Method-specific units go in ``extra``; the strategy times them itself
-    (:meth:`Strategy.unit_seconds`).
+    input-side parameters). Method-specific units go in ``extra``; the method times them itself (its card's
+    ``unit_seconds``: :class:`clbench.run.catalog.MethodCard`).
     """
 
     f: float = 0.0  # frozen forward passes through the backbone, in images

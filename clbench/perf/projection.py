@@ -4,8 +4,8 @@ JSON.
 - ``projection``: the compute a paper table needs. It measures, on this machine's device, the per-image cost of one
   frozen forward pass of the paper backbone (ViT-B/16 at 224 px, at the precision a run on that device chooses
   (:mod:`clbench.run.precision`)), of one training pass (forward and backward through the frozen ViT to input-side
-  parameters, as prompt and adapter methods need) and of each strategy's own units
-  (:meth:`clbench.methods.contract.Strategy.unit_seconds`), then asks every registered strategy what one run costs
+  parameters, as prompt and adapter methods need) and of each method's own units (its card's ``unit_seconds``,
+  :class:`clbench.run.catalog.MethodCard`), then asks every registered strategy what one run costs
   (:meth:`clbench.methods.contract.Strategy.work`, its default config plus its card's ``projection_profiles``) on
   the six benchmarks of the TOSCA paper and converts to device-hours for ``seeds`` seeds. The counting model of each
   method is the docstring of its ``work``; this module names none.
@@ -159,9 +159,9 @@ def measure_costs(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Seconds per image for a frozen pass and a training pass, and of every unit the registered strategies (or
-    ``strategies``) state (:meth:`Strategy.unit_seconds`)."""
+    ``strategies``) state (their cards' ``unit_seconds``)."""
     from clbench.features.backbones import load_backbone
-    from clbench.run.catalog import STRATEGIES
+    from clbench.run.catalog import STRATEGIES, card, load_target
     from clbench.run.harness import resolve_device
     from clbench.run.precision import for_backbone
 
@@ -197,7 +197,8 @@ def measure_costs(
     log(f"training pass (forward + backward to input-side parameters): {b * 1e3:.1f} ms/image")
     units: dict[str, float] = {"f": f, "b": b}
     for name in strategies if strategies is not None else STRATEGIES.names():
-        own = STRATEGIES.get(name).unit_seconds(bb.num_features, dev)
+        target = card(name).unit_seconds
+        own = load_target(name, target)(bb.num_features, dev) if target else {}
         for unit, seconds in own.items():
             if unit in units:
                 raise ValueError(f"strategy {name}: unit {unit!r} is stated twice; units need unique names")

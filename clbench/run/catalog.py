@@ -54,6 +54,13 @@ class MethodCard:
     gate_scenarios: tuple[str, ...] = ("class",)
     # profiles that get their own row in `clbench perf projection` (``<name>-<profile>``), besides the default config
     projection_profiles: tuple[str, ...] = ()
+    # the method's own `clbench perf` measurements: name -> "module:attribute" of a clbench.perf.Measurement (or of a
+    # bare fn(backbone=, img_size=) -> dict), imported when the perf registry is first asked for (clbench.perf.load).
+    # Names are global: prefix them with the method's name
+    perf_benchmarks: dict[str, str] = field(default_factory=dict)
+    # "module:function" of fn(d, device) -> {unit: seconds}: the seconds per unit of each name the cost model puts in
+    # ``Work.extra``, measured by `clbench perf projection` at feature width d on the device; "" where it puts none
+    unit_seconds: str = ""
 
     def strategy(self, cls: C) -> C:
         """Class decorator (``@CARD.strategy``): the strategy class this card declares takes its ``name``,
@@ -112,6 +119,20 @@ _method("cofima", "baselines.cofima:CoFiMA", "baselines.cards.cofima")
 _method("sd_lora", "baselines.sd_lora:SDLoRA", "baselines.cards.sd_lora")
 _method("cl_lora", "baselines.cl_lora:CLLoRA", "baselines.cards.cl_lora")
 _method("duct", "baselines.duct:DUCT", "baselines.cards.duct")
+
+
+def load_target(owner: str, target: str) -> Any:
+    """The object a card names by ``module:attribute`` (its method's side module for a tool), imported now.
+    ClbenchError naming the card and the target for one that does not load."""
+    import importlib
+
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ClbenchError(
+            f"method card {owner!r}: cannot load {target!r} ({e})", "name an importable module:attribute on the card"
+        ) from None
 
 
 def card(name: str) -> MethodCard:
