@@ -86,7 +86,6 @@ from clbench.run.scenario import new_class_count
 
 @CARD.strategy
 class ACIL(Strategy[ACILConfig]):
-    embedding = "ACIL's buffer layer ReLU(f W_b)"
     # domain scenario: the recursive least-squares update is exact for any new images, new classes or not, so after
     # every domain the head is the joint ridge solution over all images seen (the paper's equivalence to joint
     # training holds unchanged)

@@ -107,7 +107,6 @@ from clbench.methods.shared import CosineHead, check_vit_blocks, class_means
 # ----------------------------------------------------------------------------------------------- the strategy
 @CARD.strategy
 class APER(Strategy):
-    embedding = "APER's concatenated frozen and adapted [CLS]"
     # scenarios: class only for now: its prototype rows are set once per task (a later domain would overwrite them);
     # a running mean over domains as SimpleCIL's is the natural extension, not made yet
     state_types = (AdapterSet, Adapter, AdaptedFeatures, SSF, ScaleShift, VisualPrompts)

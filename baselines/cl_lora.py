@@ -194,7 +194,6 @@ class TrainingHead(nn.Module):
 # ------------------------------------------------------------------------------------------------ the strategy
 @CARD.strategy
 class CLLoRA(Strategy[CLLoRAConfig]):
-    embedding = "CL-LoRA's [CLS] through the shared and the last task's LoRA"
     state_types = (QVLoRA,)
     needs_vit = True
 

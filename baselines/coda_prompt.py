@@ -180,7 +180,6 @@ class Components(nn.Module):
 
 @CARD.strategy
 class CodaPrompt(Strategy[CodaPromptConfig]):
-    embedding = "CODA-Prompt's prompted [CLS]"
     state_types = (Components, LinearHead, KACHead)
     protocols = (PER_SAMPLE,)
     needs_vit = True

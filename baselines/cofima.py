@@ -189,7 +189,6 @@ def merge_weights(
 
 @CARD.strategy
 class CoFiMA(Strategy[CoFiMAConfig]):
-    embedding = "CoFiMA's merged ViT's [CLS]"
     state_types = (CoFiMAHeads,)
     needs_vit = True
     fine_tunes_backbone = True

@@ -85,7 +85,6 @@ from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, St
 
 @CARD.strategy
 class DSAL(Strategy[DSALConfig]):
-    embedding = "DS-AL's buffer layer ReLU(f W_b)"
     # scenarios: class only: the compensation stream's previous-label cleansing zeroes every earlier class's
     # column, and in a later domain every class is earlier, so that stream would learn nothing (defined for new classes)
     state_types = (AnalyticRidge, RecursiveRidge)

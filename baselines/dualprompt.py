@@ -131,7 +131,6 @@ class Prompts(nn.Module):
 
 @CARD.strategy
 class DualPrompt(Strategy):
-    embedding = "DualPrompt's prompted [CLS]"
     # domain scenario: one E-prompt per domain (its slot, chosen by key matching at inference), the G-prompt and
     # one head over every class shared; each domain trains the head on all classes (they are its classes)
     scenarios = ("class", "domain")

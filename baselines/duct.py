@@ -193,7 +193,6 @@ def train_stage(
 
 @CARD.strategy
 class DUCT(Strategy[DUCTConfig]):
-    embedding = "DUCT's merged ViT's [CLS]"
     needs_vit = True
     fine_tunes_backbone = True
     # domain scenario: the authors' setting; every domain gets its own block of rows over the classes it brings, the

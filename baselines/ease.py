@@ -108,7 +108,6 @@ def subspace_weights(class_task: Sequence[int], n_sets: int, alpha: float) -> to
 
 @CARD.strategy
 class EASE(Strategy):
-    embedding = "EASE's concatenated adapter-subspace features"
     # scenarios: class only: the semantic-guided prototype complement builds old classes' prototypes in a new
     # adapter from their similarity to the task's NEW classes; a later domain has none, so it is undefined there
     state_types = (AdapterSet, Adapter)

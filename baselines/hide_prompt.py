@@ -292,7 +292,6 @@ def sample_features(
 
 @CARD.strategy
 class HiDePrompt(Strategy[HiDePromptConfig]):
-    embedding = "HiDe-Prompt's prompted [CLS] under the inferred task's prompt"
     state_types = (EPrompts, LinearHead, TIIHead, ClassStats)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True

@@ -118,7 +118,6 @@ class TaskHeads(nn.Module):
 
 @CARD.strategy
 class InfLoRA(Strategy[InfLoRAConfig]):
-    embedding = "InfLoRA's [CLS] through the LoRA branches"
     state_types = (KVLoRA, TaskHeads)
     needs_vit = True
 

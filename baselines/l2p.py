@@ -105,7 +105,6 @@ class PromptPool(nn.Module):
 
 @CARD.strategy
 class L2P(Strategy):
-    embedding = "L2P's prompted [CLS] (mean of the prompt tokens)"
     # domain scenario (the paper's CORe50 setting): one prompt pool and one head over every class, every domain
     # trains the whole head (its classes are all of them); key matching picks prompts per image as before
     scenarios = ("class", "domain")

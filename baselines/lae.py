@@ -164,7 +164,6 @@ def pet_block(block: nn.Module, x: torch.Tensor, pet: nn.Module | None) -> torch
 # ----------------------------------------------------------------------------------------------- the strategy
 @CARD.strategy
 class LAE(Strategy):
-    embedding = "frozen"
     state_types = (PrefixPET, AdapterPET, LoRAPET, LinearHead)
     needs_vit = True
 

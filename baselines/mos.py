@@ -174,7 +174,6 @@ def mos_output(refined: torch.Tensor, proto_logits: torch.Tensor, n_tasks: int, 
 
 @CARD.strategy
 class MOS(Strategy):
-    embedding = "MOS's [CLS] under the self-refined adapter set"
     # scenarios: class only: its adapters, their merging and the self-refined retrieval are built around
     # per-task class prototypes of new classes; what a later domain of the same classes should do there is undefined
     state_types = (AdapterSet, Adapter, LinearHead)

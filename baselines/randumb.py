@@ -121,7 +121,6 @@ def check_memory(width: int) -> None:
 
 @CARD.strategy
 class RanDumb(Strategy[RanDumbConfig]):
-    embedding = "RanDumb's random Fourier features"
     # scenarios: class only: each class's mean and OAS-shrunk statistics are added once (add_classes_oas);
     # a later domain of the same classes would need them merged, not done
     state_types = (LDAStatistics,)

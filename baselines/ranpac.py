@@ -189,7 +189,6 @@ def check_memory(M: int, d: int) -> None:
 # ----------------------------------------------------------------------------------------------- the strategy
 @CARD.strategy
 class RanPAC(Strategy):
-    embedding = "RanPAC's ReLU random projection h = ReLU(f W)"
     # domain scenario: Phase 1 adapts on the first domain only; G and Q accumulate every domain's images, so the
     # ridge head is the joint solution over all domains seen (its columns: every class from the first task)
     scenarios = ("class", "domain")

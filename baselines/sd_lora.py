@@ -216,7 +216,6 @@ class TaskHeads(nn.Module):
 
 @CARD.strategy
 class SDLoRA(Strategy[SDLoRAConfig]):
-    embedding = "SD-LoRA's [CLS] through the magnitude-scaled LoRA branches"
     state_types = (QVLoRA, TaskHeads)
     needs_vit = True
 

@@ -122,7 +122,6 @@ def alignment_tasks(class_task: list[int], task_size: int, index: str) -> list[i
 
 @CARD.strategy
 class SLCA(Strategy[SLCAConfig]):
-    embedding = "SLCA's fine-tuned ViT's [CLS]"
     state_types = (TaskHeads,)
     needs_vit = True
     fine_tunes_backbone = True

@@ -179,7 +179,6 @@ def tuna_output(specific: torch.Tensor, universal: torch.Tensor) -> torch.Tensor
 # ----------------------------------------------------------------------------------------------- the strategy
 @CARD.strategy
 class TUNA(Strategy):
-    embedding = "TUNA's [CLS] under the adapter set the entropy rule selects"
     # scenarios: class only: its loss is CosFace over each task's NEW classes with a head block per task, and the
     # entropy selection picks among task heads; a later domain of the same classes has no new classes to train
     state_types = (AdapterSet, Adapter, TaskCosineHead)

@@ -136,4 +136,5 @@ CARD = MethodCard(
     projection_profiles=("augment",),  # the reference's training gets its own row in ``clbench perf projection``
     perf_benchmarks={"tosca-routing": "tosca.perf:ROUTING"},
     unit_seconds="tosca.perf:unit_seconds",  # its cost model's luca_steps and route_module_images
+    embedding="TOSCA's calibrated [CLS] under the routed module",
 )

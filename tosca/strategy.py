@@ -100,7 +100,6 @@ def route_reference(all_logits: torch.Tensor, batch: int) -> torch.Tensor:
 
 @CARD.strategy
 class TOSCA(Strategy):
-    embedding = "TOSCA's calibrated [CLS] under the routed module"
     state_types = (LuCA, RoutingMemory, TaskStats)
     protocols = (PER_SAMPLE, REFERENCE)
     # domain scenario: one module per domain; module t predicts against its own prototypes of every class (the

@@ -78,4 +78,5 @@ CARD = MethodCard(
     trains="nothing by gradient: a least-squares head on a fixed random expansion",
     tune_space=TUNE_SPACE,
     perf_benchmarks={"acil-growth": "baselines.acil:GROWTH"},
+    embedding="ACIL's buffer layer ReLU(f W_b)",
 )

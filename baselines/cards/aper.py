@@ -123,4 +123,5 @@ CARD = MethodCard(
     work=work,
     family="adapters",
     trains="adapters on the first task only; then prototypes",
+    embedding="APER's concatenated frozen and adapted [CLS]",
 )

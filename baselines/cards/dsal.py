@@ -92,4 +92,5 @@ CARD = MethodCard(
     trains="nothing by gradient: two least-squares heads (main and compensation)",
     tune_space=TUNE_SPACE,
     perf_benchmarks={"dsal-growth": "baselines.dsal:GROWTH"},
+    embedding="DS-AL's buffer layer ReLU(f W_b)",
 )

@@ -85,4 +85,5 @@ CARD = MethodCard(
     work=work,
     family="adapters",
     trains="one adapter set per task; prototypes in every subspace",
+    embedding="EASE's concatenated adapter-subspace features",
 )

@@ -84,4 +84,5 @@ CARD = MethodCard(
     trains="nothing: class means and one shrunk covariance per class",
     tune_space=TUNE_SPACE,
     perf_benchmarks={"fecam-growth": "baselines.fecam:GROWTH"},
+    embedding="FeCAM's Tukey-transformed, normalised features",
 )

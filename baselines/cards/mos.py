@@ -133,4 +133,5 @@ CARD = MethodCard(
     work=work,
     family="adapters",
     trains="per-task adapters merged into their predecessors, and the head",
+    embedding="MOS's [CLS] under the self-refined adapter set",
 )

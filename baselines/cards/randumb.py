@@ -86,4 +86,5 @@ CARD = MethodCard(
     trains="nothing: LDA on random Fourier features, one shared covariance",
     tune_space=TUNE_SPACE,
     perf_benchmarks={"randumb-growth": "baselines.randumb:GROWTH"},
+    embedding="RanDumb's random Fourier features",
 )

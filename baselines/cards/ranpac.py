@@ -115,4 +115,5 @@ CARD = MethodCard(
     family="closed-form",
     trains="adapters on the first task only; then a ridge head on a random projection",
     tune_space=TUNE_SPACE,
+    embedding="RanPAC's ReLU random projection h = ReLU(f W)",
 )

@@ -168,4 +168,5 @@ CARD = MethodCard(
     family="adapters",
     trains="one adapter set per task (orthogonality term) and a cosine head; a merged universal set",
     tune_space=TUNE_SPACE,
+    embedding="TUNA's [CLS] under the adapter set the entropy rule selects",
 )

@@ -164,9 +164,6 @@ class Strategy(ABC, Generic[ConfigT]):
     # parameters include the whole ViT, so its :meth:`param_formula` takes the ViT's count as ``backbone_params``
     # (width and depth do not fix it), and :meth:`adapted_features` gives its tuned features.
     fine_tunes_backbone: ClassVar[bool] = False
-    # what :meth:`adapted_features` returns, in a few words for the t-SNE figure (e.g. "RanPAC's ReLU random
-    # projection"); "frozen" where it returns None
-    embedding: ClassVar[str] = "frozen"
     # the scenarios (clbench.run.config.SCENARIO_CHOICES) the method is defined for; "domain": a later task brings the
     # classes of earlier ones again, in a new domain (``task.classes`` then names classes already seen)
     scenarios: ClassVar[tuple[str, ...]] = ("class",)
@@ -242,7 +239,8 @@ class Strategy(ABC, Generic[ConfigT]):
 
     def adapted_features(self, split: Split) -> torch.Tensor | None:
         """What the method's classifier scores for each image of ``split`` (N, width), where that is not the frozen
-        features: kept for the report's t-SNE figure (:mod:`clbench.features.embeddings`; :attr:`embedding` names it).
+        features: kept for the report's t-SNE figure (:mod:`clbench.features.embeddings`; the card's ``embedding``
+        names it).
         Per-sample, like :meth:`predict`. None: the classifier scores the frozen features."""
         return None
 

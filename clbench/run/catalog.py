@@ -61,6 +61,9 @@ class MethodCard:
     # "module:function" of fn(d, device) -> {unit: seconds}: the seconds per unit of each name the cost model puts in
     # ``Work.extra``, measured by `clbench perf projection` at feature width d on the device; "" where it puts none
     unit_seconds: str = ""
+    # what the strategy's ``adapted_features`` returns, in a few words for the report's t-SNE figure (e.g. "RanPAC's
+    # ReLU random projection"); "frozen" where it returns None
+    embedding: str = "frozen"
 
     def strategy(self, cls: C) -> C:
         """Class decorator (``@CARD.strategy``): the strategy class this card declares takes its ``name``,

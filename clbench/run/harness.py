@@ -38,7 +38,7 @@ from clbench.records.results import (
     peak_rss_mb,
     reset_peak_rss,
 )
-from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES
+from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES, card
 from clbench.run.checkpoint import ProtocolLogState
 from clbench.run.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
@@ -982,7 +982,7 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) ->
         np.asarray(bench.image_tasks("test"))[index],
         session.features["test"][torch.as_tensor(index)].float().numpy(),
         None if adapted is None else adapted.float().cpu().numpy(),
-        strategy.embedding,
+        card(session.cfg.strategy).embedding,
     )
     atomic_write_bytes(path / "features.npz", data)
 
