@@ -192,7 +192,6 @@ class CoFiMA(Strategy[CoFiMAConfig]):
     state_types = (CoFiMAHeads,)
     needs_vit = True
     fine_tunes_backbone = True
-    min_train_per_class = 2  # a class covariance
 
     @property
     def dtype(self) -> torch.dtype:

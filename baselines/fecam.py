@@ -180,7 +180,6 @@ def check_memory(n_new: int, d: int) -> None:
 class FeCAM(Strategy[FeCAMConfig]):
     # scenarios: class only: each class's covariance is shrunk and normalised once from its images and kept per
     # task; a later domain would need the raw second moments (not kept), and a second block would repeat the classes
-    min_train_per_class = 2  # a class covariance needs 2 images
 
     def __init__(self, config: FeCAMConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -179,7 +179,6 @@ class MOS(Strategy):
     state_types = (AdapterSet, Adapter, LinearHead)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
-    min_train_per_class = 2  # a class covariance needs 2 images
 
     def __init__(self, config: MOSConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

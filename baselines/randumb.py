@@ -124,7 +124,6 @@ class RanDumb(Strategy[RanDumbConfig]):
     # scenarios: class only: each class's mean and OAS-shrunk statistics are added once (add_classes_oas);
     # a later domain of the same classes would need them merged, not done
     state_types = (LDAStatistics,)
-    min_train_per_class = 2  # a class's OAS covariance needs 2 images
 
     def __init__(self, config: RanDumbConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

@@ -125,7 +125,6 @@ class SLCA(Strategy[SLCAConfig]):
     state_types = (TaskHeads,)
     needs_vit = True
     fine_tunes_backbone = True
-    min_train_per_class = 2  # a class covariance
 
     @property
     def dtype(self) -> torch.dtype:

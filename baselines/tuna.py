@@ -183,7 +183,6 @@ class TUNA(Strategy):
     # entropy selection picks among task heads; a later domain of the same classes has no new classes to train
     state_types = (AdapterSet, Adapter, TaskCosineHead)
     needs_vit = True
-    min_train_per_class = 2  # a class covariance needs 2 images
 
     def __init__(self, config: TUNAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

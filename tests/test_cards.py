@@ -41,7 +41,14 @@ def test_the_class_restates_nothing_its_card_declares(name):
 
 
 # What the tools read of a method: data on its card (a field with a default), never an attribute of the method contract.
-TOOL_DATA = ("gate_scenarios", "projection_profiles", "perf_benchmarks", "unit_seconds", "embedding")
+TOOL_DATA = (
+    "gate_scenarios",
+    "projection_profiles",
+    "perf_benchmarks",
+    "unit_seconds",
+    "embedding",
+    "min_train_per_class",
+)
 
 
 def test_tool_data_is_on_the_card_not_on_the_method_contract():

@@ -211,7 +211,7 @@ def test_mos_refuses_a_class_with_one_training_image(backbone):
     split = make_split(backbone, [0, 1], 1, seed=5)
     with pytest.raises(ClbenchError, match="2 training images"):
         MOS(MOS_SMALL, ctx_for(backbone)).learn_task(Task(0, [0, 1], 2, split))
-    assert MOS.min_train_per_class == 2  # nor a run that would train on one (tests/test_harness.py)
+    assert MOS.card.min_train_per_class == 2  # nor a run that would train on one (tests/test_harness.py)
 
 
 # ----------------------------------------------------------------------------------------------- accounting

@@ -310,7 +310,7 @@ def test_refuses_a_class_with_one_training_image(backbone):
     split = make_split(backbone, [0, 1], 1, seed=5)
     with pytest.raises(ClbenchError, match="2 training images"):
         TUNA(SMALL, ctx_for(backbone)).learn_task(Task(0, [0, 1], 2, split))
-    assert TUNA.min_train_per_class == 2
+    assert TUNA.card.min_train_per_class == 2
 
 
 def test_config_refuses_bad_values():

@@ -85,4 +85,5 @@ CARD = MethodCard(
     tune_space=TUNE_SPACE,
     perf_benchmarks={"fecam-growth": "baselines.fecam:GROWTH"},
     embedding="FeCAM's Tukey-transformed, normalised features",
+    min_train_per_class=2,  # a class covariance needs 2 images
 )

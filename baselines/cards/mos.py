@@ -134,4 +134,5 @@ CARD = MethodCard(
     family="adapters",
     trains="per-task adapters merged into their predecessors, and the head",
     embedding="MOS's [CLS] under the self-refined adapter set",
+    min_train_per_class=2,  # a class covariance needs 2 images
 )

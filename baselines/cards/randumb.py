@@ -87,4 +87,5 @@ CARD = MethodCard(
     tune_space=TUNE_SPACE,
     perf_benchmarks={"randumb-growth": "baselines.randumb:GROWTH"},
     embedding="RanDumb's random Fourier features",
+    min_train_per_class=2,  # a class's OAS covariance needs 2 images
 )

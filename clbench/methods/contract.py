@@ -167,8 +167,6 @@ class Strategy(ABC, Generic[ConfigT]):
     # the scenarios (clbench.run.config.SCENARIO_CHOICES) the method is defined for; "domain": a later task brings the
     # classes of earlier ones again, in a new domain (``task.classes`` then names classes already seen)
     scenarios: ClassVar[tuple[str, ...]] = ("class",)
-    # the smallest run-level ``train_per_class`` the method can learn from (e.g. 2 for a class covariance)
-    min_train_per_class: ClassVar[int] = 1
     # classes (besides tensors, plain data, torch's layers and BLOCK_TYPES) whose instances the strategy's state holds;
     # a checkpoint rebuilds these and no others (:meth:`restore_state`)
     state_types: ClassVar[tuple[type, ...]] = ()

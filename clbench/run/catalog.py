@@ -64,6 +64,9 @@ class MethodCard:
     # what the strategy's ``adapted_features`` returns, in a few words for the report's t-SNE figure (e.g. "RanPAC's
     # ReLU random projection"); "frozen" where it returns None
     embedding: str = "frozen"
+    # the smallest run-level ``train_per_class`` the method can learn from (e.g. 2 for a class covariance): the
+    # harness refuses a run that would hand it fewer
+    min_train_per_class: int = 1
 
     def strategy(self, cls: C) -> C:
         """Class decorator (``@CARD.strategy``): the strategy class this card declares takes its ``name``,

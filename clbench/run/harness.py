@@ -249,11 +249,12 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
     check_input_size(backbone_name, cfg.img_size)  # an explicit size the backbone would ignore: refused
     img_size = run_level(strategy_cls, cfg.profile, cfg.img_size, "img_size")
     train_per_class = run_level(strategy_cls, cfg.profile, cfg.train_per_class, "train_per_class")
-    if train_per_class is not None and train_per_class < strategy_cls.min_train_per_class:
+    least = card(cfg.strategy).min_train_per_class
+    if train_per_class is not None and train_per_class < least:
         raise ClbenchError(
             f"{setting('train_per_class')} {train_per_class}: {strategy_cls.name} learns from at least "
-            f"{strategy_cls.min_train_per_class} images per class",
-            f"give {setting('train_per_class')} {strategy_cls.min_train_per_class} or more, or leave it out",
+            f"{least} images per class",
+            f"give {setting('train_per_class')} {least} or more, or leave it out",
         )
     domain = cfg.scenario == "domain"
     if domain and (cfg.init_cls is not None or cfg.increment is not None):
