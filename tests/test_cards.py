@@ -48,6 +48,7 @@ TOOL_DATA = (
     "unit_seconds",
     "embedding",
     "min_train_per_class",
+    "work",
 )
 
 

@@ -357,7 +357,7 @@ def test_param_formula_counts_the_stored_sets_the_reference_code_moves(backbone)
 
 def test_cost_model_counts_the_passes():
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(10.0, 20.0), protocols=1)
-    w = TUNA.work(TUNAConfig(epochs=3), shape)
+    w = TUNA.card.cost(TUNAConfig(epochs=3), shape)
     assert w.b == 600 and w.f == 200 + 10 * 1 + 20 * 3 and w.f_cacheable == 0
-    last = TUNA.work(TUNAConfig(epochs=3, universal="last"), shape)
+    last = TUNA.card.cost(TUNAConfig(epochs=3, universal="last"), shape)
     assert last.f == 200 + 10 * 1 + 20 * 2

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from clbench.run.catalog import MethodCard
 
 # A strategy's settings: a (frozen) dataclass instance, its class the strategy's ``Config``. ``Strategy[MyConfig]``
-# types ``self.cfg``, :meth:`Strategy.work` and :meth:`Strategy.param_formula` with it; a subclass that names no
+# types ``self.cfg`` and :meth:`Strategy.param_formula` with it; a subclass that names no
 # parameter (``class M(Strategy)``) leaves it unchecked.
 ConfigT = TypeVar("ConfigT", bound="DataclassInstance")
 Transform = Callable[["Image"], torch.Tensor]  # an RGB PIL image to the network's input tensor (C, H, W)
@@ -154,8 +154,8 @@ class Strategy(ABC, Generic[ConfigT]):
     protocols: ClassVar[tuple[str, ...]] = (PER_SAMPLE,)
     # named config overrides, e.g. a CPU "quick" profile: setting -> value, of whatever type the Config field has (Any)
     profiles: ClassVar[dict[str, dict[str, Any]]] = {}
-    # the method's card (torch-free: baselines/cards/NAME.py, tosca/card.py): where its parameter formula and cost
-    # model are stated (:meth:`param_formula`, :meth:`work` read them from it)
+    # the method's card (torch-free: baselines/cards/NAME.py, tosca/card.py), set by its decorator: its one
+    # declaration, where its parameter formula (:meth:`param_formula` reads it), cost model and tool data are stated
     card: ClassVar[MethodCard | None] = None
     needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
     # methods that fine-tune the ViT's own weights. Such a method trains a copy of ``ctx.backbone.model`` that
@@ -209,16 +209,6 @@ class Strategy(ABC, Generic[ConfigT]):
         and by the methods' own :meth:`param_counts`, so that both give the same numbers. Default: everything kept
         is learned (a method without statistics)."""
         return list(kept_per_task), [0] * len(kept_per_task)
-
-    # ------------------------------------------------------------------------------------------ cost model
-    @classmethod
-    def work(cls, cfg: ConfigT, shape: RunShape) -> Work:
-        """The cost of one run of this strategy with config ``cfg`` on a run of ``shape`` (see :class:`Work`): its
-        card's cost model (``card.work``). Read by ``clbench perf projection`` and ``projection-check``; generic code
-        never names a method."""
-        if cls.card is None or cls.card.work is None:
-            raise NotImplementedError(f"strategy {cls.name} states no cost model (its card's `work`)")
-        return cls.card.work(cfg, shape)
 
     @classmethod
     def param_formula(

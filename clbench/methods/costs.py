@@ -40,7 +40,7 @@ class ParamCounts:
 
 @dataclass(frozen=True)
 class RunShape:
-    """The size of one run, for cost models (:meth:`Strategy.work`)."""
+    """The size of one run, for cost models (a method card's ``work``)."""
 
     train_per_task: tuple[float, ...]  # training images of task t
     test_seen: tuple[float, ...]  # test images evaluated after task t (every seen class)

@@ -68,6 +68,13 @@ class MethodCard:
     # harness refuses a run that would hand it fewer
     min_train_per_class: int = 1
 
+    def cost(self, cfg: Any, shape: Any) -> Work:  # cfg: an instance of Config; shape: a RunShape
+        """One run's cost from the cost model (:attr:`work`); NotImplementedError for a method that states none (the
+        projection lists it as unmodelled)."""
+        if self.work is None:
+            raise NotImplementedError(f"strategy {self.name} states no cost model (its card's `work`)")
+        return self.work(cfg, shape)
+
     def strategy(self, cls: C) -> C:
         """Class decorator (``@CARD.strategy``): the strategy class this card declares takes its ``name``,
         ``Config``, ``profiles`` and ``card`` from it, so that the class states none of them."""
