@@ -148,12 +148,6 @@ class ACIL(Strategy[ACILConfig]):
             extra=extra_counts(self.cfg, self.dim),
         )
 
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: M per class (W); stored: W_b and R in task 0."""
-        M, d = int(extra["M"]), int(extra["feature_width"])
-        return [M * c for c in task_sizes], [(d * M + M * M if t == 0 else 0) for t in range(len(task_sizes))]
-
 
 # `clbench perf acil-growth` (the card's ``perf_benchmarks``): seconds and memory at the reference's defaults
 GROWTH = growth_measurement(ACIL, "acil-growth", ACILConfig())

@@ -215,7 +215,7 @@ class APER(Strategy):
         extra = {"first_session_params": tuned, "prototype_width": 2 * self.dim}
         if self.cfg.adapt == "adapter":
             extra["adapter_params"] = tuned
-        added, stored = self.split_kept(self._added, 0, extra, [])
+        added, stored = CARD.split_kept(self._added, 0, extra, [])
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,
@@ -223,11 +223,3 @@ class APER(Strategy):
             head=self.head.weight.numel(),
             extra=extra,
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: the first session's tuned module (adapters, SSF factors, prompts or the ViT copy); stored: the
-        2d prototypes (class means) of every class. Records before ``adapt`` name it ``adapter_params``."""
-        tuned = int(extra["first_session_params"] if "first_session_params" in extra else extra["adapter_params"])
-        added = [tuned if t == 0 else 0 for t in range(len(kept_per_task))]
-        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]

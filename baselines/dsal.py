@@ -173,12 +173,6 @@ class DSAL(Strategy[DSALConfig]):
             extra=extra_counts(self.cfg, self.dim),
         )
 
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: 2 M per class (both streams); stored: W_b and both R in task 0."""
-        M, d = int(extra["M"]), int(extra["feature_width"])
-        return [2 * M * c for c in task_sizes], [(d * M + 2 * M * M if t == 0 else 0) for t in range(len(task_sizes))]
-
 
 # `clbench perf dsal-growth` (the card's ``perf_benchmarks``): seconds and memory at the reference's defaults
 GROWTH = growth_measurement(DSAL, "dsal-growth", DSALConfig())

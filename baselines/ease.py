@@ -248,15 +248,10 @@ class EASE(Strategy):
             out["task_id_accuracy"] = float((pred_task == np.asarray(true_task)).mean() * 100)
         return out
 
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        adapters = int(extra["adapter_params_per_task"])  # learned; the rest is prototypes (class means, synthesised)
-        return [adapters] * len(kept_per_task), [k - adapters for k in kept_per_task]
-
     def param_counts(self) -> ParamCounts:
         n_sets = len(self.adapter_sets)
         adapters = adapter_set_size(self.n_blocks, self.dim, self.cfg.bottleneck)
-        added, stored = self.split_kept(self._added, 0, {"adapter_params_per_task": adapters}, [])
+        added, stored = CARD.split_kept(self._added, 0, {"adapter_params_per_task": adapters}, [])
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,

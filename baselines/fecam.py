@@ -239,10 +239,6 @@ class FeCAM(Strategy[FeCAMConfig]):
             head=sum(stored),
         )
 
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        return [0] * len(kept_per_task), list(kept_per_task)  # means and precision matrices: statistics
-
 
 # ----------------------------------------------------------------------------------------------- perf
 # (classes, tasks, d, test images per class): the embedded benchmark's shape (942 test images: 26 per class), then

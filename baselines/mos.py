@@ -418,7 +418,7 @@ class MOS(Strategy):
             "backbone_passes_per_test_image_per_task": list(range(1, n + 1)),
         }
         sizes = [self.class_task.count(t) for t in range(n)]
-        added, stored = self.split_kept(self._added, 0, extra, sizes)
+        added, stored = CARD.split_kept(self._added, 0, extra, sizes)
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,
@@ -426,12 +426,3 @@ class MOS(Strategy):
             head=self.head.weight.numel() + self.head.bias.numel(),
             extra=extra,
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: the adapter set and the head rows (d + 1 per class); stored: each class's prototype, mean and
-        covariance (or variance)."""
-        adapters = int(extra["adapter_params_per_task"])
-        d = int(extra["prototype_params"]) // sum(task_sizes)
-        added = [adapters + c * (d + 1) for c in task_sizes]
-        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]

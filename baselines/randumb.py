@@ -256,7 +256,7 @@ class RanDumb(Strategy[RanDumbConfig]):
             for t, c in enumerate(self.task_sizes)
         ]
         head = self.weight.numel() + self.bias.numel()
-        added, stored = self.split_kept(kept, head, extra, self.task_sizes)
+        added, stored = CARD.split_kept(kept, head, extra, self.task_sizes)
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,
@@ -264,15 +264,6 @@ class RanDumb(Strategy[RanDumbConfig]):
             head=head,
             extra=extra,
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: the LDA head solved in closed form (W weights and a bias per class); stored: the class means and
-        counts (W + 1 per class), the shared covariance (W^2, counted as the W x W statistic it is even while it is
-        held in low-rank form, which keeps fewer numbers) and the fixed random features (d M + M), in task 0."""
-        w = int(extra["lda_width"])
-        added = [(w + 1) * c for c in task_sizes]
-        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
 
 
 GROWTH_WIDTHS = (1000, 2500, 5000)  # M on every shape; the reference's 10,000 on the embedded benchmark's

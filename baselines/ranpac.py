@@ -303,7 +303,7 @@ class RanPAC(Strategy):
             (k - (extra["adapter_params"] + extra["random_projection"] if t == 0 else 0)) // self.cfg.M
             for t, k in enumerate(self._added)
         ]
-        added, stored = self.split_kept(self._added, self.Wo.numel(), extra, sizes)
+        added, stored = CARD.split_kept(self._added, self.Wo.numel(), extra, sizes)
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,
@@ -311,12 +311,3 @@ class RanPAC(Strategy):
             head=self.Wo.numel(),
             extra=extra,
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: the first-session adapters and the ridge head (M per class, solved in closed form); stored: the
-        fixed random projection W (d M), the Gram matrix G (M^2) and the class sums Q (M per class)."""
-        w, g, m = int(extra["random_projection"]), int(extra["gram_floats"]), int(extra["M"])
-        added = [k - (w if t == 0 else 0) for t, k in enumerate(kept_per_task)]
-        stored = [(w + g if t == 0 else 0) + m * c for t, c in enumerate(task_sizes)]
-        return added, stored

@@ -61,7 +61,3 @@ class SimpleCIL(Strategy):
             trainable_per_task=[0] * len(self._added),
             head=self.head.weight.numel(),
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        return [0] * len(kept_per_task), list(kept_per_task)  # the prototypes are class means: stored, not learned

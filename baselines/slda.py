@@ -146,7 +146,7 @@ class SLDA(Strategy[SLDAConfig]):
         d = self.dim
         kept = [(d + 1) * c + d * c + c + (d * d if t == 0 else 0) for t, c in enumerate(self.task_sizes)]
         extra = {"feature_width": d}
-        added, stored = self.split_kept(kept, self.weight.numel() + self.bias.numel(), extra, self.task_sizes)
+        added, stored = CARD.split_kept(kept, self.weight.numel() + self.bias.numel(), extra, self.task_sizes)
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,
@@ -154,14 +154,6 @@ class SLDA(Strategy[SLDAConfig]):
             head=self.weight.numel() + self.bias.numel(),
             extra=extra,
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: the head solved in closed form (d weights and a bias per class); stored: the class means
-        (d per class), the class counts (1 per class) and the shared covariance (d^2, in task 0)."""
-        d = int(extra["feature_width"])
-        added = [(d + 1) * c for c in task_sizes]
-        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
 
 
 def _growth(flags: Any) -> dict[str, Any]:  # flags: the argparse namespace (no flags of its own)

@@ -49,6 +49,7 @@ TOOL_DATA = (
     "embedding",
     "min_train_per_class",
     "work",
+    "split_kept",
 )
 
 

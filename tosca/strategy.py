@@ -335,16 +335,6 @@ class TOSCA(Strategy):
         choice = self.route_with(self.cfg.router, split, self.head(stacked).cpu())
         return stacked[choice.to(stacked.device), torch.arange(len(z))].cpu()
 
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Records before schema 3 kept TOSCA's module only: its head rows (trained with the module, d per class,
-        and the scale) are learned parameters too."""
-        d = (head - 1) // sum(task_sizes)
-        added = [
-            k + c * d + (1 if t == 0 else 0) for t, (k, c) in enumerate(zip(kept_per_task, task_sizes, strict=True))
-        ]
-        return added, [0] * len(added)
-
     def param_counts(self) -> ParamCounts:
         per_module = n_params(self.modules_[0]) if len(self.modules_) else 0
         r = self.d // self.cfg.ratio
@@ -353,7 +343,7 @@ class TOSCA(Strategy):
         head = self.head.weight.numel() + self.head.sigma.numel()
         seen = [(n - per_module - 1) // self.d for n in self._trainable]  # trained: the module and the whole head
         sizes = [b - a for a, b in zip([0, *seen[:-1]], seen, strict=True)]
-        added, stored = self.split_kept([per_module] * len(self.modules_), head, {}, sizes)
+        added, stored = CARD.split_kept([per_module] * len(self.modules_), head, {}, sizes)
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, overload
@@ -198,17 +198,6 @@ class Strategy(ABC, Generic[ConfigT]):
         for a method with a module per task (the task's module predicts). None (the default): the method has no
         per-task part, and its task-aware prediction is its task-agnostic one. Never used for the run's accuracy."""
         return None
-
-    @classmethod
-    def split_kept(
-        cls, kept_per_task: list[int], head: int, extra: Mapping[str, Any], task_sizes: list[int]
-    ) -> tuple[list[int], list[int]]:  # extra: the record's JSON params
-        """(added_per_task, stored_per_task) of :class:`ParamCounts` from what the strategy kept per task in all
-        (``kept_per_task``: learned and stored together, the ``added_per_task`` of records before schema version 3)
-        and that record's ``head`` and ``extra`` counts. Used to restate older records (:mod:`clbench.records.results`)
-        and by the methods' own :meth:`param_counts`, so that both give the same numbers. Default: everything kept
-        is learned (a method without statistics)."""
-        return list(kept_per_task), [0] * len(kept_per_task)
 
     @classmethod
     def param_formula(

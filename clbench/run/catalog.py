@@ -28,6 +28,13 @@ from clbench.run.registry import Registry
 C = TypeVar("C", bound=type)
 
 
+def all_learned(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    """A card's ``split_kept`` where the method keeps no statistics: everything kept per task is learned."""
+    return list(kept_per_task), [0] * len(kept_per_task)
+
+
 @dataclass(frozen=True)
 class MethodCard:
     """A method's one declaration, read without loading the method: its name, its settings class (defaults and
@@ -67,6 +74,11 @@ class MethodCard:
     # the smallest run-level ``train_per_class`` the method can learn from (e.g. 2 for a class covariance): the
     # harness refuses a run that would hand it fewer
     min_train_per_class: int = 1
+    # (kept_per_task, head, extra, task_sizes) -> (added_per_task, stored_per_task) of ParamCounts: what the method
+    # kept per task in all (learned and stored together, the ``added_per_task`` of records before schema version 3)
+    # split by the rule its own param_counts uses, so that restated old records (clbench.records.upgrade) and live
+    # runs give the same numbers; ``extra``: the record's JSON params. Default: everything kept is learned
+    split_kept: Callable[[list[int], int, dict[str, Any], list[int]], tuple[list[int], list[int]]] = all_learned
 
     def cost(self, cfg: Any, shape: Any) -> Work:  # cfg: an instance of Config; shape: a RunShape
         """One run's cost from the cost model (:attr:`work`); NotImplementedError for a method that states none (the
