@@ -245,3 +245,12 @@ def test_the_tools_read_the_plugins_card(monkeypatch):
     monkeypatch.setitem(STRATEGIES._items, NAME, PlugNearest)
     assert card(NAME) is CARD and PlugNearest.name == NAME and PlugNearest.profiles is CARD.profiles
     assert [row for row, _, _ in projection_rows([NAME])] == [NAME, f"{NAME}-ci"]
+
+
+def test_a_plugin_registered_under_another_name_than_its_cards_is_refused(monkeypatch):
+    from clbench.errors import ClbenchError
+    from clbench.run.catalog import STRATEGIES, card
+
+    monkeypatch.setitem(STRATEGIES._items, "othername", PlugNearest)
+    with pytest.raises(ClbenchError, match=f"registered from a class whose card names it '{NAME}'"):
+        card("othername")

@@ -169,6 +169,11 @@ def card(name: str) -> MethodCard:
     cls = STRATEGIES.get(name)
     declared = getattr(cls, "card", None)
     if isinstance(declared, MethodCard):
+        if declared.name != name:
+            raise ClbenchError(
+                f"strategy {name!r} is registered from a class whose card names it {declared.name!r}",
+                f"register it as {declared.name!r} or give its card the name {name!r}",
+            )
         return declared
     return MethodCard(cls.name, cls.Config, dict(cls.profiles))
 
