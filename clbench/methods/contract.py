@@ -47,8 +47,8 @@ if TYPE_CHECKING:
     from clbench.run.catalog import MethodCard
 
 # A strategy's settings: a (frozen) dataclass instance, its class the strategy's ``Config``. ``Strategy[MyConfig]``
-# types ``self.cfg`` and :meth:`Strategy.param_formula` with it; a subclass that names no
-# parameter (``class M(Strategy)``) leaves it unchecked.
+# types ``self.cfg`` and :meth:`Strategy.param_formula` with it; a subclass that names no parameter
+# (``class M(Strategy)``) leaves it unchecked.
 ConfigT = TypeVar("ConfigT", bound="DataclassInstance")
 Transform = Callable[["Image"], torch.Tensor]  # an RGB PIL image to the network's input tensor (C, H, W)
 
@@ -217,8 +217,7 @@ class Strategy(ABC, Generic[ConfigT]):
     def adapted_features(self, split: Split) -> torch.Tensor | None:
         """What the method's classifier scores for each image of ``split`` (N, width), where that is not the frozen
         features: kept for the report's t-SNE figure (:mod:`clbench.features.embeddings`; the card's ``embedding``
-        names it).
-        Per-sample, like :meth:`predict`. None: the classifier scores the frozen features."""
+        names it). Per-sample, like :meth:`predict`. None: the classifier scores the frozen features."""
         return None
 
     # ------------------------------------------------------------------------------------------ checkpoints
