@@ -25,7 +25,7 @@ overrun costs one step and the rest still report:
   decode + augment img/s of the embedded benchmark's training images at 224 px, in the main process (as runs load
   today) and with one DataLoader worker per core.
 
-The plan printed first prices each step with the projection's cost model (:meth:`clbench.methods.contract.Strategy.work`
+The plan printed first prices each step with the projection's cost model (its card's ``work``
 of each run's shape) at assumed per-image costs of a current data-centre GPU (:class:`GpuCosts`), plus a fixed
 overhead per process and per run; the results keep each step's estimate beside its measured seconds, so the next
 plan can be recalibrated from a real one. Everything is written as JSON under the output folder, with
@@ -197,7 +197,7 @@ def ci_runs(sizes: Sizes) -> list[tuple[str, str, str | None]]:
 def _ci_estimate(sizes: Sizes, costs: GpuCosts, precision: str, on_cpu: bool = False) -> float:
     """Seconds of every ci run of ``sizes`` on the micro ViT from each strategy's work on the ci split."""
     from clbench.methods.contract import RunShape
-    from clbench.run.catalog import STRATEGIES
+    from clbench.run.catalog import STRATEGIES, card
     from clbench.run.config import make_strategy_config
 
     # the embedded benchmark's ci split: 36 classes in 3 tasks of 12, ~90 train and ~30 test images a class
@@ -207,7 +207,7 @@ def _ci_estimate(sizes: Sizes, costs: GpuCosts, precision: str, on_cpu: bool = F
     for _, name, profile in ci_runs(sizes):
         cls = STRATEGIES.get(name)
         try:
-            w = cls.work(make_strategy_config(cls, profile, ()), shape)
+            w = card(name).cost(make_strategy_config(cls, profile, ()), shape)
             passes = w.f + costs.b_over_f * w.b
         except NotImplementedError:
             passes = shape.train_per_task[0] * 3 + sum(shape.test_seen)

@@ -70,7 +70,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from baselines.cards.acil import CARD, PROFILES, ACILConfig, extra_counts
+from baselines.cards.acil import CARD, ACILConfig, extra_counts
 from clbench.layers.analytic import (
     AnalyticRidge,
     RecursiveRidge,
@@ -84,17 +84,13 @@ from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, St
 from clbench.run.scenario import new_class_count
 
 
+@CARD.strategy
 class ACIL(Strategy[ACILConfig]):
-    name = "acil"
-    embedding = "ACIL's buffer layer ReLU(f W_b)"
     # domain scenario: the recursive least-squares update is exact for any new images, new classes or not, so after
     # every domain the head is the joint ridge solution over all images seen (the paper's equivalence to joint
     # training holds unchanged)
     scenarios = ("class", "domain")
-    Config = ACILConfig
     state_types = (AnalyticRidge, RecursiveRidge)
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/acil.py
-    card = CARD  # its parameter formula and cost model: baselines/cards/acil.py
 
     def __init__(self, config: ACILConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -152,12 +148,6 @@ class ACIL(Strategy[ACILConfig]):
             extra=extra_counts(self.cfg, self.dim),
         )
 
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: M per class (W); stored: W_b and R in task 0."""
-        M, d = int(extra["M"]), int(extra["feature_width"])
-        return [M * c for c in task_sizes], [(d * M + M * M if t == 0 else 0) for t in range(len(task_sizes))]
 
-    @classmethod
-    def perf_benchmarks(cls):
-        return {"acil-growth": growth_measurement(cls, "acil-growth", cls.Config())}
+# `clbench perf acil-growth` (the card's ``perf_benchmarks``): seconds and memory at the reference's defaults
+GROWTH = growth_measurement(ACIL, "acil-growth", ACILConfig())

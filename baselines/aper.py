@@ -86,7 +86,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from baselines.cards.aper import CARD, PROFILES, APERConfig
+from baselines.cards.aper import CARD, APERConfig
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.checks import check_protocol
 from clbench.layers.first_session import (
@@ -105,16 +105,12 @@ from clbench.methods.shared import CosineHead, check_vit_blocks, class_means
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
+@CARD.strategy
 class APER(Strategy):
-    name = "aper"
-    embedding = "APER's concatenated frozen and adapted [CLS]"
     # scenarios: class only for now: its prototype rows are set once per task (a later domain would overwrite them);
     # a running mean over domains as SimpleCIL's is the natural extension, not made yet
-    Config = APERConfig
     state_types = (AdapterSet, Adapter, AdaptedFeatures, SSF, ScaleShift, VisualPrompts)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/aper.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: APERConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -219,7 +215,7 @@ class APER(Strategy):
         extra = {"first_session_params": tuned, "prototype_width": 2 * self.dim}
         if self.cfg.adapt == "adapter":
             extra["adapter_params"] = tuned
-        added, stored = self.split_kept(self._added, 0, extra, [])
+        added, stored = CARD.split_kept(self._added, 0, extra, [])
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,
@@ -227,11 +223,3 @@ class APER(Strategy):
             head=self.head.weight.numel(),
             extra=extra,
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: the first session's tuned module (adapters, SSF factors, prompts or the ViT copy); stored: the
-        2d prototypes (class means) of every class. Records before ``adapt`` name it ``adapter_params``."""
-        tuned = int(extra["first_session_params"] if "first_session_params" in extra else extra["adapter_params"])
-        added = [tuned if t == 0 else 0 for t in range(len(kept_per_task))]
-        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]

@@ -82,7 +82,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.cl_lora import CARD, PROFILES, CLLoRAConfig
+from baselines.cards.cl_lora import CARD, CLLoRAConfig
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
@@ -192,14 +192,10 @@ class TrainingHead(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------ the strategy
+@CARD.strategy
 class CLLoRA(Strategy[CLLoRAConfig]):
-    name = "cl_lora"
-    embedding = "CL-LoRA's [CLS] through the shared and the last task's LoRA"
-    Config = CLLoRAConfig
     state_types = (QVLoRA,)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/cl_lora.py
-    card = CARD  # its parameter formula and cost model
 
     @property
     def dtype(self) -> torch.dtype:

@@ -74,7 +74,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.coda_prompt import CARD, PROFILES, CodaPromptConfig, used_layers
+from baselines.cards.coda_prompt import CARD, CodaPromptConfig, used_layers
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead, build_head, head_size
 from clbench.layers.kan import KACHead
@@ -178,15 +178,11 @@ class Components(nn.Module):
         return split(self.keys), split(self.attn), split(self.prompts)
 
 
+@CARD.strategy
 class CodaPrompt(Strategy[CodaPromptConfig]):
-    name = "coda_prompt"
-    embedding = "CODA-Prompt's prompted [CLS]"
-    Config = CodaPromptConfig
     state_types = (Components, LinearHead, KACHead)
     protocols = (PER_SAMPLE,)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/coda_prompt.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: CodaPromptConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

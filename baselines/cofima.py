@@ -80,7 +80,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.cofima import CARD, PROFILES, CoFiMAConfig, counts
+from baselines.cards.cofima import CARD, CoFiMAConfig, counts
 from clbench.layers.alignment import align_on_gaussians
 from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
@@ -187,16 +187,11 @@ def merge_weights(
     return out
 
 
+@CARD.strategy
 class CoFiMA(Strategy[CoFiMAConfig]):
-    name = "cofima"
-    embedding = "CoFiMA's merged ViT's [CLS]"
-    Config = CoFiMAConfig
     state_types = (CoFiMAHeads,)
     needs_vit = True
     fine_tunes_backbone = True
-    min_train_per_class = 2  # a class covariance
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/cofima.py
-    card = CARD  # its parameter formula and cost model
 
     @property
     def dtype(self) -> torch.dtype:

@@ -71,7 +71,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from baselines.cards.dsal import CARD, PROFILES, DSALConfig, extra_counts
+from baselines.cards.dsal import CARD, DSALConfig, extra_counts
 from clbench.layers.analytic import (
     AnalyticRidge,
     RecursiveRidge,
@@ -83,16 +83,12 @@ from clbench.layers.checks import check_protocol, check_saved_buffer
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 
 
+@CARD.strategy
 class DSAL(Strategy[DSALConfig]):
-    name = "dsal"
-    embedding = "DS-AL's buffer layer ReLU(f W_b)"
     # scenarios: class only: the compensation stream's previous-label cleansing zeroes every earlier class's
     # column, and in a later domain every class is earlier, so that stream would learn nothing (defined for new classes)
-    Config = DSALConfig
     state_types = (AnalyticRidge, RecursiveRidge)
     streams: ClassVar[int] = 2  # R matrices held (the memory estimate)
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/dsal.py
-    card = CARD  # its parameter formula and cost model: baselines/cards/dsal.py
 
     def __init__(self, config: DSALConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -177,12 +173,6 @@ class DSAL(Strategy[DSALConfig]):
             extra=extra_counts(self.cfg, self.dim),
         )
 
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: 2 M per class (both streams); stored: W_b and both R in task 0."""
-        M, d = int(extra["M"]), int(extra["feature_width"])
-        return [2 * M * c for c in task_sizes], [(d * M + 2 * M * M if t == 0 else 0) for t in range(len(task_sizes))]
 
-    @classmethod
-    def perf_benchmarks(cls):
-        return {"dsal-growth": growth_measurement(cls, "dsal-growth", cls.Config())}
+# `clbench perf dsal-growth` (the card's ``perf_benchmarks``): seconds and memory at the reference's defaults
+GROWTH = growth_measurement(DSAL, "dsal-growth", DSALConfig())

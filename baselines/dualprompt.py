@@ -84,7 +84,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from baselines.cards.dualprompt import CARD, PROFILES, DualPromptConfig, prompt_layers
+from baselines.cards.dualprompt import CARD, DualPromptConfig, prompt_layers
 from clbench.errors import ClbenchError
 from clbench.layers.heads import LinearHead, build_head, head_size
 from clbench.layers.kan import KACHead
@@ -129,18 +129,14 @@ class Prompts(nn.Module):
         return key_similarity(query, self.keys)
 
 
+@CARD.strategy
 class DualPrompt(Strategy):
-    name = "dualprompt"
-    embedding = "DualPrompt's prompted [CLS]"
     # domain scenario: one E-prompt per domain (its slot, chosen by key matching at inference), the G-prompt and
     # one head over every class shared; each domain trains the head on all classes (they are its classes)
     scenarios = ("class", "domain")
-    Config = DualPromptConfig
     state_types = (Prompts, LinearHead, KACHead)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/dualprompt.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: DualPromptConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

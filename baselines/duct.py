@@ -101,7 +101,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.duct import CARD, PROFILES, DUCTConfig, counts
+from baselines.cards.duct import CARD, DUCTConfig, counts
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
@@ -191,20 +191,13 @@ def train_stage(
     return epochs * n_batches
 
 
+@CARD.strategy
 class DUCT(Strategy[DUCTConfig]):
-    name = "duct"
-    embedding = "DUCT's merged ViT's [CLS]"
-    Config = DUCTConfig
     needs_vit = True
     fine_tunes_backbone = True
     # domain scenario: the authors' setting; every domain gets its own block of rows over the classes it brings, the
     # ViT merges every domain's task vector, and the transport calibrates old domains' rows
     scenarios = ("class", "domain")
-    # the gate pins the class-incremental ci run only: at the ci profile's 72 steps per domain on emoji-vendors the
-    # second domain's loss stays at chance (3.67 -> 3.58, ln 36 = 3.58), which the gate's training check refuses
-    gate_scenarios = ("class",)
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/duct.py
-    card = CARD  # its parameter formula and cost model
 
     @property
     def dtype(self) -> torch.dtype:

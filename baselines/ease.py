@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.ease import CARD, PROFILES, EASEConfig
+from baselines.cards.ease import CARD, EASEConfig
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
@@ -106,16 +106,12 @@ def subspace_weights(class_task: Sequence[int], n_sets: int, alpha: float) -> to
     return w
 
 
+@CARD.strategy
 class EASE(Strategy):
-    name = "ease"
-    embedding = "EASE's concatenated adapter-subspace features"
     # scenarios: class only: the semantic-guided prototype complement builds old classes' prototypes in a new
     # adapter from their similarity to the task's NEW classes; a later domain has none, so it is undefined there
-    Config = EASEConfig
     state_types = (AdapterSet, Adapter)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/ease.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: EASEConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -252,15 +248,10 @@ class EASE(Strategy):
             out["task_id_accuracy"] = float((pred_task == np.asarray(true_task)).mean() * 100)
         return out
 
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        adapters = int(extra["adapter_params_per_task"])  # learned; the rest is prototypes (class means, synthesised)
-        return [adapters] * len(kept_per_task), [k - adapters for k in kept_per_task]
-
     def param_counts(self) -> ParamCounts:
         n_sets = len(self.adapter_sets)
         adapters = adapter_set_size(self.n_blocks, self.dim, self.cfg.bottleneck)
-        added, stored = self.split_kept(self._added, 0, {"adapter_params_per_task": adapters}, [])
+        added, stored = CARD.split_kept(self._added, 0, {"adapter_params_per_task": adapters}, [])
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,

@@ -75,7 +75,7 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-from baselines.cards.fecam import CARD, PROFILES, FeCAMConfig
+from baselines.cards.fecam import CARD, FeCAMConfig
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
 from clbench.layers.first_session import check_width
@@ -176,15 +176,10 @@ def check_memory(n_new: int, d: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
+@CARD.strategy
 class FeCAM(Strategy[FeCAMConfig]):
-    name = "fecam"
-    embedding = "FeCAM's Tukey-transformed, normalised features"
     # scenarios: class only: each class's covariance is shrunk and normalised once from its images and kept per
     # task; a later domain would need the raw second moments (not kept), and a second block would repeat the classes
-    Config = FeCAMConfig
-    min_train_per_class = 2  # a class covariance needs 2 images
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/fecam.py
-    card = CARD  # its parameter formula and cost model: baselines/cards/fecam.py
 
     def __init__(self, config: FeCAMConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -243,14 +238,6 @@ class FeCAM(Strategy[FeCAMConfig]):
             trainable_per_task=[0] * len(stored),
             head=sum(stored),
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        return [0] * len(kept_per_task), list(kept_per_task)  # means and precision matrices: statistics
-
-    @classmethod
-    def perf_benchmarks(cls) -> dict[str, Measurement]:
-        return {GROWTH.name: GROWTH}
 
 
 # ----------------------------------------------------------------------------------------------- perf

@@ -107,7 +107,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.hide_prompt import CARD, PROFILES, HiDePromptConfig, Storage, e_layers_in
+from baselines.cards.hide_prompt import CARD, HiDePromptConfig, Storage, e_layers_in
 from clbench.errors import ClbenchError
 from clbench.layers.alignment import align_on_samples, gaussian_samples
 from clbench.layers.checks import check_protocol
@@ -290,15 +290,11 @@ def sample_features(
     return x.reshape(-1, d), classes.repeat_interleave(per_centroid)
 
 
+@CARD.strategy
 class HiDePrompt(Strategy[HiDePromptConfig]):
-    name = "hide_prompt"
-    embedding = "HiDe-Prompt's prompted [CLS] under the inferred task's prompt"
-    Config = HiDePromptConfig
     state_types = (EPrompts, LinearHead, TIIHead, ClassStats)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/hide_prompt.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: HiDePromptConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

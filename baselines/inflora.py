@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.inflora import CARD, PROFILES, InfLoRAConfig
+from baselines.cards.inflora import CARD, InfLoRAConfig
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
 from clbench.layers.lora import (
@@ -116,14 +116,10 @@ class TaskHeads(nn.Module):
         return torch.cat([h(x) for h in self.heads], dim=1)
 
 
+@CARD.strategy
 class InfLoRA(Strategy[InfLoRAConfig]):
-    name = "inflora"
-    embedding = "InfLoRA's [CLS] through the LoRA branches"
-    Config = InfLoRAConfig
     state_types = (KVLoRA, TaskHeads)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/inflora.py
-    card = CARD  # its parameter formula and cost model
 
     @property
     def dtype(self) -> torch.dtype:

@@ -67,7 +67,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from baselines.cards.l2p import CARD, PROFILES, L2PConfig
+from baselines.cards.l2p import CARD, L2PConfig
 from clbench.layers.heads import LinearHead, build_head, head_size
 from clbench.layers.kan import KACHead
 from clbench.layers.prompts import eval_batch, key_similarity, select_prompts, training_query
@@ -103,18 +103,14 @@ class PromptPool(nn.Module):
         return key_similarity(query, self.keys)
 
 
+@CARD.strategy
 class L2P(Strategy):
-    name = "l2p"
-    embedding = "L2P's prompted [CLS] (mean of the prompt tokens)"
     # domain scenario (the paper's CORe50 setting): one prompt pool and one head over every class, every domain
     # trains the whole head (its classes are all of them); key matching picks prompts per image as before
     scenarios = ("class", "domain")
-    Config = L2PConfig
     state_types = (PromptPool, LinearHead, KACHead)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/l2p.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: L2PConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

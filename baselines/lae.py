@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.lae import CARD, PROFILES, LAEConfig
+from baselines.cards.lae import CARD, LAEConfig
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead
@@ -162,14 +162,10 @@ def pet_block(block: nn.Module, x: torch.Tensor, pet: nn.Module | None) -> torch
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
+@CARD.strategy
 class LAE(Strategy):
-    name = "lae"
-    embedding = "frozen"
-    Config = LAEConfig
     state_types = (PrefixPET, AdapterPET, LoRAPET, LinearHead)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/lae.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: LAEConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

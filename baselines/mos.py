@@ -81,7 +81,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.mos import CARD, PROFILES, MOSConfig, head_rows_updated
+from baselines.cards.mos import CARD, MOSConfig, head_rows_updated
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.alignment import align_on_gaussians
@@ -172,18 +172,13 @@ def mos_output(refined: torch.Tensor, proto_logits: torch.Tensor, n_tasks: int, 
     return F.softmax(refined, dim=1) + F.softmax(proto_logits * n_tasks, dim=1)
 
 
+@CARD.strategy
 class MOS(Strategy):
-    name = "mos"
-    embedding = "MOS's [CLS] under the self-refined adapter set"
     # scenarios: class only: its adapters, their merging and the self-refined retrieval are built around
     # per-task class prototypes of new classes; what a later domain of the same classes should do there is undefined
-    Config = MOSConfig
     state_types = (AdapterSet, Adapter, LinearHead)
     protocols = (PER_SAMPLE, REFERENCE)
     needs_vit = True
-    min_train_per_class = 2  # a class covariance needs 2 images
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/mos.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: MOSConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -423,7 +418,7 @@ class MOS(Strategy):
             "backbone_passes_per_test_image_per_task": list(range(1, n + 1)),
         }
         sizes = [self.class_task.count(t) for t in range(n)]
-        added, stored = self.split_kept(self._added, 0, extra, sizes)
+        added, stored = CARD.split_kept(self._added, 0, extra, sizes)
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,
@@ -431,12 +426,3 @@ class MOS(Strategy):
             head=self.head.weight.numel() + self.head.bias.numel(),
             extra=extra,
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: the adapter set and the head rows (d + 1 per class); stored: each class's prototype, mean and
-        covariance (or variance)."""
-        adapters = int(extra["adapter_params_per_task"])
-        d = int(extra["prototype_params"]) // sum(task_sizes)
-        added = [adapters + c * (d + 1) for c in task_sizes]
-        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]

@@ -81,7 +81,7 @@ from typing import Any
 import psutil
 import torch
 
-from baselines.cards.randumb import CARD, PROFILES, RanDumbConfig, extra_counts
+from baselines.cards.randumb import CARD, RanDumbConfig, extra_counts
 from clbench.errors import ClbenchError
 from clbench.layers.lda import (
     F64,
@@ -93,6 +93,7 @@ from clbench.layers.lda import (
     memory_estimate,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.perf import Measurement
 
 MEMORY_BATCH, MEMORY_CLASSES = 4096, 1000  # the task size and class count the memory check allows for
 
@@ -118,16 +119,11 @@ def check_memory(width: int) -> None:
         )
 
 
+@CARD.strategy
 class RanDumb(Strategy[RanDumbConfig]):
-    name = "randumb"
-    embedding = "RanDumb's random Fourier features"
     # scenarios: class only: each class's mean and OAS-shrunk statistics are added once (add_classes_oas);
     # a later domain of the same classes would need them merged, not done
-    Config = RanDumbConfig
     state_types = (LDAStatistics,)
-    min_train_per_class = 2  # a class's OAS covariance needs 2 images
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/randumb.py
-    card = CARD  # its parameter formula and cost model: baselines/cards/randumb.py
 
     def __init__(self, config: RanDumbConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -260,7 +256,7 @@ class RanDumb(Strategy[RanDumbConfig]):
             for t, c in enumerate(self.task_sizes)
         ]
         head = self.weight.numel() + self.bias.numel()
-        added, stored = self.split_kept(kept, head, extra, self.task_sizes)
+        added, stored = CARD.split_kept(kept, head, extra, self.task_sizes)
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,
@@ -268,29 +264,6 @@ class RanDumb(Strategy[RanDumbConfig]):
             head=head,
             extra=extra,
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: the LDA head solved in closed form (W weights and a bias per class); stored: the class means and
-        counts (W + 1 per class), the shared covariance (W^2, counted as the W x W statistic it is even while it is
-        held in low-rank form, which keeps fewer numbers) and the fixed random features (d M + M), in task 0."""
-        w = int(extra["lda_width"])
-        added = [(w + 1) * c for c in task_sizes]
-        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
-
-    @classmethod
-    def perf_benchmarks(cls):
-        from clbench.perf import Measurement
-
-        return {
-            "randumb-growth": Measurement(
-                "randumb-growth",
-                help="RanDumb's fit + predict seconds and peak memory on synthetic features, without the embedding "
-                "and with random Fourier features of M = 1,000-10,000: 36 classes / 6 tasks (d = 384) and 200 "
-                "classes / 10 tasks (d = 384, 768)",
-                run=_growth,
-            )
-        }
 
 
 GROWTH_WIDTHS = (1000, 2500, 5000)  # M on every shape; the reference's 10,000 on the embedded benchmark's
@@ -305,3 +278,13 @@ def _growth(flags: Any) -> dict[str, Any]:  # flags: the argparse namespace (no 
             runs.append({"embed": True, "M": m, **growth_run(RanDumb, cfg, c, t, d)})
             runs[-1]["memory_estimate_mib"] = round(memory_estimate(m, c * 64 // t, c) / 2**20, 1)
     return growth_report("randumb-growth", runs)
+
+
+# `clbench perf randumb-growth` (the card's ``perf_benchmarks``)
+GROWTH = Measurement(
+    "randumb-growth",
+    help="RanDumb's fit + predict seconds and peak memory on synthetic features, without the embedding "
+    "and with random Fourier features of M = 1,000-10,000: 36 classes / 6 tasks (d = 384) and 200 "
+    "classes / 10 tasks (d = 384, 768)",
+    run=_growth,
+)

@@ -84,7 +84,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from baselines.cards.ranpac import CARD, PROFILES, RanPACConfig, param_extra
+from baselines.cards.ranpac import CARD, RanPACConfig, param_extra
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.analytic import available_memory, relu_projection, ridge_solution
@@ -187,17 +187,13 @@ def check_memory(M: int, d: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
+@CARD.strategy
 class RanPAC(Strategy):
-    name = "ranpac"
-    embedding = "RanPAC's ReLU random projection h = ReLU(f W)"
     # domain scenario: Phase 1 adapts on the first domain only; G and Q accumulate every domain's images, so the
     # ridge head is the joint solution over all domains seen (its columns: every class from the first task)
     scenarios = ("class", "domain")
-    Config = RanPACConfig
     state_types = (AdapterSet, Adapter, AdaptedFeatures)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/ranpac.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: RanPACConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -307,7 +303,7 @@ class RanPAC(Strategy):
             (k - (extra["adapter_params"] + extra["random_projection"] if t == 0 else 0)) // self.cfg.M
             for t, k in enumerate(self._added)
         ]
-        added, stored = self.split_kept(self._added, self.Wo.numel(), extra, sizes)
+        added, stored = CARD.split_kept(self._added, self.Wo.numel(), extra, sizes)
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,
@@ -315,12 +311,3 @@ class RanPAC(Strategy):
             head=self.Wo.numel(),
             extra=extra,
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: the first-session adapters and the ridge head (M per class, solved in closed form); stored: the
-        fixed random projection W (d M), the Gram matrix G (M^2) and the class sums Q (M per class)."""
-        w, g, m = int(extra["random_projection"]), int(extra["gram_floats"]), int(extra["M"])
-        added = [k - (w if t == 0 else 0) for t, k in enumerate(kept_per_task)]
-        stored = [(w + g if t == 0 else 0) + m * c for t, c in enumerate(task_sizes)]
-        return added, stored

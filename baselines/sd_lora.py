@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.sd_lora import CARD, PROFILES, SDLoRAConfig
+from baselines.cards.sd_lora import CARD, SDLoRAConfig
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
@@ -214,14 +214,10 @@ class TaskHeads(nn.Module):
         return torch.cat([h(x) for h in self.heads], dim=1)
 
 
+@CARD.strategy
 class SDLoRA(Strategy[SDLoRAConfig]):
-    name = "sd_lora"
-    embedding = "SD-LoRA's [CLS] through the magnitude-scaled LoRA branches"
-    Config = SDLoRAConfig
     state_types = (QVLoRA, TaskHeads)
     needs_vit = True
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/sd_lora.py
-    card = CARD  # its parameter formula and cost model
 
     @property
     def dtype(self) -> torch.dtype:

@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import torch
 
-from baselines.cards.simplecil import CARD, PROFILES, SimpleCILConfig
+from baselines.cards.simplecil import CARD, SimpleCILConfig
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import CosineHead, class_means
 
 
+@CARD.strategy
 class SimpleCIL(Strategy):
-    name = "simplecil"
-    Config = SimpleCILConfig
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/simplecil.py
-    card = CARD  # its parameter formula and cost model: baselines/cards/simplecil.py
     # domain scenario: a class's prototype is its mean over every domain seen so far (a running mean)
     scenarios = ("class", "domain")
-    gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too
 
     def __init__(self, config: SimpleCILConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -65,7 +61,3 @@ class SimpleCIL(Strategy):
             trainable_per_task=[0] * len(self._added),
             head=self.head.weight.numel(),
         )
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        return [0] * len(kept_per_task), list(kept_per_task)  # the prototypes are class means: stored, not learned

@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.slca import CARD, PROFILES, SLCAConfig, counts
+from baselines.cards.slca import CARD, SLCAConfig, counts
 from clbench.layers.alignment import align_on_gaussians
 from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
@@ -120,16 +120,11 @@ def alignment_tasks(class_task: list[int], task_size: int, index: str) -> list[i
     return list(class_task)
 
 
+@CARD.strategy
 class SLCA(Strategy[SLCAConfig]):
-    name = "slca"
-    embedding = "SLCA's fine-tuned ViT's [CLS]"
-    Config = SLCAConfig
     state_types = (TaskHeads,)
     needs_vit = True
     fine_tunes_backbone = True
-    min_train_per_class = 2  # a class covariance
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/slca.py
-    card = CARD  # its parameter formula and cost model
 
     @property
     def dtype(self) -> torch.dtype:

@@ -76,7 +76,7 @@ from typing import Any
 
 import torch
 
-from baselines.cards.slda import CARD, PROFILES, SLDAConfig
+from baselines.cards.slda import CARD, SLDAConfig
 from clbench.layers.lda import (
     F64,
     GROWTH_SHAPES,
@@ -88,18 +88,16 @@ from clbench.layers.lda import (
     shrink,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.perf import Measurement
 from clbench.run.scenario import new_class_count
 
 
+@CARD.strategy
 class SLDA(Strategy[SLDAConfig]):
-    name = "slda"
     # domain scenario: a streaming method by definition (Hayes and Kanan update every class mean and the shared
     # covariance one image at a time), so a later domain's images update the means of classes already seen
     scenarios = ("class", "domain")
-    Config = SLDAConfig
     state_types = (LDAStatistics,)
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/slda.py
-    card = CARD  # its parameter formula and cost model: baselines/cards/slda.py
 
     def __init__(self, config: SLDAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -148,7 +146,7 @@ class SLDA(Strategy[SLDAConfig]):
         d = self.dim
         kept = [(d + 1) * c + d * c + c + (d * d if t == 0 else 0) for t, c in enumerate(self.task_sizes)]
         extra = {"feature_width": d}
-        added, stored = self.split_kept(kept, self.weight.numel() + self.bias.numel(), extra, self.task_sizes)
+        added, stored = CARD.split_kept(kept, self.weight.numel() + self.bias.numel(), extra, self.task_sizes)
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,
@@ -157,28 +155,16 @@ class SLDA(Strategy[SLDAConfig]):
             extra=extra,
         )
 
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Learned: the head solved in closed form (d weights and a bias per class); stored: the class means
-        (d per class), the class counts (1 per class) and the shared covariance (d^2, in task 0)."""
-        d = int(extra["feature_width"])
-        added = [(d + 1) * c for c in task_sizes]
-        return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
-
-    @classmethod
-    def perf_benchmarks(cls):
-        from clbench.perf import Measurement
-
-        return {
-            "slda-growth": Measurement(
-                "slda-growth",
-                help="SLDA's fit + predict seconds and peak memory on synthetic features: 36 classes / 6 tasks "
-                "(d = 384) and 200 classes / 10 tasks (d = 384, 768)",
-                run=_growth,
-            )
-        }
-
 
 def _growth(flags: Any) -> dict[str, Any]:  # flags: the argparse namespace (no flags of its own)
     runs = [growth_run(SLDA, SLDAConfig(), c, t, d) for c, t, d in GROWTH_SHAPES]
     return growth_report("slda-growth", runs)
+
+
+# `clbench perf slda-growth` (the card's ``perf_benchmarks``)
+GROWTH = Measurement(
+    "slda-growth",
+    help="SLDA's fit + predict seconds and peak memory on synthetic features: 36 classes / 6 tasks "
+    "(d = 384) and 200 classes / 10 tasks (d = 384, 768)",
+    run=_growth,
+)

@@ -89,7 +89,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baselines.cards.tuna import CARD, PROFILES, TUNAConfig, head_rows_updated, old_up_weights_updated
+from baselines.cards.tuna import CARD, TUNAConfig, head_rows_updated, old_up_weights_updated
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.alignment import align_on_gaussians
@@ -177,17 +177,12 @@ def tuna_output(specific: torch.Tensor, universal: torch.Tensor) -> torch.Tensor
 
 
 # ----------------------------------------------------------------------------------------------- the strategy
+@CARD.strategy
 class TUNA(Strategy):
-    name = "tuna"
-    embedding = "TUNA's [CLS] under the adapter set the entropy rule selects"
     # scenarios: class only: its loss is CosFace over each task's NEW classes with a head block per task, and the
     # entropy selection picks among task heads; a later domain of the same classes has no new classes to train
-    Config = TUNAConfig
     state_types = (AdapterSet, Adapter, TaskCosineHead)
     needs_vit = True
-    min_train_per_class = 2  # a class covariance needs 2 images
-    profiles = PROFILES  # named profiles and their cost notes: baselines/cards/tuna.py
-    card = CARD  # its parameter formula and cost model
 
     def __init__(self, config: TUNAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

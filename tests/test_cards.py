@@ -1,7 +1,7 @@
-"""Method cards (clbench.run.catalog.MethodCard): every built-in method's settings class and profiles live in a
-torch-free
-module that its strategy class takes them from, so that reading records, reports and study files loads no method
-and no torch (a plug-in's card is read from its class: tests/test_plugin_strategy.py runs one through `report`)."""
+"""Method cards (clbench.run.catalog.MethodCard): every built-in method's name, settings class and profiles live in
+a torch-free module whose card decorates its strategy class, so that reading records, reports and study files loads
+no method and no torch (a plug-in's card is read from its class: tests/test_plugin_strategy.py runs one through
+`report`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,43 @@ def test_the_strategy_takes_its_settings_and_profiles_from_its_card(name):
     assert cls.card is c  # its parameter formula and cost model too: the class states neither itself
     assert c.param_formula is not None and c.work is not None
     assert "param_formula" not in vars(cls) and "work" not in vars(cls)
+
+
+@pytest.mark.parametrize("name", STRATEGIES.names())
+def test_the_class_restates_nothing_its_card_declares(name):
+    """The card is the method's one declaration: its class is decorated with it (``@CARD.strategy``) and its source
+    names neither its name, nor its settings class, nor its profiles, nor its card as class attributes."""
+    import inspect
+    import re
+
+    source = inspect.getsource(STRATEGIES.get(name))
+    assert source.startswith("@CARD.strategy\n"), source[:200]
+    restated = re.findall(r"^    (name|Config|profiles|card)\s*(?::[^=\n]*)?=", source, flags=re.M)
+    assert not restated, restated
+
+
+# What the tools read of a method: data on its card (a field with a default), never an attribute of the method contract.
+TOOL_DATA = (
+    "gate_scenarios",
+    "projection_profiles",
+    "perf_benchmarks",
+    "unit_seconds",
+    "embedding",
+    "min_train_per_class",
+    "work",
+    "split_kept",
+)
+
+
+def test_tool_data_is_on_the_card_not_on_the_method_contract():
+    from clbench.methods.contract import Strategy
+    from clbench.run.catalog import MethodCard
+
+    fields = set(MethodCard.__dataclass_fields__)
+    assert all(name in fields for name in TOOL_DATA), set(TOOL_DATA) - fields
+    assert not [name for name in TOOL_DATA if hasattr(Strategy, name)]
+    for name in STRATEGIES.names():
+        assert not [d for d in TOOL_DATA if hasattr(STRATEGIES.get(name), d)], name
 
 
 def _fresh(code: str) -> None:

@@ -268,7 +268,7 @@ def test_param_counts_follow_the_formula_and_the_cost_model(trained, backbone):
     assert real.stored_per_task == formula.stored_per_task == [2 * half + 2 * d, 3 * d]
     assert real.trainable_per_task == formula.trainable_per_task == [half + per_task + c * d + 1 for c in (2, 3)]
     assert real.head == formula.head == 5 * d
-    w = CLLoRA.work(SMALL, RunShape((12.0, 18.0), (6.0, 15.0)))
+    w = CLLoRA.card.cost(SMALL, RunShape((12.0, 18.0), (6.0, 15.0)))
     assert w.b == pytest.approx(2 * (30 + 0.5 * 18))
     assert w.f == pytest.approx(30 + 0.5 * 2 * 18 + 6 * 1.0 + 15 * 1.5)
 

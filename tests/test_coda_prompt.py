@@ -211,9 +211,9 @@ def test_param_formula_equals_the_counts_of_a_real_run(trained, backbone, tasks)
 
 def test_cost_model_counts_the_passes():
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(10.0, 20.0))
-    cached = CodaPrompt.work(CodaPromptConfig(epochs=3, query="cached"), shape)
+    cached = CodaPrompt.card.cost(CodaPromptConfig(epochs=3, query="cached"), shape)
     assert cached.b == 600 and cached.f == 220 + 30 and cached.f_cacheable == 220
-    assert CodaPrompt.work(CodaPromptConfig(epochs=3), shape).f == cached.f + 600  # augmented queries
+    assert CodaPrompt.card.cost(CodaPromptConfig(epochs=3), shape).f == cached.f + 600  # augmented queries
 
 
 def test_profiles_are_valid_configs():

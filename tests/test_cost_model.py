@@ -1,4 +1,4 @@
-"""The strategies' own cost models (Strategy.work, param_formula) and the generic perf code that reads them."""
+"""The strategies' own cost models (their cards' work and param_formula) and the generic perf code that reads them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clbench.methods.contract import RunShape
-from clbench.run.catalog import STRATEGIES
+from clbench.run.catalog import STRATEGIES, card
 from clbench.run.config import make_strategy_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ def _cfg(name: str, profile: str | None = None, **overrides):
 def _work(name: str, shape: RunShape, profile: str | None = None, **overrides):
     from clbench.perf.projection import work_counts
 
-    return work_counts(STRATEGIES.get(name).work(_cfg(name, profile, **overrides), shape))
+    return work_counts(card(name).cost(_cfg(name, profile, **overrides), shape))
 
 
 def test_each_method_counts_what_it_does_per_image():
@@ -40,9 +40,9 @@ def test_each_method_counts_what_it_does_per_image():
     assert l2p["f"] == pytest.approx(5 * 100 + (10 + 20) * (1 + k))  # queries; query + prompted eval
     ease = _work("ease", shape)
     assert ease == {"f": pytest.approx(50 * 1 + 50 * 2 + 10 * 1 + 20 * 2), "b": 20 * 100}
-    cacheable = {n: STRATEGIES.get(n).work(_cfg(n), shape).f_cacheable for n in ("simplecil", "tosca", "l2p", "ease")}
+    cacheable = {n: card(n).cost(_cfg(n), shape).f_cacheable for n in ("simplecil", "tosca", "l2p", "ease")}
     assert cacheable == {"simplecil": 120, "tosca": 120, "l2p": 0, "ease": 0}
-    assert STRATEGIES.get("tosca").work(_cfg("tosca", "augment"), shape).f_cacheable == 0
+    assert card("tosca").cost(_cfg("tosca", "augment"), shape).f_cacheable == 0
 
 
 def test_counts_follow_a_runs_own_split_protocols_and_config():

@@ -226,9 +226,9 @@ def _padded(mask: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
 
 def test_cost_models_count_the_passes():
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(10.0, 20.0), protocols=2)
-    dp = DualPrompt.work(DualPromptConfig(epochs=3, query="cached"), shape)
+    dp = DualPrompt.card.cost(DualPromptConfig(epochs=3, query="cached"), shape)
     assert dp.b == 600 and dp.f == 220 + 2 * 30 and dp.f_cacheable == 220
-    assert DualPrompt.work(DualPromptConfig(epochs=3), shape).f == dp.f + 600  # augmented queries
+    assert DualPrompt.card.cost(DualPromptConfig(epochs=3), shape).f == dp.f + 600  # augmented queries
 
 
 # ----------------------------------------------------------------------------------------------- harness

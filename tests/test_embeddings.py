@@ -12,7 +12,7 @@ import pytest
 from clbench.features import embeddings
 from clbench.report.collect import collect
 from clbench.report.figures.tsne_maps import _tsne_panels, load_features, tsne
-from clbench.run.catalog import STRATEGIES
+from clbench.run.catalog import card
 from clbench.run.harness import RunConfig, run
 
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random", init_cls=18, increment=9, train_per_class=8)
@@ -59,7 +59,7 @@ def test_a_record_keeps_the_subsample_and_what_its_classifier_scores(two_runs):
         assert np.array_equal(data["index"], embeddings.subsample(n_test))
         assert str(data["format"]) == embeddings.FORMAT and data["frozen"].dtype == np.float16
         assert data["frozen"].shape[1] <= embeddings.DIMS
-    assert str(acil["embedding"]) == STRATEGIES.get("acil").embedding and acil["adapted"].shape[1] <= embeddings.DIMS
+    assert str(acil["embedding"]) == card("acil").embedding and acil["adapted"].shape[1] <= embeddings.DIMS
     assert "adapted" not in simple and str(simple["embedding"]) == "frozen"
     assert np.array_equal(acil["frozen"], simple["frozen"])  # one backbone, one test split: one reference panel
     assert not np.array_equal(acil["adapted"], acil["frozen"])
@@ -74,7 +74,7 @@ def test_the_figure_draws_the_frozen_features_once_and_names_who_classifies_them
     assert not notes and len(panels) == 1
     (group,) = panels.values()
     assert [p.title.split("\n")[0] for p in group] == ["frozen features", "acil"]
-    assert "what simplecil classifies" in group[0].title and STRATEGIES.get("acil").embedding in group[1].title
+    assert "what simplecil classifies" in group[0].title and card("acil").embedding in group[1].title
     assert all(len(p.tasks) == 200 for p in group)  # the same images in every panel
     figs, notes = tsne(coll, tmp_path, 120)
     assert len(figs) == 1 and (tmp_path / figs[0].files["png"]).is_file()

@@ -152,7 +152,7 @@ def test_fecam_refuses_a_class_with_one_image_and_the_run_setting_below_two(back
     split = gaussian_split([0, 1], 3, 0).subset([0, 1, 2, 3])  # class 1 keeps one image
     with pytest.raises(ClbenchError, match=r"FeCAM needs >= 2 training images per class .*class 1 has 1"):
         strategy.learn_task(Task(0, [0, 1], 2, split))
-    assert FeCAM.min_train_per_class == 2
+    assert FeCAM.card.min_train_per_class == 2
     with pytest.raises(ClbenchError, match=r"train_per_class 1: fecam learns from at least 2 images per class"):
         harness.resolve(RunConfig(strategy="fecam", train_per_class=1))
 

@@ -249,9 +249,9 @@ def test_param_formula_counts_the_tensors_a_run_holds(trained, backbone, tasks):
 def test_cost_model_counts_the_passes():
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(10.0, 20.0), protocols=2)
     cfg = HiDePromptConfig(epochs=3, tii_epochs=4)
-    w = HiDePrompt.work(cfg, shape)
+    w = HiDePrompt.card.cost(cfg, shape)
     assert w.b == 3 * 200  # prompted training passes
     assert w.f_cacheable == 200 + 20  # frozen features: training images and the final test set
     assert w.f == 220 + 200 + 2 * 30  # + statistics pass per training image + one pass per test image, protocol
-    aug = HiDePrompt.work(replace(cfg, tii_input="augmented"), shape)
+    aug = HiDePrompt.card.cost(replace(cfg, tii_input="augmented"), shape)
     assert aug.f == w.f + 4 * 200 and aug.f_cacheable == w.f_cacheable

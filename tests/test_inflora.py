@@ -181,7 +181,7 @@ def test_param_counts_follow_the_formula_and_the_cost_model(trained, backbone):
     assert real.stored_per_task == formula.stored_per_task == [depth * d * d, 0]
     assert real.head == formula.head == 5 * (d + 1)
     assert strategy.optimizer_steps == [2 * 2, 2 * 3]  # 12 and 18 images in batches of 8, 2 epochs
-    w = InfLoRA.work(SMALL, RunShape((12.0, 18.0), (6.0, 15.0)))
+    w = InfLoRA.card.cost(SMALL, RunShape((12.0, 18.0), (6.0, 15.0)))
     assert (w.f, w.b, w.f_cacheable) == (2 * 30 + 21, 2 * 30, 0.0)
 
 

@@ -211,7 +211,7 @@ def test_mos_refuses_a_class_with_one_training_image(backbone):
     split = make_split(backbone, [0, 1], 1, seed=5)
     with pytest.raises(ClbenchError, match="2 training images"):
         MOS(MOS_SMALL, ctx_for(backbone)).learn_task(Task(0, [0, 1], 2, split))
-    assert MOS.min_train_per_class == 2  # nor a run that would train on one (tests/test_harness.py)
+    assert MOS.card.min_train_per_class == 2  # nor a run that would train on one (tests/test_harness.py)
 
 
 # ----------------------------------------------------------------------------------------------- accounting
@@ -227,7 +227,7 @@ def test_param_formula_equals_the_counts_of_a_real_run(trained_mos, backbone, ta
 
 def test_cost_models_count_the_passes():
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(10.0, 20.0), protocols=2)
-    mos = MOS.work(MOSConfig(epochs=3), shape)
+    mos = MOS.card.cost(MOSConfig(epochs=3), shape)
     assert mos.b == 600 and mos.f == 2 * 200 + 2 * (10 * 1 + 20 * 2) and mos.f_cacheable == 0
 
 

@@ -1,10 +1,8 @@
 """One parameter accounting for every method (clbench.methods.contract.ParamCounts): learned parameters added,
-statistics
-stored and parameters trained, apart. Records written before it (schema 1 to 3) are restated once by `clbench records
-upgrade` (clbench.records.upgrade) through each strategy's ``split_kept``, which keeps the counts as written beside
-them; the
-restated counts must equal what the strategy's ``param_formula`` gives a new run of the same configuration (which
-tests/test_cost_model.py ties to real runs)."""
+statistics stored and parameters trained, apart. Records written before it (schema 1 to 3) are restated once by
+`clbench records upgrade` (clbench.records.upgrade) through each strategy's card's ``split_kept``, which keeps the
+counts as written beside them; the restated counts must equal what the strategy's ``param_formula`` gives a new run of
+the same configuration (which tests/test_cost_model.py ties to real runs)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``clbench perf``: every measurement is found through one registry (clbench.perf), with its own flags; strategies
-contribute theirs as they contribute cost units (Strategy.perf_benchmarks)."""
+contribute theirs through their cards (MethodCard.perf_benchmarks, name -> module:attribute)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import clbench.perf as perf
 from clbench.cli import main
 from clbench.perf import Measurement, arg, from_strategy, load
+from clbench.run.catalog import MethodCard
 from clbench.run.registry import Registry
 
 GENERIC = {
@@ -91,27 +92,24 @@ def test_dispatch_runs_the_named_measurement_with_its_flags_and_records_it(tmp_p
     assert e.value.code == 2 and len(calls) == 1
 
 
-class _Strategy:
-    """A registered strategy as far as the perf registry looks at it."""
-
-    @classmethod
-    def perf_benchmarks(cls):
-        declared = Measurement(
-            "fake-own", "a declared one", lambda f: {"benchmark": "fake-own", "n": f.n}, (arg("--n", default="a"),)
-        )
-        return {"fake-own": declared, "fake-bare": lambda backbone, img_size: {"backbone": backbone, "px": img_size}}
+# A method's own measurements, named by its card as module:attribute (this module is on sys.path under pytest).
+DECLARED = Measurement(
+    "fake-own", "a declared one", lambda f: {"benchmark": "fake-own", "n": f.n}, (arg("--n", default="a"),)
+)
 
 
-def _strategies(*names: str) -> Registry:
-    reg = Registry("strategy")
-    for name in names:
-        reg.register(name, _Strategy)
-    return reg
+def bare(backbone, img_size):
+    return {"backbone": backbone, "px": img_size}
+
+
+def _cards(*names: str) -> list[MethodCard]:
+    own = {"fake-own": f"{__name__}:DECLARED", "fake-bare": f"{__name__}:bare"}
+    return [MethodCard(name, object, {}, perf_benchmarks=own) for name in names]
 
 
 def test_a_strategy_registers_its_own_measurements():
     reg = Registry("measurement")
-    load(reg, (), _strategies("fake"))
+    load(reg, (), _cards("fake"))
     assert reg.names() == ["fake-bare", "fake-own"]
     own, bare = reg.get("fake-own"), reg.get("fake-bare")
     assert own.owner == bare.owner == "fake"
@@ -125,6 +123,14 @@ def test_a_strategy_registers_its_own_measurements():
 
 def test_a_name_given_twice_or_misdeclared_is_refused():
     with pytest.raises(ValueError, match="named twice"):
-        load(Registry("measurement"), (), _strategies("one", "two"))
+        load(Registry("measurement"), (), _cards("one", "two"))
     with pytest.raises(ValueError, match="declared as"):
         from_strategy("fake", "other-name", Measurement("fake-own", "h", lambda f: {}))
+
+
+def test_a_card_naming_a_measurement_that_does_not_load_is_refused_in_one_line():
+    from clbench.errors import ClbenchError
+
+    broken = MethodCard("broken", object, {}, perf_benchmarks={"broken-x": "no_such_module:X"})
+    with pytest.raises(ClbenchError, match="method card 'broken': cannot load 'no_such_module:X'"):
+        load(Registry("measurement"), (), [broken])

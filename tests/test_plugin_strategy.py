@@ -10,13 +10,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
 
 from clbench.methods.contract import PER_SAMPLE, ParamCounts, RunShape, Split, Strategy, Task, Work
 from clbench.methods.shared import CosineHead, class_means
+from clbench.run.catalog import MethodCard
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "plugnn"
@@ -32,13 +33,43 @@ class PlugNearestConfig:
             raise ValueError(f"shrink must be in [0, 1), got {self.shrink}")
 
 
+def param_formula(cfg: PlugNearestConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
+    return ParamCounts(
+        added_per_task=[c * d for c in task_sizes],
+        trainable_per_task=[0] * len(task_sizes),
+        head=sum(task_sizes) * d,
+    )
+
+
+def work(cfg: PlugNearestConfig, shape: RunShape) -> Work:
+    f = sum(shape.train_per_task) + shape.test_seen[-1]
+    return Work(f=f, f_cacheable=f, extra={"plugnn_rows": sum(shape.test_seen)})
+
+
+def unit_seconds(d: int, device) -> dict[str, float]:
+    return {"plugnn_rows": 1e-7 * d}
+
+
+def probe(backbone: str, img_size: int) -> dict[str, Any]:
+    return {"benchmark": "plugnn-probe", "backbone": backbone}
+
+
+# the plug-in's one declaration: its name, settings, profiles, formulas and what the tools read of it
+CARD = MethodCard(
+    NAME,
+    PlugNearestConfig,
+    {"quick": {}, "ci": {"shrink": 0.1}},
+    param_formula=param_formula,
+    work=work,
+    projection_profiles=("ci",),
+    perf_benchmarks={"plugnn-probe": "test_plugin_strategy:probe"},
+    unit_seconds="test_plugin_strategy:unit_seconds",
+)
+
+
+@CARD.strategy
 class PlugNearest(Strategy[PlugNearestConfig]):  # the parameter types self.cfg, work and param_formula
     """Nearest class mean on cached features with an optional shrinkage; the smallest complete strategy."""
-
-    name = NAME
-    Config = PlugNearestConfig
-    profiles: ClassVar[dict[str, dict[str, Any]]] = {"quick": {}, "ci": {"shrink": 0.1}}
-    projection_profiles = ("ci",)
 
     def __init__(self, config: PlugNearestConfig, ctx) -> None:
         super().__init__(config, ctx)
@@ -60,27 +91,6 @@ class PlugNearest(Strategy[PlugNearestConfig]):  # the parameter types self.cfg,
         return ParamCounts(
             added_per_task=list(self._added), trainable_per_task=[0] * len(self._added), head=self.head.weight.numel()
         )
-
-    @classmethod
-    def param_formula(cls, cfg: PlugNearestConfig, d: int, depth: int, task_sizes: tuple[int, ...]) -> ParamCounts:
-        return ParamCounts(
-            added_per_task=[c * d for c in task_sizes],
-            trainable_per_task=[0] * len(task_sizes),
-            head=sum(task_sizes) * d,
-        )
-
-    @classmethod
-    def work(cls, cfg: PlugNearestConfig, shape: RunShape) -> Work:
-        f = sum(shape.train_per_task) + shape.test_seen[-1]
-        return Work(f=f, f_cacheable=f, extra={"plugnn_rows": sum(shape.test_seen)})
-
-    @classmethod
-    def unit_seconds(cls, d: int, device) -> dict[str, float]:
-        return {"plugnn_rows": 1e-7 * d}
-
-    @classmethod
-    def perf_benchmarks(cls):
-        return {"plugnn-probe": lambda backbone, img_size: {"benchmark": "plugnn-probe", "backbone": backbone}}
 
 
 def clbench(*args: str, cwd: Path, plugins: str = PLUGIN, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -224,3 +234,23 @@ def test_the_plugin_passes_the_shared_cost_and_parameter_checks(micro_session_fa
         real.trainable_per_task,
         real.head,
     )
+
+
+def test_the_tools_read_the_plugins_card(monkeypatch):
+    """What a tool reads of a method is data on its card: the plug-in's projection rows come from its card, which
+    its decorated class gives (no card module registered)."""
+    from clbench.perf.projection import projection_rows
+    from clbench.run.catalog import STRATEGIES, card
+
+    monkeypatch.setitem(STRATEGIES._items, NAME, PlugNearest)
+    assert card(NAME) is CARD and PlugNearest.name == NAME and PlugNearest.profiles is CARD.profiles
+    assert [row for row, _, _ in projection_rows([NAME])] == [NAME, f"{NAME}-ci"]
+
+
+def test_a_plugin_registered_under_another_name_than_its_cards_is_refused(monkeypatch):
+    from clbench.errors import ClbenchError
+    from clbench.run.catalog import STRATEGIES, card
+
+    monkeypatch.setitem(STRATEGIES._items, "othername", PlugNearest)
+    with pytest.raises(ClbenchError, match=f"registered from a class whose card names it '{NAME}'"):
+        card("othername")

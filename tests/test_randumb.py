@@ -95,7 +95,7 @@ def test_embedding_comes_from_the_seed_and_its_scale_from_the_first_task(backbon
 
 
 def test_a_class_with_one_training_image_is_refused(backbone):
-    assert RanDumb.min_train_per_class == 2
+    assert RanDumb.card.min_train_per_class == 2
     split = clusters([0, 1], 1, seed=8)
     with pytest.raises(ClbenchError, match="at least 2"):
         RanDumb(RanDumbConfig(M=64), ctx_for(backbone)).learn_task(Task(0, [0, 1], 2, split))

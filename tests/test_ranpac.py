@@ -267,15 +267,15 @@ def test_work_counts_one_adapted_pass_per_image_and_task_0_training_only():
     from clbench.methods.contract import RunShape
 
     shape = RunShape((400.0, 200.0, 200.0), (100.0, 150.0, 200.0))
-    aper = APER.work(APERConfig(), shape)
+    aper = APER.card.cost(APERConfig(), shape)
     assert (aper.f, aper.b, aper.f_cacheable) == (2 * (800 + 200), 20 * 400, 800 + 200)
-    r = RanPAC.work(RanPACConfig(M=1000), shape)
+    r = RanPAC.card.cost(RanPACConfig(M=1000), shape)
     assert (r.f, r.b, r.f_cacheable) == (aper.f, aper.b, aper.f_cacheable)
-    no_phase_1 = RanPAC.work(RanPACConfig(M=1000, first_session=False), shape)
+    no_phase_1 = RanPAC.card.cost(RanPACConfig(M=1000, first_session=False), shape)
     assert (no_phase_1.f, no_phase_1.b) == (1000, 0)
     ci = RunShape((100.0, 30.0), (5.0, 12.0), classes_per_task=(4, 2), train_per_class=16)  # 64 and 30 images learnt
-    assert APER.work(APERConfig(epochs=2), ci).b == 2 * 64
-    assert RanPAC.work(RanPACConfig(epochs=2), ci).f == (130 + 12) + (94 + 12)
+    assert APER.card.cost(APERConfig(epochs=2), ci).b == 2 * 64
+    assert RanPAC.card.cost(RanPACConfig(epochs=2), ci).f == (130 + 12) + (94 + 12)
 
 
 # ----------------------------------------------------------------------------------------------- configs

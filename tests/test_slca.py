@@ -159,7 +159,7 @@ def test_cost_model_counts_full_fine_tuning_and_tuned_evaluation():
     from clbench.methods.contract import RunShape
 
     shape = RunShape.equal(100, 20, 2)  # 50 training images per task; 10 then 20 test images seen
-    w = SLCA.work(SLCAConfig(epochs=3), shape)
+    w = SLCA.card.cost(SLCAConfig(epochs=3), shape)
     assert w.b == 3 * 100  # every learnt image, every epoch, forward + backward through the whole ViT
     assert w.f_cacheable == 100 + 20  # the harness's frozen features, once
     assert w.f == 120 + 100 + (10 + 20) + 20  # + statistics, each evaluation, the final tuned features

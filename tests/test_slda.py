@@ -169,7 +169,7 @@ def test_singular_covariance_without_shrinkage_is_refused(backbone):
 
 
 def test_one_image_per_class_is_enough_with_shrinkage(backbone):
-    assert SLDA.min_train_per_class == 1  # the covariance is shared: a class needs no second image
+    assert SLDA.card.min_train_per_class == 1  # the covariance is shared: a class needs no second image
     strategy = SLDA(SLDAConfig(), ctx_for(backbone))
     strategy.learn_task(Task(0, [0, 1, 2], 3, clusters([0, 1, 2], 1, seed=11)))
     assert torch.isfinite(strategy.predict(clusters([0, 1, 2], 2, seed=12))).all()

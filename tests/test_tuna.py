@@ -310,7 +310,7 @@ def test_refuses_a_class_with_one_training_image(backbone):
     split = make_split(backbone, [0, 1], 1, seed=5)
     with pytest.raises(ClbenchError, match="2 training images"):
         TUNA(SMALL, ctx_for(backbone)).learn_task(Task(0, [0, 1], 2, split))
-    assert TUNA.min_train_per_class == 2
+    assert TUNA.card.min_train_per_class == 2
 
 
 def test_config_refuses_bad_values():
@@ -357,7 +357,7 @@ def test_param_formula_counts_the_stored_sets_the_reference_code_moves(backbone)
 
 def test_cost_model_counts_the_passes():
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(10.0, 20.0), protocols=1)
-    w = TUNA.work(TUNAConfig(epochs=3), shape)
+    w = TUNA.card.cost(TUNAConfig(epochs=3), shape)
     assert w.b == 600 and w.f == 200 + 10 * 1 + 20 * 3 and w.f_cacheable == 0
-    last = TUNA.work(TUNAConfig(epochs=3, universal="last"), shape)
+    last = TUNA.card.cost(TUNAConfig(epochs=3, universal="last"), shape)
     assert last.f == 200 + 10 * 1 + 20 * 2

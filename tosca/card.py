@@ -123,6 +123,17 @@ def param_formula(cfg: TOSCAConfig, d: int, depth: int, task_sizes: Sequence[int
 # `clbench tune`: the learning rate and the L1 weight that makes the LuCA modules sparse, both on a log scale
 TUNE_SPACE: dict[str, tuple[Any, ...]] = {"lr": (1e-3, 0.2, True), "l1": (1e-6, 1e-2, True)}
 
+
+def split_kept(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    """Records before schema 3 kept TOSCA's module only: its head rows (trained with the module, d per class,
+    and the scale) are learned parameters too."""
+    d = (head - 1) // sum(task_sizes)
+    added = [k + c * d + (1 if t == 0 else 0) for t, (k, c) in enumerate(zip(kept_per_task, task_sizes, strict=True))]
+    return added, [0] * len(added)
+
+
 CARD = MethodCard(
     "tosca",
     TOSCAConfig,
@@ -132,4 +143,10 @@ CARD = MethodCard(
     family="routed-modules",
     trains="one LuCA module on the final [CLS] feature per task, and the cosine head",
     tune_space=TUNE_SPACE,
+    gate_scenarios=("class", "domain"),  # the gate pins its domain-incremental path too
+    projection_profiles=("augment",),  # the reference's training gets its own row in ``clbench perf projection``
+    perf_benchmarks={"tosca-routing": "tosca.perf:ROUTING"},
+    unit_seconds="tosca.perf:unit_seconds",  # its cost model's luca_steps and route_module_images
+    embedding="TOSCA's calibrated [CLS] under the routed module",
+    split_kept=split_kept,
 )

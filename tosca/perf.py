@@ -1,5 +1,5 @@
-"""TOSCA's own speed measurements, contributed to ``clbench perf`` through :meth:`TOSCA.perf_benchmarks` (the
-:data:`ROUTING` measurement) and :meth:`TOSCA.unit_seconds`.
+"""TOSCA's own speed measurements, contributed to ``clbench perf`` by its card (:mod:`tosca.card`: ``perf_benchmarks``
+names the :data:`ROUTING` measurement, ``unit_seconds`` the function below).
 
 - ``tosca-routing``: TOSCA's inference cost per image for T = 1, 5, 10, 20 task modules on synthetic
   features, as a share of one backbone forward pass (target: 20 modules add < 5 %), and the speed-up of

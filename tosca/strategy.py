@@ -75,7 +75,7 @@ from clbench.methods.shared import (
     torch_threads,
 )
 from clbench.records.routing_diagnostics import ModuleChoices, RoutingDiagnostics
-from tosca.card import CARD, PROFILES, TOSCAConfig
+from tosca.card import CARD, TOSCAConfig
 from tosca.luca import LuCA, stacked_forward
 
 # EASE's adapter bottleneck ("ffn_num" in its reference config, baselines/ease.py): the record compares one EASE
@@ -98,20 +98,14 @@ def route_reference(all_logits: torch.Tensor, batch: int) -> torch.Tensor:
     return choice
 
 
+@CARD.strategy
 class TOSCA(Strategy):
-    name = "tosca"
-    embedding = "TOSCA's calibrated [CLS] under the routed module"
-    Config = TOSCAConfig
     state_types = (LuCA, RoutingMemory, TaskStats)
     protocols = (PER_SAMPLE, REFERENCE)
     # domain scenario: one module per domain; module t predicts against its own prototypes of every class (the
     # domain's class means in its space, ``task_heads``), and routing picks a module (a domain) per image as it picks a
     # task in the class scenario
     scenarios = ("class", "domain")
-    gate_scenarios = ("class", "domain")  # the gate pins its domain-incremental path too
-    profiles = PROFILES  # named profiles and their cost notes: tosca/card.py
-    card = CARD  # its parameter formula and cost model
-    projection_profiles = ("augment",)  # the reference's training gets its own row in ``clbench perf projection``
 
     def __init__(self, config: TOSCAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -341,29 +335,6 @@ class TOSCA(Strategy):
         choice = self.route_with(self.cfg.router, split, self.head(stacked).cpu())
         return stacked[choice.to(stacked.device), torch.arange(len(z))].cpu()
 
-    # ------------------------------------------------------------------------------------------ cost model
-    @classmethod
-    def unit_seconds(cls, d: int, device: torch.device) -> dict[str, float]:
-        from tosca.perf import unit_seconds
-
-        return unit_seconds(d, device)
-
-    @classmethod
-    def perf_benchmarks(cls):
-        from tosca.perf import ROUTING
-
-        return {ROUTING.name: ROUTING}
-
-    @classmethod
-    def split_kept(cls, kept_per_task, head, extra, task_sizes):
-        """Records before schema 3 kept TOSCA's module only: its head rows (trained with the module, d per class,
-        and the scale) are learned parameters too."""
-        d = (head - 1) // sum(task_sizes)
-        added = [
-            k + c * d + (1 if t == 0 else 0) for t, (k, c) in enumerate(zip(kept_per_task, task_sizes, strict=True))
-        ]
-        return added, [0] * len(added)
-
     def param_counts(self) -> ParamCounts:
         per_module = n_params(self.modules_[0]) if len(self.modules_) else 0
         r = self.d // self.cfg.ratio
@@ -372,7 +343,7 @@ class TOSCA(Strategy):
         head = self.head.weight.numel() + self.head.sigma.numel()
         seen = [(n - per_module - 1) // self.d for n in self._trainable]  # trained: the module and the whole head
         sizes = [b - a for a, b in zip([0, *seen[:-1]], seen, strict=True)]
-        added, stored = self.split_kept([per_module] * len(self.modules_), head, {}, sizes)
+        added, stored = CARD.split_kept([per_module] * len(self.modules_), head, {}, sizes)
         return ParamCounts(
             added_per_task=added,
             stored_per_task=stored,

@@ -68,6 +68,15 @@ def work(cfg: ACILConfig, shape: RunShape) -> Work:
 # `clbench tune`: the ridge regularisation and the random buffer's width, both on a log scale
 TUNE_SPACE: dict[str, tuple[Any, ...]] = {"gamma": (1e-4, 100.0, True), "M": (512, 16384, True)}
 
+
+def split_kept(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    """Learned: M per class (W); stored: W_b and R in task 0."""
+    M, d = int(extra["M"]), int(extra["feature_width"])
+    return [M * c for c in task_sizes], [(d * M + M * M if t == 0 else 0) for t in range(len(task_sizes))]
+
+
 CARD = MethodCard(
     "acil",
     ACILConfig,
@@ -77,4 +86,7 @@ CARD = MethodCard(
     family="closed-form",
     trains="nothing by gradient: a least-squares head on a fixed random expansion",
     tune_space=TUNE_SPACE,
+    perf_benchmarks={"acil-growth": "baselines.acil:GROWTH"},
+    embedding="ACIL's buffer layer ReLU(f W_b)",
+    split_kept=split_kept,
 )

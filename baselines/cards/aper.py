@@ -115,6 +115,16 @@ def work(cfg: APERConfig, shape: RunShape) -> Work:
     return Work(f=frozen + sum(learnt) + n_test, b=cfg.epochs * learnt[0], f_cacheable=frozen)
 
 
+def split_kept(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    """Learned: the first session's tuned module (adapters, SSF factors, prompts or the ViT copy); stored: the
+    2d prototypes (class means) of every class. Records before ``adapt`` name it ``adapter_params``."""
+    tuned = int(extra["first_session_params"] if "first_session_params" in extra else extra["adapter_params"])
+    added = [tuned if t == 0 else 0 for t in range(len(kept_per_task))]
+    return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
+
+
 CARD = MethodCard(
     "aper",
     APERConfig,
@@ -123,4 +133,6 @@ CARD = MethodCard(
     work=work,
     family="adapters",
     trains="adapters on the first task only; then prototypes",
+    embedding="APER's concatenated frozen and adapted [CLS]",
+    split_kept=split_kept,
 )

@@ -127,4 +127,5 @@ CARD = MethodCard(
     family="lora",
     trains="a task-shared LoRA (distilled) in early blocks and a task-specific LoRA with block weights in later ones",
     tune_space=TUNE_SPACE,
+    embedding="CL-LoRA's [CLS] through the shared and the last task's LoRA",
 )

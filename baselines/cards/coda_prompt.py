@@ -132,4 +132,5 @@ CARD = MethodCard(
     work=work,
     family="prompts",
     trains="prompt components, their keys and attention, and the head",
+    embedding="CODA-Prompt's prompted [CLS]",
 )

@@ -198,4 +198,6 @@ CARD = MethodCard(
     family="whole-vit",
     trains="the whole ViT at a slow learning rate, Fisher-averaged with the previous task's, and an aligned head",
     tune_space=TUNE_SPACE,
+    embedding="CoFiMA's merged ViT's [CLS]",
+    min_train_per_class=2,  # a class covariance
 )

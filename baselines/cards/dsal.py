@@ -82,6 +82,15 @@ TUNE_SPACE: dict[str, tuple[Any, ...]] = {
     "compensation_ratio": (0.0, 2.0),
 }
 
+
+def split_kept(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    """Learned: 2 M per class (both streams); stored: W_b and both R in task 0."""
+    M, d = int(extra["M"]), int(extra["feature_width"])
+    return [2 * M * c for c in task_sizes], [(d * M + 2 * M * M if t == 0 else 0) for t in range(len(task_sizes))]
+
+
 CARD = MethodCard(
     "dsal",
     DSALConfig,
@@ -91,4 +100,7 @@ CARD = MethodCard(
     family="closed-form",
     trains="nothing by gradient: two least-squares heads (main and compensation)",
     tune_space=TUNE_SPACE,
+    perf_benchmarks={"dsal-growth": "baselines.dsal:GROWTH"},
+    embedding="DS-AL's buffer layer ReLU(f W_b)",
+    split_kept=split_kept,
 )

@@ -134,4 +134,5 @@ CARD = MethodCard(
     work=work,
     family="prompts",
     trains="a shared G-prompt, per-task E-prompts with keys, and the head",
+    embedding="DualPrompt's prompted [CLS]",
 )

@@ -77,6 +77,13 @@ def work(cfg: EASEConfig, shape: RunShape) -> Work:
     return Work(f=prototypes + shape.protocols * with_t, b=cfg.epochs * sum(train))
 
 
+def split_kept(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    adapters = int(extra["adapter_params_per_task"])  # learned; the rest is prototypes (class means, synthesised)
+    return [adapters] * len(kept_per_task), [k - adapters for k in kept_per_task]
+
+
 CARD = MethodCard(
     "ease",
     EASEConfig,
@@ -85,4 +92,6 @@ CARD = MethodCard(
     work=work,
     family="adapters",
     trains="one adapter set per task; prototypes in every subspace",
+    embedding="EASE's concatenated adapter-subspace features",
+    split_kept=split_kept,
 )

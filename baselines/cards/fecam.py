@@ -74,6 +74,13 @@ def work(cfg: FeCAMConfig, shape: RunShape) -> Work:
 # trial fails (reports/tuning/README.md counts them)
 TUNE_SPACE: dict[str, tuple[Any, ...]] = {"alpha1": (0.1, 10.0, True), "alpha2": (0.0, 1.0)}
 
+
+def split_kept(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    return [0] * len(kept_per_task), list(kept_per_task)  # means and precision matrices: statistics
+
+
 CARD = MethodCard(
     "fecam",
     FeCAMConfig,
@@ -83,4 +90,8 @@ CARD = MethodCard(
     family="closed-form",
     trains="nothing: class means and one shrunk covariance per class",
     tune_space=TUNE_SPACE,
+    perf_benchmarks={"fecam-growth": "baselines.fecam:GROWTH"},
+    embedding="FeCAM's Tukey-transformed, normalised features",
+    min_train_per_class=2,  # a class covariance needs 2 images
+    split_kept=split_kept,
 )

@@ -200,4 +200,5 @@ CARD = MethodCard(
     work=work,
     family="prompts",
     trains="per-task prefix prompts, a task-identity head and the head",
+    embedding="HiDe-Prompt's prompted [CLS] under the inferred task's prompt",
 )

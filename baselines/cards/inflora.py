@@ -99,4 +99,5 @@ CARD = MethodCard(
     work=work,
     family="lora",
     trains="LoRA on the attention keys and values in a non-interfering subspace, and the head",
+    embedding="InfLoRA's [CLS] through the LoRA branches",
 )

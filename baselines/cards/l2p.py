@@ -117,4 +117,5 @@ CARD = MethodCard(
     family="prompts",
     trains="a pool of prompts with keys, and the head",
     tune_space=TUNE_SPACE,
+    embedding="L2P's prompted [CLS] (mean of the prompt tokens)",
 )

@@ -125,6 +125,17 @@ def work(cfg: MOSConfig, shape: RunShape) -> Work:
     return Work(f=2 * n_train + shape.protocols * evals, b=cfg.epochs * n_train, f_cacheable=0.0)
 
 
+def split_kept(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    """Learned: the adapter set and the head rows (d + 1 per class); stored: each class's prototype, mean and
+    covariance (or variance)."""
+    adapters = int(extra["adapter_params_per_task"])
+    d = int(extra["prototype_params"]) // sum(task_sizes)
+    added = [adapters + c * (d + 1) for c in task_sizes]
+    return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
+
+
 CARD = MethodCard(
     "mos",
     MOSConfig,
@@ -133,4 +144,7 @@ CARD = MethodCard(
     work=work,
     family="adapters",
     trains="per-task adapters merged into their predecessors, and the head",
+    embedding="MOS's [CLS] under the self-refined adapter set",
+    min_train_per_class=2,  # a class covariance needs 2 images
+    split_kept=split_kept,
 )

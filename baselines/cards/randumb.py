@@ -76,6 +76,18 @@ def work(cfg: RanDumbConfig, shape: RunShape) -> Work:
 # `clbench tune`: the random Fourier features' width and RBF gamma (0: the "scale" rule, so the range starts above it)
 TUNE_SPACE: dict[str, tuple[Any, ...]] = {"M": (1000, 20000, True), "gamma": (1e-4, 1.0, True)}
 
+
+def split_kept(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    """Learned: the LDA head solved in closed form (W weights and a bias per class); stored: the class means and
+    counts (W + 1 per class), the shared covariance (W^2, counted as the W x W statistic it is even while it is
+    held in low-rank form, which keeps fewer numbers) and the fixed random features (d M + M), in task 0."""
+    w = int(extra["lda_width"])
+    added = [(w + 1) * c for c in task_sizes]
+    return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
+
+
 CARD = MethodCard(
     "randumb",
     RanDumbConfig,
@@ -85,4 +97,8 @@ CARD = MethodCard(
     family="closed-form",
     trains="nothing: LDA on random Fourier features, one shared covariance",
     tune_space=TUNE_SPACE,
+    perf_benchmarks={"randumb-growth": "baselines.randumb:GROWTH"},
+    embedding="RanDumb's random Fourier features",
+    min_train_per_class=2,  # a class's OAS covariance needs 2 images
+    split_kept=split_kept,
 )

@@ -106,6 +106,18 @@ def work(cfg: RanPACConfig, shape: RunShape) -> Work:
 # paper's ablation) makes a study of cached-feature trials: tune with --set first_session=false
 TUNE_SPACE: dict[str, tuple[Any, ...]] = {"M": (1000, 20000, True), "lr": (1e-3, 0.1, True)}
 
+
+def split_kept(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    """Learned: the first-session adapters and the ridge head (M per class, solved in closed form); stored: the
+    fixed random projection W (d M), the Gram matrix G (M^2) and the class sums Q (M per class)."""
+    w, g, m = int(extra["random_projection"]), int(extra["gram_floats"]), int(extra["M"])
+    added = [k - (w if t == 0 else 0) for t, k in enumerate(kept_per_task)]
+    stored = [(w + g if t == 0 else 0) + m * c for t, c in enumerate(task_sizes)]
+    return added, stored
+
+
 CARD = MethodCard(
     "ranpac",
     RanPACConfig,
@@ -115,4 +127,6 @@ CARD = MethodCard(
     family="closed-form",
     trains="adapters on the first task only; then a ridge head on a random projection",
     tune_space=TUNE_SPACE,
+    embedding="RanPAC's ReLU random projection h = ReLU(f W)",
+    split_kept=split_kept,
 )

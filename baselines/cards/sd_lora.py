@@ -147,4 +147,5 @@ CARD = MethodCard(
     trains="per-task LoRA on queries and values (directions frozen after their task), every task's magnitude, "
     "and the head",
     tune_space={"lr": (1e-3, 1e-1, True), "init_lr": (1e-3, 1e-1, True), "rank": (2, 32, True)},
+    embedding="SD-LoRA's [CLS] through the magnitude-scaled LoRA branches",
 )

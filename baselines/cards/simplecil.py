@@ -43,6 +43,12 @@ def work(cfg: SimpleCILConfig, shape: RunShape) -> Work:
     return Work.cached_features(shape)
 
 
+def split_kept(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    return [0] * len(kept_per_task), list(kept_per_task)  # the prototypes are class means: stored, not learned
+
+
 CARD = MethodCard(
     "simplecil",
     SimpleCILConfig,
@@ -51,4 +57,6 @@ CARD = MethodCard(
     work=work,
     family="closed-form",
     trains="nothing: one prototype (class mean) per class",
+    gate_scenarios=("class", "domain"),  # the gate pins its domain-incremental path too
+    split_kept=split_kept,
 )

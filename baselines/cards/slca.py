@@ -163,4 +163,6 @@ CARD = MethodCard(
     work=work,
     family="whole-vit",
     trains="the whole ViT at a slow learning rate, and the head aligned from class Gaussians",
+    embedding="SLCA's fine-tuned ViT's [CLS]",
+    min_train_per_class=2,  # a class covariance
 )

@@ -69,6 +69,17 @@ def work(cfg: SLDAConfig, shape: RunShape) -> Work:
 # `clbench tune`: the covariance shrinkage, on a log scale (the reference fixes 1e-4)
 TUNE_SPACE: dict[str, tuple[Any, ...]] = {"shrinkage": (1e-6, 0.5, True)}
 
+
+def split_kept(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    """Learned: the head solved in closed form (d weights and a bias per class); stored: the class means
+    (d per class), the class counts (1 per class) and the shared covariance (d^2, in task 0)."""
+    d = int(extra["feature_width"])
+    added = [(d + 1) * c for c in task_sizes]
+    return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
+
+
 CARD = MethodCard(
     "slda",
     SLDAConfig,
@@ -78,4 +89,6 @@ CARD = MethodCard(
     family="closed-form",
     trains="nothing: streaming LDA, class means and one shared covariance",
     tune_space=TUNE_SPACE,
+    perf_benchmarks={"slda-growth": "baselines.slda:GROWTH"},
+    split_kept=split_kept,
 )

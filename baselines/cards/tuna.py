@@ -168,4 +168,6 @@ CARD = MethodCard(
     family="adapters",
     trains="one adapter set per task (orthogonality term) and a cosine head; a merged universal set",
     tune_space=TUNE_SPACE,
+    embedding="TUNA's [CLS] under the adapter set the entropy rule selects",
+    min_train_per_class=2,  # a class covariance needs 2 images
 )

@@ -237,7 +237,7 @@ def gate_plan(out: Path) -> list[list[str]]:
     scenario on :data:`DOMAIN_GATE_BENCH` for each strategy whose ``gate_scenarios`` name it. Run folders:
     ``OUT/<strategy>-<profile>`` and ``OUT/<strategy>-domain-ci``."""
     from clbench.methods.contract import REFERENCE
-    from clbench.run.catalog import STRATEGIES
+    from clbench.run.catalog import STRATEGIES, card
 
     runs = []
     for name, profiles in _registered_ci_profiles().items():
@@ -246,7 +246,7 @@ def gate_plan(out: Path) -> list[list[str]]:
             both = ["--protocol", "both"] if profile == CI_PROFILE_PREFIX and REFERENCE in cls.protocols else []
             runs.append(["--strategy", name, "--profile", profile, *both, "--out", str(out / f"{name}-{profile}")])
     for name in STRATEGIES.names():
-        if "domain" in STRATEGIES.get(name).gate_scenarios:
+        if "domain" in card(name).gate_scenarios:
             runs.append(
                 [
                     "--strategy",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, overload
@@ -44,12 +44,11 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
     from PIL.Image import Image
 
-    from clbench.perf import Measurement
     from clbench.run.catalog import MethodCard
 
 # A strategy's settings: a (frozen) dataclass instance, its class the strategy's ``Config``. ``Strategy[MyConfig]``
-# types ``self.cfg``, :meth:`Strategy.work` and :meth:`Strategy.param_formula` with it; a subclass that names no
-# parameter (``class M(Strategy)``) leaves it unchecked.
+# types ``self.cfg`` and :meth:`Strategy.param_formula` with it; a subclass that names no parameter
+# (``class M(Strategy)``) leaves it unchecked.
 ConfigT = TypeVar("ConfigT", bound="DataclassInstance")
 Transform = Callable[["Image"], torch.Tensor]  # an RGB PIL image to the network's input tensor (C, H, W)
 
@@ -146,18 +145,18 @@ class Context:
 
 
 class Strategy(ABC, Generic[ConfigT]):
-    """Base class of every method. Subclasses set ``name``, ``Config`` and implement the three methods."""
+    """Base class of every method. Subclasses implement the three methods and take ``name``, ``Config``,
+    ``profiles`` and ``card`` from their method card, whose decorator the class wears (``@CARD.strategy``); a
+    plug-in without a card sets ``name`` and ``Config`` (and ``profiles``) itself."""
 
     name: ClassVar[str]
     Config: ClassVar[type[DataclassInstance]]  # = ConfigT (a class variable cannot name the type parameter)
     protocols: ClassVar[tuple[str, ...]] = (PER_SAMPLE,)
     # named config overrides, e.g. a CPU "quick" profile: setting -> value, of whatever type the Config field has (Any)
     profiles: ClassVar[dict[str, dict[str, Any]]] = {}
-    # the method's card (torch-free: baselines/cards/NAME.py, tosca/card.py): where its parameter formula and cost
-    # model are stated (:meth:`param_formula`, :meth:`work` read them from it)
+    # the method's card (torch-free: baselines/cards/NAME.py, tosca/card.py), set by its decorator: its one
+    # declaration, where its parameter formula (:meth:`param_formula` reads it), cost model and tool data are stated
     card: ClassVar[MethodCard | None] = None
-    # profiles that get their own row in ``clbench perf projection`` (``<name>-<profile>``), besides the default config
-    projection_profiles: ClassVar[tuple[str, ...]] = ()
     needs_vit: ClassVar[bool] = False  # methods that enter the transformer's layers
     # methods that fine-tune the ViT's own weights. Such a method trains a copy of ``ctx.backbone.model`` that
     # it keeps (one per run, never one per task) and leaves the frozen backbone bit-identical like every method; the
@@ -165,17 +164,9 @@ class Strategy(ABC, Generic[ConfigT]):
     # parameters include the whole ViT, so its :meth:`param_formula` takes the ViT's count as ``backbone_params``
     # (width and depth do not fix it), and :meth:`adapted_features` gives its tuned features.
     fine_tunes_backbone: ClassVar[bool] = False
-    # what :meth:`adapted_features` returns, in a few words for the t-SNE figure (e.g. "RanPAC's ReLU random
-    # projection"); "frozen" where it returns None
-    embedding: ClassVar[str] = "frozen"
     # the scenarios (clbench.run.config.SCENARIO_CHOICES) the method is defined for; "domain": a later task brings the
     # classes of earlier ones again, in a new domain (``task.classes`` then names classes already seen)
     scenarios: ClassVar[tuple[str, ...]] = ("class",)
-    # the scenarios the regression gate runs the method's ci profiles in (clbench.gate.check.gate_plan): class
-    # always; "domain" adds its ci profile on the domain gate's benchmark (a cheap method or two keep that path pinned)
-    gate_scenarios: ClassVar[tuple[str, ...]] = ("class",)
-    # the smallest run-level ``train_per_class`` the method can learn from (e.g. 2 for a class covariance)
-    min_train_per_class: ClassVar[int] = 1
     # classes (besides tensors, plain data, torch's layers and BLOCK_TYPES) whose instances the strategy's state holds;
     # a checkpoint rebuilds these and no others (:meth:`restore_state`)
     state_types: ClassVar[tuple[type, ...]] = ()
@@ -209,42 +200,6 @@ class Strategy(ABC, Generic[ConfigT]):
         return None
 
     @classmethod
-    def split_kept(
-        cls, kept_per_task: list[int], head: int, extra: Mapping[str, Any], task_sizes: list[int]
-    ) -> tuple[list[int], list[int]]:  # extra: the record's JSON params
-        """(added_per_task, stored_per_task) of :class:`ParamCounts` from what the strategy kept per task in all
-        (``kept_per_task``: learned and stored together, the ``added_per_task`` of records before schema version 3)
-        and that record's ``head`` and ``extra`` counts. Used to restate older records (:mod:`clbench.records.upgrade`)
-        and by the methods' own :meth:`param_counts`, so that both give the same numbers. Default: everything kept
-        is learned (a method without statistics)."""
-        return list(kept_per_task), [0] * len(kept_per_task)
-
-    # ------------------------------------------------------------------------------------------ cost model
-    @classmethod
-    def work(cls, cfg: ConfigT, shape: RunShape) -> Work:
-        """The cost of one run of this strategy with config ``cfg`` on a run of ``shape`` (see :class:`Work`): its
-        card's cost model (``card.work``). Read by ``clbench perf projection`` and ``projection-check``; generic code
-        never names a method."""
-        if cls.card is None or cls.card.work is None:
-            raise NotImplementedError(f"strategy {cls.name} states no cost model (its card's `work`)")
-        return cls.card.work(cfg, shape)
-
-    @classmethod
-    def unit_seconds(cls, d: int, device: torch.device) -> dict[str, float]:
-        """Seconds per unit of each name this strategy puts in ``Work.extra``, measured now for feature width
-        ``d`` on ``device`` (none by default)."""
-        return {}
-
-    @classmethod
-    def perf_benchmarks(cls) -> Mapping[str, Measurement | Callable[..., dict[str, Any]]]:
-        """Method-specific ``clbench perf`` measurements: name -> a :class:`clbench.perf.Measurement` (its help, flags
-        and function), or a bare ``fn(backbone=..., img_size=...)`` returning the JSON-able measurements, given
-        ``--backbone`` and ``--img-size``. Registered with the generic ones (:func:`clbench.perf.measurements`),
-        listed by ``clbench perf --help``, run as ``clbench perf NAME``; none by default. Names are global: prefix
-        them with the method's name."""
-        return {}
-
-    @classmethod
     def param_formula(
         cls, cfg: ConfigT, d: int, depth: int, task_sizes: tuple[int, ...], **kw: Any
     ) -> ParamCounts:  # kw: a method's own facts of the ViT (SLCA: backbone_params)
@@ -261,8 +216,8 @@ class Strategy(ABC, Generic[ConfigT]):
 
     def adapted_features(self, split: Split) -> torch.Tensor | None:
         """What the method's classifier scores for each image of ``split`` (N, width), where that is not the frozen
-        features: kept for the report's t-SNE figure (:mod:`clbench.features.embeddings`; :attr:`embedding` names it).
-        Per-sample, like :meth:`predict`. None: the classifier scores the frozen features."""
+        features: kept for the report's t-SNE figure (:mod:`clbench.features.embeddings`; the card's ``embedding``
+        names it). Per-sample, like :meth:`predict`. None: the classifier scores the frozen features."""
         return None
 
     # ------------------------------------------------------------------------------------------ checkpoints

@@ -40,7 +40,7 @@ class ParamCounts:
 
 @dataclass(frozen=True)
 class RunShape:
-    """The size of one run, for cost models (:meth:`Strategy.work`)."""
+    """The size of one run, for cost models (a method card's ``work``)."""
 
     train_per_task: tuple[float, ...]  # training images of task t
     test_seen: tuple[float, ...]  # test images evaluated after task t (every seen class)
@@ -74,8 +74,8 @@ class Work:
     """What one run costs, in units whose seconds per unit ``clbench perf`` measures on a device.
 
     ``f`` and ``b`` are timed generically (a frozen forward pass; a forward + backward pass through the ViT to
-    input-side parameters). Method-specific units go in ``extra``; the strategy times them itself
-    (:meth:`Strategy.unit_seconds`).
+    input-side parameters). Method-specific units go in ``extra``; the method times them itself (its card's
+    ``unit_seconds``: :class:`clbench.run.catalog.MethodCard`).
     """
 
     f: float = 0.0  # frozen forward passes through the backbone, in images

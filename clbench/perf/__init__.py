@@ -19,8 +19,8 @@ Ratios are measured within one run so that they hold on noisy machines; the comm
 - :mod:`clbench.perf.calibration`: ``calibrate``, the regression gate's calibration workload.
 - :mod:`clbench.perf.report_scale`: ``report-scale``, ``clbench report`` on the committed study and 1,000 records.
 - :mod:`clbench.perf.instant_errors`: ``instant-errors``, the seconds ``clbench`` takes to refuse a mistyped command.
-- a strategy's own measurements (:meth:`clbench.methods.contract.Strategy.perf_benchmarks`, e.g. ``tosca-routing`` in
-  ``tosca/perf.py``), registered when the registry is first asked for, as the strategy's cost units are.
+- a method's own measurements (its card's ``perf_benchmarks``, :class:`clbench.run.catalog.MethodCard`, e.g.
+  ``tosca-routing`` in ``tosca/perf.py``), registered when the registry is first asked for.
 
 Importing this package is cheap (no torch): :mod:`clbench.report` reads the calibration's identity from here.
 """
@@ -33,12 +33,15 @@ import importlib
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clbench.run.registry import Registry
+
+if TYPE_CHECKING:
+    from clbench.run.catalog import MethodCard
 
 # The generic measurements: each module registers its own on import (:func:`measurement`).
 MODULES = (
@@ -159,17 +162,18 @@ def from_strategy(strategy: str, name: str, item: Measurement | Callable[..., di
     return Measurement(name, doc or f"{strategy}'s own measurement", run, backbone_args(), owner=strategy)
 
 
-def load(registry: Registry[Measurement], modules: tuple[str, ...], strategies: Registry[Any]) -> None:
+def load(registry: Registry[Measurement], modules: tuple[str, ...], cards: Iterable[MethodCard]) -> None:
     """Import the generic measurement ``modules`` (each registers its own into :data:`MEASUREMENTS`), then register
-    every strategy's own (:meth:`~clbench.methods.contract.Strategy.perf_benchmarks`) into ``registry``; a name given
-    twice raises."""
+    each method's own (its card's ``perf_benchmarks``, imported now) into ``registry``; a name given twice raises."""
+    from clbench.run.catalog import load_target
+
     for module in modules:
         importlib.import_module(module)
-    for strategy in strategies.names():
-        for name, item in strategies.get(strategy).perf_benchmarks().items():
+    for card in cards:
+        for name, target in card.perf_benchmarks.items():
             if name in registry:
-                raise ValueError(f"strategy {strategy}: perf benchmark {name!r} is named twice")
-            registry.register(name, from_strategy(strategy, name, item))
+                raise ValueError(f"strategy {card.name}: perf benchmark {name!r} is named twice")
+            registry.register(name, from_strategy(card.name, name, load_target(card.name, target)))
 
 
 _loaded = False
@@ -179,9 +183,9 @@ def measurements() -> Registry[Measurement]:
     """Every measurement: the generic ones and the registered strategies' (imported on the first call)."""
     global _loaded
     if not _loaded:
-        from clbench.run.catalog import STRATEGIES
+        from clbench.run.catalog import STRATEGIES, card
 
-        load(MEASUREMENTS, MODULES, STRATEGIES)
+        load(MEASUREMENTS, MODULES, [card(name) for name in STRATEGIES.names()])
         _loaded = True
     return MEASUREMENTS
 

@@ -213,13 +213,13 @@ def cached_feature_heads() -> tuple[str, ...]:
     by the feature cache (:meth:`Work.cached_features <clbench.methods.contract.Work.cached_features>`: nothing trained
     through the ViT, no method-specific unit): the heads fitted on cached features."""
     from clbench.methods.contract import RunShape, Work
-    from clbench.run.catalog import STRATEGIES
+    from clbench.run.catalog import STRATEGIES, card
 
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(50.0, 100.0))
     heads = []
     for name in STRATEGIES.names():
-        cls = STRATEGIES.get(name)
-        if cls.work(cls.Config(), shape) == Work.cached_features(shape):
+        c = card(name)
+        if c.cost(c.Config(), shape) == Work.cached_features(shape):
             heads.append(name)
     return tuple(heads)
 

@@ -4,11 +4,11 @@ JSON.
 - ``projection``: the compute a paper table needs. It measures, on this machine's device, the per-image cost of one
   frozen forward pass of the paper backbone (ViT-B/16 at 224 px, at the precision a run on that device chooses
   (:mod:`clbench.run.precision`)), of one training pass (forward and backward through the frozen ViT to input-side
-  parameters, as prompt and adapter methods need) and of each strategy's own units
-  (:meth:`clbench.methods.contract.Strategy.unit_seconds`), then asks every registered strategy what one run costs
-  (:meth:`clbench.methods.contract.Strategy.work`, its default config plus its ``projection_profiles``) on the six
-  benchmarks of the TOSCA paper and converts to device-hours for ``seeds`` seeds. The counting model of each method
-  is the docstring of its ``work``; this module names none.
+  parameters, as prompt and adapter methods need) and of each method's own units (its card's ``unit_seconds``,
+  :class:`clbench.run.catalog.MethodCard`), then asks every registered strategy what one run costs
+  (its card's ``work``, at its default config and at each of its card's ``projection_profiles``) on
+  the six benchmarks of the TOSCA paper and converts to device-hours for ``seeds`` seeds. The counting model of each
+  method is the docstring of its ``work``; this module names none.
 - ``projection-check``: the same model against a recorded run of any strategy.
 """
 
@@ -18,7 +18,7 @@ import argparse
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,6 +26,9 @@ from clbench.errors import ClbenchError
 from clbench.methods.contract import RunShape, Work
 from clbench.perf import arg, backbone_args, device_arg, measurement
 from clbench.perf.timing import median_seconds
+
+if TYPE_CHECKING:
+    from clbench.run.catalog import MethodCard
 
 # The six benchmarks of the TOSCA paper (arXiv 2502.14762) with PILOT's pre-sampled splits. Provenance: test sizes are
 # the exact denominators of the final accuracies in the EASE repository's logs (sun-hailong/CVPR24-Ease,
@@ -43,18 +46,18 @@ PAPER_BENCHMARKS: dict[str, dict[str, int]] = {
 
 
 # ----------------------------------------------------------------------------------------------- projection
-def projection_rows(names: list[str] | None = None) -> list[tuple[str, type, Any]]:
-    """(row name, strategy class, config) of every registered strategy (or of ``names``): its default config, then
-    one row ``<name>-<profile>`` for each of its ``projection_profiles``."""
-    from clbench.run.catalog import STRATEGIES
+def projection_rows(names: list[str] | None = None) -> list[tuple[str, MethodCard, Any]]:
+    """(row name, method card, config) of every registered strategy (or of ``names``): its default config, then
+    one row ``<name>-<profile>`` for each of its card's ``projection_profiles``."""
+    from clbench.run.catalog import STRATEGIES, card
     from clbench.run.config import make_strategy_config
 
     rows = []
     for name in names if names is not None else STRATEGIES.names():
-        cls = STRATEGIES.get(name)
-        rows.append((name, cls, make_strategy_config(cls, None, ())))
-        for profile in cls.projection_profiles:
-            rows.append((f"{name}-{profile}", cls, make_strategy_config(cls, profile, ())))
+        c = card(name)
+        rows.append((name, c, make_strategy_config(c, None, ())))
+        for profile in c.projection_profiles:
+            rows.append((f"{name}-{profile}", c, make_strategy_config(c, profile, ())))
     return rows
 
 
@@ -74,7 +77,7 @@ def paper_shape(info: dict[str, int], tokens: int = 197) -> RunShape:
 
 def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The cost model against a measured run of any strategy: per-image costs measured now on the run's backbone,
-    input size and thread count, times the work the strategy states (:meth:`Strategy.work`) on the run's own split,
+    input size and thread count, times the work the strategy's card states (its ``work``) on the run's own split,
     config and protocols, against the run's recorded train + eval seconds. Its features came from the cache, so
     they are part of neither: the cacheable frozen passes (``Work.f_cacheable``) are left out of the prediction."""
     import numpy as np
@@ -82,12 +85,11 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     from clbench.benchmarks import BENCHMARKS, build_benchmark
     from clbench.methods.shared import torch_threads
     from clbench.records.results import load_record
-    from clbench.run.catalog import STRATEGIES
+    from clbench.run.catalog import card
 
     rec = load_record(Path(run_dir))
-    cls = STRATEGIES.get(rec.strategy)
     try:
-        cfg = cls.Config(**rec.strategy_config)
+        cfg = card(rec.strategy).Config(**rec.strategy_config)
     except (TypeError, ValueError) as e:
         raise ClbenchError(
             f"{run_dir}: its {rec.strategy} config does not fit this version's ({e})",
@@ -116,7 +118,7 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
         train_per_class=rec.train_per_class,
     )
     try:
-        w = cls.work(cfg, shape)
+        w = card(rec.strategy).cost(cfg, shape)
     except NotImplementedError as e:
         raise ClbenchError(f"{run_dir}: {e}", "projection-check needs a strategy with a cost model") from None
     work = work_counts(w)
@@ -159,9 +161,9 @@ def measure_costs(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Seconds per image for a frozen pass and a training pass, and of every unit the registered strategies (or
-    ``strategies``) state (:meth:`Strategy.unit_seconds`)."""
+    ``strategies``) state (their cards' ``unit_seconds``)."""
     from clbench.features.backbones import load_backbone
-    from clbench.run.catalog import STRATEGIES
+    from clbench.run.catalog import STRATEGIES, card, load_target
     from clbench.run.harness import resolve_device
     from clbench.run.precision import for_backbone
 
@@ -197,7 +199,8 @@ def measure_costs(
     log(f"training pass (forward + backward to input-side parameters): {b * 1e3:.1f} ms/image")
     units: dict[str, float] = {"f": f, "b": b}
     for name in strategies if strategies is not None else STRATEGIES.names():
-        own = STRATEGIES.get(name).unit_seconds(bb.num_features, dev)
+        target = card(name).unit_seconds
+        own = load_target(name, target)(bb.num_features, dev) if target else {}
         for unit, seconds in own.items():
             if unit in units:
                 raise ValueError(f"strategy {name}: unit {unit!r} is stated twice; units need unique names")
@@ -225,14 +228,14 @@ def projection(costs: dict[str, Any], seeds: int = 3, names: list[str] | None = 
     rows, totals, configs, unmodelled = [], {}, {}, []
     cacheable: dict[str, list[float]] = {bench: [] for bench in PAPER_BENCHMARKS}  # per default row
     defaults = []
-    for row, cls, cfg in projection_rows(names):
+    for row, c, cfg in projection_rows(names):
         try:
-            works = {bench: cls.work(cfg, paper_shape(info, tokens)) for bench, info in PAPER_BENCHMARKS.items()}
+            works = {bench: c.cost(cfg, paper_shape(info, tokens)) for bench, info in PAPER_BENCHMARKS.items()}
         except NotImplementedError:
             unmodelled.append(row)
             continue
         configs[row] = dataclasses.asdict(cfg)
-        default = row == cls.name
+        default = row == c.name
         if default:
             defaults.append(row)
         total_run = total_cached = 0.0

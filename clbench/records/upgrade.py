@@ -3,10 +3,10 @@
 Readers (reports, ``compare``, the gate, sweeps) read records of schema
 :data:`~clbench.records.versions.OLDEST_READABLE` and later and upgrade them on load; those upgrades are pure JSON
 (:data:`clbench.records.versions.UPGRADES`). A record of schema 1 to 3 predates one parameter accounting: its
-``params.added_per_task`` holds learned parameters and stored statistics together, and only the method's own rule,
-:meth:`~clbench.methods.contract.Strategy.split_kept` (the split its live runs count with), can part them. Readers
-refuse such a record and name this command, so that reading records never imports torch or a method; this command
-imports them, restates each old record once (:func:`upgrade_v3`) and rewrites it in place.
+``params.added_per_task`` holds learned parameters and stored statistics together, and only the method's own rule, its
+card's ``split_kept`` (the split its live runs count with), can part them. Readers refuse such a record and name this
+command, so that reading records never needs a method's rule; this command reads each method's card (torch-free),
+restates each old record once (:func:`upgrade_v3`) and rewrites it in place.
 
 Nothing is lost: every field keeps its meaning, the counts as first written stay in ``params.kept_as_written``
 beside ``params.restated_from_schema``, a record is replaced atomically and only after the rewrite reads back as
@@ -48,12 +48,11 @@ def upgrade_v2(data: Json) -> Json:
 
 def upgrade_v3(data: Json) -> Json:
     """A version-3 (or older) record as version 4: its ``params.added_per_task`` (everything kept per task; TOSCA's
-    module only) split into learned parameters and stored statistics by the strategy's own
-    :meth:`~clbench.methods.contract.Strategy.split_kept`, which its live runs use too; a strategy this clbench does not
+    module only) split into learned parameters and stored statistics by the rule on the strategy's card
+    (``split_kept``), which its live runs use too; a strategy this clbench does not
     register keeps everything as learned (the base rule). ``params.restated_from_schema`` says so, and
     ``params.kept_as_written`` keeps the counts the record was written with."""
-    from clbench.methods.contract import Strategy
-    from clbench.run.catalog import STRATEGIES
+    from clbench.run.catalog import all_learned, card
 
     params = dict(data["params"])
     kept = list(params.get("added_per_task") or [params["added_total"]])
@@ -61,9 +60,9 @@ def upgrade_v3(data: Json) -> Json:
     if len(kept) != len(sizes):  # an unfinished record: the tasks it has done
         sizes = sizes[: len(kept)]
     try:
-        split_kept = STRATEGIES.get(str(data["strategy"])).split_kept
-    except ClbenchError:  # not registered here: the base rule (the abstract class itself, so its method, not it)
-        split_kept = Strategy.split_kept
+        split_kept = card(str(data["strategy"])).split_kept
+    except ClbenchError:  # not registered here: the base rule
+        split_kept = all_learned
     try:
         added, stored = split_kept(kept, int(params.get("head", 0)), params, sizes)
     except (KeyError, ValueError, ZeroDivisionError, TypeError) as e:

@@ -29,8 +29,7 @@ SCHEMA_VERSION = 6  # see the version history below
 #      counts learned parameters only (heads included: TOSCA's head rows are in it now), ``params.stored_*`` the
 #      statistics kept (prototypes, means, covariances, Gram matrices, random projections), which versions 2 and 3
 #      counted as added for SimpleCIL, EASE, APER, RanPAC (its W) and MOS. :func:`clbench.records.upgrade.upgrade_v3`
-#      restates an older record through the strategy's :meth:`~clbench.methods.contract.Strategy.split_kept` (the split
-#      its live runs use).
+#      restates an older record through the rule on the strategy's card (``split_kept``, the split its live runs use).
 #   5: ``train_per_class`` is a run setting (``--train-per-class``), written at the top level where set; version 4
 #      held it in ``strategy_config`` of the six methods that had it. :func:`_upgrade_v4` moves it out. Added later
 #      without a version change, written where known: ``data_fingerprint`` (train/test content digests; a record

@@ -18,22 +18,31 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from clbench.benchmarks import BENCHMARKS, DEFAULT_BENCH
 from clbench.errors import ClbenchError
 from clbench.methods.costs import ParamCounts, Work
 from clbench.run.registry import Registry
 
+C = TypeVar("C", bound=type)
+
+
+def all_learned(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    """A card's ``split_kept`` where the method keeps no statistics: everything kept per task is learned."""
+    return list(kept_per_task), [0] * len(kept_per_task)
+
 
 @dataclass(frozen=True)
 class MethodCard:
-    """What is read of a method without loading it: its name, its settings class (defaults and checks), its named
-    profiles, and its parameter formula and cost model (stated with :mod:`clbench.methods.costs`). Each built-in
-    method declares one in a torch-free module (``baselines/cards/NAME.py``, ``tosca/card.py``) that its strategy
-    class takes ``Config``, ``profiles`` and ``card`` from, so that reports, the gate's labels, ``clbench list`` and
-    the parameter and cost projections read a method without torch; a plug-in's is read from its class
-    (:func:`card`)."""
+    """A method's one declaration, read without loading the method: its name, its settings class (defaults and
+    checks), its named profiles, its parameter formula and cost model (stated with :mod:`clbench.methods.costs`), and
+    what each tool needs of it. Each built-in method declares one in a torch-free module (``baselines/cards/NAME.py``,
+    ``tosca/card.py``) and its strategy class is decorated with it (:meth:`strategy`), so that reports, the gate,
+    ``clbench list`` and the parameter and cost projections read a method without torch, and the class restates
+    nothing; a plug-in without a card has one read from its class (:func:`card`)."""
 
     name: str
     Config: type[Any]  # a frozen dataclass (its defaults are the reference's)
@@ -47,6 +56,42 @@ class MethodCard:
     trains: str = ""  # what it learns, in a few words (`clbench list`)
     # `clbench tune`'s search space: setting -> (low, high[, log]) or a tuple of choices (clbench.tune.space)
     tune_space: dict[str, tuple[Any, ...]] | None = None
+    # the scenarios the regression gate runs the method's ci profile in (clbench.gate.check.gate_plan): "class"
+    # always; "domain" adds its ci profile on the domain gate's benchmark (a cheap method or two keep that path pinned)
+    gate_scenarios: tuple[str, ...] = ("class",)
+    # profiles that get their own row in `clbench perf projection` (``<name>-<profile>``), besides the default config
+    projection_profiles: tuple[str, ...] = ()
+    # the method's own `clbench perf` measurements: name -> "module:attribute" of a clbench.perf.Measurement (or of a
+    # bare fn(backbone=, img_size=) -> dict), imported when the perf registry is first asked for (clbench.perf.load).
+    # Names are global: prefix them with the method's name
+    perf_benchmarks: dict[str, str] = field(default_factory=dict)
+    # "module:function" of fn(d, device) -> {unit: seconds}: the seconds per unit of each name the cost model puts in
+    # ``Work.extra``, measured by `clbench perf projection` at feature width d on the device; "" where it puts none
+    unit_seconds: str = ""
+    # what the strategy's ``adapted_features`` returns, in a few words for the report's t-SNE figure (e.g. "RanPAC's
+    # ReLU random projection"); "frozen" where it returns None
+    embedding: str = "frozen"
+    # the smallest run-level ``train_per_class`` the method can learn from (e.g. 2 for a class covariance): the
+    # harness refuses a run that would hand it fewer
+    min_train_per_class: int = 1
+    # (kept_per_task, head, extra, task_sizes) -> (added_per_task, stored_per_task) of ParamCounts: what the method
+    # kept per task in all (learned and stored together, the ``added_per_task`` of records before schema version 3)
+    # split by the rule its own param_counts uses, so that restated old records (clbench.records.upgrade) and live
+    # runs give the same numbers; ``extra``: the record's JSON params. Default: everything kept is learned
+    split_kept: Callable[[list[int], int, dict[str, Any], list[int]], tuple[list[int], list[int]]] = all_learned
+
+    def cost(self, cfg: Any, shape: Any) -> Work:  # cfg: an instance of Config; shape: a RunShape
+        """One run's cost from the cost model (:attr:`work`); NotImplementedError for a method that states none (the
+        projection lists it as unmodelled)."""
+        if self.work is None:
+            raise NotImplementedError(f"strategy {self.name} states no cost model (its card's `work`)")
+        return self.work(cfg, shape)
+
+    def strategy(self, cls: C) -> C:
+        """Class decorator (``@CARD.strategy``): the strategy class this card declares takes its ``name``,
+        ``Config``, ``profiles`` and ``card`` from it, so that the class states none of them."""
+        cls.name, cls.Config, cls.profiles, cls.card = self.name, self.Config, self.profiles, self
+        return cls
 
 
 # The method families, each a way of adapting a frozen pre-trained ViT: a card's ``family`` -> its title.
@@ -101,12 +146,35 @@ _method("cl_lora", "baselines.cl_lora:CLLoRA", "baselines.cards.cl_lora")
 _method("duct", "baselines.duct:DUCT", "baselines.cards.duct")
 
 
+def load_target(owner: str, target: str) -> Any:
+    """The object a card names by ``module:attribute`` (its method's side module for a tool), imported now.
+    ClbenchError naming the card and the target for one that does not load."""
+    import importlib
+
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ClbenchError(
+            f"method card {owner!r}: cannot load {target!r} ({e})", "name an importable module:attribute on the card"
+        ) from None
+
+
 def card(name: str) -> MethodCard:
-    """The method card of strategy ``name``: its declared one (torch-free), or a plug-in's read from its class
-    (which imports the plug-in). ClbenchError for a name not registered."""
+    """The method card of strategy ``name``: its declared one (torch-free), or a plug-in's (which imports the
+    plug-in): the card its class is decorated with, else one read from the class's ``name``, ``Config`` and
+    ``profiles``. ClbenchError for a name not registered."""
     if name in CARDS:
         return CARDS.get(name)
     cls = STRATEGIES.get(name)
+    declared = getattr(cls, "card", None)
+    if isinstance(declared, MethodCard):
+        if declared.name != name:
+            raise ClbenchError(
+                f"strategy {name!r} is registered from a class whose card names it {declared.name!r}",
+                f"register it as {declared.name!r} or give its card the name {name!r}",
+            )
+        return declared
     return MethodCard(cls.name, cls.Config, dict(cls.profiles))
 
 

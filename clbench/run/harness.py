@@ -27,7 +27,7 @@ from clbench.records.command import command_line
 from clbench.records.host import git_revision, library_versions, peak_rss_mb, reset_peak_rss
 from clbench.records.predictions import PREDICTIONS_FILE, Predictions
 from clbench.records.schema import Host, Params, ProtocolGap, ProtocolSummary, RunRecord, TaskEntry, Times
-from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES
+from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES, card
 from clbench.run.checkpoint import ProtocolLogState
 from clbench.run.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
@@ -238,11 +238,12 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
     check_input_size(backbone_name, cfg.img_size)  # an explicit size the backbone would ignore: refused
     img_size = run_level(strategy_cls, cfg.profile, cfg.img_size, "img_size")
     train_per_class = run_level(strategy_cls, cfg.profile, cfg.train_per_class, "train_per_class")
-    if train_per_class is not None and train_per_class < strategy_cls.min_train_per_class:
+    least = card(cfg.strategy).min_train_per_class
+    if train_per_class is not None and train_per_class < least:
         raise ClbenchError(
             f"{setting('train_per_class')} {train_per_class}: {strategy_cls.name} learns from at least "
-            f"{strategy_cls.min_train_per_class} images per class",
-            f"give {setting('train_per_class')} {strategy_cls.min_train_per_class} or more, or leave it out",
+            f"{least} images per class",
+            f"give {setting('train_per_class')} {least} or more, or leave it out",
         )
     domain = cfg.scenario == "domain"
     if domain and (cfg.init_cls is not None or cfg.increment is not None):
@@ -971,7 +972,7 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) ->
         np.asarray(bench.image_tasks("test"))[index],
         session.features["test"][torch.as_tensor(index)].float().numpy(),
         None if adapted is None else adapted.float().cpu().numpy(),
-        strategy.embedding,
+        card(session.cfg.strategy).embedding,
     )
     atomic_write_bytes(path / "features.npz", data)
 
