@@ -91,7 +91,6 @@ Deviations from the reference code, and its flaws:
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -104,6 +103,7 @@ from torch import nn
 from baselines.cards.duct import CARD, PROFILES, DUCTConfig, counts
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
+from clbench.layers.slow_learner import tuned_copy, vit_features, with_vit, without_vit
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import CosineHead, EpochLog, compute_dtype
 
@@ -225,18 +225,12 @@ class DUCT(Strategy[DUCTConfig]):
         self.n_seen = 0
 
     def _copy_of_pretrained(self) -> nn.Module:
-        model = copy.deepcopy(self.ctx.backbone.model)
-        for p in model.parameters():
-            p.requires_grad_(True)
-        return model.to(self.ctx.device, self.dtype).eval()
+        return tuned_copy(self.ctx.backbone.model, self.ctx.device, self.dtype)
 
     # ---------------------------------------------------------------------------------------- features
     def _features(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
         """(B, d) pre-logits [CLS] feature of ``model`` in the strategy's dtype."""
-        vit: Any = model  # a timm ViT: forward_features / forward_head (untyped)
-        with self.ctx.autocast():
-            x: torch.Tensor = vit.forward_head(vit.forward_features(images.to(self.dtype)), pre_logits=True)
-        return x.to(self.dtype)
+        return vit_features(model, images, self.dtype, self.ctx.autocast)
 
     @torch.no_grad()
     def _split_features(self, model: nn.Module, split: Split, augment: bool = False, salt: int = 0) -> torch.Tensor:
@@ -358,13 +352,10 @@ class DUCT(Strategy[DUCTConfig]):
     def state_dict(self) -> dict[str, Any]:
         """The merged ViT as its named tensors (rebuilt on a copy of the run's backbone by :meth:`load_state_dict`),
         everything else as :meth:`Strategy.state_dict` keeps it."""
-        state = super().state_dict()
-        state["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        return state
+        return with_vit(super().state_dict(), self.model)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        tensors = state.pop("model", None)
+        state, tensors = without_vit(state)
         super().load_state_dict(state)
         if tensors is not None:
             model = self._copy_of_pretrained()
