@@ -75,10 +75,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.coda_prompt import CARD, PROFILES, CodaPromptConfig, used_layers
-from clbench.errors import ClbenchError
+from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead, build_head, head_size
 from clbench.layers.kan import KACHead
-from clbench.layers.prompts import prefix_block, training_query
+from clbench.layers.prompts import check_prompt_layers, prefix_block, training_query
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import EpochLog, check_vit_blocks, masked_cross_entropy, vit_tokens
 
@@ -192,19 +192,11 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
         super().__init__(config, ctx)
         self.model = ctx.backbone.model
         check_vit_blocks(self.model)
-        depth = len(self.model.blocks)
-        self.layers = used_layers(config, depth)
-        if not self.layers:
-            raise ClbenchError(
-                f"CODA-Prompt prompt_layers {config.prompt_layers!r}: none below the backbone's {depth} blocks",
-                "set prompt_layers to blocks below the depth",
-            )
-        dropped = sorted(set(config.layers) - set(self.layers))
-        if dropped:
-            ctx.log(f"  CODA-Prompt: the backbone has {depth} blocks; prompt layers {dropped} are not used")
+        self.layers = used_layers(config, len(self.model.blocks))
         dim = ctx.backbone.num_features
-        if dim % int(self.model.blocks[0].attn.num_heads):
-            raise ClbenchError(f"width {dim} is not divisible by the number of heads", "choose another backbone")
+        check_prompt_layers(
+            "CODA-Prompt", config, "prompt_layers", self.model, config.layers, self.layers, dim, ctx.log
+        )
         self.components = Components(len(self.layers), config.prompt_length, dim).to(ctx.device)
         self.head = build_head(config.head, dim).to(ctx.device)  # linear, or KAC's (clbench.layers.kan)
         self.n_seen = 0
@@ -284,8 +276,7 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; CODA-Prompt supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "CODA-Prompt")
         out = []
         for images, _, positions in split.image_loader(EVAL_BATCH, augment=False):
             query = split.features[positions].to(self.ctx.device)  # cached frozen [CLS]: the eval-transform query

@@ -112,7 +112,7 @@ from clbench.errors import ClbenchError
 from clbench.layers.alignment import align_on_samples, gaussian_samples
 from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead
-from clbench.layers.prompts import eval_batch, orth_loss, pilot_kv_layout, prefix_block
+from clbench.layers.prompts import check_prompt_layers, eval_batch, orth_loss, pilot_kv_layout, prefix_block
 from clbench.methods.contract import (
     PER_SAMPLE,
     REFERENCE,
@@ -304,19 +304,10 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
         super().__init__(config, ctx)
         self.model = ctx.backbone.model
         check_vit_blocks(self.model)
-        depth = len(self.model.blocks)
-        self.e_layers = e_layers_in(config, depth)
-        if not self.e_layers:
-            raise ClbenchError(
-                f"HiDe-Prompt e_prompt_layers {config.e_prompt_layers!r}: none below the backbone's {depth} blocks",
-                "set e_prompt_layers to blocks below the depth",
-            )
-        dropped = sorted(set(config.e_layers) - set(self.e_layers))
-        if dropped:
-            ctx.log(f"  HiDe-Prompt: the backbone has {depth} blocks; prompt layers {dropped} are not used")
+        self.e_layers = e_layers_in(config, len(self.model.blocks))
         self.dim = dim = int(ctx.backbone.num_features)
-        if dim % int(self.model.blocks[0].attn.num_heads):
-            raise ClbenchError(f"width {dim} is not divisible by the number of heads", "choose another backbone")
+        layers, used = config.e_layers, self.e_layers
+        check_prompt_layers("HiDe-Prompt", config, "e_prompt_layers", self.model, layers, used, dim, ctx.log)
         gen = ctx.generator(1)
         self.prompts = EPrompts(config.pool_size, len(self.e_layers), config.e_prompt_length, dim, gen).to(ctx.device)
         self.head = LinearHead(dim).to(ctx.device)

@@ -68,6 +68,7 @@ import torch
 from torch import nn
 
 from baselines.cards.l2p import CARD, PROFILES, L2PConfig
+from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead, build_head, head_size
 from clbench.layers.kan import KACHead
 from clbench.layers.prompts import eval_batch, key_similarity, select_prompts, training_query
@@ -177,8 +178,7 @@ class L2P(Strategy):
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; L2P supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "L2P")
         # A per-sample row does not depend on its batch, so that protocol may use any batch size: larger ones are
         # several times faster per image on CPU. The reference protocol keeps the reference's batches.
         batch = eval_batch(self.cfg.eval_batch_size, protocol == REFERENCE)
