@@ -88,11 +88,11 @@ from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import (
     EpochLog,
+    Float64Setting,
     TrainingTrace,
-    check_vit_blocks,
     class_means,
-    compute_dtype,
     cosine_logits,
+    frozen_vit,
     vit_tokens,
 )
 
@@ -192,7 +192,7 @@ class TrainingHead(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------ the strategy
-class CLLoRA(Strategy[CLLoRAConfig]):
+class CLLoRA(Float64Setting, Strategy[CLLoRAConfig]):
     name = "cl_lora"
     embedding = "CL-LoRA's [CLS] through the shared and the last task's LoRA"
     Config = CLLoRAConfig
@@ -201,17 +201,9 @@ class CLLoRA(Strategy[CLLoRAConfig]):
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/cl_lora.py
     card = CARD  # its parameter formula and cost model
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
-        return compute_dtype(self.cfg.float64, self.ctx.precision)
-
     def __init__(self, config: CLLoRAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
-        # the run's frozen ViT; with float64 a float64 copy of it (frozen too)
-        self.model = ctx.backbone.model if self.dtype == torch.float32 else copy.deepcopy(ctx.backbone.model)
-        self.model.to(dtype=self.dtype)
-        check_vit_blocks(self.model)
+        self.model = frozen_vit(ctx.backbone.model, self.dtype)  # with float64 a float64 copy (frozen too)
         self.dim = int(ctx.backbone.num_features)
         self.depth = len(self.model.blocks)
         self.n_shared = config.n_shared(self.depth)

@@ -105,7 +105,7 @@ from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
 from clbench.layers.slow_learner import tuned_copy, vit_features, with_vit, without_vit
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import CosineHead, EpochLog, compute_dtype
+from clbench.methods.shared import CosineHead, EpochLog, Float64Setting
 
 
 def new_rows(n: int, d: int, init: str, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
@@ -191,7 +191,7 @@ def train_stage(
     return epochs * n_batches
 
 
-class DUCT(Strategy[DUCTConfig]):
+class DUCT(Float64Setting, Strategy[DUCTConfig]):
     name = "duct"
     embedding = "DUCT's merged ViT's [CLS]"
     Config = DUCTConfig
@@ -205,11 +205,6 @@ class DUCT(Strategy[DUCTConfig]):
     gate_scenarios = ("class",)
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/duct.py
     card = CARD  # its parameter formula and cost model
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
-        return compute_dtype(self.cfg.float64, self.ctx.precision)
 
     def __init__(self, config: DUCTConfig, ctx: Context) -> None:
         super().__init__(config, ctx)

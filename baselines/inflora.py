@@ -57,7 +57,6 @@ Deviations from the reference code:
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -67,17 +66,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.inflora import CARD, PROFILES, InfLoRAConfig
-from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
 from clbench.layers.lora import (
     KVLoRA,
+    LinearTaskHeads,
     ProjectType,
+    check_lora_width,
     design_down_projection,
     lora_block,
     update_dual_gpm,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, check_vit_blocks, compute_dtype, vit_tokens
+from clbench.methods.shared import EpochLog, Float64Setting, frozen_vit, vit_tokens
 
 EVAL_BATCH = 64  # evaluation batch (speed only: rows do not depend on it)
 
@@ -94,29 +94,17 @@ def memory_threshold(cfg: InfLoRAConfig, task: int) -> float:
     return (cfg.lame - cfg.lamb) * task / cfg.total_sessions + cfg.lamb
 
 
-class TaskHeads(nn.Module):
+class TaskHeads(LinearTaskHeads):
     """One linear head per task (``SiNet.classifier_pool``), logits concatenated in task order."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.heads = nn.ModuleList()
-
-    def add(
-        self, dim: int, n_classes: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype
-    ) -> nn.Linear:
-        head = nn.Linear(dim, n_classes, device=device, dtype=dtype)
+    def initialise(self, head: nn.Linear, generator: torch.Generator) -> None:
+        n_classes, dim = head.weight.shape
         bound = 1.0 / math.sqrt(dim)  # nn.Linear's kaiming_uniform(a=sqrt(5)) and bias bounds
-        with torch.no_grad():
-            head.weight.copy_(torch.empty(n_classes, dim).uniform_(-bound, bound, generator=generator))
-            head.bias.copy_(torch.empty(n_classes).uniform_(-bound, bound, generator=generator))
-        self.heads.append(head)
-        return head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([h(x) for h in self.heads], dim=1)
+        head.weight.copy_(torch.empty(n_classes, dim).uniform_(-bound, bound, generator=generator))
+        head.bias.copy_(torch.empty(n_classes).uniform_(-bound, bound, generator=generator))
 
 
-class InfLoRA(Strategy[InfLoRAConfig]):
+class InfLoRA(Float64Setting, Strategy[InfLoRAConfig]):
     name = "inflora"
     embedding = "InfLoRA's [CLS] through the LoRA branches"
     Config = InfLoRAConfig
@@ -125,22 +113,11 @@ class InfLoRA(Strategy[InfLoRAConfig]):
     profiles = PROFILES  # named profiles and their cost notes: baselines/cards/inflora.py
     card = CARD  # its parameter formula and cost model
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
-        return compute_dtype(self.cfg.float64, self.ctx.precision)
-
     def __init__(self, config: InfLoRAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
-        # the run's frozen ViT; with float64 a float64 copy of it (frozen too)
-        self.model = ctx.backbone.model if self.dtype == torch.float32 else copy.deepcopy(ctx.backbone.model)
-        self.model.to(dtype=self.dtype)
-        check_vit_blocks(self.model)
+        self.model = frozen_vit(ctx.backbone.model, self.dtype)  # with float64 a float64 copy (frozen too)
         dim = int(ctx.backbone.num_features)
-        if config.rank > dim:
-            raise ClbenchError(f"InfLoRA rank {config.rank} exceeds the backbone's width {dim}", "lower --set rank")
-        if dim % int(self.model.blocks[0].attn.num_heads):
-            raise ClbenchError(f"width {dim} is not divisible by the number of heads", "choose another backbone")
+        check_lora_width("InfLoRA", config.rank, self.model, dim)
         self.depth = len(self.model.blocks)
         self.lora = KVLoRA(self.depth, dim, config.rank, self.dtype).to(ctx.device)
         self.heads = TaskHeads().to(ctx.device)

@@ -20,7 +20,7 @@ from torch import nn
 from clbench.layers.alignment import align_on_gaussians
 from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Split, Task
-from clbench.methods.shared import EpochLog, compute_dtype, cosine_lr
+from clbench.methods.shared import EpochLog, Float64Setting, cosine_lr
 
 COV_RIDGE = 1e-4  # torch.eye(d) * 1e-4 added to each class covariance (_compute_class_mean)
 
@@ -103,7 +103,7 @@ def alignment_tasks(class_task: list[int], task_size: int, index: str) -> list[i
     return list(class_task)
 
 
-class SlowLearner:
+class SlowLearner(Float64Setting):
     """What SLCA and CoFiMA share, mixed in before :class:`~clbench.methods.contract.Strategy`: the tuned ViT
     (``self.model``), its features, the slow learner's training of a task's new head block, the class Gaussians
     (``class_mean``, ``class_cov``, ``class_task``), the alignment of a head on draws from them, prediction with
@@ -123,11 +123,6 @@ class SlowLearner:
     class_task: list[int]
     protocols: ClassVar[tuple[str, ...]]
     note_steps: Callable[[int], None]  # Strategy's, after this class in the method's bases
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
-        return compute_dtype(self.cfg.float64, self.ctx.precision)
 
     def _tuned_copy(self) -> nn.Module:
         return tuned_copy(self.ctx.backbone.model, self.ctx.device, self.dtype)
