@@ -88,7 +88,7 @@ from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import (
     EpochLog,
-    Float64Setting,
+    Float64FrozenViT,
     TrainingTrace,
     class_means,
     cosine_logits,
@@ -192,7 +192,7 @@ class TrainingHead(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------ the strategy
-class CLLoRA(Float64Setting, Strategy[CLLoRAConfig]):
+class CLLoRA(Float64FrozenViT, Strategy[CLLoRAConfig]):
     name = "cl_lora"
     embedding = "CL-LoRA's [CLS] through the shared and the last task's LoRA"
     Config = CLLoRAConfig
@@ -381,15 +381,6 @@ class CLLoRA(Float64Setting, Strategy[CLLoRAConfig]):
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """The mean |block weight| of each task's query and value rows (how strongly its LoRA enters)."""
         return {"block_weight_mean_abs": [[float(w[r].abs().mean()) for r in (0, 2)] for w in self.block_weights]}
-
-    # ---------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """As :meth:`Strategy.state_dict`; a float64 copy of the frozen ViT is not kept (it is remade from the run's
-        backbone when the state is loaded)."""
-        state = super().state_dict()
-        if self.dtype != torch.float32:
-            del state["model"]
-        return state
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:

@@ -77,7 +77,7 @@ from clbench.layers.lora import (
     update_dual_gpm,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, Float64Setting, frozen_vit, vit_tokens
+from clbench.methods.shared import EpochLog, Float64FrozenViT, frozen_vit, vit_tokens
 
 EVAL_BATCH = 64  # evaluation batch (speed only: rows do not depend on it)
 
@@ -104,7 +104,7 @@ class TaskHeads(LinearTaskHeads):
         head.bias.copy_(torch.empty(n_classes).uniform_(-bound, bound, generator=generator))
 
 
-class InfLoRA(Float64Setting, Strategy[InfLoRAConfig]):
+class InfLoRA(Float64FrozenViT, Strategy[InfLoRAConfig]):
     name = "inflora"
     embedding = "InfLoRA's [CLS] through the LoRA branches"
     Config = InfLoRAConfig
@@ -232,15 +232,6 @@ class InfLoRA(Float64Setting, Strategy[InfLoRAConfig]):
             "memory_basis_dims": [int(b.shape[1]) for b in self.bases],
             "memory_types": list(self.project_types),
         }
-
-    # ---------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """As :meth:`Strategy.state_dict`; a float64 copy of the frozen ViT is not kept (it is remade from the run's
-        backbone when the state is loaded)."""
-        state = super().state_dict()
-        if self.dtype != torch.float32:
-            del state["model"]
-        return state
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:

@@ -64,7 +64,7 @@ from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
 from clbench.layers.lora import LinearTaskHeads, check_lora_width
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, Float64Setting, frozen_vit, vit_tokens
+from clbench.methods.shared import EpochLog, Float64FrozenViT, frozen_vit, vit_tokens
 
 EVAL_BATCH = 64  # evaluation batch (speed only: rows do not depend on it)
 
@@ -202,7 +202,7 @@ class TaskHeads(LinearTaskHeads):
         head.bias.zero_()
 
 
-class SDLoRA(Float64Setting, Strategy[SDLoRAConfig]):
+class SDLoRA(Float64FrozenViT, Strategy[SDLoRAConfig]):
     name = "sd_lora"
     embedding = "SD-LoRA's [CLS] through the magnitude-scaled LoRA branches"
     Config = SDLoRAConfig
@@ -289,15 +289,6 @@ class SDLoRA(Float64Setting, Strategy[SDLoRAConfig]):
     def diagnostics(self, split: Split, true_task: Any) -> dict[str, Any]:
         """The learnt magnitudes after the last task."""
         return {"magnitudes": [float(a) for a in self.lora.alpha]}
-
-    # ---------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """As :meth:`Strategy.state_dict`; a float64 copy of the frozen ViT is not kept (it is remade from the run's
-        backbone when the state is loaded)."""
-        state = super().state_dict()
-        if self.dtype != torch.float32:
-            del state["model"]
-        return state
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:

@@ -135,6 +135,20 @@ class Float64Setting:
         return compute_dtype(self.cfg.float64, self.ctx.precision)
 
 
+class Float64FrozenViT(Float64Setting):
+    """:class:`Float64Setting` for a method that keeps the run's frozen ViT as ``self.model`` (:func:`frozen_vit`;
+    InfLoRA, SD-LoRA, CL-LoRA): a float64 copy of it is not saved in a checkpoint (it is remade from the run's
+    backbone when the state is loaded)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """As :meth:`Strategy.state_dict`; a float64 copy of the frozen ViT is not kept (it is remade from the run's
+        backbone when the state is loaded)."""
+        state: dict[str, Any] = super().state_dict()  # type: ignore[misc]  # Strategy's, after this class
+        if self.dtype != torch.float32:
+            del state["model"]
+        return state
+
+
 def frozen_vit(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """The run's frozen ViT ``model`` in ``dtype``: itself in float32, a float64 copy of it (frozen too) in float64;
     refused unless it is a timm ViT (:func:`check_vit_blocks`)."""
