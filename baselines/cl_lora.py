@@ -48,9 +48,8 @@ Deviations from the reference code:
   backward silently read the updated weights with the activations of the old ones. Here both gradients are taken
   at the same parameters (those the two forward passes ran with) and applied in the reference's order: the
   reassigned distillation step, then the cross-entropy step (the same SGD state, momentum included).
-- The prototypes are computed for the task's own LoRA only. The reference also fills every older task's feature
-  block of the new classes' prototype rows (``replace_fc`` over every adapter index), which ``forward_diagonal``
-  never reads.
+- The prototypes are computed for the task's own LoRA only. The reference also fills every older task's feature block of
+  the new classes' prototype rows (``replace_fc`` over every adapter index), which ``forward_diagonal`` never reads.
 - Only the last teacher is kept (the reference keeps a copy of the shared LoRA after every task in
   ``old_adapter_list`` and reads only the last one); training heads are dropped after their task (the reference
   keeps them in ``fc_list`` and never reads them).
@@ -251,8 +250,8 @@ class CLLoRA(Float64FrozenViT, Strategy[CLLoRAConfig]):
         return vit_tokens(self.model, images.to(self.ctx.device, self.dtype))
 
     def _features(self, images: torch.Tensor, task: int) -> torch.Tensor:
-        """(B, d) through the shared LoRA and task ``task``'s LoRA and block weights (``forward_train``,
-        ``forward_proto``)."""
+        """(B, d) through the shared LoRA and task ``task``'s LoRA and block
+        weights (``forward_train``, ``forward_proto``)."""
         with self.ctx.autocast():
             h = self._shared_blocks(self._tokens(images), self.shared)
             return self._pool(self._specific_blocks(h, task)).to(self.dtype)

@@ -67,8 +67,7 @@ Deviations from the paper / reference code:
   whose attention has ``q_norm``/``k_norm`` get them on the image keys only (the prefixes are already keys).
 - Transforms, normalisation, class order and task split are the harness's. Test accuracy is not computed during
   training (the reference logs it every 5 epochs; nothing is selected on it).
-- The CPU ``quick`` profile (not the default) runs at 112 px with 2 epochs instead of 5; see
-  ``DualPrompt.profiles``.
+- The CPU ``quick`` profile (not the default) runs at 112 px with 2 epochs instead of 5; see ``DualPrompt.profiles``.
 - ``head="kac"``: KAC's Kolmogorov-Arnold classifier (Hu et al., CVPR 2025; the authors' ``Ethanhuhuhu/KAC`` @
   d2494cb ``models/kac_clf.py``, ``clbench/layers/kan.py``, whose docstring lists its own deviations) replaces the
   linear head, everything else unchanged, as the authors' ``clf_type: kac`` configs do; its zero rows grow per task,

@@ -29,8 +29,8 @@ domain t, every one already known after the first domain):
    ``merge_scalar`` (0.25) and by the mean, over C_t, of the cosine between each class's mean pre-trained feature
    and its mean feature through the tuned ViT (``_calculate_adjust_ratio``; the paper's Sim_{0,t}): merged = pre-trained
    + sum_t 0.25 Sim_t tau_t.
-4. Classifier retraining: 5 epochs of the same SGD on the head only, features from the merged ViT, the task's block of
-   logits.
+4. Classifier retraining: 5 epochs of the same SGD on the head only, features from the merged ViT, the
+   task's block of logits.
 5. Classifier transport (t >= 1): per earlier task o, the cost between C_t and C_o is the Euclidean distance of their
    pre-trained class means (the means of the frozen features, kept per row); ``ot.sinkhorn`` (the POT package) with
    uniform marginals and ``ot_reg`` = 0.02 gives the plan T (|C_t| x |C_o|) (log-domain by default, see below); the

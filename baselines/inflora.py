@@ -20,9 +20,9 @@ Algorithm (the reference's ``sip`` network, class-incremental), for each task t 
    no weight decay), the reference's ``CosineSchedule`` stepped per epoch (lr_e = lr cos(99 pi e / (200 (K - 1))),
    so the last epoch still runs at 0.0157 lr), cross-entropy over the task's own head (the reference's targets
    minus the known classes); 20 epochs, batch 128, r = 10;
-4. after training: a second covariance pass (now with B_t) and the DualGPM memory update per block with threshold
-   ``lamb + (lame - lamb) t / total_sessions`` (0.95 -> 1.0 on CIFAR-100, 0.98 -> 1.0 on ImageNet-R): see
-   :func:`clbench.layers.lora.update_dual_gpm`;
+4. after training: a second covariance pass (now with B_t) and the DualGPM memory update per block with threshold ``lamb
+   + (lame - lamb) t / total_sessions`` (0.95 -> 1.0 on CIFAR-100, 0.98 -> 1.0 on
+   ImageNet-R): see :func:`clbench.layers.lora.update_dual_gpm`;
 5. inference: every task's branches summed, the [CLS] token after the final norm through every task's head,
    concatenated (no task identity: class-incremental). Each image's logits depend on it alone: one protocol.
 
@@ -32,9 +32,9 @@ Deviations from the reference code:
   (tasks of equal size only). Head init: uniform(+-1/sqrt(d)) weights and biases, torch's ``nn.Linear`` init, drawn
   from the run's generator.
 - ``total_sessions`` (the threshold schedule's denominator) is a setting, default 10 (the reference's, its number of
-  tasks on both benchmarks); clbench does not tell a strategy how many tasks will come. On a 6-task run the
-  threshold then ends at 0.975 instead of 0.992; set ``total_sessions`` to the run's task count to follow the
-  reference's schedule.
+  tasks on both benchmarks); clbench does not tell a strategy how many tasks will come. On a 6-task run the threshold
+  then ends at 0.975 instead of 0.992; set ``total_sessions`` to the run's task count to follow
+  the reference's schedule.
 - The first task's memory: where r >= d/2 directions carry ``lamb`` of the energy, the reference labels the top-r
   basis "retain" (the protected directions, not the free ones) and then stops on its own ``assert``; here the basis
   is "remove" and, past d/2, turned into its "retain" complement, as the reference does for every later task. A

@@ -55,8 +55,8 @@ Deviations from the paper / reference code:
   linear head, everything else unchanged, as the authors' ``clf_type: kac`` configs do; its zero rows grow per task,
   its LayerNorm trains in every task. The authors run it in CODA-Prompt's framework (their L2P is L2P++ with
   prefix prompts; Adam 1e-3, cosine, batch 128, 20-50 epochs); clbench keeps this method's own defaults.
-- The CPU ``quick`` profile (not the default) runs at 112 px, with the cached query and 3 epochs instead of 5;
-  see ``L2P.profiles``.
+- The CPU ``quick`` profile (not the default) runs at 112 px, with the cached query and 3 epochs instead of
+  5; see ``L2P.profiles``.
 """
 
 from __future__ import annotations

@@ -55,9 +55,8 @@ Deviations from the paper / reference code (sound behaviour by default, the refe
 - Feature sampling for alignment draws z ~ N(0, I) from a private generator and maps it through the float64
   Cholesky factor of each class covariance (the same distribution as ``MultivariateNormal``); adapter dropout
   also draws from a private generator.
-- Set-0 features are computed once per image and used for both the prototype head and the first refinement
-  round (the reference runs set 0 twice: ``forward_orig`` and ``t_id = 0``; set 0 never drifts, so the numbers
-  are the same).
+- Set-0 features are computed once per image and used for both the prototype head and the first refinement round (the
+  reference runs set 0 twice: ``forward_orig`` and ``t_id = 0``; set 0 never drifts, so the numbers are the same).
 - Classes with fewer than 2 training images have no covariance: the run stops with a clear error (the
   reference would sample from NaN).
 - DINOv2 blocks have LayerScale; the adapter output is added outside ``ls2`` (as in :mod:`baselines.ease`).

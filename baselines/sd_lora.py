@@ -94,8 +94,8 @@ class QVLoRA(nn.Module):
         return len(self.a_q)
 
     def add_task(self, rank: int, generator: torch.Generator, device: torch.device, magnitude: float) -> None:
-        """Append one task's pairs: A kaiming-uniform (``nn.Linear(d, r)``'s init, U(+-1/sqrt(d))), B zero, its
-        magnitude ``magnitude``."""
+        """Append one task's pairs: A kaiming-uniform (``nn.Linear(d, r)``'s init, U(+-1/sqrt(d))), B zero,
+        its magnitude ``magnitude``."""
         bound = 1.0 / math.sqrt(self.dim)
 
         def a() -> nn.Parameter:
@@ -126,9 +126,8 @@ class QVLoRA(nn.Module):
             p.requires_grad_(False)
 
     def factors(self, block: int) -> Factors | None:
-        """(A_q, B_q, A_v, B_v) of ``block`` over every task, stacked along the rank with the scale folded into B,
-        so that ``B @ A = sum_{i<t} alpha_i B_i A_i / (||B_i|| ||A_i||) + alpha_t B_t A_t``; None before the first
-        task."""
+        """(A_q, B_q, A_v, B_v) of ``block`` over every task, stacked along the rank with the scale folded into B, so
+        that ``B @ A = sum_{i<t} alpha_i B_i A_i / (||B_i|| ||A_i||) + alpha_t B_t A_t``; None before the first task."""
         if not self.n_tasks:
             return None
         last = self.n_tasks - 1

@@ -1,13 +1,13 @@
 """SLCA: Slow Learner with Classifier Alignment, the whole ViT fine-tuned slowly, the head aligned from Gaussians.
 
-Paper: Zhang et al., "SLCA: Slow Learner with Classifier Alignment for Continual Learning on a Pre-trained Model",
-ICCV 2023, arXiv 2303.05118. Reference implementations read: the authors' ``GengDavid/SLCA`` @
-``169d4e6`` (``models/slca.py``, ``models/base.py`` ``_compute_class_mean``, ``utils/inc_net.py``
-``FinetuneIncrementalNet``, ``convs/linears.py`` ``SimpleContinualLinear``, ``exps/slca/slca_cifar.json``) and
-LAMDA-PILOT @ ``264745534fc2233f5a50b020e50a3472c47eb756`` (``models/slca.py``, ``utils/inc_net.py`` ``SLCANet``,
-``backbone/linears.py``, ``exps/slca.json``, ``exps/slca_inr.json``). The two agree line for line on the algorithm;
-they differ in defaults only (authors: batch 128, 5 alignment epochs; PILOT: batch 64, 3). clbench follows the
-authors' defaults.
+Paper: Zhang et al., "SLCA: Slow Learner with Classifier Alignment for Continual Learning on a Pre-trained Model", ICCV
+2023, arXiv 2303.05118. Reference implementations read: the authors' ``GengDavid/SLCA`` @ ``169d4e6``
+(``models/slca.py``, ``models/base.py`` ``_compute_class_mean``, ``utils/inc_net.py`` ``FinetuneIncrementalNet``,
+``convs/linears.py`` ``SimpleContinualLinear``, ``exps/slca/slca_cifar.json``) and LAMDA-PILOT @
+``264745534fc2233f5a50b020e50a3472c47eb756`` (``models/slca.py``, ``utils/inc_net.py`` ``SLCANet``,
+``backbone/linears.py``, ``exps/slca.json``, ``exps/slca_inr.json``). The two agree line for line on the algorithm; they
+differ in defaults only (authors: batch 128, 5 alignment epochs; PILOT: batch 64, 3). clbench follows
+the authors' defaults.
 
 This is clbench's first method whose backbone changes (:attr:`clbench.methods.contract.Strategy.fine_tunes_backbone`):
 the strategy deep-copies the run's ViT once when it is built and fine-tunes that copy through every task, so the

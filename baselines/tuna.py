@@ -35,8 +35,8 @@ Algorithm, for task t with new classes C_t (tasks counted from 0):
    -sum p log(p + 1e-10) is selected for that image (first one on ties); the universal set gives logits_u; the
    output is softmax(logits_u) + softmax(logits_selected). t + 2 ViT passes per image.
 
-Every step depends on the image alone (the reference's selection is per sample too), so there is only the
-``per-sample`` protocol.
+Every step depends on the image alone (the reference's selection is per sample too), so there is only
+the ``per-sample`` protocol.
 
 Reference flaws (a setting reproduces each; the defaults follow the paper; profile ``reference-code`` sets all three):
 

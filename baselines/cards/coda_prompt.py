@@ -17,8 +17,8 @@ from clbench.run.config import CI_SHAPE
 
 @dataclass(frozen=True)
 class CodaPromptConfig:
-    """Defaults: the authors' ``configs/cifar-100_prompt.yaml`` + ``experiments/cifar-100.sh`` (= PILOT
-    ``exps/coda_prompt.json``)."""
+    """Defaults: the authors' ``configs/cifar-100_prompt.yaml`` + ``experiments/cifar-100.sh``
+    (= PILOT ``exps/coda_prompt.json``)."""
 
     components_per_task: int = 10  # prompt_param[0] / tasks: 100 components over 10 tasks
     prompt_length: int = 8  # prompt_param[1]: L / 2 prefix keys and L / 2 prefix values

@@ -89,12 +89,11 @@ def prompt_layers(cfg: DualPromptConfig, depth: int) -> tuple[tuple[int, ...], t
 
 
 def param_formula(cfg: DualPromptConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
-    """Task 0 adds the G-prompt n_g * 2 * L_g * d; every task t adds its E-prompt slot n_e * 2 * L_e * d, its
-    key d and its head rows (d + 1) per new class. Trained in task t: the G-prompt, slot t, key t and the
-    new head rows. Under Adam weight decay > 0 (not the reference's default, 0) every tensor in the optimizer
-    moves: every seen head row, and every slot and key of the pool, which decay although only slot t and key t
-    learn (the test that measures moved elements found this). The pool's unused slots are allocated up front
-    (``extra``)."""
+    """Task 0 adds the G-prompt n_g * 2 * L_g * d; every task t adds its E-prompt slot n_e * 2 * L_e * d, its key d and
+    its head rows (d + 1) per new class. Trained in task t: the G-prompt, slot t, key t and the new head rows. Under
+    Adam weight decay > 0 (not the reference's default, 0) every tensor in the optimizer moves: every seen head row, and
+    every slot and key of the pool, which decay although only slot t and key t learn (the test that measures moved
+    elements found this). The pool's unused slots are allocated up front (``extra``)."""
     g_layers, e_layers = prompt_layers(cfg, depth)
     g = len(g_layers) * 2 * cfg.g_prompt_length * d
     e = len(e_layers) * 2 * cfg.e_prompt_length * d
@@ -115,14 +114,13 @@ def param_formula(cfg: DualPromptConfig, d: int, depth: int, task_sizes: Sequenc
 
 
 def work(cfg: DualPromptConfig, shape: RunShape) -> Work:
-    """Passes per training image and epoch: one prefix-prompted forward + backward with the task's own E-prompt,
-    and with ``query="augmented"`` one frozen forward whose query only feeds the pull term (the augmented image
-    changes every epoch, so it cannot be cached; ``query="cached"`` uses the cached feature instead).
-    The frozen features of every image (queries; cacheable), one query pass per training image and epoch
-    with ``query="augmented"``, ``epochs`` prompted training passes per training image, and one prompted pass
-    per seen test image, evaluation and protocol. Prefixes add no tokens: a prompted pass costs a plain one. With
-    the run's ``train_per_class`` only the first k images of each class are trained on (all are in the feature
-    cache)."""
+    """Passes per training image and epoch: one prefix-prompted forward + backward with the task's own E-prompt, and
+    with ``query="augmented"`` one frozen forward whose query only feeds the pull term (the augmented image changes
+    every epoch, so it cannot be cached; ``query="cached"`` uses the cached feature instead). The frozen features of
+    every image (queries; cacheable), one query pass per training image and epoch with ``query="augmented"``, ``epochs``
+    prompted training passes per training image, and one prompted pass per seen test image, evaluation and protocol.
+    Prefixes add no tokens: a prompted pass costs a plain one. With the run's ``train_per_class`` only the first k
+    images of each class are trained on (all are in the feature cache)."""
     return prefix_prompt_work(cfg.epochs, cfg.query, shape)
 
 

@@ -16,9 +16,8 @@ from clbench.run.config import CI_SHAPE
 
 @dataclass(frozen=True)
 class DUCTConfig:
-    """Defaults: LAMDA-PILOT's ``exps/duct.json`` (CIFAR-100 B0 Inc10) and ``models/duct.py``'s fallbacks; the
-    authors' domain-incremental configurations (``configs/Template_*_duct.json``) are the profiles of the same
-    names."""
+    """Defaults: LAMDA-PILOT's ``exps/duct.json`` (CIFAR-100 B0 Inc10) and ``models/duct.py``'s fallbacks; the authors'
+    domain-incremental configurations (``configs/Template_*_duct.json``) are the profiles of the same names."""
 
     lr: float = 0.1  # "lrate": the head's learning rate; the ViT's is lr * backbone_lr_scale
     backbone_lr_scale: float = 0.01  # "bcb_lr_scale"
@@ -44,9 +43,9 @@ class DUCTConfig:
     # "sinkhorn" underflows (class means farther apart than about 700 * ot_reg give exp(-cost / reg) = 0 and a plan of
     # zeros: the transport does nothing); "sinkhorn" reproduces the reference
     ot_method: Literal["sinkhorn_log", "sinkhorn"] = "sinkhorn_log"
-    # the rows a task adds to the cosine head: "uniform" U(-1/sqrt(d), 1/sqrt(d)) as the authors' IncViTCosine and
-    # the first task in PILOT; "zeros" as PILOT's SimpleVitNet.update_fc for later tasks (a reference flaw: see
-    # baselines/duct.py)
+    # the rows a task adds to the cosine head: "uniform" U(-1/sqrt(d), 1/sqrt(d)) as the authors' IncViTCosine and the
+    # first task in PILOT; "zeros" as PILOT's SimpleVitNet.update_fc for later tasks (a reference
+    # flaw: see baselines/duct.py)
     head_init: Literal["uniform", "zeros"] = "uniform"
     eval_batch_size: int = 128  # batches of evaluation and statistics passes (speed only)
     float64: bool = False  # compute in float64 (the ci profile: the same numbers under every CPU's kernels)

@@ -97,14 +97,13 @@ param_formula = whole_vit_formula(counts)
 
 
 def work(cfg: SLCAConfig, shape: RunShape) -> Work:
-    """Per task: ``epochs`` full fine-tuning passes over the learnt images (``b``: a forward and backward pass
-    through the whole ViT; the generic unit times the backward to input-side parameters, so it leaves out the
-    weight gradients of full fine-tuning, which ``clbench perf train-step`` measures); one tuned eval pass over
-    them for the statistics and one over every seen test image per protocol (``f``, not cacheable: the ViT
-    changes), and one over the final test set for :meth:`adapted_features`. The harness's frozen features of
-    every training and the final test image are the cacheable part. The alignment's head-only steps are left out:
-    ``ca_epochs`` x ``ca_samples`` x classes draws through a linear head, below 1 % of one task's ViT passes at
-    the reference budget."""
+    """Per task: ``epochs`` full fine-tuning passes over the learnt images (``b``: a forward and backward pass through
+    the whole ViT; the generic unit times the backward to input-side parameters, so it leaves out the weight gradients
+    of full fine-tuning, which ``clbench perf train-step`` measures); one tuned eval pass over them for the statistics
+    and one over every seen test image per protocol (``f``, not cacheable: the ViT changes), and one over the final test
+    set for :meth:`adapted_features`. The harness's frozen features of every training and the final test image are the
+    cacheable part. The alignment's head-only steps are left out: ``ca_epochs`` x ``ca_samples`` x classes draws through
+    a linear head, below 1 % of one task's ViT passes at the reference budget."""
     return tuned_vit_work(shape, 1, cfg.epochs)
 
 

@@ -362,8 +362,8 @@ def make_reference(
 
     ``tolerances`` (a measured-spread table, :func:`~clbench.gate.tolerances.load_tolerances`) sets every entry's
     tolerance. Without it a rewrite keeps the previous reference's: an entry it pinned keeps its tolerance, a new one
-    takes the previous table's (else the defaults), so tolerances change only when a file of them is given on
-    purpose."""
+    takes the previous table's (else the defaults), so tolerances change only when a file of them is
+    given on purpose."""
     from clbench.records.results import git_revision
 
     if not why or not why.strip():
@@ -558,9 +558,9 @@ def _training_rows(entry: ReferenceEntry, runs: list[Run], label: str, rewrite: 
 
 
 def _metric_tolerance(entry: ReferenceEntry, metric: str) -> float:
-    """Points a stored metric may move: what the entry's accuracy tolerances allow it (a curve entry or ECE moves
-    with the matrix, forgetting and BWT are differences of two matrix entries, an interval endpoint moves with its
-    accuracy)."""
+    """Points a stored metric may move: what the entry's accuracy tolerances allow it (a curve entry or ECE moves with
+    the matrix, forgetting and BWT are differences of two matrix entries, an interval endpoint moves
+    with its accuracy)."""
     tol = entry.tolerance
     if metric in ("forgetting", "forgetting_first_last", "bwt"):
         return 2 * tol.matrix

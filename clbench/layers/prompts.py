@@ -127,9 +127,8 @@ def prefix_block(block: nn.Module, x: torch.Tensor, prefix: torch.Tensor | None)
 
 
 def orth_loss(features: torch.Tensor, old_means: torch.Tensor, temperature: float) -> torch.Tensor:
-    """HiDe-Prompt's contrastive regulariser ``orth_loss`` (before its ``reg`` factor; MOS's reference carries the
-    same function, ``baselines/mos.py``): M = [stored class means or centroids; batch features], CE(M M^T / T,
-    identity)."""
+    """HiDe-Prompt's contrastive regulariser ``orth_loss`` (before its ``reg`` factor; MOS's reference carries the same
+    function, ``baselines/mos.py``): M = [stored class means or centroids; batch features], CE(M M^T / T, identity)."""
     m = torch.cat([old_means.to(features), features])  # (K + B, d)
     sim = m @ m.T / temperature
     return F.cross_entropy(sim, torch.arange(len(m), device=m.device))

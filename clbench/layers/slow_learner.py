@@ -1,10 +1,10 @@
 """SLCA's slow learner and classifier alignment, and the fine-tuned ViT copy that SLCA, CoFiMA and DUCT keep.
 
 SLCA (``baselines/slca.py``) and CoFiMA (``baselines/cofima.py``, SLCA's stage 1 and alignment with a weight merge
-between them) share the per-task head blocks, the slow learner's training, the class Gaussians and the alignment
-on draws from them: :class:`SlowLearner` holds them once. DUCT (``baselines/duct.py``) shares only the tuned copy
-of the run's ViT and how a checkpoint keeps it (:func:`tuned_copy`, :func:`vit_features`, :func:`with_vit`,
-:func:`without_vit`)."""
+between them) share the per-task head blocks, the slow learner's training, the class Gaussians and the alignment on
+draws from them: :class:`SlowLearner` holds them once. DUCT (``baselines/duct.py``) shares only the tuned copy of the
+run's ViT and how a checkpoint keeps it (:func:`tuned_copy`,
+:func:`vit_features`, :func:`with_vit`, :func:`without_vit`)."""
 
 from __future__ import annotations
 

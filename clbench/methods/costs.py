@@ -1,8 +1,7 @@
-"""What a method costs, read without torch: its parameter counts (:class:`ParamCounts`, one rule for every method),
-the size of a run (:class:`RunShape`) and the work a run does (:class:`Work`), and the sizes of parts several methods
-share. Each method's card (``baselines/cards/NAME.py``, ``tosca/card.py``) states its parameter formula and cost model
-with these (:class:`clbench.run.catalog.MethodCard`); the strategy class counts its live parameters with the same
-types."""
+"""What a method costs, read without torch: its parameter counts (:class:`ParamCounts`, one rule for every method), the
+size of a run (:class:`RunShape`) and the work a run does (:class:`Work`), and the sizes of parts several methods share.
+Each method's card (``baselines/cards/NAME.py``, ``tosca/card.py``) states its parameter formula and cost model with
+these (:class:`clbench.run.catalog.MethodCard`); the strategy class counts its live parameters with the same types."""
 
 from __future__ import annotations
 
@@ -74,8 +73,8 @@ class Work:
     """What one run costs, in units whose seconds per unit ``clbench perf`` measures on a device.
 
     ``f`` and ``b`` are timed generically (a frozen forward pass; a forward + backward pass through the ViT to
-    input-side parameters). Method-specific units go in ``extra``; the strategy times them itself
-    (:meth:`Strategy.unit_seconds`).
+    input-side parameters). Method-specific units go in ``extra``; the strategy times
+    them itself (:meth:`Strategy.unit_seconds`).
     """
 
     f: float = 0.0  # frozen forward passes through the backbone, in images

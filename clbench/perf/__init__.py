@@ -1,10 +1,9 @@
 """Measurements that time or count and record (``clbench perf NAME``), one module per measurement, in one registry.
 
-Each measurement declares, next to the code it runs, its name, its help text, its command-line flags and a function
-from those flags to a JSON-able dict (:class:`Measurement`, registered with :func:`measurement`). ``clbench perf``
-dispatches through :func:`measurements`; ``clbench perf --help`` lists them; an unknown name gets "did you mean".
-Ratios are measured within one run so that they hold on noisy machines; the committed results are in
-``reports/perf/``.
+Each measurement declares, next to the code it runs, its name, its help text, its command-line flags and a function from
+those flags to a JSON-able dict (:class:`Measurement`, registered with :func:`measurement`). ``clbench perf`` dispatches
+through :func:`measurements`; ``clbench perf --help`` lists them; an unknown name gets "did you mean". Ratios are
+measured within one run so that they hold on noisy machines; the committed results are in ``reports/perf/``.
 
 - :mod:`clbench.perf.throughput`: ``precision`` and ``threads``, feature-extraction img/s per precision, thread
   count and OpenMP wait policy.
@@ -161,8 +160,8 @@ def from_strategy(strategy: str, name: str, item: Measurement | Callable[..., di
 
 def load(registry: Registry[Measurement], modules: tuple[str, ...], strategies: Registry[Any]) -> None:
     """Import the generic measurement ``modules`` (each registers its own into :data:`MEASUREMENTS`), then register
-    every strategy's own (:meth:`~clbench.methods.contract.Strategy.perf_benchmarks`) into ``registry``; a name given
-    twice raises."""
+    every strategy's own (:meth:`~clbench.methods.contract.Strategy.perf_benchmarks`) into ``registry``; a name
+    given twice raises."""
     for module in modules:
         importlib.import_module(module)
     for strategy in strategies.names():

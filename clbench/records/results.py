@@ -223,8 +223,8 @@ class ProtocolSummary(Typed):
     # [lo, hi] 95 % stratified image bootstrap (None: no predictions); likewise for avg_acc
     last_acc_ci: list[float] | None = json_field(INTERVAL, or_none(_is_pair), where_set=True, default=None)
     avg_acc_ci: list[float] | None = json_field(INTERVAL, or_none(_is_pair), where_set=True, default=None)
-    # per task: the task-aware accuracy (clbench.evaluation.metrics.task_aware_prediction), beside A_t; records before
-    # it: none
+    # per task: the task-aware accuracy (clbench.evaluation.metrics.task_aware_prediction), beside A_t;
+    # records before it: none
     task_aware_curve: list[float] = json_field(
         PCTS_OR_NULL, list_of(_is_pct_or_nan), where_set=True, default_factory=list
     )
@@ -246,8 +246,8 @@ SUMMARY_FIELDS = tuple(f.name for f in dataclasses.fields(ProtocolSummary))
 
 @dataclass(kw_only=True)
 class Params(Typed):
-    """Parameter counts (:class:`clbench.methods.contract.ParamCounts`): the frozen backbone, and what the strategy
-    adds."""
+    """Parameter counts (:class:`clbench.methods.contract.ParamCounts`): the frozen backbone, and what
+    the strategy adds."""
 
     backbone: int = json_field(COUNT, is_count)  # parameters of the frozen backbone
     trainable: int = json_field(COUNT, is_count, required=True)  # the most the optimiser updated in one task
@@ -779,10 +779,9 @@ _CLBENCH_PROGRAMS = ("bin/clbench", "clbench/__main__.py", "clbench/cli.py")
 
 
 def as_typed(words: list[str], cwd: Path | None) -> str:
-    """``words`` as a command line a user would type: the program ``clbench`` where it is one of clbench's entry
-    points (``pytest`` for pytest's), absolute paths made relative to ``cwd`` where inside it and ``<abs>/NAME``
-    elsewhere (``cwd`` None: every absolute path, as for a record read on another machine), in the ``--flag=PATH``
-    form too."""
+    """``words`` as a command line a user would type: the program ``clbench`` where it is one of clbench's entry points
+    (``pytest`` for pytest's), absolute paths made relative to ``cwd`` where inside it and ``<abs>/NAME`` elsewhere
+    (``cwd`` None: every absolute path, as for a record read on another machine), in the ``--flag=PATH`` form too."""
     if not words:
         return ""
     program = words[0].replace("\\", "/")

@@ -162,8 +162,8 @@ def make_plan(spec: SweepSpec, check: bool = True) -> list[PlannedRun]:
 
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object clbench wrote in a sweep folder (``sweep.json``, a run's record or attempt file), read with the
-    bounded loader; None for a missing, torn, oversized, too deeply nested or special file, or one that is not an
-    object."""
+    bounded loader; None for a missing, torn, oversized, too deeply nested or special file, or one that
+    is not an object."""
     from clbench.files.safety import load_json
 
     if not path.exists():
@@ -176,9 +176,9 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_run_record(run_dir: Path) -> RunRecord | None:
-    """The run's record, finished or not; None where it has none yet, or a torn one (a write killed midway leaves
-    the run to its checkpoint). Raises ClbenchError for a record this clbench refuses (another schema version, a
-    mistyped field)."""
+    """The run's record, finished or not; None where it has none yet, or a torn one (a write killed midway leaves the
+    run to its checkpoint). Raises ClbenchError for a record this clbench refuses (another schema version,
+    a mistyped field)."""
     from clbench.records.results import RESULT_FILE, read_record
 
     if read_json(run_dir / RESULT_FILE) is None:
