@@ -4,13 +4,12 @@ without loading the method (``baselines/dualprompt.py``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.layers.checks import block_list as _block_list
-from clbench.layers.checks import check_head, head_sizes
+from clbench.layers.checks import check_fields, check_prompt_fields, head_sizes
 from clbench.methods.costs import ParamCounts, RunShape, Work, prefix_prompt_work
 from clbench.run.catalog import MethodCard
 from clbench.run.config import CI_SHAPE
@@ -41,24 +40,14 @@ class DualPromptConfig:
     head: Literal["linear", "kac"] = "linear"
 
     def __post_init__(self) -> None:
-        for name in ("g_prompt_length", "e_prompt_length", "pool_size", "epochs", "batch_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        sizes = ("g_prompt_length", "e_prompt_length", "pool_size", "epochs", "batch_size", "eval_batch_size")
+        check_prompt_fields(self, sizes, ("weight_decay", "pull_coeff"))
         g, e = self.g_layers, self.e_layers  # raise ValueError on a malformed list
         if set(g) & set(e):
             raise ValueError(f"g_prompt_layers {g} and e_prompt_layers {e} must not share a block")
         if not e:
             raise ValueError("e_prompt_layers must name at least one block")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
-        for name in ("weight_decay", "pull_coeff"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
-        if self.query not in ("augmented", "cached"):
-            raise ValueError(f"query must be 'augmented' or 'cached', got {self.query!r}")
-        check_head(self.head)
-        if self.kv_layout not in ("paired", "pilot"):
-            raise ValueError(f"kv_layout must be 'paired' or 'pilot', got {self.kv_layout!r}")
+        check_fields(self, choices={"kv_layout": ("paired", "pilot")})
 
     @property
     def g_layers(self) -> tuple[int, ...]:

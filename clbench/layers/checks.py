@@ -167,3 +167,37 @@ def check_slow_learner_fields(cfg: Any, positive: Sequence[str] = ()) -> None:
         nonnegative=("backbone_lr_scale", "momentum", "weight_decay", "lr_decay", "logit_norm"),
         choices={"ca_task_index": ("exact", "reference")},
     )
+
+
+def check_adapter_sets_fields(
+    cfg: Any, at_least_one: Sequence[str] = (), positive: Sequence[str] = (), nonnegative: Sequence[str] = ()
+) -> None:
+    """The checks of the per-task adapter-set methods' configs (clbench.layers.adapter_sets: MOS, TUNA), with each
+    config's own further fields; ValueError naming the field."""
+    check_fields(
+        cfg,
+        at_least_one=("bottleneck", "epochs", "batch_size", "eval_batch_size", "ca_samples_scale", *at_least_one),
+        counts=("ca_epochs",),
+        positive=("lr", "ca_lr", *positive),
+    )
+    if not 0 <= cfg.min_lr <= cfg.lr:
+        raise ValueError(f"min_lr must be in [0, lr], got {cfg.min_lr}")
+    check_range(cfg, "adapter_dropout", 0.0, 1.0, high_open=True)
+    check_fields(
+        cfg,
+        nonnegative=("momentum", "weight_decay", "reg", "adapter_scale", "cov_eps", *nonnegative),
+        choices={"ca_storage": ("covariance", "variance")},
+    )
+
+
+def check_prompt_fields(cfg: Any, at_least_one: Sequence[str], nonnegative: Sequence[str]) -> None:
+    """The checks the prompt methods' configs share (L2P, DualPrompt, CODA-Prompt): sizes, epochs and batches >= 1
+    (``at_least_one``), a positive lr, finite loss weights >= 0 (``nonnegative``), the query and the head."""
+    check_fields(
+        cfg,
+        at_least_one=at_least_one,
+        positive=("lr",),
+        nonnegative=nonnegative,
+        choices={"query": ("augmented", "cached")},
+    )
+    check_head(cfg.head)
