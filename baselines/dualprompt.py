@@ -97,15 +97,7 @@ from clbench.layers.prompts import (
     select_prompts,
     training_query,
 )
-from clbench.methods.contract import (
-    PER_SAMPLE,
-    REFERENCE,
-    Context,
-    ParamCounts,
-    Split,
-    Strategy,
-    Task,
-)
+from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import (
     EpochLog,
     check_vit_blocks,

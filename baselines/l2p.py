@@ -72,15 +72,7 @@ from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead, build_head, head_size
 from clbench.layers.kan import KACHead
 from clbench.layers.prompts import eval_batch, key_similarity, select_prompts, training_query
-from clbench.methods.contract import (
-    PER_SAMPLE,
-    REFERENCE,
-    Context,
-    ParamCounts,
-    Split,
-    Strategy,
-    Task,
-)
+from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import (
     EpochLog,
     check_vit_blocks,
