@@ -12,11 +12,10 @@ Algorithm (d = backbone width, M = buffer size (``M``), gamma = regularisation):
 
 1. Once: the buffer weights W_b (d, M) ~ U(-1/sqrt(d), 1/sqrt(d)) (``RandomBuffer`` = ``nn.Linear`` without bias,
    its default initialisation), never trained; R = I / gamma (M, M); W = 0 (M, 0).
-2. Every task, in mini-batches of ``il_batch_size`` of its training images (arrival order): X = ReLU(f W_b) (n, M),
-   Y one-hot over the classes seen so far; R <- R - R X^T (I + X R X^T)^-1 X R (ACIL eq. 10), then
-   W <- W + R X^T (Y - X W) (eq. 9), old columns of W included: no old sample is needed, yet after every task W is
-   the ridge solution (sum X^T X + gamma I)^-1 sum X^T Y over all tasks so far (tested,
-   ``tests/test_acil.py``).
+2. Every task, in mini-batches of ``il_batch_size`` of its training images (arrival order): X = ReLU(f W_b) (n, M), Y
+   one-hot over the classes seen so far; R <- R - R X^T (I + X R X^T)^-1 X R (ACIL eq. 10), then W <- W + R X^T (Y - X
+   W) (eq. 9), old columns of W included: no old sample is needed, yet after every task W is the ridge solution (sum X^T
+   X + gamma I)^-1 sum X^T Y over all tasks so far (tested, ``tests/test_acil.py``).
 3. Inference: logits = ReLU(f W_b) W.
 
 Numerics: float64 for the buffer, R, W and the logits (the reference builds ``RandomBuffer`` and

@@ -60,8 +60,7 @@ Deviations from the paper / reference code:
   (``clbench.methods.shared.vit_block``): see ``baselines/ease.py`` for why.
 - The task-0 head is ``clbench.methods.shared.CosineHead`` with ``CosineLinear``'s init (uniform(-1/sqrt(d), 1/sqrt(d))
   rows, learnable sigma 1), over the task's classes in arrival order.
-- Adapter dropout and the first-session shuffling draw from private generators (``ctx.generator``), not the global
-  RNG.
+- Adapter dropout and the first-session shuffling draw from private generators (``ctx.generator``), not the global RNG.
 - The reference hard-codes width 768; here the width is the backbone's ``num_features`` (any d; prototypes 2d).
 - SSF is applied with forward hooks on the run's frozen timm ViT, held only while the adapted feature is computed
   (the reference builds a separate SSF ViT class; the golden fixture ``aper_ssf`` checks the numbers agree). On
@@ -70,9 +69,8 @@ Deviations from the paper / reference code:
   reference builds the pre-trained branch anew from the hub (here: the frozen backbone's cached features).
 - The backbone runs at the run's precision (bf16 autocast where ``--precision`` resolves to it); heads and
   prototypes are float32.
-- The run setting ``train_per_class`` (``--train-per-class``; the ``ci`` profile sets 8) restricts both the tuning
-  and the prototypes to the first k training images of each class: the harness cuts each task before
-  ``learn_task``.
+- The run setting ``train_per_class`` (``--train-per-class``; the ``ci`` profile sets 8) restricts both the tuning and
+  the prototypes to the first k training images of each class: the harness cuts each task before ``learn_task``.
 - The CPU ``quick`` profile (not the default) runs at 112 px with 3 first-session epochs instead of 20; see
   ``APER.profiles``. Transforms, class order and task split are the harness's, shared by every method.
 """

@@ -48,9 +48,8 @@ Deviations from the reference code:
   backward silently read the updated weights with the activations of the old ones. Here both gradients are taken
   at the same parameters (those the two forward passes ran with) and applied in the reference's order: the
   reassigned distillation step, then the cross-entropy step (the same SGD state, momentum included).
-- The prototypes are computed for the task's own LoRA only. The reference also fills every older task's feature
-  block of the new classes' prototype rows (``replace_fc`` over every adapter index), which ``forward_diagonal``
-  never reads.
+- The prototypes are computed for the task's own LoRA only. The reference also fills every older task's feature block of
+  the new classes' prototype rows (``replace_fc`` over every adapter index), which ``forward_diagonal`` never reads.
 - Only the last teacher is kept (the reference keeps a copy of the shared LoRA after every task in
   ``old_adapter_list`` and reads only the last one); training heads are dropped after their task (the reference
   keeps them in ``fc_list`` and never reads them).
@@ -88,11 +87,11 @@ from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import (
     EpochLog,
+    Float64FrozenViT,
     TrainingTrace,
-    check_vit_blocks,
     class_means,
-    compute_dtype,
     cosine_logits,
+    frozen_vit,
     vit_tokens,
 )
 
@@ -193,21 +192,13 @@ class TrainingHead(nn.Module):
 
 # ------------------------------------------------------------------------------------------------ the strategy
 @CARD.strategy
-class CLLoRA(Strategy[CLLoRAConfig]):
+class CLLoRA(Float64FrozenViT, Strategy[CLLoRAConfig]):
     state_types = (QVLoRA,)
     needs_vit = True
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
-        return compute_dtype(self.cfg.float64, self.ctx.precision)
-
     def __init__(self, config: CLLoRAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
-        # the run's frozen ViT; with float64 a float64 copy of it (frozen too)
-        self.model = ctx.backbone.model if self.dtype == torch.float32 else copy.deepcopy(ctx.backbone.model)
-        self.model.to(dtype=self.dtype)
-        check_vit_blocks(self.model)
+        self.model = frozen_vit(ctx.backbone.model, self.dtype)  # with float64 a float64 copy (frozen too)
         self.dim = int(ctx.backbone.num_features)
         self.depth = len(self.model.blocks)
         self.n_shared = config.n_shared(self.depth)
@@ -255,8 +246,8 @@ class CLLoRA(Strategy[CLLoRAConfig]):
         return vit_tokens(self.model, images.to(self.ctx.device, self.dtype))
 
     def _features(self, images: torch.Tensor, task: int) -> torch.Tensor:
-        """(B, d) through the shared LoRA and task ``task``'s LoRA and block weights (``forward_train``,
-        ``forward_proto``)."""
+        """(B, d) through the shared LoRA and task ``task``'s LoRA and block
+        weights (``forward_train``, ``forward_proto``)."""
         with self.ctx.autocast():
             h = self._shared_blocks(self._tokens(images), self.shared)
             return self._pool(self._specific_blocks(h, task)).to(self.dtype)
@@ -385,15 +376,6 @@ class CLLoRA(Strategy[CLLoRAConfig]):
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
         """The mean |block weight| of each task's query and value rows (how strongly its LoRA enters)."""
         return {"block_weight_mean_abs": [[float(w[r].abs().mean()) for r in (0, 2)] for w in self.block_weights]}
-
-    # ---------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """As :meth:`Strategy.state_dict`; a float64 copy of the frozen ViT is not kept (it is remade from the run's
-        backbone when the state is loaded)."""
-        state = super().state_dict()
-        if self.dtype != torch.float32:
-            del state["model"]
-        return state
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:

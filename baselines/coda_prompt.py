@@ -34,12 +34,11 @@ There is no batch-level step at evaluation (every image's prompt is its own), so
 
 Deviations from the reference code:
 
-- The pool grows by ``components_per_task`` per task instead of being allocated as ``pool_size`` components split
-  evenly over a number of tasks fixed in advance (``n_tasks``; ``pt = int(pool_size / n_tasks)``): clbench does
-  not tell a strategy how many tasks will come. Same numbers where ``pool_size = components_per_task * tasks``
-  (the reference's unused components are zero and never enter a sum). The reference's protocol on a 10-task
-  benchmark: the default 10; on the embedded benchmark's 6 tasks ``--set components_per_task=16`` is its
-  int(100 / 6).
+- The pool grows by ``components_per_task`` per task instead of being allocated as ``pool_size`` components split evenly
+  over a number of tasks fixed in advance (``n_tasks``; ``pt = int(pool_size / n_tasks)``): clbench does not tell a
+  strategy how many tasks will come. Same numbers where ``pool_size = components_per_task * tasks`` (the reference's
+  unused components are zero and never enter a sum). The reference's protocol on a 10-task benchmark: the default 10; on
+  the embedded benchmark's 6 tasks ``--set components_per_task=16`` is its int(100 / 6).
 - Gram-Schmidt skips an earlier component of (near) zero norm (squared norm < 1e-8); the reference then redraws
   the new vector forever (``redo``: the same zero component fails again). Draws come from ``ctx.generator``, per
   block in the reference's order (K, A, P), not from the global RNG; the first task's components are drawn
@@ -58,8 +57,8 @@ Deviations from the reference code:
   timm's fused kernel (``baselines/dualprompt.py`` ``prefix_block``: softmax(q k^T / sqrt(d_h)) v over [prefix,
   tokens], the reference's ``Attention``); timm models with LayerScale (DINOv2) scale the attention output as
   timm does. The backbone is the benchmark's (the reference: ViT-B/16 IN-21k/1k).
-- Transforms, normalisation, class order and task split are the harness's. Test accuracy is not computed during
-  training.
+- Transforms, normalisation, class order and task split are the harness's. Test accuracy is not
+  computed during training.
 - ``head="kac"``: KAC's Kolmogorov-Arnold classifier (Hu et al., CVPR 2025; the authors' ``Ethanhuhuhu/KAC`` @
   d2494cb ``models/kac_clf.py``, ``clbench/layers/kan.py``, whose docstring lists its own deviations) replaces the
   linear head, everything else unchanged, as the authors' ``clf_type: kac`` configs do (their code is CODA-Prompt's
@@ -75,10 +74,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.coda_prompt import CARD, CodaPromptConfig, used_layers
-from clbench.errors import ClbenchError
+from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead, build_head, head_size
 from clbench.layers.kan import KACHead
-from clbench.layers.prompts import prefix_block, training_query
+from clbench.layers.prompts import check_prompt_layers, prefix_block, training_query
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import EpochLog, check_vit_blocks, masked_cross_entropy, vit_tokens
 
@@ -130,8 +129,8 @@ def coda_prefix(query: torch.Tensor, keys: torch.Tensor, attn: torch.Tensor, pro
 
 
 def coda_ortho(keys: torch.Tensor, attn: torch.Tensor, prompts: torch.Tensor) -> torch.Tensor:
-    """One block's orthogonality penalty (before ``ortho_mu``): over its keys, attention vectors and flattened
-    prompts."""
+    """One block's orthogonality penalty (before ``ortho_mu``): over its keys, attention vectors
+    and flattened prompts."""
     return ortho_penalty(keys) + ortho_penalty(attn) + ortho_penalty(prompts.reshape(prompts.shape[0], -1))
 
 
@@ -188,19 +187,11 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
         super().__init__(config, ctx)
         self.model = ctx.backbone.model
         check_vit_blocks(self.model)
-        depth = len(self.model.blocks)
-        self.layers = used_layers(config, depth)
-        if not self.layers:
-            raise ClbenchError(
-                f"CODA-Prompt prompt_layers {config.prompt_layers!r}: none below the backbone's {depth} blocks",
-                "set prompt_layers to blocks below the depth",
-            )
-        dropped = sorted(set(config.layers) - set(self.layers))
-        if dropped:
-            ctx.log(f"  CODA-Prompt: the backbone has {depth} blocks; prompt layers {dropped} are not used")
+        self.layers = used_layers(config, len(self.model.blocks))
         dim = ctx.backbone.num_features
-        if dim % int(self.model.blocks[0].attn.num_heads):
-            raise ClbenchError(f"width {dim} is not divisible by the number of heads", "choose another backbone")
+        check_prompt_layers(
+            "CODA-Prompt", config, "prompt_layers", self.model, config.layers, self.layers, dim, ctx.log
+        )
         self.components = Components(len(self.layers), config.prompt_length, dim).to(ctx.device)
         self.head = build_head(config.head, dim).to(ctx.device)  # linear, or KAC's (clbench.layers.kan)
         self.n_seen = 0
@@ -280,8 +271,7 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; CODA-Prompt supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "CODA-Prompt")
         out = []
         for images, _, positions in split.image_loader(EVAL_BATCH, augment=False):
             query = split.features[positions].to(self.ctx.device)  # cached frozen [CLS]: the eval-transform query

@@ -74,64 +74,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from baselines.cards.cofima import CARD, CoFiMAConfig, counts
-from clbench.layers.alignment import align_on_gaussians
-from clbench.layers.checks import check_protocol
-from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, compute_dtype, cosine_lr
-
-COV_RIDGE = 1e-4  # torch.eye(d) * 1e-4 added to each class covariance (_compute_class_mean)
-
-
-class CoFiMAHeads(nn.Module):
-    """One linear block per task, logits concatenated in arrival order (``SimpleContinualLinear``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList()
-
-    def add(
-        self, dim: int, n_classes: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype
-    ) -> nn.Linear:
-        block = nn.Linear(dim, n_classes, dtype=dtype)
-        with torch.no_grad():
-            nn.init.trunc_normal_(block.weight, std=0.02, a=-2.0, b=2.0, generator=generator)  # timm trunc_normal_
-            block.bias.zero_()
-        self.blocks.append(block.to(device))
-        return block
-
-    @property
-    def sizes(self) -> list[int]:
-        return [int(b.out_features) for b in self.blocks if isinstance(b, nn.Linear)]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([b(x) for b in self.blocks], dim=1)
-
-
-def normalised_logits(logits: torch.Tensor, task_sizes: list[int], temperature: float) -> torch.Tensor:
-    """The alignment's logit normalisation: logits / (mean over tasks of each task block's L2 norm + 1e-7) / T."""
-    blocks = torch.split(logits, task_sizes, dim=1)
-    norms = torch.cat([blk.norm(p=2, dim=-1, keepdim=True) + 1e-7 for blk in blocks], dim=1)
-    return logits / norms.mean(dim=-1, keepdim=True) / temperature
-
-
-def shrink_factors(class_task: list[int], cur_task: int) -> torch.Tensor:
-    """Per class: 0.9 + 0.1 (t_c + 1) / (t + 1), the alignment's shrinking of older classes' means."""
-    return torch.tensor([0.9 + (tc + 1) / (cur_task + 1) * 0.1 for tc in class_task], dtype=torch.float64)
-
-
-def alignment_tasks(class_task: list[int], task_size: int, index: str) -> list[int]:
-    """The task of each seen class as the alignment reads it: where it arrived (``"exact"``), or the reference's
-    ``c // task_size`` with the current task's size (``"reference"``)."""
-    if index == "reference":
-        return [c // task_size for c in range(len(class_task))]
-    return list(class_task)
+from clbench.layers.slow_learner import SlowLearner, TaskHeads
+from clbench.methods.contract import Context, ParamCounts, Strategy, Task
 
 
 def fisher_diagonal(
@@ -188,22 +137,21 @@ def merge_weights(
 
 
 @CARD.strategy
-class CoFiMA(Strategy[CoFiMAConfig]):
-    state_types = (CoFiMAHeads,)
+class CoFiMA(SlowLearner, Strategy[CoFiMAConfig]):
+    """SLCA's slow learner, class statistics, alignment, prediction and checkpoints:
+    :class:`clbench.layers.slow_learner.SlowLearner`; here the Fisher pass and the merge between them."""
+
+    title = "CoFiMA"
+    state_types = (TaskHeads,)
     needs_vit = True
     fine_tunes_backbone = True
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
-        return compute_dtype(self.cfg.float64, self.ctx.precision)
 
     def __init__(self, config: CoFiMAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
         self.model = self._tuned_copy()  # the run's one fine-tuned (and merged) ViT
         self.dim = int(ctx.backbone.num_features)
-        self.head = CoFiMAHeads()  # the slow learner's head, continued by every task (the reference's recall)
-        self.aligned = CoFiMAHeads()  # the merged and aligned head: evaluation's, and the next merge's theta0
+        self.head = TaskHeads()  # the slow learner's head, continued by every task (the reference's recall)
+        self.aligned = TaskHeads()  # the merged and aligned head: evaluation's, and the next merge's theta0
         self.fisher: dict[str, torch.Tensor] = {}  # the last task's Fisher diagonal (the next merge's F0)
         self.class_mean = torch.zeros(0, self.dim, dtype=self.dtype)
         self.class_cov = torch.zeros(0, self.dim, self.dim, dtype=self.dtype)
@@ -211,30 +159,7 @@ class CoFiMA(Strategy[CoFiMAConfig]):
         self._trainable: list[int] = []
         self.n_seen = 0
 
-    def _tuned_copy(self) -> nn.Module:
-        model = copy.deepcopy(self.ctx.backbone.model)
-        for p in model.parameters():
-            p.requires_grad_(True)
-        return model.to(self.ctx.device, self.dtype).eval()
-
-    # ---------------------------------------------------------------------------------------- features
-    def _features(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, d) pre-logits [CLS] feature of the tuned ViT, in the strategy's dtype."""
-        model: Any = self.model  # a timm ViT: forward_features / forward_head (untyped)
-        with self.ctx.autocast():
-            x: torch.Tensor = model.forward_head(model.forward_features(images.to(self.dtype)), pre_logits=True)
-        return x.to(self.dtype)
-
-    @torch.no_grad()
-    def _split_features(self, split: Split) -> torch.Tensor:
-        self.model.eval()
-        out = [
-            self._features(x.to(self.ctx.device)).cpu()
-            for x, _, _ in split.image_loader(self.cfg.eval_batch_size, augment=False)
-        ]
-        return torch.cat(out) if out else torch.zeros(0, self.dim, dtype=self.dtype)
-
-    def _weights(self, head: CoFiMAHeads) -> dict[str, torch.Tensor]:
+    def _weights(self, head: TaskHeads) -> dict[str, torch.Tensor]:
         """The network's parameters by name, ``model.*`` (the tuned ViT) and ``head.*`` (``head``'s blocks)."""
         named = {f"model.{n}": p for n, p in self.model.named_parameters()}
         named.update({f"head.{n}": p for n, p in head.named_parameters()})
@@ -251,29 +176,7 @@ class CoFiMA(Strategy[CoFiMAConfig]):
         self.class_task.extend([task.id] * len(task.classes))
 
         # 1. slow learner: the whole ViT at lr * backbone_lr_scale, the new head block at lr
-        tune = cfg.backbone_lr_scale > 0
-        groups: list[dict[str, Any]] = [{"params": list(block.parameters()), "lr": cfg.lr}]
-        if tune:
-            groups.insert(0, {"params": list(self.model.parameters()), "lr": cfg.lr * cfg.backbone_lr_scale})
-        optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-        milestones = [cfg.milestone] if cfg.milestone > 0 else []
-        schedule = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=cfg.lr_decay)
-        loader = task.train.image_loader(
-            cfg.batch_size, augment=True, shuffle=True, generator=ctx.generator(2000 + task.id)
-        )
-        log = EpochLog(ctx, f"CoFiMA task {task.id}", cfg.epochs, len(loader))
-        self.model.train(tune)
-        for epoch in log.epochs():
-            for images, labels, _ in loader:
-                images, labels = images.to(dev), labels.to(dev)
-                with torch.set_grad_enabled(tune):
-                    feats = self._features(images)
-                loss = F.cross_entropy(block(feats), labels - known)  # logits[:, K:] against y - K
-                log.step(optimizer, loss, len(labels), f"task {task.id} epoch {epoch}")
-            schedule.step()
-        self.model.eval()
-        self.note_steps(cfg.epochs * len(loader))
-        del optimizer, schedule  # its momentum (one ViT-sized set) is not needed by the Fisher pass
+        self._train_slow_learner(task, block, known)
 
         # 2. the Fisher diagonal of this task's model (before the merge), 3. the merge with the previous model
         fisher = self._fisher(task) if cfg.fisher_weighting else None
@@ -301,10 +204,7 @@ class CoFiMA(Strategy[CoFiMAConfig]):
         if task.id > 0 and cfg.ca_epochs > 0:
             self._align(self.aligned, task, len(task.classes))
 
-        vit = sum(p.numel() for p in self.model.parameters()) if tune else 0
-        head_params = sum(p.numel() for p in block.parameters())
-        aligned = self.n_seen * (self.dim + 1) if task.id > 0 and cfg.ca_epochs > 0 else 0
-        self._trainable.append(vit + max(head_params, aligned))
+        self._trainable.append(self._trained_params(task, block))
 
     def _fisher(self, task: Task) -> dict[str, torch.Tensor]:
         """The Fisher diagonal of the tuned ViT and the whole slow-learner head on the task's augmented training
@@ -330,70 +230,6 @@ class CoFiMA(Strategy[CoFiMAConfig]):
         if not tune:
             fisher = {**{f"model.{n}": torch.zeros_like(p) for n, p in self.model.named_parameters()}, **fisher}
         return fisher
-
-    @torch.no_grad()
-    def _add_statistics(self, task: Task) -> None:
-        feats = self._split_features(task.train).double()
-        labels = task.train.labels
-        means, covs = [], []
-        for c in sorted(task.classes):
-            x = feats[labels == c]
-            means.append(x.mean(dim=0))
-            covs.append((torch.cov(x.T) + torch.eye(self.dim, dtype=torch.float64) * COV_RIDGE).to(self.dtype))
-        self.class_mean = torch.cat([self.class_mean, torch.stack(means).to(self.dtype)])
-        self.class_cov = torch.cat([self.class_cov, torch.stack(covs)])
-
-    def _align(self, head: CoFiMAHeads, task: Task, task_size: int) -> None:
-        cfg, dev = self.cfg, self.ctx.device
-        optimizer = torch.optim.SGD(
-            head.parameters(), lr=cfg.ca_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
-        schedule = cosine_lr(optimizer, cfg.ca_epochs, eta_min=0.0)
-        class_task = alignment_tasks(self.class_task, task_size, cfg.ca_task_index)
-        means = (self.class_mean.double() * shrink_factors(class_task, task.id)[:, None]).to(dev, self.dtype)
-        factors = torch.linalg.cholesky(self.class_cov).to(dev)  # (C, d, d): float32 as MultivariateNormal
-        gen, sizes = self.ctx.generator(5000 + task.id), head.sizes
-
-        def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            logits = head(x)
-            if cfg.logit_norm > 0:
-                logits = normalised_logits(logits, sizes, cfg.logit_norm)
-            return F.cross_entropy(logits, y)
-
-        def log(epoch: int, loss: float) -> None:
-            self.ctx.log(f"  CoFiMA task {task.id} alignment {epoch + 1}/{cfg.ca_epochs}: loss {loss:.4f}")
-
-        where = f"task {task.id} alignment"
-        align_on_gaussians(optimizer, schedule, cfg.ca_epochs, means, factors, cfg.ca_samples, gen, loss_of, where, log)
-
-    # ---------------------------------------------------------------------------------------- prediction
-    @torch.no_grad()
-    def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        check_protocol(protocol, self.protocols, "CoFiMA")
-        feats = self._split_features(split).to(self.ctx.device)
-        logits: torch.Tensor = self.aligned(feats)
-        return logits[:, : self.n_seen].float().cpu()
-
-    def adapted_features(self, split: Split) -> torch.Tensor | None:
-        """The merged ViT's features of ``split`` (the frozen ones are ``split.features``), float32."""
-        return self._split_features(split).float()
-
-    # ---------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """The tuned ViT as its named tensors (rebuilt on a copy of the run's backbone by :meth:`load_state_dict`),
-        everything else (the Fisher diagonal included) as :meth:`Strategy.state_dict` keeps it."""
-        state = super().state_dict()
-        state["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        tensors = state.pop("model", None)
-        super().load_state_dict(state)
-        if tensors is not None:
-            model = self._tuned_copy()
-            model.load_state_dict(tensors)
-            self.model = model
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:

@@ -67,8 +67,7 @@ Deviations from the paper / reference code:
   whose attention has ``q_norm``/``k_norm`` get them on the image keys only (the prefixes are already keys).
 - Transforms, normalisation, class order and task split are the harness's. Test accuracy is not computed during
   training (the reference logs it every 5 epochs; nothing is selected on it).
-- The CPU ``quick`` profile (not the default) runs at 112 px with 2 epochs instead of 5; see
-  ``DualPrompt.profiles``.
+- The CPU ``quick`` profile (not the default) runs at 112 px with 2 epochs instead of 5; see ``DualPrompt.profiles``.
 - ``head="kac"``: KAC's Kolmogorov-Arnold classifier (Hu et al., CVPR 2025; the authors' ``Ethanhuhuhu/KAC`` @
   d2494cb ``models/kac_clf.py``, ``clbench/layers/kan.py``, whose docstring lists its own deviations) replaces the
   linear head, everything else unchanged, as the authors' ``clf_type: kac`` configs do; its zero rows grow per task,
@@ -86,9 +85,11 @@ from torch import nn
 
 from baselines.cards.dualprompt import CARD, DualPromptConfig, prompt_layers
 from clbench.errors import ClbenchError
+from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead, build_head, head_size
 from clbench.layers.kan import KACHead
 from clbench.layers.prompts import (
+    check_prompt_layers,
     eval_batch,
     key_similarity,
     pilot_kv_layout,
@@ -96,15 +97,7 @@ from clbench.layers.prompts import (
     select_prompts,
     training_query,
 )
-from clbench.methods.contract import (
-    PER_SAMPLE,
-    REFERENCE,
-    Context,
-    ParamCounts,
-    Split,
-    Strategy,
-    Task,
-)
+from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import (
     EpochLog,
     check_vit_blocks,
@@ -142,19 +135,10 @@ class DualPrompt(Strategy):
         super().__init__(config, ctx)
         self.model = ctx.backbone.model
         check_vit_blocks(self.model)
-        depth = len(self.model.blocks)
-        self.g_layers, self.e_layers = prompt_layers(config, depth)
-        if not self.e_layers:
-            raise ClbenchError(
-                f"DualPrompt e_prompt_layers {config.e_prompt_layers!r}: none below the backbone's {depth} blocks",
-                "set e_prompt_layers to blocks below the depth",
-            )
-        dropped = sorted(set(config.g_layers + config.e_layers) - set(self.g_layers + self.e_layers))
-        if dropped:  # the reference's block loop never reaches them either
-            ctx.log(f"  DualPrompt: the backbone has {depth} blocks; prompt layers {dropped} are not used")
+        self.g_layers, self.e_layers = prompt_layers(config, len(self.model.blocks))
         dim = ctx.backbone.num_features
-        if dim % int(self.model.blocks[0].attn.num_heads):
-            raise ClbenchError(f"width {dim} is not divisible by the number of heads")
+        configured, used = config.g_layers + config.e_layers, self.g_layers + self.e_layers
+        check_prompt_layers("DualPrompt", config, "e_prompt_layers", self.model, configured, used, dim, ctx.log)
         self.prompts = Prompts(config, len(self.g_layers), len(self.e_layers), dim, ctx.generator(1)).to(ctx.device)
         self.head = build_head(config.head, dim).to(ctx.device)  # linear, or KAC's (clbench.layers.kan)
         self.n_seen = 0
@@ -233,8 +217,7 @@ class DualPrompt(Strategy):
 
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; DualPrompt supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "DualPrompt")
         batch = eval_batch(self.cfg.eval_batch_size, protocol == REFERENCE)
         out = []
         for images, _, positions in split.image_loader(batch, augment=False):

@@ -29,8 +29,8 @@ domain t, every one already known after the first domain):
    ``merge_scalar`` (0.25) and by the mean, over C_t, of the cosine between each class's mean pre-trained feature
    and its mean feature through the tuned ViT (``_calculate_adjust_ratio``; the paper's Sim_{0,t}): merged = pre-trained
    + sum_t 0.25 Sim_t tau_t.
-4. Classifier retraining: 5 epochs of the same SGD on the head only, features from the merged ViT, the task's block of
-   logits.
+4. Classifier retraining: 5 epochs of the same SGD on the head only, features from the merged ViT, the
+   task's block of logits.
 5. Classifier transport (t >= 1): per earlier task o, the cost between C_t and C_o is the Euclidean distance of their
    pre-trained class means (the means of the frozen features, kept per row); ``ot.sinkhorn`` (the POT package) with
    uniform marginals and ``ot_reg`` = 0.02 gives the plan T (|C_t| x |C_o|) (log-domain by default, see below); the
@@ -91,7 +91,6 @@ Deviations from the reference code, and its flaws:
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -104,8 +103,9 @@ from torch import nn
 from baselines.cards.duct import CARD, DUCTConfig, counts
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
+from clbench.layers.slow_learner import tuned_copy, vit_features, with_vit, without_vit
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import CosineHead, EpochLog, compute_dtype
+from clbench.methods.shared import CosineHead, EpochLog, Float64Setting
 
 
 def new_rows(n: int, d: int, init: str, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
@@ -192,17 +192,12 @@ def train_stage(
 
 
 @CARD.strategy
-class DUCT(Strategy[DUCTConfig]):
+class DUCT(Float64Setting, Strategy[DUCTConfig]):
     needs_vit = True
     fine_tunes_backbone = True
     # domain scenario: the authors' setting; every domain gets its own block of rows over the classes it brings, the
     # ViT merges every domain's task vector, and the transport calibrates old domains' rows
     scenarios = ("class", "domain")
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
-        return compute_dtype(self.cfg.float64, self.ctx.precision)
 
     def __init__(self, config: DUCTConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
@@ -218,18 +213,12 @@ class DUCT(Strategy[DUCTConfig]):
         self.n_seen = 0
 
     def _copy_of_pretrained(self) -> nn.Module:
-        model = copy.deepcopy(self.ctx.backbone.model)
-        for p in model.parameters():
-            p.requires_grad_(True)
-        return model.to(self.ctx.device, self.dtype).eval()
+        return tuned_copy(self.ctx.backbone.model, self.ctx.device, self.dtype)
 
     # ---------------------------------------------------------------------------------------- features
     def _features(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
         """(B, d) pre-logits [CLS] feature of ``model`` in the strategy's dtype."""
-        vit: Any = model  # a timm ViT: forward_features / forward_head (untyped)
-        with self.ctx.autocast():
-            x: torch.Tensor = vit.forward_head(vit.forward_features(images.to(self.dtype)), pre_logits=True)
-        return x.to(self.dtype)
+        return vit_features(model, images, self.dtype, self.ctx.autocast)
 
     @torch.no_grad()
     def _split_features(self, model: nn.Module, split: Split, augment: bool = False, salt: int = 0) -> torch.Tensor:
@@ -351,13 +340,10 @@ class DUCT(Strategy[DUCTConfig]):
     def state_dict(self) -> dict[str, Any]:
         """The merged ViT as its named tensors (rebuilt on a copy of the run's backbone by :meth:`load_state_dict`),
         everything else as :meth:`Strategy.state_dict` keeps it."""
-        state = super().state_dict()
-        state["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        return state
+        return with_vit(super().state_dict(), self.model)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        tensors = state.pop("model", None)
+        state, tensors = without_vit(state)
         super().load_state_dict(state)
         if tensors is not None:
             model = self._copy_of_pretrained()

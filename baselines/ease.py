@@ -8,11 +8,10 @@ AdaptFormer ``tuning_config``) and ``exps/ease.json``.
 
 Algorithm, for task t with new classes C_t (tasks counted from 0):
 
-1. Add adapter set t: in every block b, an AdaptFormer adapter parallel to the MLP,
-   x = x + ls1(attn(norm1(x)));  x = x + ls2(mlp(norm2(x))) + 0.1 * W_up(dropout_0.1(ReLU(W_down x))),
-   where the adapter reads the residual stream x after attention (not norm2(x): PILOT's ``adapt(x)`` with
-   ``ffn_adapter_layernorm_option="none"``). Bottleneck r = 64, W_down kaiming-uniform, W_up and biases zero.
-   Sets 0..t-1 stay frozen.
+1. Add adapter set t: in every block b, an AdaptFormer adapter parallel to the MLP, x = x + ls1(attn(norm1(x))); x = x +
+   ls2(mlp(norm2(x))) + 0.1 * W_up(dropout_0.1(ReLU(W_down x))), where the adapter reads the residual stream x after
+   attention (not norm2(x): PILOT's ``adapt(x)`` with ``ffn_adapter_layernorm_option="none"``). Bottleneck r = 64,
+   W_down kaiming-uniform, W_up and biases zero. Sets 0..t-1 stay frozen.
 2. Train set t with a task-local cosine head over C_t only (cross-entropy on labels local to the task):
    SGD lr 0.025, momentum 0.9, weight decay 5e-4, cosine schedule to 0 over 20 epochs, batch 48.
 3. Prototypes: for the new classes, the mean [CLS] feature of their training images (test transform) in every
@@ -44,8 +43,8 @@ Deviations from the paper / reference code:
   backbone's ``num_features``. Class ranges come from the tasks' class lists, not ``init_cls``/``increment``.
 - The backbone runs at the run's precision (bf16 autocast where `--precision` resolves to it); heads, prototypes
   and logits are float32.
-- The reference's backbone is ViT-B/16 (timm ``vit_base_patch16_224``); clbench runs the benchmark's backbone
-  (any width).
+- The reference's backbone is ViT-B/16 (timm ``vit_base_patch16_224``); clbench runs the benchmark's
+  backbone (any width).
 - Transforms, normalisation, class order and task split are the harness's, shared by every method.
 - The CPU ``quick`` profile (not the default) runs at 112 px with 3 epochs instead of 20; see ``EASE.profiles``.
 """

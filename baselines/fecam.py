@@ -26,8 +26,8 @@ pre-trained ViT setting and train nothing. Algorithm, for each new class c of a 
 6. Prediction: the class with the smallest squared Mahalanobis distance (z - mu_c)^T P_c (z - mu_c); the logits are
    the negated distances, so argmax logits = argmin distance.
 
-PILOT differs from the authors' ViT scripts in five ways; ``rule="pilot"`` reproduces its classifier (3-5) on the
-frozen features:
+PILOT differs from the authors' ViT scripts in five ways; ``rule="pilot"`` reproduces its classifier (3-5) on
+the frozen features:
 (1) it trains AdaptFormer adapters (r = 64) and a cosine head on the first task for 20 epochs (SGD 0.01, batch 48,
 ``exps/fecam.json``, ``_init_train``), as APER and RanPAC do, and computes every statistic from the adapted ViT;
 (2) no Tukey transform; (3) the covariance is taken of the raw, unnormalised features (while the distance uses
@@ -240,11 +240,11 @@ class FeCAM(Strategy[FeCAMConfig]):
         )
 
 
-# ----------------------------------------------------------------------------------------------- perf
-# (classes, tasks, d, test images per class): the embedded benchmark's shape (942 test images: 26 per class), then
-# 200 classes at both widths with 5 test images per class (prediction costs 2 d^2 flops per image and class: one
-# evaluation of 200 x 30 images at d = 768 is 1.4 Tflop in float64, minutes on 2 cores; the per-(image, class) cost
-# is what the rows record, and the evaluations after every task of a real run are extrapolated from it)
+# ----------------------------------------------------------------------------------------------- perf (classes, tasks,
+# d, test images per class): the embedded benchmark's shape (942 test images: 26 per class), then 200 classes at both
+# widths with 5 test images per class (prediction costs 2 d^2 flops per image and class: one evaluation of 200 x 30
+# images at d = 768 is 1.4 Tflop in float64, minutes on 2 cores; the per-(image, class) cost is what the rows record,
+# and the evaluations after every task of a real run are extrapolated from it)
 GROWTH_SHAPES = ((36, 6, 384, 26), (200, 10, 384, 5), (200, 10, 768, 5))
 
 

@@ -1,5 +1,5 @@
-"""HiDe-Prompt: task-specific prefix prompts, a task-identity head trained from stored statistics, task-adaptive
-prediction.
+"""HiDe-Prompt: task-specific prefix prompts, a task-identity head trained from stored
+statistics, task-adaptive prediction.
 
 Paper: Wang et al., "Hierarchical Decomposition of Prompt-Based Continual Learning: Rethinking Obscured
 Sub-optimality", NeurIPS 2023, arXiv 2310.07234.
@@ -25,17 +25,16 @@ Algorithm, for each task t with new classes C_t (tasks counted from 0):
    and head, with 24 features per centroid of every seen class drawn from N(centroid, diag(variance) + 1e-4 I) per
    epoch (centroids of zero variance are skipped), shuffled, cut into mini-batches of 24, of which the first
    "classes of the earlier tasks" batches are used (the reference's ``crct_num``); logits over the seen classes.
-4. Within-task prediction (WTP, stage 2): one E-prompt per task (pool of 10 slots), prefix tuning in blocks 0-4
-   (length 5 for CIFAR-100, 20 for ImageNet-R), a (key, value) pair per block concatenated in front of the
-   attention's keys and values; no G-prompt, no prompt keys. Task t trains slot t (``prompt_mask``; at the start of
-   t >= 1 a copy of slot t - 1) and a linear head. For t >= 1 the forward uses (1 - m) * slot t + m * mean(slots
-   0..t-1) (m = ``prompt_momentum`` 0.01, the mean detached), and after training slot t is replaced by that blend.
-   Loss = cross-entropy with logits outside C_t at -inf + ``reg`` * the contrastive regulariser: M = [centroids of
-   every earlier class under their task's prompt; batch prompted [CLS] features], CE(M M^T / 0.8, identity)
-   (``orth_loss``, :func:`clbench.layers.prompts.orth_loss`; on task 0 the batch alone). Adam, prompt lr
-   0.03 * 24 / 256, head lr 0.1 x that (``--larger_prompt_lr``), no weight decay, gradient norm clipped at 1,
-   batch 24, 50 epochs with the step schedule (x 0.1 after epoch 30; ImageNet-R: 150 epochs, cosine to 1e-5,
-   length 20, ``reg`` 0.5).
+4. Within-task prediction (WTP, stage 2): one E-prompt per task (pool of 10 slots), prefix tuning in blocks 0-4 (length
+   5 for CIFAR-100, 20 for ImageNet-R), a (key, value) pair per block concatenated in front of the attention's keys and
+   values; no G-prompt, no prompt keys. Task t trains slot t (``prompt_mask``; at the start of t >= 1 a copy of slot t -
+   1) and a linear head. For t >= 1 the forward uses (1 - m) * slot t + m * mean(slots 0..t-1) (m = ``prompt_momentum``
+   0.01, the mean detached), and after training slot t is replaced by that blend. Loss = cross-entropy with logits
+   outside C_t at -inf + ``reg`` * the contrastive regulariser: M = [centroids of every earlier class under their task's
+   prompt; batch prompted [CLS] features], CE(M M^T / 0.8, identity) (``orth_loss``,
+   :func:`clbench.layers.prompts.orth_loss`; on task 0 the batch alone). Adam, prompt lr 0.03 * 24 / 256, head lr 0.1 x
+   that (``--larger_prompt_lr``), no weight decay, gradient norm clipped at 1, batch 24, 50 epochs with the step
+   schedule (x 0.1 after epoch 30; ImageNet-R: 150 epochs, cosine to 1e-5, length 20, ``reg`` 0.5).
 5. Task-adaptive prediction (TAP, t >= 1): 30 epochs of SGD (lr 0.005, momentum 0.9, weight decay 0, cosine) on
    the classifier's head only, 5 * 24 = 120 features per centroid of every seen class, batches of 120, the first
    ``crct_num`` of them per epoch, logits over the seen classes.
@@ -89,11 +88,10 @@ Deviations from the paper / reference code (sound behaviour by default, the refe
 - Step and cosine schedules are timm's (``StepLRScheduler`` decay 0.1 every 30 epochs, ``CosineLRScheduler`` to
   ``min_lr``), stepped per epoch with the finished epoch's index as the reference does (epoch e trains at the rate
   of index e - 1).
-- Prefix attention is :func:`clbench.layers.prompts.prefix_block` (DualPrompt's formula; float32 math outside
-  timm's fused kernel, the same formula as ``PreT_Attention``). The backbone is the benchmark's (DINOv2
-  ViT-S/14 has LayerScale, which scales the attention output and does not touch the prefixes); the reference's is
-  ViT-B/16. Transforms, class order and task split are the harness's. Test accuracy is not computed during
-  training.
+- Prefix attention is :func:`clbench.layers.prompts.prefix_block` (DualPrompt's formula; float32 math outside timm's
+  fused kernel, the same formula as ``PreT_Attention``). The backbone is the benchmark's (DINOv2 ViT-S/14 has
+  LayerScale, which scales the attention output and does not touch the prefixes); the reference's is ViT-B/16.
+  Transforms, class order and task split are the harness's. Test accuracy is not computed during training.
 """
 
 from __future__ import annotations
@@ -112,16 +110,8 @@ from clbench.errors import ClbenchError
 from clbench.layers.alignment import align_on_samples, gaussian_samples
 from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead
-from clbench.layers.prompts import eval_batch, orth_loss, pilot_kv_layout, prefix_block
-from clbench.methods.contract import (
-    PER_SAMPLE,
-    REFERENCE,
-    Context,
-    ParamCounts,
-    Split,
-    Strategy,
-    Task,
-)
+from clbench.layers.prompts import check_prompt_layers, eval_batch, orth_loss, pilot_kv_layout, prefix_block
+from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import EpochLog, check_vit_blocks, masked_cross_entropy, optimizer_step, vit_tokens
 
 
@@ -300,19 +290,10 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
         super().__init__(config, ctx)
         self.model = ctx.backbone.model
         check_vit_blocks(self.model)
-        depth = len(self.model.blocks)
-        self.e_layers = e_layers_in(config, depth)
-        if not self.e_layers:
-            raise ClbenchError(
-                f"HiDe-Prompt e_prompt_layers {config.e_prompt_layers!r}: none below the backbone's {depth} blocks",
-                "set e_prompt_layers to blocks below the depth",
-            )
-        dropped = sorted(set(config.e_layers) - set(self.e_layers))
-        if dropped:
-            ctx.log(f"  HiDe-Prompt: the backbone has {depth} blocks; prompt layers {dropped} are not used")
+        self.e_layers = e_layers_in(config, len(self.model.blocks))
         self.dim = dim = int(ctx.backbone.num_features)
-        if dim % int(self.model.blocks[0].attn.num_heads):
-            raise ClbenchError(f"width {dim} is not divisible by the number of heads", "choose another backbone")
+        layers, used = config.e_layers, self.e_layers
+        check_prompt_layers("HiDe-Prompt", config, "e_prompt_layers", self.model, layers, used, dim, ctx.log)
         gen = ctx.generator(1)
         self.prompts = EPrompts(config.pool_size, len(self.e_layers), config.e_prompt_length, dim, gen).to(ctx.device)
         self.head = LinearHead(dim).to(ctx.device)

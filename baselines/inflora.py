@@ -20,9 +20,9 @@ Algorithm (the reference's ``sip`` network, class-incremental), for each task t 
    no weight decay), the reference's ``CosineSchedule`` stepped per epoch (lr_e = lr cos(99 pi e / (200 (K - 1))),
    so the last epoch still runs at 0.0157 lr), cross-entropy over the task's own head (the reference's targets
    minus the known classes); 20 epochs, batch 128, r = 10;
-4. after training: a second covariance pass (now with B_t) and the DualGPM memory update per block with threshold
-   ``lamb + (lame - lamb) t / total_sessions`` (0.95 -> 1.0 on CIFAR-100, 0.98 -> 1.0 on ImageNet-R): see
-   :func:`clbench.layers.lora.update_dual_gpm`;
+4. after training: a second covariance pass (now with B_t) and the DualGPM memory update per block with threshold ``lamb
+   + (lame - lamb) t / total_sessions`` (0.95 -> 1.0 on CIFAR-100, 0.98 -> 1.0 on
+   ImageNet-R): see :func:`clbench.layers.lora.update_dual_gpm`;
 5. inference: every task's branches summed, the [CLS] token after the final norm through every task's head,
    concatenated (no task identity: class-incremental). Each image's logits depend on it alone: one protocol.
 
@@ -32,9 +32,9 @@ Deviations from the reference code:
   (tasks of equal size only). Head init: uniform(+-1/sqrt(d)) weights and biases, torch's ``nn.Linear`` init, drawn
   from the run's generator.
 - ``total_sessions`` (the threshold schedule's denominator) is a setting, default 10 (the reference's, its number of
-  tasks on both benchmarks); clbench does not tell a strategy how many tasks will come. On a 6-task run the
-  threshold then ends at 0.975 instead of 0.992; set ``total_sessions`` to the run's task count to follow the
-  reference's schedule.
+  tasks on both benchmarks); clbench does not tell a strategy how many tasks will come. On a 6-task run the threshold
+  then ends at 0.975 instead of 0.992; set ``total_sessions`` to the run's task count to follow
+  the reference's schedule.
 - The first task's memory: where r >= d/2 directions carry ``lamb`` of the energy, the reference labels the top-r
   basis "retain" (the protected directions, not the free ones) and then stops on its own ``assert``; here the basis
   is "remove" and, past d/2, turned into its "retain" complement, as the reference does for every later task. A
@@ -57,7 +57,6 @@ Deviations from the reference code:
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -67,17 +66,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.inflora import CARD, InfLoRAConfig
-from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
 from clbench.layers.lora import (
     KVLoRA,
+    LinearTaskHeads,
     ProjectType,
+    check_lora_width,
     design_down_projection,
     lora_block,
     update_dual_gpm,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, check_vit_blocks, compute_dtype, vit_tokens
+from clbench.methods.shared import EpochLog, Float64FrozenViT, frozen_vit, vit_tokens
 
 EVAL_BATCH = 64  # evaluation batch (speed only: rows do not depend on it)
 
@@ -94,49 +94,26 @@ def memory_threshold(cfg: InfLoRAConfig, task: int) -> float:
     return (cfg.lame - cfg.lamb) * task / cfg.total_sessions + cfg.lamb
 
 
-class TaskHeads(nn.Module):
+class TaskHeads(LinearTaskHeads):
     """One linear head per task (``SiNet.classifier_pool``), logits concatenated in task order."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.heads = nn.ModuleList()
-
-    def add(
-        self, dim: int, n_classes: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype
-    ) -> nn.Linear:
-        head = nn.Linear(dim, n_classes, device=device, dtype=dtype)
+    def initialise(self, head: nn.Linear, generator: torch.Generator) -> None:
+        n_classes, dim = head.weight.shape
         bound = 1.0 / math.sqrt(dim)  # nn.Linear's kaiming_uniform(a=sqrt(5)) and bias bounds
-        with torch.no_grad():
-            head.weight.copy_(torch.empty(n_classes, dim).uniform_(-bound, bound, generator=generator))
-            head.bias.copy_(torch.empty(n_classes).uniform_(-bound, bound, generator=generator))
-        self.heads.append(head)
-        return head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([h(x) for h in self.heads], dim=1)
+        head.weight.copy_(torch.empty(n_classes, dim).uniform_(-bound, bound, generator=generator))
+        head.bias.copy_(torch.empty(n_classes).uniform_(-bound, bound, generator=generator))
 
 
 @CARD.strategy
-class InfLoRA(Strategy[InfLoRAConfig]):
+class InfLoRA(Float64FrozenViT, Strategy[InfLoRAConfig]):
     state_types = (KVLoRA, TaskHeads)
     needs_vit = True
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
-        return compute_dtype(self.cfg.float64, self.ctx.precision)
-
     def __init__(self, config: InfLoRAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
-        # the run's frozen ViT; with float64 a float64 copy of it (frozen too)
-        self.model = ctx.backbone.model if self.dtype == torch.float32 else copy.deepcopy(ctx.backbone.model)
-        self.model.to(dtype=self.dtype)
-        check_vit_blocks(self.model)
+        self.model = frozen_vit(ctx.backbone.model, self.dtype)  # with float64 a float64 copy (frozen too)
         dim = int(ctx.backbone.num_features)
-        if config.rank > dim:
-            raise ClbenchError(f"InfLoRA rank {config.rank} exceeds the backbone's width {dim}", "lower --set rank")
-        if dim % int(self.model.blocks[0].attn.num_heads):
-            raise ClbenchError(f"width {dim} is not divisible by the number of heads", "choose another backbone")
+        check_lora_width("InfLoRA", config.rank, self.model, dim)
         self.depth = len(self.model.blocks)
         self.lora = KVLoRA(self.depth, dim, config.rank, self.dtype).to(ctx.device)
         self.heads = TaskHeads().to(ctx.device)
@@ -251,15 +228,6 @@ class InfLoRA(Strategy[InfLoRAConfig]):
             "memory_basis_dims": [int(b.shape[1]) for b in self.bases],
             "memory_types": list(self.project_types),
         }
-
-    # ---------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """As :meth:`Strategy.state_dict`; a float64 copy of the frozen ViT is not kept (it is remade from the run's
-        backbone when the state is loaded)."""
-        state = super().state_dict()
-        if self.dtype != torch.float32:
-            del state["model"]
-        return state
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:

@@ -55,8 +55,8 @@ Deviations from the paper / reference code:
   linear head, everything else unchanged, as the authors' ``clf_type: kac`` configs do; its zero rows grow per task,
   its LayerNorm trains in every task. The authors run it in CODA-Prompt's framework (their L2P is L2P++ with
   prefix prompts; Adam 1e-3, cosine, batch 128, 20-50 epochs); clbench keeps this method's own defaults.
-- The CPU ``quick`` profile (not the default) runs at 112 px, with the cached query and 3 epochs instead of 5;
-  see ``L2P.profiles``.
+- The CPU ``quick`` profile (not the default) runs at 112 px, with the cached query and 3 epochs instead of
+  5; see ``L2P.profiles``.
 """
 
 from __future__ import annotations
@@ -68,18 +68,11 @@ import torch
 from torch import nn
 
 from baselines.cards.l2p import CARD, L2PConfig
+from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead, build_head, head_size
 from clbench.layers.kan import KACHead
 from clbench.layers.prompts import eval_batch, key_similarity, select_prompts, training_query
-from clbench.methods.contract import (
-    PER_SAMPLE,
-    REFERENCE,
-    Context,
-    ParamCounts,
-    Split,
-    Strategy,
-    Task,
-)
+from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import (
     EpochLog,
     check_vit_blocks,
@@ -173,8 +166,7 @@ class L2P(Strategy):
     # ---------------------------------------------------------------------------------------- prediction
     @torch.no_grad()
     def predict(self, split: Split, protocol: str = PER_SAMPLE) -> torch.Tensor:
-        if protocol not in self.protocols:
-            raise ValueError(f"unknown protocol {protocol!r}; L2P supports {', '.join(self.protocols)}")
+        check_protocol(protocol, self.protocols, "L2P")
         # A per-sample row does not depend on its batch, so that protocol may use any batch size: larger ones are
         # several times faster per image on CPU. The reference protocol keeps the reference's batches.
         batch = eval_batch(self.cfg.eval_batch_size, protocol == REFERENCE)

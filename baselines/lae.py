@@ -121,9 +121,8 @@ def build_pet(cfg: LAEConfig, n_blocks: int, dim: int, generator: torch.Generato
 
 # ----------------------------------------------------------------------------------------------- the forward
 def pet_attention(attn: nn.Module, x: torch.Tensor, pet: nn.Module | None) -> torch.Tensor:
-    """timm ``Attention`` with a prefix (PILOT ``Attention.forward`` with ``Prefix``: keys/values joined, prefix
-    weights renormalised after the softmax) or a LoRA update of the key and value projections:
-    (B, N, d) -> (B, N, d)."""
+    """timm ``Attention`` with a prefix (PILOT ``Attention.forward`` with ``Prefix``: keys/values joined, prefix weights
+    renormalised after the softmax) or a LoRA update of the key and value projections: (B, N, d) -> (B, N, d)."""
     B, N, C = x.shape
     heads = attn.num_heads
     hd = C // heads

@@ -55,9 +55,8 @@ Deviations from the paper / reference code (sound behaviour by default, the refe
 - Feature sampling for alignment draws z ~ N(0, I) from a private generator and maps it through the float64
   Cholesky factor of each class covariance (the same distribution as ``MultivariateNormal``); adapter dropout
   also draws from a private generator.
-- Set-0 features are computed once per image and used for both the prototype head and the first refinement
-  round (the reference runs set 0 twice: ``forward_orig`` and ``t_id = 0``; set 0 never drifts, so the numbers
-  are the same).
+- Set-0 features are computed once per image and used for both the prototype head and the first refinement round (the
+  reference runs set 0 twice: ``forward_orig`` and ``t_id = 0``; set 0 never drifts, so the numbers are the same).
 - Classes with fewer than 2 training images have no covariance: the run stops with a clear error (the
   reference would sample from NaN).
 - DINOv2 blocks have LayerScale; the adapter output is added outside ``ls2`` (as in :mod:`baselines.ease`).
@@ -82,7 +81,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.mos import CARD, MOSConfig, head_rows_updated
-from clbench.errors import ClbenchError
+from clbench.layers.adapter_sets import AdapterSets
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.alignment import align_on_gaussians
 from clbench.layers.checks import check_protocol
@@ -92,13 +91,10 @@ from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts
 from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import (
     EpochLog,
-    check_vit_blocks,
     class_means,
     cosine_logits,
     cosine_lr,
     masked_cross_entropy,
-    vit_forward_tokens,
-    vit_tokens,
 )
 
 
@@ -173,7 +169,8 @@ def mos_output(refined: torch.Tensor, proto_logits: torch.Tensor, n_tasks: int, 
 
 
 @CARD.strategy
-class MOS(Strategy):
+class MOS(AdapterSets, Strategy):
+    title = "MOS"
     # scenarios: class only: its adapters, their merging and the self-refined retrieval are built around
     # per-task class prototypes of new classes; what a later domain of the same classes should do there is undefined
     state_types = (AdapterSet, Adapter, LinearHead)
@@ -182,12 +179,7 @@ class MOS(Strategy):
 
     def __init__(self, config: MOSConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
-        self.model = ctx.backbone.model
-        check_vit_blocks(self.model)
-        self.dim = ctx.backbone.num_features
-        self.n_blocks = len(self.model.blocks)
-        self.current = AdapterSet(self.n_blocks, self.dim, config, ctx.generator(1)).to(ctx.device)
-        self.stored = nn.ModuleList()  # set t: a frozen snapshot of ``current`` after task t
+        self._start_adapter_sets()  # model, dim, n_blocks, current, stored
         self.reference_sets = nn.ModuleList()  # the 'reference' protocol's drifting copies of ``stored``
         self.head = LinearHead(self.dim).to(ctx.device)  # backbone.head: Linear(d, classes)
         self.prototypes = torch.zeros(0, self.dim)  # (C, d) MOSNet.fc rows: class means under set 0
@@ -198,49 +190,17 @@ class MOS(Strategy):
         self._trainable: list[int] = []
         self._last_predict: tuple[int, np.ndarray, np.ndarray] | None = None  # (n, argmax, final task)
 
-    # ---------------------------------------------------------------------------------------- features
-    def _features(self, images: torch.Tensor, layers: Sequence[nn.Module]) -> torch.Tensor:
-        """(B, d) float32 [CLS] feature of the ViT with one adapter module per block."""
-        with self.ctx.autocast():
-            x = vit_forward_tokens(self.model, vit_tokens(self.model, images), layers)
-            return self.model.forward_head(x, pre_logits=True).float()
-
-    @torch.no_grad()
-    def _split_features(self, split: Split, adapters: AdapterSet, batch: int) -> torch.Tensor:
-        out = [
-            self._features(images.to(self.ctx.device), adapters).cpu()
-            for images, _, _ in split.image_loader(batch, augment=False)
-        ]
-        return torch.cat(out)
-
-    def _set_dropout(self, adapters: AdapterSet, salt: int | None) -> None:
-        if salt is None:
-            adapters.set_dropout_generator(None)
-            return
-        seed = int(torch.randint(0, 2**62, (1,), generator=self.ctx.generator(salt)))
-        adapters.set_dropout_generator(torch.Generator(device=self.ctx.device).manual_seed(seed))
-
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         t, cfg = len(self.stored), self.cfg
-        if sorted(task.classes) != list(range(len(self.class_task), task.n_seen)):
-            raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
-        counts = torch.bincount(task.train.labels, minlength=task.n_seen)[task.classes]
-        if int(counts.min()) < 2:
-            raise ClbenchError(
-                f"task {task.id}: MOS needs >= 2 training images per class for the class covariance "
-                f"(class {task.classes[int(counts.argmin())]} has {int(counts.min())})",
-                "use more training images per class",
-            )
+        self._check_new_classes(task)
         self.head.grow(task.n_seen, self.ctx.generator(1000 + t))
         self.class_task.extend([t] * len(task.classes))
 
         # 1-2. train the current set and the head, merging toward the earlier sets after every step
         self._train_adapters(task)
         # 3. snapshot (frozen), class statistics, prototypes
-        snapshot = copy.deepcopy(self.current).requires_grad_(False).eval()
-        snapshot.set_dropout_generator(None)
-        self.stored.append(snapshot)
+        snapshot = self._store_current()
         self.reference_sets.append(copy.deepcopy(snapshot))
         self._class_statistics(task)
         # 4. classifier alignment on sampled features

@@ -10,12 +10,11 @@ Reference implementations checked: LAMDA-PILOT ``models/ranpac.py`` (``setup_RP`
 
 Algorithm, for task t with new classes C_t (d = backbone width, M = projection width):
 
-1. Task 0 only ("Phase 1", ``first_session=True``): train one AdaptFormer adapter per block (r = 64) with a cosine
-   head over the task-0 classes, as APER does (``clbench.layers.first_session.tune_first_session``): SGD lr 0.01,
-   momentum 0.9, weight decay 5e-4, cosine schedule to 0 over 20 epochs, batch 48. The head is discarded (its
-   learnt sigma is kept for the ``cosine`` head); the adapted ViT is frozen from then on. ``first_session=False`` is
-   the paper's "No Phase 1" ablation: the frozen pre-trained features, no ViT pass at all beyond clbench's feature
-   cache.
+1. Task 0 only ("Phase 1", ``first_session=True``): train one AdaptFormer adapter per block (r = 64) with a cosine head
+   over the task-0 classes, as APER does (``clbench.layers.first_session.tune_first_session``): SGD lr 0.01, momentum
+   0.9, weight decay 5e-4, cosine schedule to 0 over 20 epochs, batch 48. The head is discarded (its learnt sigma is
+   kept for the ``cosine`` head); the adapted ViT is frozen from then on. ``first_session=False`` is the paper's "No
+   Phase 1" ablation: the frozen pre-trained features, no ViT pass at all beyond clbench's feature cache.
 2. Once: W ~ N(0, 1), shape (d, M), drawn from the run's seed (``ctx.generator``) and kept in the strategy state
    (so every checkpoint holds it). G = 0 (M x M), Q = 0 (M x C).
 3. Every task: f = the [CLS] features of the task's training images (test transform), h = ReLU(f W) (N, M);
@@ -40,14 +39,13 @@ Deviations from the paper / reference code:
   time (sigma from the task-0 training). The paper and the original repository replace it by the plain inner
   product h Wo^T, which is what the ridge regression fits. Default ``head="plain"`` (the sound rule);
   ``head="cosine"`` reproduces PILOT.
-- Numerics (``ridge_numerics``): the reference solves the 17 grid systems and the final one with
-  ``torch.linalg.solve`` in float32 on the M x M matrices. With fewer fitting samples than M (a task of a few hundred
-  images, M = 10,000), G_a + lambda I is numerically singular in float32 for small lambda, so the reference's
-  scores at small lambda are rounding noise. Default ``"exact"``: the same ridge solutions computed stably in float64
-  (the grid through one eigendecomposition of the smaller of H_a H_a^T and H_a^T H_a, which gives every lambda at
-  once; the final system by a float64 Cholesky factorisation, with an LU solve if rounding makes it indefinite).
-  ``"reference"`` reproduces the float32 ``torch.linalg.solve`` calls. G and Q are accumulated in float32 as in the
-  reference.
+- Numerics (``ridge_numerics``): the reference solves the 17 grid systems and the final one with ``torch.linalg.solve``
+  in float32 on the M x M matrices. With fewer fitting samples than M (a task of a few hundred images, M = 10,000), G_a
+  + lambda I is numerically singular in float32 for small lambda, so the reference's scores at small lambda are rounding
+  noise. Default ``"exact"``: the same ridge solutions computed stably in float64 (the grid through one
+  eigendecomposition of the smaller of H_a H_a^T and H_a^T H_a, which gives every lambda at once; the final system by a
+  float64 Cholesky factorisation, with an LU solve if rounding makes it indefinite). ``"reference"`` reproduces the
+  float32 ``torch.linalg.solve`` calls. G and Q are accumulated in float32 as in the reference.
 - Ridge floor (``"exact"`` only): G is accumulated in float32 (as the reference), so its entries carry rounding
   errors of about eps_32 * trace(G) in norm. Computed exactly, the grid on a small task often prefers the tiniest
   lambda (10^-8: the minimum-norm interpolator of a few hundred points in M = 10,000 dimensions), which the

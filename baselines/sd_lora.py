@@ -52,7 +52,6 @@ Deviations from the reference code:
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -63,8 +62,9 @@ from torch import nn
 from baselines.cards.sd_lora import CARD, SDLoRAConfig
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
+from clbench.layers.lora import LinearTaskHeads, check_lora_width
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.shared import EpochLog, check_vit_blocks, compute_dtype, vit_tokens
+from clbench.methods.shared import EpochLog, Float64FrozenViT, frozen_vit, vit_tokens
 
 EVAL_BATCH = 64  # evaluation batch (speed only: rows do not depend on it)
 
@@ -94,8 +94,8 @@ class QVLoRA(nn.Module):
         return len(self.a_q)
 
     def add_task(self, rank: int, generator: torch.Generator, device: torch.device, magnitude: float) -> None:
-        """Append one task's pairs: A kaiming-uniform (``nn.Linear(d, r)``'s init, U(+-1/sqrt(d))), B zero, its
-        magnitude ``magnitude``."""
+        """Append one task's pairs: A kaiming-uniform (``nn.Linear(d, r)``'s init, U(+-1/sqrt(d))), B zero,
+        its magnitude ``magnitude``."""
         bound = 1.0 / math.sqrt(self.dim)
 
         def a() -> nn.Parameter:
@@ -126,9 +126,8 @@ class QVLoRA(nn.Module):
             p.requires_grad_(False)
 
     def factors(self, block: int) -> Factors | None:
-        """(A_q, B_q, A_v, B_v) of ``block`` over every task, stacked along the rank with the scale folded into B,
-        so that ``B @ A = sum_{i<t} alpha_i B_i A_i / (||B_i|| ||A_i||) + alpha_t B_t A_t``; None before the first
-        task."""
+        """(A_q, B_q, A_v, B_v) of ``block`` over every task, stacked along the rank with the scale folded into B, so
+        that ``B @ A = sum_{i<t} alpha_i B_i A_i / (||B_i|| ||A_i||) + alpha_t B_t A_t``; None before the first task."""
         if not self.n_tasks:
             return None
         last = self.n_tasks - 1
@@ -192,48 +191,26 @@ def task_optimizer(cfg: SDLoRAConfig, lora: QVLoRA, head: nn.Linear, lr: float) 
     return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-class TaskHeads(nn.Module):
+class TaskHeads(LinearTaskHeads):
     """The linear head, one block of rows per task (``SimpleLinear`` grown per task), logits concatenated."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.heads = nn.ModuleList()
-
-    def add(
-        self, dim: int, n_classes: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype
-    ) -> nn.Linear:
-        head = nn.Linear(dim, n_classes, device=device, dtype=dtype)
+    def initialise(self, head: nn.Linear, generator: torch.Generator) -> None:
+        n_classes, dim = head.weight.shape
         bound = math.sqrt(3.0 / dim)  # kaiming_uniform_(nonlinearity="linear"): gain 1, sqrt(3 / fan_in)
-        with torch.no_grad():
-            head.weight.copy_(torch.empty(n_classes, dim).uniform_(-bound, bound, generator=generator))
-            head.bias.zero_()
-        self.heads.append(head)
-        return head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([h(x) for h in self.heads], dim=1)
+        head.weight.copy_(torch.empty(n_classes, dim).uniform_(-bound, bound, generator=generator))
+        head.bias.zero_()
 
 
 @CARD.strategy
-class SDLoRA(Strategy[SDLoRAConfig]):
+class SDLoRA(Float64FrozenViT, Strategy[SDLoRAConfig]):
     state_types = (QVLoRA, TaskHeads)
     needs_vit = True
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
-        return compute_dtype(self.cfg.float64, self.ctx.precision)
-
     def __init__(self, config: SDLoRAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
-        self.model = ctx.backbone.model if self.dtype == torch.float32 else copy.deepcopy(ctx.backbone.model)
-        self.model.to(dtype=self.dtype)
-        check_vit_blocks(self.model)
+        self.model = frozen_vit(ctx.backbone.model, self.dtype)  # with float64 a float64 copy (frozen too)
         dim = int(ctx.backbone.num_features)
-        if max(config.rank, config.rank_of(0)) > dim:
-            raise ClbenchError(f"SD-LoRA rank {config.rank} exceeds the backbone's width {dim}", "lower --set rank")
-        if dim % int(self.model.blocks[0].attn.num_heads):
-            raise ClbenchError(f"width {dim} is not divisible by the number of heads", "choose another backbone")
+        check_lora_width("SD-LoRA", max(config.rank, config.rank_of(0)), self.model, dim)
         self.depth = len(self.model.blocks)
         self.lora = QVLoRA(self.depth, dim, self.dtype).to(ctx.device)
         self.heads = TaskHeads().to(ctx.device)
@@ -307,15 +284,6 @@ class SDLoRA(Strategy[SDLoRAConfig]):
     def diagnostics(self, split: Split, true_task: Any) -> dict[str, Any]:
         """The learnt magnitudes after the last task."""
         return {"magnitudes": [float(a) for a in self.lora.alpha]}
-
-    # ---------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """As :meth:`Strategy.state_dict`; a float64 copy of the frozen ViT is not kept (it is remade from the run's
-        backbone when the state is loaded)."""
-        state = super().state_dict()
-        if self.dtype != torch.float32:
-            del state["model"]
-        return state
 
     # ---------------------------------------------------------------------------------------- accounting
     def param_counts(self) -> ParamCounts:

@@ -10,9 +10,9 @@ class ``StreamingLDA``: ``__init__``, ``fit``, ``predict``, ``training_epoch``),
 
 Two protocols for the start (``init``):
 
-- ``"streaming"`` (default): task 0's samples are absorbed one by one from zero means and covariance, like every
-  later sample (Avalanche's ``StreamingLDA``; the authors' README: "start streaming from scratch without a base
-  initialization phase").
+- ``"streaming"`` (default): task 0's samples are absorbed one by one from zero means and covariance, like every later
+  sample (Avalanche's ``StreamingLDA``; the authors' README: "start streaming from scratch without a
+  base initialization phase").
 - ``"oas"``: the authors' experiment. ``run_experiment`` hands the whole first batch of classes (task 0's training
   images) to ``fit_base``: the class means and counts of that batch, ``num_updates`` = its N, and Sigma =
   scikit-learn ``OAS(assume_centered=True)`` of the within-class residuals x - mu_y (the empirical covariance S
@@ -23,14 +23,13 @@ Two protocols for the start (``init``):
   their fixed-covariance one (``experiment.py``'s default; ``slda_imagenet.sh`` runs both). Golden-pinned to their
   code for both (``tests/reference_golden/slda_oas.safetensors``).
 
-The default stays ``"streaming"``: the other defaults follow Avalanche, the toolbox a user compares clbench with,
-and clbench's recorded SLDA results use it. On the embedded benchmark (seed 1993, cached features) the two give
-final accuracies 55.20 (streaming) and 55.52 (oas), average incremental accuracies 52.68 and 55.73. The OAS start
-helps the first tasks most: task 0's 326 images in 384 dimensions leave the streaming estimate singular (rank 320;
-only eps = 1e-4 keeps it invertible), where OAS shrinks it toward a scaled identity (coefficient 0.031); accuracy
-after task 0 is 40.9 streaming, 52.3 oas. By the last task the two are within a third of a point. With the
-authors' update rule as well (``sigma_update=reference``) the final accuracy is 55.52 too; with their fixed
-covariance 46.07.
+The default stays ``"streaming"``: the other defaults follow Avalanche, the toolbox a user compares clbench with, and
+clbench's recorded SLDA results use it. On the embedded benchmark (seed 1993, cached features) the two give final
+accuracies 55.20 (streaming) and 55.52 (oas), average incremental accuracies 52.68 and 55.73. The OAS start helps the
+first tasks most: task 0's 326 images in 384 dimensions leave the streaming estimate singular (rank 320; only eps = 1e-4
+keeps it invertible), where OAS shrinks it toward a scaled identity (coefficient 0.031); accuracy after task 0 is 40.9
+streaming, 52.3 oas. By the last task the two are within a third of a point. With the authors' update rule as well
+(``sigma_update=reference``) the final accuracy is 55.52 too; with their fixed covariance 46.07.
 
 Algorithm (d = backbone width): no training through the ViT. Each training image's frozen [CLS] feature x with label
 y is absorbed once, in arrival order: the shared covariance gets a rank-1 update with x - mu_y (the class mean
@@ -64,8 +63,8 @@ Deviations from the paper / reference code:
   lists them); the reference's training loader shuffles. The ``exact`` update does not depend on the order.
 - Features come from clbench's feature cache (each image once through the frozen backbone, eval transform); the
   reference passes every minibatch through its frozen feature extractor. Class means and counts grow with the seen
-  classes instead of holding ``num_classes`` rows from the start (unseen rows are zero in the reference and never
-  predicted here).
+  classes instead of holding ``num_classes`` rows from the start (unseen rows are zero in the reference and
+  never predicted here).
 - The backbone is the benchmark's (the embedded benchmark: offline DINOv2 ViT-S/14, d = 384); the paper uses a
   ResNet-18 trained on ImageNet's base classes.
 """

@@ -35,8 +35,8 @@ Algorithm, for task t with new classes C_t (tasks counted from 0):
    -sum p log(p + 1e-10) is selected for that image (first one on ties); the universal set gives logits_u; the
    output is softmax(logits_u) + softmax(logits_selected). t + 2 ViT passes per image.
 
-Every step depends on the image alone (the reference's selection is per sample too), so there is only the
-``per-sample`` protocol.
+Every step depends on the image alone (the reference's selection is per sample too), so there is only
+the ``per-sample`` protocol.
 
 Reference flaws (a setting reproduces each; the defaults follow the paper; profile ``reference-code`` sets all three):
 
@@ -90,13 +90,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.tuna import CARD, TUNAConfig, head_rows_updated, old_up_weights_updated
-from clbench.errors import ClbenchError
+from clbench.layers.adapter_sets import AdapterSets
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.alignment import align_on_gaussians
 from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.costs import adapter_set_size
-from clbench.methods.shared import EpochLog, check_vit_blocks, cosine_lr, vit_forward_tokens, vit_tokens
+from clbench.methods.shared import EpochLog, cosine_lr, vit_forward_tokens, vit_tokens
 
 
 # ----------------------------------------------------------------------------------------------- pieces
@@ -178,7 +178,8 @@ def tuna_output(specific: torch.Tensor, universal: torch.Tensor) -> torch.Tensor
 
 # ----------------------------------------------------------------------------------------------- the strategy
 @CARD.strategy
-class TUNA(Strategy):
+class TUNA(AdapterSets, Strategy):
+    title = "TUNA"
     # scenarios: class only: its loss is CosFace over each task's NEW classes with a head block per task, and the
     # entropy selection picks among task heads; a later domain of the same classes has no new classes to train
     state_types = (AdapterSet, Adapter, TaskCosineHead)
@@ -186,12 +187,7 @@ class TUNA(Strategy):
 
     def __init__(self, config: TUNAConfig, ctx: Context) -> None:
         super().__init__(config, ctx)
-        self.model = ctx.backbone.model
-        check_vit_blocks(self.model)
-        self.dim = ctx.backbone.num_features
-        self.n_blocks = len(self.model.blocks)
-        self.current = AdapterSet(self.n_blocks, self.dim, config, ctx.generator(1)).to(ctx.device)
-        self.stored = nn.ModuleList()  # set t: a frozen snapshot of ``current`` after task t
+        self._start_adapter_sets()  # model, dim, n_blocks, current, stored
         self.merged = nn.ModuleList()  # the universal set (emr_merge of ``stored``), from task 1 on
         self.head = TaskCosineHead(self.dim).to(ctx.device)
         self.class_mean = torch.zeros(0, self.dim)  # (C, d) under the class's own set
@@ -203,12 +199,6 @@ class TUNA(Strategy):
         self._last_predict: tuple[int, np.ndarray, np.ndarray] | None = None  # (n, argmax, selected set)
 
     # ---------------------------------------------------------------------------------------- features
-    def _features(self, images: torch.Tensor, layers: Sequence[nn.Module]) -> torch.Tensor:
-        """(B, d) float32 [CLS] feature of the ViT with one adapter module per block."""
-        with self.ctx.autocast():
-            x = vit_forward_tokens(self.model, vit_tokens(self.model, images), layers)
-            return self.model.forward_head(x, pre_logits=True).float()
-
     def _all_features(self, images: torch.Tensor) -> torch.Tensor:
         """(B, T [+ 1], d): features under every stored set, then under the merged set where it is used."""
         sets = list(self.stored) + (list(self.merged) if self.cfg.universal == "merged" else [])
@@ -217,33 +207,15 @@ class TUNA(Strategy):
             feats = [self.model.forward_head(vit_forward_tokens(self.model, tokens, s), pre_logits=True) for s in sets]
         return torch.stack(feats, dim=1).float()
 
-    @torch.no_grad()
-    def _split_features(self, split: Split, adapters: AdapterSet) -> torch.Tensor:
-        out = [
-            self._features(images.to(self.ctx.device), adapters).cpu()
-            for images, _, _ in split.image_loader(self.cfg.eval_batch_size, augment=False)
-        ]
-        return torch.cat(out)
-
     # ---------------------------------------------------------------------------------------- learning
     def learn_task(self, task: Task) -> None:
         t, cfg = len(self.stored), self.cfg
-        if sorted(task.classes) != list(range(len(self.class_task), task.n_seen)):
-            raise ValueError(f"task {task.id}: classes {task.classes} are not the next arrival-order labels")
-        counts = torch.bincount(task.train.labels, minlength=task.n_seen)[task.classes]
-        if int(counts.min()) < 2:
-            raise ClbenchError(
-                f"task {task.id}: TUNA needs >= 2 training images per class for the class covariance "
-                f"(class {task.classes[int(counts.argmin())]} has {int(counts.min())})",
-                "use more training images per class",
-            )
+        self._check_new_classes(task)
         self.head.grow(task.n_seen, self.ctx.generator(1000 + t))
         self.class_task.extend([t] * len(task.classes))
 
         self._train_adapters(task)  # 1. the current set and the head
-        snapshot = copy.deepcopy(self.current).requires_grad_(False).eval()  # 2. adapter_update
-        snapshot.set_dropout_generator(None)
-        self.stored.append(snapshot)
+        snapshot = self._store_current()  # 2. adapter_update
         if t >= 1 and cfg.universal == "merged":
             self.merged = nn.ModuleList([emr_merge(list(self.stored))])
         self._class_statistics(task)
@@ -284,8 +256,7 @@ class TUNA(Strategy):
         local[torch.as_tensor(task.classes)] = torch.arange(len(task.classes))
         first = min(task.classes)
         orth_weight = cfg.reg * math.exp(-(t + 1))
-        seed = int(torch.randint(0, 2**62, (1,), generator=ctx.generator(3000 + task.id)))
-        self.current.set_dropout_generator(torch.Generator(device=dev).manual_seed(seed))
+        self._set_dropout(self.current, 3000 + task.id)
         log = EpochLog(ctx, f"TUNA task {task.id}", cfg.epochs, len(loader))
         self.current.train()
         self.current.requires_grad_(True)
@@ -300,7 +271,7 @@ class TUNA(Strategy):
             schedule.step()
         self.note_steps(cfg.epochs * len(loader))  # the adapters' steps; head-only alignment steps are not counted
         self.current.eval()
-        self.current.set_dropout_generator(None)
+        self._set_dropout(self.current, None)
         self.stored.requires_grad_(False)
 
     @torch.no_grad()

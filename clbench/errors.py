@@ -4,10 +4,10 @@ A :class:`ClbenchError` carries a message that names the problem and the fix. Th
 line (plus an optional hint) and exits non-zero, never with a traceback. Library code raises it for every
 condition a user can cause (bad names, bad paths, bad files); programming errors stay ordinary exceptions.
 
-An error about a run setting names the setting, not a command-line flag: the message is written with
-:func:`setting` markers, ``str(error)`` shows the setting's Python name (``increment must be >= 1``, as a user of
-``RunConfig(increment=0)`` wrote it) and the CLI shows the flag (``--increment must be >= 1``) with
-:meth:`ClbenchError.render`.
+An error about a run setting names the setting, not a command-line flag: the message is written with :func:`setting`
+markers, ``str(error)`` shows the setting's Python name (``increment must be >= 1``, as a user of
+``RunConfig(increment=0)`` wrote it) and the CLI shows the flag (``--increment must be >=
+1``) with :meth:`ClbenchError.render`.
 """
 
 from __future__ import annotations

@@ -91,9 +91,8 @@ def _deferred_package(name: str) -> ModuleType:
 
 
 def complete(name: str) -> ModuleType:
-    """Run the deferred ``__init__`` of package ``name`` and of its deferred subpackages, innermost first (the order
-    an ordinary import finishes them in: ``avalanche/__init__`` expects ``avalanche.benchmarks`` whole); the
-    package."""
+    """Run the deferred ``__init__`` of package ``name`` and of its deferred subpackages, innermost first (the order an
+    ordinary import finishes them in: ``avalanche/__init__`` expects ``avalanche.benchmarks`` whole); the package."""
     _BUSY[0] += 1
     try:
         for pkg in sorted((p for p in _DEFERRED if p == name or p.startswith(name + ".")), key=len, reverse=True):

@@ -1,8 +1,8 @@
 """Terminal output with rich: progress bars and messages on stderr, the results table on stdout.
 
 Every string that came from a file or a name (a record's fields, run ids, paths, log lines) is escaped with
-:func:`clbench.files.escape.rich` before rich renders it: markup in a name prints as written, control characters as
-escapes."""
+:func:`clbench.files.escape.rich` before rich renders it: markup in a name prints as written, control
+characters as escapes."""
 
 from __future__ import annotations
 

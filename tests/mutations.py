@@ -35,7 +35,6 @@ import baselines.mos as mos_mod
 import baselines.randumb as randumb_mod
 import baselines.ranpac as ranpac_mod
 import baselines.simplecil as simplecil_mod
-import baselines.slca as slca_mod
 import baselines.slda as slda_mod
 import baselines.tuna as tuna_mod
 import clbench.layers.first_session as first_session_mod
@@ -43,6 +42,7 @@ import clbench.layers.kan as kan_mod
 import clbench.layers.lda as lda_mod
 import clbench.layers.lora as lora_mod
 import clbench.layers.prompts as prompts_mod
+import clbench.layers.slow_learner as slow_learner_mod
 import clbench.layers.ssf as ssf_mod
 import clbench.layers.vpt as vpt_mod
 import tosca.strategy as tosca_mod
@@ -503,17 +503,17 @@ MUTATIONS: dict[str, Mutation] = {
     "slca-logit-norm-over-all": Mutation(
         "slca",
         "alignment logits divided by their norm over every class instead of the mean per-task norm",
-        lambda: mock.patch.object(slca_mod, "normalised_logits", _slca_norm_over_all_logits),
+        lambda: mock.patch.object(slow_learner_mod, "normalised_logits", _slca_norm_over_all_logits),
     ),
     "slca-shrink-reversed": Mutation(
         "slca",
         "the alignment shrinks the newest classes' means most instead of the oldest",
-        lambda: mock.patch.object(slca_mod, "shrink_factors", _slca_newer_means_shrink_more),
+        lambda: mock.patch.object(slow_learner_mod, "shrink_factors", _slca_newer_means_shrink_more),
     ),
     "slca-no-covariance-ridge": Mutation(
         "slca",
         "class covariances without the reference's + 1e-4 I",
-        lambda: mock.patch.object(slca_mod, "COV_RIDGE", 0.0),
+        lambda: mock.patch.object(slow_learner_mod, "COV_RIDGE", 0.0),
     ),
 }
 

@@ -103,6 +103,13 @@ def test_the_source_read_scenarios_are_the_class_attributes():
             assert _from_source(target) in (None, cls.scenarios)
 
 
+def test_a_strategy_with_shared_layer_mixins_is_read_from_its_source_without_importing_it():
+    """SLCA derives from a mixin of shared layers and Strategy: its scenarios (the contract's default) are read from
+    the source, so a refusal that needs them imports no torch."""
+    target = STRATEGIES._lazy.get("slca") or "baselines.slca:SLCA"
+    assert _from_source(target) == ("class",)
+
+
 def test_new_class_count_accepts_the_next_labels_or_a_known_domain_only():
     assert new_class_count([3, 4], 5, 3, 1) == 2
     assert new_class_count([0, 1, 2], 3, 3, 1) == 0  # a later domain of known classes

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from tinytasks import make_split
 
 import clbench.methods.shared as blocks_mod
-from baselines.slca import SLCA, SLCAConfig, alignment_tasks, normalised_logits, shrink_factors
+from baselines.slca import SLCA, SLCAConfig
 from clbench.features.backbones import state_digest
+from clbench.layers.slow_learner import alignment_tasks, normalised_logits, shrink_factors
 from clbench.methods.contract import Context, Split, Task
 from clbench.methods.costs import plain_vit_params
 

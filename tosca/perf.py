@@ -1,10 +1,9 @@
 """TOSCA's own speed measurements, contributed to ``clbench perf`` by its card (:mod:`tosca.card`: ``perf_benchmarks``
 names the :data:`ROUTING` measurement, ``unit_seconds`` the function below).
 
-- ``tosca-routing``: TOSCA's inference cost per image for T = 1, 5, 10, 20 task modules on synthetic
-  features, as a share of one backbone forward pass (target: 20 modules add < 5 %), and the speed-up of
-  one-backbone-pass stacked routing over the reference's loop that reruns the backbone once per module
-  (target: >= 8x at T = 10).
+- ``tosca-routing``: TOSCA's inference cost per image for T = 1, 5, 10, 20 task modules on synthetic features, as a
+  share of one backbone forward pass (target: 20 modules add < 5 %), and the speed-up of one-backbone-pass stacked
+  routing over the reference's loop that reruns the backbone once per module (target: >= 8x at T = 10).
 - :func:`unit_seconds`: the units of TOSCA's cost model (``work`` in :mod:`tosca.card`) for ``clbench perf
   projection``: one module step on a cached feature and the routing of one image through one module.
 """

@@ -33,9 +33,8 @@ Deviations from the paper / reference code:
   backbone pass per image. ``train_mode="augment"`` reproduces the reference's RandomResizedCrop(scale
   0.05-1) + flip through the frozen backbone every epoch. The accuracy difference is measured in the README.
 - Per-sample routing is the default; the reference's batch routing is the named ``reference`` protocol.
-- After each task, per-task statistics of the frozen training features and the new module's temperature are
-  kept for the other routers (:class:`clbench.methods.routers.RoutingMemory`); they change nothing the paper's rule
-  does.
+- After each task, per-task statistics of the frozen training features and the new module's temperature are kept for the
+  other routers (:class:`clbench.methods.routers.RoutingMemory`); they change nothing the paper's rule does.
 - The reference checkpoints each module to disk and reloads it per batch; clbench keeps them stacked in memory.
 - Defaults follow the paper's ViT-B/16 setting; on the embedded benchmark the backbone is the offline
   DINOv2 ViT-S/14 (d = 384, r = 24), recorded in every result.
@@ -52,15 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clbench.methods.contract import (
-    PER_SAMPLE,
-    REFERENCE,
-    Context,
-    ParamCounts,
-    Split,
-    Strategy,
-    Task,
-)
+from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.costs import adapter_set_size
 from clbench.methods.routers import RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
 from clbench.methods.routers import route as apply_router
@@ -253,9 +244,8 @@ class TOSCA(Strategy):
 
     @torch.no_grad()
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:
-        """Routing accuracy per task, chosen-module histogram, oracle-routing accuracy, module similarity (weights
-        and outputs), and the routing study: :func:`clbench.methods.routers.routing_summary` for every router asked
-        for."""
+        """Routing accuracy per task, chosen-module histogram, oracle-routing accuracy, module similarity (weights and
+        outputs), and the routing study: :func:`clbench.methods.routers.routing_summary` for every router asked for."""
         all_logits = self.all_logits(split)
         T = all_logits.shape[0]
         y = split.labels.numpy()

@@ -16,10 +16,10 @@ from clbench.run.config import CI_FIRST_SESSION
 
 @dataclass(frozen=True)
 class APERConfig:
-    """Defaults: PILOT ``exps/aper_aperpter.json`` (CIFAR-100 B0 Inc10) and ``utils/inc_net.py`` ``tuning_config``.
-    The other adaptations' reference settings are the profiles ``reference-ssf``, ``reference-vpt``,
-    ``reference-vpt-shallow`` and ``reference-finetune`` (PILOT ``exps/aper_ssf.json``, ``aper_vpt_deep.json``,
-    ``aper_vpt_shallow.json``, ``aper_finetune.json``)."""
+    """Defaults: PILOT ``exps/aper_aperpter.json`` (CIFAR-100 B0 Inc10) and ``utils/inc_net.py`` ``tuning_config``. The
+    other adaptations' reference settings are the profiles ``reference-ssf``, ``reference-vpt``,
+    ``reference-vpt-shallow`` and ``reference-finetune`` (PILOT ``exps/aper_ssf.json``,
+    ``aper_vpt_deep.json``, ``aper_vpt_shallow.json``, ``aper_finetune.json``)."""
 
     adapt: str = "adapter"  # the first-session adaptation: PILOT's models aper_adapter / _finetune / _ssf / _vpt
 

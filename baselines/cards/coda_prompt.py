@@ -4,12 +4,11 @@ without loading the method (``baselines/coda_prompt.py``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.layers.checks import check_head, head_sizes
+from clbench.layers.checks import block_list, check_fields, check_prompt_fields, head_sizes
 from clbench.methods.costs import ParamCounts, RunShape, Work, prefix_prompt_work
 from clbench.run.catalog import MethodCard
 from clbench.run.config import CI_SHAPE
@@ -17,8 +16,8 @@ from clbench.run.config import CI_SHAPE
 
 @dataclass(frozen=True)
 class CodaPromptConfig:
-    """Defaults: the authors' ``configs/cifar-100_prompt.yaml`` + ``experiments/cifar-100.sh`` (= PILOT
-    ``exps/coda_prompt.json``)."""
+    """Defaults: the authors' ``configs/cifar-100_prompt.yaml`` + ``experiments/cifar-100.sh``
+    (= PILOT ``exps/coda_prompt.json``)."""
 
     components_per_task: int = 10  # prompt_param[0] / tasks: 100 components over 10 tasks
     prompt_length: int = 8  # prompt_param[1]: L / 2 prefix keys and L / 2 prefix values
@@ -36,35 +35,16 @@ class CodaPromptConfig:
     head: Literal["linear", "kac"] = "linear"
 
     def __post_init__(self) -> None:
-        for name in ("components_per_task", "epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_prompt_fields(self, ("components_per_task", "epochs", "batch_size"), ("weight_decay", "ortho_mu"))
         if self.prompt_length < 2 or self.prompt_length % 2:
             raise ValueError(f"prompt_length must be an even number >= 2, got {self.prompt_length}")
         if not self.layers:
             raise ValueError("prompt_layers must name at least one block")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
-        for name in ("weight_decay", "ortho_mu"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
-        if self.schedule not in ("cosine", "constant"):
-            raise ValueError(f"schedule must be 'cosine' or 'constant', got {self.schedule!r}")
-        if self.query not in ("augmented", "cached"):
-            raise ValueError(f"query must be 'augmented' or 'cached', got {self.query!r}")
-        check_head(self.head)
+        check_fields(self, choices={"schedule": ("cosine", "constant")})
 
     @property
     def layers(self) -> tuple[int, ...]:
-        try:
-            layers = tuple(int(part) for part in str(self.prompt_layers).split(",") if part.strip())
-        except ValueError:
-            raise ValueError(
-                f"prompt_layers must be comma-separated block indices, got {self.prompt_layers!r}"
-            ) from None
-        if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
-            raise ValueError(f"prompt_layers must be distinct block indices >= 0, got {self.prompt_layers!r}")
-        return layers
+        return block_list(self.prompt_layers, "prompt_layers")
 
 
 # ``quick``: the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on 2 CPU

@@ -4,12 +4,18 @@ without loading the method (``baselines/cofima.py``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.methods.costs import ParamCounts, RunShape, Work, plain_vit_params
+from clbench.layers.checks import (
+    SLOW_LEARNER_CI,
+    SLOW_LEARNER_QUICK,
+    check_fields,
+    check_range,
+    check_slow_learner_fields,
+)
+from clbench.methods.costs import ParamCounts, RunShape, Work, tuned_vit_work, whole_vit_formula
 from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_SHAPE
 
@@ -41,24 +47,9 @@ class CoFiMAConfig:
     float64: bool = False  # compute in float64 (the ci profile: the same numbers under every CPU's kernels)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "ca_samples", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("epochs", "ca_epochs", "milestone"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("lr", "ca_lr", "fisher_max"):
-            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
-        for name in ("backbone_lr_scale", "momentum", "weight_decay", "lr_decay", "logit_norm"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.wt_lambda <= 1.0:
-            raise ValueError(f"wt_lambda must be in [0, 1] (the new task's weight), got {self.wt_lambda}")
-        if self.ca_task_index not in ("exact", "reference"):
-            raise ValueError(f"ca_task_index must be 'exact' or 'reference', got {self.ca_task_index!r}")
-        if self.new_head_merge not in ("copy", "fisher_scaled"):
-            raise ValueError(f"new_head_merge must be 'copy' or 'fisher_scaled', got {self.new_head_merge!r}")
+        check_slow_learner_fields(self, positive=("fisher_max",))
+        check_range(self, "wt_lambda", 0.0, 1.0)  # the new task's weight
+        check_fields(self, choices={"new_head_merge": ("copy", "fisher_scaled")})
 
 
 # ``ci``: the regression gate's run on the embedded benchmark at 56 px (CI_SHAPE: 3 tasks of 12 classes), the first
@@ -84,28 +75,8 @@ class CoFiMAConfig:
 # on 2 cores).
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
-    "quick": {
-        **QUICK_INPUT,
-        "epochs": 3,
-        "batch_size": 16,
-        "milestone": 0,
-        "lr": 0.004,
-        "backbone_lr_scale": 0.025,
-        "ca_epochs": 2,
-        "ca_samples": 64,
-    },
-    "ci": {
-        **CI_SHAPE,
-        "train_per_class": 8,
-        "epochs": 4,
-        "batch_size": 16,
-        "milestone": 0,
-        "ca_epochs": 2,
-        "ca_samples": 64,
-        "lr": 0.004,
-        "backbone_lr_scale": 0.025,
-        "float64": True,
-    },
+    "quick": {**QUICK_INPUT, **SLOW_LEARNER_QUICK},
+    "ci": {**CI_SHAPE, **SLOW_LEARNER_CI},
     "reference": {
         "epochs": 20,
         "batch_size": 64,
@@ -159,17 +130,7 @@ def counts(
     )
 
 
-def param_formula(
-    cfg: CoFiMAConfig,
-    d: int,
-    depth: int,
-    task_sizes: Sequence[int],
-    backbone_params: int | None = None,
-) -> ParamCounts:
-    """``backbone_params``: the ViT's own parameter count (width and depth do not fix it); where not given, a plain
-    timm ViT with 16 px patches at 224 px (:func:`plain_vit_params`)."""
-    vit = plain_vit_params(d, depth) if backbone_params is None else backbone_params
-    return counts(cfg, d, vit, task_sizes)
+param_formula = whole_vit_formula(counts)
 
 
 def work(cfg: CoFiMAConfig, shape: RunShape) -> Work:
@@ -180,11 +141,7 @@ def work(cfg: CoFiMAConfig, shape: RunShape) -> Work:
     :meth:`adapted_features`. The harness's frozen features of every training and the final test image are the
     cacheable part. The merge (a few element-wise operations per ViT parameter) and the alignment's head-only steps
     are left out: below 1 % of one task's ViT passes at the reference budget."""
-    learnt = shape.learnt
-    cached = sum(shape.train_per_task) + max(shape.test_seen, default=0)
-    tuned = sum(learnt) + shape.protocols * sum(shape.test_seen) + max(shape.test_seen, default=0)
-    fisher = 1 if cfg.fisher_weighting else 0
-    return Work(f=cached + tuned, b=(cfg.epochs + fisher) * sum(learnt), f_cacheable=cached)
+    return tuned_vit_work(shape, 1, cfg.epochs + (1 if cfg.fisher_weighting else 0))
 
 
 TUNE_SPACE: dict[str, tuple[Any, ...]] = {"lr": (1e-3, 0.05, True), "wt_lambda": (0.1, 0.9)}

@@ -4,13 +4,12 @@ without loading the method (``baselines/dualprompt.py``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from clbench.layers.checks import block_list as _block_list
-from clbench.layers.checks import check_head, head_sizes
+from clbench.layers.checks import check_fields, check_prompt_fields, head_sizes
 from clbench.methods.costs import ParamCounts, RunShape, Work, prefix_prompt_work
 from clbench.run.catalog import MethodCard
 from clbench.run.config import CI_SHAPE
@@ -41,24 +40,14 @@ class DualPromptConfig:
     head: Literal["linear", "kac"] = "linear"
 
     def __post_init__(self) -> None:
-        for name in ("g_prompt_length", "e_prompt_length", "pool_size", "epochs", "batch_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        sizes = ("g_prompt_length", "e_prompt_length", "pool_size", "epochs", "batch_size", "eval_batch_size")
+        check_prompt_fields(self, sizes, ("weight_decay", "pull_coeff"))
         g, e = self.g_layers, self.e_layers  # raise ValueError on a malformed list
         if set(g) & set(e):
             raise ValueError(f"g_prompt_layers {g} and e_prompt_layers {e} must not share a block")
         if not e:
             raise ValueError("e_prompt_layers must name at least one block")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
-        for name in ("weight_decay", "pull_coeff"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
-        if self.query not in ("augmented", "cached"):
-            raise ValueError(f"query must be 'augmented' or 'cached', got {self.query!r}")
-        check_head(self.head)
-        if self.kv_layout not in ("paired", "pilot"):
-            raise ValueError(f"kv_layout must be 'paired' or 'pilot', got {self.kv_layout!r}")
+        check_fields(self, choices={"kv_layout": ("paired", "pilot")})
 
     @property
     def g_layers(self) -> tuple[int, ...]:
@@ -89,12 +78,11 @@ def prompt_layers(cfg: DualPromptConfig, depth: int) -> tuple[tuple[int, ...], t
 
 
 def param_formula(cfg: DualPromptConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
-    """Task 0 adds the G-prompt n_g * 2 * L_g * d; every task t adds its E-prompt slot n_e * 2 * L_e * d, its
-    key d and its head rows (d + 1) per new class. Trained in task t: the G-prompt, slot t, key t and the
-    new head rows. Under Adam weight decay > 0 (not the reference's default, 0) every tensor in the optimizer
-    moves: every seen head row, and every slot and key of the pool, which decay although only slot t and key t
-    learn (the test that measures moved elements found this). The pool's unused slots are allocated up front
-    (``extra``)."""
+    """Task 0 adds the G-prompt n_g * 2 * L_g * d; every task t adds its E-prompt slot n_e * 2 * L_e * d, its key d and
+    its head rows (d + 1) per new class. Trained in task t: the G-prompt, slot t, key t and the new head rows. Under
+    Adam weight decay > 0 (not the reference's default, 0) every tensor in the optimizer moves: every seen head row, and
+    every slot and key of the pool, which decay although only slot t and key t learn (the test that measures moved
+    elements found this). The pool's unused slots are allocated up front (``extra``)."""
     g_layers, e_layers = prompt_layers(cfg, depth)
     g = len(g_layers) * 2 * cfg.g_prompt_length * d
     e = len(e_layers) * 2 * cfg.e_prompt_length * d
@@ -115,14 +103,13 @@ def param_formula(cfg: DualPromptConfig, d: int, depth: int, task_sizes: Sequenc
 
 
 def work(cfg: DualPromptConfig, shape: RunShape) -> Work:
-    """Passes per training image and epoch: one prefix-prompted forward + backward with the task's own E-prompt,
-    and with ``query="augmented"`` one frozen forward whose query only feeds the pull term (the augmented image
-    changes every epoch, so it cannot be cached; ``query="cached"`` uses the cached feature instead).
-    The frozen features of every image (queries; cacheable), one query pass per training image and epoch
-    with ``query="augmented"``, ``epochs`` prompted training passes per training image, and one prompted pass
-    per seen test image, evaluation and protocol. Prefixes add no tokens: a prompted pass costs a plain one. With
-    the run's ``train_per_class`` only the first k images of each class are trained on (all are in the feature
-    cache)."""
+    """Passes per training image and epoch: one prefix-prompted forward + backward with the task's own E-prompt, and
+    with ``query="augmented"`` one frozen forward whose query only feeds the pull term (the augmented image changes
+    every epoch, so it cannot be cached; ``query="cached"`` uses the cached feature instead). The frozen features of
+    every image (queries; cacheable), one query pass per training image and epoch with ``query="augmented"``, ``epochs``
+    prompted training passes per training image, and one prompted pass per seen test image, evaluation and protocol.
+    Prefixes add no tokens: a prompted pass costs a plain one. With the run's ``train_per_class`` only the first k
+    images of each class are trained on (all are in the feature cache)."""
     return prefix_prompt_work(cfg.epochs, cfg.query, shape)
 
 

@@ -4,21 +4,20 @@ loading the method (``baselines/duct.py``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.methods.costs import ParamCounts, RunShape, Work, plain_vit_params
+from clbench.layers.checks import check_fields, check_range
+from clbench.methods.costs import ParamCounts, RunShape, Work, tuned_vit_work, whole_vit_formula
 from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_SHAPE
 
 
 @dataclass(frozen=True)
 class DUCTConfig:
-    """Defaults: LAMDA-PILOT's ``exps/duct.json`` (CIFAR-100 B0 Inc10) and ``models/duct.py``'s fallbacks; the
-    authors' domain-incremental configurations (``configs/Template_*_duct.json``) are the profiles of the same
-    names."""
+    """Defaults: LAMDA-PILOT's ``exps/duct.json`` (CIFAR-100 B0 Inc10) and ``models/duct.py``'s fallbacks; the authors'
+    domain-incremental configurations (``configs/Template_*_duct.json``) are the profiles of the same names."""
 
     lr: float = 0.1  # "lrate": the head's learning rate; the ViT's is lr * backbone_lr_scale
     backbone_lr_scale: float = 0.01  # "bcb_lr_scale"
@@ -44,32 +43,23 @@ class DUCTConfig:
     # "sinkhorn" underflows (class means farther apart than about 700 * ot_reg give exp(-cost / reg) = 0 and a plan of
     # zeros: the transport does nothing); "sinkhorn" reproduces the reference
     ot_method: Literal["sinkhorn_log", "sinkhorn"] = "sinkhorn_log"
-    # the rows a task adds to the cosine head: "uniform" U(-1/sqrt(d), 1/sqrt(d)) as the authors' IncViTCosine and
-    # the first task in PILOT; "zeros" as PILOT's SimpleVitNet.update_fc for later tasks (a reference flaw: see
-    # baselines/duct.py)
+    # the rows a task adds to the cosine head: "uniform" U(-1/sqrt(d), 1/sqrt(d)) as the authors' IncViTCosine and the
+    # first task in PILOT; "zeros" as PILOT's SimpleVitNet.update_fc for later tasks (a reference
+    # flaw: see baselines/duct.py)
     head_init: Literal["uniform", "zeros"] = "uniform"
     eval_batch_size: int = 128  # batches of evaluation and statistics passes (speed only)
     float64: bool = False  # compute in float64 (the ci profile: the same numbers under every CPU's kernels)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("epochs", "retrain_epochs", "warmup_epochs"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("lr", "retrain_lr", "ot_reg", "warmup_factor"):
-            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
-        for name in ("backbone_lr_scale", "momentum", "weight_decay", "merge_scalar"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)}")
-        if not 0 <= self.head_merge_ratio <= 1:
-            raise ValueError(f"head_merge_ratio must be in [0, 1], got {self.head_merge_ratio}")
-        if self.ot_method not in ("sinkhorn_log", "sinkhorn"):
-            raise ValueError(f"ot_method must be 'sinkhorn_log' or 'sinkhorn', got {self.ot_method!r}")
-        if self.head_init not in ("uniform", "zeros"):
-            raise ValueError(f"head_init must be 'uniform' or 'zeros', got {self.head_init!r}")
+        check_fields(
+            self,
+            at_least_one=("batch_size", "eval_batch_size"),
+            counts=("epochs", "retrain_epochs", "warmup_epochs"),
+            positive=("lr", "retrain_lr", "ot_reg", "warmup_factor"),
+            nonnegative=("backbone_lr_scale", "momentum", "weight_decay", "merge_scalar"),
+        )
+        check_range(self, "head_merge_ratio", 0.0, 1.0)
+        check_fields(self, choices={"ot_method": ("sinkhorn_log", "sinkhorn"), "head_init": ("uniform", "zeros")})
 
 
 # The authors' domain-incremental configurations (Estrella-fugaz/CVPR25-DUCT configs/Template_*_duct.json), for the
@@ -134,17 +124,7 @@ def counts(cfg: DUCTConfig, d: int, vit: int, rows: Sequence[int], trainable: li
     )
 
 
-def param_formula(
-    cfg: DUCTConfig,
-    d: int,
-    depth: int,
-    task_sizes: Sequence[int],
-    backbone_params: int | None = None,
-) -> ParamCounts:
-    """``backbone_params``: the ViT's own parameter count (width and depth do not fix it); where not given, a plain
-    timm ViT with 16 px patches at 224 px (:func:`plain_vit_params`)."""
-    vit = plain_vit_params(d, depth) if backbone_params is None else backbone_params
-    return counts(cfg, d, vit, task_sizes)
+param_formula = whole_vit_formula(counts)
 
 
 def work(cfg: DUCTConfig, shape: RunShape) -> Work:
@@ -154,11 +134,7 @@ def work(cfg: DUCTConfig, shape: RunShape) -> Work:
     image per protocol, and one over the final test set for :meth:`adapted_features` (``f``, not cacheable). The
     harness's frozen features of every training and the final test image are the cacheable part (the transport's
     pre-trained class means read them). The merge and the transport are a few vector operations per task."""
-    learnt = shape.learnt
-    cached = sum(shape.train_per_task) + max(shape.test_seen, default=0)
-    per_image = cfg.retrain_epochs + (1 if cfg.similarity_weight else 0)
-    tuned = per_image * sum(learnt) + shape.protocols * sum(shape.test_seen) + max(shape.test_seen, default=0)
-    return Work(f=cached + tuned, b=cfg.epochs * sum(learnt), f_cacheable=cached)
+    return tuned_vit_work(shape, cfg.retrain_epochs + (1 if cfg.similarity_weight else 0), cfg.epochs)
 
 
 CARD = MethodCard(

@@ -65,10 +65,9 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 # ------------------------------------------------------------------------------------ parameters and cost model
 def param_formula(cfg: InfLoRAConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
-    """Task t adds its branches (keys and values of every block: A_t designed, B_t trained, 2 x depth x 2 d r)
-    and its head (d + 1 per class); it trains B_t and that head. Stored: the memory's per-block projector
-    U U^T (d x d, the reference's ``feature_mat``), from the first task on; the bases' own sizes depend on the
-    data (``extra``)."""
+    """Task t adds its branches (keys and values of every block: A_t designed, B_t trained, 2 x depth x 2 d r) and its
+    head (d + 1 per class); it trains B_t and that head. Stored: the memory's per-block projector U U^T (d x d, the
+    reference's ``feature_mat``), from the first task on; the bases' own sizes depend on the data (``extra``)."""
     lora = lora_task_size(depth, d, cfg.rank)
     added = [lora + c * (d + 1) for c in task_sizes]
     trainable = [lora // 2 + c * (d + 1) for c in task_sizes]
@@ -83,10 +82,9 @@ def param_formula(cfg: InfLoRAConfig, d: int, depth: int, task_sizes: Sequence[i
 
 
 def work(cfg: InfLoRAConfig, shape: RunShape) -> Work:
-    """Per task: two LoRA forward passes over its training images (the covariances before and after
-    training; the branches change them, so the feature cache cannot serve them), ``epochs`` forward + backward
-    passes (the branches add no tokens: b costs a plain training pass), and one LoRA pass per seen test image
-    after every task."""
+    """Per task: two LoRA forward passes over its training images (the covariances before and after training; the
+    branches change them, so the feature cache cannot serve them), ``epochs`` forward + backward passes (the branches
+    add no tokens: b costs a plain training pass), and one LoRA pass per seen test image after every task."""
     n_learn = sum(shape.learnt)
     return Work(f=2 * n_learn + shape.protocols * sum(shape.test_seen), b=cfg.epochs * n_learn)
 

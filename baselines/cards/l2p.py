@@ -4,12 +4,11 @@ loading the method (``baselines/l2p.py``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.layers.checks import check_head, head_sizes
+from clbench.layers.checks import check_fields, check_prompt_fields, head_sizes
 from clbench.methods.costs import ParamCounts, RunShape, Work
 from clbench.run.catalog import MethodCard
 from clbench.run.config import CI_SHAPE
@@ -36,21 +35,11 @@ class L2PConfig:
     head: Literal["linear", "kac"] = "linear"
 
     def __post_init__(self) -> None:
-        for name in ("pool_size", "prompt_length", "top_k", "epochs", "batch_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        sizes = ("pool_size", "prompt_length", "top_k", "epochs", "batch_size", "eval_batch_size")
+        check_prompt_fields(self, sizes, ("weight_decay", "pull_coeff"))
         if self.top_k > self.pool_size:
             raise ValueError(f"top_k ({self.top_k}) must be <= pool_size ({self.pool_size})")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
-        for name in ("weight_decay", "pull_coeff"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.train_selection not in ("batchwise", "per-sample"):
-            raise ValueError(f"train_selection must be 'batchwise' or 'per-sample', got {self.train_selection!r}")
-        if self.query not in ("augmented", "cached"):
-            raise ValueError(f"query must be 'augmented' or 'cached', got {self.query!r}")
-        check_head(self.head)
+        check_fields(self, choices={"train_selection": ("batchwise", "per-sample")})
 
 
 # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on

@@ -4,11 +4,11 @@ loading the method (``baselines/mos.py``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.layers.checks import check_adapter_sets_fields, check_range
 from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size
 from clbench.run.catalog import MethodCard
 from clbench.run.config import CI_SHAPE
@@ -42,25 +42,8 @@ class MOSConfig:
     reference_drift: bool = False  # True: PILOT's in-place merging in every forward (see module docstring)
 
     def __post_init__(self) -> None:
-        for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size", "ca_samples_scale", "max_refine"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.ca_epochs < 0:
-            raise ValueError(f"ca_epochs must be >= 0, got {self.ca_epochs}")
-        for name in ("lr", "ca_lr", "orth_temperature", "head_lr_scale"):
-            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
-        if not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"min_lr must be in [0, lr], got {self.min_lr}")
-        if not 0 <= self.adapter_dropout < 1:
-            raise ValueError(f"adapter_dropout must be in [0, 1), got {self.adapter_dropout}")
-        if not 0 <= self.adapter_momentum <= 1:
-            raise ValueError(f"adapter_momentum must be in [0, 1], got {self.adapter_momentum}")
-        for name in ("momentum", "weight_decay", "reg", "adapter_scale", "cov_eps"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
-        if self.ca_storage not in ("covariance", "variance"):
-            raise ValueError(f"ca_storage must be 'covariance' or 'variance', got {self.ca_storage!r}")
+        check_adapter_sets_fields(self, at_least_one=("max_refine",), positive=("orth_temperature", "head_lr_scale"))
+        check_range(self, "adapter_momentum", 0.0, 1.0)
 
 
 # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on

@@ -51,9 +51,8 @@ def extra_counts(cfg: RanDumbConfig, d: int) -> dict[str, Any]:
 
 
 def param_formula(cfg: RanDumbConfig, d: int, depth: int, task_sizes: Sequence[int]) -> ParamCounts:
-    """W = M with the embedding, d without. Added: W + 1 head numbers per class; stored: W + 1 per class
-    (mean, count), and in task 0 the covariance (W^2) and the random features (d M + M, with the embedding);
-    nothing is trained."""
+    """W = M with the embedding, d without. Added: W + 1 head numbers per class; stored: W + 1 per class (mean, count),
+    and in task 0 the covariance (W^2) and the random features (d M + M, with the embedding); nothing is trained."""
     extra = extra_counts(cfg, d)
     w, first = extra["lda_width"], extra["covariance_floats"] + extra["random_features"]
     return ParamCounts(

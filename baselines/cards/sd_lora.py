@@ -30,9 +30,8 @@ def _int_list(text: str, name: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class SDLoRAConfig:
-    """Defaults: the reference's ``exps/sdlora_c100.json`` (CIFAR-100 B0 Inc10) as ``models/sdlora.py`` reads it
-    (SGD, momentum 0.9, no weight decay, ``MultiStepLR``: the file's ``optimizer``/``scheduler`` keys are never
-    read)."""
+    """Defaults: the reference's ``exps/sdlora_c100.json`` (CIFAR-100 B0 Inc10) as ``models/sdlora.py`` reads it (SGD,
+    momentum 0.9, no weight decay, ``MultiStepLR``: the file's ``optimizer``/``scheduler`` keys are never read)."""
 
     rank: int = 10  # update_network / get_backbone: ``rank=10`` (queries and values of every block)
     # SD-LoRA-RR: per-task ranks, comma-separated, the last one repeated ("" = ``rank`` for every task)

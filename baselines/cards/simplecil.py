@@ -37,9 +37,8 @@ def param_formula(cfg: SimpleCILConfig, d: int, depth: int, task_sizes: Sequence
 
 
 def work(cfg: SimpleCILConfig, shape: RunShape) -> Work:
-    """No training pass (nothing is trained). Every image once through the frozen backbone (train for the
-    prototypes, test for prediction), all of it from clbench's feature cache, which shares it across seeds and
-    strategies."""
+    """No training pass (nothing is trained). Every image once through the frozen backbone (train for the prototypes,
+    test for prediction), all of it from clbench's feature cache, which shares it across seeds and strategies."""
     return Work.cached_features(shape)
 
 

@@ -4,12 +4,12 @@ loading the method (``baselines/slca.py``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.methods.costs import ParamCounts, RunShape, Work, plain_vit_params
+from clbench.layers.checks import SLOW_LEARNER_CI, SLOW_LEARNER_QUICK, check_slow_learner_fields
+from clbench.methods.costs import ParamCounts, RunShape, Work, tuned_vit_work, whole_vit_formula
 from clbench.run.catalog import QUICK_INPUT, MethodCard
 from clbench.run.config import CI_SHAPE
 
@@ -36,20 +36,7 @@ class SLCAConfig:
     float64: bool = False  # compute in float64 (the ci profile: the same numbers under every CPU's kernels)
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "ca_samples", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("epochs", "ca_epochs", "milestone"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("lr", "ca_lr"):
-            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
-        for name in ("backbone_lr_scale", "momentum", "weight_decay", "lr_decay", "logit_norm"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a number >= 0, got {getattr(self, name)}")
-        if self.ca_task_index not in ("exact", "reference"):
-            raise ValueError(f"ca_task_index must be 'exact' or 'reference', got {self.ca_task_index!r}")
+        check_slow_learner_fields(self)
 
 
 # ``ci``: the regression gate's run on the embedded benchmark at 56 px (CI_SHAPE: 3 tasks of 12 classes), the
@@ -69,28 +56,8 @@ class SLCAConfig:
 # 3 steps per epoch on a task of 6 emoji classes).
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
-    "quick": {
-        **QUICK_INPUT,
-        "epochs": 3,
-        "batch_size": 16,
-        "milestone": 0,
-        "lr": 0.004,
-        "backbone_lr_scale": 0.025,
-        "ca_epochs": 2,
-        "ca_samples": 64,
-    },
-    "ci": {
-        **CI_SHAPE,
-        "train_per_class": 8,
-        "epochs": 4,
-        "batch_size": 16,
-        "milestone": 0,
-        "ca_epochs": 2,
-        "ca_samples": 64,
-        "lr": 0.004,
-        "backbone_lr_scale": 0.025,
-        "float64": True,
-    },
+    "quick": {**QUICK_INPUT, **SLOW_LEARNER_QUICK},
+    "ci": {**CI_SHAPE, **SLOW_LEARNER_CI},
     "reference": {
         "epochs": 20,
         "batch_size": 128,
@@ -126,33 +93,18 @@ def counts(cfg: SLCAConfig, d: int, vit: int, sizes: Sequence[int], trainable: l
     )
 
 
-def param_formula(
-    cfg: SLCAConfig,
-    d: int,
-    depth: int,
-    task_sizes: Sequence[int],
-    backbone_params: int | None = None,
-) -> ParamCounts:
-    """``backbone_params``: the ViT's own parameter count (a fine-tuning method's trained parameters include
-    it, and width and depth do not fix it: patch size, input size, LayerScale); where not given, a plain timm
-    ViT with 16 px patches at 224 px (:func:`plain_vit_params`: 85,798,656 for ViT-B/16)."""
-    vit = plain_vit_params(d, depth) if backbone_params is None else backbone_params
-    return counts(cfg, d, vit, task_sizes)
+param_formula = whole_vit_formula(counts)
 
 
 def work(cfg: SLCAConfig, shape: RunShape) -> Work:
-    """Per task: ``epochs`` full fine-tuning passes over the learnt images (``b``: a forward and backward pass
-    through the whole ViT; the generic unit times the backward to input-side parameters, so it leaves out the
-    weight gradients of full fine-tuning, which ``clbench perf train-step`` measures); one tuned eval pass over
-    them for the statistics and one over every seen test image per protocol (``f``, not cacheable: the ViT
-    changes), and one over the final test set for :meth:`adapted_features`. The harness's frozen features of
-    every training and the final test image are the cacheable part. The alignment's head-only steps are left out:
-    ``ca_epochs`` x ``ca_samples`` x classes draws through a linear head, below 1 % of one task's ViT passes at
-    the reference budget."""
-    learnt = shape.learnt
-    cached = sum(shape.train_per_task) + max(shape.test_seen, default=0)
-    tuned = sum(learnt) + shape.protocols * sum(shape.test_seen) + max(shape.test_seen, default=0)
-    return Work(f=cached + tuned, b=cfg.epochs * sum(learnt), f_cacheable=cached)
+    """Per task: ``epochs`` full fine-tuning passes over the learnt images (``b``: a forward and backward pass through
+    the whole ViT; the generic unit times the backward to input-side parameters, so it leaves out the weight gradients
+    of full fine-tuning, which ``clbench perf train-step`` measures); one tuned eval pass over them for the statistics
+    and one over every seen test image per protocol (``f``, not cacheable: the ViT changes), and one over the final test
+    set for :meth:`adapted_features`. The harness's frozen features of every training and the final test image are the
+    cacheable part. The alignment's head-only steps are left out: ``ca_epochs`` x ``ca_samples`` x classes draws through
+    a linear head, below 1 % of one task's ViT passes at the reference budget."""
+    return tuned_vit_work(shape, 1, cfg.epochs)
 
 
 CARD = MethodCard(

@@ -4,11 +4,11 @@ loading the method (``baselines/tuna.py``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.layers.checks import check_adapter_sets_fields, check_fields
 from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size
 from clbench.run.catalog import MethodCard
 from clbench.run.config import CI_SHAPE
@@ -53,27 +53,10 @@ class TUNAConfig:
     entropy_eps: float = 1e-10  # _eval_cnn: -sum p log(p + 1e-10)
 
     def __post_init__(self) -> None:
-        for name in ("bottleneck", "epochs", "batch_size", "eval_batch_size", "ca_samples_scale", "ca_tmax"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.ca_epochs < 0:
-            raise ValueError(f"ca_epochs must be >= 0, got {self.ca_epochs}")
-        for name in ("lr", "ca_lr", "scale"):
-            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
-        if not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"min_lr must be in [0, lr], got {self.min_lr}")
-        if not 0 <= self.adapter_dropout < 1:
-            raise ValueError(f"adapter_dropout must be in [0, 1), got {self.adapter_dropout}")
-        for name in ("momentum", "weight_decay", "reg", "adapter_scale", "cov_eps", "margin", "entropy_eps"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
-        if self.ca_storage not in ("covariance", "variance"):
-            raise ValueError(f"ca_storage must be 'covariance' or 'variance', got {self.ca_storage!r}")
-        if self.decay_rule not in ("task", "reference"):
-            raise ValueError(f"decay_rule must be 'task' or 'reference', got {self.decay_rule!r}")
-        if self.universal not in ("merged", "last"):
-            raise ValueError(f"universal must be 'merged' or 'last', got {self.universal!r}")
+        check_adapter_sets_fields(
+            self, at_least_one=("ca_tmax",), positive=("scale",), nonnegative=("margin", "entropy_eps")
+        )
+        check_fields(self, choices={"decay_rule": ("task", "reference"), "universal": ("merged", "last")})
 
 
 # ``quick``: CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14

@@ -1,13 +1,12 @@
 """``clbench data check BENCH --data-root DIR``: is this data root ready for a long GPU run?
 
-Every benchmark read from files gets these checks: an ImageFolder tree (:func:`_check_tree`) and the literature's
-domain benchmarks, whose loaders list their files (:func:`check_file_sources`); images stored as arrays get the
-class and duplicate checks. Checks, in order: the structure the loader checks (the same messages a run stops with
-in its first seconds: layout, empty or one-sided class folders, class count), images per split (min / median / max
-per class), every image decoded with PIL (``verify()`` and a full decode, which also catches truncated JPEGs), and
-test images byte-identical to training images (sha256 of the file bytes: a train/test leak). It prints where the
-benchmark is published and the layout it expects. Exit status 0 when nothing is wrong, 1 with the list of
-problems otherwise.
+Every benchmark read from files gets these checks: an ImageFolder tree (:func:`_check_tree`) and the literature's domain
+benchmarks, whose loaders list their files (:func:`check_file_sources`); images stored as arrays get the class and
+duplicate checks. Checks, in order: the structure the loader checks (the same messages a run stops with in its first
+seconds: layout, empty or one-sided class folders, class count), images per split (min / median / max per class), every
+image decoded with PIL (``verify()`` and a full decode, which also catches truncated JPEGs), and test images
+byte-identical to training images (sha256 of the file bytes: a train/test leak). It prints where the benchmark is
+published and the layout it expects. Exit status 0 when nothing is wrong, 1 with the list of problems otherwise.
 
 :func:`check_data` does the work and returns a :class:`DataReport`; :func:`cmd_data_check` prints it.
 """

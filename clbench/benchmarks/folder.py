@@ -85,8 +85,7 @@ def to_rgb(im):
     - 16- and 32-bit integer grey (``I;16*``, ``I``): scaled from the full 16-bit range (``value / 257``), where
       ``convert`` clips every value above 255 to white;
     - transparency (``RGBA``, ``LA``, ``PA``, ``P`` or ``L``/``RGB`` with a transparent colour): composited onto white,
-      as the embedded emoji benchmark was built, where ``convert`` keeps whatever colour hides under transparent
-      pixels;
+      as the embedded emoji benchmark was built, where ``convert`` keeps whatever colour hides under transparent pixels;
     - ``CMYK`` and ``YCbCr``: ``convert`` (PIL undoes the inverted CMYK of Adobe JPEGs when decoding);
     - floating-point grey (``F``): refused, since it has no standard 8-bit mapping.
 

@@ -12,9 +12,8 @@ Definitions (printed in every report, see :data:`DEFINITIONS`):
   ``forgetting_first_last`` so the two are never confused.
 - ``bwt`` (backward transfer, Lopez-Paz and Ranzato 2017, GEM): mean over old tasks ``j < T`` of
   ``R[T][j] - R[j][j]``; negative when learning later tasks hurt earlier ones (it is ``-forgetting_first_last``).
-- ``ece`` (expected calibration error, Guo et al. 2017) of the final model: test images binned by their top-1
-  confidence into 15 equal-width bins of (0, 1]; the image-weighted mean over bins of ``|accuracy - mean
-  confidence|``, in points.
+- ``ece`` (expected calibration error, Guo et al. 2017) of the final model: test images binned by their top-1 confidence
+  into 15 equal-width bins of (0, 1]; the image-weighted mean over bins of ``|accuracy - mean confidence|``, in points.
 - Intervals (:mod:`clbench.evaluation.stats`): a record's ``last_acc_ci`` / ``avg_acc_ci`` are 95 % percentile intervals
   of a bootstrap over test images resampled within each class (2,000 resamples, a fixed seed). Reports recompute theirs
   from the predictions: 10,000 resamples (by test batch for a batch-coupled protocol) and, over seeds, the seed-level

@@ -31,8 +31,8 @@ same inputs give the same interval.
   reached 0) is a bound, not a value: :class:`PairedTest` says so (``at_floor``) and :func:`holm_bounds` keeps a
   Holm-adjusted bound a bound. :func:`holm` corrects p-values for the number of pairs.
 
-Everything is in the units of its input (the harness passes 0/1 correctness, intervals come out in percent after
-``100 *``).
+Everything is in the units of its input (the harness passes 0/1 correctness, intervals come out in
+percent after ``100 *``).
 """
 
 from __future__ import annotations
@@ -252,10 +252,9 @@ def image_var(values: np.ndarray, strata: np.ndarray | None = None, blocks: np.n
 
 @dataclass(frozen=True)
 class SeedLevel:
-    """Per column: the mean over seeds, its 95 % interval, and the parts: ``seed_sd`` (the sample standard
-    deviation of the per-seed values), ``image_se`` (the shared test-image standard error) and ``quantile`` (the
-    multiple of the combined standard error the half-width is: t(S-1) where the seeds dominate, 1.96 where the
-    images do)."""
+    """Per column: the mean over seeds, its 95 % interval, and the parts: ``seed_sd`` (the sample standard deviation of
+    the per-seed values), ``image_se`` (the shared test-image standard error) and ``quantile`` (the multiple of the
+    combined standard error the half-width is: t(S-1) where the seeds dominate, 1.96 where the images do)."""
 
     value: np.ndarray
     lo: np.ndarray
@@ -408,13 +407,12 @@ def paired_test(
     seed: int = SEED,
     blocks: np.ndarray | None = None,
 ) -> PairedTest:
-    """A against B on the same images: ``a``, ``b`` (S, N) 0/1 final correctness per seed (the same seeds in the
-    same order). One procedure gives the interval and the p-value (:func:`percentile_bootstrap`): a stratified
-    bootstrap over test images (by whole blocks with ``blocks``), each image carrying its difference averaged over
-    the seeds (the seeds held fixed: this test conditions on the trained runs); its interval excludes 0 exactly
-    when its p is below 0.05. (Resampling the seeds as well would count each seed's image-level noise twice: under
-    the null such a test almost never rejects, see tests/test_stats.py; :func:`paired_seed_test` is the test over
-    training runs.)"""
+    """A against B on the same images: ``a``, ``b`` (S, N) 0/1 final correctness per seed (the same seeds in the same
+    order). One procedure gives the interval and the p-value (:func:`percentile_bootstrap`): a stratified bootstrap over
+    test images (by whole blocks with ``blocks``), each image carrying its difference averaged over the seeds (the seeds
+    held fixed: this test conditions on the trained runs); its interval excludes 0 exactly when its p is below 0.05.
+    (Resampling the seeds as well would count each seed's image-level noise twice: under the null such a test almost
+    never rejects, see tests/test_stats.py; :func:`paired_seed_test` is the test over training runs.)"""
     a, b = np.atleast_2d(np.asarray(a, np.float64)), np.atleast_2d(np.asarray(b, np.float64))
     if a.shape != b.shape:
         raise ValueError(f"paired outcomes need the same shape, got {a.shape} and {b.shape}")
@@ -442,9 +440,8 @@ def paired_seed_test(
 
 
 def _combined_p(value: float, seed_var: float, image_var_: float, df: int) -> float:
-    """The two-sided p-value that matches :func:`seed_level`'s interval: the level alpha at which
-    ``sqrt(t_(df, alpha)^2 * seed_var + z_alpha^2 * image_var_)`` equals ``|value|`` (p < 0.05 exactly when the
-    95 % interval excludes 0)."""
+    """The two-sided p-value that matches :func:`seed_level`'s interval: the level alpha at which ``sqrt(t_(df, alpha)^2
+    * seed_var + z_alpha^2 * image_var_)`` equals ``|value|`` (p < 0.05 exactly when the 95 % interval excludes 0)."""
     from scipy import optimize
     from scipy import stats as sps
 

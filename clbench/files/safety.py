@@ -1,12 +1,11 @@
 """Files clbench creates and files it reads that others may have written (the threat model: reports/README.md).
 
 Creating: locks are opened with ``O_NOFOLLOW`` and must be regular files (a planted symbolic link named ``.lock`` is
-refused, never followed and truncated); temporary files carry the prefix :data:`TMP_PREFIX`, are made with
-``O_EXCL`` (``tempfile.mkstemp``), and only files with that prefix are ever swept up; a sub-folder clbench writes
-into (``figures/``, a sweep's ``runs/`` and ``report/``, a tracker's ``tensorboard/``, the cache's ``features/``,
-``machine/``, ``weights/`` and ``wheels/``) must be a real folder inside its parent, not a link leading out of it;
-a folder name taken from a file (a config's group, a record's run id) is one path component
-(:func:`folder_name_problem`).
+refused, never followed and truncated); temporary files carry the prefix :data:`TMP_PREFIX`, are made with ``O_EXCL``
+(``tempfile.mkstemp``), and only files with that prefix are ever swept up; a sub-folder clbench writes into
+(``figures/``, a sweep's ``runs/`` and ``report/``, a tracker's ``tensorboard/``, the cache's ``features/``,
+``machine/``, ``weights/`` and ``wheels/``) must be a real folder inside its parent, not a link leading out of it; a
+folder name taken from a file (a config's group, a record's run id) is one path component (:func:`folder_name_problem`).
 
 Output folders: ``--out`` of a run, a sweep or a report is new, empty, or a folder clbench made, told by its mark
 file :data:`FOLDER_MARK` (JSON naming the kind of folder, written first) or by clbench's own record of that kind;
@@ -352,11 +351,10 @@ def load_json(
 
 
 def npz_arrays(data: bytes, limit: int) -> dict[str, Any]:
-    """The arrays of the ``.npz`` bytes ``data`` (numpy arrays, never unpickled), each member's ``.npy`` header
-    checked before anything is allocated: its element count times item size must be the bytes the member holds (a
-    header claiming 2^40 elements in a small file is refused, not allocated), an object dtype is refused, and the
-    members together may expand to at most ``limit`` bytes. Raises ValueError saying why (the caller names the
-    file)."""
+    """The arrays of the ``.npz`` bytes ``data`` (numpy arrays, never unpickled), each member's ``.npy`` header checked
+    before anything is allocated: its element count times item size must be the bytes the member holds (a header
+    claiming 2^40 elements in a small file is refused, not allocated), an object dtype is refused, and the members
+    together may expand to at most ``limit`` bytes. Raises ValueError saying why (the caller names the file)."""
     import io
     import math
     import zipfile

@@ -558,9 +558,9 @@ def _training_rows(entry: ReferenceEntry, runs: list[Run], label: str, rewrite: 
 
 
 def _metric_tolerance(entry: ReferenceEntry, metric: str) -> float:
-    """Points a stored metric may move: what the entry's accuracy tolerances allow it (a curve entry or ECE moves
-    with the matrix, forgetting and BWT are differences of two matrix entries, an interval endpoint moves with its
-    accuracy)."""
+    """Points a stored metric may move: what the entry's accuracy tolerances allow it (a curve entry or ECE moves with
+    the matrix, forgetting and BWT are differences of two matrix entries, an interval endpoint moves
+    with its accuracy)."""
     tol = entry.tolerance
     if metric in ("forgetting", "forgetting_first_last", "bwt"):
         return 2 * tol.matrix

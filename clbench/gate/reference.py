@@ -180,9 +180,8 @@ def mean_matrix(runs: Sequence[Run], protocol: str) -> list[list[float]]:
     return [[mean([float(m[t][j]) for m in mats]) for j in range(len(mats[0][t]))] for t in range(len(mats[0]))]
 
 
-# ------------------------------------------------------------------------------------------- the types
-# What a value must be, as the refusals say it (and the checks the declarations below use that clbench.files.typedfile
-# lacks).
+# ------------------------------------------------------------------------------------------- the types What a value
+# must be, as the refusals say it (and the checks the declarations below use that clbench.files.typedfile lacks).
 NAME_OR_NULL = "a name or null"
 TEXT_OR_NULL = "a string or null"
 OBJECTS = "a list of objects"
@@ -334,8 +333,8 @@ class ReferenceEntry(Typed):
     # (a method's own Config as JSON: each method declares its own fields, so they are not the reference's to declare)
     strategy_config: JsonObject | None = json_field("an object or null", or_none(is_json_object), default=None)
     # the runs' data ({"train": digest, "test": digest}, RunRecord.data_fingerprint); None: not pinned (references
-    # written before records held it, or from runs that lack it). Compared like the weights: absent on either side
-    # matches
+    # written before records held it, or from runs that lack it). Compared like the weights: absent
+    # on either side matches
     data: dict[str, str] | None = json_field(
         "null or an object of train/test -> digest", _is_digests, where_set=True, default=None
     )
@@ -349,8 +348,8 @@ class ReferenceEntry(Typed):
     )
     # what training did, per task and per optimiser the task stepped (:data:`TRAINING_PINS` of the record's
     # ``diagnostics.training``, mean over the runs; [] for a task that trains nothing); None: not pinned (references
-    # written before). A bug in what a method learns moves its losses even where its ci accuracy sits near the
-    # untrained control's.
+    # written before). A bug in what a method learns moves its losses even where its ci accuracy sits near
+    # the untrained control's.
     training: list[list[dict[str, float | None]]] | None = json_field(
         f"null or a list (per task) of lists (per optimiser) of objects of {', '.join(TRAINING_PINS)} -> a number",
         _is_training,

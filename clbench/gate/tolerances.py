@@ -88,8 +88,8 @@ def load_tolerances(path: Path) -> ToleranceTable:
 
 
 def tolerance_for(tolerances: ToleranceTable, strategy: str, profile: str | None) -> Tolerance:
-    """The tolerance of ``strategy:profile`` in a table: its own values over the table's ``default`` over
-    :data:`DEFAULT_TOLERANCE`."""
+    """The tolerance of ``strategy:profile`` in a table: its own values over the table's
+    ``default`` over :data:`DEFAULT_TOLERANCE`."""
     name = f"{strategy}:{profile}" if profile else strategy
     tol = dict(DEFAULT_TOLERANCE)
     for block in (tolerances.get("default"), tolerances.get(name)):

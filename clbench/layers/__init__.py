@@ -1,8 +1,8 @@
 """Layers shared by two or more methods, one small module per kind (as timm's ``layers/``); no method file imports
 another method file, they import from here (or from :mod:`clbench.methods.shared`) instead.
 
-- :mod:`clbench.layers.adapters`: the AdaptFormer bottleneck adapter and one-per-block adapter sets (EASE, APER,
-  RanPAC, MOS).
+- :mod:`clbench.layers.adapters`: the AdaptFormer bottleneck adapter and one-per-block adapter sets
+  (EASE, APER, RanPAC, MOS).
 - :mod:`clbench.layers.first_session`: APER's first-session adaptation and the store of adapted features (APER,
   RanPAC's "Phase 1"), and the fine-tuned ViT copy of APER's ``adapt=finetune``.
 - :mod:`clbench.layers.ssf`: SSF scale-and-shift factors on a frozen ViT (APER ``adapt=ssf``).

@@ -1,12 +1,12 @@
 """AdaptFormer bottleneck adapters beside the MLP of every ViT block: :class:`Adapter`, :class:`AdapterSet` (one
 adapter per block); its parameter count is :func:`clbench.methods.costs.adapter_set_size`.
 
-The adapter is AdaptFormer's (Chen et al., "AdaptFormer: Adapting Vision Transformers for Scalable Visual
-Recognition", NeurIPS 2022, arXiv 2205.13535) as LAMDA-PILOT's ``backbone/vit_adapter.py`` / ``vit_ease.py``
-initialise it (``init_option="lora"``). Used by EASE (one set per task, ``baselines/ease.py``), APER and RanPAC (one
-set tuned on the first task, ``baselines/aper.py``, ``baselines/ranpac.py`` via :mod:`clbench.layers.first_session`)
-and MOS (one set per task, merged, ``baselines/mos.py``). The block forward that applies a set is
-:func:`clbench.methods.shared.vit_forward_tokens`.
+The adapter is AdaptFormer's (Chen et al., "AdaptFormer: Adapting Vision Transformers for Scalable Visual Recognition",
+NeurIPS 2022, arXiv 2205.13535) as LAMDA-PILOT's ``backbone/vit_adapter.py`` / ``vit_ease.py`` initialise it
+(``init_option="lora"``). Used by EASE (one set per task, ``baselines/ease.py``), APER and RanPAC (one set tuned on the
+first task, ``baselines/aper.py``, ``baselines/ranpac.py`` via :mod:`clbench.layers.first_session`) and MOS (one set per
+task, merged, ``baselines/mos.py``). The block forward that applies a
+set is :func:`clbench.methods.shared.vit_forward_tokens`.
 """
 
 from __future__ import annotations

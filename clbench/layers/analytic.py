@@ -177,21 +177,19 @@ class AnalyticRidge:
     update (ACIL's Theorem 1), in the cheaper of two forms; float64.
 
     - ``solver="recursive"``: the reference's recursion (:class:`RecursiveRidge`): R (M, M) from the start.
-    - ``solver="auto"`` (default): the dual form while it is the cheaper (every task of the embedded benchmark:
-      2,320 images against M = 8,192), then the recursion, switched to once (:meth:`_switch_now`). The
-      dual form keeps the autocorrelation sum X^T X as a stack of per-batch factors ``factor`` (r, M): each batch
-      X adds R_b = V^T X, V the (n, n) orthogonal eigenvectors of X X^T (so R_b^T R_b = X^T X and the rows of R_b
-      are orthogonal), and its targets rotated the same way, V^T Y, to ``targets`` (r, C), so that
-      factor^T targets = sum X^T Y; ``chol``, the Cholesky factor of factor factor^T + gamma I (r, r), is bordered by
-      one block of rows per batch (the Gram itself is not kept). The weights
-      follow from the push-through identity
-      (F^T F + gamma I)^-1 F^T = F^T (F F^T + gamma I)^-1: W = factor^T (F F^T + gamma I)^-1 targets, an r x r
-      Cholesky solve, its factor kept and bordered by each batch (n r^2 + n^3 / 3 flops). Per batch of n on r rows:
-      4 n^2 M + 2 n r M + n r^2 + n^3 / 3 flops and an n x n eigh, not the
-      recursion's 4 n M^2 (about 10 x fewer for the embedded benchmark at M = 8192), and r M + r^2 floats kept
-      instead of M^2. No sample is kept: R_b is a factor of X^T X, from which a batch's images are recovered only
-      up to an unknown rotation of the batch (a batch of one image gives its expanded features up to sign, as its
-      X^T X does); what the dual form reveals beyond the recursion's single R is each batch's autocorrelation
+    - ``solver="auto"`` (default): the dual form while it is the cheaper (every task of the embedded benchmark: 2,320
+      images against M = 8,192), then the recursion, switched to once (:meth:`_switch_now`). The dual form keeps the
+      autocorrelation sum X^T X as a stack of per-batch factors ``factor`` (r, M): each batch X adds R_b = V^T X, V the
+      (n, n) orthogonal eigenvectors of X X^T (so R_b^T R_b = X^T X and the rows of R_b are orthogonal), and its targets
+      rotated the same way, V^T Y, to ``targets`` (r, C), so that factor^T targets = sum X^T Y; ``chol``, the Cholesky
+      factor of factor factor^T + gamma I (r, r), is bordered by one block of rows per batch (the Gram itself is not
+      kept). The weights follow from the push-through identity (F^T F + gamma I)^-1 F^T = F^T (F F^T + gamma I)^-1: W =
+      factor^T (F F^T + gamma I)^-1 targets, an r x r Cholesky solve, its factor kept and bordered by each batch (n r^2
+      + n^3 / 3 flops). Per batch of n on r rows: 4 n^2 M + 2 n r M + n r^2 + n^3 / 3 flops and an n x n eigh, not the
+      recursion's 4 n M^2 (about 10 x fewer for the embedded benchmark at M = 8192), and r M + r^2 floats kept instead
+      of M^2. No sample is kept: R_b is a factor of X^T X, from which a batch's images are recovered only up to an
+      unknown rotation of the batch (a batch of one image gives its expanded features up to sign, as its X^T X does);
+      what the dual form reveals beyond the recursion's single R is each batch's autocorrelation
       instead of only their sum.
     Both forms give the same W to float64 rounding (``tests/test_acil.py``); which one ran is in ``form``.
     """

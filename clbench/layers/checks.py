@@ -5,7 +5,7 @@ and the CLI read those cards without loading a method or torch."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clbench.errors import ClbenchError
@@ -103,3 +103,101 @@ def block_list(spec: str, name: str) -> tuple[int, ...]:
     if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
         raise ValueError(f"{name} must be distinct block indices >= 0, got {spec!r}")
     return layers
+
+
+def check_fields(
+    cfg: Any,
+    at_least_one: Sequence[str] = (),
+    counts: Sequence[str] = (),
+    positive: Sequence[str] = (),
+    nonnegative: Sequence[str] = (),
+    choices: Mapping[str, Sequence[str]] | None = None,
+) -> None:
+    """The per-field checks most method configs make, each a ValueError naming the field: ``at_least_one`` >= 1
+    (sizes, batches), ``counts`` >= 0 (epochs), ``positive`` finite numbers > 0 (learning rates), ``nonnegative``
+    finite numbers >= 0 (momentum, decay, loss weights), ``choices`` one of the listed strings."""
+    for name in at_least_one:
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    for name in counts:
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+    for name in positive:
+        if not (getattr(cfg, name) > 0 and math.isfinite(getattr(cfg, name))):
+            raise ValueError(f"{name} must be a positive number, got {getattr(cfg, name)}")
+    for name in nonnegative:
+        if not (getattr(cfg, name) >= 0 and math.isfinite(getattr(cfg, name))):
+            raise ValueError(f"{name} must be a finite number >= 0, got {getattr(cfg, name)}")
+    for name, allowed in (choices or {}).items():
+        if getattr(cfg, name) not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {getattr(cfg, name)!r}")
+
+
+# SLCA's settings, shared by the methods built on its slow learner and alignment (clbench.layers.slow_learner: SLCA,
+# CoFiMA): their checks, and the quick and ci profiles' training (see baselines/cards/slca.py for why these values).
+SLOW_LEARNER_QUICK: dict[str, Any] = {
+    "epochs": 3,
+    "batch_size": 16,
+    "milestone": 0,
+    "lr": 0.004,
+    "backbone_lr_scale": 0.025,
+    "ca_epochs": 2,
+    "ca_samples": 64,
+}
+SLOW_LEARNER_CI: dict[str, Any] = {
+    "train_per_class": 8,
+    "epochs": 4,
+    "batch_size": 16,
+    "milestone": 0,
+    "ca_epochs": 2,
+    "ca_samples": 64,
+    "lr": 0.004,
+    "backbone_lr_scale": 0.025,
+    "float64": True,
+}
+
+
+def check_slow_learner_fields(cfg: Any, positive: Sequence[str] = ()) -> None:
+    """SLCA's field checks (``positive``: the config's own further fields that must be numbers > 0)."""
+    check_fields(
+        cfg,
+        at_least_one=("batch_size", "ca_samples", "eval_batch_size"),
+        counts=("epochs", "ca_epochs", "milestone"),
+        positive=("lr", "ca_lr", *positive),
+        nonnegative=("backbone_lr_scale", "momentum", "weight_decay", "lr_decay", "logit_norm"),
+        choices={"ca_task_index": ("exact", "reference")},
+    )
+
+
+def check_adapter_sets_fields(
+    cfg: Any, at_least_one: Sequence[str] = (), positive: Sequence[str] = (), nonnegative: Sequence[str] = ()
+) -> None:
+    """The checks of the per-task adapter-set methods' configs (clbench.layers.adapter_sets: MOS, TUNA), with each
+    config's own further fields; ValueError naming the field."""
+    check_fields(
+        cfg,
+        at_least_one=("bottleneck", "epochs", "batch_size", "eval_batch_size", "ca_samples_scale", *at_least_one),
+        counts=("ca_epochs",),
+        positive=("lr", "ca_lr", *positive),
+    )
+    if not 0 <= cfg.min_lr <= cfg.lr:
+        raise ValueError(f"min_lr must be in [0, lr], got {cfg.min_lr}")
+    check_range(cfg, "adapter_dropout", 0.0, 1.0, high_open=True)
+    check_fields(
+        cfg,
+        nonnegative=("momentum", "weight_decay", "reg", "adapter_scale", "cov_eps", *nonnegative),
+        choices={"ca_storage": ("covariance", "variance")},
+    )
+
+
+def check_prompt_fields(cfg: Any, at_least_one: Sequence[str], nonnegative: Sequence[str]) -> None:
+    """The checks the prompt methods' configs share (L2P, DualPrompt, CODA-Prompt): sizes, epochs and batches >= 1
+    (``at_least_one``), a positive lr, finite loss weights >= 0 (``nonnegative``), the query and the head."""
+    check_fields(
+        cfg,
+        at_least_one=at_least_one,
+        positive=("lr",),
+        nonnegative=nonnegative,
+        choices={"query": ("augmented", "cached")},
+    )
+    check_head(cfg.head)

@@ -2,8 +2,8 @@
 and :func:`build_head`, the prompt methods' choice between it and KAC's (:mod:`clbench.layers.kan`).
 
 Used by L2P (``baselines/l2p.py``), DualPrompt (``baselines/dualprompt.py``) and MOS (``baselines/mos.py``), each the
-``head`` of PILOT's ViT (``nn.Linear(d, classes)``, timm init). The cosine head of SimpleCIL, EASE, APER and TOSCA is
-:class:`clbench.methods.shared.CosineHead`.
+``head`` of PILOT's ViT (``nn.Linear(d, classes)``, timm init). The cosine head of SimpleCIL, EASE, APER and
+TOSCA is :class:`clbench.methods.shared.CosineHead`.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def head_size(head: nn.Module) -> int:
 
 def head_inputs(head: nn.Module, predict: Callable[[], object]) -> torch.Tensor:
     """What ``head`` is given while ``predict()`` runs, its rows in call order, float32 on the CPU: the features a
-    prompt or LoRA method's classifier scores, read where they meet the classifier (one call per test batch), for
-    :meth:`clbench.methods.contract.Strategy.adapted_features`."""
+    prompt or LoRA method's classifier scores, read where they meet the classifier (one call per test
+    batch), for :meth:`clbench.methods.contract.Strategy.adapted_features`."""
     seen: list[torch.Tensor] = []
 
     def keep(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:

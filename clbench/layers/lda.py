@@ -7,22 +7,20 @@ Everything is float64: the shared covariance of ViT features has eigenvalues spr
 Two ways of updating the covariance, one per method's reference:
 
 - :meth:`LDAStatistics.update_per_sample` (SLDA, Avalanche ``StreamingLDA.fit``): one rank-1 update per sample in
-  arrival order, Sigma_{t+1} = (t Sigma_t + w_t d_t d_t^T) / (t + 1) with d_t = x_t - mu_y (the class mean before
-  the sample). ``rule="reference"`` is Avalanche's (= Hayes and Kanan's eq.): w_t = t / (t + 1) with t the number of
-  samples seen in all, and mu_y = 0 for a class's first sample (the zero-initialised mean); ``rule="exact"`` is
-  Welford's update of the pooled within-class scatter: w_t = k / (k + 1) with k the samples of class y seen before,
-  so Sigma is exactly the biased pooled within-class covariance. Both are computed for a whole batch at once (the
-  d_t from per-class running sums, then one weighted product), which is the sequential recursion reordered.
-  :meth:`LDAStatistics.start_oas` (SLDA's authors' ``fit_base``) starts them instead from a first batch taken at
-  once: class means, counts, and the OAS-shrunk covariance of the within-class residuals, counted as that many
-  samples.
+  arrival order, Sigma_{t+1} = (t Sigma_t + w_t d_t d_t^T) / (t + 1) with d_t = x_t - mu_y (the class mean before the
+  sample). ``rule="reference"`` is Avalanche's (= Hayes and Kanan's eq.): w_t = t / (t + 1) with t the number of samples
+  seen in all, and mu_y = 0 for a class's first sample (the zero-initialised mean); ``rule="exact"`` is Welford's update
+  of the pooled within-class scatter: w_t = k / (k + 1) with k the samples of class y seen before, so Sigma is exactly
+  the biased pooled within-class covariance. Both are computed for a whole batch at once (the d_t from per-class running
+  sums, then one weighted product), which is the sequential recursion reordered. :meth:`LDAStatistics.start_oas` (SLDA's
+  authors' ``fit_base``) starts them instead from a first batch taken at once: class means, counts, and the OAS-shrunk
+  covariance of the within-class residuals, counted as that many samples.
 - :meth:`LDAStatistics.add_classes_oas` (RanDumb, scikit-learn ``LinearDiscriminantAnalysis(solver="lsqr",
-  covariance_estimator=OAS())``): each class's own OAS-shrunk covariance, weighted by the class's share of the
-  samples. A class's images all arrive in one task (class-incremental), so its OAS estimate is final when the class
-  arrives; the running sum of n_c * OAS_c divided by the samples seen is scikit-learn's ``_class_cov`` of all
-  data seen so far. That sum is kept in low-rank form (scaled centred rows, their Gram matrix and an identity part)
-  while there are fewer rows than dimensions, and the head solved by the Woodbury identity
-  (:meth:`LDAStatistics.head`).
+  covariance_estimator=OAS())``): each class's own OAS-shrunk covariance, weighted by the class's share of the samples.
+  A class's images all arrive in one task (class-incremental), so its OAS estimate is final when the class arrives; the
+  running sum of n_c * OAS_c divided by the samples seen is scikit-learn's ``_class_cov`` of all data seen so far. That
+  sum is kept in low-rank form (scaled centred rows, their Gram matrix and an identity part) while there are fewer rows
+  than dimensions, and the head solved by the Woodbury identity (:meth:`LDAStatistics.head`).
 """
 
 from __future__ import annotations

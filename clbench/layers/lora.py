@@ -1,6 +1,7 @@
 """LoRA branches in a timm ViT's attention keys and values, and InfLoRA's interference-free subspace memory.
 
-Used by InfLoRA (``baselines/inflora.py``). Read from the authors' code, ``liangyanshuo/InfLoRA`` @
+Used by InfLoRA (``baselines/inflora.py``); its per-task heads (:class:`LinearTaskHeads`) and width check
+(:func:`check_lora_width`) also by SD-LoRA. Read from the authors' code, ``liangyanshuo/InfLoRA`` @
 ``e08b00edd54f2f10cf2f9826eae7d44fdcb6354b``: ``models/vit_inflora.py`` (``Attention_LoRA``) and
 ``methods/inflora.py`` (``InfLoRA._train``, ``update_DualGPM``).
 
@@ -26,10 +27,44 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clbench.errors import ClbenchError
 from clbench.methods.costs import lora_task_size
 
 ProjectType = Literal["remove", "retain"]
 A_SCALE = 1.0 / math.sqrt(3.0)  # the reference's ``U[:, :rank].T / math.sqrt(3)``
+
+
+def check_lora_width(title: str, rank: int, model: nn.Module, dim: int) -> None:
+    """Refuse a LoRA ``rank`` above the ViT's width ``dim``, or a width the attention heads of the timm ViT
+    ``model`` do not divide (InfLoRA, SD-LoRA); ``title``: the method's name in the message."""
+    if rank > dim:
+        raise ClbenchError(f"{title} rank {rank} exceeds the backbone's width {dim}", "lower --set rank")
+    if dim % int(model.blocks[0].attn.num_heads):  # type: ignore[index, union-attr]  # a timm ViT's blocks
+        raise ClbenchError(f"width {dim} is not divisible by the number of heads", "choose another backbone")
+
+
+class LinearTaskHeads(nn.Module):
+    """One linear head per task, logits concatenated in task order (InfLoRA's ``SiNet.classifier_pool``, SD-LoRA's
+    ``SimpleLinear`` grown per task); a method's subclass draws a new head's weights in :meth:`initialise`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList()
+
+    def initialise(self, head: nn.Linear, generator: torch.Generator) -> None:
+        raise NotImplementedError
+
+    def add(
+        self, dim: int, n_classes: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype
+    ) -> nn.Linear:
+        head = nn.Linear(dim, n_classes, device=device, dtype=dtype)
+        with torch.no_grad():
+            self.initialise(head, generator)
+        self.heads.append(head)
+        return head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([h(x) for h in self.heads], dim=1)
 
 
 class KVLoRA(nn.Module):

@@ -8,14 +8,20 @@ Used by L2P (Wang et al., "Learning to Prompt for Continual Learning", CVPR 2022
 themselves differ (L2P prepends tokens, DualPrompt prefixes keys and values) and stay in their method files.
 
 Shared by every prompt method (L2P, DualPrompt, CODA-Prompt, HiDe-Prompt): the training batch's query
-(:func:`training_query`) and the evaluation batch (:func:`eval_batch`).
+(:func:`training_query`) and the evaluation batch (:func:`eval_batch`); by the prefix-prompt methods (DualPrompt,
+CODA-Prompt, HiDe-Prompt): the check of their prompt layers against the backbone (:func:`check_prompt_layers`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from clbench.errors import ClbenchError
 
 PER_SAMPLE_BATCH = 64  # smallest evaluation batch of the per-sample protocol (speed only)
 
@@ -25,6 +31,33 @@ def eval_batch(reference_batch: int, reference: bool) -> int:
     least PER_SAMPLE_BATCH under ``per-sample``, whose rows do not depend on their batch, so that it may use any
     size (larger ones are several times faster per image on a CPU)."""
     return reference_batch if reference else max(reference_batch, PER_SAMPLE_BATCH)
+
+
+def check_prompt_layers(
+    title: str,
+    cfg: Any,
+    field: str,
+    model: Any,
+    configured: Sequence[int],
+    used: Sequence[int],
+    dim: int,
+    log: Callable[[str], None],
+) -> None:
+    """Refuse prompt layers none of which is below the timm ViT ``model``'s depth (``used``: those below it;
+    ``cfg.<field>``: the setting that names them) or a width ``dim`` its attention heads do not divide; log the
+    ``configured`` layers at or beyond the depth, which are not used (the reference's block loop never reaches
+    them either). ``title``: the method's name in the messages."""
+    depth = len(model.blocks)
+    if not used:
+        raise ClbenchError(
+            f"{title} {field} {getattr(cfg, field)!r}: none below the backbone's {depth} blocks",
+            f"set {field} to blocks below the depth",
+        )
+    dropped = sorted(set(configured) - set(used))
+    if dropped:
+        log(f"  {title}: the backbone has {depth} blocks; prompt layers {dropped} are not used")
+    if dim % int(model.blocks[0].attn.num_heads):
+        raise ClbenchError(f"width {dim} is not divisible by the number of heads", "choose another backbone")
 
 
 def training_query(ctx, mode: str, features: torch.Tensor, positions: torch.Tensor, images: torch.Tensor):
@@ -94,9 +127,8 @@ def prefix_block(block: nn.Module, x: torch.Tensor, prefix: torch.Tensor | None)
 
 
 def orth_loss(features: torch.Tensor, old_means: torch.Tensor, temperature: float) -> torch.Tensor:
-    """HiDe-Prompt's contrastive regulariser ``orth_loss`` (before its ``reg`` factor; MOS's reference carries the
-    same function, ``baselines/mos.py``): M = [stored class means or centroids; batch features], CE(M M^T / T,
-    identity)."""
+    """HiDe-Prompt's contrastive regulariser ``orth_loss`` (before its ``reg`` factor; MOS's reference carries the same
+    function, ``baselines/mos.py``): M = [stored class means or centroids; batch features], CE(M M^T / T, identity)."""
     m = torch.cat([old_means.to(features), features])  # (K + B, d)
     sim = m @ m.T / temperature
     return F.cross_entropy(sim, torch.arange(len(m), device=m.device))

@@ -2,11 +2,10 @@
 
 A strategy, shipped or a plug-in (``CLBENCH_PLUGINS``, a ``clbench.strategies`` entry point), answers the harness
 through the methods of :class:`clbench.methods.contract.Strategy`. The harness knows what each answer must look like
-(the images it asked about, the classes seen, the tasks done) and passes every answer through :func:`checked` at
-the call: a malformed one is refused with one :class:`~clbench.errors.ClbenchError` line naming the strategy, the
-method, what came back and what was expected, so no record is built from it. The predictions the record keeps are
-the argmax of the checked logits, so their shape ``(N,)``, integer type and range (the classes seen) follow from
-the logits' shape.
+(the images it asked about, the classes seen, the tasks done) and passes every answer through :func:`checked` at the
+call: a malformed one is refused with one :class:`~clbench.errors.ClbenchError` line naming the strategy, the method,
+what came back and what was expected, so no record is built from it. The predictions the record keeps are the argmax of
+the checked logits, so their shape ``(N,)``, integer type and range (the classes seen) follow from the logits' shape.
 """
 
 from __future__ import annotations

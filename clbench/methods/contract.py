@@ -111,9 +111,8 @@ class Task:
     train: Split
 
     def first_per_class(self, k: int | None) -> Task:
-        """This task learning from the first ``k`` training images of each class only (itself when ``k`` is None):
-        the fixed, seed-independent subset of the run's ``train_per_class``
-        (:func:`clbench.methods.shared.first_per_class`;
+        """This task learning from the first ``k`` training images of each class only (itself when ``k`` is None): the
+        fixed, seed-independent subset of the run's ``train_per_class`` (:func:`clbench.methods.shared.first_per_class`;
         :attr:`RunShape.learnt` is its cost). The harness applies it before ``learn_task``."""
         if k is None:
             return self
@@ -223,9 +222,9 @@ class Strategy(ABC, Generic[ConfigT]):
     # ------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:  # Any: the attributes are whatever the method keeps
         """Everything the strategy has learnt, for a checkpoint (:mod:`clbench.run.checkpoint`): every attribute except
-        ``cfg`` and ``ctx`` (modules, heads, tensors, lists, objects of :attr:`state_types`). An attribute that is
-        the context's frozen backbone (or its timm model) is a :class:`~clbench.files.safestate.ContextRef` to it, never
-        a copy."""
+        ``cfg`` and ``ctx`` (modules, heads, tensors, lists, objects of :attr:`state_types`). An attribute that is the
+        context's frozen backbone (or its timm model) is a :class:`~clbench.files.safestate.ContextRef` to
+        it, never a copy."""
         shared = _context_objects(self.ctx)
         return {
             name: ContextRef(shared[id(value)]) if id(value) in shared else value

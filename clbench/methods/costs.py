@@ -1,12 +1,11 @@
-"""What a method costs, read without torch: its parameter counts (:class:`ParamCounts`, one rule for every method),
-the size of a run (:class:`RunShape`) and the work a run does (:class:`Work`), and the sizes of parts several methods
-share. Each method's card (``baselines/cards/NAME.py``, ``tosca/card.py``) states its parameter formula and cost model
-with these (:class:`clbench.run.catalog.MethodCard`); the strategy class counts its live parameters with the same
-types."""
+"""What a method costs, read without torch: its parameter counts (:class:`ParamCounts`, one rule for every method), the
+size of a run (:class:`RunShape`) and the work a run does (:class:`Work`), and the sizes of parts several methods share.
+Each method's card (``baselines/cards/NAME.py``, ``tosca/card.py``) states its parameter formula and cost model with
+these (:class:`clbench.run.catalog.MethodCard`); the strategy class counts its live parameters with the same types."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +102,35 @@ def prefix_prompt_work(epochs: int, query: str, shape: RunShape) -> Work:
     cached = n_train + n_test
     augmented = epochs * n_learn if query == "augmented" else 0.0
     return Work(f=cached + augmented + shape.protocols * sum(shape.test_seen), b=epochs * n_learn, f_cacheable=cached)
+
+
+def tuned_vit_work(shape: RunShape, passes_per_learnt: float, trained_epochs: float) -> Work:
+    """The work of a method that fine-tunes a copy of the whole ViT (SLCA, CoFiMA, DUCT): the harness's frozen
+    features of every training image and the final test set (cacheable); ``passes_per_learnt`` tuned passes per
+    learnt image (``RunShape.learnt``: statistics, retraining), one tuned pass per seen test image, evaluation and
+    protocol, and one over the final test set (:meth:`adapted_features`), none cacheable (the ViT changes); and
+    ``trained_epochs`` training passes per learnt image (``b``)."""
+    learnt = shape.learnt
+    cached = sum(shape.train_per_task) + max(shape.test_seen, default=0)
+    tuned = passes_per_learnt * sum(learnt) + shape.protocols * sum(shape.test_seen) + max(shape.test_seen, default=0)
+    return Work(f=cached + tuned, b=trained_epochs * sum(learnt), f_cacheable=cached)
+
+
+def whole_vit_formula(counts: Callable[..., ParamCounts]) -> Callable[..., ParamCounts]:
+    """The parameter formula of a method that fine-tunes the whole ViT, from its ``counts(cfg, d, vit, sizes)``:
+    ``param_formula(cfg, d, depth, task_sizes, backbone_params=None)``, where ``backbone_params`` is the ViT's own
+    parameter count (a fine-tuning method's trained parameters include it, and width and depth do not fix it: patch
+    size, input size, LayerScale); where not given, a plain timm ViT with 16 px patches at 224 px
+    (:func:`plain_vit_params`: 85,798,656 for ViT-B/16)."""
+
+    def param_formula(
+        cfg: Any, d: int, depth: int, task_sizes: Sequence[int], backbone_params: int | None = None
+    ) -> ParamCounts:
+        vit = plain_vit_params(d, depth) if backbone_params is None else backbone_params
+        return counts(cfg, d, vit, task_sizes)
+
+    param_formula.__doc__ = whole_vit_formula.__doc__
+    return param_formula
 
 
 # ------------------------------------------------------------------------------------- sizes of shared parts

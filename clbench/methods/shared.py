@@ -4,6 +4,7 @@ mini-batching over cached features, and parameter counting."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -119,6 +120,42 @@ def compute_dtype(float64: bool, precision: str) -> torch.dtype:
             "run it with --precision fp32, or leave float64 off (--set float64=false)",
         )
     return torch.float64
+
+
+class Float64Setting:
+    """Mixed in before :class:`~clbench.methods.contract.Strategy` by a method whose config has a ``float64``
+    setting (SLCA, CoFiMA, DUCT, InfLoRA, SD-LoRA, CL-LoRA): :attr:`dtype`, what it computes in."""
+
+    cfg: Any
+    ctx: Any
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """float32, or float64 where the ``float64`` setting asks (the ci profile; needs --precision fp32)."""
+        return compute_dtype(self.cfg.float64, self.ctx.precision)
+
+
+class Float64FrozenViT(Float64Setting):
+    """:class:`Float64Setting` for a method that keeps the run's frozen ViT as ``self.model`` (:func:`frozen_vit`;
+    InfLoRA, SD-LoRA, CL-LoRA): a float64 copy of it is not saved in a checkpoint (it is remade from the run's
+    backbone when the state is loaded)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """As :meth:`Strategy.state_dict`; a float64 copy of the frozen ViT is not kept (it is remade from the run's
+        backbone when the state is loaded)."""
+        state: dict[str, Any] = super().state_dict()  # type: ignore[misc]  # Strategy's, after this class
+        if self.dtype != torch.float32:
+            del state["model"]
+        return state
+
+
+def frozen_vit(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """The run's frozen ViT ``model`` in ``dtype``: itself in float32, a float64 copy of it (frozen too) in float64;
+    refused unless it is a timm ViT (:func:`check_vit_blocks`)."""
+    model = model if dtype == torch.float32 else copy.deepcopy(model)
+    model.to(dtype=dtype)
+    check_vit_blocks(model)
+    return model
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""The under-training detector: how far training moved a strategy's trained parts, and whether that changed what
-it predicts.
+"""The under-training detector: how far training moved a strategy's trained parts, and whether that
+changed what it predicts.
 
 A run whose trained parts barely leave their initial values measures the frozen backbone, not the method (a CPU
 budget of a few epochs on a small first task does this to first-session methods). Two measurements, both generic

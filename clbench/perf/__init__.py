@@ -1,10 +1,9 @@
 """Measurements that time or count and record (``clbench perf NAME``), one module per measurement, in one registry.
 
-Each measurement declares, next to the code it runs, its name, its help text, its command-line flags and a function
-from those flags to a JSON-able dict (:class:`Measurement`, registered with :func:`measurement`). ``clbench perf``
-dispatches through :func:`measurements`; ``clbench perf --help`` lists them; an unknown name gets "did you mean".
-Ratios are measured within one run so that they hold on noisy machines; the committed results are in
-``reports/perf/``.
+Each measurement declares, next to the code it runs, its name, its help text, its command-line flags and a function from
+those flags to a JSON-able dict (:class:`Measurement`, registered with :func:`measurement`). ``clbench perf`` dispatches
+through :func:`measurements`; ``clbench perf --help`` lists them; an unknown name gets "did you mean". Ratios are
+measured within one run so that they hold on noisy machines; the committed results are in ``reports/perf/``.
 
 - :mod:`clbench.perf.throughput`: ``precision`` and ``threads``, feature-extraction img/s per precision, thread
   count and OpenMP wait policy.

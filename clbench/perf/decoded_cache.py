@@ -34,9 +34,9 @@ def _epoch_seconds(split: Any, batch_size: int, epochs: int) -> list[float]:
 
 
 def decoded_cache(strategy: str | None = None, epochs: int = 3, log=print) -> dict[str, Any]:
-    """Loader seconds per epoch, streamed vs cached, for the first task of ``strategy``'s quick profile on the
-    embedded benchmark, from its arrays and from PNG files of the same images (module docstring); ``None``:
-    :data:`clbench.run.catalog.PROMPT_STRATEGY`."""
+    """Loader seconds per epoch, streamed vs cached, for the first task of ``strategy``'s quick profile on the embedded
+    benchmark, from its arrays and from PNG files of the same images (module
+    docstring); ``None``: :data:`clbench.run.catalog.PROMPT_STRATEGY`."""
     import dataclasses
 
     import numpy as np

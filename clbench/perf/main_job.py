@@ -123,9 +123,9 @@ RUNS_MAX = 20  # whole `clbench run` processes per measurement (each a minute or
 
 
 def main_job(strategy: str | None = None, warm_runs: int = 3, log=print) -> dict[str, Any]:
-    """The README's main job from a cold feature cache, then ``warm_runs`` times warm, each in a fresh process
-    (imports included), against one feature-extraction pass over the same images at the fastest setting
-    :func:`precision_table` measures.
+    """The README's main job from a cold feature cache, then ``warm_runs`` times warm, each in a fresh process (imports
+    included), against one feature-extraction pass over the same images at the fastest
+    setting :func:`precision_table` measures.
 
     Cold: a temporary clbench cache holding only the converted weights (copied from the user's cache), so the run
     extracts every feature and builds the backbone; warm: the same command again on that cache. Wall-clocks are

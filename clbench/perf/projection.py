@@ -1,5 +1,5 @@
-"""The cost model of a paper table (``clbench perf projection`` and ``clbench perf projection-check``), recorded as
-JSON.
+"""The cost model of a paper table (``clbench perf projection`` and ``clbench perf
+projection-check``), recorded as JSON.
 
 - ``projection``: the compute a paper table needs. It measures, on this machine's device, the per-image cost of one
   frozen forward pass of the paper backbone (ViT-B/16 at 224 px, at the precision a run on that device chooses

@@ -43,9 +43,8 @@ BUDGET_SETTING = "epochs"
 
 
 def synthetic_records(dest: Path, n: int, variants: int = 20) -> Path:
-    """``n`` complete records under ``dest``: SEED_BASE's strategy at new seeds (a tenth of them) and BUDGET_BASE's
-    at ``variants`` budgets (its own, then BUDGET_SETTING = 1, 2, ...) times new seeds; no features
-    (``--no-tsne``)."""
+    """``n`` complete records under ``dest``: SEED_BASE's strategy at new seeds (a tenth of them) and BUDGET_BASE's at
+    ``variants`` budgets (its own, then BUDGET_SETTING = 1, 2, ...) times new seeds; no features (``--no-tsne``)."""
     missing = [str(p) for p in (SEED_BASE, BUDGET_BASE) if not (p / "result.json").is_file()]
     if missing:
         raise ClbenchError(

@@ -85,9 +85,9 @@ def precision_table(
     }
 
 
-# ----------------------------------------------------------------------------------------------- threads
-# torch first: importing clbench before torch would set OpenMP's wait policy to passive, and the "default" rows
-# must measure OpenMP's own default.
+# ----------------------------------------------------------------------------------------------- threads torch first:
+# importing clbench before torch would set OpenMP's wait policy to passive, and the "default" rows must measure
+# OpenMP's own default.
 _WORKER = r"""
 import json, sys
 import torch
@@ -126,8 +126,8 @@ def thread_table(
     seconds: float = 5.0,
     log=print,
 ) -> dict[str, Any]:
-    """Feature-extraction img/s at 1 and all threads x OpenMP wait policy x (idle, one core busy), in fresh
-    processes."""
+    """Feature-extraction img/s at 1 and all threads x OpenMP wait policy x (idle, one core busy),
+    in fresh processes."""
     import torch
 
     from clbench.run.precision import CpuInfo

@@ -91,11 +91,11 @@ class ReplayedSplit(Split):
 
 @dataclass
 class _StepClock:
-    """At the end of each step of the first optimizer that steps after a gradient-carrying pass through a ViT (a
-    patch embedding ran with autograd on since the last step; an optimizer of a head trained on features computed
-    without gradients, as HiDe-Prompt's task-identity MLP before its prompts, is passed over): stamps (time, images
-    handed out so far), then runs ``between(batch)`` (one limit pass at the step's batch, timed) outside the next
-    step's interval."""
+    """At the end of each step of the first optimizer that steps after a gradient-carrying pass through a ViT (a patch
+    embedding ran with autograd on since the last step; an optimizer of a head trained on features computed without
+    gradients, as HiDe-Prompt's task-identity MLP before its prompts, is passed over): stamps (time, images handed out
+    so far), then runs ``between(batch)`` (one limit pass at the step's batch, timed) outside the
+    next step's interval."""
 
     stop_after: int
     counter: list[int]

@@ -91,8 +91,8 @@ class Predictions:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One evaluation (after one task, one protocol): per image, its test index, true class, task, prediction and
-    confidence."""
+    """One evaluation (after one task, one protocol): per image, its test index, true class, task,
+    prediction and confidence."""
 
     index: np.ndarray
     label: np.ndarray
@@ -213,8 +213,8 @@ def read(
 
 
 # Points: the record's accuracies are computed from the very predictions the file holds
-# (clbench.evaluation.metrics.accuracy on
-# the same arrays), so they agree to the last bit; the slack only absorbs a JSON round trip.
+# (clbench.evaluation.metrics.accuracy on the same arrays), so they agree to the last bit; the slack only
+# absorbs a JSON round trip.
 ACC_SLACK = 1e-6
 
 

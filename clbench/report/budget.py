@@ -1,5 +1,5 @@
-"""Budget curves: final accuracy against training budget in optimizer steps, from records that differ only in their
-budget.
+"""Budget curves: final accuracy against training budget in optimizer steps, from records that differ
+only in their budget.
 
 A record's budget is its strategy settings that say how much it trains: ``epochs`` and every other setting ending in
 ``epochs`` (the cosine schedules step per epoch, so this is also the schedule's length), ``train_per_class``, and

@@ -84,8 +84,8 @@ def _jsonable(value: Any) -> Any:
 def _remove_stale(out_dir: Path, keep: set[str]) -> None:
     """Delete figure files a previous report in ``out_dir`` listed in its manifest and this one does not make: only
     regular files (not links) named ``figures/NAME.png|svg|pdf`` directly in ``out_dir/figures``, which
-    :func:`_figures_folder` made sure is a real folder inside ``out_dir``. A planted ``report.json`` can name nothing
-    else."""
+    :func:`_figures_folder` made sure is a real folder inside ``out_dir``. A planted ``report.json`` can
+    name nothing else."""
     if not (out_dir / MANIFEST).is_file():
         return
     try:

@@ -411,8 +411,8 @@ def _mark_repeats(runs: list[Run]) -> tuple[list[Run], list[str]]:
 
 
 def _redefined(theirs: dict[str, str] | None, ours: dict[str, str]) -> bool:
-    """Whether a record's metric definitions give a metric another meaning than ours (metrics added since are not
-    a change)."""
+    """Whether a record's metric definitions give a metric another meaning than ours (metrics added since
+    are not a change)."""
     return theirs is not None and any(ours.get(k) != v for k, v in theirs.items())
 
 

@@ -168,10 +168,10 @@ def pair_tests_frame(tests: Sequence[Any]) -> pd.DataFrame:
 def write_compare_exports(
     out_dir: Path, table: pd.DataFrame, pairs: pd.DataFrame, meta: str = "", study: dict[str, Any] | None = None
 ) -> list[Path]:
-    """``compare.csv`` (and ``compare_pairs.csv`` where there are pairs) holding numbers, and ``compare.json`` with
-    the summary table's records (``table``), the pairs table's (``pairs``), how it was made and, given ``study``
-    (:meth:`clbench.report.study.Study.to_dict`), the study's rows, family and tests at full precision; returns the
-    paths written."""
+    """``compare.csv`` (and ``compare_pairs.csv`` where there are pairs) holding numbers, and ``compare.json`` with the
+    summary table's records (``table``), the pairs table's (``pairs``), how it was made and, given ``study``
+    (:meth:`clbench.report.study.Study.to_dict`), the study's rows, family and tests at full precision; returns
+    the paths written."""
     from clbench.files.atomic import atomic_write_text as _write_text
 
     files = [_write_text(out_dir / "compare.csv", table_csv(table))]

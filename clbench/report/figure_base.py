@@ -60,8 +60,8 @@ def provenance(runs: Sequence[Run]) -> str:
 def _save(
     fig: Figure, out_dir: Path, name: str, title: str, caption: str, runs: Sequence[Run], dpi: int | None = None
 ) -> FigureOut:
-    """Save ``fig`` in every format of :data:`FORMATS` under ``out_dir/figures``; PNG at ``dpi`` (default
-    :data:`PNG_DPI`)."""
+    """Save ``fig`` in every format of :data:`FORMATS` under ``out_dir/figures``; PNG at
+    ``dpi`` (default :data:`PNG_DPI`)."""
     dpi = dpi or PNG_DPI
     (out_dir / FIG_DIR).mkdir(parents=True, exist_ok=True)
     files = {}

@@ -234,9 +234,9 @@ def tests_from_collection(
     coll: Collection, predicted: Any, baseline: str | None
 ) -> tuple[list[_Pair], str, str | None, dict[str, str], str]:
     """The tests of every row of ``coll`` against its best row and against the ``baseline`` row, as the leaderboard
-    makes them (:func:`clbench.report.uncertainty.paired_rows` against one strategy, Holm over each of the two
-    families, per benchmark and protocol); returns (tests, best id, baseline id, labels ranked best first, the
-    families' description)."""
+    makes them (:func:`clbench.report.uncertainty.paired_rows` against one strategy, Holm over each of the two families,
+    per benchmark and protocol); returns (tests, best id, baseline id, labels ranked best first,
+    the families' description)."""
     from clbench.report.figure_base import _final
     from clbench.report.labels import needs_backbone, short_label
     from clbench.report.uncertainty import paired_rows

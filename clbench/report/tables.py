@@ -550,8 +550,7 @@ def _md_cell(value: Any) -> str:
 
 
 def to_markdown(df: pd.DataFrame, bold: Sequence[int] = ()) -> str:
-    """A GitHub Markdown table (no tabulate dependency); numbers are already display strings; rows ``bold`` in
-    bold."""
+    """A GitHub Markdown table (no tabulate dependency); numbers are already display strings; rows ``bold`` in bold."""
     cols = [str(c) for c in df.columns]
     lines = ["| " + " | ".join(_md_cell(c) for c in cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
     for i, row in enumerate(df.itertuples(index=False)):

@@ -163,8 +163,8 @@ def _row_interval(runs: list[Run], protocol: str, predicted: Predicted) -> RowIn
 
 def fmt_interval(value: float | None, interval: stats.Interval | None, nd: int = 2) -> str:
     """``28.66 ± 1.5`` (half the 95 % interval's width, to :data:`clbench.evaluation.stats.INTERVAL_DECIMALS`: the
-    second decimal of a 10,000-resample bootstrap endpoint is Monte-Carlo noise) or the bare value where there is no
-    interval."""
+    second decimal of a 10,000-resample bootstrap endpoint is Monte-Carlo noise) or the bare value where
+    there is no interval."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return "-"
     if interval is None:
@@ -251,9 +251,8 @@ def _seeds(seeds: list[int]) -> str:
 
 
 def paired_rows(coll: Collection, predicted: Predicted, baseline: str | None = None) -> list[PairRow]:
-    """Every pair of rows on the same benchmark and protocol (or each row against ``baseline``), tested on the
-    final accuracy; p-values Holm-corrected over the tested pairs of each benchmark and protocol (each test
-    separately)."""
+    """Every pair of rows on the same benchmark and protocol (or each row against ``baseline``), tested on the final
+    accuracy; p-values Holm-corrected over the tested pairs of each benchmark and protocol (each test separately)."""
     groups = coll.acc_groups()
     by_setting: dict[tuple[str, str], list[AccKey]] = {}
     for key in groups:

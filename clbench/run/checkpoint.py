@@ -10,10 +10,10 @@ took to write, so that a run killed loses at most that much work, and a run whos
 closed-form head on cached features, whose checkpoints took longer than its learning) writes none. A finished run
 deletes its checkpoint; ``CLBENCH_CHECKPOINT_S=0`` writes one after every task.
 
-Format (version :data:`VERSION`): one `safetensors <https://huggingface.co/docs/safetensors>`_ file. Its tensors are
-the strategy's (named ``strategy.<n>``) and the RNG states (``rng.torch``, ``rng.cuda.<i>``); its metadata holds
-``format`` (``"clbench-checkpoint"``), ``version`` and ``checkpoint``, a JSON document with every other field of
-:class:`Checkpoint`:
+Format (version :data:`VERSION`): one `safetensors <https://huggingface.co/docs/safetensors>`_ file. Its tensors are the
+strategy's (named ``strategy.<n>``) and the RNG states (``rng.torch``, ``rng.cuda.<i>``); its metadata holds ``format``
+(``"clbench-checkpoint"``), ``version`` and ``checkpoint``, a JSON document with every other
+field of :class:`Checkpoint`:
 
 - ``config``: every :class:`~clbench.run.config.RunConfig` field (``clbench run --resume DIR`` reads them).
 - ``fingerprint``: the fields that define the run (:data:`clbench.run.config.DEFINING_FIELDS`, backbone resolved to its
@@ -37,9 +37,8 @@ What reading trusts: nothing in the file. safetensors holds raw tensor bytes wit
 checked field by field against :class:`Checkpoint`'s declaration (:mod:`clbench.files.typedfile`), a refusal naming the
 field; the strategy's state is rebuilt by the strategy class the run names (clbench's own code or a plug-in the user
 chose), which makes only the classes it declares (``Strategy.state_types``) and torch's plain layers, without calling
-their constructors, and imports nothing the file names. A tampered file can make a run learn or
-report wrong numbers (as a tampered record can); it cannot run code. A file that is not a checkpoint, or is torn, is
-refused with one line.
+their constructors, and imports nothing the file names. A tampered file can make a run learn or report wrong numbers (as
+a tampered record can); it cannot run code. A file that is not a checkpoint, or is torn, is refused with one line.
 
 Checkpoints of clbench before this format (``checkpoint.pt``, a pickle read with ``torch.load(weights_only=False)``)
 are refused: unpickling runs whatever code the file carries. ``clbench run --trust-checkpoint`` converts one that the
@@ -230,12 +229,11 @@ class Checkpoint:
     """A run between two tasks: everything :func:`clbench.run.harness.run` needs to continue it (see the module
     docstring for each field). Built and read only here and in the harness; :func:`save` / :func:`load` are the one
     writer and reader. The JSON fields are declared with :func:`~clbench.files.typedfile.json_field` (every one
-    required);
-    ``strategy`` and ``rng`` hold tensors, which the file keeps beside the JSON."""
+    required); ``strategy`` and ``rng`` hold tensors, which the file keeps beside the JSON."""
 
     # every RunConfig field, as JSON: as the run's clbench wrote them (an earlier one lacks later fields, or holds
-    # retired ones), so not a typed part; checked field by field where a resume builds the RunConfig from it
-    # (clbench.run.config.resume_config)
+    # retired ones), so not a typed part; checked field by field where a resume builds the RunConfig
+    # from it (clbench.run.config.resume_config)
     config: JsonObject = json_field("an object of run settings", is_json_object, required=True)
     fingerprint: Fingerprint = json_field(OBJECT, is_object, codec=Fingerprint, required=True)  # the defining fields
     backbone_digest: str = json_field(TEXT, is_str, required=True)
@@ -260,8 +258,7 @@ class Checkpoint:
 
 
 def _problem(doc: Any) -> str | None:
-    """What keeps the JSON document ``doc`` from being a checkpoint's, in one line naming the field; None if
-    nothing."""
+    """What keeps the JSON document ``doc`` from being a checkpoint's, in one line naming the field; None if nothing."""
     if type(doc) is not dict:
         return "the checkpoint document is not a JSON object"
     return typedfile.problems(Checkpoint, doc).first()

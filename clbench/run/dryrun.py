@@ -1,10 +1,9 @@
 """``clbench run --dry-run``: every check a run makes before it learns, then the plan, and nothing trained.
 
 A dry run resolves the settings (names, profile, ``--set``, scenario, backbone, device, precision), makes the data
-checks a run makes before loading (``clbench data check`` without the full decode), loads the benchmark's labels to
-cut it into tasks, checks that the backbone's weights can be had without a network where the run would need them,
-and checks the output folder. It prints what the run would do and writes nothing: no run folder, no features, no
-weights converted.
+checks a run makes before loading (``clbench data check`` without the full decode), loads the benchmark's labels to cut
+it into tasks, checks that the backbone's weights can be had without a network where the run would need them, and checks
+the output folder. It prints what the run would do and writes nothing: no run folder, no features, no weights converted.
 """
 
 from __future__ import annotations

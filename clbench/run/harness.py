@@ -208,8 +208,8 @@ class ResolvedRun:
 
 
 def resolve(cfg: RunConfig) -> ResolvedRun:
-    """Check every name and setting of ``cfg`` and decide what depends on them (cheap; nothing is loaded). Raises
-    ClbenchError."""
+    """Check every name and setting of ``cfg`` and decide what depends on them (cheap; nothing is
+    loaded). Raises ClbenchError."""
     check_settings({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # also set by RunConfig
     from clbench.benchmarks.folder import with_data_domains
     from clbench.run.scenario import check_scenario
@@ -442,8 +442,8 @@ class PreparedRun:
     def split(self, which: str, indices: np.ndarray) -> Split:
         from clbench.methods.contract import Split
 
-        # training images through the decoded-image cache (clbench.features.decoded): decoded once, augmented every
-        # epoch
+        # training images through the decoded-image cache (clbench.features.decoded): decoded once,
+        # augmented every epoch
         source, y = (self.decoded, self.bench.train_y) if which == "train" else (self.bench.test, self.bench.test_y)
         idx = np.asarray(indices, dtype=np.int64)
         return Split(source, idx, torch.as_tensor(y[idx]), self.features[which][idx], self._eval, self._train)
@@ -786,10 +786,10 @@ _LOG_IMAGES = ("index", "pred", "conf")  # one list per task done, or none (chec
 
 def _impossible_counts(ckpt: Checkpoint, session: PreparedRun) -> str | None:
     """What in a checkpoint's counts no run of this benchmark can have written (more tasks done than it has, per-task
-    entries, accuracy rows or evaluated images in other numbers, indices or classes outside the test split), said
-    in a few words; None when they fit. The reader checked the JSON types (:class:`clbench.run.checkpoint.Checkpoint`);
-    values of the right type but impossible meaning stop here, before the harness or the strategy index anything
-    with them."""
+    entries, accuracy rows or evaluated images in other numbers, indices or classes outside the test split), said in a
+    few words; None when they fit. The reader checked the JSON types (:class:`clbench.run.checkpoint.Checkpoint`);
+    values of the right type but impossible meaning stop here, before the harness or the strategy index
+    anything with them."""
     bench, done = session.bench, ckpt.tasks_done
     if done > bench.n_tasks:
         return f"it claims {done} tasks done, but the run has {bench.n_tasks}"

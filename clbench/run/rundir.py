@@ -208,8 +208,8 @@ def _read_only(path: Path) -> bool:
 
 
 def check_free_space(path: Path, need: int, name: str, what: str) -> None:
-    """Refuse to start when the file system of ``path`` (given by setting ``name``) has less than ``need`` bytes
-    free."""
+    """Refuse to start when the file system of ``path`` (given by setting ``name``) has less than
+    ``need`` bytes free."""
     flag = setting(name)
     try:
         free = shutil.disk_usage(path).free

@@ -53,9 +53,10 @@ def _from_source(target: str) -> tuple[str, ...] | None:
                 if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
                     return value
                 return None
-        # no assignment: the contract's default where the class derives from Strategy itself (else its base decides)
+        # no assignment: the contract's default where the class derives from Strategy itself, alone or after mixins
+        # of shared layers (clbench.layers.slow_learner.SlowLearner: they declare no scenarios); else its base decides
         bases = [b.value if isinstance(b, ast.Subscript) else b for b in node.bases]
-        if len(bases) == 1 and isinstance(bases[0], ast.Name) and bases[0].id == "Strategy":
+        if bases and isinstance(bases[-1], ast.Name) and bases[-1].id == "Strategy":
             return DEFAULT_SCENARIOS
         return None
     return None

@@ -5,10 +5,9 @@ exist) sends every tracker asked for the same things:
 
 - at the start, the resolved settings as parameters (``config.*``, ``strategy.*``, ``fingerprint.*``) and tags
   (strategy, benchmark, backbone, weights digest, precision, git revision);
-- after each task t (step t, from 1): ``acc/A_t``, ``acc/old``, ``acc/new``, ``acc/top5``, ``acc/forgetting`` (so
-  far), ``R/task_<j>`` (the row R[t] of the accuracy matrix, j from 1), ``routing/<protocol>/acc`` (or
-  ``routing/acc``) where the strategy reports routing accuracy, ``time/train_s``, ``time/eval_s`` and
-  ``memory/peak_rss_mb``;
+- after each task t (step t, from 1): ``acc/A_t``, ``acc/old``, ``acc/new``, ``acc/top5``, ``acc/forgetting`` (so far),
+  ``R/task_<j>`` (the row R[t] of the accuracy matrix, j from 1), ``routing/<protocol>/acc`` (or ``routing/acc``) where
+  the strategy reports routing accuracy, ``time/train_s``, ``time/eval_s`` and ``memory/peak_rss_mb``;
 - at the end, the summary metrics (``final/*``), the record (``result.json``) and the figures (accuracy curve and
   matrix) as artifacts.
 
@@ -625,8 +624,8 @@ class TrackerHub:
         self.inner.run_finished(record, run_dir)
 
     def locations(self) -> dict[str, str]:
-        """Tracker name -> where it wrote the last run and how to open it, for the trackers that started and were
-        not dropped."""
+        """Tracker name -> where it wrote the last run and how to open it, for the trackers that started and
+        were not dropped."""
         out = {}
         for name in self.spec.trackers:
             tracker = self._trackers.get(name)

@@ -3,13 +3,12 @@
 A sweep is a plan of ordinary runs (:func:`clbench.run.harness.run`), one run folder each, under ``--out DIR``:
 
 - ``DIR/runs/<strategy>-<bench>-s<seed>/``: the run folder (``result.json``; ``checkpoint.safetensors`` while
-  unfinished; ``features.npz``; ``run.log``, the run's messages; ``attempt.json``, where and when its last attempt
-  started).
+  unfinished; ``features.npz``; ``run.log``, the run's messages; ``attempt.json``, where and when its
+  last attempt started).
 - ``DIR/sweep.json``: the plan, each run's state and outcome (:class:`~clbench.sweep.manifest.RunOutcome`) with
   its timestamps, the backend, and the measured sweep overhead. Rewritten (atomically) whenever a run ends.
-- ``DIR/summary.md`` / ``summary.csv``: mean ± half the 95 % interval (and the std) over seeds per (benchmark,
-  backbone, strategy, protocol), from :mod:`clbench.report.tables`; ``DIR/report/``: ``clbench report`` of every
-  complete run.
+- ``DIR/summary.md`` / ``summary.csv``: mean ± half the 95 % interval (and the std) over seeds per (benchmark, backbone,
+  strategy, protocol), from :mod:`clbench.report.tables`; ``DIR/report/``: ``clbench report`` of every complete run.
 
 Re-invoking the same command continues the sweep: a run whose record is complete with the same settings is skipped;
 an unfinished one continues from its last checkpoint (the harness does this for any run folder). A run folder that

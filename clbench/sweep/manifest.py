@@ -1,5 +1,5 @@
-"""``sweep.json``: the sweep manifest (:class:`SweepManifest`), with its one reader (:func:`load_manifest`) and one
-writer (:func:`write_manifest`).
+"""``sweep.json``: the sweep manifest (:class:`SweepManifest`), with its one reader (:func:`load_manifest`) and
+one writer (:func:`write_manifest`).
 
 It holds the plan (the command, strategies, benchmarks, seeds and settings), one :class:`PlannedEntry` per run (its
 folder, its state when the sweep started, and the :class:`RunOutcome` the worker and the sweep reported, written
@@ -199,8 +199,8 @@ class BackendInfo(Typed):
     extra: Json = field(default_factory=dict)  # keys this clbench does not know, kept as read
     keys: list[str] = field(default_factory=list, compare=False, repr=False)  # the fields given, in their order
 
-    # read and written as a codec (clbench.files.typedfile.Codec), not a plain part: the keys given are part of the
-    # value
+    # read and written as a codec (clbench.files.typedfile.Codec), not a plain part: the keys given
+    # are part of the value
     @classmethod
     def json_problems(cls, data: Any) -> list[str]:  # Any: JSON as read, checked here
         found = typedfile.problems(cls, data)
@@ -281,8 +281,7 @@ class SweepManifest:
 
     @classmethod
     def from_dict(cls, raw: Json) -> SweepManifest:
-        """A manifest from a current-version JSON object (:func:`upgrade`) that :func:`manifest_problem` found
-        sound."""
+        """A manifest from a current-version JSON object (:func:`upgrade`) that :func:`manifest_problem` found sound."""
         manifest = typedfile.read(cls, {k: v for k, v in raw.items() if k not in HEAD})
         runs = {run_id: PlannedEntry.from_dict(e) for run_id, e in raw["runs"].items()}
         return dataclasses.replace(manifest, runs=runs, schema_version=raw["version"])

