@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -67,6 +68,25 @@ def test_a_checkpoint_naming_the_classes_where_they_were_loads():
             assert type(back["sets"][0][0]) is Adapter and back["head"](torch.ones(1, 4)).shape == (1, 3)
         else:
             assert torch.equal(back["store"].tables["abc"][1], torch.ones(1, 4))
+
+
+@pytest.mark.parametrize("old_name", ["baselines.slca.TaskHeads", "baselines.cofima.CoFiMAHeads"])
+def test_slca_and_cofima_heads_saved_under_their_own_modules_load(old_name):
+    """SLCA and CoFiMA each defined their task heads until the slow learner was held once: a checkpoint of either
+    names its own class and must resume as the shared one."""
+    from baselines.cofima import CoFiMA
+    from clbench.layers.slow_learner import TaskHeads
+
+    heads = TaskHeads()
+    heads.add(4, 3, torch.Generator().manual_seed(0), torch.device("cpu"), torch.float32)
+    types = CoFiMA.saved_types()
+    saved = encode({"heads": heads}, types)
+    text = json.dumps(saved.tree).replace("clbench.layers.slow_learner.TaskHeads", old_name)
+    assert old_name in text
+    old = SavedState(json.loads(text), dict(saved.tensors))
+    assert unknown_classes(old, types) == []
+    back = decode(old, types)["heads"]
+    assert type(back) is TaskHeads and torch.equal(back(torch.ones(1, 4)), heads(torch.ones(1, 4)))
 
 
 def test_every_moved_name_points_at_a_class_a_strategy_saves():

@@ -75,6 +75,8 @@ MOVED_TYPES: dict[str, str] = {
     "baselines.ease.AdapterSet": "clbench.layers.adapters.AdapterSet",
     "baselines.l2p.LinearHead": "clbench.layers.heads.LinearHead",
     "baselines.aper.AdaptedFeatures": "clbench.layers.first_session.AdaptedFeatures",
+    "baselines.slca.TaskHeads": "clbench.layers.slow_learner.TaskHeads",  # SLCA's and CoFiMA's heads, held once
+    "baselines.cofima.CoFiMAHeads": "clbench.layers.slow_learner.TaskHeads",
 }
 
 
