@@ -132,3 +132,8 @@ def test_the_checkpoint_log_keeps_the_logged_metrics_under_their_record_names():
 
 def test_the_gate_changes_listed_on_a_rewrite_are_the_declared_ones():
     assert declared.GATE_LISTED == ("forgetting", "bwt", "ece")
+
+
+def test_the_report_summary_averages_the_declared_final_metrics():
+    assert declared.SUMMARISED == ("last_acc", "avg_acc", "forgetting", "ece")  # summary.csv's <name>_mean/_std
+    assert all(declared.BY_NAME[m].kind == "final" for m in declared.SUMMARISED)

@@ -1,13 +1,15 @@
 """Every metric a record stores, declared once: its name, whether it is a per-task series or a final value, its
-definition in each scenario, its unit, how the regression gate compares it and whether the checkpoint's log keeps
-it per task.
+definition in each scenario, its unit, how the regression gate compares it, whether the checkpoint's log keeps it
+per task and whether a report's summary averages it over seeds.
 
 The rest is derived from :data:`METRICS`: the glossary that records store and reports print
 (:data:`clbench.evaluation.metrics.DEFINITIONS`, :func:`glossary`), the metrics a gate reference pins
 (:data:`clbench.gate.reference.STORED_METRICS`) and the tolerance each is checked with, the rows the checkpoint's
-protocol log holds (:data:`LOGGED`, named as the record names them) and the list of summary fields that are
-metrics. A metric's field in the record (:class:`clbench.records.schema.ProtocolSummary`) and the code that
-computes it are the only other places that name it; ``tests/test_declared_metrics.py`` checks that each agrees.
+protocol log holds (:data:`LOGGED`, named as the record names them), the metrics a report's summary averages over
+seeds (:data:`SUMMARISED`) and the list of summary fields that are metrics (:data:`NAMES`). Adding a metric takes
+its declaration here, its typed field in the record (:class:`clbench.records.schema.ProtocolSummary`, which keeps
+its JSON check beside its type) and the code that computes it; ``tests/test_declared_metrics.py`` checks that the
+three agree.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Metric:
     term: Term | None
     gate: GateRule | None  # None: not pinned by the gate
     logged: bool = False  # the checkpoint's protocol log keeps one entry per task under ``name``
+    # a report's summary (summary.csv) gives its mean and standard deviation over seeds, as <name>_mean, <name>_std
+    summarised: bool = False
     # glossary terms that are no metric of a record, printed after this metric's (how reports compute intervals)
     notes: tuple[Term, ...] = ()
 
@@ -113,6 +117,7 @@ METRICS: tuple[Metric, ...] = (
         "percent",
         Term("last_acc", "A_T, accuracy after the last task"),
         GateRule("last_acc", own_field=True),
+        summarised=True,
     ),
     Metric(
         "avg_acc",
@@ -120,6 +125,7 @@ METRICS: tuple[Metric, ...] = (
         "percent",
         Term("avg_acc", "average incremental accuracy: mean over tasks t of A_t"),
         GateRule("avg_acc", own_field=True),
+        summarised=True,
     ),
     Metric(
         "forgetting",
@@ -131,6 +137,7 @@ METRICS: tuple[Metric, ...] = (
             "mean over old domains j of (max_{t<T} R[t][j] - R[T][j]) (Chaudhry et al.)",
         ),
         GateRule("matrix", times=2, listed_on_rewrite=True),  # a difference of two matrix entries
+        summarised=True,
     ),
     Metric(
         "forgetting_first_last",
@@ -168,6 +175,7 @@ METRICS: tuple[Metric, ...] = (
             "expected calibration error of the final model, 15 equal-width confidence bins, in points (Guo et al.)",
         ),
         GateRule("matrix", listed_on_rewrite=True),
+        summarised=True,
     ),
     Metric("last_acc_ci", "final", "percent interval", _INTERVALS, GateRule("last_acc")),
     Metric(
@@ -204,6 +212,8 @@ GATE_STORED = tuple(m.name for m in METRICS if m.gate is not None and not m.gate
 GATE_LISTED = tuple(m.name for m in METRICS if m.gate is not None and m.gate.listed_on_rewrite)
 # The checkpoint log's per-task rows, by their record names.
 LOGGED = tuple(m.name for m in METRICS if m.logged)
+# The final values a report's summary gives as mean and standard deviation over seeds.
+SUMMARISED = tuple(m.name for m in METRICS if m.summarised)
 
 
 def glossary(scenario: str = "class") -> dict[str, str]:
