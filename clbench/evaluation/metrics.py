@@ -1,6 +1,7 @@
 """Metrics of class-incremental learning: pure functions of accuracy matrices and predictions.
 
-Definitions (printed in every report, see :data:`DEFINITIONS`):
+Definitions (printed in every report, see :data:`DEFINITIONS`; each metric's name, kind, unit, definition and gate
+rule are declared once in :mod:`clbench.evaluation.declared`, from which :data:`DEFINITIONS` is derived):
 
 - ``R[t][j]``: top-1 accuracy (percent) on task ``j``'s test classes after learning task ``t`` (``j <= t``),
   predicting over all classes seen so far (class-incremental: no task id is given).
