@@ -121,9 +121,10 @@ def print_result(record: RunRecord, console: Console | None = None) -> None:
             f"T{i + 1}", *[_fmt(v, 1) for v in row], *[""] * (n - len(row)), _fmt(main.acc_curve[i], 2), *aware
         )
     console.print(matrix)
-    console.print(f"forgetting = mean over old {unit}s of (max earlier R[t][j] - final R[T][j]) (Chaudhry/PILOT)")
+    glossary = metrics.definitions(record.scenario or "class")  # the metrics' declared definitions
+    console.print(f"forgetting = {esc(glossary['forgetting'])}")
     if main.task_aware_curve:
-        console.print(f"task-aware = {metrics.definitions(record.scenario or 'class')['task-aware']}")
+        console.print(f"task-aware = {esc(glossary['task-aware'])}")
     for warning in run_warnings(record):
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
 

@@ -37,12 +37,12 @@ def _checkpoint(**changes) -> ck.Checkpoint:
         rng=ck.capture_rng(),
         logs={
             "per-sample": ck.ProtocolLogState(
-                matrix=[[50.0]],
-                curve=[50.0],
-                old=[math.nan],  # after the first task: no old classes
-                new=[50.0],
-                top5=[100.0],
-                task_aware=[50.0],
+                accuracy_matrix=[[50.0]],
+                acc_curve=[50.0],
+                old_acc=[math.nan],  # after the first task: no old classes
+                new_acc=[50.0],
+                top5_curve=[100.0],
+                task_aware_curve=[50.0],
                 index=[[0, 1]],
                 pred=[[1, 1]],
                 conf=[[0.5, 0.75]],
@@ -67,8 +67,8 @@ def test_save_then_load_gives_every_field_back(tmp_path):
     assert isinstance(back.data, ck.DataIdentity) and isinstance(back.times, Times)
     assert type(back.per_task[0]) is TaskEntry and type(back.logs["per-sample"]) is ck.ProtocolLogState
     log = back.logs["per-sample"]
-    assert math.isnan(log.old[0])  # NaN is never equal to itself: compared on its own
-    assert dataclasses.replace(log, old=saved.logs["per-sample"].old) == saved.logs["per-sample"]
+    assert math.isnan(log.old_acc[0])  # NaN is never equal to itself: compared on its own
+    assert dataclasses.replace(log, old_acc=saved.logs["per-sample"].old_acc) == saved.logs["per-sample"]
     assert back.config == json.loads(json.dumps(saved.config))  # as JSON: the config's tuples come back as lists
     for f in dataclasses.fields(ck.Checkpoint):
         if f.name not in ("strategy", "rng", "logs", "config"):
@@ -87,15 +87,44 @@ def test_a_checkpoint_of_an_earlier_clbench_loads_with_what_it_lacks_empty(tmp_p
     ck.save(path, _checkpoint())
 
     def older(doc, meta):
-        for name in ("task_aware", "index", "pred", "conf"):
+        for name in ("task_aware_curve", "index", "pred", "conf"):
             doc["logs"]["per-sample"].pop(name)
         doc["times"].pop("checkpoint")
 
     _rewrite(path, older)
     back = ck.load(path)
     log = back.logs["per-sample"]
-    assert log.task_aware == log.index == log.pred == log.conf == [] and log.curve == [50.0]
+    assert log.task_aware_curve == log.index == log.pred == log.conf == [] and log.acc_curve == [50.0]
     assert back.times.checkpoint is None and back.times.total == 2.25
+
+
+def test_a_checkpoint_whose_log_rows_have_their_old_names_loads_under_the_record_names(tmp_path):
+    """Before the log took the record's names, a checkpoint's log held ``matrix``, ``curve``, ``old``, ``new``,
+    ``top5`` and ``task_aware``: such a checkpoint still loads (and so resumes), each row under its record name."""
+    path = tmp_path / ck.CHECKPOINT_FILE
+    saved = _checkpoint()
+    ck.save(path, saved)
+
+    def old_names(doc, meta):
+        log = doc["logs"]["per-sample"]
+        doc["logs"]["per-sample"] = {old: log.pop(new) for old, new in ck.OLD_LOG_NAMES.items()} | log
+
+    _rewrite(path, old_names)
+    held = set(_document(path)["logs"]["per-sample"])  # the file holds the old names only
+    assert set(ck.OLD_LOG_NAMES) <= held and not set(ck.OLD_LOG_NAMES.values()) & held
+    log = ck.load(path).logs["per-sample"]
+    want = saved.logs["per-sample"]
+    assert log.accuracy_matrix == [[50.0]] and log.acc_curve == [50.0] and math.isnan(log.old_acc[0])
+    assert log.new_acc == [50.0] and log.top5_curve == [100.0] and log.task_aware_curve == [50.0]
+    assert dataclasses.replace(log, old_acc=want.old_acc) == want
+
+
+def _document(path) -> dict:
+    """The JSON document of the checkpoint at ``path``, as the file holds it."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads(f.metadata()["checkpoint"])
 
 
 def test_a_restored_rng_draws_what_the_captured_one_would_have():
@@ -143,10 +172,13 @@ def _rewrite(path, edit) -> None:
             "field logs.per-sample.pred is list [[1, 1, '1']], expected a list of lists of integers",
         ),
         (
-            lambda doc, meta: doc["logs"]["per-sample"].update(curve=["50"]),
-            "field logs.per-sample.curve is list ['50'], expected a list of numbers",
+            lambda doc, meta: doc["logs"]["per-sample"].update(acc_curve=["50"]),
+            "field logs.per-sample.acc_curve is list ['50'], expected a list of numbers",
         ),
-        (lambda doc, meta: doc["logs"]["per-sample"].pop("matrix"), "field logs.per-sample.matrix is missing"),
+        (
+            lambda doc, meta: doc["logs"]["per-sample"].pop("accuracy_matrix"),
+            "field logs.per-sample.accuracy_matrix is missing",
+        ),
         (lambda doc, meta: doc["logs"].update(x=[]), "field logs.x is list [], expected an object"),
         (lambda doc, meta: doc["per_task"][0].pop("task"), "field per_task[0].task is missing"),
         (lambda doc, meta: doc["per_task"][0].update(train_s=-2), "field per_task[0].train_s is int -2"),

@@ -1395,8 +1395,8 @@ ITEM8 = {
     "index-negative": (_ckpt(edit=_log("index", [-5, 0])), "is not of the 2 test images seen by then"),
     "prediction-of-unseen-class": (_ckpt(edit=_log("pred", [0, 3])), "name classes outside the 2 seen"),
     "confidence-above-one": (_ckpt(edit=_log("conf", [0.5, 7.0])), "confidences after task 1 are not probabilities"),
-    "accuracy-1e308": (_ckpt(edit=_log("curve", 1e308)), "curve holds a value that is not a percentage"),
-    "matrix-row-too-long": (_ckpt(edit=_log("matrix", [1.0, 2.0, 3.0])), "accuracy matrix row 0 is not 1"),
+    "accuracy-1e308": (_ckpt(edit=_log("acc_curve", 1e308)), "acc_curve holds a value that is not a percentage"),
+    "matrix-row-too-long": (_ckpt(edit=_log("accuracy_matrix", [1.0, 2.0, 3.0])), "accuracy matrix row 0 is not 1"),
     "per-task-numbered-wrong": (
         _ckpt(edit=lambda d: d["per_task"][0].update(task=5)),
         "it holds 1 per-task entries for 1 tasks",

@@ -347,6 +347,31 @@ def test_resume_refuses_other_settings_and_contradictions(references, tmp_path, 
     assert code == 2 and "the run is finished" in err
 
 
+def test_a_checkpoint_with_the_old_log_names_resumes_to_the_uninterrupted_record(
+    references, tmp_path, monkeypatch, capsys
+):
+    """A checkpoint written before the protocol log took the record's names (``matrix``, ``curve``, ``old``, ``new``,
+    ``top5``, ``task_aware``) resumes, and ends with the record an uninterrupted run writes."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from clbench.run.checkpoint import OLD_LOG_NAMES
+
+    out = tmp_path / "run"
+    _interrupted(out, monkeypatch)
+    path = out / CHECKPOINT_FILE
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    doc = json.loads(meta["checkpoint"])
+    for p, log in doc["logs"].items():
+        doc["logs"][p] = {old: log.pop(new) for old, new in OLD_LOG_NAMES.items()} | log
+    save_file(tensors, str(path), metadata={**meta, "checkpoint": json.dumps(doc)})
+    code, err = cli(["run", "--resume", str(out)], capsys)
+    assert code == 0, err
+    assert_same_run(record(out), references["simplecil"])
+    assert record(out)["resumed_from_task"] == [2]
+
+
 def test_corrupt_checkpoint_is_refused_not_used(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     _interrupted(out, monkeypatch)

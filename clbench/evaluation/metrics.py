@@ -1,6 +1,7 @@
 """Metrics of class-incremental learning: pure functions of accuracy matrices and predictions.
 
-Definitions (printed in every report, see :data:`DEFINITIONS`):
+Definitions (printed in every report, see :data:`DEFINITIONS`; each metric's name, kind, unit, definition and gate
+rule are declared once in :mod:`clbench.evaluation.declared`, from which :data:`DEFINITIONS` is derived):
 
 - ``R[t][j]``: top-1 accuracy (percent) on task ``j``'s test classes after learning task ``t`` (``j <= t``),
   predicting over all classes seen so far (class-incremental: no task id is given).
@@ -40,38 +41,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-DEFINITIONS: dict[str, str] = {
-    "R[t][j]": "top-1 accuracy (%) on task j's test classes after learning task t, over all seen classes (no task id)",
-    "A_t": "top-1 accuracy (%) on the test images of all classes seen after task t",
-    "last_acc": "A_T, accuracy after the last task",
-    "avg_acc": "average incremental accuracy: mean over tasks t of A_t",
-    "forgetting": "mean over old tasks j of (max_{t<T} R[t][j] - R[T][j]) (Chaudhry et al.; PILOT)",
-    "forgetting_first_last": "mean over old tasks j of (R[j][j] - R[T][j]) (Avalanche's definition)",
-    "old_acc / new_acc": "accuracy after task t on classes of earlier tasks / of task t",
-    "bwt": "backward transfer: mean over old tasks j of (R[T][j] - R[j][j]) (Lopez-Paz and Ranzato, GEM)",
-    "ece": "expected calibration error of the final model, 15 equal-width confidence bins, in points (Guo et al.)",
-    "last_acc_ci / avg_acc_ci": "95 % interval: bootstrap over test images resampled within each class, 2,000 "
-    "resamples; over seeds: hierarchical bootstrap (seeds, then images)",
-    "report intervals": "reports: 95 % intervals from 10,000 resamples (one run: within classes; a batch-coupled "
-    "protocol: by whole test batches); several seeds: t interval over the seeds combined with the test-image noise "
-    "they share (clbench.evaluation.stats.seed_level); one decimal",
-    "task-aware": "accuracy when each test image's task is given: the argmax restricted to the classes of its task "
-    "(Mammoth's Task-IL); with one task, the task-agnostic accuracy",
-}
+from clbench.evaluation.declared import glossary
+
+# The glossary every record stores and every report prints, derived from the metrics' declarations
+# (clbench.evaluation.declared): a term's text is what records compare, so a changed text marks records as redefined.
+DEFINITIONS: dict[str, str] = glossary("class")
 ECE_BINS = 15
-DOMAIN_DEFINITIONS: dict[str, str] = {
-    **DEFINITIONS,
-    "scenario": "domain-incremental: task t brings every class in domain t; every class is in the label space "
-    "from the first task on",
-    "R[t][j]": "top-1 accuracy (%) on domain j's test images after learning domain t, over every class (no domain id)",
-    "A_t": "top-1 accuracy (%) on the test images of the domains seen after task t",
-    "forgetting": "mean over old domains j of (max_{t<T} R[t][j] - R[T][j]) (Chaudhry et al.)",
-    "forgetting_first_last": "mean over old domains j of (R[j][j] - R[T][j]) (Avalanche's definition)",
-    "old_acc / new_acc": "accuracy after task t on the test images of earlier domains / of domain t",
-    "bwt": "backward transfer: mean over old domains j of (R[T][j] - R[j][j]) (Lopez-Paz and Ranzato, GEM)",
-    "task-aware": "the prediction of the image's own domain's module where a method keeps one per "
-    "domain (domain given); for every other method the task-agnostic accuracy (every domain has every class)",
-}
+DOMAIN_DEFINITIONS: dict[str, str] = glossary("domain")
 
 
 def definitions(scenario: str = "class") -> dict[str, str]:

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeAlias
 
 from clbench.errors import ClbenchError
+from clbench.evaluation.declared import GATE_LISTED, GATE_STORED
 from clbench.files.atomic import atomic_write_json
 from clbench.files.safety import load_json
 from clbench.files.typedfile import (
@@ -244,18 +245,8 @@ def _is_training(v: Any) -> bool:
 
 # The metrics of a record's protocol summary the gate pins beside the accuracy matrix, final and average accuracy
 # (clbench.records.schema.ProtocolSummary): scalars in points, per-task curves in percent, intervals as [lo, hi].
-STORED_METRICS = (
-    "forgetting",
-    "forgetting_first_last",
-    "bwt",
-    "ece",
-    "acc_curve",
-    "old_acc",
-    "new_acc",
-    "top5_curve",
-    "last_acc_ci",
-    "avg_acc_ci",
-)
+# Declared with each metric (clbench.evaluation.declared: its gate rule).
+STORED_METRICS = GATE_STORED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -627,7 +618,7 @@ def reference_changes(old: Reference, new: Reference) -> list[str]:
         if before[k].metrics is not None and after[k].metrics is not None:
             moved += [
                 f"{m} {before[k].metrics.get(m)} -> {after[k].metrics.get(m)}"
-                for m in ("forgetting", "bwt", "ece")
+                for m in GATE_LISTED
                 if before[k].metrics.get(m) != after[k].metrics.get(m)
             ]
         elif after[k].metrics is not None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from clbench.evaluation import stats
+from clbench.evaluation.declared import SUMMARISED
 from clbench.files import escape as text
 from clbench.records.routing_diagnostics import RoutingDiagnostics, read_routing
 from clbench.report.budget import BudgetCurve, budget_table_rows
@@ -142,7 +143,7 @@ def summary_frame(coll: Collection, predicted: Predicted | None = None) -> pd.Da
     for key, runs in coll.acc_groups().items():
         s = [r.summary(key.protocol) for r in runs]
         row: dict[str, Any] = dict(key._asdict())
-        for metric in ("last_acc", "avg_acc", "forgetting", "ece"):
+        for metric in SUMMARISED:
             mean, std, _ = mean_std(getattr(x, metric) for x in s)
             row[f"{metric}_mean"], row[f"{metric}_std"] = mean, std
         row["bwt_mean"] = mean_std(_bwt(r, key.protocol) for r in runs)[0]

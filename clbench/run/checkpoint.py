@@ -176,24 +176,51 @@ _INTEGER_LISTS = "a list of lists of integers"
 @dataclass
 class ProtocolLogState:
     """One protocol's evaluations so far, as the checkpoint holds them (``logs.<protocol>``); the harness's
-    ``_ProtocolLog`` adds what fills them. Every checkpoint holds the first five; ``task_aware`` and the images
-    (``index``, ``pred``, ``conf``) came later: a checkpoint without them reads as empty lists (not kept). Values are
-    checked as JSON types here, their meanings by the harness on resume."""
+    ``_ProtocolLog`` adds what fills them. The rows are the metrics logged per task
+    (:data:`clbench.evaluation.declared.LOGGED`), named as the record names them. Every checkpoint holds the first
+    five; ``task_aware_curve`` and the images (``index``, ``pred``, ``conf``) came later: a checkpoint without them
+    reads as empty lists (not kept). Values are checked as JSON types here, their meanings by the harness on resume.
+    Checkpoints written before the rows took the record's names read with their old names mapped
+    (:data:`OLD_LOG_NAMES`)."""
 
     # R[t][j] in percent
-    matrix: list[list[float]] = json_field(
+    accuracy_matrix: list[list[float]] = json_field(
         _NUMBER_LISTS, list_of(list_of(_is_any_number)), required=True, default_factory=list
     )
-    curve: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
+    acc_curve: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
     # NaN after the first task (no old classes yet)
-    old: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
-    new: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
-    top5: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
-    task_aware: list[float] = json_field(_NUMBERS, list_of(_is_any_number), default_factory=list)
+    old_acc: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
+    new_acc: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
+    top5_curve: list[float] = json_field(_NUMBERS, list_of(_is_any_number), required=True, default_factory=list)
+    task_aware_curve: list[float] = json_field(_NUMBERS, list_of(_is_any_number), default_factory=list)
     # per image, per task: positions in the benchmark's test split, argmax of the logits, its softmax probability
     index: list[list[int]] = json_field(_INTEGER_LISTS, list_of(list_of(is_int)), default_factory=list)
     pred: list[list[int]] = json_field(_INTEGER_LISTS, list_of(list_of(is_int)), default_factory=list)
     conf: list[list[float]] = json_field(_NUMBER_LISTS, list_of(list_of(_is_any_number)), default_factory=list)
+
+
+# The log rows' names in checkpoints written before they took the record's names -> their names now.
+OLD_LOG_NAMES = {
+    "matrix": "accuracy_matrix",
+    "curve": "acc_curve",
+    "old": "old_acc",
+    "new": "new_acc",
+    "top5": "top5_curve",
+    "task_aware": "task_aware_curve",
+}
+
+
+def _renamed_logs(doc: Any) -> None:
+    """Map the old row names of a checkpoint document's logs (:data:`OLD_LOG_NAMES`) to today's, in place; a name
+    already present is left to the reader's checks."""
+    logs = doc.get("logs") if isinstance(doc, dict) else None
+    if not isinstance(logs, dict):
+        return
+    for log in logs.values():
+        if isinstance(log, dict):
+            for old, new in OLD_LOG_NAMES.items():
+                if old in log and new not in log:
+                    log[new] = log.pop(old)
 
 
 @dataclass
@@ -374,6 +401,7 @@ def load(path: Path) -> Checkpoint:
         )
     try:
         doc = json.loads(meta.get("checkpoint", ""))
+        _renamed_logs(doc)
         problem = _problem(doc)
         if problem is not None:
             raise ValueError(problem)
@@ -527,6 +555,7 @@ def convert_legacy(folder: Path, say: Callable[[str], None]) -> bool:
         strategy = encode(old["strategy"], strategy_cls.saved_types(), prefix=STRATEGY_PREFIX)
         rng = old["rng"]
         doc = {f.name: _plain(old[f.name]) for f, _ in typedfile.file_fields(Checkpoint) if f.name in old}
+        _renamed_logs(doc)
         problem = _problem(doc)
         if problem is not None:
             raise ValueError(problem)

@@ -20,6 +20,7 @@ import torch
 
 from clbench.errors import ClbenchError, setting
 from clbench.evaluation import metrics
+from clbench.evaluation.declared import LOGGED
 from clbench.methods import training_check
 from clbench.methods.answers import checked
 from clbench.methods.shared import TrainingTrace
@@ -137,29 +138,25 @@ class _ProtocolLog(ProtocolLogState):
         self.index.append(np.asarray(index).tolist())
         self.pred.append(pred.tolist())
         self.conf.append(conf.astype(np.float64).tolist())  # float16 values: a resumed run writes the same file
-        self.matrix.append(metrics.task_row(pred, y, sample_task, t + 1))
-        self.curve.append(metrics.accuracy(pred, y))
+        self.accuracy_matrix.append(metrics.task_row(pred, y, sample_task, t + 1))
+        self.acc_curve.append(metrics.accuracy(pred, y))
         old = sample_task < t
-        self.old.append(metrics.accuracy(pred[old], y[old]) if old.any() else float("nan"))
-        self.new.append(metrics.accuracy(pred[~old], y[~old]))
-        self.top5.append(metrics.topk_accuracy(logits.numpy(), y, 5))
+        self.old_acc.append(metrics.accuracy(pred[old], y[old]) if old.any() else float("nan"))
+        self.new_acc.append(metrics.accuracy(pred[~old], y[~old]))
+        self.top5_curve.append(metrics.topk_accuracy(logits.numpy(), y, 5))
         aware = metrics.task_aware_prediction(logits.numpy() if in_task is None else in_task.numpy(), task_classes)
-        self.task_aware.append(metrics.accuracy(aware, y))
+        self.task_aware_curve.append(metrics.accuracy(aware, y))
 
     def summary(self) -> ProtocolSummary:
+        curve, matrix, aware = self.acc_curve, self.accuracy_matrix, self.task_aware_curve
         return ProtocolSummary(
-            accuracy_matrix=self.matrix,
-            acc_curve=self.curve,
-            last_acc=metrics.last_acc(self.curve) if self.curve else None,
-            avg_acc=metrics.avg_acc(self.curve) if self.curve else None,
-            forgetting=metrics.forgetting(self.matrix) if self.matrix else None,
-            forgetting_first_last=metrics.forgetting_first_last(self.matrix) if self.matrix else None,
-            old_acc=self.old,
-            new_acc=self.new,
-            top5_curve=self.top5,
-            bwt=metrics.bwt(self.matrix) if self.matrix else None,
-            task_aware_curve=self.task_aware,
-            task_aware_last=self.task_aware[-1] if len(self.task_aware) == len(self.curve) > 0 else None,
+            **{name: getattr(self, name) for name in LOGGED},  # the logged series, under the same names
+            last_acc=metrics.last_acc(curve) if curve else None,
+            avg_acc=metrics.avg_acc(curve) if curve else None,
+            forgetting=metrics.forgetting(matrix) if matrix else None,
+            forgetting_first_last=metrics.forgetting_first_last(matrix) if matrix else None,
+            bwt=metrics.bwt(matrix) if matrix else None,
+            task_aware_last=aware[-1] if len(aware) == len(curve) > 0 else None,
         )
 
 
@@ -780,7 +777,8 @@ class _RunState:
         return record
 
 
-_LOG_ROWS = ("matrix", "curve", "old", "new", "top5")  # one entry per task done (ProtocolLogState)
+# one entry per task done (ProtocolLogState); the task-aware curve only in checkpoints written since it was logged
+_LOG_ROWS = tuple(name for name in LOGGED if name != "task_aware_curve")
 _LOG_IMAGES = ("index", "pred", "conf")  # one list per task done, or none (checkpoints before predictions were kept)
 
 
@@ -812,11 +810,13 @@ def _impossible_counts(ckpt: Checkpoint, session: PreparedRun) -> str | None:
             rows = getattr(log, name)
             if len(rows) != done:
                 return f"its {p} {name} has {len(rows)} entries for {done} tasks done"
-        for t, row in enumerate(log.matrix):
+        for t, row in enumerate(log.accuracy_matrix):
             if len(row) != t + 1:
                 return f"its {p} accuracy matrix row {t} is not {t + 1} accuracies"
         for name in _LOG_ROWS:
-            values = [v for row in log.matrix for v in row] if name == "matrix" else getattr(log, name)
+            values = (
+                [v for row in log.accuracy_matrix for v in row] if name == "accuracy_matrix" else getattr(log, name)
+            )
             if not all(v != v or 0 <= v <= 100 for v in values):  # v != v: NaN (old accuracy after the first task)
                 return f"its {p} {name} holds a value that is not a percentage"
         for t in range(len(log.index)):
@@ -882,7 +882,7 @@ def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunStat
     state.per_task.append(TaskEntry(t, task.classes, dt_train, diagnostics, dt_eval, trained_change, reset))
     state.done = t + 1
     main = state.logs[protocols[0]]
-    rep.log(f"  A_{t + 1} = {main.curve[-1]:.2f}%  (old {main.old[-1]:.2f}, new {main.new[-1]:.2f})")
+    rep.log(f"  A_{t + 1} = {main.acc_curve[-1]:.2f}%  (old {main.old_acc[-1]:.2f}, new {main.new_acc[-1]:.2f})")
     rep.task_done(t, main.summary(), state.per_task[-1], state.peak_rss_mb())
 
 
@@ -983,7 +983,7 @@ def _predictions(session: PreparedRun, logs: dict[str, _ProtocolLog]) -> Predict
     from clbench.records import predictions
 
     protocols, bench = session.protocols, session.bench
-    n_tasks = len(logs[protocols[0]].matrix)
+    n_tasks = len(logs[protocols[0]].accuracy_matrix)
     if any(len(logs[p].pred) != n_tasks or len(logs[p].index) != n_tasks for p in protocols):
         return None
     task_of = bench.image_tasks("test")
