@@ -77,6 +77,7 @@ from typing import Any
 import torch
 
 from baselines.cards.slda import CARD, PROFILES, SLDAConfig
+from clbench.core.labels import new_class_count
 from clbench.layers.lda import (
     F64,
     GROWTH_SHAPES,
@@ -88,7 +89,6 @@ from clbench.layers.lda import (
     shrink,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.run.scenario import new_class_count
 
 
 class SLDA(Strategy[SLDAConfig]):

@@ -27,9 +27,9 @@ def parse_key_value(text: str) -> tuple[str, str]:
 
 
 def _add_setting_args(p: argparse.ArgumentParser, command: str) -> None:
-    """The run settings of ``clbench COMMAND`` (run or sweep), generated from :class:`clbench.run.config.RunConfig`
+    """The run settings of ``clbench COMMAND`` (run or sweep), generated from :class:`clbench.core.config.RunConfig`
     (one declaration per setting: flag, type, default, help), then the options every run takes."""
-    from clbench.run.config import add_run_flags
+    from clbench.core.config import add_run_flags
 
     add_run_flags(p, command)
     p.add_argument(
@@ -99,7 +99,7 @@ def _log_spec(args: argparse.Namespace, group: str | None = None, out: str | Non
 
 def cmd_run(args: argparse.Namespace) -> int:
     log = _log_spec(args)  # checked first: a tracker that is not installed is refused at once
-    from clbench.run.config import RunConfig, flag_fields
+    from clbench.core.config import RunConfig, flag_fields
 
     values = {name: getattr(args, name) for name in flag_fields("run")}
     values["overrides"] = tuple(args.overrides)
@@ -112,8 +112,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             Path(args.resume or args.out), lambda m: print(f"clbench: --trust-checkpoint: {m}", file=sys.stderr)
         )
     if args.resume:
+        from clbench.core.config import given_settings
         from clbench.run.checkpoint import resume_config
-        from clbench.run.config import given_settings
 
         # a flag left at its default counts as not given; checked as in a fresh run, before the checkpoint is read
         cfg = resume_config(args.resume, given_settings(values))
@@ -152,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     """The sweep's own flags, generated from :mod:`clbench.sweep.settings` (one declaration per setting), ``--set``,
     then the run settings every run shares."""
-    from clbench.run.config import argument_group
+    from clbench.core.config import argument_group
     from clbench.sweep.settings import WHAT, add_sweep_flags
 
     add_sweep_flags(p)
@@ -170,7 +170,7 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
 
 def _fields(args: argparse.Namespace, command: str, cls: type | None = None) -> dict[str, Any]:
     """The parsed flags of ``clbench COMMAND`` that are fields of the declaration ``cls`` (default: RunConfig)."""
-    from clbench.run.config import flag_fields
+    from clbench.core.config import flag_fields
 
     return {name: getattr(args, name) for name in flag_fields(command, cls)}
 
@@ -452,7 +452,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Every command's parser; ``only``: the flags of that command alone (the others are named, with their help,
     but their flags are not built: ``clbench run`` does not import the gate's modules to describe ``check``)."""
-    from clbench.run.catalog import DEFAULT_STRATEGY
+    from clbench.core.catalog import DEFAULT_STRATEGY
 
     parser = _Parser(
         prog="clbench",
@@ -576,7 +576,7 @@ def _unknown_flag_hint(
         value = after if after and not after.startswith("-") else "VALUE"
     key = flag.lstrip("-").replace("-", "_")
     if command in ("run", "sweep"):
-        from clbench.run.catalog import CARDS, STRATEGIES, card
+        from clbench.core.catalog import CARDS, STRATEGIES, card
 
         strategy = getattr(args, "strategy", None)
         names = [strategy] if strategy in STRATEGIES else CARDS.names()

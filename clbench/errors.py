@@ -22,7 +22,7 @@ _MARKED = re.compile(_MARK + r"([A-Za-z_][A-Za-z0-9_]*)" + _MARK)
 
 
 def setting(name: str) -> str:
-    """``name`` (a :class:`~clbench.run.config.RunConfig` field or another setting) marked for rendering: its Python
+    """``name`` (a :class:`~clbench.core.config.RunConfig` field or another setting) marked for rendering: its Python
     name in ``str(error)``, its flag on the command line."""
     return f"{_MARK}{name}{_MARK}"
 

@@ -192,7 +192,7 @@ def cross_method_imports(graph: dict[str, dict[str, int]], method: dict[str, str
 
 
 def test_no_method_imports_another_method():
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
 
     files = module_files()
     method = method_of(files)
@@ -231,7 +231,7 @@ def test_the_method_import_check_finds_one(tmp_path):
 def test_config_and_checkpoint_import_nothing_from_the_runner():
     graph = import_graph()
     runner = {"clbench.run.harness", "clbench.cli", "clbench.sweep", "clbench.sweep.runner"}
-    assert not runner & set(graph["clbench.run.config"]), graph["clbench.run.config"]
+    assert not runner & set(graph["clbench.core.config"]), graph["clbench.core.config"]
     assert not runner & set(graph["clbench.run.checkpoint"]), graph["clbench.run.checkpoint"]
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from clbench.core.catalog import STRATEGIES
 from clbench.perf import gpu
-from clbench.run.catalog import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]
 

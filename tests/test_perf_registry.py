@@ -10,8 +10,8 @@ import pytest
 
 import clbench.perf as perf
 from clbench.cli import main
+from clbench.core.registry import Registry
 from clbench.perf import Measurement, arg, from_strategy, load
-from clbench.run.registry import Registry
 
 GENERIC = {
     "calibrate",

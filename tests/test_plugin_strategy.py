@@ -211,7 +211,7 @@ def test_without_the_variable_the_strategy_is_unknown_and_bad_entries_are_one_li
 
 def test_the_plugin_passes_the_shared_cost_and_parameter_checks(micro_session_factory, monkeypatch):
     """Registered in this process too, it meets the same param_formula check as the shipped methods."""
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
 
     monkeypatch.setitem(STRATEGIES._items, NAME, PlugNearest)
     s = micro_session_factory(NAME, init_cls=18, increment=9)

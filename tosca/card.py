@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.config import CI_INPUT
+from clbench.core.costs import ParamCounts, RunShape, Work
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_lr, check_range
-from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import QUICK_INPUT, MethodCard
-from clbench.run.config import CI_INPUT
 
 VARIANTS: tuple[str, ...] = ("luca", "adapter", "calibrator", "tosca_r")  # the module variants (tosca.luca)
 DEFAULT_ROUTER = "entropy"  # the paper's rule
@@ -70,7 +70,7 @@ class TOSCAConfig:
         return tuple(dict.fromkeys((self.router, *parse_names(self.routers, "routers"), "oracle")))
 
 
-# ``quick``: the embedded benchmark at 112 px (clbench.run.catalog.COMMON_PROFILES); TOSCA trains on cached features,
+# ``quick``: the embedded benchmark at 112 px (clbench.core.catalog.COMMON_PROFILES); TOSCA trains on cached features,
 # so its reference epochs stay.
 # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
 # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clbench.core.costs import adapter_set_size
 from clbench.methods.contract import (
     PER_SAMPLE,
     REFERENCE,
@@ -61,7 +62,6 @@ from clbench.methods.contract import (
     Strategy,
     Task,
 )
-from clbench.methods.costs import adapter_set_size
 from clbench.methods.routers import RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
 from clbench.methods.routers import route as apply_router
 from clbench.methods.shared import (

@@ -179,8 +179,8 @@ class _bar:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m clbench.examples.avalanche_loop", description=__doc__.split("\n")[0])
-    from clbench.run.catalog import FEATURED_STRATEGY
-    from clbench.run.config import PRECISION_CHOICES
+    from clbench.core.catalog import FEATURED_STRATEGY
+    from clbench.core.config import PRECISION_CHOICES
 
     p.add_argument(
         "--strategy",

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from clbench.core.catalog import BackboneSpec
 from clbench.errors import ClbenchError
-from clbench.run.catalog import BackboneSpec
 
 FACTS_FILE = "backbone-facts.json"
 
@@ -197,8 +197,8 @@ def _facts_key(name: str, weights: str, img_size: int | None) -> str | None:
     model), or None for sources without one (random, hub), which are built at once."""
     from importlib import metadata
 
-    from clbench.run.catalog import BACKBONES
-    from clbench.run.config import WEIGHT_SOURCES
+    from clbench.core.catalog import BACKBONES
+    from clbench.core.config import WEIGHT_SOURCES
 
     spec = BACKBONES.get(name)
     if weights == "random" or (spec.random_only and weights == "auto"):
@@ -255,8 +255,8 @@ def load_backbone(
     key = _facts_key(name, weights, img_size) if lazy and cache_root is not None else None
     if key is None or cache_root is None:
         return build()
+    from clbench.core.catalog import BACKBONES
     from clbench.files.atomic import cache_subdir
-    from clbench.run.catalog import BACKBONES
 
     path = cache_subdir("machine", create=False, root=cache_root) / FACTS_FILE  # a link there: refused
     known = read_private_json(path)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench.run.registry import Registry
+from clbench.core.registry import Registry
 
 # The generic measurements: each module registers its own on import (:func:`measurement`).
 MODULES = (
@@ -179,7 +179,7 @@ def measurements() -> Registry[Measurement]:
     """Every measurement: the generic ones and the registered strategies' (imported on the first call)."""
     global _loaded
     if not _loaded:
-        from clbench.run.catalog import STRATEGIES
+        from clbench.core.catalog import STRATEGIES
 
         load(MEASUREMENTS, MODULES, STRATEGIES)
         _loaded = True

@@ -36,17 +36,17 @@ def _epoch_seconds(split: Any, batch_size: int, epochs: int) -> list[float]:
 def decoded_cache(strategy: str | None = None, epochs: int = 3, log=print) -> dict[str, Any]:
     """Loader seconds per epoch, streamed vs cached, for the first task of ``strategy``'s quick profile on the
     embedded benchmark, from its arrays and from PNG files of the same images (module docstring); ``None``:
-    :data:`clbench.run.catalog.PROMPT_STRATEGY`."""
+    :data:`clbench.core.catalog.PROMPT_STRATEGY`."""
     import dataclasses
 
     import numpy as np
     import torch
 
     from clbench.benchmarks.folder import FileSource
+    from clbench.core.catalog import PROMPT_STRATEGY
+    from clbench.core.precision import CpuInfo
     from clbench.features.decoded import DecodedImages
-    from clbench.run.catalog import PROMPT_STRATEGY
     from clbench.run.harness import RunConfig, prepare
-    from clbench.run.precision import CpuInfo
 
     strategy = strategy or PROMPT_STRATEGY
     with tempfile.TemporaryDirectory(prefix="clbench-decoded-") as tmp:

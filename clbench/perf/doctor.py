@@ -30,9 +30,9 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     from rich.table import Table
 
     import clbench
+    from clbench.core.precision import CpuInfo
     from clbench.files.atomic import cache_dir
     from clbench.records.results import library_versions
-    from clbench.run.precision import CpuInfo
 
     # a file or a pipe (a bug report) gets whole lines: rich would cut table cells at its 80-column default
     con = Console() if sys.stdout.isatty() else Console(width=400, no_color=True)
@@ -67,7 +67,8 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
         precision_table(seconds=seconds, log=lambda m: con.print("  " + m))
     root = cache_dir()
     con.print(f"\ncache: {root} ({_mb(_size(root))}; features {_mb(_size(root / 'features'))})")
-    from clbench.run.catalog import BACKBONES, BENCHMARKS
+    from clbench.benchmarks import BENCHMARKS
+    from clbench.core.catalog import BACKBONES
     from clbench.weights.info import availability
 
     table = Table(title="weights")

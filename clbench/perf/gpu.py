@@ -18,7 +18,7 @@ as its timeout, so that one CUDA failure or overrun costs one step and the rest 
   from it (:func:`clbench.perf.projection.projection`).
 - ``speed``: feature extraction img/s through :func:`clbench.features.cache.extract` (clbench's loader, eval transform,
   ``num_workers=0`` as a run uses it) against the limit, a bare forward of the same model at the same batch on a
-  resident random batch (:func:`clbench.run.precision.throughput`); :func:`clbench.perf.train_step.step_ratio` of every
+  resident random batch (:func:`clbench.core.precision.throughput`); :func:`clbench.perf.train_step.step_ratio` of every
   strategy that trains through the ViT against a bare forward + backward; both at ViT-B/16 @ 224 (the paper's
   backbone) and ViT-S/14 @ 112 (clbench's default), random weights, fp32 and bf16; the data pipeline's
   decode + augment img/s of the embedded benchmark's training images at 224 px, in the main process (as runs load
@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clbench.core.catalog import DEFAULT_STRATEGY
 from clbench.errors import ClbenchError
-from clbench.run.catalog import DEFAULT_STRATEGY
 
 SEED = 1993
 MATRIX_TOL = 2.0  # accuracy points per matrix cell, CUDA fp32 against CPU fp32: float32 kernels differ in summation
@@ -175,7 +175,7 @@ class Step:
 
 def ci_runs(sizes: Sizes) -> list[tuple[str, str, str | None]]:
     """(folder name, strategy, profile) of every ci-profile run of :func:`run_ci`."""
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
 
     out = []
     for name in (sizes.ci_strategies or tuple(STRATEGIES.names()))[: sizes.ci_limit]:
@@ -191,9 +191,9 @@ def ci_runs(sizes: Sizes) -> list[tuple[str, str, str | None]]:
 
 def _ci_estimate(sizes: Sizes, costs: GpuCosts, precision: str, on_cpu: bool = False) -> float:
     """Seconds of every ci run of ``sizes`` on the micro ViT from each strategy's work on the ci split."""
+    from clbench.core.catalog import STRATEGIES
+    from clbench.core.config import make_strategy_config
     from clbench.methods.contract import RunShape
-    from clbench.run.catalog import STRATEGIES
-    from clbench.run.config import make_strategy_config
 
     # the embedded benchmark's ci split: 36 classes in 3 tasks of 12, ~90 train and ~30 test images a class
     shape = RunShape.equal(3262, 1090, 3, tokens=197, classes_per_task=(12, 12, 12), train_per_class=8)
@@ -213,7 +213,7 @@ def _ci_estimate(sizes: Sizes, costs: GpuCosts, precision: str, on_cpu: bool = F
 def step_strategies(sizes: Sizes) -> tuple[str, ...]:
     """The strategies whose train step the speed step times: every one that trains through the ViT (or the list
     given), the first ``step_limit`` of them in a dry run."""
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
 
     names = sizes.step_strategies or tuple(n for n in STRATEGIES.names() if STRATEGIES.get(n).needs_vit)
     return names[: sizes.step_limit]
@@ -501,7 +501,7 @@ def run_ci(sizes: Sizes, device: str, precision: str, out: Path, log: Callable[[
     run's accuracy matrices, parameter counts and seconds (rewritten after every run)."""
     import torch
 
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
     from clbench.run.harness import RunConfig, run
 
     results: dict[str, Any] = {"device": device, "precision": precision, "runs": {}}
@@ -614,11 +614,11 @@ def extraction_rates(sizes: Sizes, device: str, log: Callable[[str], None] = pri
     at the same batch (the limit)."""
     import torch
 
+    from clbench.core.precision import throughput
     from clbench.features.backbones import load_backbone
     from clbench.features.cache import extract
     from clbench.features.transforms import TransformSpec
     from clbench.run.harness import resolve_device
-    from clbench.run.precision import throughput
 
     dev = resolve_device(device)
     for name, img in sizes.speed_backbones:
@@ -761,7 +761,7 @@ def run_projection(sizes: Sizes, device: str, out: Path) -> dict[str, Any]:
     name, img = sizes.projection_backbone
     names = list(sizes.projection_strategies) if sizes.projection_strategies else None
     if sizes.projection_limit is not None:
-        from clbench.run.catalog import STRATEGIES
+        from clbench.core.catalog import STRATEGIES
 
         names = (names or STRATEGIES.names())[: sizes.projection_limit]
     costs = measure_costs(device=device, backbone=name, img_size=img, batch=sizes.batch, strategies=names)

@@ -30,7 +30,7 @@ def _examples() -> tuple[str, str, str]:
     letter off, and a strategy without the domain scenario."""
     import dataclasses
 
-    from clbench.run.catalog import STRATEGIES, card
+    from clbench.core.catalog import STRATEGIES, card
     from clbench.run.scenario import declared_scenarios
 
     names = STRATEGIES.names()

@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clbench.core.precision import isa_limits
 from clbench.perf import arg, bounded, measurement
 from clbench.perf.throughput import precision_table
-from clbench.run.precision import isa_limits
 
 PHASES = ("imports", "benchmark", "backbone", "features", "learning", "evaluation", "record", "other")
 
@@ -133,8 +133,8 @@ def main_job(strategy: str | None = None, warm_runs: int = 3, log=print) -> dict
     import shutil
     import tempfile
 
+    from clbench.core.catalog import DEFAULT_STRATEGY
     from clbench.files.atomic import cache_dir
-    from clbench.run.catalog import DEFAULT_STRATEGY
 
     strategy = strategy or DEFAULT_STRATEGY
     table = precision_table(log=lambda m: None)
@@ -212,8 +212,8 @@ def cached_feature_heads() -> tuple[str, ...]:
     """The registered strategies whose cost model at their defaults is the frozen features alone, every image served
     by the feature cache (:meth:`Work.cached_features <clbench.methods.contract.Work.cached_features>`: nothing trained
     through the ViT, no method-specific unit): the heads fitted on cached features."""
+    from clbench.core.catalog import STRATEGIES
     from clbench.methods.contract import RunShape, Work
-    from clbench.run.catalog import STRATEGIES
 
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(50.0, 100.0))
     heads = []
@@ -253,7 +253,7 @@ def warm_runs(strategies: tuple[str, ...] | None = None, runs: int = 3, log=prin
                 f"{strategy}: whole process {table[strategy]['wall_s_median']:.2f} s (median of {runs}), record "
                 f"total {table[strategy]['record_total_s_median']:.2f} s, load {rows[-1]['load_average_before'][0]}"
             )
-    from clbench.run.precision import CpuInfo
+    from clbench.core.precision import CpuInfo
 
     cpu = CpuInfo.detect()
     return {

@@ -46,9 +46,9 @@ def param_table(d: int, depth: int, task_sizes: tuple[int, ...], names: list[str
     its :meth:`~clbench.methods.contract.Strategy.param_formula`, for a ViT of width ``d`` and ``depth`` blocks."""
     import dataclasses
 
+    from clbench.core.catalog import FEATURED_STRATEGY, STRATEGIES
+    from clbench.core.config import make_strategy_config
     from clbench.errors import ClbenchError
-    from clbench.run.catalog import FEATURED_STRATEGY, STRATEGIES
-    from clbench.run.config import make_strategy_config
 
     if d < 1 or depth < 1:
         raise ClbenchError(f"--d {d} --depth {depth}: both must be >= 1")

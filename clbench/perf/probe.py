@@ -24,7 +24,7 @@ def feature_probe(
     import torch.nn.functional as F
     from sklearn.linear_model import LogisticRegression
 
-    from clbench.run.catalog import DEFAULT_STRATEGY
+    from clbench.core.catalog import DEFAULT_STRATEGY
     from clbench.run.harness import RunConfig, prepare
 
     s = prepare(

@@ -3,7 +3,7 @@ JSON.
 
 - ``projection``: the compute a paper table needs. It measures, on this machine's device, the per-image cost of one
   frozen forward pass of the paper backbone (ViT-B/16 at 224 px, at the precision a run on that device chooses
-  (:mod:`clbench.run.precision`)), of one training pass (forward and backward through the frozen ViT to input-side
+  (:mod:`clbench.core.precision`)), of one training pass (forward and backward through the frozen ViT to input-side
   parameters, as prompt and adapter methods need) and of each strategy's own units
   (:meth:`clbench.methods.contract.Strategy.unit_seconds`), then asks every registered strategy what one run costs
   (:meth:`clbench.methods.contract.Strategy.work`, its default config plus its ``projection_profiles``) on the six
@@ -46,8 +46,8 @@ PAPER_BENCHMARKS: dict[str, dict[str, int]] = {
 def projection_rows(names: list[str] | None = None) -> list[tuple[str, type, Any]]:
     """(row name, strategy class, config) of every registered strategy (or of ``names``): its default config, then
     one row ``<name>-<profile>`` for each of its ``projection_profiles``."""
-    from clbench.run.catalog import STRATEGIES
-    from clbench.run.config import make_strategy_config
+    from clbench.core.catalog import STRATEGIES
+    from clbench.core.config import make_strategy_config
 
     rows = []
     for name in names if names is not None else STRATEGIES.names():
@@ -80,9 +80,9 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     import numpy as np
 
     from clbench.benchmarks import BENCHMARKS, build_benchmark
+    from clbench.core.catalog import STRATEGIES
     from clbench.methods.shared import torch_threads
     from clbench.records.results import load_record
-    from clbench.run.catalog import STRATEGIES
 
     rec = load_record(Path(run_dir))
     cls = STRATEGIES.get(rec.strategy)
@@ -160,10 +160,10 @@ def measure_costs(
 ) -> dict[str, Any]:
     """Seconds per image for a frozen pass and a training pass, and of every unit the registered strategies (or
     ``strategies``) state (:meth:`Strategy.unit_seconds`)."""
+    from clbench.core.catalog import STRATEGIES
+    from clbench.core.precision import for_backbone
     from clbench.features.backbones import load_backbone
-    from clbench.run.catalog import STRATEGIES
     from clbench.run.harness import resolve_device
-    from clbench.run.precision import for_backbone
 
     dev = resolve_device(device)
     bb = load_backbone(backbone, "random", img_size).to(dev)  # weights do not change timings

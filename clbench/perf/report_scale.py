@@ -129,8 +129,8 @@ def timed_report(args: list[str]) -> dict[str, Any]:
 
 
 def report_scale(n_synthetic: int = 1000, log=print) -> dict[str, Any]:
+    from clbench.core.precision import CpuInfo
     from clbench.records.results import git_revision
-    from clbench.run.precision import CpuInfo
 
     if not 1 <= n_synthetic <= RECORDS_MAX:
         raise ClbenchError(f"{n_synthetic:,} synthetic records: the bound is 1 to {RECORDS_MAX:,}", "e.g. 1000")

@@ -20,7 +20,7 @@ def sweep_overhead(
     runs: int = 6, log: Callable[[str], None] = print, backends: tuple[str, ...] = ("local", "ray")
 ) -> dict[str, Any]:
     """The same sweep (``runs`` seeds of the default strategy on the micro ViT) on each backend, one run at a time."""
-    from clbench.run.catalog import DEFAULT_STRATEGY
+    from clbench.core.catalog import DEFAULT_STRATEGY
     from clbench.sweep import Resources, SweepSpec, run_sweep
 
     settings = {"backbone": "vit_micro", "weights": "random", "init_cls": 12, "increment": 12}

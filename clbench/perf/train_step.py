@@ -216,7 +216,7 @@ class LimitPass:
             self.optimizer = torch.optim.SGD(self.tuned.parameters(), lr=1e-6, momentum=0.9)
 
     def __call__(self, batch: int) -> float:
-        from clbench.run.precision import autocast
+        from clbench.core.precision import autocast
 
         model, size = self.tuned or self.backbone.model, self.backbone.img_size
         if batch not in self._inputs:
@@ -277,9 +277,9 @@ def train_step_table(
     """:func:`step_ratio` of every strategy in ``names`` (default configs) at every requested precision, on the
     first task of ``bench``, with the CPU, thread count and machine load the numbers were measured under.
     ``partial(table)`` is called after every measurement (to save what is done on a long run)."""
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
+    from clbench.core.precision import CpuInfo
     from clbench.run.harness import RunConfig, prepare
-    from clbench.run.precision import CpuInfo
 
     for name in names:
         if not STRATEGIES.get(name).needs_vit:
@@ -362,8 +362,8 @@ def train_step_table(
     ),
 )
 def _train_step(flags: argparse.Namespace) -> dict[str, Any]:
-    from clbench.run.catalog import STRATEGIES
-    from clbench.run.precision import check_request
+    from clbench.core.catalog import STRATEGIES
+    from clbench.core.precision import check_request
 
     for requested in flags.precisions:
         check_request(requested)

@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from clbench.core.config import Fingerprint
 from clbench.errors import ClbenchError
 from clbench.files.safety import load_json
 from clbench.files.typedfile import (
@@ -63,7 +64,6 @@ from clbench.files.typedfile import (
 )
 from clbench.files.typedfile import problems as typed_problems
 from clbench.records.predictions import PredictionsFile
-from clbench.run.config import Fingerprint
 
 SCHEMA_VERSION = 6  # see the version history above RunRecord
 RESULT_FILE = "result.json"
@@ -341,7 +341,7 @@ class RunRecord:
     complete: bool = json_field("true or false", is_bool, required=True)
     created: str | None = json_field("a string or null", or_none(is_str), default=None)  # ISO time of this write
     command: str | None = json_field("a string or null", or_none(is_str), default=None)
-    # the run's defining settings (clbench.run.config.Fingerprint)
+    # the run's defining settings (clbench.core.config.Fingerprint)
     fingerprint: Fingerprint | None = json_field(
         "an object or null", or_none(is_object), codec=Fingerprint, default=None
     )
@@ -349,7 +349,7 @@ class RunRecord:
     # the strategy's settings dataclass, as written: each method declares its own Config (plug-ins too), so its
     # fields are not the record's to declare (the strategy's Config checks them where a run builds one)
     strategy_config: JsonObject = json_field("an object", is_json_object, default_factory=dict)
-    # the run's train_per_class (clbench.run.config.RunConfig): each task learnt from its first k images per class
+    # the run's train_per_class (clbench.core.config.RunConfig): each task learnt from its first k images per class
     train_per_class: int | None = json_field(
         "an integer >= 1 or null", or_none(is_positive), where_set=True, default=None
     )
@@ -385,7 +385,7 @@ class RunRecord:
         lambda v: isinstance(v, list) and bool(v) and all(is_positive(n) for n in v),
         required=True,
     )
-    # the run's scenario where it is not "class" (clbench.run.config.SCENARIO_CHOICES); records without it are
+    # the run's scenario where it is not "class" (clbench.core.config.SCENARIO_CHOICES); records without it are
     # class-incremental runs (read them with ``record.scenario or "class"``)
     scenario: str | None = json_field(f"{NAME} or null", or_none(is_name), where_set=True, default=None)
     # the domain scenario: the benchmark's domain names in task order (task t = domain t)

@@ -59,8 +59,8 @@ def upgrade_v3(data: Json) -> Json:
     :meth:`~clbench.methods.contract.Strategy.split_kept`, which its live runs use too; a strategy this clbench does not
     register keeps everything as learned (the base rule). ``params.restated_from_schema`` says so, and
     ``params.kept_as_written`` keeps the counts the record was written with."""
+    from clbench.core.catalog import STRATEGIES
     from clbench.methods.contract import Strategy
-    from clbench.run.catalog import STRATEGIES
 
     params = dict(data["params"])
     kept = list(params.get("added_per_task") or [params["added_total"]])

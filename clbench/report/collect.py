@@ -420,8 +420,8 @@ def changed_settings(record: RunRecord) -> list[str] | None:
     profile applied); None when the strategy is not registered here."""
     from dataclasses import asdict
 
-    from clbench.run.catalog import card
-    from clbench.run.config import make_strategy_config, run_level
+    from clbench.core.catalog import card
+    from clbench.core.config import make_strategy_config, run_level
 
     try:
         cls = card(record.strategy)  # the method's card: its settings without loading it (or torch)

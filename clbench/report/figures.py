@@ -66,7 +66,7 @@ def _unique_runs(groups: Sequence[Sequence[Run]]) -> list[Run]:
     return list(seen.values())
 
 
-# One colour per strategy, the same in every figure and every report (``clbench.run.catalog.STRATEGY_LOOKS``); a name
+# One colour per strategy, the same in every figure and every report (``clbench.core.catalog.STRATEGY_LOOKS``); a name
 # not listed there takes one of these colours by its digest.
 PALETTE = (
     "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442",
@@ -84,7 +84,7 @@ def base_strategy(variant: str) -> str:
 def strategy_color(strategy: str) -> str:
     """The fixed colour of a strategy (variants included: ``base_strategy``)."""
     name = base_strategy(strategy)
-    from clbench.run.catalog import STRATEGY_LOOKS
+    from clbench.core.catalog import STRATEGY_LOOKS
 
     if name in STRATEGY_LOOKS:
         return STRATEGY_LOOKS[name][1]
@@ -224,7 +224,7 @@ def series_key(groups: dict[AccKey, list[Run]], keys: Sequence[AccKey]) -> list[
     ]
 
 
-# Panels of the accuracy curves: a method card's ``family`` (clbench.run.catalog.MethodCard) -> the panel's title, in
+# Panels of the accuracy curves: a method card's ``family`` (clbench.core.catalog.MethodCard) -> the panel's title, in
 # panel order; a method whose card names none (a plug-in) goes to OTHER_FAMILY.
 OTHER_FAMILY = "Other methods"
 # Okabe-Ito's colour-blind-safe colours (black kept for the baseline): the series of one panel take them in turn, so
@@ -240,9 +240,9 @@ LEGEND_CHARS = 22  # characters per legend line beside a panel (README width: ~9
 
 
 def method_family(strategy: str) -> str:
-    """The panel title of ``strategy``'s family (:data:`clbench.run.catalog.FAMILIES`) read from its method card."""
+    """The panel title of ``strategy``'s family (:data:`clbench.core.catalog.FAMILIES`) read from its method card."""
+    from clbench.core.catalog import FAMILIES, card
     from clbench.errors import ClbenchError
-    from clbench.run.catalog import FAMILIES, card
 
     try:
         family = card(base_strategy(strategy)).family
@@ -252,7 +252,7 @@ def method_family(strategy: str) -> str:
 
 
 def _family_order(title: str) -> int:
-    from clbench.run.catalog import FAMILIES
+    from clbench.core.catalog import FAMILIES
 
     titles = list(FAMILIES.values())
     return titles.index(title) if title in titles else len(titles)
@@ -500,7 +500,7 @@ def _square(matrix: Sequence[Sequence[float]]) -> np.ndarray:
     return out
 
 
-# One colour and marker per method family (:data:`clbench.run.catalog.FAMILIES`, Okabe-Ito; grey for a plug-in's):
+# One colour and marker per method family (:data:`clbench.core.catalog.FAMILIES`, Okabe-Ito; grey for a plug-in's):
 # the accuracy-memory figure's points, labelled by method.
 FAMILY_LOOKS = {
     "Prompts": ("#0072B2", "o"),

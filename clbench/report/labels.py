@@ -11,8 +11,8 @@ if TYPE_CHECKING:
 
 
 def display_name(strategy: str) -> str:
-    """The strategy's name as a reader knows it (``clbench.run.catalog.STRATEGY_LOOKS``); a plug-in's as registered."""
-    from clbench.run.catalog import STRATEGY_LOOKS
+    """The strategy's name as a reader knows it (``clbench.core.catalog.STRATEGY_LOOKS``); a plug-in's as registered."""
+    from clbench.core.catalog import STRATEGY_LOOKS
 
     return STRATEGY_LOOKS[strategy][0] if strategy in STRATEGY_LOOKS else strategy
 

@@ -156,7 +156,7 @@ def automatic(coll: Collection, baseline: str | None = None) -> tuple[Collection
     ]
     strategies = [k.strategy for k in main]
     if baseline is None:
-        from clbench.run.catalog import DEFAULT_STRATEGY
+        from clbench.core.catalog import DEFAULT_STRATEGY
 
         baseline = DEFAULT_STRATEGY if DEFAULT_STRATEGY in strategies else (strategies[0] if strategies else None)
     return coll, Study(main, _check_baseline(baseline, strategies), sections, "chosen automatically", notes)
@@ -177,7 +177,7 @@ def study_groups(
     strategy setting and no profile but a reference budget (:func:`is_reference_profile`). ``make_parser``: the
     command line's parser (``clbench.cli.build_parser``, handed down by the command, so that the report never
     imports the command line)."""
-    from clbench.run.config import flag_fields
+    from clbench.core.config import flag_fields
     from clbench.run.configfile import apply
     from clbench.sweep.plan import make_plan
     from clbench.sweep.settings import SweepArgs

@@ -16,7 +16,7 @@ callbacks, and during evaluation ``mb_output`` (logits indexed by class id) and 
 Avalanche's metrics, ``EvaluationPlugin`` and loggers work unchanged.
 
 Same numbers as ``clbench run`` by construction: the strategy takes the CLI's own settings, the fields of
-:class:`clbench.run.config.RunConfig` under their names and with their defaults and checks (``strategy=``, ``bench=``,
+:class:`clbench.core.config.RunConfig` under their names and with their defaults and checks (``strategy=``, ``bench=``,
 ``backbone=``, ``seed=``, ``overrides=``, ...; ``help(ClbenchStrategy)`` lists them), and builds its backbone, input
 size, transforms and precision with the CLI's code (:func:`clbench.run.harness.resolve`, then
 :func:`clbench.run.harness.load_inputs`). The keywords are derived from RunConfig, not restated: a new RunConfig field
@@ -55,10 +55,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from clbench.benchmarks.base import ImageSource
+from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError
 from clbench.methods.answers import checked
 from clbench.methods.contract import PER_SAMPLE, Context, Split, Task
-from clbench.run.config import RunConfig
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError
-from clbench.run.config import RunConfig
 
 
 def plan(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -60,7 +60,7 @@ def plan(cfg: RunConfig) -> list[tuple[str, str]]:
 
 def _weights(backbone: str, weights: str) -> str:
     """Where the weights would come from; a ClbenchError (the run's own hint) where they cannot be had."""
-    from clbench.run.catalog import BACKBONES
+    from clbench.core.catalog import BACKBONES
     from clbench.weights.info import availability
     from clbench.weights.resolve import _ways
 

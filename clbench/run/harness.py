@@ -18,6 +18,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from clbench.benchmarks import BENCHMARKS
+from clbench.core.catalog import BACKBONES, STRATEGIES
+from clbench.core.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
+    PROTOCOL_CHOICES,
+    RESUME_AND_OVERWRITE,
+    Fingerprint,
+    RunConfig,
+    check_settings,
+    make_strategy_config,
+    run_level,
+)
+from clbench.core.precision import Precision
+from clbench.core.precision import check_request as check_precision
+from clbench.core.precision import choose as choose_precision
+from clbench.core.rng import RngState, capture_rng, restore_rng
 from clbench.errors import ClbenchError, setting
 from clbench.evaluation import metrics
 from clbench.methods import training_check
@@ -38,20 +53,7 @@ from clbench.records.results import (
     peak_rss_mb,
     reset_peak_rss,
 )
-from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES
 from clbench.run.checkpoint import ProtocolLogState
-from clbench.run.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
-    PROTOCOL_CHOICES,
-    RESUME_AND_OVERWRITE,
-    Fingerprint,
-    RunConfig,
-    check_settings,
-    make_strategy_config,
-    run_level,
-)
-from clbench.run.precision import Precision
-from clbench.run.precision import check_request as check_precision
-from clbench.run.precision import choose as choose_precision
 from clbench.run.rundir import (
     RunDir,
     check_folder,
@@ -65,7 +67,7 @@ if TYPE_CHECKING:
     from clbench.features.backbones import FrozenBackbone
     from clbench.features.transforms import TransformSpec
     from clbench.methods.contract import Split, Strategy, Task
-    from clbench.run.checkpoint import Checkpoint, RngState
+    from clbench.run.checkpoint import Checkpoint
 
 # Settings named in this module's messages: their Python names in str(error), their flags on the command line.
 OVERWRITE, DEVICE = setting("overwrite"), setting("device")
@@ -77,7 +79,7 @@ class RunStart:
 
     run_dir: Path
     config: RunConfig
-    fingerprint: Fingerprint  # the defining settings (clbench.run.config.DEFINING_FIELDS)
+    fingerprint: Fingerprint  # the defining settings (clbench.core.config.DEFINING_FIELDS)
     strategy_config: dict[str, Any]
     backbone: str
     weights_digest: str
@@ -296,9 +298,9 @@ def load_inputs(resolved: ResolvedRun, precision: Precision | None = None) -> Fr
     scaled to the input size, the backbone's mean/std where the run normalises, ``precision`` where given (a resumed
     run keeps the one it started with), else the request resolved on the backbone. :func:`prepare` and
     :class:`clbench.run.avalanche_api.ClbenchStrategy` both build their inputs here, so they see the same pixels."""
+    from clbench.core.precision import for_backbone
     from clbench.features.backbones import load_backbone
     from clbench.features.transforms import TransformSpec
-    from clbench.run.precision import for_backbone
 
     cfg, spec = resolved.config, resolved.spec
     from clbench.files.atomic import cache_dir
@@ -491,7 +493,6 @@ def prepare(
     from clbench.benchmarks import build_benchmark
     from clbench.features.cache import FeatureCache, extract
     from clbench.methods.contract import Context
-    from clbench.run.checkpoint import capture_rng
 
     resolved = run if isinstance(run, ResolvedRun) else resolve(run)
     cfg, spec, device = resolved.config, resolved.spec, resolved.device
@@ -595,7 +596,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     cadence = checkpoint.Cadence.from_env()  # so does a bad $CLBENCH_CHECKPOINT_S
     _tuning(cfg)  # and a --tuning file that is not a tuning summary
     run_dir, data_problems = _claim_run_folder(resolved, resume)
-    caller_rng = checkpoint.capture_rng()
+    caller_rng = capture_rng()
     reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
     try:
         ckpt = run_dir.resumable(resolved.fingerprint, required=resume)
@@ -616,7 +617,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         for step in session.tasks():
             if step.task.id < state.done:  # learnt before the checkpoint; its RNG state is the one after task done - 1
                 if step.task.id == state.done - 1 and ckpt is not None:  # state.done > 0: restored from it
-                    checkpoint.restore_rng(ckpt.rng)
+                    restore_rng(ckpt.rng)
                 continue
             work = time.perf_counter()
             with _restored_state_used(run_dir, resumed_at == step.task.id, session.cfg.strategy):
@@ -626,7 +627,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         with _restored_state_used(run_dir, resumed_at == session.bench.n_tasks, session.cfg.strategy):
             return _finish(state, run_dir, rep)
     finally:
-        checkpoint.restore_rng(caller_rng)
+        restore_rng(caller_rng)
         run_dir.release()
 
 
@@ -854,8 +855,6 @@ def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunStat
         else f"classes {task.classes[0]}..{task.classes[-1]}"
     )
     rep.log(f"task {t + 1}/{session.bench.n_tasks}: {what} ({len(task.train)} images)")
-    from clbench.run.checkpoint import capture_rng
-
     rng_before_task = capture_rng() if t == 0 else None
     t0 = time.perf_counter()
     with TrainingTrace.active() as trace:  # losses and parameter movement, for the record
@@ -914,7 +913,7 @@ def _save_progress(state: _RunState, run_dir: RunDir) -> float:
             data=checkpoint.data_identity(session.bench),
             tasks_done=state.done,
             strategy=session.strategy.save_state(),
-            rng=checkpoint.capture_rng(),
+            rng=capture_rng(),
             logs=dict(state.logs),
             per_task=list(state.per_task),
             times=state.times(),
@@ -951,7 +950,7 @@ def _finish(state: _RunState, run_dir: RunDir, rep: Reporter) -> RunRecord:
 def host_info() -> Host:
     """The machine a run's times come from: cores, CPU and its capability, and the thread settings in force."""
     from clbench import OMP_WAIT_POLICY
-    from clbench.run.precision import CpuInfo, isa_limits
+    from clbench.core.precision import CpuInfo, isa_limits
 
     cpu = CpuInfo.detect()
     return Host(
@@ -1093,7 +1092,7 @@ def _record(
         complete=complete,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         command=command_line(),
-        fingerprint=fingerprint,  # the run's defining settings (clbench.run.config.DEFINING_FIELDS)
+        fingerprint=fingerprint,  # the run's defining settings (clbench.core.config.DEFINING_FIELDS)
         strategy=strategy.name,
         strategy_config=dataclasses.asdict(strategy.cfg),
         train_per_class=session.resolved.train_per_class,

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.core.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError, setting
 from clbench.files.safety import (
     FOLDER_MARK,
@@ -27,7 +28,6 @@ from clbench.files.safety import (
 )
 from clbench.records.predictions import PREDICTIONS_FILE
 from clbench.records.results import RESULT_FILE, record_says_complete
-from clbench.run.config import Fingerprint, RunConfig
 
 if TYPE_CHECKING:
     from clbench.run.checkpoint import Checkpoint
@@ -100,8 +100,8 @@ class RunDir:
 
     def resumable(self, fingerprint: Fingerprint, required: bool) -> Checkpoint | None:
         """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
+        from clbench.core.catalog import STRATEGIES
         from clbench.run import checkpoint
-        from clbench.run.catalog import STRATEGIES
 
         if not self.checkpoint_path.exists():
             if required:

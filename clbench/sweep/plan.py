@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clbench.core.config import Fingerprint, RunConfig, split_list
 from clbench.errors import ClbenchError
 from clbench.records.results import RunRecord
-from clbench.run.config import Fingerprint, RunConfig, split_list
 
 SWEEP_FILE = "sweep.json"
 ATTEMPT_FILE = "attempt.json"
@@ -58,7 +58,7 @@ SEEDS_EXAMPLE = "e.g. --seeds 1993,1994,1995 or --seeds 1993..1997"
 
 def parse_seeds(text: str) -> tuple[int, ...]:
     """``1993,1994`` and ranges ``1993..1997`` (both ends included), mixed freely; order kept, repeats dropped."""
-    from clbench.run.config import RUN_SETTINGS
+    from clbench.core.config import RUN_SETTINGS
 
     check = dataclasses.replace(RUN_SETTINGS["seed"], flag="--seeds").check
     seeds: list[int] = []
@@ -110,7 +110,8 @@ def parse_data_roots(values: Sequence[str], benches: Sequence[str]) -> dict[str 
 def make_plan(spec: SweepSpec, check: bool = True) -> list[PlannedRun]:
     """Every run of the sweep, each checked (names, settings) before anything is loaded. ``check=False``: the runs
     and their fingerprints only, from the methods' cards (what a report reads of a study file: no method, no torch)."""
-    from clbench.run.catalog import BACKBONES, BENCHMARKS, card
+    from clbench.benchmarks import BENCHMARKS
+    from clbench.core.catalog import BACKBONES, card
 
     for scope, key, _ in spec.overrides:
         if scope is not None and scope not in spec.strategies:

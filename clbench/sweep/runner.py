@@ -20,8 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clbench.core.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.errors import ClbenchError
-from clbench.run.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.sweep.backends import LocalBackend, RayBackend
 from clbench.sweep.manifest import (
     BackendInfo,

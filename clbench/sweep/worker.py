@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from clbench.core.config import Fingerprint
 from clbench.errors import ClbenchError
 from clbench.files import typedfile
 from clbench.files.atomic import atomic_write_json
@@ -34,7 +35,6 @@ from clbench.files.typedfile import (
     or_none,
 )
 from clbench.records.results import RunRecord
-from clbench.run.config import Fingerprint
 from clbench.run.harness import Reporter
 from clbench.sweep.manifest import RunOutcome
 from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record

@@ -72,7 +72,7 @@ def add_args(p: argparse.ArgumentParser, parse_key_value: Callable[[str], tuple[
 
 
 def _base(args: argparse.Namespace) -> Any:
-    from clbench.run.config import RunConfig
+    from clbench.core.config import RunConfig
 
     given = {
         k: getattr(args, k)
@@ -100,13 +100,14 @@ def _base(args: argparse.Namespace) -> Any:
 def estimate(strategy: str, base: Any) -> str:
     """The per-trial work from the card's cost model (frozen passes, served by the feature cache, and training
     passes through the ViT), on the tuning benchmark's shape; a line saying so where the card has no model."""
-    from clbench.run.catalog import BENCHMARKS, card
-    from clbench.run.config import make_strategy_config
+    from clbench.benchmarks import BENCHMARKS
+    from clbench.core.catalog import card
+    from clbench.core.config import make_strategy_config
 
     c = card(strategy)
     if c.work is None:
         return "cost: no cost model on the card; the measured time of the first trial follows it"
-    from clbench.methods.costs import RunShape
+    from clbench.core.costs import RunShape
 
     spec = BENCHMARKS.get(base.bench)
     try:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError, setting
-from clbench.run.config import RunConfig
 from clbench.run.harness import Reporter
 from clbench.tune.parallel import Where
 from clbench.tune.space import Dimension, as_setting, defaults_in

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from clbench.run.catalog import BACKBONES
+from clbench.core.catalog import BACKBONES
 
 
 def _hf_cached(timm_name: str) -> str | None:

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from clbench.core.catalog import BACKBONES, BackboneSpec
+from clbench.core.config import WEIGHT_SOURCES
 from clbench.errors import ClbenchError, setting
-from clbench.run.catalog import BACKBONES, BackboneSpec
-from clbench.run.config import WEIGHT_SOURCES
 
 HUB_TIMEOUT_S = 10  # seconds to reach the Hugging Face hub (connection probe, then each metadata request)
 _NOT_READ = "cannot be read as safetensors or a torch state dict"

@@ -1,4 +1,4 @@
-"""What clbench knows by name: strategies, benchmarks and backbones.
+"""What clbench knows by name: strategies and backbones (the benchmarks: :data:`clbench.benchmarks.BENCHMARKS`).
 
 Torch-free on purpose: ``clbench list`` and ``clbench --help`` read this module only. Strategies are
 registered lazily by module path and imported when a run asks for one. This is the only module of ``clbench/``
@@ -20,16 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from clbench.benchmarks import BENCHMARKS, DEFAULT_BENCH
+from clbench.core.config import DEFAULT_BENCH
+from clbench.core.costs import ParamCounts, Work
+from clbench.core.registry import Registry
 from clbench.errors import ClbenchError
-from clbench.methods.costs import ParamCounts, Work
-from clbench.run.registry import Registry
 
 
 @dataclass(frozen=True)
 class MethodCard:
     """What is read of a method without loading it: its name, its settings class (defaults and checks), its named
-    profiles, and its parameter formula and cost model (stated with :mod:`clbench.methods.costs`). Each built-in
+    profiles, and its parameter formula and cost model (stated with :mod:`clbench.core.costs`). Each built-in
     method declares one in a torch-free module (``baselines/cards/NAME.py``, ``tosca/card.py``) that its strategy
     class takes ``Config``, ``profiles`` and ``card`` from, so that reports, the gate's labels, ``clbench list`` and
     the parameter and cost projections read a method without torch; a plug-in's is read from its class
@@ -272,4 +272,4 @@ register_backbone(
 )
 
 
-__all__ = ["BACKBONES", "BENCHMARKS", "DEFAULT_BENCH", "DEFAULT_STRATEGY", "STRATEGIES", "BackboneSpec"]
+__all__ = ["BACKBONES", "DEFAULT_BENCH", "DEFAULT_STRATEGY", "STRATEGIES", "BackboneSpec"]
