@@ -135,9 +135,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     with RichReporter() as reporter:
         observer = reporter
         if log is not None:
+            from clbench.report.run_figures import run_figures
             from clbench.run.trackers import TrackerHub
 
-            observer = TrackerHub(log, reporter)
+            observer = TrackerHub(log, reporter, figures=run_figures)
         try:
             record = run(cfg, observer, resume=bool(args.resume))
         except BaseException:
@@ -247,6 +248,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from clbench.records.results import load_record
     from clbench.report.collect import find_run_dirs
+    from clbench.report.run_figures import run_figures
     from clbench.run.trackers import LogSpec, TrackerHub
 
     log = LogSpec.from_flags(args.to, args.log_dir or args.runs[0], args.group)
@@ -271,7 +273,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             from clbench.records.predictions import read
 
             read(d, ref, expect=record.protocols)
-    hub = TrackerHub(log)  # one for the export: each tracker connects once; one that fails is dropped for the rest
+    # one hub for the export: each tracker connects once; one that fails is dropped for the rest
+    hub = TrackerHub(log, figures=run_figures)
     failed = 0
     for d, record in records:
         events = hub.replay(record, d.parent)

@@ -103,6 +103,13 @@ def split_list(text: str, flag: str, example: str) -> list[str]:
     return items
 
 
+def parse_list(text: str, what: str) -> tuple[str, ...]:
+    """A sweep's list flag ``--strategies``, ``--benches`` or ``--seeds`` (``what``) as its items: order kept,
+    repeats dropped (a sweep's and a config file's reader both read them so)."""
+    example = {"strategies": "tosca,simplecil", "benches": "emoji", "seeds": "1993,1994,1995"}[what]
+    return tuple(dict.fromkeys(split_list(text, f"--{what}", example)))  # order kept, repeats dropped
+
+
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 

@@ -378,7 +378,7 @@ class RunRecord:
         "an object or null", or_none(is_json_object), where_set=True, default=None
     )
     # how the strategy's settings were chosen (`clbench tune`: search space, budget, tuning benchmark and split,
-    # trials, best validation accuracy), as its summary file said (clbench.tune.summary)
+    # trials, best validation accuracy), as its summary file said (clbench.records.tuning)
     tuning: JsonObject | None = json_field("an object or null", or_none(is_json_object), where_set=True, default=None)
     task_sizes: list[int] = json_field(  # classes per task
         "a list of integers >= 1",

@@ -372,7 +372,7 @@ def apply(
             _check_sections(path, sections, run)
             pairs = general + [kv for n in run for kv in sections.get(n, [])]
         else:
-            from clbench.sweep.plan import parse_list
+            from clbench.core.config import parse_list
 
             if args.strategies is None:
                 raise ClbenchError("clbench sweep needs --strategies", "give it on the command line or in the file")

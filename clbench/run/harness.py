@@ -1013,7 +1013,7 @@ def _tuning(cfg: RunConfig) -> dict[str, Any] | None:
     """The content of ``--tuning FILE`` (how ``clbench tune`` chose the run's settings), for the record."""
     if cfg.tuning is None:
         return None
-    from clbench.tune.summary import read_summary
+    from clbench.records.tuning import read_summary
 
     return read_summary(Path(cfg.tuning))
 

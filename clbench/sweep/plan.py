@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clbench.core.config import Fingerprint, RunConfig, split_list
+from clbench.core.config import Fingerprint, RunConfig, parse_list
 from clbench.errors import ClbenchError
 from clbench.records.results import RunRecord
 
@@ -44,11 +44,6 @@ class PlannedRun:
     @property
     def path(self) -> Path:
         return Path(self.cfg.out)
-
-
-def parse_list(text: str, what: str) -> tuple[str, ...]:
-    example = {"strategies": "tosca,simplecil", "benches": "emoji", "seeds": "1993,1994,1995"}[what]
-    return tuple(dict.fromkeys(split_list(text, f"--{what}", example)))  # order kept, repeats dropped
 
 
 VARY = ("seed", "class-order", "both")  # SweepSpec.vary: what each value of --seeds is the seed of

@@ -150,7 +150,8 @@ class SweepArgs:
         (Any: RunConfig field name -> a value of that field's type, as given.)"""
         from pathlib import Path
 
-        from clbench.sweep.plan import SweepSpec, parse_data_roots, parse_list, parse_scoped_override, parse_seeds
+        from clbench.core.config import parse_list
+        from clbench.sweep.plan import SweepSpec, parse_data_roots, parse_scoped_override, parse_seeds
 
         benches = parse_list(self.benches, "benches")
         return SweepSpec(

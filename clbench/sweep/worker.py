@@ -172,9 +172,11 @@ def run_payload(payload: WorkerPayload) -> RunOutcome:
     reporter.log(f"attempt started on {base.host} (pid {base.pid}, {payload.threads} threads)")
     hub = None
     if payload.log:  # --log: the run's experiment trackers (clbench.run.trackers)
+        from clbench.report.run_figures import run_figures
         from clbench.run.trackers import LogSpec, TrackerHub
 
-        hub = TrackerHub(LogSpec(**{**payload.log.to_dict(), "trackers": tuple(payload.log.trackers)}), reporter)
+        spec = LogSpec(**{**payload.log.to_dict(), "trackers": tuple(payload.log.trackers)})
+        hub = TrackerHub(spec, reporter, figures=run_figures)
     try:
         record = run(cfg, hub or reporter)
     except ClbenchError as e:

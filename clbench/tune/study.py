@@ -29,10 +29,10 @@ from typing import Any
 
 from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError, setting
+from clbench.records.tuning import SUMMARY_FILE, write_summary
 from clbench.run.harness import Reporter
 from clbench.tune.parallel import Where
 from clbench.tune.space import Dimension, as_setting, defaults_in
-from clbench.tune.summary import SUMMARY_FILE, write_summary
 
 STUDY_FILE = "study.json"
 JOURNAL_FILE = "study.journal"
