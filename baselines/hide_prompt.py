@@ -111,7 +111,7 @@ from baselines.cards.hide_prompt import CARD, PROFILES, HiDePromptConfig, Storag
 from clbench.errors import ClbenchError
 from clbench.layers.alignment import align_on_samples, gaussian_samples
 from clbench.layers.checks import check_protocol
-from clbench.layers.heads import LinearHead
+from clbench.layers.heads import LinearHead, head_inputs
 from clbench.layers.prompts import eval_batch, orth_loss, pilot_kv_layout, prefix_block
 from clbench.methods.contract import (
     PER_SAMPLE,
@@ -515,8 +515,6 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
 
     def adapted_features(self, split: Split) -> torch.Tensor:
         """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
-        from clbench.layers.heads import head_inputs
-
         return head_inputs(self.head, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:

@@ -68,7 +68,7 @@ import torch
 from torch import nn
 
 from baselines.cards.l2p import CARD, PROFILES, L2PConfig
-from clbench.layers.heads import LinearHead, build_head, head_size
+from clbench.layers.heads import LinearHead, build_head, head_inputs, head_size
 from clbench.layers.kan import KACHead
 from clbench.layers.prompts import eval_batch, key_similarity, select_prompts, training_query
 from clbench.methods.contract import (
@@ -191,8 +191,6 @@ class L2P(Strategy):
 
     def adapted_features(self, split: Split) -> torch.Tensor:
         """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
-        from clbench.layers.heads import head_inputs
-
         return head_inputs(self.head, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:

@@ -83,6 +83,7 @@ import torch
 
 from baselines.cards.randumb import CARD, PROFILES, RanDumbConfig, extra_counts
 from clbench.errors import ClbenchError
+from clbench.layers.first_session import check_width
 from clbench.layers.lda import (
     F64,
     GROWTH_SHAPES,
@@ -93,6 +94,7 @@ from clbench.layers.lda import (
     memory_estimate,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.perf import Measurement
 
 MEMORY_BATCH, MEMORY_CLASSES = 4096, 1000  # the task size and class count the memory check allows for
 
@@ -205,8 +207,6 @@ class RanDumb(Strategy[RanDumbConfig]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from clbench.layers.first_session import check_width
-
         check_width("randumb", int(state["dim"]), self.dim)
         if int(state["width"]) != self.width:
             raise ClbenchError(
@@ -280,8 +280,6 @@ class RanDumb(Strategy[RanDumbConfig]):
 
     @classmethod
     def perf_benchmarks(cls):
-        from clbench.perf import Measurement
-
         return {
             "randumb-growth": Measurement(
                 "randumb-growth",

@@ -63,6 +63,7 @@ from torch import nn
 from baselines.cards.sd_lora import CARD, PROFILES, SDLoRAConfig
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
+from clbench.layers.heads import head_inputs
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import EpochLog, check_vit_blocks, compute_dtype, vit_tokens
 
@@ -304,8 +305,6 @@ class SDLoRA(Strategy[SDLoRAConfig]):
 
     def adapted_features(self, split: Split) -> torch.Tensor:
         """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
-        from clbench.layers.heads import head_inputs
-
         return head_inputs(self.heads, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: Any) -> dict[str, Any]:

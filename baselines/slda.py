@@ -78,6 +78,7 @@ import torch
 
 from baselines.cards.slda import CARD, PROFILES, SLDAConfig
 from clbench.core.labels import new_class_count
+from clbench.layers.first_session import check_width
 from clbench.layers.lda import (
     F64,
     GROWTH_SHAPES,
@@ -89,6 +90,7 @@ from clbench.layers.lda import (
     shrink,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
+from clbench.perf import Measurement
 
 
 class SLDA(Strategy[SLDAConfig]):
@@ -138,8 +140,6 @@ class SLDA(Strategy[SLDAConfig]):
         return {} if self.oas_shrinkage is None else {"oas_shrinkage": self.oas_shrinkage}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from clbench.layers.first_session import check_width
-
         check_width("slda", int(state["dim"]), self.dim)
         super().load_state_dict(state)
 
@@ -167,8 +167,6 @@ class SLDA(Strategy[SLDAConfig]):
 
     @classmethod
     def perf_benchmarks(cls):
-        from clbench.perf import Measurement
-
         return {
             "slda-growth": Measurement(
                 "slda-growth",

@@ -77,6 +77,7 @@ from clbench.methods.shared import (
 from clbench.records.routing_diagnostics import ModuleChoices, RoutingDiagnostics
 from tosca.card import CARD, PROFILES, TOSCAConfig
 from tosca.luca import LuCA, stacked_forward
+from tosca.perf import ROUTING, unit_seconds
 
 # EASE's adapter bottleneck ("ffn_num" in its reference config, baselines/ease.py): the record compares one EASE
 # adapter set with one TOSCA module on the same backbone (a method does not import another method)
@@ -344,14 +345,10 @@ class TOSCA(Strategy):
     # ------------------------------------------------------------------------------------------ cost model
     @classmethod
     def unit_seconds(cls, d: int, device: torch.device) -> dict[str, float]:
-        from tosca.perf import unit_seconds
-
         return unit_seconds(d, device)
 
     @classmethod
     def perf_benchmarks(cls):
-        from tosca.perf import ROUTING
-
         return {ROUTING.name: ROUTING}
 
     @classmethod

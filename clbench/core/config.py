@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.core.optins import COMMAND_LINE_ONLY
 from clbench.errors import ClbenchError, setting
 from clbench.files.typedfile import OBJECT, TEXT, JsonValue, is_bool, is_int, is_number, is_str, or_none, short
 
@@ -838,7 +839,6 @@ def resume_config(
         )
     names = {f.name for f in dataclasses.fields(RunConfig)}
     # Any: the checkpoint's JSON values and the given settings, checked by RunConfig (naming the setting)
-    from clbench.core.optins import COMMAND_LINE_ONLY
 
     # a safety opt-in the run was started with is not taken from its checkpoint: only from this command line
     values: dict[str, Any] = {

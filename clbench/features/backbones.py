@@ -28,8 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from clbench.core.catalog import BackboneSpec
+from clbench.core.catalog import BACKBONES, BackboneSpec
+from clbench.core.config import WEIGHT_SOURCES
 from clbench.errors import ClbenchError
+from clbench.files.atomic import cache_subdir
 
 FACTS_FILE = "backbone-facts.json"
 
@@ -197,9 +199,6 @@ def _facts_key(name: str, weights: str, img_size: int | None) -> str | None:
     model), or None for sources without one (random, hub), which are built at once."""
     from importlib import metadata
 
-    from clbench.core.catalog import BACKBONES
-    from clbench.core.config import WEIGHT_SOURCES
-
     spec = BACKBONES.get(name)
     if weights == "random" or (spec.random_only and weights == "auto"):
         return None
@@ -255,8 +254,6 @@ def load_backbone(
     key = _facts_key(name, weights, img_size) if lazy and cache_root is not None else None
     if key is None or cache_root is None:
         return build()
-    from clbench.core.catalog import BACKBONES
-    from clbench.files.atomic import cache_subdir
 
     path = cache_subdir("machine", create=False, root=cache_root) / FACTS_FILE  # a link there: refused
     known = read_private_json(path)

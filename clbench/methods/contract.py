@@ -31,9 +31,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from clbench.benchmarks.base import ImageSource
+from clbench.core.catalog import STRATEGIES
 from clbench.core.costs import ParamCounts as ParamCounts  # re-exported: methods import them from here
 from clbench.core.costs import RunShape as RunShape
 from clbench.core.costs import Work as Work
+from clbench.core.precision import autocast
 from clbench.errors import ClbenchError
 from clbench.features.backbones import FrozenBackbone
 from clbench.features.cache import SeededOrder, TransformedImages
@@ -132,8 +134,6 @@ class Context:
 
     def autocast(self) -> AbstractContextManager[object]:
         """Autocast context for passes through the frozen backbone at the run's precision (fp32: none)."""
-        from clbench.core.precision import autocast
-
         return autocast(self.precision, self.device.type)
 
     def seed_for(self, salt: int = 0) -> int:
@@ -343,8 +343,6 @@ def _context_objects(ctx: Context, by_name: bool = False) -> dict[int, str] | di
 def strategy_class(name: str) -> type[Strategy[Any]]:
     """The strategy class registered as ``name`` (:data:`clbench.core.catalog.STRATEGIES`; importing its module on
     first use). ClbenchError for a name not registered, and for a plug-in whose target is not a Strategy subclass."""
-    from clbench.core.catalog import STRATEGIES
-
     cls = STRATEGIES.get(name)
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise ClbenchError(

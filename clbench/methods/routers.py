@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from clbench.core.config import split_list
 from clbench.core.registry import Registry
 from clbench.errors import ClbenchError
 from clbench.records.routing_diagnostics import ModuleChoices, collapse_warning
@@ -276,8 +277,6 @@ def route(name: str, inp: RouteInputs) -> torch.Tensor:
 
 def parse_names(text: str, setting: str) -> tuple[str, ...]:
     """``"a,b,c"`` -> registered router names in order, duplicates dropped (ClbenchError for an unknown one)."""
-    from clbench.core.config import split_list
-
     if not text.strip():  # none: the setting's empty default
         return ()
     names = split_list(text, f"--set {setting}", "entropy,margin")

@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from clbench.core.registry import Registry
+from clbench.errors import ClbenchError
+from clbench.files.atomic import atomic_write_json
 
 # The generic measurements: each module registers its own on import (:func:`measurement`).
 MODULES = (
@@ -75,7 +77,6 @@ def bounded(flag: str, low: int, high: int, why: str) -> Callable[[str], int]:
     bound and ``why`` it is there, which passes through argparse to the CLI's one-line refusal (every number that sizes
     a measurement's work, memory or disk is bounded where it is read: a mistyped ``--records 1000000000`` would fill
     the disk, a ``--steps`` of millions run for days)."""
-    from clbench.errors import ClbenchError
 
     def parse(text: str) -> int:
         try:
@@ -221,7 +222,6 @@ def listing() -> str:
 def write(result: dict[str, Any], out: str | None, partial: bool = False) -> None:
     """Stamp ``result`` with the code revision, library versions and command line, and write it to ``out`` (a
     ``partial`` one: a long measurement keeping what it has measured so far)."""
-    from clbench.files.atomic import atomic_write_json
     from clbench.records.results import git_revision, library_versions
 
     if partial:

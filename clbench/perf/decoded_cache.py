@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clbench.core.catalog import PROMPT_STRATEGY
+from clbench.core.precision import CpuInfo
 from clbench.perf import arg, bounded, measurement
 
 
@@ -43,8 +45,6 @@ def decoded_cache(strategy: str | None = None, epochs: int = 3, log=print) -> di
     import torch
 
     from clbench.benchmarks.folder import FileSource
-    from clbench.core.catalog import PROMPT_STRATEGY
-    from clbench.core.precision import CpuInfo
     from clbench.features.decoded import DecodedImages
     from clbench.run.harness import RunConfig, prepare
 

@@ -9,6 +9,10 @@ import os
 import sys
 from pathlib import Path
 
+import clbench
+from clbench.core.catalog import BACKBONES
+from clbench.core.precision import CpuInfo
+from clbench.files.atomic import cache_dir
 from clbench.perf.throughput import DEFAULT_BACKBONE, DEFAULT_IMG, precision_table
 
 
@@ -29,9 +33,6 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    import clbench
-    from clbench.core.precision import CpuInfo
-    from clbench.files.atomic import cache_dir
     from clbench.records.results import library_versions
 
     # a file or a pipe (a bug report) gets whole lines: rich would cut table cells at its 80-column default
@@ -68,7 +69,6 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     root = cache_dir()
     con.print(f"\ncache: {root} ({_mb(_size(root))}; features {_mb(_size(root / 'features'))})")
     from clbench.benchmarks import BENCHMARKS
-    from clbench.core.catalog import BACKBONES
     from clbench.weights.info import availability
 
     table = Table(title="weights")

@@ -47,8 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clbench.core.catalog import DEFAULT_STRATEGY
+from clbench.core.catalog import DEFAULT_STRATEGY, STRATEGIES
+from clbench.core.config import make_strategy_config
 from clbench.errors import ClbenchError
+from clbench.files.atomic import atomic_write_json
 
 SEED = 1993
 MATRIX_TOL = 2.0  # accuracy points per matrix cell, CUDA fp32 against CPU fp32: float32 kernels differ in summation
@@ -175,8 +177,6 @@ class Step:
 
 def ci_runs(sizes: Sizes) -> list[tuple[str, str, str | None]]:
     """(folder name, strategy, profile) of every ci-profile run of :func:`run_ci`."""
-    from clbench.core.catalog import STRATEGIES
-
     out = []
     for name in (sizes.ci_strategies or tuple(STRATEGIES.names()))[: sizes.ci_limit]:
         profiles = [
@@ -191,8 +191,6 @@ def ci_runs(sizes: Sizes) -> list[tuple[str, str, str | None]]:
 
 def _ci_estimate(sizes: Sizes, costs: GpuCosts, precision: str, on_cpu: bool = False) -> float:
     """Seconds of every ci run of ``sizes`` on the micro ViT from each strategy's work on the ci split."""
-    from clbench.core.catalog import STRATEGIES
-    from clbench.core.config import make_strategy_config
     from clbench.methods.contract import RunShape
 
     # the embedded benchmark's ci split: 36 classes in 3 tasks of 12, ~90 train and ~30 test images a class
@@ -213,8 +211,6 @@ def _ci_estimate(sizes: Sizes, costs: GpuCosts, precision: str, on_cpu: bool = F
 def step_strategies(sizes: Sizes) -> tuple[str, ...]:
     """The strategies whose train step the speed step times: every one that trains through the ViT (or the list
     given), the first ``step_limit`` of them in a dry run."""
-    from clbench.core.catalog import STRATEGIES
-
     names = sizes.step_strategies or tuple(n for n in STRATEGIES.names() if STRATEGIES.get(n).needs_vit)
     return names[: sizes.step_limit]
 
@@ -321,8 +317,6 @@ def format_plan(steps: list[Step], sizes: Sizes) -> str:
 
 # ----------------------------------------------------------------------------------------------- the driver
 def _write_json(path: Path, data: Any) -> None:
-    from clbench.files.atomic import atomic_write_json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, data)
 
@@ -501,7 +495,6 @@ def run_ci(sizes: Sizes, device: str, precision: str, out: Path, log: Callable[[
     run's accuracy matrices, parameter counts and seconds (rewritten after every run)."""
     import torch
 
-    from clbench.core.catalog import STRATEGIES
     from clbench.run.harness import RunConfig, run
 
     results: dict[str, Any] = {"device": device, "precision": precision, "runs": {}}

@@ -22,10 +22,17 @@ from typing import Any
 
 import torch
 
+from clbench.benchmarks import BENCHMARKS, build_benchmark
+from clbench.core.catalog import STRATEGIES
+from clbench.core.config import make_strategy_config
+from clbench.core.precision import for_backbone
 from clbench.errors import ClbenchError
+from clbench.features.backbones import load_backbone
 from clbench.methods.contract import RunShape, Work
+from clbench.methods.shared import torch_threads
 from clbench.perf import arg, backbone_args, device_arg, measurement
 from clbench.perf.timing import median_seconds
+from clbench.records.results import load_record
 
 # The six benchmarks of the TOSCA paper (arXiv 2502.14762) with PILOT's pre-sampled splits. Provenance: test sizes are
 # the exact denominators of the final accuracies in the EASE repository's logs (sun-hailong/CVPR24-Ease,
@@ -46,9 +53,6 @@ PAPER_BENCHMARKS: dict[str, dict[str, int]] = {
 def projection_rows(names: list[str] | None = None) -> list[tuple[str, type, Any]]:
     """(row name, strategy class, config) of every registered strategy (or of ``names``): its default config, then
     one row ``<name>-<profile>`` for each of its ``projection_profiles``."""
-    from clbench.core.catalog import STRATEGIES
-    from clbench.core.config import make_strategy_config
-
     rows = []
     for name in names if names is not None else STRATEGIES.names():
         cls = STRATEGIES.get(name)
@@ -78,11 +82,6 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     config and protocols, against the run's recorded train + eval seconds. Its features came from the cache, so
     they are part of neither: the cacheable frozen passes (``Work.f_cacheable``) are left out of the prediction."""
     import numpy as np
-
-    from clbench.benchmarks import BENCHMARKS, build_benchmark
-    from clbench.core.catalog import STRATEGIES
-    from clbench.methods.shared import torch_threads
-    from clbench.records.results import load_record
 
     rec = load_record(Path(run_dir))
     cls = STRATEGIES.get(rec.strategy)
@@ -160,9 +159,6 @@ def measure_costs(
 ) -> dict[str, Any]:
     """Seconds per image for a frozen pass and a training pass, and of every unit the registered strategies (or
     ``strategies``) state (:meth:`Strategy.unit_seconds`)."""
-    from clbench.core.catalog import STRATEGIES
-    from clbench.core.precision import for_backbone
-    from clbench.features.backbones import load_backbone
     from clbench.run.harness import resolve_device
 
     dev = resolve_device(device)

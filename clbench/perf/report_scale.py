@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clbench.core.precision import CpuInfo
 from clbench.errors import ClbenchError
 from clbench.perf import arg, bounded, measurement
 
@@ -129,7 +130,6 @@ def timed_report(args: list[str]) -> dict[str, Any]:
 
 
 def report_scale(n_synthetic: int = 1000, log=print) -> dict[str, Any]:
-    from clbench.core.precision import CpuInfo
     from clbench.records.results import git_revision
 
     if not 1 <= n_synthetic <= RECORDS_MAX:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
-from clbench.core.precision import isa_limits
+from clbench.core.precision import CpuInfo, isa_limits
 from clbench.perf import backbone_args, device_arg, measurement
 
 DEFAULT_BACKBONE = "vit_small_patch14_dinov2"
@@ -129,8 +129,6 @@ def thread_table(
     """Feature-extraction img/s at 1 and all threads x OpenMP wait policy x (idle, one core busy), in fresh
     processes."""
     import torch
-
-    from clbench.core.precision import CpuInfo
 
     if precision is None:
         bb, dev, _ = _load(backbone, img_size, "cpu")

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from clbench.core.precision import for_backbone
+
 
 def median_seconds(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> float:
     """Median seconds of ``fn()`` over ``repeat`` runs after ``warmup`` runs."""
@@ -49,7 +51,6 @@ def timed_backbone(
     (median of 3 after 1 warm-up) and log the milliseconds per image."""
     import torch
 
-    from clbench.core.precision import for_backbone
     from clbench.features.backbones import load_backbone
 
     bb = load_backbone(backbone, weights, img_size)

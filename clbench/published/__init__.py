@@ -27,6 +27,7 @@ import csv
 from dataclasses import dataclass
 from importlib import resources
 
+from clbench.core.catalog import BACKBONES, STRATEGIES
 from clbench.errors import ClbenchError
 
 STATUSES = ("verified", "secondary", "approximate", "missing")
@@ -71,7 +72,6 @@ def read(text: str, name: str = FILE) -> list[Published]:
     """The rows of a published table's CSV text, each checked: known method, benchmark and backbone, a split, a
     known status, accuracies in [0, 100] (empty exactly for a ``missing`` row)."""
     from clbench.benchmarks import BENCHMARKS
-    from clbench.core.catalog import BACKBONES, STRATEGIES
 
     rows = []
     for i, r in enumerate(csv.DictReader(text.splitlines()), start=2):
@@ -208,7 +208,6 @@ def format_table(rows: list[Published], commands: bool = False) -> str:
 def cmd_published(args) -> int:
     """``clbench published [--method M] [--bench B] [--commands]``."""
     from clbench.benchmarks import BENCHMARKS
-    from clbench.core.catalog import STRATEGIES
 
     if args.method:
         STRATEGIES.check(args.method)

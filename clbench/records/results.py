@@ -26,6 +26,7 @@ from typing import Any
 
 from clbench.core.config import Fingerprint
 from clbench.errors import ClbenchError
+from clbench.files.atomic import atomic_write_json
 from clbench.files.safety import load_json
 from clbench.files.typedfile import (
     COUNT,
@@ -544,8 +545,6 @@ class RunRecord:
     def write(self, run_dir: Path | str) -> Path:
         """Write ``run_dir/result.json`` atomically (a reader sees the old record or the new one, never a torn
         file); return its path."""
-        from clbench.files.atomic import atomic_write_json
-
         path = Path(run_dir) / RESULT_FILE
         atomic_write_json(path, self.to_dict(), standard=True)  # no NaN in the file: null (old_acc after task 1)
         return path

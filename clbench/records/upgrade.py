@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from clbench.core.catalog import STRATEGIES
 from clbench.errors import ClbenchError
 from clbench.files.safety import load_json
 from clbench.records.results import (
@@ -59,7 +60,6 @@ def upgrade_v3(data: Json) -> Json:
     :meth:`~clbench.methods.contract.Strategy.split_kept`, which its live runs use too; a strategy this clbench does not
     register keeps everything as learned (the base rule). ``params.restated_from_schema`` says so, and
     ``params.kept_as_written`` keeps the counts the record was written with."""
-    from clbench.core.catalog import STRATEGIES
     from clbench.methods.contract import Strategy
 
     params = dict(data["params"])

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from clbench.errors import ClbenchError
 from clbench.files.escape import plain
 from clbench.records.results import command_line
 
@@ -111,7 +112,6 @@ def _add_family(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from clbench.errors import ClbenchError
     from clbench.report.build import write_report
     from clbench.report.collect import collect
 

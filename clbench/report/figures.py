@@ -17,11 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from clbench.core.catalog import FAMILIES, STRATEGY_LOOKS, card
+from clbench.errors import ClbenchError
+from clbench.features import embeddings
+from clbench.features.embeddings import FORMAT, reduce
 from clbench.features.embeddings import POINTS as EMBEDDED_POINTS
+from clbench.features.embeddings import subsample as pick
+from clbench.files.safety import npz_arrays, read_bytes
+from clbench.records.features import checked_embeddings
 from clbench.records.results import TaskEntry, Times
 from clbench.records.routing_diagnostics import routing_or_none
 from clbench.report.budget import QUICK, REFERENCE, BudgetCurve, curve_label
-from clbench.report.collect import AccKey, Collection, Run
+from clbench.report.collect import DOMAINS_SEEN, AccKey, Collection, Run
 from clbench.report.figure_base import (
     RC,
     FigureOut,
@@ -30,7 +37,10 @@ from clbench.report.figure_base import (
     provenance,
     slug,
 )
+from clbench.report.forest import forest_from_collection, forest_of_study
+from clbench.report.labels import display_name, needs_backbone, short_label
 from clbench.report.tables import routing_protocols
+from clbench.report.uncertainty import Predicted, row_interval
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -52,7 +62,6 @@ def _seen_ticks(ax: Any, axis: tuple[list[int], str], fontsize: float | None = N
     """Label the x axis of curves after each task; domains seen (a handful of steps) get one tick each."""
     xs, label = axis
     ax.set_xlabel(label, **({"fontsize": fontsize} if fontsize else {}))
-    from clbench.report.collect import DOMAINS_SEEN
 
     if label == DOMAINS_SEEN:
         ax.set_xticks(xs)
@@ -84,7 +93,6 @@ def base_strategy(variant: str) -> str:
 def strategy_color(strategy: str) -> str:
     """The fixed colour of a strategy (variants included: ``base_strategy``)."""
     name = base_strategy(strategy)
-    from clbench.core.catalog import STRATEGY_LOOKS
 
     if name in STRATEGY_LOOKS:
         return STRATEGY_LOOKS[name][1]
@@ -206,8 +214,6 @@ def _line_label(key: AccKey, n: int, several_backbones: bool) -> str:
 
 def series_key(groups: dict[AccKey, list[Run]], keys: Sequence[AccKey]) -> list[dict[str, str]]:
     """The full identity of each series a figure labels shortly: the key table printed beside it."""
-    from clbench.report.labels import needs_backbone, short_label
-
     several = needs_backbone(keys)
     return [
         {
@@ -241,9 +247,6 @@ LEGEND_CHARS = 22  # characters per legend line beside a panel (README width: ~9
 
 def method_family(strategy: str) -> str:
     """The panel title of ``strategy``'s family (:data:`clbench.core.catalog.FAMILIES`) read from its method card."""
-    from clbench.core.catalog import FAMILIES, card
-    from clbench.errors import ClbenchError
-
     try:
         family = card(base_strategy(strategy)).family
     except (ClbenchError, LookupError, ImportError, AttributeError):
@@ -252,8 +255,6 @@ def method_family(strategy: str) -> str:
 
 
 def _family_order(title: str) -> int:
-    from clbench.core.catalog import FAMILIES
-
     titles = list(FAMILIES.values())
     return titles.index(title) if title in titles else len(titles)
 
@@ -300,9 +301,6 @@ def accuracy_curves(
     mean over seeds with their 95 % interval band (none where a band would cover much of the panel: the caption
     names them); short labels (the key table has the full identity of each line)."""
     import matplotlib
-
-    from clbench.report.labels import needs_backbone, short_label
-    from clbench.report.uncertainty import Predicted, row_interval
 
     groups = coll.acc_groups()
     benches = coll.benches()
@@ -557,8 +555,6 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-    from clbench.report.labels import needs_backbone, short_label
-
     groups = coll.acc_groups()
     benches = coll.benches()
     if not benches:
@@ -639,7 +635,6 @@ def _phase_seconds(t: Times, phase: str) -> float:
 def _short_run_labels(keys: Sequence[Any]) -> list[str]:
     """``RanPAC``, ``TOSCA (bf16)``: a run group's method (display name and profile) and, where rows differ in them,
     the words of benchmark and backbone that tell them apart."""
-    from clbench.report.labels import display_name
 
     def method(strategy: str) -> str:
         base, _, rest = strategy.partition(" ")
@@ -726,8 +721,6 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
     accuracy with the chosen modules against accuracy with each image's own task's module (oracle)."""
     import matplotlib
 
-    from clbench.report.labels import display_name
-
     groups = {k: [r for r in runs if routing_protocols(r)] for k, runs in coll.run_groups().items()}
     groups = {k: runs for k, runs in groups.items() if runs}
     if not groups:
@@ -796,11 +789,6 @@ def load_features(run: Run) -> dict[str, np.ndarray]:
     bounded (:data:`FEATURES_MAX_BYTES` on disk and expanded, every array header checked before it is allocated:
     :func:`clbench.files.safety.npz_arrays`); ValueError for a file that is not one, or whose sizes differ from its
     record's test split."""
-    from clbench.errors import ClbenchError
-    from clbench.features.embeddings import FORMAT
-    from clbench.files.safety import npz_arrays, read_bytes
-    from clbench.records.features import checked_embeddings
-
     n_test = (run.record.n_images or {}).get("test")
     # what the record's test split can need: fp16 frozen and adapted features up to FEATURE_WIDTH wide per image
     limit = FEATURES_MAX_BYTES if n_test is None else min(FEATURES_MAX_BYTES, 2**26 + n_test * 4 * FEATURE_WIDTH)
@@ -837,8 +825,6 @@ TSNE_PANELS = 16  # panels per t-SNE figure (4 x 4: the frozen features and 15 m
 
 def subsample(n: int, max_points: int = TSNE_MAX_POINTS, seed: int = TSNE_SEED) -> np.ndarray:
     """Sorted indices of at most ``max_points`` of ``n`` points, the same for the same ``n``."""
-    from clbench.features.embeddings import subsample as pick
-
     return pick(n, max_points, seed)
 
 
@@ -897,9 +883,6 @@ def _tsne_panels(
     """Per (benchmark, backbone): the frozen features' panel first (naming the methods that classify them), then
     one panel per run whose method scores something else; the same test images (the first run's subsample) in
     every panel."""
-    from clbench.features import embeddings
-    from clbench.features.embeddings import reduce
-
     out: dict[tuple[str, str], list[_TsnePanel]] = {}
     frozen_users: dict[tuple[str, str], list[str]] = {}
     chosen: dict[tuple[str, str], np.ndarray] = {}
@@ -949,8 +932,6 @@ def tsne(
     configuration) that scores something else, from the first seed whose record kept ``features.npz``; the same
     test images, t-SNE settings and seed in every panel. Returns figures and notes (which rows have none, why)."""
     import matplotlib
-
-    from clbench.report.labels import short_label
 
     rows = coll if main is None else main
     figures: list[FigureOut] = []
@@ -1159,8 +1140,6 @@ def _one(f: FigureOut | None) -> tuple[list[FigureOut], list[str]]:
 
 
 def _paired(i: FigureInputs) -> tuple[list[FigureOut], list[str]]:
-    from clbench.report.forest import forest_from_collection, forest_of_study
-
     if i.study is not None:  # the study's own tests: the forest prints the p and verdict every table prints
         return _one(forest_of_study(i.study, i.out_dir, runs=i.rows.runs))
     return _one(forest_from_collection(i.rows, i.out_dir, i.predicted, i.baseline))  # where runs kept predictions
@@ -1200,8 +1179,6 @@ def make_figures(
     differences show those only (default: every row); ``baseline``: the strategy drawn in every panel of the accuracy
     curves and tested against in the forest plot (default: the first row); ``study``: the report's study
     (:class:`clbench.report.study.Study`), whose tests the forest plot draws (without one it tests the rows itself)."""
-    from clbench.report.uncertainty import Predicted
-
     inputs = FigureInputs(
         coll, coll if main is None else main, out_dir, predicted or Predicted(), budget, main, tsne_points, baseline,
         study,

@@ -57,8 +57,10 @@ from torch.utils.data import DataLoader, TensorDataset
 from clbench.benchmarks.base import ImageSource
 from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError
+from clbench.features.cache import FeatureCache
 from clbench.methods.answers import checked
 from clbench.methods.contract import PER_SAMPLE, Context, Split, Task
+from clbench.run.harness import feature_key, load_inputs, resolve
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -265,9 +267,6 @@ class ClbenchStrategy(SupervisedTemplate):
         settings: Mapping[str, Any] | None = None,  # deprecated: overrides=
         **run: Any,  # RunConfig fields (run_fields), checked by run_config and RunConfig
     ) -> None:
-        from clbench.features.cache import FeatureCache
-        from clbench.run.harness import load_inputs, resolve
-
         self.config = run_config(run, {"method": method, "settings": settings})
         self.resolved = resolve(self.config)  # names, device and input size decided once, as for `clbench run`
         self.inputs = load_inputs(self.resolved)
@@ -323,7 +322,6 @@ class ClbenchStrategy(SupervisedTemplate):
         source = ExperienceImages(dataset, where)
         self._check_transform(dataset, source, where)
         from clbench.features.cache import extract
-        from clbench.run.harness import feature_key
 
         key = feature_key(self.resolved, self.inputs, "avalanche-experience", source.fingerprint())
         feats, _ = self.cache.get_or_compute(

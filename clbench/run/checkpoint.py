@@ -59,12 +59,15 @@ import numpy as np
 import torch
 
 from clbench.core import config
+from clbench.core.catalog import STRATEGIES
 from clbench.core.config import Fingerprint, RunConfig
 from clbench.core.rng import RngState
 from clbench.errors import ClbenchError, setting
 from clbench.files import typedfile
 from clbench.files.atomic import atomic_write_bytes
+from clbench.files.escape import plain
 from clbench.files.safestate import SavedState, encode, unknown_classes
+from clbench.files.safety import special_file_problem
 from clbench.files.typedfile import (
     COUNT,
     COUNTS,
@@ -84,7 +87,7 @@ from clbench.files.typedfile import (
     list_of,
     or_none,
 )
-from clbench.records.results import TaskEntry, Times
+from clbench.records.results import RESULT_FILE, TaskEntry, Times
 
 if TYPE_CHECKING:
     from clbench.benchmarks.base import Benchmark
@@ -288,8 +291,6 @@ def load(path: Path) -> Checkpoint:
     Tensors come back on the CPU (the strategy moves its own to the run's device when it restores them)."""
     from safetensors import safe_open
 
-    from clbench.files.safety import special_file_problem
-
     path = Path(path)
     special = special_file_problem(path)
     if special is not None:  # a FIFO would block the open; a device would be read forever
@@ -443,8 +444,6 @@ def convert_legacy(folder: Path, say: Callable[[str], None]) -> bool:
     """``clbench run --trust-checkpoint``: rewrite ``folder``'s old pickle checkpoint in this format and delete it.
     This unpickles the file, which runs any code it carries: only for files the user wrote. Returns whether there
     was one to convert."""
-    from clbench.core.catalog import STRATEGIES
-
     legacy = Path(folder) / LEGACY_FILE
     if not legacy.is_file():
         say(f"{folder} holds no {LEGACY_FILE}; nothing to convert")
@@ -482,8 +481,6 @@ def resume_config(run_dir: str | Path, given: dict[str, Any]) -> RunConfig:
 
     ``given`` holds the settings the user passed explicitly (:func:`clbench.core.config.given_settings`); how they are
     reconciled with the checkpoint's is :func:`clbench.core.config.resume_config`."""
-    from clbench.records.results import RESULT_FILE
-
     path = Path(run_dir)
     config.check_resume_request(path, given)
     refuse_legacy(path)
@@ -512,8 +509,6 @@ def _without_paths(ckpt_path: Path, saved: JsonObject, given: dict[str, Any]) ->
     device, someone else's folder) unless the user names the same one again. Refused in one line, naming the setting
     and the path, when a path setting is not given. The settings that trust content (:data:`TRUSTING_SETTINGS`) are
     the command line's alone."""
-    from clbench.files.escape import plain
-
     out = {k: v for k, v in saved.items() if k not in TRUSTING_SETTINGS}
     for name, what in PATH_SETTINGS.items():
         value = saved.get(name)

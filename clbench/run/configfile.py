@@ -33,11 +33,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from clbench.core.catalog import STRATEGIES, card
 from clbench.core.config import _convert
 from clbench.core.optins import refuse_in_file
 from clbench.errors import ClbenchError
 from clbench.files.escape import plain
-from clbench.files.safety import folder_name_problem
+from clbench.files.safety import folder_name_problem, read_bytes
 
 SKIPPED = {"help", "config", "version", "autocast", "no-autocast"}  # not settings (or aliases of one)
 LIST_KEYS = {"strategies", "benches", "seeds", "log"}  # a YAML list or a comma-separated string
@@ -149,8 +150,6 @@ def load(path: str) -> dict[str, Any]:
     no aliases, no key given twice, at most :data:`MAX_DEPTH` levels and :data:`MAX_BYTES` bytes; each refusal one
     line naming the file and the line."""
     import yaml
-
-    from clbench.files.safety import read_bytes
 
     p = Path(path).expanduser()
     if not p.exists() and not p.is_symlink():
@@ -269,8 +268,6 @@ class _File:
 
 def read(path: str, command: str, sub: argparse.ArgumentParser, data: dict[str, Any]) -> tuple[dict, dict, list]:
     """``data`` split and checked: (flag dest -> value, strategy -> [(key, value)], [(key, value)] of ``set``)."""
-    from clbench.core.catalog import STRATEGIES
-
     f = _File(path, command)
     options = _options(sub)
     strategies = set(STRATEGIES.names())
@@ -301,8 +298,6 @@ def read(path: str, command: str, sub: argparse.ArgumentParser, data: dict[str, 
 
 
 def _check_sections(path: str, sections: dict[str, list[tuple[str, str]]], run: Sequence[str]) -> None:
-    from clbench.core.catalog import card
-
     for name, pairs in sections.items():
         if name not in run:
             raise ClbenchError(

@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clbench.core.catalog import FAMILIES, STRATEGIES, MethodCard, card
+from clbench.core.catalog import BACKBONES, FAMILIES, STRATEGIES, MethodCard, card
+from clbench.errors import ClbenchError
+from clbench.files.escape import rich as esc
+from clbench.run.scenario import declared_scenarios
 
 
 @dataclass(frozen=True)
@@ -157,8 +160,6 @@ def deviations(doc: str) -> list[str]:
 
 def describe(name: str) -> MethodInfo:
     """Everything ``clbench list NAME`` shows of strategy ``name`` (ClbenchError with did-you-mean if unknown)."""
-    from clbench.run.scenario import declared_scenarios
-
     method = card(name)
     doc = _module_doc(name)
     title = doc.splitlines()[0].strip() if doc else ""
@@ -191,10 +192,6 @@ def print_catalog(console: Any = None) -> None:
     from rich.table import Table
 
     from clbench.benchmarks import BENCHMARKS
-    from clbench.core.catalog import BACKBONES
-    from clbench.errors import ClbenchError
-    from clbench.files.escape import rich as esc
-    from clbench.run.scenario import declared_scenarios
 
     console = console or _console()
     methods = Table(title="strategies (`clbench list NAME`: settings, profiles, reference, deviations)")
@@ -231,8 +228,6 @@ def print_method(name: str, console: Any = None) -> None:
     from rich.table import Table
 
     from clbench.benchmarks import BENCHMARKS
-    from clbench.core.catalog import BACKBONES
-    from clbench.files.escape import rich as esc
 
     console = console or _console()
     if name not in STRATEGIES and (name in BENCHMARKS or name in BACKBONES):  # `clbench list emoji`: its line

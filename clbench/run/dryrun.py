@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clbench.core.catalog import BACKBONES
 from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError
+from clbench.files.escape import plain
 
 
 def plan(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -60,7 +62,6 @@ def plan(cfg: RunConfig) -> list[tuple[str, str]]:
 
 def _weights(backbone: str, weights: str) -> str:
     """Where the weights would come from; a ClbenchError (the run's own hint) where they cannot be had."""
-    from clbench.core.catalog import BACKBONES
     from clbench.weights.info import availability
     from clbench.weights.resolve import _ways
 
@@ -87,8 +88,6 @@ def _weights(backbone: str, weights: str) -> str:
 
 
 def print_plan(cfg: RunConfig) -> None:
-    from clbench.files.escape import plain
-
     rows = plan(cfg)
     print("clbench run --dry-run: every check passed; the run would be:")
     for what, value in rows:

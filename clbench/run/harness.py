@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from clbench.benchmarks import BENCHMARKS
+from clbench import OMP_WAIT_POLICY
+from clbench.benchmarks import BENCHMARKS, build_benchmark
+from clbench.benchmarks.check import check_before_run, check_loaded
+from clbench.benchmarks.folder import with_data_domains
+from clbench.benchmarks.streams import avalanche_benchmark, experience_classes, experience_indices
 from clbench.core.catalog import BACKBONES, STRATEGIES
 from clbench.core.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
@@ -29,15 +33,23 @@ from clbench.core.config import (  # noqa: F401  (RunConfig, make_strategy_confi
     make_strategy_config,
     run_level,
 )
-from clbench.core.precision import Precision
+from clbench.core.precision import CpuInfo, Precision, for_backbone, isa_limits
 from clbench.core.precision import check_request as check_precision
 from clbench.core.precision import choose as choose_precision
 from clbench.core.rng import RngState, capture_rng, restore_rng
 from clbench.errors import ClbenchError, setting
 from clbench.evaluation import metrics
+from clbench.features import embeddings
+from clbench.features.backbones import LazyBackbone, load_backbone, state_digest, vit_geometry
+from clbench.features.cache import cache_key
+from clbench.features.decoded import DecodedImages, budget_bytes
+from clbench.files.atomic import cache_dir
+from clbench.files.safestate import StateError
 from clbench.methods import training_check
 from clbench.methods.answers import checked
+from clbench.methods.contract import Context, Split, Task, strategy_class
 from clbench.methods.shared import TrainingTrace
+from clbench.records import predictions
 from clbench.records.predictions import PREDICTIONS_FILE, Predictions
 from clbench.records.results import (
     Host,
@@ -53,6 +65,7 @@ from clbench.records.results import (
     peak_rss_mb,
     reset_peak_rss,
 )
+from clbench.records.tuning import read_summary
 from clbench.run.checkpoint import ProtocolLogState
 from clbench.run.rundir import (
     RunDir,
@@ -61,6 +74,9 @@ from clbench.run.rundir import (
     default_run_dir,
     estimate_run_bytes,
 )
+from clbench.run.scenario import check_scenario
+from clbench.run.validation import rows_in
+from clbench.weights.resolve import check_input_size, check_weights_file
 
 if TYPE_CHECKING:
     from clbench.benchmarks.base import Benchmark, BenchmarkSpec, ImageSource
@@ -224,13 +240,10 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
     """Check every name and setting of ``cfg`` and decide what depends on them (cheap; nothing is loaded). Raises
     ClbenchError."""
     check_settings({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # also set by RunConfig
-    from clbench.benchmarks.folder import with_data_domains
-    from clbench.run.scenario import check_scenario
 
     spec = with_data_domains(BENCHMARKS.get(cfg.bench), cfg.data_root)  # a folder of domains declares them
     STRATEGIES.check(cfg.strategy)
     check_scenario(cfg.strategy, cfg.scenario, spec.domains, spec.name)  # one line, before the strategy imports
-    from clbench.methods.contract import strategy_class
 
     strategy_cls = strategy_class(cfg.strategy)
     backbone_name = BACKBONES.check(spec.backbone if cfg.backbone is None else cfg.backbone)
@@ -246,7 +259,6 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
     check_precision(cfg.precision)
     if cfg.precision != "auto":  # a forced precision the device cannot run fails here, before anything loads
         choose_precision(cfg.precision, device.type)
-    from clbench.weights.resolve import check_input_size
 
     check_input_size(backbone_name, cfg.img_size)  # an explicit size the backbone would ignore: refused
     img_size = run_level(strategy_cls, cfg.profile, cfg.img_size, "img_size")
@@ -298,12 +310,9 @@ def load_inputs(resolved: ResolvedRun, precision: Precision | None = None) -> Fr
     scaled to the input size, the backbone's mean/std where the run normalises, ``precision`` where given (a resumed
     run keeps the one it started with), else the request resolved on the backbone. :func:`prepare` and
     :class:`clbench.run.avalanche_api.ClbenchStrategy` both build their inputs here, so they see the same pixels."""
-    from clbench.core.precision import for_backbone
-    from clbench.features.backbones import load_backbone
     from clbench.features.transforms import TransformSpec
 
     cfg, spec = resolved.config, resolved.spec
-    from clbench.files.atomic import cache_dir
 
     # built on first use where the facts of these weights are cached (clbench.features.backbones.LazyBackbone)
     backbone = load_backbone(
@@ -332,7 +341,6 @@ def batch_bytes(backbone: Any, batch_size: int) -> int:
     for other backbones 32 times the input."""
     img = int(backbone.img_size)
     image = 3 * img * img * 4
-    from clbench.features.backbones import LazyBackbone, vit_geometry
 
     # a lazy backbone knows its shape from its facts; else the timm model, or anything, is probed for a ViT's shape
     lazy = isinstance(backbone, LazyBackbone)
@@ -392,8 +400,6 @@ def check_batch_memory(backbone: Any, batch_size: int, device: torch.device) -> 
 
 def feature_key(resolved: ResolvedRun, inputs: FrozenInputs, split: str, data: str) -> str:
     """The feature-cache key of one set of images (``data``: their content fingerprint) through ``inputs``."""
-    from clbench.features.cache import cache_key
-
     return cache_key(
         backbone=resolved.backbone_name,
         digest=inputs.backbone.digest,
@@ -452,8 +458,6 @@ class PreparedRun:
         return self.inputs.precision
 
     def split(self, which: str, indices: np.ndarray) -> Split:
-        from clbench.methods.contract import Split
-
         # training images through the decoded-image cache (clbench.features.decoded): decoded once, augmented every
         # epoch
         source, y = (self.decoded, self.bench.train_y) if which == "train" else (self.bench.test, self.bench.test_y)
@@ -461,16 +465,11 @@ class PreparedRun:
         return Split(source, idx, torch.as_tensor(y[idx]), self.features[which][idx], self._eval, self._train)
 
     def __post_init__(self) -> None:
-        from clbench.features.decoded import DecodedImages, budget_bytes
-
         self._eval, self._train = self.eval_tf.build(), self.train_tf.build()
         self.decoded = DecodedImages(self.bench.train, budget_bytes())
 
     def tasks(self) -> Iterator[TaskAndTest]:
         """The Avalanche train stream, one :class:`TaskAndTest` per task (the test split covers all seen classes)."""
-        from clbench.benchmarks.streams import avalanche_benchmark, experience_classes, experience_indices
-        from clbench.methods.contract import Task
-
         test_task = self.bench.image_tasks("test")  # the class's task, or in the domain scenario the image's domain
         domain = self.bench.scenario == "domain"
         n_seen = 0
@@ -490,9 +489,7 @@ def prepare(
     """Load the benchmark and the frozen inputs of a resolved run (a RunConfig is resolved first), compute (or
     load) the frozen features once, and build the strategy. ``precision``: the one to use instead of resolving the
     request (a resumed run keeps the precision it started with)."""
-    from clbench.benchmarks import build_benchmark
     from clbench.features.cache import FeatureCache, extract
-    from clbench.methods.contract import Context
 
     resolved = run if isinstance(run, ResolvedRun) else resolve(run)
     cfg, spec, device = resolved.config, resolved.spec, resolved.device
@@ -528,7 +525,6 @@ def prepare(
     feats: dict[str, torch.Tensor] = {}
     # A run on part of the images (--validation, --classes) featurises the splits as loaded (the cache entries every
     # run shares) and takes its images' rows below; a validation run never featurises the test split.
-    from clbench.run.validation import rows_in
 
     parts = {name: rows_in(getattr(bench, name), loaded) for name in ("train", "test")}  # name -> (split, rows)
     needed = list(dict.fromkeys(split for split, _ in parts.values()))
@@ -654,9 +650,6 @@ def _restored_state_used(run_dir: RunDir, first_use: bool, strategy: str) -> Ite
 def _claim_run_folder(resolved: ResolvedRun, resume: bool) -> tuple[RunDir, list[str]]:
     """The run's folder, checked and locked, and the data problems found before anything loads (as `clbench data
     check`; refused unless ignore_data_problems)."""
-    from clbench.benchmarks.check import check_before_run
-    from clbench.weights.resolve import check_weights_file
-
     cfg = resolved.config
     if resume and cfg.overwrite:
         raise ClbenchError(RESUME_AND_OVERWRITE)
@@ -675,8 +668,6 @@ def _precision_started_with(cfg: RunConfig, ckpt: Checkpoint | None) -> Precisio
 
 
 def _note_data_problems(session: PreparedRun, before_loading: list[str], rep: Reporter) -> None:
-    from clbench.benchmarks.check import check_loaded
-
     session.data_problems = before_loading + check_loaded(session.bench, session.cfg.ignore_data_problems)
     for problem in session.data_problems:
         rep.log(f"warning: data problem, run anyway (ignore_data_problems): {problem}")
@@ -700,7 +691,6 @@ class _RunState:
 
     def restore(self, ckpt: Checkpoint, run_dir: RunDir, rep: Reporter) -> None:
         """Continue from ``ckpt``, once its inputs (backbone, precision, data) are checked to be this run's."""
-        from clbench.files.safestate import StateError
         from clbench.run import checkpoint
 
         session = self.session
@@ -931,8 +921,6 @@ def _save_progress(state: _RunState, run_dir: RunDir) -> float:
 
 def _finish(state: _RunState, run_dir: RunDir, rep: Reporter) -> RunRecord:
     """Check the backbone is untouched, write the features and the complete record, drop the checkpoint."""
-    from clbench.features.backbones import state_digest
-
     session = state.session
     built = getattr(session.backbone, "built", True)  # one never built was never changed
     if built and state_digest(session.backbone.model) != session.backbone.digest:
@@ -949,9 +937,6 @@ def _finish(state: _RunState, run_dir: RunDir, rep: Reporter) -> RunRecord:
 
 def host_info() -> Host:
     """The machine a run's times come from: cores, CPU and its capability, and the thread settings in force."""
-    from clbench import OMP_WAIT_POLICY
-    from clbench.core.precision import CpuInfo, isa_limits
-
     cpu = CpuInfo.detect()
     return Host(
         cpus=os.cpu_count(),
@@ -968,7 +953,6 @@ def host_info() -> Host:
 def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) -> None:
     """``features.npz`` for the report's t-SNE figure (:mod:`clbench.features.embeddings`): a fixed subsample of the
     test images, their frozen features and what the method's classifier scores, reduced and fp16."""
-    from clbench.features import embeddings
     from clbench.files.atomic import atomic_write_bytes
 
     bench = session.bench
@@ -989,8 +973,6 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) ->
 def _predictions(session: PreparedRun, logs: dict[str, _ProtocolLog]) -> Predictions | None:
     """The predictions of every evaluation so far; None when the logs lack an evaluated task's images (a run
     resumed from a checkpoint written before clbench kept predictions)."""
-    from clbench.records import predictions
-
     protocols, bench = session.protocols, session.bench
     n_tasks = len(logs[protocols[0]].matrix)
     if any(len(logs[p].pred) != n_tasks or len(logs[p].index) != n_tasks for p in protocols):
@@ -1013,15 +995,12 @@ def _tuning(cfg: RunConfig) -> dict[str, Any] | None:
     """The content of ``--tuning FILE`` (how ``clbench tune`` chose the run's settings), for the record."""
     if cfg.tuning is None:
         return None
-    from clbench.records.tuning import read_summary
 
     return read_summary(Path(cfg.tuning))
 
 
 def _write_record(record: RunRecord, path: Path, preds: Predictions | None) -> None:
     """``predictions.npz`` first (or no stale one), then the record that names it."""
-    from clbench.records import predictions
-
     if preds is None:
         (path / PREDICTIONS_FILE).unlink(missing_ok=True)
     record.predictions = None if preds is None else predictions.write(path, preds)

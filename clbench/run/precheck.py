@@ -8,7 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from clbench.benchmarks import BENCHMARKS
+from clbench.benchmarks.folder import with_data_domains
 from clbench.core.catalog import BACKBONES, STRATEGIES, card, check_profile
+from clbench.core.config import make_strategy_config
+from clbench.run.scenario import check_scenario
 
 
 def check_run(cfg: Any) -> None:
@@ -16,10 +19,6 @@ def check_run(cfg: Any) -> None:
     the catalog and the method's card, without importing torch or the method: the strategy, the benchmark, the
     backbone, the scenario, the profile and the ``--set`` keys and values. ``clbench run`` calls it before it loads
     anything, so that a mistake is refused at once; :func:`clbench.run.harness.resolve` checks the same again."""
-    from clbench.benchmarks.folder import with_data_domains
-    from clbench.core.config import make_strategy_config
-    from clbench.run.scenario import check_scenario
-
     STRATEGIES.check(cfg.strategy)
     spec = with_data_domains(BENCHMARKS.get(cfg.bench), cfg.data_root)  # a folder of domains declares them
     if cfg.backbone is not None:

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.core.catalog import STRATEGIES
 from clbench.core.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError, setting
 from clbench.files.safety import (
@@ -100,7 +101,6 @@ class RunDir:
 
     def resumable(self, fingerprint: Fingerprint, required: bool) -> Checkpoint | None:
         """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
-        from clbench.core.catalog import STRATEGIES
         from clbench.run import checkpoint
 
         if not self.checkpoint_path.exists():

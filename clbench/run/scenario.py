@@ -15,6 +15,7 @@ import ast
 import importlib.util
 from pathlib import Path
 
+from clbench.core.catalog import STRATEGIES
 from clbench.errors import ClbenchError, setting
 
 DEFAULT_SCENARIOS: tuple[str, ...] = ("class",)  # = Strategy.scenarios (clbench.methods.contract imports torch)
@@ -63,8 +64,6 @@ def _from_source(target: str) -> tuple[str, ...] | None:
 
 def declared_scenarios(name: str) -> tuple[str, ...]:
     """The scenarios strategy ``name`` (registered in :data:`clbench.core.catalog.STRATEGIES`) supports."""
-    from clbench.core.catalog import STRATEGIES
-
     STRATEGIES.check(name)
     target = STRATEGIES._lazy.get(name)  # not imported yet: read its source
     if target is not None:
@@ -77,8 +76,6 @@ def declared_scenarios(name: str) -> tuple[str, ...]:
 
 def supporting(scenario: str) -> list[str]:
     """The registered strategies that support ``scenario``, by name; one that cannot be read is left out."""
-    from clbench.core.catalog import STRATEGIES
-
     out = []
     for name in STRATEGIES.names():
         try:

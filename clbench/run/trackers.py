@@ -59,6 +59,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clbench.errors import ClbenchError
+from clbench.evaluation import metrics
+from clbench.files.safety import folder_name_problem, open_lock, owned_folder
+from clbench.records.results import ProtocolSummary
 from clbench.records.routing_diagnostics import routing_or_none
 
 if TYPE_CHECKING:
@@ -172,8 +175,6 @@ def tracker_folder(parent: Path, name: str, create: bool = True, what: str = "--
     """``parent/name``, a folder a tracker writes into (``tensorboard``, ``mlruns``, ``wandb``, a run's folder
     under ``tensorboard``): one plain name, and a real folder inside ``parent``, never a link leading out of it
     (:func:`clbench.files.safety.owned_folder`). ``what``: the setting that gave ``parent``. Raises ClbenchError."""
-    from clbench.files.safety import folder_name_problem, owned_folder
-
     why = folder_name_problem(name)
     if why is not None:
         from clbench.files.escape import plain
@@ -269,9 +270,6 @@ def task_metrics(summary: ProtocolSummary, entry: TaskEntry, peak_rss_mb: float 
 
 def summary_so_far(summary: ProtocolSummary, t: int) -> ProtocolSummary:
     """``summary`` as it stood after task ``t`` (0-based): what the run logged then, for records replayed."""
-    from clbench.evaluation import metrics
-    from clbench.records.results import ProtocolSummary
-
     m, c = summary.accuracy_matrix[: t + 1], summary.acc_curve[: t + 1]
     return ProtocolSummary(
         accuracy_matrix=m,
@@ -450,8 +448,6 @@ class MlflowTracker:
             yield
             return
         import fcntl
-
-        from clbench.files.safety import open_lock
 
         database = Path(self.spec.mlflow_uri.removeprefix("sqlite:///"))
         database.parent.mkdir(parents=True, exist_ok=True)  # --log-dir, made on first use as the other trackers do

@@ -28,11 +28,12 @@ from clbench.core.config import (
     add_run_flags,
     check_settings,
     default_of,
+    parse_list,
     run_field,
     settings_of,
 )
 from clbench.errors import ClbenchError, setting
-from clbench.sweep.plan import VARY
+from clbench.sweep.plan import VARY, SweepSpec, parse_data_roots, parse_scoped_override, parse_seeds
 
 if TYPE_CHECKING:
     from clbench.sweep.plan import SweepSpec
@@ -149,9 +150,6 @@ class SweepArgs:
         (its ``profile`` applies to the strategies that define it); ``overrides``: ``--set [STRATEGY.]KEY=VALUE``.
         (Any: RunConfig field name -> a value of that field's type, as given.)"""
         from pathlib import Path
-
-        from clbench.core.config import parse_list
-        from clbench.sweep.plan import SweepSpec, parse_data_roots, parse_scoped_override, parse_seeds
 
         benches = parse_list(self.benches, "benches")
         return SweepSpec(

@@ -19,6 +19,7 @@ from clbench.core.config import Fingerprint
 from clbench.errors import ClbenchError
 from clbench.files import typedfile
 from clbench.files.atomic import atomic_write_json
+from clbench.files.safety import open_append
 from clbench.files.typedfile import (
     NAME,
     OBJECT,
@@ -63,8 +64,6 @@ class _LogReporter(Reporter):
     sweep's progress view and a user on another node can follow them)."""
 
     def __init__(self, path: Path) -> None:
-        from clbench.files.safety import open_append
-
         self._file = open_append(path)
 
     def log(self, message: str) -> None:

@@ -7,7 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from clbench.core.catalog import card
+from clbench.core.config import make_strategy_config
+from clbench.core.costs import RunShape
 from clbench.errors import ClbenchError
+from clbench.tune.parallel import Where
+from clbench.tune.space import search_space
 
 HELP = (
     "choose a strategy's settings on a validation split (Optuna TPE over the space its card declares), "
@@ -101,13 +106,10 @@ def estimate(strategy: str, base: Any) -> str:
     """The per-trial work from the card's cost model (frozen passes, served by the feature cache, and training
     passes through the ViT), on the tuning benchmark's shape; a line saying so where the card has no model."""
     from clbench.benchmarks import BENCHMARKS
-    from clbench.core.catalog import card
-    from clbench.core.config import make_strategy_config
 
     c = card(strategy)
     if c.work is None:
         return "cost: no cost model on the card; the measured time of the first trial follows it"
-    from clbench.core.costs import RunShape
 
     spec = BENCHMARKS.get(base.bench)
     try:
@@ -147,8 +149,6 @@ def study_cost(trials: int, where: Any) -> str:
 def main(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from clbench.tune.parallel import Where
-    from clbench.tune.space import search_space
     from clbench.tune.study import TuneRequest, run_study
 
     if args.trials < 1:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
+from clbench.files.atomic import cache_dir
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,6 @@ def _backend(where: Where) -> tuple[Any, int]:
 
 def _env() -> dict[str, str]:
     """The environment every trial's worker gets: the sweep's (cache, offline mode, threads)."""
-    from clbench.files.atomic import cache_dir
     from clbench.sweep.runner import PASSED_ENV
 
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}

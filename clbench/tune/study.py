@@ -30,7 +30,9 @@ from typing import Any
 from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError, setting
 from clbench.records.tuning import SUMMARY_FILE, write_summary
+from clbench.run.checkpoint import CHECKPOINT_FILE
 from clbench.run.harness import Reporter
+from clbench.run.validation import SPLIT_SEED
 from clbench.tune.parallel import Where
 from clbench.tune.space import Dimension, as_setting, defaults_in
 
@@ -240,8 +242,6 @@ def run_study(
 
 
 def _drop_checkpoint(run_dir: Path) -> None:
-    from clbench.run.checkpoint import CHECKPOINT_FILE
-
     (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
 
 
@@ -310,8 +310,6 @@ def _pruner_text(req: TuneRequest) -> str | None:
 
 
 def _split_seed() -> dict[str, int]:
-    from clbench.run.validation import SPLIT_SEED
-
     return {"split_seed": SPLIT_SEED}
 
 
