@@ -29,6 +29,7 @@ def parse_key_value(text: str) -> tuple[str, str]:
 def _add_setting_args(p: argparse.ArgumentParser, command: str) -> None:
     """The run settings of ``clbench COMMAND`` (run or sweep), generated from :class:`clbench.core.config.RunConfig`
     (one declaration per setting: flag, type, default, help), then the options every run takes."""
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.core.config import add_run_flags
 
     add_run_flags(p, command)
@@ -92,6 +93,7 @@ def _log_spec(args: argparse.Namespace, group: str | None = None, out: str | Non
         if args.log_dir is not None:
             raise ClbenchError("--log-dir is for --log", "add --log tensorboard (or mlflow, wandb), or drop --log-dir")
         return None
+    # deferred: loads numpy, which importing this module does not
     from clbench.run.trackers import LogSpec
 
     return LogSpec.from_flags(args.log, args.log_dir, group, out)
@@ -99,6 +101,7 @@ def _log_spec(args: argparse.Namespace, group: str | None = None, out: str | Non
 
 def cmd_run(args: argparse.Namespace) -> int:
     log = _log_spec(args)  # checked first: a tracker that is not installed is refused at once
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.core.config import RunConfig, flag_fields
 
     values = {name: getattr(args, name) for name in flag_fields("run")}
@@ -129,6 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         print_plan(cfg)
         return 0
+    # deferred: loads rich, torch, which importing this module does not
     from clbench.run.harness import run
     from clbench.ui import RichReporter, print_result, print_where
 
@@ -153,6 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     """The sweep's own flags, generated from :mod:`clbench.sweep.settings` (one declaration per setting), ``--set``,
     then the run settings every run shares."""
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.core.config import argument_group
     from clbench.sweep.settings import WHAT, add_sweep_flags
 
@@ -171,12 +176,14 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
 
 def _fields(args: argparse.Namespace, command: str, cls: type | None = None) -> dict[str, Any]:
     """The parsed flags of ``clbench COMMAND`` that are fields of the declaration ``cls`` (default: RunConfig)."""
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.core.config import flag_fields
 
     return {name: getattr(args, name) for name in flag_fields(command, cls)}
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    # deferred: loads numpy, which importing this module does not
     from clbench.sweep.settings import Resources, SweepArgs
 
     sweep = SweepArgs(**_fields(args, "sweep", SweepArgs))  # first: a sweep without --strategies or --out
@@ -184,12 +191,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     res = Resources(**_fields(args, "sweep", Resources))
     spec = sweep.spec(_fields(args, "sweep"), args.overrides)
     _check_sweep(spec)
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.sweep import run_sweep, write_summary
     from clbench.ui import RichSweepView, print_plan, print_sweep_end
 
     if sweep.dry_run:
         print_plan(run_sweep(spec, sweep.backend, res, sweep.ray_address, dry_run=True))
         return 0
+    # deferred: loads numpy, which importing this module does not
     from clbench.records.results import command_line
 
     command = command_line()
@@ -212,6 +221,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _check_sweep(spec: Any) -> None:
     """Every run of the sweep ``spec`` checked from the catalog and the cards (:func:`clbench.run.precheck.check_run`)
     before torch is imported: a misspelt name, profile or ``--set`` key is refused at once."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.run.precheck import check_run
     from clbench.sweep.plan import make_plan
 
@@ -246,6 +256,7 @@ def _add_export_args(p: argparse.ArgumentParser) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    # deferred: loads numpy, which importing this module does not
     from clbench.records.results import load_record
     from clbench.report.collect import find_run_dirs
     from clbench.report.run_figures import run_figures
@@ -257,6 +268,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"clbench: skipped {s.path}: {s.reason}", file=sys.stderr)
     if not dirs:
         raise ClbenchError(f"no run records under {', '.join(args.runs)}", "give run folders that hold result.json")
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.files.escape import plain
     from clbench.files.safety import folder_name_problem
 
@@ -287,6 +299,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.run.describe import print_catalog, print_method
 
     if args.name is None:
@@ -303,6 +316,7 @@ def _add_list_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.perf.doctor import doctor
 
     doctor(measure=not args.no_measure)
@@ -314,6 +328,7 @@ def _add_doctor_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_weights(args: argparse.Namespace) -> int:
+    # deferred: loads rich, which importing this module does not
     from clbench.weights.info import print_weights
 
     print_weights()
@@ -325,6 +340,7 @@ class _MeasurementList:
     imports the strategies, whose own measurements are listed too), so ``clbench --help`` stays torch-free."""
 
     def __str__(self) -> str:
+        # deferred: each command loads only what it runs (--help answers in about a second)
         from clbench.perf import listing
 
         return listing()
@@ -341,6 +357,7 @@ def _add_perf_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.perf import measurements, run_measurement, write
 
     m = measurements().get(args.which)  # an unknown name: the valid ones and "did you mean"
@@ -352,18 +369,21 @@ def cmd_perf(args: argparse.Namespace) -> int:
 
 
 def _published():
+    # deferred: each command loads only what it runs (--help answers in about a second)
     import clbench.published
 
     return clbench.published
 
 
 def _add_tune_args(p: argparse.ArgumentParser) -> None:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.tune.command import add_args
 
     add_args(p, parse_key_value)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.tune.command import main as tune
 
     return tune(args)
@@ -416,6 +436,7 @@ COMMANDS: dict[
 
 
 def _all_commands() -> dict:
+    # deferred: loads numpy, which importing this module does not
     from clbench.gate.commands import COMMANDS as GATE_COMMANDS
     from clbench.report.commands import COMMANDS as REPORT_COMMANDS
 
@@ -447,6 +468,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        # deferred: each command loads only what it runs (--help answers in about a second)
         from clbench.files.escape import plain
 
         self.exit(2, f"clbench: error: {plain(message)}\n  hint: see `{self.prog} --help`\n")
@@ -455,6 +477,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Every command's parser; ``only``: the flags of that command alone (the others are named, with their help,
     but their flags are not built: ``clbench run`` does not import the gate's modules to describe ``check``)."""
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.core.catalog import DEFAULT_STRATEGY
 
     parser = _Parser(
@@ -472,6 +495,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             add_args(p)
         p.set_defaults(func=func, make_parser=build_parser)  # a command that reads a sweep file parses it
         parser.commands[name] = p
+    # deferred: loads numpy, which importing this module does not
     from clbench.benchmarks.check import add_data_check_args, cmd_data_check
 
     data = sub.add_parser("data", help="data utilities: `clbench data check BENCH --data-root DIR`")
@@ -504,6 +528,7 @@ def cmd_records_upgrade(args: argparse.Namespace) -> int:
     record could not be upgraded."""
     from collections import Counter
 
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.files.escape import plain
     from clbench.records.results import RUN_HINT
     from clbench.records.upgrade import upgrade_folders
@@ -540,6 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # deferred: loads numpy, which importing this module does not
     from clbench.records.results import set_invocation
 
     set_invocation(list(sys.argv[1:] if argv is None else argv))  # the records name the command as typed
@@ -555,6 +581,7 @@ def _refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, u
     """Flags the command does not take: one error line and a pointer to what the user meant (exit 2). A strategy
     setting given as a flag (``--epochs 5``) points to ``--set epochs=5``; a sweep's flag given to ``run``
     (``--seeds 1993,1994``) to ``clbench sweep``; a misspelt flag to the closest one."""
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.files.escape import plain
 
     command = getattr(args, "command", None)
@@ -600,6 +627,7 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     """A Python warning on the terminal, every control character in it made visible
     (:func:`clbench.files.escape.plain`):
     matplotlib and others quote labels and names from records, which may carry escape sequences."""
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.files.escape import plain
 
     print(f"{plain(str(filename))}:{lineno}: {category.__name__}: {plain(str(message))}", file=sys.stderr)

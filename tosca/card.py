@@ -52,6 +52,7 @@ class TOSCAConfig:
         check_range(self, "l1", 0.0, 1e3)  # the sparsity weight (reference 5e-4); inf or 1e308 overflows the loss
         if self.router == DEFAULT_ROUTER and not self.routers:
             return  # the paper's rule alone: nothing to look up in the router registry (which loads torch)
+        # deferred: loads torch, which importing this module does not
         from clbench.methods.routers import ROUTERS, parse_names
 
         parse_names(self.router, "router")
@@ -65,6 +66,7 @@ class TOSCAConfig:
     @property
     def study_routers(self) -> tuple[str, ...]:
         """The routers recorded in diagnostics: the run's own, those asked for, and the oracle bound."""
+        # deferred: loads torch, which importing this module does not
         from clbench.methods.routers import parse_names
 
         return tuple(dict.fromkeys((self.router, *parse_names(self.routers, "routers"), "oracle")))

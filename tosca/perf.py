@@ -51,6 +51,7 @@ def tosca_routing(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Measure TOSCA routing cost against backbone cost (weights do not change timings; random by default)."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.methods.routers import RouteInputs
     from clbench.methods.routers import route as apply_router
 
@@ -130,6 +131,7 @@ ROUTING = Measurement(
 def unit_seconds(d: int, device: torch.device) -> dict[str, float]:
     """Seconds per image of a module step (SGD on a cached feature, batch 48) and of routing per module (T = 10
     modules of 20 classes, 256 images), on ``device`` at width ``d``."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.methods.routers import RouteInputs
     from clbench.methods.routers import route as apply_router
 

@@ -39,6 +39,7 @@ def data_file() -> Path:
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
     """Every array of the file, checked against :data:`CONTENT_SHA256`."""
+    # deferred: loads PIL, which importing this module does not
     from clbench.benchmarks.build_emoji_domains import content_digest
 
     if not path.is_file():

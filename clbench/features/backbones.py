@@ -242,9 +242,11 @@ def load_backbone(
     """Build backbone ``name`` with weights from ``weights`` (:mod:`clbench.weights.resolve`), frozen, on
     ``device`` (None: where it is made). ``lazy`` with ``cache_root`` (the clbench cache): a :class:`LazyBackbone`
     where the facts of these weights are cached, else built now and its facts cached for the next run."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.features.cache import read_private_json, write_private_json
 
     def build() -> FrozenBackbone:
+        # looked up at call time: tests replace it on its module
         from clbench.weights.resolve import load_model
 
         model, spec, source, size = load_model(name, weights, img_size, seed)

@@ -238,6 +238,7 @@ def gate_plan(out: Path) -> list[list[str]]:
     ``ci`` profile of a strategy that has a reference protocol; and the ``ci`` profile in the domain-incremental
     scenario on :data:`DOMAIN_GATE_BENCH` for each strategy whose ``gate_scenarios`` name it. Run folders:
     ``OUT/<strategy>-<profile>`` and ``OUT/<strategy>-domain-ci``."""
+    # deferred: loads torch, which importing this module does not
     from clbench.methods.contract import REFERENCE
 
     runs = []

@@ -65,6 +65,7 @@ def reset_share(
     ``rng_at_build`` / ``rng_before_task``: the global RNG states when the trained strategy was built and when it
     started the first task, so that the twin draws the same initial values (a strategy that trained with lr 0
     gives a share of exactly 0). None where the strategy's config has no epochs field."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.core.rng import capture_rng, restore_rng
 
     cfg = untrained_config(strategy.cfg)

@@ -222,6 +222,7 @@ def listing() -> str:
 def write(result: dict[str, Any], out: str | None, partial: bool = False) -> None:
     """Stamp ``result`` with the code revision, library versions and command line, and write it to ``out`` (a
     ``partial`` one: a long measurement keeping what it has measured so far)."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.records.results import git_revision, library_versions
 
     if partial:

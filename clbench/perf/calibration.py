@@ -33,6 +33,7 @@ def calibrate(repeats: int | None = None) -> dict[str, Any]:
     """Time :data:`CALIBRATION_WORKLOAD` on this machine: a warm-up pass, then the median of ``repeats`` passes."""
     import torch
 
+    # deferred: loads torch, which importing this module does not
     from clbench.features.backbones import load_backbone
     from clbench.run.harness import host_info
 

@@ -44,6 +44,7 @@ def decoded_cache(strategy: str | None = None, epochs: int = 3, log=print) -> di
     import numpy as np
     import torch
 
+    # deferred: loads numpy, torch, which importing this module does not
     from clbench.benchmarks.folder import FileSource
     from clbench.features.decoded import DecodedImages
     from clbench.run.harness import RunConfig, prepare

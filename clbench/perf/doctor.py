@@ -33,6 +33,7 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    # deferred: loads numpy, which importing this module does not
     from clbench.records.results import library_versions
 
     # a file or a pipe (a bug report) gets whole lines: rich would cut table cells at its 80-column default
@@ -42,6 +43,7 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     cpu = CpuInfo.detect()
     con.print(f"[bold]clbench {clbench.__version__}[/] on Python {platform.python_version()}, {platform.platform()}")
     con.print("libraries: " + ", ".join(f"{k} {v}" for k, v in library_versions().items()))
+    # deferred: loads numpy, which importing this module does not
     from clbench.run.trackers import EXTRA, TRACKERS, installed
 
     found = {name: installed(name) for name in TRACKERS}
@@ -68,6 +70,7 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
         precision_table(seconds=seconds, log=lambda m: con.print("  " + m))
     root = cache_dir()
     con.print(f"\ncache: {root} ({_mb(_size(root))}; features {_mb(_size(root / 'features'))})")
+    # deferred: loads numpy, rich, which importing this module does not
     from clbench.benchmarks import BENCHMARKS
     from clbench.weights.info import availability
 

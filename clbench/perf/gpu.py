@@ -191,6 +191,7 @@ def ci_runs(sizes: Sizes) -> list[tuple[str, str, str | None]]:
 
 def _ci_estimate(sizes: Sizes, costs: GpuCosts, precision: str, on_cpu: bool = False) -> float:
     """Seconds of every ci run of ``sizes`` on the micro ViT from each strategy's work on the ci split."""
+    # deferred: loads torch, which importing this module does not
     from clbench.methods.contract import RunShape
 
     # the embedded benchmark's ci split: 36 classes in 3 tasks of 12, ~90 train and ~30 test images a class
@@ -495,6 +496,7 @@ def run_ci(sizes: Sizes, device: str, precision: str, out: Path, log: Callable[[
     run's accuracy matrices, parameter counts and seconds (rewritten after every run)."""
     import torch
 
+    # deferred: loads torch, which importing this module does not
     from clbench.run.harness import RunConfig, run
 
     results: dict[str, Any] = {"device": device, "precision": precision, "runs": {}}
@@ -596,6 +598,7 @@ def compare(out: Path) -> dict[str, Any]:
 def _random_source(n: int, size: int) -> Any:
     import numpy as np
 
+    # deferred: loads numpy, which importing this module does not
     from clbench.benchmarks.base import ArraySource
 
     rng = np.random.default_rng(0)
@@ -607,6 +610,7 @@ def extraction_rates(sizes: Sizes, device: str, log: Callable[[str], None] = pri
     at the same batch (the limit)."""
     import torch
 
+    # deferred: loads torch, torchvision, which importing this module does not; tests replace some
     from clbench.core.precision import throughput
     from clbench.features.backbones import load_backbone
     from clbench.features.cache import extract
@@ -643,6 +647,7 @@ def extraction_rates(sizes: Sizes, device: str, log: Callable[[str], None] = pri
 def train_step_rates(sizes: Sizes, device: str, log: Callable[[str], None] = print) -> Iterator[dict[str, Any]]:
     """:func:`clbench.perf.train_step.step_ratio` of each strategy (default config, random weights) on the first
     task of the embedded benchmark, per backbone and precision."""
+    # deferred: loads torch, which importing this module does not
     from clbench.perf.train_step import step_ratio
     from clbench.run.harness import RunConfig, prepare
 
@@ -689,6 +694,7 @@ def data_pipeline_rates(sizes: Sizes, log: Callable[[str], None] = print) -> Ite
     import torch
     from torch.utils.data import DataLoader
 
+    # deferred: loads numpy, torch, torchvision, which importing this module does not
     from clbench.benchmarks import BENCHMARKS, build_benchmark
     from clbench.features.cache import TransformedImages
     from clbench.features.transforms import TransformSpec
@@ -749,6 +755,7 @@ def run_speed(sizes: Sizes, device: str, out: Path, log: Callable[[str], None] =
 
 
 def run_projection(sizes: Sizes, device: str, out: Path) -> dict[str, Any]:
+    # deferred: loads torch, which importing this module does not
     from clbench.perf.projection import format_projection, measure_costs, projection
 
     name, img = sizes.projection_backbone

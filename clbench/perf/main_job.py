@@ -78,6 +78,7 @@ cli.exit_now(code)  # as the clbench console script ends
 
 def _one_run(argv: list[str], env: dict[str, str], phases_file: Path, out: Path) -> dict[str, Any]:
     """One ``clbench run`` in a fresh process: wall-clock and CPU seconds of the process, its phases, the load."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.records.results import load_record
 
     load_before = os.getloadavg()
@@ -212,6 +213,7 @@ def cached_feature_heads() -> tuple[str, ...]:
     """The registered strategies whose cost model at their defaults is the frozen features alone, every image served
     by the feature cache (:meth:`Work.cached_features <clbench.methods.contract.Work.cached_features>`: nothing trained
     through the ViT, no method-specific unit): the heads fitted on cached features."""
+    # deferred: loads torch, which importing this module does not
     from clbench.core.catalog import STRATEGIES
     from clbench.methods.contract import RunShape, Work
 

@@ -25,6 +25,7 @@ def feature_probe(
     import torch.nn.functional as F
     from sklearn.linear_model import LogisticRegression
 
+    # deferred: loads numpy, which importing this module does not
     from clbench.run.harness import RunConfig, prepare
 
     s = prepare(

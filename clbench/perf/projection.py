@@ -159,6 +159,7 @@ def measure_costs(
 ) -> dict[str, Any]:
     """Seconds per image for a frozen pass and a training pass, and of every unit the registered strategies (or
     ``strategies``) state (:meth:`Strategy.unit_seconds`)."""
+    # looked up at call time: tests replace it on its module
     from clbench.run.harness import resolve_device
 
     dev = resolve_device(device)

@@ -130,6 +130,7 @@ def timed_report(args: list[str]) -> dict[str, Any]:
 
 
 def report_scale(n_synthetic: int = 1000, log=print) -> dict[str, Any]:
+    # deferred: loads numpy, which importing this module does not
     from clbench.records.results import git_revision
 
     if not 1 <= n_synthetic <= RECORDS_MAX:

@@ -27,6 +27,7 @@ DEFAULT_IMG = 112  # the embedded benchmark's input size
 def _load(backbone: str, img_size: int, device: str):
     import torch
 
+    # deferred: loads torch, which importing this module does not
     from clbench.features.backbones import load_backbone
     from clbench.run.harness import resolve_device
 
@@ -44,6 +45,7 @@ def precision_table(
     log=print,
 ) -> dict[str, Any]:
     """img/s for each (precision, threads) on this machine, and where auto's choice lands against the fastest."""
+    # looked up at call time: tests replace it on its module
     from clbench.core.precision import CpuInfo, for_backbone, throughput
 
     bb, dev, torch = _load(backbone, img_size, device)

@@ -51,6 +51,7 @@ def timed_backbone(
     (median of 3 after 1 warm-up) and log the milliseconds per image."""
     import torch
 
+    # deferred: loads torch, which importing this module does not
     from clbench.features.backbones import load_backbone
 
     bb = load_backbone(backbone, weights, img_size)

@@ -277,6 +277,7 @@ def train_step_table(
     """:func:`step_ratio` of every strategy in ``names`` (default configs) at every requested precision, on the
     first task of ``bench``, with the CPU, thread count and machine load the numbers were measured under.
     ``partial(table)`` is called after every measurement (to save what is done on a long run)."""
+    # looked up at call time: tests replace it on its module
     from clbench.run.harness import RunConfig, prepare
 
     for name in names:

@@ -71,6 +71,7 @@ def _number(text: str, where: str) -> float | None:
 def read(text: str, name: str = FILE) -> list[Published]:
     """The rows of a published table's CSV text, each checked: known method, benchmark and backbone, a split, a
     known status, accuracies in [0, 100] (empty exactly for a ``missing`` row)."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.benchmarks import BENCHMARKS
 
     rows = []
@@ -207,6 +208,7 @@ def format_table(rows: list[Published], commands: bool = False) -> str:
 
 def cmd_published(args) -> int:
     """``clbench published [--method M] [--bench B] [--commands]``."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.benchmarks import BENCHMARKS
 
     if args.method:

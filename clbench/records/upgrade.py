@@ -60,6 +60,7 @@ def upgrade_v3(data: Json) -> Json:
     :meth:`~clbench.methods.contract.Strategy.split_kept`, which its live runs use too; a strategy this clbench does not
     register keeps everything as learned (the base rule). ``params.restated_from_schema`` says so, and
     ``params.kept_as_written`` keeps the counts the record was written with."""
+    # deferred: loads torch, which importing this module does not
     from clbench.methods.contract import Strategy
 
     params = dict(data["params"])

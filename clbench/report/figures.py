@@ -1003,6 +1003,7 @@ def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
     and strategy setting."""
     import matplotlib
 
+    # deferred: loads pandas, which importing this module does not
     from clbench.report.routing import BOUND, _seed_groups, router_curves, study_runs
 
     runs = study_runs(coll)

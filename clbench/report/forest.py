@@ -83,6 +83,7 @@ def forest_plot(
     rejects at 5 %, open grey where not. ``family``: the correction, named once in the caption. None without a test."""
     import matplotlib
 
+    # looked up at call time: tests replace it on its module
     from clbench.report.figure_base import RC, _save, provenance
 
     sides = [(best, "best")] + ([(baseline, "baseline")] if baseline is not None and baseline != best else [])
@@ -187,6 +188,7 @@ class _Pair:
 def pairs_of(rows: Sequence[Any], several: bool) -> list[_Pair]:
     """Paired rows (:class:`clbench.report.uncertainty.PairRow`) with a test, as :class:`PairTestLike` tests whose ids
     and labels are the rows' short labels; the adjusted p and verdict are the rows' own (Holm)."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.report.uncertainty import ALPHA
 
     return [
@@ -236,6 +238,7 @@ def tests_from_collection(
     makes them (:func:`clbench.report.uncertainty.paired_rows` against one strategy, Holm over each of the two
     families, per benchmark and protocol); returns (tests, best id, baseline id, labels ranked best first, the
     families' description)."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.report.uncertainty import paired_rows
 
     groups = coll.acc_groups()

@@ -587,6 +587,7 @@ def markdown_tables(coll: Collection) -> str:
 
 def routing_study_sections(coll: Collection) -> list[Section]:
     """Report sections (one table per study run), for :func:`clbench.report.tables.sections`."""
+    # deferred: loads pandas, which importing this module does not
     from clbench.report.routing import study_runs, study_table
 
     return [

@@ -321,6 +321,7 @@ class ClbenchStrategy(SupervisedTemplate):
             )
         source = ExperienceImages(dataset, where)
         self._check_transform(dataset, source, where)
+        # looked up at call time: tests replace it on its module
         from clbench.features.cache import extract
 
         key = feature_key(self.resolved, self.inputs, "avalanche-experience", source.fingerprint())

@@ -191,6 +191,7 @@ def print_catalog(console: Any = None) -> None:
     """``clbench list``: every method (family, what it trains, scenarios, profiles), then benchmarks and backbones."""
     from rich.table import Table
 
+    # deferred: loads numpy, which importing this module does not
     from clbench.benchmarks import BENCHMARKS
 
     console = console or _console()
@@ -227,6 +228,7 @@ def print_method(name: str, console: Any = None) -> None:
     """``clbench list NAME``: one method's card."""
     from rich.table import Table
 
+    # deferred: loads numpy, which importing this module does not
     from clbench.benchmarks import BENCHMARKS
 
     console = console or _console()

@@ -20,6 +20,7 @@ from clbench.files.escape import plain
 def plan(cfg: RunConfig) -> list[tuple[str, str]]:
     """(what, value) rows of the run ``cfg`` describes, after every check that needs no training; raises
     ClbenchError for the first problem, with the message the run would stop with."""
+    # deferred: loads numpy, torch, which importing this module does not
     from clbench.benchmarks import build_benchmark
     from clbench.benchmarks.check import check_before_run
     from clbench.run.harness import resolve
@@ -62,6 +63,7 @@ def plan(cfg: RunConfig) -> list[tuple[str, str]]:
 
 def _weights(backbone: str, weights: str) -> str:
     """Where the weights would come from; a ClbenchError (the run's own hint) where they cannot be had."""
+    # deferred: loads rich, torch, which importing this module does not
     from clbench.weights.info import availability
     from clbench.weights.resolve import _ways
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from clbench import OMP_WAIT_POLICY
-from clbench.benchmarks import BENCHMARKS, build_benchmark
+from clbench.benchmarks import BENCHMARKS
 from clbench.benchmarks.check import check_before_run, check_loaded
 from clbench.benchmarks.folder import with_data_domains
 from clbench.benchmarks.streams import avalanche_benchmark, experience_classes, experience_indices
@@ -310,6 +310,7 @@ def load_inputs(resolved: ResolvedRun, precision: Precision | None = None) -> Fr
     scaled to the input size, the backbone's mean/std where the run normalises, ``precision`` where given (a resumed
     run keeps the one it started with), else the request resolved on the backbone. :func:`prepare` and
     :class:`clbench.run.avalanche_api.ClbenchStrategy` both build their inputs here, so they see the same pixels."""
+    # deferred: loads torchvision, which importing this module does not
     from clbench.features.transforms import TransformSpec
 
     cfg, spec = resolved.config, resolved.spec
@@ -489,6 +490,8 @@ def prepare(
     """Load the benchmark and the frozen inputs of a resolved run (a RunConfig is resolved first), compute (or
     load) the frozen features once, and build the strategy. ``precision``: the one to use instead of resolving the
     request (a resumed run keeps the precision it started with)."""
+    # looked up at call time: `clbench perf main-job` times it by wrapping the module attribute
+    from clbench.benchmarks import build_benchmark
     from clbench.features.cache import FeatureCache, extract
 
     resolved = run if isinstance(run, ResolvedRun) else resolve(run)

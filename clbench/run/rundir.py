@@ -71,12 +71,14 @@ class RunDir:
 
     @property
     def checkpoint_path(self) -> Path:
+        # deferred: loads torch, which importing this module does not
         from clbench.run.checkpoint import CHECKPOINT_FILE
 
         return self.path / CHECKPOINT_FILE
 
     def _check(self, overwrite: bool) -> None:
         remove_own_tmp(self.path)  # left by a process killed mid-write (clbench.files.atomic.atomic_write_bytes)
+        # deferred: loads torch, which importing this module does not
         from clbench.run.checkpoint import LEGACY_FILE, refuse_legacy
 
         result = self.path / RESULT_FILE
@@ -101,6 +103,7 @@ class RunDir:
 
     def resumable(self, fingerprint: Fingerprint, required: bool) -> Checkpoint | None:
         """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
+        # deferred: loads torch, which importing this module does not
         from clbench.run import checkpoint
 
         if not self.checkpoint_path.exists():

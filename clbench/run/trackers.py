@@ -576,6 +576,7 @@ class TrackerHub:
     def __init__(
         self, spec: LogSpec, inner: Any = None, timeout: float | None = None, figures: Figures | None = None
     ) -> None:
+        # deferred: loads torch, which importing this module does not
         from clbench.run.harness import Reporter
 
         self.spec, self.inner, self.figures = spec, inner or Reporter(), figures

@@ -181,6 +181,7 @@ def read_run_record(run_dir: Path) -> RunRecord | None:
 
 def inspect(run: PlannedRun) -> str | None:
     """Set ``run.state`` from its folder; return why the folder cannot be used (other settings), or None."""
+    # deferred: loads torch, which importing this module does not
     from clbench.run.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
 
     if run.path.is_symlink():

@@ -196,6 +196,7 @@ def check_sweep_folder(out: Path) -> None:
     """Refuse ``--out`` before anything is written when it is an existing folder of other files (not new, empty or
     a clbench sweep folder), or when its ``runs/`` or ``report/`` is a link or a file, or its ``report/`` a folder
     of other files: the sweep writes, replaces and deletes files in all of them. Writes nothing."""
+    # deferred: loads pandas, which importing this module does not
     from clbench.report.build import check_report_folder
 
     owned_folder(out, "runs", "--out", create=False)

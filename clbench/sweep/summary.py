@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 def write_summary(out: Path, manifest: SweepManifest, report: bool, tsne: bool, command: str | None) -> list[Path]:
     """``summary.md`` / ``summary.csv`` (mean ± std over seeds) and, with ``report``, ``report/``."""
+    # deferred: loads numpy, pandas, which importing this module does not
     from clbench.files.atomic import atomic_write_bytes
     from clbench.report.build import check_report_folder, write_report
     from clbench.report.collect import collect

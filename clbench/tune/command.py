@@ -77,6 +77,7 @@ def add_args(p: argparse.ArgumentParser, parse_key_value: Callable[[str], tuple[
 
 
 def _base(args: argparse.Namespace) -> Any:
+    # looked up at call time: tests replace it on its module
     from clbench.core.config import RunConfig
 
     given = {
@@ -105,6 +106,7 @@ def _base(args: argparse.Namespace) -> Any:
 def estimate(strategy: str, base: Any) -> str:
     """The per-trial work from the card's cost model (frozen passes, served by the feature cache, and training
     passes through the ViT), on the tuning benchmark's shape; a line saying so where the card has no model."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.benchmarks import BENCHMARKS
 
     c = card(strategy)
@@ -149,6 +151,7 @@ def study_cost(trials: int, where: Any) -> str:
 def main(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # deferred: loads torch, which importing this module does not
     from clbench.tune.study import TuneRequest, run_study
 
     if args.trials < 1:
