@@ -298,6 +298,7 @@ def test_the_run_time_graph_leaves_type_checking_imports_out(tmp_path):
 FOUNDATIONS = {
     "clbench.files": ("clbench.errors",),
     "clbench.evaluation": ("clbench.errors", "clbench.files"),
+    "clbench.core": ("clbench.errors", "clbench.files"),  # registries, catalog, run settings: under every floor
 }
 
 
