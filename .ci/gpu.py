@@ -19,7 +19,7 @@ overrun costs one step and the rest still report:
   from it (:func:`clbench.perf.projection.projection`).
 - ``speed``: feature extraction img/s through :func:`clbench.features.cache.extract` (clbench's loader, eval transform,
   ``num_workers=0`` as a run uses it) against the limit, a bare forward of the same model at the same batch on a
-  resident random batch (:func:`clbench.run.precision.throughput`); :func:`clbench.perf.train_step.step_ratio` of every
+  resident random batch (:func:`clbench.core.precision.throughput`); :func:`clbench.perf.train_step.step_ratio` of every
   strategy that trains through the ViT against a bare forward + backward; both at ViT-B/16 @ 224 (the paper's
   backbone) and ViT-S/14 @ 112 (clbench's default), random weights, fp32 and bf16; the data pipeline's
   decode + augment img/s of the embedded benchmark's training images at 224 px, in the main process (as runs load
@@ -48,12 +48,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clbench.core.catalog import STRATEGIES
+from clbench.files.atomic import atomic_write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # a script's path starts at .ci/: the tree's clbench first, whatever else is installed
     sys.path.insert(0, str(ROOT))
 
+from clbench.core.catalog import DEFAULT_STRATEGY  # noqa: E402
 from clbench.errors import ClbenchError  # noqa: E402  (after the tree is on the path)
-from clbench.run.catalog import DEFAULT_STRATEGY  # noqa: E402
 
 SEED = 1993
 MATRIX_TOL = 2.0  # accuracy points per matrix cell, CUDA fp32 against CPU fp32: float32 kernels differ in summation
@@ -180,8 +183,6 @@ class Step:
 
 def ci_runs(sizes: Sizes) -> list[tuple[str, str, str | None]]:
     """(folder name, strategy, profile) of every ci-profile run of :func:`run_ci`."""
-    from clbench.run.catalog import STRATEGIES
-
     out = []
     for name in (sizes.ci_strategies or tuple(STRATEGIES.names()))[: sizes.ci_limit]:
         profiles = [
@@ -196,9 +197,10 @@ def ci_runs(sizes: Sizes) -> list[tuple[str, str, str | None]]:
 
 def _ci_estimate(sizes: Sizes, costs: GpuCosts, precision: str, on_cpu: bool = False) -> float:
     """Seconds of every ci run of ``sizes`` on the micro ViT from each strategy's work on the ci split."""
+    # deferred: loads torch, which importing this module does not
+    from clbench.core.catalog import STRATEGIES, card
+    from clbench.core.config import make_strategy_config
     from clbench.methods.contract import RunShape
-    from clbench.run.catalog import STRATEGIES, card
-    from clbench.run.config import make_strategy_config
 
     # the embedded benchmark's ci split: 36 classes in 3 tasks of 12, ~90 train and ~30 test images a class
     shape = RunShape.equal(3262, 1090, 3, tokens=197, classes_per_task=(12, 12, 12), train_per_class=8)
@@ -218,8 +220,6 @@ def _ci_estimate(sizes: Sizes, costs: GpuCosts, precision: str, on_cpu: bool = F
 def step_strategies(sizes: Sizes) -> tuple[str, ...]:
     """The strategies whose train step the speed step times: every one that trains through the ViT (or the list
     given), the first ``step_limit`` of them in a dry run."""
-    from clbench.run.catalog import STRATEGIES
-
     names = sizes.step_strategies or tuple(n for n in STRATEGIES.names() if STRATEGIES.get(n).needs_vit)
     return names[: sizes.step_limit]
 
@@ -326,8 +326,6 @@ def format_plan(steps: list[Step], sizes: Sizes) -> str:
 
 # ----------------------------------------------------------------------------------------------- the driver
 def _write_json(path: Path, data: Any) -> None:
-    from clbench.files.atomic import atomic_write_json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, data)
 
@@ -506,7 +504,7 @@ def run_ci(sizes: Sizes, device: str, precision: str, out: Path, log: Callable[[
     run's accuracy matrices, parameter counts and seconds (rewritten after every run)."""
     import torch
 
-    from clbench.run.catalog import STRATEGIES
+    # deferred: loads torch, which importing this module does not
     from clbench.run.harness import RunConfig, run
 
     results: dict[str, Any] = {"device": device, "precision": precision, "runs": {}}
@@ -608,6 +606,7 @@ def compare(out: Path) -> dict[str, Any]:
 def _random_source(n: int, size: int) -> Any:
     import numpy as np
 
+    # deferred: loads numpy, which importing this module does not
     from clbench.benchmarks.base import ArraySource
 
     rng = np.random.default_rng(0)
@@ -619,11 +618,12 @@ def extraction_rates(sizes: Sizes, device: str, log: Callable[[str], None] = pri
     at the same batch (the limit)."""
     import torch
 
+    # deferred: loads torch, torchvision, which importing this module does not; tests replace some
+    from clbench.core.precision import throughput
     from clbench.features.backbones import load_backbone
     from clbench.features.cache import extract
     from clbench.features.transforms import TransformSpec
     from clbench.run.harness import resolve_device
-    from clbench.run.precision import throughput
 
     dev = resolve_device(device)
     for name, img in sizes.speed_backbones:
@@ -655,6 +655,7 @@ def extraction_rates(sizes: Sizes, device: str, log: Callable[[str], None] = pri
 def train_step_rates(sizes: Sizes, device: str, log: Callable[[str], None] = print) -> Iterator[dict[str, Any]]:
     """:func:`clbench.perf.train_step.step_ratio` of each strategy (default config, random weights) on the first
     task of the embedded benchmark, per backbone and precision."""
+    # deferred: loads torch, which importing this module does not
     from clbench.perf.train_step import step_ratio
     from clbench.run.harness import RunConfig, prepare
 
@@ -701,6 +702,7 @@ def data_pipeline_rates(sizes: Sizes, log: Callable[[str], None] = print) -> Ite
     import torch
     from torch.utils.data import DataLoader
 
+    # deferred: loads numpy, torch, torchvision, which importing this module does not
     from clbench.benchmarks import BENCHMARKS, build_benchmark
     from clbench.features.cache import TransformedImages
     from clbench.features.transforms import TransformSpec
@@ -761,12 +763,13 @@ def run_speed(sizes: Sizes, device: str, out: Path, log: Callable[[str], None] =
 
 
 def run_projection(sizes: Sizes, device: str, out: Path) -> dict[str, Any]:
+    # deferred: loads torch, which importing this module does not
     from clbench.perf.projection import format_projection, measure_costs, projection
 
     name, img = sizes.projection_backbone
     names = list(sizes.projection_strategies) if sizes.projection_strategies else None
     if sizes.projection_limit is not None:
-        from clbench.run.catalog import STRATEGIES
+        from clbench.core.catalog import STRATEGIES
 
         names = (names or STRATEGIES.names())[: sizes.projection_limit]
     costs = measure_costs(device=device, backbone=name, img_size=img, batch=sizes.batch, strategies=names)

@@ -70,6 +70,7 @@ import torch
 import torch.nn.functional as F
 
 from baselines.cards.acil import CARD, ACILConfig, extra_counts
+from clbench.core.labels import new_class_count
 from clbench.layers.analytic import (
     AnalyticRidge,
     RecursiveRidge,
@@ -80,7 +81,6 @@ from clbench.layers.analytic import (
 )
 from clbench.layers.checks import check_protocol, check_saved_buffer
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.run.scenario import new_class_count
 
 
 @CARD.strategy

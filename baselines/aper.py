@@ -85,6 +85,7 @@ import torch
 from torch import nn
 
 from baselines.cards.aper import CARD, APERConfig
+from clbench.core.costs import adapter_set_size
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.checks import check_protocol
 from clbench.layers.first_session import (
@@ -98,7 +99,6 @@ from clbench.layers.first_session import (
 from clbench.layers.ssf import SSF, ScaleShift
 from clbench.layers.vpt import VisualPrompts
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import CosineHead, check_vit_blocks, class_means
 
 

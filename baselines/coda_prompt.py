@@ -75,7 +75,7 @@ from torch import nn
 
 from baselines.cards.coda_prompt import CARD, CodaPromptConfig, used_layers
 from clbench.layers.checks import check_protocol
-from clbench.layers.heads import LinearHead, build_head, head_size
+from clbench.layers.heads import LinearHead, build_head, head_inputs, head_size
 from clbench.layers.kan import KACHead
 from clbench.layers.prompts import check_prompt_layers, prefix_block, training_query
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
@@ -281,8 +281,6 @@ class CodaPrompt(Strategy[CodaPromptConfig]):
 
     def adapted_features(self, split: Split) -> torch.Tensor:
         """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
-        from clbench.layers.heads import head_inputs
-
         return head_inputs(self.head, lambda: self.predict(split))
 
     # ---------------------------------------------------------------------------------------- accounting

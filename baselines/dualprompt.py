@@ -86,7 +86,7 @@ from torch import nn
 from baselines.cards.dualprompt import CARD, DualPromptConfig, prompt_layers
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
-from clbench.layers.heads import LinearHead, build_head, head_size
+from clbench.layers.heads import LinearHead, build_head, head_inputs, head_size
 from clbench.layers.kan import KACHead
 from clbench.layers.prompts import (
     check_prompt_layers,
@@ -228,8 +228,6 @@ class DualPrompt(Strategy):
 
     def adapted_features(self, split: Split) -> torch.Tensor:
         """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
-        from clbench.layers.heads import head_inputs
-
         return head_inputs(self.head, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:

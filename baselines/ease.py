@@ -62,10 +62,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.ease import CARD, EASEConfig
+from clbench.core.costs import adapter_set_size
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import (
     CosineHead,
     EpochLog,

@@ -109,7 +109,7 @@ from baselines.cards.hide_prompt import CARD, HiDePromptConfig, Storage, e_layer
 from clbench.errors import ClbenchError
 from clbench.layers.alignment import align_on_samples, gaussian_samples
 from clbench.layers.checks import check_protocol
-from clbench.layers.heads import LinearHead
+from clbench.layers.heads import LinearHead, head_inputs
 from clbench.layers.prompts import check_prompt_layers, eval_batch, orth_loss, pilot_kv_layout, prefix_block
 from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import EpochLog, check_vit_blocks, masked_cross_entropy, optimizer_step, vit_tokens
@@ -492,8 +492,6 @@ class HiDePrompt(Strategy[HiDePromptConfig]):
 
     def adapted_features(self, split: Split) -> torch.Tensor:
         """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
-        from clbench.layers.heads import head_inputs
-
         return head_inputs(self.head, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:

@@ -67,6 +67,7 @@ from torch import nn
 
 from baselines.cards.inflora import CARD, InfLoRAConfig
 from clbench.layers.checks import check_protocol
+from clbench.layers.heads import head_inputs
 from clbench.layers.lora import (
     KVLoRA,
     LinearTaskHeads,
@@ -218,8 +219,6 @@ class InfLoRA(Float64FrozenViT, Strategy[InfLoRAConfig]):
 
     def adapted_features(self, split: Split) -> torch.Tensor:
         """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
-        from clbench.layers.heads import head_inputs
-
         return head_inputs(self.heads, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:

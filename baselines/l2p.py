@@ -69,7 +69,7 @@ from torch import nn
 
 from baselines.cards.l2p import CARD, L2PConfig
 from clbench.layers.checks import check_protocol
-from clbench.layers.heads import LinearHead, build_head, head_size
+from clbench.layers.heads import LinearHead, build_head, head_inputs, head_size
 from clbench.layers.kan import KACHead
 from clbench.layers.prompts import eval_batch, key_similarity, select_prompts, training_query
 from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
@@ -179,8 +179,6 @@ class L2P(Strategy):
 
     def adapted_features(self, split: Split) -> torch.Tensor:
         """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
-        from clbench.layers.heads import head_inputs
-
         return head_inputs(self.head, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: np.ndarray) -> dict[str, Any]:

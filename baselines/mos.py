@@ -81,6 +81,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.mos import CARD, MOSConfig, head_rows_updated
+from clbench.core.costs import adapter_set_size
 from clbench.layers.adapter_sets import AdapterSets
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.alignment import align_on_gaussians
@@ -88,7 +89,6 @@ from clbench.layers.checks import check_protocol
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import orth_loss
 from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import (
     EpochLog,
     class_means,

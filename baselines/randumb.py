@@ -83,6 +83,7 @@ import torch
 
 from baselines.cards.randumb import CARD, RanDumbConfig, extra_counts
 from clbench.errors import ClbenchError
+from clbench.layers.first_session import check_width
 from clbench.layers.lda import (
     F64,
     GROWTH_SHAPES,
@@ -201,8 +202,6 @@ class RanDumb(Strategy[RanDumbConfig]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from clbench.layers.first_session import check_width
-
         check_width("randumb", int(state["dim"]), self.dim)
         if int(state["width"]) != self.width:
             raise ClbenchError(

@@ -83,6 +83,8 @@ import torch
 import torch.nn.functional as F
 
 from baselines.cards.ranpac import CARD, RanPACConfig, param_extra
+from clbench.core.costs import adapter_set_size
+from clbench.core.labels import new_class_count
 from clbench.errors import ClbenchError
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.analytic import available_memory, relu_projection, ridge_solution
@@ -95,9 +97,7 @@ from clbench.layers.first_session import (
     tune_first_session,
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import check_vit_blocks
-from clbench.run.scenario import new_class_count
 
 RIDGE_GRID = tuple(10.0**k for k in range(-8, 9))  # optimise_ridge_parameter: 10.0 ** np.arange(-8, 9)
 FIT_FRACTION = 0.8  # optimise_ridge_parameter: num_val_samples = int(N * 0.8) rows fit, the rest score

@@ -62,6 +62,7 @@ from torch import nn
 from baselines.cards.sd_lora import CARD, SDLoRAConfig
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_protocol
+from clbench.layers.heads import head_inputs
 from clbench.layers.lora import LinearTaskHeads, check_lora_width
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import EpochLog, Float64FrozenViT, frozen_vit, vit_tokens
@@ -277,8 +278,6 @@ class SDLoRA(Float64FrozenViT, Strategy[SDLoRAConfig]):
 
     def adapted_features(self, split: Split) -> torch.Tensor:
         """What the classifier scores, per-sample: the head's input during :meth:`predict`."""
-        from clbench.layers.heads import head_inputs
-
         return head_inputs(self.heads, lambda: self.predict(split))
 
     def diagnostics(self, split: Split, true_task: Any) -> dict[str, Any]:

@@ -76,6 +76,8 @@ from typing import Any
 import torch
 
 from baselines.cards.slda import CARD, SLDAConfig
+from clbench.core.labels import new_class_count
+from clbench.layers.first_session import check_width
 from clbench.layers.lda import (
     F64,
     GROWTH_SHAPES,
@@ -88,7 +90,6 @@ from clbench.layers.lda import (
 )
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
 from clbench.perf import Measurement
-from clbench.run.scenario import new_class_count
 
 
 @CARD.strategy
@@ -135,8 +136,6 @@ class SLDA(Strategy[SLDAConfig]):
         return {} if self.oas_shrinkage is None else {"oas_shrinkage": self.oas_shrinkage}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from clbench.layers.first_session import check_width
-
         check_width("slda", int(state["dim"]), self.dim)
         super().load_state_dict(state)
 

@@ -90,12 +90,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from baselines.cards.tuna import CARD, TUNAConfig, head_rows_updated, old_up_weights_updated
+from clbench.core.costs import adapter_set_size
 from clbench.layers.adapter_sets import AdapterSets
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.alignment import align_on_gaussians
 from clbench.layers.checks import check_protocol
 from clbench.methods.contract import PER_SAMPLE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.costs import adapter_set_size
 from clbench.methods.shared import EpochLog, cosine_lr, vit_forward_tokens, vit_tokens
 
 

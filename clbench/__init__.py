@@ -29,14 +29,14 @@ OMP_WAIT_POLICY: str = (
 # working. Names only: nothing is imported until an old name is.
 MOVED: dict[str, str] = {
     "harness": "run.harness",
-    "config": "run.config",
+    "config": "core.config",
     "configfile": "run.configfile",
     "checkpoint": "run.checkpoint",
     "rundir": "run.rundir",
     "scenario": "run.scenario",
-    "precision": "run.precision",
-    "catalog": "run.catalog",
-    "registry": "run.registry",
+    "precision": "core.precision",
+    "catalog": "core.catalog",
+    "registry": "core.registry",
     "avalanche_api": "run.avalanche_api",
     "trackers": "run.trackers",
     "strategy": "methods.contract",

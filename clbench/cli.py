@@ -27,9 +27,10 @@ def parse_key_value(text: str) -> tuple[str, str]:
 
 
 def _add_setting_args(p: argparse.ArgumentParser, command: str) -> None:
-    """The run settings of ``clbench COMMAND`` (run or sweep), generated from :class:`clbench.run.config.RunConfig`
+    """The run settings of ``clbench COMMAND`` (run or sweep), generated from :class:`clbench.core.config.RunConfig`
     (one declaration per setting: flag, type, default, help), then the options every run takes."""
-    from clbench.run.config import add_run_flags
+    # deferred: each command loads only what it runs (--help answers in about a second)
+    from clbench.core.config import add_run_flags
 
     add_run_flags(p, command)
     p.add_argument(
@@ -88,7 +89,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     """The sweep's own flags, generated from :mod:`clbench.sweep.settings` (one declaration per setting), ``--set``,
     then the run settings every run shares."""
-    from clbench.run.config import argument_group
+    # deferred: each command loads only what it runs (--help answers in about a second)
+    from clbench.core.config import argument_group
     from clbench.sweep.settings import WHAT, add_sweep_flags
 
     add_sweep_flags(p)
@@ -118,30 +120,43 @@ def _add_export_args(p: argparse.ArgumentParser) -> None:
 
 # Each command's body lives in its package, imported when the command runs (``clbench --help`` stays torch-free).
 def cmd_run(args: argparse.Namespace) -> int:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.run.commands import run_command
 
-    return run_command(args)
+    return run_command(args, figures=_run_figures)
+
+
+def _run_figures(record: Any, run_dir: Path, out: Path) -> list[Path]:
+    """The run's figures for the trackers (``--log``), drawn by the report: the driver draws none itself."""
+    # deferred: loads matplotlib, and only where a tracker asks for figures
+    from clbench.report.run_figures import run_figures
+
+    return run_figures(record, run_dir, out)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.sweep.commands import sweep_command
 
     return sweep_command(args)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from clbench.run.commands import export_command
+    # deferred: each command loads only what it runs (--help answers in about a second)
+    from clbench.report.tracker_export import export_command
 
     return export_command(args)
 
 
 def cmd_records_upgrade(args: argparse.Namespace) -> int:
+    # deferred: loads numpy, which importing this module does not
     from clbench.records.upgrade import upgrade_command
 
     return upgrade_command(args)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.run.describe import print_catalog, print_method
 
     if args.name is None:
@@ -158,6 +173,7 @@ def _add_list_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.perf.doctor import doctor
 
     doctor(measure=not args.no_measure)
@@ -169,6 +185,7 @@ def _add_doctor_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_weights(args: argparse.Namespace) -> int:
+    # deferred: loads rich, which importing this module does not
     from clbench.weights.info import print_weights
 
     print_weights()
@@ -180,6 +197,7 @@ class _MeasurementList:
     imports the strategies, whose own measurements are listed too), so ``clbench --help`` stays torch-free."""
 
     def __str__(self) -> str:
+        # deferred: each command loads only what it runs (--help answers in about a second)
         from clbench.perf import listing
 
         return listing()
@@ -196,6 +214,7 @@ def _add_perf_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_perf(args: argparse.Namespace) -> int:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.perf import measurements, run_measurement, write
 
     m = measurements().get(args.which)  # an unknown name: the valid ones and "did you mean"
@@ -207,18 +226,21 @@ def cmd_perf(args: argparse.Namespace) -> int:
 
 
 def _published():
+    # deferred: each command loads only what it runs (--help answers in about a second)
     import clbench.published
 
     return clbench.published
 
 
 def _add_tune_args(p: argparse.ArgumentParser) -> None:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.tune.command import add_args
 
     add_args(p, parse_key_value)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.tune.command import main as tune
 
     return tune(args)
@@ -271,6 +293,7 @@ COMMANDS: dict[
 
 
 def _all_commands() -> dict:
+    # deferred: loads numpy, which importing this module does not
     from clbench.gate.commands import COMMANDS as GATE_COMMANDS
     from clbench.report.commands import COMMANDS as REPORT_COMMANDS
 
@@ -302,6 +325,7 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        # deferred: each command loads only what it runs (--help answers in about a second)
         from clbench.files.escape import plain
 
         self.exit(2, f"clbench: error: {plain(message)}\n  hint: see `{self.prog} --help`\n")
@@ -310,7 +334,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Every command's parser; ``only``: the flags of that command alone (the others are named, with their help,
     but their flags are not built: ``clbench run`` does not import the gate's modules to describe ``check``)."""
-    from clbench.run.catalog import DEFAULT_STRATEGY
+    # deferred: each command loads only what it runs (--help answers in about a second)
+    from clbench.core.catalog import DEFAULT_STRATEGY
 
     parser = _Parser(
         prog="clbench",
@@ -327,6 +352,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             add_args(p)
         p.set_defaults(func=func, make_parser=build_parser)  # a command that reads a sweep file parses it
         parser.commands[name] = p
+    # deferred: loads numpy, which importing this module does not
     from clbench.benchmarks.check import add_data_check_args, cmd_data_check
 
     data = sub.add_parser("data", help="data utilities: `clbench data check BENCH --data-root DIR`")
@@ -367,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.records.command import set_invocation
 
     set_invocation(list(sys.argv[1:] if argv is None else argv))  # the records name the command as typed
@@ -382,6 +409,7 @@ def _refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, u
     """Flags the command does not take: one error line and a pointer to what the user meant (exit 2). A strategy
     setting given as a flag (``--epochs 5``) points to ``--set epochs=5``; a sweep's flag given to ``run``
     (``--seeds 1993,1994``) to ``clbench sweep``; a misspelt flag to the closest one."""
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.files.escape import plain
 
     command = getattr(args, "command", None)
@@ -406,7 +434,7 @@ def _unknown_flag_hint(
         value = after if after and not after.startswith("-") else "VALUE"
     key = flag.lstrip("-").replace("-", "_")
     if command in ("run", "sweep"):
-        from clbench.run.catalog import CARDS, STRATEGIES, card
+        from clbench.core.catalog import CARDS, STRATEGIES, card
 
         strategy = getattr(args, "strategy", None)
         names = [strategy] if strategy in STRATEGIES else CARDS.names()
@@ -427,6 +455,7 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
     """A Python warning on the terminal, every control character in it made visible
     (:func:`clbench.files.escape.plain`):
     matplotlib and others quote labels and names from records, which may carry escape sequences."""
+    # deferred: each command loads only what it runs (--help answers in about a second)
     from clbench.files.escape import plain
 
     print(f"{plain(str(filename))}:{lineno}: {category.__name__}: {plain(str(message))}", file=sys.stderr)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from clbench.files.escape import plain
+
 # Settings whose command-line flag is not ``--`` plus the name with dashes.
 FLAG_SPELLINGS = {"overrides": "--set"}  # RunConfig.overrides: --set KEY=VALUE
 _MARK = "\x1f"  # unit separator: never typed by a user, so a marked name cannot come from a value
@@ -22,7 +24,7 @@ _MARKED = re.compile(_MARK + r"([A-Za-z_][A-Za-z0-9_]*)" + _MARK)
 
 
 def setting(name: str) -> str:
-    """``name`` (a :class:`~clbench.run.config.RunConfig` field or another setting) marked for rendering: its Python
+    """``name`` (a :class:`~clbench.core.config.RunConfig` field or another setting) marked for rendering: its Python
     name in ``str(error)``, its flag on the command line."""
     return f"{_MARK}{name}{_MARK}"
 
@@ -62,8 +64,6 @@ class ClbenchError(Exception):
     def for_terminal(self) -> str:
         """:meth:`render` with flags, every control character in the message and the hint made visible (a file
         name can neither break the line nor send escape sequences): one line, plus the hint's."""
-        from clbench.files.escape import plain
-
         msg = plain(self._named(str(self.args[0]) if self.args else "", True))
         return f"{msg}\n  hint: {plain(self._named(self.hint, True))}" if self.hint else msg
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from clbench.evaluation import metrics
 from clbench.files.escape import rich as esc
 from clbench.records.schema import RunRecord
+from clbench.report.tables import routing_warning, training_warning
 from clbench.run.harness import Reporter, RunStart
 
 if TYPE_CHECKING:
@@ -133,8 +134,6 @@ def run_warnings(record: RunRecord) -> list[str]:
     """What a finished run warns about, for the end of ``clbench run``: the routing warning of its last evaluation
     (one module takes far more than its task's share of the test images) and the under-training warning (the trained
     parts barely moved), each where the record has it."""
-    from clbench.report.tables import routing_warning, training_warning
-
     return [w for w in (routing_warning(record), training_warning(record)) if w]
 
 

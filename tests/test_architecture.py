@@ -192,7 +192,7 @@ def cross_method_imports(graph: dict[str, dict[str, int]], method: dict[str, str
 
 
 def test_no_method_imports_another_method():
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
 
     files = module_files()
     method = method_of(files)
@@ -231,7 +231,7 @@ def test_the_method_import_check_finds_one(tmp_path):
 def test_config_and_checkpoint_import_nothing_from_the_runner():
     graph = import_graph()
     runner = {"clbench.run.harness", "clbench.cli", "clbench.sweep", "clbench.sweep.runner"}
-    assert not runner & set(graph["clbench.run.config"]), graph["clbench.run.config"]
+    assert not runner & set(graph["clbench.core.config"]), graph["clbench.core.config"]
     assert not runner & set(graph["clbench.run.checkpoint"]), graph["clbench.run.checkpoint"]
 
 
@@ -298,6 +298,7 @@ def test_the_run_time_graph_leaves_type_checking_imports_out(tmp_path):
 FOUNDATIONS = {
     "clbench.files": ("clbench.errors",),
     "clbench.evaluation": ("clbench.errors", "clbench.files"),
+    "clbench.core": ("clbench.errors", "clbench.files"),  # registries, catalog, run settings: under every floor
 }
 
 
@@ -408,3 +409,159 @@ def test_the_maintenance_tool_check_finds_an_importer(tmp_path):
     }
     write_tree(tmp_path, source)
     assert tool_importers(import_graph(tmp_path)) == ["clbench.benchmarks.data (line 2) -> clbench.tools.build"]
+
+
+# The floors of the house, bottom to top. A module may import modules of its own floor and of those below it, never
+# one above: at module level, inside a function, or for type checkers. A name covers that module and every module
+# under it, the most specific name decides, and a name ending in ``$`` covers that module alone (a package's
+# ``__init__``). Read from the import graph: the driver (``clbench.run``) sits on the methods, which sit on the
+# method contract and the data, which sit on the foundation (``clbench.core``); the tools and the front door sit on
+# the driver.
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ground", ("clbench$", "clbench.errors", "clbench.files", "clbench.imports")),
+    ("core", ("clbench.core",)),  # what every floor needs: registries, catalog, run settings, precision, RNG
+    (
+        "data",
+        (
+            "clbench.evaluation",
+            "clbench.weights",
+            "clbench.benchmarks",
+            "clbench.features",
+            "clbench.records",
+            "clbench.published",
+        ),
+    ),
+    # where a method declares a measurement of ``clbench perf`` (Measurement, arg, the timers): the tool's plug-in
+    # point, below the methods that declare one; the rest of clbench.perf is a tool
+    ("tool plug-in points", ("clbench.perf$", "clbench.perf.timing")),
+    ("method contract", ("clbench.methods",)),
+    ("layers", ("clbench.layers",)),  # blocks two or more methods share, built on the contract
+    ("methods", ("baselines", "tosca")),
+    ("driver", ("clbench.run",)),
+    # ``clbench records upgrade`` restates old records with each strategy's own rule: a tool that imports methods
+    (
+        "tools",
+        (
+            "clbench.gate",
+            "clbench.perf",
+            "clbench.report",
+            "clbench.sweep",
+            "clbench.tune",
+            "clbench.records.upgrade",
+            "clbench.tools",  # the embedded data's builders (python -m clbench.tools.NAME), imported by nothing else
+        ),
+    ),
+    # the CLI and the command bodies it dispatches to (a command draws with the terminal view, clbench.ui)
+    ("front", ("clbench.cli", "clbench.ui", "clbench.examples", "clbench.run.commands", "clbench.sweep.commands")),
+)
+
+
+def floor_of(module: str, floors: tuple[tuple[str, tuple[str, ...]], ...] = FLOORS) -> int | None:
+    """The index in ``floors`` of ``module``'s floor (the most specific name that covers it); None for none."""
+    best: tuple[int, int] | None = None
+    for i, (_, names) in enumerate(floors):
+        for name in names:
+            alone, name = name.endswith("$"), name.removesuffix("$")
+            if module == name or (not alone and module.startswith(name + ".")):
+                if best is None or len(name) > best[0]:
+                    best = (len(name), i)
+    return None if best is None else best[1]
+
+
+def floor_breaches(
+    graph: dict[str, dict[str, int]], floors: tuple[tuple[str, tuple[str, ...]], ...] = FLOORS
+) -> list[str]:
+    """``"a (floor, line n) -> b (higher floor)"`` for every import from a lower floor to a higher one."""
+    found = []
+    for a, targets in sorted(graph.items()):
+        fa = floor_of(a, floors)
+        for b, line in sorted(targets.items()):
+            fb = floor_of(b, floors)
+            if fa is not None and fb is not None and fb > fa:
+                found.append(f"{a} ({floors[fa][0]}, line {line}) -> {b} ({floors[fb][0]})")
+    return found
+
+
+def function_level_imports(root: Path = ROOT) -> list[str]:
+    """``"module (line n): statement"`` for every import of the packages made inside a function."""
+    found = []
+    for module, path in module_files(root).items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for stmt in node.body:  # nested functions are walked on their own
+                for sub in [stmt, *(s for s in ast.walk(stmt) if s is not stmt)]:
+                    if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                        continue
+                    if isinstance(sub, (ast.Import, ast.ImportFrom)) and _is_internal(sub):
+                        found.append(f"{module} (line {sub.lineno}): {ast.unparse(sub)}")
+    return sorted(set(found))
+
+
+def _is_internal(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return bool(node.level) or (node.module or "").split(".")[0] in PACKAGES
+    return any(alias.name.split(".")[0] in PACKAGES for alias in node.names)
+
+
+def import_counts(root: Path = ROOT) -> dict[str, int]:
+    """The house in numbers: import statements of the packages that name the packages (module- and
+    function-level, type checkers' included), those made inside a function, and imports from a lower floor to a
+    higher one."""
+    total = 0
+    for path in module_files(root).values():
+        total += sum(_is_internal(n) for n, _ in _imports(ast.parse(path.read_text(), filename=str(path)), True))
+    return {
+        "internal imports": total,
+        "function-level imports": len(function_level_imports(root)),
+        "back-arrows": len(floor_breaches(import_graph(root))),
+    }
+
+
+def test_no_module_imports_a_floor_above_its_own():
+    graph = import_graph()
+    unplaced = sorted(m for m in graph if floor_of(m) is None)
+    assert not unplaced, f"modules on no floor (add their package to FLOORS): {unplaced}"
+    found = floor_breaches(graph)
+    counts = ", ".join(f"{k} {v}" for k, v in import_counts().items())
+    assert not found, (
+        "imports from a lower floor to a higher one (move what is imported down, into clbench/core/ or the "
+        "importer's floor, or pass it in from above):\n" + "\n".join(found) + f"\n({counts})"
+    )
+
+
+def test_every_clbench_package_is_declared_on_a_floor():
+    """A new package of clbench/ is placed on purpose, not by falling under a broader name."""
+    declared = {name.removesuffix("$") for _, names in FLOORS for name in names}
+    tops = {".".join(m.split(".")[:2]) for m in module_files() if m.startswith("clbench.")}
+    assert tops <= declared, sorted(tops - declared)
+
+
+def test_the_floor_check_finds_a_breach(tmp_path):
+    source = {
+        "clbench/__init__.py": "",
+        "clbench/core/__init__.py": "",
+        "clbench/core/catalog.py": "def f():\n    from clbench.run import harness\n",  # inside a function
+        "clbench/perf/__init__.py": "from clbench.core import catalog\n",
+        "clbench/perf/gpu.py": "from clbench.run.harness import run\n",  # a tool on the driver: allowed
+        "clbench/run/__init__.py": "",
+        "clbench/run/harness.py": "from clbench.perf import Measurement\nfrom clbench.perf.gpu import g\n",
+        "baselines/__init__.py": "",
+        "baselines/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from clbench.run import harness\n",
+    }
+    write_tree(tmp_path, source)
+    assert floor_breaches(import_graph(tmp_path)) == [
+        "baselines.a (methods, line 3) -> clbench.run.harness (driver)",
+        "clbench.core.catalog (core, line 2) -> clbench.run.harness (driver)",
+        "clbench.run.harness (driver, line 2) -> clbench.perf.gpu (tools)",  # the package's __init__ is not the tool
+    ]
+    assert function_level_imports(tmp_path) == ["clbench.core.catalog (line 2): from clbench.run import harness"]
+
+
+if __name__ == "__main__":  # the house in numbers: python tests/test_architecture.py [--list]
+    for key, value in import_counts().items():
+        print(f"{key}: {value}")
+    if "--list" in sys.argv:
+        print("\n".join(floor_breaches(import_graph())))
+        print("\n".join(function_level_imports()))

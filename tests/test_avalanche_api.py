@@ -220,8 +220,8 @@ def test_every_run_setting_is_a_keyword_with_runconfigs_name_and_default_or_is_r
     import dataclasses
     import inspect
 
+    from clbench.core.config import RunConfig
     from clbench.run.avalanche_api import NOT_APPLICABLE, RENAMED, ClbenchStrategy
-    from clbench.run.config import RunConfig
 
     params = inspect.signature(ClbenchStrategy).parameters
     fields = dataclasses.fields(RunConfig)

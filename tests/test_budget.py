@@ -135,7 +135,7 @@ def test_records_without_step_counts_are_refused_or_left_out(tmp_path):
 
 
 def test_the_quick_profile_point_is_marked(tmp_path):
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
 
     quick = STRATEGIES.get("ease").profiles[QUICK]["epochs"]
 
@@ -162,8 +162,8 @@ def test_the_quick_profile_point_is_marked(tmp_path):
 @pytest.mark.parametrize("name", ["l2p", "ease", "aper"])
 def test_methods_note_their_optimizer_steps_per_task(backbone, name):
     """Each task's steps = epochs x batches; APER trains in the first task only."""
-    from clbench.run.catalog import STRATEGIES
-    from clbench.run.config import make_strategy_config
+    from clbench.core.catalog import STRATEGIES
+    from clbench.core.config import make_strategy_config
 
     cls = STRATEGIES.get(name)
     cfg = make_strategy_config(cls, None, (("epochs", "1"), ("batch_size", "8")))

@@ -1,4 +1,4 @@
-"""Method cards (clbench.run.catalog.MethodCard): every built-in method's name, settings class and profiles live in
+"""Method cards (clbench.core.catalog.MethodCard): every built-in method's name, settings class and profiles live in
 a torch-free module whose card decorates its strategy class, so that reading records, reports and study files loads
 no method and no torch (a plug-in's card is read from its class: tests/test_plugin_strategy.py runs one through
 `report`)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clbench.run.catalog import CARDS, STRATEGIES, card
+from clbench.core.catalog import CARDS, STRATEGIES, card
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "records"
@@ -54,8 +54,8 @@ TOOL_DATA = (
 
 
 def test_tool_data_is_on_the_card_not_on_the_method_contract():
+    from clbench.core.catalog import MethodCard
     from clbench.methods.contract import Strategy
-    from clbench.run.catalog import MethodCard
 
     fields = set(MethodCard.__dataclass_fields__)
     assert all(name in fields for name in TOOL_DATA), set(TOOL_DATA) - fields
@@ -80,8 +80,8 @@ LOADED = (  # what must not be imported: torch, a method's learning code (its ca
 def test_every_card_and_every_profile_builds_without_torch():
     _fresh(
         "import sys\n"
-        "from clbench.run.catalog import STRATEGIES, card\n"
-        "from clbench.run.config import make_strategy_config\n"
+        "from clbench.core.catalog import STRATEGIES, card\n"
+        "from clbench.core.config import make_strategy_config\n"
         "for name in STRATEGIES.names():\n"
         "    c = card(name)\n"
         "    for profile in (None, *c.profiles):\n"
@@ -94,8 +94,8 @@ def test_every_parameter_formula_and_cost_model_is_read_without_torch():
     tasks of ten classes, each method's default settings."""
     _fresh(
         "import sys\n"
-        "from clbench.run.catalog import STRATEGIES, card\n"
-        "from clbench.methods.costs import ParamCounts, RunShape, Work\n"
+        "from clbench.core.catalog import STRATEGIES, card\n"
+        "from clbench.core.costs import ParamCounts, RunShape, Work\n"
         "shape = RunShape.equal(50_000, 10_000, 10)\n"
         "for name in STRATEGIES.names():\n"
         "    c = card(name)\n"

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from clbench.core.config import Fingerprint, RunConfig
+from clbench.core.rng import capture_rng, restore_rng
 from clbench.errors import ClbenchError
 from clbench.files.safestate import SavedState
 from clbench.records.schema import TaskEntry, Times
 from clbench.run import checkpoint as ck
-from clbench.run.config import Fingerprint, RunConfig
 
 DATA = ck.DataIdentity(train="a" * 8, test="b" * 8, class_order=[2, 0, 1], task_sizes=[2, 1])
 
@@ -34,7 +35,7 @@ def _checkpoint(**changes) -> ck.Checkpoint:
         data=DATA,
         tasks_done=1,
         strategy=SavedState({"protos": {"tensor": "strategy.0"}}, {"strategy.0": torch.arange(6.0).reshape(2, 3)}),
-        rng=ck.capture_rng(),
+        rng=capture_rng(),
         logs={
             "per-sample": ck.ProtocolLogState(
                 accuracy_matrix=[[50.0]],
@@ -128,10 +129,10 @@ def _document(path) -> dict:
 
 
 def test_a_restored_rng_draws_what_the_captured_one_would_have():
-    state = ck.capture_rng()
+    state = capture_rng()
     expected = (torch.rand(3), np.random.rand(3), random.random())
     torch.rand(5), np.random.rand(5), random.random()  # the run goes on drawing
-    ck.restore_rng(state)
+    restore_rng(state)
     assert torch.equal(torch.rand(3), expected[0])
     assert np.array_equal(np.random.rand(3), expected[1]) and random.random() == expected[2]
 
@@ -140,7 +141,7 @@ def test_the_rng_survives_the_file(tmp_path):
     path = tmp_path / ck.CHECKPOINT_FILE
     ck.save(path, _checkpoint())
     expected = torch.rand(4)
-    ck.restore_rng(ck.load(path).rng)
+    restore_rng(ck.load(path).rng)
     assert torch.equal(torch.rand(4), expected)
 
 

@@ -23,7 +23,7 @@ def test_help_imports_nothing_heavy():
     """`clbench --help` and the catalog stay light: neither torch, timm nor Avalanche is imported (how fast that is
     on a given machine is a benchmark's business, not a test's)."""
     code = (
-        "import sys; from clbench.cli import build_parser; build_parser(); import clbench.run.catalog;"
+        "import sys; from clbench.cli import build_parser; build_parser(); import clbench.core.catalog;"
         "print(sorted(m for m in ('torch', 'avalanche', 'timm') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

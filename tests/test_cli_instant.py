@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from clbench.cli import main
+from clbench.core.catalog import CARDS, COMMON_PROFILES, FAMILIES, STRATEGIES, card
 from clbench.perf.instant_errors import WRONG_COMMANDS, run_wrong
-from clbench.run.catalog import CARDS, COMMON_PROFILES, FAMILIES, STRATEGIES, card
 
 
 @pytest.mark.parametrize("what,argv,needle", WRONG_COMMANDS, ids=[w for w, _, _ in WRONG_COMMANDS])
@@ -98,7 +98,7 @@ def test_list_of_an_unknown_name_suggests_the_closest(capsys):
 
 
 def test_the_quick_profile_of_every_method_is_a_valid_config():
-    from clbench.run.config import make_strategy_config
+    from clbench.core.config import make_strategy_config
 
     for name in STRATEGIES.names():
         c = card(name)

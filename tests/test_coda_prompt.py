@@ -20,8 +20,8 @@ from baselines.coda_prompt import (
     gram_schmidt,
     ortho_penalty,
 )
+from clbench.core.config import make_strategy_config
 from clbench.methods.contract import PER_SAMPLE, Context, RunShape, Split
-from clbench.run.config import make_strategy_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 

@@ -1,4 +1,4 @@
-"""clbench.run.config: every run setting declared once (default, check, flag, help), validated the same from Python and
+"""clbench.core.config: every run setting declared once (default, check, flag, help), validated the same from Python and
 the command line."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from clbench.cli import build_parser, main
+from clbench.core import config
 from clbench.errors import ClbenchError, setting
-from clbench.run import config
 
 # `clbench run` and `clbench sweep` flags before the parser was generated from RunConfig (flag, dest), in order.
 RUN_FLAGS_BEFORE = {
@@ -132,8 +132,8 @@ def test_a_field_without_metadata_still_gets_a_flag():
 
 
 def test_python_api_validates_as_the_cli(tmp_path):
+    from clbench.core.config import RunConfig
     from clbench.errors import ClbenchError
-    from clbench.run.config import RunConfig
     from clbench.run.harness import RunConfig as FromHarness
 
     assert FromHarness is RunConfig

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clbench.cli import main
-from clbench.run.config import Fingerprint
+from clbench.core.config import Fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = ["--backbone", "vit_micro", "--weights", "random"]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from clbench.core.catalog import STRATEGIES, card
 from clbench.features.backbones import state_digest
-from clbench.run.catalog import STRATEGIES, card
 from clbench.run.harness import RunConfig, run
 
 FAST = {"epochs": "1", "M": "512"}  # keeps training strategies (and RanPAC's M x M solves) to seconds on the micro ViT

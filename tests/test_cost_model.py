@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from clbench.core.catalog import STRATEGIES, card
+from clbench.core.config import make_strategy_config
 from clbench.methods.contract import RunShape
-from clbench.run.catalog import STRATEGIES, card
-from clbench.run.config import make_strategy_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = {"epochs": "1", "M": "512"}  # RanPAC's M: no 10,000 x 10,000 solves on the micro ViT

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from tinytasks import ctx_for, micro_harness_run
 
 from baselines.ease import EASE, AdapterSet, EASEConfig, subspace_weights, synthesize_prototypes
+from clbench.core.costs import adapter_set_size
 from clbench.features.backbones import state_digest
 from clbench.methods.contract import PER_SAMPLE
-from clbench.methods.costs import adapter_set_size
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone`, `tasks`, `test_split` too
 

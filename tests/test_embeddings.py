@@ -9,10 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from clbench.core.catalog import card
 from clbench.features import embeddings
 from clbench.report.collect import collect
 from clbench.report.figures.tsne_maps import _tsne_panels, load_features, tsne
-from clbench.run.catalog import card
 from clbench.run.harness import RunConfig, run
 
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random", init_cls=18, increment=9, train_per_class=8)

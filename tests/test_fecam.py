@@ -18,10 +18,10 @@ import torch.nn.functional as F
 
 import baselines.fecam as fecam_mod
 from baselines.fecam import FeCAM, FeCAMConfig
+from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError
 from clbench.methods.contract import Context, Split, Task
 from clbench.run import harness
-from clbench.run.config import RunConfig
 
 D = 64  # vit_micro's width
 

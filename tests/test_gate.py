@@ -77,7 +77,7 @@ def shift_task(protocol: str, task: int, points: float):
 
 # ------------------------------------------------------------------------------------------- the shipped gate
 def test_the_reference_pins_every_registered_ci_profile_and_protocol():
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
 
     pinned = {(e["strategy"], e["profile"], e["protocol"]) for e in ENTRIES}
     for name in STRATEGIES.names():

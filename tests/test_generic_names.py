@@ -1,5 +1,5 @@
 """Generic code never names a method: no identifier or string literal under ``clbench/`` equals a registered strategy
-name, except in ``clbench/run/catalog.py`` (the registry lines, DEFAULT_STRATEGY). Comments and docstrings may mention
+name, except in ``clbench/core/catalog.py`` (the registry lines, DEFAULT_STRATEGY). Comments and docstrings may mention
 methods; a method's name inside a longer string (``--set tosca.epochs=5``) is a help example, not a dispatch."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import io
 import tokenize
 from pathlib import Path
 
-from clbench.run.catalog import STRATEGIES
+from clbench.core.catalog import STRATEGIES
 
 PACKAGE = Path(__file__).resolve().parents[1] / "clbench"
-ALLOWED = {PACKAGE / "run" / "catalog.py"}
+ALLOWED = {PACKAGE / "core" / "catalog.py"}
 
 
 def named_strategies(source: str, names: set[str]) -> list[tuple[int, str]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clbench.run.catalog import STRATEGIES
+from clbench.core.catalog import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from clbench.core.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError
 from clbench.run import harness
-from clbench.run.config import Fingerprint, RunConfig
 
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random", init_cls=18, increment=9)
 

@@ -26,8 +26,8 @@ from cli_checks import assert_outcome, run_cli
 from datatrees import make_tree, png_bytes
 
 from clbench.cli import main
+from clbench.core.precision import PROBE_FILE
 from clbench.files.safety import TMP_PREFIX
-from clbench.run.precision import PROBE_FILE
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random"]
 RAY_TIMEOUT = 3.0
@@ -1020,8 +1020,8 @@ def test_precision_probe_lock_refuses_a_link(tmp_path, monkeypatch):
     """``machine/precision-probe.lock`` in the cache: a planted link is refused before anything is measured."""
     from types import SimpleNamespace
 
+    from clbench.core import precision
     from clbench.errors import ClbenchError
-    from clbench.run import precision
 
     target = victim(tmp_path)
     (tmp_path / "machine").mkdir()

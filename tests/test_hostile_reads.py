@@ -334,7 +334,7 @@ def _small(step):
 
 def test_every_strategys_state_after_a_task_passes_the_restore_checks(micro_session_factory):
     """No false refusal: what every registered strategy saves after a task is finite and agrees with its settings."""
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
 
     for name in STRATEGIES.names():
         fields = {f.name for f in dataclasses.fields(STRATEGIES.get(name).Config)}

@@ -11,13 +11,13 @@ import torch.nn.functional as F
 
 from baselines.aper import APER
 from baselines.mos import MOS
+from clbench.core.catalog import STRATEGIES
+from clbench.core.costs import adapter_set_size
 from clbench.files.safestate import MOVED_TYPES, SavedState, decode, encode, unknown_classes
 from clbench.layers.adapters import Adapter, AdapterSet
 from clbench.layers.first_session import AdaptedFeatures
 from clbench.layers.heads import LinearHead
 from clbench.layers.prompts import key_similarity
-from clbench.methods.costs import adapter_set_size
-from clbench.run.catalog import STRATEGIES
 
 
 class _AdapterCfg:

@@ -36,10 +36,10 @@ def test_an_old_name_imports_the_same_module_with_a_warning():
         "    from clbench.strategy import Strategy\n"
         "    import clbench.registry\n"
         "assert Strategy is new.Strategy and sys.modules['clbench.strategy'] is new\n"
-        "assert clbench.registry is sys.modules['clbench.run.registry']\n"
+        "assert clbench.registry is sys.modules['clbench.core.registry']\n"
         "texts = [str(w.message) for w in seen if w.category is DeprecationWarning]\n"
         "assert 'clbench.strategy moved to clbench.methods.contract; import it from there' in texts, texts\n"
-        "assert any('clbench.registry moved to clbench.run.registry' in t for t in texts), texts\n"
+        "assert any('clbench.registry moved to clbench.core.registry' in t for t in texts), texts\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

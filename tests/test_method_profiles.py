@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from clbench.cli import main
+from clbench.core.catalog import STRATEGIES
 from clbench.errors import ClbenchError
-from clbench.run.catalog import STRATEGIES
 from clbench.run.harness import RunConfig, make_strategy_config, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py: as in each method's own file

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from mutations import ENV, MUTATIONS, SELECTIONS
 
-from clbench.run.catalog import STRATEGIES
+from clbench.core.catalog import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Settings that lower a safety barrier (:mod:`clbench.run.optins`) come from the command line only: a settings
+"""Settings that lower a safety barrier (:mod:`clbench.core.optins`) come from the command line only: a settings
 file for ``run``, ``sweep`` (and its groups) and ``report --study`` that holds one is refused, naming the key and
 why, before anything is read or run; a resumed run does not take one from its checkpoint."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from clbench.cli import build_parser, main
+from clbench.core.optins import COMMAND_LINE_ONLY, file_key_problem
 from clbench.errors import ClbenchError
-from clbench.run.optins import COMMAND_LINE_ONLY, file_key_problem
 
 MICRO = ["--backbone", "vit_micro", "--weights", "random"]
 
@@ -98,7 +98,7 @@ def test_a_study_file_with_an_opt_in_is_refused(tmp_path):
 
 
 def test_a_resumed_run_takes_no_opt_in_from_its_checkpoint(tmp_path):
-    from clbench.run.config import Fingerprint, RunConfig, resume_config
+    from clbench.core.config import Fingerprint, RunConfig, resume_config
 
     started = RunConfig(strategy="simplecil", bench="emoji", out=str(tmp_path), ignore_data_problems=True)
     saved = {k: v for k, v in vars(started).items() if k != "overrides"}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from clbench.core.catalog import STRATEGIES
 from clbench.records.results import load_record
-from clbench.run.catalog import STRATEGIES
 
 REPO = Path(__file__).resolve().parent.parent
 WIDTH_DEPTH = {"vit_small_patch14_dinov2": (384, 12)}  # the backbone of the committed records
@@ -76,7 +76,7 @@ def test_the_split_puts_each_kind_where_it_belongs():
 
 
 def formula_for_default(name, sizes):
-    from clbench.run.config import make_strategy_config
+    from clbench.core.config import make_strategy_config
 
     cls = STRATEGIES.get(name)
     return cls.param_formula(make_strategy_config(cls, None, ()), 768, 12, sizes)

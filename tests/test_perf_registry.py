@@ -10,9 +10,9 @@ import pytest
 
 import clbench.perf as perf
 from clbench.cli import main
+from clbench.core.catalog import MethodCard
+from clbench.core.registry import Registry
 from clbench.perf import Measurement, arg, from_strategy, load
-from clbench.run.catalog import MethodCard
-from clbench.run.registry import Registry
 
 GENERIC = {
     "calibrate",

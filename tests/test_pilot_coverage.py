@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clbench.run.catalog import STRATEGIES, card
+from clbench.core.catalog import STRATEGIES, card
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pilot_models.txt"
 

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+from clbench.core import catalog
+from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError
 from clbench.methods.contract import PER_SAMPLE, ParamCounts, Split, Strategy, Task
 from clbench.methods.shared import CosineHead, class_means
-from clbench.run import catalog, harness
-from clbench.run.config import RunConfig
+from clbench.run import harness
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "plugfaulty"

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import torch
 
+from clbench.core.catalog import MethodCard
 from clbench.methods.contract import PER_SAMPLE, ParamCounts, RunShape, Split, Strategy, Task, Work
 from clbench.methods.shared import CosineHead, class_means
-from clbench.run.catalog import MethodCard
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "plugnn"
@@ -221,7 +221,7 @@ def test_without_the_variable_the_strategy_is_unknown_and_bad_entries_are_one_li
 
 def test_the_plugin_passes_the_shared_cost_and_parameter_checks(micro_session_factory, monkeypatch):
     """Registered in this process too, it meets the same param_formula check as the shipped methods."""
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
 
     monkeypatch.setitem(STRATEGIES._items, NAME, PlugNearest)
     s = micro_session_factory(NAME, init_cls=18, increment=9)
@@ -239,8 +239,8 @@ def test_the_plugin_passes_the_shared_cost_and_parameter_checks(micro_session_fa
 def test_the_tools_read_the_plugins_card(monkeypatch):
     """What a tool reads of a method is data on its card: the plug-in's projection rows come from its card, which
     its decorated class gives (no card module registered)."""
+    from clbench.core.catalog import STRATEGIES, card
     from clbench.perf.projection import projection_rows
-    from clbench.run.catalog import STRATEGIES, card
 
     monkeypatch.setitem(STRATEGIES._items, NAME, PlugNearest)
     assert card(NAME) is CARD and PlugNearest.name == NAME and PlugNearest.profiles is CARD.profiles
@@ -248,8 +248,8 @@ def test_the_tools_read_the_plugins_card(monkeypatch):
 
 
 def test_a_plugin_registered_under_another_name_than_its_cards_is_refused(monkeypatch):
+    from clbench.core.catalog import STRATEGIES, card
     from clbench.errors import ClbenchError
-    from clbench.run.catalog import STRATEGIES, card
 
     monkeypatch.setitem(STRATEGIES._items, "othername", PlugNearest)
     with pytest.raises(ClbenchError, match=f"registered from a class whose card names it '{NAME}'"):

@@ -1,4 +1,5 @@
-"""The precision policy (clbench.run.precision): chosen from what the hardware reports, injected here, never assumed."""
+"""The precision policy (clbench.core.precision): chosen from what the hardware reports, injected here, never
+assumed."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 import torch
 from datatrees import make_tree
 
+from clbench.core.precision import CpuInfo, choose
 from clbench.errors import ClbenchError
-from clbench.run.precision import CpuInfo, choose
 
 AVX2 = CpuInfo("AVX2", amx=False, avx512_bf16=False, model="AMD EPYC (AVX2 only)")
 AVX512 = CpuInfo("AVX512", amx=False, avx512_bf16=False, model="Skylake-SP")
@@ -81,7 +82,7 @@ def test_auto_on_cuda(cuda, expected):
 
 
 def test_autocast_context_matches_the_precision():
-    from clbench.run.precision import autocast
+    from clbench.core.precision import autocast
 
     x = torch.randn(4, 8)
     w = torch.randn(8, 3)
@@ -92,7 +93,7 @@ def test_autocast_context_matches_the_precision():
 
 
 def test_probe_is_cached_per_machine_and_backbone(tmp_path, monkeypatch):
-    from clbench.run import precision
+    from clbench.core import precision
 
     calls = []
 

@@ -17,7 +17,7 @@ HEADER = "method,benchmark,init_cls,increment,backbone,average,final,paper,table
 
 
 def test_every_carried_method_has_a_row_with_a_source():
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
 
     rows = load()
     assert {r.method for r in rows} == set(STRATEGIES.names())

@@ -21,7 +21,7 @@ import pytest
 
 import clbench
 from clbench.cli import main
-from clbench.run.config import CI_INPUT
+from clbench.core.config import CI_INPUT
 from clbench.run.harness import RunConfig, run
 
 pytestmark = pytest.mark.slow

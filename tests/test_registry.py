@@ -1,8 +1,9 @@
 import pytest
 
+from clbench.benchmarks import BENCHMARKS
+from clbench.core.catalog import BACKBONES, STRATEGIES
+from clbench.core.registry import Registry
 from clbench.errors import ClbenchError
-from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES
-from clbench.run.registry import Registry
 
 
 def test_unknown_name_lists_valid_and_suggests():
@@ -36,8 +37,8 @@ def test_catalog_contents():
 
 def test_every_ci_profile_runs_the_one_declared_ci_shape():
     """The gate's runs share one feature cache and one split: a ci profile takes its run shape from
-    clbench.run.config (CI_INPUT, or CI_SHAPE for the methods run on 3 tasks), never its own copy."""
-    from clbench.run.config import CI_INPUT, CI_SHAPE, RUN_LEVEL_PROFILE_KEYS
+    clbench.core.config (CI_INPUT, or CI_SHAPE for the methods run on 3 tasks), never its own copy."""
+    from clbench.core.config import CI_INPUT, CI_SHAPE, RUN_LEVEL_PROFILE_KEYS
 
     seen = 0
     for name in STRATEGIES.names():

@@ -408,7 +408,7 @@ def _through_a_file(saved: SavedState) -> SavedState:
 def test_state_dict_round_trip_for_every_strategy(micro_session_factory):
     """A strategy restored from its saved state (JSON and safetensors, no pickle) after task 1 learns task 2 and
     predicts exactly as the original."""
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
 
     def small(step):  # 4 training images per class, 60 test images: seconds for the methods that train on images
         y = step.task.train.labels.numpy()

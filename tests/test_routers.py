@@ -227,7 +227,7 @@ def test_strategy_routing_is_per_sample_for_every_router(micro_session_factory):
 
 
 def test_unknown_router_lists_the_valid_ones():
-    from clbench.run.config import make_strategy_config
+    from clbench.core.config import make_strategy_config
     from tosca.strategy import TOSCA
 
     with pytest.raises(ClbenchError) as e:
@@ -241,7 +241,7 @@ def test_unknown_router_lists_the_valid_ones():
 
 
 def test_a_checkpoint_without_routing_statistics_refuses_rules_that_need_them(micro_session_factory):
-    from clbench.run.config import make_strategy_config
+    from clbench.core.config import make_strategy_config
     from tosca.strategy import TOSCA
 
     s, step = _trained(micro_session_factory, (), disturb=False)

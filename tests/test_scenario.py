@@ -14,12 +14,14 @@ import pytest
 import torch
 from tinytasks import features_context, gaussian_split, make_split
 
+from clbench.benchmarks import BENCHMARKS
+from clbench.core.catalog import STRATEGIES
+from clbench.core.config import Fingerprint, RunConfig
+from clbench.core.labels import new_class_count
 from clbench.errors import ClbenchError, setting
 from clbench.evaluation import metrics
 from clbench.methods.contract import Context, Split, Task
-from clbench.run.catalog import BENCHMARKS, STRATEGIES
-from clbench.run.config import Fingerprint, RunConfig
-from clbench.run.scenario import _from_source, declared_scenarios, new_class_count, supporting
+from clbench.run.scenario import _from_source, declared_scenarios, supporting
 
 DOMAIN_STRATEGIES = ["acil", "dualprompt", "l2p", "ranpac", "simplecil", "slda", "tosca"]
 CLASS_ONLY = ["aper", "dsal", "ease", "fecam", "mos", "randumb"]  # see each class's ``scenarios`` comment
@@ -151,7 +153,7 @@ def test_simplecil_prototypes_are_means_over_every_domain():
 def test_closed_form_heads_after_two_domains_equal_one_task_of_both(name, backbone):
     """ACIL's recursive least squares and RanPAC's accumulated G/Q are exact over any new images, and SLDA's
     class means are streaming means: after two domains the head is the one a single task of both domains gives."""
-    from clbench.run.catalog import STRATEGIES as S
+    from clbench.core.catalog import STRATEGIES as S
 
     cls = S.get(name)
     cfg = {

@@ -16,10 +16,10 @@ from tinytasks import make_split
 
 import clbench.methods.shared as blocks_mod
 from baselines.slca import SLCA, SLCAConfig
+from clbench.core.costs import plain_vit_params
 from clbench.features.backbones import state_digest
 from clbench.layers.slow_learner import alignment_tasks, normalised_logits, shrink_factors
 from clbench.methods.contract import Context, Split, Task
-from clbench.methods.costs import plain_vit_params
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/tinytasks.py; `backbone` is from there too
 

@@ -289,11 +289,11 @@ def test_the_data_check_of_array_images_is_recorded_under_their_content_and_stil
 
     import numpy as np
 
+    from clbench.benchmarks import BENCHMARKS
     from clbench.benchmarks.base import Benchmark, NpzArraySource
     from clbench.benchmarks.check import check_loaded
     from clbench.benchmarks.emoji import load
     from clbench.errors import ClbenchError
-    from clbench.run.catalog import BENCHMARKS
 
     spec = dataclasses.replace(BENCHMARKS.get("emoji"), n_classes=None)
 

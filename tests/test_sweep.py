@@ -282,8 +282,8 @@ def test_every_sweep_flag_comes_from_one_declaration():
     import inspect
 
     from clbench import cli
+    from clbench.core import config
     from clbench.errors import ClbenchError
-    from clbench.run import config
     from clbench.sweep.settings import Resources, SweepArgs
 
     sub = cli.build_parser("sweep").commands["sweep"]

@@ -158,7 +158,7 @@ def test_the_ease_comparison_uses_eases_own_adapter_size():
     """TOSCA's record compares one EASE adapter set with its module (``extra.ease_adapter_set``); the bottleneck it
     uses is EASE's default, and the size is the shared adapter formula's."""
     from baselines.ease import EASEConfig
-    from clbench.methods.costs import adapter_set_size
+    from clbench.core.costs import adapter_set_size
     from tosca.strategy import EASE_BOTTLENECK
 
     assert EASE_BOTTLENECK == EASEConfig().bottleneck

@@ -321,7 +321,7 @@ def test_config_refuses_bad_values():
 
 
 def test_every_profile_is_a_valid_config_and_the_default_is_the_reference():
-    from clbench.run.config import make_strategy_config
+    from clbench.core.config import make_strategy_config
 
     for profile in PROFILES:
         cfg = make_strategy_config(TUNA, profile, ())

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from clbench.benchmarks.base import ImageSource
+from clbench.core.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError
-from clbench.run.config import Fingerprint, RunConfig
 from clbench.run.validation import SealedSource, held_out, hold_out, split_seed
 
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random", precision="fp32")

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
+from clbench.core.config import RunConfig
 from clbench.records.results import load_record
-from clbench.run.config import RunConfig
 
 MICRO = dict(bench="emoji", backbone="vit_micro", weights="random", precision="fp32")
 TUNE_ARGV = ["--backbone", "vit_micro", "--weights", "random", "--precision", "fp32"]

@@ -125,7 +125,7 @@ def test_reading_every_committed_record_imports_neither_torch_nor_a_method():
         "paths = sorted(Path('reports').rglob('result.json'))\n"
         "records = [load_record(p) if read_record(p).complete else read_record(p) for p in paths]\n"
         "assert len(records) > 150, len(records)\n"
-        "heavy = ('baselines', 'tosca', 'clbench.run.catalog')\n"
+        "heavy = ('baselines', 'tosca', 'clbench.core.catalog')\n"
         "loaded = [m for m in sys.modules if m == 'torch' or m.startswith(heavy)]\n"
         "assert not loaded, loaded\n"
     )

@@ -33,7 +33,7 @@ def domain_tree(tmp_path) -> Path:
 
 # ----------------------------------------------------------------------------------------------- missing weights
 def test_the_missing_weights_hint_names_the_offline_backbone():
-    from clbench.run.catalog import BACKBONES
+    from clbench.core.catalog import BACKBONES
     from clbench.weights.resolve import _ways
 
     hub = _ways(BACKBONES.get("vit_base_patch16_224.augreg_in21k"))
@@ -147,7 +147,7 @@ def test_a_dry_run_checks_everything_and_writes_nothing(tree, tmp_path, capsys, 
 def doc_commands() -> list[tuple[str, str]]:
     """(document, command) for every ``clbench run`` and ``clbench data check`` command the documents print whole
     (placeholders other than DIR, or a literature data set a user downloads, excepted)."""
-    from clbench.run.catalog import BENCHMARKS
+    from clbench.benchmarks import BENCHMARKS
 
     found = []
     for doc in DOCS:

@@ -134,7 +134,7 @@ def micro_harness_run(tmp_path, method: str, protocol: str) -> RunRecord:
 def check_param_formula_after_a_real_run(tmp_path, strategy: str, overrides: tuple[tuple[str, str], ...]) -> None:
     """``strategy``'s ``param_formula`` (its config alone) equals the parameters a real run on the micro ViT counts
     (d = 64, 4 blocks; the emoji benchmark in tasks of 12, 6, 6, 6, 6 classes; one epoch plus ``overrides``)."""
-    from clbench.run.catalog import STRATEGIES
+    from clbench.core.catalog import STRATEGIES
     from clbench.run.harness import RunConfig, make_strategy_config, run
 
     record = run(

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.config import CI_INPUT
+from clbench.core.costs import ParamCounts, RunShape, Work
 from clbench.errors import ClbenchError
 from clbench.layers.checks import check_lr, check_range
-from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import QUICK_INPUT, MethodCard
-from clbench.run.config import CI_INPUT
 
 VARIANTS: tuple[str, ...] = ("luca", "adapter", "calibrator", "tosca_r")  # the module variants (tosca.luca)
 DEFAULT_ROUTER = "entropy"  # the paper's rule
@@ -52,6 +52,7 @@ class TOSCAConfig:
         check_range(self, "l1", 0.0, 1e3)  # the sparsity weight (reference 5e-4); inf or 1e308 overflows the loss
         if self.router == DEFAULT_ROUTER and not self.routers:
             return  # the paper's rule alone: nothing to look up in the router registry (which loads torch)
+        # deferred: loads torch, which importing this module does not
         from clbench.methods.routers import ROUTERS, parse_names
 
         parse_names(self.router, "router")
@@ -65,12 +66,13 @@ class TOSCAConfig:
     @property
     def study_routers(self) -> tuple[str, ...]:
         """The routers recorded in diagnostics: the run's own, those asked for, and the oracle bound."""
+        # deferred: loads torch, which importing this module does not
         from clbench.methods.routers import parse_names
 
         return tuple(dict.fromkeys((self.router, *parse_names(self.routers, "routers"), "oracle")))
 
 
-# ``quick``: the embedded benchmark at 112 px (clbench.run.catalog.COMMON_PROFILES); TOSCA trains on cached features,
+# ``quick``: the embedded benchmark at 112 px (clbench.core.catalog.COMMON_PROFILES); TOSCA trains on cached features,
 # so its reference epochs stay.
 # ``ci``: the regression gate's run (.ci/run, reports/gate/README.md): the embedded benchmark at 56 px (4x4
 # patches of 14 px) so that every CI run shares one feature cache and the whole gate fits in 8 minutes on 2 cores.

@@ -16,14 +16,13 @@ from typing import Any
 
 import torch
 
+from clbench.methods.shared import CosineHead, torch_threads
 from clbench.perf import Measurement, backbone_args
-from clbench.perf.timing import median_seconds
+from clbench.perf.timing import median_seconds, timed_backbone
+from tosca.luca import LuCA, stacked_forward
 
 
 def tosca_parts(d: int, T: int, classes_per_task: int, seed: int = 0):
-    from clbench.methods.shared import CosineHead
-    from tosca.luca import LuCA
-
     g = torch.Generator().manual_seed(seed)
     mods = []
     for _t in range(T):
@@ -51,11 +50,9 @@ def tosca_routing(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Measure TOSCA routing cost against backbone cost (weights do not change timings; random by default)."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.methods.routers import RouteInputs
     from clbench.methods.routers import route as apply_router
-    from clbench.methods.shared import torch_threads
-    from clbench.perf.timing import timed_backbone
-    from tosca.luca import stacked_forward
 
     def route_per_sample(all_logits):  # the entropy router, as TOSCA routes per sample
         return apply_router("entropy", RouteInputs(all_logits))
@@ -133,10 +130,9 @@ ROUTING = Measurement(
 def unit_seconds(d: int, device: torch.device) -> dict[str, float]:
     """Seconds per image of a module step (SGD on a cached feature, batch 48) and of routing per module (T = 10
     modules of 20 classes, 256 images), on ``device`` at width ``d``."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.methods.routers import RouteInputs
     from clbench.methods.routers import route as apply_router
-    from clbench.methods.shared import torch_threads
-    from tosca.luca import LuCA, stacked_forward
 
     def route_per_sample(all_logits):  # the entropy router, as TOSCA routes per sample
         return apply_router("entropy", RouteInputs(all_logits))

@@ -51,8 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clbench.core.costs import adapter_set_size
 from clbench.methods.contract import PER_SAMPLE, REFERENCE, Context, ParamCounts, Split, Strategy, Task
-from clbench.methods.costs import adapter_set_size
 from clbench.methods.routers import RouteInputs, RoutingMemory, TaskStats, entropy, parse_names, routing_summary
 from clbench.methods.routers import route as apply_router
 from clbench.methods.shared import (

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.config import CI_INPUT
+from clbench.core.costs import ParamCounts, RunShape, Work
 from clbench.layers.checks import check_analytic_fields
-from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import QUICK_INPUT, MethodCard
-from clbench.run.config import CI_INPUT
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clbench.core.catalog import MethodCard
+from clbench.core.config import CI_FIRST_SESSION
+from clbench.core.costs import ParamCounts, RunShape, Work, adapter_set_size, plain_vit_params
 from clbench.layers.checks import check_first_session_fields
-from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size, plain_vit_params
-from clbench.run.catalog import MethodCard
-from clbench.run.config import CI_FIRST_SESSION
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ ADAPT_CHOICES = ("adapter", "finetune", "ssf", "vpt")
 # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
 # 2 cores: 112 px input (8x8 patches of 14 px) and 3 first-session epochs instead of 20 (the only backward
 # passes of the run); afterwards one adapted pass per image.
-# ``ci``: the regression gate's first-session recipe (clbench.run.config.CI_FIRST_SESSION).
+# ``ci``: the regression gate's first-session recipe (clbench.core.config.CI_FIRST_SESSION).
 # ``reference-*``: the other adaptations with their PILOT exps JSON (CIFAR-100 B0 Inc10, ViT-B/16 IN-1k);
 # ssf and vpt keep the adapter's epochs, lr, batch and weight decay (their JSONs repeat them), finetune differs.
 PROFILES: dict[str, dict[str, Any]] = {

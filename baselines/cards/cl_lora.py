@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import QUICK_INPUT, MethodCard
-from clbench.run.config import CI_SHAPE
+from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.config import CI_SHAPE
+from clbench.core.costs import ParamCounts, RunShape, Work
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class CLLoRAConfig:
 
 
 # ``reference``: exps/cifar.json (the default, stated); ``reference-imr``: exps/inr.json (ImageNet-R, B5 Inc5).
-# ``quick``: a short CPU run of the embedded benchmark at 112 px (clbench.run.catalog.COMMON_PROFILES): 3 epochs of
+# ``quick``: a short CPU run of the embedded benchmark at 112 px (clbench.core.catalog.COMMON_PROFILES): 3 epochs of
 # batches of 32 at the reference's learning rate.
 # ``ci``: the regression gate's run: the embedded benchmark at 56 px, 3 tasks of 12 classes, the first 8 training
 # images of each class, 4 epochs of batches of 32 (3 steps an epoch), in float64 (as InfLoRA's and SLCA's ci

@@ -8,6 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.config import CI_SHAPE
+from clbench.core.costs import ParamCounts, RunShape, Work, tuned_vit_work, whole_vit_formula
 from clbench.layers.checks import (
     SLOW_LEARNER_CI,
     SLOW_LEARNER_QUICK,
@@ -15,9 +18,6 @@ from clbench.layers.checks import (
     check_range,
     check_slow_learner_fields,
 )
-from clbench.methods.costs import ParamCounts, RunShape, Work, tuned_vit_work, whole_vit_formula
-from clbench.run.catalog import QUICK_INPUT, MethodCard
-from clbench.run.config import CI_SHAPE
 
 
 @dataclass(frozen=True)

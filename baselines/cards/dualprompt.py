@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.core.catalog import MethodCard
+from clbench.core.config import CI_SHAPE
+from clbench.core.costs import ParamCounts, RunShape, Work, prefix_prompt_work
 from clbench.layers.checks import block_list as _block_list
 from clbench.layers.checks import check_fields, check_prompt_fields, head_sizes
-from clbench.methods.costs import ParamCounts, RunShape, Work, prefix_prompt_work
-from clbench.run.catalog import MethodCard
-from clbench.run.config import CI_SHAPE
 
 
 @dataclass(frozen=True)

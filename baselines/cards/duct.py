@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.config import CI_SHAPE
+from clbench.core.costs import ParamCounts, RunShape, Work, tuned_vit_work, whole_vit_formula
 from clbench.layers.checks import check_fields, check_range
-from clbench.methods.costs import ParamCounts, RunShape, Work, tuned_vit_work, whole_vit_formula
-from clbench.run.catalog import QUICK_INPUT, MethodCard
-from clbench.run.config import CI_SHAPE
 
 
 @dataclass(frozen=True)

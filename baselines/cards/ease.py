@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clbench.core.catalog import MethodCard
+from clbench.core.config import CI_FIRST_SESSION
+from clbench.core.costs import ParamCounts, RunShape, Work, adapter_set_size
 from clbench.layers.checks import check_first_session_fields
-from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size
-from clbench.run.catalog import MethodCard
-from clbench.run.config import CI_FIRST_SESSION
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class EASEConfig:
 # 2 cores within 15 minutes: 112 px input (8x8 patches of 14 px; the emoji images are 64 px) and 3 epochs
 # instead of 20. Measured on one core at 112 px: ~49 ms CPU per training image and step, ~21 ms per backbone
 # pass; inference needs t + 1 passes per test image after task t, so ~15 CPU-minutes in all.
-# ``ci``: the regression gate's first-session recipe (clbench.run.config.CI_FIRST_SESSION): 3 tasks of 12 classes,
+# ``ci``: the regression gate's first-session recipe (clbench.core.config.CI_FIRST_SESSION): 3 tasks of 12 classes,
 # since inference after task t costs t + 1 ViT passes per seen test image.
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},

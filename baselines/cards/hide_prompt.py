@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.core.catalog import MethodCard
+from clbench.core.config import CI_SHAPE
+from clbench.core.costs import ParamCounts, RunShape, Work
 from clbench.layers.checks import block_list as _block_list
-from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import MethodCard
-from clbench.run.config import CI_SHAPE
 
 Storage = Literal["multi-centroid", "covariance", "variance"]
 

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clbench.methods.costs import ParamCounts, RunShape, Work, lora_task_size
-from clbench.run.catalog import QUICK_INPUT, MethodCard
-from clbench.run.config import CI_SHAPE
+from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.config import CI_SHAPE
+from clbench.core.costs import ParamCounts, RunShape, Work, lora_task_size
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class InfLoRAConfig:
 # CPU gave a third matrix), which failed the gate on other machines; in float64 both kernels give the same numbers
 # (reports/gate/README.md).
 # ``reference``: the reference's CIFAR-100 budget (its defaults, stated); ``reference-imr``: its ImageNet-R one.
-# ``quick``: a short CPU run of the embedded benchmark at 112 px (clbench.run.catalog.COMMON_PROFILES): 3 epochs of
+# ``quick``: a short CPU run of the embedded benchmark at 112 px (clbench.core.catalog.COMMON_PROFILES): 3 epochs of
 # batches of 32 at the ci profile's learning rate (the reference's batches of 128 give 3 steps per epoch on a task of
 # 6 emoji classes).
 PROFILES: dict[str, dict[str, Any]] = {

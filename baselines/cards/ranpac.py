@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.core.catalog import MethodCard
+from clbench.core.config import CI_FIRST_SESSION
+from clbench.core.costs import ParamCounts, RunShape, Work, adapter_set_size
 from clbench.layers.checks import check_first_session_fields
-from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size
-from clbench.run.catalog import MethodCard
-from clbench.run.config import CI_FIRST_SESSION
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class RanPACConfig:
 # CPU profile for the embedded benchmark (2,320 training / 942 test images, 6 tasks) with DINOv2 ViT-S/14 on
 # 2 cores: 112 px input and 3 first-session epochs instead of 20 (the only backward passes of the run); M stays
 # the reference's 10,000 (one 10,000 x 10,000 float64 Cholesky solve per task).
-# ``ci``: the regression gate's first-session recipe (clbench.run.config.CI_FIRST_SESSION) and M = 2,000.
+# ``ci``: the regression gate's first-session recipe (clbench.core.config.CI_FIRST_SESSION) and M = 2,000.
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "quick": {"img_size": 112, "epochs": 3},

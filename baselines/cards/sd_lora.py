@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.methods.costs import ParamCounts, RunShape, Work, lora_task_size
-from clbench.run.catalog import QUICK_INPUT, MethodCard
-from clbench.run.config import CI_SHAPE
+from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.config import CI_SHAPE
+from clbench.core.costs import ParamCounts, RunShape, Work, lora_task_size
 
 # SD-LoRA-RR, the rank reduction of the reference (``models/sdlora.py``, ``update_network``, commented out there):
 # rank 10 for tasks 0-3, 8 for tasks 4-7, 6 from task 8 on

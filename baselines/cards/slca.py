@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.config import CI_SHAPE
+from clbench.core.costs import ParamCounts, RunShape, Work, tuned_vit_work, whole_vit_formula
 from clbench.layers.checks import SLOW_LEARNER_CI, SLOW_LEARNER_QUICK, check_slow_learner_fields
-from clbench.methods.costs import ParamCounts, RunShape, Work, tuned_vit_work, whole_vit_formula
-from clbench.run.catalog import QUICK_INPUT, MethodCard
-from clbench.run.config import CI_SHAPE
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class SLCAConfig:
 # Measured at these settings (float64, 1 thread beside other runs): epoch losses 2.93 -> 2.56, 2.58 -> 1.65,
 # 2.58 -> 1.89 (ratios 0.87, 0.64, 0.73), the ViT moves by 1.9e-3 to 7.2e-3 of its norm per task, final 9.77 %.
 # ``reference``: the authors' budget, written out (= the defaults).
-# ``quick``: a short CPU run of the embedded benchmark at 112 px (clbench.run.catalog.COMMON_PROFILES): 3 epochs of
+# ``quick``: a short CPU run of the embedded benchmark at 112 px (clbench.core.catalog.COMMON_PROFILES): 3 epochs of
 # batches of 16 at the ci profile's learning rates, no decay, a short alignment (the reference's batches of 128 give
 # 3 steps per epoch on a task of 6 emoji classes).
 PROFILES: dict[str, dict[str, Any]] = {

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.methods.costs import ParamCounts, RunShape, Work
-from clbench.run.catalog import QUICK_INPUT, MethodCard
-from clbench.run.config import CI_INPUT
+from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.config import CI_INPUT
+from clbench.core.costs import ParamCounts, RunShape, Work
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from clbench.core.catalog import MethodCard
+from clbench.core.config import CI_SHAPE
+from clbench.core.costs import ParamCounts, RunShape, Work, adapter_set_size
 from clbench.layers.checks import check_adapter_sets_fields, check_fields
-from clbench.methods.costs import ParamCounts, RunShape, Work, adapter_set_size
-from clbench.run.catalog import MethodCard
-from clbench.run.config import CI_SHAPE
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,7 @@ import clbench.benchmarks.literature  # noqa: F401  (registers the literature pr
 import clbench.benchmarks.literature_domains  # noqa: F401  (registers DomainNet, CORe50, CDDB, Office-Home)
 from clbench.benchmarks.base import Benchmark, BenchmarkSpec, build_benchmark
 from clbench.benchmarks.registry import BENCHMARKS, register
-
-DEFAULT_BENCH = "emoji"
+from clbench.core.config import DEFAULT_BENCH  # declared with the run settings, whose default it is
 
 register(
     BenchmarkSpec(

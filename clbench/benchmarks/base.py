@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from clbench.errors import ClbenchError
+from clbench.files.atomic import atomic_write_json, cache_dir
+from clbench.weights.sources import file_identity
 
 LITERATURE_ORDER_SEED = 1993  # PILOT / PyCIL / TOSCA: np.random.seed(1993); np.random.permutation(n)
 
@@ -122,16 +124,12 @@ class NpzArraySource(ArraySource):
 
 
 def _fingerprint_memo(path: Path) -> Path:
-    from clbench.files.atomic import cache_dir
-
     return cache_dir() / "data" / f"{path.name}.{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]}.json"
 
 
 def _known_fingerprints(path: Path) -> dict[str, str]:
     """The fingerprints recorded for ``path`` at its current identity (none for another version of the file)."""
     import json
-
-    from clbench.weights.sources import file_identity
 
     try:
         memo = json.loads(_fingerprint_memo(path).read_text())
@@ -146,9 +144,6 @@ def _remember_fingerprint(path: Path, key: str, fp: str) -> None:
     """Record one content fingerprint of ``path`` at its current identity; an unwritable cache only means hashing
     again next time."""
     import contextlib
-
-    from clbench.files.atomic import atomic_write_json
-    from clbench.weights.sources import file_identity
 
     with contextlib.suppress(OSError, ClbenchError):
         memo = _fingerprint_memo(path)
@@ -290,8 +285,6 @@ def resolve_data_root(spec: BenchmarkSpec, data_root: str | Path | None) -> Path
 def torchvision_download(dataset: str, subdir: str, what: str, hint: str) -> Path:
     """Download torchvision's ``dataset`` (train and test) into ``<cache>/data/<subdir>`` when online; a
     ClbenchError with ``hint`` otherwise. Returns the download folder."""
-    from clbench.files.atomic import cache_dir
-
     target = cache_dir() / "data" / subdir
     try:
         import torchvision

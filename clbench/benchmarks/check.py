@@ -29,10 +29,20 @@ import numpy as np
 
 from clbench.benchmarks import BENCHMARKS
 from clbench.benchmarks.base import ArraySource, BenchmarkSpec, ImageSource, resolve_data_root
-from clbench.benchmarks.folder import LAYOUT, SPLITS, FileSource, TreeLoader, inspect_file, scan_tree
+from clbench.benchmarks.folder import (
+    DOMAIN_LAYOUT,
+    LAYOUT,
+    SPLITS,
+    FileSource,
+    TreeLoader,
+    inspect_file,
+    scan_tree,
+    split_problem,
+)
 from clbench.errors import ClbenchError
 from clbench.files.atomic import atomic_write_json, cache_dir
 from clbench.files.escape import plain
+from clbench.files.safety import read_bytes
 
 # of what the loaded-array check reports, a change makes every recorded outcome stale (2: a memo vouches for its
 # inputs, with a digest)
@@ -246,8 +256,6 @@ def check_file_sources(
 
 def _check_split(report: DataReport, scan) -> None:
     """The split (or the domains) of the run the data is checked for fits the classes found."""
-    from clbench.benchmarks.folder import DOMAIN_LAYOUT, split_problem
-
     if scan.domains:
         report.notes.append(f"domains: {', '.join(scan.domains)} (in this order with --scenario domain)")
     if report.split is None:
@@ -435,8 +443,6 @@ def _read_memo(path: Path, vouches: dict) -> list[str] | None:
     file of at most :data:`MAX_MEMO_BYTES`, of :data:`MEMO_FORMAT`, vouching for exactly ``vouches`` (the content
     fingerprints, the spec's class count and known leaks, the class names, the check's version), a list of problem
     lines, and a digest of those that matches (a memo copied from other data, cut short or edited is not used)."""
-    from clbench.files.safety import read_bytes
-
     if not path.is_file():
         return None
     try:

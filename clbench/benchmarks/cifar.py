@@ -20,6 +20,7 @@ import numpy as np
 
 from clbench.benchmarks.base import ArraySource
 from clbench.errors import ClbenchError
+from clbench.files.safety import read_bytes
 
 FOLDER = "cifar-100-python"
 FILES = ("train", "test", "meta")
@@ -51,8 +52,6 @@ _REFETCH = "delete the cifar-100-python folder and download it again (torchvisio
 
 def _read_pickle(path: Path) -> dict:
     import io
-
-    from clbench.files.safety import read_bytes
 
     data = read_bytes(path, MAX_BYTES, "CIFAR-100", name=f"CIFAR-100 file {path}")  # no FIFO, no /dev/zero
     try:

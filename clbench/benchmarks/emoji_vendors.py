@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from clbench.benchmarks.base import ArraySource, BenchmarkSpec
+from clbench.benchmarks.emoji import data_file
 from clbench.benchmarks.emoji import load as load_emoji
 from clbench.benchmarks.registry import register
 from clbench.errors import ClbenchError
@@ -43,7 +44,6 @@ def vendor_index(labels: np.ndarray, groups: np.ndarray) -> np.ndarray:
 
 def load(data_root: Path | None) -> tuple[ArraySource, ArraySource, list[str]]:
     train, test, names = load_emoji(data_root)
-    from clbench.benchmarks.emoji import data_file
 
     path = (data_root / "emoji.npz") if data_root is not None else data_file()
     with np.load(path, allow_pickle=False) as z:

@@ -14,6 +14,8 @@ import numpy as np
 
 from clbench.benchmarks.base import ArraySource
 from clbench.errors import ClbenchError
+from clbench.files.atomic import cache_dir
+from clbench.files.safety import read_bytes
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 MAX_BYTES = 64 * 2**20  # the training images are 47 MB uncompressed
@@ -28,8 +30,6 @@ def read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (optionally gzipped) into a uint8 array of its declared shape."""
     import io
     import math
-
-    from clbench.files.safety import read_bytes
 
     raw = read_bytes(path, MAX_BYTES, "IDX", name=f"IDX file {path}")  # a regular file, bounded
     try:
@@ -66,8 +66,6 @@ def _folder_with_files(folder: Path) -> bool:
 
 def _cached() -> Path:
     """Where earlier versions of clbench had torchvision download it (read if present; nothing is downloaded)."""
-    from clbench.files.atomic import cache_dir
-
     return cache_dir() / "data" / "fashion-mnist" / "FashionMNIST" / "raw"
 
 

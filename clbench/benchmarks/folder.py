@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from clbench.benchmarks.base import BenchmarkSpec, ImageSource
+from clbench.benchmarks.registry import BENCHMARKS
 from clbench.errors import ClbenchError
 from clbench.files.safety import read_bytes, special_file_problem
 
@@ -607,7 +608,5 @@ class TreeLoader:
         self.bench = bench
 
     def __call__(self, data_root: Path | None) -> tuple[FileSource, FileSource, list[str]]:
-        from clbench.benchmarks.registry import BENCHMARKS
-
         spec = BENCHMARKS.get(self.bench)
         return load_tree(data_root, spec.name, spec.n_classes, spec.source_info or f"expected {LAYOUT}")

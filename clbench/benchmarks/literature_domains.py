@@ -46,8 +46,10 @@ import numpy as np
 from clbench.benchmarks.base import BenchmarkSpec
 from clbench.benchmarks.folder import IMG_EXTENSIONS, FileSource
 from clbench.benchmarks.literature import register_preset
+from clbench.benchmarks.registry import BENCHMARKS
 from clbench.errors import ClbenchError
 from clbench.files.escape import plain
+from clbench.files.safety import read_bytes
 
 LISTS_FILES = True  # its loaders list image files: a run checks them before it starts (check.check_before_run)
 S_PROMPTS = "S-Prompts (Wang et al. 2022, github.com/iamwangyabin/S-Prompts) README and configs"
@@ -117,8 +119,6 @@ def _require_dir(path: Path, what: str, fix: str) -> None:
 
 
 def _spec(name: str) -> BenchmarkSpec:
-    from clbench.benchmarks.registry import BENCHMARKS
-
     return BENCHMARKS.get(name)
 
 
@@ -226,8 +226,6 @@ MAX_LIST_BYTES = 64 * 2**20  # the largest released list (real_train.txt, 120,90
 
 def _list_text(path: Path) -> str:
     """A split list's text: a regular file of at most :data:`MAX_LIST_BYTES`, UTF-8."""
-    from clbench.files.safety import read_bytes
-
     data = read_bytes(path, MAX_LIST_BYTES, "DomainNet split list", name=str(path))
     try:
         return data.decode("utf-8")

@@ -5,7 +5,7 @@ without importing the package that imports them."""
 from __future__ import annotations
 
 from clbench.benchmarks.base import BenchmarkSpec
-from clbench.run.registry import Registry
+from clbench.core.registry import Registry
 
 BENCHMARKS: Registry[BenchmarkSpec] = Registry("benchmark")
 

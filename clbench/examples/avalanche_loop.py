@@ -56,6 +56,7 @@ class ImageDataset(Dataset):
 
 def embedded_datasets() -> tuple[ImageDataset, ImageDataset, list[int]]:
     """The embedded emoji benchmark as plain (train, test) datasets and the literature's class order."""
+    # looked up at call time: tests replace it on its module
     from clbench.benchmarks.base import literature_class_order
     from clbench.benchmarks.emoji import load
 
@@ -118,6 +119,7 @@ def reuse_cli_features(strategy: Any, benchmark: Any, sources: dict[str, Any]) -
     experience. Returns split -> whether the CLI's entry was found. Without the feature cache it does nothing."""
     import torch
 
+    # looked up at call time: tests replace it on its module
     from clbench.features.cache import extract
     from clbench.run.avalanche_api import ExperienceImages
     from clbench.run.harness import feature_key
@@ -179,8 +181,8 @@ class _bar:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m clbench.examples.avalanche_loop", description=__doc__.split("\n")[0])
-    from clbench.run.catalog import FEATURED_STRATEGY
-    from clbench.run.config import PRECISION_CHOICES
+    from clbench.core.catalog import FEATURED_STRATEGY
+    from clbench.core.config import PRECISION_CHOICES
 
     p.add_argument(
         "--strategy",
@@ -221,6 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.perf_out:
         return measure(args.strategy, Path(args.perf_out))
     t0 = time.perf_counter()
+    # looked up at call time: tests replace it on its module
     from clbench.benchmarks import BENCHMARKS
     from clbench.run.avalanche_api import ClbenchStrategy, accuracy_rows, run_fields
 

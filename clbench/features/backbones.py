@@ -28,8 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from clbench.core.catalog import BACKBONES, BackboneSpec
+from clbench.core.config import WEIGHT_SOURCES
 from clbench.errors import ClbenchError
-from clbench.run.catalog import BackboneSpec
+from clbench.files.atomic import cache_subdir
 
 FACTS_FILE = "backbone-facts.json"
 
@@ -197,9 +199,6 @@ def _facts_key(name: str, weights: str, img_size: int | None) -> str | None:
     model), or None for sources without one (random, hub), which are built at once."""
     from importlib import metadata
 
-    from clbench.run.catalog import BACKBONES
-    from clbench.run.config import WEIGHT_SOURCES
-
     spec = BACKBONES.get(name)
     if weights == "random" or (spec.random_only and weights == "auto"):
         return None
@@ -243,9 +242,11 @@ def load_backbone(
     """Build backbone ``name`` with weights from ``weights`` (:mod:`clbench.weights.resolve`), frozen, on
     ``device`` (None: where it is made). ``lazy`` with ``cache_root`` (the clbench cache): a :class:`LazyBackbone`
     where the facts of these weights are cached, else built now and its facts cached for the next run."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.features.cache import read_private_json, write_private_json
 
     def build() -> FrozenBackbone:
+        # looked up at call time: tests replace it on its module
         from clbench.weights.resolve import load_model
 
         model, spec, source, size = load_model(name, weights, img_size, seed)
@@ -255,8 +256,6 @@ def load_backbone(
     key = _facts_key(name, weights, img_size) if lazy and cache_root is not None else None
     if key is None or cache_root is None:
         return build()
-    from clbench.files.atomic import cache_subdir
-    from clbench.run.catalog import BACKBONES
 
     path = cache_subdir("machine", create=False, root=cache_root) / FACTS_FILE  # a link there: refused
     known = read_private_json(path)

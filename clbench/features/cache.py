@@ -42,10 +42,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from clbench.benchmarks.base import ImageSource
+from clbench.core.precision import autocast
 from clbench.errors import ClbenchError
 from clbench.files.atomic import atomic_write_bytes, cache_dir, cache_subdir
 from clbench.files.safety import open_lock, special_file_problem
-from clbench.run.precision import autocast
 
 log = logging.getLogger(__name__)
 

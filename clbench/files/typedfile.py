@@ -14,7 +14,7 @@ A saved file, or a part of one, is a dataclass whose fields are declared with :f
 
 - ``codec``: a value type that reads, checks and writes its own JSON (``from_json``, ``json_problems``, ``to_json``:
   :class:`Codec`), for a value that is not a plain dataclass (the run's settings fingerprint,
-  :class:`clbench.run.config.Fingerprint`); its problems are named under the field's name (``fingerprint.seed``).
+  :class:`clbench.core.config.Fingerprint`); its problems are named under the field's name (``fingerprint.seed``).
 
 A field named ``extra`` (a dict) keeps the keys a file holds that this clbench does not know; :func:`write` puts them
 back last, so a file read and written again keeps them. Fields declared with a plain :func:`dataclasses.field` (no

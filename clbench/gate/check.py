@@ -42,6 +42,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clbench.core.catalog import DEFAULT_STRATEGY as CONTROL
+from clbench.core.catalog import STRATEGIES, card, config_defaults
 from clbench.errors import ClbenchError
 from clbench.evaluation.declared import BY_NAME
 from clbench.files.atomic import atomic_write_json
@@ -237,8 +239,9 @@ def gate_plan(out: Path) -> list[list[str]]:
     ``ci`` profile of a strategy that has a reference protocol; and the ``ci`` profile in the domain-incremental
     scenario on :data:`DOMAIN_GATE_BENCH` for each strategy whose ``gate_scenarios`` name it. Run folders:
     ``OUT/<strategy>-<profile>`` and ``OUT/<strategy>-domain-ci``."""
+    # deferred: loads torch, which importing this module does not
+    from clbench.core.catalog import STRATEGIES, card
     from clbench.methods.contract import REFERENCE
-    from clbench.run.catalog import STRATEGIES, card
 
     runs = []
     for name, profiles in _registered_ci_profiles().items():
@@ -281,8 +284,6 @@ def _control_runs(out: Path) -> list[list[str]]:
     the profile leaves at the benchmark's default is omitted from the name). Input size: every ci profile's is the
     control's (``CI_INPUT``); a profile with another one gets a control at it too."""
     # the untrained control, clbench.gate.printing.CONTROL (which imports this module: named here from its source)
-    from clbench.run.catalog import DEFAULT_STRATEGY as CONTROL
-    from clbench.run.catalog import card
 
     def split(profile: dict[str, Any]) -> tuple[Any, ...]:
         return tuple(profile.get(key) for key, _, _ in CONTROL_SPLIT_KEYS) + (profile.get("img_size"),)
@@ -310,8 +311,6 @@ def _control_runs(out: Path) -> list[list[str]]:
 
 
 def _registered_ci_profiles() -> dict[str, list[str]]:
-    from clbench.run.catalog import STRATEGIES, card
-
     return {
         name: [p for p in card(name).profiles if p == CI_PROFILE_PREFIX or p.startswith(CI_PROFILE_PREFIX + "-")]
         for name in STRATEGIES.names()
@@ -323,8 +322,6 @@ def settings_differences(strategy: str, want: dict[str, Any], got: dict[str, Any
     same when the run holds the strategy's default for it: it was added after the reference was written, and its
     default keeps the measured behaviour (a new setting that changed it would have a non-default value or a new
     default, and differ)."""
-    from clbench.run.catalog import config_defaults
-
     defaults = config_defaults(strategy)
     return sorted(
         k
@@ -653,8 +650,6 @@ def check(
 
 
 def _registered() -> list[str]:
-    from clbench.run.catalog import STRATEGIES
-
     return STRATEGIES.names()
 
 
@@ -700,8 +695,6 @@ def _entry_rows(
 ) -> list[CheckRow]:
     """The rows of one entry: its runs present and comparable (strategy, precision, weights), then accuracy,
     parameter counts, times, seeds and settings."""
-    from clbench.run.catalog import STRATEGIES
-
     key, label = entry.key, entry.key.label()
     if key.strategy not in STRATEGIES.names():
         why = (

@@ -11,14 +11,16 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from clbench.errors import ClbenchError
 from clbench.files.escape import plain
+from clbench.gate import check as chk
+from clbench.gate.check import CALIBRATION_FILE, DEFAULT_TIME_FLOOR, DEFAULT_TIME_SLACK
+from clbench.gate.printing import print_check, print_margins
 from clbench.records.command import command_line
 from clbench.report.commands import add_run_dirs
 
 
 def add_check_args(p: argparse.ArgumentParser) -> None:
-    from clbench.gate.check import CALIBRATION_FILE, DEFAULT_TIME_FLOOR, DEFAULT_TIME_SLACK
-
     add_run_dirs(p)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--reference", metavar="FILE", help="check the runs against this reference file")
@@ -77,9 +79,6 @@ def add_check_args(p: argparse.ArgumentParser) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     """Exit 0 when every reference entry holds, 1 when one does not (the table and one line per failure say which),
     2 when a run record or the reference is refused (unreadable, mistyped, out of range)."""
-    from clbench.errors import ClbenchError
-    from clbench.gate import check as chk
-    from clbench.gate.printing import print_check, print_margins
     from clbench.report.collect import collect
 
     write_only = [

@@ -3,9 +3,9 @@ upwards), then one line per note and per failed check saying what differs and ho
 
 from __future__ import annotations
 
+from clbench.core.catalog import DEFAULT_STRATEGY
 from clbench.files.escape import rich as esc
 from clbench.gate.check import CHANGED, FAIL, MISSING, NOTE, OK, CheckResult, CheckRow
-from clbench.run.catalog import DEFAULT_STRATEGY
 
 STATUS_STYLE = {OK: "green", CHANGED: "bold magenta", FAIL: "bold red", MISSING: "bold red", NOTE: "yellow"}
 COLUMNS = (

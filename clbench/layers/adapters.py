@@ -1,5 +1,5 @@
 """AdaptFormer bottleneck adapters beside the MLP of every ViT block: :class:`Adapter`, :class:`AdapterSet` (one
-adapter per block); its parameter count is :func:`clbench.methods.costs.adapter_set_size`.
+adapter per block); its parameter count is :func:`clbench.core.costs.adapter_set_size`.
 
 The adapter is AdaptFormer's (Chen et al., "AdaptFormer: Adapting Vision Transformers for Scalable Visual Recognition",
 NeurIPS 2022, arXiv 2205.13535) as LAMDA-PILOT's ``backbone/vit_adapter.py`` / ``vit_ease.py`` initialise it

@@ -31,6 +31,8 @@ import torch.nn.functional as F
 
 from clbench.errors import ClbenchError
 from clbench.layers.checks import SOLVERS
+from clbench.methods.contract import Context, Split, Task
+from clbench.perf import Measurement, arg
 
 
 def relu_projection(f: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -347,8 +349,6 @@ def _growth_one(strategy_cls: type, config: object, classes: int, tasks: int, d:
     import time
     from types import SimpleNamespace
 
-    from clbench.methods.contract import Context, Split, Task
-
     g = torch.Generator().manual_seed(seed)
     means = torch.randn(classes, d, generator=g) * 2
 
@@ -430,7 +430,6 @@ def growth(strategy_cls: type, config: object, shapes: tuple[tuple[int, int, int
 
 def growth_measurement(strategy_cls: type, name: str, config: object) -> Any:
     """The ``clbench perf NAME`` measurement of :func:`growth` at ``config`` (the reference's defaults)."""
-    from clbench.perf import Measurement, arg
 
     def run(flags: Any) -> dict[str, Any]:
         shapes = tuple(tuple(int(v) for v in s.split("x")) for s in flags.shapes.split(","))

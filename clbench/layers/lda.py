@@ -302,6 +302,7 @@ def growth_run(strategy_cls: type, config: object, classes: int, tasks: int, d: 
 
     import psutil
 
+    # deferred: loads numpy, which importing this module does not
     from clbench.methods.contract import Context, Split, Task
 
     g = torch.Generator().manual_seed(0)

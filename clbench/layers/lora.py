@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clbench.core.costs import lora_task_size
 from clbench.errors import ClbenchError
-from clbench.methods.costs import lora_task_size
 
 ProjectType = Literal["remove", "retain"]
 A_SCALE = 1.0 / math.sqrt(3.0)  # the reference's ``U[:, :rank].T / math.sqrt(3)``

@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from clbench.core.costs import ParamCounts
 from clbench.errors import ClbenchError
 from clbench.files.typedfile import is_count
-from clbench.methods.costs import ParamCounts
 
 A = TypeVar("A")
 

@@ -5,7 +5,7 @@ backbone, device, precision, seed). The harness then calls, for each task ``t`` 
 
 1. ``learn_task(task)``: ``task.train`` is a :class:`Split` of the task's training images, with their cached
    frozen features and labels in arrival order (``task.classes`` are new; ``task.n_seen`` classes in all). Where the
-   run sets ``train_per_class`` (a run setting, :class:`clbench.run.config.RunConfig`), the harness has already cut
+   run sets ``train_per_class`` (a run setting, :class:`clbench.core.config.RunConfig`), the harness has already cut
    ``task.train`` to the first k images of each class (:meth:`Task.first_per_class`).
 2. ``predict(split, protocol)``: logits (N, n_seen) for every image of ``split``. Under the default
    ``per-sample`` protocol a row may depend only on its own image (the harness tests this); a strategy may
@@ -31,20 +31,22 @@ import torch
 from torch.utils.data import DataLoader
 
 from clbench.benchmarks.base import ImageSource
+from clbench.core.catalog import STRATEGIES
+from clbench.core.costs import ParamCounts as ParamCounts  # re-exported: methods import them from here
+from clbench.core.costs import RunShape as RunShape
+from clbench.core.costs import Work as Work
+from clbench.core.precision import autocast
 from clbench.errors import ClbenchError
 from clbench.features.backbones import FrozenBackbone
 from clbench.features.cache import SeededOrder, TransformedImages
 from clbench.files.safestate import ContextRef, SavedState, StateError, allowed, decode, encode
-from clbench.methods.costs import ParamCounts as ParamCounts  # re-exported: methods import them from here
-from clbench.methods.costs import RunShape as RunShape
-from clbench.methods.costs import Work as Work
 from clbench.methods.shared import CosineHead, first_per_class
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
     from PIL.Image import Image
 
-    from clbench.run.catalog import MethodCard
+    from clbench.core.catalog import MethodCard
 
 # A strategy's settings: a (frozen) dataclass instance, its class the strategy's ``Config``. ``Strategy[MyConfig]``
 # types ``self.cfg`` and :meth:`Strategy.param_formula` with it; a subclass that names no parameter
@@ -123,15 +125,13 @@ class Task:
 class Context:
     backbone: FrozenBackbone
     device: torch.device
-    precision: str  # fp32 | bf16 | fp16: the backbone's precision (clbench.run.precision), resolved by the harness
+    precision: str  # fp32 | bf16 | fp16: the backbone's precision (clbench.core.precision), resolved by the harness
     seed: int
     log: Callable[[str], None] = print
     progress: Callable[[str, int], Callable[[int], None]] | None = None  # (description, total) -> advance(n)
 
     def autocast(self) -> AbstractContextManager[object]:
         """Autocast context for passes through the frozen backbone at the run's precision (fp32: none)."""
-        from clbench.run.precision import autocast
-
         return autocast(self.precision, self.device.type)
 
     def seed_for(self, salt: int = 0) -> int:
@@ -163,7 +163,7 @@ class Strategy(ABC, Generic[ConfigT]):
     # parameters include the whole ViT, so its :meth:`param_formula` takes the ViT's count as ``backbone_params``
     # (width and depth do not fix it), and :meth:`adapted_features` gives its tuned features.
     fine_tunes_backbone: ClassVar[bool] = False
-    # the scenarios (clbench.run.config.SCENARIO_CHOICES) the method is defined for; "domain": a later task brings the
+    # the scenarios (clbench.core.config.SCENARIO_CHOICES) the method is defined for; "domain": a later task brings the
     # classes of earlier ones again, in a new domain (``task.classes`` then names classes already seen)
     scenarios: ClassVar[tuple[str, ...]] = ("class",)
     # classes (besides tensors, plain data, torch's layers and BLOCK_TYPES) whose instances the strategy's state holds;
@@ -295,10 +295,8 @@ def _context_objects(ctx: Context, by_name: bool = False) -> dict[int, str] | di
 
 
 def strategy_class(name: str) -> type[Strategy[Any]]:
-    """The strategy class registered as ``name`` (:data:`clbench.run.catalog.STRATEGIES`; importing its module on
+    """The strategy class registered as ``name`` (:data:`clbench.core.catalog.STRATEGIES`; importing its module on
     first use). ClbenchError for a name not registered, and for a plug-in whose target is not a Strategy subclass."""
-    from clbench.run.catalog import STRATEGIES
-
     cls = STRATEGIES.get(name)
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise ClbenchError(

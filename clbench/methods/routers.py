@@ -4,7 +4,7 @@ A strategy that keeps one module per task (a module per task plus a shared head)
 must pick a module per image. The rule is separate from the modules: training does not depend on it, so one
 trained run can be evaluated under every rule (``--set routers=a,b,c``) and a routing study costs one training.
 
-Each router is a small class registered by name (``ROUTERS``, the same :class:`~clbench.run.registry.Registry` as
+Each router is a small class registered by name (``ROUTERS``, the same :class:`~clbench.core.registry.Registry` as
 strategies), with one method ``route(inputs) -> (N,)`` module indices. Rules read
 
 - ``logits``: every module's logits on every image, (T, N, C) (the module is chosen by how its head answers);
@@ -42,9 +42,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from clbench.core.config import split_list
+from clbench.core.registry import Registry
 from clbench.errors import ClbenchError
 from clbench.records.routing_diagnostics import ModuleChoices, collapse_warning
-from clbench.run.registry import Registry
 
 SHRINKAGE = 0.1  # weight of the scaled identity in a shrunk covariance: (1 - a) S + a tr(S)/d I
 TEMPERATURE_GRID = torch.logspace(-2, 2, 401, dtype=torch.float64)  # tau from 0.01 to 100, 1 % steps
@@ -276,8 +277,6 @@ def route(name: str, inp: RouteInputs) -> torch.Tensor:
 
 def parse_names(text: str, setting: str) -> tuple[str, ...]:
     """``"a,b,c"`` -> registered router names in order, duplicates dropped (ClbenchError for an unknown one)."""
-    from clbench.run.config import split_list
-
     if not text.strip():  # none: the setting's empty default
         return ()
     names = split_list(text, f"--set {setting}", "entropy,margin")

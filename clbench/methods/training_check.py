@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from clbench.core.rng import RngState
     from clbench.methods.contract import Split, Strategy, Task
-    from clbench.run.checkpoint import RngState
 
 RESET_SHARE_MIN = 0.02  # below: training changed fewer than 2 % of the first task's predictions
 CHANGE_MIN = 1e-3  # below: the trained parts moved by less than 0.1 % of their norm
@@ -65,7 +65,8 @@ def reset_share(
     ``rng_at_build`` / ``rng_before_task``: the global RNG states when the trained strategy was built and when it
     started the first task, so that the twin draws the same initial values (a strategy that trained with lr 0
     gives a share of exactly 0). None where the strategy's config has no epochs field."""
-    from clbench.run.checkpoint import capture_rng, restore_rng
+    # deferred: loads numpy, which importing this module does not
+    from clbench.core.rng import capture_rng, restore_rng
 
     cfg = untrained_config(strategy.cfg)
     if cfg is None:

@@ -18,7 +18,7 @@ measured within one run so that they hold on noisy machines; the committed resul
 - :mod:`clbench.perf.calibration`: ``calibrate``, the regression gate's calibration workload.
 - :mod:`clbench.perf.report_scale`: ``report-scale``, ``clbench report`` on the committed study and 1,000 records.
 - :mod:`clbench.perf.instant_errors`: ``instant-errors``, the seconds ``clbench`` takes to refuse a mistyped command.
-- a method's own measurements (its card's ``perf_benchmarks``, :class:`clbench.run.catalog.MethodCard`, e.g.
+- a method's own measurements (its card's ``perf_benchmarks``, :class:`clbench.core.catalog.MethodCard`, e.g.
   ``tosca-routing`` in ``tosca/perf.py``), registered when the registry is first asked for.
 
 Importing this package is cheap (no torch): :mod:`clbench.report` reads the calibration's identity from here.
@@ -37,10 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clbench.run.registry import Registry
+from clbench.core.catalog import load_target
+from clbench.core.registry import Registry
+from clbench.errors import ClbenchError
+from clbench.files.atomic import atomic_write_json
 
 if TYPE_CHECKING:
-    from clbench.run.catalog import MethodCard
+    from clbench.core.catalog import MethodCard
 
 # The generic measurements: each module registers its own on import (:func:`measurement`).
 MODULES = (
@@ -77,7 +80,6 @@ def bounded(flag: str, low: int, high: int, why: str) -> Callable[[str], int]:
     bound and ``why`` it is there, which passes through argparse to the CLI's one-line refusal (every number that sizes
     a measurement's work, memory or disk is bounded where it is read: a mistyped ``--records 1000000000`` would fill
     the disk, a ``--steps`` of millions run for days)."""
-    from clbench.errors import ClbenchError
 
     def parse(text: str) -> int:
         try:
@@ -164,8 +166,6 @@ def from_strategy(strategy: str, name: str, item: Measurement | Callable[..., di
 def load(registry: Registry[Measurement], modules: tuple[str, ...], cards: Iterable[MethodCard]) -> None:
     """Import the generic measurement ``modules`` (each registers its own into :data:`MEASUREMENTS`), then register
     each method's own (its card's ``perf_benchmarks``, imported now) into ``registry``; a name given twice raises."""
-    from clbench.run.catalog import load_target
-
     for module in modules:
         importlib.import_module(module)
     for card in cards:
@@ -182,7 +182,7 @@ def measurements() -> Registry[Measurement]:
     """Every measurement: the generic ones and the registered strategies' (imported on the first call)."""
     global _loaded
     if not _loaded:
-        from clbench.run.catalog import STRATEGIES, card
+        from clbench.core.catalog import STRATEGIES, card
 
         load(MEASUREMENTS, MODULES, [card(name) for name in STRATEGIES.names()])
         _loaded = True
@@ -224,7 +224,6 @@ def listing() -> str:
 def write(result: dict[str, Any], out: str | None, partial: bool = False) -> None:
     """Stamp ``result`` with the code revision, library versions and command line, and write it to ``out`` (a
     ``partial`` one: a long measurement keeping what it has measured so far)."""
-    from clbench.files.atomic import atomic_write_json
     from clbench.records.host import git_revision, library_versions
 
     if partial:

@@ -10,6 +10,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from clbench.errors import ClbenchError
 from clbench.perf import arg, bounded, measurement
 
 # A fixed forward pass of a randomly initialised ViT-S/14 (the gate's backbone architecture, so no weights are
@@ -32,6 +33,7 @@ def calibrate(repeats: int | None = None) -> dict[str, Any]:
     """Time :data:`CALIBRATION_WORKLOAD` on this machine: a warm-up pass, then the median of ``repeats`` passes."""
     import torch
 
+    # deferred: loads torch, which importing this module does not
     from clbench.features.backbones import load_backbone
     from clbench.run.harness import host_info
 
@@ -73,8 +75,6 @@ def calibrate(repeats: int | None = None) -> dict[str, Any]:
     ),
 )
 def _calibrate(flags: argparse.Namespace) -> dict[str, Any]:
-    from clbench.errors import ClbenchError
-
     if flags.repeats is not None and flags.repeats < 1:
         raise ClbenchError(f"--repeats must be >= 1 (got {flags.repeats})")
     m = calibrate(flags.repeats)

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clbench.core.catalog import PROMPT_STRATEGY
+from clbench.core.precision import CpuInfo
 from clbench.perf import arg, bounded, measurement
 
 
@@ -36,17 +38,16 @@ def _epoch_seconds(split: Any, batch_size: int, epochs: int) -> list[float]:
 def decoded_cache(strategy: str | None = None, epochs: int = 3, log=print) -> dict[str, Any]:
     """Loader seconds per epoch, streamed vs cached, for the first task of ``strategy``'s quick profile on the embedded
     benchmark, from its arrays and from PNG files of the same images (module
-    docstring); ``None``: :data:`clbench.run.catalog.PROMPT_STRATEGY`."""
+    docstring); ``None``: :data:`clbench.core.catalog.PROMPT_STRATEGY`."""
     import dataclasses
 
     import numpy as np
     import torch
 
+    # deferred: loads numpy, torch, which importing this module does not
     from clbench.benchmarks.folder import FileSource
     from clbench.features.decoded import DecodedImages
-    from clbench.run.catalog import PROMPT_STRATEGY
     from clbench.run.harness import RunConfig, prepare
-    from clbench.run.precision import CpuInfo
 
     strategy = strategy or PROMPT_STRATEGY
     with tempfile.TemporaryDirectory(prefix="clbench-decoded-") as tmp:

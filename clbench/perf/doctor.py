@@ -9,7 +9,12 @@ import os
 import sys
 from pathlib import Path
 
+import clbench
+from clbench.core.catalog import BACKBONES
+from clbench.core.precision import CpuInfo
+from clbench.files.atomic import cache_dir
 from clbench.perf.throughput import DEFAULT_BACKBONE, DEFAULT_IMG, precision_table
+from clbench.records.host import library_versions
 
 
 def _size(path: Path) -> int:
@@ -29,11 +34,6 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    import clbench
-    from clbench.files.atomic import cache_dir
-    from clbench.records.host import library_versions
-    from clbench.run.precision import CpuInfo
-
     # a file or a pipe (a bug report) gets whole lines: rich would cut table cells at its 80-column default
     con = Console() if sys.stdout.isatty() else Console(width=400, no_color=True)
     import torch
@@ -41,6 +41,7 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
     cpu = CpuInfo.detect()
     con.print(f"[bold]clbench {clbench.__version__}[/] on Python {platform.python_version()}, {platform.platform()}")
     con.print("libraries: " + ", ".join(f"{k} {v}" for k, v in library_versions().items()))
+    # deferred: loads numpy, which importing this module does not
     from clbench.run.trackers import EXTRA, TRACKERS, installed
 
     found = {name: installed(name) for name in TRACKERS}
@@ -67,7 +68,8 @@ def doctor(seconds: float = 1.5, measure: bool = True) -> None:
         precision_table(seconds=seconds, log=lambda m: con.print("  " + m))
     root = cache_dir()
     con.print(f"\ncache: {root} ({_mb(_size(root))}; features {_mb(_size(root / 'features'))})")
-    from clbench.run.catalog import BACKBONES, BENCHMARKS
+    # deferred: loads numpy, rich, which importing this module does not
+    from clbench.benchmarks import BENCHMARKS
     from clbench.weights.info import availability
 
     table = Table(title="weights")

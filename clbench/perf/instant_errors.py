@@ -22,16 +22,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import clbench
+from clbench.core.catalog import STRATEGIES, card
 from clbench.perf import arg, measurement
+from clbench.run.scenario import declared_scenarios
 
 
 def _examples() -> tuple[str, str, str]:
     """From the catalog (no method is named here): a strategy with an ``epochs`` setting, a misspelling of it one
     letter off, and a strategy without the domain scenario."""
     import dataclasses
-
-    from clbench.run.catalog import STRATEGIES, card
-    from clbench.run.scenario import declared_scenarios
 
     names = STRATEGIES.names()
     trained = next(n for n in names if "epochs" in {f.name for f in dataclasses.fields(card(n).Config)})
@@ -75,8 +75,6 @@ PROBE = (
 def run_wrong(argv: tuple[str, ...] | list[str], cwd: str | None = None) -> tuple[int, str, bool]:
     """Run ``clbench ARGV`` in a fresh interpreter, in ``cwd``, with this clbench: (exit code, stderr without the
     probe's line, torch imported)."""
-    import clbench
-
     root = str(Path(clbench.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     done = subprocess.run(

@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clbench.core.precision import isa_limits
 from clbench.perf import arg, bounded, measurement
 from clbench.perf.throughput import precision_table
-from clbench.run.precision import isa_limits
 
 PHASES = ("imports", "benchmark", "backbone", "features", "learning", "evaluation", "record", "other")
 
@@ -78,6 +78,7 @@ sys.exit(code)  # as the clbench console script ends
 
 def _one_run(argv: list[str], env: dict[str, str], phases_file: Path, out: Path) -> dict[str, Any]:
     """One ``clbench run`` in a fresh process: wall-clock and CPU seconds of the process, its phases, the load."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.records.results import load_record
 
     load_before = os.getloadavg()
@@ -133,8 +134,8 @@ def main_job(strategy: str | None = None, warm_runs: int = 3, log=print) -> dict
     import shutil
     import tempfile
 
+    from clbench.core.catalog import DEFAULT_STRATEGY
     from clbench.files.atomic import cache_dir
-    from clbench.run.catalog import DEFAULT_STRATEGY
 
     strategy = strategy or DEFAULT_STRATEGY
     table = precision_table(log=lambda m: None)
@@ -212,8 +213,9 @@ def cached_feature_heads() -> tuple[str, ...]:
     """The registered strategies whose cost model at their defaults is the frozen features alone, every image served
     by the feature cache (:meth:`Work.cached_features <clbench.methods.contract.Work.cached_features>`: nothing trained
     through the ViT, no method-specific unit): the heads fitted on cached features."""
+    # deferred: loads torch, which importing this module does not
+    from clbench.core.catalog import STRATEGIES, card
     from clbench.methods.contract import RunShape, Work
-    from clbench.run.catalog import STRATEGIES, card
 
     shape = RunShape(train_per_task=(100.0, 100.0), test_seen=(50.0, 100.0))
     heads = []
@@ -253,7 +255,7 @@ def warm_runs(strategies: tuple[str, ...] | None = None, runs: int = 3, log=prin
                 f"{strategy}: whole process {table[strategy]['wall_s_median']:.2f} s (median of {runs}), record "
                 f"total {table[strategy]['record_total_s_median']:.2f} s, load {rows[-1]['load_average_before'][0]}"
             )
-    from clbench.run.precision import CpuInfo
+    from clbench.core.precision import CpuInfo
 
     cpu = CpuInfo.detect()
     return {

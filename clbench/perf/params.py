@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from clbench.core.catalog import FEATURED_STRATEGY, STRATEGIES
+from clbench.core.config import make_strategy_config
+from clbench.errors import ClbenchError
 from clbench.perf import arg, bounded, measurement
 
 TASKS_MAX = 1000  # tasks of a --tasks plan (the literature's longest streams have 100 or fewer)
@@ -14,8 +17,6 @@ CLASSES_MAX = 100_000  # classes in one task (ImageNet-21k has 21,843 in all)
 
 def parse_tasks(text: str) -> tuple[int, ...]:
     """``10x10`` -> ten tasks of 10 classes; ``50,10,10`` -> the classes of each task."""
-    from clbench.errors import ClbenchError
-
     if len(text) > 20 * TASKS_MAX:  # longer than TASKS_MAX numbers of any sensible size: not parsed at all
         raise ClbenchError(f"--tasks: {len(text):,} characters, more than {TASKS_MAX:,} tasks can take", "e.g. 10x10")
     try:
@@ -45,10 +46,6 @@ def param_table(d: int, depth: int, task_sizes: tuple[int, ...], names: list[str
     """Parameters added and trained per task by every registered strategy's default config (or ``names``'), from
     its :meth:`~clbench.methods.contract.Strategy.param_formula`, for a ViT of width ``d`` and ``depth`` blocks."""
     import dataclasses
-
-    from clbench.errors import ClbenchError
-    from clbench.run.catalog import FEATURED_STRATEGY, STRATEGIES
-    from clbench.run.config import make_strategy_config
 
     if d < 1 or depth < 1:
         raise ClbenchError(f"--d {d} --depth {depth}: both must be >= 1")

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from clbench.core.catalog import DEFAULT_STRATEGY
 from clbench.perf import arg, backbone_args, measurement
 
 
@@ -24,7 +25,7 @@ def feature_probe(
     import torch.nn.functional as F
     from sklearn.linear_model import LogisticRegression
 
-    from clbench.run.catalog import DEFAULT_STRATEGY
+    # deferred: loads numpy, which importing this module does not
     from clbench.run.harness import RunConfig, prepare
 
     s = prepare(

@@ -3,9 +3,9 @@ projection-check``), recorded as JSON.
 
 - ``projection``: the compute a paper table needs. It measures, on this machine's device, the per-image cost of one
   frozen forward pass of the paper backbone (ViT-B/16 at 224 px, at the precision a run on that device chooses
-  (:mod:`clbench.run.precision`)), of one training pass (forward and backward through the frozen ViT to input-side
+  (:mod:`clbench.core.precision`)), of one training pass (forward and backward through the frozen ViT to input-side
   parameters, as prompt and adapter methods need) and of each method's own units (its card's ``unit_seconds``,
-  :class:`clbench.run.catalog.MethodCard`), then asks every registered strategy what one run costs
+  :class:`clbench.core.catalog.MethodCard`), then asks every registered strategy what one run costs
   (its card's ``work``, at its default config and at each of its card's ``projection_profiles``) on
   the six benchmarks of the TOSCA paper and converts to device-hours for ``seeds`` seeds. The counting model of each
   method is the docstring of its ``work``; this module names none.
@@ -22,13 +22,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from clbench.benchmarks import BENCHMARKS, build_benchmark
+from clbench.core.catalog import STRATEGIES, card, load_target
+from clbench.core.config import make_strategy_config
+from clbench.core.precision import for_backbone
 from clbench.errors import ClbenchError
+from clbench.features.backbones import load_backbone
 from clbench.methods.contract import RunShape, Work
+from clbench.methods.shared import torch_threads
 from clbench.perf import arg, backbone_args, device_arg, measurement
 from clbench.perf.timing import median_seconds
+from clbench.records.results import load_record
 
 if TYPE_CHECKING:
-    from clbench.run.catalog import MethodCard
+    from clbench.core.catalog import MethodCard
 
 # The six benchmarks of the TOSCA paper (arXiv 2502.14762) with PILOT's pre-sampled splits. Provenance: test sizes are
 # the exact denominators of the final accuracies in the EASE repository's logs (sun-hailong/CVPR24-Ease,
@@ -49,9 +56,6 @@ PAPER_BENCHMARKS: dict[str, dict[str, int]] = {
 def projection_rows(names: list[str] | None = None) -> list[tuple[str, MethodCard, Any]]:
     """(row name, method card, config) of every registered strategy (or of ``names``): its default config, then
     one row ``<name>-<profile>`` for each of its card's ``projection_profiles``."""
-    from clbench.run.catalog import STRATEGIES, card
-    from clbench.run.config import make_strategy_config
-
     rows = []
     for name in names if names is not None else STRATEGIES.names():
         c = card(name)
@@ -81,11 +85,6 @@ def check_against_run(run_dir: str | Path, log: Callable[[str], None] = print) -
     config and protocols, against the run's recorded train + eval seconds. Its features came from the cache, so
     they are part of neither: the cacheable frozen passes (``Work.f_cacheable``) are left out of the prediction."""
     import numpy as np
-
-    from clbench.benchmarks import BENCHMARKS, build_benchmark
-    from clbench.methods.shared import torch_threads
-    from clbench.records.results import load_record
-    from clbench.run.catalog import card
 
     rec = load_record(Path(run_dir))
     try:
@@ -162,10 +161,8 @@ def measure_costs(
 ) -> dict[str, Any]:
     """Seconds per image for a frozen pass and a training pass, and of every unit the registered strategies (or
     ``strategies``) state (their cards' ``unit_seconds``)."""
-    from clbench.features.backbones import load_backbone
-    from clbench.run.catalog import STRATEGIES, card, load_target
+    # looked up at call time: tests replace it on its module
     from clbench.run.harness import resolve_device
-    from clbench.run.precision import for_backbone
 
     dev = resolve_device(device)
     bb = load_backbone(backbone, "random", img_size).to(dev)  # weights do not change timings

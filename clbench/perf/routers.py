@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from clbench.methods.routers import ROUTERS, RouteInputs, RoutingMemory, route
+from clbench.methods.shared import torch_threads
 from clbench.perf import backbone_args, measurement
 from clbench.perf.timing import median_seconds, timed_backbone
 
@@ -41,8 +42,6 @@ def router_costs(
     CPU with one intra-op thread (as strategies run per-task work). The rule's inputs (every module's logits, the
     frozen features, the fitted statistics) are given; a strategy's modules cost extra (its own benchmark), and
     rules with ``needs_all_modules = False`` need only the chosen module to run. Also the fit cost per task."""
-    from clbench.methods.shared import torch_threads
-
     timed = timed_backbone(backbone, weights, img_size, batch, precision, log)
     bb, d, prec, t_backbone = timed.backbone, timed.d, timed.precision, timed.seconds
     g = torch.Generator().manual_seed(1)

@@ -17,8 +17,8 @@ import subprocess
 import sys
 from typing import Any
 
+from clbench.core.precision import CpuInfo, isa_limits
 from clbench.perf import backbone_args, device_arg, measurement
-from clbench.run.precision import isa_limits
 
 DEFAULT_BACKBONE = "vit_small_patch14_dinov2"
 DEFAULT_IMG = 112  # the embedded benchmark's input size
@@ -27,6 +27,7 @@ DEFAULT_IMG = 112  # the embedded benchmark's input size
 def _load(backbone: str, img_size: int, device: str):
     import torch
 
+    # deferred: loads torch, which importing this module does not
     from clbench.features.backbones import load_backbone
     from clbench.run.harness import resolve_device
 
@@ -44,7 +45,8 @@ def precision_table(
     log=print,
 ) -> dict[str, Any]:
     """img/s for each (precision, threads) on this machine, and where auto's choice lands against the fastest."""
-    from clbench.run.precision import CpuInfo, for_backbone, throughput
+    # looked up at call time: tests replace it on its module
+    from clbench.core.precision import CpuInfo, for_backbone, throughput
 
     bb, dev, torch = _load(backbone, img_size, device)
     cores = torch.get_num_threads()
@@ -93,7 +95,7 @@ import json, sys
 import torch
 import clbench
 from clbench.perf.throughput import _load
-from clbench.run.precision import throughput
+from clbench.core.precision import throughput
 backbone, img, precision = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 threads, seconds = int(sys.argv[4]), float(sys.argv[5])
 bb, dev, torch = _load(backbone, img, "cpu")
@@ -130,11 +132,9 @@ def thread_table(
     in fresh processes."""
     import torch
 
-    from clbench.run.precision import CpuInfo
-
     if precision is None:
         bb, dev, _ = _load(backbone, img_size, "cpu")
-        from clbench.run.precision import for_backbone
+        from clbench.core.precision import for_backbone
 
         precision = for_backbone(bb, dev, "auto").name
     cores = os.cpu_count() or 1

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from clbench.core.precision import for_backbone
+
 
 def median_seconds(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> float:
     """Median seconds of ``fn()`` over ``repeat`` runs after ``warmup`` runs."""
@@ -29,7 +31,7 @@ class TimedBackbone:
 
     backbone: Any
     images: Any  # (batch, 3, size, size)
-    precision: Any  # clbench.run.precision's choice for this backbone
+    precision: Any  # clbench.core.precision's choice for this backbone
     seconds: float
 
     @property
@@ -49,8 +51,8 @@ def timed_backbone(
     (median of 3 after 1 warm-up) and log the milliseconds per image."""
     import torch
 
+    # deferred: loads torch, which importing this module does not
     from clbench.features.backbones import load_backbone
-    from clbench.run.precision import for_backbone
 
     bb = load_backbone(backbone, weights, img_size)
     images = torch.randn(batch, 3, bb.img_size, bb.img_size)

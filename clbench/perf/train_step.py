@@ -35,6 +35,8 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from clbench.core.catalog import STRATEGIES
+from clbench.core.precision import CpuInfo, autocast, check_request
 from clbench.errors import ClbenchError
 from clbench.methods.contract import Split, Strategy, Task
 from clbench.perf import arg, backbone_args, bounded, device_arg, measurement, write
@@ -216,8 +218,6 @@ class LimitPass:
             self.optimizer = torch.optim.SGD(self.tuned.parameters(), lr=1e-6, momentum=0.9)
 
     def __call__(self, batch: int) -> float:
-        from clbench.run.precision import autocast
-
         model, size = self.tuned or self.backbone.model, self.backbone.img_size
         if batch not in self._inputs:
             g = torch.Generator().manual_seed(0)
@@ -277,9 +277,8 @@ def train_step_table(
     """:func:`step_ratio` of every strategy in ``names`` (default configs) at every requested precision, on the
     first task of ``bench``, with the CPU, thread count and machine load the numbers were measured under.
     ``partial(table)`` is called after every measurement (to save what is done on a long run)."""
-    from clbench.run.catalog import STRATEGIES
+    # looked up at call time: tests replace it on its module
     from clbench.run.harness import RunConfig, prepare
-    from clbench.run.precision import CpuInfo
 
     for name in names:
         if not STRATEGIES.get(name).needs_vit:
@@ -362,9 +361,6 @@ def train_step_table(
     ),
 )
 def _train_step(flags: argparse.Namespace) -> dict[str, Any]:
-    from clbench.run.catalog import STRATEGIES
-    from clbench.run.precision import check_request
-
     for requested in flags.precisions:
         check_request(requested)
     if flags.steps < 1:

@@ -27,6 +27,7 @@ import csv
 from dataclasses import dataclass
 from importlib import resources
 
+from clbench.core.catalog import BACKBONES, STRATEGIES
 from clbench.errors import ClbenchError
 
 STATUSES = ("verified", "secondary", "approximate", "missing")
@@ -70,7 +71,8 @@ def _number(text: str, where: str) -> float | None:
 def read(text: str, name: str = FILE) -> list[Published]:
     """The rows of a published table's CSV text, each checked: known method, benchmark and backbone, a split, a
     known status, accuracies in [0, 100] (empty exactly for a ``missing`` row)."""
-    from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES
+    # deferred: loads numpy, which importing this module does not
+    from clbench.benchmarks import BENCHMARKS
 
     rows = []
     for i, r in enumerate(csv.DictReader(text.splitlines()), start=2):
@@ -206,7 +208,8 @@ def format_table(rows: list[Published], commands: bool = False) -> str:
 
 def cmd_published(args) -> int:
     """``clbench published [--method M] [--bench B] [--commands]``."""
-    from clbench.run.catalog import BENCHMARKS, STRATEGIES
+    # deferred: loads numpy, which importing this module does not
+    from clbench.benchmarks import BENCHMARKS
 
     if args.method:
         STRATEGIES.check(args.method)

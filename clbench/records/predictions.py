@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from clbench.errors import ClbenchError
+from clbench.files.safety import npz_arrays, read_bytes
 from clbench.files.typedfile import COUNT, TEXT, Typed, is_count, is_str, json_field
 
 PREDICTIONS_FILE = "predictions.npz"
@@ -190,7 +191,6 @@ def read(
         raise ClbenchError(f"{path}: the record names this predictions file but it is missing", _FIX) from None
     if size > max_bytes:
         raise ClbenchError(f"{path}: {size} bytes, more than the {max_bytes} a predictions file may have", _FIX)
-    from clbench.files.safety import read_bytes
 
     data = read_bytes(path, max_bytes, "predictions")  # a regular file, bounded: never a FIFO or /dev/zero
     size = len(data)
@@ -256,8 +256,6 @@ def from_bytes(data: bytes, path: Path | str = PREDICTIONS_FILE, max_bytes: int 
 
     def bad(why: str) -> ClbenchError:
         return ClbenchError(f"{path}: not a clbench predictions file ({why})", _FIX)
-
-    from clbench.files.safety import npz_arrays
 
     try:  # every header checked before its array is allocated; never unpickled
         arrays = npz_arrays(data, max_bytes)

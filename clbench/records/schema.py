@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clbench.core.config import Fingerprint
+from clbench.files.atomic import atomic_write_json
 from clbench.files.typedfile import (
     COUNT,
     COUNTS,
@@ -53,7 +55,6 @@ from clbench.files.typedfile import (
 from clbench.files.typedfile import problems as typed_problems
 from clbench.records.predictions import PredictionsFile
 from clbench.records.versions import SCHEMA_VERSION
-from clbench.run.config import Fingerprint
 
 RESULT_FILE = "result.json"
 Json = dict[str, Any]
@@ -242,7 +243,7 @@ class RunRecord:
     complete: bool = json_field("true or false", is_bool, required=True)
     created: str | None = json_field("a string or null", or_none(is_str), default=None)  # ISO time of this write
     command: str | None = json_field("a string or null", or_none(is_str), default=None)
-    # the run's defining settings (clbench.run.config.Fingerprint)
+    # the run's defining settings (clbench.core.config.Fingerprint)
     fingerprint: Fingerprint | None = json_field(
         "an object or null", or_none(is_object), codec=Fingerprint, default=None
     )
@@ -250,7 +251,7 @@ class RunRecord:
     # the strategy's settings dataclass, as written: each method declares its own Config (plug-ins too), so its
     # fields are not the record's to declare (the strategy's Config checks them where a run builds one)
     strategy_config: JsonObject = json_field("an object", is_json_object, default_factory=dict)
-    # the run's train_per_class (clbench.run.config.RunConfig): each task learnt from its first k images per class
+    # the run's train_per_class (clbench.core.config.RunConfig): each task learnt from its first k images per class
     train_per_class: int | None = json_field(
         "an integer >= 1 or null", or_none(is_positive), where_set=True, default=None
     )
@@ -279,14 +280,14 @@ class RunRecord:
         "an object or null", or_none(is_json_object), where_set=True, default=None
     )
     # how the strategy's settings were chosen (`clbench tune`: search space, budget, tuning benchmark and split,
-    # trials, best validation accuracy), as its summary file said (clbench.tune.summary)
+    # trials, best validation accuracy), as its summary file said (clbench.records.tuning)
     tuning: JsonObject | None = json_field("an object or null", or_none(is_json_object), where_set=True, default=None)
     task_sizes: list[int] = json_field(  # classes per task
         "a list of integers >= 1",
         lambda v: isinstance(v, list) and bool(v) and all(is_positive(n) for n in v),
         required=True,
     )
-    # the run's scenario where it is not "class" (clbench.run.config.SCENARIO_CHOICES); records without it are
+    # the run's scenario where it is not "class" (clbench.core.config.SCENARIO_CHOICES); records without it are
     # class-incremental runs (read them with ``record.scenario or "class"``)
     scenario: str | None = json_field(f"{NAME} or null", or_none(is_name), where_set=True, default=None)
     # the domain scenario: the benchmark's domain names in task order (task t = domain t)
@@ -445,8 +446,6 @@ class RunRecord:
     def write(self, run_dir: Path | str) -> Path:
         """Write ``run_dir/result.json`` atomically (a reader sees the old record or the new one, never a torn
         file); return its path."""
-        from clbench.files.atomic import atomic_write_json
-
         path = Path(run_dir) / RESULT_FILE
         atomic_write_json(path, self.to_dict(), standard=True)  # no NaN in the file: null (old_acc after task 1)
         return path

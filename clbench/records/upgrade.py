@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from clbench.core.catalog import all_learned, card
 from clbench.errors import ClbenchError
+from clbench.files.escape import plain
 from clbench.files.safety import load_json
 from clbench.records.results import RUN_HINT, _build, _checked, read_record
 from clbench.records.schema import RESULT_FILE, Json, RunRecord
@@ -52,8 +54,6 @@ def upgrade_v3(data: Json) -> Json:
     (``split_kept``), which its live runs use too; a strategy this clbench does not
     register keeps everything as learned (the base rule). ``params.restated_from_schema`` says so, and
     ``params.kept_as_written`` keeps the counts the record was written with."""
-    from clbench.run.catalog import all_learned, card
-
     params = dict(data["params"])
     kept = list(params.get("added_per_task") or [params["added_total"]])
     sizes = list(data["task_sizes"])
@@ -168,8 +168,6 @@ def upgrade_command(args: argparse.Namespace) -> int:
     record could not be upgraded."""
     from collections import Counter
 
-    from clbench.files.escape import plain
-    from clbench.records.results import RUN_HINT
     from clbench.records.upgrade import upgrade_folders
 
     outcomes = upgrade_folders(args.dirs, dry_run=args.dry_run)

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from clbench.core.catalog import MethodCard, card, config_defaults
+from clbench.core.config import make_strategy_config, run_level
 from clbench.errors import ClbenchError
 from clbench.records.schema import RunRecord, trained_settings
 from clbench.report.collect import Collection, Run
@@ -101,7 +103,6 @@ def fixed_settings(record: RunRecord) -> dict[str, Any]:
         out["bf16 kernels"] = kernels
     if (record.weights_source or "").startswith("random"):  # a random init follows the seed: seeds still average
         out["weights_digest"] = "random init"
-    from clbench.run.catalog import config_defaults
 
     # a setting added since the record (InfLoRA's ``float64``): the record trained at its default
     settings = {**config_defaults(record.strategy), **record.settings}
@@ -128,8 +129,6 @@ def differing_settings(records: Sequence[RunRecord]) -> dict[str, list[str]]:
 
 def _marks(record: RunRecord) -> dict[str, dict[str, Any]]:
     """Budget of the strategy's ``quick`` profile and of its default config, where the strategy is registered."""
-    from clbench.run.catalog import MethodCard, card
-    from clbench.run.config import make_strategy_config, run_level
 
     def budget(cls: MethodCard, profile: str | None) -> dict[str, Any]:
         k = run_level(cls, profile, None, "train_per_class")

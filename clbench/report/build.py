@@ -20,28 +20,44 @@ from typing import Any
 
 import pandas as pd
 
+from clbench import __version__
 from clbench.errors import ClbenchError
+from clbench.evaluation.stats import Interval
 from clbench.files import escape as text
 from clbench.files.atomic import atomic_write_text
 from clbench.files.safety import check_output_folder, folder_mark, load_json, mark_folder, owned_folder, starts_with
 from clbench.published import beside
-from clbench.report.collect import Collection, git_short
-from clbench.report.figure_base import FIG_DIR, FigureOut, provenance, slug
+from clbench.report.budget import budget_curves
+from clbench.report.collect import AccKey, Collection, git_short
+from clbench.report.exports import table_csv, write_compare_exports
+from clbench.report.figure_base import FIG_DIR, PAPER_DPI, FigureOut, provenance, slug
 from clbench.report.figures import make_figures
 from clbench.report.figures.curves import accuracy_curves
-from clbench.report.leaderboard import Board
+from clbench.report.figures.tsne_maps import TSNE_MAX_POINTS
+from clbench.report.forest import forest_of_study
+from clbench.report.front import tag_of, write_readme
+from clbench.report.html import render_html, render_markdown
+from clbench.report.labels import display_name
+from clbench.report.latex import leaderboard_latex, table_latex
+from clbench.report.leaderboard import Board, automatic, from_study_file, leaderboard, study_sections
+from clbench.report.study import build_study, p_text, verdict
 from clbench.report.tables import (
     COST_NOTE,
+    ECE_NOTE,
     FORGETTING_NOTE,
+    INTERVAL_NOTE,
     PROTOCOL_NOTES,
     Section,
     metric_definitions,
+    pairs_frame,
+    pairs_intro,
     runs_table,
     section_markdown,
     sections,
     summary_frame,
     summary_table,
 )
+from clbench.report.uncertainty import Predicted, fmt_range
 
 MANIFEST = "report.json"
 PUBLISHED_INTRO = "Measured cells beside the published values (`clbench published`) on the same split and backbone."
@@ -58,7 +74,6 @@ _write_text = atomic_write_text  # every text file of a report, written whole or
 
 
 def _meta(coll: Collection, command: str | None) -> str:
-    from clbench import __version__
     from clbench.records.host import git_revision
 
     skipped = f", {len(coll.skipped)} skipped" if coll.skipped else ""
@@ -165,13 +180,6 @@ def write_report(
     ``latex_only``: write only what a paper needs (:func:`write_paper`). ``family``: the study's family of paired
     tests (:data:`clbench.report.study.FAMILIES`). ``readme``: Markdown files whose results block (between
     :data:`clbench.report.front.BEGIN` and ``END``) is rewritten from the study."""
-    from clbench.report.budget import budget_curves
-    from clbench.report.figures.tsne_maps import TSNE_MAX_POINTS
-    from clbench.report.html import render_html, render_markdown
-    from clbench.report.leaderboard import automatic, from_study_file, leaderboard, study_sections
-    from clbench.report.study import build_study
-    from clbench.report.uncertainty import Predicted
-
     if not coll.runs:
         reasons = "; ".join(f"{s.path}: {s.reason}" for s in coll.skipped) or "no run folders found"
         raise ClbenchError(
@@ -271,8 +279,6 @@ def write_report(
 
 def _write_readmes(readme: list[Path] | None, model: Any, study_file: str | Path | None) -> list[Path]:
     """Rewrite each file's results block of this study from ``model`` (:func:`clbench.report.front.write_readme`)."""
-    from clbench.report.front import tag_of, write_readme
-
     return [write_readme(Path(path), model, tag_of(study_file)) for path in readme or []]
 
 
@@ -282,9 +288,6 @@ TABLES_DIR = "tables"
 def write_tables(secs: list[Section], board: Board, out_dir: Path) -> list[Path]:
     """Every table of the report as ``tables/ANCHOR.csv`` and ``tables/ANCHOR.tex`` (booktabs); the leaderboard's
     LaTeX with its best row in bold and its significance marker (:func:`clbench.report.latex.leaderboard_latex`)."""
-    from clbench.report.exports import table_csv
-    from clbench.report.latex import leaderboard_latex, table_latex
-
     folder = out_dir / TABLES_DIR
     owned_folder(out_dir, TABLES_DIR, "--out")
     files = []
@@ -303,10 +306,6 @@ def write_tables(secs: list[Section], board: Board, out_dir: Path) -> list[Path]
 def write_paper(board: Board, main: Collection, out_dir: Path, predicted: Any) -> Written:
     """``--latex-only``: the leaderboard (``leaderboard.tex``, ``leaderboard.csv``) and the main figure (PDF, SVG
     and a 300-dpi PNG) in ``out_dir``; nothing else."""
-    from clbench.report.exports import table_csv
-    from clbench.report.figure_base import PAPER_DPI
-    from clbench.report.latex import leaderboard_latex
-
     written = Written(out_dir)
     written.files.append(_write_text(out_dir / "leaderboard.tex", leaderboard_latex(board)))
     written.files.append(_write_text(out_dir / "leaderboard.csv", table_csv(board.table)))
@@ -345,8 +344,6 @@ def to_latex(df, caption: str) -> str:
     """A booktabs table of the compact columns (no jinja2 dependency), ranked by final accuracy, the best row in
     bold, strategies by the names readers know; a column every row shares (one backbone) is named in the caption
     instead of repeated. Needs ``\\usepackage{booktabs}`` (named in its first line)."""
-    from clbench.report.labels import display_name
-
     cols = [c for c in LATEX_COLUMNS if c in df.columns]
     for shared in ("backbone", "protocol"):
         if shared in cols and df[shared].nunique() == 1:
@@ -391,13 +388,6 @@ def write_compare(
     ``study_file`` or without one, the same family and Holm correction, so that a pair prints the same p as in the
     report of the same records) with their forest plot, for ``bench``; ``compare.csv`` and ``compare_pairs.csv`` hold
     numbers and ``compare.json`` the study's tests (:mod:`clbench.report.exports`)."""
-    from clbench.report.exports import write_compare_exports
-    from clbench.report.forest import forest_of_study
-    from clbench.report.leaderboard import automatic, from_study_file
-    from clbench.report.study import build_study
-    from clbench.report.tables import ECE_NOTE, INTERVAL_NOTE, pairs_frame, pairs_intro
-    from clbench.report.uncertainty import Predicted
-
     sel = coll.select(bench)
     if not sel.runs:
         have = ", ".join(sorted({r.record.bench for r in coll.runs})) or "none"
@@ -476,10 +466,6 @@ def _versus(table, model) -> list[str]:
     95 % interval, the unadjusted and the Holm-adjusted p and the verdict), ``baseline``, ``-`` for a row outside
     the study's main rows, or why the pair has no test. A test belongs to the row of the same identity:
     benchmark, strategy variant, backbone (with its precision), weights and protocol."""
-    from clbench.report.collect import AccKey
-    from clbench.report.study import p_text, verdict
-    from clbench.report.uncertainty import fmt_range
-
     cells = []
     columns = ("benchmark", "backbone", "weights", "strategy", "protocol")
     for bench, backbone, weights, strategy, protocol in zip(*(table[c] for c in columns), strict=True):
@@ -502,8 +488,6 @@ def _versus(table, model) -> list[str]:
 
 
 def stats_interval(t):
-    from clbench.evaluation.stats import Interval
-
     return Interval(t.diff, t.lo, t.hi)
 
 

@@ -21,7 +21,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from clbench.core.catalog import card
+from clbench.core.config import make_strategy_config, run_level
 from clbench.errors import ClbenchError
+from clbench.evaluation import metrics
+from clbench.records.predictions import read
 from clbench.records.results import load_record
 from clbench.records.routing_diagnostics import RoutingDiagnostics, read_routing
 from clbench.records.schema import DEFAULT_CLASS_ORDER_SEED, RESULT_FILE, ProtocolSummary, RunRecord
@@ -308,8 +312,6 @@ def collect(paths: list[str | Path], pool_class_orders: bool = False) -> Collect
     predictions file contradicts (:func:`verify_predictions`: as a changed predictions file, it stops every command
     that reads records, the gate included). ``pool_class_orders``:
     runs of one benchmark and split but different class orders share rows (seeds that also set the class order)."""
-    from clbench.evaluation import metrics
-
     files, skipped = find_run_dirs(paths)
     loaded: list[tuple[Path, RunRecord]] = []
     seen: set[Path] = set()
@@ -379,8 +381,6 @@ def verify_predictions(runs: list[Run]) -> None:
     gate's, are read as they are): a ClbenchError (one line naming the file) for the first file that changed since
     its run or that gives other accuracies than its record states, so that an edited record or file is neither
     shown, nor averaged, nor passed by the gate."""
-    from clbench.records.predictions import read
-
     for run in runs:
         ref = run.record.predictions
         if ref is not None and (run.path / ref.file).exists():
@@ -420,9 +420,6 @@ def changed_settings(record: RunRecord) -> list[str] | None:
     """``key=value`` for every strategy setting of ``record`` that differs from its strategy's defaults (with its
     profile applied); None when the strategy is not registered here."""
     from dataclasses import asdict
-
-    from clbench.run.catalog import card
-    from clbench.run.config import make_strategy_config, run_level
 
     try:
         cls = card(record.strategy)  # the method's card: its settings without loading it (or torch)

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from clbench.errors import ClbenchError
 from clbench.files.escape import plain
 from clbench.records.command import command_line
 
@@ -111,7 +112,7 @@ def _add_family(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from clbench.errors import ClbenchError
+    # deferred: loads pandas, which importing this module does not
     from clbench.report.build import write_report
     from clbench.report.collect import collect
 
@@ -169,6 +170,7 @@ def add_compare_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    # deferred: loads pandas, which importing this module does not
     from clbench.report.build import write_compare
     from clbench.report.collect import collect
 
@@ -202,6 +204,7 @@ def add_routing_study_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_routing_study(args: argparse.Namespace) -> int:
+    # deferred: loads pandas, which importing this module does not
     from clbench.report.collect import collect
     from clbench.report.routing_study import write_study
 

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.files.atomic import atomic_write_text as _write_text
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -172,7 +174,6 @@ def write_compare_exports(
     summary table's records (``table``), the pairs table's (``pairs``), how it was made and, given ``study``
     (:meth:`clbench.report.study.Study.to_dict`), the study's rows, family and tests at full precision; returns
     the paths written."""
-    from clbench.files.atomic import atomic_write_text as _write_text
 
     files = [_write_text(out_dir / "compare.csv", table_csv(table))]
     if len(pairs):

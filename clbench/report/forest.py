@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from clbench.report.figure_base import _final
+from clbench.report.labels import needs_backbone, short_label
+
 if TYPE_CHECKING:
     from clbench.report.collect import Collection
     from clbench.report.figure_base import FigureOut
@@ -80,6 +83,7 @@ def forest_plot(
     rejects at 5 %, open grey where not. ``family``: the correction, named once in the caption. None without a test."""
     import matplotlib
 
+    # looked up at call time: tests replace it on its module
     from clbench.report.figure_base import RC, _save, provenance
 
     sides = [(best, "best")] + ([(baseline, "baseline")] if baseline is not None and baseline != best else [])
@@ -184,7 +188,7 @@ class _Pair:
 def pairs_of(rows: Sequence[Any], several: bool) -> list[_Pair]:
     """Paired rows (:class:`clbench.report.uncertainty.PairRow`) with a test, as :class:`PairTestLike` tests whose ids
     and labels are the rows' short labels; the adjusted p and verdict are the rows' own (Holm)."""
-    from clbench.report.labels import short_label
+    # deferred: loads numpy, which importing this module does not
     from clbench.report.uncertainty import ALPHA
 
     return [
@@ -212,9 +216,6 @@ def forest_of_pairs(
 ) -> FigureOut | None:
     """:func:`forest_plot` of paired rows already tested (``clbench compare``: every pair, or each against
     ``baseline``), with their own Holm-adjusted p: each row against the best row of ``coll`` and the baseline."""
-    from clbench.report.figure_base import _final
-    from clbench.report.labels import needs_backbone, short_label
-
     groups = coll.acc_groups()
     several = needs_backbone(list(groups))
     ranked = sorted(groups, key=lambda k: -_final(groups[k], k.protocol))
@@ -237,8 +238,7 @@ def tests_from_collection(
     makes them (:func:`clbench.report.uncertainty.paired_rows` against one strategy, Holm over each of the two families,
     per benchmark and protocol); returns (tests, best id, baseline id, labels ranked best first,
     the families' description)."""
-    from clbench.report.figure_base import _final
-    from clbench.report.labels import needs_backbone, short_label
+    # deferred: loads numpy, which importing this module does not
     from clbench.report.uncertainty import paired_rows
 
     groups = coll.acc_groups()

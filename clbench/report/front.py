@@ -15,7 +15,9 @@ from pathlib import Path
 
 from clbench.errors import ClbenchError
 from clbench.evaluation.stats import Interval, fmt_p
+from clbench.report.labels import display_name
 from clbench.report.study import PairTest, Study, StudyRow, _seeds_text, _strategy
+from clbench.report.uncertainty import fmt_interval, fmt_range
 
 # A file may hold the blocks of several studies, each tagged with its study file's name (``emoji-table`` for
 # ``--study reports/emoji-table.yaml``; ``main`` without a study file).
@@ -50,8 +52,6 @@ def front_rows(model: Study) -> list[StudyRow]:
 
 
 def _range(t: PairTest) -> str:
-    from clbench.report.uncertainty import fmt_range
-
     return f"{t.diff:+.2f} {fmt_range(Interval(t.diff, t.lo, t.hi))}"
 
 
@@ -63,14 +63,10 @@ def _cell(t: PairTest | None, why: str | None) -> str:
 
 
 def _final(row: StudyRow) -> str:
-    from clbench.report.uncertainty import fmt_interval
-
     return fmt_interval(row.final, row.interval.last)
 
 
 def _avg(row: StudyRow) -> str:
-    from clbench.report.uncertainty import fmt_interval
-
     return fmt_interval(row.avg, row.interval.avg)
 
 
@@ -115,8 +111,6 @@ def sentence(model: Study) -> str:
 
 def results_block(model: Study) -> str:
     """The Markdown between the markers (module docstring)."""
-    from clbench.report.labels import display_name
-
     rows = front_rows(model)
     base_name = display_name(model.baseline_strategy) if model.baseline_strategy else None
     head = ["rank", "method", "seeds", "final % ± CI", "avg inc % ± CI", "vs best: Δ [95 % CI]; p, Holm"]

@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from clbench.core.catalog import STRATEGY_LOOKS
+
 if TYPE_CHECKING:
     from clbench.report.collect import AccKey
 
 
 def display_name(strategy: str) -> str:
-    """The strategy's name as a reader knows it (``clbench.run.catalog.STRATEGY_LOOKS``); a plug-in's as registered."""
-    from clbench.run.catalog import STRATEGY_LOOKS
-
+    """The strategy's name as a reader knows it (``clbench.core.catalog.STRATEGY_LOOKS``); a plug-in's as registered."""
     return STRATEGY_LOOKS[strategy][0] if strategy in STRATEGY_LOOKS else strategy
 
 

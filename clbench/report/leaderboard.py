@@ -31,9 +31,26 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.core.config import flag_fields
 from clbench.errors import ClbenchError
-from clbench.report.collect import AccKey, Collection, Run
+from clbench.evaluation.stats import Interval, fmt_p
+from clbench.report.collect import AccKey, Collection, Run, data_identity
 from clbench.report.labels import display_name, short_label
+from clbench.report.study import _seeds_text, build_study
+from clbench.report.tables import (
+    INTERVAL_NOTE,
+    PAIRED_NOTE,
+    Section,
+    fmt_float,
+    fmt_int_range,
+    mean_std,
+    protocol_routing_warning,
+    training_warning,
+)
+from clbench.report.uncertainty import fmt_interval, fmt_range
+from clbench.run.configfile import apply
+from clbench.sweep.plan import make_plan
+from clbench.sweep.settings import SweepArgs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -156,7 +173,7 @@ def automatic(coll: Collection, baseline: str | None = None) -> tuple[Collection
     ]
     strategies = [k.strategy for k in main]
     if baseline is None:
-        from clbench.run.catalog import DEFAULT_STRATEGY
+        from clbench.core.catalog import DEFAULT_STRATEGY
 
         baseline = DEFAULT_STRATEGY if DEFAULT_STRATEGY in strategies else (strategies[0] if strategies else None)
     return coll, Study(main, _check_baseline(baseline, strategies), sections, "chosen automatically", notes)
@@ -177,11 +194,6 @@ def study_groups(
     strategy setting and no profile but a reference budget (:func:`is_reference_profile`). ``make_parser``: the
     command line's parser (``clbench.cli.build_parser``, handed down by the command, so that the report never
     imports the command line)."""
-    from clbench.run.config import flag_fields
-    from clbench.run.configfile import apply
-    from clbench.sweep.plan import make_plan
-    from clbench.sweep.settings import SweepArgs
-
     path = str(path)
     out = []
     for i, a in enumerate(apply(make_parser, ["sweep", "--config", path], "sweep", path)):
@@ -224,8 +236,6 @@ def read_study_file(path: str | Path) -> dict[str, Any]:
 def _check_group_data(name: str, runs: list[Run], path: str | Path) -> None:
     """A study group's records are of one data set per benchmark: records whose data digests differ (two data
     sets with the same settings) are refused in one line naming them (records without a digest match any)."""
-    from clbench.report.collect import data_identity
-
     by_bench: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for r in runs:
         ident = data_identity(r.record)
@@ -327,8 +337,6 @@ class Board:
 def _diff_cell(t: PairTest | None, refused: str | None) -> str:
     """``+2.44 [-0.3, +5.1]`` (a minus b, points, 95 % interval of the same procedure as its p), the seeds when
     the rows' seeds differ, or why the pair has no test."""
-    from clbench.report.uncertainty import fmt_range
-
     if t is None:
         return f"not tested: {refused}" if refused else "-"
     cell = f"{t.diff:+.2f} {fmt_range(_interval(t))}"
@@ -336,26 +344,18 @@ def _diff_cell(t: PairTest | None, refused: str | None) -> str:
 
 
 def _interval(t: PairTest):
-    from clbench.evaluation.stats import Interval
-
     return Interval(t.diff, t.lo, t.hi)
 
 
 def _seeds_short(seeds: Sequence[int]) -> str:
-    from clbench.report.study import _seeds_text
-
     return _seeds_text(seeds)
 
 
 def _p_cell(t: PairTest | None) -> str:
-    from clbench.evaluation.stats import fmt_p
-
     return "-" if t is None else fmt_p(t.p, t.p_bound)
 
 
 def _holm_cell(t: PairTest | None) -> str:
-    from clbench.evaluation.stats import fmt_p
-
     return "-" if t is None else fmt_p(t.p_adj, t.p_adj_bound)
 
 
@@ -366,10 +366,6 @@ def leaderboard(study: Study, coll: Collection, predicted: Predicted, model: Stu
     """The main rows sorted by final accuracy (module docstring), every test read from the study ``model``
     (:func:`clbench.report.study.build_study`, built here when not given)."""
     import pandas as pd
-
-    from clbench.report.study import build_study
-    from clbench.report.tables import fmt_float, fmt_int_range, mean_std
-    from clbench.report.uncertainty import fmt_interval
 
     model = model if model is not None else build_study(study, coll, predicted)
     base_name = display_name(study.baseline) if study.baseline else None
@@ -436,8 +432,6 @@ def record_warnings(runs: Sequence[Run], protocol: str) -> dict[str, list[tuple[
     ``--ignore-data-problems``), ``training warning`` (training barely changed the predictions), ``routing
     warning`` (the protocol's module choices collapsed): kind -> [(run id, the record's text)]. The routing warning
     is the record's own text for the per-sample protocol (:func:`clbench.report.tables.protocol_routing_warning`)."""
-    from clbench.report.tables import protocol_routing_warning, training_warning
-
     out: dict[str, list[tuple[str, str]]] = {}
     for r in runs:
         for problem in getattr(r.record, "data_problems", None) or []:
@@ -451,8 +445,6 @@ def record_warnings(runs: Sequence[Run], protocol: str) -> dict[str, list[tuple[
 
 
 def _caption(study: Study, model: StudyModel, best: AccKey | None, warned: bool) -> str:
-    from clbench.report.tables import INTERVAL_NOTE, PAIRED_NOTE
-
     benches = sorted({k.bench for k in study.main})
     protocols = sorted({k.protocol for k in study.main})
     parts = [
@@ -486,8 +478,6 @@ def study_sections(study: Study) -> list[Section]:
     """One table per secondary section of the study: its records (run, configuration, protocol, seed, final and
     average incremental accuracy), so that none is silently dropped."""
     import pandas as pd
-
-    from clbench.report.tables import Section, fmt_float
 
     out = []
     for sec in study.sections:

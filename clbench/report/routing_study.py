@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clbench.errors import ClbenchError
 from clbench.records.schema import RunRecord
+from clbench.report.build import _figures_folder
 from clbench.report.collect import Collection
 from clbench.report.figures.routing_plots import routing_study
 from clbench.report.routing import routing_per_task_table, study_runs, study_table, vary_mean_table, vary_table
+from clbench.report.tables import to_markdown
 
 
 def _cpu(rec: RunRecord) -> str:
@@ -19,9 +22,6 @@ def _cpu(rec: RunRecord) -> str:
 
 def write_study(coll: Collection, out: Path, vary: str | None = None, command: str | None = None) -> Path:
     """``out``/study.md with every table above and ``out``/figures/routing_study.png|svg."""
-    from clbench.errors import ClbenchError
-    from clbench.report.tables import to_markdown
-
     runs = study_runs(coll)
     if not runs:
         raise ClbenchError(
@@ -29,7 +29,6 @@ def write_study(coll: Collection, out: Path, vary: str | None = None, command: s
             "run a strategy with --set routers=a,b,c (e.g. clbench run --strategy tosca "
             "--set routers=energy,prototype) and pass its folder",
         )
-    from clbench.report.build import _figures_folder
 
     _figures_folder(out)  # a new, empty or clbench report folder, marked; figures/ inside it, not a link
     fig = routing_study(coll, out)

@@ -26,6 +26,7 @@ import numpy as np
 
 from clbench.evaluation import stats
 from clbench.report.collect import AccKey, Collection, Run
+from clbench.report.labels import display_name, needs_backbone, short_label
 from clbench.report.uncertainty import (
     ALPHA,
     NO_PREDICTIONS,
@@ -218,8 +219,6 @@ def build_study(
     selection: Selection, coll: Collection, predicted: Predicted | None = None, family: str = "default"
 ) -> Study:
     """The study of ``selection`` (its main rows and baseline) over ``coll``, with the tests of ``family``."""
-    from clbench.report.labels import needs_backbone, short_label
-
     if family not in FAMILIES:
         raise ValueError(f"family {family!r}: one of {', '.join(FAMILIES)}")
     predicted = predicted or Predicted()
@@ -283,8 +282,6 @@ def build_study(
 
 
 def display(strategy: str) -> str:
-    from clbench.report.labels import display_name
-
     return display_name(strategy)
 
 

@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from clbench.evaluation import stats
+from clbench.evaluation import metrics, stats
 from clbench.evaluation.declared import SUMMARISED
 from clbench.files import escape as text
-from clbench.records.routing_diagnostics import RoutingDiagnostics, read_routing
+from clbench.records.routing_diagnostics import RoutingDiagnostics, collapse_warning, read_routing
 from clbench.report.budget import BudgetCurve, budget_table_rows
 from clbench.report.collect import Collection, Run, digest_short
-from clbench.report.uncertainty import Predicted, RowInterval, fmt_interval, row_interval
+from clbench.report.study import _seeds_text
+from clbench.report.uncertainty import Predicted, RowInterval, fmt_interval, fmt_range, row_interval
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,8 +129,6 @@ def run_ids(runs: Sequence[Run]) -> str:
 # ------------------------------------------------------------------------------------------- tables
 def _bwt(run: Run, protocol: str) -> float:
     """The record's BWT, or (records before it) computed from its accuracy matrix: the same definition."""
-    from clbench.evaluation import metrics
-
     s = run.summary(protocol)
     return s.bwt if s.bwt is not None else metrics.bwt(s.accuracy_matrix)
 
@@ -269,8 +268,6 @@ def protocol_routing_warning(record: Any, routing: RoutingDiagnostics, protocol:
     the same collapse test (:func:`clbench.records.routing_diagnostics.collapse_warning`) on that protocol's
     chosen-module counts, against the test images' true tasks (the rows of the router study's confusion counts; in
     records without them, each task's share of the classes)."""
-    from clbench.records.routing_diagnostics import collapse_warning
-
     if protocol == "per-sample":
         return routing.routing_warning or None
     hist = routing.protocols[protocol].chosen_hist if protocol in routing.protocols else None
@@ -361,8 +358,6 @@ def skipped_table(coll: Collection) -> pd.DataFrame:
 
 
 def metric_definitions() -> list[tuple[str, str]]:
-    from clbench.evaluation import metrics
-
     return list(metrics.DEFINITIONS.items())
 
 
@@ -425,9 +420,6 @@ def pairs_intro(model: StudyModel) -> str:
 def pairs_frame(model: StudyModel) -> pd.DataFrame:
     """The study's tests (and the pairs of its family that could not be tested), display strings."""
     import pandas as pd
-
-    from clbench.report.study import _seeds_text
-    from clbench.report.uncertainty import fmt_range
 
     out = []
     for t in model.tests:
@@ -595,6 +587,7 @@ def markdown_tables(coll: Collection) -> str:
 
 def routing_study_sections(coll: Collection) -> list[Section]:
     """Report sections (one table per study run), for :func:`clbench.report.tables.sections`."""
+    # deferred: loads pandas, which importing this module does not
     from clbench.report.routing import study_runs, study_table
 
     return [

@@ -1,4 +1,5 @@
-"""Running one run: its settings (`config`, `configfile`), what clbench knows by name (`catalog`, `registry`),
-the run loop (`harness`), its folder and checkpoint (`rundir`, `checkpoint`), the scenario and precision, the
-Avalanche entry point (`avalanche_api`) and experiment trackers (`trackers`).
+"""The run driver: the run loop (`harness`), its folder and checkpoint (`rundir`, `checkpoint`), the config file
+reader (`configfile`), the scenario check, the checks before a run (`precheck`, `dryrun`, `validation`, `describe`),
+the Avalanche entry point (`avalanche_api`) and experiment trackers (`trackers`). What every floor needs (the
+registries, the run settings, precision) is in :mod:`clbench.core`; nothing below the driver imports this package.
 """

@@ -16,7 +16,7 @@ callbacks, and during evaluation ``mb_output`` (logits indexed by class id) and 
 Avalanche's metrics, ``EvaluationPlugin`` and loggers work unchanged.
 
 Same numbers as ``clbench run`` by construction: the strategy takes the CLI's own settings, the fields of
-:class:`clbench.run.config.RunConfig` under their names and with their defaults and checks (``strategy=``, ``bench=``,
+:class:`clbench.core.config.RunConfig` under their names and with their defaults and checks (``strategy=``, ``bench=``,
 ``backbone=``, ``seed=``, ``overrides=``, ...; ``help(ClbenchStrategy)`` lists them), and builds its backbone, input
 size, transforms and precision with the CLI's code (:func:`clbench.run.harness.resolve`, then
 :func:`clbench.run.harness.load_inputs`). The keywords are derived from RunConfig, not restated: a new RunConfig field
@@ -55,10 +55,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from clbench.benchmarks.base import ImageSource
+from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError
+from clbench.features.cache import FeatureCache
 from clbench.methods.answers import checked
 from clbench.methods.contract import PER_SAMPLE, Context, Split, Task
-from clbench.run.config import RunConfig
+from clbench.run.harness import feature_key, load_inputs, resolve
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -265,9 +267,6 @@ class ClbenchStrategy(SupervisedTemplate):
         settings: Mapping[str, Any] | None = None,  # deprecated: overrides=
         **run: Any,  # RunConfig fields (run_fields), checked by run_config and RunConfig
     ) -> None:
-        from clbench.features.cache import FeatureCache
-        from clbench.run.harness import load_inputs, resolve
-
         self.config = run_config(run, {"method": method, "settings": settings})
         self.resolved = resolve(self.config)  # names, device and input size decided once, as for `clbench run`
         self.inputs = load_inputs(self.resolved)
@@ -322,8 +321,8 @@ class ClbenchStrategy(SupervisedTemplate):
             )
         source = ExperienceImages(dataset, where)
         self._check_transform(dataset, source, where)
+        # looked up at call time: tests replace it on its module
         from clbench.features.cache import extract
-        from clbench.run.harness import feature_key
 
         key = feature_key(self.resolved, self.inputs, "avalanche-experience", source.fingerprint())
         feats, _ = self.cache.get_or_compute(

@@ -15,8 +15,8 @@ strategy's (named ``strategy.<n>``) and the RNG states (``rng.torch``, ``rng.cud
 (``"clbench-checkpoint"``), ``version`` and ``checkpoint``, a JSON document with every other
 field of :class:`Checkpoint`:
 
-- ``config``: every :class:`~clbench.run.config.RunConfig` field (``clbench run --resume DIR`` reads them).
-- ``fingerprint``: the fields that define the run (:data:`clbench.run.config.DEFINING_FIELDS`, backbone resolved to its
+- ``config``: every :class:`~clbench.core.config.RunConfig` field (``clbench run --resume DIR`` reads them).
+- ``fingerprint``: the fields that define the run (:data:`clbench.core.config.DEFINING_FIELDS`, backbone resolved to its
   name); a run with other values is refused, never continued.
 - ``backbone_digest``, ``precision``, ``precision_reason`` and ``data`` (:class:`DataIdentity`: train/test content
   fingerprints, class order, task sizes): checked once the benchmark and backbone are loaded again.
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,12 +56,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch import Tensor  # the annotations of RngState, whose field ``torch`` hides the module there
 
+from clbench.core import config
+from clbench.core.catalog import STRATEGIES
+from clbench.core.config import Fingerprint, RunConfig
+from clbench.core.rng import RngState
 from clbench.errors import ClbenchError, setting
 from clbench.files import typedfile
 from clbench.files.atomic import atomic_write_bytes
+from clbench.files.escape import plain
 from clbench.files.safestate import SavedState, encode, unknown_classes
+from clbench.files.safety import special_file_problem
 from clbench.files.typedfile import (
     COUNT,
     COUNTS,
@@ -82,9 +86,7 @@ from clbench.files.typedfile import (
     list_of,
     or_none,
 )
-from clbench.records.schema import TaskEntry, Times
-from clbench.run import config
-from clbench.run.config import Fingerprint, RunConfig
+from clbench.records.schema import RESULT_FILE, TaskEntry, Times
 
 if TYPE_CHECKING:
     from clbench.benchmarks.base import Benchmark
@@ -96,71 +98,6 @@ FORMAT = "clbench-checkpoint"
 VERSION = 2
 STRATEGY_PREFIX = "strategy."
 _START_OVER = f"pass {setting('overwrite')} to start the run over"
-
-
-# ----------------------------------------------------------------------------------------------- RNG
-@dataclass(frozen=True)
-class RngState:
-    """The global RNG states a run may draw from (strategies should use ``ctx.generator``; libraries may not)."""
-
-    torch: Tensor  # torch.get_rng_state(): uint8 bytes
-    numpy: tuple[str, np.ndarray, int, int, float]  # np.random.get_state(): (MT19937, (624,) uint32 keys, pos, ...)
-    python: tuple[Any, ...]  # random.getstate(): (version, 625 ints, gauss_next)
-    cuda: tuple[Tensor, ...] = ()  # torch.cuda.get_rng_state_all(), where CUDA was initialised
-
-    def to_json(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
-        algorithm, keys, pos, has_gauss, cached = self.numpy
-        version, state, gauss_next = self.python
-        doc = {
-            "numpy": [str(algorithm), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
-            "python": [int(version), [int(s) for s in state], gauss_next],
-            "cuda": len(self.cuda),
-        }
-        tensors = {"rng.torch": self.torch.cpu()} | {f"rng.cuda.{i}": s.cpu() for i, s in enumerate(self.cuda)}
-        return doc, tensors
-
-    @classmethod
-    def from_json(cls, doc: Any, tensors: dict[str, Tensor]) -> RngState:
-        """The state ``doc`` and ``tensors`` hold, tried on private generators first; ValueError when it is not one."""
-        try:
-            algorithm, keys, pos, has_gauss, cached = doc["numpy"]
-            version, state, gauss_next = doc["python"]
-            n_cuda = doc["cuda"]
-            if type(n_cuda) is not int or not all(type(k) is int for k in [*keys, *state]):
-                raise TypeError("not integers")
-            rng = cls(
-                tensors["rng.torch"],
-                (algorithm, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
-                (version, tuple(state), gauss_next),
-                tuple(tensors[f"rng.cuda.{i}"] for i in range(n_cuda)),
-            )
-            torch.Generator().set_state(rng.torch)
-            np.random.RandomState().set_state(rng.numpy)
-            random.Random().setstate(rng.python)
-            for s in rng.cuda:
-                if s.dtype != torch.uint8 or s.dim() != 1:
-                    raise TypeError("a CUDA RNG state is a uint8 vector")
-        except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as e:
-            raise ValueError(f"its RNG state is not one ({type(e).__name__}: {e})") from None
-        return rng
-
-
-def capture_rng() -> RngState:
-    """The global RNG states now: torch's CPU (and CUDA where initialised), numpy's and Python's."""
-    initialised = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-    cuda = tuple(torch.cuda.get_rng_state_all()) if initialised else ()
-    numpy_state = np.random.get_state(legacy=True)
-    if not isinstance(numpy_state, tuple):  # legacy=True gives the tuple form; the stubs allow a dict too
-        raise TypeError(f"numpy's RNG state is a {type(numpy_state).__name__}, not the legacy tuple")
-    return RngState(torch.get_rng_state(), numpy_state, random.getstate(), cuda)
-
-
-def restore_rng(state: RngState) -> None:
-    torch.set_rng_state(state.torch.cpu())
-    np.random.set_state(state.numpy)
-    random.setstate(state.python)
-    if state.cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state.cuda])
 
 
 # ----------------------------------------------------------------------------------------------- the checkpoint
@@ -260,7 +197,7 @@ class Checkpoint:
 
     # every RunConfig field, as JSON: as the run's clbench wrote them (an earlier one lacks later fields, or holds
     # retired ones), so not a typed part; checked field by field where a resume builds the RunConfig
-    # from it (clbench.run.config.resume_config)
+    # from it (clbench.core.config.resume_config)
     config: JsonObject = json_field("an object of run settings", is_json_object, required=True)
     fingerprint: Fingerprint = json_field(OBJECT, is_object, codec=Fingerprint, required=True)  # the defining fields
     backbone_digest: str = json_field(TEXT, is_str, required=True)
@@ -377,8 +314,6 @@ def load(path: Path) -> Checkpoint:
     """Read a checkpoint; a file that is not one (truncated, corrupted, tampered, another format) is a ClbenchError.
     Tensors come back on the CPU (the strategy moves its own to the run's device when it restores them)."""
     from safetensors import safe_open
-
-    from clbench.files.safety import special_file_problem
 
     path = Path(path)
     special = special_file_problem(path)
@@ -534,8 +469,6 @@ def convert_legacy(folder: Path, say: Callable[[str], None]) -> bool:
     """``clbench run --trust-checkpoint``: rewrite ``folder``'s old pickle checkpoint in this format and delete it.
     This unpickles the file, which runs any code it carries: only for files the user wrote. Returns whether there
     was one to convert."""
-    from clbench.run.catalog import STRATEGIES
-
     legacy = Path(folder) / LEGACY_FILE
     if not legacy.is_file():
         say(f"{folder} holds no {LEGACY_FILE}; nothing to convert")
@@ -572,10 +505,8 @@ def convert_legacy(folder: Path, say: Callable[[str], None]) -> bool:
 def resume_config(run_dir: str | Path, given: dict[str, Any]) -> RunConfig:
     """The RunConfig of the run in ``run_dir`` (``clbench run --resume DIR``), from its checkpoint.
 
-    ``given`` holds the settings the user passed explicitly (:func:`clbench.run.config.given_settings`); how they are
-    reconciled with the checkpoint's is :func:`clbench.run.config.resume_config`."""
-    from clbench.records.schema import RESULT_FILE
-
+    ``given`` holds the settings the user passed explicitly (:func:`clbench.core.config.given_settings`); how they are
+    reconciled with the checkpoint's is :func:`clbench.core.config.resume_config`."""
     path = Path(run_dir)
     config.check_resume_request(path, given)
     refuse_legacy(path)
@@ -604,8 +535,6 @@ def _without_paths(ckpt_path: Path, saved: JsonObject, given: dict[str, Any]) ->
     device, someone else's folder) unless the user names the same one again. Refused in one line, naming the setting
     and the path, when a path setting is not given. The settings that trust content (:data:`TRUSTING_SETTINGS`) are
     the command line's alone."""
-    from clbench.files.escape import plain
-
     out = {k: v for k, v in saved.items() if k not in TRUSTING_SETTINGS}
     for name, what in PATH_SETTINGS.items():
         value = saved.get(name)

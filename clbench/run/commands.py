@@ -1,6 +1,6 @@
-"""The bodies of ``clbench run`` and ``clbench export``, from the flags :mod:`clbench.cli` parsed: check them, build
-the run's :class:`~clbench.run.config.RunConfig` (or resume one), run it with the terminal view and the trackers, and
-print where it went; or send finished records to the trackers.
+"""The body of ``clbench run``, from the flags :mod:`clbench.cli` parsed: check them, build the run's
+:class:`~clbench.core.config.RunConfig` (or resume one), run it with the terminal view and the trackers, and print
+where it went. (``clbench export``, which reads finished records, is a tool: :mod:`clbench.report.tracker_export`.)
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from clbench.errors import ClbenchError
+from clbench.run.trackers import Figures
 
 
 def log_spec(args: argparse.Namespace, group: str | None = None, out: str | None = None):
@@ -19,15 +20,19 @@ def log_spec(args: argparse.Namespace, group: str | None = None, out: str | None
         if args.log_dir is not None:
             raise ClbenchError("--log-dir is for --log", "add --log tensorboard (or mlflow, wandb), or drop --log-dir")
         return None
+    # deferred: loads numpy, which importing this module does not
     from clbench.run.trackers import LogSpec
 
     return LogSpec.from_flags(args.log, args.log_dir, group, out)
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """``clbench run``: one run from its parsed flags (or ``--resume DIR``), its result printed; 0 when it finished."""
+def run_command(args: argparse.Namespace, figures: Figures | None = None) -> int:
+    """``clbench run``: one run from its parsed flags (or ``--resume DIR``), its result printed; 0 when it finished.
+    ``figures``: what draws the run's figures for the trackers (``--log``, :class:`~clbench.run.trackers.TrackerHub`).
+    """
     log = log_spec(args)  # checked first: a tracker that is not installed is refused at once
-    from clbench.run.config import RunConfig, flag_fields
+    # looked up at call time: tests replace it on its module
+    from clbench.core.config import RunConfig, flag_fields
 
     values = {name: getattr(args, name) for name in flag_fields("run")}
     values["overrides"] = tuple(args.overrides)
@@ -40,8 +45,8 @@ def run_command(args: argparse.Namespace) -> int:
             Path(args.resume or args.out), lambda m: print(f"clbench: --trust-checkpoint: {m}", file=sys.stderr)
         )
     if args.resume:
+        from clbench.core.config import given_settings
         from clbench.run.checkpoint import resume_config
-        from clbench.run.config import given_settings
 
         # a flag left at its default counts as not given; checked as in a fresh run, before the checkpoint is read
         cfg = resume_config(args.resume, given_settings(values))
@@ -57,6 +62,7 @@ def run_command(args: argparse.Namespace) -> int:
 
         print_plan(cfg)
         return 0
+    # deferred: loads rich, torch, which importing this module does not
     from clbench.run.harness import run
     from clbench.ui import RichReporter, print_result, print_where
 
@@ -65,7 +71,7 @@ def run_command(args: argparse.Namespace) -> int:
         if log is not None:
             from clbench.run.trackers import TrackerHub
 
-            observer = TrackerHub(log, reporter)
+            observer = TrackerHub(log, reporter, figures=figures)
         try:
             record = run(cfg, observer, resume=bool(args.resume))
         except BaseException:
@@ -75,43 +81,3 @@ def run_command(args: argparse.Namespace) -> int:
     print_result(record)
     print_where(reporter.run_dir, observer.locations() if log is not None else {})
     return 0
-
-
-def export_command(args: argparse.Namespace) -> int:
-    """``clbench export RUNS --to T``: every finished record under RUNS sent to the trackers; 1 when one failed."""
-    from clbench.records.results import load_record
-    from clbench.report.collect import find_run_dirs
-    from clbench.run.trackers import LogSpec, TrackerHub
-
-    log = LogSpec.from_flags(args.to, args.log_dir or args.runs[0], args.group)
-    dirs, skipped = find_run_dirs(args.runs)
-    for s in skipped:
-        print(f"clbench: skipped {s.path}: {s.reason}", file=sys.stderr)
-    if not dirs:
-        raise ClbenchError(f"no run records under {', '.join(args.runs)}", "give run folders that hold result.json")
-    from clbench.files.escape import plain
-    from clbench.files.safety import folder_name_problem
-
-    records = [(Path(d), load_record(d)) for d in dirs]  # every record checked before anything is sent
-    for d, record in records:
-        why = folder_name_problem(record.run_id)  # TensorBoard's folder LOG_DIR/tensorboard/RUN_ID, the runs' names
-        if why is not None:
-            raise ClbenchError(
-                f"{d}: run_id {plain(repr(record.run_id))[:80]} is not a plain name ({why})",
-                "correct the record's run_id, or leave that run folder out of the export",
-            )
-        ref = record.predictions  # a record that disagrees with its own predictions is refused, as by the gate
-        if ref is not None and (d / ref.file).exists():
-            from clbench.records.predictions import read
-
-            read(d, ref, expect=record.protocols)
-    hub = TrackerHub(log)  # one for the export: each tracker connects once; one that fails is dropped for the rest
-    failed = 0
-    for d, record in records:
-        events = hub.replay(record, d.parent)
-        for e in events:
-            print(f"clbench: warning: {plain(record.run_id)}: {plain(e)}", file=sys.stderr)
-        failed += bool(events)
-        left = [t for t in log.trackers if t not in hub.dropped]
-        print(f"exported {plain(d.parent)} ({len(record.per_task)} tasks) to {', '.join(left) or 'no tracker'}")
-    return 1 if failed or hub.dropped else 0

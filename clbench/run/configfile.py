@@ -12,7 +12,7 @@ A config file is a YAML mapping whose keys are the command's flags without the d
 Flags given on the command line override the file (``--set`` pairs are applied after the file's). The file is
 checked before anything runs: an unknown key (with a did-you-mean), a value of the wrong type, settings for a
 strategy that is not run, or a file that is not a mapping is refused with one line naming the file and the key.
-A setting that lowers a safety barrier (:data:`clbench.run.optins.COMMAND_LINE_ONLY`: ``trust-checkpoint``,
+A setting that lowers a safety barrier (:data:`clbench.core.optins.COMMAND_LINE_ONLY`: ``trust-checkpoint``,
 ``ignore-data-problems``) is refused in every file, a sweep group's and a ``report --study`` file's included: it is
 taken from the command line only.
 
@@ -33,11 +33,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from clbench.core.catalog import STRATEGIES, card
+from clbench.core.config import _convert
+from clbench.core.optins import refuse_in_file
 from clbench.errors import ClbenchError
 from clbench.files.escape import plain
-from clbench.files.safety import folder_name_problem
-from clbench.run.config import _convert
-from clbench.run.optins import refuse_in_file
+from clbench.files.safety import folder_name_problem, read_bytes
 
 SKIPPED = {"help", "config", "version", "autocast", "no-autocast"}  # not settings (or aliases of one)
 LIST_KEYS = {"strategies", "benches", "seeds", "log"}  # a YAML list or a comma-separated string
@@ -71,7 +72,7 @@ _AMBIGUOUS = (
     r"^[-+]?(?:0[0-9_]+(?:\.[0-9_]*)?|0[bBoOxX][0-9a-fA-F_]*|[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?"
     r"|[0-9][0-9_]*_[0-9_]*(?:\.[0-9_]*)?)$"
 )
-_AMBIGUOUS_TAG = "tag:clbench.run.config,2026:ambiguous-number"
+_AMBIGUOUS_TAG = "tag:clbench.core.config,2026:ambiguous-number"
 _LOADER: Any = None
 
 
@@ -149,8 +150,6 @@ def load(path: str) -> dict[str, Any]:
     no aliases, no key given twice, at most :data:`MAX_DEPTH` levels and :data:`MAX_BYTES` bytes; each refusal one
     line naming the file and the line."""
     import yaml
-
-    from clbench.files.safety import read_bytes
 
     p = Path(path).expanduser()
     if not p.exists() and not p.is_symlink():
@@ -269,8 +268,6 @@ class _File:
 
 def read(path: str, command: str, sub: argparse.ArgumentParser, data: dict[str, Any]) -> tuple[dict, dict, list]:
     """``data`` split and checked: (flag dest -> value, strategy -> [(key, value)], [(key, value)] of ``set``)."""
-    from clbench.run.catalog import STRATEGIES
-
     f = _File(path, command)
     options = _options(sub)
     strategies = set(STRATEGIES.names())
@@ -301,8 +298,6 @@ def read(path: str, command: str, sub: argparse.ArgumentParser, data: dict[str, 
 
 
 def _check_sections(path: str, sections: dict[str, list[tuple[str, str]]], run: Sequence[str]) -> None:
-    from clbench.run.catalog import card
-
     for name, pairs in sections.items():
         if name not in run:
             raise ClbenchError(
@@ -372,7 +367,7 @@ def apply(
             _check_sections(path, sections, run)
             pairs = general + [kv for n in run for kv in sections.get(n, [])]
         else:
-            from clbench.sweep.plan import parse_list
+            from clbench.core.config import parse_list
 
             if args.strategies is None:
                 raise ClbenchError("clbench sweep needs --strategies", "give it on the command line or in the file")

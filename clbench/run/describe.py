@@ -5,7 +5,7 @@
 - its reference (the ``Paper:`` and ``Reference implementation checked:`` lines) and its deviations (the
   ``Deviations from the paper / reference code:`` list) from the docstring of the strategy's module, read from the
   file, as :mod:`clbench.run.scenario` reads a strategy's scenarios;
-- its family, what it trains and its profiles from its card (:class:`clbench.run.catalog.MethodCard`).
+- its family, what it trains and its profiles from its card (:class:`clbench.core.catalog.MethodCard`).
 
 A plug-in's card comes from its class (imported); its docstring then from the imported module.
 """
@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clbench.run.catalog import FAMILIES, STRATEGIES, MethodCard, card
+from clbench.core.catalog import BACKBONES, FAMILIES, STRATEGIES, MethodCard, card
+from clbench.errors import ClbenchError
+from clbench.files.escape import rich as esc
+from clbench.run.scenario import declared_scenarios
 
 
 @dataclass(frozen=True)
@@ -157,8 +160,6 @@ def deviations(doc: str) -> list[str]:
 
 def describe(name: str) -> MethodInfo:
     """Everything ``clbench list NAME`` shows of strategy ``name`` (ClbenchError with did-you-mean if unknown)."""
-    from clbench.run.scenario import declared_scenarios
-
     method = card(name)
     doc = _module_doc(name)
     title = doc.splitlines()[0].strip() if doc else ""
@@ -190,10 +191,8 @@ def print_catalog(console: Any = None) -> None:
     """``clbench list``: every method (family, what it trains, scenarios, profiles), then benchmarks and backbones."""
     from rich.table import Table
 
-    from clbench.errors import ClbenchError
-    from clbench.files.escape import rich as esc
-    from clbench.run.catalog import BACKBONES, BENCHMARKS
-    from clbench.run.scenario import declared_scenarios
+    # deferred: loads numpy, which importing this module does not
+    from clbench.benchmarks import BENCHMARKS
 
     console = console or _console()
     methods = Table(title="strategies (`clbench list NAME`: settings, profiles, reference, deviations)")
@@ -229,8 +228,8 @@ def print_method(name: str, console: Any = None) -> None:
     """``clbench list NAME``: one method's card."""
     from rich.table import Table
 
-    from clbench.files.escape import rich as esc
-    from clbench.run.catalog import BACKBONES, BENCHMARKS
+    # deferred: loads numpy, which importing this module does not
+    from clbench.benchmarks import BENCHMARKS
 
     console = console or _console()
     if name not in STRATEGIES and (name in BENCHMARKS or name in BACKBONES):  # `clbench list emoji`: its line

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clbench.core.catalog import BACKBONES
+from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError
-from clbench.run.config import RunConfig
+from clbench.files.escape import plain
 
 
 def plan(cfg: RunConfig) -> list[tuple[str, str]]:
     """(what, value) rows of the run ``cfg`` describes, after every check that needs no training; raises
     ClbenchError for the first problem, with the message the run would stop with."""
+    # deferred: loads numpy, torch, which importing this module does not
     from clbench.benchmarks import build_benchmark
     from clbench.benchmarks.check import check_before_run
     from clbench.run.harness import resolve
@@ -59,7 +62,7 @@ def plan(cfg: RunConfig) -> list[tuple[str, str]]:
 
 def _weights(backbone: str, weights: str) -> str:
     """Where the weights would come from; a ClbenchError (the run's own hint) where they cannot be had."""
-    from clbench.run.catalog import BACKBONES
+    # deferred: loads rich, torch, which importing this module does not
     from clbench.weights.info import availability
     from clbench.weights.resolve import _ways
 
@@ -86,8 +89,6 @@ def _weights(backbone: str, weights: str) -> str:
 
 
 def print_plan(cfg: RunConfig) -> None:
-    from clbench.files.escape import plain
-
     rows = plan(cfg)
     print("clbench run --dry-run: every check passed; the run would be:")
     for what, value in rows:

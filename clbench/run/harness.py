@@ -18,19 +18,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from clbench.errors import ClbenchError, setting
-from clbench.evaluation import metrics
-from clbench.evaluation.declared import LOGGED
-from clbench.methods import training_check
-from clbench.methods.answers import checked
-from clbench.methods.shared import TrainingTrace
-from clbench.records.command import command_line
-from clbench.records.host import git_revision, library_versions, peak_rss_mb, reset_peak_rss
-from clbench.records.predictions import PREDICTIONS_FILE, Predictions
-from clbench.records.schema import Host, Params, ProtocolGap, ProtocolSummary, RunRecord, TaskEntry, Times
-from clbench.run.catalog import BACKBONES, BENCHMARKS, STRATEGIES, card
-from clbench.run.checkpoint import ProtocolLogState
-from clbench.run.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
+from clbench import OMP_WAIT_POLICY
+from clbench.benchmarks import BENCHMARKS
+from clbench.benchmarks.check import check_before_run, check_loaded
+from clbench.benchmarks.folder import with_data_domains
+from clbench.benchmarks.streams import avalanche_benchmark, experience_classes, experience_indices
+from clbench.core.catalog import BACKBONES, STRATEGIES, card
+from clbench.core.config import (  # noqa: F401  (RunConfig, make_strategy_config: imported from here by callers)
     PROTOCOL_CHOICES,
     RESUME_AND_OVERWRITE,
     Fingerprint,
@@ -39,9 +33,30 @@ from clbench.run.config import (  # noqa: F401  (RunConfig, make_strategy_config
     make_strategy_config,
     run_level,
 )
-from clbench.run.precision import Precision
-from clbench.run.precision import check_request as check_precision
-from clbench.run.precision import choose as choose_precision
+from clbench.core.precision import CpuInfo, Precision, for_backbone, isa_limits
+from clbench.core.precision import check_request as check_precision
+from clbench.core.precision import choose as choose_precision
+from clbench.core.rng import RngState, capture_rng, restore_rng
+from clbench.errors import ClbenchError, setting
+from clbench.evaluation import metrics
+from clbench.evaluation.declared import LOGGED
+from clbench.features import embeddings
+from clbench.features.backbones import LazyBackbone, load_backbone, state_digest, vit_geometry
+from clbench.features.cache import cache_key
+from clbench.features.decoded import DecodedImages, budget_bytes
+from clbench.files.atomic import cache_dir
+from clbench.files.safestate import StateError
+from clbench.methods import training_check
+from clbench.methods.answers import checked
+from clbench.methods.contract import Context, Split, Task, strategy_class
+from clbench.methods.shared import TrainingTrace
+from clbench.records import predictions
+from clbench.records.command import command_line
+from clbench.records.host import git_revision, library_versions, peak_rss_mb, reset_peak_rss
+from clbench.records.predictions import PREDICTIONS_FILE, Predictions
+from clbench.records.schema import Host, Params, ProtocolGap, ProtocolSummary, RunRecord, TaskEntry, Times
+from clbench.records.tuning import read_summary
+from clbench.run.checkpoint import ProtocolLogState
 from clbench.run.rundir import (
     RunDir,
     check_folder,
@@ -49,13 +64,16 @@ from clbench.run.rundir import (
     default_run_dir,
     estimate_run_bytes,
 )
+from clbench.run.scenario import check_scenario
+from clbench.run.validation import rows_in
+from clbench.weights.resolve import check_input_size, check_weights_file
 
 if TYPE_CHECKING:
     from clbench.benchmarks.base import Benchmark, BenchmarkSpec, ImageSource
     from clbench.features.backbones import FrozenBackbone
     from clbench.features.transforms import TransformSpec
     from clbench.methods.contract import Split, Strategy, Task
-    from clbench.run.checkpoint import Checkpoint, RngState
+    from clbench.run.checkpoint import Checkpoint
 
 # Settings named in this module's messages: their Python names in str(error), their flags on the command line.
 OVERWRITE, DEVICE = setting("overwrite"), setting("device")
@@ -67,7 +85,7 @@ class RunStart:
 
     run_dir: Path
     config: RunConfig
-    fingerprint: Fingerprint  # the defining settings (clbench.run.config.DEFINING_FIELDS)
+    fingerprint: Fingerprint  # the defining settings (clbench.core.config.DEFINING_FIELDS)
     strategy_config: dict[str, Any]
     backbone: str
     weights_digest: str
@@ -208,13 +226,10 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
     """Check every name and setting of ``cfg`` and decide what depends on them (cheap; nothing is
     loaded). Raises ClbenchError."""
     check_settings({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})  # also set by RunConfig
-    from clbench.benchmarks.folder import with_data_domains
-    from clbench.run.scenario import check_scenario
 
     spec = with_data_domains(BENCHMARKS.get(cfg.bench), cfg.data_root)  # a folder of domains declares them
     STRATEGIES.check(cfg.strategy)
     check_scenario(cfg.strategy, cfg.scenario, spec.domains, spec.name)  # one line, before the strategy imports
-    from clbench.methods.contract import strategy_class
 
     strategy_cls = strategy_class(cfg.strategy)
     backbone_name = BACKBONES.check(spec.backbone if cfg.backbone is None else cfg.backbone)
@@ -230,7 +245,6 @@ def resolve(cfg: RunConfig) -> ResolvedRun:
     check_precision(cfg.precision)
     if cfg.precision != "auto":  # a forced precision the device cannot run fails here, before anything loads
         choose_precision(cfg.precision, device.type)
-    from clbench.weights.resolve import check_input_size
 
     check_input_size(backbone_name, cfg.img_size)  # an explicit size the backbone would ignore: refused
     img_size = run_level(strategy_cls, cfg.profile, cfg.img_size, "img_size")
@@ -283,12 +297,10 @@ def load_inputs(resolved: ResolvedRun, precision: Precision | None = None) -> Fr
     scaled to the input size, the backbone's mean/std where the run normalises, ``precision`` where given (a resumed
     run keeps the one it started with), else the request resolved on the backbone. :func:`prepare` and
     :class:`clbench.run.avalanche_api.ClbenchStrategy` both build their inputs here, so they see the same pixels."""
-    from clbench.features.backbones import load_backbone
+    # deferred: loads torchvision, which importing this module does not
     from clbench.features.transforms import TransformSpec
-    from clbench.run.precision import for_backbone
 
     cfg, spec = resolved.config, resolved.spec
-    from clbench.files.atomic import cache_dir
 
     # built on first use where the facts of these weights are cached (clbench.features.backbones.LazyBackbone)
     backbone = load_backbone(
@@ -317,7 +329,6 @@ def batch_bytes(backbone: Any, batch_size: int) -> int:
     for other backbones 32 times the input."""
     img = int(backbone.img_size)
     image = 3 * img * img * 4
-    from clbench.features.backbones import LazyBackbone, vit_geometry
 
     # a lazy backbone knows its shape from its facts; else the timm model, or anything, is probed for a ViT's shape
     lazy = isinstance(backbone, LazyBackbone)
@@ -377,8 +388,6 @@ def check_batch_memory(backbone: Any, batch_size: int, device: torch.device) -> 
 
 def feature_key(resolved: ResolvedRun, inputs: FrozenInputs, split: str, data: str) -> str:
     """The feature-cache key of one set of images (``data``: their content fingerprint) through ``inputs``."""
-    from clbench.features.cache import cache_key
-
     return cache_key(
         backbone=resolved.backbone_name,
         digest=inputs.backbone.digest,
@@ -437,8 +446,6 @@ class PreparedRun:
         return self.inputs.precision
 
     def split(self, which: str, indices: np.ndarray) -> Split:
-        from clbench.methods.contract import Split
-
         # training images through the decoded-image cache (clbench.features.decoded): decoded once,
         # augmented every epoch
         source, y = (self.decoded, self.bench.train_y) if which == "train" else (self.bench.test, self.bench.test_y)
@@ -446,16 +453,11 @@ class PreparedRun:
         return Split(source, idx, torch.as_tensor(y[idx]), self.features[which][idx], self._eval, self._train)
 
     def __post_init__(self) -> None:
-        from clbench.features.decoded import DecodedImages, budget_bytes
-
         self._eval, self._train = self.eval_tf.build(), self.train_tf.build()
         self.decoded = DecodedImages(self.bench.train, budget_bytes())
 
     def tasks(self) -> Iterator[TaskAndTest]:
         """The Avalanche train stream, one :class:`TaskAndTest` per task (the test split covers all seen classes)."""
-        from clbench.benchmarks.streams import avalanche_benchmark, experience_classes, experience_indices
-        from clbench.methods.contract import Task
-
         test_task = self.bench.image_tasks("test")  # the class's task, or in the domain scenario the image's domain
         domain = self.bench.scenario == "domain"
         n_seen = 0
@@ -475,10 +477,9 @@ def prepare(
     """Load the benchmark and the frozen inputs of a resolved run (a RunConfig is resolved first), compute (or
     load) the frozen features once, and build the strategy. ``precision``: the one to use instead of resolving the
     request (a resumed run keeps the precision it started with)."""
+    # looked up at call time: `clbench perf main-job` times it by wrapping the module attribute
     from clbench.benchmarks import build_benchmark
     from clbench.features.cache import FeatureCache, extract
-    from clbench.methods.contract import Context
-    from clbench.run.checkpoint import capture_rng
 
     resolved = run if isinstance(run, ResolvedRun) else resolve(run)
     cfg, spec, device = resolved.config, resolved.spec, resolved.device
@@ -514,7 +515,6 @@ def prepare(
     feats: dict[str, torch.Tensor] = {}
     # A run on part of the images (--validation, --classes) featurises the splits as loaded (the cache entries every
     # run shares) and takes its images' rows below; a validation run never featurises the test split.
-    from clbench.run.validation import rows_in
 
     parts = {name: rows_in(getattr(bench, name), loaded) for name in ("train", "test")}  # name -> (split, rows)
     needed = list(dict.fromkeys(split for split, _ in parts.values()))
@@ -582,7 +582,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     cadence = checkpoint.Cadence.from_env()  # so does a bad $CLBENCH_CHECKPOINT_S
     _tuning(cfg)  # and a --tuning file that is not a tuning summary
     run_dir, data_problems = _claim_run_folder(resolved, resume)
-    caller_rng = checkpoint.capture_rng()
+    caller_rng = capture_rng()
     reset_peak_rss()  # the record's peak memory is this run's, also in a process that ran others before
     try:
         ckpt = run_dir.resumable(resolved.fingerprint, required=resume)
@@ -603,7 +603,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         for step in session.tasks():
             if step.task.id < state.done:  # learnt before the checkpoint; its RNG state is the one after task done - 1
                 if step.task.id == state.done - 1 and ckpt is not None:  # state.done > 0: restored from it
-                    checkpoint.restore_rng(ckpt.rng)
+                    restore_rng(ckpt.rng)
                 continue
             work = time.perf_counter()
             with _restored_state_used(run_dir, resumed_at == step.task.id, session.cfg.strategy):
@@ -613,7 +613,7 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
         with _restored_state_used(run_dir, resumed_at == session.bench.n_tasks, session.cfg.strategy):
             return _finish(state, run_dir, rep)
     finally:
-        checkpoint.restore_rng(caller_rng)
+        restore_rng(caller_rng)
         run_dir.release()
 
 
@@ -640,9 +640,6 @@ def _restored_state_used(run_dir: RunDir, first_use: bool, strategy: str) -> Ite
 def _claim_run_folder(resolved: ResolvedRun, resume: bool) -> tuple[RunDir, list[str]]:
     """The run's folder, checked and locked, and the data problems found before anything loads (as `clbench data
     check`; refused unless ignore_data_problems)."""
-    from clbench.benchmarks.check import check_before_run
-    from clbench.weights.resolve import check_weights_file
-
     cfg = resolved.config
     if resume and cfg.overwrite:
         raise ClbenchError(RESUME_AND_OVERWRITE)
@@ -661,8 +658,6 @@ def _precision_started_with(cfg: RunConfig, ckpt: Checkpoint | None) -> Precisio
 
 
 def _note_data_problems(session: PreparedRun, before_loading: list[str], rep: Reporter) -> None:
-    from clbench.benchmarks.check import check_loaded
-
     session.data_problems = before_loading + check_loaded(session.bench, session.cfg.ignore_data_problems)
     for problem in session.data_problems:
         rep.log(f"warning: data problem, run anyway (ignore_data_problems): {problem}")
@@ -686,7 +681,6 @@ class _RunState:
 
     def restore(self, ckpt: Checkpoint, run_dir: RunDir, rep: Reporter) -> None:
         """Continue from ``ckpt``, once its inputs (backbone, precision, data) are checked to be this run's."""
-        from clbench.files.safestate import StateError
         from clbench.run import checkpoint
 
         session = self.session
@@ -844,8 +838,6 @@ def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunStat
         else f"classes {task.classes[0]}..{task.classes[-1]}"
     )
     rep.log(f"task {t + 1}/{session.bench.n_tasks}: {what} ({len(task.train)} images)")
-    from clbench.run.checkpoint import capture_rng
-
     rng_before_task = capture_rng() if t == 0 else None
     t0 = time.perf_counter()
     with TrainingTrace.active() as trace:  # losses and parameter movement, for the record
@@ -904,7 +896,7 @@ def _save_progress(state: _RunState, run_dir: RunDir) -> float:
             data=checkpoint.data_identity(session.bench),
             tasks_done=state.done,
             strategy=session.strategy.save_state(),
-            rng=checkpoint.capture_rng(),
+            rng=capture_rng(),
             logs=dict(state.logs),
             per_task=list(state.per_task),
             times=state.times(),
@@ -922,8 +914,6 @@ def _save_progress(state: _RunState, run_dir: RunDir) -> float:
 
 def _finish(state: _RunState, run_dir: RunDir, rep: Reporter) -> RunRecord:
     """Check the backbone is untouched, write the features and the complete record, drop the checkpoint."""
-    from clbench.features.backbones import state_digest
-
     session = state.session
     built = getattr(session.backbone, "built", True)  # one never built was never changed
     if built and state_digest(session.backbone.model) != session.backbone.digest:
@@ -940,9 +930,6 @@ def _finish(state: _RunState, run_dir: RunDir, rep: Reporter) -> RunRecord:
 
 def host_info() -> Host:
     """The machine a run's times come from: cores, CPU and its capability, and the thread settings in force."""
-    from clbench import OMP_WAIT_POLICY
-    from clbench.run.precision import CpuInfo, isa_limits
-
     cpu = CpuInfo.detect()
     return Host(
         cpus=os.cpu_count(),
@@ -959,7 +946,6 @@ def host_info() -> Host:
 def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) -> None:
     """``features.npz`` for the report's t-SNE figure (:mod:`clbench.features.embeddings`): a fixed subsample of the
     test images, their frozen features and what the method's classifier scores, reduced and fp16."""
-    from clbench.features import embeddings
     from clbench.files.atomic import atomic_write_bytes
 
     bench = session.bench
@@ -980,8 +966,6 @@ def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) ->
 def _predictions(session: PreparedRun, logs: dict[str, _ProtocolLog]) -> Predictions | None:
     """The predictions of every evaluation so far; None when the logs lack an evaluated task's images (a run
     resumed from a checkpoint written before clbench kept predictions)."""
-    from clbench.records import predictions
-
     protocols, bench = session.protocols, session.bench
     n_tasks = len(logs[protocols[0]].accuracy_matrix)
     if any(len(logs[p].pred) != n_tasks or len(logs[p].index) != n_tasks for p in protocols):
@@ -1004,15 +988,12 @@ def _tuning(cfg: RunConfig) -> dict[str, Any] | None:
     """The content of ``--tuning FILE`` (how ``clbench tune`` chose the run's settings), for the record."""
     if cfg.tuning is None:
         return None
-    from clbench.tune.summary import read_summary
 
     return read_summary(Path(cfg.tuning))
 
 
 def _write_record(record: RunRecord, path: Path, preds: Predictions | None) -> None:
     """``predictions.npz`` first (or no stale one), then the record that names it."""
-    from clbench.records import predictions
-
     if preds is None:
         (path / PREDICTIONS_FILE).unlink(missing_ok=True)
     record.predictions = None if preds is None else predictions.write(path, preds)
@@ -1083,7 +1064,7 @@ def _record(
         complete=complete,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         command=command_line(),
-        fingerprint=fingerprint,  # the run's defining settings (clbench.run.config.DEFINING_FIELDS)
+        fingerprint=fingerprint,  # the run's defining settings (clbench.core.config.DEFINING_FIELDS)
         strategy=strategy.name,
         strategy_config=dataclasses.asdict(strategy.cfg),
         train_per_class=session.resolved.train_per_class,

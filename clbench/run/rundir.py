@@ -14,6 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.core.catalog import STRATEGIES
+from clbench.core.config import Fingerprint, RunConfig
 from clbench.errors import ClbenchError, setting
 from clbench.files.safety import (
     FOLDER_MARK,
@@ -28,7 +30,6 @@ from clbench.files.safety import (
 from clbench.records.predictions import PREDICTIONS_FILE
 from clbench.records.results import record_says_complete
 from clbench.records.schema import RESULT_FILE
-from clbench.run.config import Fingerprint, RunConfig
 
 if TYPE_CHECKING:
     from clbench.run.checkpoint import Checkpoint
@@ -71,12 +72,14 @@ class RunDir:
 
     @property
     def checkpoint_path(self) -> Path:
+        # deferred: loads torch, which importing this module does not
         from clbench.run.checkpoint import CHECKPOINT_FILE
 
         return self.path / CHECKPOINT_FILE
 
     def _check(self, overwrite: bool) -> None:
         remove_own_tmp(self.path)  # left by a process killed mid-write (clbench.files.atomic.atomic_write_bytes)
+        # deferred: loads torch, which importing this module does not
         from clbench.run.checkpoint import LEGACY_FILE, refuse_legacy
 
         result = self.path / RESULT_FILE
@@ -101,8 +104,8 @@ class RunDir:
 
     def resumable(self, fingerprint: Fingerprint, required: bool) -> Checkpoint | None:
         """The checkpoint to continue from (None: start afresh). Refuses one made with other settings."""
+        # deferred: loads torch, which importing this module does not
         from clbench.run import checkpoint
-        from clbench.run.catalog import STRATEGIES
 
         if not self.checkpoint_path.exists():
             if required:

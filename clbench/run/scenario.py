@@ -15,6 +15,7 @@ import ast
 import importlib.util
 from pathlib import Path
 
+from clbench.core.catalog import STRATEGIES
 from clbench.errors import ClbenchError, setting
 
 DEFAULT_SCENARIOS: tuple[str, ...] = ("class",)  # = Strategy.scenarios (clbench.methods.contract imports torch)
@@ -63,9 +64,7 @@ def _from_source(target: str) -> tuple[str, ...] | None:
 
 
 def declared_scenarios(name: str) -> tuple[str, ...]:
-    """The scenarios strategy ``name`` (registered in :data:`clbench.run.catalog.STRATEGIES`) supports."""
-    from clbench.run.catalog import STRATEGIES
-
+    """The scenarios strategy ``name`` (registered in :data:`clbench.core.catalog.STRATEGIES`) supports."""
     STRATEGIES.check(name)
     target = STRATEGIES._lazy.get(name)  # not imported yet: read its source
     if target is not None:
@@ -78,8 +77,6 @@ def declared_scenarios(name: str) -> tuple[str, ...]:
 
 def supporting(scenario: str) -> list[str]:
     """The registered strategies that support ``scenario``, by name; one that cannot be read is left out."""
-    from clbench.run.catalog import STRATEGIES
-
     out = []
     for name in STRATEGIES.names():
         try:
@@ -94,7 +91,7 @@ def check_scenario(strategy: str, scenario: str, domains: tuple[str, ...], bench
     """Refuse, in one line, a strategy that does not support ``scenario``, or the domain scenario on a benchmark
     without domains (``domains``: its :attr:`~clbench.benchmarks.base.BenchmarkSpec.domains`)."""
     if scenario == "domain" and not domains:  # the data's problem first, whichever the strategy
-        from clbench.run.catalog import BENCHMARKS
+        from clbench.benchmarks import BENCHMARKS
 
         with_domains = [n for n in BENCHMARKS.names() if BENCHMARKS.get(n).domains]
         raise ClbenchError(
@@ -108,15 +105,3 @@ def check_scenario(strategy: str, scenario: str, domains: tuple[str, ...], bench
             f"{strategy} does not support {setting('scenario')} {scenario}; strategies that do: "
             f"{', '.join(others) or 'none'}"
         )
-
-
-def new_class_count(classes: list[int], n_seen: int, known: int, task_id: int) -> int:
-    """The classes a task adds to a method that knows ``known`` classes (arrival-order labels ``0..known-1``):
-    ``n_seen - known`` when ``classes`` are the next labels (the class scenario), 0 when the task brings classes
-    already known only (a later domain of the domain scenario). Anything else is a ValueError (a stream out of
-    order), as the class-incremental methods have always refused it."""
-    if sorted(classes) == list(range(known, n_seen)):
-        return n_seen - known
-    if n_seen == known and all(0 <= c < known for c in classes):
-        return 0
-    raise ValueError(f"task {task_id}: classes {classes} are not the next arrival-order labels")

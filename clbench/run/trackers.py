@@ -58,6 +58,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clbench.errors import ClbenchError
+from clbench.evaluation import metrics
+from clbench.files.safety import folder_name_problem, open_lock, owned_folder
+from clbench.records.results import ProtocolSummary
 from clbench.records.routing_diagnostics import routing_or_none
 
 if TYPE_CHECKING:
@@ -171,8 +174,6 @@ def tracker_folder(parent: Path, name: str, create: bool = True, what: str = "--
     """``parent/name``, a folder a tracker writes into (``tensorboard``, ``mlruns``, ``wandb``, a run's folder
     under ``tensorboard``): one plain name, and a real folder inside ``parent``, never a link leading out of it
     (:func:`clbench.files.safety.owned_folder`). ``what``: the setting that gave ``parent``. Raises ClbenchError."""
-    from clbench.files.safety import folder_name_problem, owned_folder
-
     why = folder_name_problem(name)
     if why is not None:
         from clbench.files.escape import plain
@@ -268,7 +269,6 @@ def task_metrics(summary: ProtocolSummary, entry: TaskEntry, peak_rss_mb: float 
 
 def summary_so_far(summary: ProtocolSummary, t: int) -> ProtocolSummary:
     """``summary`` as it stood after task ``t`` (0-based): what the run logged then, for records replayed."""
-    from clbench.evaluation import metrics
     from clbench.records.schema import ProtocolSummary
 
     m, c = summary.accuracy_matrix[: t + 1], summary.acc_curve[: t + 1]
@@ -310,19 +310,20 @@ def final_metrics(record: RunRecord) -> dict[str, float]:
     return _finite(out)
 
 
-def write_artifacts(record: RunRecord, run_dir: Path, out: Path) -> list[Path]:
-    """The record and its figures (accuracy curve, accuracy matrix), written under ``out``."""
+# (record, run folder, out) -> the figure files written under out (clbench.report.run_figures.run_figures)
+Figures = Callable[["RunRecord", Path, Path], list[Path]]
+
+
+def write_artifacts(record: RunRecord, run_dir: Path, out: Path, figures: Figures | None = None) -> list[Path]:
+    """The record and, where ``figures`` is given, its figures (accuracy curve, accuracy matrix), written under
+    ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "result.json"]
     files[0].write_text(json.dumps(record.to_dict(), indent=1))
+    if figures is None:
+        return files
     try:
-        from clbench.report.collect import Collection, Run
-        from clbench.report.figures.curves import accuracy_curves
-        from clbench.report.figures.matrices import accuracy_matrices
-
-        coll = Collection(runs=[Run(run_dir, record, record.run_id, record.strategy)])
-        figs = [accuracy_curves(coll, out), *accuracy_matrices(coll, out)]
-        files += [out / f.files["png"] for f in figs if f is not None and "png" in f.files]
+        files += figures(record, run_dir, out)
     except Exception as e:  # figures are a courtesy; the metrics and the record are what matter
         print(f"clbench: warning: tracker figures not made ({type(e).__name__}: {e})", file=sys.stderr)
     return files
@@ -449,8 +450,6 @@ class MlflowTracker:
             return
         import fcntl
 
-        from clbench.files.safety import open_lock
-
         database = Path(self.spec.mlflow_uri.removeprefix("sqlite:///"))
         database.parent.mkdir(parents=True, exist_ok=True)  # --log-dir, made on first use as the other trackers do
         with open_lock(database.with_name(database.name + ".lock")) as lock:
@@ -571,12 +570,17 @@ class TrackerHub:
     A dropped tracker stays dropped for the hub's life: ``clbench export`` replays every record through one hub, so
     a tracker that cannot be reached costs one deadline per export, not one per record.
 
-    Wraps the reporter that shows progress (``inner``): messages and progress bars go there unchanged."""
+    Wraps the reporter that shows progress (``inner``): messages and progress bars go there unchanged. ``figures``
+    draws the figures sent with the record (the report's :func:`clbench.report.run_figures.run_figures`; None: the
+    record only), so that the trackers import nothing of the report."""
 
-    def __init__(self, spec: LogSpec, inner: Any = None, timeout: float | None = None) -> None:
+    def __init__(
+        self, spec: LogSpec, inner: Any = None, timeout: float | None = None, figures: Figures | None = None
+    ) -> None:
+        # deferred: loads torch, which importing this module does not
         from clbench.run.harness import Reporter
 
-        self.spec, self.inner = spec, inner or Reporter()
+        self.spec, self.inner, self.figures = spec, inner or Reporter(), figures
         self.timeout = FINISH_TIMEOUT_S if timeout is None else timeout  # read when made: a test may lower it
         self.events: list[str] = []
         self._failed: dict[str, str] = {}
@@ -617,7 +621,7 @@ class TrackerHub:
         record, which the harness writes next."""
         metrics = final_metrics(record)
         with tempfile.TemporaryDirectory(prefix="clbench-trackers-") as tmp:
-            artifacts = write_artifacts(record, run_dir, Path(tmp))
+            artifacts = write_artifacts(record, run_dir, Path(tmp), self.figures)
             self._each("finish", lambda tr: tr.finish(metrics, artifacts))
             self._wait()
         record.tracker_events = [*record.tracker_events, *self.events]
@@ -654,7 +658,7 @@ class TrackerHub:
         for t, entry in enumerate(record.per_task):
             self.task_done(t, summary_so_far(main, t), entry, None)
         with tempfile.TemporaryDirectory(prefix="clbench-trackers-") as tmp:
-            artifacts = write_artifacts(record, run_dir, Path(tmp))
+            artifacts = write_artifacts(record, run_dir, Path(tmp), self.figures)
             self._each("finish", lambda tr: tr.finish(final_metrics(record), artifacts))
             self._wait()
         return self.events[before:]

@@ -38,6 +38,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers; at run time each name is imported from its part when first used
+    from clbench.core.config import parse_list
     from clbench.sweep.backends import BACKENDS, LocalBackend, RayBackend, Resources
     from clbench.sweep.manifest import RunOutcome
     from clbench.sweep.plan import (
@@ -50,7 +51,6 @@ if TYPE_CHECKING:  # for type checkers; at run time each name is imported from i
         inspect,
         make_plan,
         parse_data_roots,
-        parse_list,
         parse_scoped_override,
         parse_seeds,
     )

@@ -10,19 +10,21 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from clbench.core.config import flag_fields
 from clbench.errors import ClbenchError
+from clbench.records.command import command_line
 from clbench.run.commands import log_spec
+from clbench.sweep import run_sweep, write_summary
 
 
 def _fields(args: argparse.Namespace, command: str, cls: type | None = None) -> dict[str, Any]:
     """The parsed flags of ``clbench COMMAND`` that are fields of the declaration ``cls`` (default: RunConfig)."""
-    from clbench.run.config import flag_fields
-
     return {name: getattr(args, name) for name in flag_fields(command, cls)}
 
 
 def sweep_command(args: argparse.Namespace) -> int:
     """``clbench sweep``: every run of the parsed sweep checked, run (or planned), then its summary; 0 when complete."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.sweep.settings import Resources, SweepArgs
 
     sweep = SweepArgs(**_fields(args, "sweep", SweepArgs))  # first: a sweep without --strategies or --out
@@ -30,13 +32,12 @@ def sweep_command(args: argparse.Namespace) -> int:
     res = Resources(**_fields(args, "sweep", Resources))
     spec = sweep.spec(_fields(args, "sweep"), args.overrides)
     check_sweep(spec)
-    from clbench.sweep import run_sweep, write_summary
+    # deferred: loads rich, torch, which importing this module does not
     from clbench.ui import RichSweepView, print_plan, print_sweep_end
 
     if sweep.dry_run:
         print_plan(run_sweep(spec, sweep.backend, res, sweep.ray_address, dry_run=True))
         return 0
-    from clbench.records.command import command_line
 
     command = command_line()
     with RichSweepView() as view:
@@ -58,6 +59,7 @@ def sweep_command(args: argparse.Namespace) -> int:
 def check_sweep(spec: Any) -> None:
     """Every run of the sweep ``spec`` checked from the catalog and the cards (:func:`clbench.run.precheck.check_run`)
     before torch is imported: a misspelt name, profile or ``--set`` key is refused at once."""
+    # deferred: loads numpy, which importing this module does not
     from clbench.run.precheck import check_run
     from clbench.sweep.plan import make_plan
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clbench.core.config import Fingerprint
 from clbench.errors import ClbenchError
 from clbench.files import typedfile
 from clbench.files.atomic import atomic_write_json
@@ -48,7 +49,6 @@ from clbench.files.typedfile import (
     one_of,
     or_none,
 )
-from clbench.run.config import Fingerprint
 
 Json = dict[str, Any]
 FORMAT = "clbench-sweep"

@@ -10,9 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clbench.benchmarks import BENCHMARKS
+from clbench.core.catalog import BACKBONES, card
+from clbench.core.config import RUN_SETTINGS, Fingerprint, RunConfig, parse_list
 from clbench.errors import ClbenchError
-from clbench.records.schema import RunRecord
-from clbench.run.config import Fingerprint, RunConfig, split_list
+from clbench.files.safety import is_empty_folder, load_json
+from clbench.records.schema import RESULT_FILE, RunRecord
+from clbench.run.rundir import is_run_folder
 
 SWEEP_FILE = "sweep.json"
 ATTEMPT_FILE = "attempt.json"
@@ -46,11 +50,6 @@ class PlannedRun:
         return Path(self.cfg.out)
 
 
-def parse_list(text: str, what: str) -> tuple[str, ...]:
-    example = {"strategies": "tosca,simplecil", "benches": "emoji", "seeds": "1993,1994,1995"}[what]
-    return tuple(dict.fromkeys(split_list(text, f"--{what}", example)))  # order kept, repeats dropped
-
-
 VARY = ("seed", "class-order", "both")  # SweepSpec.vary: what each value of --seeds is the seed of
 MAX_SEEDS = 1000
 SEEDS_EXAMPLE = "e.g. --seeds 1993,1994,1995 or --seeds 1993..1997"
@@ -58,8 +57,6 @@ SEEDS_EXAMPLE = "e.g. --seeds 1993,1994,1995 or --seeds 1993..1997"
 
 def parse_seeds(text: str) -> tuple[int, ...]:
     """``1993,1994`` and ranges ``1993..1997`` (both ends included), mixed freely; order kept, repeats dropped."""
-    from clbench.run.config import RUN_SETTINGS
-
     check = dataclasses.replace(RUN_SETTINGS["seed"], flag="--seeds").check
     seeds: list[int] = []
     for item in parse_list(text, "seeds"):
@@ -110,8 +107,6 @@ def parse_data_roots(values: Sequence[str], benches: Sequence[str]) -> dict[str 
 def make_plan(spec: SweepSpec, check: bool = True) -> list[PlannedRun]:
     """Every run of the sweep, each checked (names, settings) before anything is loaded. ``check=False``: the runs
     and their fingerprints only, from the methods' cards (what a report reads of a study file: no method, no torch)."""
-    from clbench.run.catalog import BACKBONES, BENCHMARKS, card
-
     for scope, key, _ in spec.overrides:
         if scope is not None and scope not in spec.strategies:
             raise ClbenchError(
@@ -164,8 +159,6 @@ def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object clbench wrote in a sweep folder (``sweep.json``, a run's record or attempt file), read with the
     bounded loader; None for a missing, torn, oversized, too deeply nested or special file, or one that
     is not an object."""
-    from clbench.files.safety import load_json
-
     if not path.exists():
         return None
     try:
@@ -180,7 +173,6 @@ def read_run_record(run_dir: Path) -> RunRecord | None:
     the run to its checkpoint). Raises ClbenchError for a record this clbench refuses (another schema version, a
     mistyped field)."""
     from clbench.records.results import read_record
-    from clbench.records.schema import RESULT_FILE
 
     if read_json(run_dir / RESULT_FILE) is None:
         return None
@@ -189,9 +181,8 @@ def read_run_record(run_dir: Path) -> RunRecord | None:
 
 def inspect(run: PlannedRun) -> str | None:
     """Set ``run.state`` from its folder; return why the folder cannot be used (other settings), or None."""
-    from clbench.files.safety import is_empty_folder
+    # deferred: loads torch, which importing this module does not
     from clbench.run.checkpoint import CHECKPOINT_FILE, LEGACY_FILE
-    from clbench.run.rundir import is_run_folder
 
     if run.path.is_symlink():
         return "it is a symbolic link; a sweep writes only into run folders inside its own folder"

@@ -20,8 +20,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from clbench.core.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.errors import ClbenchError
-from clbench.run.config import WEIGHT_SOURCES  # --weights values that are not a file
+from clbench.files.safety import (
+    check_output_folder,
+    folder_mark,
+    mark_folder,
+    open_lock,
+    owned_folder,
+    special_file_problem,
+)
+from clbench.records.results import load_record
+from clbench.run.rundir import check_folder
 from clbench.sweep.backends import LocalBackend, RayBackend
 from clbench.sweep.manifest import (
     BackendInfo,
@@ -77,8 +87,6 @@ class SweepView:
 
 
 def _last_line(path: Path) -> str:
-    from clbench.files.safety import special_file_problem
-
     if special_file_problem(path) is not None:  # missing, or a FIFO that would block the read
         return ""
     try:
@@ -134,7 +142,6 @@ def run_sweep(
         raise ClbenchError(f"--backend {backend_name!r} is unknown; valid backends: {', '.join(BACKENDS)}")
     if backend_name == "local" and ray_address:
         raise ClbenchError("--ray-address is for --backend ray", "add --backend ray, or drop --ray-address")
-    from clbench.run.rundir import check_folder
 
     check_folder(spec.out, "out")
     check_sweep_folder(spec.out)
@@ -157,7 +164,6 @@ def run_sweep(
 
         env["CLBENCH_CACHE"] = str(cache_dir().resolve())
     out.mkdir(parents=True, exist_ok=True)
-    from clbench.files.safety import mark_folder, owned_folder
 
     mark_folder(out, "sweep")  # first: a sweep killed before sweep.json is still recognised as clbench's
     lock = _lock_sweep(out)  # before the folders are read: a second sweep on DIR must not change them meanwhile
@@ -174,8 +180,6 @@ def run_sweep(
 def is_sweep_folder(path: Path) -> bool:
     """Whether ``path`` is a sweep folder clbench made: its mark file says so, or (a sweep of an older clbench) it
     holds a ``sweep.json`` that reads as a sweep manifest."""
-    from clbench.files.safety import folder_mark
-
     mark = folder_mark(path)
     if mark is not None:
         return mark == "sweep"
@@ -192,7 +196,7 @@ def check_sweep_folder(out: Path) -> None:
     """Refuse ``--out`` before anything is written when it is an existing folder of other files (not new, empty or
     a clbench sweep folder), or when its ``runs/`` or ``report/`` is a link or a file, or its ``report/`` a folder
     of other files: the sweep writes, replaces and deletes files in all of them. Writes nothing."""
-    from clbench.files.safety import check_output_folder, owned_folder
+    # deferred: loads pandas, which importing this module does not
     from clbench.report.build import check_report_folder
 
     owned_folder(out, "runs", "--out", create=False)
@@ -244,8 +248,6 @@ def _history(path: Path) -> list[Invocation]:
 def _lock_sweep(out: Path):
     import fcntl
 
-    from clbench.files.safety import open_lock
-
     handle = open_lock(out / ".sweep.lock")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -269,8 +271,6 @@ def _execute_plan(
     env: dict[str, str],
     log: dict[str, Any] | None = None,
 ) -> SweepManifest:
-    from clbench.records.results import load_record
-
     todo = [r for r in plan if r.state != "complete"]
     sweep_start = time.time()
     backend = (LocalBackend(res) if backend_name == "local" else RayBackend(res, ray_address)) if todo else None

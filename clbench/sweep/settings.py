@@ -1,6 +1,6 @@
-"""``clbench sweep``'s own settings, each declared once, as :class:`clbench.run.config.RunConfig` declares a run's: its
-default, its check, its flag and help, in one :func:`~clbench.run.config.run_field`. The flags are generated from the
-fields (:func:`add_sweep_flags`, with :func:`clbench.run.config.add_run_flags`), so a new field is a new flag with no
+"""``clbench sweep``'s own settings, each declared once, as :class:`clbench.core.config.RunConfig` declares a run's: its
+default, its check, its flag and help, in one :func:`~clbench.core.config.run_field`. The flags are generated from the
+fields (:func:`add_sweep_flags`, with :func:`clbench.core.config.add_run_flags`), so a new field is a new flag with no
 other edit, and ``clbench sweep`` builds each declaration from its arguments by field name.
 
 - :class:`SweepArgs`: what to run, where, and what to write; :meth:`SweepArgs.spec` parses its lists into the
@@ -19,9 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from clbench.errors import ClbenchError, setting
-from clbench.run.catalog import DEFAULT_BENCH, EXAMPLE_STRATEGIES
-from clbench.run.config import (
+from clbench.core.catalog import DEFAULT_BENCH, EXAMPLE_STRATEGIES
+from clbench.core.config import (
     Choice,
     Cli,
     Flag,
@@ -29,10 +28,12 @@ from clbench.run.config import (
     add_run_flags,
     check_settings,
     default_of,
+    parse_list,
     run_field,
     settings_of,
 )
-from clbench.sweep.plan import VARY
+from clbench.errors import ClbenchError, setting
+from clbench.sweep.plan import VARY, SweepSpec, parse_data_roots, parse_scoped_override, parse_seeds
 
 if TYPE_CHECKING:
     from clbench.sweep.plan import SweepSpec
@@ -149,8 +150,6 @@ class SweepArgs:
         (its ``profile`` applies to the strategies that define it); ``overrides``: ``--set [STRATEGY.]KEY=VALUE``.
         (Any: RunConfig field name -> a value of that field's type, as given.)"""
         from pathlib import Path
-
-        from clbench.sweep.plan import SweepSpec, parse_data_roots, parse_list, parse_scoped_override, parse_seeds
 
         benches = parse_list(self.benches, "benches")
         return SweepSpec(

@@ -7,14 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from clbench.files.safety import owned_folder
+
 if TYPE_CHECKING:
     from clbench.sweep.manifest import SweepManifest
 
 
 def write_summary(out: Path, manifest: SweepManifest, report: bool, tsne: bool, command: str | None) -> list[Path]:
     """``summary.md`` / ``summary.csv`` (mean ± std over seeds) and, with ``report``, ``report/``."""
+    # deferred: loads numpy, pandas, which importing this module does not
     from clbench.files.atomic import atomic_write_bytes
-    from clbench.files.safety import owned_folder
     from clbench.report.build import check_report_folder, write_report
     from clbench.report.collect import collect
     from clbench.report.tables import summary_frame, summary_table, to_markdown

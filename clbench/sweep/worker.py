@@ -15,9 +15,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from clbench.core.config import Fingerprint
 from clbench.errors import ClbenchError
 from clbench.files import typedfile
 from clbench.files.atomic import atomic_write_json
+from clbench.files.safety import open_append
 from clbench.files.typedfile import (
     NAME,
     OBJECT,
@@ -34,7 +36,6 @@ from clbench.files.typedfile import (
     or_none,
 )
 from clbench.records.schema import RunRecord
-from clbench.run.config import Fingerprint
 from clbench.run.harness import Reporter
 from clbench.sweep.manifest import RunOutcome
 from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record
@@ -63,8 +64,6 @@ class _LogReporter(Reporter):
     sweep's progress view and a user on another node can follow them)."""
 
     def __init__(self, path: Path) -> None:
-        from clbench.files.safety import open_append
-
         self._file = open_append(path)
 
     def log(self, message: str) -> None:
@@ -143,6 +142,7 @@ def run_payload(payload: WorkerPayload) -> RunOutcome:
         os.environ[key] = value
     import torch
 
+    # looked up at call time: tests replace it on its module
     from clbench.run.harness import RunConfig, run
 
     torch.set_num_threads(payload.threads)
@@ -172,9 +172,11 @@ def run_payload(payload: WorkerPayload) -> RunOutcome:
     reporter.log(f"attempt started on {base.host} (pid {base.pid}, {payload.threads} threads)")
     hub = None
     if payload.log:  # --log: the run's experiment trackers (clbench.run.trackers)
+        from clbench.report.run_figures import run_figures
         from clbench.run.trackers import LogSpec, TrackerHub
 
-        hub = TrackerHub(LogSpec(**{**payload.log.to_dict(), "trackers": tuple(payload.log.trackers)}), reporter)
+        spec = LogSpec(**{**payload.log.to_dict(), "trackers": tuple(payload.log.trackers)})
+        hub = TrackerHub(spec, reporter, figures=run_figures)
     try:
         record = run(cfg, hub or reporter)
     except ClbenchError as e:

@@ -7,7 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from clbench.core.catalog import card
+from clbench.core.config import make_strategy_config
+from clbench.core.costs import RunShape
 from clbench.errors import ClbenchError
+from clbench.tune.parallel import Where
+from clbench.tune.space import search_space
 
 HELP = (
     "choose a strategy's settings on a validation split (Optuna TPE over the space its card declares), "
@@ -72,7 +77,8 @@ def add_args(p: argparse.ArgumentParser, parse_key_value: Callable[[str], tuple[
 
 
 def _base(args: argparse.Namespace) -> Any:
-    from clbench.run.config import RunConfig
+    # looked up at call time: tests replace it on its module
+    from clbench.core.config import RunConfig
 
     given = {
         k: getattr(args, k)
@@ -100,13 +106,12 @@ def _base(args: argparse.Namespace) -> Any:
 def estimate(strategy: str, base: Any) -> str:
     """The per-trial work from the card's cost model (frozen passes, served by the feature cache, and training
     passes through the ViT), on the tuning benchmark's shape; a line saying so where the card has no model."""
-    from clbench.run.catalog import BENCHMARKS, card
-    from clbench.run.config import make_strategy_config
+    # deferred: loads numpy, which importing this module does not
+    from clbench.benchmarks import BENCHMARKS
 
     c = card(strategy)
     if c.work is None:
         return "cost: no cost model on the card; the measured time of the first trial follows it"
-    from clbench.methods.costs import RunShape
 
     spec = BENCHMARKS.get(base.bench)
     try:
@@ -146,8 +151,7 @@ def study_cost(trials: int, where: Any) -> str:
 def main(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from clbench.tune.parallel import Where
-    from clbench.tune.space import search_space
+    # deferred: loads torch, which importing this module does not
     from clbench.tune.study import TuneRequest, run_study
 
     if args.trials < 1:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
+from clbench.files.atomic import cache_dir
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Where:
     cpus_per_run: int | None = None
 
     def __post_init__(self) -> None:
+        # deferred: loads numpy, which importing this module does not
         from clbench.sweep.settings import BACKENDS
 
         if self.backend not in BACKENDS:
@@ -81,6 +83,7 @@ class Where:
 
 def _backend(where: Where) -> tuple[Any, int]:
     """The sweep's backend for ``where`` and the number of trials it runs at once."""
+    # deferred: loads torch, which importing this module does not
     from clbench.sweep.backends import LocalBackend, RayBackend, Resources
 
     res = Resources(jobs=where.jobs, cpus_per_run=where.cpus_per_run)
@@ -94,7 +97,7 @@ def _backend(where: Where) -> tuple[Any, int]:
 
 def _env() -> dict[str, str]:
     """The environment every trial's worker gets: the sweep's (cache, offline mode, threads)."""
-    from clbench.files.atomic import cache_dir
+    # deferred: loads torch, which importing this module does not
     from clbench.sweep.runner import PASSED_ENV
 
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
@@ -125,6 +128,7 @@ def run_trials(
     """Ask, submit and tell trials until ``req.trials`` have finished, up to the backend's number at once."""
     from optuna.trial import TrialState
 
+    # deferred: loads numpy, torch, which importing this module does not
     from clbench.records.results import load_record
     from clbench.run.harness import resolve
     from clbench.sweep.worker import WorkerPayload

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from clbench.records.predictions import correctness, read
 from clbench.records.results import load_record
 from clbench.records.schema import RunRecord
 
@@ -64,8 +65,6 @@ def collect(folder: Path) -> dict[str, dict[str, Cell]]:
 
 def _final_correct(cell: Cell) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(test index, class, 0/1 correct) of the final evaluation, in test-index order."""
-    from clbench.records.predictions import correctness, read
-
     rec = cell.record
     if rec.predictions is None:
         raise ValueError(f"{cell.folder}: the record keeps no predictions")

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from clbench.core.catalog import card
 from clbench.errors import ClbenchError
 
 
@@ -90,8 +91,6 @@ def _dimension(strategy: str, name: str, spec: Any, hints: Mapping[str, Any], wh
 def search_space(strategy: str, path: str | None = None) -> dict[str, Dimension]:
     """The search space of ``strategy``: its card's ``tune_space`` with the YAML file ``path`` on top. A
     ClbenchError when neither declares one, or for a setting the method does not have."""
-    from clbench.run.catalog import card
-
     c = card(strategy)
     hints = typing.get_type_hints(c.Config)
     declared = dict(getattr(c, "tune_space", None) or {})
@@ -120,8 +119,6 @@ def search_space(strategy: str, path: str | None = None) -> dict[str, Dimension]
 def defaults_in(strategy: str, space: Mapping[str, Dimension]) -> dict[str, Any] | None:
     """The method's default settings restricted to ``space``, where every one lies inside it (the study's first
     trial), else None."""
-    from clbench.run.catalog import card
-
     fields = {f.name: f.default for f in dataclasses.fields(card(strategy).Config)}
     values = {k: fields.get(k) for k in space}
     return values if all(d.contains(values[k]) for k, d in space.items()) else None

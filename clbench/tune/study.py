@@ -27,12 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError, setting
-from clbench.run.config import RunConfig
+from clbench.records.tuning import SUMMARY_FILE, write_summary
+from clbench.run.checkpoint import CHECKPOINT_FILE
 from clbench.run.harness import Reporter
+from clbench.run.validation import SPLIT_SEED
 from clbench.tune.parallel import Where
 from clbench.tune.space import Dimension, as_setting, defaults_in
-from clbench.tune.summary import SUMMARY_FILE, write_summary
 
 STUDY_FILE = "study.json"
 JOURNAL_FILE = "study.journal"
@@ -176,6 +178,7 @@ def run_study(
     ``chosen.yaml``. ``advance(finished, best)`` is called after each trial (the progress bar)."""
     import optuna
 
+    # looked up at call time: tests replace it on its module
     from clbench.run.harness import run
 
     if req.base.validation is None:
@@ -240,8 +243,6 @@ def run_study(
 
 
 def _drop_checkpoint(run_dir: Path) -> None:
-    from clbench.run.checkpoint import CHECKPOINT_FILE
-
     (run_dir / CHECKPOINT_FILE).unlink(missing_ok=True)
 
 
@@ -310,8 +311,6 @@ def _pruner_text(req: TuneRequest) -> str | None:
 
 
 def _split_seed() -> dict[str, int]:
-    from clbench.run.validation import SPLIT_SEED
-
     return {"split_seed": SPLIT_SEED}
 
 

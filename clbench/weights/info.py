@@ -6,7 +6,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from clbench.run.catalog import BACKBONES
+from clbench.core.catalog import BACKBONES
+from clbench.weights import sources
 
 
 def _hf_cached(timm_name: str) -> str | None:
@@ -30,8 +31,6 @@ def _hf_cached(timm_name: str) -> str | None:
 
 def availability(name: str) -> tuple[str, str]:
     """(status, how to get) for backbone ``name``."""
-    from clbench.weights import sources
-
     spec = BACKBONES.get(name)
     if spec.random_only:
         return "random only", "no published weights; --weights random"

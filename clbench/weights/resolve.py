@@ -27,9 +27,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from clbench.core.catalog import BACKBONES, BackboneSpec
+from clbench.core.config import WEIGHT_SOURCES
 from clbench.errors import ClbenchError, setting
-from clbench.run.catalog import BACKBONES, BackboneSpec
-from clbench.run.config import WEIGHT_SOURCES
+from clbench.weights.sources import WeightsUnavailable, offline_weights
 
 HUB_TIMEOUT_S = 10  # seconds to reach the Hugging Face hub (connection probe, then each metadata request)
 _NOT_READ = "cannot be read as safetensors or a torch state dict"
@@ -205,8 +206,6 @@ def _from_hub(spec: BackboneSpec, img_size: int | None) -> nn.Module:
 
 
 def _from_offline(spec: BackboneSpec, img_size: int | None) -> nn.Module:
-    from clbench.weights.sources import WeightsUnavailable, offline_weights
-
     assert spec.offline is not None  # callers check
     try:
         path, _ = offline_weights(spec.offline)

@@ -21,6 +21,8 @@ from clbench.report.figures.curves import accuracy_curves, budget_curves_figure
 from clbench.report.figures.matrices import accuracy_matrices
 from clbench.report.figures.routing_plots import routing, routing_study
 from clbench.report.figures.tsne_maps import TSNE_MAX_POINTS, tsne
+from clbench.report.forest import forest_from_collection, forest_of_study
+from clbench.report.uncertainty import Predicted
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,6 @@ def _one(f: FigureOut | None) -> tuple[list[FigureOut], list[str]]:
 
 
 def _paired(i: FigureInputs) -> tuple[list[FigureOut], list[str]]:
-    from clbench.report.forest import forest_from_collection, forest_of_study
-
     if i.study is not None:  # the study's own tests: the forest prints the p and verdict every table prints
         return _one(forest_of_study(i.study, i.out_dir, runs=i.rows.runs))
     return _one(forest_from_collection(i.rows, i.out_dir, i.predicted, i.baseline))  # where runs kept predictions
@@ -94,8 +94,6 @@ def make_figures(
     differences show those only (default: every row); ``baseline``: the strategy drawn in every panel of the accuracy
     curves and tested against in the forest plot (default: the first row); ``study``: the report's study
     (:class:`clbench.report.study.Study`), whose tests the forest plot draws (without one it tests the rows itself)."""
-    from clbench.report.uncertainty import Predicted
-
     inputs = FigureInputs(
         coll, coll if main is None else main, out_dir, predicted or Predicted(), budget, main, tsne_points, baseline,
         study,

@@ -25,12 +25,13 @@ from clbench.report.figures.style import (
     method_family,
     unique_runs,
 )
+from clbench.report.labels import display_name, needs_backbone, short_label
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# One colour and marker per method family (:data:`clbench.run.catalog.FAMILIES`, Okabe-Ito; grey for a plug-in's):
+# One colour and marker per method family (:data:`clbench.core.catalog.FAMILIES`, Okabe-Ito; grey for a plug-in's):
 # the accuracy-memory figure's points, labelled by method.
 FAMILY_LOOKS = {
     "Prompts": ("#0072B2", "o"),
@@ -86,8 +87,6 @@ def accuracy_vs_params(coll: Collection, out_dir: Path) -> FigureOut | None:
     import matplotlib
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
-
-    from clbench.report.labels import needs_backbone, short_label
 
     groups = coll.acc_groups()
     benches = coll.benches()
@@ -169,7 +168,6 @@ def _phase_seconds(t: Times, phase: str) -> float:
 def _short_run_labels(keys: Sequence[Any]) -> list[str]:
     """``RanPAC``, ``TOSCA (bf16)``: a run group's method (display name and profile) and, where rows differ in them,
     the words of benchmark and backbone that tell them apart."""
-    from clbench.report.labels import display_name
 
     def method(strategy: str) -> str:
         base, _, rest = strategy.partition(" ")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from clbench.core.catalog import FAMILIES
 from clbench.report.budget import QUICK, REFERENCE, BudgetCurve, curve_label
 from clbench.report.collect import AccKey, Collection, Run
 from clbench.report.figure_base import (
@@ -39,6 +40,8 @@ from clbench.report.figures.style import (
     seen_ticks,
     unique_runs,
 )
+from clbench.report.labels import needs_backbone, short_label
+from clbench.report.uncertainty import Predicted, row_interval
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -47,8 +50,6 @@ if TYPE_CHECKING:
 
 def series_key(groups: dict[AccKey, list[Run]], keys: Sequence[AccKey]) -> list[dict[str, str]]:
     """The full identity of each series a figure labels shortly: the key table printed beside it."""
-    from clbench.report.labels import needs_backbone, short_label
-
     several = needs_backbone(keys)
     return [
         {
@@ -66,8 +67,6 @@ def series_key(groups: dict[AccKey, list[Run]], keys: Sequence[AccKey]) -> list[
 
 
 def _family_order(title: str) -> int:
-    from clbench.run.catalog import FAMILIES
-
     titles = list(FAMILIES.values())
     return titles.index(title) if title in titles else len(titles)
 
@@ -114,9 +113,6 @@ def accuracy_curves(
     mean over seeds with their 95 % interval band (none where a band would cover much of the panel: the caption
     names them); short labels (the key table has the full identity of each line)."""
     import matplotlib
-
-    from clbench.report.labels import needs_backbone, short_label
-    from clbench.report.uncertainty import Predicted, row_interval
 
     groups = coll.acc_groups()
     benches = coll.benches()

@@ -26,6 +26,7 @@ from clbench.report.figures.style import (
     seen_ticks,
     unique_runs,
 )
+from clbench.report.labels import display_name
 from clbench.report.tables import routing_protocols
 
 
@@ -46,8 +47,6 @@ def routing(coll: Collection, out_dir: Path) -> FigureOut | None:
     """For strategies that route between per-task modules: routing accuracy per task after the last task, and
     accuracy with the chosen modules against accuracy with each image's own task's module (oracle)."""
     import matplotlib
-
-    from clbench.report.labels import display_name
 
     groups = {k: [r for r in runs if routing_protocols(r)] for k, runs in coll.run_groups().items()}
     groups = {k: runs for k, runs in groups.items() if runs}
@@ -114,6 +113,7 @@ def routing_study(coll: Collection, out_dir: Path) -> FigureOut | None:
     and strategy setting."""
     import matplotlib
 
+    # deferred: loads pandas, which importing this module does not
     from clbench.report.routing import BOUND, _seed_groups, router_curves, study_runs
 
     runs = study_runs(coll)

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from clbench.report.collect import Collection, Run
+from clbench.core.catalog import FAMILIES, STRATEGY_LOOKS, card
+from clbench.errors import ClbenchError
+from clbench.report.collect import DOMAINS_SEEN, Collection, Run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -27,7 +29,6 @@ def seen_ticks(ax: Any, axis: tuple[list[int], str], fontsize: float | None = No
     """Label the x axis of curves after each task; domains seen (a handful of steps) get one tick each."""
     xs, label = axis
     ax.set_xlabel(label, **({"fontsize": fontsize} if fontsize else {}))
-    from clbench.report.collect import DOMAINS_SEEN
 
     if label == DOMAINS_SEEN:
         ax.set_xticks(xs)
@@ -41,7 +42,7 @@ def unique_runs(groups: Sequence[Sequence[Run]]) -> list[Run]:
     return list(seen.values())
 
 
-# One colour per strategy, the same in every figure and every report (``clbench.run.catalog.STRATEGY_LOOKS``); a name
+# One colour per strategy, the same in every figure and every report (``clbench.core.catalog.STRATEGY_LOOKS``); a name
 # not listed there takes one of these colours by its digest.
 PALETTE = (
     "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442",
@@ -59,7 +60,6 @@ def base_strategy(variant: str) -> str:
 def strategy_color(strategy: str) -> str:
     """The fixed colour of a strategy (variants included: ``base_strategy``)."""
     name = base_strategy(strategy)
-    from clbench.run.catalog import STRATEGY_LOOKS
 
     if name in STRATEGY_LOOKS:
         return STRATEGY_LOOKS[name][1]
@@ -125,7 +125,7 @@ def legend_outside(ax: Axes) -> None:
     ax.legend(handles, wrapped, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, ncol=1, borderaxespad=0.0)
 
 
-# Panels of the accuracy curves: a method card's ``family`` (clbench.run.catalog.MethodCard) -> the panel's title, in
+# Panels of the accuracy curves: a method card's ``family`` (clbench.core.catalog.MethodCard) -> the panel's title, in
 # panel order; a method whose card names none (a plug-in) goes to OTHER_FAMILY.
 OTHER_FAMILY = "Other methods"
 # Okabe-Ito's colour-blind-safe colours (black kept for the baseline): the series of one panel take them in turn, so
@@ -141,10 +141,7 @@ LEGEND_CHARS = 22  # characters per legend line beside a panel (README width: ~9
 
 
 def method_family(strategy: str) -> str:
-    """The panel title of ``strategy``'s family (:data:`clbench.run.catalog.FAMILIES`) read from its method card."""
-    from clbench.errors import ClbenchError
-    from clbench.run.catalog import FAMILIES, card
-
+    """The panel title of ``strategy``'s family (:data:`clbench.core.catalog.FAMILIES`) read from its method card."""
     try:
         family = card(base_strategy(strategy)).family
     except (ClbenchError, LookupError, ImportError, AttributeError):

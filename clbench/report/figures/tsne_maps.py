@@ -12,7 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
+from clbench.errors import ClbenchError
+from clbench.features import embeddings
+from clbench.features.embeddings import FORMAT, reduce
 from clbench.features.embeddings import POINTS as EMBEDDED_POINTS
+from clbench.features.embeddings import subsample as pick
+from clbench.files.safety import npz_arrays, read_bytes
+from clbench.records.features import checked_embeddings
 from clbench.report.collect import AccKey, Collection, Run
 from clbench.report.figure_base import (
     RC,
@@ -24,6 +30,7 @@ from clbench.report.figure_base import (
 from clbench.report.figures.style import (
     new_figure,
 )
+from clbench.report.labels import short_label
 
 TSNE_MAX_POINTS = EMBEDDED_POINTS  # the test images a record keeps (clbench.features.embeddings.POINTS)
 TSNE_SEED = 0  # fixed random_state and subsample seed: the same records give the same picture
@@ -36,11 +43,6 @@ def load_features(run: Run) -> dict[str, np.ndarray]:
     bounded (:data:`FEATURES_MAX_BYTES` on disk and expanded, every array header checked before it is allocated:
     :func:`clbench.files.safety.npz_arrays`); ValueError for a file that is not one, or whose sizes differ from its
     record's test split."""
-    from clbench.errors import ClbenchError
-    from clbench.features.embeddings import FORMAT
-    from clbench.files.safety import npz_arrays, read_bytes
-    from clbench.records.features import checked_embeddings
-
     n_test = (run.record.n_images or {}).get("test")
     # what the record's test split can need: fp16 frozen and adapted features up to FEATURE_WIDTH wide per image
     limit = FEATURES_MAX_BYTES if n_test is None else min(FEATURES_MAX_BYTES, 2**26 + n_test * 4 * FEATURE_WIDTH)
@@ -77,8 +79,6 @@ TSNE_PANELS = 16  # panels per t-SNE figure (4 x 4: the frozen features and 15 m
 
 def subsample(n: int, max_points: int = TSNE_MAX_POINTS, seed: int = TSNE_SEED) -> np.ndarray:
     """Sorted indices of at most ``max_points`` of ``n`` points, the same for the same ``n``."""
-    from clbench.features.embeddings import subsample as pick
-
     return pick(n, max_points, seed)
 
 
@@ -137,9 +137,6 @@ def _tsne_panels(
     """Per (benchmark, backbone): the frozen features' panel first (naming the methods that classify them), then
     one panel per run whose method scores something else; the same test images (the first run's subsample) in
     every panel."""
-    from clbench.features import embeddings
-    from clbench.features.embeddings import reduce
-
     out: dict[tuple[str, str], list[_TsnePanel]] = {}
     frozen_users: dict[tuple[str, str], list[str]] = {}
     chosen: dict[tuple[str, str], np.ndarray] = {}
@@ -189,8 +186,6 @@ def tsne(
     configuration) that scores something else, from the first seed whose record kept ``features.npz``; the same
     test images, t-SNE settings and seed in every panel. Returns figures and notes (which rows have none, why)."""
     import matplotlib
-
-    from clbench.report.labels import short_label
 
     rows = coll if main is None else main
     figures: list[FigureOut] = []

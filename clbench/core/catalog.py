@@ -1,4 +1,4 @@
-"""What clbench knows by name: strategies, benchmarks and backbones.
+"""What clbench knows by name: strategies and backbones (the benchmarks: :data:`clbench.benchmarks.BENCHMARKS`).
 
 Torch-free on purpose: ``clbench list`` and ``clbench --help`` read this module only. Strategies are
 registered lazily by module path and imported when a run asks for one. This is the only module of ``clbench/``
@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from clbench.benchmarks import BENCHMARKS, DEFAULT_BENCH
+from clbench.core.config import DEFAULT_BENCH
+from clbench.core.costs import ParamCounts, Work
+from clbench.core.registry import Registry
 from clbench.errors import ClbenchError
-from clbench.methods.costs import ParamCounts, Work
-from clbench.run.registry import Registry
 
 C = TypeVar("C", bound=type)
 
@@ -38,7 +38,7 @@ def all_learned(
 @dataclass(frozen=True)
 class MethodCard:
     """A method's one declaration, read without loading the method: its name, its settings class (defaults and
-    checks), its named profiles, its parameter formula and cost model (stated with :mod:`clbench.methods.costs`), and
+    checks), its named profiles, its parameter formula and cost model (stated with :mod:`clbench.core.costs`), and
     what each tool needs of it. Each built-in method declares one in a torch-free module (``baselines/cards/NAME.py``,
     ``tosca/card.py``) and its strategy class is decorated with it (:meth:`strategy`), so that reports, the gate,
     ``clbench list`` and the parameter and cost projections read a method without torch, and the class restates
@@ -340,4 +340,4 @@ register_backbone(
 )
 
 
-__all__ = ["BACKBONES", "BENCHMARKS", "DEFAULT_BENCH", "DEFAULT_STRATEGY", "STRATEGIES", "BackboneSpec"]
+__all__ = ["BACKBONES", "DEFAULT_BENCH", "DEFAULT_STRATEGY", "STRATEGIES", "BackboneSpec"]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
+from clbench.files.atomic import atomic_write_json
 
 SUMMARY_FILE = "tuning.json"
 REQUIRED = ("strategy", "search_space", "tuning_bench", "split", "trials", "best_validation_acc", "best_settings")
@@ -38,6 +39,4 @@ def read_summary(path: Path) -> dict[str, Any]:
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
-    from clbench.files.atomic import atomic_write_json
-
     atomic_write_json(path, summary)

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
-from clbench.files.safety import open_lock
+from clbench.files.atomic import cache_dir, cache_subdir
+from clbench.files.safety import load_json, open_lock
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 CHOICES = ("auto", *PRECISIONS)
@@ -247,7 +248,6 @@ def cached_probe(backbone, device, cpu: CpuInfo, cache_root: Path | None) -> Cal
         if cache_root is None:
             return measure()
         key = probe_key(cpu, backbone.spec.name, backbone.img_size)
-        from clbench.files.atomic import cache_subdir
 
         path = cache_subdir("machine", create=False, root=cache_root) / PROBE_FILE  # a link there: refused
         try:
@@ -274,8 +274,6 @@ def cached_probe(backbone, device, cpu: CpuInfo, cache_root: Path | None) -> Cal
 
 def _read_json(path: Path) -> dict[str, Any]:
     """The probe cache (a dict of key -> rates), or {} for a missing, unreadable or odd one: it is measured again."""
-    from clbench.files.safety import load_json
-
     if not path.exists():
         return {}
     try:
@@ -293,8 +291,6 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def for_backbone(backbone, device, requested: str = "auto", use_cache: bool = True) -> Precision:
     """:func:`choose` for a loaded backbone on ``device``, with the cached probe where the hardware leaves it open."""
-    from clbench.files.atomic import cache_dir
-
     cpu = CpuInfo.detect() if device.type == "cpu" else None
     probe = cached_probe(backbone, device, cpu, cache_dir() if use_cache else None) if cpu is not None else None
     return choose(requested, device.type, cpu=cpu, probe=probe)

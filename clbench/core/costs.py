@@ -1,7 +1,7 @@
 """What a method costs, read without torch: its parameter counts (:class:`ParamCounts`, one rule for every method), the
 size of a run (:class:`RunShape`) and the work a run does (:class:`Work`), and the sizes of parts several methods share.
 Each method's card (``baselines/cards/NAME.py``, ``tosca/card.py``) states its parameter formula and cost model with
-these (:class:`clbench.run.catalog.MethodCard`); the strategy class counts its live parameters with the same types."""
+these (:class:`clbench.core.catalog.MethodCard`); the strategy class counts its live parameters with the same types."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class Work:
 
     ``f`` and ``b`` are timed generically (a frozen forward pass; a forward + backward pass through the ViT to
     input-side parameters). Method-specific units go in ``extra``; the method times them itself (its card's
-    ``unit_seconds``: :class:`clbench.run.catalog.MethodCard`).
+    ``unit_seconds``: :class:`clbench.core.catalog.MethodCard`).
     """
 
     f: float = 0.0  # frozen forward passes through the backbone, in images

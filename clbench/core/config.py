@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clbench.benchmarks import DEFAULT_BENCH  # not clbench.run.catalog: the record reader imports no method
+from clbench.core.optins import COMMAND_LINE_ONLY
 from clbench.errors import ClbenchError, setting
 from clbench.files.typedfile import OBJECT, TEXT, JsonValue, is_bool, is_int, is_number, is_str, or_none, short
 
@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # never imported at run time: this module stays free of torch
     from _typeshed import DataclassInstance
 
 
+DEFAULT_BENCH = "emoji"  # the embedded benchmark (clbench.benchmarks registers it): offline, ships with clbench
 PROTOCOL_CHOICES = ("per-sample", "reference", "both")
 # class: each task brings new classes; domain: each task brings every class of the benchmark in a new domain
 # (BenchmarkSpec.domains). A strategy states the ones it supports (Strategy.scenarios).
@@ -49,7 +50,7 @@ PRECISION_CHOICES = (
     "fp32",
     "bf16",
     "fp16",
-)  # = clbench.run.precision.CHOICES (that module imports torch lazily)
+)  # = clbench.core.precision.CHOICES (that module imports torch lazily)
 WEIGHT_SOURCES = ("auto", "offline", "hub", "random")  # --weights values that are not a file
 # The run shape of the regression gate's ``ci`` profiles (.ci/gate, reports/gate/README.md), declared once for every
 # strategy's profiles to reuse: the embedded benchmark at 56 px (4x4 patches of 14 px), so that every ci run shares
@@ -67,7 +68,7 @@ CI_FIRST_SESSION: dict[str, int | float] = {**CI_SHAPE, "epochs": 4, "train_per_
 
 class HasSettings(typing.Protocol):
     """What settings code reads of a method: a strategy class, or its torch-free card
-    (clbench.run.catalog.MethodCard)."""
+    (clbench.core.catalog.MethodCard)."""
 
     @property
     def name(self) -> str: ...
@@ -101,6 +102,13 @@ def split_list(text: str, flag: str, example: str) -> list[str]:
             f"give a comma-separated list without empty items, e.g. {flag} {example}",
         )
     return items
+
+
+def parse_list(text: str, what: str) -> tuple[str, ...]:
+    """A sweep's list flag ``--strategies``, ``--benches`` or ``--seeds`` (``what``) as its items: order kept,
+    repeats dropped (a sweep's and a config file's reader both read them so)."""
+    example = {"strategies": "tosca,simplecil", "benches": "emoji", "seeds": "1993,1994,1995"}[what]
+    return tuple(dict.fromkeys(split_list(text, f"--{what}", example)))  # order kept, repeats dropped
 
 
 def _num(x: float) -> str:
@@ -367,7 +375,7 @@ class RunConfig:
         Choice(DEVICE_CHOICES, "devices"),
         Cli("default: %(default)s (GPU if present)", choices=DEVICE_CHOICES),
     )
-    precision: str = run_field(  # for the frozen backbone (clbench.run.precision)
+    precision: str = run_field(  # for the frozen backbone (clbench.core.precision)
         "auto",
         Choice(PRECISION_CHOICES, "precisions"),
         Cli(
@@ -831,7 +839,6 @@ def resume_config(
         )
     names = {f.name for f in dataclasses.fields(RunConfig)}
     # Any: the checkpoint's JSON values and the given settings, checked by RunConfig (naming the setting)
-    from clbench.run.optins import COMMAND_LINE_ONLY
 
     # a safety opt-in the run was started with is not taken from its checkpoint: only from this command line
     values: dict[str, Any] = {
