@@ -60,8 +60,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from clbench.errors import ClbenchError
 from clbench.evaluation import metrics
 from clbench.files.safety import folder_name_problem, open_lock, owned_folder
-from clbench.records.results import ProtocolSummary
 from clbench.records.routing_diagnostics import routing_or_none
+from clbench.records.schema import ProtocolSummary
 
 if TYPE_CHECKING:
     from clbench.records.schema import ProtocolSummary, RunRecord, TaskEntry
