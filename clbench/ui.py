@@ -25,18 +25,19 @@ if TYPE_CHECKING:
     from clbench.sweep.manifest import SweepManifest
 
 
+def _bars(console: Console, *, remaining: bool) -> Progress:
+    """Progress bars on ``console`` that stay when done: description, bar, done of all, time elapsed and
+    (``remaining``) time remaining."""
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    if remaining:
+        columns.append(TimeRemainingColumn())
+    return Progress(*columns, console=console, transient=False)
+
+
 class RichReporter(Reporter):
     def __init__(self) -> None:
         self.console = Console(stderr=True, log_path=False)
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=self.console,
-            transient=False,
-        )
+        self._progress = _bars(self.console, remaining=True)
         self.run_dir: Path | None = None  # the run's folder, once the run has started
 
     def __enter__(self) -> RichReporter:
@@ -144,14 +145,7 @@ class RichSweepView:
 
     def __init__(self) -> None:
         self.console = Console(stderr=True, log_path=False)
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=self.console,
-            transient=False,
-        )
+        self._progress = _bars(self.console, remaining=False)
         self._overall = None
         self._rows: dict[str, Any] = {}
 

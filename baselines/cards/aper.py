@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clbench.core.catalog import MethodCard
+from clbench.core.catalog import MethodCard, rest_stored
 from clbench.core.config import CI_FIRST_SESSION
 from clbench.core.costs import ParamCounts, RunShape, Work, adapter_set_size, plain_vit_params
 from clbench.layers.checks import check_first_session_fields
@@ -121,8 +121,7 @@ def split_kept(
     """Learned: the first session's tuned module (adapters, SSF factors, prompts or the ViT copy); stored: the
     2d prototypes (class means) of every class. Records before ``adapt`` name it ``adapter_params``."""
     tuned = int(extra["first_session_params"] if "first_session_params" in extra else extra["adapter_params"])
-    added = [tuned if t == 0 else 0 for t in range(len(kept_per_task))]
-    return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
+    return rest_stored(kept_per_task, [tuned if t == 0 else 0 for t in range(len(kept_per_task))])
 
 
 CARD = MethodCard(

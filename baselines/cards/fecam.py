@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.catalog import QUICK_INPUT, MethodCard, all_stored
 from clbench.core.config import CI_INPUT
 from clbench.core.costs import ParamCounts, RunShape, Work
 
@@ -75,10 +75,7 @@ def work(cfg: FeCAMConfig, shape: RunShape) -> Work:
 TUNE_SPACE: dict[str, tuple[Any, ...]] = {"alpha1": (0.1, 10.0, True), "alpha2": (0.0, 1.0)}
 
 
-def split_kept(
-    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
-) -> tuple[list[int], list[int]]:
-    return [0] * len(kept_per_task), list(kept_per_task)  # means and precision matrices: statistics
+split_kept = all_stored  # means and precision matrices: statistics
 
 
 CARD = MethodCard(

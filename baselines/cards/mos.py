@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.core.catalog import MethodCard
+from clbench.core.catalog import MethodCard, rest_stored
 from clbench.core.config import CI_SHAPE
 from clbench.core.costs import ParamCounts, RunShape, Work, adapter_set_size
 from clbench.layers.checks import check_adapter_sets_fields, check_range
@@ -115,8 +115,7 @@ def split_kept(
     covariance (or variance)."""
     adapters = int(extra["adapter_params_per_task"])
     d = int(extra["prototype_params"]) // sum(task_sizes)
-    added = [adapters + c * (d + 1) for c in task_sizes]
-    return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
+    return rest_stored(kept_per_task, [adapters + c * (d + 1) for c in task_sizes])
 
 
 CARD = MethodCard(

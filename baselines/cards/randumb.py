@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.catalog import QUICK_INPUT, MethodCard, closed_form_head
 from clbench.core.config import CI_INPUT
 from clbench.core.costs import ParamCounts, RunShape, Work
 
@@ -76,15 +76,10 @@ def work(cfg: RanDumbConfig, shape: RunShape) -> Work:
 TUNE_SPACE: dict[str, tuple[Any, ...]] = {"M": (1000, 20000, True), "gamma": (1e-4, 1.0, True)}
 
 
-def split_kept(
-    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
-) -> tuple[list[int], list[int]]:
-    """Learned: the LDA head solved in closed form (W weights and a bias per class); stored: the class means and
-    counts (W + 1 per class), the shared covariance (W^2, counted as the W x W statistic it is even while it is
-    held in low-rank form, which keeps fewer numbers) and the fixed random features (d M + M), in task 0."""
-    w = int(extra["lda_width"])
-    added = [(w + 1) * c for c in task_sizes]
-    return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
+# Learned: the LDA head solved in closed form (W weights and a bias per class); stored: the class means and counts
+# (W + 1 per class), the shared covariance (W^2, counted as the W x W statistic it is even while it is held in low-rank
+# form, which keeps fewer numbers) and the fixed random features (d M + M), in task 0.
+split_kept = closed_form_head("lda_width")
 
 
 CARD = MethodCard(

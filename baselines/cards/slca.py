@@ -11,7 +11,7 @@ from typing import Any, Literal
 from clbench.core.catalog import QUICK_INPUT, MethodCard
 from clbench.core.config import CI_SHAPE
 from clbench.core.costs import ParamCounts, RunShape, Work, tuned_vit_work, whole_vit_formula
-from clbench.layers.checks import SLOW_LEARNER_CI, SLOW_LEARNER_QUICK, check_slow_learner_fields
+from clbench.layers.checks import SLOW_LEARNER_CI, SLOW_LEARNER_QUICK, SLOW_LEARNER_REFERENCE, check_slow_learner_fields
 
 
 @dataclass(frozen=True)
@@ -58,17 +58,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "quick": {**QUICK_INPUT, **SLOW_LEARNER_QUICK},
     "ci": {**CI_SHAPE, **SLOW_LEARNER_CI},
-    "reference": {
-        "epochs": 20,
-        "batch_size": 128,
-        "lr": 0.01,
-        "backbone_lr_scale": 0.01,
-        "milestone": 18,
-        "lr_decay": 0.1,
-        "ca_epochs": 5,
-        "ca_samples": 256,
-        "logit_norm": 0.1,
-    },
+    "reference": dict(SLOW_LEARNER_REFERENCE),
 }
 
 

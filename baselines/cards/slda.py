@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from clbench.core.catalog import QUICK_INPUT, MethodCard
+from clbench.core.catalog import QUICK_INPUT, MethodCard, closed_form_head
 from clbench.core.config import CI_INPUT
 from clbench.core.costs import ParamCounts, RunShape, Work
 
@@ -70,14 +70,9 @@ def work(cfg: SLDAConfig, shape: RunShape) -> Work:
 TUNE_SPACE: dict[str, tuple[Any, ...]] = {"shrinkage": (1e-6, 0.5, True)}
 
 
-def split_kept(
-    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
-) -> tuple[list[int], list[int]]:
-    """Learned: the head solved in closed form (d weights and a bias per class); stored: the class means
-    (d per class), the class counts (1 per class) and the shared covariance (d^2, in task 0)."""
-    d = int(extra["feature_width"])
-    added = [(d + 1) * c for c in task_sizes]
-    return added, [k - a for k, a in zip(kept_per_task, added, strict=True)]
+# Learned: the head solved in closed form (d weights and a bias per class); stored: the class means (d per class), the
+# class counts (1 per class) and the shared covariance (d^2, in task 0).
+split_kept = closed_form_head("feature_width")
 
 
 CARD = MethodCard(

@@ -216,14 +216,7 @@ def check_file_sources(
     literature_domains.DomainFileSource`)."""
     if train.root != test.root:
         raise ValueError(f"{train.name} and {test.name}: the splits of one benchmark share one data root")
-    spec = report.spec
-    report.classes_found = len(names)
-    expected = f", {spec.n_classes} expected" if spec.n_classes is not None else ""
-    report.notes.append(f"classes: {len(names)} found{expected}")
-    if spec.n_classes is not None and len(names) != spec.n_classes:
-        report.problems.append(
-            f"benchmark {spec.name!r} should have {spec.n_classes} classes but the data has {len(names)}"
-        )
+    _note_class_count(report, names)
     for split, source in (("train", train), ("test", test)):
         bad = [p for p, y in zip(source.paths, source.labels.tolist(), strict=True) if not 0 <= y < len(names)]
         if bad:  # before anything sized by a label is built
@@ -297,9 +290,8 @@ def _check_arrays(report: DataReport, loader, progress_factory, workers: int = 1
     _check_loaded_arrays(report, train, test, names, progress_factory)
 
 
-def _check_loaded_arrays(
-    report: DataReport, train: ImageSource, test: ImageSource, names: list[str], progress_factory
-) -> None:
+def _note_class_count(report: DataReport, names: list[str]) -> None:
+    """Notes how many classes the data has, and a problem where the benchmark declares another count."""
     spec = report.spec
     report.classes_found = len(names)
     expected = f", {spec.n_classes} expected" if spec.n_classes is not None else ""
@@ -308,6 +300,12 @@ def _check_loaded_arrays(
         report.problems.append(
             f"benchmark {spec.name!r} should have {spec.n_classes} classes but the data has {len(names)}"
         )
+
+
+def _check_loaded_arrays(
+    report: DataReport, train: ImageSource, test: ImageSource, names: list[str], progress_factory
+) -> None:
+    _note_class_count(report, names)
     hashes = {}
     for split, source in (("train", train), ("test", test)):
         counts = np.bincount(source.labels, minlength=len(names)).tolist() if len(source) else []

@@ -35,6 +35,33 @@ def all_learned(
     return list(kept_per_task), [0] * len(kept_per_task)
 
 
+def all_stored(
+    kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+) -> tuple[list[int], list[int]]:
+    """A card's ``split_kept`` where the method learns nothing: everything kept per task is statistics."""
+    return [0] * len(kept_per_task), list(kept_per_task)
+
+
+def rest_stored(kept_per_task: list[int], learned: list[int]) -> tuple[list[int], list[int]]:
+    """``learned`` per task is learned and the rest of what each task kept is stored: a ``split_kept`` answer."""
+    return list(learned), [k - a for k, a in zip(kept_per_task, learned, strict=True)]
+
+
+def closed_form_head(
+    width: str,
+) -> Callable[[list[int], int, dict[str, Any], list[int]], tuple[list[int], list[int]]]:
+    """A card's ``split_kept`` for a head solved in closed form over features of width ``extra[width]``: W weights
+    and a bias per class learned, the rest of what each task kept (class statistics) stored."""
+
+    def split_kept(
+        kept_per_task: list[int], head: int, extra: dict[str, Any], task_sizes: list[int]
+    ) -> tuple[list[int], list[int]]:
+        w = int(extra[width])
+        return rest_stored(kept_per_task, [(w + 1) * c for c in task_sizes])
+
+    return split_kept
+
+
 @dataclass(frozen=True)
 class MethodCard:
     """A method's one declaration, read without loading the method: its name, its settings class (defaults and

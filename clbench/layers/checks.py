@@ -155,6 +155,18 @@ SLOW_LEARNER_CI: dict[str, Any] = {
     "backbone_lr_scale": 0.025,
     "float64": True,
 }
+# SLCA's authors' budget (its ``reference`` profile, the defaults written out); CoFiMA's reference changes a few.
+SLOW_LEARNER_REFERENCE: dict[str, Any] = {
+    "epochs": 20,
+    "batch_size": 128,
+    "lr": 0.01,
+    "backbone_lr_scale": 0.01,
+    "milestone": 18,
+    "lr_decay": 0.1,
+    "ca_epochs": 5,
+    "ca_samples": 256,
+    "logit_norm": 0.1,
+}
 
 
 def check_slow_learner_fields(cfg: Any, positive: Sequence[str] = ()) -> None:

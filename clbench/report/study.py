@@ -29,11 +29,10 @@ from clbench.report.collect import AccKey, Collection, Run
 from clbench.report.labels import display_name, needs_backbone, short_label
 from clbench.report.uncertainty import (
     ALPHA,
-    NO_PREDICTIONS,
     Predicted,
     RowInterval,
-    batch_blocks,
-    batch_size,
+    pair_size,
+    paired_finals,
     pairing_problem,
     row_interval,
 )
@@ -335,26 +334,13 @@ def pair_test(ra: StudyRow, rb: StudyRow, predicted: Predicted) -> PairTest | Re
     if why is not None:
         return Refused(ra.id, rb.id, ra.label, rb.label, why)
     protocol = ra.key.protocol
-    by_seed = {r.seed: r for r in runs_b}
-    a_final, b_final, blocks = [], [], []
-    strata = None
-    for run_a in runs_a:
-        run_b = by_seed[run_a.seed]
-        da, db = predicted.aligned(run_a, protocol), predicted.aligned(run_b, protocol)
-        if da is None or db is None:
-            return Refused(ra.id, rb.id, ra.label, rb.label, NO_PREDICTIONS)
-        if not np.array_equal(da[1], db[1]):
-            return Refused(ra.id, rb.id, ra.label, rb.label, f"test images differ (seed {run_a.seed})")
-        a_final.append(da[0][:, -1])
-        b_final.append(db[0][:, -1])
-        size = _pair_size(run_a, run_b, protocol)
-        blocks.append(None if size is None else batch_blocks(da[1], da[2], size))
-        strata = da[2] if strata is None else strata
-    assert strata is not None
-    a, b = np.stack(a_final), np.stack(b_final)
+    paired = paired_finals(runs_a, runs_b, protocol, predicted)
+    if isinstance(paired, str):
+        return Refused(ra.id, rb.id, ra.label, rb.label, paired)
+    a, b, strata, blocks = paired.a, paired.b, paired.strata, paired.blocks
     if len(a) == 1:
         t = stats.paired_test(a, b, strata, blocks=blocks[0])
-        size = _pair_size(runs_a[0], runs_b[0], protocol)
+        size = pair_size(runs_a[0], runs_b[0], protocol)
         method = t.test + (f" of {size}" if size is not None else "") + f", seed {shared[0]}"
     else:
         ids = [x for x in blocks if x is not None]
@@ -369,14 +355,6 @@ def pair_test(ra: StudyRow, rb: StudyRow, predicted: Predicted) -> PairTest | Re
         ra.id, rb.id, ra.label, rb.label, d.value, d.lo, d.hi, t.p, t.p, t.p < ALPHA, tuple(shared), method,
         ra.key.bench, protocol, t.at_floor, t.at_floor, note,
     )  # fmt: skip
-
-
-def _pair_size(ra: Run, rb: Run, protocol: str) -> int | None:
-    """The block of a pair: the smallest run of images both sides' batches keep together (None: per-sample)."""
-    sa, sb = batch_size(ra, protocol), batch_size(rb, protocol)
-    if sa is None and sb is None:
-        return None
-    return math.lcm(sa or 1, sb or 1)
 
 
 def verdict(t: PairTest) -> str:

@@ -301,8 +301,8 @@ def _replace(row: PairRow, **changes) -> PairRow:
     return replace(row, **changes)
 
 
-def _pair_size(ra: Run, rb: Run, protocol: str) -> int | None:
-    """The block of a pair: the smallest run of images both sides' batches keep together (per-sample: 1)."""
+def pair_size(ra: Run, rb: Run, protocol: str) -> int | None:
+    """The block of a pair: the smallest run of images both sides' batches keep together (None: per-sample)."""
     import math
 
     sa, sb = batch_size(ra, protocol), batch_size(rb, protocol)
@@ -311,11 +311,22 @@ def _pair_size(ra: Run, rb: Run, protocol: str) -> int | None:
     return math.lcm(sa or 1, sb or 1)
 
 
-def _test_pair(row: PairRow, ra: list[Run], rb: list[Run], protocol: str, predicted: Predicted) -> PairRow | str:
-    by_seed = {r.seed: r for r in rb}
+@dataclass(frozen=True)
+class PairedFinals:
+    """Two sides' final per-image correctness on the seeds they share, ready for a paired test."""
+
+    a: np.ndarray  # (seeds, images): side A's final-task correctness, one row per seed in ``runs_a``'s order
+    b: np.ndarray  # (seeds, images): side B's, the same images
+    strata: np.ndarray  # (images,): each test image's class
+    blocks: list[np.ndarray | None]  # per seed: the batch block of each image (None: per-sample)
+
+
+def paired_finals(runs_a: list[Run], runs_b: list[Run], protocol: str, predicted: Predicted) -> PairedFinals | str:
+    """Each run of ``runs_a`` paired with ``runs_b``'s run of its seed, or why they cannot be paired."""
+    by_seed = {r.seed: r for r in runs_b}
     a_final, b_final, blocks = [], [], []
     strata = None
-    for run_a in sorted(ra, key=lambda r: r.seed):
+    for run_a in runs_a:
         run_b = by_seed[run_a.seed]
         da, db = predicted.aligned(run_a, protocol), predicted.aligned(run_b, protocol)
         if da is None or db is None:
@@ -324,11 +335,18 @@ def _test_pair(row: PairRow, ra: list[Run], rb: list[Run], protocol: str, predic
             return f"test images differ (seed {run_a.seed})"
         a_final.append(da[0][:, -1])
         b_final.append(db[0][:, -1])
-        size = _pair_size(run_a, run_b, protocol)
+        size = pair_size(run_a, run_b, protocol)
         blocks.append(None if size is None else batch_blocks(da[1], da[2], size))
         strata = da[2] if strata is None else strata
     assert strata is not None
-    a, b = np.stack(a_final), np.stack(b_final)
+    return PairedFinals(np.stack(a_final), np.stack(b_final), strata, blocks)
+
+
+def _test_pair(row: PairRow, ra: list[Run], rb: list[Run], protocol: str, predicted: Predicted) -> PairRow | str:
+    paired = paired_finals(sorted(ra, key=lambda r: r.seed), rb, protocol, predicted)
+    if isinstance(paired, str):
+        return paired
+    a, b, strata, blocks = paired.a, paired.b, paired.strata, paired.blocks
     if len(a) == 1:
         return _replace(row, test=stats.paired_test(a, b, strata, blocks=blocks[0]))
     ids = [x for x in blocks if x is not None]
