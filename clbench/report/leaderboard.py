@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.core.catalog import DEFAULT_STRATEGY
 from clbench.core.config import flag_fields
 from clbench.errors import ClbenchError
 from clbench.evaluation.stats import Interval, fmt_p
@@ -173,8 +174,6 @@ def automatic(coll: Collection, baseline: str | None = None) -> tuple[Collection
     ]
     strategies = [k.strategy for k in main]
     if baseline is None:
-        from clbench.core.catalog import DEFAULT_STRATEGY
-
         baseline = DEFAULT_STRATEGY if DEFAULT_STRATEGY in strategies else (strategies[0] if strategies else None)
     return coll, Study(main, _check_baseline(baseline, strategies), sections, "chosen automatically", notes)
 

@@ -53,7 +53,7 @@ from clbench.methods.shared import TrainingTrace
 from clbench.records import predictions
 from clbench.records.command import command_line
 from clbench.records.host import git_revision, library_versions, peak_rss_mb, reset_peak_rss
-from clbench.records.predictions import PREDICTIONS_FILE, Predictions
+from clbench.records.predictions import PREDICTIONS_FILE, Predictions, uncertainty
 from clbench.records.schema import Host, Params, ProtocolGap, ProtocolSummary, RunRecord, TaskEntry, Times
 from clbench.records.tuning import read_summary
 from clbench.run.checkpoint import ProtocolLogState
@@ -65,7 +65,7 @@ from clbench.run.rundir import (
     estimate_run_bytes,
 )
 from clbench.run.scenario import check_scenario
-from clbench.run.validation import rows_in
+from clbench.run.validation import first_classes, hold_out, rows_in
 from clbench.weights.resolve import check_input_size, check_weights_file
 
 if TYPE_CHECKING:
@@ -492,13 +492,9 @@ def prepare(
     loaded = {"train": bench.train, "test": bench.test}  # the splits as loaded: what the feature cache holds
     holdout = None
     if cfg.classes is not None:  # the first K classes of the class order only (a smaller benchmark to tune on)
-        from clbench.run.validation import first_classes
-
         bench = first_classes(bench, cfg.classes, resolved.init_cls, resolved.increment)
         rep.log(f"classes: the first {cfg.classes} of the class order ({len(bench.train)} training images)")
     if cfg.validation is not None:  # learn from part of the training images, evaluate on the rest; test sealed
-        from clbench.run.validation import hold_out
-
         holdout = hold_out(bench, cfg.validation)
         bench = holdout.bench
         rep.log(
@@ -1048,8 +1044,6 @@ def _record(
     # Intervals and calibration need every image's prediction, and are the finished run's: the bootstrap (half a
     # second per protocol) is not repeated for the unfinished record written after every task.
     if preds is not None and complete:
-        from clbench.records.predictions import uncertainty
-
         for p, summary in summaries.items():
             u = uncertainty(preds, p)
             summary.last_acc_ci, summary.avg_acc_ci, summary.ece = u.last_acc_ci, u.avg_acc_ci, u.ece

@@ -22,6 +22,7 @@ from typing import Any
 
 from clbench.core.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.errors import ClbenchError
+from clbench.files.atomic import cache_dir
 from clbench.files.safety import (
     check_output_folder,
     folder_mark,
@@ -160,8 +161,6 @@ def run_sweep(
         os.environ["CLBENCH_CACHE"] = str(Path(cache).resolve())
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     if "CLBENCH_CACHE" not in env:
-        from clbench.files.atomic import cache_dir
-
         env["CLBENCH_CACHE"] = str(cache_dir().resolve())
     out.mkdir(parents=True, exist_ok=True)
 
