@@ -41,6 +41,7 @@ from clbench.core.catalog import load_target
 from clbench.core.registry import Registry
 from clbench.errors import ClbenchError
 from clbench.files.atomic import atomic_write_json
+from clbench.records.host import git_revision, library_versions
 
 if TYPE_CHECKING:
     from clbench.core.catalog import MethodCard
@@ -224,7 +225,6 @@ def listing() -> str:
 def write(result: dict[str, Any], out: str | None, partial: bool = False) -> None:
     """Stamp ``result`` with the code revision, library versions and command line, and write it to ``out`` (a
     ``partial`` one: a long measurement keeping what it has measured so far)."""
-    from clbench.records.host import git_revision, library_versions
 
     if partial:
         if out:

@@ -44,7 +44,7 @@ from clbench.features import embeddings
 from clbench.features.backbones import LazyBackbone, load_backbone, state_digest, vit_geometry
 from clbench.features.cache import cache_key
 from clbench.features.decoded import DecodedImages, budget_bytes
-from clbench.files.atomic import cache_dir
+from clbench.files.atomic import atomic_write_bytes, cache_dir
 from clbench.files.safestate import StateError
 from clbench.methods import training_check
 from clbench.methods.answers import checked
@@ -56,6 +56,7 @@ from clbench.records.host import git_revision, library_versions, peak_rss_mb, re
 from clbench.records.predictions import PREDICTIONS_FILE, Predictions, uncertainty
 from clbench.records.schema import Host, Params, ProtocolGap, ProtocolSummary, RunRecord, TaskEntry, Times
 from clbench.records.tuning import read_summary
+from clbench.run import checkpoint
 from clbench.run.checkpoint import ProtocolLogState
 from clbench.run.rundir import (
     RunDir,
@@ -570,7 +571,6 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     <clbench.run.checkpoint.Cadence>`: once the work since the last one outweighs writing it); return the complete
     record. An unfinished run in ``cfg.out`` with a checkpoint and the same settings is continued from its last
     finished task (``resume=True``: it must be). See :mod:`clbench.run.checkpoint`."""
-    from clbench.run import checkpoint
 
     rep = reporter or Reporter()
     t_start = time.perf_counter()
@@ -677,7 +677,6 @@ class _RunState:
 
     def restore(self, ckpt: Checkpoint, run_dir: RunDir, rep: Reporter) -> None:
         """Continue from ``ckpt``, once its inputs (backbone, precision, data) are checked to be this run's."""
-        from clbench.run import checkpoint
 
         session = self.session
         checkpoint.check_inputs(
@@ -781,7 +780,6 @@ def _impossible_counts(ckpt: Checkpoint, session: PreparedRun) -> str | None:
     bench, done = session.bench, ckpt.tasks_done
     if done > bench.n_tasks:
         return f"it claims {done} tasks done, but the run has {bench.n_tasks}"
-    from clbench.run import checkpoint
 
     if (wrong := checkpoint.impossible_values(ckpt, bench)) is not None:  # classes, cache events, diagnostics
         return wrong
@@ -877,7 +875,6 @@ def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunStat
 def _save_progress(state: _RunState, run_dir: RunDir) -> float:
     """The checkpoint, then the (unfinished) record: a record never claims more than the checkpoint holds. Returns
     the seconds this took (the :class:`~clbench.run.checkpoint.Cadence` weighs them against the work they protect)."""
-    from clbench.run import checkpoint
 
     session = state.session
     t0 = time.perf_counter()
@@ -942,7 +939,6 @@ def host_info() -> Host:
 def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) -> None:
     """``features.npz`` for the report's t-SNE figure (:mod:`clbench.features.embeddings`): a fixed subsample of the
     test images, their frozen features and what the method's classifier scores, reduced and fp16."""
-    from clbench.files.atomic import atomic_write_bytes
 
     bench = session.bench
     index = embeddings.subsample(len(bench.test))

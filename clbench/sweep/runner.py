@@ -31,6 +31,7 @@ from clbench.files.safety import (
     owned_folder,
     special_file_problem,
 )
+from clbench.records.host import git_revision
 from clbench.records.results import load_record
 from clbench.run.rundir import check_folder
 from clbench.sweep.backends import LocalBackend, RayBackend
@@ -205,7 +206,6 @@ def check_sweep_folder(out: Path) -> None:
 
 
 def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> SweepManifest:
-    from clbench.records.host import git_revision
 
     return SweepManifest(
         command=command,

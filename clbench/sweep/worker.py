@@ -36,8 +36,10 @@ from clbench.files.typedfile import (
     or_none,
 )
 from clbench.records.schema import RunRecord
+from clbench.report.run_figures import run_figures
 from clbench.run.harness import Reporter
 from clbench.run.rundir import check_run_folder
+from clbench.run.trackers import LogSpec, TrackerHub
 from clbench.sweep.manifest import RunOutcome
 from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record
 
@@ -170,9 +172,6 @@ def run_payload(payload: WorkerPayload) -> RunOutcome:
     reporter.log(f"attempt started on {base.host} (pid {base.pid}, {payload.threads} threads)")
     hub = None
     if payload.log:  # --log: the run's experiment trackers (clbench.run.trackers)
-        from clbench.report.run_figures import run_figures
-        from clbench.run.trackers import LogSpec, TrackerHub
-
         spec = LogSpec(**{**payload.log.to_dict(), "trackers": tuple(payload.log.trackers)})
         hub = TrackerHub(spec, reporter, figures=run_figures)
     try:
