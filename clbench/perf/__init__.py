@@ -183,6 +183,7 @@ def measurements() -> Registry[Measurement]:
     """Every measurement: the generic ones and the registered strategies' (imported on the first call)."""
     global _loaded
     if not _loaded:
+        # deferred: the strategies are read on the first call, not when clbench.perf is imported
         from clbench.core.catalog import STRATEGIES, card
 
         load(MEASUREMENTS, MODULES, [card(name) for name in STRATEGIES.names()])

@@ -140,6 +140,7 @@ def make_plan(spec: SweepSpec, check: bool = True) -> list[PlannedRun]:
                     backbone = BACKBONES.check(spec_bench.backbone if cfg.backbone is None else cfg.backbone)
                     plan.append(PlannedRun(run_id, cfg, Fingerprint.from_config(cfg, backbone)))
                     continue
+                # deferred: loads torch, which importing this module does not
                 from clbench.run.harness import resolve
 
                 try:
