@@ -434,6 +434,7 @@ def _unknown_flag_hint(
         value = after if after and not after.startswith("-") else "VALUE"
     key = flag.lstrip("-").replace("-", "_")
     if command in ("run", "sweep"):
+        # deferred: each command loads only what it runs (--help answers in about a second)
         from clbench.core.catalog import CARDS, STRATEGIES, card
 
         strategy = getattr(args, "strategy", None)
@@ -464,6 +465,7 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
 def _dispatch(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     try:
         if getattr(args, "config", None):  # the file's settings under the flags given here; a sweep file's groups
+            # deferred: each command loads only what it runs (--help answers in about a second)
             from clbench.run.configfile import apply
 
             code = 0

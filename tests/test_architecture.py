@@ -559,6 +559,63 @@ def test_the_floor_check_finds_a_breach(tmp_path):
     assert function_level_imports(tmp_path) == ["clbench.core.catalog (line 2): from clbench.run import harness"]
 
 
+def unexplained_function_level_imports(root: Path = ROOT) -> list[str]:
+    """The function-level imports of :func:`function_level_imports` with no ``# reason`` comment on their own line
+    or on the line above them (above the first of a run of adjacent imports, which the one comment covers)."""
+    found = []
+    for module, path in module_files(root).items():
+        lines = path.read_text().splitlines()
+        for entry in function_level_imports_of(module, path):
+            start, end, text = entry
+            if any("#" in line for line in lines[start - 1 : end]):
+                continue
+            above = start - 2
+            while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+                above -= 1
+            if above >= 0 and lines[above].strip().startswith("#"):
+                continue
+            found.append(f"{module} (line {start}): {text}")
+    return sorted(set(found))
+
+
+def function_level_imports_of(module: str, path: Path) -> list[tuple[int, int, str]]:
+    """``(first line, last line, statement)`` of each import of the packages made inside a function of ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for stmt in node.body:  # nested functions are walked on their own
+            for sub in [stmt, *(s for s in ast.walk(stmt) if s is not stmt)]:
+                if isinstance(sub, (ast.Import, ast.ImportFrom)) and _is_internal(sub):
+                    found.append((sub.lineno, sub.end_lineno or sub.lineno, ast.unparse(sub)))
+    return found
+
+
+def test_every_function_level_import_says_why():
+    """An import inside a function is the exception (a third-party library not loaded at import, a command's own
+    loading, a name the tests replace on its module): a one-line ``# reason`` above it (or on its line) says which."""
+    found = unexplained_function_level_imports()
+    assert not found, (
+        "function-level imports without a reason (move them to module level, or put a one-line # reason on the line "
+        "above):\n" + "\n".join(found)
+    )
+
+
+def test_the_reason_check_finds_an_unexplained_import(tmp_path):
+    source = {
+        "clbench/__init__.py": "",
+        "clbench/a.py": "def g():\n    pass\n",
+        "clbench/b.py": (
+            "def f():\n    from clbench.a import g\n"
+            "def h():\n    # deferred: loads torch, which importing this module does not\n"
+            "    from clbench.a import g\n    from clbench import a\n"
+            "def k():\n    from clbench.a import g  # looked up at call time\n"
+        ),
+    }
+    write_tree(tmp_path, source)
+    assert unexplained_function_level_imports(tmp_path) == ["clbench.b (line 2): from clbench.a import g"]
+
+
 if __name__ == "__main__":  # the house in numbers: python tests/test_architecture.py [--list]
     for key, value in import_counts().items():
         print(f"{key}: {value}")

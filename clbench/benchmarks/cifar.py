@@ -20,6 +20,7 @@ import numpy as np
 
 from clbench.benchmarks.base import ArraySource
 from clbench.errors import ClbenchError
+from clbench.files.atomic import cache_dir
 from clbench.files.safety import read_bytes
 
 FOLDER = "cifar-100-python"
@@ -68,8 +69,6 @@ def locate(data_root: Path | None) -> Path | None:
     if data_root is not None:
         candidates = [data_root, data_root / FOLDER]
     else:
-        from clbench.files.atomic import cache_dir
-
         candidates = [cache_dir() / "data" / "cifar100" / FOLDER]
     for c in candidates:
         if all((c / f).is_file() for f in FILES):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import ClbenchError
-from clbench.files.atomic import cache_dir, cache_subdir
+from clbench.files.atomic import atomic_write_json, cache_dir, cache_subdir
 from clbench.files.safety import load_json, open_lock
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -261,7 +261,6 @@ def cached_probe(backbone, device, cpu: CpuInfo, cache_root: Path | None) -> Cal
             if key in known:
                 return known[key]
             rates = measure()
-            from clbench.files.atomic import atomic_write_json
 
             try:
                 atomic_write_json(path, {**known, key: rates})

@@ -66,6 +66,7 @@ def embedded_datasets() -> tuple[ImageDataset, ImageDataset, list[int]]:
 
 def build_benchmark(strategy: Any, cifar100: str | None, n_experiences: int):
     """An Avalanche benchmark, built the way an Avalanche user builds one; transforms are the strategy's."""
+    # an example read as a user's script: each function imports the clbench pieces it uses
     from clbench.benchmarks.base import literature_class_order
 
     if cifar100:
@@ -181,6 +182,7 @@ class _bar:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m clbench.examples.avalanche_loop", description=__doc__.split("\n")[0])
+    # an example read as a user's script: each function imports the clbench pieces it uses
     from clbench.core.catalog import FEATURED_STRATEGY
     from clbench.core.config import PRECISION_CHOICES
 
@@ -262,10 +264,12 @@ def _sources(cifar100: str | None) -> dict[str, Any]:
     """The benchmark's train and test sources as ``clbench run`` loads them (the datasets above are built from
     these, or, for CIFAR-100, from torchvision's reading of the same files, in the same order)."""
     if cifar100:
+        # an example read as a user's script: each function imports the clbench pieces it uses
         from clbench.benchmarks.cifar import load as load_cifar
 
         train, test, _ = load_cifar(Path(cifar100))
     else:
+        # an example read as a user's script: each function imports the clbench pieces it uses
         from clbench.benchmarks.emoji import load
 
         train, test, _ = load(None)
@@ -285,6 +289,7 @@ def measure(method: str, out: Path, workdir: Path | None = None) -> dict[str, An
     side ran once before). Also checks that both give the same accuracy matrix. Writes ``out`` (JSON)."""
     import tempfile
 
+    # an example read as a user's script: each function imports the clbench pieces it uses
     from clbench.records.host import git_revision, library_versions
     from clbench.records.results import load_record
     from clbench.run.harness import host_info

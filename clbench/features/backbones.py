@@ -32,6 +32,7 @@ from clbench.core.catalog import BACKBONES, BackboneSpec
 from clbench.core.config import WEIGHT_SOURCES
 from clbench.errors import ClbenchError
 from clbench.files.atomic import cache_subdir
+from clbench.weights.sources import WeightsUnavailable, file_identity, offline_weights
 
 FACTS_FILE = "backbone-facts.json"
 
@@ -203,8 +204,6 @@ def _facts_key(name: str, weights: str, img_size: int | None) -> str | None:
     if weights == "random" or (spec.random_only and weights == "auto"):
         return None
     if weights in ("auto", "offline") and spec.offline:
-        from clbench.weights.sources import WeightsUnavailable, offline_weights
-
         try:
             path, sha = offline_weights(spec.offline)
         except (WeightsUnavailable, ClbenchError):
@@ -213,8 +212,6 @@ def _facts_key(name: str, weights: str, img_size: int | None) -> str | None:
     elif weights in WEIGHT_SOURCES:  # hub (or auto without an offline source): no file of ours to identify
         return None
     else:
-        from clbench.weights.sources import file_identity
-
         try:
             file = file_identity(Path(os.path.expanduser(weights)))
         except OSError:

@@ -135,8 +135,6 @@ def extract(
             progress(len(x))
     feats = torch.cat(out) if out else torch.empty(0, 0)
     if not torch.isfinite(feats).all():
-        from clbench.errors import ClbenchError
-
         bad = int((~torch.isfinite(feats)).any(dim=1).sum())
         raise ClbenchError(
             f"the backbone produced NaN/inf features for {bad} of {len(feats)} images of "

@@ -83,6 +83,7 @@ from clbench.gate.tolerances import (  # noqa: F401
     tolerance_for,
 )
 from clbench.perf.calibration import CALIBRATION_ID
+from clbench.records.host import git_revision
 from clbench.records.schema import out_of_bounds
 from clbench.report.collect import Collection, Run, config_digest
 
@@ -362,7 +363,6 @@ def make_reference(
     tolerance. Without it a rewrite keeps the previous reference's: an entry it pinned keeps its tolerance, a new one
     takes the previous table's (else the defaults), so tolerances change only when a file of them is given on
     purpose."""
-    from clbench.records.host import git_revision
 
     if not why or not why.strip():
         raise ClbenchError("--write-reference needs --why TEXT: say why the reference changes (it is recorded)")

@@ -79,6 +79,7 @@ def add_check_args(p: argparse.ArgumentParser) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     """Exit 0 when every reference entry holds, 1 when one does not (the table and one line per failure say which),
     2 when a run record or the reference is refused (unreadable, mistyped, out of range)."""
+    # looked up at call time: tests replace it on its module
     from clbench.report.collect import collect
 
     write_only = [

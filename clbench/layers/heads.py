@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clbench.layers.checks import HEADS
+from clbench.layers.kan import KACHead
 
 
 class LinearHead(nn.Module):
@@ -60,8 +61,6 @@ def build_head(kind: str, dim: int) -> nn.Module:
     if kind == "linear":
         return LinearHead(dim)
     if kind == "kac":
-        from clbench.layers.kan import KACHead
-
         return KACHead(dim)
     raise ValueError(f"unknown head {kind!r}; choose one of {', '.join(HEADS)}")
 

@@ -41,6 +41,7 @@ from clbench.core.catalog import load_target
 from clbench.core.registry import Registry
 from clbench.errors import ClbenchError
 from clbench.files.atomic import atomic_write_json
+from clbench.records.host import git_revision, library_versions
 
 if TYPE_CHECKING:
     from clbench.core.catalog import MethodCard
@@ -182,6 +183,7 @@ def measurements() -> Registry[Measurement]:
     """Every measurement: the generic ones and the registered strategies' (imported on the first call)."""
     global _loaded
     if not _loaded:
+        # deferred: the strategies are read on the first call, not when clbench.perf is imported
         from clbench.core.catalog import STRATEGIES, card
 
         load(MEASUREMENTS, MODULES, [card(name) for name in STRATEGIES.names()])
@@ -224,7 +226,6 @@ def listing() -> str:
 def write(result: dict[str, Any], out: str | None, partial: bool = False) -> None:
     """Stamp ``result`` with the code revision, library versions and command line, and write it to ``out`` (a
     ``partial`` one: a long measurement keeping what it has measured so far)."""
-    from clbench.records.host import git_revision, library_versions
 
     if partial:
         if out:

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clbench.core.precision import isa_limits
+from clbench.core.precision import CpuInfo, isa_limits
+from clbench.files.atomic import cache_dir
 from clbench.perf import arg, bounded, measurement
 from clbench.perf.throughput import precision_table
 
@@ -134,8 +135,8 @@ def main_job(strategy: str | None = None, warm_runs: int = 3, log=print) -> dict
     import shutil
     import tempfile
 
+    # deferred: the strategies are read when the job runs, not when clbench.perf is imported
     from clbench.core.catalog import DEFAULT_STRATEGY
-    from clbench.files.atomic import cache_dir
 
     strategy = strategy or DEFAULT_STRATEGY
     table = precision_table(log=lambda m: None)
@@ -255,7 +256,6 @@ def warm_runs(strategies: tuple[str, ...] | None = None, runs: int = 3, log=prin
                 f"{strategy}: whole process {table[strategy]['wall_s_median']:.2f} s (median of {runs}), record "
                 f"total {table[strategy]['record_total_s_median']:.2f} s, load {rows[-1]['load_average_before'][0]}"
             )
-    from clbench.core.precision import CpuInfo
 
     cpu = CpuInfo.detect()
     return {

@@ -28,6 +28,7 @@ from typing import Any
 from clbench.core.precision import CpuInfo
 from clbench.errors import ClbenchError
 from clbench.perf import arg, bounded, measurement
+from clbench.records.host import git_revision
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "records"
@@ -129,7 +130,6 @@ def timed_report(args: list[str]) -> dict[str, Any]:
 
 
 def report_scale(n_synthetic: int = 1000, log=print) -> dict[str, Any]:
-    from clbench.records.host import git_revision
 
     if not 1 <= n_synthetic <= RECORDS_MAX:
         raise ClbenchError(f"{n_synthetic:,} synthetic records: the bound is 1 to {RECORDS_MAX:,}", "e.g. 1000")

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
-from clbench.core.precision import CpuInfo, isa_limits
+from clbench.core.precision import CpuInfo, for_backbone, isa_limits
 from clbench.perf import backbone_args, device_arg, measurement
 
 DEFAULT_BACKBONE = "vit_small_patch14_dinov2"
@@ -134,7 +134,6 @@ def thread_table(
 
     if precision is None:
         bb, dev, _ = _load(backbone, img_size, "cpu")
-        from clbench.core.precision import for_backbone
 
         precision = for_backbone(bb, dev, "auto").name
     cores = os.cpu_count() or 1

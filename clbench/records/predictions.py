@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from clbench.errors import ClbenchError
+from clbench.evaluation import metrics, stats
+from clbench.files.atomic import atomic_write_bytes
 from clbench.files.safety import npz_arrays, read_bytes
 from clbench.files.typedfile import COUNT, TEXT, Typed, is_count, is_str, json_field
 
@@ -162,8 +164,6 @@ def to_bytes(preds: Predictions) -> bytes:
 def write(run_dir: Path, preds: Predictions) -> PredictionsFile:
     """Write ``run_dir/predictions.npz`` atomically; return the record's reference to it."""
     import hashlib
-
-    from clbench.files.atomic import atomic_write_bytes
 
     data = to_bytes(preds)
     atomic_write_bytes(Path(run_dir) / PREDICTIONS_FILE, data)
@@ -323,7 +323,6 @@ class RunUncertainty:
 
 def uncertainty(preds: Predictions, protocol: str) -> RunUncertainty:
     """Intervals of final and average accuracy (stratified image bootstrap) and the final model's ECE."""
-    from clbench.evaluation import metrics, stats
 
     correct, _, label = correctness(preds, protocol)
     last, avg = stats.run_intervals(correct, label)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from clbench.core.catalog import all_learned, card
 from clbench.errors import ClbenchError
+from clbench.files.atomic import atomic_write_bytes, atomic_write_json
 from clbench.files.escape import plain
 from clbench.files.safety import load_json
 from clbench.records.results import RUN_HINT, _build, _checked, read_record
@@ -145,7 +146,6 @@ def upgrade_one(path: Path, dry_run: bool = False) -> Outcome:
 
 def _replace(path: Path, record: RunRecord, original: bytes, version: int) -> Outcome:
     """Write ``record`` over ``path`` atomically; put ``original`` back unless the file reads back as ``record``."""
-    from clbench.files.atomic import atomic_write_bytes, atomic_write_json
 
     atomic_write_json(path, record.to_dict(), standard=True)  # as RunRecord.write: null, not NaN
     try:
@@ -167,8 +167,6 @@ def upgrade_command(args: argparse.Namespace) -> int:
     """``clbench records upgrade DIR...``: one line per record changed or refused, then the counts; exit 1 when a
     record could not be upgraded."""
     from collections import Counter
-
-    from clbench.records.upgrade import upgrade_folders
 
     outcomes = upgrade_folders(args.dirs, dry_run=args.dry_run)
     verb = "would upgrade" if args.dry_run else "upgraded"

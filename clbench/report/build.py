@@ -27,6 +27,7 @@ from clbench.files import escape as text
 from clbench.files.atomic import atomic_write_text
 from clbench.files.safety import check_output_folder, folder_mark, load_json, mark_folder, owned_folder, starts_with
 from clbench.published import beside
+from clbench.records.host import git_revision
 from clbench.report.budget import budget_curves
 from clbench.report.collect import AccKey, Collection, git_short
 from clbench.report.exports import table_csv, write_compare_exports
@@ -35,7 +36,7 @@ from clbench.report.figures import make_figures
 from clbench.report.figures.curves import accuracy_curves
 from clbench.report.figures.tsne_maps import TSNE_MAX_POINTS
 from clbench.report.forest import forest_of_study
-from clbench.report.front import tag_of, write_readme
+from clbench.report.front import check_readme, tag_of, write_readme
 from clbench.report.html import render_html, render_markdown
 from clbench.report.labels import display_name
 from clbench.report.latex import leaderboard_latex, table_latex
@@ -74,7 +75,6 @@ _write_text = atomic_write_text  # every text file of a report, written whole or
 
 
 def _meta(coll: Collection, command: str | None) -> str:
-    from clbench.records.host import git_revision
 
     skipped = f", {len(coll.skipped)} skipped" if coll.skipped else ""
     text = (
@@ -198,8 +198,6 @@ def write_report(
     model = build_study(study, coll, predicted, family)  # every table, README block and JSON reads these tests
     board = leaderboard(study, coll, predicted, model)
     if readme:
-        from clbench.report.front import check_readme, tag_of
-
         for path in readme:
             check_readme(Path(path), tag_of(study_file))  # refused before anything is written
     meta = _meta(coll, command)  # before anything is written: a report inside the source tree stamps its revision

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from clbench.errors import ClbenchError
 from clbench.evaluation.stats import Interval, fmt_p
+from clbench.files.atomic import atomic_write_bytes
 from clbench.report.labels import display_name
 from clbench.report.study import PairTest, Study, StudyRow, _seeds_text, _strategy
 from clbench.report.uncertainty import fmt_interval, fmt_range
@@ -183,7 +184,6 @@ def check_readme(path: Path, tag: str = DEFAULT_TAG) -> str:
 
 def write_readme(path: Path, model: Study, tag: str = DEFAULT_TAG) -> Path:
     """Rewrite ``path``'s results block of ``tag`` from ``model``; the rest of the file is kept byte for byte."""
-    from clbench.files.atomic import atomic_write_bytes
 
     text = check_readme(path, tag)
     before, after = _split(text, path, tag)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.core.catalog import DEFAULT_STRATEGY
 from clbench.core.config import flag_fields
 from clbench.errors import ClbenchError
 from clbench.evaluation.stats import Interval, fmt_p
@@ -48,7 +49,7 @@ from clbench.report.tables import (
     training_warning,
 )
 from clbench.report.uncertainty import fmt_interval, fmt_range
-from clbench.run.configfile import apply
+from clbench.run.configfile import apply, load
 from clbench.sweep.plan import make_plan
 from clbench.sweep.settings import SweepArgs
 
@@ -173,8 +174,6 @@ def automatic(coll: Collection, baseline: str | None = None) -> tuple[Collection
     ]
     strategies = [k.strategy for k in main]
     if baseline is None:
-        from clbench.core.catalog import DEFAULT_STRATEGY
-
         baseline = DEFAULT_STRATEGY if DEFAULT_STRATEGY in strategies else (strategies[0] if strategies else None)
     return coll, Study(main, _check_baseline(baseline, strategies), sections, "chosen automatically", notes)
 
@@ -215,7 +214,6 @@ MAX_STUDY_BYTES = 256 * 1024
 def read_study_file(path: str | Path) -> dict[str, Any]:
     """The study file's mapping, read once (:func:`clbench.run.configfile.load`: YAML 1.2, no aliases), refused in
     one line beyond :data:`MAX_STUDY_BYTES` bytes (before it is parsed) or :data:`MAX_STUDY_GROUPS` groups."""
-    from clbench.run.configfile import load
 
     p = Path(path)
     if p.is_file() and p.stat().st_size > MAX_STUDY_BYTES:

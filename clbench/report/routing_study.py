@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clbench.errors import ClbenchError
+from clbench.files.atomic import atomic_write_bytes
 from clbench.records.schema import RunRecord
 from clbench.report.build import _figures_folder
 from clbench.report.collect import Collection
@@ -79,7 +80,6 @@ def write_study(coll: Collection, out: Path, vary: str | None = None, command: s
     if fig is not None:
         parts += [f"![{fig.title}]({fig.files['png']})", "", fig.caption, ""]
     path = out / "study.md"
-    from clbench.files.atomic import atomic_write_bytes
 
     atomic_write_bytes(path, "\n".join(parts).encode())
     return path

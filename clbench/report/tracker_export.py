@@ -12,6 +12,7 @@ from pathlib import Path
 from clbench.errors import ClbenchError
 from clbench.files.escape import plain
 from clbench.files.safety import folder_name_problem
+from clbench.records.predictions import read
 from clbench.report.run_figures import run_figures
 
 
@@ -39,8 +40,6 @@ def export_command(args: argparse.Namespace) -> int:
             )
         ref = record.predictions  # a record that disagrees with its own predictions is refused, as by the gate
         if ref is not None and (d / ref.file).exists():
-            from clbench.records.predictions import read
-
             read(d, ref, expect=record.protocols)
     hub = TrackerHub(
         log, figures=run_figures

@@ -9,8 +9,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from clbench.core.config import given_settings
 from clbench.errors import ClbenchError
-from clbench.run.trackers import Figures
+from clbench.run.dryrun import print_plan
+from clbench.run.precheck import check_run
+from clbench.run.trackers import Figures, TrackerHub
 
 
 def log_spec(args: argparse.Namespace, group: str | None = None, out: str | None = None):
@@ -37,6 +40,7 @@ def run_command(args: argparse.Namespace, figures: Figures | None = None) -> int
     values = {name: getattr(args, name) for name in flag_fields("run")}
     values["overrides"] = tuple(args.overrides)
     if args.trust_checkpoint:
+        # deferred: loads torch, which importing this module does not
         from clbench.run.checkpoint import convert_legacy
 
         if not (args.resume or args.out):
@@ -45,7 +49,7 @@ def run_command(args: argparse.Namespace, figures: Figures | None = None) -> int
             Path(args.resume or args.out), lambda m: print(f"clbench: --trust-checkpoint: {m}", file=sys.stderr)
         )
     if args.resume:
-        from clbench.core.config import given_settings
+        # deferred: loads torch, which importing this module does not
         from clbench.run.checkpoint import resume_config
 
         # a flag left at its default counts as not given; checked as in a fresh run, before the checkpoint is read
@@ -53,13 +57,9 @@ def run_command(args: argparse.Namespace, figures: Figures | None = None) -> int
     elif args.strategy is None:
         raise ClbenchError("clbench run needs --strategy", "or --resume DIR to continue an unfinished run")
     else:
-        from clbench.run.precheck import check_run
-
         cfg = RunConfig(**values)
         check_run(cfg)  # every name, profile and --set key from the cards: a mistake costs no torch import
     if args.dry_run:
-        from clbench.run.dryrun import print_plan
-
         print_plan(cfg)
         return 0
     # deferred: loads rich, torch, which importing this module does not
@@ -69,8 +69,6 @@ def run_command(args: argparse.Namespace, figures: Figures | None = None) -> int
     with RichReporter() as reporter:
         observer = reporter
         if log is not None:
-            from clbench.run.trackers import TrackerHub
-
             observer = TrackerHub(log, reporter, figures=figures)
         try:
             record = run(cfg, observer, resume=bool(args.resume))

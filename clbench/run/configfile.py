@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.core.catalog import STRATEGIES, card
-from clbench.core.config import _convert
+from clbench.core.config import _convert, parse_list
 from clbench.core.optins import refuse_in_file
 from clbench.errors import ClbenchError
 from clbench.files.escape import plain
@@ -367,8 +367,6 @@ def apply(
             _check_sections(path, sections, run)
             pairs = general + [kv for n in run for kv in sections.get(n, [])]
         else:
-            from clbench.core.config import parse_list
-
             if args.strategies is None:
                 raise ClbenchError("clbench sweep needs --strategies", "give it on the command line or in the file")
             _check_sections(path, sections, parse_list(args.strategies, "strategies"))

@@ -77,6 +77,7 @@ def _weights(backbone: str, weights: str) -> str:
     if status.startswith("hub"):
         return f"{status} ({where})"
     if weights != "offline":
+        # deferred: loads torch, which importing this module does not
         from clbench.weights.resolve import hub_reachable
 
         online, endpoint = hub_reachable()

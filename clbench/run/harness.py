@@ -44,7 +44,7 @@ from clbench.features import embeddings
 from clbench.features.backbones import LazyBackbone, load_backbone, state_digest, vit_geometry
 from clbench.features.cache import cache_key
 from clbench.features.decoded import DecodedImages, budget_bytes
-from clbench.files.atomic import cache_dir
+from clbench.files.atomic import atomic_write_bytes, cache_dir
 from clbench.files.safestate import StateError
 from clbench.methods import training_check
 from clbench.methods.answers import checked
@@ -53,9 +53,10 @@ from clbench.methods.shared import TrainingTrace
 from clbench.records import predictions
 from clbench.records.command import command_line
 from clbench.records.host import git_revision, library_versions, peak_rss_mb, reset_peak_rss
-from clbench.records.predictions import PREDICTIONS_FILE, Predictions
+from clbench.records.predictions import PREDICTIONS_FILE, Predictions, uncertainty
 from clbench.records.schema import Host, Params, ProtocolGap, ProtocolSummary, RunRecord, TaskEntry, Times
 from clbench.records.tuning import read_summary
+from clbench.run import checkpoint
 from clbench.run.checkpoint import ProtocolLogState
 from clbench.run.rundir import (
     RunDir,
@@ -65,7 +66,7 @@ from clbench.run.rundir import (
     estimate_run_bytes,
 )
 from clbench.run.scenario import check_scenario
-from clbench.run.validation import rows_in
+from clbench.run.validation import first_classes, hold_out, rows_in
 from clbench.weights.resolve import check_input_size, check_weights_file
 
 if TYPE_CHECKING:
@@ -492,13 +493,9 @@ def prepare(
     loaded = {"train": bench.train, "test": bench.test}  # the splits as loaded: what the feature cache holds
     holdout = None
     if cfg.classes is not None:  # the first K classes of the class order only (a smaller benchmark to tune on)
-        from clbench.run.validation import first_classes
-
         bench = first_classes(bench, cfg.classes, resolved.init_cls, resolved.increment)
         rep.log(f"classes: the first {cfg.classes} of the class order ({len(bench.train)} training images)")
     if cfg.validation is not None:  # learn from part of the training images, evaluate on the rest; test sealed
-        from clbench.run.validation import hold_out
-
         holdout = hold_out(bench, cfg.validation)
         bench = holdout.bench
         rep.log(
@@ -574,7 +571,6 @@ def run(cfg: RunConfig, reporter: Reporter | None = None, resume: bool = False) 
     <clbench.run.checkpoint.Cadence>`: once the work since the last one outweighs writing it); return the complete
     record. An unfinished run in ``cfg.out`` with a checkpoint and the same settings is continued from its last
     finished task (``resume=True``: it must be). See :mod:`clbench.run.checkpoint`."""
-    from clbench.run import checkpoint
 
     rep = reporter or Reporter()
     t_start = time.perf_counter()
@@ -681,7 +677,6 @@ class _RunState:
 
     def restore(self, ckpt: Checkpoint, run_dir: RunDir, rep: Reporter) -> None:
         """Continue from ``ckpt``, once its inputs (backbone, precision, data) are checked to be this run's."""
-        from clbench.run import checkpoint
 
         session = self.session
         checkpoint.check_inputs(
@@ -785,7 +780,6 @@ def _impossible_counts(ckpt: Checkpoint, session: PreparedRun) -> str | None:
     bench, done = session.bench, ckpt.tasks_done
     if done > bench.n_tasks:
         return f"it claims {done} tasks done, but the run has {bench.n_tasks}"
-    from clbench.run import checkpoint
 
     if (wrong := checkpoint.impossible_values(ckpt, bench)) is not None:  # classes, cache events, diagnostics
         return wrong
@@ -881,7 +875,6 @@ def _learn_and_evaluate(session: PreparedRun, step: TaskAndTest, state: _RunStat
 def _save_progress(state: _RunState, run_dir: RunDir) -> float:
     """The checkpoint, then the (unfinished) record: a record never claims more than the checkpoint holds. Returns
     the seconds this took (the :class:`~clbench.run.checkpoint.Cadence` weighs them against the work they protect)."""
-    from clbench.run import checkpoint
 
     session = state.session
     t0 = time.perf_counter()
@@ -946,7 +939,6 @@ def host_info() -> Host:
 def _save_features(path: Path, session: PreparedRun, strategy: Strategy[Any]) -> None:
     """``features.npz`` for the report's t-SNE figure (:mod:`clbench.features.embeddings`): a fixed subsample of the
     test images, their frozen features and what the method's classifier scores, reduced and fp16."""
-    from clbench.files.atomic import atomic_write_bytes
 
     bench = session.bench
     index = embeddings.subsample(len(bench.test))
@@ -1048,8 +1040,6 @@ def _record(
     # Intervals and calibration need every image's prediction, and are the finished run's: the bootstrap (half a
     # second per protocol) is not repeated for the unfinished record written after every task.
     if preds is not None and complete:
-        from clbench.records.predictions import uncertainty
-
         for p, summary in summaries.items():
             u = uncertainty(preds, p)
             summary.last_acc_ci, summary.avg_acc_ci, summary.ece = u.last_acc_ci, u.avg_acc_ci, u.ece

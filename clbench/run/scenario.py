@@ -91,6 +91,7 @@ def check_scenario(strategy: str, scenario: str, domains: tuple[str, ...], bench
     """Refuse, in one line, a strategy that does not support ``scenario``, or the domain scenario on a benchmark
     without domains (``domains``: its :attr:`~clbench.benchmarks.base.BenchmarkSpec.domains`)."""
     if scenario == "domain" and not domains:  # the data's problem first, whichever the strategy
+        # deferred: loads numpy, which importing this module does not
         from clbench.benchmarks import BENCHMARKS
 
         with_domains = [n for n in BENCHMARKS.names() if BENCHMARKS.get(n).domains]

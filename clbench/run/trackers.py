@@ -59,12 +59,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from clbench.errors import ClbenchError
 from clbench.evaluation import metrics
+from clbench.files.escape import plain
 from clbench.files.safety import folder_name_problem, open_lock, owned_folder
 from clbench.records.routing_diagnostics import routing_or_none
 from clbench.records.schema import ProtocolSummary
+from clbench.run.rundir import check_folder
 
 if TYPE_CHECKING:
-    from clbench.records.schema import ProtocolSummary, RunRecord, TaskEntry
+    from clbench.records.schema import RunRecord, TaskEntry
     from clbench.run.harness import RunStart
 
 EXTRA = "trackers"  # pip install 'clbench[trackers]'
@@ -135,8 +137,6 @@ class LogSpec:
         folder (decided when the run starts)."""
         trackers = parse_trackers(log)
         if log_dir is not None:
-            from clbench.run.rundir import check_folder
-
             check_folder(Path(log_dir), "log_dir")
             log_dir = str(Path(log_dir).expanduser().resolve())
         uri = artifacts = None
@@ -176,8 +176,6 @@ def tracker_folder(parent: Path, name: str, create: bool = True, what: str = "--
     (:func:`clbench.files.safety.owned_folder`). ``what``: the setting that gave ``parent``. Raises ClbenchError."""
     why = folder_name_problem(name)
     if why is not None:
-        from clbench.files.escape import plain
-
         raise ClbenchError(
             f"{plain(repr(name))[:80]} cannot name a tracker's folder inside {parent} ({why})",
             "give the run a plain name (its record's run_id, or its folder's name)",
@@ -269,8 +267,6 @@ def task_metrics(summary: ProtocolSummary, entry: TaskEntry, peak_rss_mb: float 
 
 def summary_so_far(summary: ProtocolSummary, t: int) -> ProtocolSummary:
     """``summary`` as it stood after task ``t`` (0-based): what the run logged then, for records replayed."""
-    from clbench.records.schema import ProtocolSummary
-
     m, c = summary.accuracy_matrix[: t + 1], summary.acc_curve[: t + 1]
     return ProtocolSummary(
         accuracy_matrix=m,

@@ -15,6 +15,7 @@ from clbench.core.catalog import BACKBONES, card
 from clbench.core.config import RUN_SETTINGS, Fingerprint, RunConfig, parse_list
 from clbench.errors import ClbenchError
 from clbench.files.safety import is_empty_folder, load_json
+from clbench.records.results import read_record
 from clbench.records.schema import RESULT_FILE, RunRecord
 from clbench.run.rundir import is_run_folder
 
@@ -139,6 +140,7 @@ def make_plan(spec: SweepSpec, check: bool = True) -> list[PlannedRun]:
                     backbone = BACKBONES.check(spec_bench.backbone if cfg.backbone is None else cfg.backbone)
                     plan.append(PlannedRun(run_id, cfg, Fingerprint.from_config(cfg, backbone)))
                     continue
+                # deferred: loads torch, which importing this module does not
                 from clbench.run.harness import resolve
 
                 try:
@@ -172,7 +174,6 @@ def read_run_record(run_dir: Path) -> RunRecord | None:
     """The run's record, finished or not; None where it has none yet, or a torn one (a write killed midway leaves
     the run to its checkpoint). Raises ClbenchError for a record this clbench refuses (another schema version, a
     mistyped field)."""
-    from clbench.records.results import read_record
 
     if read_json(run_dir / RESULT_FILE) is None:
         return None

@@ -22,6 +22,7 @@ from typing import Any
 
 from clbench.core.config import WEIGHT_SOURCES  # --weights values that are not a file
 from clbench.errors import ClbenchError
+from clbench.files.atomic import cache_dir
 from clbench.files.safety import (
     check_output_folder,
     folder_mark,
@@ -30,6 +31,7 @@ from clbench.files.safety import (
     owned_folder,
     special_file_problem,
 )
+from clbench.records.host import git_revision
 from clbench.records.results import load_record
 from clbench.run.rundir import check_folder
 from clbench.sweep.backends import LocalBackend, RayBackend
@@ -160,8 +162,6 @@ def run_sweep(
         os.environ["CLBENCH_CACHE"] = str(Path(cache).resolve())
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     if "CLBENCH_CACHE" not in env:
-        from clbench.files.atomic import cache_dir
-
         env["CLBENCH_CACHE"] = str(cache_dir().resolve())
     out.mkdir(parents=True, exist_ok=True)
 
@@ -206,7 +206,6 @@ def check_sweep_folder(out: Path) -> None:
 
 
 def _manifest(spec: SweepSpec, plan: list[PlannedRun], command: str | None) -> SweepManifest:
-    from clbench.records.host import git_revision
 
     return SweepManifest(
         command=command,

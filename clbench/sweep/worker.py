@@ -19,7 +19,7 @@ from clbench.core.config import Fingerprint
 from clbench.errors import ClbenchError
 from clbench.files import typedfile
 from clbench.files.atomic import atomic_write_json
-from clbench.files.safety import open_append
+from clbench.files.safety import mark_folder, open_append
 from clbench.files.typedfile import (
     NAME,
     OBJECT,
@@ -36,7 +36,10 @@ from clbench.files.typedfile import (
     or_none,
 )
 from clbench.records.schema import RunRecord
+from clbench.report.run_figures import run_figures
 from clbench.run.harness import Reporter
+from clbench.run.rundir import check_run_folder
+from clbench.run.trackers import LogSpec, TrackerHub
 from clbench.sweep.manifest import RunOutcome
 from clbench.sweep.plan import ATTEMPT_FILE, LOG_FILE, read_run_record
 
@@ -152,9 +155,6 @@ def run_payload(payload: WorkerPayload) -> RunOutcome:
     path = Path(cfg.out)
     base = RunOutcome(run_id=payload.run_id, started_at=time.time(), host=socket.gethostname(), pid=os.getpid())
     try:  # before the attempt file and the log: a folder of other files (planted since the plan) gets neither
-        from clbench.files.safety import mark_folder
-        from clbench.run.rundir import check_run_folder
-
         check_run_folder(path)
         path.mkdir(parents=True, exist_ok=True)
         mark_folder(path, "run")
@@ -172,9 +172,6 @@ def run_payload(payload: WorkerPayload) -> RunOutcome:
     reporter.log(f"attempt started on {base.host} (pid {base.pid}, {payload.threads} threads)")
     hub = None
     if payload.log:  # --log: the run's experiment trackers (clbench.run.trackers)
-        from clbench.report.run_figures import run_figures
-        from clbench.run.trackers import LogSpec, TrackerHub
-
         spec = LogSpec(**{**payload.log.to_dict(), "trackers": tuple(payload.log.trackers)})
         hub = TrackerHub(spec, reporter, figures=run_figures)
     try:

@@ -115,12 +115,14 @@ def estimate(strategy: str, base: Any) -> str:
 
     spec = BENCHMARKS.get(base.bench)
     try:
+        # deferred: loads numpy, which importing this module does not
         from clbench.benchmarks import build_benchmark
 
         bench = build_benchmark(
             spec, base.data_root, base.init_cls, base.increment, base.class_order_seed, base.scenario
         )
         if base.classes is not None:
+            # deferred: loads numpy, which importing this module does not
             from clbench.run.validation import first_classes
 
             bench = first_classes(bench, base.classes, base.init_cls, base.increment)

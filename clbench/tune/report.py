@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from clbench.evaluation import stats
 from clbench.records.predictions import correctness, read
 from clbench.records.results import load_record
 from clbench.records.schema import RunRecord
@@ -76,7 +77,6 @@ def _final_correct(cell: Cell) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def paired(tuned: Cell, defaults: Cell) -> Any:
     """Tuned minus defaults on the same test images (:func:`clbench.evaluation.stats.paired_test`)."""
-    from clbench.evaluation import stats
 
     ia, la, a = _final_correct(tuned)
     ib, _, b = _final_correct(defaults)

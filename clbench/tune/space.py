@@ -21,6 +21,7 @@ from typing import Any
 
 from clbench.core.catalog import card
 from clbench.errors import ClbenchError
+from clbench.run.configfile import load
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,6 @@ def search_space(strategy: str, path: str | None = None) -> dict[str, Dimension]
     declared = dict(getattr(c, "tune_space", None) or {})
     space = {k: _dimension(strategy, k, v, hints, f"{strategy}'s card") for k, v in declared.items()}
     if path is not None:
-        from clbench.run.configfile import load
-
         data = load(path)
         data = data.get(strategy, data) if isinstance(data.get(strategy), dict) else data
         for k, v in data.items():

@@ -29,11 +29,12 @@ from typing import Any
 
 from clbench.core.config import RunConfig
 from clbench.errors import ClbenchError, setting
+from clbench.files.atomic import atomic_write_json
 from clbench.records.tuning import SUMMARY_FILE, write_summary
 from clbench.run.checkpoint import CHECKPOINT_FILE
 from clbench.run.harness import Reporter
 from clbench.run.validation import SPLIT_SEED
-from clbench.tune.parallel import Where
+from clbench.tune.parallel import StudyHooks, Where, run_trials
 from clbench.tune.space import Dimension, as_setting, defaults_in
 
 STUDY_FILE = "study.json"
@@ -129,7 +130,6 @@ def _check_identity(req: TuneRequest) -> None:
             )
     else:
         req.out.mkdir(parents=True, exist_ok=True)
-        from clbench.files.atomic import atomic_write_json
 
         atomic_write_json(path, ident)
 
@@ -226,8 +226,6 @@ def run_study(
     if done:
         log(f"continuing the study in {req.out}: {done} of {req.trials} trials finished")
     if not req.where.in_process:
-        from clbench.tune.parallel import StudyHooks, run_trials
-
         run_trials(study, req, StudyHooks(trial_config, OBJECTIVE, _finished, _best_value), log, advance, seconds)
         return _write_outcome(study, req, seconds)
     while (done := _finished(study)) < req.trials:

@@ -30,6 +30,7 @@ from torch import nn
 from clbench.core.catalog import BACKBONES, BackboneSpec
 from clbench.core.config import WEIGHT_SOURCES
 from clbench.errors import ClbenchError, setting
+from clbench.files.safety import special_file_problem
 from clbench.weights.sources import WeightsUnavailable, offline_weights
 
 HUB_TIMEOUT_S = 10  # seconds to reach the Hugging Face hub (connection probe, then each metadata request)
@@ -65,8 +66,6 @@ def _load_state_file(path: Path, lazy: bool = False) -> dict[str, torch.Tensor]:
             f"pass a safetensors/state-dict file, or one of {', '.join(WEIGHT_SOURCES)}",
         )
     if not path.is_file():
-        from clbench.files.safety import special_file_problem
-
         raise ClbenchError(f"--weights {path} is {special_file_problem(path) or 'not a file'}, not a weights file")
     try:
         if path.stat().st_size == 0:
