@@ -14,7 +14,6 @@ from clbench.core.config import flag_fields
 from clbench.errors import ClbenchError
 from clbench.records.command import command_line
 from clbench.run.commands import log_spec
-from clbench.sweep import run_sweep, write_summary
 
 
 def _fields(args: argparse.Namespace, command: str, cls: type | None = None) -> dict[str, Any]:
@@ -32,7 +31,9 @@ def sweep_command(args: argparse.Namespace) -> int:
     res = Resources(**_fields(args, "sweep", Resources))
     spec = sweep.spec(_fields(args, "sweep"), args.overrides)
     check_sweep(spec)
-    # deferred: loads rich, torch, which importing this module does not
+    # deferred: loads rich, torch (the sweep's worker runs the harness), which importing this module does not: a
+    # mistyped sweep is refused above before either is imported
+    from clbench.sweep import run_sweep, write_summary
     from clbench.ui import RichSweepView, print_plan, print_sweep_end
 
     if sweep.dry_run:
